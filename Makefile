@@ -1,0 +1,26 @@
+# Two entry points for a fresh machine: `make run` (the whole workflow on the
+# embedded default) and `make test` (the test suite). Both install first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.lenbatch-installed
+
+.PHONY: run test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: the CPU build; a bare "torch" would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH snakemake --cores all
+
+test: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q
+
+clean:
+	rm -rf results logs .snakemake

@@ -1,0 +1,68 @@
+"""One command line for every stage: ``lenbatch <stage> ...``.
+
+Snakemake rules, DVC stages, tests and users all call the same entry points.
+Each stage module owns its flags through a ``register(parser)`` function that
+adds arguments and sets ``func`` (a callable ``args -> int`` exit code).
+Modules are imported lazily, so ``lenbatch stats`` never pays for importing
+torch or transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help). Order is the order of the DAG.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tokenize": ("lenbatch.data", "tokenize chat data into an Arrow dataset and lengths.npy"),
+    "stats": ("lenbatch.stats", "length percentiles, histogram and counts per bucket"),
+    "boundaries": ("lenbatch.boundaries", "optimal length-bucket edges (geometric, coordinate, dp) and a K sweep"),
+    "plan": ("lenbatch.strategies", "plan one epoch of one strategy and write its batches as JSON"),
+    "plans": ("lenbatch.plans", "simulate every strategy: padding efficiency, budget fill, diversity"),
+    "profile": ("lenbatch.profile", "time the target + drafter step on a grid of batch shapes"),
+    "train": ("lenbatch.train", "train the drafter with one batching strategy and measure throughput"),
+    "verify-packing": ("lenbatch.packing", "check that a packed forward equals the per-sequence forwards"),
+    "compare": ("lenbatch.compare", "predicted vs measured throughput, frontier plot and report"),
+    "params": ("lenbatch.config", "validate a params file, or print its resolved values or JSON schema"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    epilog = "stages:\n" + "\n".join(f"  {name:<16}{help_}" for name, (_, help_) in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="lenbatch",
+        description="Choose how to batch variable-length data when training LLMs.",
+        epilog=epilog + "\n\nRun 'lenbatch <stage> --help' for the flags of one stage.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("stage", choices=list(COMMANDS), metavar="stage", help="one of: " + ", ".join(COMMANDS))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        top.print_help()
+        return 0
+    name = argv[0]
+    if name not in COMMANDS:
+        top.error(f"unknown stage {name!r}; choose one of: {', '.join(COMMANDS)}")
+    module_name, help_ = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(
+        prog=f"lenbatch {name}", description=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    module.register(parser)
+    args = parser.parse_args(argv[1:])
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as err:  # user mistakes: one clear line, no traceback
+        print(f"lenbatch {name}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

