@@ -342,9 +342,32 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
 
 
 def add_params_argument(parser: argparse.ArgumentParser) -> None:
-    """``--params FILE [FILE ...]``: params.yaml and optional override files merged in order."""
+    """``--params FILE [FILE ...]``: params.yaml and optional override files merged in order.
+
+    Also ``--params-json JSON``: sections given inline, merged last. Snakemake rules pass
+    exactly the sections a stage reads this way, so that changing a key reruns exactly
+    the rules that use it (Snakemake's params rerun trigger).
+    """
     parser.add_argument("--params", nargs="+", default=["params.yaml"], metavar="FILE",
                         help="params.yaml, then override files merged on top in order")
+    parser.add_argument("--params-json", default=None, metavar="JSON",
+                        help="sections as a JSON mapping merged on top of --params (used by the workflow)")
+
+
+def params_from_args(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Params:
+    """Params from ``--params``/``--params-json`` plus CLI flag ``overrides`` (applied last)."""
+    merged: dict[str, Any] = {}
+    if getattr(args, "params_json", None):
+        try:
+            inline = json.loads(args.params_json)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--params-json is not valid JSON ({err}); pass a mapping of sections") from None
+        if not isinstance(inline, dict):
+            raise ValueError("--params-json must be a JSON mapping of sections")
+        merged = deep_merge(merged, inline)
+    if overrides:
+        merged = deep_merge(merged, overrides)
+    return load_params(*args.params, overrides=merged or None)
 
 
 def write_resolved(params: Params, out_dir: str | Path, sections: tuple[str, ...] | None = None) -> Path:
@@ -426,7 +449,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.schema:
         sys.stdout.write(schema_yaml())
         return 0
-    params = load_params(*args.params)
+    params = params_from_args(args)
     if args.show:
         print(json.dumps(params.to_dict(), indent=2))
     else:
