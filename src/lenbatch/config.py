@@ -328,6 +328,16 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
         raise ValueError("no params file given; pass --params params.yaml")
     merged: dict[str, Any] = {}
     for path in paths:
+        if isinstance(path, str) and path.lstrip().startswith("{"):
+            try:
+                inline = json.loads(path)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"inline params {path[:60]!r} are not valid JSON ({err}); pass a mapping of "
+                                 "sections, e.g. --params-json '{\"boundaries\": {\"num_buckets\": 8}}'") from None
+            if not isinstance(inline, dict):
+                raise ValueError("inline params must be a JSON mapping of sections")
+            merged = deep_merge(merged, inline)
+            continue
         path = Path(path)
         if not path.exists():
             raise ValueError(f"params file {path} does not exist; pass --params with the path to params.yaml")
@@ -338,36 +348,34 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
         merged = deep_merge(merged, raw)
     if overrides:
         merged = deep_merge(merged, overrides)
-    return params_from_dict(merged, source=" + ".join(str(p) for p in paths))
+    names = ["--params-json" if str(p).lstrip().startswith("{") else str(p) for p in paths]
+    return params_from_dict(merged, source=" + ".join(names))
+
+
+class _AppendInline(argparse.Action):
+    """``--params-json X`` appends the inline mapping to ``--params`` (after the files given before it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        current = list(getattr(namespace, "params", None) or [])
+        namespace.params = current + [values]
 
 
 def add_params_argument(parser: argparse.ArgumentParser) -> None:
-    """``--params FILE [FILE ...]``: params.yaml and optional override files merged in order.
+    """``--params FILE [FILE ...]`` and ``--params-json JSON``, merged in the order given.
 
-    Also ``--params-json JSON``: sections given inline, merged last. Snakemake rules pass
-    exactly the sections a stage reads this way, so that changing a key reruns exactly
-    the rules that use it (Snakemake's params rerun trigger).
+    Snakemake rules pass exactly the sections a stage reads with ``--params-json``, so
+    that changing a key reruns exactly the rules that use it (Snakemake's params rerun
+    trigger); :func:`load_params` accepts such inline mappings among the paths.
     """
     parser.add_argument("--params", nargs="+", default=["params.yaml"], metavar="FILE",
                         help="params.yaml, then override files merged on top in order")
-    parser.add_argument("--params-json", default=None, metavar="JSON",
-                        help="sections as a JSON mapping merged on top of --params (used by the workflow)")
+    parser.add_argument("--params-json", action=_AppendInline, metavar="JSON",
+                        help="sections as an inline JSON mapping merged on top of the files (used by the workflow)")
 
 
 def params_from_args(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Params:
     """Params from ``--params``/``--params-json`` plus CLI flag ``overrides`` (applied last)."""
-    merged: dict[str, Any] = {}
-    if getattr(args, "params_json", None):
-        try:
-            inline = json.loads(args.params_json)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"--params-json is not valid JSON ({err}); pass a mapping of sections") from None
-        if not isinstance(inline, dict):
-            raise ValueError("--params-json must be a JSON mapping of sections")
-        merged = deep_merge(merged, inline)
-    if overrides:
-        merged = deep_merge(merged, overrides)
-    return load_params(*args.params, overrides=merged or None)
+    return load_params(*args.params, overrides=overrides)
 
 
 def write_resolved(params: Params, out_dir: str | Path, sections: tuple[str, ...] | None = None) -> Path:
