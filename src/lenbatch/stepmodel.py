@@ -1,0 +1,271 @@
+"""Step-time model: fit step seconds on a profiling grid, predict a plan's throughput.
+
+The study predicted throughput as ``padding efficiency x sorted throughput`` and
+missed (86.8% predicted, 78% measured) because a step costs more than its
+computed tokens: a fixed per-step cost (launches, optimizer, communication)
+and the quadratic cost of attention. Here each role (target forward, drafter
+step) gets a linear model in a few shape features,
+
+    t = a * 1 + b * computed_tokens + c * sum_len_sq + d * sequences
+
+fitted by non-negative least squares on *relative* error (a 5 ms step and a
+2 s step matter alike), on a profiled grid of shapes, never on the run it
+predicts. Candidate feature sets are scored on held-out grid points; the best
+one is refitted on all points.
+
+A pipelined run (target rank -> bounded queue -> drafter rank) is then
+simulated step by step (:func:`pipeline_ends`), so a step costs about
+``max(target, drafter)`` in steady state, not the sum.
+
+Everything here is a pure function on numpy arrays; cost is O(steps) for
+prediction and O(2^p * n * p^2) for a fit with p <= 6 features.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Shape features a step's time may depend on (columns of a shape table).
+FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens")
+
+# Candidate feature sets compared on held-out grid points (smallest first).
+CANDIDATES: dict[str, tuple[str, ...]] = {
+    "tokens": ("const", "computed_tokens"),
+    "tokens+seq": ("const", "computed_tokens", "sequences"),
+    "tokens+attn": ("const", "computed_tokens", "sum_len_sq"),
+    "tokens+attn+seq": ("const", "computed_tokens", "sum_len_sq", "sequences"),
+}
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: str,
+                  attention: str = "segment") -> dict[str, np.ndarray]:
+    """Shape table of a list of batches (index arrays into ``lengths``).
+
+    padded: computed = n * m, sum_len_sq = n * m^2 (padding attends too), length = m.
+    packed: one row per batch, computed = sum l_i (the row length), length = the row
+    length, sum_len_sq = sum l_i^2 when attention is restricted to each sequence
+    (``attention='segment'``) or L^2 when a dense masked row is computed
+    (``attention='dense'``). Cost O(total samples).
+    """
+    if kind not in ("padded", "packed"):
+        raise ValueError(f"kind must be 'padded' or 'packed', got {kind!r}")
+    if attention not in ("segment", "dense"):
+        raise ValueError(f"attention must be 'segment' or 'dense', got {attention!r}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(batches)
+    cols = {k: np.zeros(n, dtype=np.float64) for k in
+            ("sequences", "length", "computed_tokens", "useful_tokens", "sum_len_sq")}
+    for i, idx in enumerate(batches):
+        ls = lengths[np.asarray(idx, dtype=np.int64)]
+        assert ls.size > 0, "empty batch in a plan"
+        useful = float(ls.sum())
+        if kind == "padded":
+            m = float(ls.max())
+            computed, sq = ls.size * m, ls.size * m * m
+            length = m
+        else:
+            computed, length = useful, useful
+            sq = float((ls.astype(np.float64) ** 2).sum()) if attention == "segment" else useful * useful
+        cols["sequences"][i] = ls.size
+        cols["length"][i] = length
+        cols["computed_tokens"][i] = computed
+        cols["useful_tokens"][i] = useful
+        cols["sum_len_sq"][i] = sq
+    return cols
+
+
+def grid_shape(kind: str, sequences: int, length: int, *, attention: str = "segment") -> list[int]:
+    """Sequence lengths of one profiling grid point.
+
+    padded: ``sequences`` samples of exactly ``length`` tokens (padding costs as much as
+    real tokens in the target, so full rows time the same shape).
+    packed: one row of ``length`` tokens split into ``sequences`` nearly equal parts.
+    """
+    if kind == "padded":
+        return [int(length)] * int(sequences)
+    base, extra = divmod(int(length), int(sequences))
+    if base < 1:
+        raise ValueError(f"packed grid point: row length {length} cannot hold {sequences} sequences")
+    return [base + (1 if i < extra else 0) for i in range(int(sequences))]
+
+
+# --------------------------------------------------------------------------- fit
+
+
+def design_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str]) -> np.ndarray:
+    """Stack the named feature columns (``const`` is ones) into an (n, p) matrix."""
+    unknown = [f for f in features if f != "const" and f not in columns]
+    if unknown:
+        raise ValueError(f"shape table lacks feature columns {unknown}; have {sorted(columns)}")
+    n = len(next(iter(columns.values())))
+    return np.column_stack([np.ones(n) if f == "const" else np.asarray(columns[f], dtype=np.float64)
+                            for f in features])
+
+
+def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares min ||X b - y|| s.t. b >= 0, exactly, by enumerating supports.
+
+    With p <= 6 features there are at most 64 supports; each is an ordinary least-squares
+    solve, and the NNLS optimum is the best support whose solution is non-negative
+    (the KKT point is an unconstrained optimum on its support). Columns are scaled to
+    unit norm first so that tokens (~1e4) and tokens^2 (~1e9) are solved stably.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    n, p = X.shape
+    assert p <= 8, "support enumeration is for a handful of features"
+    scale = np.linalg.norm(X, axis=0)
+    scale[scale == 0] = 1.0
+    Xs = X / scale
+    best, best_res = np.zeros(p), float(np.sum(y * y))
+    for k in range(1, p + 1):
+        for support in itertools.combinations(range(p), k):
+            cols = list(support)
+            sol, *_ = np.linalg.lstsq(Xs[:, cols], y, rcond=None)
+            if np.any(sol < 0):
+                continue
+            res = float(np.sum((Xs[:, cols] @ sol - y) ** 2))
+            if res < best_res - 1e-15 * max(best_res, 1.0):
+                best_res = res
+                best = np.zeros(p)
+                best[cols] = sol
+    return best / scale
+
+
+def fit_coefficients(X: np.ndarray, seconds: np.ndarray, *, relative: bool = True) -> np.ndarray:
+    """NNLS fit of ``seconds ~ X b``; ``relative`` weights each row by 1 / seconds (minimises relative error)."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if np.any(seconds <= 0):
+        raise ValueError("step times must be > 0 seconds; the profile grid holds a non-positive time")
+    w = 1.0 / seconds if relative else np.ones_like(seconds)
+    return nnls(X * w[:, None], seconds * w)
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """A fitted step-time model for one role: ``seconds = sum coef[f] * feature f``."""
+
+    role: str
+    name: str
+    features: tuple[str, ...]
+    coef: tuple[float, ...]
+    train_error: float  # mean |relative error| on all grid points (fit on all)
+    holdout_error: float  # mean |relative error| on held-out points, averaged over random splits
+    holdout_max_error: float  # worst |relative error| seen on any held-out point
+
+    def predict(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        return design_matrix(columns, self.features) @ np.asarray(self.coef)
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "name": self.name, "features": list(self.features),
+                "coef": dict(zip(self.features, self.coef)), "train_error": self.train_error,
+                "holdout_error": self.holdout_error, "holdout_max_error": self.holdout_max_error}
+
+
+def holdout_errors(columns: Mapping[str, np.ndarray], seconds: np.ndarray, features: Sequence[str], *,
+                   holdout_fraction: float, splits: int = 50, seed: int = 0) -> np.ndarray:
+    """|relative error| of every held-out prediction over ``splits`` random train/held-out splits."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    n, p = len(seconds), len(features)
+    n_out = max(1, int(round(holdout_fraction * n)))
+    if n - n_out < p + 1:
+        raise ValueError(f"profile grid has {n} points; fitting {p} coefficients with {n_out} held out needs at "
+                         f"least {p + 1 + n_out}. Add profile.batch_sizes / profile.lengths and rerun: "
+                         "snakemake results/profile/grid.json")
+    X = design_matrix(columns, features)
+    rng = np.random.default_rng(seed)
+    errs = []
+    for _ in range(splits):
+        perm = rng.permutation(n)
+        out, keep = perm[:n_out], perm[n_out:]
+        coef = fit_coefficients(X[keep], seconds[keep])
+        errs.append(np.abs(X[out] @ coef / seconds[out] - 1.0))
+    return np.concatenate(errs)
+
+
+def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role: str,
+                 candidates: Mapping[str, Sequence[str]] | None = None, holdout_fraction: float = 0.25,
+                 splits: int = 50, seed: int = 0) -> tuple[StepFit, list[StepFit]]:
+    """Score every candidate feature set on held-out points; return the best (refitted on all) and all.
+
+    A larger set wins only if it lowers the held-out error by more than 0.5 percentage
+    points (a tie goes to the simpler model: it extrapolates more safely to plan shapes).
+    """
+    candidates = dict(candidates or CANDIDATES)
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if holdout_fraction <= 0:
+        holdout_fraction = 1.0 / max(len(seconds), 1)
+    fits = []
+    for name, feats in candidates.items():
+        feats = tuple(feats)
+        errs = holdout_errors(columns, seconds, feats, holdout_fraction=holdout_fraction, splits=splits, seed=seed)
+        X = design_matrix(columns, feats)
+        coef = fit_coefficients(X, seconds)
+        train = float(np.mean(np.abs(X @ coef / seconds - 1.0)))
+        fits.append(StepFit(role=role, name=name, features=feats, coef=tuple(float(c) for c in coef),
+                            train_error=train, holdout_error=float(np.mean(errs)),
+                            holdout_max_error=float(np.max(errs))))
+    best = fits[0]
+    for fit in fits[1:]:
+        if fit.holdout_error < best.holdout_error - 0.005:
+            best = fit
+    return best, fits
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, queue_size: int = 1,
+                  overhead_s: float = 0.0) -> np.ndarray:
+    """Time at which the run finishes each step, for a target rank feeding a drafter rank.
+
+    Recurrence (one target rank, one drafter rank, a queue of ``queue_size`` batches):
+    the target computes step i, then puts it once the drafter has taken step i - q;
+    the drafter takes step i when it is put and the drafter is free, then works on it.
+
+        put_i   = max(target_done_i, take_{i-q});  target_done_{i+1} = put_i + t_{i+1}
+        take_i  = max(put_i, end_{i-1});           end_i = take_i + d_i + overhead
+
+    Without ``drafter_s`` (one process does both) the steps simply add up:
+    end_i = sum_{j<=i} t_j + overhead. Cost O(steps).
+    """
+    t = np.asarray(target_s, dtype=np.float64)
+    if drafter_s is None:
+        return np.cumsum(t + overhead_s)
+    d = np.asarray(drafter_s, dtype=np.float64)
+    assert t.shape == d.shape
+    q = int(queue_size)
+    if q < 1:
+        raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+    n = t.size
+    put = np.zeros(n)
+    take = np.zeros(n)
+    end = np.zeros(n)
+    clock = 0.0  # when the target rank is free to start its next step
+    for i in range(n):
+        done = clock + t[i]
+        put[i] = max(done, take[i - q]) if i >= q else done
+        clock = put[i]
+        take[i] = max(put[i], end[i - 1]) if i > 0 else put[i]
+        end[i] = take[i] + d[i] + overhead_s
+    return end
+
+
+def throughput(useful_tokens: np.ndarray, ends: np.ndarray, *, warmup_steps: int) -> float:
+    """Useful tokens per second over steps ``warmup_steps..``: tokens of those steps over the
+    time from the end of the last warm-up step (0 without warm-up) to the end of the last step."""
+    useful_tokens = np.asarray(useful_tokens, dtype=np.float64)
+    n = useful_tokens.size
+    w = int(warmup_steps)
+    if n <= w:
+        raise ValueError(f"plan has {n} steps, not more than train.warmup_steps={w}; lower warmup_steps or raise "
+                         "train.useful_tokens")
+    start = ends[w - 1] if w > 0 else 0.0
+    return float(useful_tokens[w:].sum() / (ends[-1] - start))

@@ -1,0 +1,123 @@
+"""Step-time model: the NNLS fit recovers known coefficients, model choice, pipeline simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lenbatch import stepmodel as sm
+
+
+def _grid_columns():
+    shapes = []
+    for n in (1, 2, 4, 8, 16, 32, 64):
+        for m in (128, 256, 512, 1024, 2048, 4096):
+            if n * m <= 16384:
+                shapes.append(("padded", sm.grid_shape("padded", n, m)))
+    for k in (1, 4, 16):
+        for L in (1024, 4096, 16384):
+            shapes.append(("packed", sm.grid_shape("packed", k, L)))
+    lengths = np.concatenate([np.asarray(ls) for _, ls in shapes])
+    cols: dict[str, list] = {}
+    start = 0
+    for kind, ls in shapes:
+        batch = [np.arange(start, start + len(ls))]
+        start += len(ls)
+        one = sm.batch_columns(lengths, batch, kind=kind)
+        for key, value in one.items():
+            cols.setdefault(key, []).append(value[0])
+    return {k: np.asarray(v) for k, v in cols.items()}
+
+
+TRUE = {"const": 0.004, "computed_tokens": 2e-6, "sum_len_sq": 3e-10, "sequences": 5e-4}
+
+
+def test_fit_recovers_known_coefficients_from_synthetic_timings():
+    cols = _grid_columns()
+    feats = tuple(TRUE)
+    X = sm.design_matrix(cols, feats)
+    truth = np.array([TRUE[f] for f in feats])
+    rng = np.random.default_rng(0)
+    seconds = X @ truth * (1 + 0.005 * rng.standard_normal(len(X)))  # 0.5 % timing noise
+    coef = sm.fit_coefficients(X, seconds)
+    assert np.allclose(coef, truth, rtol=0.1), (coef, truth)
+    exact = sm.fit_coefficients(X, X @ truth)
+    assert np.allclose(exact, truth, rtol=1e-6)
+
+
+def test_nnls_keeps_coefficients_non_negative_and_matches_kkt():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0, 1, size=(40, 4))
+    y = X @ np.array([1.0, -2.0, 0.5, 0.0]) + 3.0
+    b = sm.nnls(X, y)
+    assert np.all(b >= 0)
+    grad = X.T @ (X @ b - y)
+    # KKT: zero gradient on the support, non-negative gradient off it
+    assert np.all(np.abs(grad[b > 0]) < 1e-6 * np.abs(X.T @ y).max())
+    assert np.all(grad[b == 0] >= -1e-8)
+    assert b[1] == 0.0
+
+
+def test_select_model_prefers_the_true_feature_set_on_held_out_points():
+    cols = _grid_columns()
+    rng = np.random.default_rng(2)
+    X = sm.design_matrix(cols, tuple(TRUE))
+    seconds = X @ np.array(list(TRUE.values())) * (1 + 0.003 * rng.standard_normal(len(X)))
+    best, fits = sm.select_model(cols, seconds, role="target", holdout_fraction=0.25)
+    assert best.name == "tokens+attn+seq"
+    assert best.holdout_error < 0.01
+    simple = next(f for f in fits if f.name == "tokens")
+    assert simple.holdout_error > best.holdout_error + 0.02
+
+
+def test_too_small_a_grid_names_the_rerun():
+    cols = {k: v[:3] for k, v in _grid_columns().items()}
+    with pytest.raises(ValueError, match="rerun: snakemake results/profile/grid.json"):
+        sm.select_model(cols, np.ones(3), role="target", holdout_fraction=0.25)
+
+
+def test_prediction_on_timed_steps_matches_their_sum():
+    """A plan whose steps were timed: the predicted epoch time equals the sum of the step times."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(20, 2000, size=300)
+    order = rng.permutation(300)
+    batches = [order[i:i + 10] for i in range(0, 300, 10)]
+    cols = sm.batch_columns(lengths, batches, kind="padded")
+    truth = np.array([0.01, 1e-6, 2e-10, 1e-3])
+    feats = ("const", "computed_tokens", "sum_len_sq", "sequences")
+    timed = sm.design_matrix(cols, feats) @ truth  # "measured" step times
+    coef = sm.fit_coefficients(sm.design_matrix(cols, feats), timed)
+    fit = sm.StepFit("target", "x", feats, tuple(coef), 0, 0, 0)
+    ends = sm.pipeline_ends(fit.predict(cols))
+    assert ends[-1] == pytest.approx(timed.sum(), rel=1e-9)
+    tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=0)
+    assert tput == pytest.approx(lengths.sum() / timed.sum(), rel=1e-9)
+
+
+def test_pipeline_costs_the_slower_role_in_steady_state():
+    t = np.full(100, 0.2)
+    d = np.full(100, 0.5)
+    ends = sm.pipeline_ends(t, d, queue_size=4)
+    assert ends[-1] == pytest.approx(0.2 + 100 * 0.5)
+    ends = sm.pipeline_ends(d, t, queue_size=4)
+    assert ends[-1] == pytest.approx(100 * 0.5 + 0.2)
+    # alternating costs: a deep queue absorbs them (sum max / 2-ish), a queue of 1 cannot fully
+    t = np.tile([0.1, 0.9], 50)
+    d = np.tile([0.9, 0.1], 50)
+    deep = sm.pipeline_ends(t, d, queue_size=8)[-1]
+    assert deep < np.maximum(t, d).sum()
+    assert deep >= max(t.sum(), d.sum())
+    shallow = sm.pipeline_ends(t, d, queue_size=1)[-1]
+    assert shallow >= deep
+
+
+def test_packed_columns_attention_modes():
+    lengths = np.array([100, 300, 600])
+    seg = sm.batch_columns(lengths, [np.array([0, 1, 2])], kind="packed", attention="segment")
+    dense = sm.batch_columns(lengths, [np.array([0, 1, 2])], kind="packed", attention="dense")
+    assert seg["computed_tokens"][0] == 1000 and seg["sequences"][0] == 3
+    assert seg["sum_len_sq"][0] == 100**2 + 300**2 + 600**2
+    assert dense["sum_len_sq"][0] == 1000**2
+    pad = sm.batch_columns(lengths, [np.array([0, 1, 2])], kind="padded")
+    assert pad["computed_tokens"][0] == 1800 and pad["sum_len_sq"][0] == 3 * 600**2
+    assert pad["useful_tokens"][0] == 1000
