@@ -1,0 +1,22 @@
+rule compare:
+    input:
+        stats=rules.stats.output.stats,
+        sweep=rules.boundaries.output.sweep,
+        boundaries=rules.boundaries.output.boundaries,
+        plans=rules.plans.output.metrics,
+        grid=rules.profile.output.grid,
+        train=expand("results/train/{strategy}/summary.json", strategy=config["train"]["strategies"]),
+        code=code("compare", "stepmodel"),
+    output:
+        metrics="results/compare/metrics.json",
+        report="results/compare/report.md",
+    params:
+        cfg=cfg("model", "drafter", "batching", "train", "plans", "boundaries", "compare"),
+    log:
+        f"{LOGS}/compare.log",
+    benchmark:
+        f"{BENCH}/compare.tsv"
+    shell:
+        "lenbatch compare --params params.yaml --params-json {params.cfg} --stats results/stats "
+        "--boundaries results/boundaries --plans results/plans --profile results/profile --train results/train "
+        "--out results/compare > {log} 2>&1"
