@@ -1,0 +1,122 @@
+"""params.yaml, the override files and the generated schema agree, and bad params are refused clearly."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from lenbatch.config import (
+    Params,
+    SECTIONS,
+    deep_merge,
+    load_params,
+    params_from_dict,
+    schema_yaml,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "workflow/schemas/params.schema.yaml"
+OVERRIDES = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def _raw() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_shipped_params_equal_the_dataclass_defaults():
+    # The library's defaults and the workflow's default are one CPU setting.
+    assert load_params(ROOT / "params.yaml") == Params()
+
+
+@pytest.mark.parametrize("override", OVERRIDES, ids=lambda p: p.name)
+def test_every_override_file_is_valid_on_top_of_params(override):
+    params = load_params(ROOT / "params.yaml", override)
+    raw_override = yaml.safe_load(override.read_text())
+    for section, values in raw_override.items():
+        for key, value in values.items():
+            got = getattr(params.section(section), key)
+            assert (list(got) if isinstance(got, tuple) else got) == value, f"{section}.{key} not applied"
+    jsonschema.validate(deep_merge(_raw(), raw_override), yaml.safe_load(SCHEMA.read_text()))
+
+
+def test_schema_file_is_generated_from_the_dataclasses():
+    assert SCHEMA.read_text() == schema_yaml(), "regenerate: lenbatch params --schema > " + str(SCHEMA)
+
+
+def test_every_key_in_params_yaml_has_a_comment():
+    for line in (ROOT / "params.yaml").read_text().splitlines():
+        if re.match(r"^\s+\w+:", line):
+            assert "#" in line, f"params.yaml line without a comment (unit): {line!r}"
+
+
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (lambda r: r["boundaries"].update(num_bucket=8), ["boundaries.num_bucket", "num_buckets"]),
+        (lambda r: r["batching"].update(token_budget="16k"), ["batching.token_budget", "integer"]),
+        (lambda r: r.pop("train"), ["missing section", "train"]),
+        (lambda r: r["data"].update(overflow="cut"), ["data.overflow", "truncate"]),
+        (lambda r: r["model"].update(target_layers=[9]), ["model.target_layers", "0..3"]),
+        (lambda r: r["train"].update(strategies=["sorted", "bogus"]), ["train.strategies", "bogus"]),
+        (lambda r: r["data"].update(max_len=100000), ["data.max_len", "token_budget"]),
+        (lambda r: r.update(extra={}), ["unknown section", "extra"]),
+    ],
+)
+def test_bad_params_are_refused_naming_the_key_and_the_fix(mutate, words):
+    raw = _raw()
+    mutate(raw)
+    with pytest.raises(ValueError) as err:
+        params_from_dict(raw)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_schema_rejects_what_the_loader_rejects():
+    schema = yaml.safe_load(SCHEMA.read_text())
+    jsonschema.validate(_raw(), schema)
+    for mutate in (
+        lambda r: r["boundaries"].update(num_bucket=8),
+        lambda r: r["batching"].update(token_budget="16k"),
+        lambda r: r.pop("train"),
+        lambda r: r["boundaries"].update(method="kmeans"),
+        lambda r: r["batching"].update(max_batch_size=0),
+    ):
+        raw = _raw()
+        mutate(raw)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(raw, schema)
+
+
+def test_inline_json_merges_on_top_and_flags_override_last():
+    params = load_params(ROOT / "params.yaml", json.dumps({"boundaries": {"num_buckets": 8}}),
+                         overrides={"batching": {"seed": 3}})
+    assert params.boundaries.num_buckets == 8 and params.batching.seed == 3
+    assert params.data == Params().data
+
+
+def test_params_cli_reports_a_bad_file(tmp_path):
+    raw = _raw()
+    raw["stats"]["bins"] = 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "lenbatch", "params", "--params", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "stats.bins" in proc.stderr and "histogram_bins" in proc.stderr
+    ok = subprocess.run([sys.executable, "-m", "lenbatch", "params", "--params", str(ROOT / "params.yaml")],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_frozen_and_sections_complete():
+    params = Params()
+    with pytest.raises(Exception):
+        params.batching.token_budget = 1  # type: ignore[misc]
+    assert set(params.to_dict()) == set(SECTIONS)
