@@ -1,6 +1,6 @@
 # lenbatch: one DAG from raw chat data to the report.
 #   snakemake --cores all                      # the embedded default (profiles/default is picked up)
-#   snakemake --profile profiles/slurm --configfile configs/qwen3.6-27b-8gpu.yaml
+#   snakemake --workflow-profile profiles/slurm --configfile configs/qwen3.6-27b-8gpu.yaml
 # Rules are thin: inputs, outputs, params, log, benchmark; every stage is `lenbatch <stage>`.
 from snakemake.utils import min_version, validate
 
