@@ -194,6 +194,10 @@ class ProfileConfig:
 class CompareConfig:
     holdout_fraction: float = _f(0.25, "share of profile grid points held out to score the step-time fit",
                                  minimum=0, maximum=0.9)
+    max_composition_repeat: float = _f(0.5, "a strategy is recommended only if at most this share of batch-mate "
+                                       "pairs repeat from one epoch to the next (sorted: 1)", minimum=0, maximum=1)
+    k_tolerance: float = _f(0.01, "recommended K: the smallest K whose predicted throughput is within this share "
+                            "of the best K's", minimum=0, maximum=1)
 
 
 @dataclass(frozen=True)

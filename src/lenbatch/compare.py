@@ -1,0 +1,681 @@
+"""Compare stage: predicted vs measured throughput, the gap explained, the efficiency-diversity frontier.
+
+For every strategy the stage reports the padding model's efficiency, the simulated
+plan's efficiency, the throughput predicted by the step-time model (fitted on the
+profile grid, never on the run it predicts) and the measured one, the prediction
+error, the ratio to ``sorted``, both diversity measures and the drafter's loss at
+equal useful tokens. It also predicts ``bucketed`` for every K of the boundary sweep
+and recommends a strategy and K.
+
+Outputs (``--out``): ``metrics.json`` (flat keys for ``dvc metrics diff``),
+``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, and DVC plot
+data ``frontier.json``, ``throughput.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lenbatch import stepmodel as sm
+from lenbatch.config import Params, params_from_args, write_resolved
+from lenbatch.log import get_logger
+
+log = get_logger("compare")
+
+# Params a training run must share with the current params to be compared (section -> keys; None: all).
+RUN_KEYS: dict[str, tuple[str, ...] | None] = {
+    "batching": None,
+    "model": None,
+    "drafter": None,
+    "train": ("nproc", "useful_tokens", "warmup_steps", "queue_size", "threads"),
+}
+# Params the profile grid must share with the current params (the shapes are timed on this model).
+PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
+    "model": None,
+    "drafter": None,
+    "train": ("nproc", "threads"),
+}
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _read_json(path: Path, rerun: str) -> Any:
+    if not path.exists():
+        raise ValueError(f"{path} is missing; rerun: {rerun}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); rerun: {rerun}") from None
+
+
+def params_mismatch(resolved: dict, current: dict, keys: dict[str, tuple[str, ...] | None]) -> list[str]:
+    """``section.key: was -> now`` for every compared key whose value differs (lists == tuples)."""
+    out = []
+    for section, names in keys.items():
+        was_sec, now_sec = resolved.get(section, {}), current.get(section, {})
+        for key in names or sorted(set(was_sec) | set(now_sec)):
+            was, now = was_sec.get(key), now_sec.get(key)
+            if json.dumps(was) != json.dumps(now):
+                out.append(f"{section}.{key}: {was!r} -> {now!r}")
+    return out
+
+
+def read_steps(path: Path, rerun: str) -> list[dict]:
+    if not path.exists():
+        raise ValueError(f"{path} is missing; rerun: {rerun}")
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ValueError(f"{path} line {i + 1} is not JSON (a partial run?); rerun: {rerun}") from None
+    if not rows:
+        raise ValueError(f"{path} holds no steps; rerun: {rerun}")
+    return rows
+
+
+def load_run(train_dir: Path, strategy: str, params: Params) -> dict:
+    """summary.json + steps.jsonl of one strategy, checked against the current params."""
+    rerun = f"snakemake results/train/{strategy}/summary.json"
+    summary = _read_json(train_dir / strategy / "summary.json", rerun)
+    for key in ("useful_tokens_per_s", "steps"):
+        if key not in summary:
+            raise ValueError(f"{train_dir / strategy / 'summary.json'} lacks '{key}' (a partial run?); rerun: {rerun}")
+    resolved = summary.get("params")
+    if not isinstance(resolved, dict):
+        raise ValueError(f"{train_dir / strategy / 'summary.json'} records no resolved params; rerun: {rerun}")
+    diff = params_mismatch(resolved, params.to_dict(), RUN_KEYS)
+    if diff:
+        raise ValueError(f"strategy {strategy} was measured with other params than the current ones "
+                         f"({'; '.join(diff)}); rerun: {rerun}")
+    steps = read_steps(train_dir / strategy / "steps.jsonl", rerun)
+    return {"summary": summary, "steps": steps}
+
+
+def fit_profile(profile_dir: Path, params: Params) -> dict:
+    """Fit target and drafter step-time models on the profile grid (held-out model choice)."""
+    rerun = "snakemake results/profile/grid.json"
+    grid = _read_json(profile_dir / "grid.json", rerun)
+    rows = grid["points"] if isinstance(grid, dict) else grid
+    resolved_path = profile_dir / "params.json"
+    if resolved_path.exists():
+        diff = params_mismatch(json.loads(resolved_path.read_text()), params.to_dict(), PROFILE_KEYS)
+        if diff:
+            raise ValueError(f"the profile grid was timed with other params ({'; '.join(diff)}); rerun: {rerun}")
+    cols = {k: np.array([float(r[k]) for r in rows]) for k in
+            ("sequences", "length", "computed_tokens", "sum_len_sq")}
+    cols["useful_tokens"] = cols["computed_tokens"]
+    fits = {}
+    for role in ("target", "drafter"):
+        secs = np.array([float(r[f"{role}_seconds_median"]) for r in rows])
+        best, cands = sm.select_model(cols, secs, role=role, holdout_fraction=params.compare.holdout_fraction,
+                                      seed=params.batching.seed)
+        fits[role] = {"best": best, "candidates": cands}
+    return {"rows": rows, "fits": fits}
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+def step_kind(strategy: str) -> str:
+    return "packed" if strategy == "packed" else "padded"
+
+
+def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int,
+                    world_size: int, rank: int = 0) -> list[np.ndarray]:
+    """The first ``steps`` batches this rank trains: epochs 0, 1, ... of ``plan_epoch`` in order."""
+    import lenbatch as lb
+
+    out: list[np.ndarray] = []
+    epoch = 0
+    while len(out) < steps:
+        batches = lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=params.batching.seed,
+                                token_budget=params.batching.token_budget,
+                                max_batch_size=params.batching.max_batch_size,
+                                edges=edges if strategy == "bucketed" else None, rank=rank, world_size=world_size,
+                                packed_window=params.batching.packed_window)
+        assert batches, "plan_epoch returned no batches"
+        out.extend(np.asarray(b, dtype=np.int64) for b in batches)
+        epoch += 1
+    return out[:steps]
+
+
+def batches_until(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, useful_tokens: int,
+                  world_size: int) -> list[np.ndarray]:
+    """Batches of epochs 0, 1, ... up to and including the one that reaches ``useful_tokens``."""
+    import lenbatch as lb
+
+    out: list[np.ndarray] = []
+    done, epoch = 0, 0
+    while done < useful_tokens:
+        for b in lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=params.batching.seed,
+                               token_budget=params.batching.token_budget,
+                               max_batch_size=params.batching.max_batch_size,
+                               edges=edges if strategy == "bucketed" else None, rank=0, world_size=world_size,
+                               packed_window=params.batching.packed_window):
+            b = np.asarray(b, dtype=np.int64)
+            out.append(b)
+            done += int(lengths[b].sum())
+            if done >= useful_tokens:
+                break
+        epoch += 1
+    return out
+
+
+def predict_batches(lengths: np.ndarray, batches: list[np.ndarray], *, kind: str, fits: dict, params: Params,
+                    target_ranks: int) -> dict:
+    """Predicted step times, pipelined run time and useful tokens/s of a list of batches."""
+    cols = sm.batch_columns(lengths, batches, kind=kind)
+    target = fits["target"]["best"].predict(cols)
+    drafter = fits["drafter"]["best"].predict(cols)
+    if params.train.nproc == 1:
+        ends = sm.pipeline_ends(target + drafter)
+    else:
+        # target_ranks target ranks feed one drafter round-robin: each target rank's step is
+        # shared out, so its time per drafter step is divided by the number of target ranks.
+        ends = sm.pipeline_ends(target / target_ranks, drafter, queue_size=params.train.queue_size)
+    tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
+    w = params.train.warmup_steps
+    return {"columns": cols, "target_s": target, "drafter_s": drafter, "ends": ends,
+            "tok_s": tput, "seconds": float(ends[-1] - (ends[w - 1] if w > 0 else 0.0))}
+
+
+def components(pred: dict, fits: dict, *, warmup_steps: int) -> dict[str, float]:
+    """Seconds each (role, feature) term of the step-time model adds over the counted steps."""
+    out = {}
+    for role in ("target", "drafter"):
+        fit = fits[role]["best"]
+        X = sm.design_matrix(pred["columns"], fit.features)[warmup_steps:]
+        for f, c, total in zip(fit.features, fit.coef, X.sum(axis=0)):
+            out[f"{role}.{f}"] = float(c * total)
+    return out
+
+
+def loss_curve(summary: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(useful tokens, loss) points of a run's loss curve, in token order."""
+    curve = summary.get("loss_curve") or []
+    toks, losses = [], []
+    for point in curve:
+        if isinstance(point, dict):
+            toks.append(float(point["useful_tokens"]))
+            losses.append(float(point["loss"]))
+        else:
+            toks.append(float(point[0]))
+            losses.append(float(point[1]))
+    order = np.argsort(toks)
+    return np.asarray(toks)[order], np.asarray(losses)[order]
+
+
+def loss_at(tokens: np.ndarray, losses: np.ndarray, at: float, *, window: float = 0.1) -> float:
+    """Mean loss over the last ``window`` share of tokens before ``at`` (one step's loss is noisy)."""
+    if tokens.size == 0:
+        return float("nan")
+    keep = (tokens <= at) & (tokens >= at * (1 - window))
+    if not keep.any():
+        return float(np.interp(at, tokens, losses))
+    return float(losses[keep].mean())
+
+
+def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Mask of points not dominated when both x and y are to be maximised. O(n^2), n is small."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.ones(x.size, dtype=bool)
+    for i in range(x.size):
+        dominated = (x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))
+        keep[i] = not dominated.any()
+    return keep
+
+
+def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], tok_s: dict[str, float],
+                 measured: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Throughput relative to sorted as the step-time model's terms are added one at a time.
+
+    padding: only the per-token terms (the study's model: time proportional to computed tokens);
+    +step: plus the fixed cost per step; +attention: plus the sum of length^2 terms;
+    +sequences: plus the per-sequence terms (all terms, target and drafter run one after the other);
+    pipelined: the full prediction (target and drafter overlap through the queue); measured.
+    """
+    levels = {"padding": ("computed_tokens", "useful_tokens"),
+              "+step": ("computed_tokens", "useful_tokens", "const"),
+              "+attention": ("computed_tokens", "useful_tokens", "const", "sum_len_sq"),
+              "+sequences": ("computed_tokens", "useful_tokens", "const", "sum_len_sq", "sequences")}
+    out: dict[str, dict[str, float]] = {}
+    for s in comp:
+        out[s] = {}
+        for level, feats in levels.items():
+            t = sum(v for k, v in comp[s].items() if k.split(".", 1)[1] in feats)
+            t0 = sum(v for k, v in comp["sorted"].items() if k.split(".", 1)[1] in feats)
+            out[s][level] = (useful[s] / t) / (useful["sorted"] / t0) if t > 0 and t0 > 0 else float("nan")
+        out[s]["pipelined"] = tok_s[s] / tok_s["sorted"]
+        out[s]["measured"] = measured[s] / measured["sorted"]
+    return out
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir: Path, profile_dir: Path,
+            train_dir: Path, lengths_path: Path) -> dict:
+    """Everything the report, metrics and plots show (pure function of the stage inputs)."""
+    strategies = list(params.train.strategies)
+    if "sorted" not in strategies:
+        raise ValueError("train.strategies lacks 'sorted', the baseline every ratio is taken to; add it and rerun: "
+                         "snakemake results/train/sorted/summary.json")
+    histogram = _read_json(stats_dir / "histogram.json", "snakemake results/stats/stats.json")
+    stats = _read_json(stats_dir / "stats.json", "snakemake results/stats/stats.json")
+    bounds = _read_json(boundaries_dir / "boundaries.json", "snakemake results/boundaries/boundaries.json")
+    sweep = _read_json(boundaries_dir / "sweep.json", "snakemake results/boundaries/sweep.json")
+    plans = _read_json(plans_dir / "metrics.json", "snakemake results/plans/metrics.json")
+    missing = [s for s in strategies if s not in plans]
+    if missing:
+        raise ValueError(f"{plans_dir / 'metrics.json'} lacks strategies {missing}; rerun: "
+                         "snakemake results/plans/metrics.json")
+    if not lengths_path.exists():
+        raise ValueError(f"{lengths_path} is missing; rerun: snakemake results/tokenize/lengths.npy")
+    lengths = np.load(lengths_path).astype(np.int64)
+    profile = fit_profile(profile_dir, params)
+    fits = profile["fits"]
+    target_ranks = max(params.train.nproc - 1, 1)
+    edges = tuple(int(e) for e in bounds["edges"])
+
+    rows: dict[str, dict] = {}
+    comp: dict[str, dict[str, float]] = {}
+    for s in strategies:
+        run = load_run(train_dir, s, params)
+        summary, steps = run["summary"], run["steps"]
+        trained = _trained_useful_per_step(steps)
+        batches = planned_batches(lengths, params, s, edges, steps=len(trained), world_size=target_ranks)
+        planned = np.array([int(lengths[b].sum()) for b in batches])
+        if not np.array_equal(planned, trained):
+            bad = int(np.argmax(planned != trained))
+            raise ValueError(f"strategy {s}: step {bad} trained {trained[bad]} useful tokens but the current plan "
+                             f"gives {planned[bad]} (the run was planned with other data or params); rerun: "
+                             f"snakemake results/train/{s}/summary.json")
+        pred = predict_batches(lengths, batches, kind=step_kind(s), fits=fits, params=params,
+                               target_ranks=target_ranks)
+        comp[s] = components(pred, fits, warmup_steps=params.train.warmup_steps)
+        measured = float(summary["useful_tokens_per_s"])
+        pm = plans[s]
+        rows[s] = {
+            "padding_model_efficiency": float(bounds["predicted_efficiency"]) if s == "bucketed"
+            else float(pm["padding_efficiency"]),
+            "simulated_efficiency": float(pm["padding_efficiency"]),
+            "measured_efficiency": float(summary.get("padding_efficiency", float("nan"))),
+            "budget_fill": float(pm.get("budget_fill", float("nan"))),
+            "predicted_tok_s": pred["tok_s"],
+            "measured_tok_s": measured,
+            "prediction_error": pred["tok_s"] / measured - 1.0,
+            "composition_repeat": float(pm["composition_repeat"]),
+            "length_mixing": float(pm["length_mixing"]),
+            "steps": len(batches),
+            "useful_tokens": float(planned[params.train.warmup_steps:].sum()),
+            "predicted_seconds": pred["seconds"],
+            "mean_target_s": float(pred["target_s"].mean()),
+            "mean_drafter_s": float(pred["drafter_s"].mean()),
+            "loss_curve": loss_curve(summary),
+        }
+    ref = rows["sorted"]
+    for s, r in rows.items():
+        r["ratio_to_sorted_measured"] = r["measured_tok_s"] / ref["measured_tok_s"]
+        r["ratio_to_sorted_predicted"] = r["predicted_tok_s"] / ref["predicted_tok_s"]
+        r["ratio_to_sorted_padding"] = r["padding_model_efficiency"] / ref["padding_model_efficiency"]
+    # loss at equal useful tokens: the largest token count every run reached
+    reach = [r["loss_curve"][0][-1] for r in rows.values() if r["loss_curve"][0].size]
+    equal_at = float(min(reach)) if reach else float("nan")
+    for r in rows.values():
+        r["loss_at_equal_tokens"] = loss_at(*r["loss_curve"], equal_at) if reach else float("nan")
+    ladder = ratio_ladder(comp, {s: r["useful_tokens"] for s, r in rows.items()},
+                          {s: r["predicted_tok_s"] for s, r in rows.items()},
+                          {s: r["measured_tok_s"] for s, r in rows.items()})
+    ksweep = predict_sweep(lengths, sweep, params=params, fits=fits, target_ranks=target_ranks,
+                           sorted_tok_s=ref["predicted_tok_s"], measured_sorted=ref["measured_tok_s"])
+    return {"rows": rows, "components": comp, "ladder": ladder, "sweep": ksweep, "fits": fits,
+            "grid_points": len(profile["rows"]), "edges": edges, "num_buckets": int(bounds["num_buckets"]),
+            "histogram": histogram, "stats": stats, "loss_tokens": equal_at,
+            "recommendation": recommend(rows, ksweep, params=params)}
+
+
+def _trained_useful_per_step(steps: list[dict]) -> np.ndarray:
+    """Useful tokens of each trained step in step order (one row per step: the drafter rank's)."""
+    by_step: dict[int, int] = {}
+    for row in steps:
+        by_step.setdefault(int(row["step"]), int(row["useful_tokens"]))
+    order = sorted(by_step)
+    return np.array([by_step[i] for i in order], dtype=np.int64)
+
+
+def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fits: dict, target_ranks: int,
+                  sorted_tok_s: float, measured_sorted: float) -> list[dict]:
+    """Predicted useful tokens/s of ``bucketed`` for every K of the boundary sweep (same useful tokens as a run)."""
+    out = []
+    for entry in sweep:
+        batches = batches_until(lengths, params, "bucketed", tuple(int(e) for e in entry["edges"]),
+                                useful_tokens=params.train.useful_tokens, world_size=target_ranks)
+        pred = predict_batches(lengths, batches, kind="padded", fits=fits, params=params, target_ranks=target_ranks)
+        out.append({"num_buckets": int(entry["num_buckets"]),
+                    "simulated_efficiency": float(entry["simulated_efficiency"]),
+                    "predicted_efficiency": float(entry["predicted_efficiency"]),
+                    "composition_repeat": float(entry["composition_repeat"]),
+                    "length_mixing": float(entry["length_mixing"]),
+                    "predicted_tok_s": pred["tok_s"],
+                    "predicted_ratio_to_sorted": pred["tok_s"] / sorted_tok_s})
+    return out
+
+
+def recommend(rows: dict[str, dict], ksweep: list[dict], *, params: Params) -> dict:
+    """The strategy to use and the K for bucketed.
+
+    Strategy: the highest measured useful tokens/s among strategies whose batches change
+    between epochs (composition_repeat <= compare.max_composition_repeat); sorted keeps
+    its batches forever and is the baseline, not a candidate. K: the smallest K whose
+    predicted throughput is within compare.k_tolerance of the best K (fewer buckets mix
+    lengths more, so ties go to the smaller K).
+    """
+    limit = params.compare.max_composition_repeat
+    ok = {s: r for s, r in rows.items() if r["composition_repeat"] <= limit}
+    if not ok:
+        raise ValueError(f"no strategy has composition_repeat <= compare.max_composition_repeat ({limit}); "
+                         "raise compare.max_composition_repeat or train a shuffling strategy")
+    best = max(ok, key=lambda s: ok[s]["measured_tok_s"])
+    k_best = max(ksweep, key=lambda e: e["predicted_tok_s"]) if ksweep else None
+    k_pick = None
+    if k_best is not None:
+        good = [e for e in ksweep if e["predicted_tok_s"] >= (1 - params.compare.k_tolerance) * k_best["predicted_tok_s"]]
+        k_pick = min(good, key=lambda e: e["num_buckets"])
+    return {"strategy": best, "num_buckets": k_pick["num_buckets"] if k_pick else None,
+            "k_best_throughput": k_best["num_buckets"] if k_best else None}
+
+
+# --------------------------------------------------------------------------- outputs
+
+METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_efficiency", "predicted_tok_s",
+               "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
+               "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "loss_at_equal_tokens", "steps")
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
+
+
+def flat_metrics(result: dict) -> dict[str, Any]:
+    """Flat ``strategy.key`` metrics (what ``dvc metrics diff`` reads)."""
+    out: dict[str, Any] = {}
+    for s, r in result["rows"].items():
+        for k in METRIC_KEYS:
+            out[f"{s}.{k}"] = _num(r[k])
+    for role, f in result["fits"].items():
+        out[f"fit.{role}.holdout_error"] = _num(f["best"].holdout_error)
+        out[f"fit.{role}.train_error"] = _num(f["best"].train_error)
+    out["fit.grid_points"] = result["grid_points"]
+    out["max_abs_prediction_error"] = _num(max(abs(r["prediction_error"]) for r in result["rows"].values()))
+    for e in result["sweep"]:
+        out[f"bucketed_k{e['num_buckets']}.predicted_ratio_to_sorted"] = _num(e["predicted_ratio_to_sorted"])
+    rec = result["recommendation"]
+    out["recommended.num_buckets"] = rec["num_buckets"]
+    out["recommended.strategy"] = rec["strategy"]
+    return out
+
+
+def frontier_points(result: dict) -> list[dict]:
+    """Every strategy and bucketed K = 1..max: efficiency, diversity, Pareto membership (DVC plot data)."""
+    pts = [{"name": s, "kind": "strategy", "num_buckets": result["num_buckets"] if s == "bucketed" else None,
+            "efficiency": r["simulated_efficiency"], "length_mixing": r["length_mixing"],
+            "composition_repeat": r["composition_repeat"], "predicted_ratio_to_sorted": r["ratio_to_sorted_predicted"]}
+           for s, r in result["rows"].items()]
+    pts += [{"name": f"bucketed K={e['num_buckets']}", "kind": "sweep", "num_buckets": e["num_buckets"],
+             "efficiency": e["simulated_efficiency"], "length_mixing": e["length_mixing"],
+             "composition_repeat": e["composition_repeat"], "predicted_ratio_to_sorted": e["predicted_ratio_to_sorted"]}
+            for e in result["sweep"]]
+    x = np.array([p["length_mixing"] for p in pts])
+    y = np.array([p["efficiency"] for p in pts])
+    front = pareto_front(x, y)
+    front_repeat = pareto_front(1 - np.array([p["composition_repeat"] for p in pts]), y)
+    for p, f, g in zip(pts, front, front_repeat):
+        p["pareto_mixing"] = bool(f)
+        p["pareto_repeat"] = bool(g)
+    return pts
+
+
+def write_plots(result: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    # 1. length histogram with the bucket edges
+    fig, ax = plt.subplots(figsize=(7, 4))
+    h = result["histogram"]
+    lo = np.array([r["lo"] for r in h], dtype=float)
+    hi = np.array([r["hi"] for r in h], dtype=float)
+    ax.bar(lo, [r["count"] for r in h], width=hi - lo, align="edge", color="#8aa", edgecolor="#577")
+    for e in result["edges"][1:-1]:
+        ax.axvline(e, color="#c33", lw=1.2)
+    ax.set_xlabel("length (tokens)")
+    ax.set_ylabel("samples")
+    ax.set_title(f"length histogram and the {result['num_buckets']} bucket edges (red)")
+    paths.append(_save(fig, out / "histogram.png"))
+    # 2. predicted vs measured throughput
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    rows = result["rows"]
+    meas = np.array([r["measured_tok_s"] for r in rows.values()])
+    pred = np.array([r["predicted_tok_s"] for r in rows.values()])
+    pad = np.array([r["ratio_to_sorted_padding"] * rows["sorted"]["measured_tok_s"] for r in rows.values()])
+    lim = [0, 1.1 * max(meas.max(), pred.max(), pad.max())]
+    ax.plot(lim, lim, color="#999", lw=1, label="prediction = measurement")
+    ax.scatter(meas, pred, color="#236", zorder=3, label="step-time model")
+    ax.scatter(meas, pad, color="#c63", marker="x", zorder=3, label="padding model x sorted")
+    for s, m, p in zip(rows, meas, pred):
+        ax.annotate(s, (m, p), textcoords="offset points", xytext=(5, -10), fontsize=8)
+    ax.set_xlim(lim)
+    ax.set_ylim(lim)
+    ax.set_xlabel("measured useful tokens/s")
+    ax.set_ylabel("predicted useful tokens/s")
+    ax.legend(fontsize=8, loc="upper left")
+    paths.append(_save(fig, out / "throughput.png"))
+    # 3. efficiency-diversity frontier
+    pts = frontier_points(result)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    for ax, key, flip, label, front_key in (
+            (axes[0], "length_mixing", False, "length mixing (0 sorted .. 1 random)", "pareto_mixing"),
+            (axes[1], "composition_repeat", True, "1 - composition repeat (0 sorted .. 1 fresh batches)",
+             "pareto_repeat")):
+        sw = [p for p in pts if p["kind"] == "sweep"]
+        xs = [(1 - p[key]) if flip else p[key] for p in sw]
+        ax.plot(xs, [p["efficiency"] for p in sw], "-o", color="#9ab", ms=4, label="bucketed, K = 1..max")
+        for p, xv in zip(sw, xs):
+            ax.annotate(str(p["num_buckets"]), (xv, p["efficiency"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        for p in pts:
+            if p["kind"] == "strategy":
+                xv = (1 - p[key]) if flip else p[key]
+                ax.scatter([xv], [p["efficiency"]], s=50, zorder=3)
+                ax.annotate(p["name"], (xv, p["efficiency"]), fontsize=8, xytext=(5, -10), textcoords="offset points")
+        front = sorted(((1 - p[key]) if flip else p[key], p["efficiency"]) for p in pts if p[front_key])
+        ax.plot([f[0] for f in front], [f[1] for f in front], "--", color="#c33", lw=1.5, label="Pareto front")
+        ax.scatter([f[0] for f in front], [f[1] for f in front], facecolors="none", edgecolors="#c33", s=110,
+                   zorder=4)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("padding efficiency (simulated plan)")
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.suptitle("efficiency vs diversity: every strategy, and bucketed for each K")
+    paths.append(_save(fig, out / "frontier.png"))
+    return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+
+
+def answer_paragraph(result: dict, *, params: Params) -> str:
+    rows, rec = result["rows"], result["recommendation"]
+    s = rec["strategy"]
+    r, ref = rows[s], rows["sorted"]
+    sweep = {e["num_buckets"]: e for e in result["sweep"]}
+    pts = frontier_points(result)
+    text = (f"**Use `{s}`** for this data and model: it measured {r['measured_tok_s']:,.0f} useful tokens/s, "
+            f"{_pct(r['ratio_to_sorted_measured'])} of `sorted` ({ref['measured_tok_s']:,.0f} tokens/s), "
+            f"with padding efficiency {_pct(r['simulated_efficiency'])}, composition repeat "
+            f"{r['composition_repeat']:.3f} (sorted: {ref['composition_repeat']:.3f}) and length mixing "
+            f"{r['length_mixing']:.3f} (sorted: {ref['length_mixing']:.3f}); its drafter loss at "
+            f"{result['loss_tokens']:,.0f} useful tokens is {r['loss_at_equal_tokens']:.3f} "
+            f"(sorted: {ref['loss_at_equal_tokens']:.3f}).")
+    k = rec["num_buckets"]
+    if k is not None and k in sweep:
+        e = sweep[k]
+        kb = sweep[rec["k_best_throughput"]]
+        text += (f" Where packing is not available, use `bucketed` with **K = {k}**: predicted "
+                 f"{_pct(e['predicted_ratio_to_sorted'])} of sorted at simulated efficiency "
+                 f"{_pct(e['simulated_efficiency'])} and length mixing {e['length_mixing']:.3f}, the smallest K "
+                 f"within {_pct(params.compare.k_tolerance)} of the best predicted K (K = {kb['num_buckets']}, "
+                 f"{_pct(kb['predicted_ratio_to_sorted'])}).")
+    study = 6
+    if study in sweep:
+        e = sweep[study]
+        on = next(p for p in pts if p["kind"] == "sweep" and p["num_buckets"] == study)
+        dominated_by = [p["name"] for p in pts if p["length_mixing"] >= on["length_mixing"]
+                        and p["efficiency"] >= on["efficiency"] and p is not on
+                        and (p["length_mixing"] > on["length_mixing"] or p["efficiency"] > on["efficiency"])]
+        where = ("on the Pareto front of efficiency vs length mixing" if on["pareto_mixing"]
+                 else f"behind the Pareto front (dominated by {', '.join(dominated_by[:3])})")
+        text += (f" The study's choice, K = 6, sits {where}: simulated efficiency {_pct(e['simulated_efficiency'])}, "
+                 f"length mixing {e['length_mixing']:.3f}, predicted {_pct(e['predicted_ratio_to_sorted'])} "
+                 "of sorted.")
+    return text
+
+
+def gap_paragraph(result: dict) -> str:
+    rows, lad, comp = result["rows"], result["ladder"], result["components"]
+    s = "bucketed" if "bucketed" in rows else next(k for k in rows if k != "sorted")
+    L = lad[s]
+    steps_s, steps_ref = rows[s]["steps"], rows["sorted"]["steps"]
+    const = {k: sum(v for n, v in comp[k].items() if n.endswith(".const")) for k in (s, "sorted")}
+    attn = {k: sum(v for n, v in comp[k].items() if n.endswith(".sum_len_sq")) for k in (s, "sorted")}
+    total = {k: sum(comp[k].values()) for k in (s, "sorted")}
+    return (f"The study predicted `bucketed` at 86.8% of sorted from padding alone and measured 78%. Here the "
+            f"padding model predicts `{s}` at {_pct(L['padding'])} of sorted and the run measured "
+            f"{_pct(L['measured'])}. Adding the step-time model's terms one at a time: the fixed cost per step "
+            f"gives {_pct(L['+step'])} (`{s}` takes {steps_s} steps to sorted's {steps_ref}; the fixed terms are "
+            f"{const[s]:.1f} s of {total[s]:.1f} s modelled, sorted {const['sorted']:.1f} s of "
+            f"{total['sorted']:.1f} s), the quadratic attention term gives {_pct(L['+attention'])} "
+            f"({attn[s]:.1f} s vs sorted {attn['sorted']:.1f} s), the per-sequence term {_pct(L['+sequences'])}, "
+            f"and overlapping target and drafter through the queue (the full prediction) {_pct(L['pipelined'])}.")
+
+
+def write_report(result: dict, out: Path, *, params: Params) -> Path:
+    rows = result["rows"]
+    lines = ["# Batching strategies: predicted vs measured", "", "## Answer", "", answer_paragraph(result, params=params),
+             "", "## Why the padding-only prediction misses", "", gap_paragraph(result), "",
+             "| strategy | padding only | +step cost | +attention | +sequences | pipelined (prediction) | measured |",
+             "|---|---|---|---|---|---|---|"]
+    for s, L in result["ladder"].items():
+        lines.append(f"| {s} | " + " | ".join(_pct(L[k]) for k in
+                                             ("padding", "+step", "+attention", "+sequences", "pipelined",
+                                              "measured")) + " |")
+    lines += ["", "(throughput relative to sorted as each term of the step-time model is added)", "",
+              "## Every strategy", "",
+              "| strategy | padding model eff. | simulated eff. | predicted tok/s | measured tok/s | error | "
+              "ratio to sorted (meas.) | composition repeat | length mixing | loss at equal tokens |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for s, r in rows.items():
+        lines.append(f"| {s} | {_pct(r['padding_model_efficiency'])} | {_pct(r['simulated_efficiency'])} | "
+                     f"{r['predicted_tok_s']:,.0f} | {r['measured_tok_s']:,.0f} | {100 * r['prediction_error']:+.1f}% | "
+                     f"{_pct(r['ratio_to_sorted_measured'])} | {r['composition_repeat']:.3f} | "
+                     f"{r['length_mixing']:.3f} | {r['loss_at_equal_tokens']:.4f} |")
+    lines += ["", f"Loss at equal useful tokens: mean loss over the last 10% before {result['loss_tokens']:,.0f} "
+              "useful tokens, the most every run reached.", "",
+              "## Step-time model", "",
+              f"Fitted by non-negative least squares on relative error over {result['grid_points']} profile grid "
+              f"points (never on the runs it predicts); each candidate feature set scored on "
+              f"{_pct(params.compare.holdout_fraction)} held-out points over 50 random splits. A larger set must "
+              "beat a smaller one by 0.5 points of held-out error.", "",
+              "| role | features | held-out mean error | held-out worst | fit error | chosen |", "|---|---|---|---|---|---|"]
+    for role, f in result["fits"].items():
+        for c in f["candidates"]:
+            lines.append(f"| {role} | {c.name} | {_pct(c.holdout_error)} | {_pct(c.holdout_max_error)} | "
+                         f"{_pct(c.train_error)} | {'yes' if c is f['best'] else ''} |")
+    lines += [""]
+    for role, f in result["fits"].items():
+        b = f["best"]
+        terms = " + ".join(f"{c:.3g}·{n}" for n, c in zip(b.features, b.coef))
+        lines.append(f"- {role}: t = {terms} seconds")
+    lines += ["", f"## bucketed for K = 1..{len(result['sweep'])}", "",
+              "| K | simulated eff. | predicted ratio to sorted | composition repeat | length mixing |",
+              "|---|---|---|---|---|"]
+    for e in result["sweep"]:
+        lines.append(f"| {e['num_buckets']} | {_pct(e['simulated_efficiency'])} | "
+                     f"{_pct(e['predicted_ratio_to_sorted'])} | {e['composition_repeat']:.3f} | "
+                     f"{e['length_mixing']:.3f} |")
+    lines += ["", "## Plots", "", "![length histogram](histogram.png)", "",
+              "![predicted vs measured](throughput.png)", "", "![frontier](frontier.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_outputs(result: dict, out: Path, *, params: Params) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = flat_metrics(result)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / "frontier.json").write_text(json.dumps(frontier_points(result), indent=2) + "\n")
+    tp = [{"strategy": s, "predicted_tok_s": r["predicted_tok_s"], "measured_tok_s": r["measured_tok_s"],
+           "padding_model_tok_s": r["ratio_to_sorted_padding"] * result["rows"]["sorted"]["measured_tok_s"]}
+          for s, r in result["rows"].items()]
+    (out / "throughput.json").write_text(json.dumps(tp, indent=2) + "\n")
+    fit = {role: {"chosen": f["best"].to_dict(), "candidates": [c.to_dict() for c in f["candidates"]]}
+           for role, f in result["fits"].items()}
+    (out / "stepmodel.json").write_text(json.dumps(fit, indent=2) + "\n")
+    write_report(result, out, params=params)
+    write_plots(result, out)
+    write_resolved(params, out)
+    return metrics
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.config import add_params_argument
+
+    add_params_argument(parser)
+    parser.add_argument("--stats", default="results/stats", help="stats stage output folder")
+    parser.add_argument("--boundaries", default="results/boundaries", help="boundaries stage output folder")
+    parser.add_argument("--plans", default="results/plans", help="plans stage output folder")
+    parser.add_argument("--profile", default="results/profile", help="profile stage output folder")
+    parser.add_argument("--train", default="results/train", help="folder of the train stage's <strategy>/ folders")
+    parser.add_argument("--lengths", default="results/tokenize/lengths.npy",
+                        help="lengths.npy the runs trained on (to rebuild their planned batches)")
+    parser.add_argument("--out", default="results/compare", help="output folder")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    params = params_from_args(args)
+    result = compare(params=params, stats_dir=Path(args.stats), boundaries_dir=Path(args.boundaries),
+                     plans_dir=Path(args.plans), profile_dir=Path(args.profile), train_dir=Path(args.train),
+                     lengths_path=Path(args.lengths))
+    metrics = write_outputs(result, Path(args.out), params=params)
+    for s, r in result["rows"].items():
+        log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%", s, r["predicted_tok_s"],
+                 r["measured_tok_s"], 100 * r["prediction_error"])
+    log.info("recommended: %s, K = %s; max |error| %.1f%%; wrote %s", metrics["recommended.strategy"],
+             metrics["recommended.num_buckets"], 100 * metrics["max_abs_prediction_error"], args.out)
+    return 0
