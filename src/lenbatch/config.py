@@ -55,6 +55,9 @@ class DataConfig:
         "truncate", "what to do with a sample longer than max_len: truncate it, drop it (counted), or stop")
     limit: Optional[int] = _f(None, "read at most this many conversations (null: all)", minimum=1)
     workers: int = _f(2, "processes that encode in parallel", minimum=1)
+    on_bad_record: Literal["error", "skip"] = _f(
+        "error", "a record with neither schema, an unknown role or text that does not decode: stop with an "
+        "error naming file and record, or skip it (counted per reason in stats.json)")
 
     def __post_init__(self) -> None:
         _positive("data", max_len=self.max_len, limit=self.limit, workers=self.workers)
