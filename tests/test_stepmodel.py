@@ -121,3 +121,13 @@ def test_packed_columns_attention_modes():
     pad = sm.batch_columns(lengths, [np.array([0, 1, 2])], kind="padded")
     assert pad["computed_tokens"][0] == 1800 and pad["sum_len_sq"][0] == 3 * 600**2
     assert pad["useful_tokens"][0] == 1000
+    assert seg["ctx_tokens"][0] == 3 * 600 and pad["ctx_tokens"][0] == pad["computed_tokens"][0]
+
+
+def test_packed_grid_rows_mix_lengths_and_fill_the_row():
+    parts = sm.grid_shape("packed", 4, 1000)
+    assert sum(parts) == 1000 and parts == sorted(parts) and parts[0] < parts[-1]
+    assert sm.grid_shape("packed", 1, 777) == [777]
+    assert sm.grid_shape("padded", 3, 64) == [64, 64, 64]
+    with pytest.raises(ValueError, match="profile.packed_seqs"):
+        sm.grid_shape("packed", 16, 20)

@@ -100,6 +100,21 @@ def load_run(train_dir: Path, strategy: str, params: Params) -> dict:
     return {"summary": summary, "steps": steps}
 
 
+def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
+    """Shape table of the profile grid rows (from each row's sequence lengths)."""
+    lengths, batches, kinds = [], [], []
+    start = 0
+    for r in rows:
+        ls = r.get("sequence_lengths") or sm.grid_shape(r["kind"], int(r["sequences"]), int(r["length"]))
+        lengths.extend(int(x) for x in ls)
+        batches.append(np.arange(start, start + len(ls)))
+        kinds.append(r["kind"])
+        start += len(ls)
+    arr = np.asarray(lengths, dtype=np.int64)
+    per = [sm.batch_columns(arr, [b], kind=k) for b, k in zip(batches, kinds)]
+    return {key: np.concatenate([c[key] for c in per]) for key in per[0]} if per else {}
+
+
 def fit_profile(profile_dir: Path, params: Params) -> dict:
     """Fit target and drafter step-time models on the profile grid (held-out model choice)."""
     rerun = "snakemake results/profile/grid.json"
@@ -110,9 +125,7 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
         diff = params_mismatch(json.loads(resolved_path.read_text()), params.to_dict(), PROFILE_KEYS)
         if diff:
             raise ValueError(f"the profile grid was timed with other params ({'; '.join(diff)}); rerun: {rerun}")
-    cols = {k: np.array([float(r[k]) for r in rows]) for k in
-            ("sequences", "length", "computed_tokens", "sum_len_sq")}
-    cols["useful_tokens"] = cols["computed_tokens"]
+    cols = grid_columns(rows)
     fits = {}
     for role in ("target", "drafter"):
         secs = np.array([float(r[f"{role}_seconds_median"]) for r in rows])

@@ -188,9 +188,11 @@ class ProfileConfig:
     packed_seqs: tuple[int, ...] = _f((1, 4, 16), "packed grid: sequences per row")
     repeats: int = _f(3, "timed repeats per grid point (the median is kept)", minimum=1)
     warmup: int = _f(1, "untimed runs per grid point", minimum=0)
+    max_point_seconds: float = _f(4.0, "stop repeating a grid point once it has taken this long (seconds); at "
+                                  "least one step is always timed", exclusive_minimum=0)
 
     def __post_init__(self) -> None:
-        _positive("profile", repeats=self.repeats)
+        _positive("profile", repeats=self.repeats, max_point_seconds=self.max_point_seconds)
 
 
 @dataclass(frozen=True)

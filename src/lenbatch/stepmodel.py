@@ -30,14 +30,30 @@ from dataclasses import dataclass
 import numpy as np
 
 # Shape features a step's time may depend on (columns of a shape table).
-FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens")
+FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens", "ctx_tokens")
 
-# Candidate feature sets compared on held-out grid points (smallest first).
-CANDIDATES: dict[str, tuple[str, ...]] = {
-    "tokens": ("const", "computed_tokens"),
-    "tokens+seq": ("const", "computed_tokens", "sequences"),
-    "tokens+attn": ("const", "computed_tokens", "sum_len_sq"),
-    "tokens+attn+seq": ("const", "computed_tokens", "sum_len_sq", "sequences"),
+# Candidate feature sets compared on held-out grid points (smallest first), per role.
+# target: the forward runs over computed tokens (Gated DeltaNet: linear; full attention:
+#   sum of length^2, n*m^2 when padded; packed rows pad each sequence to a 64-token chunk:
+#   a per-sequence cost).
+# drafter: projects and attends over each sequence's context up to the batch's largest
+#   anchor, i.e. sequences x (about) the longest length = ``ctx_tokens`` (= computed tokens
+#   when padded, more than the row length when packed), and pushes anchors_per_seq x
+#   (block_size - 1) positions per sequence through the vocabulary-sized lm_head: a
+#   per-sequence cost.
+CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
+    "target": {
+        "tokens": ("const", "computed_tokens"),
+        "tokens+seq": ("const", "computed_tokens", "sequences"),
+        "tokens+attn": ("const", "computed_tokens", "sum_len_sq"),
+        "tokens+attn+seq": ("const", "computed_tokens", "sum_len_sq", "sequences"),
+    },
+    "drafter": {
+        "tokens": ("const", "computed_tokens"),
+        "tokens+seq": ("const", "computed_tokens", "sequences"),
+        "ctx+seq": ("const", "ctx_tokens", "sequences"),
+        "ctx+attn+seq": ("const", "ctx_tokens", "sum_len_sq", "sequences"),
+    },
 }
 
 
@@ -52,7 +68,8 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: s
     packed: one row per batch, computed = sum l_i (the row length), length = the row
     length, sum_len_sq = sum l_i^2 when attention is restricted to each sequence
     (``attention='segment'``) or L^2 when a dense masked row is computed
-    (``attention='dense'``). Cost O(total samples).
+    (``attention='dense'``). Both: ctx_tokens = n * max l_i (the drafter's context
+    tensor). Cost O(total samples).
     """
     if kind not in ("padded", "packed"):
         raise ValueError(f"kind must be 'padded' or 'packed', got {kind!r}")
@@ -61,7 +78,7 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: s
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(batches)
     cols = {k: np.zeros(n, dtype=np.float64) for k in
-            ("sequences", "length", "computed_tokens", "useful_tokens", "sum_len_sq")}
+            ("sequences", "length", "computed_tokens", "useful_tokens", "sum_len_sq", "ctx_tokens")}
     for i, idx in enumerate(batches):
         ls = lengths[np.asarray(idx, dtype=np.int64)]
         assert ls.size > 0, "empty batch in a plan"
@@ -78,6 +95,7 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: s
         cols["computed_tokens"][i] = computed
         cols["useful_tokens"][i] = useful
         cols["sum_len_sq"][i] = sq
+        cols["ctx_tokens"][i] = ls.size * float(ls.max())
     return cols
 
 
@@ -86,14 +104,22 @@ def grid_shape(kind: str, sequences: int, length: int, *, attention: str = "segm
 
     padded: ``sequences`` samples of exactly ``length`` tokens (padding costs as much as
     real tokens in the target, so full rows time the same shape).
-    packed: one row of ``length`` tokens split into ``sequences`` nearly equal parts.
+    packed: one row of ``length`` tokens split into ``sequences`` parts growing linearly
+    (proportional to 1, 2, ..., k), like a real row that mixes short and long samples, so
+    that the row length, sum of squares and sequences x longest are not proportional
+    across the grid.
     """
     if kind == "padded":
         return [int(length)] * int(sequences)
-    base, extra = divmod(int(length), int(sequences))
-    if base < 1:
-        raise ValueError(f"packed grid point: row length {length} cannot hold {sequences} sequences")
-    return [base + (1 if i < extra else 0) for i in range(int(sequences))]
+    k, L = int(sequences), int(length)
+    if L < k * (k + 1) // 2 and k > 1 or L < 1:
+        raise ValueError(f"packed grid point: row length {length} cannot hold {sequences} sequences of "
+                         "lengths 1, 2, ..; lower profile.packed_seqs or raise profile.lengths")
+    weights = np.arange(1, k + 1, dtype=np.float64)
+    parts = np.maximum(1, np.floor(L * weights / weights.sum())).astype(np.int64)
+    parts[-1] += L - parts.sum()
+    assert parts.sum() == L and parts.min() >= 1
+    return [int(x) for x in parts]
 
 
 # --------------------------------------------------------------------------- fit
@@ -198,7 +224,7 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
     A larger set wins only if it lowers the held-out error by more than 0.5 percentage
     points (a tie goes to the simpler model: it extrapolates more safely to plan shapes).
     """
-    candidates = dict(candidates or CANDIDATES)
+    candidates = dict(candidates or CANDIDATES[role])
     seconds = np.asarray(seconds, dtype=np.float64)
     if holdout_fraction <= 0:
         holdout_fraction = 1.0 / max(len(seconds), 1)
