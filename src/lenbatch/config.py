@@ -127,6 +127,8 @@ class ModelConfig:
     linear_key_head_dim: int = _f(32, "width of one Gated DeltaNet key head", minimum=1)
     linear_value_head_dim: int = _f(32, "width of one Gated DeltaNet value head", minimum=1)
     linear_conv_kernel_dim: int = _f(4, "short causal convolution width (tokens)", minimum=1)
+    rope_theta: float = _f(10_000_000.0, "RoPE base of the full-attention layers (Qwen3.5/3.6: 1e7)",
+                           exclusive_minimum=0)
     target_layers: tuple[int, ...] = _f((1, 3), "layer ids whose hidden states feed the drafter (0-based)")
     dtype: Literal["float32", "bfloat16"] = _f("float32", "compute dtype of target and drafter")
     init_seed: int = _f(0, "seed of the random weights", minimum=0)

@@ -1,0 +1,558 @@
+"""Sequence-boundary-aware Qwen3.5 layers, and ``lenbatch verify-packing``.
+
+Why this module exists (measured with transformers 5.24.0, torch 2.13 CPU; see
+``tests/test_packing.py::test_hf_fallback_leaks_or_refuses``): given a packed row of
+sequences with only restarting ``position_ids``, Hugging Face's ``Qwen3_5TextModel``
+keeps the full-attention layers apart (its mask builder detects the packed sequences
+from the position ids) but its Gated DeltaNet layers do not: the torch fallback
+``torch_chunk_gated_delta_rule`` carries the recurrent state, and ``causal_conv1d_fn``
+(a plain ``F.conv1d``) its K-1 taps, from one sequence into the next. The second
+sequence's last hidden state then differs from its stand-alone forward by O(1)
+(2.29 and 2.57 on the tiny config, sequences of 17 and 30 tokens after one of 5).
+Given ``cu_seq_lens_q`` (the flash-attention varlen kwargs) the fallback refuses:
+``ValueError: `chunk_gated_delta_rule` can't keep packed sequences apart without
+`flash-linear-attention``. Even with ``fla`` installed the HF path hands
+``cu_seq_lens_q`` to the conv only under a name it drops, so the conv taps leak
+unless the ``causal_conv1d`` package honours ``seq_idx`` -- which HF never passes.
+
+What this module does instead: the real ``transformers`` modules, with their weights
+and names, get a boundary-aware forward (a class swap, :func:`make_boundary_aware`;
+without boundaries the Hugging Face forward runs unchanged):
+
+* short causal depthwise conv (:func:`causal_conv`): the K taps as K shifted
+  multiply-adds; in a packed row tap j is masked where the position inside the
+  sequence is < j, so no tap reads across a boundary. Cost O(N * channels * K).
+* gated delta rule (:func:`chunk_gated_delta_rule`): the chunked (WY / UT-transform)
+  algorithm with no chunk crossing a sequence: each sequence is padded internally to a
+  multiple of the chunk size (64), chunks are laid out chunk-major with sequences
+  sorted by chunk count, and the inter-chunk scan starts every sequence from a zero
+  state (the active sequences at scan step j are a prefix). Everything intra-chunk is
+  one batched computation over all chunks. Cost O(N * C * d) + O(#chunks * d^2),
+  max-chunks-per-sequence sequential steps; never a T x T matrix.
+* full attention (:func:`varlen_attention`): SDPA (causal) on each sequence of a packed
+  row; a padded batch is one batched causal SDPA (right padding never reaches a real
+  query). Cost sum L_i^2 (packed) vs B * T^2 (padded); never a row-by-row mask.
+
+A padded batch [B, T] goes through the same three kernels as a packed row (its rows
+are B sequences of length T, padding included: the cost of padding is paid, as on a
+GPU), so throughput differences between layouts come from the layout alone.
+
+On CUDA with ``flash-linear-attention`` installed the gated delta rule runs fla's
+``chunk_gated_delta_rule(..., cu_seqlens=...)`` (bf16/fp16 only: older fla asserts
+against fp32; fp32 uses the torch path above, on the GPU) and the conv fla's
+``causal_conv1d(x [B, T, D], weight [D, K], activation="silu", cu_seqlens=...)`` (when
+its signature is the seq-first one; else the shift conv above, which is exact and
+memory-bound). ``lenbatch verify-packing --device cuda`` checks that path against the
+Hugging Face per-sequence forward on the user's machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLEMENTATION = "lenbatch_varlen"
+CHUNK_SIZE = 64  # tokens per chunk of the gated delta rule (fla's as well)
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+# --------------------------------------------------------------------------- sequence layout
+
+
+@dataclass(eq=False)
+class Segments:
+    """Where the sequences are in a batch: the one object every boundary-aware layer reads.
+
+    ``layout`` "padded": ``batch`` rows of ``seq_len``, each row one sequence (computed in
+    full, padding included). "packed": one row of ``seq_len`` tokens holding
+    ``len(lengths)`` sequences back to back. ``starts``/``lengths`` index the flattened
+    ``batch * seq_len`` tokens. ``boundaries=False`` (packed only) treats the row as one
+    sequence while positions still restart: the deliberately wrong forward.
+    """
+
+    layout: str
+    batch: int
+    seq_len: int
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    position_ids: torch.Tensor  # [batch, seq_len] int64, restarting at every sequence
+    boundaries: bool = True
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.position_ids.device
+
+    @property
+    def num_tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    def cu_seqlens(self) -> torch.Tensor:
+        """int64 [S+1] over the flattened tokens (what fla's varlen kernels take)."""
+        if "cu" not in self._cache:
+            cu = [0, *np.cumsum(self.lengths).tolist()]
+            self._cache["cu"] = torch.tensor(cu, dtype=torch.int64, device=self.device)
+        return self._cache["cu"]
+
+    def conv_masks(self, kernel: int, dtype: torch.dtype) -> list[torch.Tensor | None]:
+        """Per tap j: [1, N, 1] mask of tokens whose position in their sequence is >= j."""
+        key = ("conv", kernel, dtype)
+        if key not in self._cache:
+            masks: list[torch.Tensor | None] = [None]
+            for j in range(1, kernel):
+                if self.layout == "packed":
+                    masks.append((self.position_ids >= j).to(dtype).unsqueeze(-1))
+                else:
+                    masks.append(None)  # row starts are the only boundaries: the shift itself stops there
+            self._cache[key] = masks
+        return self._cache[key]
+
+    def chunk_plan(self, chunk: int) -> "ChunkPlan":
+        key = ("chunks", chunk)
+        if key not in self._cache:
+            self._cache[key] = ChunkPlan.build(self.starts, self.lengths, chunk, self.num_tokens, self.device)
+        return self._cache[key]
+
+
+def make_segments(input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                  cu_seqlens: torch.Tensor | None = None, boundaries: bool = True,
+                  device: torch.device | str | None = None) -> Segments:
+    """Validate a padded ([B, T] + mask) or packed ([1, N] + cu_seqlens) batch -> :class:`Segments`."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be 2-D [batch, tokens], got shape {tuple(input_ids.shape)}")
+    device = torch.device(device) if device is not None else input_ids.device
+    batch, seq_len = (int(s) for s in input_ids.shape)
+    if seq_len == 0:
+        raise ValueError("input_ids has no tokens; pass at least one token per sequence")
+    if attention_mask is not None and cu_seqlens is not None:
+        raise ValueError("pass attention_mask (padded layout) or cu_seqlens (packed layout), not both")
+    if cu_seqlens is None:
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != (batch, seq_len):
+                raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+                                 f"{(batch, seq_len)}; give one 0/1 entry per token")
+            m = attention_mask.to("cpu")
+            if not bool(((m == 0) | (m == 1)).all()):
+                raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+            if bool((m[:, 1:] > m[:, :-1]).any()):
+                raise ValueError("attention_mask is not right-padded (a token follows padding); put the padding "
+                                 "at the end of each row (tokenizer padding_side='right')")
+            if bool((m[:, 0] == 0).any()):
+                raise ValueError("attention_mask has an empty row; drop rows without tokens")
+        pos = torch.arange(seq_len, device=device).unsqueeze(0).expand(batch, seq_len)
+        return Segments("padded", batch, seq_len, tuple(i * seq_len for i in range(batch)), (seq_len,) * batch, pos)
+    cu = torch.as_tensor(cu_seqlens).to("cpu")
+    if cu.ndim != 1 or cu.numel() < 2 or cu.dtype.is_floating_point:
+        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, end_1, ..., N], got {cu.dtype} "
+                         f"shape {tuple(cu.shape)}")
+    if batch != 1:
+        raise ValueError(f"a packed batch has one row: input_ids must be [1, N], got {tuple(input_ids.shape)}; "
+                         "flatten the rows or pass attention_mask for a padded batch")
+    cu_list = [int(x) for x in cu.tolist()]
+    lengths = np.diff(cu_list)
+    if cu_list[0] != 0 or cu_list[-1] != seq_len or (lengths <= 0).any():
+        raise ValueError(f"cu_seqlens {cu_list[:6]}{'...' if len(cu_list) > 6 else ''} is inconsistent with "
+                         f"input length {seq_len}: it must start at 0, increase strictly (every sequence "
+                         f"non-empty) and end at {seq_len}")
+    pos = torch.from_numpy(np.arange(seq_len) - np.repeat(np.asarray(cu_list[:-1]), lengths)).to(device)
+    pos = pos.unsqueeze(0)
+    if not boundaries:
+        return Segments("packed", 1, seq_len, (0,), (seq_len,), pos, boundaries=False)
+    return Segments("packed", 1, seq_len, tuple(cu_list[:-1]), tuple(int(x) for x in lengths), pos)
+
+
+@dataclass(eq=False)
+class ChunkPlan:
+    """Chunk-major layout of the sequences for the gated delta rule (no chunk crosses a boundary).
+
+    Sequences sorted by chunk count (descending); chunk j of every sequence that has one is
+    at ``offsets[j] : offsets[j] + active[j]``, so at scan step j the live states are a prefix.
+    ``gather`` maps layout slots to tokens (N = the appended zero row for in-chunk padding);
+    ``inverse`` maps each token back to its slot.
+    """
+
+    chunk: int
+    num_chunks: int
+    active: tuple[int, ...]
+    offsets: tuple[int, ...]
+    gather: torch.Tensor  # [num_chunks * chunk] int64 in 0..N
+    inverse: torch.Tensor  # [N] int64
+
+    @classmethod
+    def build(cls, starts: tuple[int, ...], lengths: tuple[int, ...], chunk: int, num_tokens: int,
+              device: torch.device) -> "ChunkPlan":
+        starts_a = np.asarray(starts, dtype=np.int64)
+        lengths_a = np.asarray(lengths, dtype=np.int64)
+        nch = -(-lengths_a // chunk)
+        order = np.argsort(-nch, kind="stable")
+        max_nc = int(nch.max())
+        active = [int((nch > j).sum()) for j in range(max_nc)]
+        seq = np.concatenate([order[:a] for a in active])
+        step = np.concatenate([np.full(a, j, dtype=np.int64) for j, a in enumerate(active)])
+        tok = (starts_a[seq] + step * chunk)[:, None] + np.arange(chunk)[None, :]
+        valid = tok < (starts_a + lengths_a)[seq][:, None]
+        gather = np.where(valid, tok, num_tokens).ravel()
+        inverse = np.empty(num_tokens, dtype=np.int64)
+        inverse[tok[valid]] = np.flatnonzero(valid.ravel())
+        assert int(valid.sum()) == num_tokens, "every token must land in exactly one chunk slot"
+        offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(active)]))
+        return cls(chunk, len(seq), tuple(active), offsets, torch.from_numpy(gather).to(device),
+                   torch.from_numpy(inverse).to(device))
+
+
+# --------------------------------------------------------------------------- the three kernels
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, segs: Segments, *, activation: bool = True) -> torch.Tensor:
+    """Causal depthwise conv that stops at sequence starts: ``y[t] = sum_j w[:, K-1-j] * x[t-j]``.
+
+    ``x`` [B, T, C] (channels last), ``weight`` [C, K]; taps reading before the start of
+    the token's sequence contribute 0 (the zero left-padding of a stand-alone forward).
+    SiLU applied when ``activation``. Cost: K multiply-adds per element.
+    """
+    fla_conv = _fla_conv() if x.is_cuda else None
+    if fla_conv is not None:
+        cu = segs.cu_seqlens() if segs.layout == "packed" else None
+        y = fla_conv(x=x, weight=weight.to(x.dtype), bias=None, activation="silu" if activation else None,
+                     cu_seqlens=cu)
+        return y[0] if isinstance(y, tuple) else y
+    kernel = weight.shape[1]
+    w = weight.to(x.dtype)
+    out = x * w[:, kernel - 1]
+    masks = segs.conv_masks(kernel, x.dtype)
+    for j in range(1, min(kernel, x.shape[1])):
+        tap = x[:, :-j] * w[:, kernel - 1 - j]
+        if masks[j] is not None:
+            tap = tap * masks[j][:, j:]
+        out[:, j:] += tap
+    return F.silu(out) if activation else out
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)  # the formula HF and fla use
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                           beta: torch.Tensor, segs: Segments, *, chunk: int = CHUNK_SIZE) -> torch.Tensor:
+    """Gated delta rule over the sequences of ``segs``, state reset at every sequence start.
+
+    ``q, k`` [B, T, Hk, Dk], ``v`` [B, T, Hv, Dv], ``g`` (log decay, <= 0) and ``beta``
+    [B, T, Hv]; q and k are L2-normalised here and q scaled by Dk^-1/2 (as HF's
+    ``use_qk_l2norm_in_kernel=True``). Per sequence, with S_0 = 0:
+    S_t = exp(g_t) S_{t-1} (I - beta_t k_t k_t^T) + beta_t k_t v_t^T,  o_t = S_t^T q_t.
+    Returns [B, T, Hv, Dv] in v's dtype; computed in fp32 (torch) or by fla on CUDA.
+    """
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _fla_chunk() is not None:
+        return _fla_gated_delta_rule(q, k, v, g, beta, segs)
+    out_dtype = v.dtype
+    batch, seq_len, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    n_tok = batch * seq_len
+    plan = segs.chunk_plan(chunk)
+    n, c = plan.num_chunks, chunk
+
+    q = _l2norm(q.float()) * dk ** -0.5
+    k = _l2norm(k.float())
+    if hv != hk:  # grouped value heads: value head h reads key head h // (hv // hk)
+        q = q.repeat_interleave(hv // hk, dim=2)
+        k = k.repeat_interleave(hv // hk, dim=2)
+
+    def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, *] -> [n, H, C, *] (zero-padded slots)
+        x = x.float().reshape(n_tok, *x.shape[2:])
+        x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
+        x = x.index_select(0, plan.gather).view(n, c, *x.shape[1:])
+        return x.transpose(1, 2).contiguous()
+
+    q, k, v, g, beta = (to_chunks(t) for t in (q, k, v, g, beta))  # g, beta: [n, H, C]
+    cum = g.cumsum(dim=-1)
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()  # [n, H, C, C]
+    k_beta = k * beta.unsqueeze(-1)
+    # UT transform: (I + strict_lower(diag(beta) K K^T * decay)) [u | w] = [beta V | beta K exp(cum)]
+    system = (k_beta @ k.transpose(-1, -2)) * decay
+    rhs = torch.cat([v * beta.unsqueeze(-1), k_beta * cum.exp().unsqueeze(-1)], dim=-1)
+    sol = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    u, w = sol[..., :dv], sol[..., dv:]
+    intra = (q @ k.transpose(-1, -2)) * decay  # causal within the chunk, diagonal included
+    # out = intra @ (u - w S) + q exp(cum) S = intra @ u + (q exp(cum) - intra @ w) S
+    base = intra @ u
+    reads = torch.cat([w, q * cum.exp().unsqueeze(-1) - intra @ w], dim=-2)  # [n, H, 2C, Dk]: both read S
+    k_upd = (k * (cum[..., -1:] - cum).exp().unsqueeze(-1)).transpose(-1, -2).contiguous()  # [n, H, Dk, C]
+    chunk_decay = cum[..., -1].exp()[..., None, None]  # [n, H, 1, 1]
+    del q, k, v, g, beta, decay, system, rhs, sol, intra, k_beta
+
+    out = torch.empty(n, hv, c, dv, dtype=torch.float32, device=base.device)
+    state = torch.zeros(plan.active[0], hv, dk, dv, dtype=torch.float32, device=base.device)
+    for j, a in enumerate(plan.active):  # sequential over chunk index; batched over live sequences
+        lo, hi = plan.offsets[j], plan.offsets[j] + a
+        state = state[:a]
+        r = reads[lo:hi] @ state
+        out[lo:hi] = base[lo:hi] + r[:, :, c:]
+        if j + 1 < len(plan.active):
+            state = state * chunk_decay[lo:hi] + k_upd[lo:hi] @ (u[lo:hi] - r[:, :, :c])
+    out = out.transpose(1, 2).reshape(n * c, hv, dv).index_select(0, plan.inverse)
+    return out.view(batch, seq_len, hv, dv).to(out_dtype)
+
+
+def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention interface ``lenbatch_varlen``: causal SDPA per sequence; plain HF sdpa otherwise.
+
+    ``query`` [B, Hq, T, D], ``key``/``value`` [B, Hkv, T, D] -> ([B, T, Hq, D], None).
+    """
+    segs: Segments | None = kwargs.get("lenbatch_segments")
+    if segs is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, **kwargs)
+    if key.shape[1] != query.shape[1]:  # GQA: explicit repeat (portable across SDPA backends)
+        rep = query.shape[1] // key.shape[1]
+        key = key.repeat_interleave(rep, dim=1)
+        value = value.repeat_interleave(rep, dim=1)
+    if segs.layout == "padded" or len(segs.lengths) == 1:
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    else:
+        out = torch.empty_like(query)
+        for start, length in zip(segs.starts, segs.lengths):
+            sl = slice(start, start + length)
+            out[:, :, sl] = F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl],
+                                                           is_causal=True, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+# --------------------------------------------------------------------------- flash-linear-attention (GPU)
+
+
+@functools.cache
+def _fla_chunk() -> Any:
+    """fla's ``chunk_gated_delta_rule`` if installed and it takes ``cu_seqlens``; else None."""
+    if os.environ.get("LENBATCH_NO_FLA"):
+        return None
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
+    except Exception:  # not installed (CPU machines), or a broken triton: the torch path is exact
+        return None
+    params = inspect.signature(fn).parameters
+    return fn if {"cu_seqlens", "use_qk_l2norm_in_kernel", "g", "beta"} <= set(params) else None
+
+
+@functools.cache
+def _fla_conv() -> Any:
+    """fla's seq-first varlen ``causal_conv1d`` ([B, T, D], weight [D, K], cu_seqlens); else None.
+
+    Older fla releases took head-first [B, D, T] without ``residual``: those are refused
+    (the shift conv is used), so a layout mismatch cannot pass silently.
+    """
+    if os.environ.get("LENBATCH_NO_FLA"):
+        return None
+    try:
+        from fla.modules.convolution import causal_conv1d as fn
+    except Exception:
+        return None
+    params = list(inspect.signature(fn).parameters)
+    return fn if params[:1] == ["x"] and {"weight", "residual", "activation", "cu_seqlens"} <= set(params) else None
+
+
+def _fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                          beta: torch.Tensor, segs: Segments) -> torch.Tensor:
+    fn = _fla_chunk()
+    hk, hv = q.shape[2], v.shape[2]
+    if hv != hk:  # explicit GVA repeat: every fla version takes equal heads; same mapping as HF's fallback
+        q = q.repeat_interleave(hv // hk, dim=2)
+        k = k.repeat_interleave(hv // hk, dim=2)
+    cu = segs.cu_seqlens() if segs.layout == "packed" else None  # padded: B rows, each one sequence
+    out, _ = fn(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.float().contiguous(),
+                beta=beta.to(q.dtype).contiguous(), initial_state=None, output_final_state=False,
+                use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    return out.to(v.dtype)
+
+
+def backend_name(device: torch.device | str, dtype: torch.dtype) -> str:
+    """Which gated-delta-rule kernel a forward on (device, dtype) uses: 'fla' or 'torch'."""
+    is_cuda = torch.device(device).type == "cuda"
+    return "fla" if is_cuda and dtype in (torch.bfloat16, torch.float16) and _fla_chunk() is not None else "torch"
+
+
+# --------------------------------------------------------------------------- hooking the HF modules
+
+
+@functools.cache
+def register_attention() -> None:
+    """Register ``lenbatch_varlen`` with transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)  # plain HF calls build sdpa masks
+
+
+@functools.cache
+def _boundary_gdn_class() -> type:
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    class BoundaryGatedDeltaNet(Qwen3_5GatedDeltaNet):
+        """Qwen3_5GatedDeltaNet whose forward keeps sequences apart when given ``lenbatch_segments``."""
+
+        def forward(self, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None,
+                    **kwargs: Any) -> torch.Tensor:
+            segs = kwargs.pop("lenbatch_segments", None)
+            if segs is None:
+                return super().forward(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+            return gated_deltanet_forward(self, hidden_states, segs)
+
+    return BoundaryGatedDeltaNet
+
+
+def gated_deltanet_forward(mod: Any, hidden_states: torch.Tensor, segs: Segments) -> torch.Tensor:
+    """The HF Qwen3_5GatedDeltaNet forward (same weights, same order of operations) on segments."""
+    batch, seq_len, _ = hidden_states.shape
+    mixed = mod.in_proj_qkv(hidden_states)  # [B, T, 2*key_dim + value_dim]
+    z = mod.in_proj_z(hidden_states).reshape(batch, seq_len, -1, mod.head_v_dim)
+    b = mod.in_proj_b(hidden_states)
+    a = mod.in_proj_a(hidden_states)
+    mixed = causal_conv(mixed, mod.conv1d.weight.squeeze(1), segs, activation=mod.activation in ("silu", "swish"))
+    query, key, value = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
+    query = query.reshape(batch, seq_len, -1, mod.head_k_dim)
+    key = key.reshape(batch, seq_len, -1, mod.head_k_dim)
+    value = value.reshape(batch, seq_len, -1, mod.head_v_dim)
+    beta = b.sigmoid()
+    g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
+    core = chunk_gated_delta_rule(query, key, value, g, beta, segs)
+    core = mod.norm(core.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
+    return mod.out_proj(core.reshape(batch, seq_len, -1))
+
+
+def make_boundary_aware(model: torch.nn.Module) -> torch.nn.Module:
+    """Swap every Qwen3_5GatedDeltaNet of ``model`` to the boundary-aware subclass, in place.
+
+    Parameters, buffers and state-dict names are unchanged; attention goes through the
+    ``lenbatch_varlen`` interface (set as ``config._attn_implementation`` by lenbatch.model).
+    """
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    register_attention()
+    cls = _boundary_gdn_class()
+    for module in model.modules():
+        if isinstance(module, Qwen3_5GatedDeltaNet):
+            module.__class__ = cls
+    return model
+
+
+# --------------------------------------------------------------------------- verify-packing
+
+
+def parse_lengths(text: str) -> list[int]:
+    """'5,17,300' -> [5, 17, 300]; ``ValueError`` for anything but positive integers."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    try:
+        values = [int(t) for t in items]
+    except ValueError:
+        values = []
+    if not items or len(values) != len(items) or any(v <= 0 for v in values):
+        raise ValueError(f"--lengths must be comma-separated positive integers, got {text!r}; "
+                         "e.g. --lengths 5,17,300,64")
+    return values
+
+
+def verify_packing(target: Any, lengths: list[int], *, seed: int = 0, boundaries: bool = True) -> dict[str, Any]:
+    """Packed forward vs per-sequence Hugging Face forwards: largest |difference| per layer type.
+
+    The packed row goes through the boundary-aware path; each sequence alone goes through
+    the unmodified Hugging Face modules (no lenbatch code in the reference). Returns
+    {"max_abs_diff": {"linear_attention": x, "full_attention": y, "final": z}, ...}.
+    """
+    for length in lengths:
+        if not isinstance(length, (int, np.integer)) or length <= 0:
+            raise ValueError(f"lengths must be positive integers, got {lengths}; e.g. [5, 17, 300, 64]")
+    cfg = target.cfg
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, cfg.vocab_size, (1, n), generator=gen) for n in lengths]
+    row = torch.cat(seqs, dim=1).to(target.device)
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
+    t0 = time.perf_counter()
+    packed = target.hidden_states(row, cu_seqlens=cu, layers=None, final_norm=True, boundaries=boundaries)
+    t_packed = time.perf_counter() - t0
+    worst = {"linear_attention": 0.0, "full_attention": 0.0, "final": 0.0}
+    t0 = time.perf_counter()
+    for s, (ids, start) in enumerate(zip(seqs, cu[:-1].tolist())):
+        ref = target.reference_hidden_states(ids.to(target.device))
+        sl = slice(start, start + lengths[s])
+        for key, ref_h in ref.items():
+            kind = "final" if key == "final" else cfg.layer_types[key]
+            diff = (packed[key][:, sl].float() - ref_h.float()).abs().max().item()
+            worst[kind] = max(worst[kind], diff if math.isfinite(diff) else float("inf"))
+    t_ref = time.perf_counter() - t0
+    return {"max_abs_diff": worst, "lengths": list(lengths), "tokens": int(sum(lengths)),
+            "boundaries": boundaries, "backend": backend_name(target.device, target.dtype),
+            "packed_seconds": t_packed, "reference_seconds": t_ref}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.config import add_params_argument
+
+    add_params_argument(parser)
+    parser.add_argument("--model-config", default=None, metavar="FILE",
+                        help="YAML/JSON with a 'model' section, or a Hugging Face config.json of a "
+                             "Qwen3.5-architecture text model (default: the params' model section)")
+    parser.add_argument("--lengths", default="5,17,300,64", help="comma-separated sequence lengths (tokens)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                        help="compute dtype (default: model.dtype)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    parser.add_argument("--atol", type=float, default=None,
+                        help="largest allowed |difference| (default 1e-4 for float32, 5e-2 for bfloat16)")
+    parser.add_argument("--no-boundaries", action="store_true",
+                        help="withhold the sequence boundaries on purpose (positions still restart): must fail")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from lenbatch.config import load_params
+    from lenbatch.log import get_logger
+    from lenbatch.model import build_target, model_config_from_file
+
+    log = get_logger("lenbatch.verify-packing")
+    lengths = parse_lengths(args.lengths)
+    cfg = load_params(*args.params).model
+    if args.model_config:
+        cfg = model_config_from_file(args.model_config, base=cfg)
+    if args.dtype:
+        cfg = dataclasses.replace(cfg, dtype=args.dtype)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu")
+    atol = args.atol if args.atol is not None else (1e-4 if cfg.dtype == "float32" else 5e-2)
+    log.info("building the target: %d layers, hidden %d, %s on %s", cfg.num_hidden_layers, cfg.hidden_size,
+             cfg.dtype, args.device)
+    target = build_target(cfg, device=args.device)
+    result = verify_packing(target, lengths, seed=args.seed, boundaries=not args.no_boundaries)
+    worst = result["max_abs_diff"]
+    print(f"verify-packing: {len(lengths)} sequences, {result['tokens']} tokens, {cfg.dtype} on {args.device}, "
+          f"gated-delta-rule backend {result['backend']}, boundaries "
+          f"{'given' if result['boundaries'] else 'WITHHELD'}")
+    print(f"  packed forward {result['packed_seconds']:.3f} s, per-sequence forwards "
+          f"{result['reference_seconds']:.3f} s")
+    ok = True
+    for kind in (*LAYER_TYPES, "final"):
+        if kind != "final" and kind not in cfg.layer_types:
+            continue
+        bad = not worst[kind] <= atol
+        ok &= not bad
+        label = "final hidden" if kind == "final" else kind
+        print(f"  {label:<17} max |packed - per-sequence| = {worst[kind]:.3e}  {'FAIL' if bad else 'ok'}")
+    print(f"verify-packing: {'PASS' if ok else 'FAIL'} (tolerance {atol:g})", file=sys.stdout)
+    return 0 if ok else 1
