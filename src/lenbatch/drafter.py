@@ -1,0 +1,269 @@
+"""A DFlash-style block-diffusion drafter trained on the frozen target's features.
+
+Structure (one step, ``S`` sequences, ``A`` anchors each, block size ``b`` = 16):
+
+* **context**: the target's hidden states at ``model.target_layers``, concatenated
+  (``F = len(target_layers) * hidden``) -> ``Linear(F, H)`` -> RMSNorm.
+* **blocks**: at anchor ``a`` (a position of a sequence), the block input is
+  ``[embed(x_a), MASK, ..., MASK]`` (``b`` positions, ``embed`` = the target's frozen
+  embedding, ``MASK`` a learned vector), at positions ``a .. a+b-1``.
+* **layers**: pre-norm decoder layers. A block's queries attend to the context at the
+  positions ``< a`` of *its own* sequence and to its own ``b`` positions in both
+  directions (keys/values of the context and of the block go through the same
+  k/v projections; RoPE on absolute in-sequence positions).
+* **loss**: the block's output at offset ``k = 1..b-1`` goes through the target's frozen
+  ``lm_head`` and predicts ``x_{a+k}``; cross-entropy weighted ``w_k = exp(-(k-1)/gamma)``,
+  only where ``a+k`` is inside the sequence and inside its loss mask;
+  ``loss = sum(w * ce) / sum(w)`` over the batch (the weights actually used).
+
+Anchors: ``A`` per sequence, without replacement among the valid positions
+``{a : a+1 < len, loss_mask[a+1]}`` (the first predicted token is a trained token),
+drawn from ``numpy.random.default_rng([seed, epoch, step, dataset_index])``: a resumed
+run, and the same sequences packed or padded, draw the same anchors. A sequence with
+fewer valid positions gets fewer blocks (counted in :class:`DrafterOutput`).
+
+Attention cost: per sequence the context is the first ``Lc = max anchor`` positions of
+the step (every block of the step sees keys ``[Lc + A*b]`` with a boolean mask of shape
+``[S, A*b, Lc + A*b]``): ``O(S * A * b * (Lc + A*b))`` per layer, never ``(total tokens)^2``
+for a packed row. The frozen ``lm_head`` costs ``2 * N * H * V`` forward and the same
+again for its input gradient, ``N <= S * A * (b-1)`` trained positions: with V = 248,320 it
+dominates a small drafter, hence a moderate ``anchors_per_seq``. The cross-entropy is
+computed in row chunks (:class:`ChunkedLinearCrossEntropy`) so the ``[N, V]`` logits never
+exist at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lenbatch.collate import Batch
+
+CE_CHUNK_ROWS = 128  # rows of logits alive at once: 128 x 248,320 fp32 = 127 MB
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (half-split convention) of ``x [..., L, heads, d]`` at ``pos [..., L]``."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = pos.to(torch.float32)[..., None] * inv  # [..., L, d/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[..., None, :].to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[..., None, :].to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, hidden: int, heads: int, intermediate: int, theta: float) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"drafter.num_heads={heads} does not divide model.hidden_size={hidden}; "
+                             "pick a divisor of the hidden size")
+        self.heads, self.head_dim, self.theta = heads, hidden // heads, theta
+        self.attn_norm = RMSNorm(hidden)
+        self.q_proj = nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = nn.Linear(hidden, hidden, bias=False)
+        self.v_proj = nn.Linear(hidden, hidden, bias=False)
+        self.o_proj = nn.Linear(hidden, hidden, bias=False)
+        self.mlp_norm = RMSNorm(hidden)
+        self.gate = nn.Linear(hidden, intermediate, bias=False)
+        self.up = nn.Linear(hidden, intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, h: torch.Tensor, ctx: torch.Tensor, blk_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``h [S, N, H]`` block states (N = A*b), ``ctx [S, Lc, H]``, ``blk_pos [S, N]``, ``mask [S, 1, N, Lc+N]``."""
+        S, N, H = h.shape
+        Lc = ctx.shape[1]
+        x = self.attn_norm(h)
+        kv_in = torch.cat([ctx, x], 1)  # context keys first, then the blocks' own keys
+        pos_kv = torch.cat([torch.arange(Lc, device=h.device).expand(S, Lc), blk_pos], 1)
+        q = _rope(self.q_proj(x).view(S, N, self.heads, self.head_dim), blk_pos, self.theta)
+        k = _rope(self.k_proj(kv_in).view(S, Lc + N, self.heads, self.head_dim), pos_kv, self.theta)
+        v = self.v_proj(kv_in).view(S, Lc + N, self.heads, self.head_dim)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        h = h + self.o_proj(o.transpose(1, 2).reshape(S, N, H))
+        x = self.mlp_norm(h)
+        return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """``sum_i w_i * CE(h_i @ W^T, y_i)`` with the gradient w.r.t. ``h`` computed chunk by chunk.
+
+    ``W`` (the frozen lm_head, ``[V, H]``) gets no gradient. Forward does both matmuls
+    (``2 * 2 * N * H * V`` flops) and keeps only ``grad_h [N, H]``; memory ``O(chunk * V)``.
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
+                w: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        for lo in range(0, h.shape[0], CE_CHUNK_ROWS):
+            hi = min(lo + CE_CHUNK_ROWS, h.shape[0])
+            logits = (h[lo:hi] @ weight.T).float()
+            logp = torch.log_softmax(logits, -1)
+            del logits
+            tgt = targets[lo:hi]
+            wc = w[lo:hi].float()
+            total = total + (-(logp.gather(1, tgt[:, None])[:, 0]) * wc).sum()
+            if grad_h is not None:
+                p = logp.exp_()  # softmax, in place
+                p[torch.arange(hi - lo, device=h.device), tgt] -= 1.0
+                p.mul_(wc[:, None])
+                grad_h[lo:hi] = (p.to(weight.dtype) @ weight).to(h.dtype)
+        ctx.save_for_backward(grad_h if grad_h is not None else torch.empty(0))
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        (grad_h,) = ctx.saved_tensors
+        return grad_h * grad_out.to(grad_h.dtype), None, None, None
+
+
+@dataclass
+class DrafterOutput:
+    loss: torch.Tensor          # scalar, sum(w * ce) / sum(w)
+    weight_sum: float           # sum of the loss weights used
+    positions: int              # trained (sequence, offset) positions that went through the lm_head
+    blocks: int                 # blocks drawn
+    sequences_without_anchor: int
+
+
+def draw_anchors(loss_mask: np.ndarray, length: int, *, num: int, seed: int, epoch: int, step: int,
+                 seq_id: int) -> np.ndarray:
+    """Up to ``num`` sorted anchor positions of one sequence, without replacement (see module doc)."""
+    lm = np.asarray(loss_mask[:length], dtype=bool)
+    valid = np.flatnonzero(lm[1:length])  # a such that a+1 < length and loss_mask[a+1]
+    if valid.size == 0:
+        return valid.astype(np.int64)
+    # seq_id may be -1 (synthetic): shift so every entropy word is non-negative
+    rng = np.random.default_rng([int(seed), int(epoch), int(step), int(seq_id) + 1])
+    k = min(num, valid.size)
+    return np.sort(rng.choice(valid, size=k, replace=False)).astype(np.int64)
+
+
+class Drafter(nn.Module):
+    """Trainable part of the drafter; the target's ``embed_tokens`` and ``lm_head`` are passed in, frozen."""
+
+    def __init__(self, *, feature_dim: int, hidden_size: int, intermediate_size: int, num_layers: int,
+                 num_heads: int, block_size: int, gamma: float, rope_theta: float = 10000.0) -> None:
+        super().__init__()
+        self.block_size, self.gamma = block_size, gamma
+        self.ctx_proj = nn.Linear(feature_dim, hidden_size, bias=False)
+        self.ctx_norm = RMSNorm(hidden_size)
+        self.mask_embedding = nn.Parameter(torch.randn(hidden_size) * 0.02)
+        self.layers = nn.ModuleList(DrafterLayer(hidden_size, num_heads, intermediate_size, rope_theta)
+                                    for _ in range(num_layers))
+        self.final_norm = RMSNorm(hidden_size)
+
+    # ------------------------------------------------------------------ anchors
+    def anchors_for(self, batch: Batch, *, anchors_per_seq: int, seed: int, epoch: int, step: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Anchors ``[S, A]`` (int64, in-sequence positions) and their validity ``[S, A]`` (bool), on CPU."""
+        rows, starts = batch.seq_rows_starts()
+        lm = batch.loss_mask.cpu().numpy()
+        lengths = batch.lengths.cpu().numpy()
+        ids = batch.indices.cpu().numpy()
+        S = len(lengths)
+        anchors = np.zeros((S, anchors_per_seq), dtype=np.int64)
+        valid = np.zeros((S, anchors_per_seq), dtype=bool)
+        for s in range(S):
+            r, st, n = int(rows[s]), int(starts[s]), int(lengths[s])
+            a = draw_anchors(lm[r, st:st + n], n, num=anchors_per_seq, seed=seed, epoch=epoch, step=step,
+                             seq_id=int(ids[s]))
+            anchors[s, :a.size] = a
+            valid[s, :a.size] = True
+        return torch.from_numpy(anchors), torch.from_numpy(valid)
+
+    # ------------------------------------------------------------------ loss
+    def forward(self, features: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, *,
+                embed_tokens: nn.Module, lm_head: nn.Module) -> DrafterOutput:
+        """Weighted block cross-entropy of one batch (formula in the module doc).
+
+        ``features`` is ``[B, T, F]`` in the batch's layout (padded or packed);
+        ``anchors``/``valid`` come from :meth:`anchors_for`.
+        """
+        dev = features.device
+        b = self.block_size
+        rows, starts = (t.to(dev) for t in batch.seq_rows_starts())
+        lengths = batch.lengths.to(dev)
+        anchors, valid = anchors.to(dev), valid.to(dev)
+        S, A = anchors.shape
+        T = features.shape[1]
+        Lc = max(int(anchors.max()), 1)  # context positions any block can see
+        # -- context: gather each sequence's first Lc positions (clamped; masked below)
+        ctx_idx = (starts[:, None] + torch.arange(Lc, device=dev)[None]).clamp_max(T - 1)  # [S, Lc]
+        ctx = self.ctx_norm(self.ctx_proj(features[rows[:, None], ctx_idx]))  # [S, Lc, H]
+        # -- blocks
+        offs = torch.arange(b, device=dev)
+        blk_pos = (anchors[:, :, None] + offs).reshape(S, A * b)  # in-sequence positions
+        anchor_tok = batch.input_ids.to(dev)[rows[:, None], starts[:, None] + anchors]  # [S, A]
+        with torch.no_grad():
+            anchor_emb = embed_tokens(anchor_tok)  # frozen
+        h = self.mask_embedding.to(anchor_emb.dtype).expand(S, A, b, -1).clone()
+        h[:, :, 0] = anchor_emb
+        h = h.reshape(S, A * b, -1)
+        # -- mask [S, 1, A*b, Lc + A*b]: context j < anchor of the query's block; own block only
+        blk_of = torch.arange(A * b, device=dev) // b
+        ctx_ok = torch.arange(Lc, device=dev)[None, None, :] < anchors[:, blk_of, None]  # [S, A*b, Lc]
+        own = (blk_of[:, None] == blk_of[None, :]).expand(S, -1, -1)
+        mask = torch.cat([ctx_ok, own], -1)[:, None]
+        for layer in self.layers:
+            h = layer(h, ctx, blk_pos, mask)
+        h = self.final_norm(h).view(S, A, b, -1)
+        # -- targets at offsets 1..b-1
+        tgt_pos = anchors[:, :, None] + offs[1:]  # [S, A, b-1]
+        inside = (tgt_pos < lengths[:, None, None]) & valid[:, :, None]
+        flat = (starts[:, None, None] + tgt_pos).clamp_max(T - 1)
+        tok = batch.input_ids.to(dev)[rows[:, None, None], flat]
+        in_loss = batch.loss_mask.to(dev)[rows[:, None, None], flat]
+        use = inside & in_loss
+        wk = torch.exp(-(offs[1:].to(torch.float32) - 1.0) / self.gamma)  # [b-1]
+        sel = use.nonzero(as_tuple=True)
+        hid = h[:, :, 1:][sel]  # [N, H]
+        w = wk[sel[2]]
+        wsum = w.sum()
+        if hid.shape[0] == 0:
+            loss = h.sum() * 0.0  # no trained position: a zero loss that still has a graph
+        else:
+            loss = ChunkedLinearCrossEntropy.apply(hid, lm_head.weight, tok[sel], w) / wsum
+        return DrafterOutput(loss=loss, weight_sum=float(wsum), positions=int(hid.shape[0]),
+                             blocks=int(valid.sum()), sequences_without_anchor=int((~valid.any(1)).sum()))
+
+
+def build_drafter(params, *, device: str | torch.device = "cpu") -> Drafter:
+    """The drafter for ``params`` (sections model and drafter), initialised from ``model.init_seed + 1``."""
+    m, d = params.model, params.drafter
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(m.init_seed + 1)
+    try:
+        drafter = Drafter(feature_dim=len(m.target_layers) * m.hidden_size, hidden_size=m.hidden_size,
+                          intermediate_size=m.intermediate_size, num_layers=d.num_layers, num_heads=d.num_heads,
+                          block_size=d.block_size, gamma=d.gamma)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[m.dtype]
+    return drafter.to(device=device, dtype=dtype)
+
+
+def loss_weights(block_size: int, gamma: float) -> np.ndarray:
+    """``w_k = exp(-(k-1)/gamma)`` for offsets ``k = 1..block_size-1``."""
+    k = np.arange(1, block_size)
+    return np.exp(-(k - 1) / gamma)
+
+

@@ -1,0 +1,794 @@
+"""Train stage: the DFlash drafter behind the frozen target, one batching strategy, measured.
+
+Roles (``torchrun --nproc_per_node N -m lenbatch train ...``, env RANK/WORLD_SIZE):
+
+* ranks ``0 .. N-2`` are **target ranks**. Target rank ``r`` iterates its own
+  :class:`lenbatch.LengthBatchSampler` (``rank=r, world_size=N-1``), collates the batch
+  (:mod:`lenbatch.collate`), runs the target forward and sends the batch and its features
+  to the drafter rank (point-to-point: a fixed-size int64 header with the shapes, then
+  the tensors). Credits bound the queue: target rank ``r`` sends its ``k``-th batch only
+  after the drafter acknowledged its ``(k - queue_size)``-th, so at most ``train.queue_size``
+  batches per target rank are in flight.
+* rank ``N-1`` is the **drafter rank**: it takes batches round-robin over the target ranks
+  (global step ``g`` comes from target rank ``g mod (N-1)``), trains the drafter
+  (AdamW, gradient clipping), and writes ``steps.jsonl``, ``summary.json`` and
+  ``checkpoint.pt`` (the drafter rank is the one that measures).
+* ``N = 1`` (or no torchrun with ``train.nproc: 1``): one process does both in turn; its plan
+  is the one of ``N = 2`` (one target rank), so its losses equal the 2-process run's.
+  Without torchrun and ``train.nproc > 1``, ``lenbatch train`` re-executes itself under
+  ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged).
+
+gloo on CPU, NCCL on GPU (``train.device``).
+
+Stop rule: the global schedule (pure: lengths, params, target ranks) walks epochs 0, 1, ...
+(``set_epoch``) and ends at the first step at which the useful tokens trained reach
+``train.useful_tokens`` (or at ``--max-steps``). Every rank computes the same schedule, so no
+rank ever waits for a batch that will not come.
+
+Measured (``steps.jsonl``, one line per step): rank, step, epoch, sequences, length (longest or
+packed row length), useful and computed tokens, target_s (forward on the target rank),
+credit_wait_s (target rank waiting for queue room: the drafter is the bottleneck),
+queue_wait_s (drafter waiting for the batch, transfer included: the target is the bottleneck),
+drafter_s, loss. ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
+drafter-side wall time of those steps (pipeline throughput), padding efficiency, loss curve...
+
+Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end) holds the
+drafter, the optimizer, every target rank's sampler state (tracked on the drafter rank by
+shadow samplers that also check every received batch), the step counter, RNG states and a
+fingerprint of the params. Anchors are drawn from (seed, epoch, step, dataset index) and
+the target is deterministic, so ``--resume`` replays exactly the remaining batches and losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from lenbatch.collate import Batch, batch_from_parts, collate, layout_for
+from lenbatch.config import STRATEGY_NAMES, Params, add_params_argument, load_params, write_resolved
+from lenbatch.log import get_logger
+
+log = get_logger("train")
+HEADER_LEN = 12
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
+LOSS_CURVE_POINTS = 500  # loss curve in summary.json is downsampled to at most this many points
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``train.device`` -> a torch device (auto: cuda when available)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("train.device is 'cuda' but no GPU is visible; set train.device: cpu (or auto)")
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); start at "
+                             "most as many processes per node as GPUs (train.nproc / --nproc_per_node)")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- one step, both halves
+
+
+class StepRunner:
+    """Target forward and drafter training step for one process (single-process mode, profile).
+
+    ``StepRunner(params, *, device="cpu")`` builds the frozen target, the drafter and AdamW.
+    ``target_step(batch) -> (features, seconds)``; ``drafter_step(batch, features) -> (loss, seconds)``
+    (one optimizer step; anchors from (batching.seed, epoch, step, dataset index), ``step``
+    defaults to the runner's own counter). ``role="drafter"`` builds only the target's
+    embedding and lm_head (the drafter rank), ``role="target"`` only the target.
+    """
+
+    def __init__(self, params: Params, *, device: str | torch.device = "cpu", role: str = "both") -> None:
+        from lenbatch.drafter import build_drafter
+        from lenbatch import model as target_model
+
+        if role not in ("both", "target", "drafter"):
+            raise ValueError(f"role must be both, target or drafter, got {role!r}")
+        self.params = params
+        self.device = torch.device(device)
+        self.steps = 0
+        self.target = None
+        if role in ("both", "target"):
+            self.target = target_model.build_target(params.model, device=self.device)
+            self.embed_tokens, self.lm_head = self.target.embed_tokens, self.target.lm_head
+        elif role == "drafter":
+            self.embed_tokens, self.lm_head = target_model.build_heads(params.model, device=self.device)
+        self.drafter = None
+        self.optimizer = None
+        if role in ("both", "drafter"):
+            self.drafter = build_drafter(params, device=self.device)
+            d = params.drafter
+            self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=d.lr, weight_decay=d.weight_decay)
+        self.last_output = None
+
+    def target_step(self, batch: Batch) -> tuple[torch.Tensor, float]:
+        """Features ``[B, T, F]`` of ``batch`` (padded or packed) and the seconds the forward took."""
+        assert self.target is not None, "this StepRunner was built without the target (role='drafter')"
+        batch = batch.to(self.device)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        if batch.kind == "packed":
+            feats = self.target.features(batch.input_ids, cu_seqlens=batch.cu_seqlens)
+        else:
+            feats = self.target.features(batch.input_ids, attention_mask=batch.attention_mask)
+        _sync(self.device)
+        return feats, time.perf_counter() - t0
+
+    def drafter_step(self, batch: Batch, features: torch.Tensor, *, step: Optional[int] = None,
+                     epoch: int = 0) -> tuple[float, float]:
+        """One AdamW step of the drafter on ``batch``; returns (loss, seconds)."""
+        assert self.drafter is not None and self.optimizer is not None, "built without the drafter"
+        p = self.params
+        step = self.steps if step is None else step
+        batch = batch.to(self.device)
+        if features.is_inference():  # produced under inference_mode: make it a normal tensor for autograd
+            features = features.clone()
+        _sync(self.device)
+        t0 = time.perf_counter()
+        anchors, valid = self.drafter.anchors_for(batch, anchors_per_seq=p.drafter.anchors_per_seq,
+                                                  seed=p.batching.seed, epoch=epoch, step=step)
+        out = self.drafter(features, batch, anchors, valid, embed_tokens=self.embed_tokens, lm_head=self.lm_head)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), p.drafter.grad_clip)
+        self.optimizer.step()
+        loss = float(out.loss.detach())
+        _sync(self.device)
+        self.steps = step + 1
+        self.last_output = out
+        return loss, time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- data, plan, schedule
+
+
+def load_lengths(data: Path) -> np.ndarray:
+    path = data / "lengths.npy"
+    if not path.exists():
+        raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
+    return np.load(path).astype(np.int64)
+
+
+def load_edges(boundaries: Optional[str], strategy: str) -> Optional[tuple[int, ...]]:
+    """Bucket edges from boundaries.json (only the bucketed strategy reads them)."""
+    if strategy != "bucketed":
+        return None
+    if not boundaries:
+        raise ValueError("strategy 'bucketed' needs bucket edges; pass --boundaries "
+                         "results/boundaries/boundaries.json (run 'lenbatch boundaries' first)")
+    path = Path(boundaries)
+    if not path.exists():
+        raise ValueError(f"--boundaries {path} does not exist; run 'lenbatch boundaries' first")
+    edges = json.loads(path.read_text()).get("edges")
+    if not edges:
+        raise ValueError(f"{path} has no 'edges'; regenerate it with 'lenbatch boundaries'")
+    return tuple(int(e) for e in edges)
+
+
+class TrainData:
+    """The tokenized dataset (``datasets.load_from_disk``) read by target ranks, batch by batch."""
+
+    def __init__(self, data: Path, lengths: np.ndarray) -> None:
+        import datasets
+
+        path = data / "dataset"
+        if not path.exists():
+            raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
+        ds = datasets.load_from_disk(str(path))
+        missing = {"input_ids", "loss_mask"} - set(ds.column_names)
+        if missing:
+            raise ValueError(f"{path} lacks columns {sorted(missing)}; re-run 'lenbatch tokenize'")
+        if len(ds) != len(lengths):
+            raise ValueError(f"{path} has {len(ds)} rows but lengths.npy has {len(lengths)}; re-run "
+                             "'lenbatch tokenize' so both come from the same run")
+        self.ds = ds.select_columns(["input_ids", "loss_mask"])
+        self.lengths = lengths
+
+    def samples(self, indices: np.ndarray) -> list[dict[str, Any]]:
+        rows = self.ds[[int(i) for i in indices]]
+        out = []
+        for i, ids, mask in zip(indices, rows["input_ids"], rows["loss_mask"]):
+            if len(ids) != self.lengths[i]:
+                raise ValueError(f"dataset row {i} has {len(ids)} tokens but lengths.npy says {self.lengths[i]}; "
+                                 "re-run 'lenbatch tokenize'")
+            out.append({"input_ids": ids, "loss_mask": mask})
+        return out
+
+
+def make_sampler(lengths: np.ndarray, *, strategy: str, params: Params, edges: Optional[tuple[int, ...]],
+                 rank: int, world_size: int):
+    import lenbatch as lb
+
+    b = params.batching
+    return lb.LengthBatchSampler(lengths, strategy=strategy, token_budget=b.token_budget,
+                                 max_batch_size=b.max_batch_size, seed=b.seed, rank=rank, world_size=world_size,
+                                 edges=edges, packed_window=b.packed_window)
+
+
+def plan(lengths: np.ndarray, *, strategy: str, params: Params, edges: Optional[tuple[int, ...]], epoch: int,
+         rank: int, world_size: int) -> list[np.ndarray]:
+    import lenbatch as lb
+
+    b = params.batching
+    return lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
+                         max_batch_size=b.max_batch_size, edges=edges, rank=rank, world_size=world_size,
+                         packed_window=b.packed_window)
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    step: int       # global step (drafter optimizer step)
+    epoch: int
+    rank: int       # target rank that computes it
+    local: int      # index of the batch in that rank's epoch plan
+    indices: np.ndarray
+    useful: int
+
+
+def build_schedule(lengths: np.ndarray, *, strategy: str, params: Params, edges: Optional[tuple[int, ...]],
+                   target_ranks: int, useful_tokens: int, max_steps: Optional[int] = None) -> list[ScheduledStep]:
+    """Every global step of the run: round-robin over target ranks, epochs 0, 1, ... until
+    ``useful_tokens`` useful tokens (or ``max_steps`` steps). Pure; O(epochs * plan cost)."""
+    steps: list[ScheduledStep] = []
+    done, epoch = 0, 0
+    while True:
+        plans = [plan(lengths, strategy=strategy, params=params, edges=edges, epoch=epoch, rank=r,
+                      world_size=target_ranks) for r in range(target_ranks)]
+        sizes = {len(p) for p in plans}
+        assert len(sizes) == 1, f"ranks got different batch counts {sizes}: the plan broke its contract"
+        for local in range(sizes.pop()):
+            for r in range(target_ranks):
+                idx = np.asarray(plans[r][local], dtype=np.int64)
+                useful = int(lengths[idx].sum())
+                steps.append(ScheduledStep(len(steps), epoch, r, local, idx, useful))
+                done += useful
+                if done >= useful_tokens or (max_steps is not None and len(steps) >= max_steps):
+                    return steps
+        epoch += 1
+        if epoch > 10_000:  # invariant: every epoch trains every sample once, so this cannot happen
+            raise AssertionError("schedule did not reach train.useful_tokens")
+
+
+def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...]], lengths: np.ndarray,
+                target_ranks: int) -> dict[str, Any]:
+    """What a resumed run must share with the run that wrote the checkpoint (plan, model, drafter).
+
+    train.useful_tokens, --max-steps, queue_size, threads and checkpoint_every may change on resume.
+    """
+    p = params.to_dict()
+    return {"strategy": strategy, "target_ranks": target_ranks, "edges": list(edges) if edges else None,
+            "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
+            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"]}
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    a, b = _flat(saved), _flat(current)
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:6])
+        raise ValueError(f"checkpoint {path} was written with other params ({shown}); resume with the params it "
+                         "was written with, or start afresh without --resume (or with another --out)")
+
+
+def batch_hash(indices: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
+
+
+# --------------------------------------------------------------------------- point-to-point transport
+
+
+def send_batch(batch: Batch, features: torch.Tensor, *, dst: int, meta: list[int], comm_device: torch.device
+               ) -> list[Any]:
+    """Post the header then the tensors to ``dst`` (non-blocking); returns the works and tensors to keep alive."""
+    import torch.distributed as dist
+
+    B, T = batch.input_ids.shape
+    header = torch.tensor([1 if batch.kind == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
+                           DTYPE_CODES[features.dtype], *meta], dtype=torch.int64)
+    assert header.numel() == HEADER_LEN
+    tensors = [header, batch.input_ids, batch.loss_mask.to(torch.uint8), batch.lengths, batch.indices,
+               features.contiguous()]
+    tensors = [t.to(comm_device).contiguous() for t in tensors]
+    works = [dist.isend(t, dst) for t in tensors]
+    return [works, tensors]
+
+
+def recv_batch(*, src: int, comm_device: torch.device) -> tuple[Batch, torch.Tensor, list[int]]:
+    """Receive what :func:`send_batch` posted: (batch, features, meta ints)."""
+    import torch.distributed as dist
+
+    header = torch.empty(HEADER_LEN, dtype=torch.int64, device=comm_device)
+    dist.recv(header, src)
+    kind, B, T, S, Fdim, code, *meta = (int(x) for x in header.tolist())
+    ids = torch.empty(B, T, dtype=torch.int64, device=comm_device)
+    lm = torch.empty(B, T, dtype=torch.uint8, device=comm_device)
+    lengths = torch.empty(S, dtype=torch.int64, device=comm_device)
+    indices = torch.empty(S, dtype=torch.int64, device=comm_device)
+    feats = torch.empty(B, T, Fdim, dtype=CODE_DTYPES[code], device=comm_device)
+    for t in (ids, lm, lengths, indices, feats):
+        dist.recv(t, src)
+    return batch_from_parts("packed" if kind else "padded", ids, lm, lengths, indices), feats, meta
+
+
+# --------------------------------------------------------------------------- recording
+
+
+class Recorder:
+    """``steps.jsonl`` lines (flushed per step) and ``summary.json`` on the measuring rank."""
+
+    def __init__(self, out: Path, *, keep_steps_below: Optional[int]) -> None:
+        self.path = out / "steps.jsonl"
+        self.rows: list[dict[str, Any]] = []
+        if keep_steps_below is not None and self.path.exists():
+            # resume: keep what the checkpoint covers, drop steps a killed run did past it
+            old = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            self.rows = [r for r in old if r["step"] < keep_steps_below]
+        self.session_start = len(self.rows)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w") as fh:
+            for r in self.rows:
+                fh.write(json.dumps(r) + "\n")
+        self.fh = self.path.open("a")
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        self.fh.write(json.dumps(row) + "\n")
+        self.fh.flush()
+
+    def summary(self, *, params: Params, strategy: str, warmup: int, t_start: float, world_size: int,
+                target_ranks: int, resumed_from: Optional[int], total_steps: int) -> dict[str, Any]:
+        """Post-warm-up pipeline throughput of this session + whole-run padding efficiency and loss curve."""
+        rows, session = self.rows, self.rows[self.session_start:]
+        measured = session[warmup:]
+        t0 = session[warmup - 1]["t"] if 0 < warmup <= len(session) else t_start
+        wall = (measured[-1]["t"] - t0) if measured else None
+        useful_m = sum(r["useful_tokens"] for r in measured)
+        computed_m = sum(r["computed_tokens"] for r in measured)
+        useful = sum(r["useful_tokens"] for r in rows)
+        computed = sum(r["computed_tokens"] for r in rows)
+        stride = max(1, -(-len(rows) // LOSS_CURVE_POINTS))
+        tail = rows[-max(1, min(20, len(rows) // 10)):] if rows else []
+
+        def mean(key: str, src: list[dict[str, Any]]) -> Optional[float]:
+            return float(np.mean([r[key] for r in src])) if src else None
+
+        return {
+            "strategy": strategy, "world_size": world_size, "target_ranks": target_ranks,
+            "steps": len(rows), "planned_steps": total_steps, "epochs": (rows[-1]["epoch"] + 1) if rows else 0,
+            "useful_tokens": useful, "computed_tokens": computed,
+            "padding_efficiency": useful / computed if computed else None,
+            "warmup_steps_excluded": min(warmup, len(session)), "measured_steps": len(measured),
+            "measured_wall_s": wall, "measured_useful_tokens": useful_m, "measured_computed_tokens": computed_m,
+            "useful_tokens_per_s": useful_m / wall if wall else None,
+            "computed_tokens_per_s": computed_m / wall if wall else None,
+            "measured_padding_efficiency": useful_m / computed_m if computed_m else None,
+            "session_wall_s": session[-1]["t"] - t_start if session else 0.0,
+            "target_s_mean": mean("target_s", measured), "drafter_s_mean": mean("drafter_s", measured),
+            "queue_wait_s_mean": mean("queue_wait_s", measured), "credit_wait_s_mean": mean("credit_wait_s", measured),
+            "target_s_total": float(sum(r["target_s"] for r in measured)),
+            "drafter_s_total": float(sum(r["drafter_s"] for r in measured)),
+            "loss_curve": [[r["step"], r["loss"]] for r in rows[::stride]],
+            "loss_curve_stride": stride,
+            "first_loss": rows[0]["loss"] if rows else None,
+            "final_loss": float(np.mean([r["loss"] for r in tail])) if tail else None,
+            "final_loss_steps": len(tail),
+            "sequences_without_anchor": int(sum(r.get("sequences_without_anchor", 0) for r in rows)),
+            "resumed_from_step": resumed_from,
+            "params": params.to_dict(),
+        }
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(path: Path, *, runner: StepRunner, step: int, sampler_states: list[Any],
+                    fp: dict[str, Any]) -> None:
+    """Atomic write (tmp + rename) so a kill during the save leaves the previous checkpoint."""
+    assert runner.drafter is not None and runner.optimizer is not None
+    state = {"format": 1, "fingerprint": fp, "step": step, "drafter": runner.drafter.state_dict(),
+             "optimizer": runner.optimizer.state_dict(), "samplers": sampler_states,
+             "torch_rng": torch.random.get_rng_state(), "numpy_rng": np.random.get_state(),
+             "python_rng": random.getstate()}
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, fp: dict[str, Any]) -> dict[str, Any]:
+    if not path.exists():
+        raise ValueError(f"--resume: no checkpoint at {path}; run without --resume to start afresh")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    check_fingerprint(state["fingerprint"], fp, path)
+    return state
+
+
+def restore(runner: StepRunner, state: dict[str, Any]) -> None:
+    assert runner.drafter is not None and runner.optimizer is not None
+    runner.drafter.load_state_dict(state["drafter"])
+    runner.optimizer.load_state_dict(state["optimizer"])
+    runner.steps = int(state["step"])
+    torch.random.set_rng_state(state["torch_rng"])
+    np.random.set_state(state["numpy_rng"])
+    random.setstate(state["python_rng"])
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class RunSetup:
+    params: Params
+    strategy: str
+    data: Path
+    out: Path
+    edges: Optional[tuple[int, ...]]
+    lengths: np.ndarray
+    schedule: list[ScheduledStep]
+    target_ranks: int
+    world_size: int
+    rank: int
+    device: torch.device
+    resume: bool
+    fp: dict[str, Any]
+
+
+class SamplerCursor:
+    """A sampler walked batch by batch across epochs, checked against the schedule."""
+
+    def __init__(self, sampler: Any, state: Any = None) -> None:
+        self.sampler = sampler
+        self.epoch: Optional[int] = None
+        self.it = None
+        if state is not None:
+            sampler.load_state_dict(state)
+            self.epoch = int(state["epoch"]) if isinstance(state, dict) and "epoch" in state else None
+            self.it = iter(sampler)
+
+    def next(self, step: ScheduledStep) -> np.ndarray:
+        if self.epoch != step.epoch:
+            self.sampler.set_epoch(step.epoch)
+            self.epoch = step.epoch
+            self.it = iter(self.sampler)
+        assert self.it is not None
+        idx = np.asarray(next(self.it), dtype=np.int64)
+        if not np.array_equal(idx, step.indices):
+            raise AssertionError(f"step {step.step}: the sampler yielded a batch other than plan_epoch's "
+                                 f"(rank {step.rank}, epoch {step.epoch}, batch {step.local})")
+        return idx
+
+    def state(self) -> Any:
+        return self.sampler.state_dict()
+
+
+def _row(step: ScheduledStep, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
+         loss: float, t: float, runner: StepRunner) -> dict[str, Any]:
+    out = runner.last_output
+    return {"rank": step.rank, "step": step.step, "epoch": step.epoch, "sequences": batch.num_sequences,
+            "length": batch.shape_length, "useful_tokens": batch.useful_tokens,
+            "computed_tokens": batch.computed_tokens, "target_s": round(target_s, 6),
+            "credit_wait_s": round(credit_s, 6), "queue_wait_s": round(wait_s, 6), "drafter_s": round(drafter_s, 6),
+            "loss": loss, "t": round(t, 6), "batch_hash": batch_hash(step.indices),
+            "positions": out.positions if out else 0, "blocks": out.blocks if out else 0,
+            "sequences_without_anchor": out.sequences_without_anchor if out else 0}
+
+
+def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float) -> None:
+    every = max(1, total // 20)
+    if step.step % every == 0 or step.step == total - 1:
+        log.info("step %d/%d (epoch %d): loss %.4f, %s useful tokens, %.1f s, %.0f useful tok/s", step.step + 1,
+                 total, step.epoch, loss, f"{useful_done:,}", t, useful_done / max(t, 1e-9))
+
+
+def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *, t_start: float,
+            resumed_from: Optional[int]) -> dict[str, Any]:
+    p = setup.params
+    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=len(rec.rows), sampler_states=states,
+                    fp=setup.fp)
+    summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps, t_start=t_start,
+                          world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
+                          total_steps=len(setup.schedule))
+    rec.close()
+    (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_resolved(p, setup.out)
+    return summary
+
+
+def run_single(setup: RunSetup) -> dict[str, Any]:
+    """One process: target forward then drafter step, batch after batch."""
+    p = setup.params
+    runner = StepRunner(p, device=setup.device)
+    data = TrainData(setup.data, setup.lengths)
+    kind = layout_for(setup.strategy)
+    sampler = make_sampler(setup.lengths, strategy=setup.strategy, params=p, edges=setup.edges, rank=0, world_size=1)
+    start, resumed_from, state = 0, None, None
+    if setup.resume:
+        ck = load_checkpoint(setup.out / "checkpoint.pt", setup.fp)
+        restore(runner, ck)
+        start = resumed_from = int(ck["step"])
+        state = ck["samplers"][0]
+    cursor = SamplerCursor(sampler, state)
+    rec = Recorder(setup.out, keep_steps_below=start if setup.resume else None)
+    useful_done = sum(r["useful_tokens"] for r in rec.rows)
+    t_start = time.perf_counter()
+    for step in setup.schedule[start:]:
+        idx = cursor.next(step)
+        batch = collate(data.samples(idx), kind=kind, token_budget=p.batching.token_budget,
+                        max_batch_size=p.batching.max_batch_size, indices=idx)
+        feats, t_s = runner.target_step(batch)
+        loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
+        useful_done += batch.useful_tokens
+        t = time.perf_counter() - t_start
+        rec.add(_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
+                     runner=runner))
+        _progress(step, len(setup.schedule), loss, useful_done, t)
+        if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
+            save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
+                            sampler_states=[cursor.state()], fp=setup.fp)
+    return _finish(setup, runner, rec, [cursor.state()], t_start=t_start, resumed_from=resumed_from)
+
+
+def _share_resume(setup: RunSetup, runner: Optional[StepRunner]) -> tuple[int, Optional[list[Any]]]:
+    """The drafter rank loads the checkpoint and tells every rank the start step and sampler states."""
+    import torch.distributed as dist
+
+    drafter_rank = setup.world_size - 1
+    if not setup.resume:
+        return 0, None
+    payload: list[Any] = [None]
+    if setup.rank == drafter_rank:
+        try:
+            ck = load_checkpoint(setup.out / "checkpoint.pt", setup.fp)
+            assert runner is not None
+            restore(runner, ck)
+            payload = [{"step": int(ck["step"]), "samplers": ck["samplers"]}]
+        except ValueError as err:
+            payload = [{"error": str(err)}]
+    dist.broadcast_object_list(payload, src=drafter_rank)
+    if "error" in payload[0]:
+        raise ValueError(payload[0]["error"])
+    return payload[0]["step"], payload[0]["samplers"]
+
+
+def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
+    """Compute features of this rank's batches and stream them to the drafter rank under credits."""
+    import torch.distributed as dist
+
+    p = setup.params
+    q = p.train.queue_size
+    drafter_rank = setup.world_size - 1
+    runner = StepRunner(p, device=setup.device, role="target")
+    data = TrainData(setup.data, setup.lengths)
+    kind = layout_for(setup.strategy)
+    start, states = _share_resume(setup, None)
+    sampler = make_sampler(setup.lengths, strategy=setup.strategy, params=p, edges=setup.edges, rank=setup.rank,
+                           world_size=setup.target_ranks)
+    cursor = SamplerCursor(sampler, states[setup.rank] if states else None)
+    mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
+    in_flight: deque[list[Any]] = deque()
+    ack = torch.zeros(2, dtype=torch.float64, device=comm_device)
+    t_start = time.perf_counter()
+    useful_done = 0
+    for k, step in enumerate(mine):
+        idx = cursor.next(step)
+        batch = collate(data.samples(idx), kind=kind, token_budget=p.batching.token_budget,
+                        max_batch_size=p.batching.max_batch_size, indices=idx)
+        feats, t_s = runner.target_step(batch)
+        t0 = time.perf_counter()
+        if len(in_flight) >= q:  # credit: wait until the drafter took the batch sent q batches ago
+            dist.recv(ack, drafter_rank)
+            works, _ = in_flight.popleft()
+            for w in works:
+                w.wait()
+        credit_s = time.perf_counter() - t0
+        meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), 0, 0]
+        in_flight.append(send_batch(batch.to(comm_device), feats, dst=drafter_rank, meta=meta,
+                                    comm_device=comm_device))
+        useful_done += batch.useful_tokens
+        if setup.rank == 0:
+            loss = float(ack[1]) if k >= q else float("nan")
+            _progress(step, len(setup.schedule), loss, useful_done * setup.target_ranks,
+                      time.perf_counter() - t_start)
+    while in_flight:
+        dist.recv(ack, drafter_rank)
+        works, _ = in_flight.popleft()
+        for w in works:
+            w.wait()
+
+
+def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, Any]:
+    """Receive batches round-robin, train, measure, checkpoint; acknowledge each batch on receipt."""
+    import torch.distributed as dist
+
+    p = setup.params
+    runner = StepRunner(p, device=setup.device, role="drafter")
+    start, states = _share_resume(setup, runner)
+    resumed_from = start if setup.resume else None
+    shadows = [SamplerCursor(make_sampler(setup.lengths, strategy=setup.strategy, params=p, edges=setup.edges,
+                                          rank=r, world_size=setup.target_ranks), states[r] if states else None)
+               for r in range(setup.target_ranks)]
+    rec = Recorder(setup.out, keep_steps_below=start if setup.resume else None)
+    acks: list[Any] = []
+    last_loss = float("nan")
+    t_start = time.perf_counter()
+    for step in setup.schedule[start:]:
+        t0 = time.perf_counter()
+        batch, feats, meta = recv_batch(src=step.rank, comm_device=comm_device)
+        wait_s = time.perf_counter() - t0
+        ack = torch.tensor([float(step.step), last_loss], dtype=torch.float64, device=comm_device)
+        acks.append((dist.isend(ack, step.rank), ack))
+        epoch, gstep, t_ns, credit_ns = meta[:4]
+        assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
+        idx = shadows[step.rank].next(step)
+        if not np.array_equal(batch.indices.cpu().numpy(), idx):
+            raise AssertionError(f"step {step.step}: received a batch other than the planned one")
+        loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
+        last_loss = loss
+        t = time.perf_counter() - t_start
+        rec.add(_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s, drafter_s=d_s,
+                     loss=loss, t=t, runner=runner))
+        if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
+            save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
+                            sampler_states=[s.state() for s in shadows], fp=setup.fp)
+        if len(acks) > 4 * p.train.queue_size:
+            for w, _ in acks:
+                w.wait()
+            acks.clear()
+    summary = _finish(setup, runner, rec, [s.state() for s in shadows], t_start=t_start, resumed_from=resumed_from)
+    for w, _ in acks:
+        w.wait()
+    return summary
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    train: dict[str, Any] = {}
+    if args.useful_tokens is not None:
+        train["useful_tokens"] = args.useful_tokens
+    return {"train": train} if train else {}
+
+
+def _load_params(args: argparse.Namespace) -> Params:
+    from lenbatch import config
+
+    fn = getattr(config, "params_from_args", None)
+    if fn is not None:
+        return fn(args, _overrides(args))
+    return load_params(*args.params, overrides=_overrides(args) or None)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_params_argument(parser)
+    parser.add_argument("--strategy", required=True, help=f"batching strategy: one of {', '.join(STRATEGY_NAMES)}")
+    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
+    parser.add_argument("--boundaries", default=None, help="boundaries.json (needed by the bucketed strategy)")
+    parser.add_argument("--out", required=True, help="output directory (steps.jsonl, summary.json, checkpoint.pt)")
+    parser.add_argument("--useful-tokens", type=int, default=None, help="override train.useful_tokens (tokens)")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many global steps (total, "
+                        "counting steps before a resume)")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    parser.set_defaults(func=run)
+
+
+def _reexec_under_torchrun(nproc: int) -> int:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "lenbatch", *sys.argv[1:]]
+    log.info("train.nproc=%d and no torchrun environment: running %s", nproc, " ".join(cmd))
+    return subprocess.call(cmd)
+
+
+def run(args: argparse.Namespace) -> int:
+    params = _load_params(args)
+    if args.strategy not in STRATEGY_NAMES:
+        raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    world = int(os.environ.get("WORLD_SIZE", "1")) if under_torchrun else 1
+    rank = int(os.environ.get("RANK", "0")) if under_torchrun else 0
+    if not under_torchrun and params.train.nproc > 1:
+        return _reexec_under_torchrun(params.train.nproc)
+    if under_torchrun and world != params.train.nproc:
+        raise ValueError(f"torchrun started {world} processes but train.nproc is {params.train.nproc}: the roles "
+                         f"({params.train.nproc - 1} target ranks + 1 drafter rank) do not fit; launch with "
+                         f"--nproc_per_node {params.train.nproc} or set train.nproc: {world}")
+    torch.set_num_threads(params.train.threads)
+    data = Path(args.data)
+    lengths = load_lengths(data)
+    edges = load_edges(args.boundaries, args.strategy)
+    if len(lengths) == 0:
+        raise ValueError(f"{data}/lengths.npy is empty; tokenize some data first")
+    too_long = int((lengths > params.batching.token_budget).sum())
+    if too_long:
+        raise ValueError(f"{too_long} samples are longer than batching.token_budget={params.batching.token_budget}; "
+                         "raise the budget or lower data.max_len and re-tokenize")
+    target_ranks = max(1, world - 1)
+    device = resolve_device(params.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+    schedule = build_schedule(lengths, strategy=args.strategy, params=params, edges=edges, target_ranks=target_ranks,
+                              useful_tokens=params.train.useful_tokens, max_steps=args.max_steps)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    fp = fingerprint(params, strategy=args.strategy, edges=edges, lengths=lengths, target_ranks=target_ranks)
+    setup = RunSetup(params, args.strategy, data, out, edges, lengths, schedule, target_ranks, world, rank, device,
+                     args.resume, fp)
+    log.info("%s: %d steps planned (%s useful tokens, %d target rank(s) + 1 drafter %s, %s)", args.strategy,
+             len(schedule), f"{sum(s.useful for s in schedule):,}", target_ranks,
+             "rank" if world > 1 else "in the same process", device)
+    if world == 1:
+        summary = run_single(setup)
+        _log_summary(summary, out)
+        return 0
+    import torch.distributed as dist
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend)
+    comm_device = device if backend == "nccl" else torch.device("cpu")
+    try:
+        if rank == world - 1:
+            summary = run_drafter_rank(setup, comm_device)
+            _log_summary(summary, out, force=True)
+        else:
+            run_target_rank(setup, comm_device)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:
+    logger = log
+    if force:  # the drafter rank measures; let it speak even though it is not rank 0
+        logger = logging.getLogger("train.drafter")
+        if not logger.handlers:
+            h = logging.StreamHandler(sys.stderr)
+            h.setFormatter(logging.Formatter("%(asctime)s train %(message)s", datefmt="%H:%M:%S"))
+            logger.addHandler(h)
+            logger.propagate = False
+        logger.setLevel(logging.INFO)
+    tps = summary["useful_tokens_per_s"]
+    logger.info("%s: %d steps, %s useful tokens, padding efficiency %.3f, %s useful tok/s (post-warm-up), "
+                "final loss %.4f -> %s", summary["strategy"], summary["steps"], f"{summary['useful_tokens']:,}",
+                summary["padding_efficiency"] or float("nan"), f"{tps:,.0f}" if tps else "n/a",
+                summary["final_loss"] or float("nan"), out / "summary.json")
+
+
+__all__ = ["StepRunner", "build_schedule", "fingerprint", "register", "run"]
