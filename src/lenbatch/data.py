@@ -1,0 +1,331 @@
+"""The tokenize stage: chat conversations -> ChatML token ids, loss mask and lengths.
+
+``lenbatch tokenize --params params.yaml [--source S] [--tokenizer T] [--max-len N]
+[--overflow truncate|drop|error] [--limit N] [--workers W] [--on-bad-record error|skip] --out DIR``
+writes into DIR:
+
+- ``dataset/``: ``datasets.Dataset.save_to_disk``; columns ``input_ids`` (list<int32>),
+  ``loss_mask`` (list<int8>, 1 on assistant content + its ``<|im_end|>``, see
+  :mod:`lenbatch.chat`), ``length`` (int32, = len(input_ids)) and ``source_index`` (int64: the
+  record's position in the source, so every row can be traced back);
+- ``lengths.npy``: int32, one per row, in row order (byte-identical for the same input and params);
+- ``stats.json``: what was read, recovered, dropped, skipped and truncated, and the time;
+- ``params.json``: the resolved ``data`` section.
+
+Every record read is accounted for exactly once::
+
+    records_read = samples + sum(skipped.values()) + sum(dropped.values())
+
+- ``skipped[reason]`` (only with ``on_bad_record: skip``; the default stops with an error naming
+  file and record): ``no_schema``, ``unknown_role``, ``non_text_content``, ``bad_text``;
+- ``dropped.empty_conversation``: no turns, or every turn's content empty or blank;
+- ``dropped.no_assistant_turn``: nothing for the drafter to learn (the loss mask would be all 0);
+- ``dropped.too_long``: longer than ``max_len`` with ``overflow: drop``;
+- ``dropped.no_assistant_tokens_after_truncation``: ``overflow: truncate`` cut every assistant
+  token away (e.g. a system prompt longer than ``max_len``).
+
+``truncated`` counts samples cut to their first ``max_len`` ids (the cut may fall inside a turn).
+
+Parallelism: the parent process parses records (one streaming pass) and sends chunks of
+conversations to ``workers`` processes, each with its own tokenizer; results come back as flat
+numpy arrays, in order, with at most ``2 * workers + 2`` chunks in flight (bounded memory).
+The Arrow table is assembled from those arrays without a Python object per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import shutil
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lenbatch.chat import (
+    BadRecord,
+    Turn,
+    check_tokenizer_spec,
+    conversation_from_record,
+    encode_chunk_in_worker,
+    init_worker,
+)
+from lenbatch.config import Params, add_params_argument, params_from_args, write_resolved
+from lenbatch.log import get_logger
+from lenbatch.sources import SourceReport, iter_records, resolve_source
+
+log = get_logger("tokenize")
+
+CHUNK_CONVERSATIONS = 64  # conversations per job sent to a worker
+STATUS_NAMES = ("kept", "truncated", "too_long", "no_assistant_tokens_after_truncation")
+
+
+@dataclass
+class Tokenized:
+    """The result of :func:`tokenize` before it is written."""
+
+    table: Any  # pyarrow.Table: input_ids, loss_mask, length, source_index
+    lengths: np.ndarray  # int32
+    stats: dict[str, Any]
+
+
+def _conversations(records: Iterable[tuple[int, Any]], *, source_name: str, on_bad_record: str,
+                   skipped: Counter, dropped: Counter, examples: list[str]) -> Iterator[tuple[int, list[Turn]]]:
+    """Records -> ``(index, turns)``, applying the bad-record policy and the two content drops."""
+    for index, record in records:
+        try:
+            turns = conversation_from_record(record)
+        except BadRecord as bad:
+            where = f"{source_name}: record {index}"
+            if isinstance(record, dict) and "id" in record:
+                where += f" (id {str(record['id'])[:40]!r})"
+            if on_bad_record == "error":
+                raise ValueError(f"{where} {bad.detail}; fix the record or set data.on_bad_record: skip "
+                                 "(skips are counted in stats.json)") from None
+            skipped[bad.reason] += 1
+            if len(examples) < 20:
+                examples.append(f"{where} {bad.detail}")
+            continue
+        if not turns or not any(content.strip() for _, content in turns):
+            dropped["empty_conversation"] += 1
+            continue
+        if not any(role == "assistant" for role, _ in turns):
+            dropped["no_assistant_turn"] += 1
+            continue
+        yield index, turns
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _ordered_parallel(jobs: Iterable[Any], *, workers: int, tokenizer: str) -> Iterator[dict[str, np.ndarray]]:
+    """Results of :func:`encode_chunk_in_worker` over ``jobs`` in order; the parent keeps reading
+    (parsing) while workers encode, with at most ``2 * workers + 2`` jobs in flight."""
+    if workers == 1:
+        init_worker(tokenizer)
+        yield from map(encode_chunk_in_worker, jobs)
+        return
+    # spawn: a clean interpreter per worker (fork after importing pyarrow/tokenizers threads is unsafe).
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers, initializer=init_worker, initargs=(tokenizer,)) as pool:
+        pending: deque = deque()
+        for job in jobs:
+            pending.append(pool.apply_async(encode_chunk_in_worker, (job,)))
+            if len(pending) >= 2 * workers + 2:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+class _Progress:
+    """tqdm on a terminal; a log line every 10 s otherwise (Snakemake log files)."""
+
+    def __init__(self, total: int | None, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = None
+        self.count = 0
+        self.t0 = self.last = time.perf_counter()
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="conv", desc="tokenize", mininterval=0.5)
+
+    def update(self, n: int, tokens: int) -> None:
+        self.count += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.enabled and time.perf_counter() - self.last > 10:
+            self.last = time.perf_counter()
+            log.info("%d conversations encoded, %.1f M tokens kept, %.1f s", self.count, tokens / 1e6,
+                     self.last - self.t0)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: int = 4096,
+             overflow: str = "truncate", limit: int | None = None, workers: int = 2,
+             on_bad_record: str = "error", progress: bool = True,
+             chunk_conversations: int = CHUNK_CONVERSATIONS) -> Tokenized:
+    """Read, format, encode and length-limit every conversation of ``source``.
+
+    Cost: one streaming pass over the source plus one BPE pass over its text, split over
+    ``workers`` processes; memory O(output tokens) (4 + 1 bytes per kept token).
+    """
+    if overflow not in ("truncate", "drop", "error"):
+        raise ValueError(f"data.overflow is {overflow!r}; choose truncate, drop or error")
+    if on_bad_record not in ("error", "skip"):
+        raise ValueError(f"data.on_bad_record is {on_bad_record!r}; choose error or skip")
+    if max_len < 2 or workers < 1 or (limit is not None and limit < 1):
+        raise ValueError(f"data.max_len ({max_len}) must be >= 2, data.workers ({workers}) >= 1 and data.limit "
+                         f"({limit}) >= 1 or null")
+    check_tokenizer_spec(tokenizer)
+    t0 = time.perf_counter()
+    path, fmt = resolve_source(source)
+    report = SourceReport(path=str(path), format=fmt)
+    skipped: Counter = Counter()
+    dropped: Counter = Counter()
+    examples: list[str] = []
+    convs = _conversations(iter_records(path, fmt, report, limit=limit), source_name=str(path),
+                           on_bad_record=on_bad_record, skipped=skipped, dropped=dropped, examples=examples)
+    jobs = ((chunk, max_len, overflow, str(path)) for chunk in _chunks(convs, chunk_conversations))
+
+    batches: list[pa.RecordBatch] = []
+    lengths_parts: list[np.ndarray] = []
+    status_counts = np.zeros(len(STATUS_NAMES), dtype=np.int64)
+    tokens_before = 0
+    assistant_tokens = 0
+    kept_tokens = 0
+    bar = _Progress(limit, progress)
+    try:
+        for res in _ordered_parallel(jobs, workers=workers, tokenizer=tokenizer):
+            status_counts += np.bincount(res["status"], minlength=len(STATUS_NAMES))
+            tokens_before += int(res["full_lengths"].sum())
+            assistant_tokens += int(res["mask"].sum(dtype=np.int64))
+            kept_tokens += len(res["ids"])
+            lengths_parts.append(res["lengths"])
+            batches.append(_record_batch(res))
+            bar.update(len(res["status"]), kept_tokens)
+    finally:
+        bar.close()
+    t_encode = time.perf_counter() - t0
+
+    lengths = np.concatenate(lengths_parts) if lengths_parts else np.zeros(0, np.int32)
+    dropped["too_long"] += int(status_counts[2])
+    dropped["no_assistant_tokens_after_truncation"] += int(status_counts[3])
+    for key in ("empty_conversation", "no_assistant_turn", "too_long", "no_assistant_tokens_after_truncation"):
+        dropped.setdefault(key, 0)
+    accounted = len(lengths) + sum(skipped.values()) + sum(dropped.values())
+    assert accounted == report.records_read, (accounted, report.records_read)
+    if len(lengths) == 0:
+        raise ValueError(f"no samples left from {path}: {report.records_read} records read, skipped "
+                         f"{dict(skipped)}, dropped {dict(dropped)}; check data.source and data.on_bad_record")
+    table = pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+    src = report.to_dict()
+    stats: dict[str, Any] = {
+        "source": src,
+        "tokenizer": tokenizer,
+        "records_read": report.records_read,
+        "cut_off": report.cut_off,
+        "records_recovered_from_cut_off_file": src["records_recovered_from_cut_off_file"],
+        "bytes_left_over": report.bytes_left_over,
+        "samples": int(len(lengths)),
+        "skipped": dict(sorted(skipped.items())),
+        "skipped_examples": examples,
+        "dropped": dict(dropped),
+        "max_len": max_len,
+        "overflow": overflow,
+        "on_bad_record": on_bad_record,
+        "truncated": int(status_counts[1]),
+        "tokens_before_truncation": tokens_before,
+        "total_tokens": int(kept_tokens),
+        "assistant_tokens": assistant_tokens,
+        "length": {"min": int(lengths.min()), "max": int(lengths.max()), "mean": float(lengths.mean())},
+        "workers": workers,
+        "seconds": {"read_and_encode": round(t_encode, 3)},
+    }
+    assert int(lengths.sum(dtype=np.int64)) == kept_tokens
+    return Tokenized(table=table, lengths=lengths.astype(np.int32, copy=False), stats=stats)
+
+
+ARROW_SCHEMA = pa.schema([
+    pa.field("input_ids", pa.list_(pa.int32())),
+    pa.field("loss_mask", pa.list_(pa.int8())),
+    pa.field("length", pa.int32()),
+    pa.field("source_index", pa.int64()),
+])
+
+
+def _record_batch(res: dict[str, np.ndarray]) -> Any:
+    """One chunk's flat arrays as an Arrow record batch: list columns from offsets, no per-token objects."""
+    offsets = np.zeros(len(res["lengths"]) + 1, dtype=np.int32)
+    np.cumsum(res["lengths"], out=offsets[1:])
+    off = pa.array(offsets)
+    return pa.RecordBatch.from_arrays([
+        pa.ListArray.from_arrays(off, pa.array(res["ids"], type=pa.int32())),
+        pa.ListArray.from_arrays(off, pa.array(res["mask"], type=pa.int8())),
+        pa.array(res["lengths"], type=pa.int32()),
+        pa.array(res["source_index"], type=pa.int64()),
+    ], schema=ARROW_SCHEMA)
+
+
+def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None = None) -> dict[str, Any]:
+    """``dataset/``, ``lengths.npy``, ``stats.json`` (and ``params.json`` when params are given)."""
+    import datasets
+    from datasets.table import InMemoryTable
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ds_dir = out / "dataset"
+    if ds_dir.exists():
+        shutil.rmtree(ds_dir)
+    ds = datasets.Dataset(InMemoryTable(result.table))
+    ds.save_to_disk(str(ds_dir))
+    np.save(out / "lengths.npy", result.lengths)
+    t_write = time.perf_counter() - t0
+    stats = dict(result.stats)
+    stats["seconds"] = {**stats["seconds"], "write": round(t_write, 3),
+                        "total": round(stats["seconds"]["read_and_encode"] + t_write, 3)}
+    (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    if params is not None:
+        write_resolved(params, out, sections=("data",))
+    return stats
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_params_argument(parser)
+    parser.add_argument("--source", help="overrides data.source: 'sharegpt', a JSON/JSONL/Parquet file or a "
+                                          "save_to_disk directory")
+    parser.add_argument("--tokenizer", help="overrides data.tokenizer: 'qwen3.6' or a local HF tokenizer directory")
+    parser.add_argument("--max-len", type=int, help="overrides data.max_len (tokens)")
+    parser.add_argument("--overflow", choices=("truncate", "drop", "error"), help="overrides data.overflow")
+    parser.add_argument("--limit", type=int, help="overrides data.limit: read at most N conversations")
+    parser.add_argument("--workers", type=int, help="overrides data.workers (processes)")
+    parser.add_argument("--on-bad-record", choices=("error", "skip"), help="overrides data.on_bad_record")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress log lines")
+    parser.add_argument("--out", required=True, help="output directory (e.g. results/tokenize)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    flags = {"source": args.source, "tokenizer": args.tokenizer, "max_len": args.max_len,
+             "overflow": args.overflow, "limit": args.limit, "workers": args.workers,
+             "on_bad_record": args.on_bad_record}
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    params = params_from_args(args, overrides={"data": overrides} if overrides else None)
+    d = params.data
+    log.info("tokenize %s with %s: max_len %d (%s), %d workers%s", d.source, d.tokenizer, d.max_len, d.overflow,
+             d.workers, f", limit {d.limit}" if d.limit else "")
+    result = tokenize(source=d.source, tokenizer=d.tokenizer, max_len=d.max_len, overflow=d.overflow,
+                      limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=not args.no_progress)
+    stats = write_outputs(result, args.out, params)
+    src = stats["source"]
+    log.info("%d records read%s; %d samples, %.2f M tokens (%d truncated at %d), dropped %s, skipped %s",
+             stats["records_read"],
+             f" (file cut off: {src['records_recovered_from_cut_off_file']} complete records recovered, "
+             f"{src['bytes_left_over']} bytes left over)" if src["cut_off"] else "",
+             stats["samples"], stats["total_tokens"] / 1e6, stats["truncated"], d.max_len, stats["dropped"],
+             stats["skipped"] or "nothing")
+    log.info("wrote %s/{dataset/, lengths.npy, stats.json, params.json} in %.1f s (encode %.1f s, write %.1f s)",
+             args.out, stats["seconds"]["total"], stats["seconds"]["read_and_encode"], stats["seconds"]["write"])
+    return 0
