@@ -190,26 +190,24 @@ class Drafter(nn.Module):
             valid[s, :a.size] = True
         return torch.from_numpy(anchors), torch.from_numpy(valid)
 
-    # ------------------------------------------------------------------ loss
-    def forward(self, features: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, *,
-                embed_tokens: nn.Module, lm_head: nn.Module) -> DrafterOutput:
-        """Weighted block cross-entropy of one batch (formula in the module doc).
+    # ------------------------------------------------------------------ forward
+    def block_states(self, features: torch.Tensor, batch: Batch, anchors: torch.Tensor, *,
+                     embed_tokens: nn.Module) -> torch.Tensor:
+        """Final (normed) hidden states of every block: ``[S, A, b, H]``.
 
-        ``features`` is ``[B, T, F]`` in the batch's layout (padded or packed);
-        ``anchors``/``valid`` come from :meth:`anchors_for`.
+        ``features`` is ``[B, T, F]`` in the batch's layout (padded or packed); ``anchors``
+        ``[S, A]`` are in-sequence positions (invalid anchors may hold any position < length).
         """
         dev = features.device
         b = self.block_size
         rows, starts = (t.to(dev) for t in batch.seq_rows_starts())
-        lengths = batch.lengths.to(dev)
-        anchors, valid = anchors.to(dev), valid.to(dev)
+        anchors = anchors.to(dev)
         S, A = anchors.shape
         T = features.shape[1]
-        Lc = max(int(anchors.max()), 1)  # context positions any block can see
-        # -- context: gather each sequence's first Lc positions (clamped; masked below)
+        Lc = max(int(anchors.max()), 1)  # context positions any block of this step can see
+        # context: each sequence's first Lc positions, gathered (clamped indices are masked below)
         ctx_idx = (starts[:, None] + torch.arange(Lc, device=dev)[None]).clamp_max(T - 1)  # [S, Lc]
         ctx = self.ctx_norm(self.ctx_proj(features[rows[:, None], ctx_idx]))  # [S, Lc, H]
-        # -- blocks
         offs = torch.arange(b, device=dev)
         blk_pos = (anchors[:, :, None] + offs).reshape(S, A * b)  # in-sequence positions
         anchor_tok = batch.input_ids.to(dev)[rows[:, None], starts[:, None] + anchors]  # [S, A]
@@ -218,22 +216,31 @@ class Drafter(nn.Module):
         h = self.mask_embedding.to(anchor_emb.dtype).expand(S, A, b, -1).clone()
         h[:, :, 0] = anchor_emb
         h = h.reshape(S, A * b, -1)
-        # -- mask [S, 1, A*b, Lc + A*b]: context j < anchor of the query's block; own block only
-        blk_of = torch.arange(A * b, device=dev) // b
-        ctx_ok = torch.arange(Lc, device=dev)[None, None, :] < anchors[:, blk_of, None]  # [S, A*b, Lc]
-        own = (blk_of[:, None] == blk_of[None, :]).expand(S, -1, -1)
-        mask = torch.cat([ctx_ok, own], -1)[:, None]
+        mask = block_attention_mask(anchors, Lc, b)[:, None]
         for layer in self.layers:
             h = layer(h, ctx, blk_pos, mask)
-        h = self.final_norm(h).view(S, A, b, -1)
-        # -- targets at offsets 1..b-1
-        tgt_pos = anchors[:, :, None] + offs[1:]  # [S, A, b-1]
+        return self.final_norm(h).view(S, A, b, -1)
+
+    def forward(self, features: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, *,
+                embed_tokens: nn.Module, lm_head: nn.Module) -> DrafterOutput:
+        """Weighted block cross-entropy of one batch (formula in the module doc).
+
+        ``anchors``/``valid`` come from :meth:`anchors_for`.
+        """
+        dev = features.device
+        b = self.block_size
+        h = self.block_states(features, batch, anchors, embed_tokens=embed_tokens)
+        rows, starts = (t.to(dev) for t in batch.seq_rows_starts())
+        lengths = batch.lengths.to(dev)
+        anchors, valid = anchors.to(dev), valid.to(dev)
+        T = features.shape[1]
+        offs = torch.arange(1, b, device=dev)
+        tgt_pos = anchors[:, :, None] + offs  # [S, A, b-1] in-sequence positions of the targets
         inside = (tgt_pos < lengths[:, None, None]) & valid[:, :, None]
         flat = (starts[:, None, None] + tgt_pos).clamp_max(T - 1)
         tok = batch.input_ids.to(dev)[rows[:, None, None], flat]
-        in_loss = batch.loss_mask.to(dev)[rows[:, None, None], flat]
-        use = inside & in_loss
-        wk = torch.exp(-(offs[1:].to(torch.float32) - 1.0) / self.gamma)  # [b-1]
+        use = inside & batch.loss_mask.to(dev)[rows[:, None, None], flat]
+        wk = torch.exp(-(offs.to(torch.float32) - 1.0) / self.gamma)  # [b-1]
         sel = use.nonzero(as_tuple=True)
         hid = h[:, :, 1:][sel]  # [N, H]
         w = wk[sel[2]]
@@ -244,6 +251,17 @@ class Drafter(nn.Module):
             loss = ChunkedLinearCrossEntropy.apply(hid, lm_head.weight, tok[sel], w) / wsum
         return DrafterOutput(loss=loss, weight_sum=float(wsum), positions=int(hid.shape[0]),
                              blocks=int(valid.sum()), sequences_without_anchor=int((~valid.any(1)).sum()))
+
+
+def block_attention_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    """Boolean mask ``[S, A*b, Lc + A*b]`` (True = attend): query of block ``j`` sees context
+    positions ``< anchors[s, j]`` and the ``b`` positions of block ``j``, nothing else."""
+    S, A = anchors.shape
+    dev = anchors.device
+    blk_of = torch.arange(A * block_size, device=dev) // block_size
+    ctx_ok = torch.arange(context_len, device=dev)[None, None, :] < anchors[:, blk_of, None]  # [S, A*b, Lc]
+    own = (blk_of[:, None] == blk_of[None, :]).expand(S, -1, -1)
+    return torch.cat([ctx_ok, own], -1)
 
 
 def build_drafter(params, *, device: str | torch.device = "cpu") -> Drafter:
