@@ -138,21 +138,20 @@ class _Progress:
     def __init__(self, total: int | None, enabled: bool) -> None:
         self.enabled = enabled
         self.bar = None
-        self.count = 0
         self.t0 = self.last = time.perf_counter()
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="conv", desc="tokenize", mininterval=0.5)
+            self.bar = tqdm(total=total, unit="rec", desc="tokenize", mininterval=0.5)
 
-    def update(self, n: int, tokens: int) -> None:
-        self.count += n
+    def update(self, records: int, tokens: int) -> None:
+        """``records`` read so far (the parser runs a few chunks ahead of the encoders)."""
         if self.bar is not None:
-            self.bar.update(n)
+            self.bar.update(records - self.bar.n)
+            self.bar.set_postfix_str(f"{tokens / 1e6:.1f} M tokens", refresh=False)
         elif self.enabled and time.perf_counter() - self.last > 10:
             self.last = time.perf_counter()
-            log.info("%d conversations encoded, %.1f M tokens kept, %.1f s", self.count, tokens / 1e6,
-                     self.last - self.t0)
+            log.info("%d records read, %.1f M tokens kept, %.1f s", records, tokens / 1e6, self.last - self.t0)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -201,7 +200,7 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
             kept_tokens += len(res["ids"])
             lengths_parts.append(res["lengths"])
             batches.append(_record_batch(res))
-            bar.update(len(res["status"]), kept_tokens)
+            bar.update(report.records_read, kept_tokens)
     finally:
         bar.close()
     t_encode = time.perf_counter() - t0
@@ -277,7 +276,14 @@ def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None 
     if ds_dir.exists():
         shutil.rmtree(ds_dir)
     ds = datasets.Dataset(InMemoryTable(result.table))
-    ds.save_to_disk(str(ds_dir))
+    bars = datasets.is_progress_bar_enabled()
+    if bars and not sys.stderr.isatty():
+        datasets.disable_progress_bars()  # a log file gets our summary line, not a bar
+    try:
+        ds.save_to_disk(str(ds_dir))
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
     np.save(out / "lengths.npy", result.lengths)
     t_write = time.perf_counter() - t0
     stats = dict(result.stats)
