@@ -129,5 +129,9 @@ def test_packed_grid_rows_mix_lengths_and_fill_the_row():
     assert sum(parts) == 1000 and parts == sorted(parts) and parts[0] < parts[-1]
     assert sm.grid_shape("packed", 1, 777) == [777]
     assert sm.grid_shape("padded", 3, 64) == [64, 64, 64]
+    assert max(sm.grid_shape("packed", 4, 16384, max_len=4096)) <= 4096
+    assert sum(sm.grid_shape("packed", 4, 16384, max_len=4096)) == 16384
     with pytest.raises(ValueError, match="profile.packed_seqs"):
-        sm.grid_shape("packed", 16, 20)
+        sm.grid_shape("packed", 16, 10)
+    with pytest.raises(ValueError, match="data.max_len"):
+        sm.grid_shape("packed", 2, 16384, max_len=4096)

@@ -185,12 +185,16 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ProfileConfig:
-    batch_sizes: tuple[int, ...] = _f((1, 2, 4, 8, 16, 32, 64), "padded grid: sequences per batch")
-    lengths: tuple[int, ...] = _f((128, 256, 512, 1024, 2048, 4096), "padded grid: padded length (tokens)")
-    packed_seqs: tuple[int, ...] = _f((1, 4, 16), "packed grid: sequences per row")
-    repeats: int = _f(3, "timed repeats per grid point (the median is kept)", minimum=1)
+    batch_sizes: tuple[int, ...] = _f((1, 4, 16, 64), "padded grid: sequences per batch (plus, at each length, "
+                                      "the batch that fills the token budget)")
+    lengths: tuple[int, ...] = _f((128, 512, 2048, 4096), "padded grid: padded length (tokens); points above "
+                                  "batching.token_budget or data.max_len are skipped")
+    packed_seqs: tuple[int, ...] = _f((1, 4, 16, 32), "packed grid: sequences per row (lengths growing up to 1:8)")
+    packed_lengths: tuple[int, ...] = _f((2048, 16384), "packed grid: row length (tokens); the token budget is "
+                                         "always added")
+    repeats: int = _f(2, "timed repeats per grid point (the median is kept)", minimum=1)
     warmup: int = _f(1, "untimed runs per grid point", minimum=0)
-    max_point_seconds: float = _f(4.0, "stop repeating a grid point once it has taken this long (seconds); at "
+    max_point_seconds: float = _f(3.0, "stop repeating a grid point once it has taken this long (seconds); at "
                                   "least one step is always timed", exclusive_minimum=0)
 
     def __post_init__(self) -> None:

@@ -55,11 +55,11 @@ def grid_points(params: Params) -> list[tuple[str, int, int]]:
         fill = min(max_bs, budget // m)  # the batch that fills the budget at this length
         if fill >= 1:
             pts.add(("padded", fill, m))
-    for L in sorted(set(lengths) | {budget}):
+    for L in sorted({int(x) for x in pr.packed_lengths} | {budget}):
         if L > budget:
             continue
         for k in pr.packed_seqs:
-            if L // k >= 1 and L // k <= max_len:
+            if k <= L and k * max_len >= L:  # k parts of at most max_len tokens fill the row
                 pts.add(("packed", int(k), L))
             else:
                 skipped += 1
@@ -111,7 +111,7 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
     rows = []
     t_start = time.perf_counter()
     for i, (kind, n, m) in enumerate(pts):
-        lengths = grid_shape(kind, n, m)
+        lengths = grid_shape(kind, n, m, max_len=params.data.max_len)
         batch = make_batch(kind, lengths, params, seed=params.batching.seed + i)
         t_all, d_all = time_point(runner, batch, warmup=params.profile.warmup, repeats=params.profile.repeats,
                                   max_seconds=params.profile.max_point_seconds)

@@ -99,27 +99,32 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: s
     return cols
 
 
-def grid_shape(kind: str, sequences: int, length: int, *, attention: str = "segment") -> list[int]:
+def grid_shape(kind: str, sequences: int, length: int, *, max_len: int | None = None) -> list[int]:
     """Sequence lengths of one profiling grid point.
 
     padded: ``sequences`` samples of exactly ``length`` tokens (padding costs as much as
     real tokens in the target, so full rows time the same shape).
     packed: one row of ``length`` tokens split into ``sequences`` parts growing linearly
-    (proportional to 1, 2, ..., k), like a real row that mixes short and long samples, so
-    that the row length, sum of squares and sequences x longest are not proportional
-    across the grid.
+    from 1 to 8 (weights 1 + 7 i / (k - 1)), like a real row that mixes short and long
+    samples, so that row length, sum of squares and sequences x longest are not
+    proportional across the grid. If the longest part would exceed ``max_len`` the ramp
+    is flattened (down to an equal split); ``ValueError`` if even that does not fit.
     """
-    if kind == "padded":
-        return [int(length)] * int(sequences)
     k, L = int(sequences), int(length)
-    if L < k * (k + 1) // 2 and k > 1 or L < 1:
-        raise ValueError(f"packed grid point: row length {length} cannot hold {sequences} sequences of "
-                         "lengths 1, 2, ..; lower profile.packed_seqs or raise profile.lengths")
-    weights = np.arange(1, k + 1, dtype=np.float64)
-    parts = np.maximum(1, np.floor(L * weights / weights.sum())).astype(np.int64)
-    parts[-1] += L - parts.sum()
-    assert parts.sum() == L and parts.min() >= 1
-    return [int(x) for x in parts]
+    if kind == "padded":
+        return [L] * k
+    if k < 1 or L < k:
+        raise ValueError(f"packed grid point: row length {length} cannot hold {sequences} sequences; lower "
+                         "profile.packed_seqs or raise profile.packed_lengths")
+    for ratio in (8.0, 4.0, 2.0, 1.0):
+        weights = 1.0 + (ratio - 1.0) * np.arange(k) / max(k - 1, 1)
+        parts = np.maximum(1, np.floor(L * weights / weights.sum())).astype(np.int64)
+        parts[-1] += L - parts.sum()
+        if max_len is None or parts.max() <= max_len:
+            assert parts.sum() == L and parts.min() >= 1
+            return [int(x) for x in parts]
+    raise ValueError(f"packed grid point: a row of {length} tokens cannot hold {sequences} sequences of at most "
+                     f"data.max_len={max_len} tokens; raise profile.packed_seqs or lower profile.packed_lengths")
 
 
 # --------------------------------------------------------------------------- fit
