@@ -230,3 +230,21 @@ def test_flags_override_params(tmp_path):
     assert stats["max_len"] == 64 and stats["length"]["max"] <= 64 and stats["dropped"]["too_long"] >= 1
     bad = _cli("--source", str(path), "--max-len", "1", "--out", str(tmp_path / "o"))
     assert bad.returncode == 2 and "max_len" in bad.stderr
+
+
+def test_local_hf_tokenizer_directory_through_the_stage(tmp_path):
+    from test_data_chat import _tiny_hf_tokenizer
+
+    from lenbatch.chat import IM_END, chatml_text, load_tokenizer
+
+    tok_dir = _tiny_hf_tokenizer(tmp_path / "tok")
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in SHAREGPT))
+    res = tokenize(source=str(path), tokenizer=str(tok_dir), workers=2, progress=False)
+    tok = load_tokenizer(str(tok_dir))
+    assert res.stats["samples"] == 4 and res.stats["tokenizer"] == str(tok_dir)
+    for row, record in zip(res.table.to_pylist(), SHAREGPT):
+        turns = conversation_from_record(record)
+        assert tok.decode(row["input_ids"]) == chatml_text(turns)
+        masked = [i for i, m in zip(row["input_ids"], row["loss_mask"]) if m]
+        assert tok.decode(masked) == "".join(c + IM_END for r, c in turns if r == "assistant")

@@ -64,6 +64,7 @@ from lenbatch.sources import SourceReport, iter_records, resolve_source
 log = get_logger("tokenize")
 
 CHUNK_CONVERSATIONS = 64  # conversations per job sent to a worker
+DROP_REASONS = ("empty_conversation", "no_assistant_turn", "too_long", "no_assistant_tokens_after_truncation")
 STATUS_NAMES = ("kept", "truncated", "too_long", "no_assistant_tokens_after_truncation")
 
 
@@ -208,8 +209,7 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
     lengths = np.concatenate(lengths_parts) if lengths_parts else np.zeros(0, np.int32)
     dropped["too_long"] += int(status_counts[2])
     dropped["no_assistant_tokens_after_truncation"] += int(status_counts[3])
-    for key in ("empty_conversation", "no_assistant_turn", "too_long", "no_assistant_tokens_after_truncation"):
-        dropped.setdefault(key, 0)
+    assert set(dropped) <= set(DROP_REASONS), dropped
     accounted = len(lengths) + sum(skipped.values()) + sum(dropped.values())
     assert accounted == report.records_read, (accounted, report.records_read)
     if len(lengths) == 0:
@@ -227,7 +227,7 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
         "samples": int(len(lengths)),
         "skipped": dict(sorted(skipped.items())),
         "skipped_examples": examples,
-        "dropped": dict(dropped),
+        "dropped": {key: int(dropped[key]) for key in DROP_REASONS},
         "max_len": max_len,
         "overflow": overflow,
         "on_bad_record": on_bad_record,
