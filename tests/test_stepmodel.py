@@ -135,3 +135,12 @@ def test_packed_grid_rows_mix_lengths_and_fill_the_row():
         sm.grid_shape("packed", 16, 10)
     with pytest.raises(ValueError, match="data.max_len"):
         sm.grid_shape("packed", 2, 16384, max_len=4096)
+
+
+def test_pipeline_with_two_target_ranks_doubles_target_supply():
+    t = np.full(40, 1.0)
+    d = np.full(40, 0.5)
+    one = sm.pipeline_ends(t, d, queue_size=4, target_ranks=1)[-1]
+    two = sm.pipeline_ends(t, d, queue_size=4, target_ranks=2)[-1]
+    assert one == pytest.approx(40 * 1.0 + 0.5)
+    assert two == pytest.approx(20 * 1.0 + 0.5)  # two forwards at a time, the drafter keeps up

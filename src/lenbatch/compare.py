@@ -87,8 +87,12 @@ def load_run(train_dir: Path, strategy: str, params: Params) -> dict:
     rerun = f"snakemake results/train/{strategy}/summary.json"
     summary = _read_json(train_dir / strategy / "summary.json", rerun)
     for key in ("useful_tokens_per_s", "steps"):
-        if key not in summary:
-            raise ValueError(f"{train_dir / strategy / 'summary.json'} lacks '{key}' (a partial run?); rerun: {rerun}")
+        if summary.get(key) is None:
+            raise ValueError(f"{train_dir / strategy / 'summary.json'} has no '{key}' (a partial run?); rerun: {rerun}")
+    planned = summary.get("planned_steps")
+    if planned is not None and int(planned) != int(summary["steps"]):
+        raise ValueError(f"strategy {strategy} trained {summary['steps']} of {planned} planned steps (a partial "
+                         f"run); rerun: {rerun}")
     resolved = summary.get("params")
     if not isinstance(resolved, dict):
         raise ValueError(f"{train_dir / strategy / 'summary.json'} records no resolved params; rerun: {rerun}")
@@ -97,6 +101,9 @@ def load_run(train_dir: Path, strategy: str, params: Params) -> dict:
         raise ValueError(f"strategy {strategy} was measured with other params than the current ones "
                          f"({'; '.join(diff)}); rerun: {rerun}")
     steps = read_steps(train_dir / strategy / "steps.jsonl", rerun)
+    if len({int(r["step"]) for r in steps}) != int(summary["steps"]):
+        raise ValueError(f"{train_dir / strategy / 'steps.jsonl'} holds {len(steps)} steps but summary.json says "
+                         f"{summary['steps']} (a partial or mixed run); rerun: {rerun}")
     return {"summary": summary, "steps": steps}
 
 
@@ -142,45 +149,42 @@ def step_kind(strategy: str) -> str:
     return "packed" if strategy == "packed" else "padded"
 
 
-def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int,
-                    world_size: int, rank: int = 0) -> list[np.ndarray]:
-    """The first ``steps`` batches this rank trains: epochs 0, 1, ... of ``plan_epoch`` in order."""
+def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int,
+                target_ranks: int) -> list[np.ndarray]:
+    """One epoch's global step order: round-robin over the target ranks' plans (as the train stage runs it)."""
     import lenbatch as lb
 
+    plans = [lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=params.batching.seed,
+                           token_budget=params.batching.token_budget, max_batch_size=params.batching.max_batch_size,
+                           edges=edges if strategy == "bucketed" else None, rank=r, world_size=target_ranks,
+                           packed_window=params.batching.packed_window) for r in range(target_ranks)]
+    assert len({len(p) for p in plans}) == 1, "target ranks got different batch counts"
+    return [np.asarray(plans[r][k], dtype=np.int64) for k in range(len(plans[0])) for r in range(target_ranks)]
+
+
+def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int,
+                    target_ranks: int) -> list[np.ndarray]:
+    """The first ``steps`` global steps of a run: epochs 0, 1, ... of ``plan_epoch``, round-robin over ranks."""
     out: list[np.ndarray] = []
     epoch = 0
     while len(out) < steps:
-        batches = lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=params.batching.seed,
-                                token_budget=params.batching.token_budget,
-                                max_batch_size=params.batching.max_batch_size,
-                                edges=edges if strategy == "bucketed" else None, rank=rank, world_size=world_size,
-                                packed_window=params.batching.packed_window)
-        assert batches, "plan_epoch returned no batches"
-        out.extend(np.asarray(b, dtype=np.int64) for b in batches)
+        out.extend(_epoch_plan(lengths, params, strategy, edges, epoch=epoch, target_ranks=target_ranks))
         epoch += 1
     return out[:steps]
 
 
 def batches_until(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, useful_tokens: int,
-                  world_size: int) -> list[np.ndarray]:
-    """Batches of epochs 0, 1, ... up to and including the one that reaches ``useful_tokens``."""
-    import lenbatch as lb
-
+                  target_ranks: int) -> list[np.ndarray]:
+    """Global steps of epochs 0, 1, ... up to the first at which ``useful_tokens`` are reached (the train stop rule)."""
     out: list[np.ndarray] = []
     done, epoch = 0, 0
-    while done < useful_tokens:
-        for b in lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=params.batching.seed,
-                               token_budget=params.batching.token_budget,
-                               max_batch_size=params.batching.max_batch_size,
-                               edges=edges if strategy == "bucketed" else None, rank=0, world_size=world_size,
-                               packed_window=params.batching.packed_window):
-            b = np.asarray(b, dtype=np.int64)
+    while True:
+        for b in _epoch_plan(lengths, params, strategy, edges, epoch=epoch, target_ranks=target_ranks):
             out.append(b)
             done += int(lengths[b].sum())
             if done >= useful_tokens:
-                break
+                return out
         epoch += 1
-    return out
 
 
 def predict_batches(lengths: np.ndarray, batches: list[np.ndarray], *, kind: str, fits: dict, params: Params,
@@ -192,9 +196,7 @@ def predict_batches(lengths: np.ndarray, batches: list[np.ndarray], *, kind: str
     if params.train.nproc == 1:
         ends = sm.pipeline_ends(target + drafter)
     else:
-        # target_ranks target ranks feed one drafter round-robin: each target rank's step is
-        # shared out, so its time per drafter step is divided by the number of target ranks.
-        ends = sm.pipeline_ends(target / target_ranks, drafter, queue_size=params.train.queue_size)
+        ends = sm.pipeline_ends(target, drafter, queue_size=params.train.queue_size, target_ranks=target_ranks)
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
     w = params.train.warmup_steps
     return {"columns": cols, "target_s": target, "drafter_s": drafter, "ends": ends,
@@ -212,19 +214,11 @@ def components(pred: dict, fits: dict, *, warmup_steps: int) -> dict[str, float]
     return out
 
 
-def loss_curve(summary: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(useful tokens, loss) points of a run's loss curve, in token order."""
-    curve = summary.get("loss_curve") or []
-    toks, losses = [], []
-    for point in curve:
-        if isinstance(point, dict):
-            toks.append(float(point["useful_tokens"]))
-            losses.append(float(point["loss"]))
-        else:
-            toks.append(float(point[0]))
-            losses.append(float(point[1]))
-    order = np.argsort(toks)
-    return np.asarray(toks)[order], np.asarray(losses)[order]
+def loss_curve(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(useful tokens trained so far, loss) after every step of a run, from its steps.jsonl rows."""
+    rows = sorted(steps, key=lambda r: int(r["step"]))
+    toks = np.cumsum([float(r["useful_tokens"]) for r in rows])
+    return toks, np.array([float(r["loss"]) for r in rows])
 
 
 def loss_at(tokens: np.ndarray, losses: np.ndarray, at: float, *, window: float = 0.1) -> float:
@@ -305,7 +299,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         run = load_run(train_dir, s, params)
         summary, steps = run["summary"], run["steps"]
         trained = _trained_useful_per_step(steps)
-        batches = planned_batches(lengths, params, s, edges, steps=len(trained), world_size=target_ranks)
+        batches = planned_batches(lengths, params, s, edges, steps=len(trained), target_ranks=target_ranks)
         planned = np.array([int(lengths[b].sum()) for b in batches])
         if not np.array_equal(planned, trained):
             bad = int(np.argmax(planned != trained))
@@ -333,7 +327,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             "predicted_seconds": pred["seconds"],
             "mean_target_s": float(pred["target_s"].mean()),
             "mean_drafter_s": float(pred["drafter_s"].mean()),
-            "loss_curve": loss_curve(summary),
+            "loss_curve": loss_curve(steps),
         }
     ref = rows["sorted"]
     for s, r in rows.items():
@@ -371,7 +365,7 @@ def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fit
     out = []
     for entry in sweep:
         batches = batches_until(lengths, params, "bucketed", tuple(int(e) for e in entry["edges"]),
-                                useful_tokens=params.train.useful_tokens, world_size=target_ranks)
+                                useful_tokens=params.train.useful_tokens, target_ranks=target_ranks)
         pred = predict_batches(lengths, batches, kind="padded", fits=fits, params=params, target_ranks=target_ranks)
         out.append({"num_buckets": int(entry["num_buckets"]),
                     "simulated_efficiency": float(entry["simulated_efficiency"]),

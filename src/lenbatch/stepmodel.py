@@ -254,15 +254,15 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
 
 
 def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, queue_size: int = 1,
-                  overhead_s: float = 0.0) -> np.ndarray:
-    """Time at which the run finishes each step, for a target rank feeding a drafter rank.
+                  target_ranks: int = 1, overhead_s: float = 0.0) -> np.ndarray:
+    """Time at which the run finishes each step, for target ranks feeding one drafter rank.
 
-    Recurrence (one target rank, one drafter rank, a queue of ``queue_size`` batches):
-    the target computes step i, then puts it once the drafter has taken step i - q;
-    the drafter takes step i when it is put and the drafter is free, then works on it.
+    Step i is computed by target rank ``i mod R`` (round-robin, R = ``target_ranks``); a
+    target rank sends its k-th batch only once the drafter has taken its (k - q)-th (credits,
+    q = ``queue_size``), i.e. global step i - q R; the drafter takes the steps in order:
 
-        put_i   = max(target_done_i, take_{i-q});  target_done_{i+1} = put_i + t_{i+1}
-        take_i  = max(put_i, end_{i-1});           end_i = take_i + d_i + overhead
+        done_i = free_r + t_i;   put_i = max(done_i, take_{i - qR});   free_r = put_i
+        take_i = max(put_i, end_{i-1});   end_i = take_i + d_i + overhead
 
     Without ``drafter_s`` (one process does both) the steps simply add up:
     end_i = sum_{j<=i} t_j + overhead. Cost O(steps).
@@ -272,19 +272,19 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
         return np.cumsum(t + overhead_s)
     d = np.asarray(drafter_s, dtype=np.float64)
     assert t.shape == d.shape
-    q = int(queue_size)
-    if q < 1:
-        raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+    q, R = int(queue_size), int(target_ranks)
+    if q < 1 or R < 1:
+        raise ValueError(f"queue_size and target_ranks must be >= 1, got {queue_size}, {target_ranks}")
     n = t.size
-    put = np.zeros(n)
     take = np.zeros(n)
     end = np.zeros(n)
-    clock = 0.0  # when the target rank is free to start its next step
+    free = np.zeros(R)  # when each target rank can start its next forward
     for i in range(n):
-        done = clock + t[i]
-        put[i] = max(done, take[i - q]) if i >= q else done
-        clock = put[i]
-        take[i] = max(put[i], end[i - 1]) if i > 0 else put[i]
+        r = i % R
+        done = free[r] + t[i]
+        put = max(done, take[i - q * R]) if i >= q * R else done
+        free[r] = put
+        take[i] = max(put, end[i - 1]) if i > 0 else put
         end[i] = take[i] + d[i] + overhead_s
     return end
 
