@@ -96,3 +96,17 @@ def test_bad_params_are_refused_before_any_rule_runs(work, tmp_path, bad, words)
     for word in words:
         assert word in text
     assert "rule tokenize" not in text
+
+
+def test_dvc_status_and_dry_repro_on_a_fresh_clone(tmp_path):
+    """DVC reads the pipeline on a fresh clone: every stage is known, and a dry repro names them."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(ROOT), str(clone)])
+    status = run(["dvc", "status"], cwd=clone)
+    assert "ERROR" not in status.stdout + status.stderr
+    dry = run(["dvc", "repro", "--dry"], cwd=clone).stdout
+    for stage in ["tokenize", "stats", "boundaries", "plans", "profile", "train@sorted", "train@packed", "compare"]:
+        assert f"'{stage}'" in dry, f"stage {stage} missing from dvc repro --dry:\n{dry}"
+    assert "snakemake --cores all" in dry
