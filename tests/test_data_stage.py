@@ -240,7 +240,7 @@ def test_local_hf_tokenizer_directory_through_the_stage(tmp_path):
     tok_dir = _tiny_hf_tokenizer(tmp_path / "tok")
     path = tmp_path / "s.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in SHAREGPT))
-    res = tokenize(source=str(path), tokenizer=str(tok_dir), workers=2, progress=False)
+    res = tokenize(source=str(path), tokenizer=str(tok_dir), workers=1, progress=False)
     tok = load_tokenizer(str(tok_dir))
     assert res.stats["samples"] == 4 and res.stats["tokenizer"] == str(tok_dir)
     for row, record in zip(res.table.to_pylist(), SHAREGPT):
@@ -248,3 +248,8 @@ def test_local_hf_tokenizer_directory_through_the_stage(tmp_path):
         assert tok.decode(row["input_ids"]) == chatml_text(turns)
         masked = [i for i, m in zip(row["input_ids"], row["loss_mask"]) if m]
         assert tok.decode(masked) == "".join(c + IM_END for r, c in turns if r == "assistant")
+
+    # A directory without the ChatML tokens fails in the workers too: one clear line, no hang.
+    plain = _tiny_hf_tokenizer(tmp_path / "plain", special=("<s>",))
+    proc = _cli("--source", str(path), "--tokenizer", str(plain), "--workers", "2", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "has no <|im_start|> or <|im_end|> token" in proc.stderr

@@ -314,15 +314,21 @@ def encode_chunk(encoder: ChatEncoder, items: Sequence[tuple[int, Sequence[Turn]
 
 # Worker-process state (multiprocessing): each worker loads the tokenizer once.
 _WORKER: ChatEncoder | None = None
+_WORKER_ERROR: Exception | None = None
 
 
 def init_worker(tokenizer_spec: str) -> None:
-    global _WORKER
-    _WORKER = ChatEncoder(load_tokenizer(tokenizer_spec))
+    global _WORKER, _WORKER_ERROR
+    try:
+        _WORKER = ChatEncoder(load_tokenizer(tokenizer_spec))
+    except Exception as err:  # noqa: BLE001 - re-raised with the first job: a Pool whose initializer
+        _WORKER_ERROR = err  # raises would respawn workers forever instead of failing
 
 
 def encode_chunk_in_worker(job: tuple[Sequence[tuple[int, Sequence[Turn]]], int, str, str]) -> dict[str, np.ndarray]:
     items, max_len, overflow, source_name = job
+    if _WORKER_ERROR is not None:
+        raise _WORKER_ERROR
     assert _WORKER is not None, "init_worker was not called in this process"
     return encode_chunk(_WORKER, items, max_len=max_len, overflow=overflow, source_name=source_name)
 
