@@ -42,9 +42,9 @@ def _jsonl_bytes() -> tuple[bytes, list[int]]:
     return text.encode(), ends
 
 
-def _read(path, chunk_chars):
+def _read(path, chunk_bytes):
     report = SourceReport(str(path), "json")
-    records = [r for _, r in iter_json_records(path, report, chunk_chars=chunk_chars)]
+    records = [r for _, r in iter_json_records(path, report, chunk_bytes=chunk_bytes)]
     return records, report
 
 
@@ -58,18 +58,18 @@ def test_every_cut_recovers_exactly_the_complete_records(tmp_path, kind):
     for cut in range(start, len(data) + 1):
         path.write_bytes(data[:cut])
         complete = sum(e <= cut for e in ends)
-        for chunk_chars in (7, 1 << 20):  # tiny chunks split records, escapes and UTF-8 characters
-            records, report = _read(path, chunk_chars)
-            assert records == RECORDS[:complete], (cut, chunk_chars)
+        for chunk_bytes in (7, 1 << 20):  # tiny chunks split records, escapes and UTF-8 characters
+            records, report = _read(path, chunk_bytes)
+            assert records == RECORDS[:complete], (cut, chunk_bytes)
             assert report.records_read == 0  # counted by iter_records, not by the raw reader
             last = ends[complete - 1] if complete else (0 if kind == "jsonl" else 1)  # 1: after "["
             if kind == "jsonl":
                 cut_off = data[last:cut].strip() != b""
             else:
                 cut_off = cut < data.rindex(b"]") + 1  # the array's closing bracket is missing
-            assert report.cut_off == cut_off, (cut, chunk_chars)
+            assert report.cut_off == cut_off, (cut, chunk_bytes)
             if report.cut_off:
-                assert report.bytes_left_over == cut - last, (cut, chunk_chars)
+                assert report.bytes_left_over == cut - last, (cut, chunk_bytes)
             else:
                 assert report.bytes_left_over == 0
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_SOURCE = "sharegpt"
-CHUNK_CHARS = 8 << 20  # bytes read per chunk by the JSON reader
+CHUNK_BYTES = 8 << 20  # bytes read per chunk by the JSON reader
 _WS = re.compile(r"\s*")
 # A JSONDecodeError this close to the end of the buffered text may just mean "more text needed"
 # (a number, literal or \\uXXXX escape cut in half); farther inside, it is invalid JSON.
@@ -90,14 +90,15 @@ def iter_records(path: Path, fmt: str, report: SourceReport, *, limit: int | Non
     """``(index, record)`` from any supported source, at most ``limit`` of them."""
     readers = {"json": iter_json_records, "parquet": iter_parquet_records, "arrow_dir": iter_arrow_dir_records}
     for index, record in readers[fmt](path, report):
-        if limit is not None and index >= limit:
+        report.records_read = index + 1
+        yield index, record
+        if limit is not None and index + 1 >= limit:  # stop before parsing one record more
             report.read_to_end = False
             report.bytes_left_over = None
             report.cut_off = False
-            report.notes.append(f"stopped after data.limit={limit} records; the rest of the source was not read")
+            report.notes.append(f"stopped after data.limit={limit} records; the rest of the source (if any) "
+                                "was not read")
             return
-        report.records_read = index + 1
-        yield index, record
 
 
 def _byte_len(text: str) -> int:
@@ -108,9 +109,9 @@ class _JsonStream:
     """A growing window of decoded text over a file: ``buf[pos:]`` is unread, ``buf[:keep]`` is dropped
     on the next read where ``keep`` never passes the end of the last complete record."""
 
-    def __init__(self, fh: Any, chunk_chars: int) -> None:
+    def __init__(self, fh: Any, chunk_bytes: int) -> None:
         self.fh = fh
-        self.chunk = chunk_chars
+        self.chunk = chunk_bytes
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
         self.buf = ""
         self.pos = 0
@@ -155,13 +156,13 @@ class _JsonStream:
         return _byte_len(self.buf[self.last_end:])
 
 
-def iter_json_records(path: Path, report: SourceReport, *, chunk_chars: int = CHUNK_CHARS
+def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CHUNK_BYTES
                       ) -> Iterator[tuple[int, Any]]:
     """Stream records out of a JSON array or JSONL file; tolerate a cut at the very end (see module doc)."""
     report.bytes = path.stat().st_size
     raw_decode = json.JSONDecoder().raw_decode
     with path.open("rb") as fh:
-        s = _JsonStream(fh, chunk_chars)
+        s = _JsonStream(fh, chunk_bytes)
         if not s.skip_ws():
             raise ValueError(f"{path} is empty; give a JSON array or JSONL file of conversations")
         first = s.buf[s.pos]
