@@ -1,0 +1,186 @@
+"""The train stage end to end: real tokenized data, real torchrun (2 processes, gloo), every strategy,
+single process == pipeline, resume after a stop mid-epoch, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import lenbatch as lb
+from lenbatch.cli import main
+from lenbatch.config import load_params
+from lenbatch.train import build_schedule
+
+pytestmark = pytest.mark.slow
+
+# A tiny target and drafter; the real Qwen3.6 vocabulary (the ids come from the real tokenizer).
+TINY = {
+    "data": {"max_len": 1024},
+    "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+              "linear_key_head_dim": 16, "linear_value_head_dim": 16, "target_layers": [0, 1]},
+    "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
+    "batching": {"token_budget": 2048, "max_batch_size": 8},
+    "train": {"nproc": 2, "useful_tokens": 7000, "warmup_steps": 1, "queue_size": 2, "threads": 1,
+              "device": "cpu"},
+}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    params = root / "tiny.yaml"
+    params.write_text(yaml.safe_dump(TINY))
+    data = root / "tok"
+    subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", "params.yaml", str(params),
+                    "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
+                   capture_output=True)
+    lengths = np.load(data / "lengths.npy")
+    inner = np.quantile(lengths, [0.25, 0.5, 0.75]).astype(int)
+    edges = sorted({int(lengths.min()), *inner.tolist(), int(lengths.max()) + 1})
+    (root / "boundaries.json").write_text(json.dumps({"method": "test quantiles", "edges": edges}))
+    return {"root": root, "params": params, "data": data, "lengths": lengths, "runs": {}}
+
+
+def _train_args(setup, strategy, out, *extra):
+    return ["train", "--params", "params.yaml", str(setup["params"]), "--strategy", strategy, "--data",
+            str(setup["data"]), "--boundaries", str(setup["root"] / "boundaries.json"), "--out", str(out), *extra]
+
+
+def _torchrun(setup, strategy, out, *extra):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch",
+           *_train_args(setup, strategy, out, *extra)]
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def _steps(out):
+    return [json.loads(line) for line in (Path(out) / "steps.jsonl").read_text().splitlines()]
+
+
+def _run(setup, strategy):
+    """One 2-process run per strategy, shared by the tests below."""
+    if strategy not in setup["runs"]:
+        out = setup["root"] / f"run_{strategy}"
+        proc = _torchrun(setup, strategy, out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        setup["runs"][strategy] = out
+    return setup["runs"][strategy]
+
+
+def _planned_hashes(setup, strategy, steps):
+    params = load_params("params.yaml", str(setup["params"]))
+    b = params.batching
+    edges = json.loads((setup["root"] / "boundaries.json").read_text())["edges"]
+    hashes = []
+    for epoch in sorted({s["epoch"] for s in steps}):
+        batches = lb.plan_epoch(setup["lengths"], strategy=strategy, epoch=epoch, seed=b.seed,
+                                token_budget=b.token_budget, max_batch_size=b.max_batch_size,
+                                edges=edges if strategy == "bucketed" else None, rank=0, world_size=1)
+        hashes += [zlib.crc32(np.asarray(x, dtype=np.int64).tobytes()) for x in batches]
+    return hashes[:len(steps)]
+
+
+@pytest.mark.parametrize("strategy", ["sorted", "random", "bucketed", "sortish", "packed"])
+def test_two_process_torchrun_run_of_each_strategy(setup, strategy):
+    out = _run(setup, strategy)
+    steps = _steps(out)
+    summary = json.loads((out / "summary.json").read_text())
+    budget = TINY["batching"]["token_budget"]
+    useful = np.cumsum([s["useful_tokens"] for s in steps])
+    # stops at the first step that reaches train.useful_tokens
+    assert useful[-1] >= TINY["train"]["useful_tokens"] > (useful[-2] if len(useful) > 1 else 0)
+    assert [s["step"] for s in steps] == list(range(len(steps))) and len(steps) >= 3
+    assert all(s["rank"] == 0 for s in steps)  # one target rank feeds the drafter rank
+    # the drafter trained exactly the planned batches, in order
+    assert [s["batch_hash"] for s in steps] == _planned_hashes(setup, strategy, steps)
+    for s in steps:
+        assert s["computed_tokens"] <= budget and np.isfinite(s["loss"]) and s["target_s"] > 0
+        if strategy == "packed":
+            assert s["computed_tokens"] == s["useful_tokens"] == s["length"]
+        else:
+            assert s["computed_tokens"] == s["sequences"] * s["length"] >= s["useful_tokens"]
+    assert summary["strategy"] == strategy and summary["steps"] == len(steps)
+    assert summary["padding_efficiency"] == pytest.approx(useful[-1] / sum(s["computed_tokens"] for s in steps))
+    assert summary["warmup_steps_excluded"] == 1 and summary["useful_tokens_per_s"] > 0
+    assert summary["params"]["drafter"]["anchors_per_seq"] == 1 and len(summary["loss_curve"]) == len(steps)
+    assert (out / "checkpoint.pt").exists() and (out / "params.json").exists()
+
+
+def test_single_process_trains_the_same_batches_and_losses_as_the_pipeline(setup):
+    ref = _steps(_run(setup, "sorted"))
+    out = setup["root"] / "single_sorted"
+    rc = main(_train_args(setup, "sorted", out, "--params-json", '{"train": {"nproc": 1}}'))
+    assert rc == 0
+    single = _steps(out)
+    assert [s["batch_hash"] for s in single] == [s["batch_hash"] for s in ref]
+    assert np.allclose([s["loss"] for s in single], [s["loss"] for s in ref], atol=1e-6, rtol=0)
+    assert all(s["queue_wait_s"] == 0 for s in single)
+
+
+def test_resume_after_a_stop_mid_epoch_replays_the_same_batches_and_losses(setup):
+    ref = _steps(_run(setup, "random"))
+    out = setup["root"] / "resumed_random"
+    first = _torchrun(setup, "random", out, "--max-steps", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert len(_steps(out)) == 2 and ref[2]["epoch"] == 0  # stopped inside epoch 0
+    # a killed run may have logged steps past its checkpoint: they are dropped on resume
+    with (out / "steps.jsonl").open("a") as fh:
+        fh.write(json.dumps({**ref[2], "loss": 99.0}) + "\n")
+    second = _torchrun(setup, "random", out, "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = _steps(out)
+    assert [s["batch_hash"] for s in resumed] == [s["batch_hash"] for s in ref]
+    assert np.abs(np.array([s["loss"] for s in resumed]) - [s["loss"] for s in ref]).max() < 1e-6
+    assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == 2
+
+
+def test_resume_refuses_a_checkpoint_from_other_params(setup, capsys):
+    out = _run(setup, "sorted")
+    before = (out / "steps.jsonl").read_text()
+    rc = main(_train_args(setup, "sorted", out, "--resume", "--params-json",
+                          '{"train": {"nproc": 1}, "drafter": {"gamma": 3.0}}'))
+    err = capsys.readouterr().err
+    assert rc == 2 and "drafter.gamma" in err and "without --resume" in err
+    assert (out / "steps.jsonl").read_text() == before  # nothing overwritten
+
+
+def test_schedule_continues_into_the_next_epoch(setup):
+    params = load_params("params.yaml", str(setup["params"]))
+    lengths = setup["lengths"]
+    total = int(lengths.sum())
+    sched = build_schedule(lengths, strategy="random", params=params, edges=None, target_ranks=2,
+                           useful_tokens=total + 1)
+    epochs = [s.epoch for s in sched]
+    assert epochs[0] == 0 and epochs[-1] == 1
+    first = [i for s in sched if s.epoch == 0 for i in s.indices.tolist()]
+    assert sorted(first) == list(range(len(lengths)))  # epoch 0 trains every sample once, over both ranks
+    assert [s.rank for s in sched[:4]] == [0, 1, 0, 1]
+
+
+def test_bad_input_is_refused_with_the_fix(setup, capsys, monkeypatch):
+    out = setup["root"] / "bad"
+    assert main(_train_args(setup, "shuffled", out)) == 2
+    assert "unknown strategy" in capsys.readouterr().err
+    args = _train_args(setup, "bucketed", out)
+    i = args.index("--boundaries")
+    assert main(args[:i] + args[i + 2:] + ["--params-json", '{"train": {"nproc": 1}}']) == 2
+    assert "--boundaries" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert main(_train_args(setup, "sorted", out)) == 2
+    assert "--nproc_per_node 2" in capsys.readouterr().err
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert main(_train_args(setup, "sorted", setup["root"] / "nothing_here", "--resume", "--params-json",
+                            '{"train": {"nproc": 1}}')) == 2
+    assert "no checkpoint" in capsys.readouterr().err
