@@ -92,7 +92,7 @@ def main() -> int:
             print(f"train {s} rep {rep}: {secs:.1f} s", flush=True)
         result = compare(params=params, stats_dir=work / "stats", boundaries_dir=work / "boundaries",
                          plans_dir=work / "plans", profile_dir=work / "profile", train_dir=tdir,
-                         lengths_path=Path(L))
+                         data_dir=data)
         for s, r in result["rows"].items():
             runs[s].append({"measured": r["measured_tok_s"], "predicted": r["predicted_tok_s"],
                             "error": r["prediction_error"], "steps": r["steps"],

@@ -75,6 +75,9 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
         assert len(r["target_seconds_all"]) == 2 and len(r["drafter_seconds_all"]) == 2
         assert r["target_seconds_median"] == pytest.approx(float(np.median(r["target_seconds_all"])))
         assert all(x > 0 for x in r["target_seconds_all"] + r["drafter_seconds_all"])
+        # the drafter's exact work: at most anchors x (block - 1) trained positions per sequence
+        assert 0 < r["positions"] <= r["sequences"] * params.drafter.anchors_per_seq * (params.drafter.block_size - 1)
+        assert 0 < r["ctx_tokens"] <= r["sequences"] * max(r["sequence_lengths"])
     # more tokens cost more target time: the largest padded shape is slower than the smallest
     padded = sorted((r for r in rows if r["kind"] == "padded"), key=lambda r: r["computed_tokens"])
     assert padded[-1]["target_seconds_median"] > padded[0]["target_seconds_median"]

@@ -118,7 +118,10 @@ def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
         kinds.append(r["kind"])
         start += len(ls)
     arr = np.asarray(lengths, dtype=np.int64)
-    per = [sm.batch_columns(arr, [b], kind=k) for b, k in zip(batches, kinds)]
+    per = [sm.batch_columns(arr, [b], kind=k, drafter=(np.array([float(r["positions"])]),
+                                                        np.array([float(r["ctx_tokens"])]))
+                            if "positions" in r else None)
+           for b, k, r in zip(batches, kinds, rows)]
     return {key: np.concatenate([c[key] for c in per]) for key in per[0]} if per else {}
 
 
@@ -162,35 +165,62 @@ def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, 
     return [np.asarray(plans[r][k], dtype=np.int64) for k in range(len(plans[0])) for r in range(target_ranks)]
 
 
-def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int,
-                    target_ranks: int) -> list[np.ndarray]:
-    """The first ``steps`` global steps of a run: epochs 0, 1, ... of ``plan_epoch``, round-robin over ranks."""
-    out: list[np.ndarray] = []
-    epoch = 0
-    while len(out) < steps:
-        out.extend(_epoch_plan(lengths, params, strategy, edges, epoch=epoch, target_ranks=target_ranks))
-        epoch += 1
-    return out[:steps]
-
-
-def batches_until(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, useful_tokens: int,
-                  target_ranks: int) -> list[np.ndarray]:
-    """Global steps of epochs 0, 1, ... up to the first at which ``useful_tokens`` are reached (the train stop rule)."""
-    out: list[np.ndarray] = []
+def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int | None = None,
+                    useful_tokens: int | None = None, target_ranks: int) -> list[tuple[int, np.ndarray]]:
+    """(epoch, indices) of a run's global steps, in order: epochs 0, 1, ... of ``plan_epoch``,
+    round-robin over the target ranks, up to ``steps`` steps or up to the first step at which
+    ``useful_tokens`` are reached (the train stage's stop rule)."""
+    assert (steps is None) != (useful_tokens is None)
+    out: list[tuple[int, np.ndarray]] = []
     done, epoch = 0, 0
     while True:
         for b in _epoch_plan(lengths, params, strategy, edges, epoch=epoch, target_ranks=target_ranks):
-            out.append(b)
+            out.append((epoch, b))
             done += int(lengths[b].sum())
-            if done >= useful_tokens:
+            if (steps is not None and len(out) >= steps) or (useful_tokens is not None and done >= useful_tokens):
                 return out
         epoch += 1
 
 
-def predict_batches(lengths: np.ndarray, batches: list[np.ndarray], *, kind: str, fits: dict, params: Params,
-                    target_ranks: int) -> dict:
-    """Predicted step times, pipelined run time and useful tokens/s of a list of batches."""
-    cols = sm.batch_columns(lengths, batches, kind=kind)
+class LossMasks:
+    """Loss masks of the tokenized dataset, read on demand (the drafter's anchors depend on them)."""
+
+    def __init__(self, data_dir: Path | None) -> None:
+        self.ds = None
+        self.cache: dict[int, np.ndarray] = {}
+        path = None if data_dir is None else Path(data_dir) / "dataset"
+        if path is not None and path.exists():
+            import datasets
+
+            self.ds = datasets.load_from_disk(str(path)).select_columns(["loss_mask"]).with_format("numpy")
+
+    @property
+    def available(self) -> bool:
+        return self.ds is not None
+
+    def get(self, indices: np.ndarray) -> list[np.ndarray]:
+        missing = sorted({int(i) for i in indices} - set(self.cache))
+        if missing:
+            for i, m in zip(missing, self.ds[missing]["loss_mask"]):
+                self.cache[i] = np.asarray(m, dtype=bool)
+        return [self.cache[int(i)] for i in indices]
+
+
+def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, kind: str, params: Params,
+                 masks: LossMasks) -> dict[str, np.ndarray]:
+    """Shape table of a run's steps, with the drafter's exact work when the loss masks are available."""
+    batches = [b for _, b in steps]
+    d = params.drafter
+    if not masks.available:
+        return sm.batch_columns(lengths, batches, kind=kind, positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
+    work = [sm.drafter_work(lengths[b], masks.get(b), b, anchors_per_seq=d.anchors_per_seq, block_size=d.block_size,
+                            seed=params.batching.seed, epoch=epoch, step=i) for i, (epoch, b) in enumerate(steps)]
+    return sm.batch_columns(lengths, batches, kind=kind, drafter=(np.array([w[0] for w in work], dtype=float),
+                                                                  np.array([w[1] for w in work], dtype=float)))
+
+
+def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int) -> dict:
+    """Predicted step times, pipelined run time and useful tokens/s of a run's shape table."""
     target = fits["target"]["best"].predict(cols)
     drafter = fits["drafter"]["best"].predict(cols)
     if params.train.nproc == 1:
@@ -270,7 +300,7 @@ def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], to
 
 
 def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir: Path, profile_dir: Path,
-            train_dir: Path, lengths_path: Path) -> dict:
+            train_dir: Path, data_dir: Path) -> dict:
     """Everything the report, metrics and plots show (pure function of the stage inputs)."""
     strategies = list(params.train.strategies)
     if "sorted" not in strategies:
@@ -285,9 +315,14 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
     if missing:
         raise ValueError(f"{plans_dir / 'metrics.json'} lacks strategies {missing}; rerun: "
                          "snakemake results/plans/metrics.json")
+    lengths_path = Path(data_dir) / "lengths.npy"
     if not lengths_path.exists():
         raise ValueError(f"{lengths_path} is missing; rerun: snakemake results/tokenize/lengths.npy")
     lengths = np.load(lengths_path).astype(np.int64)
+    masks = LossMasks(data_dir)
+    if not masks.available:
+        log.info("no dataset under %s: the drafter's positions are estimated (anchors x (block - 1) per sequence)",
+                 data_dir)
     profile = fit_profile(profile_dir, params)
     fits = profile["fits"]
     target_ranks = max(params.train.nproc - 1, 1)
@@ -299,15 +334,16 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         run = load_run(train_dir, s, params)
         summary, steps = run["summary"], run["steps"]
         trained = _trained_useful_per_step(steps)
-        batches = planned_batches(lengths, params, s, edges, steps=len(trained), target_ranks=target_ranks)
+        steps_plan = planned_batches(lengths, params, s, edges, steps=len(trained), target_ranks=target_ranks)
+        batches = [b for _, b in steps_plan]
         planned = np.array([int(lengths[b].sum()) for b in batches])
         if not np.array_equal(planned, trained):
             bad = int(np.argmax(planned != trained))
             raise ValueError(f"strategy {s}: step {bad} trained {trained[bad]} useful tokens but the current plan "
                              f"gives {planned[bad]} (the run was planned with other data or params); rerun: "
                              f"snakemake results/train/{s}/summary.json")
-        pred = predict_batches(lengths, batches, kind=step_kind(s), fits=fits, params=params,
-                               target_ranks=target_ranks)
+        pred = predict_steps(step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks),
+                             fits=fits, params=params, target_ranks=target_ranks)
         comp[s] = components(pred, fits, warmup_steps=params.train.warmup_steps)
         measured = float(summary["useful_tokens_per_s"])
         pm = plans[s]
@@ -343,8 +379,9 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                           {s: r["predicted_tok_s"] for s, r in rows.items()},
                           {s: r["measured_tok_s"] for s, r in rows.items()})
     ksweep = predict_sweep(lengths, sweep, params=params, fits=fits, target_ranks=target_ranks,
-                           sorted_tok_s=ref["predicted_tok_s"], measured_sorted=ref["measured_tok_s"])
+                           sorted_tok_s=ref["predicted_tok_s"], masks=masks)
     return {"rows": rows, "components": comp, "ladder": ladder, "sweep": ksweep, "fits": fits,
+            "exact_drafter_work": masks.available,
             "grid_points": len(profile["rows"]), "edges": edges, "num_buckets": int(bounds["num_buckets"]),
             "histogram": histogram, "stats": stats, "loss_tokens": equal_at,
             "recommendation": recommend(rows, ksweep, params=params)}
@@ -360,13 +397,14 @@ def _trained_useful_per_step(steps: list[dict]) -> np.ndarray:
 
 
 def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fits: dict, target_ranks: int,
-                  sorted_tok_s: float, measured_sorted: float) -> list[dict]:
+                  sorted_tok_s: float, masks: LossMasks) -> list[dict]:
     """Predicted useful tokens/s of ``bucketed`` for every K of the boundary sweep (same useful tokens as a run)."""
     out = []
     for entry in sweep:
-        batches = batches_until(lengths, params, "bucketed", tuple(int(e) for e in entry["edges"]),
-                                useful_tokens=params.train.useful_tokens, target_ranks=target_ranks)
-        pred = predict_batches(lengths, batches, kind="padded", fits=fits, params=params, target_ranks=target_ranks)
+        steps_plan = planned_batches(lengths, params, "bucketed", tuple(int(e) for e in entry["edges"]),
+                                     useful_tokens=params.train.useful_tokens, target_ranks=target_ranks)
+        pred = predict_steps(step_columns(lengths, steps_plan, kind="padded", params=params, masks=masks),
+                             fits=fits, params=params, target_ranks=target_ranks)
         out.append({"num_buckets": int(entry["num_buckets"]),
                     "simulated_efficiency": float(entry["simulated_efficiency"]),
                     "predicted_efficiency": float(entry["predicted_efficiency"]),
@@ -668,8 +706,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plans", default="results/plans", help="plans stage output folder")
     parser.add_argument("--profile", default="results/profile", help="profile stage output folder")
     parser.add_argument("--train", default="results/train", help="folder of the train stage's <strategy>/ folders")
-    parser.add_argument("--lengths", default="results/tokenize/lengths.npy",
-                        help="lengths.npy the runs trained on (to rebuild their planned batches)")
+    parser.add_argument("--data", default="results/tokenize",
+                        help="tokenize stage output the runs trained on: lengths.npy (to rebuild the planned "
+                        "batches) and dataset/ (loss masks: the drafter's exact anchors; estimated without it)")
     parser.add_argument("--out", default="results/compare", help="output folder")
     parser.set_defaults(func=_run)
 
@@ -678,7 +717,7 @@ def _run(args: argparse.Namespace) -> int:
     params = params_from_args(args)
     result = compare(params=params, stats_dir=Path(args.stats), boundaries_dir=Path(args.boundaries),
                      plans_dir=Path(args.plans), profile_dir=Path(args.profile), train_dir=Path(args.train),
-                     lengths_path=Path(args.lengths))
+                     data_dir=Path(args.data))
     metrics = write_outputs(result, Path(args.out), params=params)
     for s, r in result["rows"].items():
         log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%", s, r["predicted_tok_s"],

@@ -27,7 +27,7 @@ import numpy as np
 
 from lenbatch.config import Params, add_params_argument, params_from_args, write_resolved
 from lenbatch.log import get_logger
-from lenbatch.stepmodel import batch_columns, grid_shape
+from lenbatch.stepmodel import batch_columns, drafter_work, grid_shape
 
 log = get_logger("profile")
 
@@ -99,6 +99,18 @@ def time_point(runner, batch, *, warmup: int, repeats: int, max_seconds: float) 
     return [t for t, _ in timed], [d for _, d in timed]
 
 
+def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean (positions, context tokens) the drafter worked on over the timed steps of a grid point."""
+    lengths = batch.lengths.numpy()
+    rows, starts = (t.numpy() for t in batch.seq_rows_starts())
+    lm = batch.loss_mask.numpy()
+    masks = [lm[r, s:s + n] for r, s, n in zip(rows, starts, lengths)]
+    work = [drafter_work(lengths, masks, batch.indices.numpy(), anchors_per_seq=params.drafter.anchors_per_seq,
+                         block_size=params.drafter.block_size, seed=params.batching.seed, epoch=0, step=st)
+            for st in steps]
+    return np.array([np.mean([w[0] for w in work])]), np.array([np.mean([w[1] for w in work])])
+
+
 def profile(params: Params, *, device: str = "cpu") -> list[dict]:
     """Time every grid point; one dict per point (see module docstring). Cost: see module docstring."""
     import torch
@@ -113,13 +125,17 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
     for i, (kind, n, m) in enumerate(pts):
         lengths = grid_shape(kind, n, m, max_len=params.data.max_len)
         batch = make_batch(kind, lengths, params, seed=params.batching.seed + i)
+        first = runner.steps
         t_all, d_all = time_point(runner, batch, warmup=params.profile.warmup, repeats=params.profile.repeats,
                                   max_seconds=params.profile.max_point_seconds)
-        cols = batch_columns(np.asarray(lengths), [np.arange(len(lengths))], kind=kind)
+        steps = list(range(runner.steps - len(t_all), runner.steps))  # the drafter steps that were timed
+        assert steps[0] >= first
+        cols = batch_columns(np.asarray(lengths), [np.arange(len(lengths))], kind=kind,
+                             drafter=_drafter_work(batch, params, steps=steps))
         tot = [a + b for a, b in zip(t_all, d_all)]
         rows.append({"kind": kind, "sequences": n, "length": m, "sequence_lengths": lengths,
                      "computed_tokens": float(cols["computed_tokens"][0]), "sum_len_sq": float(cols["sum_len_sq"][0]),
-                     "ctx_tokens": float(cols["ctx_tokens"][0]),
+                     "ctx_tokens": float(cols["ctx_tokens"][0]), "positions": float(cols["positions"][0]),
                      "target_seconds_median": float(np.median(t_all)), "target_seconds_all": t_all,
                      "drafter_seconds_median": float(np.median(d_all)), "drafter_seconds_all": d_all,
                      "seconds_median": float(np.median(tot)), "seconds_all": tot})

@@ -30,17 +30,17 @@ from dataclasses import dataclass
 import numpy as np
 
 # Shape features a step's time may depend on (columns of a shape table).
-FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens", "ctx_tokens")
+FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens", "ctx_tokens", "positions")
 
 # Candidate feature sets compared on held-out grid points (smallest first), per role.
 # target: the forward runs over computed tokens (Gated DeltaNet: linear; full attention:
 #   sum of length^2, n*m^2 when padded; packed rows pad each sequence to a 64-token chunk:
 #   a per-sequence cost).
 # drafter: projects and attends over each sequence's context up to the batch's largest
-#   anchor, i.e. sequences x (about) the longest length = ``ctx_tokens`` (= computed tokens
-#   when padded, more than the row length when packed), and pushes anchors_per_seq x
-#   (block_size - 1) positions per sequence through the vocabulary-sized lm_head: a
-#   per-sequence cost.
+#   anchor, i.e. sequences x the largest anchor = ``ctx_tokens`` (about the computed tokens
+#   when padded, more than the row length when packed), and pushes up to anchors_per_seq x
+#   (block_size - 1) ``positions`` per sequence through the vocabulary-sized lm_head
+#   (fewer where the loss mask ends): :func:`drafter_work` gives both exactly.
 CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
     "target": {
         "tokens": ("const", "computed_tokens"),
@@ -52,7 +52,8 @@ CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
         "tokens": ("const", "computed_tokens"),
         "tokens+seq": ("const", "computed_tokens", "sequences"),
         "ctx+seq": ("const", "ctx_tokens", "sequences"),
-        "ctx+attn+seq": ("const", "ctx_tokens", "sum_len_sq", "sequences"),
+        "ctx+pos": ("const", "ctx_tokens", "positions"),
+        "ctx+pos+seq": ("const", "ctx_tokens", "positions", "sequences"),
     },
 }
 
@@ -60,16 +61,19 @@ CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
 # --------------------------------------------------------------------------- shapes
 
 
-def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: str,
-                  attention: str = "segment") -> dict[str, np.ndarray]:
+def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: str, attention: str = "segment",
+                  drafter: tuple[np.ndarray, np.ndarray] | None = None,
+                  positions_per_seq: float | None = None) -> dict[str, np.ndarray]:
     """Shape table of a list of batches (index arrays into ``lengths``).
 
     padded: computed = n * m, sum_len_sq = n * m^2 (padding attends too), length = m.
     packed: one row per batch, computed = sum l_i (the row length), length = the row
     length, sum_len_sq = sum l_i^2 when attention is restricted to each sequence
     (``attention='segment'``) or L^2 when a dense masked row is computed
-    (``attention='dense'``). Both: ctx_tokens = n * max l_i (the drafter's context
-    tensor). Cost O(total samples).
+    (``attention='dense'``). Drafter work: ``drafter`` = (positions, ctx_tokens) per batch
+    from :func:`drafter_work` when the loss masks are known; otherwise ctx_tokens =
+    n * max l_i and positions = n * ``positions_per_seq`` (NaN if not given): estimates.
+    Cost O(total samples).
     """
     if kind not in ("padded", "packed"):
         raise ValueError(f"kind must be 'padded' or 'packed', got {kind!r}")
@@ -78,7 +82,7 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: s
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(batches)
     cols = {k: np.zeros(n, dtype=np.float64) for k in
-            ("sequences", "length", "computed_tokens", "useful_tokens", "sum_len_sq", "ctx_tokens")}
+            ("sequences", "length", "computed_tokens", "useful_tokens", "sum_len_sq", "ctx_tokens", "positions")}
     for i, idx in enumerate(batches):
         ls = lengths[np.asarray(idx, dtype=np.int64)]
         assert ls.size > 0, "empty batch in a plan"
@@ -96,6 +100,11 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: s
         cols["useful_tokens"][i] = useful
         cols["sum_len_sq"][i] = sq
         cols["ctx_tokens"][i] = ls.size * float(ls.max())
+    cols["positions"] = cols["sequences"] * (np.nan if positions_per_seq is None else float(positions_per_seq))
+    if drafter is not None:
+        cols["positions"] = np.asarray(drafter[0], dtype=np.float64)
+        cols["ctx_tokens"] = np.asarray(drafter[1], dtype=np.float64)
+        assert cols["positions"].shape == (n,) and cols["ctx_tokens"].shape == (n,)
     return cols
 
 
@@ -125,6 +134,31 @@ def grid_shape(kind: str, sequences: int, length: int, *, max_len: int | None = 
             return [int(x) for x in parts]
     raise ValueError(f"packed grid point: a row of {length} tokens cannot hold {sequences} sequences of at most "
                      f"data.max_len={max_len} tokens; raise profile.packed_seqs or lower profile.packed_lengths")
+
+
+def drafter_work(lengths: Sequence[int], loss_masks: Sequence[np.ndarray], seq_ids: Sequence[int], *,
+                 anchors_per_seq: int, block_size: int, seed: int, epoch: int, step: int) -> tuple[int, int]:
+    """(trained positions, context tokens) of one drafter step, exactly as the drafter draws them.
+
+    Anchors come from :func:`lenbatch.drafter.draw_anchors` (seed, epoch, step, dataset
+    index), so this is the work the run will do: positions = block offsets k = 1..b-1
+    with a + k inside the sequence and its loss mask (rows through the lm_head);
+    context tokens = sequences x the step's largest anchor (the drafter's context tensor).
+    Cost O(tokens of the step).
+    """
+    from lenbatch.drafter import draw_anchors
+
+    positions, largest = 0, 1
+    offs = np.arange(1, block_size)
+    for n, lm, sid in zip(lengths, loss_masks, seq_ids):
+        lm = np.asarray(lm, dtype=bool)
+        a = draw_anchors(lm, int(n), num=anchors_per_seq, seed=seed, epoch=epoch, step=step, seq_id=int(sid))
+        if a.size:
+            largest = max(largest, int(a.max()))
+            tgt = (a[:, None] + offs[None, :]).ravel()
+            tgt = tgt[tgt < int(n)]
+            positions += int(lm[tgt].sum())
+    return positions, len(lengths) * largest
 
 
 # --------------------------------------------------------------------------- fit
@@ -236,6 +270,8 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
     fits = []
     for name, feats in candidates.items():
         feats = tuple(feats)
+        if not np.all(np.isfinite(design_matrix(columns, feats))):
+            continue  # a feature this grid did not record (e.g. positions of an older grid)
         errs = holdout_errors(columns, seconds, feats, holdout_fraction=holdout_fraction, splits=splits, seed=seed)
         X = design_matrix(columns, feats)
         coef = fit_coefficients(X, seconds)

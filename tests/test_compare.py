@@ -1,0 +1,184 @@
+"""Compare stage end to end on small real inputs.
+
+stats, boundaries and plans are the real stages run on a small length sample; the
+profile grid and the training runs are built here from a known step-time law, so the
+stage's prediction can be checked exactly against the "measured" runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import lenbatch as lb
+from lenbatch import stepmodel as sm
+from lenbatch.compare import compare, write_outputs
+from lenbatch.config import load_params
+
+REPO = Path(__file__).resolve().parents[1]
+STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
+# a known law for the synthetic timings (seconds): per step, per token, per length^2, per sequence
+TARGET = {"const": 0.004, "computed_tokens": 2e-6, "sum_len_sq": 2e-10, "sequences": 2e-4}
+DRAFTER = {"const": 0.006, "ctx_tokens": 1e-6, "positions": 1.5e-5}
+
+
+def _cli(*args: str, cwd: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "lenbatch", *args], cwd=cwd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _law(cols: dict, law: dict) -> np.ndarray:
+    return sm.design_matrix(cols, tuple(law)) @ np.array(list(law.values()))
+
+
+def _grid(params) -> list[dict]:
+    rows = []
+    budget = params.batching.token_budget
+    for kind, n, m in [("padded", n, m) for n in (1, 2, 4, 8, 16) for m in (64, 128, 256, 512, 1024) if n * m <= budget]
+                      + [("packed", k, L) for k in (1, 4, 16) for L in (256, 1024, budget)]):
+        ls = np.asarray(sm.grid_shape(kind, n, m))
+        cols = sm.batch_columns(ls, [np.arange(ls.size)], kind=kind, positions_per_seq=55.0 - 0.01 * n)
+        t, d = float(_law(cols, TARGET)[0]), float(_law(cols, DRAFTER)[0])
+        rows.append({"kind": kind, "sequences": n, "length": m, "computed_tokens": float(cols["computed_tokens"][0]),
+                     "sum_len_sq": float(cols["sum_len_sq"][0]), "ctx_tokens": float(cols["ctx_tokens"][0]),
+                     "positions": float(cols["positions"][0]), "target_seconds_median": t,
+                     "target_seconds_all": [t], "drafter_seconds_median": d, "drafter_seconds_all": [d],
+                     "seconds_median": t + d, "seconds_all": [t + d]})
+    return rows
+
+
+def _fake_run(lengths, params, strategy, edges, out: Path, data: Path) -> None:
+    """A training run's outputs for the planned batches, timed by the known law through the pipeline."""
+    from lenbatch.compare import LossMasks, planned_batches, step_columns, step_kind
+
+    steps = planned_batches(lengths, params, strategy, edges, useful_tokens=params.train.useful_tokens,
+                            target_ranks=1)
+    cols = step_columns(lengths, steps, kind=step_kind(strategy), params=params, masks=LossMasks(data))
+    ends = sm.pipeline_ends(_law(cols, TARGET), _law(cols, DRAFTER), queue_size=params.train.queue_size)
+    tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
+    out.mkdir(parents=True)
+    with (out / "steps.jsonl").open("w") as fh:
+        for i, (epoch, b) in enumerate(steps):
+            fh.write(json.dumps({"rank": 1, "step": i, "epoch": epoch, "sequences": int(b.size),
+                                 "useful_tokens": int(cols["useful_tokens"][i]),
+                                 "computed_tokens": int(cols["computed_tokens"][i]), "loss": 5.0 - 1e-5 * i}) + "\n")
+    summary = {"useful_tokens_per_s": tput, "steps": len(steps), "planned_steps": len(steps),
+               "padding_efficiency": float(cols["useful_tokens"].sum() / cols["computed_tokens"].sum()),
+               "loss_curve": [[i, 5.0 - 1e-5 * i] for i in range(len(steps))],
+               "final_loss": 5.0, "params": params.to_dict()}
+    (out / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture(scope="module")
+def stage_inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cmp")
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(5.3, 0.8, size=600), 16, 1024).astype(np.int32)
+    data = root / "data"
+    data.mkdir()
+    np.save(data / "lengths.npy", lengths)
+    # a real Arrow dataset with chat-like loss masks: the drafter's anchors depend on them
+    import datasets
+
+    from lenbatch.collate import synthetic_sequences
+
+    seqs = synthetic_sequences(lengths, vocab_size=1000, seed=0)
+    datasets.Dataset.from_dict({"input_ids": [s["input_ids"].tolist() for s in seqs],
+                                "loss_mask": [s["loss_mask"].tolist() for s in seqs],
+                                "length": lengths.tolist()}).save_to_disk(str(data / "dataset"))
+    override = {"data": {"max_len": 1024}, "batching": {"token_budget": 2048, "max_batch_size": 16},
+                "boundaries": {"sweep_max_buckets": 6, "num_candidates": 40},
+                "train": {"useful_tokens": 60_000, "warmup_steps": 2}}
+    (root / "small.yaml").write_text(yaml.safe_dump(override))
+    params_args = ["--params", str(REPO / "params.yaml"), str(root / "small.yaml")]
+    params = load_params(REPO / "params.yaml", root / "small.yaml")
+    L = str(data / "lengths.npy")
+    _cli("stats", *params_args, "--lengths", L, "--out", str(root / "stats"), cwd=root)
+    _cli("boundaries", *params_args, "--lengths", L, "--out", str(root / "boundaries"), cwd=root)
+    _cli("plans", *params_args, "--lengths", L, "--boundaries", str(root / "boundaries" / "boundaries.json"),
+         "--out", str(root / "plans"), cwd=root)
+    (root / "profile").mkdir()
+    (root / "profile" / "grid.json").write_text(json.dumps(_grid(params)))
+    edges = json.loads((root / "boundaries" / "boundaries.json").read_text())["edges"]
+    for s in STRATEGIES:
+        _fake_run(lengths.astype(np.int64), params, s, tuple(edges), root / "train" / s, data)
+    return root, params
+
+
+def _run(root: Path, params, train: str = "train"):
+    return compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries",
+                   plans_dir=root / "plans", profile_dir=root / "profile", train_dir=root / train,
+                   data_dir=root / "data")
+
+
+def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage_inputs):
+    root, params = stage_inputs
+    result = _run(root, params)
+    for s in STRATEGIES:
+        # the grid follows the same law as the runs, so the prediction must match the measurement
+        assert abs(result["rows"][s]["prediction_error"]) < 0.01, (s, result["rows"][s]["prediction_error"])
+    assert result["fits"]["target"]["best"].holdout_error < 0.01
+    out = root / "compare"
+    metrics = write_outputs(result, out, params=params)
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert on_disk == json.loads(json.dumps(metrics))
+    report = (out / "report.md").read_text()
+    for s in STRATEGIES:
+        for key in ("measured_tok_s", "predicted_tok_s", "prediction_error", "composition_repeat", "length_mixing",
+                    "loss_at_equal_tokens", "ratio_to_sorted_measured"):
+            assert on_disk[f"{s}.{key}"] is not None, f"{s}.{key}"
+        assert f"| {s} |" in report
+    assert on_disk["sorted.ratio_to_sorted_measured"] == pytest.approx(1.0)
+    assert "**Use `" in report and "K = 6" in report
+    assert on_disk["recommended.strategy"] in STRATEGIES and on_disk["recommended.strategy"] != "sorted"
+    for name in ("histogram.png", "throughput.png", "frontier.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+    frontier = json.loads((out / "frontier.json").read_text())
+    assert {p["name"] for p in frontier} >= set(STRATEGIES)
+    assert sum(p["kind"] == "sweep" for p in frontier) == 6
+    assert any(p["pareto_mixing"] for p in frontier)
+    # the padding-only ladder level is exactly the ratio of padding efficiencies
+    lad = result["ladder"]["random"]
+    rows = result["rows"]
+    assert lad["padding"] < lad["measured"] or lad["padding"] > lad["measured"]  # a real gap exists
+    assert lad["pipelined"] == pytest.approx(rows["random"]["ratio_to_sorted_predicted"])
+
+
+def test_missing_training_result_names_the_rerun(stage_inputs, tmp_path):
+    root, params = stage_inputs
+    import shutil
+
+    shutil.copytree(root / "train", tmp_path / "train")
+    (tmp_path / "train" / "packed" / "summary.json").unlink()
+    for name in ("stats", "boundaries", "plans", "profile"):
+        (tmp_path / name).symlink_to(root / name)
+    (tmp_path / "data").symlink_to(root / "data")
+    with pytest.raises(ValueError, match=r"rerun: snakemake results/train/packed/summary.json"):
+        _run(tmp_path, params)
+
+
+def test_run_measured_with_other_params_is_refused(stage_inputs):
+    root, params = stage_inputs
+    import dataclasses
+
+    other = dataclasses.replace(params, drafter=dataclasses.replace(params.drafter, lr=1e-3))
+    with pytest.raises(ValueError, match=r"drafter.lr.*rerun: snakemake results/train/sorted/summary.json"):
+        _run(root, other)
+
+
+def test_grid_too_small_to_fit_names_the_rerun(stage_inputs, tmp_path):
+    root, params = stage_inputs
+    for name in ("stats", "boundaries", "plans", "train"):
+        (tmp_path / name).symlink_to(root / name)
+    (tmp_path / "data").symlink_to(root / "data")
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "grid.json").write_text(json.dumps(_grid(params)[:4]))
+    with pytest.raises(ValueError, match=r"rerun: snakemake results/profile/grid.json"):
+        _run(tmp_path, params)
