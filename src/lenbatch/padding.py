@@ -185,8 +185,8 @@ def study_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget: 
     adapts the batch size to each batch's maximum and the partial last batch.
     """
     n = int(counts.sum())
-    mean = float(np.dot(values, counts)) / n
-    b = int(min(max_batch_size, max(1, int(token_budget // mean)), n))
+    useful = int(np.dot(np.asarray(values, dtype=np.int64), np.asarray(counts, dtype=np.int64)))
+    b = int(min(max_batch_size, max(1, token_budget * n // useful), n))  # budget // mean, in integers
     return n * expected_max(values, b, counts)
 
 
@@ -206,15 +206,18 @@ def greedy_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget:
     E[N] = sum_n P(M_n <= T_n), E[N M] = sum_n n (E[M_n; M_n <= T_n] - G(T_{n+1}) E[M_n; M_n <= T_{n+1}]).
     Finite bucket: the last batch is partial; its size is the renewal age (P(r = k) = P(N >= k)/E[N])
     and its maximum that of r draws, so computed = (n - E[r]) E[NM]/E[N] + sum_k k E[M_k; N >= k]/E[N].
-    A bucket whose longest sample fits max_batch_size times in the budget (every batch is count-limited)
-    is computed directly: full batches of B = max_batch_size and one of r = n - B*floor((n-1)/B).
+    A bucket whose longest sample fits B = min(max_batch_size, budget // shortest) times in the budget
+    (every batch holds exactly B samples) is computed directly: full batches of B = max_batch_size and one of r = n - B*floor((n-1)/B).
     Checked against simulated greedy plans (tests/test_padding.py; within 0.1 pp on the seed profile).
     Cost O(max_batch_size * distinct values).
     """
     v = np.asarray(values, dtype=np.int64)
     c = np.asarray(counts, dtype=np.float64)
     n_b = float(c.sum())
-    mb = int(max_batch_size)
+    # no batch holds more than budget // shortest samples; with that cap the model is unchanged (the
+    # batch then closes with M_n > T_{n+1}: a fresh restart, like a count stop) and, when every batch
+    # holds exactly that many, the count-limited branch below is exact
+    mb = int(max(1, min(max_batch_size, token_budget // int(v[0]))))
     G = np.cumsum(c) / n_b
     G[-1] = 1.0
     gap = np.diff(v).astype(np.float64)
@@ -228,18 +231,10 @@ def greedy_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget:
         r = int(n_b) - full * mb
         emax = [v[-1] - np.sum(gap * G[:-1] ** k) for k in (mb, r)]
         return float(full * mb * emax[0] + r * emax[1])
-    # backward recurrence for b_t = a_t / (a0 (1 - theta_t)), t = mb..2, and phi_t = Phi(theta_t)/a0
+    bw, phi_all, a0v = renewal_weights(theta[None, :])
+    b = bw[0, 2:mb + 1]
     th = theta[1:mb]  # theta_t for t = 2..mb
-    b = np.zeros(mb - 1)
-    s1 = 0.0  # sum_{s>t} b_s
-    s2 = 0.0  # sum_{s>t} b_s theta_s
-    for k in range(mb - 2, -1, -1):
-        t = k + 2
-        phi = th[k] * (1 + s1) - s2
-        b[k] = phi * th[k] ** (t - 2)
-        s1 += b[k]
-        s2 += b[k] * th[k]
-    a0 = 1.0 / (1.0 + np.sum((1 - th) * b))
+    a0 = float(a0v[0])
     # Phi at every distinct value: thresholds strictly below v_p contribute
     w = pos[1:mb] + 1  # first position above T_t
     add1 = np.zeros(len(v) + 1)
@@ -269,6 +264,34 @@ def greedy_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget:
     last = np.sum(nn * h_n) / EN
     Er = np.sum(nn * p_ge) / EN
     return float((n_b - Er) * ENM / EN + last)
+
+
+def renewal_weights(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """First-element law of the greedy plan's batches, for many buckets at once.
+
+    ``theta[:, t-1] = G(T_t)`` for t = 1..B+1 (B the batch-size cap). Returns ``(b, phi, a0)`` with
+    columns indexed by t (0 unused): b_t = a_t / (a0 (1 - theta_t)), phi_t = Phi(theta_t) / a0, and a0
+    the share of batches that start with a fresh draw. Backward recurrence over t = B..2:
+    phi_t = theta_t (1 + sum_{s>t} b_s) - sum_{s>t} b_s theta_s, b_t = phi_t theta_t^(t-2).
+    Cost O(rows * B).
+    """
+    rows, width = theta.shape
+    mb = width - 1
+    b = np.zeros((rows, mb + 2))
+    phi = np.zeros((rows, mb + 2))
+    s1 = np.zeros(rows)
+    s2 = np.zeros(rows)
+    for t in range(mb, 1, -1):
+        th = theta[:, t - 1]
+        phi[:, t] = th * (1 + s1) - s2
+        b[:, t] = phi[:, t] * th ** (t - 2)
+        s1 += b[:, t]
+        s2 += b[:, t] * th
+    phi[:, 1] = theta[:, 0] * (1 + s1) - s2
+    phi[:, mb + 1] = theta[:, mb]
+    ts = np.arange(2, mb + 1)
+    a0 = 1.0 / (1.0 + np.sum((1 - theta[:, ts - 1]) * b[:, ts], axis=1))
+    return b, phi, a0
 
 
 OBJECTIVES = ("greedy", "study")
