@@ -215,7 +215,7 @@ class Target(nn.Module):
         from lenbatch import packing
 
         segs = packing.make_segments(input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
-                                     boundaries=boundaries)
+                                     boundaries=boundaries, device=self.device)
         wanted = set(range(self.cfg.num_hidden_layers) if layers is None else layers)
         bad = [i for i in wanted if not 0 <= i < self.cfg.num_hidden_layers]
         if bad:
