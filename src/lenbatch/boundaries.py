@@ -365,3 +365,140 @@ def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int
     return Boundaries(method=method, num_buckets=num_buckets, edges=edges, predicted_efficiency=float(pred),
                       objective=objective, token_budget=token_budget, max_batch_size=max_batch_size,
                       num_candidates=int(cand.size), seconds=time.perf_counter() - t0, history=tuple(history))
+
+
+def _solve_all(x: np.ndarray, ks: list[int], *, token_budget: int, max_batch_size: int, method: str,
+               objective: str, num_candidates: int) -> dict[int, tuple[tuple[int, ...], list[dict]]]:
+    """Edges (and coordinate history) for every K in ``ks`` from one cost matrix."""
+    cand = candidate_values(x, num_candidates)
+    out: dict[int, tuple[tuple[int, ...], list[dict]]] = {}
+    need = [k for k in ks if k > 1]
+    if 1 in ks:
+        out[1] = ((0, int(x.max()) + 1), [])
+    if not need:
+        return out
+    v = np.unique(x)
+    P = np.concatenate([[0], np.searchsorted(v, cand), [len(v)]])
+    if method == "geometric":
+        for k in need:
+            out[k] = (_edges_from_path(geometric_path(v, cand, P, k), cand, x.max()), [])
+        return out
+    cost, P, v = cost_matrix(x, cand, token_budget, max_batch_size, objective)
+    useful = float(x.sum())
+    if method == "dp":
+        _, arg = _dp_tables(cost, max(need))
+        for k in need:
+            out[k] = (_edges_from_path(_backtrack(arg, k, len(P) - 1), cand, x.max()), [])
+    else:
+        for k in need:
+            path, hist = coordinate_path(cost, geometric_path(v, cand, P, k))
+            history = [{"iteration": h["iteration"], "edges": list(_edges_from_path(h["path"], cand, x.max())),
+                        "predicted_efficiency": useful / h["cost"]} for h in hist]
+            out[k] = (_edges_from_path(path, cand, x.max()), history)
+    return out
+
+
+def simulate_bucketed(x: np.ndarray, edges: Any, *, token_budget: int, max_batch_size: int,
+                      seed: int = 0) -> dict[str, float]:
+    """Simulated epoch 0 of the bucketed plan: padding efficiency; diversity from epochs 0 and 1."""
+    from lenbatch.padding import composition_repeat, length_mixing, padding_efficiency
+    from lenbatch.strategies import plan_epoch_all
+
+    plans = [plan_epoch_all(x, strategy="bucketed", epoch=e, seed=seed, token_budget=token_budget,
+                            max_batch_size=max_batch_size, edges=edges)[0] for e in (0, 1)]
+    return {"simulated_efficiency": padding_efficiency(x, plans[0]),
+            "composition_repeat": composition_repeat(plans[0], plans[1], x.size),
+            "length_mixing": length_mixing(x, plans[0])}
+
+
+def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int, max_batch_size: int,
+                      method: str = "dp", objective: str = "greedy", num_candidates: int = 290, seed: int = 0,
+                      simulate: bool = True) -> list[dict[str, Any]]:
+    """The efficiency-diversity frontier: for K = 1..max_buckets (capped at the distinct lengths), the
+    edges, predicted efficiency and, with ``simulate``, the simulated efficiency, composition repeat and
+    length mixing of the bucketed plan (epochs 0 and 1). dp solves every K from one cost matrix."""
+    from lenbatch.log import get_logger
+
+    log = get_logger("lenbatch.boundaries")
+    x = _validate(lengths, 1, token_budget, max_batch_size, method, objective, num_candidates)
+    if max_buckets < 1:
+        raise ValueError(f"boundaries.sweep_max_buckets must be >= 1, got {max_buckets}")
+    kmax = min(max_buckets, int(np.unique(x).size), candidate_values(x, num_candidates).size + 1)
+    t0 = time.perf_counter()
+    solved = _solve_all(x, list(range(1, kmax + 1)), token_budget=token_budget, max_batch_size=max_batch_size,
+                        method=method, objective=objective, num_candidates=num_candidates)
+    log.info("sweep: edges for K = 1..%d by %s in %.2f s", kmax, method, time.perf_counter() - t0)
+    rows = []
+    for k in range(1, kmax + 1):
+        edges = solved[k][0]
+        pred = predict_bucketed(x, edges, token_budget=token_budget, max_batch_size=max_batch_size,
+                                objective=objective)["efficiency"]
+        row: dict[str, Any] = {"num_buckets": k, "edges": list(edges), "predicted_efficiency": pred}
+        if simulate:
+            row.update(simulate_bucketed(x, edges, token_budget=token_budget, max_batch_size=max_batch_size,
+                                         seed=seed))
+            log.info("sweep K=%d: predicted %.4f, simulated %.4f, composition repeat %.5f, length mixing %.4f",
+                     k, pred, row["simulated_efficiency"], row["composition_repeat"], row["length_mixing"])
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- CLI: lenbatch boundaries
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.config import add_params_argument
+    from lenbatch.stats import add_lengths_arguments
+
+    add_params_argument(parser)
+    add_lengths_arguments(parser)
+    parser.add_argument("--method", choices=METHODS, help="optimizer (overrides boundaries.method)")
+    parser.add_argument("--num-buckets", type=int, help="K, the number of buckets (count)")
+    parser.add_argument("--sweep-max-buckets", type=int, help="the K sweep covers K = 1..this (count; 0: no sweep)")
+    parser.add_argument("--num-candidates", type=int, help="candidate edge values searched (count)")
+    parser.add_argument("--objective", choices=OBJECTIVES, help="what is minimised (overrides boundaries.objective)")
+    parser.add_argument("--token-budget", type=int, help="padded tokens per batch (tokens; overrides batching)")
+    parser.add_argument("--max-batch-size", type=int, help="samples per batch at most (count; overrides batching)")
+    parser.add_argument("--out", required=True, help="output directory: boundaries.json, sweep.json, params.json")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from lenbatch.config import load_params, write_resolved
+    from lenbatch.log import get_logger
+    from lenbatch.padding import predict_bucketed as _pb
+    from lenbatch.stats import bucket_counts, load_lengths, write_json
+
+    log = get_logger("lenbatch.boundaries")
+    bo = {k: getattr(args, k) for k in ("method", "num_buckets", "num_candidates", "objective")
+          if getattr(args, k) is not None}
+    no_sweep = args.sweep_max_buckets == 0
+    if args.sweep_max_buckets:
+        bo["sweep_max_buckets"] = args.sweep_max_buckets
+    ba = {k: getattr(args, k) for k in ("token_budget", "max_batch_size") if getattr(args, k) is not None}
+    overrides = {k: v for k, v in (("boundaries", bo), ("batching", ba)) if v}
+    params = load_params(*args.params, overrides=overrides or None)
+    p, bt = params.boundaries, params.batching
+    x, source = load_lengths(args, seed=bt.seed)
+    log.info("%s: %d samples; %s boundaries, K=%d, budget %d tokens, at most %d per batch", source, x.size,
+             p.method, p.num_buckets, bt.token_budget, bt.max_batch_size)
+    res = optimize_boundaries(x, p.num_buckets, token_budget=bt.token_budget, max_batch_size=bt.max_batch_size,
+                              method=p.method, objective=p.objective, num_candidates=p.num_candidates)
+    sim = simulate_bucketed(x, res.edges, token_budget=bt.token_budget, max_batch_size=bt.max_batch_size,
+                            seed=bt.seed)
+    pred = _pb(x, res.edges, token_budget=bt.token_budget, max_batch_size=bt.max_batch_size, objective=p.objective)
+    out = Path(args.out)
+    doc = res.to_dict()
+    doc.update(sim)
+    doc["lengths"] = source
+    doc["buckets"] = [dict(row, predicted_efficiency=pr["efficiency"])
+                      for row, pr in zip(bucket_counts(x, res.edges), pred["buckets"])]
+    write_json(out / "boundaries.json", doc)
+    log.info("%s edges %s: predicted %.4f, simulated %.4f padding efficiency (%.2f s)", p.method, list(res.edges),
+             res.predicted_efficiency, sim["simulated_efficiency"], res.seconds)
+    sweep = [] if no_sweep else sweep_num_buckets(
+        x, p.sweep_max_buckets, token_budget=bt.token_budget, max_batch_size=bt.max_batch_size, method=p.method,
+        objective=p.objective, num_candidates=p.num_candidates, seed=bt.seed)
+    write_json(out / "sweep.json", sweep)
+    write_resolved(params, out, sections=("boundaries", "batching"))
+    return 0

@@ -78,6 +78,9 @@ class BoundariesConfig:
     sweep_max_buckets: int = _f(16, "the K sweep covers K = 1..this", minimum=1)
     num_candidates: int = _f(290, "candidate edge values (length quantiles) searched by dp and coordinate",
                              minimum=2)
+    objective: Literal["greedy", "study"] = _f(
+        "greedy", "what the optimizers minimise: 'greedy' = expected computed tokens of the real greedy bucketed "
+        "plan (renewal model), 'study' = the study's n * E[max of min(max_batch_size, budget // mean)]")
 
     def __post_init__(self) -> None:
         _positive("boundaries", num_buckets=self.num_buckets, sweep_max_buckets=self.sweep_max_buckets,
