@@ -1,0 +1,120 @@
+"""``lenbatch plans``: simulate epochs of every strategy and measure what each plan costs and mixes.
+
+Per strategy, over ``plans.epochs`` epochs (world size ``--world-size``, all ranks' batches together):
+padding efficiency and budget fill (totals over the epochs), steps per rank per epoch, useful and
+computed tokens per epoch, composition repeat (mean over consecutive epoch pairs), length mixing
+(mean over epochs) and the seconds to plan one epoch (mean). ``bucketed`` also reports the
+boundary objective's predicted efficiency for the edges used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lenbatch.padding import batch_tokens, composition_repeat, length_mixing, predict_bucketed
+from lenbatch.strategies import STRATEGIES, plan_epoch_all
+
+
+def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, epochs: int = 3, seed: int = 0,
+             token_budget: int, max_batch_size: int, edges: Any = None, packed_window: int = 8,
+             world_size: int = 1, log: Any = None) -> dict[str, dict[str, Any]]:
+    """Metrics of every strategy (see module doc); ``bucketed`` is skipped with a log line when edges is None."""
+    if epochs < 2:
+        raise ValueError(f"plans.epochs must be >= 2 to measure composition repeat, got {epochs}")
+    out: dict[str, dict[str, Any]] = {}
+    if "sortish" in strategies:  # import torch + transformers before timing, so plan_seconds is planning only
+        from transformers.trainer_pt_utils import get_length_grouped_indices  # noqa: F401
+    for strategy in strategies:
+        if strategy == "bucketed" and edges is None:
+            if log:
+                log.info("bucketed skipped: no --boundaries given")
+            continue
+        plans, secs = [], []
+        for e in range(epochs):
+            t0 = time.perf_counter()
+            ranks = plan_epoch_all(lengths, strategy=strategy, epoch=e, seed=seed, token_budget=token_budget,
+                                   max_batch_size=max_batch_size, edges=edges if strategy == "bucketed" else None,
+                                   world_size=world_size, packed_window=packed_window)
+            secs.append(time.perf_counter() - t0)
+            plans.append((ranks, [b for r in ranks for b in r]))
+        useful = computed = 0
+        steps = []
+        for ranks, flat in plans:
+            u, c = batch_tokens(lengths, flat, packed=strategy == "packed")
+            useful += int(u.sum())
+            computed += int(c.sum())
+            steps.append(len(ranks[0]))
+        n_batches = sum(len(flat) for _, flat in plans)
+        row = {
+            "padding_efficiency": useful / computed,
+            "budget_fill": computed / (n_batches * token_budget),
+            "steps": float(np.mean(steps)),
+            "useful_tokens": useful / epochs,
+            "computed_tokens": computed / epochs,
+            "composition_repeat": float(np.mean([composition_repeat(plans[e][1], plans[e + 1][1], lengths.size)
+                                                 for e in range(epochs - 1)])),
+            "length_mixing": float(np.mean([length_mixing(lengths, flat) for _, flat in plans])),
+            "plan_seconds": float(np.mean(secs)),
+            "world_size": world_size,
+            "epochs": epochs,
+        }
+        if strategy == "bucketed":
+            row["edges"] = [int(v) for v in edges]
+            row["predicted_efficiency"] = predict_bucketed(lengths, edges, token_budget=token_budget,
+                                                           max_batch_size=max_batch_size)["efficiency"]
+        out[strategy] = row
+        if log:
+            log.info("%-8s padding efficiency %.4f, budget fill %.4f, %.0f steps/epoch, composition repeat %.5f, "
+                     "length mixing %.3f, %.2f s to plan an epoch", strategy, row["padding_efficiency"],
+                     row["budget_fill"], row["steps"], row["composition_repeat"], row["length_mixing"],
+                     row["plan_seconds"])
+    return out
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.config import add_params_argument
+    from lenbatch.stats import add_lengths_arguments
+
+    add_params_argument(parser)
+    add_lengths_arguments(parser)
+    parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
+                        help="strategies to simulate")
+    parser.add_argument("--epochs", type=int, help="epochs simulated per strategy (count; overrides plans.epochs)")
+    parser.add_argument("--world-size", type=int, default=1, help="data-parallel ranks the plans are split over (count)")
+    parser.add_argument("--token-budget", type=int, help="padded tokens per batch (tokens; overrides batching)")
+    parser.add_argument("--max-batch-size", type=int, help="samples per batch at most (count; overrides batching)")
+    parser.add_argument("--seed", type=int, help="base seed (epoch e uses seed + e; overrides batching.seed)")
+    parser.add_argument("--packed-window", type=int, help="open rows of first-fit packing (count; overrides batching)")
+    parser.add_argument("--out", required=True, help="output directory: metrics.json, params.json")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from lenbatch.config import load_params, write_resolved
+    from lenbatch.log import get_logger
+    from lenbatch.stats import load_lengths, write_json
+    from lenbatch.strategies import batching_overrides, read_edges
+
+    log = get_logger("lenbatch.plans")
+    overrides = batching_overrides(args)
+    if args.epochs is not None:
+        overrides["plans"] = {"epochs": args.epochs}
+    params = load_params(*args.params, overrides=overrides or None)
+    bt = params.batching
+    x, source = load_lengths(args, seed=bt.seed)
+    edges = read_edges(args.boundaries)
+    log.info("%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
+             source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, args.world_size)
+    metrics = simulate(x, strategies=tuple(args.strategies), epochs=params.plans.epochs, seed=bt.seed,
+                       token_budget=bt.token_budget, max_batch_size=bt.max_batch_size, edges=edges,
+                       packed_window=bt.packed_window, world_size=args.world_size, log=log)
+    out = Path(args.out)
+    write_json(out / "metrics.json", metrics)
+    write_resolved(params, out, sections=("batching", "plans"))
+    return 0
