@@ -130,6 +130,7 @@ def greedy_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget
     bw, phi, a0 = renewal_weights(theta)
     cost = np.full((L2, L2), np.inf)
     ratio = min(1e3, 10 ** (250 / mb))
+    lf = log_factorials(int(F[-1]))
     first = 0
     for a in range(L2 - 1):
         cnt = L2 - 1 - a
@@ -147,6 +148,10 @@ def greedy_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget
             cost[a, Bq[r]] = _greedy_group(v, F, pa, top[r], N[r], R, posT[:mb_a + 1], T[:mb_a + 1], mb_a,
                                            theta[r, :mb_a + 1], bw[r, :mb_a + 2], phi[r, :mb_a + 2], a0[r])
             hi = lo
+        # buckets whose batches all hold exactly mb_a samples: exact hypergeometric full/partial split
+        rows_a = rows[v[top[rows]] <= T[mb_a - 1]]
+        if rows_a.size:
+            cost[a, Bq[rows_a]] = _count_limited(v, F, pa, top[rows_a], N[rows_a], mb_a, lf)
     return cost
 
 
@@ -197,20 +202,26 @@ def _greedy_group(v, F, p0, pt, N, R, posT, T, mb, theta, b, phi, a0):
     last = np.sum(nn * HA, axis=1) / EN
     Er = np.sum(nn * QA, axis=1) / EN
     cost = (N - Er) * ENM / EN + last
-    # every batch holds exactly mb samples: exact full/partial split
-    vmax = vloc[lt]
-    cl = vmax <= T[mb - 1]
-    if np.any(cl):
-        Nc = N[cl]
-        full = np.floor((Nc - 1) / mb)
-        r = Nc - full * mb
-        ri = r.astype(np.int64)
-        ltc = lt[cl]
-        lsc = logs[cl, 0]
-        em_full = vmax[cl] - np.exp(mb * lsc) * E[mb, ltc]
-        em_r = vmax[cl] - np.exp(ri * lsc) * E[ri, ltc]
-        cost[cl] = full * mb * em_full + r * em_r
     return cost
+
+
+def _count_limited(v, F, p0, pt, N, mb, lf):
+    """full * mb * E[max of mb] + r * E[max of r] (hypergeometric) for buckets [p0, pt], r the last batch."""
+    top = int(pt.max())
+    f = (F[p0 + 1:top + 1] - F[p0]).astype(np.int64)  # samples <= v_p, p = p0..top-1
+    gap = np.diff(v[p0:top + 1]).astype(np.float64)
+    lt = pt - p0
+    Ni = N.astype(np.int64)
+    full = (Ni - 1) // mb
+    r = Ni - full * mb
+    out = np.zeros(len(pt))
+    for draws, weight in ((np.full(len(pt), mb), full * mb), (r, r)):
+        ok = (f[None, :] >= draws[:, None]) & (np.arange(len(f))[None, :] < lt[:, None])
+        ff = np.where(ok, f[None, :], draws[:, None])
+        logr = lf[ff] - lf[ff - draws[:, None]] - (lf[Ni] - lf[Ni - np.minimum(draws, Ni)])[:, None]
+        emax = v[pt] - np.sum(np.where(ok, gap[None, :] * np.exp(np.minimum(logr, 0.0)), 0.0), axis=1)
+        out += weight * emax
+    return out
 
 
 def study_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget: int,
