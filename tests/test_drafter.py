@@ -151,13 +151,13 @@ def test_chunked_cross_entropy_matches_autograd_in_float64():
 
 
 def test_training_steps_lower_the_loss_on_a_repeated_batch():
-    params = load_params("params.yaml", overrides=SMALL)
+    params = load_params("params.yaml", overrides={**SMALL, "drafter": {**SMALL["drafter"], "lr": 0.003}})
     r = StepRunner(params, device="cpu")
     seqs = synthetic_sequences([120, 80, 64], vocab_size=512, seed=5)
     batch = collate_padded(seqs, token_budget=2048, max_batch_size=8, indices=[1, 2, 3])
     f, _ = r.target_step(batch)
     losses = [r.drafter_step(batch, f, step=0)[0] for _ in range(15)]  # same anchors every time
-    assert losses[-1] < losses[0] - 0.3
+    assert losses[-1] < losses[0] - 0.5, losses  # 6.25 -> 5.61 when written
 
 
 def test_drafter_rejects_heads_that_do_not_divide_the_width():

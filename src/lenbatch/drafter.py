@@ -22,10 +22,11 @@ drawn from ``numpy.random.default_rng([seed, epoch, step, dataset_index])``: a r
 run, and the same sequences packed or padded, draw the same anchors. A sequence with
 fewer valid positions gets fewer blocks (counted in :class:`DrafterOutput`).
 
-Attention cost: per sequence the context is the first ``Lc = max anchor`` positions of
-the step (every block of the step sees keys ``[Lc + A*b]`` with a boolean mask of shape
-``[S, A*b, Lc + A*b]``): ``O(S * A * b * (Lc + A*b))`` per layer, never ``(total tokens)^2``
-for a packed row. The frozen ``lm_head`` costs ``2 * N * H * V`` forward and the same
+Attention cost: the context is projected (``ctx_proj``, then each layer's k/v) once per
+token of the batch's layout (``B*T`` tokens, padding included, as the target). Each sequence's
+window is its first ``Lc = max anchor`` positions (gathered), so a block sees keys
+``[Lc + A*b]`` under a boolean mask ``[S, A*b, Lc + A*b]``: ``O(S * A * b * (Lc + A*b))`` per
+layer, never ``(total tokens)^2`` for a packed row. The frozen ``lm_head`` costs ``2 * N * H * V`` forward and the same
 again for its input gradient, ``N <= S * A * (b-1)`` trained positions: with V = 248,320 it
 dominates a small drafter, hence a moderate ``anchors_per_seq``. The cross-entropy is
 computed in row chunks (:class:`ChunkedLinearCrossEntropy`) so the ``[N, V]`` logits never
@@ -85,16 +86,26 @@ class DrafterLayer(nn.Module):
         self.up = nn.Linear(hidden, intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, h: torch.Tensor, ctx: torch.Tensor, blk_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``h [S, N, H]`` block states (N = A*b), ``ctx [S, Lc, H]``, ``blk_pos [S, N]``, ``mask [S, 1, N, Lc+N]``."""
+    def forward(self, h: torch.Tensor, ctx_row: torch.Tensor, pos_row: torch.Tensor, ctx_idx: tuple[torch.Tensor, ...],
+                blk_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``h [S, N, H]`` block states (N = A*b); ``ctx_row [B, T, H]`` the context in the batch's layout,
+        ``pos_row [B, T]`` its in-sequence positions; ``ctx_idx`` (rows, cols) ``[S, Lc]`` picks each
+        sequence's context window; ``blk_pos [S, N]``; ``mask [S, 1, N, Lc + N]``.
+
+        Context keys/values are projected once per token of the row (cost ``B*T*H*H``, the
+        layout's computed tokens), then each sequence's window is gathered: a packed row never
+        pays for ``S`` windows of projections.
+        """
         S, N, H = h.shape
-        Lc = ctx.shape[1]
+        B, T, _ = ctx_row.shape
         x = self.attn_norm(h)
-        kv_in = torch.cat([ctx, x], 1)  # context keys first, then the blocks' own keys
-        pos_kv = torch.cat([torch.arange(Lc, device=h.device).expand(S, Lc), blk_pos], 1)
         q = _rope(self.q_proj(x).view(S, N, self.heads, self.head_dim), blk_pos, self.theta)
-        k = _rope(self.k_proj(kv_in).view(S, Lc + N, self.heads, self.head_dim), pos_kv, self.theta)
-        v = self.v_proj(kv_in).view(S, Lc + N, self.heads, self.head_dim)
+        k_blk = _rope(self.k_proj(x).view(S, N, self.heads, self.head_dim), blk_pos, self.theta)
+        v_blk = self.v_proj(x).view(S, N, self.heads, self.head_dim)
+        k_row = _rope(self.k_proj(ctx_row).view(B, T, self.heads, self.head_dim), pos_row, self.theta)
+        v_row = self.v_proj(ctx_row).view(B, T, self.heads, self.head_dim)
+        k = torch.cat([k_row[ctx_idx], k_blk], 1)  # context keys first, then the blocks' own keys
+        v = torch.cat([v_row[ctx_idx], v_blk], 1)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         h = h + self.o_proj(o.transpose(1, 2).reshape(S, N, H))
         x = self.mlp_norm(h)
@@ -205,9 +216,12 @@ class Drafter(nn.Module):
         S, A = anchors.shape
         T = features.shape[1]
         Lc = max(int(anchors.max()), 1)  # context positions any block of this step can see
-        # context: each sequence's first Lc positions, gathered (clamped indices are masked below)
-        ctx_idx = (starts[:, None] + torch.arange(Lc, device=dev)[None]).clamp_max(T - 1)  # [S, Lc]
-        ctx = self.ctx_norm(self.ctx_proj(features[rows[:, None], ctx_idx]))  # [S, Lc, H]
+        # context in the batch's layout; each sequence's window = its first Lc positions
+        # (indices past the sequence are clamped, and masked below)
+        ctx_row = self.ctx_norm(self.ctx_proj(features))  # [B, T, H]
+        cols = (starts[:, None] + torch.arange(Lc, device=dev)[None]).clamp_max(T - 1)  # [S, Lc]
+        ctx_idx = (rows[:, None].expand_as(cols), cols)
+        pos_row = batch.position_ids.to(dev)
         offs = torch.arange(b, device=dev)
         blk_pos = (anchors[:, :, None] + offs).reshape(S, A * b)  # in-sequence positions
         anchor_tok = batch.input_ids.to(dev)[rows[:, None], starts[:, None] + anchors]  # [S, A]
@@ -218,7 +232,7 @@ class Drafter(nn.Module):
         h = h.reshape(S, A * b, -1)
         mask = block_attention_mask(anchors, Lc, b)[:, None]
         for layer in self.layers:
-            h = layer(h, ctx, blk_pos, mask)
+            h = layer(h, ctx_row, pos_row, ctx_idx, blk_pos, mask)
         return self.final_norm(h).view(S, A, b, -1)
 
     def forward(self, features: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, *,
