@@ -217,8 +217,9 @@ def _count_limited(v, F, p0, pt, N, mb, lf):
     out = np.zeros(len(pt))
     for draws, weight in ((np.full(len(pt), mb), full * mb), (r, r)):
         ok = (f[None, :] >= draws[:, None]) & (np.arange(len(f))[None, :] < lt[:, None])
-        ff = np.where(ok, f[None, :], draws[:, None])
-        logr = lf[ff] - lf[ff - draws[:, None]] - (lf[Ni] - lf[Ni - np.minimum(draws, Ni)])[:, None]
+        hi_i = np.where(ok, f[None, :], 0)
+        lo_i = np.where(ok, f[None, :] - draws[:, None], 0)
+        logr = lf[hi_i] - lf[lo_i] - (lf[Ni] - lf[Ni - np.minimum(draws, Ni)])[:, None]
         emax = v[pt] - np.sum(np.where(ok, gap[None, :] * np.exp(np.minimum(logr, 0.0)), 0.0), axis=1)
         out += weight * emax
     return out
