@@ -1,0 +1,91 @@
+"""LengthBatchSampler: the plan as a resumable torch Sampler."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lenbatch as lb
+from lenbatch.sampler import LengthBatchSampler
+
+X = np.random.default_rng(0).integers(1, 300, size=400)
+KW = dict(token_budget=1024, max_batch_size=16, seed=2, edges=[0, 60, 150, 300])
+
+
+@settings(max_examples=30, deadline=None)
+@given(strategy=st.sampled_from(lb.STRATEGIES), world_size=st.integers(1, 8), epoch=st.integers(0, 2),
+       frac=st.floats(0, 1))
+def test_resume_from_any_point_equals_uninterrupted(strategy, world_size, epoch, frac):
+    rank = world_size - 1
+    ref = LengthBatchSampler(X, strategy=strategy, rank=rank, world_size=world_size, **KW)
+    ref.set_epoch(epoch)
+    full = list(ref)
+    assert full == [b.tolist() for b in lb.plan_epoch(X, strategy=strategy, epoch=epoch, rank=rank,
+                                                      world_size=world_size, **KW)]
+    stop = int(frac * len(full))
+    s = LengthBatchSampler(X, strategy=strategy, rank=rank, world_size=world_size, **KW)
+    s.set_epoch(epoch)
+    it = iter(s)
+    head = [next(it) for _ in range(stop)]
+    state = s.state_dict()
+    resumed = LengthBatchSampler(X, strategy=strategy, rank=rank, world_size=world_size, **KW)
+    resumed.load_state_dict(state)
+    assert resumed.epoch == epoch and len(resumed) == len(full)
+    assert head + list(resumed) == full
+    assert list(resumed) == full  # the next pass of the epoch starts from its beginning
+
+
+def test_state_from_another_plan_or_world_size_is_refused():
+    s = LengthBatchSampler(X, strategy="bucketed", rank=0, world_size=2, **KW)
+    state = s.state_dict()
+    with pytest.raises(ValueError, match="world_size=2"):
+        LengthBatchSampler(X, strategy="bucketed", rank=0, world_size=4, **KW).load_state_dict(state)
+    with pytest.raises(ValueError, match="another plan"):
+        LengthBatchSampler(X, strategy="random", rank=0, world_size=2, **KW).load_state_dict(state)
+    with pytest.raises(ValueError, match="another plan"):
+        LengthBatchSampler(X[:-1], strategy="bucketed", rank=0, world_size=2, **KW).load_state_dict(state)
+    with pytest.raises(ValueError, match="another plan"):
+        LengthBatchSampler(X, strategy="bucketed", rank=0, world_size=2, **dict(KW, seed=3)).load_state_dict(state)
+    with pytest.raises(ValueError, match="position"):
+        s.load_state_dict(dict(state, position=10**6))
+
+
+def test_batches_consumed_and_epochs():
+    s = LengthBatchSampler(X, strategy="packed", **KW)
+    it = iter(s)
+    first = [next(it) for _ in range(5)]
+    state = s.state_dict(batches_consumed=3)  # a prefetching DataLoader ran 2 batches ahead
+    r = LengthBatchSampler(X, strategy="packed", **KW)
+    r.load_state_dict(state)
+    assert next(iter(r)) == first[3]
+    s.set_epoch(1)
+    e1 = list(s)
+    assert sorted(i for b in e1 for i in b) == list(range(X.size))
+    assert e1 != list(LengthBatchSampler(X, strategy="packed", **KW))
+
+
+def test_works_as_a_dataloader_batch_sampler():
+    data = [torch.tensor([i]) for i in range(X.size)]
+    s = lb.LengthBatchSampler(X, strategy="bucketed", **KW)
+    assert isinstance(s, torch.utils.data.Sampler)
+    loader = torch.utils.data.DataLoader(data, batch_sampler=s, collate_fn=lambda b: torch.cat(b))
+    seen = torch.cat(list(loader))
+    assert sorted(seen.tolist()) == list(range(X.size)) and len(loader) == len(s)
+
+
+def test_import_lenbatch_is_light():
+    import subprocess
+    import sys
+
+    code = "import sys, lenbatch; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="rank"):
+        LengthBatchSampler(X, strategy="random", rank=3, world_size=2, **KW)
+    with pytest.raises(ValueError, match="token_budget"):
+        LengthBatchSampler(X, strategy="random", **dict(KW, token_budget=100))
+    with pytest.raises(ValueError, match="strategy"):
+        LengthBatchSampler(X, strategy="shuffled", **KW)
