@@ -229,14 +229,15 @@ def make_sampler(lengths: np.ndarray, *, strategy: str, params: Params, edges: O
                                  edges=edges, packed_window=b.packed_window)
 
 
-def plan(lengths: np.ndarray, *, strategy: str, params: Params, edges: Optional[tuple[int, ...]], epoch: int,
-         rank: int, world_size: int) -> list[np.ndarray]:
+def plan_all_ranks(lengths: np.ndarray, *, strategy: str, params: Params, edges: Optional[tuple[int, ...]],
+                   epoch: int, world_size: int) -> list[list[np.ndarray]]:
+    """Every target rank's batches of one epoch (``lenbatch.plan_epoch_all``)."""
     import lenbatch as lb
 
     b = params.batching
-    return lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
-                         max_batch_size=b.max_batch_size, edges=edges, rank=rank, world_size=world_size,
-                         packed_window=b.packed_window)
+    return lb.plan_epoch_all(lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
+                             max_batch_size=b.max_batch_size, edges=edges, world_size=world_size,
+                             packed_window=b.packed_window)
 
 
 @dataclass(frozen=True)
@@ -256,8 +257,8 @@ def build_schedule(lengths: np.ndarray, *, strategy: str, params: Params, edges:
     steps: list[ScheduledStep] = []
     done, epoch = 0, 0
     while True:
-        plans = [plan(lengths, strategy=strategy, params=params, edges=edges, epoch=epoch, rank=r,
-                      world_size=target_ranks) for r in range(target_ranks)]
+        plans = plan_all_ranks(lengths, strategy=strategy, params=params, edges=edges, epoch=epoch,
+                               world_size=target_ranks)
         sizes = {len(p) for p in plans}
         assert len(sizes) == 1, f"ranks got different batch counts {sizes}: the plan broke its contract"
         for local in range(sizes.pop()):
