@@ -24,15 +24,20 @@ wildcard_constraints:
 
 
 def cfg(*sections, exclude=()):
-    """The params sections a rule reads, as one shell-quoted JSON argument.
+    """The params a rule reads, as one shell-quoted JSON argument.
 
     Snakemake reruns a rule when its params change, so a rule gets exactly the keys
     it uses: editing train.useful_tokens reruns train and compare, not tokenize.
+    Items are whole sections ("batching") or single keys ("data.max_len");
     ``exclude`` holds "section.key" names a rule must not depend on.
     """
     payload = {}
-    for section in sections:
-        payload[section] = {k: v for k, v in config[section].items() if f"{section}.{k}" not in exclude}
+    for item in sections:
+        section, _, key = item.partition(".")
+        if key:
+            payload.setdefault(section, {})[key] = config[section][key]
+        else:
+            payload[section] = {k: v for k, v in config[section].items() if f"{section}.{k}" not in exclude}
     return shlex.quote(json.dumps(payload, sort_keys=True))
 
 

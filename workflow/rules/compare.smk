@@ -1,6 +1,7 @@
 rule compare:
     input:
         stats=rules.stats.output.stats,
+        dataset=rules.tokenize.output.dataset,
         sweep=rules.boundaries.output.sweep,
         boundaries=rules.boundaries.output.boundaries,
         plans=rules.plans.output.metrics,
@@ -11,7 +12,7 @@ rule compare:
         metrics="results/compare/metrics.json",
         report="results/compare/report.md",
     params:
-        cfg=cfg("model", "drafter", "batching", "train", "plans", "boundaries", "compare"),
+        cfg=cfg("model", "drafter", "batching", "train", "plans", "boundaries", "compare", "data.max_len"),
     log:
         f"{LOGS}/compare.log",
     benchmark:
@@ -19,4 +20,4 @@ rule compare:
     shell:
         "lenbatch compare --params params.yaml --params-json {params.cfg} --stats results/stats "
         "--boundaries results/boundaries --plans results/plans --profile results/profile --train results/train "
-        "--out results/compare > {log} 2>&1"
+        "--data results/tokenize --out results/compare > {log} 2>&1"

@@ -6,7 +6,7 @@ rule boundaries:
         boundaries="results/boundaries/boundaries.json",
         sweep="results/boundaries/sweep.json",
     params:
-        cfg=cfg("boundaries", "batching", "plans"),
+        cfg=cfg("boundaries", "batching", "plans", "data.max_len"),
     log:
         f"{LOGS}/boundaries.log",
     benchmark:
@@ -24,7 +24,7 @@ rule plans:
     output:
         metrics="results/plans/metrics.json",
     params:
-        cfg=cfg("batching", "plans"),
+        cfg=cfg("batching", "plans", "data.max_len"),
     log:
         f"{LOGS}/plans.log",
     benchmark:

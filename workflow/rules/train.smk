@@ -8,7 +8,7 @@ rule profile:
     output:
         grid="results/profile/grid.json",
     params:
-        cfg=cfg("model", "drafter", "batching", "profile", "train", exclude=("train.strategies", "train.useful_tokens")),
+        cfg=cfg("model", "drafter", "batching", "profile", "train", "data.max_len", exclude=("train.strategies", "train.useful_tokens")),
     threads: config["train"]["nproc"] * config["train"]["threads"]
     resources:
         gpu=1 if config["train"]["device"] == "cuda" else 0,
@@ -33,7 +33,7 @@ rule train:
         summary="results/train/{strategy}/summary.json",
         steps="results/train/{strategy}/steps.jsonl",
     params:
-        cfg=cfg("model", "drafter", "batching", "train", exclude=("train.strategies",)),
+        cfg=cfg("model", "drafter", "batching", "train", "data.max_len", exclude=("train.strategies",)),
         nproc=config["train"]["nproc"],
         boundaries=lambda wc, input: f"--boundaries {input.boundaries}" if input.boundaries else "",
     threads: config["train"]["nproc"] * config["train"]["threads"]
