@@ -97,15 +97,21 @@ def make_inputs(kind: str, groups: list[list[int]], seqs: list[torch.Tensor]) ->
     return out
 
 
-def time_set(fn, inputs: list[dict], repeats: int) -> float:
+def time_set(fn, inputs: list[dict], repeats: int) -> tuple[float, float]:
+    """(median wall seconds, median process CPU seconds) of one pass over ``inputs``.
+
+    CPU seconds (all threads of this process) are reported too: on a shared machine the
+    wall time includes waiting for a core, the CPU time does not.
+    """
     fn(inputs[0])  # warm-up (allocator, oneDNN primitives)
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for x in inputs:
             fn(x)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,25 +158,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"lengths: {sorted(lengths.tolist())}")
     rows = []
     header = f"{'threads':>7} {'layout':<17} {'steps':>5} {'computed':>9} {'pad.eff':>7} {'seconds':>8} " \
-             f"{'useful tok/s':>12} {'computed tok/s':>14}"
+             f"{'cpu s':>7} {'useful tok/s':>12} {'computed tok/s':>14}"
     print(header)
     for threads in args.threads:
         torch.set_num_threads(threads)
         for name, inputs in {**layouts, **parity}.items():
             fn = hf if name.startswith("hf-") else ours
-            secs = time_set(fn, inputs, args.repeats)
+            secs, cpu = time_set(fn, inputs, args.repeats)
             computed = sum(x["computed"] for x in inputs)
             use = n_par * 4096 if name.startswith("parity") else useful
             row = {"threads": threads, "layout": name, "steps": len(inputs), "computed_tokens": computed,
-                   "useful_tokens": use, "padding_efficiency": use / computed, "seconds": secs,
+                   "useful_tokens": use, "padding_efficiency": use / computed, "seconds": secs, "cpu_seconds": cpu,
                    "useful_tokens_per_s": use / secs, "computed_tokens_per_s": computed / secs}
             rows.append(row)
             print(f"{threads:>7} {name:<17} {len(inputs):>5} {computed:>9} {use / computed:>7.3f} {secs:>8.3f} "
+                  f"{cpu:>7.3f} "
                   f"{use / secs:>12.0f} {computed / secs:>14.0f}", flush=True)
         by = {r["layout"]: r for r in rows if r["threads"] == threads}
         print(f"{threads:>7} ratios: packed/padded-sorted useful tok/s "
               f"{by['packed']['useful_tokens_per_s'] / by['padded-sorted']['useful_tokens_per_s']:.2f}, "
-              f"packed/padded-random {by['packed']['useful_tokens_per_s'] / by['padded-random']['useful_tokens_per_s']:.2f}, "
+              f"packed/padded-random "
+              f"{by['packed']['useful_tokens_per_s'] / by['padded-random']['useful_tokens_per_s']:.2f}, "
               f"parity packed/padded time {by['parity-packed']['seconds'] / by['parity-padded']['seconds']:.2f}, "
               f"ours/HF padded computed tok/s "
               f"{by['padded-random']['computed_tokens_per_s'] / by['hf-padded-random']['computed_tokens_per_s']:.2f}")

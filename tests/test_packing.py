@@ -169,6 +169,11 @@ def test_verify_packing_cli_passes_and_fails_on_purpose(capsys):
     assert "FAIL" in out and "WITHHELD" in out
 
 
+def test_verify_packing_bfloat16_is_judged_relative(capsys):
+    assert main(["verify-packing", "--dtype", "bfloat16", "--lengths", "5,40,70"]) == 0
+    assert "relative tolerance" in capsys.readouterr().out
+
+
 def test_verify_packing_with_a_hugging_face_config_json(tmp_path, capsys):
     cfg = {"model_type": "qwen3_5", "text_config": {
         "model_type": "qwen3_5_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
