@@ -40,12 +40,21 @@ def _law(cols: dict, law: dict) -> np.ndarray:
 def _grid(params) -> list[dict]:
     rows = []
     budget = params.batching.token_budget
-    for kind, n, m in [("padded", n, m) for n in (1, 2, 4, 8, 16) for m in (64, 128, 256, 512, 1024) if n * m <= budget]
-                      + [("packed", k, L) for k in (1, 4, 16) for L in (256, 1024, budget)]):
-        ls = np.asarray(sm.grid_shape(kind, n, m))
-        cols = sm.batch_columns(ls, [np.arange(ls.size)], kind=kind, positions_per_seq=55.0 - 0.01 * n)
+    shapes = [("padded", n, m) for n in (1, 2, 4, 8, 16) for m in (16, 64, 128, 256, 512, 1024) if n * m <= budget]
+    shapes += [("packed", k, L) for k in (2, 4, 16) for L in (256, 1024, budget)]
+    from lenbatch.collate import synthetic_sequences
+
+    dr = params.drafter
+    for i, (kind, n, m) in enumerate(shapes):
+        ls = np.asarray(sm.grid_shape(kind, n, m, max_len=params.data.max_len))
+        masks = [x["loss_mask"] for x in synthetic_sequences(ls, vocab_size=1000, seed=i)]
+        work = sm.drafter_work(ls, masks, [-1] * n, anchors_per_seq=dr.anchors_per_seq, block_size=dr.block_size,
+                               seed=0, epoch=0, step=i)
+        cols = sm.batch_columns(ls, [np.arange(ls.size)], kind=kind,
+                                drafter=(np.array([work[0]], float), np.array([work[1]], float)))
         t, d = float(_law(cols, TARGET)[0]), float(_law(cols, DRAFTER)[0])
-        rows.append({"kind": kind, "sequences": n, "length": m, "computed_tokens": float(cols["computed_tokens"][0]),
+        rows.append({"kind": kind, "sequences": n, "length": m, "sequence_lengths": ls.tolist(),
+                     "computed_tokens": float(cols["computed_tokens"][0]),
                      "sum_len_sq": float(cols["sum_len_sq"][0]), "ctx_tokens": float(cols["ctx_tokens"][0]),
                      "positions": float(cols["positions"][0]), "target_seconds_median": t,
                      "target_seconds_all": [t], "drafter_seconds_median": d, "drafter_seconds_all": [d],

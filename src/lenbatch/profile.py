@@ -32,7 +32,7 @@ from lenbatch.stepmodel import batch_columns, drafter_work, grid_shape
 log = get_logger("profile")
 
 
-def grid_points(params: Params) -> list[tuple[str, int, int]]:
+def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, int]]:
     """(kind, sequences, length) of every grid point, smallest shapes first.
 
     Points above the token budget, above max_batch_size or longer than data.max_len are
@@ -63,7 +63,7 @@ def grid_points(params: Params) -> list[tuple[str, int, int]]:
                 pts.add(("packed", int(k), L))
             else:
                 skipped += 1
-    if skipped:
+    if skipped and not quiet:
         log.info("grid: skipped %d shapes outside token_budget=%d, max_batch_size=%d, max_len=%d",
                  skipped, budget, max_bs, max_len)
     return sorted(pts, key=lambda p: (p[1] * p[2], p[0], p[1]))
@@ -111,38 +111,123 @@ def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarra
     return np.array([np.mean([w[0] for w in work])]), np.array([np.mean([w[1] for w in work])])
 
 
-def profile(params: Params, *, device: str = "cpu") -> list[dict]:
-    """Time every grid point; one dict per point (see module docstring). Cost: see module docstring."""
+def _time_role(runner, role: str, batch, feats, *, warmup: int, repeats: int, max_seconds: float) -> list[float]:
+    """Seconds of ``repeats`` timed steps of one role after ``warmup`` untimed ones (cap as in :func:`time_point`)."""
+    runs: list[float] = []
+    for _ in range(warmup + repeats):
+        if role == "target":
+            _, secs = runner.target_step(batch)
+        else:
+            _, secs = runner.drafter_step(batch, feats)
+        runs.append(float(secs))
+        if sum(runs) >= max_seconds:
+            break
+    return runs[warmup:] if len(runs) > warmup else runs[-1:]
+
+
+def _role_worker(role: str, params: Params, device: str, queue, done, other_done) -> None:
+    """One role's timings over the whole grid, in its own process (spawned by :func:`profile`).
+
+    When done it keeps stepping (untimed, cycling through the grid) until the other role
+    is done too, so every timing is taken with both processes busy, as in a pipelined run.
+    """
     import torch
 
     from lenbatch.train import StepRunner
 
     torch.set_num_threads(params.train.threads)
-    runner = StepRunner(params, device=device)
-    pts = grid_points(params)
-    rows = []
-    t_start = time.perf_counter()
+    runner = StepRunner(params, device=device, role=role)
+    pr = params.profile
+    pts = grid_points(params, quiet=True)
+    fdim = len(params.model.target_layers) * params.model.hidden_size
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
+    gen = torch.Generator().manual_seed(params.batching.seed)
+    batches, out = [], []
+    t0 = time.perf_counter()
     for i, (kind, n, m) in enumerate(pts):
+        batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
+                           seed=params.batching.seed + i)
+        feats = None
+        if role == "drafter":  # the drafter's cost does not depend on the feature values
+            feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(dtype)
+        batches.append((batch, feats))
+        secs = _time_role(runner, role, batch, feats, warmup=pr.warmup, repeats=pr.repeats,
+                          max_seconds=pr.max_point_seconds)
+        steps = list(range(runner.steps - len(secs), runner.steps)) if role == "drafter" else []
+        out.append({"seconds": secs, "steps": steps})
+        if role == "drafter" and ((i + 1) % 5 == 0 or i + 1 == len(pts)):
+            log.info("grid %d/%d points, %.1f s elapsed; last %s %dx%d: drafter %.1f ms", i + 1, len(pts),
+                     time.perf_counter() - t0, kind, n, m, 1e3 * float(np.median(secs)))
+    done.set()
+    j = 0
+    while not other_done.is_set():
+        batch, feats = batches[j % len(batches)]
+        _time_role(runner, role, batch, feats, warmup=0, repeats=1, max_seconds=0.0)
+        j += 1
+    queue.put((role, out, j))
+
+
+def profile(params: Params, *, device: str = "cpu") -> list[dict]:
+    """Time every grid point; one dict per point (see module docstring). Cost: see module docstring.
+
+    With ``profile.concurrent`` and ``train.nproc > 1`` the target and the drafter are timed
+    in two processes at once (each with ``train.threads`` threads), as the pipelined run
+    runs them: their steps compete for the same cores, caches and memory bandwidth.
+    Otherwise one process times target then drafter, as a single-process run does.
+    """
+    pts = grid_points(params)
+    t_start = time.perf_counter()
+    if params.profile.concurrent and params.train.nproc > 1:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        done = {r: ctx.Event() for r in ("target", "drafter")}
+        procs = [ctx.Process(target=_role_worker, args=(r, params, device, queue, done[r],
+                                                        done["drafter" if r == "target" else "target"]))
+                 for r in ("target", "drafter")]
+        for proc in procs:
+            proc.start()
+        got = {}
+        for _ in procs:
+            role, out, filler = queue.get()
+            got[role] = out
+            log.info("%s process done (%d untimed steps kept it busy until the other finished)", role, filler)
+        for proc in procs:
+            proc.join()
+            if proc.exitcode:
+                raise RuntimeError(f"profile worker exited with code {proc.exitcode}")
+        timings = [(t["seconds"], d["seconds"], d["steps"]) for t, d in zip(got["target"], got["drafter"])]
+    else:
+        import torch
+
+        from lenbatch.train import StepRunner
+
+        torch.set_num_threads(params.train.threads)
+        runner = StepRunner(params, device=device)
+        timings = []
+        for i, (kind, n, m) in enumerate(pts):
+            batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
+                               seed=params.batching.seed + i)
+            t_all, d_all = time_point(runner, batch, warmup=params.profile.warmup, repeats=params.profile.repeats,
+                                      max_seconds=params.profile.max_point_seconds)
+            timings.append((t_all, d_all, list(range(runner.steps - len(d_all), runner.steps))))
+            if (i + 1) % 5 == 0 or i + 1 == len(pts):
+                log.info("grid %d/%d points, %.1f s elapsed", i + 1, len(pts), time.perf_counter() - t_start)
+    rows = []
+    for i, ((kind, n, m), (t_all, d_all, steps)) in enumerate(zip(pts, timings)):
         lengths = grid_shape(kind, n, m, max_len=params.data.max_len)
         batch = make_batch(kind, lengths, params, seed=params.batching.seed + i)
-        first = runner.steps
-        t_all, d_all = time_point(runner, batch, warmup=params.profile.warmup, repeats=params.profile.repeats,
-                                  max_seconds=params.profile.max_point_seconds)
-        steps = list(range(runner.steps - len(t_all), runner.steps))  # the drafter steps that were timed
-        assert steps[0] >= first
         cols = batch_columns(np.asarray(lengths), [np.arange(len(lengths))], kind=kind,
                              drafter=_drafter_work(batch, params, steps=steps))
-        tot = [a + b for a, b in zip(t_all, d_all)]
+        k = min(len(t_all), len(d_all))
+        tot = [a + b for a, b in zip(t_all[:k], d_all[:k])]
         rows.append({"kind": kind, "sequences": n, "length": m, "sequence_lengths": lengths,
                      "computed_tokens": float(cols["computed_tokens"][0]), "sum_len_sq": float(cols["sum_len_sq"][0]),
                      "ctx_tokens": float(cols["ctx_tokens"][0]), "positions": float(cols["positions"][0]),
                      "target_seconds_median": float(np.median(t_all)), "target_seconds_all": t_all,
                      "drafter_seconds_median": float(np.median(d_all)), "drafter_seconds_all": d_all,
                      "seconds_median": float(np.median(tot)), "seconds_all": tot})
-        if (i + 1) % 10 == 0 or i + 1 == len(pts):
-            log.info("grid %d/%d points, %.1f s elapsed; last %s %dx%d: target %.1f ms, drafter %.1f ms", i + 1,
-                     len(pts), time.perf_counter() - t_start, kind, n, m, 1e3 * rows[-1]["target_seconds_median"],
-                     1e3 * rows[-1]["drafter_seconds_median"])
     return rows
 
 

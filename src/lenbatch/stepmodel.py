@@ -260,8 +260,9 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
                  splits: int = 50, seed: int = 0) -> tuple[StepFit, list[StepFit]]:
     """Score every candidate feature set on held-out points; return the best (refitted on all) and all.
 
-    A larger set wins only if it lowers the held-out error by more than 0.5 percentage
-    points (a tie goes to the simpler model: it extrapolates more safely to plan shapes).
+    A later (larger) set wins only if it lowers the best held-out error so far by a tenth of
+    it, and by at least 0.2 percentage points (a tie goes to the simpler model: it
+    extrapolates more safely to plan shapes).
     """
     candidates = dict(candidates or CANDIDATES[role])
     seconds = np.asarray(seconds, dtype=np.float64)
@@ -281,7 +282,7 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
                             holdout_max_error=float(np.max(errs))))
     best = fits[0]
     for fit in fits[1:]:
-        if fit.holdout_error < best.holdout_error - 0.005:
+        if fit.holdout_error < best.holdout_error - max(0.002, 0.1 * best.holdout_error):
             best = fit
     return best, fits
 
