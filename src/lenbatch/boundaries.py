@@ -180,14 +180,17 @@ def _greedy_group(v, F, p0, pt, N, R, posT, T, mb, theta, b, phi, a0):
     nn = np.arange(1, mb + 1)
     rn = np.exp(nn[None, :] * logs)
     rn1 = np.exp((nn[None, :] - 1) * logs)
+    # the threshold sums for both query kinds (A: q at T_n, B: q at T_{n+1}) in two matrix products
+    masks = [(w[None, :] < lT[nn + shift - 1][:, None]).astype(np.float64) for shift in (0, 1)]  # (mb, S)
+    prodb = bJ @ np.concatenate([masks[0], masks[1], masks[0] * Ew[1:mb + 1], masks[1] * Ew[1:mb + 1]]).T
+    prodt = bthJ @ np.concatenate([masks[0], masks[1], masks[0] * Ew[0:mb], masks[1] * Ew[0:mb]]).T
     out_H = []
-    for shift in (0, 1):  # A: q at T_n ; B: q at T_{n+1}
+    for shift in (0, 1):
         tq = nn + shift  # threshold index t for each n
-        Mn = (w[None, :] < lT[tq - 1][:, None]).astype(np.float64)  # (mb, S)
-        B1 = bJ @ Mn.T
-        B2 = bthJ @ Mn.T
-        BE = bJ @ (Mn * Ew[1:mb + 1]).T
-        BE2 = bthJ @ (Mn * Ew[0:mb]).T
+        B1 = prodb[:, shift * mb:(shift + 1) * mb]
+        BE = prodb[:, (2 + shift) * mb:(3 + shift) * mb]
+        B2 = prodt[:, shift * mb:(shift + 1) * mb]
+        BE2 = prodt[:, (2 + shift) * mb:(3 + shift) * mb]
         q = qT[:, tq - 1]
         qcl = np.clip(q, 0, ml - 1)
         ssum = rn * (E[nn[None, :], qcl] * (1 + B1) - BE) - rn1 * (E[nn[None, :] - 1, qcl] * B2 - BE2)

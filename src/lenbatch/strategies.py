@@ -12,7 +12,8 @@ Strategies (DESIGN.md):
 - ``packed``: shuffle, then first-fit into rows of at most ``token_budget`` tokens and
   ``max_batch_size`` sequences, keeping ``packed_window`` rows open; when a sequence fits no open
   row and the window is full, the fullest open row is closed (it is the one least likely to take
-  another sequence). A row whose free space is below the shortest length is closed at once.
+  another sequence). A row whose free space is below the shortest length is closed at once. At the
+  end of the epoch the sequences of the rows still open are re-packed first-fit decreasing.
 
 Randomness: one ``numpy.random.Generator`` per (seed + epoch) (``batching.seed``: "epoch e uses
 seed + e"), so a plan is a function of (lengths, params, seed, epoch) alone.
@@ -209,7 +210,22 @@ def _packed(x, rng, budget, mbs, packed_window=8, **_):
             else:
                 members.append([i])
                 rem.append(budget - L)
-    rows.extend(members)
+    # end of the epoch: re-pack the sequences of the rows still open, longest first (first-fit
+    # decreasing), so a small epoch does not end with a window of half-empty rows
+    rest = sorted((i for m in members for i in m), key=lambda i: (-int(x[i]), i))
+    tail: list[list[int]] = []
+    free: list[int] = []
+    for i in rest:
+        L = int(x[i])
+        for k in range(len(free)):
+            if free[k] >= L and len(tail[k]) < mbs:
+                tail[k].append(i)
+                free[k] -= L
+                break
+        else:
+            tail.append([i])
+            free.append(budget - L)
+    rows.extend(tail)
     return [np.asarray(r, dtype=np.int64) for r in rows]
 
 
