@@ -97,7 +97,9 @@ def main() -> int:
             runs[s].append({"measured": r["measured_tok_s"], "predicted": r["predicted_tok_s"],
                             "error": r["prediction_error"], "steps": r["steps"],
                             "ratio_padding": r["ratio_to_sorted_padding"],
-                            "ratio_measured": r["ratio_to_sorted_measured"]})
+                            "ratio_measured": r["ratio_to_sorted_measured"],
+                            "target_step_ratio": r["target_step_ratio"], "drafter_step_ratio": r["drafter_step_ratio"],
+                            "pipeline_error": r["pipeline_error"]})
     fits = {role: {"model": f["best"].name, "holdout_error": f["best"].holdout_error,
                    "holdout_max_error": f["best"].holdout_max_error} for role, f in result["fits"].items()}
 
@@ -118,6 +120,11 @@ def main() -> int:
         print(f"{s:<9} {rs[0]['steps']:>5} {pred:>10.0f} {' '.join(f'{m:8.0f}' for m in meas):>28} "
               f"{meas.mean():>8.0f} {100 * spread:>6.1f}% {100 * err_mean:>+8.1f}% "
               f"{' '.join(f'{100 * e:+.1f}%' for e in errs):>16}")
+    print()
+    print("diagnosis per run: measured/predicted step seconds (target, drafter), pipeline replay error")
+    for s, rs in runs.items():
+        print(f"{s:<9} " + "  ".join(f"T x{r['target_step_ratio']:.2f} D x{r['drafter_step_ratio']:.2f} "
+                                      f"pipe {100 * r['pipeline_error']:+.1f}%" for r in rs))
     worst = max(abs(v["error_vs_mean"]) for v in table.values())
     print(f"worst |error| vs mean measurement: {100 * worst:.1f}% (target 5%, goal 3%); "
           f"profile {timings.get('profile', float('nan')):.1f} s")

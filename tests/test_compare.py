@@ -75,6 +75,7 @@ def _fake_run(lengths, params, strategy, edges, out: Path, data: Path) -> None:
     with (out / "steps.jsonl").open("w") as fh:
         for i, (epoch, b) in enumerate(steps):
             fh.write(json.dumps({"rank": 1, "step": i, "epoch": epoch, "sequences": int(b.size),
+                                 "target_s": float(_law(cols, TARGET)[i]), "drafter_s": float(_law(cols, DRAFTER)[i]),
                                  "useful_tokens": int(cols["useful_tokens"][i]),
                                  "computed_tokens": int(cols["computed_tokens"][i]), "loss": 5.0 - 1e-5 * i}) + "\n")
     summary = {"useful_tokens_per_s": tput, "steps": len(steps), "planned_steps": len(steps),
@@ -132,6 +133,10 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     for s in STRATEGIES:
         # the grid follows the same law as the runs, so the prediction must match the measurement
         assert abs(result["rows"][s]["prediction_error"]) < 0.01, (s, result["rows"][s]["prediction_error"])
+        # the steps were timed by the law, so each role's step ratio is 1 and the replay is exact
+        assert result["rows"][s]["target_step_ratio"] == pytest.approx(1.0, abs=0.01)
+        assert result["rows"][s]["drafter_step_ratio"] == pytest.approx(1.0, abs=0.01)
+        assert abs(result["rows"][s]["pipeline_error"]) < 1e-9
     assert result["fits"]["target"]["best"].holdout_error < 0.01
     out = root / "compare"
     metrics = write_outputs(result, out, params=params)

@@ -367,6 +367,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             "mean_target_s": float(pred["target_s"].mean()),
             "mean_drafter_s": float(pred["drafter_s"].mean()),
             "loss_curve": loss_curve(steps),
+            **diagnose(steps, pred, params=params, target_ranks=target_ranks, measured=measured),
         }
     ref = rows["sorted"]
     for s, r in rows.items():
@@ -388,6 +389,32 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             "grid_points": len(profile["rows"]), "edges": edges, "num_buckets": int(bounds["num_buckets"]),
             "histogram": histogram, "stats": stats, "loss_tokens": equal_at,
             "recommendation": recommend(rows, ksweep, params=params)}
+
+
+def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int, measured: float) -> dict:
+    """Where a prediction error comes from: step times or the pipeline.
+
+    target/drafter_step_ratio: measured over predicted seconds of the post-warm-up steps
+    (1 = the profile grid timed the steps right; > 1 = the run's steps were slower, e.g.
+    a busier machine than while profiling). pipeline_error: the measured step times
+    replayed through the pipeline model, against the measured throughput (0 = the
+    pipeline model and the per-step overheads it ignores are right).
+    """
+    rows = sorted(steps, key=lambda r: int(r["step"]))
+    if not all("target_s" in r and "drafter_s" in r for r in rows):
+        return {"target_step_ratio": float("nan"), "drafter_step_ratio": float("nan"), "pipeline_error": float("nan")}
+    w = params.train.warmup_steps
+    t = np.array([float(r["target_s"]) for r in rows])
+    d = np.array([float(r["drafter_s"]) for r in rows])
+    useful = np.array([float(r["useful_tokens"]) for r in rows])
+    if params.train.nproc == 1:
+        ends = sm.pipeline_ends(t + d)
+    else:
+        ends = sm.pipeline_ends(t, d, queue_size=params.train.queue_size, target_ranks=target_ranks)
+    replay = sm.throughput(useful, ends, warmup_steps=w)
+    return {"target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
+            "drafter_step_ratio": float(d[w:].sum() / pred["drafter_s"][w:].sum()),
+            "pipeline_error": replay / measured - 1.0}
 
 
 def _trained_useful_per_step(steps: list[dict]) -> np.ndarray:
@@ -446,7 +473,8 @@ def recommend(rows: dict[str, dict], ksweep: list[dict], *, params: Params) -> d
 
 METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_efficiency", "predicted_tok_s",
                "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
-               "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "loss_at_equal_tokens", "steps")
+               "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "loss_at_equal_tokens", "steps",
+               "target_step_ratio", "drafter_step_ratio", "pipeline_error")
 
 
 def _num(x: float) -> float | None:
@@ -648,6 +676,13 @@ def write_report(result: dict, out: Path, *, params: Params) -> Path:
                      f"{r['predicted_tok_s']:,.0f} | {r['measured_tok_s']:,.0f} | {100 * r['prediction_error']:+.1f}% | "
                      f"{_pct(r['ratio_to_sorted_measured'])} | {r['composition_repeat']:.3f} | "
                      f"{r['length_mixing']:.3f} | {r['loss_at_equal_tokens']:.4f} |")
+    lines += ["", "Where the prediction error comes from: measured / predicted step seconds of each role "
+              "(1.00 = the profile timed the run's steps right), and the measured step times replayed through "
+              "the pipeline model against the measured throughput (0% = the pipeline model is right).", "",
+              "| strategy | target step ratio | drafter step ratio | pipeline replay error |", "|---|---|---|---|"]
+    for s, r in rows.items():
+        lines.append(f"| {s} | {r['target_step_ratio']:.2f} | {r['drafter_step_ratio']:.2f} | "
+                     f"{100 * r['pipeline_error']:+.1f}% |")
     lines += ["", f"Loss at equal useful tokens: mean loss over the last 10% before {result['loss_tokens']:,.0f} "
               "useful tokens, the most every run reached.", "",
               "## Step-time model", "",
