@@ -66,6 +66,7 @@ def real_runs(tmp_path_factory):
 
 def test_cli_on_the_real_corpus_writes_the_contract(real_runs, qwen):
     out = real_runs["a"]
+    assert sorted(p.name for p in out.iterdir()) == ["dataset", "lengths.npy", "params.json", "stats.json"]
     lengths = np.load(out / "lengths.npy")
     assert lengths.dtype == np.int32 and lengths.ndim == 1
     ds = datasets.load_from_disk(str(out / "dataset"))

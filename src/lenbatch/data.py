@@ -29,7 +29,10 @@ Every record read is accounted for exactly once::
 Parallelism: the parent process parses records (one streaming pass) and sends chunks of
 conversations to ``workers`` processes, each with its own tokenizer; results come back as flat
 numpy arrays, in order, with at most ``2 * workers + 2`` chunks in flight (bounded memory).
-The Arrow table is assembled from those arrays without a Python object per token.
+The Arrow record batches are built from those arrays without a Python object per token and,
+from the CLI, streamed to an Arrow IPC file as they arrive (``spill_path``), so the parent's
+memory stays bounded by a few chunks whatever the corpus size; ``save_to_disk`` then copies that
+memory-mapped file into ``dataset/``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,15 +71,56 @@ log = get_logger("tokenize")
 CHUNK_CONVERSATIONS = 64  # conversations per job sent to a worker
 DROP_REASONS = ("empty_conversation", "no_assistant_turn", "too_long", "no_assistant_tokens_after_truncation")
 STATUS_NAMES = ("kept", "truncated", "too_long", "no_assistant_tokens_after_truncation")
+ARROW_SCHEMA = pa.schema([
+    pa.field("input_ids", pa.list_(pa.int32())),
+    pa.field("loss_mask", pa.list_(pa.int8())),
+    pa.field("length", pa.int32()),
+    pa.field("source_index", pa.int64()),
+])
+
+
+class _BatchSink:
+    """Record batches kept in memory, or streamed to an Arrow IPC stream file (bounded memory)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.batches: list[pa.RecordBatch] = []
+        self._file = self._writer = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = pa.OSFile(str(path), "wb")
+            self._writer = pa.ipc.new_stream(self._file, ARROW_SCHEMA)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._writer is not None:
+            self._writer.write_batch(batch)
+        else:
+            self.batches.append(batch)
+
+    def close(self, *, failed: bool = False) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._file.close()
+            self._writer = None
+            if failed:
+                self.path.unlink(missing_ok=True)
 
 
 @dataclass
 class Tokenized:
-    """The result of :func:`tokenize` before it is written."""
+    """The result of :func:`tokenize` before it is written: rows in memory or in ``arrow_path``."""
 
-    table: Any  # pyarrow.Table: input_ids, loss_mask, length, source_index
     lengths: np.ndarray  # int32
     stats: dict[str, Any]
+    batches: list[pa.RecordBatch]  # empty when the rows were spilled to arrow_path
+    arrow_path: Path | None = None
+
+    @property
+    def table(self) -> pa.Table:
+        """input_ids, loss_mask, length, source_index (memory-mapped when spilled)."""
+        if self.arrow_path is not None:
+            return pa.ipc.open_stream(pa.memory_map(str(self.arrow_path))).read_all()
+        return pa.Table.from_batches(self.batches, schema=ARROW_SCHEMA)
 
 
 def _conversations(records: Iterable[tuple[int, Any]], *, source_name: str, on_bad_record: str,
@@ -121,16 +167,25 @@ def _ordered_parallel(jobs: Iterable[Any], *, workers: int, tokenizer: str) -> I
         init_worker(tokenizer)
         yield from map(encode_chunk_in_worker, jobs)
         return
-    # spawn: a clean interpreter per worker (fork after importing pyarrow/tokenizers threads is unsafe).
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(workers, initializer=init_worker, initargs=(tokenizer,)) as pool:
+    # spawn: a clean interpreter per worker (fork after pyarrow/tqdm threads exist is unsafe).
+    # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies breaks the pool with an
+    # error instead of being respawned forever.
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=init_worker,
+                               initargs=(tokenizer,))
+    try:
         pending: deque = deque()
         for job in jobs:
-            pending.append(pool.apply_async(encode_chunk_in_worker, (job,)))
+            pending.append(pool.submit(encode_chunk_in_worker, job))
             if len(pending) >= 2 * workers + 2:
-                yield pending.popleft().get()
+                yield pending.popleft().result()
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
+    except BrokenProcessPool as err:
+        raise RuntimeError(f"an encoding worker process died ({err}); rerun with --workers 1 to see why "
+                           "(spawned workers re-import the main module, so run from a script file, not stdin)"
+                           ) from err
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _Progress:
@@ -162,11 +217,12 @@ class _Progress:
 def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: int = 4096,
              overflow: str = "truncate", limit: int | None = None, workers: int = 2,
              on_bad_record: str = "error", progress: bool = True,
-             chunk_conversations: int = CHUNK_CONVERSATIONS) -> Tokenized:
+             chunk_conversations: int = CHUNK_CONVERSATIONS, spill_path: str | Path | None = None) -> Tokenized:
     """Read, format, encode and length-limit every conversation of ``source``.
 
     Cost: one streaming pass over the source plus one BPE pass over its text, split over
-    ``workers`` processes; memory O(output tokens) (4 + 1 bytes per kept token).
+    ``workers`` processes. Memory: 4 + 1 bytes per kept token, or, with ``spill_path`` (an Arrow
+    IPC file written batch by batch), a few chunks plus 4 bytes per sample.
     """
     if overflow not in ("truncate", "drop", "error"):
         raise ValueError(f"data.overflow is {overflow!r}; choose truncate, drop or error")
@@ -186,13 +242,14 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
                            on_bad_record=on_bad_record, skipped=skipped, dropped=dropped, examples=examples)
     jobs = ((chunk, max_len, overflow, str(path)) for chunk in _chunks(convs, chunk_conversations))
 
-    batches: list[pa.RecordBatch] = []
+    sink = _BatchSink(Path(spill_path) if spill_path is not None else None)
     lengths_parts: list[np.ndarray] = []
     status_counts = np.zeros(len(STATUS_NAMES), dtype=np.int64)
     tokens_before = 0
     assistant_tokens = 0
     kept_tokens = 0
     bar = _Progress(limit, progress)
+    failed = True
     try:
         for res in _ordered_parallel(jobs, workers=workers, tokenizer=tokenizer):
             status_counts += np.bincount(res["status"], minlength=len(STATUS_NAMES))
@@ -200,10 +257,12 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
             assistant_tokens += int(res["mask"].sum(dtype=np.int64))
             kept_tokens += len(res["ids"])
             lengths_parts.append(res["lengths"])
-            batches.append(_record_batch(res))
+            sink.write(_record_batch(res))
             bar.update(report.records_read, kept_tokens)
+        failed = False
     finally:
         bar.close()
+        sink.close(failed=failed)
     t_encode = time.perf_counter() - t0
 
     lengths = np.concatenate(lengths_parts) if lengths_parts else np.zeros(0, np.int32)
@@ -213,9 +272,9 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
     accounted = len(lengths) + sum(skipped.values()) + sum(dropped.values())
     assert accounted == report.records_read, (accounted, report.records_read)
     if len(lengths) == 0:
+        sink.close(failed=True)
         raise ValueError(f"no samples left from {path}: {report.records_read} records read, skipped "
                          f"{dict(skipped)}, dropped {dict(dropped)}; check data.source and data.on_bad_record")
-    table = pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
     src = report.to_dict()
     stats: dict[str, Any] = {
         "source": src,
@@ -240,15 +299,8 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
         "seconds": {"read_and_encode": round(t_encode, 3)},
     }
     assert int(lengths.sum(dtype=np.int64)) == kept_tokens
-    return Tokenized(table=table, lengths=lengths.astype(np.int32, copy=False), stats=stats)
-
-
-ARROW_SCHEMA = pa.schema([
-    pa.field("input_ids", pa.list_(pa.int32())),
-    pa.field("loss_mask", pa.list_(pa.int8())),
-    pa.field("length", pa.int32()),
-    pa.field("source_index", pa.int64()),
-])
+    return Tokenized(lengths=lengths.astype(np.int32, copy=False), stats=stats, batches=sink.batches,
+                     arrow_path=sink.path)
 
 
 def _record_batch(res: dict[str, np.ndarray]) -> Any:
@@ -275,7 +327,10 @@ def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None 
     ds_dir = out / "dataset"
     if ds_dir.exists():
         shutil.rmtree(ds_dir)
-    ds = datasets.Dataset(InMemoryTable(result.table))
+    if result.arrow_path is not None:
+        ds = datasets.Dataset.from_file(str(result.arrow_path))  # memory-mapped, copied in batches
+    else:
+        ds = datasets.Dataset(InMemoryTable(result.table))
     bars = datasets.is_progress_bar_enabled()
     if bars and not sys.stderr.isatty():
         datasets.disable_progress_bars()  # a log file gets our summary line, not a bar
@@ -284,6 +339,10 @@ def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None 
     finally:
         if bars:
             datasets.enable_progress_bars()
+    del ds
+    if result.arrow_path is not None:
+        result.arrow_path.unlink(missing_ok=True)
+        result.arrow_path = None
     np.save(out / "lengths.npy", result.lengths)
     t_write = time.perf_counter() - t0
     stats = dict(result.stats)
@@ -323,7 +382,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("tokenize %s with %s: max_len %d (%s), %d workers%s", d.source, d.tokenizer, d.max_len, d.overflow,
              d.workers, f", limit {d.limit}" if d.limit else "")
     result = tokenize(source=d.source, tokenizer=d.tokenizer, max_len=d.max_len, overflow=d.overflow,
-                      limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=not args.no_progress)
+                      limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=not args.no_progress,
+                      spill_path=Path(args.out) / "tokens.arrow.tmp")
     stats = write_outputs(result, args.out, params)
     src = stats["source"]
     log.info("%d records read%s; %d samples, %.2f M tokens (%d truncated at %d), dropped %s, skipped %s",
