@@ -369,12 +369,12 @@ class Recorder:
         self.fh.write(json.dumps(row) + "\n")
         self.fh.flush()
 
-    def summary(self, *, params: Params, strategy: str, warmup: int, t_start: float, world_size: int,
+    def summary(self, *, params: Params, strategy: str, warmup: int, world_size: int,
                 target_ranks: int, resumed_from: Optional[int], total_steps: int) -> dict[str, Any]:
         """Post-warm-up pipeline throughput of this session + whole-run padding efficiency and loss curve."""
         rows, session = self.rows, self.rows[self.session_start:]
         measured = session[warmup:]
-        t0 = session[warmup - 1]["t"] if 0 < warmup <= len(session) else t_start
+        t0 = session[warmup - 1]["t"] if 0 < warmup <= len(session) else 0.0  # "t": seconds since session start
         wall = (measured[-1]["t"] - t0) if measured else None
         useful_m = sum(r["useful_tokens"] for r in measured)
         computed_m = sum(r["computed_tokens"] for r in measured)
@@ -396,7 +396,7 @@ class Recorder:
             "useful_tokens_per_s": useful_m / wall if wall else None,
             "computed_tokens_per_s": computed_m / wall if wall else None,
             "measured_padding_efficiency": useful_m / computed_m if computed_m else None,
-            "session_wall_s": session[-1]["t"] - t_start if session else 0.0,
+            "session_wall_s": session[-1]["t"] if session else 0.0,  # "t" counts from the session start
             "target_s_mean": mean("target_s", measured), "drafter_s_mean": mean("drafter_s", measured),
             "queue_wait_s_mean": mean("queue_wait_s", measured), "credit_wait_s_mean": mean("credit_wait_s", measured),
             "target_s_total": float(sum(r["target_s"] for r in measured)),
@@ -516,12 +516,12 @@ def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t:
                  total, step.epoch, loss, f"{useful_done:,}", t, useful_done / max(t, 1e-9))
 
 
-def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *, t_start: float,
+def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *,
             resumed_from: Optional[int]) -> dict[str, Any]:
     p = setup.params
-    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=len(rec.rows), sampler_states=states,
-                    fp=setup.fp)
-    summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps, t_start=t_start,
+    done = setup.schedule[-1].step + 1 if setup.schedule else 0
+    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done, sampler_states=states, fp=setup.fp)
+    summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
                           total_steps=len(setup.schedule))
     rec.close()
@@ -561,7 +561,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=[cursor.state()], fp=setup.fp)
-    return _finish(setup, runner, rec, [cursor.state()], t_start=t_start, resumed_from=resumed_from)
+    return _finish(setup, runner, rec, [cursor.state()], resumed_from=resumed_from)
 
 
 def _share_resume(setup: RunSetup, runner: Optional[StepRunner]) -> tuple[int, Optional[list[Any]]]:
@@ -622,7 +622,7 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
                                     comm_device=comm_device))
         useful_done += batch.useful_tokens
         if setup.rank == 0:
-            loss = float(ack[1]) if k >= q else float("nan")
+            loss = float(ack[1]) if k > q else float("nan")  # the drafter's latest loss, as of the last ack
             _progress(step, len(setup.schedule), loss, useful_done * setup.target_ranks,
                       time.perf_counter() - t_start)
     while in_flight:
@@ -670,7 +670,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
             for w, _ in acks:
                 w.wait()
             acks.clear()
-    summary = _finish(setup, runner, rec, [s.state() for s in shadows], t_start=t_start, resumed_from=resumed_from)
+    summary = _finish(setup, runner, rec, [s.state() for s in shadows], resumed_from=resumed_from)
     for w, _ in acks:
         w.wait()
     return summary
@@ -708,9 +708,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def _reexec_under_torchrun(nproc: int) -> int:
+def _reexec_under_torchrun(args: argparse.Namespace, nproc: int) -> int:
+    argv = ["train", "--params", *args.params, "--strategy", args.strategy, "--data", args.data, "--out", args.out]
+    if args.boundaries:
+        argv += ["--boundaries", args.boundaries]
+    if args.useful_tokens is not None:
+        argv += ["--useful-tokens", str(args.useful_tokens)]
+    if args.max_steps is not None:
+        argv += ["--max-steps", str(args.max_steps)]
+    if args.resume:
+        argv.append("--resume")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "lenbatch", *sys.argv[1:]]
+           "-m", "lenbatch", *argv]
     log.info("train.nproc=%d and no torchrun environment: running %s", nproc, " ".join(cmd))
     return subprocess.call(cmd)
 
@@ -725,7 +734,7 @@ def run(args: argparse.Namespace) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1")) if under_torchrun else 1
     rank = int(os.environ.get("RANK", "0")) if under_torchrun else 0
     if not under_torchrun and params.train.nproc > 1:
-        return _reexec_under_torchrun(params.train.nproc)
+        return _reexec_under_torchrun(args, params.train.nproc)
     if under_torchrun and world != params.train.nproc:
         raise ValueError(f"torchrun started {world} processes but train.nproc is {params.train.nproc}: the roles "
                          f"({params.train.nproc - 1} target ranks + 1 drafter rank) do not fit; launch with "
