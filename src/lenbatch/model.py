@@ -192,8 +192,8 @@ class Target(nn.Module):
         for a sequence equals the output of that sequence alone (``lenbatch verify-packing``).
         A layer's hidden state is the decoder layer's output (the residual stream, before
         the final norm). Runs under ``torch.inference_mode``.
-        Cost: linear in tokens for the Gated DeltaNet layers (chunks of 64 tokens, padded per
-        sequence), sum of L_i^2 for attention (B * T^2 in the padded layout).
+        Cost: linear in tokens for the Gated DeltaNet layers (chunks of 32 tokens on CPU, 64 in
+        fla, padded per sequence), sum of L_i^2 for attention (B * T^2 in the padded layout).
         """
         outs = self.hidden_states(input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
                                   layers=self.target_layers)

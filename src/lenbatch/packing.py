@@ -22,12 +22,14 @@ What this module does instead: the real ``transformers`` modules, with their wei
 and names, get a boundary-aware forward (a class swap, :func:`make_boundary_aware`;
 without boundaries the Hugging Face forward runs unchanged):
 
-* short causal depthwise conv (:func:`causal_conv`): the K taps as K shifted
-  multiply-adds; in a packed row tap j is masked where the position inside the
-  sequence is < j, so no tap reads across a boundary. Cost O(N * channels * K).
+* short causal depthwise conv (:func:`causal_conv`): the K taps as K shifted fused
+  multiply-adds over the row; then the first K-1 outputs of every sequence after the
+  first (the only ones whose window crosses a start) are recomputed from their own
+  sequence alone and overwritten, so no output uses a tap across a boundary.
+  Cost O(N * channels * K) + O(S * K^2 * channels).
 * gated delta rule (:func:`chunk_gated_delta_rule`): the chunked (WY / UT-transform)
   algorithm with no chunk crossing a sequence: each sequence is padded internally to a
-  multiple of the chunk size (64), chunks are laid out chunk-major with sequences
+  multiple of the chunk size (32 on CPU), chunks are laid out chunk-major with sequences
   sorted by chunk count, and the inter-chunk scan starts every sequence from a zero
   state (the active sequences at scan step j are a prefix). Everything intra-chunk is
   one batched computation over all chunks. Cost O(N * C * d) + O(#chunks * d^2),
