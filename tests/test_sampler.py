@@ -89,3 +89,16 @@ def test_bad_input():
         LengthBatchSampler(X, strategy="random", **dict(KW, token_budget=100))
     with pytest.raises(ValueError, match="strategy"):
         LengthBatchSampler(X, strategy="shuffled", **KW)
+
+
+def test_rank_and_world_size_come_from_torch_distributed(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        s = LengthBatchSampler(X, strategy="random", **KW)
+        assert (s.rank, s.world_size) == (0, 1)
+        got = lb.plan_epoch(X, strategy="random", **KW)
+        assert [b.tolist() for b in got] == list(s)
+    finally:
+        dist.destroy_process_group()
