@@ -514,9 +514,13 @@ def frontier_points(result: dict) -> list[dict]:
     y = np.array([p["efficiency"] for p in pts])
     front = pareto_front(x, y)
     front_repeat = pareto_front(1 - np.array([p["composition_repeat"] for p in pts]), y)
-    for p, f, g in zip(pts, front, front_repeat):
+    padded = np.array([p["name"] != "packed" for p in pts])
+    front_padded = np.zeros(len(pts), dtype=bool)
+    front_padded[padded] = pareto_front(x[padded], y[padded])
+    for p, f, g, h, isp in zip(pts, front, front_repeat, front_padded, padded):
         p["pareto_mixing"] = bool(f)
         p["pareto_repeat"] = bool(g)
+        p["pareto_padded"] = bool(h) if isp else None
     return pts
 
 
@@ -575,6 +579,10 @@ def write_plots(result: dict, out: Path) -> list[Path]:
                 xv = (1 - p[key]) if flip else p[key]
                 ax.scatter([xv], [p["efficiency"]], s=50, zorder=3)
                 ax.annotate(p["name"], (xv, p["efficiency"]), fontsize=8, xytext=(5, -10), textcoords="offset points")
+        if not flip:
+            fp = sorted((p[key], p["efficiency"]) for p in pts if p.get("pareto_padded"))
+            ax.plot([f[0] for f in fp], [f[1] for f in fp], ":", color="#36c", lw=1.5,
+                    label="Pareto front, padded strategies only")
         front = sorted(((1 - p[key]) if flip else p[key], p["efficiency"]) for p in pts if p[front_key])
         ax.plot([f[0] for f in front], [f[1] for f in front], "--", color="#c33", lw=1.5, label="Pareto front")
         ax.scatter([f[0] for f in front], [f[1] for f in front], facecolors="none", edgecolors="#c33", s=110,
@@ -618,7 +626,8 @@ def answer_paragraph(result: dict, *, params: Params) -> str:
     if k is not None and k in sweep:
         e = sweep[k]
         kb = sweep[rec["k_best_throughput"]]
-        text += (f" Where packing is not available, use `bucketed` with **K = {k}**: predicted "
+        lead = " With it" if s == "bucketed" else " Where packing is not available, use `bucketed`"
+        text += (f"{lead}, use **K = {k}** buckets: predicted "
                  f"{_pct(e['predicted_ratio_to_sorted'])} of sorted at simulated efficiency "
                  f"{_pct(e['simulated_efficiency'])} and length mixing {e['length_mixing']:.3f}, the smallest K "
                  f"within {_pct(params.compare.k_tolerance)} of the best predicted K (K = {kb['num_buckets']}, "
@@ -634,7 +643,12 @@ def answer_paragraph(result: dict, *, params: Params) -> str:
                  else f"behind the Pareto front (dominated by {', '.join(dominated_by[:3])})")
         text += (f" The study's choice, K = 6, sits {where}: simulated efficiency {_pct(e['simulated_efficiency'])}, "
                  f"length mixing {e['length_mixing']:.3f}, predicted {_pct(e['predicted_ratio_to_sorted'])} "
-                 "of sorted.")
+                 "of sorted")
+        if on.get("pareto_padded") is not None:
+            text += (", and " + ("on" if on["pareto_padded"] else "behind") +
+                     " the front of the padded strategies (packing left out)")
+        steps = [f"K = {kk}: {_pct(sweep[kk]['simulated_efficiency'])}" for kk in (study - 1, study + 1) if kk in sweep]
+        text += (f"; its neighbours give {', '.join(steps)}." if steps else ".")
     return text
 
 
