@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.padding import greedy_batches
+from lenbatch.padding import batch_tokens, greedy_batches
 from lenbatch.stats import check_edges, check_lengths
 
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
@@ -138,7 +138,7 @@ def assign_ranks(batches: list[np.ndarray], x: np.ndarray, world_size: int, rng:
     if world_size == 1:
         return [batches]
     assert len(batches) % world_size == 0
-    cost = np.array([_cost(b, x, packed) for b in batches], dtype=np.int64)
+    cost = batch_tokens(x, batches, packed=packed)[1]
     order = np.argsort(-cost, kind="stable")
     steps = order.reshape(-1, world_size)
     steps = steps[rng.permutation(len(steps))]
