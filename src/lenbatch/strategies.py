@@ -19,8 +19,8 @@ Randomness: one ``numpy.random.Generator`` per (seed + epoch) (``batching.seed``
 seed + e"), so a plan is a function of (lengths, params, seed, epoch) alone.
 
 Ranks: the epoch's batches are first made a multiple of ``world_size`` by splitting the batches with
-the most computed tokens in two (shorter half / longer half; never dropping or duplicating a
-sample). Then they are sorted by computed tokens (descending, stable) and cut into consecutive
+the most computed tokens in two (padded: shorter half / longer half; packed: two rows of about
+equal tokens; never dropping or duplicating a sample). Then they are sorted by computed tokens (descending, stable) and cut into consecutive
 groups of ``world_size``: one group per step, so the ranks of one step get batches of similar cost
 (a DDP step waits for its slowest rank). The step order is shuffled; rank r takes the r-th batch of
 every step. Every rank gets the same number of batches; together they hold every sample once.
@@ -30,7 +30,6 @@ With ``world_size == 1`` the strategy's own order is kept.
 from __future__ import annotations
 
 import argparse
-import heapq
 import sys
 import time
 from pathlib import Path
@@ -98,38 +97,29 @@ def _seq_split(batch: np.ndarray, x: np.ndarray, packed: bool) -> tuple[np.ndarr
     return srt[:k], srt[k:]
 
 
-def _cost(batch: np.ndarray, x: np.ndarray, packed: bool) -> int:
-    lx = x[batch]
-    return int(lx.sum()) if packed else int(len(batch) * lx.max())
-
-
 def split_to_multiple(batches: list[np.ndarray], x: np.ndarray, world_size: int, packed: bool) -> list[np.ndarray]:
-    """Split the costliest batches until len(batches) is a multiple of world_size (order kept, halves adjacent)."""
+    """Make len(batches) a multiple of world_size by splitting batches in two, in place (halves adjacent).
+
+    Each round splits the ``need`` multi-sample batches with the most computed tokens (ties: earlier
+    first); rounds repeat only if there were fewer splittable batches than needed. Never drops or
+    duplicates a sample; ``ValueError`` when there are fewer samples than batches the ranks need.
+    """
     need = (-len(batches)) % world_size
-    if need == 0:
-        return batches
-    if len(batches) + need > x.size:
+    if need and len(batches) + need > x.size:
         raise ValueError(f"world_size={world_size} needs {len(batches) + need} batches this epoch but there are only "
                          f"{x.size} samples; use fewer ranks or more data")
-    # heap of (-cost, position, serial); pieces are tracked in a linked order via lists
-    items: list[list[np.ndarray]] = [[b] for b in batches]
-    heap = [(-_cost(b, x, packed), i, 0) for i, b in enumerate(batches) if len(b) > 1]
-    heapq.heapify(heap)
-    for _ in range(need):
-        while True:
-            negc, i, j = heapq.heappop(heap)
-            piece = items[i][j]
-            if len(piece) > 1:
-                break
-        a, b = _seq_split(piece, x, packed)
-        items[i][j:j + 1] = [a, b]
-        # positions after j shifted; rebuild this slot's heap entries lazily: push both halves
-        heap = [(c, ii, jj + 1 if (ii == i and jj > j) else jj) for c, ii, jj in heap]
-        heapq.heapify(heap)
-        for jj, p in ((j, a), (j + 1, b)):
-            if len(p) > 1:
-                heapq.heappush(heap, (-_cost(p, x, packed), i, jj))
-    return [p for group in items for p in group]
+    while need:
+        cost = batch_tokens(x, batches, packed=packed)[1]
+        sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+        cand = np.flatnonzero(sizes > 1)
+        pick = cand[np.argsort(-cost[cand], kind="stable")[:need]]
+        chosen = set(pick.tolist())
+        out: list[np.ndarray] = []
+        for i, b in enumerate(batches):
+            out.extend(_seq_split(b, x, packed) if i in chosen else (b,))
+        batches = out
+        need -= len(pick)
+    return batches
 
 
 def assign_ranks(batches: list[np.ndarray], x: np.ndarray, world_size: int, rng: np.random.Generator,
