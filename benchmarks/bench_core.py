@@ -68,7 +68,8 @@ def bench(name: str, x: np.ndarray, study_edges: tuple[int, ...] | None) -> dict
         for method in ("geometric", "coordinate", "dp"):
             b, wall, cpu = timed(lb.optimize_boundaries, x, K, method=method, objective=objective, **kw)
             res[(method, objective)] = b
-            print(f"| {method} | {objective} | {list(b.edges)} | {b.predicted_efficiency:.4f} | {wall:.2f} | {cpu:.2f} |")
+            print(f"| {method} | {objective} | {list(b.edges)} | {b.predicted_efficiency:.4f} | {wall:.2f} "
+                  f"| {cpu:.2f} |")
     if study_edges is not None:
         for objective in ("greedy", "study"):
             e = predict_bucketed(x, study_edges, objective=objective, **kw)["efficiency"]
@@ -108,7 +109,8 @@ def bench(name: str, x: np.ndarray, study_edges: tuple[int, ...] | None) -> dict
     print("|---|---|---|---|---|---|---|---|---|")
     for label, wall, cpu, eff, pred, fill, rep, mix, steps in rows:
         ps = f"{pred:.4f}" if pred is not None else "-"
-        print(f"| {label} | {wall:.2f} | {cpu:.2f} | {eff:.4f} | {ps} | {fill:.4f} | {rep:.5f} | {mix:.4f} | {steps:,} |")
+        print(f"| {label} | {wall:.2f} | {cpu:.2f} | {eff:.4f} | {ps} | {fill:.4f} | {rep:.5f} | {mix:.4f} "
+              f"| {steps:,} |")
     packed_fill = [r[5] for r in rows if r[0] == "packed"][0]
     packed_rows = [r[8] for r in rows if r[0] == "packed"][0]
     min_rows = int(np.ceil(x.sum() / BUDGET))

@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 
 from lenbatch import optimize_boundaries, sweep_num_buckets
 from lenbatch.boundaries import candidate_values, cost_matrix, coordinate_path, dp_partition, geometric_path
-from lenbatch.padding import bucket_computed, predict_bucketed, value_counts
+from lenbatch.padding import bucket_computed, padding_efficiency, predict_bucketed, value_counts
 from lenbatch.strategies import plan_epoch_all
-from lenbatch.padding import padding_efficiency
 from lenbatch.stats import seed_profile
 
 

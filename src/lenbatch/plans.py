@@ -86,7 +86,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
                         help="strategies to simulate")
     parser.add_argument("--epochs", type=int, help="epochs simulated per strategy (count; overrides plans.epochs)")
-    parser.add_argument("--world-size", type=int, default=1, help="data-parallel ranks the plans are split over (count)")
+    parser.add_argument("--world-size", type=int, default=1,
+                        help="data-parallel ranks the plans are split over (count)")
     parser.add_argument("--token-budget", type=int, help="padded tokens per batch (tokens; overrides batching)")
     parser.add_argument("--max-batch-size", type=int, help="samples per batch at most (count; overrides batching)")
     parser.add_argument("--seed", type=int, help="base seed (epoch e uses seed + e; overrides batching.seed)")

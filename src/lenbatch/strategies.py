@@ -20,9 +20,9 @@ seed + e"), so a plan is a function of (lengths, params, seed, epoch) alone.
 
 Ranks: the epoch's batches are first made a multiple of ``world_size`` by splitting the batches with
 the most computed tokens in two (padded: shorter half / longer half; packed: two rows of about
-equal tokens; never dropping or duplicating a sample). Then they are sorted by computed tokens (descending, stable) and cut into consecutive
-groups of ``world_size``: one group per step, so the ranks of one step get batches of similar cost
-(a DDP step waits for its slowest rank). The step order is shuffled; rank r takes the r-th batch of
+equal tokens; never dropping or duplicating a sample). Then they are sorted by computed tokens
+(descending, stable) and cut into consecutive groups of ``world_size``: one group per step, so the
+ranks of one step get batches of similar cost (a DDP step waits for its slowest rank). The step order is shuffled; rank r takes the r-th batch of
 every step. Every rank gets the same number of batches; together they hold every sample once.
 With ``world_size == 1`` the strategy's own order is kept.
 """
@@ -271,7 +271,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-size", type=int, help="samples per batch at most (count; overrides params)")
     parser.add_argument("--seed", type=int, help="base seed (epoch e uses seed + e; overrides params)")
     parser.add_argument("--packed-window", type=int, help="open rows of first-fit packing (count; overrides params)")
-    parser.add_argument("--out", required=True, help="output directory: plan.json (batches as index lists) + params.json")
+    parser.add_argument("--out", required=True,
+                        help="output directory: plan.json (batches as index lists) + params.json")
     parser.set_defaults(func=_run)
 
 
