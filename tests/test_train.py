@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -142,6 +143,41 @@ def test_resume_after_a_stop_mid_epoch_replays_the_same_batches_and_losses(setup
     assert [s["batch_hash"] for s in resumed] == [s["batch_hash"] for s in ref]
     assert np.abs(np.array([s["loss"] for s in resumed]) - [s["loss"] for s in ref]).max() < 1e-6
     assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == 2
+
+
+def test_resume_after_a_real_kill_mid_run(setup):
+    """SIGKILL a single-process run after a few periodic checkpoints; --resume finishes it like an uninterrupted run."""
+    cfg = '{"train": {"nproc": 1, "checkpoint_every": 2, "useful_tokens": 20000}}'
+    ref_out = setup["root"] / "kill_ref"
+    ref = subprocess.run([sys.executable, "-m", "lenbatch", *_train_args(setup, "packed", ref_out, "--params-json",
+                                                                          cfg)], env=ENV, capture_output=True)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref_steps = _steps(ref_out)
+    assert len(ref_steps) >= 8
+    out = setup["root"] / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", *_train_args(setup, "packed", out, "--params-json",
+                                                                             cfg)], env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "steps.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log.exists() and len(log.read_text().splitlines()) >= 5:
+                break
+            time.sleep(0.01)
+        proc.kill()  # SIGKILL: no cleanup, no final checkpoint
+    finally:
+        proc.wait()
+    done = len(log.read_text().splitlines())
+    assert proc.returncode != 0 and 5 <= done < len(ref_steps), "the run must die mid-way"
+    rc = main(_train_args(setup, "packed", out, "--resume", "--params-json", cfg))
+    assert rc == 0
+    resumed = _steps(out)
+    summary = json.loads((out / "summary.json").read_text())
+    start = summary["resumed_from_step"]
+    assert start % 2 == 0 and 4 <= start <= done  # the last periodic checkpoint before the kill
+    assert [s["batch_hash"] for s in resumed] == [s["batch_hash"] for s in ref_steps]
+    assert np.abs(np.array([s["loss"] for s in resumed]) - [s["loss"] for s in ref_steps]).max() < 1e-6
 
 
 def test_resume_refuses_a_checkpoint_from_other_params(setup, capsys):

@@ -355,7 +355,12 @@ class Recorder:
         self.rows: list[dict[str, Any]] = []
         if keep_steps_below is not None and self.path.exists():
             # resume: keep what the checkpoint covers, drop steps a killed run did past it
-            old = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            old = []
+            for line in self.path.read_text().splitlines():
+                try:
+                    old.append(json.loads(line))
+                except json.JSONDecodeError:  # the line a kill cut short
+                    continue
             self.rows = [r for r in old if r["step"] < keep_steps_below]
         self.session_start = len(self.rows)
         self.path.parent.mkdir(parents=True, exist_ok=True)
