@@ -88,8 +88,9 @@ def main() -> int:
         stats = write_outputs(res, out)
         t2 = time.perf_counter()
         totals[workers] = t2 - t0
+        rate = stats["tokens_before_truncation"] / (t2 - t0) / 1e6
         print(f"{workers:>7} {t1 - t0:>13.2f} {t2 - t1:>8.2f} {t2 - t0:>8.2f} {stats['records_read']:>8} "
-              f"{stats['samples']:>8} {stats['total_tokens']:>11,} {stats['tokens_before_truncation'] / (t2 - t0) / 1e6:>7.2f}")
+              f"{stats['samples']:>8} {stats['total_tokens']:>11,} {rate:>7.2f}")
     t_parse, n = parse_only(args.limit)
     print(f"parse only (stream-parse + validate, no tokenizer): {n} records in {t_parse:.2f} s")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import numpy as np
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lenbatch.cli import main as cli_main
 from lenbatch.chat import ChatEncoder, QwenTiktoken, conversation_from_record
 from lenbatch.data import tokenize, write_outputs
 from lenbatch.sources import SourceReport, iter_records, resolve_source
@@ -42,8 +44,16 @@ def _openai(record):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
+    """The installed command line in a fresh interpreter."""
     return subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", PARAMS, "--no-progress", *args],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def _main(capsys, *args: str) -> SimpleNamespace:
+    """The same command line, in this process (no interpreter start-up): exit code and stderr."""
+    capsys.readouterr()
+    rc = cli_main(["tokenize", "--params", PARAMS, "--no-progress", *args])
+    return SimpleNamespace(returncode=rc, stderr=capsys.readouterr().err)
 
 
 @pytest.fixture(scope="module")
@@ -177,13 +187,13 @@ def test_cut_off_file_through_the_stage(tmp_path):
     assert stats["seconds"]["total"] >= stats["seconds"]["write"]
 
 
-def test_bad_input_is_named_or_counted(tmp_path):
-    missing = _cli("--source", str(tmp_path / "nope.json"), "--out", str(tmp_path / "o"))
+def test_bad_input_is_named_or_counted(tmp_path, capsys):
+    missing = _main(capsys, "--source", str(tmp_path / "nope.json"), "--out", str(tmp_path / "o"))
     assert missing.returncode == 2 and "nope.json' does not exist" in missing.stderr
 
     notjson = tmp_path / "notes.txt"
     notjson.write_text("just some notes\n")
-    proc = _cli("--source", str(notjson), "--out", str(tmp_path / "o"))
+    proc = _main(capsys, "--source", str(notjson), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "notes.txt is not JSON or JSONL" in proc.stderr
 
     records = [SHAREGPT[0],
@@ -195,12 +205,13 @@ def test_bad_input_is_named_or_counted(tmp_path):
                SHAREGPT[1]]
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    proc = _cli("--source", str(path), "--out", str(tmp_path / "o"))
+    proc = _main(capsys, "--source", str(path), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2
     assert "mixed.jsonl: record 1 (id 'odd') conversations[0] has unknown role 'narrator'" in proc.stderr
     assert "data.on_bad_record: skip" in proc.stderr and "Traceback" not in proc.stderr
 
-    proc = _cli("--source", str(path), "--on-bad-record", "skip", "--out", str(tmp_path / "o"))
+    proc = _main(capsys, "--source", str(path), "--on-bad-record", "skip", "--workers", "1",
+                 "--out", str(tmp_path / "o"))
     assert proc.returncode == 0, proc.stderr
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     assert stats["skipped"] == {"no_schema": 1, "unknown_role": 1}
@@ -211,30 +222,30 @@ def test_bad_input_is_named_or_counted(tmp_path):
 
     only_bad = tmp_path / "bad.jsonl"
     only_bad.write_text(json.dumps({"id": "e1", "conversations": []}) + "\n")
-    proc = _cli("--source", str(only_bad), "--out", str(tmp_path / "o2"))
+    proc = _main(capsys, "--source", str(only_bad), "--out", str(tmp_path / "o2"))
     assert proc.returncode == 2 and "no samples left" in proc.stderr and "empty_conversation" in proc.stderr
 
     undecodable = tmp_path / "latin1.jsonl"
     undecodable.write_bytes(b'{"conversations": [{"from": "gpt", "value": "caf\xe9"}]}\n')
-    proc = _cli("--source", str(undecodable), "--out", str(tmp_path / "o3"))
+    proc = _main(capsys, "--source", str(undecodable), "--out", str(tmp_path / "o3"))
     assert proc.returncode == 2 and "latin1.jsonl: record 0 conversations[0] text does not decode" in proc.stderr
 
 
-def test_flags_override_params(tmp_path):
+def test_flags_override_params(tmp_path, capsys):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(SHAREGPT))
-    proc = _cli("--source", str(path), "--max-len", "64", "--overflow", "drop", "--workers", "1",
+    proc = _main(capsys, "--source", str(path), "--max-len", "64", "--overflow", "drop", "--workers", "1",
                 "--out", str(tmp_path / "o"))
     assert proc.returncode == 0, proc.stderr
     params = json.loads((tmp_path / "o" / "params.json").read_text())["data"]
     assert (params["source"], params["max_len"], params["overflow"], params["workers"]) == (str(path), 64, "drop", 1)
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     assert stats["max_len"] == 64 and stats["length"]["max"] <= 64 and stats["dropped"]["too_long"] >= 1
-    bad = _cli("--source", str(path), "--max-len", "1", "--out", str(tmp_path / "o"))
+    bad = _main(capsys, "--source", str(path), "--max-len", "1", "--out", str(tmp_path / "o"))
     assert bad.returncode == 2 and "max_len" in bad.stderr
 
 
-def test_local_hf_tokenizer_directory_through_the_stage(tmp_path):
+def test_local_hf_tokenizer_directory_through_the_stage(tmp_path, capsys):
     from test_data_chat import _tiny_hf_tokenizer
 
     from lenbatch.chat import IM_END, chatml_text, load_tokenizer
@@ -253,5 +264,6 @@ def test_local_hf_tokenizer_directory_through_the_stage(tmp_path):
 
     # A directory without the ChatML tokens fails in the workers too: one clear line, no hang.
     plain = _tiny_hf_tokenizer(tmp_path / "plain", special=("<s>",))
-    proc = _cli("--source", str(path), "--tokenizer", str(plain), "--workers", "2", "--out", str(tmp_path / "o"))
+    proc = _main(capsys, "--source", str(path), "--tokenizer", str(plain), "--workers", "2",
+                 "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "has no <|im_start|> or <|im_end|> token" in proc.stderr

@@ -314,15 +314,21 @@ def encode_chunk(encoder: ChatEncoder, items: Sequence[tuple[int, Sequence[Turn]
 
 # Worker-process state (multiprocessing): each worker loads the tokenizer once.
 _WORKER: ChatEncoder | None = None
+_WORKER_SPEC: str | None = None
 _WORKER_ERROR: Exception | None = None
 
 
 def init_worker(tokenizer_spec: str) -> None:
-    global _WORKER, _WORKER_ERROR
+    """Load the tokenizer of this process once (kept across calls with the same spec)."""
+    global _WORKER, _WORKER_SPEC, _WORKER_ERROR
+    if _WORKER is not None and _WORKER_SPEC == tokenizer_spec:
+        return
+    _WORKER = _WORKER_SPEC = _WORKER_ERROR = None
     try:
         _WORKER = ChatEncoder(load_tokenizer(tokenizer_spec))
-    except Exception as err:  # noqa: BLE001 - re-raised with the first job: a Pool whose initializer
-        _WORKER_ERROR = err  # raises would respawn workers forever instead of failing
+        _WORKER_SPEC = tokenizer_spec
+    except Exception as err:  # noqa: BLE001 - re-raised with the first job: a pool whose initializer
+        _WORKER_ERROR = err  # raises would start new workers forever instead of failing
 
 
 def encode_chunk_in_worker(job: tuple[Sequence[tuple[int, Sequence[Turn]]], int, str, str]) -> dict[str, np.ndarray]:
