@@ -47,6 +47,9 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     ap.add_argument("--out-root", default="/tmp/lenbatch-bench-train")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per strategy, in alternating order (forward, "
+                    "backward, ...) so that a drifting machine load biases no strategy; the table shows the mean "
+                    "and the min-max of useful tok/s")
     args = ap.parse_args()
     root = Path(args.out_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -62,18 +65,27 @@ def main() -> None:
               "--out", str(bounds.parent)], root / "boundaries.log")
     extra = ["--useful-tokens", str(args.useful_tokens)] if args.useful_tokens else []
     nproc_json = json.dumps({"train": {"nproc": args.nproc}})
-    rows = {}
-    for s in args.strategies:
-        out = root / s
-        cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc), "-m",
-               "lenbatch", "train", "--params", *args.params, "--params-json", nproc_json, "--strategy", s,
-               "--data", str(data), "--boundaries", str(bounds), "--out", str(out), *extra]
-        print(f"{s}: running ({' '.join(cmd[1:])})", flush=True)
-        wall = _run(cmd, root / f"{s}.log")
-        summary = json.loads((out / "summary.json").read_text())
-        summary["run_wall_s"] = wall
-        rows[s] = summary
-        print(f"{s}: {summary['useful_tokens_per_s']:,.0f} useful tok/s, run {wall:.0f} s", flush=True)
+    rows: dict[str, dict] = {}
+    runs: dict[str, list[float]] = {s: [] for s in args.strategies}
+    for rep in range(args.repeats):
+        order = list(args.strategies) if rep % 2 == 0 else list(reversed(args.strategies))
+        for s in order:
+            out = root / (s if args.repeats == 1 else f"{s}_{rep}")
+            cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc), "-m",
+                   "lenbatch", "train", "--params", *args.params, "--params-json", nproc_json, "--strategy", s,
+                   "--data", str(data), "--boundaries", str(bounds), "--out", str(out), *extra]
+            print(f"{s} (repeat {rep + 1}/{args.repeats}): running ({' '.join(cmd[1:])})", flush=True)
+            wall = _run(cmd, root / f"{out.name}.log")
+            summary = json.loads((out / "summary.json").read_text())
+            summary["run_wall_s"] = wall
+            runs[s].append(summary["useful_tokens_per_s"])
+            if s not in rows:
+                rows[s] = summary
+            else:  # average the measured numbers over repeats (plan-derived numbers are identical)
+                for k in ("useful_tokens_per_s", "computed_tokens_per_s", "target_s_mean", "drafter_s_mean",
+                          "queue_wait_s_mean", "credit_wait_s_mean", "run_wall_s"):
+                    rows[s][k] = (rows[s][k] * rep + summary[k]) / (rep + 1)
+            print(f"{s}: {summary['useful_tokens_per_s']:,.0f} useful tok/s, run {wall:.0f} s", flush=True)
     base = rows.get("sorted", {}).get("useful_tokens_per_s")
     any_row = next(iter(rows.values()))
     p = any_row["params"]
@@ -81,13 +93,14 @@ def main() -> None:
           f"tokens, max {p['batching']['max_batch_size']} seqs | {args.nproc} processes "
           f"({any_row['target_ranks']} target + 1 drafter) | drafter {p['drafter']['num_layers']} layer(s), "
           f"{p['drafter']['anchors_per_seq']} anchors/seq | warm-up {any_row['warmup_steps_excluded']} steps excluded")
-    head = ("| strategy | steps | padding eff. | useful tok/s | computed tok/s | vs sorted | target s/step "
+    head = ("| strategy | steps | padding eff. | useful tok/s | (min-max) | computed tok/s | vs sorted | target s/step "
             "| drafter s/step | drafter wait s/step | target credit wait s/step | final loss | run wall s |")
     print(head)
     print("|---|" + "---:|" * (head.count("|") - 2))
     for s, r in rows.items():
         ratio = r["useful_tokens_per_s"] / base if base else float("nan")
         print(f"| {s} | {r['steps']} | {r['padding_efficiency']:.3f} | {r['useful_tokens_per_s']:,.0f} | "
+              f"{min(runs[s]):,.0f}-{max(runs[s]):,.0f} | "
               f"{r['computed_tokens_per_s']:,.0f} | {ratio:.2f} | {r['target_s_mean']:.3f} | {r['drafter_s_mean']:.3f} | "
               f"{r['queue_wait_s_mean']:.3f} | {r['credit_wait_s_mean']:.3f} | {r['final_loss']:.3f} | "
               f"{r['run_wall_s']:.0f} |")
@@ -103,7 +116,8 @@ def main() -> None:
     for name, ok, value in checks:
         print(f"check {name}: {'holds' if ok else 'DOES NOT HOLD'} (ratio {value:.2f})")
     (root / "bench_train.json").write_text(json.dumps(
-        {s: {k: v for k, v in r.items() if k not in ("params", "loss_curve")} for s, r in rows.items()}, indent=2))
+        {s: {**{k: v for k, v in r.items() if k not in ("params", "loss_curve")}, "useful_tokens_per_s_runs": runs[s]}
+         for s, r in rows.items()}, indent=2))
     print(f"\nwrote {root / 'bench_train.json'}; per-run logs in {root}")
 
 

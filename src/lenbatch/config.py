@@ -154,7 +154,7 @@ class DrafterConfig:
     num_layers: int = _f(1, "drafter decoder layers", minimum=1)
     num_heads: int = _f(4, "drafter attention heads", minimum=1)
     block_size: int = _f(16, "positions per block: the anchor token then block_size - 1 masks", minimum=2)
-    anchors_per_seq: int = _f(4, "blocks drawn per sequence per step", minimum=1)
+    anchors_per_seq: int = _f(1, "blocks drawn per sequence per step", minimum=1)
     gamma: float = _f(7.0, "loss weight of block offset k is exp(-(k-1)/gamma)", exclusive_minimum=0)
     lr: float = _f(6e-4, "AdamW learning rate", exclusive_minimum=0)
     weight_decay: float = _f(0.01, "AdamW weight decay", minimum=0)
