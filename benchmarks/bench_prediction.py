@@ -52,7 +52,12 @@ def main() -> int:
 
     work = Path(args.work).resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    params_files = [str(Path(p).resolve()) for p in args.params]
+    # frozen copies: an edit of params.yaml while the benchmark runs must not mix settings between runs
+    params_files = []
+    for i, src in enumerate(args.params):
+        dst = work / f"params_{i}.yaml"
+        dst.write_text(Path(src).read_text())
+        params_files.append(str(dst))
     override = {"train": {"strategies": list(args.strategies)}}
     if args.useful_tokens:
         override["train"]["useful_tokens"] = args.useful_tokens
