@@ -95,7 +95,7 @@ def test_bad_model_config(override, match):
 
 
 def test_real_qwen36_27b_shapes_file():
-    params = load_params(ROOT / "params.yaml", ROOT / "configs" / "qwen3.6-27b.yaml")
+    params = load_params(ROOT / "params.yaml", ROOT / "configs" / "qwen3.6-27b-8gpu.yaml")
     cfg = params.model
     assert cfg.layer_types.count("full_attention") == 16 and cfg.layer_types[3::4] == ("full_attention",) * 16
     with torch.device("meta"):  # shapes only, no memory
