@@ -11,7 +11,10 @@ strategy on ``results/tokenize`` (made with ``lenbatch tokenize`` if missing) wi
 table: measured padding efficiency, useful and computed tokens/s (post-warm-up pipeline throughput,
 drafter side), the ratio to ``sorted``, the per-step split between the target rank and the drafter
 rank (mean seconds per step, and the waits on both sides of the queue), the final loss and the wall
-time of each run. It then checks the study's expectations (packed >= sorted, bucketed ~0.8-0.9 x
+time of each run. Then, because a shared machine's load drifts between runs, a second table
+measures the same thing in one process with the strategies *interleaved* batch by batch (the
+first ``--interleaved-batches`` batches of each strategy's epoch-0 plan: target forward, then drafter
+step), which no load drift can bias. It then checks the study's expectations (packed >= sorted, bucketed ~0.8-0.9 x
 sorted, random the lowest) and prints what held and what did not: a check, not an assumption.
 """
 
@@ -38,6 +41,60 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
+def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
+    """Target and drafter step times on the first batches of every plan, strategies interleaved."""
+    import numpy as np
+    import torch
+
+    import lenbatch as lb
+    from lenbatch.collate import collate, layout_for
+    from lenbatch.config import load_params
+    from lenbatch.train import StepRunner, TrainData
+
+    params = load_params(*args.params)
+    torch.set_num_threads(params.train.threads)
+    b = params.batching
+    lengths = np.load(Path(args.data) / "lengths.npy").astype(np.int64)
+    edges = json.loads(bounds.read_text())["edges"]
+    data = TrainData(Path(args.data), lengths)
+    runner = StepRunner(params)
+    n = args.interleaved_batches
+    plans = {s: lb.plan_epoch(lengths, strategy=s, epoch=0, seed=b.seed, token_budget=b.token_budget,
+                              max_batch_size=b.max_batch_size, edges=edges if s == "bucketed" else None,
+                              packed_window=b.packed_window, rank=0, world_size=1)[:n] for s in args.strategies}
+    acc = {s: {"target_s": 0.0, "drafter_s": 0.0, "computed": 0, "useful": 0} for s in plans}
+    warm = collate(data.samples(plans[args.strategies[0]][0]), kind=layout_for(args.strategies[0]),
+                   token_budget=b.token_budget, max_batch_size=b.max_batch_size)
+    runner.drafter_step(warm, runner.target_step(warm)[0])  # untimed warm-up
+    for i in range(n):
+        for s, batches in plans.items():
+            if i >= len(batches):
+                continue
+            batch = collate(data.samples(batches[i]), kind=layout_for(s), token_budget=b.token_budget,
+                            max_batch_size=b.max_batch_size, indices=batches[i])
+            feats, t_s = runner.target_step(batch)
+            _, d_s = runner.drafter_step(batch, feats)
+            a = acc[s]
+            a["target_s"] += t_s
+            a["drafter_s"] += d_s
+            a["computed"] += batch.computed_tokens
+            a["useful"] += batch.useful_tokens
+    base = acc.get("sorted")
+    print(f"\ninterleaved, one process, first {n} batches of each epoch-0 plan (throughput of the target step, "
+          "the pipeline's bottleneck when drafter/target < 1):")
+    print("| strategy | useful tokens | padding eff. | target useful tok/s | vs sorted | target computed tok/s "
+          "| drafter s / target s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    out = {}
+    for s, a in acc.items():
+        ups = a["useful"] / a["target_s"]
+        ratio = ups / (base["useful"] / base["target_s"]) if base else float("nan")
+        out[s] = {**a, "useful_tokens_per_s": ups, "ratio_to_sorted": ratio}
+        print(f"| {s} | {a['useful']:,} | {a['useful'] / a['computed']:.3f} | {ups:,.0f} | {ratio:.2f} | "
+              f"{a['computed'] / a['target_s']:,.0f} | {a['drafter_s'] / a['target_s']:.2f} |")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--params", nargs="+", default=["params.yaml"])
@@ -47,6 +104,8 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     ap.add_argument("--out-root", default="/tmp/lenbatch-bench-train")
+    ap.add_argument("--interleaved-batches", type=int, default=8, help="batches per strategy in the interleaved "
+                    "single-process table (0: skip it)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per strategy, in alternating order (forward, "
                     "backward, ...) so that a drifting machine load biases no strategy; the table shows the mean "
                     "and the min-max of useful tok/s")
@@ -115,9 +174,10 @@ def main() -> None:
         checks.append(("random the lowest", tps["random"] == min(tps.values()), tps["random"] / max(tps.values())))
     for name, ok, value in checks:
         print(f"check {name}: {'holds' if ok else 'DOES NOT HOLD'} (ratio {value:.2f})")
+    inter = interleaved(args, bounds) if args.interleaved_batches else {}
     (root / "bench_train.json").write_text(json.dumps(
         {s: {**{k: v for k, v in r.items() if k not in ("params", "loss_curve")}, "useful_tokens_per_s_runs": runs[s]}
-         for s, r in rows.items()}, indent=2))
+         for s, r in rows.items()} | {"interleaved": inter}, indent=2))
     print(f"\nwrote {root / 'bench_train.json'}; per-run logs in {root}")
 
 
