@@ -144,3 +144,16 @@ def test_pipeline_with_two_target_ranks_doubles_target_supply():
     two = sm.pipeline_ends(t, d, queue_size=4, target_ranks=2)[-1]
     assert one == pytest.approx(40 * 1.0 + 0.5)
     assert two == pytest.approx(20 * 1.0 + 2 * 0.5)  # two forwards at a time; the last two steps drain
+
+
+def test_pipeline_ack_wait_stalls_the_drafter_until_the_target_needs_credit():
+    # target-bound (1 s forward, 0.1 s drafter), queue 2; the drafter waits for its
+    # acknowledgements after every 2nd step: after step 1 it resumes only once the target
+    # has computed step 1 + q = 3 (t = 4 s), so steps 2 and 3 end at 4.1 and 4.2, not 3.1, 4.1
+    t, d = np.ones(4), np.full(4, 0.1)
+    assert sm.pipeline_ends(t, d, queue_size=2) == pytest.approx([1.1, 2.1, 3.1, 4.1])
+    assert sm.pipeline_ends(t, d, queue_size=2, ack_every=1) == pytest.approx([1.1, 2.1, 4.1, 4.2])
+    # acknowledgements waited on rarely change nothing in a long steady run's rate
+    t, d = np.ones(200), np.full(200, 0.5)
+    slow = sm.pipeline_ends(t, d, queue_size=4, ack_every=16)
+    assert slow[-1] == pytest.approx(sm.pipeline_ends(t, d, queue_size=4)[-1], abs=1.0)

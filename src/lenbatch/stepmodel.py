@@ -291,7 +291,7 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
 
 
 def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, queue_size: int = 1,
-                  target_ranks: int = 1, overhead_s: float = 0.0) -> np.ndarray:
+                  target_ranks: int = 1, ack_every: int | None = None, overhead_s: float = 0.0) -> np.ndarray:
     """Time at which the run finishes each step, for target ranks feeding one drafter rank.
 
     Step i is computed by target rank ``i mod R`` (round-robin, R = ``target_ranks``); a
@@ -299,7 +299,13 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
     q = ``queue_size``), i.e. global step i - q R; the drafter takes the steps in order:
 
         done_i = free_r + t_i;   put_i = max(done_i, take_{i - qR});   free_r = put_i
-        take_i = max(put_i, end_{i-1});   end_i = take_i + d_i + overhead
+        take_i = max(put_i, resume);   end_i = take_i + d_i + overhead;   resume = end_i
+
+    ``ack_every`` (the train stage's protocol: the drafter acknowledges each batch with a
+    non-blocking send and, once more than ``ack_every`` are outstanding, waits for all of
+    them): a target rank receives the acknowledgement of step i only when it needs the
+    credit, right after computing the features of its step i + qR (or, past its last step,
+    when it drains), so after step i the drafter resumes at max(end_i, done_{i+qR}).
 
     Without ``drafter_s`` (one process does both) the steps simply add up:
     end_i = sum_{j<=i} t_j + overhead. Cost O(steps).
@@ -312,17 +318,38 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
     q, R = int(queue_size), int(target_ranks)
     if q < 1 or R < 1:
         raise ValueError(f"queue_size and target_ranks must be >= 1, got {queue_size}, {target_ranks}")
-    n = t.size
-    take = np.zeros(n)
-    end = np.zeros(n)
+    n, qR = t.size, q * R
+    done, put, take, end = (np.zeros(n) for _ in range(4))
     free = np.zeros(R)  # when each target rank can start its next forward
+    scheduled = 0  # target steps 0..scheduled-1 have done/put times
+
+    def schedule(upto: int) -> None:
+        """Target timeline up to step ``upto``; every credit it needs (take_{k-qR}) is known by then."""
+        nonlocal scheduled
+        while scheduled <= min(upto, n - 1):
+            k, r = scheduled, scheduled % R
+            done[k] = free[r] + t[k]
+            put[k] = max(done[k], take[k - qR]) if k >= qR else done[k]
+            free[r] = put[k]
+            scheduled += 1
+
+    resume, pending = 0.0, 0
     for i in range(n):
-        r = i % R
-        done = free[r] + t[i]
-        put = max(done, take[i - q * R]) if i >= q * R else done
-        free[r] = put
-        take[i] = max(put, end[i - 1]) if i > 0 else put
+        schedule(i)
+        take[i] = max(put[i], resume)
         end[i] = take[i] + d[i] + overhead_s
+        resume = end[i]
+        pending += 1
+        if ack_every is not None and pending > ack_every:
+            j = i + qR
+            if j < n:
+                schedule(j)
+                resume = max(resume, done[j])
+            else:  # the target rank drains its acknowledgements after its last send
+                last = i % R + R * ((n - 1 - i % R) // R)
+                schedule(last)
+                resume = max(resume, put[last])
+            pending = 0
     return end
 
 
