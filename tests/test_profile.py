@@ -56,11 +56,13 @@ def test_time_point_repeats_and_caps_long_points(tmp_path):
 
 
 @pytest.mark.slow
-def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
+@pytest.mark.parametrize("concurrent", [False, True], ids=["one-process", "two-processes"])
+def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path, concurrent):
     over = _params(tmp_path, data={"max_len": 128}, batching={"token_budget": 256, "max_batch_size": 4},
                    model={"vocab_size": 4096},
                    profile={"batch_sizes": [1, 4], "lengths": [32, 128], "packed_seqs": [1, 4],
-                            "packed_lengths": [128], "repeats": 2, "warmup": 1, "max_point_seconds": 5.0})
+                            "packed_lengths": [128], "repeats": 2, "warmup": 1, "max_point_seconds": 5.0,
+                            "concurrent": concurrent})
     out = tmp_path / "profile"
     proc = subprocess.run([sys.executable, "-m", "lenbatch", "profile", "--params", str(REPO / "params.yaml"),
                            str(over), "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
