@@ -22,15 +22,19 @@ drawn from ``numpy.random.default_rng([seed, epoch, step, dataset_index])``: a r
 run, and the same sequences packed or padded, draw the same anchors. A sequence with
 fewer valid positions gets fewer blocks (counted in :class:`DrafterOutput`).
 
-Attention cost: the context is projected (``ctx_proj``, then each layer's k/v) once per
-token of the batch's layout (``B*T`` tokens, padding included, as the target). Each sequence's
-window is its first ``Lc = max anchor`` positions (gathered), so a block sees keys
+Widths: hidden ``H = model.hidden_size`` (the target's, since its embedding and lm_head are
+reused), MLP width ``model.intermediate_size``, ``drafter.num_heads`` heads of ``H / heads``.
+
+Cost. Context: projected (``ctx_proj``, then each layer's k/v) once per token of the batch's
+layout (``B*T`` tokens, padding included, as in the target). Attention: each sequence's
+window is its first ``Lc = max anchor of the step`` positions (gathered), so a block sees keys
 ``[Lc + A*b]`` under a boolean mask ``[S, A*b, Lc + A*b]``: ``O(S * A * b * (Lc + A*b))`` per
-layer, never ``(total tokens)^2`` for a packed row. The frozen ``lm_head`` costs ``2 * N * H * V`` forward and the same
-again for its input gradient, ``N <= S * A * (b-1)`` trained positions: with V = 248,320 it
-dominates a small drafter, hence a moderate ``anchors_per_seq``. The cross-entropy is
-computed in row chunks (:class:`ChunkedLinearCrossEntropy`) so the ``[N, V]`` logits never
-exist at once.
+layer, never ``(total tokens)^2`` for a packed row, and no context cap. lm_head: the frozen
+``[V, H]`` matrix costs ``2 * N * H * V`` flops forward and the same again for its input
+gradient, ``N <= S * A * (b-1)`` trained positions; with V = 248,320 it dominates a small
+drafter (about 30 ms per block on one CPU core at H = 128), hence a moderate
+``anchors_per_seq``. The cross-entropy is computed in row chunks
+(:class:`ChunkedLinearCrossEntropy`) so the ``[N, V]`` logits never exist at once.
 """
 
 from __future__ import annotations
