@@ -171,11 +171,11 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
     """Time every grid point; one dict per point (see module docstring). Cost: see module docstring.
 
     With ``profile.concurrent`` and ``train.nproc > 1`` the target and the drafter are timed
-    in two processes at once (each with ``train.threads`` threads), both busy all the time:
-    full contention for cores, caches and memory bandwidth. That suits a balanced pipeline;
-    the CPU default is target-bound (its drafter rank idles about half the time) and there
-    full contention timed 16k-token target steps 1.9x slower than the run, so the default
-    times one role after the other in one process.
+    in two processes at once (each with ``train.threads`` threads), both busy all the time,
+    as in the pipelined run: they compete for cores, caches and memory bandwidth. Timed one
+    after the other in one process instead, the CPU default's run steps came out 1.3-2x
+    slower than profiled (throughput over-predicted by 27-44%); timed together, the
+    prediction errors were -6..-12% (benchmarks/bench_prediction.py).
     """
     pts = grid_points(params)
     t_start = time.perf_counter()
