@@ -389,8 +389,11 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
     ladder = ratio_ladder(comp, {s: r["useful_tokens"] for s, r in rows.items()},
                           {s: r["predicted_tok_s"] for s, r in rows.items()},
                           {s: r["measured_tok_s"] for s, r in rows.items()})
-    ksweep = predict_sweep(lengths, sweep, params=params, fits=fits, target_ranks=target_ranks,
-                           sorted_tok_s=ref["predicted_tok_s"], masks=masks)
+    ksweep = predict_sweep(lengths, sweep, params=params, fits=fits, target_ranks=target_ranks)
+    for s, r in rows.items():  # steady state: a whole epoch, ratio to sorted's whole epoch
+        r["predicted_epoch_ratio_to_sorted"] = (
+            epoch_tok_s(lengths, params, s, edges, fits=fits, target_ranks=target_ranks)
+            / epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks))
     return {"rows": rows, "components": comp, "ladder": ladder, "sweep": ksweep, "fits": fits,
             "exact_drafter_work": masks.available,
             "grid_points": len(profile["rows"]), "edges": edges, "num_buckets": int(bounds["num_buckets"]),
@@ -434,22 +437,39 @@ def _trained_useful_per_step(steps: list[dict]) -> np.ndarray:
     return np.array([by_step[i] for i in order], dtype=np.int64)
 
 
-def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fits: dict, target_ranks: int,
-                  sorted_tok_s: float, masks: LossMasks) -> list[dict]:
-    """Predicted useful tokens/s of ``bucketed`` for every K of the boundary sweep (same useful tokens as a run)."""
+def epoch_tok_s(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, fits: dict,
+                target_ranks: int) -> float:
+    """Predicted useful tokens/s over a whole epoch (epoch 0), the steady state of a long run.
+
+    A run of train.useful_tokens covers only its first batches, which vary a lot from one
+    plan to the next; comparing K over a whole epoch does not. The drafter's work is
+    estimated from lengths here (anchors x (block - 1) positions per sequence, context =
+    sequences x longest), the same way for every plan, so ratios stay comparable.
+    Cost: one plan and O(steps) prediction.
+    """
+    d = params.drafter
+    steps = [(0, b) for b in _epoch_plan(lengths, params, strategy, edges, epoch=0, target_ranks=target_ranks)]
+    cols = sm.batch_columns(lengths, [b for _, b in steps], kind=step_kind(strategy),
+                            positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
+    return predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks)["tok_s"]
+
+
+def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fits: dict,
+                  target_ranks: int) -> list[dict]:
+    """Predicted steady-state (whole-epoch) useful tokens/s of ``bucketed`` for every K of the sweep,
+    and its ratio to sorted's, predicted the same way."""
+    ref = epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks)
     out = []
     for entry in sweep:
-        steps_plan = planned_batches(lengths, params, "bucketed", tuple(int(e) for e in entry["edges"]),
-                                     useful_tokens=params.train.useful_tokens, target_ranks=target_ranks)
-        pred = predict_steps(step_columns(lengths, steps_plan, kind="padded", params=params, masks=masks),
-                             fits=fits, params=params, target_ranks=target_ranks)
+        tok_s = epoch_tok_s(lengths, params, "bucketed", tuple(int(e) for e in entry["edges"]), fits=fits,
+                            target_ranks=target_ranks)
         out.append({"num_buckets": int(entry["num_buckets"]),
                     "simulated_efficiency": float(entry["simulated_efficiency"]),
                     "predicted_efficiency": float(entry["predicted_efficiency"]),
                     "composition_repeat": float(entry["composition_repeat"]),
                     "length_mixing": float(entry["length_mixing"]),
-                    "predicted_tok_s": pred["tok_s"],
-                    "predicted_ratio_to_sorted": pred["tok_s"] / sorted_tok_s})
+                    "predicted_tok_s": tok_s,
+                    "predicted_ratio_to_sorted": tok_s / ref})
     return out
 
 
@@ -482,7 +502,7 @@ def recommend(rows: dict[str, dict], ksweep: list[dict], *, params: Params) -> d
 METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_efficiency", "predicted_tok_s",
                "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
                "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "loss_at_equal_tokens", "steps",
-               "target_step_ratio", "drafter_step_ratio", "pipeline_error")
+               "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted")
 
 
 def _num(x: float) -> float | None:
@@ -634,8 +654,8 @@ def answer_paragraph(result: dict, *, params: Params) -> str:
     if k is not None and k in sweep:
         e = sweep[k]
         kb = sweep[rec["k_best_throughput"]]
-        lead = " With it" if s == "bucketed" else " Where packing is not available, use `bucketed`"
-        text += (f"{lead}, use **K = {k}** buckets: predicted "
+        lead = " Use it" if s == "bucketed" else " Where packing is not available, use `bucketed`"
+        text += (f"{lead} with **K = {k}** buckets: predicted over a whole epoch at "
                  f"{_pct(e['predicted_ratio_to_sorted'])} of sorted at simulated efficiency "
                  f"{_pct(e['simulated_efficiency'])} and length mixing {e['length_mixing']:.3f}, the smallest K "
                  f"within {_pct(params.compare.k_tolerance)} of the best predicted K (K = {kb['num_buckets']}, "
@@ -723,6 +743,9 @@ def write_report(result: dict, out: Path, *, params: Params) -> Path:
         terms = " + ".join(f"{c:.3g}·{n}" for n, c in zip(b.features, b.coef))
         lines.append(f"- {role}: t = {terms} seconds")
     lines += ["", f"## bucketed for K = 1..{len(result['sweep'])}", "",
+              "Predicted over a whole epoch (the steady state; a run's first batches vary too much to rank K), "
+              "relative to sorted predicted the same way. Every strategy the same way: " + ", ".join(
+                  f"{s} {_pct(r['predicted_epoch_ratio_to_sorted'])}" for s, r in rows.items()) + ".", "",
               "| K | simulated eff. | predicted ratio to sorted | composition repeat | length mixing |",
               "|---|---|---|---|---|"]
     for e in result["sweep"]:
