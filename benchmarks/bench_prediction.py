@@ -73,7 +73,8 @@ def main() -> int:
     timings["stats"] = sh([*lb, "stats", *P, "--lengths", L, "--out", str(work / "stats")], work / "logs" / "stats.log")
     timings["boundaries"] = sh([*lb, "boundaries", *P, "--lengths", L, "--out", str(work / "boundaries")],
                                work / "logs" / "boundaries.log")
-    timings["plans"] = sh([*lb, "plans", *P, "--lengths", L, "--boundaries", str(work / "boundaries" / "boundaries.json"),
+    bfile = str(work / "boundaries" / "boundaries.json")
+    timings["plans"] = sh([*lb, "plans", *P, "--lengths", L, "--boundaries", bfile,
                            "--out", str(work / "plans")], work / "logs" / "plans.log")
     if not (args.skip_profile and (work / "profile" / "grid.json").exists()):
         timings["profile"] = sh([*lb, "profile", *P, "--out", str(work / "profile")], work / "logs" / "profile.log")

@@ -491,7 +491,8 @@ def recommend(rows: dict[str, dict], ksweep: list[dict], *, params: Params) -> d
     k_best = max(ksweep, key=lambda e: e["predicted_tok_s"]) if ksweep else None
     k_pick = None
     if k_best is not None:
-        good = [e for e in ksweep if e["predicted_tok_s"] >= (1 - params.compare.k_tolerance) * k_best["predicted_tok_s"]]
+        floor = (1 - params.compare.k_tolerance) * k_best["predicted_tok_s"]
+        good = [e for e in ksweep if e["predicted_tok_s"] >= floor]
         k_pick = min(good, key=lambda e: e["num_buckets"])
     return {"strategy": best, "num_buckets": k_pick["num_buckets"] if k_pick else None,
             "k_best_throughput": k_best["num_buckets"] if k_best else None}
@@ -700,7 +701,8 @@ def gap_paragraph(result: dict) -> str:
 
 def write_report(result: dict, out: Path, *, params: Params) -> Path:
     rows = result["rows"]
-    lines = ["# Batching strategies: predicted vs measured", "", "## Answer", "", answer_paragraph(result, params=params),
+    lines = ["# Batching strategies: predicted vs measured", "", "## Answer", "",
+             answer_paragraph(result, params=params),
              "", "## Why the padding-only prediction misses", "", gap_paragraph(result), "",
              "| strategy | padding only | +step cost | +attention | +sequences | pipelined (prediction) | measured |",
              "|---|---|---|---|---|---|---|"]
@@ -715,7 +717,8 @@ def write_report(result: dict, out: Path, *, params: Params) -> Path:
               "|---|---|---|---|---|---|---|---|---|---|"]
     for s, r in rows.items():
         lines.append(f"| {s} | {_pct(r['padding_model_efficiency'])} | {_pct(r['simulated_efficiency'])} | "
-                     f"{r['predicted_tok_s']:,.0f} | {r['measured_tok_s']:,.0f} | {100 * r['prediction_error']:+.1f}% | "
+                     f"{r['predicted_tok_s']:,.0f} | {r['measured_tok_s']:,.0f} | "
+                     f"{100 * r['prediction_error']:+.1f}% | "
                      f"{_pct(r['ratio_to_sorted_measured'])} | {r['composition_repeat']:.3f} | "
                      f"{r['length_mixing']:.3f} | {r['loss_at_equal_tokens']:.4f} |")
     lines += ["", "Where the prediction error comes from: measured / predicted step seconds of each role "
@@ -732,7 +735,8 @@ def write_report(result: dict, out: Path, *, params: Params) -> Path:
               f"points (never on the runs it predicts); each candidate feature set scored on "
               f"{_pct(params.compare.holdout_fraction)} held-out points over 50 random splits. A larger set must "
               "lower the best held-out error by a tenth (and at least 0.2 points) to be chosen.", "",
-              "| role | features | held-out mean error | held-out worst | fit error | chosen |", "|---|---|---|---|---|---|"]
+              "| role | features | held-out mean error | held-out worst | fit error | chosen |",
+              "|---|---|---|---|---|---|"]
     for role, f in result["fits"].items():
         for c in f["candidates"]:
             lines.append(f"| {role} | {c.name} | {_pct(c.holdout_error)} | {_pct(c.holdout_max_error)} | "
