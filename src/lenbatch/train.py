@@ -671,10 +671,9 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=[s.state() for s in shadows], fp=setup.fp)
-        if len(acks) > 4 * p.train.queue_size:
-            for w, _ in acks:
-                w.wait()
-            acks.clear()
+        # drop delivered acks; never wait on one here: an ack is delivered only when its target rank
+        # needs the credit, and waiting would stall the drafter for up to queue_size target steps
+        acks = [(w, t) for w, t in acks if not w.is_completed()]
     summary = _finish(setup, runner, rec, [s.state() for s in shadows], resumed_from=resumed_from)
     for w, _ in acks:
         w.wait()
