@@ -69,8 +69,7 @@ def _fake_run(lengths, params, strategy, edges, out: Path, data: Path) -> None:
     steps = planned_batches(lengths, params, strategy, edges, useful_tokens=params.train.useful_tokens,
                             target_ranks=1)
     cols = step_columns(lengths, steps, kind=step_kind(strategy), params=params, masks=LossMasks(data))
-    ends = sm.pipeline_ends(_law(cols, TARGET), _law(cols, DRAFTER), queue_size=params.train.queue_size,
-                            ack_every=4 * params.train.queue_size)
+    ends = sm.pipeline_ends(_law(cols, TARGET), _law(cols, DRAFTER), queue_size=params.train.queue_size)
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
     out.mkdir(parents=True)
     with (out / "steps.jsonl").open("w") as fh:

@@ -28,11 +28,11 @@ from lenbatch.log import get_logger
 
 log = get_logger("compare")
 
-# The train stage's drafter rank waits for its outstanding acknowledgements once more than
-# ACK_EVERY x train.queue_size are pending (lenbatch.train.run_drafter_rank); near the end of
-# a run that stall shows in the measured time (up to 6% on 20 steps), so the pipeline model
-# simulates it.
-ACK_EVERY = 4
+# The train stage's drafter rank used to wait for its outstanding acknowledgements once more
+# than 4 x queue_size were pending (a stall worth up to 6% of a 20-step run, which
+# stepmodel.pipeline_ends(ack_every=...) simulates); since train 987302c it never waits on
+# them, and replaying measured step times without the stall matches the runs within 0.8%.
+ACK_EVERY: int | None = None
 
 # Params a training run must share with the current params to be compared (section -> keys; None: all).
 RUN_KEYS: dict[str, tuple[str, ...] | None] = {
@@ -236,7 +236,7 @@ def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, ta
         ends = sm.pipeline_ends(target + drafter)
     else:
         ends = sm.pipeline_ends(target, drafter, queue_size=params.train.queue_size, target_ranks=target_ranks,
-                                ack_every=ACK_EVERY * params.train.queue_size)
+                                ack_every=ACK_EVERY)
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
     w = params.train.warmup_steps
     return {"columns": cols, "target_s": target, "drafter_s": drafter, "ends": ends,
@@ -421,7 +421,7 @@ def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int
         ends = sm.pipeline_ends(t + d)
     else:
         ends = sm.pipeline_ends(t, d, queue_size=params.train.queue_size, target_ranks=target_ranks,
-                                ack_every=ACK_EVERY * params.train.queue_size)
+                                ack_every=ACK_EVERY)
     replay = sm.throughput(useful, ends, warmup_steps=w)
     return {"target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
             "drafter_step_ratio": float(d[w:].sum() / pred["drafter_s"][w:].sum()),
