@@ -79,8 +79,9 @@ def test_interrupted_run_resumes_without_redoing_finished_outputs(finished, tmp_
     deadline = time.time() + 120
     while time.time() < deadline and not list((finished / ".snakemake/incomplete").glob("*")):
         time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, or SLURM's stop signal, mid-job
+    proc.wait(timeout=120)
+    assert proc.returncode != 0, "the run finished before it could be interrupted"
     out = run([*args, "--rerun-incomplete"], cwd=finished, timeout=900)
     assert out.returncode == 0
     assert lengths.stat().st_mtime_ns == before, "a finished output was redone"
