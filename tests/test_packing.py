@@ -19,13 +19,7 @@ from lenbatch.config import ModelConfig
 from lenbatch.model import build_target
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny shapes: a second intra-op thread only adds OpenMP barriers (and stalls badly on a busy CI box).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
