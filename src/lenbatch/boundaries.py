@@ -475,6 +475,7 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int,
 def register(parser: argparse.ArgumentParser) -> None:
     from lenbatch.config import add_params_argument
     from lenbatch.stats import add_lengths_arguments
+    from lenbatch.strategies import add_batching_arguments
 
     add_params_argument(parser)
     add_lengths_arguments(parser)
@@ -483,8 +484,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep-max-buckets", type=int, help="the K sweep covers K = 1..this (count; 0: no sweep)")
     parser.add_argument("--num-candidates", type=int, help="candidate edge values searched (count)")
     parser.add_argument("--objective", choices=OBJECTIVES, help="what is minimised (overrides boundaries.objective)")
-    parser.add_argument("--token-budget", type=int, help="padded tokens per batch (tokens; overrides batching)")
-    parser.add_argument("--max-batch-size", type=int, help="samples per batch at most (count; overrides batching)")
+    add_batching_arguments(parser, ("token_budget", "max_batch_size"))
     parser.add_argument("--out", required=True, help="output directory: boundaries.json, sweep.json, params.json")
     parser.set_defaults(func=_run)
 
@@ -495,14 +495,15 @@ def _run(args: argparse.Namespace) -> int:
     from lenbatch.padding import predict_bucketed as _pb
     from lenbatch.stats import bucket_counts, load_lengths, write_json
 
+    from lenbatch.strategies import batching_overrides
+
     log = get_logger("lenbatch.boundaries")
     bo = {k: getattr(args, k) for k in ("method", "num_buckets", "num_candidates", "objective")
           if getattr(args, k) is not None}
     no_sweep = args.sweep_max_buckets == 0
     if args.sweep_max_buckets:
         bo["sweep_max_buckets"] = args.sweep_max_buckets
-    ba = {k: getattr(args, k) for k in ("token_budget", "max_batch_size") if getattr(args, k) is not None}
-    overrides = {k: v for k, v in (("boundaries", bo), ("batching", ba)) if v}
+    overrides = {**batching_overrides(args), **({"boundaries": bo} if bo else {})}
     params = load_params(*args.params, overrides=overrides or None)
     p, bt = params.boundaries, params.batching
     x, source = load_lengths(args, seed=bt.seed)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lenbatch.padding import batch_tokens, composition_repeat, length_mixing, predict_bucketed
-from lenbatch.strategies import STRATEGIES, plan_epoch_all
+from lenbatch.strategies import STRATEGIES, add_batching_arguments, plan_epoch_all
 
 
 def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, epochs: int = 3, seed: int = 0,
@@ -88,10 +88,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, help="epochs simulated per strategy (count; overrides plans.epochs)")
     parser.add_argument("--world-size", type=int, default=1,
                         help="data-parallel ranks the plans are split over (count)")
-    parser.add_argument("--token-budget", type=int, help="padded tokens per batch (tokens; overrides batching)")
-    parser.add_argument("--max-batch-size", type=int, help="samples per batch at most (count; overrides batching)")
-    parser.add_argument("--seed", type=int, help="base seed (epoch e uses seed + e; overrides batching.seed)")
-    parser.add_argument("--packed-window", type=int, help="open rows of first-fit packing (count; overrides batching)")
+    add_batching_arguments(parser)
     parser.add_argument("--out", required=True, help="output directory: metrics.json, params.json")
     parser.set_defaults(func=_run)
 

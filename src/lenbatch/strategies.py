@@ -267,19 +267,28 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epoch", type=int, default=0, help="epoch to plan (count, from 0)")
     parser.add_argument("--rank", type=int, default=0, help="rank whose batches are written (0-based)")
     parser.add_argument("--world-size", type=int, default=1, help="number of data-parallel ranks (count)")
-    parser.add_argument("--token-budget", type=int, help="padded tokens per batch (tokens; overrides params)")
-    parser.add_argument("--max-batch-size", type=int, help="samples per batch at most (count; overrides params)")
-    parser.add_argument("--seed", type=int, help="base seed (epoch e uses seed + e; overrides params)")
-    parser.add_argument("--packed-window", type=int, help="open rows of first-fit packing (count; overrides params)")
+    add_batching_arguments(parser)
     parser.add_argument("--out", required=True,
                         help="output directory: plan.json (batches as index lists) + params.json")
     parser.set_defaults(func=_run)
 
 
+BATCHING_FLAGS = {
+    "token_budget": "padded tokens per batch (tokens; overrides batching.token_budget)",
+    "max_batch_size": "samples per batch at most (count; overrides batching.max_batch_size)",
+    "seed": "base seed (epoch e uses seed + e; overrides batching.seed)",
+    "packed_window": "open rows of first-fit packing (count; overrides batching.packed_window)",
+}
+
+
+def add_batching_arguments(parser: argparse.ArgumentParser, keys: tuple[str, ...] = tuple(BATCHING_FLAGS)) -> None:
+    """``--token-budget`` etc.: flags overriding single ``batching`` keys (read back by :func:`batching_overrides`)."""
+    for key in keys:
+        parser.add_argument("--" + key.replace("_", "-"), type=int, help=BATCHING_FLAGS[key])
+
+
 def batching_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    keys = {"token_budget": "token_budget", "max_batch_size": "max_batch_size", "seed": "seed",
-            "packed_window": "packed_window"}
-    sec = {k: getattr(args, a) for k, a in keys.items() if getattr(args, a, None) is not None}
+    sec = {k: getattr(args, k) for k in BATCHING_FLAGS if getattr(args, k, None) is not None}
     return {"batching": sec} if sec else {}
 
 
