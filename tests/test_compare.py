@@ -18,7 +18,7 @@ import yaml
 
 import lenbatch as lb
 from lenbatch import stepmodel as sm
-from lenbatch.compare import compare, write_outputs
+from lenbatch.compare import ACK_EVERY, busy_machine, compare, write_outputs
 from lenbatch.config import load_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,9 @@ def _law(cols: dict, law: dict) -> np.ndarray:
     return sm.design_matrix(cols, tuple(law)) @ np.array(list(law.values()))
 
 
-def _grid(params) -> list[dict]:
+def _grid(params, *, busy: float | None = None, cpu_share: float | None = None) -> list[dict]:
+    """Grid rows timed by the law; ``busy``: also busy timings (the law x busy); ``cpu_share``:
+    CPU seconds = that share of the wall seconds."""
     rows = []
     budget = params.batching.token_budget
     shapes = [("padded", n, m) for n in (1, 2, 4, 8, 16) for m in (16, 64, 128, 256, 512, 1024) if n * m <= budget]
@@ -59,23 +61,36 @@ def _grid(params) -> list[dict]:
                      "positions": float(cols["positions"][0]), "target_seconds_median": t,
                      "target_seconds_all": [t], "drafter_seconds_median": d, "drafter_seconds_all": [d],
                      "seconds_median": t + d, "seconds_all": [t + d]})
+        if busy is not None:
+            rows[-1].update({"target_busy_seconds_median": busy * t, "target_busy_seconds_all": [busy * t],
+                             "drafter_busy_seconds_median": busy * d, "drafter_busy_seconds_all": [busy * d]})
+        if cpu_share is not None:
+            rows[-1].update({"target_cpu_seconds_all": [cpu_share * t], "drafter_cpu_seconds_all": [cpu_share * d]})
     return rows
 
 
-def _fake_run(lengths, params, strategy, edges, out: Path, data: Path) -> None:
-    """A training run's outputs for the planned batches, timed by the known law through the pipeline."""
+def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: float | None = None) -> None:
+    """A training run's outputs for the planned batches, timed by the known law through the pipeline
+    (``busy``: a step costs the law x busy while the other role works, blended by the overlap)."""
     from lenbatch.compare import LossMasks, planned_batches, step_columns, step_kind
 
     steps = planned_batches(lengths, params, strategy, edges, useful_tokens=params.train.useful_tokens,
                             target_ranks=1)
     cols = step_columns(lengths, steps, kind=step_kind(strategy), params=params, masks=LossMasks(data))
-    ends = sm.pipeline_ends(_law(cols, TARGET), _law(cols, DRAFTER), queue_size=params.train.queue_size)
+    t_s, d_s = _law(cols, TARGET), _law(cols, DRAFTER)
+    if busy is None:
+        ends = sm.pipeline_ends(t_s, d_s, queue_size=params.train.queue_size, ack_every=ACK_EVERY)
+    else:
+        tl = sm.blended_pipeline(t_s, busy * t_s, d_s, busy * d_s, queue_size=params.train.queue_size,
+                                 ack_every=ACK_EVERY)
+        ends, t_s, d_s = tl["end"], tl["target_s"], tl["drafter_s"]
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
     out.mkdir(parents=True)
     with (out / "steps.jsonl").open("w") as fh:
         for i, (epoch, b) in enumerate(steps):
             fh.write(json.dumps({"rank": 1, "step": i, "epoch": epoch, "sequences": int(b.size),
-                                 "target_s": float(_law(cols, TARGET)[i]), "drafter_s": float(_law(cols, DRAFTER)[i]),
+                                 "target_s": float(t_s[i]), "drafter_s": float(d_s[i]),
+                                 "target_cpu_s": float(t_s[i]), "drafter_cpu_s": float(d_s[i]),
                                  "useful_tokens": int(cols["useful_tokens"][i]),
                                  "computed_tokens": int(cols["computed_tokens"][i]), "loss": 5.0 - 1e-5 * i}) + "\n")
     summary = {"useful_tokens_per_s": tput, "steps": len(steps), "planned_steps": len(steps),
@@ -196,3 +211,56 @@ def test_grid_too_small_to_fit_names_the_rerun(stage_inputs, tmp_path):
     (tmp_path / "profile" / "grid.json").write_text(json.dumps(_grid(params)[:4]))
     with pytest.raises(ValueError, match=r"rerun: snakemake results/profile/grid.json"):
         _run(tmp_path, params)
+
+
+def _variant(root: Path, tmp_path: Path, grid: list[dict]) -> Path:
+    """The stage inputs with another profile grid (the rest linked)."""
+    for name in ("stats", "boundaries", "plans", "data"):
+        (tmp_path / name).symlink_to(root / name)
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "grid.json").write_text(json.dumps(grid))
+    return tmp_path
+
+
+def test_compare_blends_alone_and_busy_step_times_by_the_runs_overlap(stage_inputs, tmp_path):
+    """Steps cost 1.6x while the other role works: the runs, timed that way through the pipeline,
+    are predicted from a grid timed alone and busy; neither time alone would predict them."""
+    root, params = stage_inputs
+    busy = 1.6
+    _variant(root, tmp_path, _grid(params, busy=busy))
+    lengths = np.load(root / "data" / "lengths.npy").astype(np.int64)
+    edges = tuple(json.loads((root / "boundaries" / "boundaries.json").read_text())["edges"])
+    for s in STRATEGIES:
+        _fake_run(lengths, params, s, edges, tmp_path / "train" / s, root / "data", busy=busy)
+    result = _run(tmp_path, params)
+    assert {"target_busy", "drafter_busy"} <= set(result["fits"])
+    for s in STRATEGIES:
+        r = result["rows"][s]
+        assert abs(r["prediction_error"]) < 0.01, (s, r["prediction_error"])
+        assert r["target_step_ratio"] == pytest.approx(1.0, abs=0.01)
+    # the same runs against the grid's alone times only: over-predicted (the blend is what fits)
+    plain = _grid(params)
+    (tmp_path / "profile" / "grid.json").write_text(json.dumps(plain))
+    alone = _run(tmp_path, params)
+    assert all(alone["rows"][s]["prediction_error"] > 0.05 for s in STRATEGIES)
+
+
+def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):
+    root, params = stage_inputs
+    (tmp_path / "busy").mkdir()
+    _variant(root, tmp_path / "busy", _grid(params, cpu_share=0.5))
+    (tmp_path / "busy" / "train").symlink_to(root / "train")
+    result = _run(tmp_path / "busy", params)
+    assert result["profile_cpu_share"]["target"] == pytest.approx(0.5)
+    assert busy_machine(result) == ["profile target 50.0%", "profile drafter 50.0%"]
+    metrics = write_outputs(result, tmp_path / "busy" / "compare", params=params)
+    assert metrics["profile.target_cpu_share"] == pytest.approx(0.5)
+    assert metrics["sorted.target_cpu_share"] == pytest.approx(1.0)  # the runs got their cores
+    assert "**The machine was busy**" in (tmp_path / "busy" / "compare" / "report.md").read_text()
+    (tmp_path / "quiet").mkdir()
+    _variant(root, tmp_path / "quiet", _grid(params, cpu_share=1.0))
+    (tmp_path / "quiet" / "train").symlink_to(root / "train")
+    quiet = _run(tmp_path / "quiet", params)
+    assert busy_machine(quiet) == []
+    write_outputs(quiet, tmp_path / "quiet" / "compare", params=params)
+    assert "The machine was quiet" in (tmp_path / "quiet" / "compare" / "report.md").read_text()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from lenbatch.config import load_params
-from lenbatch.profile import grid_points, time_point
+from lenbatch.profile import grid_cpu_share, grid_points, time_point
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,9 +49,12 @@ def test_time_point_repeats_and_caps_long_points(tmp_path):
     params = load_params(REPO / "params.yaml", over)
     runner = StepRunner(params, device="cpu")
     batch = make_batch("padded", [64, 64], params, seed=0)
-    t, d = time_point(runner, batch, warmup=1, repeats=3, max_seconds=1e9)
-    assert runner.steps == 4 and len(t) == 3 and len(d) == 3  # warm-up run not kept
-    t, d = time_point(runner, batch, warmup=1, repeats=3, max_seconds=1e-9)
+    t, d, tc, dc = time_point(runner, batch, warmup=1, repeats=3, max_seconds=1e9)
+    assert runner.steps == 4 and len(t) == 3 and len(d) == 3 and len(tc) == 3 and len(dc) == 3  # warm-up not kept
+    # process CPU seconds of a one-thread step on an idle core: close to its wall time, never far above it
+    n = runner.threads  # torch's intra-op threads: a step may keep each of them busy
+    assert 0.3 < sum(tc) / (sum(t) * n) < 1.1 and 0.3 < sum(dc) / (sum(d) * n) < 1.1
+    t, d, tc, dc = time_point(runner, batch, warmup=1, repeats=3, max_seconds=1e-9)
     assert runner.steps == 5 and len(t) == 1 and len(d) == 1  # over the cap: one step is the timing
 
 
@@ -77,11 +80,34 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path, concurrent):
         assert len(r["target_seconds_all"]) == 2 and len(r["drafter_seconds_all"]) == 2
         assert r["target_seconds_median"] == pytest.approx(float(np.median(r["target_seconds_all"])))
         assert all(x > 0 for x in r["target_seconds_all"] + r["drafter_seconds_all"])
+        assert len(r["target_cpu_seconds_all"]) == 2 and len(r["drafter_cpu_seconds_all"]) == 2
+        # timed busy (the other role stepping meanwhile) only in the two-process lockstep profile
+        for role in ("target", "drafter"):
+            assert (f"{role}_busy_seconds_all" in r) == concurrent
+            if concurrent:
+                assert len(r[f"{role}_busy_seconds_all"]) == 2 and len(r[f"{role}_busy_cpu_seconds_all"]) == 2
+                assert r[f"{role}_busy_seconds_median"] == pytest.approx(
+                    float(np.median(r[f"{role}_busy_seconds_all"])))
         # the drafter's exact work: at most anchors x (block - 1) trained positions per sequence
         assert 0 < r["positions"] <= r["sequences"] * params.drafter.anchors_per_seq * (params.drafter.block_size - 1)
         assert 0 < r["ctx_tokens"] <= r["sequences"] * max(r["sequence_lengths"])
     # more tokens cost more target time: the largest padded shape is slower than the smallest
     padded = sorted((r for r in rows if r["kind"] == "padded"), key=lambda r: r["computed_tokens"])
     assert padded[-1]["target_seconds_median"] > padded[0]["target_seconds_median"]
+    share = grid_cpu_share(rows, threads=params.train.threads)
+    assert 0.3 < share["target"] <= 1.1 and 0.3 < share["drafter"] <= 1.1
     resolved = json.loads((out / "params.json").read_text())
     assert resolved["profile"]["lengths"] == [32, 128] and resolved["model"]["vocab_size"] == 4096
+
+
+def test_profile_skips_repeating_points_that_took_long_enough(tmp_path):
+    """max_point_seconds: a point whose warm-up already took that long is timed exactly once."""
+    from lenbatch.profile import profile
+
+    over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
+                   model={"vocab_size": 1024}, train={"nproc": 1},
+                   profile={"batch_sizes": [1, 2], "lengths": [64], "packed_seqs": [2], "packed_lengths": [128],
+                            "repeats": 3, "warmup": 1, "max_point_seconds": 1e-6})
+    rows = profile(load_params(REPO / "params.yaml", over), device="cpu")
+    assert rows and all(len(r["target_seconds_all"]) == 1 and len(r["drafter_seconds_all"]) == 1 for r in rows)
+    assert all("target_busy_seconds_all" not in r for r in rows)  # one process: alone only

@@ -157,3 +157,57 @@ def test_pipeline_ack_wait_stalls_the_drafter_until_the_target_needs_credit():
     t, d = np.ones(200), np.full(200, 0.5)
     slow = sm.pipeline_ends(t, d, queue_size=4, ack_every=16)
     assert slow[-1] == pytest.approx(sm.pipeline_ends(t, d, queue_size=4)[-1], abs=1.0)
+
+
+def test_blended_pipeline_reaches_the_analytic_fixed_point():
+    """Target-bound, steady state: the drafter works d of every target step t, so
+    t = t_alone + (t_busy - t_alone) * d / t; with 1, 2 and d = 0.5: t = (1 + sqrt 3) / 2."""
+    n = 300
+    out = sm.blended_pipeline(np.ones(n), np.full(n, 2.0), np.full(n, 0.5), np.full(n, 0.5), queue_size=4)
+    assert out["target_s"][n // 2:] == pytest.approx(np.full(n - n // 2, (1 + 3 ** 0.5) / 2), rel=1e-5)
+    assert out["target_overlap"][n // 2] == pytest.approx(0.5 / ((1 + 3 ** 0.5) / 2), rel=1e-4)
+    assert out["drafter_overlap"][n // 2] == pytest.approx(1.0)  # the target never rests meanwhile
+    assert out["drafter_overlap"][-1] == 0.0  # the last drafter step runs after every forward is done
+
+
+def test_blended_pipeline_is_the_plain_pipeline_when_busy_costs_nothing_extra():
+    rng = np.random.default_rng(5)
+    t, d = rng.uniform(0.1, 1.0, 200), rng.uniform(0.1, 1.0, 200)
+    for q, R, ack in ((1, 1, None), (2, 1, 4), (3, 2, 2)):
+        out = sm.blended_pipeline(t, t, d, d, queue_size=q, target_ranks=R, ack_every=ack)
+        assert np.allclose(out["end"], sm.pipeline_ends(t, d, queue_size=q, target_ranks=R, ack_every=ack))
+
+
+def test_blended_step_times_stay_between_alone_and_busy():
+    rng = np.random.default_rng(6)
+    ta, da = rng.uniform(0.1, 1.0, 200), rng.uniform(0.1, 1.0, 200)
+    tb, db = ta * rng.uniform(1.0, 2.0, 200), da * rng.uniform(1.0, 2.0, 200)
+    out = sm.blended_pipeline(ta, tb, da, db, queue_size=2, target_ranks=2, ack_every=4)
+    assert np.all(out["target_s"] >= ta - 1e-12) and np.all(out["target_s"] <= tb + 1e-12)
+    assert np.all(out["drafter_s"] >= da - 1e-12) and np.all(out["drafter_s"] <= db + 1e-12)
+    plain = sm.pipeline_ends(ta, da, queue_size=2, target_ranks=2, ack_every=4)[-1]
+    busy = sm.pipeline_ends(tb, db, queue_size=2, target_ranks=2, ack_every=4)[-1]
+    assert plain <= out["end"][-1] <= busy
+
+
+def test_busy_share_matches_a_fine_time_grid():
+    rng = np.random.default_rng(7)
+    bs = np.sort(rng.uniform(0, 100, 40))
+    be = bs + rng.uniform(0, 6, 40)  # overlapping busy intervals: the union counts once
+    s = rng.uniform(0, 100, 30)
+    e = s + rng.uniform(0, 10, 30)
+    x = np.linspace(0, 120, 240_001)
+    busy = np.zeros_like(x, dtype=bool)
+    for a, b in zip(bs, be):
+        busy |= (x >= a) & (x < b)
+    dx = x[1] - x[0]
+    brute = np.array([busy[(x >= a) & (x < b)].sum() * dx / (b - a) for a, b in zip(s, e)])
+    got = sm.busy_share(s, e, bs, be)
+    assert np.all(np.abs(got - brute) <= 3 * dx / (e - s))  # the fine grid is off by at most a step per end
+    assert sm.busy_share(s, e, np.array([]), np.array([])).tolist() == [0.0] * 30
+
+
+def test_cpu_share_is_cpu_over_wall_times_threads():
+    assert sm.cpu_share([1.0, 3.0], [1.0, 2.0], threads=1) == pytest.approx(0.75)
+    assert sm.cpu_share([1.0, 3.0], [4.0, 4.0], threads=4) == pytest.approx(0.5)
+    assert np.isnan(sm.cpu_share([], [], threads=1))

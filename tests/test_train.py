@@ -106,6 +106,8 @@ def test_two_process_torchrun_run_of_each_strategy(setup, strategy):
     assert [s["batch_hash"] for s in steps] == _planned_hashes(setup, strategy, steps)
     for s in steps:
         assert s["computed_tokens"] <= budget and np.isfinite(s["loss"]) and s["target_s"] > 0
+        # the target rank's CPU seconds travel with its batch (a busy machine shows as a low share)
+        assert 0 < s["target_cpu_s"] and 0 < s["drafter_cpu_s"]
         if strategy == "packed":
             assert s["computed_tokens"] == s["useful_tokens"] == s["length"]
         else:
@@ -114,6 +116,10 @@ def test_two_process_torchrun_run_of_each_strategy(setup, strategy):
     assert summary["padding_efficiency"] == pytest.approx(useful[-1] / sum(s["computed_tokens"] for s in steps))
     assert summary["warmup_steps_excluded"] == 1 and summary["useful_tokens_per_s"] > 0
     assert summary["params"]["drafter"]["anchors_per_seq"] == 1 and len(summary["loss_curve"]) == len(steps)
+    measured = steps[summary["warmup_steps_excluded"]:]
+    assert summary["target_cpu_share"] == pytest.approx(
+        sum(s["target_cpu_s"] for s in measured) / (sum(s["target_s"] for s in measured) * summary["threads"]))
+    assert 0 < summary["target_cpu_share"] < 1.5 and 0 < summary["drafter_cpu_share"] < 1.5
     assert (out / "checkpoint.pt").exists() and (out / "params.json").exists()
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from lenbatch import stepmodel as sm
 from lenbatch.config import Params, params_from_args, write_resolved
 from lenbatch.log import get_logger
+from lenbatch.profile import CPU_SHARE_WARN, grid_cpu_share
 
 log = get_logger("compare")
 
@@ -146,10 +147,16 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
             raise ValueError(f"the profile grid was timed with other params ({'; '.join(diff)}); rerun: {rerun}")
     cols = grid_columns(rows)
     fits = {}
-    for role in ("target", "drafter"):
-        secs = np.array([float(r[f"{role}_seconds_median"]) for r in rows])
-        best, cands = sm.select_model(cols, secs, role=role, holdout_fraction=params.compare.holdout_fraction,
-                                      seed=params.batching.seed)
+    # "<role>" fits the step timed alone; "<role>_busy" (lockstep profile) the step timed while the
+    # other role works: the prediction blends the two by the run's overlap (stepmodel.blended_pipeline)
+    busy = bool(rows) and all("target_busy_seconds_median" in r and "drafter_busy_seconds_median" in r
+                              for r in rows)
+    for role in ("target", "drafter") + (("target_busy", "drafter_busy") if busy else ()):
+        base = role.removesuffix("_busy")
+        key = f"{base}_busy_seconds_median" if role.endswith("_busy") else f"{base}_seconds_median"
+        secs = np.array([float(r[key]) for r in rows])
+        best, cands = sm.select_model(cols, secs, role=role, candidates=sm.CANDIDATES[base],
+                                      holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
         fits[role] = {"best": best, "candidates": cands}
     return {"rows": rows, "fits": fits}
 
@@ -229,11 +236,22 @@ def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, ki
 
 
 def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int) -> dict:
-    """Predicted step times, pipelined run time and useful tokens/s of a run's shape table."""
+    """Predicted step times, pipelined run time and useful tokens/s of a run's shape table.
+
+    One process: the target and drafter steps add up (timed alone). Pipelined: with a
+    lockstep profile each step's time is blended between alone and busy by how much the
+    other role works during it (:func:`lenbatch.stepmodel.blended_pipeline`); otherwise the
+    grid's times are used as they are.
+    """
     target = fits["target"]["best"].predict(cols)
     drafter = fits["drafter"]["best"].predict(cols)
     if params.train.nproc == 1:
         ends = sm.pipeline_ends(target + drafter)
+    elif "target_busy" in fits:
+        tl = sm.blended_pipeline(target, fits["target_busy"]["best"].predict(cols), drafter,
+                                 fits["drafter_busy"]["best"].predict(cols), queue_size=params.train.queue_size,
+                                 target_ranks=target_ranks, ack_every=ACK_EVERY)
+        target, drafter, ends = tl["target_s"], tl["drafter_s"], tl["end"]
     else:
         ends = sm.pipeline_ends(target, drafter, queue_size=params.train.queue_size, target_ranks=target_ranks,
                                 ack_every=ACK_EVERY)
@@ -396,7 +414,8 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             / epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks))
     return {"rows": rows, "components": comp, "ladder": ladder, "sweep": ksweep, "fits": fits,
             "exact_drafter_work": masks.available,
-            "grid_points": len(profile["rows"]), "edges": edges, "num_buckets": int(bounds["num_buckets"]),
+            "grid_points": len(profile["rows"]), "edges": edges,
+            "profile_cpu_share": grid_cpu_share(profile["rows"], threads=params.train.threads), "num_buckets": int(bounds["num_buckets"]),
             "histogram": histogram, "stats": stats, "loss_tokens": equal_at,
             "recommendation": recommend(rows, ksweep, params=params)}
 
@@ -408,11 +427,13 @@ def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int
     (1 = the profile grid timed the steps right; > 1 = the run's steps were slower, e.g.
     a busier machine than while profiling). pipeline_error: the measured step times
     replayed through the pipeline model, against the measured throughput (0 = the
-    pipeline model and the per-step overheads it ignores are right).
+    pipeline model and the per-step overheads it ignores are right). target/drafter_cpu_share:
+    the share of its cores each role got in the run (:func:`lenbatch.stepmodel.cpu_share`).
     """
     rows = sorted(steps, key=lambda r: int(r["step"]))
     if not all("target_s" in r and "drafter_s" in r for r in rows):
-        return {"target_step_ratio": float("nan"), "drafter_step_ratio": float("nan"), "pipeline_error": float("nan")}
+        return {"target_step_ratio": float("nan"), "drafter_step_ratio": float("nan"), "pipeline_error": float("nan"),
+                "target_cpu_share": float("nan"), "drafter_cpu_share": float("nan")}
     w = params.train.warmup_steps
     t = np.array([float(r["target_s"]) for r in rows])
     d = np.array([float(r["drafter_s"]) for r in rows])
@@ -423,9 +444,13 @@ def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int
         ends = sm.pipeline_ends(t, d, queue_size=params.train.queue_size, target_ranks=target_ranks,
                                 ack_every=ACK_EVERY)
     replay = sm.throughput(useful, ends, warmup_steps=w)
+    share = {role: sm.cpu_share([r[f"{role}_s"] for r in rows[w:]], [r[f"{role}_cpu_s"] for r in rows[w:]],
+                                threads=params.train.threads)
+             if all(f"{role}_cpu_s" in r for r in rows[w:]) else float("nan") for role in ("target", "drafter")}
     return {"target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
             "drafter_step_ratio": float(d[w:].sum() / pred["drafter_s"][w:].sum()),
-            "pipeline_error": replay / measured - 1.0}
+            "pipeline_error": replay / measured - 1.0,
+            "target_cpu_share": share["target"], "drafter_cpu_share": share["drafter"]}
 
 
 def _trained_useful_per_step(steps: list[dict]) -> np.ndarray:
@@ -503,7 +528,8 @@ def recommend(rows: dict[str, dict], ksweep: list[dict], *, params: Params) -> d
 METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_efficiency", "predicted_tok_s",
                "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
                "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "loss_at_equal_tokens", "steps",
-               "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted")
+               "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted",
+               "target_cpu_share", "drafter_cpu_share")
 
 
 def _num(x: float) -> float | None:
@@ -520,6 +546,8 @@ def flat_metrics(result: dict) -> dict[str, Any]:
         out[f"fit.{role}.holdout_error"] = _num(f["best"].holdout_error)
         out[f"fit.{role}.train_error"] = _num(f["best"].train_error)
     out["fit.grid_points"] = result["grid_points"]
+    for role, v in result["profile_cpu_share"].items():
+        out[f"profile.{role}_cpu_share"] = _num(v)
     out["max_abs_prediction_error"] = _num(max(abs(r["prediction_error"]) for r in result["rows"].values()))
     for e in result["sweep"]:
         out[f"bucketed_k{e['num_buckets']}.predicted_ratio_to_sorted"] = _num(e["predicted_ratio_to_sorted"])
@@ -699,6 +727,33 @@ def gap_paragraph(result: dict) -> str:
             f"and overlapping target and drafter through the queue (the full prediction) {_pct(L['pipelined'])}.")
 
 
+def busy_machine(result: dict) -> list[str]:
+    """What got less than ``CPU_SHARE_WARN`` of its cores (profile roles, runs' roles): a busy machine."""
+    low = [f"profile {role} {_pct(v)}" for role, v in result["profile_cpu_share"].items() if v < CPU_SHARE_WARN]
+    low += [f"{s} run {role} {_pct(r[f'{role}_cpu_share'])}" for s, r in result["rows"].items()
+            for role in ("target", "drafter") if r[f"{role}_cpu_share"] < CPU_SHARE_WARN]
+    return low
+
+
+def noise_paragraph(result: dict) -> str:
+    """Was the machine quiet while profiling and training? (Tells noise from model error.)"""
+    prof = result["profile_cpu_share"]
+    runs = [r[f"{role}_cpu_share"] for r in result["rows"].values() for role in ("target", "drafter")]
+    runs = [x for x in runs if not math.isnan(x)]
+    if math.isnan(prof["target"]) or not runs:
+        return ("CPU shares were not recorded (a profile grid or runs from an older version), so a busy machine "
+                "cannot be told from model error; rerun: snakemake --forcerun profile train")
+    low = busy_machine(result)
+    if low:
+        return (f"**The machine was busy**: {', '.join(low)} of its cores (below {_pct(CPU_SHARE_WARN)}). A step "
+                "that gets a share s of its cores takes about 1/s as long, so the errors above mix other work on "
+                "the machine with model error. Rerun what was slowed on a quiet machine (`snakemake --forcerun "
+                "profile` for the profile, `--forcerun train` for the runs).")
+    return (f"The machine was quiet: the profile's steps got {_pct(prof['target'])} (target) and "
+            f"{_pct(prof['drafter'])} (drafter) of their cores, the runs' steps at least {_pct(min(runs))}, so "
+            "the errors above are the step-time model's and the run-to-run noise's, not other work's.")
+
+
 def write_report(result: dict, out: Path, *, params: Params) -> Path:
     rows = result["rows"]
     lines = ["# Batching strategies: predicted vs measured", "", "## Answer", "",
@@ -724,10 +779,13 @@ def write_report(result: dict, out: Path, *, params: Params) -> Path:
     lines += ["", "Where the prediction error comes from: measured / predicted step seconds of each role "
               "(1.00 = the profile timed the run's steps right), and the measured step times replayed through "
               "the pipeline model against the measured throughput (0% = the pipeline model is right).", "",
-              "| strategy | target step ratio | drafter step ratio | pipeline replay error |", "|---|---|---|---|"]
+              "| strategy | target step ratio | drafter step ratio | pipeline replay error | "
+              "target CPU share | drafter CPU share |", "|---|---|---|---|---|---|"]
     for s, r in rows.items():
         lines.append(f"| {s} | {r['target_step_ratio']:.2f} | {r['drafter_step_ratio']:.2f} | "
-                     f"{100 * r['pipeline_error']:+.1f}% |")
+                     f"{100 * r['pipeline_error']:+.1f}% | {_pct(r['target_cpu_share'])} | "
+                     f"{_pct(r['drafter_cpu_share'])} |")
+    lines += ["", noise_paragraph(result)]
     lines += ["", f"Loss at equal useful tokens: mean loss over the last 10% before {result['loss_tokens']:,.0f} "
               "useful tokens, the most every run reached.", "",
               "## Step-time model", "",
@@ -811,4 +869,8 @@ def _run(args: argparse.Namespace) -> int:
                  r["measured_tok_s"], 100 * r["prediction_error"])
     log.info("recommended: %s, K = %s; max |error| %.1f%%; wrote %s", metrics["recommended.strategy"],
              metrics["recommended.num_buckets"], 100 * metrics["max_abs_prediction_error"], args.out)
+    low = busy_machine(result)
+    if low:
+        log.warning("busy machine: %s of its cores; prediction errors mix other work with model error. Rerun on a "
+                    "quiet machine: snakemake --forcerun profile train", ", ".join(low))
     return 0

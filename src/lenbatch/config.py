@@ -195,13 +195,14 @@ class ProfileConfig:
     packed_seqs: tuple[int, ...] = _f((1, 4, 16, 32), "packed grid: sequences per row (lengths growing up to 1:8)")
     packed_lengths: tuple[int, ...] = _f((2048, 16384), "packed grid: row length (tokens); the token budget is "
                                          "always added")
-    repeats: int = _f(2, "timed repeats per grid point (the median is kept)", minimum=1)
-    warmup: int = _f(1, "untimed runs per grid point", minimum=0)
-    max_point_seconds: float = _f(3.0, "stop repeating a grid point once it has taken this long (seconds); at "
-                                  "least one step is always timed", exclusive_minimum=0)
-    concurrent: bool = _f(True, "time target and drafter in two processes at once, as the pipelined run (train.nproc "
-                          "> 1) runs them (CPU default: prediction errors -6..-12%; one after the other in one process: "
-                          "+27..+44%, the run's steps were 1.3-2x slower than timed alone); false: one process")
+    repeats: int = _f(3, "timed passes over the grid (the median per point is kept)", minimum=1)
+    warmup: int = _f(1, "untimed passes over the grid before the timed ones", minimum=0)
+    max_point_seconds: float = _f(8.0, "a grid point whose steps (both roles, warm-up included) have taken this "
+                                  "long (seconds) is not repeated; every point is timed at least once",
+                                  exclusive_minimum=0)
+    concurrent: bool = _f(True, "pipelined runs (train.nproc > 1): time each role both alone and while the other "
+                          "steps at once, in two processes, and blend the two by the run's overlap; false: one "
+                          "process times both alone")
 
     def __post_init__(self) -> None:
         _positive("profile", repeats=self.repeats, max_point_seconds=self.max_point_seconds)

@@ -10,16 +10,32 @@ the run it predicts. Shapes:
 - packed: one row of ``length`` tokens holding ``sequences`` sequences, for every
   row length of the grid that fits the budget, plus the budget itself.
 
-Each point runs ``profile.warmup`` untimed steps, then ``profile.repeats`` timed
-ones; the median is kept. Target and drafter are timed separately, on the same
-model, threads and device as training (``StepRunner``). Cost: grid points x
-(warmup + repeats) x (target + drafter step).
+Timing goes in passes over the whole grid: ``profile.warmup`` untimed passes, then
+``profile.repeats`` timed ones, and the median per point is kept. Passes (rather than
+all repeats of one point in a row) spread a slow drift of the machine's speed over every
+shape alike. A point whose steps have taken ``profile.max_point_seconds`` is not repeated.
+Target and drafter are timed on the same model, threads and device as training
+(``StepRunner``):
+
+- alone (``<role>_seconds_*``): the step with nothing else running;
+- busy (``<role>_busy_seconds_*``, pipelined runs with ``profile.concurrent``): the
+  step while the other role steps at the same time in its own process, as happens in a
+  pipelined run whenever both are working. They share cores, caches and memory
+  bandwidth, so busy is slower on a CPU; the prediction blends the two by the run's
+  overlap (:func:`lenbatch.stepmodel.blended_pipeline`).
+
+Each row also keeps the process CPU seconds of every timed step: a step that got much less
+than its cores (``stepmodel.cpu_share``) was slowed by other work on the machine.
+
+Cost: (warmup + repeats) passes x grid points x (target + drafter + max of the two);
+about 90 s for the CPU default's 20 points.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue as _queue
 import time
 from pathlib import Path
 
@@ -27,9 +43,14 @@ import numpy as np
 
 from lenbatch.config import Params, add_params_argument, params_from_args, write_resolved
 from lenbatch.log import get_logger
-from lenbatch.stepmodel import batch_columns, drafter_work, grid_shape
+from lenbatch.stepmodel import batch_columns, cpu_share, drafter_work, grid_shape
 
 log = get_logger("profile")
+
+# Below this share of its cores a timed step was slowed by other work on the machine.
+CPU_SHARE_WARN = 0.9
+# A lockstep profile worker waits this long for the other at each phase before giving up.
+BARRIER_TIMEOUT_S = 1800.0
 
 
 def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, int]]:
@@ -78,25 +99,28 @@ def make_batch(kind: str, lengths: list[int], params: Params, *, seed: int):
                            max_batch_size=params.batching.max_batch_size)
 
 
-def time_point(runner, batch, *, warmup: int, repeats: int, max_seconds: float) -> tuple[list[float], list[float]]:
-    """Target and drafter seconds of ``repeats`` timed steps after ``warmup`` untimed ones.
+def time_point(runner, batch, *, warmup: int, repeats: int,
+               max_seconds: float) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Target and drafter seconds, then their process CPU seconds, of ``repeats`` timed steps
+    after ``warmup`` untimed ones.
 
     Stops early once this point has taken ``max_seconds`` (a 10 s step is timed once:
     its run-to-run noise is small next to its length, and the grid must stay short).
     At least one step is always kept: if the budget ran out during warm-up, the last
     warm-up step is the timing.
     """
-    runs: list[tuple[float, float]] = []
+    runs: list[tuple[float, float, float, float]] = []
     spent = 0.0
     for _ in range(warmup + repeats):
         feats, t_s = runner.target_step(batch)
+        t_cpu = runner.last_cpu_s
         _, d_s = runner.drafter_step(batch, feats)
-        runs.append((float(t_s), float(d_s)))
+        runs.append((float(t_s), float(d_s), float(t_cpu), float(runner.last_cpu_s)))
         spent += float(t_s) + float(d_s)
         if spent >= max_seconds:
             break
     timed = runs[warmup:] if len(runs) > warmup else runs[-1:]
-    return [t for t, _ in timed], [d for _, d in timed]
+    return [r[0] for r in timed], [r[1] for r in timed], [r[2] for r in timed], [r[3] for r in timed]
 
 
 def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -111,25 +135,43 @@ def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarra
     return np.array([np.mean([w[0] for w in work])]), np.array([np.mean([w[1] for w in work])])
 
 
-def _time_role(runner, role: str, batch, feats, *, warmup: int, repeats: int, max_seconds: float) -> list[float]:
-    """Seconds of ``repeats`` timed steps of one role after ``warmup`` untimed ones (cap as in :func:`time_point`)."""
-    runs: list[float] = []
+def _time_role(runner, role: str, batch, feats, *, warmup: int, repeats: int,
+               max_seconds: float) -> tuple[list[float], list[float]]:
+    """(seconds, CPU seconds) of ``repeats`` timed steps of one role after ``warmup`` untimed ones
+    (cap as in :func:`time_point`)."""
+    runs: list[tuple[float, float]] = []
     for _ in range(warmup + repeats):
         if role == "target":
             _, secs = runner.target_step(batch)
         else:
             _, secs = runner.drafter_step(batch, feats)
-        runs.append(float(secs))
-        if sum(runs) >= max_seconds:
+        runs.append((float(secs), float(runner.last_cpu_s)))
+        if sum(r[0] for r in runs) >= max_seconds:
             break
-    return runs[warmup:] if len(runs) > warmup else runs[-1:]
+    timed = runs[warmup:] if len(runs) > warmup else runs[-1:]
+    return [r[0] for r in timed], [r[1] for r in timed]
 
 
-def _role_worker(role: str, params: Params, device: str, queue, done, other_done) -> None:
+def _passes(params: Params) -> list[bool]:
+    """Pass schedule over the whole grid: False = an untimed warm-up pass, True = a timed one.
+
+    Passes go over every point before any point is repeated, so a slow drift of the
+    machine's speed (other tenants, clocks) spreads over all shapes alike instead of
+    biasing the shapes timed last; the median over passes is kept.
+    """
+    return [False] * params.profile.warmup + [True] * params.profile.repeats
+
+
+def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_points, spent) -> None:
     """One role's timings over the whole grid, in its own process (spawned by :func:`profile`).
 
-    When done it keeps stepping (untimed, cycling through the grid) until the other role
-    is done too, so every timing is taken with both processes busy, as in a pipelined run.
+    Lockstep with the other role, pass by pass (:func:`_passes`), point by point: (1) the
+    target steps alone while the drafter waits, (2) the drafter alone while the target
+    waits, (3) both step at once on the same shape, the one that finishes first stepping
+    on, untimed, until the other is done too, so every "busy" timing is taken with the
+    other role working, as in the pipelined run. ``timed_points[r]`` counts the (pass,
+    point) pairs role r has finished phase (3) of; ``spent[r * points + i]`` is the seconds
+    role r has stepped alone on point i (both roles read both, so they skip points alike).
     """
     import torch
 
@@ -137,13 +179,12 @@ def _role_worker(role: str, params: Params, device: str, queue, done, other_done
 
     torch.set_num_threads(params.train.threads)
     runner = StepRunner(params, device=device, role=role)
-    pr = params.profile
+    me, other = (0, 1) if role == "target" else (1, 0)
     pts = grid_points(params, quiet=True)
     fdim = len(params.model.target_layers) * params.model.hidden_size
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
     gen = torch.Generator().manual_seed(params.batching.seed)
-    batches, out = [], []
-    t0 = time.perf_counter()
+    batches = []
     for i, (kind, n, m) in enumerate(pts):
         batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
                            seed=params.batching.seed + i)
@@ -151,86 +192,156 @@ def _role_worker(role: str, params: Params, device: str, queue, done, other_done
         if role == "drafter":  # the drafter's cost does not depend on the feature values
             feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(dtype)
         batches.append((batch, feats))
-        secs = _time_role(runner, role, batch, feats, warmup=pr.warmup, repeats=pr.repeats,
-                          max_seconds=pr.max_point_seconds)
-        steps = list(range(runner.steps - len(secs), runner.steps)) if role == "drafter" else []
-        out.append({"seconds": secs, "steps": steps})
-        if role == "drafter" and ((i + 1) % 5 == 0 or i + 1 == len(pts)):
-            log.info("grid %d/%d points, %.1f s elapsed; last %s %dx%d: drafter %.1f ms", i + 1, len(pts),
-                     time.perf_counter() - t0, kind, n, m, 1e3 * float(np.median(secs)))
-    done.set()
-    j = 0
-    while not other_done.is_set():
-        batch, feats = batches[j % len(batches)]
-        _time_role(runner, role, batch, feats, warmup=0, repeats=1, max_seconds=0.0)
-        j += 1
-    queue.put((role, out, j))
+    out = [{"alone": [], "alone_cpu": [], "busy": [], "busy_cpu": [], "steps": []} for _ in pts]
+    passes = _passes(params)
+    t0, pair = time.perf_counter(), 0
+    for p, timed in enumerate(passes):
+        for i, (batch, feats) in enumerate(batches):
+            row = out[i]
+            # a point that has taken max_point_seconds (both roles, alone) is not repeated once timed
+            skip = bool(timed and row["alone"]
+                        and spent[i] + spent[len(pts) + i] >= params.profile.max_point_seconds)
+            # a warm-up pass only needs each role to have run the shape once: both at once
+            for phase in ("target", "drafter", "busy") if timed else ("busy",):
+                barrier.wait()
+                if skip or (phase != "busy" and phase != role):
+                    continue
+                _, secs = (runner.target_step(batch) if role == "target" else runner.drafter_step(batch, feats))
+                if phase in (role, "busy"):  # what the point has cost so far (warm-up included)
+                    spent[me * len(pts) + i] += float(secs)
+                if timed:
+                    key = "alone" if phase == role else "busy"
+                    row[key].append(float(secs))
+                    row[key + "_cpu"].append(float(runner.last_cpu_s))
+                    row["steps"].append(runner.steps - 1)
+            pair += 1
+            if not skip:
+                with timed_points.get_lock():
+                    timed_points[me] = pair
+                while timed_points[other] < pair:  # keep the other role's busy step company
+                    runner.target_step(batch) if role == "target" else runner.drafter_step(batch, feats)
+        if role == "drafter":
+            log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
+                     "timed" if timed else "warm-up", len(pts), time.perf_counter() - t0)
+    queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out]))
 
 
 def profile(params: Params, *, device: str = "cpu") -> list[dict]:
     """Time every grid point; one dict per point (see module docstring). Cost: see module docstring.
 
-    With ``profile.concurrent`` and ``train.nproc > 1`` the target and the drafter are timed
-    in two processes at once (each with ``train.threads`` threads), both busy all the time,
-    as in the pipelined run: they compete for cores, caches and memory bandwidth. Timed one
-    after the other in one process instead, the CPU default's run steps came out 1.3-2x
-    slower than profiled (throughput over-predicted by 27-44%); timed together, the
-    prediction errors were -6..-12% (benchmarks/bench_prediction.py).
+    ``device`` is a ``train.device`` name (auto, cpu, cuda), resolved as the run resolves it:
+    the target on the first local device, the drafter on the last (``train.nproc - 1``).
+
+    With ``profile.concurrent`` and ``train.nproc > 1`` the target and the drafter run in two
+    processes (each with ``train.threads`` threads) in lockstep (:func:`_role_worker`): each
+    role is timed alone and busy. Otherwise one process times both, alone, one after the other.
     """
+    from lenbatch.train import resolve_device
+
     pts = grid_points(params)
+    on_cpu = resolve_device(device, 0).type == "cpu"
     t_start = time.perf_counter()
     if params.profile.concurrent and params.train.nproc > 1:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        done = {r: ctx.Event() for r in ("target", "drafter")}
-        procs = [ctx.Process(target=_role_worker, args=(r, params, device, queue, done[r],
-                                                        done["drafter" if r == "target" else "target"]))
-                 for r in ("target", "drafter")]
-        for proc in procs:
+        barrier = ctx.Barrier(2, timeout=BARRIER_TIMEOUT_S)
+        timed_points = ctx.Array("i", 2)
+        spent = ctx.Array("d", 2 * len(pts))
+        where = {"target": str(resolve_device(device, 0)),
+                 "drafter": str(resolve_device(device, params.train.nproc - 1))}
+        procs = {r: ctx.Process(target=_role_worker, args=(r, params, where[r], queue, barrier, timed_points,
+                                                                    spent))
+                 for r in ("target", "drafter")}
+        for proc in procs.values():
             proc.start()
-        got = {}
-        for _ in procs:
-            role, out, filler = queue.get()
-            got[role] = out
-            log.info("%s process done (%d untimed steps kept it busy until the other finished)", role, filler)
-        for proc in procs:
+        got: dict = {}
+        while len(got) < 2:
+            try:
+                role, out = queue.get(timeout=1.0)
+                got[role] = out
+            except _queue.Empty:
+                dead = [r for r, proc in procs.items() if r not in got and proc.exitcode not in (None, 0)]
+                if dead:
+                    for proc in procs.values():
+                        proc.kill()
+                    raise RuntimeError(f"profile {dead[0]} worker exited with code {procs[dead[0]].exitcode}; "
+                                       "its error is printed above")
+        for proc in procs.values():
             proc.join()
-            if proc.exitcode:
-                raise RuntimeError(f"profile worker exited with code {proc.exitcode}")
-        timings = [(t["seconds"], d["seconds"], d["steps"]) for t, d in zip(got["target"], got["drafter"])]
+        t, d = got["target"], got["drafter"]
+        timings = [(a["alone"], b["alone"], a["alone_cpu"], b["alone_cpu"], b["steps"],
+                    (a["busy"], b["busy"], a["busy_cpu"], b["busy_cpu"])) for a, b in zip(t, d)]
     else:
         import torch
 
         from lenbatch.train import StepRunner
 
         torch.set_num_threads(params.train.threads)
-        runner = StepRunner(params, device=device)
-        timings = []
-        for i, (kind, n, m) in enumerate(pts):
-            batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
-                               seed=params.batching.seed + i)
-            t_all, d_all = time_point(runner, batch, warmup=params.profile.warmup, repeats=params.profile.repeats,
-                                      max_seconds=params.profile.max_point_seconds)
-            timings.append((t_all, d_all, list(range(runner.steps - len(d_all), runner.steps))))
-            if (i + 1) % 5 == 0 or i + 1 == len(pts):
-                log.info("grid %d/%d points, %.1f s elapsed", i + 1, len(pts), time.perf_counter() - t_start)
+        runner = StepRunner(params, device=resolve_device(device, 0))
+        batches = [make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
+                              seed=params.batching.seed + i) for i, (kind, n, m) in enumerate(pts)]
+        acc = [([], [], [], [], []) for _ in pts]  # target s, drafter s, their CPU s, drafter steps
+        spent = [0.0] * len(pts)
+        passes = _passes(params)
+        for p, timed in enumerate(passes):
+            for i, batch in enumerate(batches):
+                if timed and acc[i][0] and spent[i] >= params.profile.max_point_seconds:
+                    continue  # long enough: not repeated once timed
+                t_s, d_s, t_c, d_c = time_point(runner, batch, warmup=0, repeats=1, max_seconds=float("inf"))
+                spent[i] += t_s[0] + d_s[0]
+                if timed:
+                    for lst, x in zip(acc[i], (t_s[0], d_s[0], t_c[0], d_c[0], runner.steps - 1)):
+                        lst.append(x)
+            log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
+                     "timed" if timed else "warm-up", len(pts), time.perf_counter() - t_start)
+        timings = [(t_all, d_all, t_cpu, d_cpu, steps, None) for t_all, d_all, t_cpu, d_cpu, steps in acc]
     rows = []
-    for i, ((kind, n, m), (t_all, d_all, steps)) in enumerate(zip(pts, timings)):
+    for i, ((kind, n, m), (t_all, d_all, t_cpu, d_cpu, steps, busy)) in enumerate(zip(pts, timings)):
         lengths = grid_shape(kind, n, m, max_len=params.data.max_len)
         batch = make_batch(kind, lengths, params, seed=params.batching.seed + i)
         cols = batch_columns(np.asarray(lengths), [np.arange(len(lengths))], kind=kind,
                              drafter=_drafter_work(batch, params, steps=steps))
         k = min(len(t_all), len(d_all))
         tot = [a + b for a, b in zip(t_all[:k], d_all[:k])]
-        rows.append({"kind": kind, "sequences": n, "length": m, "sequence_lengths": lengths,
-                     "computed_tokens": float(cols["computed_tokens"][0]), "sum_len_sq": float(cols["sum_len_sq"][0]),
-                     "ctx_tokens": float(cols["ctx_tokens"][0]), "positions": float(cols["positions"][0]),
-                     "target_seconds_median": float(np.median(t_all)), "target_seconds_all": t_all,
-                     "drafter_seconds_median": float(np.median(d_all)), "drafter_seconds_all": d_all,
-                     "seconds_median": float(np.median(tot)), "seconds_all": tot})
+        row = {"kind": kind, "sequences": n, "length": m, "sequence_lengths": lengths,
+               "computed_tokens": float(cols["computed_tokens"][0]), "sum_len_sq": float(cols["sum_len_sq"][0]),
+               "ctx_tokens": float(cols["ctx_tokens"][0]), "positions": float(cols["positions"][0]),
+               "target_seconds_median": float(np.median(t_all)), "target_seconds_all": t_all,
+               "drafter_seconds_median": float(np.median(d_all)), "drafter_seconds_all": d_all,
+               "seconds_median": float(np.median(tot)), "seconds_all": tot,
+               # process CPU seconds: cpu / (seconds x threads) well below 1 = a busy machine
+               "target_cpu_seconds_all": t_cpu, "drafter_cpu_seconds_all": d_cpu}
+        if busy is not None:  # the same step with the other role working at the same time
+            tb, db, tbc, dbc = busy
+            row.update({"target_busy_seconds_median": float(np.median(tb)), "target_busy_seconds_all": tb,
+                        "drafter_busy_seconds_median": float(np.median(db)), "drafter_busy_seconds_all": db,
+                        "target_busy_cpu_seconds_all": tbc, "drafter_busy_cpu_seconds_all": dbc})
+        rows.append(row)
+    share = grid_cpu_share(rows, threads=params.train.threads)
+    if on_cpu and rows and min(share.values()) < CPU_SHARE_WARN:
+        log.warning("the profile's steps got %s of their cores: other work was running, so the step-time "
+                    "model will over-predict step times. Rerun on a quiet machine: snakemake --forcerun profile",
+                    ", ".join(f"{role} {100 * v:.0f}%" for role, v in share.items()))
     return rows
+
+
+def grid_cpu_share(rows: list[dict], *, threads: int) -> dict[str, float]:
+    """Share of its cores each role got over the whole grid (:func:`lenbatch.stepmodel.cpu_share`).
+
+    NaN for a role when the grid has no CPU times (a grid.json from before they were recorded).
+    """
+    out = {}
+    for role in ("target", "drafter"):
+        if not rows or any(f"{role}_cpu_seconds_all" not in r for r in rows):
+            out[role] = float("nan")
+            continue
+        wall = [x for r in rows for key in (f"{role}_seconds_all", f"{role}_busy_seconds_all") for x in r.get(key, [])]
+        cpu = [x for r in rows for key in (f"{role}_cpu_seconds_all", f"{role}_busy_cpu_seconds_all")
+               for x in r.get(key, [])]
+        out[role] = cpu_share(wall, cpu, threads=threads)
+    return out
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -244,11 +355,13 @@ def _run(args: argparse.Namespace) -> int:
     overrides = {"profile": {"repeats": args.repeats}} if args.repeats is not None else None
     params = params_from_args(args, overrides)
     t0 = time.perf_counter()
-    rows = profile(params, device="cpu" if params.train.device == "auto" else params.train.device)
+    rows = profile(params, device=params.train.device)
     seconds = time.perf_counter() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grid.json").write_text(json.dumps(rows, indent=1) + "\n")
     write_resolved(params, out)
-    log.info("profiled %d grid points in %.1f s; wrote %s", len(rows), seconds, out / "grid.json")
+    share = grid_cpu_share(rows, threads=params.train.threads)
+    log.info("profiled %d grid points in %.1f s (share of their cores: target %.0f%%, drafter %.0f%%); wrote %s",
+             len(rows), seconds, 100 * share["target"], 100 * share["drafter"], out / "grid.json")
     return 0

@@ -313,6 +313,16 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
     t = np.asarray(target_s, dtype=np.float64)
     if drafter_s is None:
         return np.cumsum(t + overhead_s)
+    return pipeline_timeline(t, drafter_s, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
+                             overhead_s=overhead_s)["end"]
+
+
+def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
+                      ack_every: int | None = None, overhead_s: float = 0.0) -> dict[str, np.ndarray]:
+    """The pipelined run's timeline (see :func:`pipeline_ends`): per step, when its target
+    forward starts and ends (``target_start``, ``target_end``), when the drafter takes it
+    (``drafter_start``) and when the step ends (``end``). Cost O(steps)."""
+    t = np.asarray(target_s, dtype=np.float64)
     d = np.asarray(drafter_s, dtype=np.float64)
     assert t.shape == d.shape
     q, R = int(queue_size), int(target_ranks)
@@ -350,7 +360,96 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
                 schedule(last)
                 resume = max(resume, put[last])
             pending = 0
-    return end
+    return {"target_start": done - t, "target_end": done, "drafter_start": take, "end": end}
+
+
+def busy_share(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, busy_ends: np.ndarray) -> np.ndarray:
+    """Share of each interval [starts_k, ends_k] during which at least one busy interval runs.
+
+    The busy intervals are merged into a disjoint union; with B(x) the busy time before x
+    (prefix sums over the union), interval k's share is (B(ends_k) - B(starts_k)) / its
+    length (0 for an empty interval). Cost O((n + m) log m).
+    """
+    starts, ends = np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
+    bs, be = np.asarray(busy_starts, dtype=np.float64), np.asarray(busy_ends, dtype=np.float64)
+    if bs.size == 0:
+        return np.zeros_like(starts)
+    order = np.argsort(bs, kind="stable")
+    bs, be = bs[order], be[order]
+    reach = np.maximum.accumulate(be)
+    new = np.concatenate([[True], bs[1:] > reach[:-1]])  # a gap before this interval opens a new union piece
+    ms = bs[new]
+    me = reach[np.concatenate([np.flatnonzero(new)[1:] - 1, [bs.size - 1]])]
+    cum = np.concatenate([[0.0], np.cumsum(me - ms)])
+
+    def before(x: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(ms, x, side="right")  # union pieces starting at or before x
+        last = np.maximum(j - 1, 0)
+        part = np.where(j > 0, np.clip(x - ms[last], 0.0, me[last] - ms[last]), 0.0)
+        return cum[last] + part
+
+    length = ends - starts
+    return np.where(length > 0, (before(ends) - before(starts)) / np.where(length > 0, length, 1.0), 0.0)
+
+
+def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_alone: np.ndarray,
+                     drafter_busy: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
+                     ack_every: int | None = None, overhead_s: float = 0.0, iterations: int = 30,
+                     tol: float = 1e-6) -> dict[str, np.ndarray]:
+    """Pipelined run whose step times depend on whether the other role is working meanwhile.
+
+    On one machine the target and the drafter share cores, caches and memory bandwidth: a
+    step timed alone (``*_alone``) runs faster than one timed with the other role busy
+    (``*_busy``). Each step gets the time
+
+        t_k = t_alone_k + (t_busy_k - t_alone_k) * o_k
+
+    with o_k the share of its forward during which the drafter works (and likewise for the
+    drafter step, against the union of the target ranks' forwards), read off the pipeline
+    timeline (:func:`pipeline_timeline`, :func:`busy_share`). The overlaps depend on the
+    times, so this is a fixed point: start from o = 1 (always busy), then average old and
+    new times until they move less than ``tol`` (relative). Returns the timeline plus
+    ``target_s``, ``drafter_s`` (the blended times) and ``target_overlap``,
+    ``drafter_overlap``. Cost O(iterations x steps log steps), a few iterations in practice.
+    """
+    ta, tb = np.asarray(target_alone, dtype=np.float64), np.asarray(target_busy, dtype=np.float64)
+    da, db = np.asarray(drafter_alone, dtype=np.float64), np.asarray(drafter_busy, dtype=np.float64)
+    assert ta.shape == tb.shape == da.shape == db.shape
+    t, d = tb.copy(), db.copy()
+    for _ in range(max(int(iterations), 1)):
+        tl = pipeline_timeline(t, d, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
+                               overhead_s=overhead_s)
+        d_end = tl["drafter_start"] + d
+        o_t = busy_share(tl["target_start"], tl["target_end"], tl["drafter_start"], d_end)
+        o_d = busy_share(tl["drafter_start"], d_end, tl["target_start"], tl["target_end"])
+        t_new = 0.5 * (t + ta + (tb - ta) * o_t)
+        d_new = 0.5 * (d + da + (db - da) * o_d)
+        moved = max(float(np.max(np.abs(t_new - t) / np.maximum(t, 1e-12), initial=0.0)),
+                    float(np.max(np.abs(d_new - d) / np.maximum(d, 1e-12), initial=0.0)))
+        t, d = t_new, d_new
+        if moved < tol:
+            break
+    tl = pipeline_timeline(t, d, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
+                           overhead_s=overhead_s)
+    d_end = tl["drafter_start"] + d
+    return {**tl, "target_s": t, "drafter_s": d,
+            "target_overlap": busy_share(tl["target_start"], tl["target_end"], tl["drafter_start"], d_end),
+            "drafter_overlap": busy_share(tl["drafter_start"], d_end, tl["target_start"], tl["target_end"])}
+
+
+def cpu_share(seconds: Sequence[float], cpu_seconds: Sequence[float], *, threads: int) -> float:
+    """Share of its cores a role's steps got: sum cpu_seconds / (sum seconds x threads).
+
+    About 1 on a quiet CPU machine (the cores were the step's own); well below 1 when other
+    processes took them, which slows every step in a way no step-time model can predict.
+    (On a GPU the host spins while waiting, so it stays near 1 and says nothing.) NaN when
+    there are no CPU times. Cost O(steps).
+    """
+    wall = float(np.sum(np.asarray(seconds, dtype=np.float64)))
+    cpu = np.asarray(cpu_seconds, dtype=np.float64)
+    if wall <= 0 or cpu.size == 0 or not np.all(np.isfinite(cpu)):
+        return float("nan")
+    return float(cpu.sum() / (wall * max(int(threads), 1)))
 
 
 def throughput(useful_tokens: np.ndarray, ends: np.ndarray, *, warmup_steps: int) -> float:

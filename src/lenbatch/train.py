@@ -29,7 +29,9 @@ Measured (``steps.jsonl``, one line per step): rank, step, epoch, sequences, len
 packed row length), useful and computed tokens, target_s (forward on the target rank),
 credit_wait_s (target rank waiting for queue room: the drafter is the bottleneck),
 queue_wait_s (drafter waiting for the batch, transfer included: the target is the bottleneck),
-drafter_s, loss. ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
+drafter_s, loss; target_cpu_s and drafter_cpu_s (process CPU seconds of each step: on a CPU
+device, cpu_s / (seconds x threads) below 1 means other work took the cores, see
+:func:`lenbatch.stepmodel.cpu_share`). ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
 drafter-side wall time of those steps (pipeline throughput), padding efficiency, loss curve...
 
 Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end) holds the
@@ -45,6 +47,7 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import subprocess
@@ -62,6 +65,7 @@ import torch
 from lenbatch.collate import Batch, batch_from_parts, collate, layout_for
 from lenbatch.config import STRATEGY_NAMES, Params, add_params_argument, load_params, write_resolved
 from lenbatch.log import get_logger
+from lenbatch.stepmodel import cpu_share
 
 log = get_logger("train")
 HEADER_LEN = 12
@@ -98,7 +102,7 @@ class StepRunner:
     ``StepRunner(params, *, device="cpu")`` builds the frozen target, the drafter and AdamW.
     ``target_step(batch) -> (features, seconds)``; ``drafter_step(batch, features) -> (loss, seconds)``
     (one optimizer step; anchors from (batching.seed, epoch, step, dataset index), ``step``
-    defaults to the runner's own counter). ``role="drafter"`` builds only the target's
+    defaults to the runner's own counter). ``last_cpu_s``: process CPU seconds of the last step. ``role="drafter"`` builds only the target's
     embedding and lm_head (the drafter rank), ``role="target"`` only the target.
     """
 
@@ -111,6 +115,8 @@ class StepRunner:
         self.params = params
         self.device = torch.device(device)
         self.steps = 0
+        self.threads = torch.get_num_threads()
+        self.last_cpu_s = 0.0
         self.target = None
         if role in ("both", "target"):
             self.target = target_model.build_target(params.model, device=self.device)
@@ -130,12 +136,13 @@ class StepRunner:
         assert self.target is not None, "this StepRunner was built without the target (role='drafter')"
         batch = batch.to(self.device)
         _sync(self.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if batch.kind == "packed":
             feats = self.target.features(batch.input_ids, cu_seqlens=batch.cu_seqlens)
         else:
             feats = self.target.features(batch.input_ids, attention_mask=batch.attention_mask)
         _sync(self.device)
+        self.last_cpu_s = time.process_time() - c0
         return feats, time.perf_counter() - t0
 
     def drafter_step(self, batch: Batch, features: torch.Tensor, *, step: Optional[int] = None,
@@ -148,7 +155,7 @@ class StepRunner:
         if features.is_inference():  # produced under inference_mode: make it a normal tensor for autograd
             features = features.clone()
         _sync(self.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         anchors, valid = self.drafter.anchors_for(batch, anchors_per_seq=p.drafter.anchors_per_seq,
                                                   seed=p.batching.seed, epoch=epoch, step=step)
         out = self.drafter(features, batch, anchors, valid, embed_tokens=self.embed_tokens, lm_head=self.lm_head)
@@ -158,6 +165,7 @@ class StepRunner:
         self.optimizer.step()
         loss = float(out.loss.detach())
         _sync(self.device)
+        self.last_cpu_s = time.process_time() - c0
         self.steps = step + 1
         self.last_output = out
         return loss, time.perf_counter() - t0
@@ -406,6 +414,9 @@ class Recorder:
             "queue_wait_s_mean": mean("queue_wait_s", measured), "credit_wait_s_mean": mean("credit_wait_s", measured),
             "target_s_total": float(sum(r["target_s"] for r in measured)),
             "drafter_s_total": float(sum(r["drafter_s"] for r in measured)),
+            "threads": params.train.threads,
+            "target_cpu_share": _cpu_share(measured, "target", threads=params.train.threads),
+            "drafter_cpu_share": _cpu_share(measured, "drafter", threads=params.train.threads),
             "loss_curve": [[r["step"], r["loss"]] for r in rows[::stride]],
             "loss_curve_stride": stride,
             "first_loss": rows[0]["loss"] if rows else None,
@@ -502,14 +513,23 @@ class SamplerCursor:
         return self.sampler.state_dict()
 
 
+def _cpu_share(rows: list[dict[str, Any]], role: str, *, threads: int) -> Optional[float]:
+    """Share of its cores a role's steps got (:func:`lenbatch.stepmodel.cpu_share`); None without CPU times."""
+    if not rows or any(f"{role}_cpu_s" not in r for r in rows):
+        return None
+    share = cpu_share([r[f"{role}_s"] for r in rows], [r[f"{role}_cpu_s"] for r in rows], threads=threads)
+    return None if math.isnan(share) else share
+
+
 def _row(step: ScheduledStep, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
-         loss: float, t: float, runner: StepRunner) -> dict[str, Any]:
+         loss: float, t: float, runner: StepRunner, target_cpu_s: float) -> dict[str, Any]:
     out = runner.last_output
     return {"rank": step.rank, "step": step.step, "epoch": step.epoch, "sequences": batch.num_sequences,
             "length": batch.shape_length, "useful_tokens": batch.useful_tokens,
             "computed_tokens": batch.computed_tokens, "target_s": round(target_s, 6),
             "credit_wait_s": round(credit_s, 6), "queue_wait_s": round(wait_s, 6), "drafter_s": round(drafter_s, 6),
             "loss": loss, "t": round(t, 6), "batch_hash": batch_hash(step.indices),
+            "target_cpu_s": round(target_cpu_s, 6), "drafter_cpu_s": round(runner.last_cpu_s, 6),
             "positions": out.positions if out else 0, "blocks": out.blocks if out else 0,
             "sequences_without_anchor": out.sequences_without_anchor if out else 0}
 
@@ -557,11 +577,12 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         batch = collate(data.samples(idx), kind=kind, token_budget=p.batching.token_budget,
                         max_batch_size=p.batching.max_batch_size, indices=idx)
         feats, t_s = runner.target_step(batch)
+        t_cpu = runner.last_cpu_s
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
         useful_done += batch.useful_tokens
         t = time.perf_counter() - t_start
         rec.add(_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
-                     runner=runner))
+                     runner=runner, target_cpu_s=t_cpu))
         _progress(step, len(setup.schedule), loss, useful_done, t)
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
@@ -622,7 +643,7 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
             for w in works:
                 w.wait()
         credit_s = time.perf_counter() - t0
-        meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), 0, 0]
+        meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9), 0]
         in_flight.append(send_batch(batch.to(comm_device), feats, dst=drafter_rank, meta=meta,
                                     comm_device=comm_device))
         useful_done += batch.useful_tokens
@@ -658,7 +679,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         wait_s = time.perf_counter() - t0
         ack = torch.tensor([float(step.step), last_loss], dtype=torch.float64, device=comm_device)
         acks.append((dist.isend(ack, step.rank), ack))
-        epoch, gstep, t_ns, credit_ns = meta[:4]
+        epoch, gstep, t_ns, credit_ns, t_cpu_ns = meta[:5]
         assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
         idx = shadows[step.rank].next(step)
         if not np.array_equal(batch.indices.cpu().numpy(), idx):
@@ -667,7 +688,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         last_loss = loss
         t = time.perf_counter() - t_start
         rec.add(_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s, drafter_s=d_s,
-                     loss=loss, t=t, runner=runner))
+                     loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9))
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=[s.state() for s in shadows], fp=setup.fp)
