@@ -232,17 +232,29 @@ def test_compare_blends_alone_and_busy_step_times_by_the_runs_overlap(stage_inpu
     edges = tuple(json.loads((root / "boundaries" / "boundaries.json").read_text())["edges"])
     for s in STRATEGIES:
         _fake_run(lengths, params, s, edges, tmp_path / "train" / s, root / "data", busy=busy)
-    result = _run(tmp_path, params)
+    import dataclasses
+
+    def with_mode(mode: str):
+        return dataclasses.replace(params, compare=dataclasses.replace(params.compare, contention=mode))
+
+    result = _run(tmp_path, with_mode("blend"))
     assert {"target_busy", "drafter_busy"} <= set(result["fits"])
     for s in STRATEGIES:
         r = result["rows"][s]
         assert abs(r["prediction_error"]) < 0.01, (s, r["prediction_error"])
         assert r["target_step_ratio"] == pytest.approx(1.0, abs=0.01)
-    # the same runs against the grid's alone times only: over-predicted (the blend is what fits)
-    plain = _grid(params)
-    (tmp_path / "profile" / "grid.json").write_text(json.dumps(plain))
-    alone = _run(tmp_path, params)
-    assert all(alone["rows"][s]["prediction_error"] > 0.05 for s in STRATEGIES)
+    # the same runs predicted from busy times only (every step slowed: too slow) or alone times only
+    # (no step slowed: too fast); the roles overlap most of the time here, so busy is the nearer
+    busy_only, alone_only = _run(tmp_path, with_mode("busy")), _run(tmp_path, with_mode("alone"))
+    for s in STRATEGIES:
+        busy_err, alone_err = busy_only["rows"][s]["prediction_error"], alone_only["rows"][s]["prediction_error"]
+        assert busy_err < -0.005 and alone_err > 0.1 and alone_err > -busy_err, (s, busy_err, alone_err)
+    # a grid without busy timings (one-process profile) is predicted from its alone times, whatever the mode
+    (tmp_path / "profile" / "grid.json").write_text(json.dumps(_grid(params)))
+    plain = _run(tmp_path, with_mode("busy"))
+    assert "target_busy" not in plain["fits"]
+    assert [plain["rows"][s]["predicted_tok_s"] for s in STRATEGIES] == pytest.approx(
+        [alone_only["rows"][s]["predicted_tok_s"] for s in STRATEGIES], rel=1e-9)
 
 
 def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):

@@ -238,21 +238,24 @@ def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, ki
 def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int) -> dict:
     """Predicted step times, pipelined run time and useful tokens/s of a run's shape table.
 
-    One process: the target and drafter steps add up (timed alone). Pipelined: with a
-    lockstep profile each step's time is blended between alone and busy by how much the
-    other role works during it (:func:`lenbatch.stepmodel.blended_pipeline`); otherwise the
-    grid's times are used as they are.
+    One process: the target and drafter steps add up (timed alone). Pipelined, by
+    ``compare.contention`` when the grid has busy timings (else alone): busy times, alone
+    times, or each step blended between the two by how much the other role works during it
+    (:func:`lenbatch.stepmodel.blended_pipeline`).
     """
     target = fits["target"]["best"].predict(cols)
     drafter = fits["drafter"]["best"].predict(cols)
+    mode = params.compare.contention if "target_busy" in fits else "alone"
     if params.train.nproc == 1:
         ends = sm.pipeline_ends(target + drafter)
-    elif "target_busy" in fits:
+    elif mode == "blend":
         tl = sm.blended_pipeline(target, fits["target_busy"]["best"].predict(cols), drafter,
                                  fits["drafter_busy"]["best"].predict(cols), queue_size=params.train.queue_size,
                                  target_ranks=target_ranks, ack_every=ACK_EVERY)
         target, drafter, ends = tl["target_s"], tl["drafter_s"], tl["end"]
     else:
+        if mode == "busy":
+            target, drafter = (fits[f"{r}_busy"]["best"].predict(cols) for r in ("target", "drafter"))
         ends = sm.pipeline_ends(target, drafter, queue_size=params.train.queue_size, target_ranks=target_ranks,
                                 ack_every=ACK_EVERY)
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
