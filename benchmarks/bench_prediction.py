@@ -115,7 +115,6 @@ def main() -> int:
                    for m in MODES}
     by_mode = {m: {s: np.zeros((R, R)) for s in args.strategies} for m in MODES}
     pred = by_mode[params.compare.contention]
-    adjusted = {s: np.zeros((R, R)) for s in args.strategies}  # scaled by run j's speed probe vs profile i
     meas = {s: np.zeros(R) for s in args.strategies}
     diag: dict[str, list[dict]] = {s: [] for s in args.strategies}
     fits, shares = [], []
@@ -136,7 +135,6 @@ def main() -> int:
                              train_dir=work / f"train_rep{j}", data_dir=data)
             for s, r in result["rows"].items():
                 pred[s][i, j] = r["predicted_tok_s"]
-                adjusted[s][i, j] = r["speed_adjusted_tok_s"]
                 meas[s][j] = r["measured_tok_s"]
                 if i == j:
                     diag[s].append({k: r[k] for k in ("target_step_ratio", "drafter_step_ratio", "pipeline_error",
@@ -179,15 +177,6 @@ def main() -> int:
                                       f"pipe {100 * r['pipeline_error']:+.1f}% "
                                       f"cpu {100 * r['target_cpu_share']:.0f}/{100 * r['drafter_cpu_share']:.0f}%"
                                       for r in rs))
-    print()
-    print("after the speed probe (prediction scaled by how much slower the machine was during the run than while "
-          "profiling): matched errors | all-pairs mean [min, max]")
-    for s in args.strategies:
-        e = adjusted[s] / meas[s][None, :] - 1.0
-        table[s]["speed_adjusted"] = {"matched": np.diag(e).tolist(), "mean": float(e.mean()),
-                                      "min": float(e.min()), "max": float(e.max())}
-        print(f"{s:<9} {' '.join(f'{100 * x:+.1f}%' for x in np.diag(e))} | {100 * e.mean():+.1f}% "
-              f"[{100 * e.min():+.1f}, {100 * e.max():+.1f}]")
     print()
     print("every compare.contention mode on the same profiles and runs: matched errors | all-pairs mean")
     modes_out = {}

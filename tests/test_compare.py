@@ -69,11 +69,9 @@ def _grid(params, *, busy: float | None = None, cpu_share: float | None = None) 
     return rows
 
 
-def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: float | None = None,
-              slow: float = 1.0) -> None:
+def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: float | None = None) -> None:
     """A training run's outputs for the planned batches, timed by the known law through the pipeline
-    (``busy``: a step costs the law x busy while the other role works, blended by the overlap; ``slow``:
-    the machine is that much slower than while profiling, every step and the speed probe alike)."""
+    (``busy``: a step costs the law x busy while the other role works, blended by the overlap)."""
     from lenbatch.compare import LossMasks, planned_batches, step_columns, step_kind
 
     steps = planned_batches(lengths, params, strategy, edges, useful_tokens=params.train.useful_tokens,
@@ -86,8 +84,6 @@ def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: 
         tl = sm.blended_pipeline(t_s, busy * t_s, d_s, busy * d_s, queue_size=params.train.queue_size,
                                  ack_every=ACK_EVERY)
         ends, t_s, d_s = tl["end"], tl["target_s"], tl["drafter_s"]
-    t_s, d_s = slow * t_s, slow * d_s
-    ends = slow * ends
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
     out.mkdir(parents=True)
     with (out / "steps.jsonl").open("w") as fh:
@@ -100,19 +96,8 @@ def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: 
     summary = {"useful_tokens_per_s": tput, "steps": len(steps), "planned_steps": len(steps),
                "padding_efficiency": float(cols["useful_tokens"].sum() / cols["computed_tokens"].sum()),
                "loss_curve": [[i, 5.0 - 1e-5 * i] for i in range(len(steps))],
-               "final_loss": 5.0, "params": params.to_dict(), "probe": _probe(params, busy=busy, slow=slow)}
+               "final_loss": 5.0, "params": params.to_dict()}
     (out / "summary.json").write_text(json.dumps(summary))
-
-
-def _probe(params, *, busy: float | None, slow: float) -> dict:
-    """The run's speed probe: the probe shape timed by the law (busy: both ranks at once), x slow."""
-    from lenbatch.profile import probe_shape
-
-    kind, n, m = probe_shape(params)
-    row = next(r for r in _grid(params) if (r["kind"], r["sequences"], r["length"]) == (kind, n, m))
-    f = slow * (busy or 1.0)
-    return {"kind": kind, "sequences": n, "length": m, "target_s": [f * row["target_seconds_median"]] * 6,
-            "drafter_s": [f * row["drafter_seconds_median"]] * 6}
 
 
 @pytest.fixture(scope="module")
@@ -291,23 +276,3 @@ def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):
     assert busy_machine(quiet) == []
     write_outputs(quiet, tmp_path / "quiet" / "compare", params=params)
     assert "The machine was quiet" in (tmp_path / "quiet" / "compare" / "report.md").read_text()
-
-
-def test_speed_probe_tells_the_machines_drift_from_model_error(stage_inputs, tmp_path):
-    """Runs on a machine 12% slower than while profiling: the raw prediction is 12% too high,
-    the probe measures 1.12 and the speed-adjusted prediction is right again."""
-    root, params = stage_inputs
-    _variant(root, tmp_path, _grid(params))
-    lengths = np.load(root / "data" / "lengths.npy").astype(np.int64)
-    edges = tuple(json.loads((root / "boundaries" / "boundaries.json").read_text())["edges"])
-    for s in STRATEGIES:
-        _fake_run(lengths, params, s, edges, tmp_path / "train" / s, root / "data", slow=1.12)
-    result = _run(tmp_path, params)
-    for s in STRATEGIES:
-        r = result["rows"][s]
-        assert r["probe_speed_ratio"] == pytest.approx(1.12, rel=1e-6)
-        assert r["prediction_error"] == pytest.approx(0.12, abs=0.01)  # predicted for the faster machine
-        assert abs(r["speed_adjusted_error"]) < 0.01
-    metrics = write_outputs(result, tmp_path / "compare", params=params)
-    assert metrics["max_abs_speed_adjusted_error"] < 0.01 and metrics["sorted.probe_speed_ratio"] == pytest.approx(1.12)
-    assert "1.12x to 1.12x the profile's time" in (tmp_path / "compare" / "report.md").read_text()

@@ -120,14 +120,6 @@ def test_two_process_torchrun_run_of_each_strategy(setup, strategy):
     assert summary["target_cpu_share"] == pytest.approx(
         sum(s["target_cpu_s"] for s in measured) / (sum(s["target_s"] for s in measured) * summary["threads"]))
     assert 0 < summary["target_cpu_share"] < 1.5 and 0 < summary["drafter_cpu_share"] < 1.5
-    # the speed probe: the profile's probe shape, timed at the start and the end on both ranks
-    from lenbatch.profile import probe_shape
-    from lenbatch.train import PROBE_REPEATS
-
-    pr = summary["probe"]
-    assert (pr["kind"], pr["sequences"], pr["length"]) == probe_shape(load_params("params.yaml", str(setup["params"])))
-    assert len(pr["target_s"]) == len(pr["drafter_s"]) == 2 * PROBE_REPEATS
-    assert min(pr["target_s"] + pr["drafter_s"]) > 0
     assert (out / "checkpoint.pt").exists() and (out / "params.json").exists()
 
 

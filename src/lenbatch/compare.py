@@ -235,33 +235,27 @@ def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, ki
                                                                   np.array([w[1] for w in work], dtype=float)))
 
 
-def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int,
-                  speed: tuple[float, float] = (1.0, 1.0)) -> dict:
+def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int) -> dict:
     """Predicted step times, pipelined run time and useful tokens/s of a run's shape table.
 
     One process: the target and drafter steps add up (timed alone). Pipelined, by
     ``compare.contention`` when the grid has busy timings (else alone): busy times, alone
     times, or each step blended between the two by how much the other role works during it
-    (:func:`lenbatch.stepmodel.blended_pipeline`). ``speed``: every target and drafter step
-    time is multiplied by these (:func:`probe_speed`: the machine was that much slower).
+    (:func:`lenbatch.stepmodel.blended_pipeline`).
     """
-    st, sd = speed
-
-    def role(name: str) -> np.ndarray:
-        return (st if name.startswith("target") else sd) * fits[name]["best"].predict(cols)
-
-    target, drafter = role("target"), role("drafter")
+    target = fits["target"]["best"].predict(cols)
+    drafter = fits["drafter"]["best"].predict(cols)
     mode = params.compare.contention if "target_busy" in fits else "alone"
     if params.train.nproc == 1:
         ends = sm.pipeline_ends(target + drafter)
     elif mode == "blend":
-        tl = sm.blended_pipeline(target, role("target_busy"), drafter, role("drafter_busy"),
-                                 queue_size=params.train.queue_size,
+        tl = sm.blended_pipeline(target, fits["target_busy"]["best"].predict(cols), drafter,
+                                 fits["drafter_busy"]["best"].predict(cols), queue_size=params.train.queue_size,
                                  target_ranks=target_ranks, ack_every=ACK_EVERY)
         target, drafter, ends = tl["target_s"], tl["drafter_s"], tl["end"]
     else:
         if mode == "busy":
-            target, drafter = role("target_busy"), role("drafter_busy")
+            target, drafter = (fits[f"{r}_busy"]["best"].predict(cols) for r in ("target", "drafter"))
         ends = sm.pipeline_ends(target, drafter, queue_size=params.train.queue_size, target_ranks=target_ranks,
                                 ack_every=ACK_EVERY)
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
@@ -379,12 +373,8 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             raise ValueError(f"strategy {s}: step {bad} trained {trained[bad]} useful tokens but the current plan "
                              f"gives {planned[bad]} (the run was planned with other data or params); rerun: "
                              f"snakemake results/train/{s}/summary.json")
-        cols = step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks)
-        pred = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks)
-        speed = probe_speed(summary, profile["rows"], params)
-        adjusted = (predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks,
-                                  speed=(speed["target"], speed["drafter"]))["tok_s"]
-                    if all(math.isfinite(v) for v in speed.values()) else float("nan"))
+        pred = predict_steps(step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks),
+                             fits=fits, params=params, target_ranks=target_ranks)
         comp[s] = components(pred, fits, warmup_steps=params.train.warmup_steps)
         measured = float(summary["useful_tokens_per_s"])
         pm = plans[s]
@@ -397,10 +387,6 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             "predicted_tok_s": pred["tok_s"],
             "measured_tok_s": measured,
             "prediction_error": pred["tok_s"] / measured - 1.0,
-            "probe_speed_ratio": speed["target"],
-            "drafter_probe_speed_ratio": speed["drafter"],
-            "speed_adjusted_tok_s": adjusted,
-            "speed_adjusted_error": adjusted / measured - 1.0,
             "composition_repeat": float(pm["composition_repeat"]),
             "length_mixing": float(pm["length_mixing"]),
             "steps": len(batches),
@@ -435,28 +421,6 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             "profile_cpu_share": grid_cpu_share(profile["rows"], threads=params.train.threads), "num_buckets": int(bounds["num_buckets"]),
             "histogram": histogram, "stats": stats, "loss_tokens": equal_at,
             "recommendation": recommend(rows, ksweep, params=params)}
-
-
-def probe_speed(summary: dict, grid_rows: list[dict], params: Params) -> dict[str, float]:
-    """How much slower the machine was during a run than while profiling, per role.
-
-    The run timed :func:`lenbatch.profile.probe_shape` at its start and end (both ranks at
-    once in a pipelined run, so against the grid's busy time; alone in one process); the
-    ratio of medians run / profile is the speed factor (1.05: the run's machine was 5%
-    slower). NaN when the run or the grid lacks the probe (older results).
-    """
-    nan = {"target": float("nan"), "drafter": float("nan")}
-    pr = summary.get("probe")
-    if not pr:
-        return nan
-    shape = (pr["kind"], pr["sequences"], pr["length"])
-    row = next((r for r in grid_rows if (r["kind"], r["sequences"], r["length"]) == shape), None)
-    if row is None:
-        return nan
-    busy = params.train.nproc > 1 and "target_busy_seconds_median" in row
-    return {role: float(np.median(pr[f"{role}_s"])) / float(row[f"{role}_busy_seconds_median" if busy
-                                                              else f"{role}_seconds_median"])
-            for role in ("target", "drafter")}
 
 
 def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int, measured: float) -> dict:
@@ -568,8 +532,7 @@ METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_eff
                "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
                "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "loss_at_equal_tokens", "steps",
                "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted",
-               "target_cpu_share", "drafter_cpu_share", "probe_speed_ratio", "drafter_probe_speed_ratio",
-               "speed_adjusted_tok_s", "speed_adjusted_error")
+               "target_cpu_share", "drafter_cpu_share")
 
 
 def _num(x: float) -> float | None:
@@ -589,8 +552,6 @@ def flat_metrics(result: dict) -> dict[str, Any]:
     for role, v in result["profile_cpu_share"].items():
         out[f"profile.{role}_cpu_share"] = _num(v)
     out["max_abs_prediction_error"] = _num(max(abs(r["prediction_error"]) for r in result["rows"].values()))
-    adj = [abs(r["speed_adjusted_error"]) for r in result["rows"].values()]
-    out["max_abs_speed_adjusted_error"] = _num(max(adj) if all(math.isfinite(x) for x in adj) else float("nan"))
     for e in result["sweep"]:
         out[f"bucketed_k{e['num_buckets']}.predicted_ratio_to_sorted"] = _num(e["predicted_ratio_to_sorted"])
     rec = result["recommendation"]
@@ -796,21 +757,6 @@ def noise_paragraph(result: dict) -> str:
             "the errors above are the step-time model's and the run-to-run noise's, not other work's.")
 
 
-def speed_paragraph(result: dict) -> str:
-    """Did the machine's speed drift between the profile and the runs? (The probe shape, timed in both.)"""
-    rows = result["rows"]
-    ratios = [r["probe_speed_ratio"] for r in rows.values() if math.isfinite(r["probe_speed_ratio"])]
-    if not ratios:
-        return ("The runs or the grid lack the speed probe (older results), so the machine's drift between "
-                "profile and runs is not measured; rerun: snakemake --forcerun profile train")
-    adj = [abs(r["speed_adjusted_error"]) for r in rows.values()]
-    return (f"The machine's speed drifts: each run timed the profile's probe shape before and after training, "
-            f"{min(ratios):.2f}x to {max(ratios):.2f}x the profile's time for it (above 1: slower during the run). "
-            f"Scaling the prediction by each run's factor leaves errors of at most {100 * max(adj):.1f}%: that is "
-            "the step-time model's own error; the rest of the error above is the machine's drift, which a prediction "
-            "made before training cannot know.")
-
-
 def write_report(result: dict, out: Path, *, params: Params) -> Path:
     rows = result["rows"]
     lines = ["# Batching strategies: predicted vs measured", "", "## Answer", "",
@@ -837,16 +783,12 @@ def write_report(result: dict, out: Path, *, params: Params) -> Path:
               "(1.00 = the profile timed the run's steps right), and the measured step times replayed through "
               "the pipeline model against the measured throughput (0% = the pipeline model is right).", "",
               "| strategy | target step ratio | drafter step ratio | pipeline replay error | "
-              "target CPU share | drafter CPU share | machine speed (probe: run / profile, target, drafter) | "
-              "error after the probe's speed |", "|---|---|---|---|---|---|---|---|"]
+              "target CPU share | drafter CPU share |", "|---|---|---|---|---|---|"]
     for s, r in rows.items():
-        adj = r["speed_adjusted_error"]
         lines.append(f"| {s} | {r['target_step_ratio']:.2f} | {r['drafter_step_ratio']:.2f} | "
                      f"{100 * r['pipeline_error']:+.1f}% | {_pct(r['target_cpu_share'])} | "
-                     f"{_pct(r['drafter_cpu_share'])} | {r['probe_speed_ratio']:.2f}, "
-                     f"{r['drafter_probe_speed_ratio']:.2f} | "
-                     + ("n/a" if math.isnan(adj) else f"{100 * adj:+.1f}%") + " |")
-    lines += ["", noise_paragraph(result), "", speed_paragraph(result)]
+                     f"{_pct(r['drafter_cpu_share'])} |")
+    lines += ["", noise_paragraph(result)]
     lines += ["", f"Loss at equal useful tokens: mean loss over the last 10% before {result['loss_tokens']:,.0f} "
               "useful tokens, the most every run reached.", "",
               "## Step-time model", "",
@@ -926,13 +868,10 @@ def _run(args: argparse.Namespace) -> int:
                      data_dir=Path(args.data))
     metrics = write_outputs(result, Path(args.out), params=params)
     for s, r in result["rows"].items():
-        log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%  (machine %.2fx the profile's "
-                 "time: %+5.1f%% after it)", s, r["predicted_tok_s"], r["measured_tok_s"], 100 * r["prediction_error"],
-                 r["probe_speed_ratio"], 100 * r["speed_adjusted_error"])
-    adj = metrics["max_abs_speed_adjusted_error"]
-    log.info("recommended: %s, K = %s; max |error| %.1f%% (%s after the speed probe); wrote %s",
-             metrics["recommended.strategy"], metrics["recommended.num_buckets"],
-             100 * metrics["max_abs_prediction_error"], "n/a" if adj is None else f"{100 * adj:.1f}%", args.out)
+        log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%", s, r["predicted_tok_s"],
+                 r["measured_tok_s"], 100 * r["prediction_error"])
+    log.info("recommended: %s, K = %s; max |error| %.1f%%; wrote %s", metrics["recommended.strategy"],
+             metrics["recommended.num_buckets"], 100 * metrics["max_abs_prediction_error"], args.out)
     low = busy_machine(result)
     if low:
         log.warning("busy machine: %s of its cores; prediction errors mix other work with model error. Rerun on a "

@@ -53,23 +53,8 @@ CPU_SHARE_WARN = 0.9
 BARRIER_TIMEOUT_S = 1800.0
 
 
-def probe_shape(params: Params) -> tuple[str, int, int]:
-    """The shape every training run times before and after it trains, and the grid always holds.
-
-    Padded rows of min(data.max_len, 2048) tokens filling about half the token budget (4 x 2048
-    on the CPU default: ~0.5 s target, ~0.2 s drafter). The machine's speed drifts (other
-    tenants, clocks) by several percent over minutes; the same shape timed in the profile and
-    in the run tells how much faster or slower the machine was during the run (compare:
-    speed ratio), so that drift can be told from the step-time model's error.
-    """
-    b = params.batching
-    m = max(1, min(params.data.max_len, 2048, b.token_budget))
-    n = max(1, min(b.max_batch_size, b.token_budget // (2 * m)))
-    return ("padded", n, m)
-
-
 def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, int]]:
-    """(kind, sequences, length) of every grid point, smallest shapes first (with :func:`probe_shape`).
+    """(kind, sequences, length) of every grid point, smallest shapes first.
 
     Points above the token budget, above max_batch_size or longer than data.max_len are
     skipped (they can never occur in a plan); the number skipped is logged.
@@ -99,7 +84,6 @@ def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, 
                 pts.add(("packed", int(k), L))
             else:
                 skipped += 1
-    pts.add(probe_shape(params))
     if skipped and not quiet:
         log.info("grid: skipped %d shapes outside token_budget=%d, max_batch_size=%d, max_len=%d",
                  skipped, budget, max_bs, max_len)

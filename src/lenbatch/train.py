@@ -465,53 +465,6 @@ def restore(runner: StepRunner, state: dict[str, Any]) -> None:
     random.setstate(state["python_rng"])
 
 
-# --------------------------------------------------------------------------- speed probe
-
-PROBE_REPEATS = 3  # timed steps per probe (after one untimed), at the start and at the end of a run
-
-
-def probe(runner: StepRunner, params: Params, *, role: str) -> list[float]:
-    """Seconds of ``PROBE_REPEATS`` steps of one role on :func:`lenbatch.profile.probe_shape`
-    (after one untimed step). Outside the measured steps: it changes nothing the run computes
-    (the drafter's weights, optimizer state, step counter and RNG are put back).
-
-    The same shape is in the profile grid, so compare can tell how much faster or slower the
-    machine was during this run than while profiling. Cost: 4 steps of the probe shape
-    (about 2 s target, 1 s drafter on the CPU default).
-    """
-    import copy
-
-    from lenbatch.profile import make_batch, probe_shape
-    from lenbatch.stepmodel import grid_shape
-
-    kind, n, m = probe_shape(params)
-    batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params, seed=params.batching.seed)
-    if role == "target":
-        return [runner.target_step(batch)[1] for _ in range(1 + PROBE_REPEATS)][1:]
-    assert runner.drafter is not None and runner.optimizer is not None
-    saved = (copy.deepcopy(runner.drafter.state_dict()), copy.deepcopy(runner.optimizer.state_dict()), runner.steps,
-             torch.random.get_rng_state(), runner.last_output)
-    fdim = len(params.model.target_layers) * params.model.hidden_size
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
-    gen = torch.Generator().manual_seed(params.batching.seed)
-    feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(dtype).to(runner.device)
-    times = [runner.drafter_step(batch, feats, step=0)[1] for _ in range(1 + PROBE_REPEATS)][1:]
-    runner.drafter.load_state_dict(saved[0])
-    runner.optimizer.load_state_dict(saved[1])
-    runner.steps = saved[2]
-    torch.random.set_rng_state(saved[3])
-    runner.last_output = saved[4]
-    return times
-
-
-def _probe_record(params: Params, target_s: list[float], drafter_s: list[float]) -> dict[str, Any]:
-    from lenbatch.profile import probe_shape
-
-    kind, n, m = probe_shape(params)
-    return {"kind": kind, "sequences": n, "length": m, "target_s": [round(x, 6) for x in target_s],
-            "drafter_s": [round(x, 6) for x in drafter_s]}
-
-
 # --------------------------------------------------------------------------- the run
 
 
@@ -589,14 +542,13 @@ def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t:
 
 
 def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *,
-            resumed_from: Optional[int], probe_record: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+            resumed_from: Optional[int]) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
     save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done, sampler_states=states, fp=setup.fp)
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
                           total_steps=len(setup.schedule))
-    summary["probe"] = probe_record  # the machine's speed at the start and end of this session (see probe)
     rec.close()
     (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_resolved(p, setup.out)
@@ -619,7 +571,6 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     cursor = SamplerCursor(sampler, state)
     rec = Recorder(setup.out, keep_steps_below=start if setup.resume else None)
     useful_done = sum(r["useful_tokens"] for r in rec.rows)
-    probe_t, probe_d = probe(runner, p, role="target"), probe(runner, p, role="drafter")
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
         idx = cursor.next(step)
@@ -636,10 +587,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=[cursor.state()], fp=setup.fp)
-    probe_t += probe(runner, p, role="target")
-    probe_d += probe(runner, p, role="drafter")
-    return _finish(setup, runner, rec, [cursor.state()], resumed_from=resumed_from,
-                   probe_record=_probe_record(p, probe_t, probe_d))
+    return _finish(setup, runner, rec, [cursor.state()], resumed_from=resumed_from)
 
 
 def _share_resume(setup: RunSetup, runner: Optional[StepRunner]) -> tuple[int, Optional[list[Any]]]:
@@ -681,8 +629,6 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
     in_flight: deque[list[Any]] = deque()
     ack = torch.zeros(2, dtype=torch.float64, device=comm_device)
-    dist.barrier()  # every rank probes at once, as its role runs in the pipeline
-    probe_t = probe(runner, p, role="target")
     t_start = time.perf_counter()
     useful_done = 0
     for k, step in enumerate(mine):
@@ -710,9 +656,6 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
         works, _ = in_flight.popleft()
         for w in works:
             w.wait()
-    dist.barrier()  # the drafter has trained every batch
-    probe_t += probe(runner, p, role="target")
-    dist.send(torch.tensor(probe_t, dtype=torch.float64, device=comm_device), drafter_rank)
 
 
 def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, Any]:
@@ -729,8 +672,6 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
     rec = Recorder(setup.out, keep_steps_below=start if setup.resume else None)
     acks: list[Any] = []
     last_loss = float("nan")
-    dist.barrier()
-    probe_d = probe(runner, p, role="drafter")
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
         t0 = time.perf_counter()
@@ -754,15 +695,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         # drop delivered acks; never wait on one here: an ack is delivered only when its target rank
         # needs the credit, and waiting would stall the drafter for up to queue_size target steps
         acks = [(w, t) for w, t in acks if not w.is_completed()]
-    dist.barrier()
-    probe_d += probe(runner, p, role="drafter")
-    probe_t = []  # every target rank's probe times, rank by rank
-    for r in range(setup.target_ranks):
-        buf = torch.zeros(2 * PROBE_REPEATS, dtype=torch.float64, device=comm_device)
-        dist.recv(buf, r)
-        probe_t += buf.cpu().tolist()
-    summary = _finish(setup, runner, rec, [s.state() for s in shadows], resumed_from=resumed_from,
-                      probe_record=_probe_record(p, probe_t, probe_d))
+    summary = _finish(setup, runner, rec, [s.state() for s in shadows], resumed_from=resumed_from)
     for w, _ in acks:
         w.wait()
     return summary
