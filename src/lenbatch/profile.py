@@ -135,23 +135,6 @@ def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarra
     return np.array([np.mean([w[0] for w in work])]), np.array([np.mean([w[1] for w in work])])
 
 
-def _time_role(runner, role: str, batch, feats, *, warmup: int, repeats: int,
-               max_seconds: float) -> tuple[list[float], list[float]]:
-    """(seconds, CPU seconds) of ``repeats`` timed steps of one role after ``warmup`` untimed ones
-    (cap as in :func:`time_point`)."""
-    runs: list[tuple[float, float]] = []
-    for _ in range(warmup + repeats):
-        if role == "target":
-            _, secs = runner.target_step(batch)
-        else:
-            _, secs = runner.drafter_step(batch, feats)
-        runs.append((float(secs), float(runner.last_cpu_s)))
-        if sum(r[0] for r in runs) >= max_seconds:
-            break
-    timed = runs[warmup:] if len(runs) > warmup else runs[-1:]
-    return [r[0] for r in timed], [r[1] for r in timed]
-
-
 def _passes(params: Params) -> list[bool]:
     """Pass schedule over the whole grid: False = an untimed warm-up pass, True = a timed one.
 
