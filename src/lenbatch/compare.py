@@ -418,7 +418,8 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
     return {"rows": rows, "components": comp, "ladder": ladder, "sweep": ksweep, "fits": fits,
             "exact_drafter_work": masks.available,
             "grid_points": len(profile["rows"]), "edges": edges,
-            "profile_cpu_share": grid_cpu_share(profile["rows"], threads=params.train.threads), "num_buckets": int(bounds["num_buckets"]),
+            "profile_cpu_share": grid_cpu_share(profile["rows"], threads=params.train.threads),
+            "threads": params.train.threads, "num_buckets": int(bounds["num_buckets"]),
             "histogram": histogram, "stats": stats, "loss_tokens": equal_at,
             "recommendation": recommend(rows, ksweep, params=params)}
 
@@ -731,10 +732,21 @@ def gap_paragraph(result: dict) -> str:
 
 
 def busy_machine(result: dict) -> list[str]:
-    """What got less than ``CPU_SHARE_WARN`` of its cores (profile roles, runs' roles): a busy machine."""
-    low = [f"profile {role} {_pct(v)}" for role, v in result["profile_cpu_share"].items() if v < CPU_SHARE_WARN]
-    low += [f"{s} run {role} {_pct(r[f'{role}_cpu_share'])}" for s, r in result["rows"].items()
-            for role in ("target", "drafter") if r[f"{role}_cpu_share"] < CPU_SHARE_WARN]
+    """Signs that other work slowed the profile or the runs, from the share of their cores they got.
+
+    - a run's role got a share differing from the profile's by more than ``1 - CPU_SHARE_WARN``
+      (relative): profile and run ran under different loads, whatever the threads or device;
+    - with one thread per process, anything below ``CPU_SHARE_WARN`` (with more threads a step
+      need not keep every thread busy, so a low share alone proves nothing).
+    """
+    prof = result["profile_cpu_share"]
+    one_thread = result["threads"] == 1
+    low = [f"profile {role} {_pct(v)}" for role, v in prof.items() if one_thread and v < CPU_SHARE_WARN]
+    for s, r in result["rows"].items():
+        for role in ("target", "drafter"):
+            x, p = r[f"{role}_cpu_share"], prof[role]
+            if (one_thread and x < CPU_SHARE_WARN) or min(x, p) < CPU_SHARE_WARN * max(x, p):
+                low.append(f"{s} run {role} {_pct(x)} (profile {_pct(p)})")
     return low
 
 
@@ -748,10 +760,10 @@ def noise_paragraph(result: dict) -> str:
                 "cannot be told from model error; rerun: snakemake --forcerun profile train")
     low = busy_machine(result)
     if low:
-        return (f"**The machine was busy**: {', '.join(low)} of its cores (below {_pct(CPU_SHARE_WARN)}). A step "
-                "that gets a share s of its cores takes about 1/s as long, so the errors above mix other work on "
-                "the machine with model error. Rerun what was slowed on a quiet machine (`snakemake --forcerun "
-                "profile` for the profile, `--forcerun train` for the runs).")
+        return (f"**The machine was busy**: share of their cores {', '.join(low)}. A step that gets a share s "
+                "of its cores takes about 1/s as long, so the errors above mix other work on the machine with model "
+                "error. Rerun what was slowed on a quiet machine (`snakemake --forcerun profile` for the profile, "
+                "`--forcerun train` for the runs).")
     return (f"The machine was quiet: the profile's steps got {_pct(prof['target'])} (target) and "
             f"{_pct(prof['drafter'])} (drafter) of their cores, the runs' steps at least {_pct(min(runs))}, so "
             "the errors above are the step-time model's and the run-to-run noise's, not other work's.")
