@@ -154,7 +154,8 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     on, untimed, until the other is done too, so every "busy" timing is taken with the
     other role working, as in the pipelined run. ``timed_points[r]`` counts the (pass,
     point) pairs role r has finished phase (3) of; ``spent[r * points + i]`` is the seconds
-    role r has stepped alone on point i (both roles read both, so they skip points alike).
+    role r has stepped on point i, warm-up included (both roles read both, so they skip
+    points alike).
     """
     import torch
 
@@ -181,7 +182,7 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     for p, timed in enumerate(passes):
         for i, (batch, feats) in enumerate(batches):
             row = out[i]
-            # a point that has taken max_point_seconds (both roles, alone) is not repeated once timed
+            # a point whose steps have taken max_point_seconds (both roles) is not repeated once timed
             skip = bool(timed and row["alone"]
                         and spent[i] + spent[len(pts) + i] >= params.profile.max_point_seconds)
             # a warm-up pass only needs each role to have run the shape once: both at once
@@ -190,8 +191,7 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
                 if skip or (phase != "busy" and phase != role):
                     continue
                 _, secs = (runner.target_step(batch) if role == "target" else runner.drafter_step(batch, feats))
-                if phase in (role, "busy"):  # what the point has cost so far (warm-up included)
-                    spent[me * len(pts) + i] += float(secs)
+                spent[me * len(pts) + i] += float(secs)
                 if timed:
                     key = "alone" if phase == role else "busy"
                     row[key].append(float(secs))
