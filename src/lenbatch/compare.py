@@ -148,7 +148,7 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
     cols = grid_columns(rows)
     fits = {}
     # "<role>" fits the step timed alone; "<role>_busy" (lockstep profile) the step timed while the
-    # other role works: the prediction blends the two by the run's overlap (stepmodel.blended_pipeline)
+    # other role works; compare.contention picks which of them predict a pipelined run
     busy = bool(rows) and all("target_busy_seconds_median" in r and "drafter_busy_seconds_median" in r
                               for r in rows)
     for role in ("target", "drafter") + (("target_busy", "drafter_busy") if busy else ()):
@@ -361,6 +361,9 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
 
     rows: dict[str, dict] = {}
     comp: dict[str, dict[str, float]] = {}
+    # the fits whose terms the gap ladder adds up: busy ones when the prediction uses busy times
+    busy_terms = params.train.nproc > 1 and params.compare.contention == "busy" and "target_busy" in fits
+    term_fits = {r: fits[f"{r}_busy" if busy_terms else r] for r in ("target", "drafter")}
     for s in strategies:
         run = load_run(train_dir, s, params)
         summary, steps = run["summary"], run["steps"]
@@ -375,7 +378,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                              f"snakemake results/train/{s}/summary.json")
         pred = predict_steps(step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks),
                              fits=fits, params=params, target_ranks=target_ranks)
-        comp[s] = components(pred, fits, warmup_steps=params.train.warmup_steps)
+        comp[s] = components(pred, term_fits, warmup_steps=params.train.warmup_steps)
         measured = float(summary["useful_tokens_per_s"])
         pm = plans[s]
         rows[s] = {
