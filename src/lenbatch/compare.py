@@ -451,9 +451,7 @@ def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int
         ends = sm.pipeline_ends(t, d, queue_size=params.train.queue_size, target_ranks=target_ranks,
                                 ack_every=ACK_EVERY)
     replay = sm.throughput(useful, ends, warmup_steps=w)
-    share = {role: sm.cpu_share([r[f"{role}_s"] for r in rows[w:]], [r[f"{role}_cpu_s"] for r in rows[w:]],
-                                threads=params.train.threads)
-             if all(f"{role}_cpu_s" in r for r in rows[w:]) else float("nan") for role in ("target", "drafter")}
+    share = {role: sm.steps_cpu_share(rows[w:], role, threads=params.train.threads) for role in ("target", "drafter")}
     return {"target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
             "drafter_step_ratio": float(d[w:].sum() / pred["drafter_s"][w:].sum()),
             "pipeline_error": replay / measured - 1.0,

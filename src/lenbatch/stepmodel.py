@@ -415,13 +415,17 @@ def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_
     ta, tb = np.asarray(target_alone, dtype=np.float64), np.asarray(target_busy, dtype=np.float64)
     da, db = np.asarray(drafter_alone, dtype=np.float64), np.asarray(drafter_busy, dtype=np.float64)
     assert ta.shape == tb.shape == da.shape == db.shape
-    t, d = tb.copy(), db.copy()
-    for _ in range(max(int(iterations), 1)):
+    def timeline(t: np.ndarray, d: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """The timeline of these step times and each step's overlap with the other role's work."""
         tl = pipeline_timeline(t, d, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
                                overhead_s=overhead_s)
         d_end = tl["drafter_start"] + d
-        o_t = busy_share(tl["target_start"], tl["target_end"], tl["drafter_start"], d_end)
-        o_d = busy_share(tl["drafter_start"], d_end, tl["target_start"], tl["target_end"])
+        return (tl, busy_share(tl["target_start"], tl["target_end"], tl["drafter_start"], d_end),
+                busy_share(tl["drafter_start"], d_end, tl["target_start"], tl["target_end"]))
+
+    t, d = tb.copy(), db.copy()
+    for _ in range(max(int(iterations), 1)):
+        _, o_t, o_d = timeline(t, d)
         t_new = 0.5 * (t + ta + (tb - ta) * o_t)
         d_new = 0.5 * (d + da + (db - da) * o_d)
         moved = max(float(np.max(np.abs(t_new - t) / np.maximum(t, 1e-12), initial=0.0)),
@@ -429,12 +433,8 @@ def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_
         t, d = t_new, d_new
         if moved < tol:
             break
-    tl = pipeline_timeline(t, d, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
-                           overhead_s=overhead_s)
-    d_end = tl["drafter_start"] + d
-    return {**tl, "target_s": t, "drafter_s": d,
-            "target_overlap": busy_share(tl["target_start"], tl["target_end"], tl["drafter_start"], d_end),
-            "drafter_overlap": busy_share(tl["drafter_start"], d_end, tl["target_start"], tl["target_end"])}
+    tl, o_t, o_d = timeline(t, d)
+    return {**tl, "target_s": t, "drafter_s": d, "target_overlap": o_t, "drafter_overlap": o_d}
 
 
 def cpu_share(seconds: Sequence[float], cpu_seconds: Sequence[float], *, threads: int) -> float:
@@ -450,6 +450,14 @@ def cpu_share(seconds: Sequence[float], cpu_seconds: Sequence[float], *, threads
     if wall <= 0 or cpu.size == 0 or not np.all(np.isfinite(cpu)):
         return float("nan")
     return float(cpu.sum() / (wall * max(int(threads), 1)))
+
+
+def steps_cpu_share(rows: Sequence[Mapping], role: str, *, threads: int) -> float:
+    """:func:`cpu_share` of one role over training step rows (``<role>_s``, ``<role>_cpu_s``);
+    NaN when a row lacks CPU seconds (a run from before they were recorded)."""
+    if not rows or any(f"{role}_cpu_s" not in r for r in rows):
+        return float("nan")
+    return cpu_share([r[f"{role}_s"] for r in rows], [r[f"{role}_cpu_s"] for r in rows], threads=threads)
 
 
 def throughput(useful_tokens: np.ndarray, ends: np.ndarray, *, warmup_steps: int) -> float:

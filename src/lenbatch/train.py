@@ -65,7 +65,7 @@ import torch
 from lenbatch.collate import Batch, batch_from_parts, collate, layout_for
 from lenbatch.config import STRATEGY_NAMES, Params, add_params_argument, load_params, write_resolved
 from lenbatch.log import get_logger
-from lenbatch.stepmodel import cpu_share
+from lenbatch.stepmodel import steps_cpu_share
 
 log = get_logger("train")
 HEADER_LEN = 12
@@ -415,8 +415,8 @@ class Recorder:
             "target_s_total": float(sum(r["target_s"] for r in measured)),
             "drafter_s_total": float(sum(r["drafter_s"] for r in measured)),
             "threads": params.train.threads,
-            "target_cpu_share": _cpu_share(measured, "target", threads=params.train.threads),
-            "drafter_cpu_share": _cpu_share(measured, "drafter", threads=params.train.threads),
+            **{f"{role}_cpu_share": _none_if_nan(steps_cpu_share(measured, role, threads=params.train.threads))
+               for role in ("target", "drafter")},
             "loss_curve": [[r["step"], r["loss"]] for r in rows[::stride]],
             "loss_curve_stride": stride,
             "first_loss": rows[0]["loss"] if rows else None,
@@ -513,12 +513,8 @@ class SamplerCursor:
         return self.sampler.state_dict()
 
 
-def _cpu_share(rows: list[dict[str, Any]], role: str, *, threads: int) -> Optional[float]:
-    """Share of its cores a role's steps got (:func:`lenbatch.stepmodel.cpu_share`); None without CPU times."""
-    if not rows or any(f"{role}_cpu_s" not in r for r in rows):
-        return None
-    share = cpu_share([r[f"{role}_s"] for r in rows], [r[f"{role}_cpu_s"] for r in rows], threads=threads)
-    return None if math.isnan(share) else share
+def _none_if_nan(x: float) -> Optional[float]:
+    return None if math.isnan(x) else x
 
 
 def _row(step: ScheduledStep, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
