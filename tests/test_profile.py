@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,9 +52,13 @@ def test_time_point_repeats_and_caps_long_points(tmp_path):
     batch = make_batch("padded", [64, 64], params, seed=0)
     t, d, tc, dc = time_point(runner, batch, warmup=1, repeats=3, max_seconds=1e9)
     assert runner.steps == 4 and len(t) == 3 and len(d) == 3 and len(tc) == 3 and len(dc) == 3  # warm-up not kept
-    # process CPU seconds of a one-thread step on an idle core: close to its wall time, never far above it
-    n = runner.threads  # torch's intra-op threads: a step may keep each of them busy
-    assert 0.3 < sum(tc) / (sum(t) * n) < 1.1 and 0.3 < sum(dc) / (sum(d) * n) < 1.1
+    # Process CPU seconds of a step: at least most of one core (the calling thread computes), and
+    # at most one CPU second per wall second for each OS thread of the process. Not bounded by
+    # torch's intra-op threads: OpenMP workers spin-wait after a parallel region, and CI measured
+    # 2.2 CPU s per wall s with 2 intra-op threads.
+    os_threads = len(os.listdir("/proc/self/task"))
+    for wall, cpu in ((t, tc), (d, dc)):
+        assert 0.3 < sum(cpu) / sum(wall) <= os_threads * 1.01, (sum(cpu), sum(wall), os_threads)
     t, d, tc, dc = time_point(runner, batch, warmup=1, repeats=3, max_seconds=1e-9)
     assert runner.steps == 5 and len(t) == 1 and len(d) == 1  # over the cap: one step is the timing
 
@@ -95,7 +100,8 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path, concurrent):
     padded = sorted((r for r in rows if r["kind"] == "padded"), key=lambda r: r["computed_tokens"])
     assert padded[-1]["target_seconds_median"] > padded[0]["target_seconds_median"]
     share = grid_cpu_share(rows, threads=params.train.threads)
-    assert 0.3 < share["target"] <= 1.1 and 0.3 < share["drafter"] <= 1.1
+    # one intra-op thread per process; a little above 1 is other threads of the process (see above)
+    assert 0.3 < share["target"] < 1.5 and 0.3 < share["drafter"] < 1.5
     resolved = json.loads((out / "params.json").read_text())
     assert resolved["profile"]["lengths"] == [32, 128] and resolved["model"]["vocab_size"] == 4096
 

@@ -442,6 +442,8 @@ def cpu_share(seconds: Sequence[float], cpu_seconds: Sequence[float], *, threads
 
     About 1 on a quiet CPU machine (the cores were the step's own); well below 1 when other
     processes took them, which slows every step in a way no step-time model can predict.
+    It can exceed 1 a little: process CPU time counts every thread of the process, and OpenMP
+    workers spin-wait after a parallel region (CI measured 1.1 with 2 intra-op threads).
     (On a GPU the host spins while waiting, so it stays near 1 and says nothing.) NaN when
     there are no CPU times. Cost O(steps).
     """
