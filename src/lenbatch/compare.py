@@ -46,7 +46,7 @@ RUN_KEYS: dict[str, tuple[str, ...] | None] = {
 PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
     "model": None,
     "drafter": None,
-    "train": ("nproc", "threads"),
+    "train": ("nproc", "threads", "reuse_host_memory"),
 }
 
 

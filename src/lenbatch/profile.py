@@ -159,9 +159,9 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     """
     import torch
 
-    from lenbatch.train import StepRunner
+    from lenbatch.train import StepRunner, configure_process
 
-    torch.set_num_threads(params.train.threads)
+    configure_process(params)
     runner = StepRunner(params, device=device, role=role)
     me, other = (0, 1) if role == "target" else (1, 0)
     pts = grid_points(params, quiet=True)
@@ -257,11 +257,9 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         timings = [(a["alone"], b["alone"], a["alone_cpu"], b["alone_cpu"], b["steps"],
                     (a["busy"], b["busy"], a["busy_cpu"], b["busy_cpu"])) for a, b in zip(t, d)]
     else:
-        import torch
+        from lenbatch.train import StepRunner, configure_process
 
-        from lenbatch.train import StepRunner
-
-        torch.set_num_threads(params.train.threads)
+        configure_process(params)
         runner = StepRunner(params, device=resolve_device(device, 0))
         batches = [make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
                               seed=params.batching.seed + i) for i, (kind, n, m) in enumerate(pts)]

@@ -64,6 +64,7 @@ import torch
 
 from lenbatch.collate import Batch, batch_from_parts, collate, layout_for
 from lenbatch.config import STRATEGY_NAMES, Params, add_params_argument, load_params, write_resolved
+from lenbatch.hostmem import reuse_freed_memory
 from lenbatch.log import get_logger
 from lenbatch.stepmodel import steps_cpu_share
 
@@ -91,6 +92,15 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
                              "most as many processes per node as GPUs (train.nproc / --nproc_per_node)")
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def configure_process(params: Params) -> None:
+    """Per-process settings every stepping process shares (train ranks, both profile roles), so the
+    profile times steps the way training runs them: torch's intra-op threads and, with
+    ``train.reuse_host_memory``, an allocator that keeps freed memory (see :mod:`lenbatch.hostmem`)."""
+    torch.set_num_threads(params.train.threads)
+    if params.train.reuse_host_memory:
+        reuse_freed_memory()
 
 
 # --------------------------------------------------------------------------- one step, both halves
@@ -760,7 +770,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"torchrun started {world} processes but train.nproc is {params.train.nproc}: the roles "
                          f"({params.train.nproc - 1} target ranks + 1 drafter rank) do not fit; launch with "
                          f"--nproc_per_node {params.train.nproc} or set train.nproc: {world}")
-    torch.set_num_threads(params.train.threads)
+    configure_process(params)
     data = Path(args.data)
     lengths = load_lengths(data)
     edges = load_edges(args.boundaries, args.strategy)
