@@ -220,9 +220,9 @@ class CompareConfig:
     k_tolerance: float = _f(0.01, "recommended K: the smallest K whose predicted throughput is within this share "
                             "of the best K's", minimum=0, maximum=1)
     contention: Literal["busy", "blend", "alone"] = _f(
-        "blend", "pipelined runs: step times the prediction uses. blend: alone and busy weighted by how much the "
-        "other role works meanwhile (bench_prediction.py: the closest); busy: timed while the other role steps at "
-        "once (profile.concurrent); alone: timed with nothing else running")
+        "busy", "pipelined runs: step times the prediction uses. busy: timed while the other role steps at once "
+        "(profile.concurrent; bench_prediction.py, 6 rounds: the closest); blend: alone and busy weighted by how "
+        "much the other role works meanwhile; alone: timed with nothing else running")
 
 
 @dataclass(frozen=True)
