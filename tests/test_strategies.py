@@ -94,17 +94,21 @@ def test_world_size_splits_batches_instead_of_dropping():
         plan_epoch_all(x, strategy="sorted", token_budget=30, max_batch_size=8, world_size=4)
 
 
-def test_sortish_is_transformers_order():
+@pytest.mark.parametrize("n,high,mbs", [(500, 100, 16), (37, 100, 16), (20_011, 5, 8), (90_000, 4096, 64)],
+                         ids=["500", "fewer-than-4-batches", "many-ties", "90k"])
+def test_sortish_is_transformers_order(n, high, mbs):
+    """The numpy order equals transformers' own get_length_grouped_indices, index for index
+    (one megabatch when n < 4 batches; ties; several megabatches and a partial last one)."""
+    import torch
     from transformers.trainer_pt_utils import get_length_grouped_indices
 
-    x = np.random.default_rng(0).integers(1, 100, size=500)
-    order = sortish_order(x, np.random.default_rng(7), 16)
-    assert sorted(order.tolist()) == list(range(500))
-    import torch
-
-    seed = int(np.random.default_rng(7).integers(0, 2**63 - 1))
-    ref = get_length_grouped_indices(x.tolist(), 16, generator=torch.Generator().manual_seed(seed))
-    assert order.tolist() == ref
+    x = np.random.default_rng(n).integers(1, high, size=n)
+    for epoch_seed in (7, 8):
+        order = sortish_order(x, np.random.default_rng(epoch_seed), mbs)
+        assert sorted(order.tolist()) == list(range(n))
+        seed = int(np.random.default_rng(epoch_seed).integers(0, 2**63 - 1))
+        ref = get_length_grouped_indices(x.tolist(), mbs, generator=torch.Generator().manual_seed(seed))
+        assert order.tolist() == ref
 
 
 def test_packed_fills_the_budget():
