@@ -9,7 +9,8 @@ drafter with ``train.threads`` intra-op threads and steps each shape below ``--w
 untimed, then ``--steps`` times timed. The shapes are the token budget's (16,384 tokens on
 the default: 32 x 512 and 4 x 4,096 padded, one packed row of 32 sequences) and half of it.
 Prints, per shape and role, the median seconds per step and the minor page faults per step
-(a page touched for the first time: ~4 KiB mapped afresh), then the speed-up.
+(a page touched for the first time: ~4 KiB mapped afresh), then the speed-up; then each
+process's resident and peak host memory (Linux /proc), the setting's cost.
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ for i, (kind, n, m) in enumerate(shapes):
     rows.append({"shape": f"{kind} {n} x {m}", "tokens": int(batch.input_ids.numel()),
                  "target_s": statistics.median(t), "drafter_s": statistics.median(d),
                  "target_faults": statistics.median(tf), "drafter_faults": statistics.median(df)})
-print(json.dumps(rows))
+import resource
+rss = int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+print(json.dumps({"rows": rows, "rss_mb": rss, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
-def measure(params: Path, *, reuse: bool, steps: int, warmup: int) -> list[dict]:
+def measure(params: Path, *, reuse: bool, steps: int, warmup: int) -> dict:
     proc = subprocess.run([sys.executable, "-c", WORKER, str(params), str(reuse).lower(), str(steps), str(warmup)],
                           capture_output=True, text=True)
     if proc.returncode:
@@ -69,8 +72,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="timed steps per shape")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per shape first")
     args = ap.parse_args()
-    off = measure(args.params, reuse=False, steps=args.steps, warmup=args.warmup)
-    on = measure(args.params, reuse=True, steps=args.steps, warmup=args.warmup)
+    off_run = measure(args.params, reuse=False, steps=args.steps, warmup=args.warmup)
+    on_run = measure(args.params, reuse=True, steps=args.steps, warmup=args.warmup)
+    off, on = off_run["rows"], on_run["rows"]
     print(f"median over {args.steps} steps after {args.warmup} warm-up steps, one process per setting\n")
     print("| shape | tokens | role | system allocator: s/step | faults/step | reuse_host_memory: s/step "
           "| faults/step | speed-up |")
@@ -79,6 +83,9 @@ def main() -> None:
         for role in ("target", "drafter"):
             print(f"| {a['shape']} | {a['tokens']:,} | {role} | {a[f'{role}_s']:.3f} | {a[f'{role}_faults']:,.0f} "
                   f"| {b[f'{role}_s']:.3f} | {b[f'{role}_faults']:,.0f} | {a[f'{role}_s'] / b[f'{role}_s']:.2f}x |")
+    print(f"\nhost memory after the last step (resident) / peak: system allocator {off_run['rss_mb']:,.0f} / "
+          f"{off_run['peak_mb']:,.0f} MiB, reuse_host_memory {on_run['rss_mb']:,.0f} / {on_run['peak_mb']:,.0f} MiB "
+          "(kept memory stays resident; fragmentation can hold it above the system allocator's peak)")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,15 @@
 glibc's malloc serves every block above its mmap threshold (at most 32 MiB) with a fresh
 ``mmap`` and returns it with ``munmap`` when freed. A training step on the CPU allocates
 and frees the same large activations every step, so each step faults them in again, page
-by zeroed page. On the CPU default (token budget 16,384, one thread) that is 136,000 to
-233,000 minor faults (0.5-0.9 GB) per step: a 32 x 512 target step takes 1.22 s instead
-of 1.01 s, the drafter step on it 1.32 s instead of 0.95 s, and step time grows faster
-than tokens (16 x 512 tokens: 0.51 s either way, its blocks stay below the threshold).
+by zeroed page. On the CPU default (token budget 16,384, one thread) that is 80,000 to
+233,000 minor faults (0.3-0.9 GB) per step: a 32 x 512 target step takes 1.12-1.22 s
+instead of 0.96-1.01 s, the drafter step on it 1.29-1.32 s instead of 0.92-0.95 s, and
+step time grows faster than tokens (16 x 512 tokens: 0.48-0.51 s either way for the target).
 ``mallopt(M_MMAP_MAX, 0)`` serves large blocks from the heap instead and
 ``mallopt(M_TRIM_THRESHOLD, max)`` keeps freed heap memory in the process, so within the
-first steps the allocator reuses pages already mapped. Cost: the process keeps its peak
-host memory (it reaches it every step anyway).
+first steps the allocator reuses pages already mapped. Cost: freed memory stays resident
+and fragments: 1,570 MiB after the benchmark's steps, against the system allocator's peak
+of 1,341 MiB (+17%).
 
 Measured with ``python benchmarks/bench_hostmem.py``. Only glibc (Linux) has these knobs;
 elsewhere :func:`reuse_freed_memory` changes nothing and says so.
