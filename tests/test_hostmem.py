@@ -38,5 +38,8 @@ def test_freed_tensor_memory_is_reused_instead_of_faulted_in_again():
     system = _late_round_faults("system")
     reuse = _late_round_faults("reuse")
     assert reuse["ok"] is True  # glibc took both settings
-    assert system["faults"] > 4 * PAGES * 0.9  # the default maps the freed 256 MiB afresh every round
-    assert reuse["faults"] < PAGES // 10  # kept memory: the pages are mapped already
+    # the default maps the freed 256 MiB afresh every round: 65,536 faults a round with 4 KiB
+    # pages, at least 128 where transparent huge pages (2 MiB) back every block
+    assert system["faults"] >= 4 * 128
+    # kept memory: the pages are mapped already
+    assert reuse["faults"] < PAGES // 10 and reuse["faults"] * 50 < system["faults"]
