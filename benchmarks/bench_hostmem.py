@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 WORKER = r"""
-import json, statistics, sys, time
+import json, resource, statistics, sys
 from pathlib import Path
 from lenbatch.config import load_params
 from lenbatch.hostmem import minor_faults
@@ -52,7 +52,6 @@ for i, (kind, n, m) in enumerate(shapes):
     rows.append({"shape": f"{kind} {n} x {m}", "tokens": int(batch.input_ids.numel()),
                  "target_s": statistics.median(t), "drafter_s": statistics.median(d),
                  "target_faults": statistics.median(tf), "drafter_faults": statistics.median(df)})
-import resource
 rss = int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 print(json.dumps({"rows": rows, "rss_mb": rss, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
