@@ -31,6 +31,7 @@ With ``world_size == 1`` the strategy's own order is kept.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,22 +45,66 @@ from lenbatch.stats import check_edges, check_lengths
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
 
 
+class Plan(list):
+    """One rank's epoch plan: a plain ``list`` of int64 index arrays (the stable API) that also
+    carries its ``strategy`` and ``layout`` (``"padded"``/``"packed"``), so scoring it
+    (:func:`lenbatch.padding_efficiency`, :func:`lenbatch.budget_fill`) cannot use the wrong layout.
+    Slicing or copying into a new list drops the attributes (pass ``strategy=`` then)."""
+
+    def __init__(self, batches: Any = (), *, strategy: str) -> None:
+        super().__init__(batches)
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy {strategy!r} unknown; choose one of {list(STRATEGIES)}")
+        self.strategy = strategy
+        self.layout = "packed" if strategy == "packed" else "padded"
+
+    def __reduce__(self):  # pickles (DataLoader workers, checkpoints) keep the layout
+        return (_make_plan, (list(self), self.strategy))
+
+
+def _make_plan(batches: list, strategy: str) -> "Plan":
+    return Plan(batches, strategy=strategy)
+
+
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit rank/world_size, else torch.distributed's when initialised (never imports torch), else (0, 1)."""
+    """Explicit rank/world_size, else torch.distributed's when initialised (never imports torch), else (0, 1).
+
+    Like ``torch.utils.data.DistributedSampler``, refuses to guess: when ``WORLD_SIZE`` > 1 is set in
+    the environment (torchrun, accelerate launch) but no process group is initialised yet, planning
+    for one rank would give every rank all the data, so a ``ValueError`` asks for the process group
+    or explicit ``rank``/``world_size``.
+    """
     if rank is None or world_size is None:
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
         else:
+            env = os.environ.get("WORLD_SIZE", "").strip()
+            if env.isdigit() and int(env) > 1:
+                raise ValueError(f"WORLD_SIZE={env} is set but torch.distributed is not initialised, so this "
+                                 "process cannot know its rank; call torch.distributed.init_process_group() "
+                                 "before building the sampler/plan, or pass rank= and world_size= explicitly")
             rank = 0 if rank is None else rank
             world_size = 1 if world_size is None else world_size
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    world_size = check_int("world_size", world_size, minimum=1)
+    rank = check_int("rank", rank, minimum=0)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} must be in 0..{world_size - 1} (world_size {world_size}); "
                          "pass the rank of this process")
     return int(rank), int(world_size)
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``; ``ValueError`` naming ``name`` for None, bools, floats
+    (16384.5 and 16384.0 alike: a budget is a count of tokens), generators and the like."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        hint = (" (a seed is an int; a numpy Generator or None cannot be resumed or shared across ranks)"
+                if name == "seed" else "")
+        raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__}){hint}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
 
 
 def validate(lengths: Any, *, strategy: str, token_budget: int, max_batch_size: int, edges: Any = None,
@@ -68,23 +113,23 @@ def validate(lengths: Any, *, strategy: str, token_budget: int, max_batch_size: 
     x = check_lengths(lengths)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r} unknown; choose one of {list(STRATEGIES)}")
-    if token_budget < 1:
-        raise ValueError(f"batching.token_budget must be >= 1 token, got {token_budget}")
-    if max_batch_size < 1:
-        raise ValueError(f"batching.max_batch_size must be >= 1, got {max_batch_size}")
-    if packed_window < 1:
-        raise ValueError(f"batching.packed_window must be >= 1, got {packed_window}")
+    token_budget = check_int("token_budget", token_budget, minimum=1)
+    check_int("max_batch_size", max_batch_size, minimum=1)
+    check_int("packed_window", packed_window, minimum=1)
     longest = int(x.max())
     if longest > token_budget:
         n_over = int(np.count_nonzero(x > token_budget))
-        raise ValueError(f"{n_over} sample(s) are longer than batching.token_budget={token_budget} (longest "
-                         f"{longest} tokens); raise the budget or truncate samples (data.max_len)")
+        raise ValueError(f"{n_over} sample(s) are longer than token_budget={token_budget} (longest "
+                         f"{longest} tokens); raise token_budget or truncate those samples")
     e = None
     if strategy == "bucketed":
         if edges is None:
-            raise ValueError("strategy 'bucketed' needs edges; run 'lenbatch boundaries' and pass its edges "
-                             "(boundaries.json)")
+            raise ValueError("strategy 'bucketed' needs edges (bucket boundaries in tokens); pass "
+                             "edges=lenbatch.optimize_boundaries(lengths, ...).edges")
         e = check_edges(edges, x)
+    elif edges is not None:
+        raise ValueError(f"edges are only used by strategy 'bucketed', not {strategy!r}; drop edges= or use "
+                         "strategy='bucketed'")
     return x, e
 
 
@@ -250,15 +295,14 @@ def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0
     """Every rank's batches for one epoch: ``out[r]`` is rank r's list of int64 index arrays, in order."""
     x, e = validate(lengths, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
                     edges=edges, packed_window=packed_window)
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if epoch < 0 or seed < 0:
-        raise ValueError(f"epoch ({epoch}) and batching.seed ({seed}) must be >= 0")
+    world_size = check_int("world_size", world_size, minimum=1)
+    epoch = check_int("epoch", epoch, minimum=0)
+    seed = check_int("seed", seed, minimum=0)
     rng = np.random.default_rng(seed + epoch)
     batches = _FUNCS[strategy](x, rng, token_budget, max_batch_size, edges=e, packed_window=packed_window)
     packed = strategy == "packed"
     batches = split_to_multiple(batches, x, world_size, packed)
-    return assign_ranks(batches, x, world_size, rng, packed)
+    return [Plan(b, strategy=strategy) for b in assign_ranks(batches, x, world_size, rng, packed)]
 
 
 def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int,
@@ -339,9 +383,12 @@ def _run(args: argparse.Namespace) -> int:
     bt = params.batching
     x, source = load_lengths(args, seed=bt.seed)
     edges = read_edges(args.boundaries)
+    if args.strategy == "bucketed" and edges is None:
+        raise ValueError("--strategy bucketed needs edges: pass --boundaries boundaries.json (run 'lenbatch boundaries' "
+                         "first)")
     t0 = time.perf_counter()
     batches = plan_epoch(x, strategy=args.strategy, epoch=args.epoch, seed=bt.seed, token_budget=bt.token_budget,
-                         max_batch_size=bt.max_batch_size, edges=edges, rank=args.rank, world_size=args.world_size,
+                         max_batch_size=bt.max_batch_size, edges=edges if args.strategy == "bucketed" else None, rank=args.rank, world_size=args.world_size,
                          packed_window=bt.packed_window)
     secs = time.perf_counter() - t0
     out = Path(args.out)
