@@ -39,7 +39,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __init__(self, lengths: Any, *, strategy: str, token_budget: int, max_batch_size: int, seed: int = 0,
                  edges: Any = None, rank: int | None = None, world_size: int | None = None,
-                 packed_window: int = 8) -> None:
+                 packed_window: int = 8, min_batches: int = 0) -> None:
         super().__init__()
         x, e = validate(lengths, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
                         edges=edges, packed_window=packed_window)
@@ -52,15 +52,18 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.seed = int(seed)
         self.edges = None if e is None else tuple(int(v) for v in e)
         self.packed_window = int(packed_window)
+        self.min_batches = check_int("min_batches", min_batches, minimum=0)
         self.epoch = 0
         self._position = 0  # batches yielded in the current epoch
         self._resume: int | None = None
         self._consumed: int | None = None  # batches the loop received, while iterating consumed()
         self._cache: tuple[int, list[np.ndarray]] | None = None
         h = hashlib.sha256(np.ascontiguousarray(x, dtype="<i8").tobytes())
-        h.update(json.dumps({"strategy": strategy, "token_budget": self.token_budget,
-                             "max_batch_size": self.max_batch_size, "seed": self.seed, "edges": self.edges,
-                             "packed_window": self.packed_window}, sort_keys=True).encode())
+        fp = {"strategy": strategy, "token_budget": self.token_budget, "max_batch_size": self.max_batch_size,
+              "seed": self.seed, "edges": self.edges, "packed_window": self.packed_window}
+        if self.min_batches:  # only when set, so states saved before it existed still load
+            fp["min_batches"] = self.min_batches
+        h.update(json.dumps(fp, sort_keys=True).encode())
         self.fingerprint = h.hexdigest()[:16]
 
     def plan(self, epoch: int | None = None) -> Plan:
@@ -71,7 +74,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         batches = plan_epoch_all(self.lengths, strategy=self.strategy, epoch=epoch, seed=self.seed,
                                  token_budget=self.token_budget, max_batch_size=self.max_batch_size,
                                  edges=self.edges, world_size=self.world_size,
-                                 packed_window=self.packed_window)[self.rank]
+                                 packed_window=self.packed_window, min_batches=self.min_batches)[self.rank]
         if epoch == self.epoch:
             self._cache = (epoch, batches)
         return batches

@@ -143,17 +143,20 @@ def _seq_split(batch: np.ndarray, x: np.ndarray, packed: bool) -> tuple[np.ndarr
     return srt[:k], srt[k:]
 
 
-def split_to_multiple(batches: list[np.ndarray], x: np.ndarray, world_size: int, packed: bool) -> list[np.ndarray]:
-    """Make len(batches) a multiple of world_size by splitting batches in two, in place (halves adjacent).
+def split_to_multiple(batches: list[np.ndarray], x: np.ndarray, world_size: int, packed: bool,
+                      min_batches: int = 0) -> list[np.ndarray]:
+    """Make len(batches) a multiple of world_size (and at least ``min_batches``) by splitting batches
+    in two, in place (halves adjacent).
 
     Each round splits the ``need`` multi-sample batches with the most computed tokens (ties: earlier
     first); rounds repeat only if there were fewer splittable batches than needed. Never drops or
     duplicates a sample; ``ValueError`` when there are fewer samples than batches the ranks need.
     """
-    need = (-len(batches)) % world_size
+    target = max(len(batches), min_batches)
+    need = target + (-target) % world_size - len(batches)
     if need and len(batches) + need > x.size:
-        raise ValueError(f"world_size={world_size} needs {len(batches) + need} batches this epoch but there are only "
-                         f"{x.size} samples; use fewer ranks or more data")
+        raise ValueError(f"world_size={world_size} (min_batches={min_batches}) needs {len(batches) + need} batches "
+                         f"this epoch but there are only {x.size} samples; use fewer ranks or more data")
     while need:
         cost = batch_tokens(x, batches, packed=packed)[1]
         sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
@@ -291,8 +294,14 @@ _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish"
 
 def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int,
                    max_batch_size: int, edges: Any = None, world_size: int = 1,
-                   packed_window: int = 8) -> list[list[np.ndarray]]:
-    """Every rank's batches for one epoch: ``out[r]`` is rank r's list of int64 index arrays, in order."""
+                   packed_window: int = 8, min_batches: int = 0) -> list[Plan]:
+    """Every rank's batches for one epoch: ``out[r]`` is rank r's list of int64 index arrays, in order.
+
+    ``min_batches`` (default 0: off) splits the costliest batches until the epoch has at least that
+    many batches (over all ranks): trainers that fix the steps per epoch from the first epoch
+    (transformers' ``Trainer``) need every epoch to have the same count; see
+    :func:`equal_epoch_batches`.
+    """
     x, e = validate(lengths, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
                     edges=edges, packed_window=packed_window)
     world_size = check_int("world_size", world_size, minimum=1)
@@ -301,13 +310,13 @@ def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0
     rng = np.random.default_rng(seed + epoch)
     batches = _FUNCS[strategy](x, rng, token_budget, max_batch_size, edges=e, packed_window=packed_window)
     packed = strategy == "packed"
-    batches = split_to_multiple(batches, x, world_size, packed)
+    batches = split_to_multiple(batches, x, world_size, packed, check_int("min_batches", min_batches, minimum=0))
     return [Plan(b, strategy=strategy) for b in assign_ranks(batches, x, world_size, rng, packed)]
 
 
 def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int,
                max_batch_size: int, edges: Any = None, rank: int | None = None, world_size: int | None = None,
-               packed_window: int = 8) -> list[np.ndarray]:
+               packed_window: int = 8, min_batches: int = 0) -> Plan:
     """This rank's batches for one epoch (list of int64 index arrays, in order). See the module doc.
 
     ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
@@ -316,7 +325,18 @@ def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, to
     rank, world_size = resolve_rank(rank, world_size)
     return plan_epoch_all(lengths, strategy=strategy, epoch=epoch, seed=seed, token_budget=token_budget,
                           max_batch_size=max_batch_size, edges=edges, world_size=world_size,
-                          packed_window=packed_window)[rank]
+                          packed_window=packed_window, min_batches=min_batches)[rank]
+
+
+def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int = 0, token_budget: int,
+                        max_batch_size: int, edges: Any = None, world_size: int = 1, packed_window: int = 8) -> int:
+    """The ``min_batches`` that gives epochs 0..epochs-1 the same number of batches: the most any of
+    them plans (over all ranks, a multiple of ``world_size``). Strategies other than ``sorted`` plan
+    a different count each epoch (greedy packing of a new order). Cost: ``epochs`` plans."""
+    epochs = check_int("epochs", epochs, minimum=1)
+    return max(sum(len(r) for r in plan_epoch_all(
+        lengths, strategy=strategy, epoch=e, seed=seed, token_budget=token_budget, max_batch_size=max_batch_size,
+        edges=edges, world_size=world_size, packed_window=packed_window)) for e in range(epochs))
 
 
 # --------------------------------------------------------------------------- CLI: lenbatch plan
