@@ -17,6 +17,8 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
   ``sampler.consumed(loader)`` (the state then counts the batches the loop received), pass
   ``state_dict(batches_consumed=n)``, or use torchdata's ``StatefulDataLoader``, whose
   ``state_dict()`` snapshots this sampler's state as of each batch it yields (exact with workers).
+* ``min_batches`` (default off) pads every epoch to at least that many batches by splitting the
+  costliest ones, for trainers that fix the steps per epoch (``lenbatch.hf`` sets it).
 """
 
 from __future__ import annotations
