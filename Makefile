@@ -12,8 +12,10 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: the CPU build; a bare "torch" would pull a multi-GB CUDA build.
+	# The package itself asks only torch>=2.4 (a library must not replace its users' torch);
+	# the exact pin lives here, and is repeated so no extra's resolution can move it.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' torch==2.13.0
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -38,7 +38,8 @@ def cases(draw):
        window=st.integers(1, 4))
 def test_plans_are_lossless_balanced_and_within_budget(case, strategy, world_size, epoch, window):
     x, budget, mbs, edges = case
-    kw = dict(strategy=strategy, epoch=epoch, seed=3, token_budget=budget, max_batch_size=mbs, edges=edges,
+    kw = dict(strategy=strategy, epoch=epoch, seed=3, token_budget=budget, max_batch_size=mbs,
+              edges=edges if strategy == "bucketed" else None,
               packed_window=window)
     try:
         ranks = plan_epoch_all(x, world_size=world_size, **kw)
@@ -57,7 +58,8 @@ def test_plans_are_lossless_balanced_and_within_budget(case, strategy, world_siz
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_new_epoch_new_composition(strategy):
     x = np.random.default_rng(5).integers(1, 400, size=600)
-    kw = dict(strategy=strategy, seed=0, token_budget=2048, max_batch_size=16, edges=[0, 100, 250, 400])
+    kw = dict(strategy=strategy, seed=0, token_budget=2048, max_batch_size=16,
+              edges=[0, 100, 250, 400] if strategy == "bucketed" else None)
     e0, e1 = (plan_epoch(x, epoch=e, **kw) for e in (0, 1))
     rep = composition_repeat(e0, e1, x.size)
     if strategy == "sorted":

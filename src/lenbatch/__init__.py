@@ -9,7 +9,12 @@ Public API (stable, DESIGN.md)::
     lb.padding_efficiency(lengths, batches, strategy="bucketed")
     sampler = lb.LengthBatchSampler(lengths, strategy="packed", token_budget=8192, max_batch_size=64, seed=0)
 
-``import lenbatch`` stays light (numpy only): ``LengthBatchSampler`` imports torch on first access.
+    batch = lb.collate_packed([{"input_ids": ids} for ids in samples])   # or collate_padded
+    model(**batch.model_inputs())                                       # any HF causal LM
+
+``import lenbatch`` stays light (numpy only): ``LengthBatchSampler``, ``collate_padded`` and
+``collate_packed`` import torch on first access; transformers, datasets, yaml and matplotlib are
+imported only by the modules that need them (``lenbatch.hf``, the workflow stages).
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from lenbatch.padding import (
     study_bucket_computed,
 )
 from lenbatch.stats import bucket_counts, histogram, length_stats, seed_profile
-from lenbatch.strategies import STRATEGIES, plan_epoch, plan_epoch_all
+from lenbatch.strategies import STRATEGIES, Plan, plan_epoch, plan_epoch_all
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "METHODS", "STRATEGIES", "Boundaries", "LengthBatchSampler", "bucket_counts", "budget_fill",
+    "METHODS", "STRATEGIES", "Boundaries", "LengthBatchSampler", "Plan", "bucket_counts", "budget_fill",
+    "collate_packed", "collate_padded",
     "composition_repeat", "expected_max", "greedy_bucket_computed", "greedy_starts", "histogram",
     "length_mixing", "length_stats", "optimize_boundaries", "padding_efficiency", "plan_epoch", "plan_epoch_all",
     "predict_bucketed", "seed_profile", "study_bucket_computed", "sweep_num_buckets",
@@ -46,4 +52,8 @@ def __getattr__(name: str) -> Any:
         from lenbatch.sampler import LengthBatchSampler
 
         return LengthBatchSampler
+    if name in ("collate_padded", "collate_packed"):
+        from lenbatch import collate as _collate
+
+        return getattr(_collate, name)
     raise AttributeError(f"module 'lenbatch' has no attribute {name!r}")

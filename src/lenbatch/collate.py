@@ -1,18 +1,26 @@
 """Batch collation: a planned batch of samples -> the tensors one training step consumes.
 
-Two layouts, one :class:`Batch` type:
+Public as ``lenbatch.collate_padded`` / ``lenbatch.collate_packed`` (DESIGN.md). A sample is a
+mapping with ``input_ids`` (1-D ints) and optionally ``loss_mask`` (same length; 1 = a token the
+loss predicts; absent = every token). Both return a :class:`Batch`; ``Batch.model_inputs()`` gives
+the keyword arguments a Hugging Face causal LM takes (``labels`` = -100 where nothing is learned).
 
-* **padded** (``sorted``, ``random``, ``bucketed``, ``sortish``): ``n`` samples right-padded
-  to the longest, ``m``; ``input_ids``/``attention_mask``/``loss_mask`` are ``[n, m]``.
-  computed tokens = ``n * m``; the batch must satisfy ``n * m <= token_budget`` and
-  ``n <= max_batch_size`` (the greedy token-budget rule of DESIGN.md).
+Two layouts, one :class:`Batch` type (``S`` sequences):
+
+* **padded** (``sorted``, ``random``, ``bucketed``, ``sortish``): ``n = S`` samples right-padded
+  to the longest, ``m``; ``input_ids``/``attention_mask``/``loss_mask``/``position_ids`` are
+  ``[n, m]`` (positions 0..m-1 in every row). computed tokens = ``n * m``; the batch must satisfy
+  ``n * m <= token_budget`` and ``n <= max_batch_size`` (the greedy token-budget rule of DESIGN.md).
 * **packed** (``packed``): the samples concatenated into one row ``[1, T]``, ``T = sum(len)``;
-  ``position_ids`` restart at 0 at every sequence, ``cu_seqlens`` (int32, ``[S+1]``) holds
-  the sequence starts, ``seq_index`` the sequence of every token. computed tokens = ``T``
-  (no fixed capacity); the row must satisfy ``T <= token_budget``.
+  ``position_ids`` restart at 0 at every sequence, ``cu_seqlens`` (int32, ``[S+1]``, 0 first, T
+  last) holds the sequence starts, ``seq_index`` (``[1, T]``) the sequence of every token. No
+  attention mask: attention must stay inside each sequence (varlen kernels read ``cu_seqlens``;
+  transformers reads ``position_ids`` or ``cu_seq_lens_q/k``, see ``model_inputs``). computed
+  tokens = ``T`` (no fixed capacity); the row must satisfy ``T <= token_budget``.
 
-A batch that breaks its budget raises ``ValueError``: a plan that does not fit would
-silently change the shapes being measured. Cost: O(total tokens) copies.
+Every layout also has ``lengths`` ``[S]`` and ``indices`` ``[S]`` (dataset rows; -1 when not given).
+A batch that breaks its budget raises ``ValueError``: a plan that does not fit would silently
+change the shapes being measured. Cost: O(total tokens) copies.
 """
 
 from __future__ import annotations
@@ -77,6 +85,29 @@ class Batch:
         rows = torch.arange(self.num_sequences, dtype=torch.int64, device=self.lengths.device)
         return rows, torch.zeros_like(rows)
 
+    def model_inputs(self) -> dict[str, Any]:
+        """Keyword arguments for a Hugging Face causal LM (``model(**batch.model_inputs())``).
+
+        ``labels`` = ``input_ids`` where ``loss_mask``, else -100 (the model shifts them by one).
+        Padded: ``input_ids``, ``attention_mask``, ``labels`` ``[n, m]``. Packed: the flattened
+        layout of transformers' ``DataCollatorWithFlattening``: ``input_ids``, ``labels``,
+        ``position_ids`` ``[1, T]`` (restarting per sequence; each sequence's first label is -100
+        so no token predicts across a boundary), ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32
+        ``[S+1]``), ``max_length_q``/``max_length_k`` (int, the longest sequence) and
+        ``use_cache=False``: transformers' sdpa/eager attention builds the per-sequence mask from
+        ``position_ids`` only when no KV cache is in use (``masking_utils``); with the default
+        cache, packed sequences attend to each other (a test measures it).
+        """
+        labels = torch.where(self.loss_mask, self.input_ids, torch.full_like(self.input_ids, -100))
+        if self.kind == "padded":
+            return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "labels": labels}
+        assert self.cu_seqlens is not None
+        labels[0, self.cu_seqlens[:-1].to(torch.int64)] = -100
+        longest = int(self.lengths.max())
+        return {"input_ids": self.input_ids, "labels": labels, "position_ids": self.position_ids,
+                "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": longest, "max_length_k": longest, "use_cache": False}
+
     def to(self, device: torch.device | str) -> "Batch":
         def mv(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             return None if t is None else t.to(device, non_blocking=True)
@@ -90,7 +121,8 @@ def _as_lists(samples: Sequence[Mapping[str, Any]]) -> tuple[list[np.ndarray], l
     ids, masks = [], []
     for i, sample in enumerate(samples):
         x = np.asarray(sample["input_ids"], dtype=np.int64)
-        m = np.asarray(sample["loss_mask"]).astype(bool)
+        m = np.asarray(sample["loss_mask"]).astype(bool) if sample.get("loss_mask") is not None else \
+            np.ones(x.shape, dtype=bool)
         if x.ndim != 1 or x.size == 0:
             raise ValueError(f"sample {i} has {x.size} tokens; every sample needs at least one token")
         if m.shape != x.shape:
@@ -104,8 +136,10 @@ def _as_lists(samples: Sequence[Mapping[str, Any]]) -> tuple[list[np.ndarray], l
 def collate_padded(samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None,
                    max_batch_size: int | None = None, indices: Sequence[int] | None = None,
                    pad_id: int = 0) -> Batch:
-    """Right-pad ``samples`` (dicts with ``input_ids``, ``loss_mask``) to their longest.
+    """Right-pad ``samples`` (dicts with ``input_ids``, optional ``loss_mask``) to their longest.
 
+    Fields ``[n, m]``: ``input_ids`` (``pad_id`` beyond each sample), ``attention_mask`` (1 on
+    tokens), ``loss_mask`` (False on padding), ``position_ids`` (0..m-1); ``lengths``/``indices`` ``[n]``.
     Raises ``ValueError`` when ``n * longest > token_budget`` or ``n > max_batch_size``
     (a limit left at None is not checked: profiling grids build shapes on purpose).
     """
@@ -113,8 +147,8 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
     n, m = len(ids), max(x.size for x in ids)
     if (max_batch_size is not None and n > max_batch_size) or (token_budget is not None and n * m > token_budget):
         raise ValueError(f"padded batch of {n} samples x {m} tokens = {n * m} padded tokens does not fit "
-                         f"batching.token_budget={token_budget} / max_batch_size={max_batch_size}; the plan must "
-                         "come from the same batching params (re-plan, or raise the budget)")
+                         f"token_budget={token_budget} / max_batch_size={max_batch_size}; the plan must "
+                         "come from the same batching parameters (re-plan, or raise the budget)")
     input_ids = np.full((n, m), pad_id, dtype=np.int64)
     loss_mask = np.zeros((n, m), dtype=bool)
     attention = np.zeros((n, m), dtype=np.int64)
@@ -132,17 +166,19 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
 
 def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None,
                    indices: Sequence[int] | None = None) -> Batch:
-    """Concatenate ``samples`` into one row ``[1, T]`` with restarting positions and ``cu_seqlens``.
+    """Concatenate ``samples`` (dicts with ``input_ids``, optional ``loss_mask``) into one row ``[1, T]``.
 
+    Fields: ``input_ids``/``loss_mask``/``position_ids``/``seq_index`` ``[1, T]`` (positions restart
+    at 0 at every sequence), ``cu_seqlens`` int32 ``[S+1]``, ``lengths``/``indices`` ``[S]``.
     Raises ``ValueError`` when ``T = sum(lengths) > token_budget`` (None: not checked).
     """
     ids, masks = _as_lists(samples)
     lens = np.array([x.size for x in ids], dtype=np.int64)
     total = int(lens.sum())
     if token_budget is not None and total > token_budget:
-        raise ValueError(f"packed row of {len(ids)} samples holds {total} tokens > batching.token_budget="
-                         f"{token_budget}; the plan must come from the same batching params (re-plan, or raise "
-                         "the budget)")
+        raise ValueError(f"packed row of {len(ids)} samples holds {total} tokens > token_budget="
+                         f"{token_budget}; the plan must come from the same batching parameters (re-plan, or "
+                         "raise the budget)")
     cu = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(lens, out=cu[1:])
     positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], lens)

@@ -116,15 +116,34 @@ def batch_tokens(lengths: Any, batches: Sequence[np.ndarray], *, packed: bool = 
     return useful, computed
 
 
+def plan_is_packed(batches: Sequence[np.ndarray], strategy: str | None) -> bool:
+    """Whether ``batches`` are packed rows: the plan's own ``layout`` (plans from ``plan_epoch``
+    carry it) or else ``strategy``. A ``strategy`` whose layout contradicts the plan's raises
+    ``ValueError``: scoring packed rows as padded ones (or back) gives a wrong number silently."""
+    layout = getattr(batches, "layout", None)
+    if strategy is not None:
+        want = "packed" if strategy == "packed" else "padded"
+        if layout is not None and layout != want:
+            raise ValueError(f"strategy={strategy!r} scores {want} batches but this plan is {layout} (made by "
+                             f"strategy {getattr(batches, 'strategy', '?')!r}); drop strategy= (the plan knows "
+                             "its layout) or pass the strategy that made it")
+        return want == "packed"
+    return layout == "packed"
+
+
 def padding_efficiency(lengths: Any, batches: Sequence[np.ndarray], strategy: str | None = None) -> float:
-    """Useful tokens / computed tokens over the batches (1.0 for ``strategy="packed"``: rows carry no padding)."""
-    useful, computed = batch_tokens(lengths, batches, packed=strategy == "packed")
+    """Useful tokens / computed tokens over the batches (1.0 for packed rows: they carry no padding).
+
+    The layout comes from the plan (``plan_epoch`` returns a list carrying ``.layout``); a plain
+    list of index arrays is scored as padded unless ``strategy="packed"``.
+    """
+    useful, computed = batch_tokens(lengths, batches, packed=plan_is_packed(batches, strategy))
     return float(useful.sum() / computed.sum()) if computed.size else 1.0
 
 
 def budget_fill(lengths: Any, batches: Sequence[np.ndarray], token_budget: int, strategy: str | None = None) -> float:
-    """Computed tokens / (steps * token_budget): how full each step's budget is."""
-    _, computed = batch_tokens(lengths, batches, packed=strategy == "packed")
+    """Computed tokens / (steps * token_budget): how full each step's budget is (layout as in padding_efficiency)."""
+    _, computed = batch_tokens(lengths, batches, packed=plan_is_packed(batches, strategy))
     return float(computed.sum() / (len(batches) * token_budget)) if batches else 0.0
 
 

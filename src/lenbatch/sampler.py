@@ -5,22 +5,33 @@ State = (epoch, batches already yielded in this epoch) plus a fingerprint of the
 plan parameter, and the world size: ``load_state_dict`` then resumes with exactly the batches the
 uninterrupted run would still have yielded, and refuses a state from another plan or world size.
 
-With a DataLoader that prefetches (num_workers > 0), the sampler runs ahead of the training loop:
-save ``sampler.state_dict(batches_consumed=steps_done_this_epoch)`` to resume at the first batch the
-model has not seen.
+Semantics in other people's loops (DESIGN.md "The library in other people's loops"):
+
+* ``load_state_dict(state)`` then ``set_epoch(state["epoch"])`` keeps the restored position (as
+  Lhotse's samplers do: every epoch loop calls ``set_epoch`` after restoring); ``set_epoch`` of
+  any other epoch starts that epoch fresh.
+* ``rank``/``world_size`` default to torch.distributed's; ``WORLD_SIZE`` > 1 without an initialised
+  process group is refused (as ``DistributedSampler`` does) unless both are passed.
+* A DataLoader with ``num_workers`` > 0 draws batches ahead of the training loop, so the plain
+  ``state_dict()`` counts batches *handed to the loader*, not *trained on*. Either iterate
+  ``sampler.consumed(loader)`` (the state then counts the batches the loop received), pass
+  ``state_dict(batches_consumed=n)``, or use torchdata's ``StatefulDataLoader``, whose
+  ``state_dict()`` snapshots this sampler's state as of each batch it yields (exact with workers).
+* ``min_batches`` (default off) pads every epoch to at least that many batches by splitting the
+  costliest ones, for trainers that fix the steps per epoch (``lenbatch.hf`` sets it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch.utils.data
 
-from lenbatch.strategies import plan_epoch_all, resolve_rank, validate
+from lenbatch.strategies import Plan, check_int, plan_epoch_all, resolve_rank, validate
 
 STATE_VERSION = 1
 
@@ -30,12 +41,11 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __init__(self, lengths: Any, *, strategy: str, token_budget: int, max_batch_size: int, seed: int = 0,
                  edges: Any = None, rank: int | None = None, world_size: int | None = None,
-                 packed_window: int = 8) -> None:
+                 packed_window: int = 8, min_batches: int = 0) -> None:
         super().__init__()
         x, e = validate(lengths, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
                         edges=edges, packed_window=packed_window)
-        if seed < 0:
-            raise ValueError(f"batching.seed must be >= 0, got {seed}")
+        seed = check_int("seed", seed, minimum=0)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.lengths = x
         self.strategy = strategy
@@ -44,17 +54,21 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.seed = int(seed)
         self.edges = None if e is None else tuple(int(v) for v in e)
         self.packed_window = int(packed_window)
+        self.min_batches = check_int("min_batches", min_batches, minimum=0)
         self.epoch = 0
         self._position = 0  # batches yielded in the current epoch
         self._resume: int | None = None
+        self._consumed: int | None = None  # batches the loop received, while iterating consumed()
         self._cache: tuple[int, list[np.ndarray]] | None = None
         h = hashlib.sha256(np.ascontiguousarray(x, dtype="<i8").tobytes())
-        h.update(json.dumps({"strategy": strategy, "token_budget": self.token_budget,
-                             "max_batch_size": self.max_batch_size, "seed": self.seed, "edges": self.edges,
-                             "packed_window": self.packed_window}, sort_keys=True).encode())
+        fp = {"strategy": strategy, "token_budget": self.token_budget, "max_batch_size": self.max_batch_size,
+              "seed": self.seed, "edges": self.edges, "packed_window": self.packed_window}
+        if self.min_batches:  # only when set, so states saved before it existed still load
+            fp["min_batches"] = self.min_batches
+        h.update(json.dumps(fp, sort_keys=True).encode())
         self.fingerprint = h.hexdigest()[:16]
 
-    def plan(self, epoch: int | None = None) -> list[np.ndarray]:
+    def plan(self, epoch: int | None = None) -> Plan:
         """This rank's batches of ``epoch`` (default: the current one); cached for the current epoch."""
         epoch = self.epoch if epoch is None else epoch
         if self._cache is not None and self._cache[0] == epoch:
@@ -62,15 +76,19 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         batches = plan_epoch_all(self.lengths, strategy=self.strategy, epoch=epoch, seed=self.seed,
                                  token_budget=self.token_budget, max_batch_size=self.max_batch_size,
                                  edges=self.edges, world_size=self.world_size,
-                                 packed_window=self.packed_window)[self.rank]
+                                 packed_window=self.packed_window, min_batches=self.min_batches)[self.rank]
         if epoch == self.epoch:
             self._cache = (epoch, batches)
         return batches
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.epoch = int(epoch)
+        """Plan ``epoch`` next. After ``load_state_dict`` of the same epoch the restored position is
+        kept until the next iteration starts (the loop that restores calls ``set_epoch(saved_epoch)``
+        before iterating); any other epoch starts from the epoch's first batch."""
+        epoch = check_int("epoch", epoch, minimum=0)
+        if self._resume is not None and epoch == self.epoch:
+            return  # a restored position not yet iterated: keep it
+        self.epoch = epoch
         self._position = 0
         self._resume = None
 
@@ -86,9 +104,34 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             self._position = i + 1
             yield batches[i].tolist()
 
+    def consumed(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Iterate ``loader`` (a DataLoader over this sampler) counting the batches the loop received.
+
+        While it runs, ``state_dict()`` records that count instead of the batches the sampler handed
+        to the loader, which a prefetching DataLoader (``num_workers`` > 0) runs ahead of::
+
+            for batch in sampler.consumed(loader):
+                ...train...
+                ckpt["sampler"] = sampler.state_dict()   # resumes at the first batch not trained on
+        """
+        self._consumed = self._resume if self._resume is not None else 0
+        try:
+            for batch in loader:
+                self._consumed += 1
+                yield batch
+        finally:
+            self._consumed = None
+
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
-        """Resumable state; ``batches_consumed`` overrides the position (batches of this epoch already used)."""
-        pos = self._position if batches_consumed is None else int(batches_consumed)
+        """Resumable state: epoch and position (batches of this epoch done), plus what identifies the plan.
+
+        The position is ``batches_consumed`` if given, else the count of :meth:`consumed` while it
+        runs, else the batches this sampler has yielded.
+        """
+        if batches_consumed is not None:
+            pos = check_int("batches_consumed", batches_consumed, minimum=0)
+        else:
+            pos = self._position if self._consumed is None else self._consumed
         return {"version": STATE_VERSION, "epoch": self.epoch, "position": pos, "world_size": self.world_size,
                 "rank": self.rank, "fingerprint": self.fingerprint, "strategy": self.strategy}
 

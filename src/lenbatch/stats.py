@@ -142,7 +142,7 @@ def check_edges(edges: Any, lengths: np.ndarray) -> np.ndarray:
     e = np.asarray(edges)
     if e.ndim != 1 or e.size < 2:
         raise ValueError(f"edges must be a list of at least 2 bucket edges, got {edges!r}; "
-                         "pass boundaries.json's 'edges' (K+1 ints)")
+                         "pass K+1 increasing ints (Boundaries.edges)")
     if not np.issubdtype(e.dtype, np.integer):
         if np.all(e == np.round(e)):
             e = e.astype(np.int64)

@@ -31,6 +31,7 @@ With ``world_size == 1`` the strategy's own order is kept.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,22 +45,66 @@ from lenbatch.stats import check_edges, check_lengths
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
 
 
+class Plan(list):
+    """One rank's epoch plan: a plain ``list`` of int64 index arrays (the stable API) that also
+    carries its ``strategy`` and ``layout`` (``"padded"``/``"packed"``), so scoring it
+    (:func:`lenbatch.padding_efficiency`, :func:`lenbatch.budget_fill`) cannot use the wrong layout.
+    Slicing or copying into a new list drops the attributes (pass ``strategy=`` then)."""
+
+    def __init__(self, batches: Any = (), *, strategy: str) -> None:
+        super().__init__(batches)
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy {strategy!r} unknown; choose one of {list(STRATEGIES)}")
+        self.strategy = strategy
+        self.layout = "packed" if strategy == "packed" else "padded"
+
+    def __reduce__(self):  # pickles (DataLoader workers, checkpoints) keep the layout
+        return (_make_plan, (list(self), self.strategy))
+
+
+def _make_plan(batches: list, strategy: str) -> "Plan":
+    return Plan(batches, strategy=strategy)
+
+
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit rank/world_size, else torch.distributed's when initialised (never imports torch), else (0, 1)."""
+    """Explicit rank/world_size, else torch.distributed's when initialised (never imports torch), else (0, 1).
+
+    Like ``torch.utils.data.DistributedSampler``, refuses to guess: when ``WORLD_SIZE`` > 1 is set in
+    the environment (torchrun, accelerate launch) but no process group is initialised yet, planning
+    for one rank would give every rank all the data, so a ``ValueError`` asks for the process group
+    or explicit ``rank``/``world_size``.
+    """
     if rank is None or world_size is None:
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
         else:
+            env = os.environ.get("WORLD_SIZE", "").strip()
+            if env.isdigit() and int(env) > 1:
+                raise ValueError(f"WORLD_SIZE={env} is set but torch.distributed is not initialised, so this "
+                                 "process cannot know its rank; call torch.distributed.init_process_group() "
+                                 "before building the sampler/plan, or pass rank= and world_size= explicitly")
             rank = 0 if rank is None else rank
             world_size = 1 if world_size is None else world_size
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    world_size = check_int("world_size", world_size, minimum=1)
+    rank = check_int("rank", rank, minimum=0)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} must be in 0..{world_size - 1} (world_size {world_size}); "
                          "pass the rank of this process")
     return int(rank), int(world_size)
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``; ``ValueError`` naming ``name`` for None, bools, floats
+    (16384.5 and 16384.0 alike: a budget is a count of tokens), generators and the like."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        hint = (" (a seed is an int; a numpy Generator or None cannot be resumed or shared across ranks)"
+                if name == "seed" else "")
+        raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__}){hint}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
 
 
 def validate(lengths: Any, *, strategy: str, token_budget: int, max_batch_size: int, edges: Any = None,
@@ -68,23 +113,23 @@ def validate(lengths: Any, *, strategy: str, token_budget: int, max_batch_size: 
     x = check_lengths(lengths)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r} unknown; choose one of {list(STRATEGIES)}")
-    if token_budget < 1:
-        raise ValueError(f"batching.token_budget must be >= 1 token, got {token_budget}")
-    if max_batch_size < 1:
-        raise ValueError(f"batching.max_batch_size must be >= 1, got {max_batch_size}")
-    if packed_window < 1:
-        raise ValueError(f"batching.packed_window must be >= 1, got {packed_window}")
+    token_budget = check_int("token_budget", token_budget, minimum=1)
+    check_int("max_batch_size", max_batch_size, minimum=1)
+    check_int("packed_window", packed_window, minimum=1)
     longest = int(x.max())
     if longest > token_budget:
         n_over = int(np.count_nonzero(x > token_budget))
-        raise ValueError(f"{n_over} sample(s) are longer than batching.token_budget={token_budget} (longest "
-                         f"{longest} tokens); raise the budget or truncate samples (data.max_len)")
+        raise ValueError(f"{n_over} sample(s) are longer than token_budget={token_budget} (longest "
+                         f"{longest} tokens); raise token_budget or truncate those samples")
     e = None
     if strategy == "bucketed":
         if edges is None:
-            raise ValueError("strategy 'bucketed' needs edges; run 'lenbatch boundaries' and pass its edges "
-                             "(boundaries.json)")
+            raise ValueError("strategy 'bucketed' needs edges (bucket boundaries in tokens); pass "
+                             "edges=lenbatch.optimize_boundaries(lengths, ...).edges")
         e = check_edges(edges, x)
+    elif edges is not None:
+        raise ValueError(f"edges are only used by strategy 'bucketed', not {strategy!r}; drop edges= or use "
+                         "strategy='bucketed'")
     return x, e
 
 
@@ -98,17 +143,20 @@ def _seq_split(batch: np.ndarray, x: np.ndarray, packed: bool) -> tuple[np.ndarr
     return srt[:k], srt[k:]
 
 
-def split_to_multiple(batches: list[np.ndarray], x: np.ndarray, world_size: int, packed: bool) -> list[np.ndarray]:
-    """Make len(batches) a multiple of world_size by splitting batches in two, in place (halves adjacent).
+def split_to_multiple(batches: list[np.ndarray], x: np.ndarray, world_size: int, packed: bool,
+                      min_batches: int = 0) -> list[np.ndarray]:
+    """Make len(batches) a multiple of world_size (and at least ``min_batches``) by splitting batches
+    in two, in place (halves adjacent).
 
     Each round splits the ``need`` multi-sample batches with the most computed tokens (ties: earlier
     first); rounds repeat only if there were fewer splittable batches than needed. Never drops or
     duplicates a sample; ``ValueError`` when there are fewer samples than batches the ranks need.
     """
-    need = (-len(batches)) % world_size
+    target = max(len(batches), min_batches)
+    need = target + (-target) % world_size - len(batches)
     if need and len(batches) + need > x.size:
-        raise ValueError(f"world_size={world_size} needs {len(batches) + need} batches this epoch but there are only "
-                         f"{x.size} samples; use fewer ranks or more data")
+        raise ValueError(f"world_size={world_size} (min_batches={min_batches}) needs {len(batches) + need} batches "
+                         f"this epoch but there are only {x.size} samples; use fewer ranks or more data")
     while need:
         cost = batch_tokens(x, batches, packed=packed)[1]
         sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
@@ -246,24 +294,29 @@ _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish"
 
 def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int,
                    max_batch_size: int, edges: Any = None, world_size: int = 1,
-                   packed_window: int = 8) -> list[list[np.ndarray]]:
-    """Every rank's batches for one epoch: ``out[r]`` is rank r's list of int64 index arrays, in order."""
+                   packed_window: int = 8, min_batches: int = 0) -> list[Plan]:
+    """Every rank's batches for one epoch: ``out[r]`` is rank r's list of int64 index arrays, in order.
+
+    ``min_batches`` (default 0: off) splits the costliest batches until the epoch has at least that
+    many batches (over all ranks): trainers that fix the steps per epoch from the first epoch
+    (transformers' ``Trainer``) need every epoch to have the same count; see
+    :func:`equal_epoch_batches`.
+    """
     x, e = validate(lengths, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
                     edges=edges, packed_window=packed_window)
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if epoch < 0 or seed < 0:
-        raise ValueError(f"epoch ({epoch}) and batching.seed ({seed}) must be >= 0")
+    world_size = check_int("world_size", world_size, minimum=1)
+    epoch = check_int("epoch", epoch, minimum=0)
+    seed = check_int("seed", seed, minimum=0)
     rng = np.random.default_rng(seed + epoch)
     batches = _FUNCS[strategy](x, rng, token_budget, max_batch_size, edges=e, packed_window=packed_window)
     packed = strategy == "packed"
-    batches = split_to_multiple(batches, x, world_size, packed)
-    return assign_ranks(batches, x, world_size, rng, packed)
+    batches = split_to_multiple(batches, x, world_size, packed, check_int("min_batches", min_batches, minimum=0))
+    return [Plan(b, strategy=strategy) for b in assign_ranks(batches, x, world_size, rng, packed)]
 
 
 def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int,
                max_batch_size: int, edges: Any = None, rank: int | None = None, world_size: int | None = None,
-               packed_window: int = 8) -> list[np.ndarray]:
+               packed_window: int = 8, min_batches: int = 0) -> Plan:
     """This rank's batches for one epoch (list of int64 index arrays, in order). See the module doc.
 
     ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
@@ -272,7 +325,18 @@ def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, to
     rank, world_size = resolve_rank(rank, world_size)
     return plan_epoch_all(lengths, strategy=strategy, epoch=epoch, seed=seed, token_budget=token_budget,
                           max_batch_size=max_batch_size, edges=edges, world_size=world_size,
-                          packed_window=packed_window)[rank]
+                          packed_window=packed_window, min_batches=min_batches)[rank]
+
+
+def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int = 0, token_budget: int,
+                        max_batch_size: int, edges: Any = None, world_size: int = 1, packed_window: int = 8) -> int:
+    """The ``min_batches`` that gives epochs 0..epochs-1 the same number of batches: the most any of
+    them plans (over all ranks, a multiple of ``world_size``). Strategies other than ``sorted`` plan
+    a different count each epoch (greedy packing of a new order). Cost: ``epochs`` plans."""
+    epochs = check_int("epochs", epochs, minimum=1)
+    return max(sum(len(r) for r in plan_epoch_all(
+        lengths, strategy=strategy, epoch=e, seed=seed, token_budget=token_budget, max_batch_size=max_batch_size,
+        edges=edges, world_size=world_size, packed_window=packed_window)) for e in range(epochs))
 
 
 # --------------------------------------------------------------------------- CLI: lenbatch plan
@@ -339,9 +403,12 @@ def _run(args: argparse.Namespace) -> int:
     bt = params.batching
     x, source = load_lengths(args, seed=bt.seed)
     edges = read_edges(args.boundaries)
+    if args.strategy == "bucketed" and edges is None:
+        raise ValueError("--strategy bucketed needs edges: pass --boundaries boundaries.json (run 'lenbatch boundaries' "
+                         "first)")
     t0 = time.perf_counter()
     batches = plan_epoch(x, strategy=args.strategy, epoch=args.epoch, seed=bt.seed, token_budget=bt.token_budget,
-                         max_batch_size=bt.max_batch_size, edges=edges, rank=args.rank, world_size=args.world_size,
+                         max_batch_size=bt.max_batch_size, edges=edges if args.strategy == "bucketed" else None, rank=args.rank, world_size=args.world_size,
                          packed_window=bt.packed_window)
     secs = time.perf_counter() - t0
     out = Path(args.out)
