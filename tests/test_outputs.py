@@ -68,8 +68,26 @@ def test_staged_output_replaces_whole_keeps_hidden_files_and_survives_failure(tm
     (tmp_path / ".stage.staging-1").mkdir()  # left by a killed writer
     with staged_output(out, stage="test") as tmp:
         (tmp / "a.json").write_text("3")
-    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "3", ".gitignore": "/big\n"}
+    # what the new run did not write is carried over (hard links), not lost
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "3", "b.json": "1", ".gitignore": "/big\n"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]
+
+
+def test_a_directory_that_is_not_a_stage_output_is_never_swapped_away(tmp_path, monkeypatch):
+    mine = tmp_path / "work"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    (mine / "stats.json").write_text("old")
+    with staged_output(mine, stage="test") as tmp:  # e.g. --out work, a folder of the user's
+        (tmp / "stats.json").write_text("new")
+        (tmp / "params.json").write_text("{}")
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {"notes.txt": "keep me", "stats.json": "new",
+                                                               "params.json": "{}"}
+    monkeypatch.chdir(mine)
+    with staged_output(".", stage="test") as tmp:  # --out . : the current directory stays where it is
+        (tmp / "stats.json").write_text("newer")
+    assert Path.cwd().samefile(mine) and (mine / "stats.json").read_text() == "newer"
+    assert (mine / "notes.txt").read_text() == "keep me"
 
 
 def test_writer_lock_is_exclusive_across_processes_and_released_on_death(tmp_path):

@@ -12,8 +12,11 @@ Two mechanisms every stage shares:
   where the file system lacks it), so a reader sees either the previous complete output or the new
   one, never a mix (e.g. a new ``dataset/`` beside old ``lengths.npy``). On failure or a kill the
   previous output stays as it was, with the ``params.json`` that produced it; a staging directory
-  left by a kill is removed by the next writer. Hidden entries of the previous directory (``.gitignore``
-  written by DVC, say) are carried over. Cost: one directory rename; the old copy is deleted after.
+  left by a kill is removed by the next writer. Entries of the previous directory that the new run
+  does not write (``.gitignore`` written by DVC, say) are carried over by hard links. Cost: one
+  directory rename; the old copy is deleted after. A directory that is not a previous stage output
+  (no ``params.json`` but other files, or the current directory) is never swapped away: the new
+  entries replace the old ones one by one instead.
 
 The train stage appends to its directory across ``--resume`` and so takes only the lock
 (see :mod:`lenbatch.checkpoint` for how a run owns its directory).
@@ -111,6 +114,30 @@ def staged_output(out: str | Path, *, stage: str) -> Iterator[Path]:
         _commit(tmp, out)
 
 
+def _link_copy(src: Path, dst: Path) -> None:
+    """Copy by hard links (no data copied; the original stays intact), symlinks as symlinks."""
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, dst, symlinks=True, copy_function=os.link)
+    elif src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+    else:
+        os.link(src, dst)
+
+
+def _replace_entries(tmp: Path, out: Path) -> None:
+    """Fallback for a directory that is not a stage's output: move each new entry over the old one."""
+    for entry in sorted(tmp.iterdir()):
+        dst = out / entry.name
+        if dst.is_dir() and not dst.is_symlink():
+            aside = out / f".{entry.name}.old-{os.getpid()}"
+            os.rename(dst, aside)
+            os.rename(entry, dst)
+            shutil.rmtree(aside)
+        else:
+            os.replace(entry, dst)
+    tmp.rmdir()
+
+
 def _commit(tmp: Path, out: Path) -> None:
     if not out.exists():
         os.rename(tmp, out)
@@ -118,12 +145,14 @@ def _commit(tmp: Path, out: Path) -> None:
     if not out.is_dir():
         shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(f"--out {out} is a file, not a directory; remove it or pass another --out")
-    for entry in out.iterdir():  # hidden entries (e.g. DVC's .gitignore) belong to the directory, not the run
-        if entry.name.startswith(".") and not (tmp / entry.name).exists():
-            if entry.is_dir():
-                shutil.copytree(entry, tmp / entry.name)
-            else:
-                shutil.copy2(entry, tmp / entry.name)
+    foreign = [e for e in out.iterdir() if not (tmp / e.name).exists()]
+    cwd = Path.cwd().absolute()
+    if (foreign and not (out / "params.json").exists()) or cwd == out or out in cwd.parents:
+        # not a previous output of a stage (e.g. --out .): never swap such a directory away
+        _replace_entries(tmp, out)
+        return
+    for entry in foreign:  # e.g. DVC's .gitignore, or files another tool keeps there: they stay
+        _link_copy(entry, tmp / entry.name)
     if _exchange(tmp, out):
         shutil.rmtree(tmp)  # now holds the previous output
         return
