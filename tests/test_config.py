@@ -159,6 +159,11 @@ def test_one_loader_refuses_duplicates_missing_keys_ranges_and_non_finite_number
     assert len(lines) == 1 and words[0] in lines[0]
 
 
+def test_inline_params_refuse_a_key_given_twice():
+    with pytest.raises(ValueError, match=r"inline params give key\(s\) \['num_buckets'\] twice"):
+        load_params(ROOT / "params.yaml", '{"boundaries": {"num_buckets": 8, "num_buckets": 9}}')
+
+
 def test_the_workflow_config_check_refuses_ranges_and_non_finite_numbers():
     for section, key, value in (("compare", "holdout_fraction", 1.5), ("drafter", "lr", float("nan")),
                                 ("profile", "max_point_seconds", float("inf"))):

@@ -378,6 +378,14 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"inline params give key(s) {twice} twice; keep one")
+    return dict(pairs)
+
+
 def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> Params:
     """Load ``params.yaml`` (and override files on top, in order) into :class:`Params`.
 
@@ -389,7 +397,7 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
     for path in paths:
         if isinstance(path, str) and path.lstrip().startswith("{"):
             try:
-                inline = json.loads(path)
+                inline = json.loads(path, object_pairs_hook=_unique_pairs)
             except json.JSONDecodeError as err:
                 raise ValueError(f"inline params {path[:60]!r} are not valid JSON ({err}); pass a mapping of "
                                  "sections, e.g. --params-json '{\"boundaries\": {\"num_buckets\": 8}}'") from None

@@ -116,12 +116,18 @@ def staged_output(out: str | Path, *, stage: str) -> Iterator[Path]:
 
 def _link_copy(src: Path, dst: Path) -> None:
     """Copy by hard links (no data copied; the original stays intact), symlinks as symlinks."""
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:  # a file system without hard links: copy
+            shutil.copy2(a, b)
+
     if src.is_dir() and not src.is_symlink():
-        shutil.copytree(src, dst, symlinks=True, copy_function=os.link)
+        shutil.copytree(src, dst, symlinks=True, copy_function=link)
     elif src.is_symlink():
         os.symlink(os.readlink(src), dst)
     else:
-        os.link(src, dst)
+        link(str(src), str(dst))
 
 
 def _replace_entries(tmp: Path, out: Path) -> None:
