@@ -348,3 +348,26 @@ def test_a_kill_while_writing_leaves_the_old_or_the_new_output_never_a_mix(tmp_p
                  ).returncode == 0
     assert _consistent(out) and json.loads((out / "params.json").read_text())["data"]["max_len"] == 64
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "s.json"]
+
+
+def test_two_tokenize_runs_into_one_directory_the_second_is_refused(tmp_path, capsys):
+    """Issue 11.3: two runs shared tokens.arrow.tmp and each deleted dataset/; one exited 0 with dataset/ gone."""
+    import time
+
+    out = tmp_path / "o"
+    first = subprocess.Popen([sys.executable, "-m", "lenbatch", "tokenize", "--params", PARAMS, "--no-progress",
+                              "--limit", "600", "--workers", "1", "--out", str(out)], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while first.poll() is None and time.monotonic() < deadline:
+            if any(p.name.startswith(".o.staging") for p in tmp_path.iterdir()) or (out / "tokens.arrow.tmp").exists():
+                break  # the first run is writing
+            time.sleep(0.01)
+        second = _main(capsys, "--limit", "50", "--workers", "1", "--out", str(out))
+    finally:
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert second.returncode == 2 and f"{out} is being written by another run (lenbatch tokenize, pid {first.pid})" \
+        in second.stderr
+    assert _consistent(out) and json.loads((out / "stats.json").read_text())["records_read"] == 600
