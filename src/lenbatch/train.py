@@ -39,8 +39,9 @@ Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end
 (tracked on the drafter rank by shadow samplers that also check every received batch), the step
 counter, RNG states, a fingerprint of the params and the digest of the ``steps.jsonl`` lines it
 covers. One run owns OUT: the writing rank holds OUT's writer lock (:mod:`lenbatch.outputs`), and a
-fresh run first removes the previous run's checkpoint, summary and log. Anchors are drawn from (seed, epoch, step, dataset index) and
-the target is deterministic, so ``--resume`` replays exactly the remaining batches and losses.
+fresh run first removes the previous run's checkpoint, summary and log. Anchors are drawn from
+(seed, epoch, step, dataset index) and the target is deterministic, so ``--resume`` replays exactly
+the remaining batches and losses.
 """
 
 from __future__ import annotations
