@@ -71,11 +71,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name in STAGED and getattr(args, "out", None):
             from lenbatch.outputs import staged_output
 
-            with staged_output(args.out, stage=name) as staging:
+            final = args.out
+            with staged_output(final, stage=name) as staging:
                 args.out = str(staging)
                 rc = int(args.func(args) or 0)
                 if rc:  # a stage that reports failure by its exit code keeps the previous output too
                     raise _Failed(rc)
+            from lenbatch.log import get_logger
+
+            # the stage's own log lines name the staging folder it wrote into
+            get_logger(name).info("%s now holds this run's output (written in %s, then moved)", final, staging.name)
             return rc
         return int(args.func(args) or 0)
     except _Failed as failed:
