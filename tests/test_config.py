@@ -120,3 +120,58 @@ def test_frozen_and_sections_complete():
     with pytest.raises(Exception):
         params.batching.token_budget = 1  # type: ignore[misc]
     assert set(params.to_dict()) == set(SECTIONS)
+
+
+def _dup_key(text: str) -> str:
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("num_buckets:"))
+    return text.replace(line, line + "\n" + line.replace("6", "9", 1), 1)
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (_dup_key, ["'num_buckets' is given twice", "keep one"]),
+        (lambda t: t + "\nstats:\n  histogram_bins: 8\n", ["'stats' is given twice"]),
+        (lambda t: t.replace("holdout_fraction: 0.25", "holdout_fraction: 1.5"),
+         ["compare.holdout_fraction", "<= 0.9"]),
+        (lambda t: re.sub(r"\n  lr: [^ ]+", "\n  lr: .nan", t), ["drafter.lr", "finite"]),
+        (lambda t: re.sub(r"\n  gamma: [^ ]+", "\n  gamma: .inf", t), ["drafter.gamma", "finite"]),
+        (lambda t: re.sub(r"\n  holdout_fraction: [^\n]+", "", t), ["missing key", "compare.holdout_fraction"]),
+        (lambda t: t.replace("compare:", "compare: [", 1), ["not valid YAML at line", "fix the syntax"]),
+    ],
+    ids=["duplicate key", "duplicate section", "range", "nan", "inf", "missing key", "yaml syntax"],
+)
+def test_one_loader_refuses_duplicates_missing_keys_ranges_and_non_finite_numbers(tmp_path, capsys, edit, words):
+    """Issue 11.6: every entry point (stage CLIs through load_params, the workflow through params_from_dict)
+    refuses these with the key named; they used to take the last value, a code default or pass."""
+    text = (ROOT / "params.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(edit(text))
+    assert bad.read_text() != text
+    with pytest.raises(ValueError) as err:
+        load_params(bad)
+    for word in words:
+        assert word in str(err.value)
+    from lenbatch.cli import main
+
+    assert main(["params", "--params", str(bad)]) == 2  # a stage run directly: one line, exit 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and words[0] in lines[0]
+
+
+def test_inline_params_refuse_a_key_given_twice():
+    with pytest.raises(ValueError, match=r"inline params give key\(s\) \['num_buckets'\] twice"):
+        load_params(ROOT / "params.yaml", '{"boundaries": {"num_buckets": 8, "num_buckets": 9}}')
+
+
+def test_the_workflow_config_check_refuses_ranges_and_non_finite_numbers():
+    for section, key, value in (("compare", "holdout_fraction", 1.5), ("drafter", "lr", float("nan")),
+                                ("profile", "max_point_seconds", float("inf"))):
+        raw = _raw()
+        raw[section][key] = value
+        with pytest.raises(ValueError, match=f"{section}.{key}"):
+            params_from_dict(raw)
+    raw = _raw()
+    del raw["train"]["device"]
+    with pytest.raises(ValueError, match="missing key.*train.device"):
+        params_from_dict(raw)

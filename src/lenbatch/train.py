@@ -34,22 +34,25 @@ device, cpu_s / (seconds x threads) below 1 means other work took the cores, see
 :func:`lenbatch.stepmodel.cpu_share`). ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
 drafter-side wall time of those steps (pipeline throughput), padding efficiency, loss curve...
 
-Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end) holds the
-drafter, the optimizer, every target rank's sampler state (tracked on the drafter rank by
-shadow samplers that also check every received batch), the step counter, RNG states and a
-fingerprint of the params. Anchors are drawn from (seed, epoch, step, dataset index) and
-the target is deterministic, so ``--resume`` replays exactly the remaining batches and losses.
+Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end; see
+:mod:`lenbatch.checkpoint`) holds the drafter, the optimizer, every target rank's sampler state
+(tracked on the drafter rank by shadow samplers that also check every received batch), the step
+counter, RNG states, a fingerprint of the params and the digest of the ``steps.jsonl`` lines it
+covers. One run owns OUT: the writing rank holds OUT's writer lock (:mod:`lenbatch.outputs`), and a
+fresh run first removes the previous run's checkpoint, summary and log. Anchors are drawn from
+(seed, epoch, step, dataset index) and the target is deterministic, so ``--resume`` replays exactly
+the remaining batches and losses.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
-import random
 import subprocess
 import sys
 import time
@@ -62,10 +65,20 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from lenbatch.checkpoint import (
+    check_log,
+    fingerprint,
+    load_checkpoint,
+    restore,
+    save_checkpoint,
+    start_fresh,
+)
 from lenbatch.collate import Batch, batch_from_parts, collate, layout_for
 from lenbatch.config import STRATEGY_NAMES, Params, add_params_argument, load_params, write_resolved
 from lenbatch.hostmem import reuse_freed_memory
+from lenbatch.lifetime import die_with_parent, parent_death_signal
 from lenbatch.log import get_logger
+from lenbatch.outputs import writer_lock
 from lenbatch.stepmodel import steps_cpu_share
 
 log = get_logger("train")
@@ -292,36 +305,6 @@ def build_schedule(lengths: np.ndarray, *, strategy: str, params: Params, edges:
             raise AssertionError("schedule did not reach train.useful_tokens")
 
 
-def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...]], lengths: np.ndarray,
-                target_ranks: int) -> dict[str, Any]:
-    """What a resumed run must share with the run that wrote the checkpoint (plan, model, drafter).
-
-    train.useful_tokens, --max-steps, queue_size, threads and checkpoint_every may change on resume.
-    """
-    p = params.to_dict()
-    return {"strategy": strategy, "target_ranks": target_ranks, "edges": list(edges) if edges else None,
-            "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
-            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"]}
-
-
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
-
-
-def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
-    a, b = _flat(saved), _flat(current)
-    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    if diff:
-        shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:6])
-        raise ValueError(f"checkpoint {path} was written with other params ({shown}); resume with the params it "
-                         "was written with, or start afresh without --resume (or with another --out)")
-
-
 def batch_hash(indices: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
 
@@ -365,32 +348,55 @@ def recv_batch(*, src: int, comm_device: torch.device) -> tuple[Batch, torch.Ten
 # --------------------------------------------------------------------------- recording
 
 
-class Recorder:
-    """``steps.jsonl`` lines (flushed per step) and ``summary.json`` on the measuring rank."""
+def resumed_log(out: Path, state: dict[str, Any]) -> list[str]:
+    """The ``steps.jsonl`` lines a resume keeps: those of the steps the checkpoint covers (a killed run
+    may have logged steps past it, and cut its last line short), checked to be the ones written beside
+    that checkpoint (:func:`lenbatch.checkpoint.check_log`). Reads only; O(log size)."""
+    path = out / "steps.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    kept, steps, sha = [], [], hashlib.sha256()
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # the line a kill cut short
+            continue
+        if row["step"] < int(state["step"]):
+            kept.append(line)
+            steps.append(row["step"])
+            sha.update((line + "\n").encode())
+    check_log(path, state, steps, sha.hexdigest())
+    return kept
 
-    def __init__(self, out: Path, *, keep_steps_below: Optional[int]) -> None:
+
+class Recorder:
+    """``steps.jsonl`` lines (flushed per step) and ``summary.json`` on the measuring rank.
+
+    ``kept``: the lines of a resumed run's earlier steps (:func:`resumed_log`), rewritten first.
+    ``log_sha256()``: the digest of every line written so far, which each checkpoint records.
+    """
+
+    def __init__(self, out: Path, *, kept: Optional[list[str]]) -> None:
         self.path = out / "steps.jsonl"
-        self.rows: list[dict[str, Any]] = []
-        if keep_steps_below is not None and self.path.exists():
-            # resume: keep what the checkpoint covers, drop steps a killed run did past it
-            old = []
-            for line in self.path.read_text().splitlines():
-                try:
-                    old.append(json.loads(line))
-                except json.JSONDecodeError:  # the line a kill cut short
-                    continue
-            self.rows = [r for r in old if r["step"] < keep_steps_below]
+        kept = kept or []
+        self.rows: list[dict[str, Any]] = [json.loads(line) for line in kept]
+        self.sha = hashlib.sha256()
         self.session_start = len(self.rows)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("w") as fh:
-            for r in self.rows:
-                fh.write(json.dumps(r) + "\n")
+            for line in kept:
+                fh.write(line + "\n")
+                self.sha.update((line + "\n").encode())
         self.fh = self.path.open("a")
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
-        self.fh.write(json.dumps(row) + "\n")
+        line = json.dumps(row) + "\n"
+        self.fh.write(line)
         self.fh.flush()
+        self.sha.update(line.encode())
+
+    def log_sha256(self) -> str:
+        return self.sha.hexdigest()
 
     def summary(self, *, params: Params, strategy: str, warmup: int, world_size: int,
                 target_ranks: int, resumed_from: Optional[int], total_steps: int) -> dict[str, Any]:
@@ -441,40 +447,6 @@ class Recorder:
         self.fh.close()
 
 
-# --------------------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(path: Path, *, runner: StepRunner, step: int, sampler_states: list[Any],
-                    fp: dict[str, Any]) -> None:
-    """Atomic write (tmp + rename) so a kill during the save leaves the previous checkpoint."""
-    assert runner.drafter is not None and runner.optimizer is not None
-    state = {"format": 1, "fingerprint": fp, "step": step, "drafter": runner.drafter.state_dict(),
-             "optimizer": runner.optimizer.state_dict(), "samplers": sampler_states,
-             "torch_rng": torch.random.get_rng_state(), "numpy_rng": np.random.get_state(),
-             "python_rng": random.getstate()}
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path, fp: dict[str, Any]) -> dict[str, Any]:
-    if not path.exists():
-        raise ValueError(f"--resume: no checkpoint at {path}; run without --resume to start afresh")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    check_fingerprint(state["fingerprint"], fp, path)
-    return state
-
-
-def restore(runner: StepRunner, state: dict[str, Any]) -> None:
-    assert runner.drafter is not None and runner.optimizer is not None
-    runner.drafter.load_state_dict(state["drafter"])
-    runner.optimizer.load_state_dict(state["optimizer"])
-    runner.steps = int(state["step"])
-    torch.random.set_rng_state(state["torch_rng"])
-    np.random.set_state(state["numpy_rng"])
-    random.setstate(state["python_rng"])
-
-
 # --------------------------------------------------------------------------- the run
 
 
@@ -502,6 +474,7 @@ class SamplerCursor:
         self.sampler = sampler
         self.epoch: Optional[int] = None
         self.it = None
+        self.restored = state is not None  # until its first batch checks out: a checkpoint's state
         if state is not None:
             sampler.load_state_dict(state)
             self.epoch = int(state["epoch"]) if isinstance(state, dict) and "epoch" in state else None
@@ -513,7 +486,12 @@ class SamplerCursor:
             self.epoch = step.epoch
             self.it = iter(self.sampler)
         assert self.it is not None
-        idx = np.asarray(next(self.it), dtype=np.int64)
+        idx = np.asarray(next(self.it, np.zeros(0, np.int64)), dtype=np.int64)
+        if self.restored and not np.array_equal(idx, step.indices):
+            raise ValueError(f"the checkpoint's sampler state (rank {step.rank}) does not give the planned batch "
+                             f"of step {step.step}: the data, the planning code or the checkpoint changed since it "
+                             "was written; run without --resume to start afresh")
+        self.restored = False
         if not np.array_equal(idx, step.indices):
             raise AssertionError(f"step {step.step}: the sampler yielded a batch other than plan_epoch's "
                                  f"(rank {step.rank}, epoch {step.epoch}, batch {step.local})")
@@ -551,7 +529,15 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
             resumed_from: Optional[int]) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
-    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done, sampler_states=states, fp=setup.fp)
+    if resumed_from == done and (setup.out / "summary.json").exists():
+        # resumed a run that had already finished: nothing trained, nothing to rewrite (its summary keeps
+        # the throughput its last session measured)
+        rec.close()
+        log.info("%s: the checkpoint is at the last planned step (%d): the run is complete, %s left as it is",
+                 setup.strategy, done, setup.out / "summary.json")
+        return json.loads((setup.out / "summary.json").read_text())
+    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done, sampler_states=states, fp=setup.fp,
+                    log_sha256=rec.log_sha256())
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
                           total_steps=len(setup.schedule))
@@ -568,14 +554,15 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     data = TrainData(setup.data, setup.lengths)
     kind = layout_for(setup.strategy)
     sampler = make_sampler(setup.lengths, strategy=setup.strategy, params=p, edges=setup.edges, rank=0, world_size=1)
-    start, resumed_from, state = 0, None, None
+    start, resumed_from, state, kept = 0, None, None, None
     if setup.resume:
-        ck = load_checkpoint(setup.out / "checkpoint.pt", setup.fp)
+        ck = _load_checkpoint(setup)
+        kept = resumed_log(setup.out, ck)
         restore(runner, ck)
         start = resumed_from = int(ck["step"])
         state = ck["samplers"][0]
     cursor = SamplerCursor(sampler, state)
-    rec = Recorder(setup.out, keep_steps_below=start if setup.resume else None)
+    rec = Recorder(setup.out, kept=kept)
     useful_done = sum(r["useful_tokens"] for r in rec.rows)
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
@@ -592,21 +579,30 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         _progress(step, len(setup.schedule), loss, useful_done, t)
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
-                            sampler_states=[cursor.state()], fp=setup.fp)
+                            sampler_states=[cursor.state()], fp=setup.fp, log_sha256=rec.log_sha256())
     return _finish(setup, runner, rec, [cursor.state()], resumed_from=resumed_from)
 
 
-def _share_resume(setup: RunSetup, runner: Optional[StepRunner]) -> tuple[int, Optional[list[Any]]]:
-    """The drafter rank loads the checkpoint and tells every rank the start step and sampler states."""
+def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
+    return load_checkpoint(setup.out / "checkpoint.pt", setup.fp, total_steps=len(setup.schedule),
+                           checkpoint_every=setup.params.train.checkpoint_every)
+
+
+def _share_resume(setup: RunSetup, runner: Optional[StepRunner]
+                  ) -> tuple[int, Optional[list[Any]], Optional[list[str]]]:
+    """The drafter rank loads and checks the checkpoint and the log it extends, and tells every rank the
+    start step and sampler states; returns (start, sampler states, kept log lines on the drafter rank)."""
     import torch.distributed as dist
 
     drafter_rank = setup.world_size - 1
     if not setup.resume:
-        return 0, None
+        return 0, None, None
     payload: list[Any] = [None]
+    kept = None
     if setup.rank == drafter_rank:
         try:
-            ck = load_checkpoint(setup.out / "checkpoint.pt", setup.fp)
+            ck = _load_checkpoint(setup)
+            kept = resumed_log(setup.out, ck)
             assert runner is not None
             restore(runner, ck)
             payload = [{"step": int(ck["step"]), "samplers": ck["samplers"]}]
@@ -615,7 +611,7 @@ def _share_resume(setup: RunSetup, runner: Optional[StepRunner]) -> tuple[int, O
     dist.broadcast_object_list(payload, src=drafter_rank)
     if "error" in payload[0]:
         raise ValueError(payload[0]["error"])
-    return payload[0]["step"], payload[0]["samplers"]
+    return payload[0]["step"], payload[0]["samplers"], kept
 
 
 def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
@@ -628,7 +624,7 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     runner = StepRunner(p, device=setup.device, role="target")
     data = TrainData(setup.data, setup.lengths)
     kind = layout_for(setup.strategy)
-    start, states = _share_resume(setup, None)
+    start, states, _ = _share_resume(setup, None)
     sampler = make_sampler(setup.lengths, strategy=setup.strategy, params=p, edges=setup.edges, rank=setup.rank,
                            world_size=setup.target_ranks)
     cursor = SamplerCursor(sampler, states[setup.rank] if states else None)
@@ -670,12 +666,12 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
 
     p = setup.params
     runner = StepRunner(p, device=setup.device, role="drafter")
-    start, states = _share_resume(setup, runner)
+    start, states, kept = _share_resume(setup, runner)
     resumed_from = start if setup.resume else None
     shadows = [SamplerCursor(make_sampler(setup.lengths, strategy=setup.strategy, params=p, edges=setup.edges,
                                           rank=r, world_size=setup.target_ranks), states[r] if states else None)
                for r in range(setup.target_ranks)]
-    rec = Recorder(setup.out, keep_steps_below=start if setup.resume else None)
+    rec = Recorder(setup.out, kept=kept)
     acks: list[Any] = []
     last_loss = float("nan")
     t_start = time.perf_counter()
@@ -697,7 +693,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
                      loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9))
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
-                            sampler_states=[s.state() for s in shadows], fp=setup.fp)
+                            sampler_states=[s.state() for s in shadows], fp=setup.fp, log_sha256=rec.log_sha256())
         # drop delivered acks; never wait on one here: an ack is delivered only when its target rank
         # needs the credit, and waiting would stall the drafter for up to queue_size target steps
         acks = [(w, t) for w, t in acks if not w.is_completed()]
@@ -752,10 +748,17 @@ def _reexec_under_torchrun(args: argparse.Namespace, nproc: int) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "lenbatch", *argv]
     log.info("train.nproc=%d and no torchrun environment: running %s", nproc, " ".join(cmd))
-    return subprocess.call(cmd)
+    # the launcher dies with us, and its workers with it (lenbatch.lifetime)
+    return subprocess.call(cmd, preexec_fn=parent_death_signal)
 
 
 def run(args: argparse.Namespace) -> int:
+    """``lenbatch train``; the process that writes ``--out`` holds its writer lock until it returns."""
+    with contextlib.ExitStack() as stack:
+        return _run(args, stack)
+
+
+def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     params = _load_params(args)
     if args.strategy not in STRATEGY_NAMES:
         raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}")
@@ -770,6 +773,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"torchrun started {world} processes but train.nproc is {params.train.nproc}: the roles "
                          f"({params.train.nproc - 1} target ranks + 1 drafter rank) do not fit; launch with "
                          f"--nproc_per_node {params.train.nproc} or set train.nproc: {world}")
+    if under_torchrun:  # a killed launcher must not leave its workers training
+        die_with_parent()
     configure_process(params)
     data = Path(args.data)
     lengths = load_lengths(data)
@@ -786,6 +791,10 @@ def run(args: argparse.Namespace) -> int:
                               useful_tokens=params.train.useful_tokens, max_steps=args.max_steps)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if rank == world - 1:  # the drafter rank (or the single process) writes OUT: one such run at a time
+        stack.enter_context(writer_lock(out, stage="train"))
+        if not args.resume:  # a fresh run owns OUT from its first step (lenbatch.checkpoint)
+            start_fresh(out)
     fp = fingerprint(params, strategy=args.strategy, edges=edges, lengths=lengths, target_ranks=target_ranks)
     setup = RunSetup(params, args.strategy, data, out, edges, lengths, schedule, target_ranks, world, rank, device,
                      args.resume, fp)
