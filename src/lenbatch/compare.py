@@ -4,8 +4,9 @@ For every strategy the stage reports the padding model's efficiency, the simulat
 plan's efficiency, the throughput predicted by the step-time model (fitted on the
 profile grid, never on the run it predicts) and the measured one, the prediction
 error, the ratio to ``sorted``, both diversity measures and, from the quality stage, the
-drafter's held-out loss at equal useful tokens and per second with 95% intervals over seeds. It also predicts ``bucketed`` for every K of the boundary sweep
-and recommends a strategy and K.
+drafter's held-out loss at equal useful tokens and per second (95% intervals over seeds;
+rendered by :mod:`lenbatch.quality_report`). It also predicts ``bucketed`` for every K of
+the boundary sweep and recommends a strategy and K.
 
 Outputs (``--out``): ``metrics.json`` (flat keys for ``dvc metrics diff``),
 ``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, and DVC plot

@@ -146,13 +146,16 @@ def target_features(target: Any, samples: dict[int, dict[str, np.ndarray]], indi
 
 def assemble(samples: dict[int, dict[str, np.ndarray]], feats: dict[int, torch.Tensor], indices: np.ndarray, *,
              kind: str) -> tuple[Batch, torch.Tensor]:
-    """The batch of ``indices`` in layout ``kind`` and its features in the same layout (zeros on padding)."""
+    """The batch of ``indices`` in layout ``kind`` and its features in the same layout (zeros on padding),
+    both on the features' device, features in float32 (the drafter's master precision)."""
     idx = [int(i) for i in indices]
-    batch = collate([samples[i] for i in idx], kind=kind, token_budget=None, max_batch_size=None, indices=idx)
+    first = feats[idx[0]]
+    batch = collate([samples[i] for i in idx], kind=kind, token_budget=None, max_batch_size=None,
+                    indices=idx).to(first.device)
     if kind == "packed":
-        return batch, torch.cat([feats[i] for i in idx])[None]
+        return batch, torch.cat([feats[i] for i in idx])[None].float()
     m = batch.shape_length
-    out = torch.zeros(len(idx), m, feats[idx[0]].shape[1])
+    out = torch.zeros(len(idx), m, first.shape[1], device=first.device)
     for k, i in enumerate(idx):
         out[k, :feats[i].shape[0]] = feats[i]
     return batch, out
@@ -188,7 +191,7 @@ class DraftModel(nn.Module):
         h = dr.block_states(feats, batch, anchors, embed_tokens=embed_tokens)
         rows, starts = batch.seq_rows_starts()
         T = feats.shape[1]
-        offs = torch.arange(1, b)
+        offs = torch.arange(1, b, device=feats.device)
         tgt_pos = anchors[:, :, None] + offs
         inside = (tgt_pos < batch.lengths[:, None, None]) & valid[:, :, None]
         flat = (starts[:, None, None] + tgt_pos).clamp_max(T - 1)
@@ -206,7 +209,7 @@ class DraftModel(nn.Module):
 
 def flat_grad(model: nn.Module) -> np.ndarray:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in model.parameters()]).double().numpy()
+                      for p in model.parameters()]).double().cpu().numpy()
 
 
 # --------------------------------------------------------------------------- the experiment
@@ -231,11 +234,13 @@ class Experiment:
         self.samples = read_samples(data, both, lengths)
         self.vocab, cmap, self.coverage = draft_vocabulary(self.samples, self.train_idx, size=q.draft_vocab,
                                                            vocab_size=params.model.vocab_size)
-        self.class_map = torch.from_numpy(cmap)
+        self.device = quality_device(params.train.device)
+        self.class_map = torch.from_numpy(cmap).to(self.device)
         self.classes = int(self.vocab.size) + 1
         t0, c0 = time.perf_counter(), time.process_time()
-        target = target_model.build_target(params.model)
-        self.embed_tokens = target.embed_tokens
+        target = target_model.build_target(params.model, device=self.device)
+        # a float32 copy of the frozen embedding: the drafter trains in float32 whatever the target's dtype
+        self.embed_tokens = nn.Embedding.from_pretrained(target.embed_tokens.weight.float(), freeze=True)
         self.feats = target_features(target, self.samples, both, row_tokens=b.token_budget)
         del target
         self.features_s, self.features_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -273,7 +278,7 @@ class Experiment:
         """One run: ``quality.epochs`` epochs of ``strategy``; held-out loss at equal-token checkpoints."""
         p, q = self.params, self.params.quality
         seed = p.batching.seed + seed_index
-        model = DraftModel(p, classes=self.classes, seed=seed_index)
+        model = DraftModel(p, classes=self.classes, seed=seed_index).to(self.device)
         opt = torch.optim.AdamW(model.parameters(), lr=q.lr, weight_decay=p.drafter.weight_decay)
         kind = layout_for(strategy)
         total = q.epochs * int(self.lengths[self.train_idx].sum())
@@ -296,8 +301,9 @@ class Experiment:
                 step += 1
                 steps.append({"useful_tokens": batch.useful_tokens, "loss": loss.item(),
                               "mean_length": batch.useful_tokens / batch.num_sequences})
-                if len(curve) <= len(marks) and done >= marks[len(curve) - 1] - 0.5:
-                    curve.append((done, self.heldout_loss(model)))
+                crossed = sum(1 for m in marks[len(curve) - 1:] if done >= m - 0.5)
+                if crossed:  # one evaluation, recorded for every mark this step crossed
+                    curve += [(done, self.heldout_loss(model))] * crossed
         assert done == total, f"{strategy}: trained {done} useful tokens, expected {total}: an epoch lost samples"
         run = {"strategy": strategy, "seed": seed, "steps": step, "useful_tokens": done,
                "curve_tokens": [c[0] for c in curve], "curve_loss": [c[1] for c in curve],
@@ -335,6 +341,13 @@ class Experiment:
         out["batch_loss"] = losses
         out["full_gradient"] = G
         return out
+
+
+def quality_device(name: str) -> torch.device:
+    """``train.device`` -> where the quality stage runs (auto: cuda when available; one device, one process)."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device is 'cuda' but no GPU is visible; set train.device: cpu (or auto)")
+    return torch.device("cuda" if name in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
 
 
 def _rows(indices: np.ndarray, lengths: np.ndarray, budget: int) -> list[np.ndarray]:
@@ -381,7 +394,8 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
     assert trained_model is not None
     t_grad, c_grad = time.perf_counter(), time.process_time()
     grads: dict[str, dict[str, Any]] = {}
-    for ck, model in (("init", DraftModel(params, classes=exp.classes, seed=0)), ("trained", trained_model)):
+    init_model = DraftModel(params, classes=exp.classes, seed=0).to(exp.device)
+    for ck, model in (("init", init_model), ("trained", trained_model)):
         fulls = {}
         for s in strategies:
             g = exp.gradients(model, s)

@@ -157,8 +157,9 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
         for s in strategies:
             d = "(baseline)" if s == "sorted" else _diff(ps["vs_sorted"][s])
             lines.append(f"| {s} | {tok_s[s]:,.0f} | {ps['tokens'][s]:,.0f} | {_iv(ps['loss'][s])} | {d} |")
-        lines += ["", "(the train stage measured throughput at the same `batching` budget; the quality runs' own "
-                  "seconds are not used: they share one process and skip the target forward)"]
+        lines += ["", "(throughput: the train stage's runs at the same `batching` budget and plans; its pipeline is "
+                  "bound by the target forward, which this setting does not change. The quality runs' own seconds are "
+                  "not used: they reuse precomputed target features in one process)"]
     grads = result["gradients"]
     lines += ["", "Gradient quality at fixed weights: every batch of one epoch of each strategy (anchors fixed per "
               "sample, so every epoch sums to the same full-data gradient G). cos = mean cos(g_b, G); "
