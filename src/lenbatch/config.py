@@ -291,7 +291,7 @@ SECTION_HELP = {
     "train": "train stage: torchrun runs, one per strategy",
     "profile": "profile stage: the step-time grid",
     "compare": "compare stage: step-time fit, prediction and report",
-    "quality": "quality stage: held-out loss over seeds and gradient quality per strategy (its own learnable setting)",
+    "quality": "quality stage: held-out loss over seeds and gradient quality per strategy (own learnable setting)",
 }
 
 

@@ -256,8 +256,8 @@ class Experiment:
         num = den = 0.0
         with torch.no_grad():
             for batch, f in self.held_batches:
-                an, va = model.drafter.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=self.params.batching.seed,
-                                                   epoch=0, step=0)
+                an, va = model.drafter.anchors_for(batch, anchors_per_seq=q.anchors_per_seq,
+                                                   seed=self.params.batching.seed, epoch=0, step=0)
                 loss, w = model.loss(f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
                 num += float(loss) * w
                 den += w

@@ -128,8 +128,8 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
     h = "#" * level
     strategies = result["strategies"]
     lines = [f"{h} Does composition matter? Held-out loss and gradient quality", "",
-             f"Setting (the quality stage, `params.quality`): the drafter of the train stage with a trainable head over "
-             f"the {st['draft_vocab']:,} most frequent trained tokens of the training subset plus one \"other\" "
+             "Setting (the quality stage, `params.quality`): the drafter of the train stage with a trainable head "
+             f"over the {st['draft_vocab']:,} most frequent trained tokens of the training subset plus one \"other\" "
              f"class ({100 * st['coverage']:.1f}% of trained tokens inside; uniform = {st['uniform_loss']:.3f} nats), "
              f"labels the dataset's tokens, the target's features as in training. Training subset "
              f"{st['train_samples']:,} samples ({st['train_tokens']:,} tokens), held-out {st['heldout_samples']:,} "
@@ -163,8 +163,9 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
     grads = result["gradients"]
     lines += ["", "Gradient quality at fixed weights: every batch of one epoch of each strategy (anchors fixed per "
               "sample, so every epoch sums to the same full-data gradient G). cos = mean cos(g_b, G); "
-              "tr Σ = mean B_b·‖g_b − G‖² (per useful token; composition bias inflates it); B_simple = tr Σ / |G|² "
-              "(useful tokens); r = correlation of a batch's mean sample length with its loss.", "",
+              "tr Σ = mean B_b·‖g_b − G‖² (per useful token; composition bias inflates it); "
+              "B_simple = tr Σ / |G|² (useful tokens); r = correlation of a batch's mean sample length with its "
+              "loss.", "",
               "| strategy | batches | cos (init) | cos (trained) | tr Σ (init) | tr Σ (trained) | B_simple (init) | "
               "B_simple (trained) | r length-loss (init) | r length-loss (trained) |",
               "|---|---|---|---|---|---|---|---|---|---|"]
