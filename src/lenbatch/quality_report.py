@@ -114,11 +114,17 @@ def answer_sentence(result: Optional[dict[str, Any]], strategy: str, tok_s: dict
             "beyond seed noise" if d["distinguishable"] else "within seed noise")
     ps = per_second(result, tok_s)
     best = min(ps["loss"], key=lambda s: ps["loss"][s]["mean"])
-    text += (f". Per second of training (measured throughput x sample efficiency), the best held-out loss after "
-             f"{ps['seconds']:.1f} s is `{best}`'s, {_iv(ps['loss'][best])}")
+    text += (f". Per second of training (measured throughput x sample efficiency), the lowest mean held-out loss "
+             f"after {ps['seconds']:.1f} s is `{best}`'s, {_iv(ps['loss'][best])}")
     if best != "sorted":
         d = ps["vs_sorted"][best]
         text += f" ({d['diff']:+.3f} vs sorted, " + ("beyond" if d["distinguishable"] else "within") + " seed noise)"
+    beyond = sorted({s for s, d in {**summ["vs_sorted"], **ps["vs_sorted"]}.items() if d["distinguishable"]})
+    if beyond:
+        text += f". Held-out loss differs from sorted's beyond seed noise for: {', '.join(beyond)}"
+    else:
+        text += (". No strategy's held-out loss differs from sorted's beyond seed noise, per token or per second "
+                 "(gradient quality per strategy: see the quality section)")
     return text + "."
 
 
