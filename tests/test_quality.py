@@ -69,6 +69,7 @@ def test_every_output_is_written_and_sane(stage):
     assert tokens == {3 * result["setting"]["train_tokens"]}
     uniform = result["setting"]["uniform_loss"]
     assert uniform == pytest.approx(math.log(result["setting"]["classes"]))
+    assert 0 < result["setting"]["unigram_loss"] < uniform  # token frequencies beat uniform
     for r in runs:
         assert len(r["curve_loss"]) == 4 and r["curve_tokens"][0] == 0 and r["curve_tokens"][-1] == r["useful_tokens"]
         assert abs(r["curve_loss"][0] - uniform) < 1.0, r  # a fresh head is near uniform

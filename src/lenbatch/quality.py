@@ -98,6 +98,17 @@ def draft_vocabulary(samples: dict[int, dict[str, np.ndarray]], indices: np.ndar
     return top, cmap, float(counts[top].sum() / max(toks.size, 1))
 
 
+def unigram_loss(samples: dict[int, dict[str, np.ndarray]], train: np.ndarray, heldout: np.ndarray, *,
+                 class_map: np.ndarray, classes: int) -> float:
+    """Reference: mean cross-entropy (nats) of the held-out trained tokens' classes under the training
+    subset's class frequencies (add-1/2 smoothing): what a drafter that ignores its context reaches."""
+    def labels(idx: np.ndarray) -> np.ndarray:
+        return np.concatenate([class_map[samples[int(i)]["input_ids"][samples[int(i)]["loss_mask"]]] for i in idx])
+
+    counts = np.bincount(labels(train), minlength=classes) + 0.5
+    return float(-np.log(counts / counts.sum())[labels(heldout)].mean())
+
+
 def read_samples(data: Path, indices: np.ndarray, lengths: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
     import datasets
 
@@ -237,6 +248,7 @@ class Experiment:
         self.device = quality_device(params.train.device)
         self.class_map = torch.from_numpy(cmap).to(self.device)
         self.classes = int(self.vocab.size) + 1
+        self.unigram = unigram_loss(self.samples, self.train_idx, self.held_idx, class_map=cmap, classes=self.classes)
         t0, c0 = time.perf_counter(), time.process_time()
         target = target_model.build_target(params.model, device=self.device)
         # a float32 copy of the frozen embedding: the drafter trains in float32 whatever the target's dtype
@@ -411,7 +423,7 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
         "strategies": strategies,
         "setting": {"objective": "dataset tokens through a trainable head over the draft vocabulary",
                     "draft_vocab": int(exp.vocab.size), "classes": exp.classes, "coverage": exp.coverage,
-                    "uniform_loss": uniform, "min_drop_nats": q.min_drop_nats,
+                    "uniform_loss": uniform, "unigram_loss": exp.unigram, "min_drop_nats": q.min_drop_nats,
                     "train_samples": int(exp.train_idx.size), "train_tokens": int(lengths[exp.train_idx].sum()),
                     "heldout_samples": int(exp.held_idx.size), "heldout_tokens": int(lengths[exp.held_idx].sum()),
                     "epochs": q.epochs, "seeds": q.seeds, "useful_tokens_per_run": runs[0]["useful_tokens"],

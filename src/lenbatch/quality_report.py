@@ -144,7 +144,7 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
              f"{st['token_budget']:,} tokens, {st['anchors_per_seq']} anchors per sequence, lr {st['lr']:g}. "
              f"Learned criterion: every run's final held-out loss at least {st['min_drop_nats']:g} nat below "
              f"uniform: " + ("**met**" if summ["learned"] else "**not met**") +
-             f" (worst run {summ['worst_final_loss']:.3f}).", "",
+             f" (worst run {summ['worst_final_loss']:.3f})." + _unigram(st), "",
              "Held-out loss at equal useful tokens (mean [95% t-interval] over seeds; difference from sorted "
              "with Welch's 95% interval):", "",
              "| strategy | held-out loss | difference from sorted | per-seed |", "|---|---|---|---|"]
@@ -188,6 +188,15 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
     return "\n".join(lines)
 
 
+def _unigram(st: dict[str, Any]) -> str:
+    u = st.get("unigram_loss")
+    if u is None:
+        return ""
+    return (f" Reference: predicting every held-out token by its training-subset frequency (no context) gives "
+            f"{u:.3f} nats; a loss near it means the drafter learned little beyond the token frequencies, and "
+            "composition can only matter above that floor.")
+
+
 def _r(x: float) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.2f}"
 
@@ -229,6 +238,7 @@ def flat_metrics(result: Optional[dict[str, Any]], tok_s: Optional[dict[str, flo
             out[f"{s}.heldout_loss_per_second.hi"] = _num(iv["hi"])
     out["quality.learned"] = bool(summ["learned"])
     out["quality.uniform_loss"] = _num(result["setting"]["uniform_loss"])
+    out["quality.unigram_loss"] = _num(result["setting"].get("unigram_loss"))
     out["quality.useful_tokens_per_run"] = result["setting"]["useful_tokens_per_run"]
     out["quality.seconds"] = _num(result["timing"]["total_s"])
     out["quality.cpu_seconds"] = _num(result["timing"]["total_cpu_s"])
