@@ -16,9 +16,13 @@ rule quality:
         gradients="results/quality/gradients.json",
         plot="results/quality/quality.png",
     params:
-        cfg=cfg("quality", "model", "drafter", "batching", "train.strategies", "data.max_len"),
+        # the stage has its own lr and anchors: drafter.lr / anchors_per_seq (the train stage's) never rerun it
+        cfg=cfg("quality", "model", "drafter", "batching", "train.strategies", "train.device", "data.max_len",
+                exclude=("drafter.lr", "drafter.anchors_per_seq")),
         boundaries=lambda wc, input: f"--boundaries {input.boundaries}" if input.boundaries else "",
     threads: config["quality"]["threads"]
+    resources:
+        gpu=1 if config["train"]["device"] == "cuda" else 0,
     log:
         f"{LOGS}/quality.log",
     benchmark:
