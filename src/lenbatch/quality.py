@@ -33,8 +33,8 @@ diff``), ``curves.json`` and ``gradients.json`` (DVC plot data), ``quality.png``
 
 Cost: one target forward over train + held-out tokens, then per run epochs x train_tokens drafter
 steps (forward + backward) and eval_points + 1 held-out forwards; per checkpoint and strategy one
-epoch of forward + backward. 228 CPU seconds at the defaults (1 thread; 59 s wall for the features,
-635 s for 15 runs and 72 s for the gradients on a machine shared with other jobs). One process on
+epoch of forward + backward. 228-238 CPU seconds at the defaults (1 thread; 19 CPU s for the features,
+185 for 15 runs, 30 for the gradients; wall time was 13-20 min on a machine shared with other jobs). One process on
 ``train.device`` (a GPU when available): features, drafter and head on that device.
 """
 
