@@ -14,6 +14,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/plan.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/quality.smk"
 include: "workflow/rules/compare.smk"
 
 

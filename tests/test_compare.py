@@ -160,7 +160,7 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     report = (out / "report.md").read_text()
     for s in STRATEGIES:
         for key in ("measured_tok_s", "predicted_tok_s", "prediction_error", "composition_repeat", "length_mixing",
-                    "loss_at_equal_tokens", "ratio_to_sorted_measured"):
+                    "ratio_to_sorted_measured"):
             assert on_disk[f"{s}.{key}"] is not None, f"{s}.{key}"
         assert f"| {s} |" in report
     assert on_disk["sorted.ratio_to_sorted_measured"] == pytest.approx(1.0)

@@ -15,7 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-STAGES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "compare"]
+STAGES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"]
 
 
 def run(args, cwd=ROOT, timeout=300, check=True):
@@ -107,6 +107,7 @@ def test_dvc_status_and_dry_repro_on_a_fresh_clone(tmp_path):
     status = run(["dvc", "status"], cwd=clone)
     assert "ERROR" not in status.stdout + status.stderr
     dry = run(["dvc", "repro", "--dry"], cwd=clone).stdout
-    for stage in ["tokenize", "stats", "boundaries", "plans", "profile", "train@sorted", "train@packed", "compare"]:
+    for stage in ["tokenize", "stats", "boundaries", "plans", "profile", "train@sorted", "train@packed", "quality",
+                  "compare"]:
         assert f"'{stage}'" in dry, f"stage {stage} missing from dvc repro --dry:\n{dry}"
     assert "snakemake --cores all" in dry

@@ -3,9 +3,10 @@
 For every strategy the stage reports the padding model's efficiency, the simulated
 plan's efficiency, the throughput predicted by the step-time model (fitted on the
 profile grid, never on the run it predicts) and the measured one, the prediction
-error, the ratio to ``sorted``, both diversity measures and the drafter's loss at
-equal useful tokens. It also predicts ``bucketed`` for every K of the boundary sweep
-and recommends a strategy and K.
+error, the ratio to ``sorted``, both diversity measures and, from the quality stage, the
+drafter's held-out loss at equal useful tokens and per second (95% intervals over seeds;
+rendered by :mod:`lenbatch.quality_report`). It also predicts ``bucketed`` for every K of
+the boundary sweep and recommends a strategy and K.
 
 Outputs (``--out``): ``metrics.json`` (flat keys for ``dvc metrics diff``),
 ``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, and DVC plot
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from lenbatch import quality_report as qr
 from lenbatch import stepmodel as sm
 from lenbatch.config import Params, params_from_args, write_resolved
 from lenbatch.log import get_logger
@@ -282,16 +284,6 @@ def loss_curve(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     return toks, np.array([float(r["loss"]) for r in rows])
 
 
-def loss_at(tokens: np.ndarray, losses: np.ndarray, at: float, *, window: float = 0.1) -> float:
-    """Mean loss over the last ``window`` share of tokens before ``at`` (one step's loss is noisy)."""
-    if tokens.size == 0:
-        return float("nan")
-    keep = (tokens <= at) & (tokens >= at * (1 - window))
-    if not keep.any():
-        return float(np.interp(at, tokens, losses))
-    return float(losses[keep].mean())
-
-
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Mask of points not dominated when both x and y are to be maximised. O(n^2), n is small."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
@@ -331,8 +323,10 @@ def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], to
 
 
 def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir: Path, profile_dir: Path,
-            train_dir: Path, data_dir: Path) -> dict:
-    """Everything the report, metrics and plots show (pure function of the stage inputs)."""
+            train_dir: Path, data_dir: Path, quality_dir: Path | None = None) -> dict:
+    """Everything the report, metrics and plots show (pure function of the stage inputs).
+
+    ``quality_dir``: the quality stage's output (held-out loss intervals); None leaves it out."""
     strategies = list(params.train.strategies)
     if "sorted" not in strategies:
         raise ValueError("train.strategies lacks 'sorted', the baseline every ratio is taken to; add it and rerun: "
@@ -405,11 +399,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         r["ratio_to_sorted_measured"] = r["measured_tok_s"] / ref["measured_tok_s"]
         r["ratio_to_sorted_predicted"] = r["predicted_tok_s"] / ref["predicted_tok_s"]
         r["ratio_to_sorted_padding"] = r["padding_model_efficiency"] / ref["padding_model_efficiency"]
-    # loss at equal useful tokens: the largest token count every run reached
-    reach = [r["loss_curve"][0][-1] for r in rows.values() if r["loss_curve"][0].size]
-    equal_at = float(min(reach)) if reach else float("nan")
-    for r in rows.values():
-        r["loss_at_equal_tokens"] = loss_at(*r["loss_curve"], equal_at) if reach else float("nan")
+    quality = qr.load(quality_dir, strategies) if quality_dir is not None else None
     ladder = ratio_ladder(comp, {s: r["useful_tokens"] for s, r in rows.items()},
                           {s: r["predicted_tok_s"] for s, r in rows.items()},
                           {s: r["measured_tok_s"] for s, r in rows.items()})
@@ -423,7 +413,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             "grid_points": len(profile["rows"]), "edges": edges,
             "profile_cpu_share": grid_cpu_share(profile["rows"], threads=params.train.threads),
             "threads": params.train.threads, "num_buckets": int(bounds["num_buckets"]),
-            "histogram": histogram, "stats": stats, "loss_tokens": equal_at,
+            "histogram": histogram, "stats": stats, "quality": quality,
             "recommendation": recommend(rows, ksweep, params=params)}
 
 
@@ -532,7 +522,7 @@ def recommend(rows: dict[str, dict], ksweep: list[dict], *, params: Params) -> d
 
 METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_efficiency", "predicted_tok_s",
                "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
-               "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "loss_at_equal_tokens", "steps",
+               "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "steps",
                "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted",
                "target_cpu_share", "drafter_cpu_share")
 
@@ -559,7 +549,12 @@ def flat_metrics(result: dict) -> dict[str, Any]:
     rec = result["recommendation"]
     out["recommended.num_buckets"] = rec["num_buckets"]
     out["recommended.strategy"] = rec["strategy"]
+    out.update(qr.flat_metrics(result.get("quality"), _tok_s(result)))
     return out
+
+
+def _tok_s(result: dict) -> dict[str, float]:
+    return {s: r["measured_tok_s"] for s, r in result["rows"].items()}
 
 
 def frontier_points(result: dict) -> list[dict]:
@@ -681,9 +676,8 @@ def answer_paragraph(result: dict, *, params: Params) -> str:
             f"{_pct(r['ratio_to_sorted_measured'])} of `sorted` ({ref['measured_tok_s']:,.0f} tokens/s), "
             f"with padding efficiency {_pct(r['simulated_efficiency'])}, composition repeat "
             f"{r['composition_repeat']:.3f} (sorted: {ref['composition_repeat']:.3f}) and length mixing "
-            f"{r['length_mixing']:.3f} (sorted: {ref['length_mixing']:.3f}); its drafter loss at "
-            f"{result['loss_tokens']:,.0f} useful tokens is {r['loss_at_equal_tokens']:.3f} "
-            f"(sorted: {ref['loss_at_equal_tokens']:.3f}).")
+            f"{r['length_mixing']:.3f} (sorted: {ref['length_mixing']:.3f}). "
+            + qr.answer_sentence(result.get("quality"), s, _tok_s(result)))
     k = rec["num_buckets"]
     if k is not None and k in sweep:
         e = sweep[k]
@@ -784,14 +778,14 @@ def write_report(result: dict, out: Path, *, params: Params) -> Path:
     lines += ["", "(throughput relative to sorted as each term of the step-time model is added)", "",
               "## Every strategy", "",
               "| strategy | padding model eff. | simulated eff. | predicted tok/s | measured tok/s | error | "
-              "ratio to sorted (meas.) | composition repeat | length mixing | loss at equal tokens |",
+              "ratio to sorted (meas.) | composition repeat | length mixing | held-out loss at equal tokens [95%] |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for s, r in rows.items():
         lines.append(f"| {s} | {_pct(r['padding_model_efficiency'])} | {_pct(r['simulated_efficiency'])} | "
                      f"{r['predicted_tok_s']:,.0f} | {r['measured_tok_s']:,.0f} | "
                      f"{100 * r['prediction_error']:+.1f}% | "
                      f"{_pct(r['ratio_to_sorted_measured'])} | {r['composition_repeat']:.3f} | "
-                     f"{r['length_mixing']:.3f} | {r['loss_at_equal_tokens']:.4f} |")
+                     f"{r['length_mixing']:.3f} | {qr.loss_cell(result.get('quality'), s)} |")
     lines += ["", "Where the prediction error comes from: measured / predicted step seconds of each role "
               "(1.00 = the profile timed the run's steps right), and the measured step times replayed through "
               "the pipeline model against the measured throughput (0% = the pipeline model is right).", "",
@@ -802,9 +796,9 @@ def write_report(result: dict, out: Path, *, params: Params) -> Path:
                      f"{100 * r['pipeline_error']:+.1f}% | {_pct(r['target_cpu_share'])} | "
                      f"{_pct(r['drafter_cpu_share'])} |")
     lines += ["", noise_paragraph(result)]
-    lines += ["", f"Loss at equal useful tokens: mean loss over the last 10% before {result['loss_tokens']:,.0f} "
-              "useful tokens, the most every run reached.", "",
-              "## Step-time model", "",
+    if result.get("quality"):
+        lines += ["", qr.section(result["quality"], tok_s=_tok_s(result))]
+    lines += ["", "## Step-time model", "",
               f"Fitted by non-negative least squares on relative error over {result['grid_points']} profile grid "
               f"points (never on the runs it predicts); each candidate feature set scored on "
               f"{_pct(params.compare.holdout_fraction)} held-out points over 50 random splits. A larger set must "
@@ -870,6 +864,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="results/tokenize",
                         help="tokenize stage output the runs trained on: lengths.npy (to rebuild the planned "
                         "batches) and dataset/ (loss masks: the drafter's exact anchors; estimated without it)")
+    parser.add_argument("--quality", default="results/quality", help="quality stage output folder (quality.json)")
     parser.add_argument("--out", default="results/compare", help="output folder")
     parser.set_defaults(func=_run)
 
@@ -878,7 +873,7 @@ def _run(args: argparse.Namespace) -> int:
     params = params_from_args(args)
     result = compare(params=params, stats_dir=Path(args.stats), boundaries_dir=Path(args.boundaries),
                      plans_dir=Path(args.plans), profile_dir=Path(args.profile), train_dir=Path(args.train),
-                     data_dir=Path(args.data))
+                     data_dir=Path(args.data), quality_dir=Path(args.quality))
     metrics = write_outputs(result, Path(args.out), params=params)
     for s, r in result["rows"].items():
         log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%", s, r["predicted_tok_s"],

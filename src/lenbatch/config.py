@@ -227,6 +227,33 @@ class CompareConfig:
 
 
 @dataclass(frozen=True)
+class QualityConfig:
+    """The quality stage: held-out loss over seeds and gradient quality (its own learnable setting)."""
+
+    train_tokens: int = _f(120_000, "useful tokens of the fixed training subset (whole samples drawn at random)",
+                           minimum=1)
+    heldout_tokens: int = _f(30_000, "useful tokens of the fixed held-out split (never trained on)", minimum=1)
+    epochs: int = _f(4, "whole epochs of the training subset per run (every run trains the same useful tokens)",
+                     minimum=1)
+    seeds: int = _f(3, "seeds per strategy (plan, anchors, initial weights); intervals need >= 2", minimum=2)
+    draft_vocab: int = _f(4096, "trainable head over this many most frequent trained tokens, plus one 'other' "
+                          "class (tokens)", minimum=1)
+    anchors_per_seq: int = _f(8, "blocks drawn per sequence per step", minimum=1)
+    lr: float = _f(0.003, "AdamW learning rate of drafter and head", exclusive_minimum=0)
+    eval_points: int = _f(4, "held-out evaluations per run, at equal shares of its useful tokens", minimum=1)
+    min_drop_nats: float = _f(1.0, "learned criterion: every run's final held-out loss at least this far below "
+                              "uniform (nats)", minimum=0)
+    threads: int = _f(1, "torch intra-op threads of the stage's one process", minimum=1)
+
+    def __post_init__(self) -> None:
+        _positive("quality", train_tokens=self.train_tokens, heldout_tokens=self.heldout_tokens, epochs=self.epochs,
+                  draft_vocab=self.draft_vocab, anchors_per_seq=self.anchors_per_seq, lr=self.lr,
+                  eval_points=self.eval_points, threads=self.threads)
+        if self.seeds < 2:
+            raise ValueError(f"quality.seeds must be >= 2 for an interval over seeds, got {self.seeds}; use 3 or more")
+
+
+@dataclass(frozen=True)
 class Params:
     data: DataConfig = field(default_factory=DataConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
@@ -238,6 +265,7 @@ class Params:
     train: TrainConfig = field(default_factory=TrainConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
 
     def __post_init__(self) -> None:
         if self.data.max_len > self.batching.token_budget:
@@ -264,6 +292,7 @@ SECTION_HELP = {
     "train": "train stage: torchrun runs, one per strategy",
     "profile": "profile stage: the step-time grid",
     "compare": "compare stage: step-time fit, prediction and report",
+    "quality": "quality stage: held-out loss over seeds and gradient quality per strategy (own learnable setting)",
 }
 
 

@@ -7,7 +7,8 @@ rule compare:
         plans=rules.plans.output.metrics,
         grid=rules.profile.output.grid,
         train=expand("results/train/{strategy}/summary.json", strategy=config["train"]["strategies"]),
-        code=code("compare", "stepmodel"),
+        quality=rules.quality.output.result,
+        code=code("compare", "stepmodel", "quality_report", "gradquality"),
     output:
         metrics="results/compare/metrics.json",
         report="results/compare/report.md",
@@ -20,4 +21,4 @@ rule compare:
     shell:
         "lenbatch compare --params params.yaml --params-json {params.cfg} --stats results/stats "
         "--boundaries results/boundaries --plans results/plans --profile results/profile --train results/train "
-        "--data results/tokenize --out results/compare > {log} 2>&1"
+        "--data results/tokenize --quality results/quality --out results/compare > {log} 2>&1"
