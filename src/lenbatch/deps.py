@@ -57,7 +57,7 @@ class Stage:
 # The one table. Order is the order of the DAG.
 STAGES: dict[str, Stage] = {
     "tokenize": Stage("lenbatch.data", ("data",)),
-    "stats": Stage("lenbatch.stats", ("stats",)),
+    "stats": Stage("lenbatch.stats", ("stats", "batching.seed")),  # seed: lengths drawn from a profile
     "boundaries": Stage("lenbatch.boundaries", ("boundaries", "batching", "plans", "data.max_len")),
     "plans": Stage("lenbatch.plans", ("batching", "plans", "data.max_len")),
     # profile times train's StepRunner but never trains: no warmup_steps, queue_size, checkpoint_every,
