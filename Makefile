@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lenbatch-installed
 
-.PHONY: run test install clean
+.PHONY: run plots test install clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 # rule, so Snakemake's records agree too (dvc status and snakemake -n are both clean afterwards).
 run: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH dvc repro
+
+# The DVC plots page (workspace vs HEAD) with Vega inlined: renders without network.
+plots: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch plots
 
 test: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from lenbatch.config import deep_merge
-from test_workflow import ENV, ROOT, copy_workflow, job_counts, run
+from test_workflow import BIN, ENV, ROOT, copy_workflow, job_counts, run
 
 pytestmark = pytest.mark.slow
 
@@ -150,13 +150,19 @@ def test_temp_experiment_reruns_only_what_k_touches(finished):
 
 
 def test_plots_are_registered_and_render_offline(finished, tmp_path):
-    """frontier and throughput are DVC plots; their PNGs render in `dvc plots show` without network."""
+    """frontier and throughput (data and PNG) are DVC plots; `lenbatch plots` renders them with Vega
+    inlined (no CDN), and `dvc plots show` puts the PNGs in as images."""
     out = tmp_path / "plots"
     run(["dvc", "plots", "show", "-o", str(out)], cwd=finished)
     html = (out / "index.html").read_text()
     for name in ("frontier.png", "throughput.png", "frontier.json", "throughput.json"):
         assert name in html, name
-    assert re.search(r'<img[^>]+src="[^"]*frontier\.png', html) or "frontier.png" in html
+    offline = tmp_path / "offline"
+    run([str(BIN / "lenbatch"), "plots", "--out", str(offline)], cwd=finished)
+    page = (offline / "index.html").read_text()
+    assert "cdn.jsdelivr" not in page and "<script src=" not in page  # nothing to fetch
+    assert "vegaEmbed(" in page and "function vegaEmbed" in page or "vegaEmbed" in page.split("</head>")[0]
+    assert "frontier.json" in page and "throughput.json" in page and "frontier.png" in page
 
 
 def test_configfile_runs_keep_to_their_own_results_root(finished):
@@ -222,6 +228,7 @@ def test_sigint_to_snakemake_stops_training_promptly_and_resumes(finished, tmp_p
             os.killpg(proc.pid, signal.SIGKILL)  # the group this test started, if anything is left
         except ProcessLookupError:
             pass
-    run([*args[:-2], "--rerun-incomplete"], cwd=finished, timeout=900)
+    run([*args[:-2], "--rerun-incomplete", *args[-2:]], cwd=finished, timeout=900)
     assert lengths.stat().st_mtime_ns == before, "a finished output was redone"
-    assert "Nothing to be done" in run(["snakemake", "-n", "--configfile", str(changed)], cwd=finished).stdout
+    assert "Nothing to be done" in run(["snakemake", "-n", "--configfile", str(changed), *args[-2:]],
+                                       cwd=finished).stdout

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify-packing": ("lenbatch.packing", "check that a packed forward equals the per-sequence forwards"),
     "compare": ("lenbatch.compare", "predicted vs measured throughput, frontier plot and report"),
     "params": ("lenbatch.config", "validate a params file, or print its resolved values or JSON schema"),
+    "plots": ("lenbatch.dvcplots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
     "dvc-yaml": ("lenbatch.deps", "write dvc.yaml from the stages' derived code and params dependencies"),
 }
 
