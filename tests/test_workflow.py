@@ -63,6 +63,9 @@ def test_dry_run_plans_every_stage_and_strategy(work, extra):
         assert "--nproc_per_node 8" in out and '"token_budget": 49152' in out
     else:
         assert "--nproc_per_node 2" in out and '"token_budget": 16384' in out
+    if extra == ["--configfile", "configs/qwen3.6-27b-8gpu.yaml"]:
+        # one machine (the default profile's gpu=1 limit): each GPU job takes the whole budget, one at a time
+        assert re.search(r"rule train:(.|\n)*?resources: .*\bgpu=1, nodes=1", out)
     if "profiles/slurm" in extra:
         assert "slurm_partition=gpu" in out
         if "configs/qwen3.6-27b-8gpu.yaml" in extra:
@@ -229,3 +232,24 @@ def test_slurm_dry_run_gives_every_gpu_job_one_node_and_its_gpus(work):
             assert "gpu=8" in res and "nodes=1" in res, (name, res)
     assert "--nnodes 1 --nproc_per_node 8" in run(["snakemake", "-n", "-p", "--workflow-profile", "profiles/slurm",
                                                   "--configfile", "configs/qwen3.6-27b-8gpu.yaml"], cwd=work).stdout
+
+
+def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
+    """Add an import to a stage's module: the committed dvc.yaml is then stale (the check fails), and
+    regenerating it lists the new module for that stage and for no stage that does not import it."""
+    work = copy_workflow(tmp_path)
+    stats = work / "src/lenbatch/stats.py"
+    stats.write_text(stats.read_text() + "\n\ndef _late():\n    from lenbatch.hostmem import reuse_freed_memory\n"
+                     "    return reuse_freed_memory\n")
+    env = {**ENV, "PYTHONPATH": str(work / "src")}
+    lenbatch = [sys.executable, "-m", "lenbatch", "dvc-yaml"]
+    check = subprocess.run([*lenbatch, "--check"], cwd=work, env=env, capture_output=True, text=True)
+    assert check.returncode == 1 and "lenbatch dvc-yaml" in check.stderr
+    subprocess.run(lenbatch, cwd=work, env=env, check=True)
+    stages = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
+    assert "src/lenbatch/hostmem.py" in stages["stats"]["deps"]
+    assert "src/lenbatch/hostmem.py" not in stages["tokenize"]["deps"]
+    # and Snakemake's rule follows the same edit (its code inputs come from the same function)
+    out = subprocess.run(["snakemake", "-n", "--forceall", "results/stats/stats.json"], cwd=work, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert re.search(r"rule stats:\n\s+input: .*src/lenbatch/hostmem\.py", out)
