@@ -188,7 +188,8 @@ HEADER = """\
 # (tests/test_workflow.py fails when this file differs from what the command writes).
 #
 # DVC decides what to rerun and records it; Snakemake executes. Each stage's command runs its one
-# Snakemake rule (--allowed-rules: nothing upstream; --forcerun: DVC already judged it stale), so
+# Snakemake rule (--forcerun: DVC already judged it stale; LENBATCH_STAGE_ONLY=1 makes every input
+# ancient(), so Snakemake reruns nothing upstream even where file times are fresh-clone noise), so
 # `dvc repro`, `dvc exp run` and `dvc exp run --temp/--queue` run exactly the stages DVC names,
 # and Snakemake records the same jobs (params, code, mtimes), so `snakemake -n` agrees afterwards.
 # Code deps are the import closure of each stage's entry module; params are the keys its code reads
@@ -200,7 +201,8 @@ HEADER = """\
 
 
 def _snakemake(targets: list[str], rule: str) -> str:
-    return f"snakemake --cores all --allowed-rules {rule} --forcerun {rule} -- " + " ".join(targets)
+    return (f"LENBATCH_STAGE_ONLY=1 snakemake --cores all --forcerun {rule} --rerun-triggers mtime -- "
+            + " ".join(targets))
 
 
 def _out(path: str, *, cache: bool = False, extra: dict | None = None) -> dict:

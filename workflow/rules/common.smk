@@ -39,9 +39,23 @@ def cfg(stage):
     return shlex.quote(json.dumps(deps.stage_payload(stage, config), sort_keys=True))
 
 
+# DVC's stage commands set LENBATCH_STAGE_ONLY=1 and force their one rule: DVC has already judged
+# the stage stale and run everything upstream (or restored it: `dvc exp run --temp` works in a fresh
+# clone whose file times say nothing). Every input is then ancient(), so Snakemake never reruns an
+# upstream job on file times, and --rerun-triggers mtime keeps it off params it recorded elsewhere.
+STAGE_ONLY = os.environ.get("LENBATCH_STAGE_ONLY") == "1"
+
+
+def up(path):
+    """An input path; ancient() under a DVC stage command (see STAGE_ONLY)."""
+    if isinstance(path, (list, tuple)):
+        return [up(p) for p in path]
+    return ancient(path) if STAGE_ONLY else path
+
+
 def code(stage):
     """Source files ``stage`` runs: the import closure of its entry module (deps.stage_code)."""
-    return deps.stage_code(stage)
+    return up(deps.stage_code(stage))
 
 
 STAGE = "lenbatch {stage} --params params.yaml --params-json {cfg}"

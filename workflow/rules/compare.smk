@@ -1,13 +1,13 @@
 rule compare:
     input:
-        stats=rules.stats.output.stats,
-        dataset=rules.tokenize.output.dataset,
-        lengths=rules.tokenize.output.lengths,
-        sweep=rules.boundaries.output.sweep,
-        boundaries=rules.boundaries.output.boundaries,
-        plans=rules.plans.output.metrics,
-        grid=rules.profile.output.grid,
-        train=expand(f"{R}/train/{{strategy}}/summary.json", strategy=STRATEGIES),
+        stats=up(rules.stats.output.stats),
+        dataset=up(rules.tokenize.output.dataset),
+        lengths=up(rules.tokenize.output.lengths),
+        sweep=up(rules.boundaries.output.sweep),
+        boundaries=up(rules.boundaries.output.boundaries),
+        plans=up(rules.plans.output.metrics),
+        grid=up(rules.profile.output.grid),
+        train=up(expand(f"{R}/train/{{strategy}}/summary.json", strategy=STRATEGIES)),
         code=code("compare"),
     output:
         **{name.replace(".", "_"): f"{R}/compare/{name}" for name in deps.COMPARE_OUTS},

@@ -19,7 +19,7 @@ rule tokenize:
 
 rule stats:
     input:
-        lengths=rules.tokenize.output.lengths,
+        lengths=up(rules.tokenize.output.lengths),
         code=code("stats"),
     output:
         stats=f"{R}/stats/stats.json",

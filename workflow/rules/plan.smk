@@ -1,6 +1,6 @@
 rule boundaries:
     input:
-        lengths=rules.tokenize.output.lengths,
+        lengths=up(rules.tokenize.output.lengths),
         code=code("boundaries"),
     output:
         boundaries=f"{R}/boundaries/boundaries.json",
@@ -19,8 +19,8 @@ rule boundaries:
 
 rule plans:
     input:
-        lengths=rules.tokenize.output.lengths,
-        boundaries=rules.boundaries.output.boundaries,
+        lengths=up(rules.tokenize.output.lengths),
+        boundaries=up(rules.boundaries.output.boundaries),
         code=code("plans"),
     output:
         metrics=f"{R}/plans/metrics.json",

@@ -37,9 +37,9 @@ rule train:
     # --resume only after an interrupted run of this job: the rule marks a finished run (.finished), so a
     # checkpoint without the mark is the interrupted run's; a rerun for new params or code starts afresh.
     input:
-        dataset=rules.tokenize.output.dataset,
-        lengths=rules.tokenize.output.lengths,
-        boundaries=lambda wc: rules.boundaries.output.boundaries if wc.strategy == "bucketed" else [],
+        dataset=up(rules.tokenize.output.dataset),
+        lengths=up(rules.tokenize.output.lengths),
+        boundaries=lambda wc: up(rules.boundaries.output.boundaries) if wc.strategy == "bucketed" else [],
         code=code("train"),
     output:
         summary=f"{R}/train/{{strategy}}/summary.json",
