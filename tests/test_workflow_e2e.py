@@ -260,9 +260,11 @@ def test_sigint_to_snakemake_stops_training_promptly_and_resumes(finished, tmp_p
     os.kill(proc.pid, signal.SIGINT)  # snakemake only
     proc.wait(timeout=60)
     stopped = time.time() - t0
+    print(f"\nsnakemake stopped {stopped:.1f} s after SIGINT")
     try:
         assert proc.returncode != 0, "the run finished before it could be interrupted"
-        assert stopped < 30, f"snakemake took {stopped:.0f} s to stop after SIGINT"
+        # measured: 1.7 s; without the Snakefile's forwarding, 25 s (the tiny training ran to its end)
+        assert stopped < 10, f"snakemake took {stopped:.0f} s to stop after SIGINT"
         time.sleep(2)
         left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert not left, f"processes of the interrupted run still alive: {left}"
