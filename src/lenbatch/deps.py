@@ -20,6 +20,12 @@ Two deliberate exclusions, documented because they are the only hand-made choice
   checked by ``tests/test_workflow.py``: every ``<x>.<section>.<key>`` read in a stage's own
   modules (its closure minus other stages' entry modules) must be declared.
 
+To add a stage (e.g. ``quality``): a :class:`Stage` in :data:`STAGES` (entry module, params keys
+it reads), its command and outputs in :func:`dvc_stages`, a rule in ``workflow/rules/*.smk``
+using ``cfg("quality")`` and ``code("quality")`` with ``up()`` around its inputs, its outputs in
+``rule all``; then ``lenbatch dvc-yaml``. A new module imported by an existing stage needs only
+``lenbatch dvc-yaml``.
+
 Cost: parsing the ~25 modules once, ~50 ms; cached per process.
 """
 
