@@ -161,13 +161,15 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     assert len(on_disk) == 7 * len(STRATEGIES) + 3
     assert on_disk == {k: v for k, v in json.loads(json.dumps(metrics)).items() if k in on_disk}
     assert not any("cpu_share" in k or k.startswith("fit.") for k in on_disk)
+    diagnostics = json.loads((out / "diagnostics.json").read_text())
     report = (out / "report.md").read_text()
     for s in STRATEGIES:
-        for key in ("measured_tok_s", "predicted_tok_s", "prediction_error", "composition_repeat", "length_mixing",
-                    "loss_at_equal_tokens", "ratio_to_sorted_measured"):
+        for key in ("measured_efficiency", "measured_tok_s", "predicted_tok_s", "prediction_error",
+                    "composition_repeat", "length_mixing", "loss_at_equal_tokens"):
             assert on_disk[f"{s}.{key}"] is not None, f"{s}.{key}"
+        assert diagnostics[f"{s}.ratio_to_sorted_measured"] is not None
         assert f"| {s} |" in report
-    assert on_disk["sorted.ratio_to_sorted_measured"] == pytest.approx(1.0)
+    assert diagnostics["sorted.ratio_to_sorted_measured"] == pytest.approx(1.0)
     assert "**Use `" in report and "K = 6" in report
     assert on_disk["recommended.strategy"] in STRATEGIES and on_disk["recommended.strategy"] != "sorted"
     for name in ("histogram.png", "throughput.png", "frontier.png"):
