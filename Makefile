@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lenbatch-installed
 
-.PHONY: run test install clean
+.PHONY: run plots test install clean
 
 install: $(STAMP)
 
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]' torch==2.13.0
 	touch $(STAMP)
 
+# `dvc repro`: DVC decides what is stale and records it in dvc.lock; each stage runs its Snakemake
+# rule, so Snakemake's records agree too (dvc status and snakemake -n are both clean afterwards).
 run: $(STAMP)
-	PATH=$(abspath $(VENV))/bin:$$PATH snakemake --cores all
+	PATH=$(abspath $(VENV))/bin:$$PATH dvc repro
+
+# The DVC plots page (workspace vs HEAD) with Vega inlined: renders without network.
+plots: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch plots
 
 test: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q

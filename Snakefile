@@ -1,6 +1,9 @@
 # lenbatch: one DAG from raw chat data to the report.
 #   snakemake --cores all                      # the embedded default (profiles/default is picked up)
 #   snakemake --workflow-profile profiles/slurm --configfile configs/qwen3.6-27b-8gpu.yaml
+#   (configs/*.yaml set results_dir: their results go to results/<name>/, never over results/)
+# `make run` runs `dvc repro`, whose stages each run one rule here, so DVC's dvc.lock and
+# Snakemake's records agree; dvc.yaml is generated from the same dependency table (lenbatch dvc-yaml).
 # Rules are thin: inputs, outputs, params, log, benchmark; every stage is `lenbatch <stage>`.
 from snakemake.utils import min_version, validate
 
@@ -18,8 +21,16 @@ include: "workflow/rules/quality.smk"
 include: "workflow/rules/compare.smk"
 
 
+# Every file users look at, so deleting any of them (or a whole results/train/<strategy>/)
+# makes `snakemake --cores all` rebuild it.
 rule all:
     default_target: True
     input:
-        "results/compare/metrics.json",
-        "results/compare/report.md",
+        rules.tokenize.output,
+        rules.stats.output,
+        rules.boundaries.output,
+        rules.plans.output,
+        rules.profile.output,
+        expand(rules.train.output.summary, strategy=STRATEGIES),
+        rules.quality.output,
+        rules.compare.output,

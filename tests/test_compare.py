@@ -156,14 +156,22 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     out = root / "compare"
     metrics = write_outputs(result, out, params=params)
     on_disk = json.loads((out / "metrics.json").read_text())
-    assert on_disk == json.loads(json.dumps(metrics))
+    assert json.loads((out / "diagnostics.json").read_text()) == json.loads(json.dumps(metrics))
+    # metrics.json holds only what users compare: 6 per strategy (+3 held-out loss numbers with the quality
+    # stage) and the recommendation
+    per_strategy = 6 + (3 if result.get("quality") else 0)
+    assert len(on_disk) == per_strategy * len(STRATEGIES) + 3
+    assert on_disk == {k: v for k, v in json.loads(json.dumps(metrics)).items() if k in on_disk}
+    assert not any("cpu_share" in k or k.startswith("fit.") for k in on_disk)
+    diagnostics = json.loads((out / "diagnostics.json").read_text())
     report = (out / "report.md").read_text()
     for s in STRATEGIES:
-        for key in ("measured_tok_s", "predicted_tok_s", "prediction_error", "composition_repeat", "length_mixing",
-                    "ratio_to_sorted_measured"):
+        for key in ("measured_efficiency", "measured_tok_s", "predicted_tok_s", "prediction_error",
+                    "composition_repeat", "length_mixing"):
             assert on_disk[f"{s}.{key}"] is not None, f"{s}.{key}"
+        assert diagnostics[f"{s}.ratio_to_sorted_measured"] is not None
         assert f"| {s} |" in report
-    assert on_disk["sorted.ratio_to_sorted_measured"] == pytest.approx(1.0)
+    assert diagnostics["sorted.ratio_to_sorted_measured"] == pytest.approx(1.0)
     assert "**Use `" in report and "K = 6" in report
     assert on_disk["recommended.strategy"] in STRATEGIES and on_disk["recommended.strategy"] != "sorted"
     for name in ("histogram.png", "throughput.png", "frontier.png"):

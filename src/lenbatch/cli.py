@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quality": ("lenbatch.quality", "held-out loss over seeds and gradient quality of every strategy"),
     "compare": ("lenbatch.compare", "predicted vs measured throughput, frontier plot and report"),
     "params": ("lenbatch.config", "validate a params file, or print its resolved values or JSON schema"),
+    "plots": ("lenbatch.dvcplots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
+    "dvc-yaml": ("lenbatch.deps", "write dvc.yaml from the stages' derived code and params dependencies"),
 }
 # Stages whose --out directory is written whole or not at all (lenbatch.outputs.staged_output): the stage
 # writes into a staging directory that replaces --out only when it succeeds, under a one-writer lock.

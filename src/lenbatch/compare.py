@@ -8,7 +8,8 @@ drafter's held-out loss at equal useful tokens and per second (95% intervals ove
 rendered by :mod:`lenbatch.quality_report`). It also predicts ``bucketed`` for every K of
 the boundary sweep and recommends a strategy and K.
 
-Outputs (``--out``): ``metrics.json`` (flat keys for ``dvc metrics diff``),
+Outputs (``--out``): ``metrics.json`` (what users compare, flat keys for ``dvc metrics diff``),
+``diagnostics.json`` (every flat key, fit errors and CPU shares included),
 ``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, and DVC plot
 data ``frontier.json``, ``throughput.json``.
 """
@@ -531,8 +532,27 @@ def _num(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
 
 
+# What users compare between experiments (``metrics.json``, DVC's metrics): per strategy the measured
+# padding efficiency, predicted and measured throughput, the prediction error, diversity and loss; plus
+# the recommendation. Everything else (fit errors, CPU shares, step ratios, the K sweep) is a
+# diagnostic and goes to ``diagnostics.json``, so ``dvc exp show --only-changed`` stays readable.
+USER_METRIC_KEYS = ("measured_efficiency", "predicted_tok_s", "measured_tok_s", "prediction_error",
+                    "composition_repeat", "length_mixing",
+                    # the quality stage's held-out loss at equal useful tokens, mean and 95% interval over seeds
+                    "heldout_loss.mean", "heldout_loss.lo", "heldout_loss.hi")
+USER_SUMMARY_KEYS = ("max_abs_prediction_error", "recommended.num_buckets", "recommended.strategy")
+
+
+def user_metrics(flat: dict[str, Any]) -> dict[str, Any]:
+    """The subset of :func:`flat_metrics` written to ``metrics.json`` (see ``USER_METRIC_KEYS``)."""
+    keep = set(USER_SUMMARY_KEYS)
+    return {k: v for k, v in flat.items() if k in keep or k.partition(".")[2] in USER_METRIC_KEYS
+            and k.partition(".")[0] not in ("fit", "profile", "recommended")}
+
+
 def flat_metrics(result: dict) -> dict[str, Any]:
-    """Flat ``strategy.key`` metrics (what ``dvc metrics diff`` reads)."""
+    """Flat ``strategy.key`` metrics and diagnostics (``diagnostics.json``; :func:`user_metrics` picks
+    ``metrics.json`` from them)."""
     out: dict[str, Any] = {}
     for s, r in result["rows"].items():
         for k in METRIC_KEYS:
@@ -834,7 +854,8 @@ def write_report(result: dict, out: Path, *, params: Params) -> Path:
 def write_outputs(result: dict, out: Path, *, params: Params) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     metrics = flat_metrics(result)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / "metrics.json").write_text(json.dumps(user_metrics(metrics), indent=2) + "\n")
+    (out / "diagnostics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "frontier.json").write_text(json.dumps(frontier_points(result), indent=2) + "\n")
     tp = [{"strategy": s, "predicted_tok_s": r["predicted_tok_s"], "measured_tok_s": r["measured_tok_s"],
            "padding_model_tok_s": r["ratio_to_sorted_padding"] * result["rows"]["sorted"]["measured_tok_s"]}

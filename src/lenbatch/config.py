@@ -281,6 +281,9 @@ class Params:
 
 
 SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(Params)[f.name] for f in dataclasses.fields(Params)}
+# Top-level keys only the workflow reads (not a stage's params): configs/*.yaml set results_dir so
+# their runs never overwrite the default's results/ (workflow/rules/common.smk).
+WORKFLOW_KEYS = ("results_dir",)
 SECTION_HELP = {
     "data": "tokenize stage: where the conversations come from and how they become token ids",
     "stats": "stats stage: length percentiles and histogram",
@@ -385,14 +388,14 @@ def params_from_dict(raw: Any, *, source: str = "params", require_all_sections: 
     """
     if not isinstance(raw, dict):
         raise ValueError(f"{source} must be a YAML mapping of sections, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(SECTIONS))
+    unknown = sorted(set(raw) - set(SECTIONS) - set(WORKFLOW_KEYS))
     if unknown:
         raise ValueError(f"unknown section(s) {unknown} in {source}; known sections: {', '.join(SECTIONS)}")
     missing = [s for s in SECTIONS if s not in raw]
     if require_all_sections and missing:
         raise ValueError(f"missing section(s) {missing} in {source}; copy them from the shipped params.yaml")
     sections = {name: _section_from_dict(name, SECTIONS[name], raw[name], source, complete=require_all_sections)
-                for name in raw}
+                for name in raw if name not in WORKFLOW_KEYS}
     return Params(**sections)
 
 

@@ -1,24 +1,25 @@
 rule compare:
     input:
-        stats=rules.stats.output.stats,
-        dataset=rules.tokenize.output.dataset,
-        sweep=rules.boundaries.output.sweep,
-        boundaries=rules.boundaries.output.boundaries,
-        plans=rules.plans.output.metrics,
-        grid=rules.profile.output.grid,
-        train=expand("results/train/{strategy}/summary.json", strategy=config["train"]["strategies"]),
-        quality=rules.quality.output.result,
-        code=code("compare", "stepmodel", "quality_report", "gradquality"),
+        stats=up(rules.stats.output.stats),
+        dataset=up(rules.tokenize.output.dataset),
+        lengths=up(rules.tokenize.output.lengths),
+        sweep=up(rules.boundaries.output.sweep),
+        boundaries=up(rules.boundaries.output.boundaries),
+        plans=up(rules.plans.output.metrics),
+        grid=up(rules.profile.output.grid),
+        train=up(expand(f"{R}/train/{{strategy}}/summary.json", strategy=STRATEGIES)),
+        quality=up(rules.quality.output.quality_json),
+        code=code("compare"),
     output:
-        metrics="results/compare/metrics.json",
-        report="results/compare/report.md",
+        **{name.replace(".", "_"): f"{R}/compare/{name}" for name in deps.COMPARE_OUTS},
     params:
-        cfg=cfg("model", "drafter", "batching", "train", "plans", "boundaries", "compare", "data.max_len"),
+        cfg=cfg("compare"),
+        r=R,
     log:
         f"{LOGS}/compare.log",
     benchmark:
         f"{BENCH}/compare.tsv"
     shell:
-        "lenbatch compare --params params.yaml --params-json {params.cfg} --stats results/stats "
-        "--boundaries results/boundaries --plans results/plans --profile results/profile --train results/train "
-        "--data results/tokenize --quality results/quality --out results/compare > {log} 2>&1"
+        "lenbatch compare --params params.yaml --params-json {params.cfg} --stats {params.r}/stats "
+        "--boundaries {params.r}/boundaries --plans {params.r}/plans --profile {params.r}/profile "
+        "--train {params.r}/train --data {params.r}/tokenize --quality {params.r}/quality --out {params.r}/compare > {log} 2>&1"

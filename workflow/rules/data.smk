@@ -1,35 +1,37 @@
 rule tokenize:
     input:
-        code=code("data", "sources", "chat"),
+        code=code("tokenize"),
     output:
-        dataset=directory("results/tokenize/dataset"),
-        lengths="results/tokenize/lengths.npy",
-        stats="results/tokenize/stats.json",
+        dataset=directory(f"{R}/tokenize/dataset"),
+        lengths=f"{R}/tokenize/lengths.npy",
+        stats=f"{R}/tokenize/stats.json",
     params:
-        cfg=cfg("data"),
+        cfg=cfg("tokenize"),
+        out=f"{R}/tokenize",
     threads: config["data"]["workers"]
     log:
         f"{LOGS}/tokenize.log",
     benchmark:
         f"{BENCH}/tokenize.tsv"
     shell:
-        "lenbatch tokenize --params params.yaml --params-json {params.cfg} --out results/tokenize > {log} 2>&1"
+        "lenbatch tokenize --params params.yaml --params-json {params.cfg} --out {params.out} > {log} 2>&1"
 
 
 rule stats:
     input:
-        lengths=rules.tokenize.output.lengths,
+        lengths=up(rules.tokenize.output.lengths),
         code=code("stats"),
     output:
-        stats="results/stats/stats.json",
-        histogram="results/stats/histogram.json",
-        plot="results/stats/histogram.png",
+        stats=f"{R}/stats/stats.json",
+        histogram=f"{R}/stats/histogram.json",
+        plot=f"{R}/stats/histogram.png",
     params:
         cfg=cfg("stats"),
+        out=f"{R}/stats",
     log:
         f"{LOGS}/stats.log",
     benchmark:
         f"{BENCH}/stats.tsv"
     shell:
         "lenbatch stats --params params.yaml --params-json {params.cfg} --lengths {input.lengths} "
-        "--out results/stats > {log} 2>&1"
+        "--out {params.out} > {log} 2>&1"

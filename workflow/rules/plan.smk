@@ -1,34 +1,36 @@
 rule boundaries:
     input:
-        lengths=rules.tokenize.output.lengths,
-        code=code("boundaries", "padding", "strategies", "stats"),
+        lengths=up(rules.tokenize.output.lengths),
+        code=code("boundaries"),
     output:
-        boundaries="results/boundaries/boundaries.json",
-        sweep="results/boundaries/sweep.json",
+        boundaries=f"{R}/boundaries/boundaries.json",
+        sweep=f"{R}/boundaries/sweep.json",
     params:
-        cfg=cfg("boundaries", "batching", "plans", "data.max_len"),
+        cfg=cfg("boundaries"),
+        out=f"{R}/boundaries",
     log:
         f"{LOGS}/boundaries.log",
     benchmark:
         f"{BENCH}/boundaries.tsv"
     shell:
         "lenbatch boundaries --params params.yaml --params-json {params.cfg} --lengths {input.lengths} "
-        "--out results/boundaries > {log} 2>&1"
+        "--out {params.out} > {log} 2>&1"
 
 
 rule plans:
     input:
-        lengths=rules.tokenize.output.lengths,
-        boundaries=rules.boundaries.output.boundaries,
-        code=code("plans", "strategies", "padding"),
+        lengths=up(rules.tokenize.output.lengths),
+        boundaries=up(rules.boundaries.output.boundaries),
+        code=code("plans"),
     output:
-        metrics="results/plans/metrics.json",
+        metrics=f"{R}/plans/metrics.json",
     params:
-        cfg=cfg("batching", "plans", "data.max_len"),
+        cfg=cfg("plans"),
+        out=f"{R}/plans",
     log:
         f"{LOGS}/plans.log",
     benchmark:
         f"{BENCH}/plans.tsv"
     shell:
         "lenbatch plans --params params.yaml --params-json {params.cfg} --lengths {input.lengths} "
-        "--boundaries {input.boundaries} --out results/plans > {log} 2>&1"
+        "--boundaries {input.boundaries} --out {params.out} > {log} 2>&1"

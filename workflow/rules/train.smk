@@ -1,49 +1,67 @@
-def _uses_cuda():
-    return config["train"]["device"] == "cuda"
+def _gpus(n):
+    """GPUs a job uses: ``n`` when train.device is cuda (set it for GPU runs; auto asks for none)."""
+    return n if config["train"]["device"] == "cuda" else 0
+
+
+# Multi-node training is not supported: every GPU job runs `torchrun --standalone --nnodes 1` on one
+# node (resources nodes=1, SLURM --nodes=1), so train.nproc GPUs must fit one node.
 
 
 rule profile:
     input:
-        code=code("profile", "train", "collate", "drafter", "model", "packing"),
+        code=code("profile"),
     output:
-        grid="results/profile/grid.json",
+        grid=f"{R}/profile/grid.json",
     params:
-        cfg=cfg("model", "drafter", "batching", "profile", "train", "data.max_len", exclude=("train.strategies", "train.useful_tokens")),
+        cfg=cfg("profile"),
+        out=f"{R}/profile",
     threads: config["train"]["nproc"] * config["train"]["threads"]
     resources:
-        gpu=1 if config["train"]["device"] == "cuda" else 0,
+        # profile puts the target on cuda:0 and, when it times both roles at once (profile.concurrent,
+        # nproc > 1), the drafter on cuda:<nproc - 1> as training does: it needs nproc GPUs visible.
+        gpu=_gpus(config["train"]["nproc"] if config["profile"]["concurrent"] and config["train"]["nproc"] > 1 else 1),
+        nodes=1,
     log:
         f"{LOGS}/profile.log",
     benchmark:
         f"{BENCH}/profile.tsv"
     shell:
-        "lenbatch profile --params params.yaml --params-json {params.cfg} --out results/profile > {log} 2>&1"
+        "lenbatch profile --params params.yaml --params-json {params.cfg} --out {params.out} > {log} 2>&1"
 
 
 rule train:
-    # One torchrun job per strategy: nproc - 1 target ranks feed 1 drafter rank.
-    # Only `bucketed` reads the boundaries, so the other strategies do not rerun
-    # when boundaries.* changes.
+    # One torchrun job per strategy: nproc - 1 target ranks feed 1 drafter rank, on one node.
+    # Only `bucketed` reads the boundaries, so the other strategies do not rerun when boundaries.* changes.
+    # steps.jsonl is written by the job but not declared: Snakemake deletes declared outputs before a job
+    # starts, and a resumed training keeps the steps before its checkpoint (DVC tracks steps.jsonl).
+    # --resume only after an interrupted run of this job: the rule marks a finished run (.finished), so a
+    # checkpoint without the mark is the interrupted run's; a rerun for new params or code starts afresh.
     input:
-        dataset=rules.tokenize.output.dataset,
-        lengths=rules.tokenize.output.lengths,
-        boundaries=lambda wc: rules.boundaries.output.boundaries if wc.strategy == "bucketed" else [],
-        code=code("train", "collate", "drafter", "model", "packing", "sampler", "strategies", "padding"),
+        dataset=up(rules.tokenize.output.dataset),
+        lengths=up(rules.tokenize.output.lengths),
+        boundaries=lambda wc: up(rules.boundaries.output.boundaries) if wc.strategy == "bucketed" else [],
+        code=code("train"),
     output:
-        summary="results/train/{strategy}/summary.json",
-        steps="results/train/{strategy}/steps.jsonl",
+        summary=f"{R}/train/{{strategy}}/summary.json",
     params:
-        cfg=cfg("model", "drafter", "batching", "train", "data.max_len", exclude=("train.strategies",)),
+        cfg=cfg("train"),
         nproc=config["train"]["nproc"],
+        data=f"{R}/tokenize",
+        out=lambda wc: f"{R}/train/{wc.strategy}",
         boundaries=lambda wc, input: f"--boundaries {input.boundaries}" if input.boundaries else "",
     threads: config["train"]["nproc"] * config["train"]["threads"]
     resources:
-        gpu=config["train"]["nproc"] if config["train"]["device"] == "cuda" else 0,
+        gpu=_gpus(config["train"]["nproc"]),
+        nodes=1,
     log:
         f"{LOGS}/train/{{strategy}}.log",
     benchmark:
         f"{BENCH}/train/{{strategy}}.tsv"
     shell:
-        "torchrun --standalone --nproc_per_node {params.nproc} -m lenbatch train "
+        "out={params.out}; resume=; "
+        "if [ -f $out/checkpoint.pt ] && [ ! -f $out/.finished ]; then resume=--resume; else rm -f $out/checkpoint.pt; fi; "
+        "rm -f $out/.finished; "
+        "torchrun --standalone --nnodes 1 --nproc_per_node {params.nproc} -m lenbatch train "
         "--params params.yaml --params-json {params.cfg} --strategy {wildcards.strategy} "
-        "--data results/tokenize {params.boundaries} --out results/train/{wildcards.strategy} > {log} 2>&1"
+        "--data {params.data} {params.boundaries} --out $out $resume > {log} 2>&1; "
+        "touch $out/.finished"
