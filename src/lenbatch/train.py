@@ -54,7 +54,6 @@ import subprocess
 import sys
 import time
 import zlib
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -67,11 +66,9 @@ from lenbatch.config import STRATEGY_NAMES, Params, add_params_argument, load_pa
 from lenbatch.hostmem import reuse_freed_memory
 from lenbatch.log import get_logger
 from lenbatch.stepmodel import steps_cpu_share
+from lenbatch.transport import Channel, DrafterLink, TargetLink
 
 log = get_logger("train")
-HEADER_LEN = 12
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
 LOSS_CURVE_POINTS = 500  # loss curve in summary.json is downsampled to at most this many points
 
 
@@ -326,42 +323,6 @@ def batch_hash(indices: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
 
 
-# --------------------------------------------------------------------------- point-to-point transport
-
-
-def send_batch(batch: Batch, features: torch.Tensor, *, dst: int, meta: list[int], comm_device: torch.device
-               ) -> list[Any]:
-    """Post the header then the tensors to ``dst`` (non-blocking); returns the works and tensors to keep alive."""
-    import torch.distributed as dist
-
-    B, T = batch.input_ids.shape
-    header = torch.tensor([1 if batch.kind == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
-                           DTYPE_CODES[features.dtype], *meta], dtype=torch.int64)
-    assert header.numel() == HEADER_LEN
-    tensors = [header, batch.input_ids, batch.loss_mask.to(torch.uint8), batch.lengths, batch.indices,
-               features.contiguous()]
-    tensors = [t.to(comm_device).contiguous() for t in tensors]
-    works = [dist.isend(t, dst) for t in tensors]
-    return [works, tensors]
-
-
-def recv_batch(*, src: int, comm_device: torch.device) -> tuple[Batch, torch.Tensor, list[int]]:
-    """Receive what :func:`send_batch` posted: (batch, features, meta ints)."""
-    import torch.distributed as dist
-
-    header = torch.empty(HEADER_LEN, dtype=torch.int64, device=comm_device)
-    dist.recv(header, src)
-    kind, B, T, S, Fdim, code, *meta = (int(x) for x in header.tolist())
-    ids = torch.empty(B, T, dtype=torch.int64, device=comm_device)
-    lm = torch.empty(B, T, dtype=torch.uint8, device=comm_device)
-    lengths = torch.empty(S, dtype=torch.int64, device=comm_device)
-    indices = torch.empty(S, dtype=torch.int64, device=comm_device)
-    feats = torch.empty(B, T, Fdim, dtype=CODE_DTYPES[code], device=comm_device)
-    for t in (ids, lm, lengths, indices, feats):
-        dist.recv(t, src)
-    return batch_from_parts("packed" if kind else "padded", ids, lm, lengths, indices), feats, meta
-
-
 # --------------------------------------------------------------------------- recording
 
 
@@ -493,6 +454,7 @@ class RunSetup:
     device: torch.device
     resume: bool
     fp: dict[str, Any]
+    channel: Any = None  # lenbatch.transport.Channel of a multi-process run
 
 
 class SamplerCursor:
@@ -619,9 +581,8 @@ def _share_resume(setup: RunSetup, runner: Optional[StepRunner]) -> tuple[int, O
 
 
 def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
-    """Compute features of this rank's batches and stream them to the drafter rank under credits."""
-    import torch.distributed as dist
-
+    """Compute features of this rank's batches and stream them to the drafter rank under credits
+    (:class:`lenbatch.transport.TargetLink`)."""
     p = setup.params
     q = p.train.queue_size
     drafter_rank = setup.world_size - 1
@@ -633,41 +594,27 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
                            world_size=setup.target_ranks)
     cursor = SamplerCursor(sampler, states[setup.rank] if states else None)
     mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
-    in_flight: deque[list[Any]] = deque()
-    ack = torch.zeros(2, dtype=torch.float64, device=comm_device)
+    link = TargetLink(setup.channel, dst=drafter_rank, queue_size=q, comm_device=comm_device)
     t_start = time.perf_counter()
     useful_done = 0
-    for k, step in enumerate(mine):
+    for step in mine:
         idx = cursor.next(step)
         batch = collate(data.samples(idx), kind=kind, token_budget=p.batching.token_budget,
                         max_batch_size=p.batching.max_batch_size, indices=idx)
         feats, t_s = runner.target_step(batch)
-        t0 = time.perf_counter()
-        if len(in_flight) >= q:  # credit: wait until the drafter took the batch sent q batches ago
-            dist.recv(ack, drafter_rank)
-            works, _ = in_flight.popleft()
-            for w in works:
-                w.wait()
-        credit_s = time.perf_counter() - t0
+        credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
         meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9), 0]
-        in_flight.append(send_batch(batch.to(comm_device), feats, dst=drafter_rank, meta=meta,
-                                    comm_device=comm_device))
+        link.send(batch, feats, meta=meta)
         useful_done += batch.useful_tokens
         if setup.rank == 0:
-            loss = float(ack[1]) if k > q else float("nan")  # the drafter's latest loss, as of the last ack
-            _progress(step, len(setup.schedule), loss, useful_done * setup.target_ranks,
+            _progress(step, len(setup.schedule), link.last_loss, useful_done * setup.target_ranks,
                       time.perf_counter() - t_start)
-    while in_flight:
-        dist.recv(ack, drafter_rank)
-        works, _ = in_flight.popleft()
-        for w in works:
-            w.wait()
+    link.drain()
 
 
 def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, Any]:
-    """Receive batches round-robin, train, measure, checkpoint; acknowledge each batch on receipt."""
-    import torch.distributed as dist
-
+    """Receive batches round-robin, train, measure, checkpoint; credit each batch on receipt
+    (:class:`lenbatch.transport.DrafterLink`)."""
     p = setup.params
     runner = StepRunner(p, device=setup.device, role="drafter")
     start, states = _share_resume(setup, runner)
@@ -676,15 +623,13 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
                                           rank=r, world_size=setup.target_ranks), states[r] if states else None)
                for r in range(setup.target_ranks)]
     rec = Recorder(setup.out, keep_steps_below=start if setup.resume else None)
-    acks: list[Any] = []
+    link = DrafterLink(setup.channel, comm_device=comm_device)
     last_loss = float("nan")
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
         t0 = time.perf_counter()
-        batch, feats, meta = recv_batch(src=step.rank, comm_device=comm_device)
+        batch, feats, meta = link.recv(step.rank, step=step.step, last_loss=last_loss)  # transfer included
         wait_s = time.perf_counter() - t0
-        ack = torch.tensor([float(step.step), last_loss], dtype=torch.float64, device=comm_device)
-        acks.append((dist.isend(ack, step.rank), ack))
         epoch, gstep, t_ns, credit_ns, t_cpu_ns = meta[:5]
         assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
         idx = shadows[step.rank].next(step)
@@ -698,12 +643,8 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=[s.state() for s in shadows], fp=setup.fp)
-        # drop delivered acks; never wait on one here: an ack is delivered only when its target rank
-        # needs the credit, and waiting would stall the drafter for up to queue_size target steps
-        acks = [(w, t) for w, t in acks if not w.is_completed()]
     summary = _finish(setup, runner, rec, [s.state() for s in shadows], resumed_from=resumed_from)
-    for w, _ in acks:
-        w.wait()
+    link.close()
     return summary
 
 
@@ -803,12 +744,14 @@ def run(args: argparse.Namespace) -> int:
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend)
     comm_device = device if backend == "nccl" else torch.device("cpu")
+    setup.channel = Channel()  # every rank, same order: creates the gloo control group
     try:
         if rank == world - 1:
             summary = run_drafter_rank(setup, comm_device)
             _log_summary(summary, out, force=True)
         else:
             run_target_rank(setup, comm_device)
+        setup.channel.close()
         dist.barrier()
     finally:
         dist.destroy_process_group()
