@@ -91,6 +91,12 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+def ranks_per_device(world: int) -> int:
+    """Processes of this node per visible GPU (1 for the study's 8 ranks on 8 GPUs)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    return max(1, -(-local // max(torch.cuda.device_count(), 1)))
+
+
 def configure_process(params: Params) -> None:
     """Per-process settings every stepping process shares (train ranks, both profile roles), so the
     profile times steps the way training runs them: torch's intra-op threads and, with
@@ -132,8 +138,12 @@ class StepRunner:
             self.embed_tokens, self.lm_head = target_model.build_heads(params.model, device=self.device)
         self.drafter = None
         self.optimizer = None
+        # the trained drafter keeps fp32 master weights and runs its forward under autocast to
+        # model.dtype (bf16: AdamW on bf16 weights drops updates below 2^-8 of a weight); the frozen
+        # target stays in model.dtype
+        self.compute_dtype = target_model.DTYPES[params.model.dtype]
         if role in ("both", "drafter"):
-            self.drafter = build_drafter(params, device=self.device)
+            self.drafter = build_drafter(params, device=self.device).float()
             d = params.drafter
             self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=d.lr, weight_decay=d.weight_decay)
         self.last_output = None
@@ -165,7 +175,10 @@ class StepRunner:
         t0, c0 = time.perf_counter(), time.process_time()
         anchors, valid = self.drafter.anchors_for(batch, anchors_per_seq=p.drafter.anchors_per_seq,
                                                   seed=p.batching.seed, epoch=epoch, step=step)
-        out = self.drafter(features, batch, anchors, valid, embed_tokens=self.embed_tokens, lm_head=self.lm_head)
+        with torch.autocast(self.device.type, dtype=self.compute_dtype,
+                            enabled=self.compute_dtype != torch.float32):
+            out = self.drafter(features, batch, anchors, valid, embed_tokens=self.embed_tokens,
+                               lm_head=self.lm_head)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), p.drafter.grad_clip)
@@ -723,6 +736,11 @@ def run(args: argparse.Namespace) -> int:
                          "raise the budget or lower data.max_len and re-tokenize")
     target_ranks = max(1, world - 1)
     device = resolve_device(params.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
+        from lenbatch.memory import check_fits
+
+        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
+                   ranks_per_device=ranks_per_device(world))
     schedule = build_schedule(lengths, strategy=args.strategy, params=params, edges=edges, target_ranks=target_ranks,
                               useful_tokens=params.train.useful_tokens, max_steps=args.max_steps)
     out = Path(args.out)
