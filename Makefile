@@ -24,3 +24,13 @@ test: $(STAMP)
 
 clean:
 	rm -rf results logs .snakemake
+
+# The GPU path (issue 15). fla-test: flash-linear-attention's kernels on CPU under Triton's interpreter
+# (needs flash-linear-attention and triton in $(VENV)). gpu-check: the prepared check for one GPU
+# (about 8 minutes on an H200; refuses without CUDA), output under results/gpu-check/.
+.PHONY: fla-test gpu-check
+fla-test: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests/test_fla_cpu.py
+
+gpu-check: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) benchmarks/gpu_check.py --out results/gpu-check

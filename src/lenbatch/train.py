@@ -66,7 +66,7 @@ from lenbatch.config import STRATEGY_NAMES, Params, add_params_argument, load_pa
 from lenbatch.hostmem import reuse_freed_memory
 from lenbatch.log import get_logger
 from lenbatch.stepmodel import steps_cpu_share
-from lenbatch.transport import Channel, DrafterLink, TargetLink
+from lenbatch.transport import Channel, DrafterLink, TargetLink, settle
 
 log = get_logger("train")
 LOSS_CURVE_POINTS = 500  # loss curve in summary.json is downsampled to at most this many points
@@ -77,13 +77,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+SHARE_GPU_ENV = "LENBATCH_SHARE_GPU"  # check only (make gpu-check): several ranks on one GPU
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``train.device`` -> a torch device (auto: cuda when available)."""
+    """``train.device`` -> a torch device (auto: cuda when available). With ``LENBATCH_SHARE_GPU=1``
+    local ranks beyond the visible GPUs share them round-robin (a one-GPU check of the pipeline)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("train.device is 'cuda' but no GPU is visible; set train.device: cpu (or auto)")
+        if os.environ.get(SHARE_GPU_ENV) == "1":
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
         if local_rank >= torch.cuda.device_count():
             raise ValueError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); start at "
                              "most as many processes per node as GPUs (train.nproc / --nproc_per_node)")
@@ -642,6 +648,9 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
     for step in setup.schedule[start:]:
         t0 = time.perf_counter()
         batch, feats, meta = link.recv(step.rank, step=step.step, last_loss=last_loss)  # transfer included
+        if feats.device != setup.device:  # gloo on a GPU run (ranks sharing a GPU): staged through the host
+            feats = feats.to(setup.device)
+            settle(setup.device)
         wait_s = time.perf_counter() - t0
         epoch, gstep, t_ns, credit_ns, t_cpu_ns = meta[:5]
         assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
@@ -758,6 +767,11 @@ def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda" and ranks_per_device(world) > 1:
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): tensors go over gloo, through host memory
+        backend = "gloo"
+        log.info("%d ranks share each GPU (%s=1): gloo through host memory instead of NCCL", ranks_per_device(world),
+                 SHARE_GPU_ENV)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend)
