@@ -42,13 +42,16 @@ A padded batch [B, T] goes through the same three kernels as a packed row (its r
 are B sequences of length T, padding included: the cost of padding is paid, as on a
 GPU), so throughput differences between layouts come from the layout alone.
 
-On CUDA with ``flash-linear-attention`` installed the gated delta rule runs fla's
-``chunk_gated_delta_rule(..., cu_seqlens=...)`` (bf16/fp16 only: older fla asserts
-against fp32; fp32 uses the torch path above, on the GPU) and the conv fla's
-``causal_conv1d(x [B, T, D], weight [D, K], activation="silu", cu_seqlens=...)`` (when
-its signature is the seq-first one; else the shift conv above, which is exact and
-memory-bound). ``lenbatch verify-packing --device cuda`` checks that path against the
-Hugging Face per-sequence forward on the user's machine.
+On CUDA with ``flash-linear-attention`` (>= 0.5: grouped value heads handled by the kernel,
+no repeated q/k) installed, the default ``auto`` kernels run fla's
+``chunk_gated_delta_rule(..., cu_seqlens=...)`` in bf16/fp16 (fp32 uses the torch path above,
+on the GPU) and the conv fla's ``causal_conv1d(x [B, T, D], weight [D, K], activation="silu",
+cu_seqlens=...)`` (when its signature is the seq-first one; else the shift conv above, which is
+exact and memory-bound). ``lenbatch verify-packing --backend {auto,torch,fla}`` checks the chosen
+kernels against the Hugging Face per-sequence forward, whose Gated DeltaNet stays transformers'
+torch code whatever is installed (:func:`torch_reference_kernels`). ``--backend fla`` on CPU runs
+fla's kernels under Triton's interpreter in fp32 (:mod:`lenbatch.fla_cpu`); fp32 on a GPU sets
+``TRITON_F32_DEFAULT=ieee`` (fla's ``tl.dot`` is TF32 otherwise); bf16 is judged by ``--rtol``.
 """
 
 from __future__ import annotations

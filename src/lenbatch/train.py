@@ -5,10 +5,12 @@ Roles (``torchrun --nproc_per_node N -m lenbatch train ...``, env RANK/WORLD_SIZ
 * ranks ``0 .. N-2`` are **target ranks**. Target rank ``r`` iterates its own
   :class:`lenbatch.LengthBatchSampler` (``rank=r, world_size=N-1``), collates the batch
   (:mod:`lenbatch.collate`), runs the target forward and sends the batch and its features
-  to the drafter rank (point-to-point: a fixed-size int64 header with the shapes, then
-  the tensors). Credits bound the queue: target rank ``r`` sends its ``k``-th batch only
-  after the drafter acknowledged its ``(k - queue_size)``-th, so at most ``train.queue_size``
-  batches per target rank are in flight.
+  to the drafter rank (:mod:`lenbatch.transport`: header and credits on a gloo control group,
+  tensors alone on the default group, deadlock-free under NCCL's rendezvous semantics). Credits
+  bound the queue: target rank ``r`` sends its ``k``-th batch only after the drafter took its
+  ``(k - queue_size)``-th, so at most ``train.queue_size`` batches per target rank are in flight.
+  On CUDA, each rank's peak memory is computed from the config first (:mod:`lenbatch.memory`) and a
+  setting that cannot fit is refused.
 * rank ``N-1`` is the **drafter rank**: it takes batches round-robin over the target ranks
   (global step ``g`` comes from target rank ``g mod (N-1)``), trains the drafter
   (AdamW, gradient clipping), and writes ``steps.jsonl``, ``summary.json`` and
@@ -18,7 +20,8 @@ Roles (``torchrun --nproc_per_node N -m lenbatch train ...``, env RANK/WORLD_SIZ
   Without torchrun and ``train.nproc > 1``, ``lenbatch train`` re-executes itself under
   ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged).
 
-gloo on CPU, NCCL on GPU (``train.device``).
+gloo on CPU, NCCL on GPU (``train.device``). The trained drafter keeps fp32 master weights (autocast
+to ``model.dtype``); the frozen target runs in ``model.dtype``.
 
 Stop rule: the global schedule (pure: lengths, params, target ranks) walks epochs 0, 1, ...
 (``set_epoch``) and ends at the first step at which the useful tokens trained reach
@@ -28,7 +31,8 @@ rank ever waits for a batch that will not come.
 Measured (``steps.jsonl``, one line per step): rank, step, epoch, sequences, length (longest or
 packed row length), useful and computed tokens, target_s (forward on the target rank),
 credit_wait_s (target rank waiting for queue room: the drafter is the bottleneck),
-queue_wait_s (drafter waiting for the batch, transfer included: the target is the bottleneck),
+queue_wait_s (drafter waiting for the batch, transfer included -- on CUDA the device is synchronized
+at that boundary, as NCCL's recv returns before the copy is done: the target is the bottleneck),
 drafter_s, loss; target_cpu_s and drafter_cpu_s (process CPU seconds of each step: on a CPU
 device, cpu_s / (seconds x threads) below 1 means other work took the cores, see
 :func:`lenbatch.stepmodel.cpu_share`). ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
