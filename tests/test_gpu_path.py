@@ -34,6 +34,9 @@ def test_the_27b_setting_fits_an_h200_and_is_refused_on_an_80_gb_card():
                                          r".*train\.queue_size <= 2 fits"):
         memory.check_fits(p, device_bytes=80 * GB)
     memory.check_fits(_study(queue_size=2), device_bytes=80 * GB)  # the advice holds
+    # one process with both roles: the drafter's memory on top, no queue of features
+    both = memory.check_fits(p, device_bytes=141 * GB, single_process=True)
+    assert both == (target, drafter)
     with pytest.raises(ValueError):
         memory.check_fits(_study(queue_size=3), device_bytes=80 * GB)  # and is the largest that does
 

@@ -93,13 +93,17 @@ def usable_bytes(device_bytes: int) -> int:
     return int(device_bytes * USABLE_FRACTION) - RESERVED_BYTES
 
 
-def check_fits(params, *, device_bytes: int, ranks_per_device: int = 1) -> tuple[RankMemory, RankMemory]:
+def check_fits(params, *, device_bytes: int, ranks_per_device: int = 1,
+               single_process: bool = False) -> tuple[RankMemory, RankMemory]:
     """Refuse (``ValueError`` naming ``train.queue_size`` / ``batching.token_budget``) a setting whose
     rank peak (or, with ``ranks_per_device`` ranks sharing one device, the sum of the busiest
-    device's ranks: the drafter and ``ranks_per_device - 1`` target ranks) exceeds the usable memory."""
+    device's ranks: the drafter and ``ranks_per_device - 1`` target ranks) exceeds the usable memory.
+    ``single_process``: one process holds both roles and one batch of features (no queue)."""
     target, drafter = rank_memory(params)
     others = max(ranks_per_device - 1, 0)
     need = max(target.total * ranks_per_device, drafter.total + target.total * others)
+    if single_process:  # both models, one batch's features (the drafter's "received" copy is the same tensor)
+        need = target.total - target.features + drafter.total
     have = usable_bytes(device_bytes)
     if need <= have:
         return target, drafter
@@ -107,8 +111,9 @@ def check_fits(params, *, device_bytes: int, ranks_per_device: int = 1) -> tuple
     per_batch = target.features // (params.train.queue_size + 1) * ranks_per_device
     spare = have - (need - target.features * ranks_per_device)  # room left for features
     fits_q = spare // per_batch - 1 if per_batch else -1
-    hint = (f"train.queue_size <= {fits_q} fits" if fits_q >= 1 else
-            "even train.queue_size: 1 does not fit; lower batching.token_budget")
+    hint = (f"train.queue_size <= {fits_q} fits" if fits_q >= 1 and not single_process else
+            "lower batching.token_budget" + (" (one process holds both models)" if single_process else
+                                             "; even train.queue_size: 1 does not fit"))
     raise ValueError(
         f"a rank needs {need / gib:.1f} GiB but the device has {device_bytes / gib:.1f} GiB "
         f"({have / gib:.1f} usable): target weights {target.weights / gib:.1f}, activations "

@@ -753,7 +753,7 @@ def run(args: argparse.Namespace) -> int:
         from lenbatch.memory import check_fits
 
         check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
-                   ranks_per_device=ranks_per_device(world))
+                   ranks_per_device=ranks_per_device(world), single_process=world == 1)
     schedule = build_schedule(lengths, strategy=args.strategy, params=params, edges=edges, target_ranks=target_ranks,
                               useful_tokens=params.train.useful_tokens, max_steps=args.max_steps)
     out = Path(args.out)
