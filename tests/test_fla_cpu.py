@@ -1,8 +1,9 @@
 """flash-linear-attention's varlen kernels on CPU under Triton's interpreter (issue 15), and the
 torch reference that must not change when fla is installed.
 
-The kernel tests need fla and triton (CI installs flash-linear-attention==0.6.0 and triton; see
-the Makefile's ``fla-test`` target); they are skipped, with that reason, where fla is absent.
+The kernel tests run in subprocesses under a Python with fla and triton (this one, or the
+Makefile's ``.venv-fla``: flash-linear-attention==0.6.0, triton==3.9.0, layered on the main venv);
+they are skipped, with that reason, where there is none.
 """
 
 from __future__ import annotations
@@ -22,9 +23,24 @@ import torch
 from lenbatch import fla_cpu, packing
 
 HERE = Path(__file__).parent
-HAVE_FLA = importlib.util.find_spec("fla") is not None and importlib.util.find_spec("triton") is not None
-needs_fla = pytest.mark.skipif(not HAVE_FLA, reason="flash-linear-attention + triton not installed "
-                               "(pip install flash-linear-attention==0.6.0 triton; CI installs them)")
+
+
+def _fla_python() -> str | None:
+    """A Python that imports fla and triton: this one, else $LENBATCH_FLA_PYTHON or the Makefile's
+    .venv-fla (layered on the main venv), else None."""
+    if importlib.util.find_spec("fla") is not None and importlib.util.find_spec("triton") is not None:
+        return sys.executable
+    cand = os.environ.get("LENBATCH_FLA_PYTHON") or str(HERE.parent / ".venv-fla" / "bin" / "python")
+    if Path(cand).exists():
+        ok = subprocess.run([cand, "-c", "import fla, triton, lenbatch"], capture_output=True, timeout=300)
+        if ok.returncode == 0:
+            return cand
+    return None
+
+
+FLA_PYTHON = _fla_python()
+needs_fla = pytest.mark.skipif(FLA_PYTHON is None, reason="flash-linear-attention + triton not installed "
+                               "(make install builds .venv-fla: flash-linear-attention==0.6.0, triton==3.9.0)")
 ENV = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_F32_DEFAULT")}
 ENV |= {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
@@ -83,7 +99,7 @@ def test_range_counters_become_triton_scalars_and_static_range_ones_do_not():
 
 @pytest.fixture(scope="module")
 def fla_results():
-    proc = subprocess.run([sys.executable, str(HERE / "_fla_checks.py")], env={**ENV, "TRITON_INTERPRET": "1"},
+    proc = subprocess.run([FLA_PYTHON, str(HERE / "_fla_checks.py")], env={**ENV, "TRITON_INTERPRET": "1"},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -115,7 +131,7 @@ def test_packed_model_forward_with_fla_equals_per_sequence_forwards(fla_results)
 
 
 def _verify(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lenbatch", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
+    cmd = [FLA_PYTHON, "-m", "lenbatch", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
            "--lengths", "5,17,30", *args]
     return subprocess.run(cmd, env=env or ENV, capture_output=True, text=True, timeout=300)
 
