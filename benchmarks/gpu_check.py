@@ -117,7 +117,7 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None) -> dict[
             train[s] = {k: summ.get(k) for k in ("steps", "useful_tokens_per_s", "padding_efficiency", "final_loss",
                                                  "queue_wait_s_mean", "credit_wait_s_mean")}
     return {"failed_step": failed, "seconds": timings, "verify_packing_fla": verify, "train": train,
-            "compare": load(out / "compare" / "report.json") is not None or (out / "compare").exists()}
+            "compare_written": (out / "compare").is_dir() and any((out / "compare").iterdir())}
 
 
 def render(summary: dict[str, Any]) -> str:
