@@ -32,3 +32,27 @@ test: $(STAMP)
 
 clean:
 	rm -rf results logs .snakemake
+
+# The GPU path (issue 15). flash-linear-attention's kernels run on CPU under Triton's interpreter in
+# a second venv layered on $(VENV) (a .pth adds its site-packages): importing fla changes transformers'
+# kernels and adds seconds to every process, so the main venv stays without it; tests/test_fla_cpu.py
+# runs its fla checks with $(FLA_VENV)/bin/python (skipped, with the reason, where it is absent).
+# gpu-check: the prepared check for one GPU (about 8 minutes on an H200; refuses without CUDA),
+# output under results/gpu-check/.
+FLA_VENV ?= .venv-fla
+FLA_STAMP := $(FLA_VENV)/.lenbatch-fla-installed
+FLA_PINS := flash-linear-attention==0.6.0 fla-core==0.6.0 triton==3.9.0 einops==0.8.2
+.PHONY: fla-test gpu-check
+test: $(FLA_STAMP)
+
+$(FLA_STAMP): $(STAMP)
+	python3 -m venv $(FLA_VENV)
+	$(FLA_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/lenbatch-main-venv.pth', 'w').write('import site; site.addsitedir(%r)\n' % sys.argv[1])" "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
+	$(FLA_VENV)/bin/python -m pip install -q --no-deps $(FLA_PINS)
+	touch $(FLA_STAMP)
+
+fla-test: $(FLA_STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests/test_fla_cpu.py
+
+gpu-check: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) benchmarks/gpu_check.py --out results/gpu-check

@@ -5,18 +5,24 @@ Everything runs the real ``transformers`` Qwen3_5 classes on the tiny CPU config
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+from transformers.models.qwen3_5 import modeling_qwen3_5
 
 from lenbatch import packing
 from lenbatch.cli import main
 from lenbatch.config import ModelConfig
 from lenbatch.model import build_target
+
+# transformers' own token-by-token torch kernel (unwrapped: where fla is installed the name calls fla)
+torch_recurrent_gated_delta_rule = inspect.unwrap(modeling_qwen3_5.torch_recurrent_gated_delta_rule)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -46,7 +52,8 @@ def test_hf_fallback_leaks_or_refuses(target):
     seqs = _ids(lengths, target.cfg.vocab_size)
     row = torch.cat(seqs, dim=1)
     pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
-    with torch.no_grad():
+    # transformers' own torch kernels, also where flash-linear-attention is installed (it swaps them)
+    with torch.no_grad(), packing.torch_reference_kernels():
         packed = target.model(input_ids=row, position_ids=pos).last_hidden_state
         alone = [target.model(input_ids=s).last_hidden_state for s in seqs]
         first_linear = target.reference_hidden_states(seqs[1])[0]  # layer 0: linear_attention
@@ -65,6 +72,8 @@ def test_hf_fallback_leaks_or_refuses(target):
     leak = (hf_layers[0][:, starts[1]:starts[2]] - first_linear).abs().max().item()
     assert leak > 1e-3
     cu = torch.tensor(starts, dtype=torch.int32)
+    if importlib.util.find_spec("fla") is not None:
+        return  # with fla installed transformers hands cu_seq_lens_q to fla instead of refusing
     with pytest.raises(ValueError, match="flash-linear-attention"):
         with torch.no_grad():
             target.model(input_ids=row, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
@@ -110,7 +119,7 @@ def test_padded_path_matches_hf_padded_forward(target):
         ids[i, : lengths[i]] = s[0]
         mask[i, : lengths[i]] = 1
     ours = target.hidden_states(ids, attention_mask=mask, layers=None, final_norm=True)["final"]
-    with torch.no_grad():
+    with torch.no_grad(), packing.torch_reference_kernels():
         theirs = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
     valid = mask.bool()
     torch.testing.assert_close(ours[valid], theirs[valid], atol=1e-4, rtol=1e-4)

@@ -240,15 +240,20 @@ class Target(nn.Module):
         """One sequence ``[1, L]`` through the unmodified Hugging Face ``Qwen3_5TextModel.forward``.
 
         Every decoder layer's output (forward hooks) plus ``"final"`` (the model's normed
-        ``last_hidden_state``). No lenbatch code runs in it: the reference of verify-packing.
+        ``last_hidden_state``). No lenbatch code runs in it: the reference of verify-packing. Its
+        Gated DeltaNet kernels are transformers' torch ones whatever is installed
+        (:func:`lenbatch.packing.torch_reference_kernels`).
         """
         if input_ids.ndim != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"reference_hidden_states takes one sequence [1, L], got {tuple(input_ids.shape)}")
         out: dict[Any, torch.Tensor] = {}
+        from lenbatch.packing import torch_reference_kernels
+
         hooks = [layer.register_forward_hook(lambda _m, _a, res, i=i: out.__setitem__(i, res))
                  for i, layer in enumerate(self.model.layers)]
         try:
-            res = self.model(input_ids=input_ids.to(self.device), use_cache=False)
+            with torch_reference_kernels():  # transformers' torch kernels even where fla is installed
+                res = self.model(input_ids=input_ids.to(self.device), use_cache=False)
         finally:
             for h in hooks:
                 h.remove()

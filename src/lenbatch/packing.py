@@ -42,18 +42,22 @@ A padded batch [B, T] goes through the same three kernels as a packed row (its r
 are B sequences of length T, padding included: the cost of padding is paid, as on a
 GPU), so throughput differences between layouts come from the layout alone.
 
-On CUDA with ``flash-linear-attention`` installed the gated delta rule runs fla's
-``chunk_gated_delta_rule(..., cu_seqlens=...)`` (bf16/fp16 only: older fla asserts
-against fp32; fp32 uses the torch path above, on the GPU) and the conv fla's
-``causal_conv1d(x [B, T, D], weight [D, K], activation="silu", cu_seqlens=...)`` (when
-its signature is the seq-first one; else the shift conv above, which is exact and
-memory-bound). ``lenbatch verify-packing --device cuda`` checks that path against the
-Hugging Face per-sequence forward on the user's machine.
+On CUDA with ``flash-linear-attention`` (>= 0.5: grouped value heads handled by the kernel,
+no repeated q/k) installed, the default ``auto`` kernels run fla's
+``chunk_gated_delta_rule(..., cu_seqlens=...)`` in bf16/fp16 (fp32 uses the torch path above,
+on the GPU) and the conv fla's ``causal_conv1d(x [B, T, D], weight [D, K], activation="silu",
+cu_seqlens=...)`` (when its signature is the seq-first one; else the shift conv above, which is
+exact and memory-bound). ``lenbatch verify-packing --backend {auto,torch,fla}`` checks the chosen
+kernels against the Hugging Face per-sequence forward, whose Gated DeltaNet stays transformers'
+torch code whatever is installed (:func:`torch_reference_kernels`). ``--backend fla`` on CPU runs
+fla's kernels under Triton's interpreter in fp32 (:mod:`lenbatch.fla_cpu`); fp32 on a GPU sets
+``TRITON_F32_DEFAULT=ieee`` (fla's ``tl.dot`` is TF32 otherwise); bf16 is judged by ``--rtol``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import inspect
 import math
@@ -61,7 +65,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -238,7 +242,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, segs: Segments, *, activa
     the token's sequence contribute 0 (the zero left-padding of a stand-alone forward).
     SiLU applied when ``activation``. Cost: K multiply-adds per element.
     """
-    fla_conv = _fla_conv() if x.is_cuda else None
+    fla_conv = _fla_conv() if use_fla(x) else None
     if fla_conv is not None:
         cu = segs.cu_seqlens() if segs.layout == "packed" else None
         y = fla_conv(x=x, weight=weight.to(x.dtype), bias=None, activation="silu" if activation else None,
@@ -274,7 +278,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     S_t = exp(g_t) S_{t-1} (I - beta_t k_t k_t^T) + beta_t k_t v_t^T,  o_t = S_t^T q_t.
     Returns [B, T, Hv, Dv] in v's dtype; computed in fp32 (torch) or by fla on CUDA.
     """
-    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _fla_chunk() is not None:
+    if use_fla(q):
         return _fla_gated_delta_rule(q, k, v, g, beta, segs)
     out_dtype = v.dtype
     batch, seq_len, hk, dk = q.shape
@@ -378,18 +382,70 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return out.transpose(1, 2).contiguous(), None
 
 
-# --------------------------------------------------------------------------- flash-linear-attention (GPU)
+# --------------------------------------------------------------------------- flash-linear-attention
+
+FLA_MIN_VERSION = (0, 5)  # first release that indexes key heads as i_h // (HV // H) (grouped value heads)
+KERNEL_BACKENDS = ("auto", "torch", "fla")
+_kernel_backend = ["auto"]
+
+
+def set_kernel_backend(name: str) -> None:
+    """Which kernels the boundary-aware Gated DeltaNet runs: ``auto`` (fla on CUDA in bf16/fp16
+    when installed, else torch), ``torch`` (always this module's), ``fla`` (always fla: on CPU
+    under Triton's interpreter, which needs ``TRITON_INTERPRET=1`` before fla is imported)."""
+    if name not in KERNEL_BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(KERNEL_BACKENDS)}, got {name!r}")
+    _kernel_backend[0] = name
+
+
+def use_fla(x: torch.Tensor) -> bool:
+    """Whether the kernels for ``x`` are fla's (see :func:`set_kernel_backend`)."""
+    backend = _kernel_backend[0]
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _fla_chunk() is not None
+    if _fla_chunk() is None:
+        raise ValueError("--backend fla but flash-linear-attention >= 0.5 is not importable; "
+                         "pip install 'lenbatch[gpu]' (or use --backend torch)")
+    if not x.is_cuda:
+        from lenbatch import fla_cpu
+
+        fla_cpu.require_interpreter(x.dtype)
+    return True
+
+
+def _fla_version() -> tuple[int, ...]:
+    from importlib.metadata import version
+
+    parts = []
+    for p in version("flash-linear-attention").split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
 
 
 @functools.cache
 def _fla_chunk() -> Any:
-    """fla's ``chunk_gated_delta_rule`` if installed and it takes ``cu_seqlens``; else None."""
+    """fla's ``chunk_gated_delta_rule`` if installed (>= 0.5) and it takes ``cu_seqlens``; else None.
+
+    ``ValueError`` for fla < 0.5: those releases take equal key and value heads without checking,
+    so a grouped-value-head model (Qwen3.5/3.6: 16 key, 48 value heads) would compute garbage.
+    """
     if os.environ.get("LENBATCH_NO_FLA"):
         return None
     try:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            from lenbatch import fla_cpu
+
+            fla_cpu.patch_triton_for_interpreter()
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
     except Exception:  # not installed (CPU machines), or a broken triton: the torch path is exact
         return None
+    found = _fla_version()
+    if found[:2] < FLA_MIN_VERSION:
+        raise ValueError(f"flash-linear-attention {'.'.join(map(str, found))} is installed but lenbatch needs "
+                         ">= 0.5 (grouped value heads); pip install 'lenbatch[gpu]' or uninstall it")
     params = inspect.signature(fn).parameters
     return fn if {"cu_seqlens", "use_qk_l2norm_in_kernel", "g", "beta"} <= set(params) else None
 
@@ -404,6 +460,10 @@ def _fla_conv() -> Any:
     if os.environ.get("LENBATCH_NO_FLA"):
         return None
     try:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            from lenbatch import fla_cpu
+
+            fla_cpu.patch_triton_for_interpreter()
         from fla.modules.convolution import causal_conv1d as fn
     except Exception:
         return None
@@ -414,10 +474,9 @@ def _fla_conv() -> Any:
 def _fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                           beta: torch.Tensor, segs: Segments) -> torch.Tensor:
     fn = _fla_chunk()
-    hk, hv = q.shape[2], v.shape[2]
-    if hv != hk:  # explicit GVA repeat: every fla version takes equal heads; same mapping as HF's fallback
-        q = q.repeat_interleave(hv // hk, dim=2)
-        k = k.repeat_interleave(hv // hk, dim=2)
+    # grouped value heads (hv > hk) go in as they are: fla >= 0.5 reads key head i_h // (hv // hk),
+    # the mapping of the torch path's repeat_interleave, without the repeated copies (about 1.2 GB
+    # per layer at 49,152 tokens and 16 -> 48 heads)
     cu = segs.cu_seqlens() if segs.layout == "packed" else None  # padded: B rows, each one sequence
     out, _ = fn(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.float().contiguous(),
                 beta=beta.to(q.dtype).contiguous(), initial_state=None, output_final_state=False,
@@ -427,8 +486,39 @@ def _fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
 
 def backend_name(device: torch.device | str, dtype: torch.dtype) -> str:
     """Which gated-delta-rule kernel a forward on (device, dtype) uses: 'fla' or 'torch'."""
-    is_cuda = torch.device(device).type == "cuda"
-    return "fla" if is_cuda and dtype in (torch.bfloat16, torch.float16) and _fla_chunk() is not None else "torch"
+    return "fla" if use_fla(torch.empty(0, dtype=dtype, device="meta" if torch.device(device).type != "cuda"
+                                        else device)) else "torch"
+
+
+# --------------------------------------------------------------------------- the torch reference
+
+HF_KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                   "causal_conv1d_update")
+
+
+@contextlib.contextmanager
+def torch_reference_kernels() -> Iterator[None]:
+    """Within the block, transformers' Qwen3.5 Gated DeltaNet runs its own torch kernels.
+
+    transformers 5.24 wraps ``torch_chunk_gated_delta_rule`` & co. at import: when
+    flash-linear-attention (or ``causal_conv1d``) is importable the module-level names call
+    those packages instead, on every device. verify-packing's reference must stay independent of
+    the kernels under test (and a CPU machine with fla installed has no driver for it), so the
+    block points those names at the undecorated torch functions (``inspect.unwrap``) and
+    restores them after. Not thread-safe (module globals); cost: four attribute swaps.
+    """
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+    saved = {name: getattr(hf, name) for name in HF_KERNEL_NAMES}
+    try:
+        for name, fn in saved.items():
+            plain = inspect.unwrap(fn)
+            assert plain.__code__.co_filename == hf.__file__, f"{name} did not unwrap to transformers' own"
+            setattr(hf, name, plain)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(hf, name, fn)
 
 
 # --------------------------------------------------------------------------- hooking the HF modules
@@ -542,10 +632,11 @@ def verify_packing(target: Any, lengths: list[int], *, seed: int = 0, boundaries
             worst[kind] = max(worst[kind], diff if math.isfinite(diff) else float("inf"))
             scale[kind] = max(scale[kind], ref_h.float().abs().max().item())
     t_ref = time.perf_counter() - t0
+    result_backend = backend_name(target.device, target.dtype)
     rel = {k: worst[k] / scale[k] if scale[k] > 0 else worst[k] for k in worst}
     return {"max_abs_diff": worst, "max_rel_diff": rel, "lengths": list(lengths), "tokens": int(sum(lengths)),
-            "boundaries": boundaries, "backend": backend_name(target.device, target.dtype),
-            "conv_backend": "fla" if target.device.type == "cuda" and _fla_conv() is not None else "torch",
+            "boundaries": boundaries, "backend": result_backend,
+            "conv_backend": "fla" if result_backend == "fla" and _fla_conv() is not None else "torch",
             "packed_seconds": t_packed, "reference_seconds": t_ref}
 
 
@@ -558,6 +649,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "Qwen3.5-architecture text model (default: the params' model section)")
     parser.add_argument("--lengths", default="5,17,300,64", help="comma-separated sequence lengths (tokens)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--backend", default="auto", choices=KERNEL_BACKENDS,
+                        help="kernels under test: fla (flash-linear-attention; on CPU under Triton's interpreter, "
+                             "float32), torch (lenbatch's), auto (fla on CUDA in bfloat16 when installed). The "
+                             "reference is transformers' torch forward in every case")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                         help="compute dtype (default: model.dtype)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
@@ -581,6 +676,12 @@ def run(args: argparse.Namespace) -> int:
 
     log = get_logger("lenbatch.verify-packing")
     lengths = parse_lengths(args.lengths)
+    if args.backend == "fla":
+        from lenbatch import fla_cpu
+
+        # before fla is imported: the interpreter on CPU; full fp32 (not TF32) tl.dot on a GPU
+        fla_cpu.prepare_environment(device=args.device)
+    set_kernel_backend(args.backend)
     if args.model_config and args.params == ["params.yaml"] and not os.path.exists("params.yaml"):
         cfg = ModelConfig()  # a user's own setup: the HF config.json alone is enough
     else:

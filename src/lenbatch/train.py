@@ -5,10 +5,12 @@ Roles (``torchrun --nproc_per_node N -m lenbatch train ...``, env RANK/WORLD_SIZ
 * ranks ``0 .. N-2`` are **target ranks**. Target rank ``r`` iterates its own
   :class:`lenbatch.LengthBatchSampler` (``rank=r, world_size=N-1``), collates the batch
   (:mod:`lenbatch.collate`), runs the target forward and sends the batch and its features
-  to the drafter rank (point-to-point: a fixed-size int64 header with the shapes, then
-  the tensors). Credits bound the queue: target rank ``r`` sends its ``k``-th batch only
-  after the drafter acknowledged its ``(k - queue_size)``-th, so at most ``train.queue_size``
-  batches per target rank are in flight.
+  to the drafter rank (:mod:`lenbatch.transport`: header and credits on a gloo control group,
+  tensors alone on the default group, deadlock-free under NCCL's rendezvous semantics). Credits
+  bound the queue: target rank ``r`` sends its ``k``-th batch only after the drafter took its
+  ``(k - queue_size)``-th, so at most ``train.queue_size`` batches per target rank are in flight.
+  On CUDA, each rank's peak memory is computed from the config first (:mod:`lenbatch.memory`) and a
+  setting that cannot fit is refused.
 * rank ``N-1`` is the **drafter rank**: it takes batches round-robin over the target ranks
   (global step ``g`` comes from target rank ``g mod (N-1)``), trains the drafter
   (AdamW, gradient clipping), and writes ``steps.jsonl``, ``summary.json`` and
@@ -18,7 +20,8 @@ Roles (``torchrun --nproc_per_node N -m lenbatch train ...``, env RANK/WORLD_SIZ
   Without torchrun and ``train.nproc > 1``, ``lenbatch train`` re-executes itself under
   ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged).
 
-gloo on CPU, NCCL on GPU (``train.device``).
+gloo on CPU, NCCL on GPU (``train.device``). The trained drafter keeps fp32 master weights (autocast
+to ``model.dtype``); the frozen target runs in ``model.dtype``.
 
 Stop rule: the global schedule (pure: lengths, params, target ranks) walks epochs 0, 1, ...
 (``set_epoch``) and ends at the first step at which the useful tokens trained reach
@@ -28,7 +31,8 @@ rank ever waits for a batch that will not come.
 Measured (``steps.jsonl``, one line per step): rank, step, epoch, sequences, length (longest or
 packed row length), useful and computed tokens, target_s (forward on the target rank),
 credit_wait_s (target rank waiting for queue room: the drafter is the bottleneck),
-queue_wait_s (drafter waiting for the batch, transfer included: the target is the bottleneck),
+queue_wait_s (drafter waiting for the batch, transfer included -- on CUDA the device is synchronized
+at that boundary, as NCCL's recv returns before the copy is done: the target is the bottleneck),
 drafter_s, loss; target_cpu_s and drafter_cpu_s (process CPU seconds of each step: on a CPU
 device, cpu_s / (seconds x threads) below 1 means other work took the cores, see
 :func:`lenbatch.stepmodel.cpu_share`). ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
@@ -57,7 +61,6 @@ import subprocess
 import sys
 import time
 import zlib
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -80,11 +83,9 @@ from lenbatch.lifetime import die_with_parent, parent_death_signal
 from lenbatch.log import get_logger
 from lenbatch.outputs import writer_lock
 from lenbatch.stepmodel import steps_cpu_share
+from lenbatch.transport import Channel, DrafterLink, TargetLink, settle
 
 log = get_logger("train")
-HEADER_LEN = 12
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
 LOSS_CURVE_POINTS = 500  # loss curve in summary.json is downsampled to at most this many points
 
 
@@ -93,18 +94,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+SHARE_GPU_ENV = "LENBATCH_SHARE_GPU"  # check only (make gpu-check): several ranks on one GPU
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``train.device`` -> a torch device (auto: cuda when available)."""
+    """``train.device`` -> a torch device (auto: cuda when available). With ``LENBATCH_SHARE_GPU=1``
+    local ranks beyond the visible GPUs share them round-robin (a one-GPU check of the pipeline)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("train.device is 'cuda' but no GPU is visible; set train.device: cpu (or auto)")
+        if os.environ.get(SHARE_GPU_ENV) == "1":
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
         if local_rank >= torch.cuda.device_count():
             raise ValueError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); start at "
                              "most as many processes per node as GPUs (train.nproc / --nproc_per_node)")
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def ranks_per_device(world: int) -> int:
+    """Processes of this node per visible GPU (1 for the study's 8 ranks on 8 GPUs)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    return max(1, -(-local // max(torch.cuda.device_count(), 1)))
 
 
 def configure_process(params: Params) -> None:
@@ -148,8 +161,12 @@ class StepRunner:
             self.embed_tokens, self.lm_head = target_model.build_heads(params.model, device=self.device)
         self.drafter = None
         self.optimizer = None
+        # the trained drafter keeps fp32 master weights and runs its forward under autocast to
+        # model.dtype (bf16: AdamW on bf16 weights drops updates below 2^-8 of a weight); the frozen
+        # target stays in model.dtype
+        self.compute_dtype = target_model.DTYPES[params.model.dtype]
         if role in ("both", "drafter"):
-            self.drafter = build_drafter(params, device=self.device)
+            self.drafter = build_drafter(params, device=self.device).float()
             d = params.drafter
             self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=d.lr, weight_decay=d.weight_decay)
         self.last_output = None
@@ -181,7 +198,10 @@ class StepRunner:
         t0, c0 = time.perf_counter(), time.process_time()
         anchors, valid = self.drafter.anchors_for(batch, anchors_per_seq=p.drafter.anchors_per_seq,
                                                   seed=p.batching.seed, epoch=epoch, step=step)
-        out = self.drafter(features, batch, anchors, valid, embed_tokens=self.embed_tokens, lm_head=self.lm_head)
+        with torch.autocast(self.device.type, dtype=self.compute_dtype,
+                            enabled=self.compute_dtype != torch.float32):
+            out = self.drafter(features, batch, anchors, valid, embed_tokens=self.embed_tokens,
+                               lm_head=self.lm_head)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), p.drafter.grad_clip)
@@ -309,42 +329,6 @@ def batch_hash(indices: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
 
 
-# --------------------------------------------------------------------------- point-to-point transport
-
-
-def send_batch(batch: Batch, features: torch.Tensor, *, dst: int, meta: list[int], comm_device: torch.device
-               ) -> list[Any]:
-    """Post the header then the tensors to ``dst`` (non-blocking); returns the works and tensors to keep alive."""
-    import torch.distributed as dist
-
-    B, T = batch.input_ids.shape
-    header = torch.tensor([1 if batch.kind == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
-                           DTYPE_CODES[features.dtype], *meta], dtype=torch.int64)
-    assert header.numel() == HEADER_LEN
-    tensors = [header, batch.input_ids, batch.loss_mask.to(torch.uint8), batch.lengths, batch.indices,
-               features.contiguous()]
-    tensors = [t.to(comm_device).contiguous() for t in tensors]
-    works = [dist.isend(t, dst) for t in tensors]
-    return [works, tensors]
-
-
-def recv_batch(*, src: int, comm_device: torch.device) -> tuple[Batch, torch.Tensor, list[int]]:
-    """Receive what :func:`send_batch` posted: (batch, features, meta ints)."""
-    import torch.distributed as dist
-
-    header = torch.empty(HEADER_LEN, dtype=torch.int64, device=comm_device)
-    dist.recv(header, src)
-    kind, B, T, S, Fdim, code, *meta = (int(x) for x in header.tolist())
-    ids = torch.empty(B, T, dtype=torch.int64, device=comm_device)
-    lm = torch.empty(B, T, dtype=torch.uint8, device=comm_device)
-    lengths = torch.empty(S, dtype=torch.int64, device=comm_device)
-    indices = torch.empty(S, dtype=torch.int64, device=comm_device)
-    feats = torch.empty(B, T, Fdim, dtype=CODE_DTYPES[code], device=comm_device)
-    for t in (ids, lm, lengths, indices, feats):
-        dist.recv(t, src)
-    return batch_from_parts("packed" if kind else "padded", ids, lm, lengths, indices), feats, meta
-
-
 # --------------------------------------------------------------------------- recording
 
 
@@ -465,6 +449,7 @@ class RunSetup:
     device: torch.device
     resume: bool
     fp: dict[str, Any]
+    channel: Any = None  # lenbatch.transport.Channel of a multi-process run
 
 
 class SamplerCursor:
@@ -615,9 +600,8 @@ def _share_resume(setup: RunSetup, runner: Optional[StepRunner]
 
 
 def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
-    """Compute features of this rank's batches and stream them to the drafter rank under credits."""
-    import torch.distributed as dist
-
+    """Compute features of this rank's batches and stream them to the drafter rank under credits
+    (:class:`lenbatch.transport.TargetLink`)."""
     p = setup.params
     q = p.train.queue_size
     drafter_rank = setup.world_size - 1
@@ -629,41 +613,27 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
                            world_size=setup.target_ranks)
     cursor = SamplerCursor(sampler, states[setup.rank] if states else None)
     mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
-    in_flight: deque[list[Any]] = deque()
-    ack = torch.zeros(2, dtype=torch.float64, device=comm_device)
+    link = TargetLink(setup.channel, dst=drafter_rank, queue_size=q, comm_device=comm_device)
     t_start = time.perf_counter()
     useful_done = 0
-    for k, step in enumerate(mine):
+    for step in mine:
         idx = cursor.next(step)
         batch = collate(data.samples(idx), kind=kind, token_budget=p.batching.token_budget,
                         max_batch_size=p.batching.max_batch_size, indices=idx)
         feats, t_s = runner.target_step(batch)
-        t0 = time.perf_counter()
-        if len(in_flight) >= q:  # credit: wait until the drafter took the batch sent q batches ago
-            dist.recv(ack, drafter_rank)
-            works, _ = in_flight.popleft()
-            for w in works:
-                w.wait()
-        credit_s = time.perf_counter() - t0
+        credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
         meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9), 0]
-        in_flight.append(send_batch(batch.to(comm_device), feats, dst=drafter_rank, meta=meta,
-                                    comm_device=comm_device))
+        link.send(batch, feats, meta=meta)
         useful_done += batch.useful_tokens
         if setup.rank == 0:
-            loss = float(ack[1]) if k > q else float("nan")  # the drafter's latest loss, as of the last ack
-            _progress(step, len(setup.schedule), loss, useful_done * setup.target_ranks,
+            _progress(step, len(setup.schedule), link.last_loss, useful_done * setup.target_ranks,
                       time.perf_counter() - t_start)
-    while in_flight:
-        dist.recv(ack, drafter_rank)
-        works, _ = in_flight.popleft()
-        for w in works:
-            w.wait()
+    link.drain()
 
 
 def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, Any]:
-    """Receive batches round-robin, train, measure, checkpoint; acknowledge each batch on receipt."""
-    import torch.distributed as dist
-
+    """Receive batches round-robin, train, measure, checkpoint; credit each batch on receipt
+    (:class:`lenbatch.transport.DrafterLink`)."""
     p = setup.params
     runner = StepRunner(p, device=setup.device, role="drafter")
     start, states, kept = _share_resume(setup, runner)
@@ -672,15 +642,16 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
                                           rank=r, world_size=setup.target_ranks), states[r] if states else None)
                for r in range(setup.target_ranks)]
     rec = Recorder(setup.out, kept=kept)
-    acks: list[Any] = []
+    link = DrafterLink(setup.channel, comm_device=comm_device)
     last_loss = float("nan")
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
         t0 = time.perf_counter()
-        batch, feats, meta = recv_batch(src=step.rank, comm_device=comm_device)
+        batch, feats, meta = link.recv(step.rank, step=step.step, last_loss=last_loss)  # transfer included
+        if feats.device != setup.device:  # gloo on a GPU run (ranks sharing a GPU): staged through the host
+            feats = feats.to(setup.device)
+            settle(setup.device)
         wait_s = time.perf_counter() - t0
-        ack = torch.tensor([float(step.step), last_loss], dtype=torch.float64, device=comm_device)
-        acks.append((dist.isend(ack, step.rank), ack))
         epoch, gstep, t_ns, credit_ns, t_cpu_ns = meta[:5]
         assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
         idx = shadows[step.rank].next(step)
@@ -694,12 +665,8 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=[s.state() for s in shadows], fp=setup.fp, log_sha256=rec.log_sha256())
-        # drop delivered acks; never wait on one here: an ack is delivered only when its target rank
-        # needs the credit, and waiting would stall the drafter for up to queue_size target steps
-        acks = [(w, t) for w, t in acks if not w.is_completed()]
     summary = _finish(setup, runner, rec, [s.state() for s in shadows], resumed_from=resumed_from)
-    for w, _ in acks:
-        w.wait()
+    link.close()
     return summary
 
 
@@ -787,6 +754,11 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                          "raise the budget or lower data.max_len and re-tokenize")
     target_ranks = max(1, world - 1)
     device = resolve_device(params.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
+        from lenbatch.memory import check_fits
+
+        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
+                   ranks_per_device=ranks_per_device(world), single_process=world == 1)
     schedule = build_schedule(lengths, strategy=args.strategy, params=params, edges=edges, target_ranks=target_ranks,
                               useful_tokens=params.train.useful_tokens, max_steps=args.max_steps)
     out = Path(args.out)
@@ -808,16 +780,23 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     import torch.distributed as dist
 
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda" and ranks_per_device(world) > 1:
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): tensors go over gloo, through host memory
+        backend = "gloo"
+        log.info("%d ranks share each GPU (%s=1): gloo through host memory instead of NCCL", ranks_per_device(world),
+                 SHARE_GPU_ENV)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend)
     comm_device = device if backend == "nccl" else torch.device("cpu")
+    setup.channel = Channel()  # every rank, same order: creates the gloo control group
     try:
         if rank == world - 1:
             summary = run_drafter_rank(setup, comm_device)
             _log_summary(summary, out, force=True)
         else:
             run_target_rank(setup, comm_device)
+        setup.channel.close()
         dist.barrier()
     finally:
         dist.destroy_process_group()

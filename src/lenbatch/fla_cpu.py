@@ -1,0 +1,107 @@
+"""flash-linear-attention's Triton kernels on CPU, under Triton's interpreter (``TRITON_INTERPRET=1``).
+
+The interpreter runs a ``@triton.jit`` kernel as Python over NumPy blocks, so fla's varlen
+kernels (gated delta rule, causal conv with ``cu_seqlens``) can be checked in CI on machines
+without a GPU: in fp32 and fp16, not bf16 (the interpreter computes bf16 on raw bits). Two things
+in Triton (3.9), not in fla, stop it; :func:`patch_triton_for_interpreter` adjusts them, at run
+time and only when interpreting:
+
+1. ``triton.autotune`` times each candidate config through the GPU driver (none on CPU): the
+   autotuner keeps the first config of the pruned list (configs change speed, not results).
+2. The interpreter leaves ``for i in range(n)`` counters as Python ints, while fla calls
+   ``i_t.to(tl.int64)``: the interpreter's AST rewrite gets one more rule that turns a ``range``
+   / ``tl.range`` loop counter into a Triton scalar at the top of the loop body (what an
+   assignment already does in the interpreter). ``tl.static_range`` counters stay Python ints
+   (they index tuples at compile time).
+
+On a GPU neither applies. There, fp32 checks need ``TRITON_F32_DEFAULT=ieee``: fla's ``tl.dot``
+defaults to TF32 (10-bit mantissa), which fails an fp32 tolerance of 1e-4 on its own.
+Cost: interpreted kernels are slow (seconds for a few hundred tokens at tiny widths): tests keep
+shapes tiny.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import sys
+
+import torch
+
+INTERPRET_ENV = "TRITON_INTERPRET"
+F32_ENV = "TRITON_F32_DEFAULT"
+
+
+def interpreting() -> bool:
+    return os.environ.get(INTERPRET_ENV) == "1"
+
+
+def prepare_environment(*, device: str) -> None:
+    """Set what fla's kernels need before fla is imported: the interpreter on CPU; IEEE fp32
+    ``tl.dot`` (not TF32) on CUDA (``setdefault``: a user's own choice wins)."""
+    if device == "cpu":
+        if "fla" in sys.modules and not interpreting():
+            raise ValueError("flash-linear-attention was imported before TRITON_INTERPRET=1 was set, so its "
+                             "kernels need a GPU; start python with TRITON_INTERPRET=1 to run them on CPU")
+        os.environ[INTERPRET_ENV] = "1"
+    else:
+        os.environ.setdefault(F32_ENV, "ieee")
+
+
+def require_interpreter(dtype: torch.dtype) -> None:
+    """``ValueError`` unless fla's kernels can run on CPU in ``dtype``."""
+    if not interpreting():
+        raise ValueError("--backend fla on CPU runs fla's kernels under Triton's interpreter: set "
+                         "TRITON_INTERPRET=1 before python starts (lenbatch verify-packing --backend fla does)")
+    if dtype == torch.bfloat16:
+        raise ValueError("--backend fla on CPU: Triton's interpreter computes bfloat16 on raw bits; use "
+                         "--dtype float32 (bfloat16 needs a GPU)")
+
+
+class _CounterToTensor(ast.NodeTransformer):
+    """``for i in range(...)`` -> the same loop with ``i = interpreter_semantic.to_tensor(i, False)``
+    first in its body (applied after the interpreter's own rewrite of the loop)."""
+
+    def __init__(self, inner: ast.NodeTransformer) -> None:
+        self.inner = inner
+
+    @staticmethod
+    def _is_range(call: ast.expr) -> bool:
+        if not isinstance(call, ast.Call):
+            return False
+        f = call.func
+        return (isinstance(f, ast.Name) and f.id == "range") or (isinstance(f, ast.Attribute) and f.attr == "range")
+
+    def visit_For(self, node: ast.For) -> ast.For:
+        self.generic_visit(node)
+        if self._is_range(node.iter) and isinstance(node.target, ast.Name):
+            name = node.target.id
+            convert = ast.Assign(
+                targets=[ast.Name(id=name, ctx=ast.Store())],
+                value=ast.Call(func=ast.Attribute(value=ast.Name(id="interpreter_semantic", ctx=ast.Load()),
+                                                  attr="to_tensor", ctx=ast.Load()),
+                               args=[ast.Name(id=name, ctx=ast.Load()), ast.Constant(value=False)], keywords=[]))
+            node.body.insert(0, ast.copy_location(convert, node))
+        return node
+
+    def visit(self, node: ast.AST) -> ast.AST:  # type: ignore[override]
+        if isinstance(node, ast.Module):  # the interpreter's rules first, then ours
+            node = self.inner.visit(node)
+            return self.generic_visit(node)
+        return super().visit(node)
+
+
+@functools.cache
+def patch_triton_for_interpreter() -> None:
+    """Apply the two adjustments of the module doc (idempotent; only under ``TRITON_INTERPRET=1``)."""
+    assert interpreting(), "the Triton adjustments are for the interpreter only"
+    from triton.runtime import autotuner, interpreter
+
+    prune = autotuner.Autotuner.prune_configs
+
+    def first_config(self, kwargs, *args, **kw):  # no driver to time candidates with
+        return prune(self, kwargs, *args, **kw)[:1]
+
+    autotuner.Autotuner.prune_configs = first_config
+    interpreter.FunctionRewriter.ast_transformer = _CounterToTensor(interpreter.FunctionRewriter.ast_transformer)
