@@ -20,6 +20,7 @@ Numpy only (``import lenbatch`` stays light).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -99,6 +100,11 @@ class BatchSpec:
         return cls(token_budget=b.token_budget, max_batch_size=b.max_batch_size, layout=layout_of(strategy),
                    seed=b.seed, packed_window=b.packed_window, edges=edges if strategy == "bucketed" else None,
                    min_batches=min_batches)
+
+    def for_strategy(self, strategy: str) -> "BatchSpec":
+        """This spec with ``strategy``'s layout, its edges kept for ``bucketed`` only."""
+        return dataclasses.replace(self, layout=layout_of(strategy),
+                                   edges=self.edges if strategy == "bucketed" else None)
 
     @property
     def packed(self) -> bool:

@@ -450,7 +450,6 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     p = setup.params
     runner = StepRunner(p, device=setup.device)
     data = TrainData(setup.data, setup.lengths)
-    kind = layout_for(setup.strategy)
     start, resumed_from, kept = 0, None, None
     if setup.resume:
         ck = _load_checkpoint(setup)
@@ -463,8 +462,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
         idx = step.indices
-        batch = collate(data.samples(idx), kind=kind, token_budget=p.batching.token_budget,
-                        max_batch_size=p.batching.max_batch_size, indices=idx)
+        batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
         feats, t_s = runner.target_step(batch)
         t_cpu = runner.last_cpu_s
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
@@ -520,7 +518,6 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     drafter_rank = setup.world_size - 1
     runner = StepRunner(p, device=setup.device, role="target")
     data = TrainData(setup.data, setup.lengths)
-    kind = layout_for(setup.strategy)
     start, _, _ = _share_resume(setup, None)
     mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
     link = TargetLink(setup.channel, dst=drafter_rank, queue_size=q, comm_device=comm_device)
@@ -528,8 +525,7 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     useful_done = 0
     for step in mine:
         idx = step.indices
-        batch = collate(data.samples(idx), kind=kind, token_budget=p.batching.token_budget,
-                        max_batch_size=p.batching.max_batch_size, indices=idx)
+        batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
         feats, t_s = runner.target_step(batch)
         credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
         meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9), 0]
