@@ -40,16 +40,20 @@ class ScheduledStep:
     useful: int
 
 
-def epoch_steps(lengths: np.ndarray, *, strategy: str, spec: BatchSpec, target_ranks: int,
-                epoch: int) -> Iterator[tuple[int, int, np.ndarray]]:
-    """(rank, local, indices) of one epoch's global steps, in order: round-robin over the target
-    ranks' plans of ``plan_epoch_all`` (planned once for all ranks)."""
-    plans = plan_epoch_all(lengths, strategy=strategy, epoch=epoch, world_size=target_ranks, spec=spec)
+def round_robin(plans: list[Any]) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(rank, local, indices) of one epoch's global steps, in order: batch ``local`` of every rank
+    in turn, from every rank's plan of the epoch (``plan_epoch_all``)."""
     sizes = {len(p) for p in plans}
     assert len(sizes) == 1, f"ranks got different batch counts {sizes}: the plan broke its contract"
     for local in range(sizes.pop()):
-        for r in range(target_ranks):
+        for r in range(len(plans)):
             yield r, local, np.asarray(plans[r][local], dtype=np.int64)
+
+
+def epoch_steps(lengths: np.ndarray, *, strategy: str, spec: BatchSpec, target_ranks: int,
+                epoch: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(rank, local, indices) of one epoch's global steps (planned once for all target ranks)."""
+    return round_robin(plan_epoch_all(lengths, strategy=strategy, epoch=epoch, world_size=target_ranks, spec=spec))
 
 
 class Schedule(list):
@@ -106,7 +110,8 @@ def build_schedule(lengths: np.ndarray, *, strategy: str, target_ranks: int, spe
     steps: list[ScheduledStep] = []
     done, epoch = 0, 0
     while True:
-        for r, local, idx in epoch_steps(x, strategy=strategy, spec=spec, target_ranks=target_ranks, epoch=epoch):
+        plans = plan_epoch_all(x, strategy=strategy, epoch=epoch, world_size=target_ranks, spec=spec)
+        for r, local, idx in round_robin(plans):
             useful = int(x[idx].sum())
             steps.append(ScheduledStep(len(steps), epoch, r, local, idx, useful))
             done += useful
