@@ -33,13 +33,14 @@ from lenbatch.padding import (
     predict_bucketed,
     study_bucket_computed,
 )
+from lenbatch.spec import BatchSpec
 from lenbatch.stats import bucket_counts, histogram, length_stats, seed_profile
 from lenbatch.strategies import STRATEGIES, Plan, plan_epoch, plan_epoch_all
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "METHODS", "STRATEGIES", "Boundaries", "LengthBatchSampler", "Plan", "bucket_counts", "budget_fill",
+    "METHODS", "STRATEGIES", "BatchSpec", "Boundaries", "LengthBatchSampler", "Plan", "bucket_counts", "budget_fill",
     "collate_packed", "collate_padded",
     "composition_repeat", "expected_max", "greedy_bucket_computed", "greedy_starts", "histogram",
     "length_mixing", "length_stats", "optimize_boundaries", "padding_efficiency", "plan_epoch", "plan_epoch_all",

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from lenbatch.padding import OBJECTIVES, log_factorials, predict_bucketed, renewal_weights, value_counts
+from lenbatch.spec import BatchSpec
 from lenbatch.stats import check_lengths
 
 METHODS = ("dp", "coordinate", "geometric")
@@ -360,10 +361,24 @@ def _edges_from_path(path: list[int], cand: np.ndarray, vmax: int) -> tuple[int,
     return tuple([0] + [int(cand[j - 1]) for j in path[1:-1]] + [int(vmax) + 1])
 
 
-def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int, max_batch_size: int,
-                        method: str = "dp", objective: str = "greedy", num_candidates: int = 290) -> Boundaries:
-    """Bucket edges for ``lengths`` (see module doc). ``ValueError`` on bad input (naming the setting)."""
+def _limits(spec: BatchSpec | None, token_budget: int | None, max_batch_size: int | None) -> tuple[int, int]:
+    """(token_budget, max_batch_size): the spec's when given (then the keywords stay unset), else the keywords."""
+    if spec is None:
+        if token_budget is None or max_batch_size is None:
+            raise ValueError("pass token_budget= and max_batch_size= (or spec=lenbatch.BatchSpec(...))")
+        return token_budget, max_batch_size
+    if token_budget is not None or max_batch_size is not None:
+        raise ValueError("pass either spec= or token_budget=/max_batch_size=, not both")
+    return spec.token_budget, spec.max_batch_size
+
+
+def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int | None = None,
+                        max_batch_size: int | None = None, method: str = "dp", objective: str = "greedy",
+                        num_candidates: int = 290, spec: BatchSpec | None = None) -> Boundaries:
+    """Bucket edges for ``lengths`` (see module doc). ``ValueError`` on bad input (naming the setting).
+    The objective reads the budget and max batch size from ``spec`` or the keywords."""
     t0 = time.perf_counter()
+    token_budget, max_batch_size = _limits(spec, token_budget, max_batch_size)
     x = _validate(lengths, num_buckets, token_budget, max_batch_size, method, objective, num_candidates)
     cand = candidate_values(x, num_candidates)
     useful = float(x.sum())
@@ -424,28 +439,38 @@ def _solve_all(x: np.ndarray, ks: list[int], *, token_budget: int, max_batch_siz
     return out
 
 
-def simulate_bucketed(x: np.ndarray, edges: Any, *, token_budget: int, max_batch_size: int,
-                      seed: int = 0) -> dict[str, float]:
-    """Simulated epoch 0 of the bucketed plan: padding efficiency; diversity from epochs 0 and 1."""
+def simulate_bucketed(x: np.ndarray, edges: Any, *, token_budget: int | None = None,
+                      max_batch_size: int | None = None, seed: int = 0,
+                      spec: BatchSpec | None = None) -> dict[str, float]:
+    """Simulated epoch 0 of the bucketed plan: padding efficiency; diversity from epochs 0 and 1.
+    ``spec`` (its edges replaced by ``edges``) or the keywords give the batching."""
     from lenbatch.padding import composition_repeat, length_mixing, padding_efficiency
     from lenbatch.strategies import plan_epoch_all
 
-    plans = [plan_epoch_all(x, strategy="bucketed", epoch=e, seed=seed, token_budget=token_budget,
-                            max_batch_size=max_batch_size, edges=edges)[0] for e in (0, 1)]
+    if spec is None:
+        spec = BatchSpec(token_budget=token_budget, max_batch_size=max_batch_size, seed=seed, edges=edges)
+    else:
+        _limits(spec, token_budget, max_batch_size)
+        spec = dataclasses.replace(spec, layout="padded", edges=edges)
+    plans = [plan_epoch_all(x, strategy="bucketed", epoch=e, spec=spec)[0] for e in (0, 1)]
     return {"simulated_efficiency": padding_efficiency(x, plans[0]),
             "composition_repeat": composition_repeat(plans[0], plans[1], x.size),
             "length_mixing": length_mixing(x, plans[0])}
 
 
-def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int, max_batch_size: int,
-                      method: str = "dp", objective: str = "greedy", num_candidates: int = 290, seed: int = 0,
-                      simulate: bool = True) -> list[dict[str, Any]]:
+def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int | None = None,
+                      max_batch_size: int | None = None, method: str = "dp", objective: str = "greedy",
+                      num_candidates: int = 290, seed: int = 0, simulate: bool = True,
+                      spec: BatchSpec | None = None) -> list[dict[str, Any]]:
     """The efficiency-diversity frontier: for K = 1..max_buckets (capped at the distinct lengths), the
     edges, predicted efficiency and, with ``simulate``, the simulated efficiency, composition repeat and
     length mixing of the bucketed plan (epochs 0 and 1). dp solves every K from one cost matrix."""
     from lenbatch.log import get_logger
 
     log = get_logger("lenbatch.boundaries")
+    if spec is not None:
+        seed = spec.seed
+    token_budget, max_batch_size = _limits(spec, token_budget, max_batch_size)
     x = _validate(lengths, 1, token_budget, max_batch_size, method, objective, num_candidates)
     if max_buckets < 1:
         raise ValueError(f"boundaries.sweep_max_buckets must be >= 1, got {max_buckets}")
@@ -509,11 +534,12 @@ def _run(args: argparse.Namespace) -> int:
     x, source = load_lengths(args, seed=bt.seed)
     log.info("%s: %d samples; %s boundaries, K=%d, budget %d tokens, at most %d per batch", source, x.size,
              p.method, p.num_buckets, bt.token_budget, bt.max_batch_size)
-    res = optimize_boundaries(x, p.num_buckets, token_budget=bt.token_budget, max_batch_size=bt.max_batch_size,
-                              method=p.method, objective=p.objective, num_candidates=p.num_candidates)
-    sim = simulate_bucketed(x, res.edges, token_budget=bt.token_budget, max_batch_size=bt.max_batch_size,
-                            seed=bt.seed)
-    pred = _pb(x, res.edges, token_budget=bt.token_budget, max_batch_size=bt.max_batch_size, objective=p.objective)
+    spec = BatchSpec.from_params(params, strategy="bucketed")
+    res = optimize_boundaries(x, p.num_buckets, method=p.method, objective=p.objective,
+                              num_candidates=p.num_candidates, spec=spec)
+    sim = simulate_bucketed(x, res.edges, spec=spec)
+    pred = _pb(x, res.edges, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
+               objective=p.objective)
     out = Path(args.out)
     doc = res.to_dict()
     doc.update(sim)
@@ -524,8 +550,7 @@ def _run(args: argparse.Namespace) -> int:
     log.info("%s edges %s: predicted %.4f, simulated %.4f padding efficiency (%.2f s)", p.method, list(res.edges),
              res.predicted_efficiency, sim["simulated_efficiency"], res.seconds)
     sweep = [] if no_sweep else sweep_num_buckets(
-        x, p.sweep_max_buckets, token_budget=bt.token_budget, max_batch_size=bt.max_batch_size, method=p.method,
-        objective=p.objective, num_candidates=p.num_candidates, seed=bt.seed)
+        x, p.sweep_max_buckets, method=p.method, objective=p.objective, num_candidates=p.num_candidates, spec=spec)
     write_json(out / "sweep.json", sweep)
     write_resolved(params, out, sections=("boundaries", "batching"))
     return 0

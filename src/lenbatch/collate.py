@@ -190,9 +190,15 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
                  cu_seqlens=torch.from_numpy(cu.astype(np.int32)), seq_index=torch.from_numpy(seq_index)[None])
 
 
-def collate(samples: Sequence[Mapping[str, Any]], *, kind: str, token_budget: int | None,
-            max_batch_size: int | None, indices: Sequence[int] | None = None) -> Batch:
-    """Collate in the layout ``kind`` (``"padded"`` or ``"packed"``, see :func:`layout_for`)."""
+def collate(samples: Sequence[Mapping[str, Any]], *, kind: str | None = None, token_budget: int | None = None,
+            max_batch_size: int | None = None, indices: Sequence[int] | None = None, spec: Any = None) -> Batch:
+    """Collate in the layout ``kind`` (``"padded"`` or ``"packed"``, see :func:`layout_for`), checked
+    against ``token_budget``/``max_batch_size`` (None: not checked); or all three from ``spec``
+    (a :class:`lenbatch.BatchSpec`: its layout, budget and max batch size)."""
+    if spec is not None:
+        if kind is not None or token_budget is not None or max_batch_size is not None:
+            raise ValueError("pass either spec= or kind=/token_budget=/max_batch_size= to collate, not both")
+        kind, token_budget, max_batch_size = spec.layout, spec.token_budget, spec.max_batch_size
     if kind == "padded":
         return collate_padded(samples, token_budget=token_budget, max_batch_size=max_batch_size, indices=indices)
     if kind == "packed":

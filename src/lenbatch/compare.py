@@ -29,6 +29,8 @@ from lenbatch import stepmodel as sm
 from lenbatch.config import Params, params_from_args, write_resolved
 from lenbatch.log import get_logger
 from lenbatch.profile import CPU_SHARE_WARN, grid_cpu_share
+from lenbatch.schedule import build_schedule, epoch_steps
+from lenbatch.spec import BatchSpec
 
 log = get_logger("compare")
 
@@ -173,32 +175,20 @@ def step_kind(strategy: str) -> str:
 
 def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int,
                 target_ranks: int) -> list[np.ndarray]:
-    """One epoch's global step order: round-robin over the target ranks' plans (as the train stage runs it)."""
-    import lenbatch as lb
-
-    plans = [lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=params.batching.seed,
-                           token_budget=params.batching.token_budget, max_batch_size=params.batching.max_batch_size,
-                           edges=edges if strategy == "bucketed" else None, rank=r, world_size=target_ranks,
-                           packed_window=params.batching.packed_window) for r in range(target_ranks)]
-    assert len({len(p) for p in plans}) == 1, "target ranks got different batch counts"
-    return [np.asarray(plans[r][k], dtype=np.int64) for k in range(len(plans[0])) for r in range(target_ranks)]
+    """One epoch's global step order, as the train stage runs it (:func:`lenbatch.schedule.epoch_steps`)."""
+    spec = BatchSpec.from_params(params, strategy=strategy, edges=edges)
+    return [idx for _, _, idx in epoch_steps(lengths, strategy=strategy, spec=spec, target_ranks=target_ranks,
+                                             epoch=epoch)]
 
 
 def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int | None = None,
                     useful_tokens: int | None = None, target_ranks: int) -> list[tuple[int, np.ndarray]]:
-    """(epoch, indices) of a run's global steps, in order: epochs 0, 1, ... of ``plan_epoch``,
-    round-robin over the target ranks, up to ``steps`` steps or up to the first step at which
-    ``useful_tokens`` are reached (the train stage's stop rule)."""
+    """(epoch, indices) of a run's global steps, in order: the train stage's schedule
+    (:func:`lenbatch.schedule.build_schedule`) up to ``steps`` steps or to its stop rule at ``useful_tokens``."""
     assert (steps is None) != (useful_tokens is None)
-    out: list[tuple[int, np.ndarray]] = []
-    done, epoch = 0, 0
-    while True:
-        for b in _epoch_plan(lengths, params, strategy, edges, epoch=epoch, target_ranks=target_ranks):
-            out.append((epoch, b))
-            done += int(lengths[b].sum())
-            if (steps is not None and len(out) >= steps) or (useful_tokens is not None and done >= useful_tokens):
-                return out
-        epoch += 1
+    sched = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
+                           useful_tokens=useful_tokens, max_steps=steps)
+    return [(s.epoch, s.indices) for s in sched]
 
 
 class LossMasks:

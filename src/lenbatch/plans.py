@@ -17,13 +17,21 @@ from typing import Any
 import numpy as np
 
 from lenbatch.padding import batch_tokens, composition_repeat, length_mixing, predict_bucketed
+from lenbatch.spec import BatchSpec
 from lenbatch.strategies import STRATEGIES, add_batching_arguments, plan_epoch_all
 
 
 def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, epochs: int = 3, seed: int = 0,
-             token_budget: int, max_batch_size: int, edges: Any = None, packed_window: int = 8,
-             world_size: int = 1, log: Any = None) -> dict[str, dict[str, Any]]:
-    """Metrics of every strategy (see module doc); ``bucketed`` is skipped with a log line when edges is None."""
+             token_budget: int | None = None, max_batch_size: int | None = None, edges: Any = None,
+             packed_window: int = 8, world_size: int = 1, log: Any = None,
+             spec: BatchSpec | None = None) -> dict[str, dict[str, Any]]:
+    """Metrics of every strategy (see module doc); ``bucketed`` is skipped with a log line when edges is None.
+
+    The batching comes as keyword arguments or whole as ``spec`` (its edges serve ``bucketed``; each
+    strategy plans with :meth:`BatchSpec.for_strategy`)."""
+    base = spec if spec is not None else BatchSpec(token_budget=token_budget, max_batch_size=max_batch_size,
+                                                   seed=seed, packed_window=packed_window, edges=edges)
+    edges = base.edges
     if epochs < 2:
         raise ValueError(f"plans.epochs must be >= 2 to measure composition repeat, got {epochs}")
     out: dict[str, dict[str, Any]] = {}
@@ -35,24 +43,23 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
                 log.info("bucketed skipped: no --boundaries given")
             continue
         plans, secs = [], []
+        spec_s = base.for_strategy(strategy)
         for e in range(epochs):
             t0 = time.perf_counter()
-            ranks = plan_epoch_all(lengths, strategy=strategy, epoch=e, seed=seed, token_budget=token_budget,
-                                   max_batch_size=max_batch_size, edges=edges if strategy == "bucketed" else None,
-                                   world_size=world_size, packed_window=packed_window)
+            ranks = plan_epoch_all(lengths, strategy=strategy, epoch=e, world_size=world_size, spec=spec_s)
             secs.append(time.perf_counter() - t0)
             plans.append((ranks, [b for r in ranks for b in r]))
         useful = computed = 0
         steps = []
         for ranks, flat in plans:
-            u, c = batch_tokens(lengths, flat, packed=strategy == "packed")
+            u, c = batch_tokens(lengths, flat, packed=spec_s.packed)
             useful += int(u.sum())
             computed += int(c.sum())
             steps.append(len(ranks[0]))
         n_batches = sum(len(flat) for _, flat in plans)
         row = {
             "padding_efficiency": useful / computed,
-            "budget_fill": computed / (n_batches * token_budget),
+            "budget_fill": computed / (n_batches * base.token_budget),
             "steps": float(np.mean(steps)),
             "useful_tokens": useful / epochs,
             "computed_tokens": computed / epochs,
@@ -65,8 +72,8 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
         }
         if strategy == "bucketed":
             row["edges"] = [int(v) for v in edges]
-            row["predicted_efficiency"] = predict_bucketed(lengths, edges, token_budget=token_budget,
-                                                           max_batch_size=max_batch_size)["efficiency"]
+            row["predicted_efficiency"] = predict_bucketed(lengths, edges, token_budget=base.token_budget,
+                                                           max_batch_size=base.max_batch_size)["efficiency"]
         out[strategy] = row
         if log:
             log.info("%-8s padding efficiency %.4f, budget fill %.4f, %.0f steps/epoch, composition repeat %.5f, "
@@ -113,9 +120,9 @@ def _run(args: argparse.Namespace) -> int:
     strategies = tuple(args.strategies) if args.strategies is not None else tuple(STRATEGIES)
     log.info("%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
              source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, args.world_size)
-    metrics = simulate(x, strategies=strategies, epochs=params.plans.epochs, seed=bt.seed,
-                       token_budget=bt.token_budget, max_batch_size=bt.max_batch_size, edges=edges,
-                       packed_window=bt.packed_window, world_size=args.world_size, log=log)
+    spec = BatchSpec.from_params(params, strategy="bucketed", edges=edges)  # edges serve bucketed alone
+    metrics = simulate(x, strategies=strategies, epochs=params.plans.epochs, world_size=args.world_size, log=log,
+                       spec=spec)
     out = Path(args.out)
     write_json(out / "metrics.json", metrics)
     write_resolved(params, out, sections=("batching", "plans"))

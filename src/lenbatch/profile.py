@@ -43,6 +43,7 @@ import numpy as np
 
 from lenbatch.config import Params, add_params_argument, params_from_args, write_resolved
 from lenbatch.log import get_logger
+from lenbatch.spec import BatchSpec
 from lenbatch.stepmodel import batch_columns, cpu_share, drafter_work, grid_shape
 
 log = get_logger("profile")
@@ -59,8 +60,8 @@ def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, 
     Points above the token budget, above max_batch_size or longer than data.max_len are
     skipped (they can never occur in a plan); the number skipped is logged.
     """
-    pr, b = params.profile, params.batching
-    budget, max_bs, max_len = b.token_budget, b.max_batch_size, params.data.max_len
+    pr, spec = params.profile, BatchSpec.from_params(params, strategy="sorted")  # padded shapes
+    budget, max_bs, max_len = spec.token_budget, spec.max_batch_size, params.data.max_len
     lengths = sorted({int(m) for m in pr.lengths})
     pts: set[tuple[str, int, int]] = set()
     skipped = 0
@@ -69,7 +70,7 @@ def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, 
             skipped += len(pr.batch_sizes)
             continue
         for n in pr.batch_sizes:
-            if n * m <= budget and n <= max_bs:
+            if spec.fits(n, m):
                 pts.add(("padded", int(n), m))
             else:
                 skipped += 1
@@ -95,8 +96,8 @@ def make_batch(kind: str, lengths: list[int], params: Params, *, seed: int):
     from lenbatch import collate
 
     seqs = collate.synthetic_sequences(np.asarray(lengths), vocab_size=params.model.vocab_size, seed=seed)
-    return collate.collate(seqs, kind=kind, token_budget=params.batching.token_budget,
-                           max_batch_size=params.batching.max_batch_size)
+    spec = BatchSpec.from_params(params, strategy="packed" if kind == "packed" else "sorted")
+    return collate.collate(seqs, spec=spec)
 
 
 def time_point(runner, batch, *, warmup: int, repeats: int,

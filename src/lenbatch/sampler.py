@@ -23,60 +23,63 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch.utils.data
 
-from lenbatch.strategies import Plan, check_int, plan_epoch_all, resolve_rank, validate
+from lenbatch.spec import BatchSpec, check_int
+from lenbatch.strategies import Plan, check_plan, make_spec, plan_epoch_all, resolve_rank
 
 STATE_VERSION = 1
+
+
+def sampler_state(*, epoch: int, position: int, world_size: int, rank: int, fingerprint: str,
+                  strategy: str) -> dict[str, Any]:
+    """The resumable state of a sampler that has handed out ``position`` batches of ``epoch``
+    (:meth:`LengthBatchSampler.state_dict`; :mod:`lenbatch.schedule` writes the same for a run)."""
+    return {"version": STATE_VERSION, "epoch": int(epoch), "position": int(position), "world_size": int(world_size),
+            "rank": int(rank), "fingerprint": fingerprint, "strategy": strategy}
 
 
 class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yield this rank's batches of one epoch; ``set_epoch`` before each epoch (like DistributedSampler)."""
 
-    def __init__(self, lengths: Any, *, strategy: str, token_budget: int, max_batch_size: int, seed: int = 0,
-                 edges: Any = None, rank: int | None = None, world_size: int | None = None,
-                 packed_window: int = 8, min_batches: int = 0) -> None:
+    def __init__(self, lengths: Any, *, strategy: str, token_budget: int | None = None,
+                 max_batch_size: int | None = None, seed: int = 0, edges: Any = None, rank: int | None = None,
+                 world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
+                 spec: BatchSpec | None = None) -> None:
         super().__init__()
-        x, e = validate(lengths, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
-                        edges=edges, packed_window=packed_window)
-        seed = check_int("seed", seed, minimum=0)
+        spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
+                         seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
+        x = check_plan(lengths, strategy=strategy, spec=spec)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.lengths = x
         self.strategy = strategy
-        self.token_budget = int(token_budget)
-        self.max_batch_size = int(max_batch_size)
-        self.seed = int(seed)
-        self.edges = None if e is None else tuple(int(v) for v in e)
-        self.packed_window = int(packed_window)
-        self.min_batches = check_int("min_batches", min_batches, minimum=0)
+        self.spec = spec
         self.epoch = 0
         self._position = 0  # batches yielded in the current epoch
         self._resume: int | None = None
         self._consumed: int | None = None  # batches the loop received, while iterating consumed()
         self._cache: tuple[int, list[np.ndarray]] | None = None
-        h = hashlib.sha256(np.ascontiguousarray(x, dtype="<i8").tobytes())
-        fp = {"strategy": strategy, "token_budget": self.token_budget, "max_batch_size": self.max_batch_size,
-              "seed": self.seed, "edges": self.edges, "packed_window": self.packed_window}
-        if self.min_batches:  # only when set, so states saved before it existed still load
-            fp["min_batches"] = self.min_batches
-        h.update(json.dumps(fp, sort_keys=True).encode())
-        self.fingerprint = h.hexdigest()[:16]
+        self.fingerprint = spec.fingerprint(x, strategy)
+
+    # the batching values, read from the spec (kept as attributes: callers read them)
+    token_budget = property(lambda self: self.spec.token_budget)
+    max_batch_size = property(lambda self: self.spec.max_batch_size)
+    seed = property(lambda self: self.spec.seed)
+    edges = property(lambda self: self.spec.edges)
+    packed_window = property(lambda self: self.spec.packed_window)
+    min_batches = property(lambda self: self.spec.min_batches)
 
     def plan(self, epoch: int | None = None) -> Plan:
         """This rank's batches of ``epoch`` (default: the current one); cached for the current epoch."""
         epoch = self.epoch if epoch is None else epoch
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
-        batches = plan_epoch_all(self.lengths, strategy=self.strategy, epoch=epoch, seed=self.seed,
-                                 token_budget=self.token_budget, max_batch_size=self.max_batch_size,
-                                 edges=self.edges, world_size=self.world_size,
-                                 packed_window=self.packed_window, min_batches=self.min_batches)[self.rank]
+        batches = plan_epoch_all(self.lengths, strategy=self.strategy, epoch=epoch, world_size=self.world_size,
+                                 spec=self.spec)[self.rank]
         if epoch == self.epoch:
             self._cache = (epoch, batches)
         return batches
@@ -132,8 +135,8 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             pos = check_int("batches_consumed", batches_consumed, minimum=0)
         else:
             pos = self._position if self._consumed is None else self._consumed
-        return {"version": STATE_VERSION, "epoch": self.epoch, "position": pos, "world_size": self.world_size,
-                "rank": self.rank, "fingerprint": self.fingerprint, "strategy": self.strategy}
+        return sampler_state(epoch=self.epoch, position=pos, world_size=self.world_size, rank=self.rank,
+                             fingerprint=self.fingerprint, strategy=self.strategy)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = [k for k in ("version", "epoch", "position", "world_size", "fingerprint") if k not in state]

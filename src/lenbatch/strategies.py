@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from lenbatch.padding import batch_tokens, greedy_batches
-from lenbatch.stats import check_edges, check_lengths
+from lenbatch.spec import BatchSpec, check_int, layout_of
+from lenbatch.stats import check_lengths
 
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
 
@@ -56,7 +57,7 @@ class Plan(list):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy {strategy!r} unknown; choose one of {list(STRATEGIES)}")
         self.strategy = strategy
-        self.layout = "packed" if strategy == "packed" else "padded"
+        self.layout = layout_of(strategy)
 
     def __reduce__(self):  # pickles (DataLoader workers, checkpoints) keep the layout
         return (_make_plan, (list(self), self.strategy))
@@ -95,42 +96,50 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return int(rank), int(world_size)
 
 
-def check_int(name: str, value: Any, *, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``; ``ValueError`` naming ``name`` for None, bools, floats
-    (16384.5 and 16384.0 alike: a budget is a count of tokens), generators and the like."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        hint = (" (a seed is an int; a numpy Generator or None cannot be resumed or shared across ranks)"
-                if name == "seed" else "")
-        raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__}){hint}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def validate(lengths: Any, *, strategy: str, token_budget: int, max_batch_size: int, edges: Any = None,
              packed_window: int = 8) -> tuple[np.ndarray, np.ndarray | None]:
     """Checked lengths (int64) and edges; ``ValueError`` naming the setting and the fix."""
+    spec = BatchSpec(token_budget=token_budget, max_batch_size=max_batch_size, layout=layout_of(strategy),
+                     packed_window=packed_window, edges=edges)
+    x = check_plan(lengths, strategy=strategy, spec=spec)
+    return x, None if spec.edges is None else np.asarray(spec.edges, dtype=np.int64)
+
+
+def check_plan(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:
+    """Checked lengths (int64) for planning ``strategy`` under ``spec``: the strategy is known, its
+    layout is the spec's, ``bucketed`` has edges (and only it), every length fits the budget and
+    the edges cover the lengths. ``ValueError`` naming the setting and the fix."""
     x = check_lengths(lengths)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r} unknown; choose one of {list(STRATEGIES)}")
-    token_budget = check_int("token_budget", token_budget, minimum=1)
-    check_int("max_batch_size", max_batch_size, minimum=1)
-    check_int("packed_window", packed_window, minimum=1)
-    longest = int(x.max())
-    if longest > token_budget:
-        n_over = int(np.count_nonzero(x > token_budget))
-        raise ValueError(f"{n_over} sample(s) are longer than token_budget={token_budget} (longest "
-                         f"{longest} tokens); raise token_budget or truncate those samples")
-    e = None
-    if strategy == "bucketed":
-        if edges is None:
-            raise ValueError("strategy 'bucketed' needs edges (bucket boundaries in tokens); pass "
-                             "edges=lenbatch.optimize_boundaries(lengths, ...).edges")
-        e = check_edges(edges, x)
-    elif edges is not None:
+    if spec.layout != layout_of(strategy):
+        raise ValueError(f"strategy {strategy!r} makes {layout_of(strategy)} batches but the BatchSpec has layout "
+                         f"{spec.layout!r}; build it with layout={layout_of(strategy)!r} "
+                         "(BatchSpec.from_params(params, strategy=...) does)")
+    if strategy == "bucketed" and spec.edges is None:
+        raise ValueError("strategy 'bucketed' needs edges (bucket boundaries in tokens); pass "
+                         "edges=lenbatch.optimize_boundaries(lengths, ...).edges")
+    if strategy != "bucketed" and spec.edges is not None:
         raise ValueError(f"edges are only used by strategy 'bucketed', not {strategy!r}; drop edges= or use "
                          "strategy='bucketed'")
-    return x, e
+    spec.check_lengths(x)
+    return x
+
+
+def make_spec(spec: BatchSpec | None, *, strategy: str, **kwargs: Any) -> BatchSpec:
+    """``spec`` if given (then the keyword arguments must be left at their defaults), else one built
+    from the public functions' keyword arguments (``token_budget`` ... ``min_batches``)."""
+    if spec is None:
+        return BatchSpec(layout=layout_of(strategy), **kwargs)
+    if not isinstance(spec, BatchSpec):
+        raise ValueError(f"spec must be a lenbatch.BatchSpec, got {type(spec).__name__}")
+    defaults = {"token_budget": None, "max_batch_size": None, "seed": 0, "edges": None, "packed_window": 8,
+                "min_batches": 0}
+    given = sorted(k for k, v in kwargs.items() if v is not None and (defaults[k] is None or v != defaults[k]))
+    if given:
+        raise ValueError(f"pass either spec= or the batching arguments, not both (got spec= and {given}); "
+                         "put them in the BatchSpec")
+    return spec
 
 
 def _seq_split(batch: np.ndarray, x: np.ndarray, packed: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -187,16 +196,17 @@ def assign_ranks(batches: list[np.ndarray], x: np.ndarray, world_size: int, rng:
 # --------------------------------------------------------------------------- strategies (global batch lists)
 
 
-def _sorted(x, rng, budget, mbs, **_):
-    batches = greedy_batches(np.argsort(x, kind="stable"), x, budget, mbs)
+def _sorted(x, rng, spec):
+    batches = greedy_batches(np.argsort(x, kind="stable"), x, spec.token_budget, spec.max_batch_size)
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _random(x, rng, budget, mbs, **_):
-    return greedy_batches(rng.permutation(x.size), x, budget, mbs)
+def _random(x, rng, spec):
+    return greedy_batches(rng.permutation(x.size), x, spec.token_budget, spec.max_batch_size)
 
 
-def _bucketed(x, rng, budget, mbs, edges=None, **_):
+def _bucketed(x, rng, spec):
+    edges = np.asarray(spec.edges, dtype=np.int64)
     ids = np.searchsorted(edges, x, side="right") - 1
     by_bucket = np.argsort(ids, kind="stable")
     bounds = np.searchsorted(ids[by_bucket], np.arange(len(edges)))
@@ -204,7 +214,7 @@ def _bucketed(x, rng, budget, mbs, edges=None, **_):
     for k in range(len(edges) - 1):
         members = by_bucket[bounds[k]:bounds[k + 1]]
         if members.size:
-            batches.extend(greedy_batches(rng.permutation(members), x, budget, mbs))
+            batches.extend(greedy_batches(rng.permutation(members), x, spec.token_budget, spec.max_batch_size))
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -239,11 +249,14 @@ def sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int) 
     return order
 
 
-def _sortish(x, rng, budget, mbs, **_):
-    return greedy_batches(sortish_order(x, rng, mbs), x, budget, mbs)
+def _sortish(x, rng, spec):
+    return greedy_batches(sortish_order(x, rng, spec.max_batch_size), x, spec.token_budget, spec.max_batch_size)
 
 
-def _packed(x, rng, budget, mbs, packed_window=8, **_):
+def _packed(x, rng, spec):
+    # first-fit with the spec's fits() rule inlined (rem >= L is fits(n + 1, used + L); a row is closed
+    # when it holds max_batch_size sequences): one Python loop over the epoch, so no method calls
+    budget, mbs, packed_window = spec.token_budget, spec.max_batch_size, spec.packed_window
     order = rng.permutation(x.size)
     xs = x[order].tolist()
     ids = order.tolist()
@@ -292,31 +305,32 @@ def _packed(x, rng, budget, mbs, packed_window=8, **_):
 _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish": _sortish, "packed": _packed}
 
 
-def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int,
-                   max_batch_size: int, edges: Any = None, world_size: int = 1,
-                   packed_window: int = 8, min_batches: int = 0) -> list[Plan]:
+def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int | None = None,
+                   max_batch_size: int | None = None, edges: Any = None, world_size: int = 1,
+                   packed_window: int = 8, min_batches: int = 0, spec: BatchSpec | None = None) -> list[Plan]:
     """Every rank's batches for one epoch: ``out[r]`` is rank r's list of int64 index arrays, in order.
 
+    The batching values come as keyword arguments or whole as ``spec=`` (a :class:`lenbatch.BatchSpec`).
     ``min_batches`` (default 0: off) splits the costliest batches until the epoch has at least that
     many batches (over all ranks): trainers that fix the steps per epoch from the first epoch
     (transformers' ``Trainer``) need every epoch to have the same count; see
     :func:`equal_epoch_batches`.
     """
-    x, e = validate(lengths, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
-                    edges=edges, packed_window=packed_window)
+    spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
+                     edges=edges, packed_window=packed_window, min_batches=min_batches)
+    x = check_plan(lengths, strategy=strategy, spec=spec)
     world_size = check_int("world_size", world_size, minimum=1)
     epoch = check_int("epoch", epoch, minimum=0)
-    seed = check_int("seed", seed, minimum=0)
-    rng = np.random.default_rng(seed + epoch)
-    batches = _FUNCS[strategy](x, rng, token_budget, max_batch_size, edges=e, packed_window=packed_window)
-    packed = strategy == "packed"
-    batches = split_to_multiple(batches, x, world_size, packed, check_int("min_batches", min_batches, minimum=0))
-    return [Plan(b, strategy=strategy) for b in assign_ranks(batches, x, world_size, rng, packed)]
+    rng = np.random.default_rng(spec.seed + epoch)
+    batches = _FUNCS[strategy](x, rng, spec)
+    batches = split_to_multiple(batches, x, world_size, spec.packed, spec.min_batches)
+    return [Plan(b, strategy=strategy) for b in assign_ranks(batches, x, world_size, rng, spec.packed)]
 
 
-def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int,
-               max_batch_size: int, edges: Any = None, rank: int | None = None, world_size: int | None = None,
-               packed_window: int = 8, min_batches: int = 0) -> Plan:
+def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int | None = None,
+               max_batch_size: int | None = None, edges: Any = None, rank: int | None = None,
+               world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
+               spec: BatchSpec | None = None) -> Plan:
     """This rank's batches for one epoch (list of int64 index arrays, in order). See the module doc.
 
     ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
@@ -325,18 +339,20 @@ def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, to
     rank, world_size = resolve_rank(rank, world_size)
     return plan_epoch_all(lengths, strategy=strategy, epoch=epoch, seed=seed, token_budget=token_budget,
                           max_batch_size=max_batch_size, edges=edges, world_size=world_size,
-                          packed_window=packed_window, min_batches=min_batches)[rank]
+                          packed_window=packed_window, min_batches=min_batches, spec=spec)[rank]
 
 
-def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int = 0, token_budget: int,
-                        max_batch_size: int, edges: Any = None, world_size: int = 1, packed_window: int = 8) -> int:
+def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int = 0, token_budget: int | None = None,
+                        max_batch_size: int | None = None, edges: Any = None, world_size: int = 1,
+                        packed_window: int = 8, spec: BatchSpec | None = None) -> int:
     """The ``min_batches`` that gives epochs 0..epochs-1 the same number of batches: the most any of
     them plans (over all ranks, a multiple of ``world_size``). Strategies other than ``sorted`` plan
     a different count each epoch (greedy packing of a new order). Cost: ``epochs`` plans."""
     epochs = check_int("epochs", epochs, minimum=1)
-    return max(sum(len(r) for r in plan_epoch_all(
-        lengths, strategy=strategy, epoch=e, seed=seed, token_budget=token_budget, max_batch_size=max_batch_size,
-        edges=edges, world_size=world_size, packed_window=packed_window)) for e in range(epochs))
+    spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
+                     edges=edges, packed_window=packed_window, min_batches=0)
+    return max(sum(len(r) for r in plan_epoch_all(lengths, strategy=strategy, epoch=e, world_size=world_size,
+                                                  spec=spec)) for e in range(epochs))
 
 
 # --------------------------------------------------------------------------- CLI: lenbatch plan

@@ -2,8 +2,9 @@
 
 Roles (``torchrun --nproc_per_node N -m lenbatch train ...``, env RANK/WORLD_SIZE):
 
-* ranks ``0 .. N-2`` are **target ranks**. Target rank ``r`` iterates its own
-  :class:`lenbatch.LengthBatchSampler` (``rank=r, world_size=N-1``), collates the batch
+* ranks ``0 .. N-2`` are **target ranks**. Target rank ``r`` takes its steps of the schedule
+  (:mod:`lenbatch.schedule`: the batches its ``LengthBatchSampler(rank=r, world_size=N-1)``
+  would yield), collates the batch
   (:mod:`lenbatch.collate`), runs the target forward and sends the batch and its features
   to the drafter rank (:mod:`lenbatch.transport`: header and credits on a gloo control group,
   tensors alone on the default group, deadlock-free under NCCL's rendezvous semantics). Credits
@@ -23,8 +24,8 @@ Roles (``torchrun --nproc_per_node N -m lenbatch train ...``, env RANK/WORLD_SIZ
 gloo on CPU, NCCL on GPU (``train.device``). The trained drafter keeps fp32 master weights (autocast
 to ``model.dtype``); the frozen target runs in ``model.dtype``.
 
-Stop rule: the global schedule (pure: lengths, params, target ranks) walks epochs 0, 1, ...
-(``set_epoch``) and ends at the first step at which the useful tokens trained reach
+Stop rule (:mod:`lenbatch.schedule`): the global schedule (pure: lengths, batch spec, target ranks)
+walks epochs 0, 1, ... and ends at the first step at which the useful tokens trained reach
 ``train.useful_tokens`` (or at ``--max-steps``). Every rank computes the same schedule, so no
 rank ever waits for a batch that will not come.
 
@@ -40,7 +41,7 @@ drafter-side wall time of those steps (pipeline throughput), padding efficiency,
 
 Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end; see
 :mod:`lenbatch.checkpoint`) holds the drafter, the optimizer, every target rank's sampler state
-(tracked on the drafter rank by shadow samplers that also check every received batch), the step
+(the schedule's, :meth:`lenbatch.schedule.Schedule.sampler_states`; checked against it on resume), the step
 counter, RNG states, a fingerprint of the params and the digest of the ``steps.jsonl`` lines it
 covers. One run owns OUT: the writing rank holds OUT's writer lock (:mod:`lenbatch.outputs`), and a
 fresh run first removes the previous run's checkpoint, summary and log. Anchors are drawn from
@@ -82,6 +83,7 @@ from lenbatch.hostmem import reuse_freed_memory
 from lenbatch.lifetime import die_with_parent, parent_death_signal
 from lenbatch.log import get_logger
 from lenbatch.outputs import writer_lock
+from lenbatch.schedule import Schedule, ScheduledStep, build_schedule
 from lenbatch.stepmodel import steps_cpu_share
 from lenbatch.transport import Channel, DrafterLink, TargetLink, settle
 
@@ -270,61 +272,6 @@ class TrainData:
         return out
 
 
-def make_sampler(lengths: np.ndarray, *, strategy: str, params: Params, edges: Optional[tuple[int, ...]],
-                 rank: int, world_size: int):
-    import lenbatch as lb
-
-    b = params.batching
-    return lb.LengthBatchSampler(lengths, strategy=strategy, token_budget=b.token_budget,
-                                 max_batch_size=b.max_batch_size, seed=b.seed, rank=rank, world_size=world_size,
-                                 edges=edges, packed_window=b.packed_window)
-
-
-def plan_all_ranks(lengths: np.ndarray, *, strategy: str, params: Params, edges: Optional[tuple[int, ...]],
-                   epoch: int, world_size: int) -> list[list[np.ndarray]]:
-    """Every target rank's batches of one epoch (``lenbatch.plan_epoch_all``)."""
-    import lenbatch as lb
-
-    b = params.batching
-    return lb.plan_epoch_all(lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
-                             max_batch_size=b.max_batch_size, edges=edges, world_size=world_size,
-                             packed_window=b.packed_window)
-
-
-@dataclass(frozen=True)
-class ScheduledStep:
-    step: int       # global step (drafter optimizer step)
-    epoch: int
-    rank: int       # target rank that computes it
-    local: int      # index of the batch in that rank's epoch plan
-    indices: np.ndarray
-    useful: int
-
-
-def build_schedule(lengths: np.ndarray, *, strategy: str, params: Params, edges: Optional[tuple[int, ...]],
-                   target_ranks: int, useful_tokens: int, max_steps: Optional[int] = None) -> list[ScheduledStep]:
-    """Every global step of the run: round-robin over target ranks, epochs 0, 1, ... until
-    ``useful_tokens`` useful tokens (or ``max_steps`` steps). Pure; O(epochs * plan cost)."""
-    steps: list[ScheduledStep] = []
-    done, epoch = 0, 0
-    while True:
-        plans = plan_all_ranks(lengths, strategy=strategy, params=params, edges=edges, epoch=epoch,
-                               world_size=target_ranks)
-        sizes = {len(p) for p in plans}
-        assert len(sizes) == 1, f"ranks got different batch counts {sizes}: the plan broke its contract"
-        for local in range(sizes.pop()):
-            for r in range(target_ranks):
-                idx = np.asarray(plans[r][local], dtype=np.int64)
-                useful = int(lengths[idx].sum())
-                steps.append(ScheduledStep(len(steps), epoch, r, local, idx, useful))
-                done += useful
-                if done >= useful_tokens or (max_steps is not None and len(steps) >= max_steps):
-                    return steps
-        epoch += 1
-        if epoch > 10_000:  # invariant: every epoch trains every sample once, so this cannot happen
-            raise AssertionError("schedule did not reach train.useful_tokens")
-
-
 def batch_hash(indices: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
 
@@ -442,7 +389,7 @@ class RunSetup:
     out: Path
     edges: Optional[tuple[int, ...]]
     lengths: np.ndarray
-    schedule: list[ScheduledStep]
+    schedule: Schedule
     target_ranks: int
     world_size: int
     rank: int
@@ -450,40 +397,6 @@ class RunSetup:
     resume: bool
     fp: dict[str, Any]
     channel: Any = None  # lenbatch.transport.Channel of a multi-process run
-
-
-class SamplerCursor:
-    """A sampler walked batch by batch across epochs, checked against the schedule."""
-
-    def __init__(self, sampler: Any, state: Any = None) -> None:
-        self.sampler = sampler
-        self.epoch: Optional[int] = None
-        self.it = None
-        self.restored = state is not None  # until its first batch checks out: a checkpoint's state
-        if state is not None:
-            sampler.load_state_dict(state)
-            self.epoch = int(state["epoch"]) if isinstance(state, dict) and "epoch" in state else None
-            self.it = iter(sampler)
-
-    def next(self, step: ScheduledStep) -> np.ndarray:
-        if self.epoch != step.epoch:
-            self.sampler.set_epoch(step.epoch)
-            self.epoch = step.epoch
-            self.it = iter(self.sampler)
-        assert self.it is not None
-        idx = np.asarray(next(self.it, np.zeros(0, np.int64)), dtype=np.int64)
-        if self.restored and not np.array_equal(idx, step.indices):
-            raise ValueError(f"the checkpoint's sampler state (rank {step.rank}) does not give the planned batch "
-                             f"of step {step.step}: the data, the planning code or the checkpoint changed since it "
-                             "was written; run without --resume to start afresh")
-        self.restored = False
-        if not np.array_equal(idx, step.indices):
-            raise AssertionError(f"step {step.step}: the sampler yielded a batch other than plan_epoch's "
-                                 f"(rank {step.rank}, epoch {step.epoch}, batch {step.local})")
-        return idx
-
-    def state(self) -> Any:
-        return self.sampler.state_dict()
 
 
 def _none_if_nan(x: float) -> Optional[float]:
@@ -537,23 +450,19 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     p = setup.params
     runner = StepRunner(p, device=setup.device)
     data = TrainData(setup.data, setup.lengths)
-    kind = layout_for(setup.strategy)
-    sampler = make_sampler(setup.lengths, strategy=setup.strategy, params=p, edges=setup.edges, rank=0, world_size=1)
-    start, resumed_from, state, kept = 0, None, None, None
+    start, resumed_from, kept = 0, None, None
     if setup.resume:
         ck = _load_checkpoint(setup)
         kept = resumed_log(setup.out, ck)
         restore(runner, ck)
         start = resumed_from = int(ck["step"])
-        state = ck["samplers"][0]
-    cursor = SamplerCursor(sampler, state)
+        setup.schedule.check_sampler_states(ck["samplers"], start)
     rec = Recorder(setup.out, kept=kept)
     useful_done = sum(r["useful_tokens"] for r in rec.rows)
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
-        idx = cursor.next(step)
-        batch = collate(data.samples(idx), kind=kind, token_budget=p.batching.token_budget,
-                        max_batch_size=p.batching.max_batch_size, indices=idx)
+        idx = step.indices
+        batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
         feats, t_s = runner.target_step(batch)
         t_cpu = runner.last_cpu_s
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
@@ -564,8 +473,9 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         _progress(step, len(setup.schedule), loss, useful_done, t)
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
-                            sampler_states=[cursor.state()], fp=setup.fp, log_sha256=rec.log_sha256())
-    return _finish(setup, runner, rec, [cursor.state()], resumed_from=resumed_from)
+                            sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
+                            log_sha256=rec.log_sha256())
+    return _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from)
 
 
 def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
@@ -590,6 +500,7 @@ def _share_resume(setup: RunSetup, runner: Optional[StepRunner]
             kept = resumed_log(setup.out, ck)
             assert runner is not None
             restore(runner, ck)
+            setup.schedule.check_sampler_states(ck["samplers"], int(ck["step"]))
             payload = [{"step": int(ck["step"]), "samplers": ck["samplers"]}]
         except ValueError as err:
             payload = [{"error": str(err)}]
@@ -607,19 +518,14 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     drafter_rank = setup.world_size - 1
     runner = StepRunner(p, device=setup.device, role="target")
     data = TrainData(setup.data, setup.lengths)
-    kind = layout_for(setup.strategy)
-    start, states, _ = _share_resume(setup, None)
-    sampler = make_sampler(setup.lengths, strategy=setup.strategy, params=p, edges=setup.edges, rank=setup.rank,
-                           world_size=setup.target_ranks)
-    cursor = SamplerCursor(sampler, states[setup.rank] if states else None)
+    start, _, _ = _share_resume(setup, None)
     mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
     link = TargetLink(setup.channel, dst=drafter_rank, queue_size=q, comm_device=comm_device)
     t_start = time.perf_counter()
     useful_done = 0
     for step in mine:
-        idx = cursor.next(step)
-        batch = collate(data.samples(idx), kind=kind, token_budget=p.batching.token_budget,
-                        max_batch_size=p.batching.max_batch_size, indices=idx)
+        idx = step.indices
+        batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
         feats, t_s = runner.target_step(batch)
         credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
         meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9), 0]
@@ -636,11 +542,8 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
     (:class:`lenbatch.transport.DrafterLink`)."""
     p = setup.params
     runner = StepRunner(p, device=setup.device, role="drafter")
-    start, states, kept = _share_resume(setup, runner)
+    start, _, kept = _share_resume(setup, runner)
     resumed_from = start if setup.resume else None
-    shadows = [SamplerCursor(make_sampler(setup.lengths, strategy=setup.strategy, params=p, edges=setup.edges,
-                                          rank=r, world_size=setup.target_ranks), states[r] if states else None)
-               for r in range(setup.target_ranks)]
     rec = Recorder(setup.out, kept=kept)
     link = DrafterLink(setup.channel, comm_device=comm_device)
     last_loss = float("nan")
@@ -654,8 +557,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         wait_s = time.perf_counter() - t0
         epoch, gstep, t_ns, credit_ns, t_cpu_ns = meta[:5]
         assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
-        idx = shadows[step.rank].next(step)
-        if not np.array_equal(batch.indices.cpu().numpy(), idx):
+        if not np.array_equal(batch.indices.cpu().numpy(), step.indices):
             raise AssertionError(f"step {step.step}: received a batch other than the planned one")
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
         last_loss = loss
@@ -664,8 +566,9 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
                      loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9))
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
-                            sampler_states=[s.state() for s in shadows], fp=setup.fp, log_sha256=rec.log_sha256())
-    summary = _finish(setup, runner, rec, [s.state() for s in shadows], resumed_from=resumed_from)
+                            sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
+                            log_sha256=rec.log_sha256())
+    summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from)
     link.close()
     return summary
 
