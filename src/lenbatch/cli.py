@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plans": ("lenbatch.plans", "simulate every strategy: padding efficiency, budget fill, diversity"),
     "profile": ("lenbatch.profile", "time the target + drafter step on a grid of batch shapes"),
     "train": ("lenbatch.train", "train the drafter with one batching strategy and measure throughput"),
-    "verify-packing": ("lenbatch.packing", "check that a packed forward equals the per-sequence forwards"),
+    "verify-packing": ("lenbatch.verify", "check that a packed forward equals the per-sequence forwards"),
     "quality": ("lenbatch.quality", "held-out loss over seeds and gradient quality of every strategy"),
     "compare": ("lenbatch.compare", "predicted vs measured throughput, frontier plot and report"),
     "params": ("lenbatch.config", "validate a params file, or print its resolved values or JSON schema"),
