@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # name -> (module, one-line help). Order is the order of the DAG.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,6 +40,45 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # writes into a staging directory that replaces --out only when it succeeds, under a one-writer lock.
 # train appends across --resume and takes its own lock (on the rank that writes).
 STAGED = frozenset({"tokenize", "stats", "boundaries", "plan", "plans", "profile", "compare"})
+
+
+# --------------------------------------------------------------------------- helpers every stage shares
+
+
+def write_json(path: Path, data: Any) -> None:
+    """``data`` as indented JSON (with a final newline) at ``path``, its folder created. O(size)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def read_edges(boundaries: str | None, strategy: str) -> tuple[int, ...] | None:
+    """Bucket edges (tokens) from the boundaries stage's ``boundaries.json``; only ``bucketed`` reads
+    them (None for every other strategy). ``ValueError`` naming the file and the rerun otherwise."""
+    if strategy != "bucketed":
+        return None
+    if not boundaries:
+        raise ValueError("strategy 'bucketed' needs bucket edges; pass --boundaries "
+                         "results/boundaries/boundaries.json (run 'lenbatch boundaries' first)")
+    path = Path(boundaries)
+    if not path.exists():
+        raise ValueError(f"--boundaries {path} does not exist; run 'lenbatch boundaries' first")
+    edges = json.loads(path.read_text()).get("edges")
+    if not edges:
+        raise ValueError(f"{path} has no 'edges'; regenerate it with 'lenbatch boundaries'")
+    return tuple(int(e) for e in edges)
+
+
+def read_lengths(data: Path) -> np.ndarray:
+    """``lengths.npy`` of the tokenize stage's output folder ``data`` (int64 tokens per sample)."""
+    import numpy as np
+
+    path = Path(data) / "lengths.npy"
+    if not path.exists():
+        raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
+    return np.load(path).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- dispatch
 
 
 class _Failed(Exception):

@@ -65,6 +65,8 @@ import numpy as np
 import torch
 
 from lenbatch.checkpoint import fingerprint, load_checkpoint, restore, save_checkpoint, start_fresh
+from lenbatch.cli import read_edges as load_edges
+from lenbatch.cli import read_lengths as load_lengths
 from lenbatch.collate import collate, layout_for
 from lenbatch.config import STRATEGY_NAMES, Params, add_params_argument, load_params, write_resolved
 from lenbatch.lifetime import die_with_parent, parent_death_signal
@@ -78,29 +80,6 @@ log = get_logger("train")
 
 
 # --------------------------------------------------------------------------- data, plan, schedule
-
-
-def load_lengths(data: Path) -> np.ndarray:
-    path = data / "lengths.npy"
-    if not path.exists():
-        raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
-    return np.load(path).astype(np.int64)
-
-
-def load_edges(boundaries: Optional[str], strategy: str) -> Optional[tuple[int, ...]]:
-    """Bucket edges from boundaries.json (only the bucketed strategy reads them)."""
-    if strategy != "bucketed":
-        return None
-    if not boundaries:
-        raise ValueError("strategy 'bucketed' needs bucket edges; pass --boundaries "
-                         "results/boundaries/boundaries.json (run 'lenbatch boundaries' first)")
-    path = Path(boundaries)
-    if not path.exists():
-        raise ValueError(f"--boundaries {path} does not exist; run 'lenbatch boundaries' first")
-    edges = json.loads(path.read_text()).get("edges")
-    if not edges:
-        raise ValueError(f"{path} has no 'edges'; regenerate it with 'lenbatch boundaries'")
-    return tuple(int(e) for e in edges)
 
 
 class TrainData:
