@@ -78,6 +78,74 @@ def read_lengths(data: Path) -> np.ndarray:
     return np.load(path).astype(np.int64)
 
 
+# --------------------------------------------------------------------------- stages' flags kept here
+# A stage listed in FLAGS has its flags and its glue here, and exposes a plain keyword-argument function
+# (``lenbatch.train.train``); the others still register their own flags (``module.register``). The glue
+# reaches the stage module through importlib (the module COMMANDS names), never an ``import`` statement:
+# cli.py is part of every stage's code dependencies (lenbatch.deps), so an import here would make every
+# stage depend on every other.
+
+
+def _stage(name: str) -> Any:
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def _train_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.config import STRATEGY_NAMES, add_params_argument
+
+    add_params_argument(parser)
+    parser.add_argument("--strategy", required=True, help=f"batching strategy: one of {', '.join(STRATEGY_NAMES)}")
+    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
+    parser.add_argument("--boundaries", default=None, help="boundaries.json (needed by the bucketed strategy)")
+    parser.add_argument("--out", required=True, help="output directory (steps.jsonl, summary.json, checkpoint.pt)")
+    parser.add_argument("--useful-tokens", type=int, default=None, help="override train.useful_tokens (tokens)")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many global steps (total, "
+                        "counting steps before a resume)")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    parser.set_defaults(func=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    """``lenbatch train``: without torchrun and with ``train.nproc > 1``, re-executes itself under
+    ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged); else trains
+    in this process (:func:`lenbatch.train.train`)."""
+    from lenbatch.config import params_from_args
+
+    stage = _stage("train")
+    overrides = {"train": {"useful_tokens": args.useful_tokens}} if args.useful_tokens is not None else {}
+    params = params_from_args(args, overrides)
+    stage.check_request(strategy=args.strategy, max_steps=args.max_steps)
+    under_torchrun = stage.torchrun_world()[0]
+    if not under_torchrun and params.train.nproc > 1:
+        return _relaunch_train(args, params.train.nproc, parent_death_signal=stage.parent_death_signal)
+    return stage.train(params=params, strategy=args.strategy, data=args.data, out=args.out,
+                       boundaries=args.boundaries, max_steps=args.max_steps, resume=args.resume)
+
+
+def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal: Any) -> int:
+    import subprocess
+
+    from lenbatch.log import get_logger
+
+    argv = ["train", "--params", *args.params, "--strategy", args.strategy, "--data", args.data, "--out", args.out]
+    if args.boundaries:
+        argv += ["--boundaries", args.boundaries]
+    if args.useful_tokens is not None:
+        argv += ["--useful-tokens", str(args.useful_tokens)]
+    if args.max_steps is not None:
+        argv += ["--max-steps", str(args.max_steps)]
+    if args.resume:
+        argv.append("--resume")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "lenbatch", *argv]
+    get_logger("train").info("train.nproc=%d and no torchrun environment: running %s", nproc, " ".join(cmd))
+    # the launcher dies with us, and its workers with it (lenbatch.lifetime)
+    return subprocess.call(cmd, preexec_fn=parent_death_signal)
+
+
+FLAGS: dict[str, Any] = {"train": _train_flags}
+
+
 # --------------------------------------------------------------------------- dispatch
 
 
@@ -131,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=f"lenbatch {name}", description=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    module.register(parser)
+    FLAGS[name](parser) if name in FLAGS else module.register(parser)
     args = parser.parse_args(argv[1:])
     try:
         if name in STAGED and getattr(args, "out", None):

@@ -162,5 +162,12 @@ def init_process_group(device: torch.device, world: int) -> torch.device:
     return device if backend == "nccl" else torch.device("cpu")
 
 
+def torchrun_world() -> tuple[bool, int, int]:
+    """(started by torchrun, world size, rank) from the environment torchrun sets (RANK, WORLD_SIZE)."""
+    under = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    return under, (int(os.environ.get("WORLD_SIZE", "1")) if under else 1), (int(os.environ.get("RANK", "0"))
+                                                                            if under else 0)
+
+
 __all__ = ["SHARE_GPU_ENV", "StepRunner", "configure_process", "init_process_group", "ranks_per_device",
-           "resolve_device"]
+           "resolve_device", "torchrun_world"]

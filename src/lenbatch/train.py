@@ -50,12 +50,9 @@ the remaining batches and losses.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,12 +65,19 @@ from lenbatch.checkpoint import fingerprint, load_checkpoint, restore, save_chec
 from lenbatch.cli import read_edges as load_edges
 from lenbatch.cli import read_lengths as load_lengths
 from lenbatch.collate import collate, layout_for
-from lenbatch.config import STRATEGY_NAMES, Params, add_params_argument, load_params, write_resolved
-from lenbatch.lifetime import die_with_parent, parent_death_signal
+from lenbatch.config import STRATEGY_NAMES, Params, write_resolved
+from lenbatch.lifetime import die_with_parent, parent_death_signal  # noqa: F401 (the CLI's relaunch uses it)
 from lenbatch.log import get_logger
 from lenbatch.outputs import writer_lock
 from lenbatch.records import Recorder, _log_summary, _row, batch_hash, resumed_log  # noqa: F401 (batch_hash: re-export)
-from lenbatch.runner import StepRunner, configure_process, init_process_group, ranks_per_device, resolve_device
+from lenbatch.runner import (
+    StepRunner,
+    configure_process,
+    init_process_group,
+    ranks_per_device,
+    resolve_device,
+    torchrun_world,
+)
 from lenbatch.transport import Channel, DrafterLink, TargetLink, settle
 
 log = get_logger("train")
@@ -389,72 +393,34 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
     return summary
 
 
-# --------------------------------------------------------------------------- CLI
+# --------------------------------------------------------------------------- the stage
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    train: dict[str, Any] = {}
-    if args.useful_tokens is not None:
-        train["useful_tokens"] = args.useful_tokens
-    return {"train": train} if train else {}
+def check_request(*, strategy: str, max_steps: Optional[int]) -> None:
+    """Refuse a strategy or step limit that cannot run (``ValueError`` naming the fix)."""
+    if strategy not in STRATEGY_NAMES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {max_steps}")
 
 
-def _load_params(args: argparse.Namespace) -> Params:
-    from lenbatch import config
-
-    fn = getattr(config, "params_from_args", None)
-    if fn is not None:
-        return fn(args, _overrides(args))
-    return load_params(*args.params, overrides=_overrides(args) or None)
-
-
-def register(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    parser.add_argument("--strategy", required=True, help=f"batching strategy: one of {', '.join(STRATEGY_NAMES)}")
-    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
-    parser.add_argument("--boundaries", default=None, help="boundaries.json (needed by the bucketed strategy)")
-    parser.add_argument("--out", required=True, help="output directory (steps.jsonl, summary.json, checkpoint.pt)")
-    parser.add_argument("--useful-tokens", type=int, default=None, help="override train.useful_tokens (tokens)")
-    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many global steps (total, "
-                        "counting steps before a resume)")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    parser.set_defaults(func=run)
-
-
-def _reexec_under_torchrun(args: argparse.Namespace, nproc: int) -> int:
-    argv = ["train", "--params", *args.params, "--strategy", args.strategy, "--data", args.data, "--out", args.out]
-    if args.boundaries:
-        argv += ["--boundaries", args.boundaries]
-    if args.useful_tokens is not None:
-        argv += ["--useful-tokens", str(args.useful_tokens)]
-    if args.max_steps is not None:
-        argv += ["--max-steps", str(args.max_steps)]
-    if args.resume:
-        argv.append("--resume")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "lenbatch", *argv]
-    log.info("train.nproc=%d and no torchrun environment: running %s", nproc, " ".join(cmd))
-    # the launcher dies with us, and its workers with it (lenbatch.lifetime)
-    return subprocess.call(cmd, preexec_fn=parent_death_signal)
-
-
-def run(args: argparse.Namespace) -> int:
-    """``lenbatch train``; the process that writes ``--out`` holds its writer lock until it returns."""
+def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, boundaries: Optional[str] = None,
+          max_steps: Optional[int] = None, resume: bool = False) -> int:
+    """``lenbatch train`` in this process (one of torchrun's, or the only one with ``train.nproc: 1``):
+    trains ``strategy`` until ``train.useful_tokens`` (or ``max_steps`` global steps), writing ``out``
+    on the drafter rank, which holds ``out``'s writer lock until it returns. Returns the exit code."""
     with contextlib.ExitStack() as stack:
-        return _run(args, stack)
+        return _train(stack, params=params, strategy=strategy, data=data, out=out, boundaries=boundaries,
+                      max_steps=max_steps, resume=resume)
 
 
-def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
-    params = _load_params(args)
-    if args.strategy not in STRATEGY_NAMES:
-        raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    world = int(os.environ.get("WORLD_SIZE", "1")) if under_torchrun else 1
-    rank = int(os.environ.get("RANK", "0")) if under_torchrun else 0
+def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: str | Path, out: str | Path,
+           boundaries: Optional[str], max_steps: Optional[int], resume: bool) -> int:
+    check_request(strategy=strategy, max_steps=max_steps)
+    under_torchrun, world, rank = torchrun_world()
     if not under_torchrun and params.train.nproc > 1:
-        return _reexec_under_torchrun(args, params.train.nproc)
+        raise ValueError(f"train.nproc is {params.train.nproc}: start this under torchrun (--nproc_per_node "
+                         f"{params.train.nproc}); 'lenbatch train' does that for you")
     if under_torchrun and world != params.train.nproc:
         raise ValueError(f"torchrun started {world} processes but train.nproc is {params.train.nproc}: the roles "
                          f"({params.train.nproc - 1} target ranks + 1 drafter rank) do not fit; launch with "
@@ -462,9 +428,9 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if under_torchrun:  # a killed launcher must not leave its workers training
         die_with_parent()
     configure_process(params)
-    data = Path(args.data)
+    data = Path(data)
     lengths = load_lengths(data)
-    edges = load_edges(args.boundaries, args.strategy)
+    edges = load_edges(boundaries, strategy)
     if len(lengths) == 0:
         raise ValueError(f"{data}/lengths.npy is empty; tokenize some data first")
     too_long = int((lengths > params.batching.token_budget).sum())
@@ -478,18 +444,18 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
         check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
                    ranks_per_device=ranks_per_device(world), single_process=world == 1)
-    schedule = build_schedule(lengths, strategy=args.strategy, params=params, edges=edges, target_ranks=target_ranks,
-                              useful_tokens=params.train.useful_tokens, max_steps=args.max_steps)
-    out = Path(args.out)
+    schedule = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
+                              useful_tokens=params.train.useful_tokens, max_steps=max_steps)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if rank == world - 1:  # the drafter rank (or the single process) writes OUT: one such run at a time
         stack.enter_context(writer_lock(out, stage="train"))
-        if not args.resume:  # a fresh run owns OUT from its first step (lenbatch.checkpoint)
+        if not resume:  # a fresh run owns OUT from its first step (lenbatch.checkpoint)
             start_fresh(out)
-    fp = fingerprint(params, strategy=args.strategy, edges=edges, lengths=lengths, target_ranks=target_ranks)
-    setup = RunSetup(params, args.strategy, data, out, edges, lengths, schedule, target_ranks, world, rank, device,
-                     args.resume, fp)
-    log.info("%s: %d steps planned (%s useful tokens, %d target rank(s) + 1 drafter %s, %s)", args.strategy,
+    fp = fingerprint(params, strategy=strategy, edges=edges, lengths=lengths, target_ranks=target_ranks)
+    setup = RunSetup(params, strategy, data, out, edges, lengths, schedule, target_ranks, world, rank, device,
+                     resume, fp)
+    log.info("%s: %d steps planned (%s useful tokens, %d target rank(s) + 1 drafter %s, %s)", strategy,
              len(schedule), f"{sum(s.useful for s in schedule):,}", target_ranks,
              "rank" if world > 1 else "in the same process", device)
     if world == 1:
@@ -513,4 +479,4 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     return 0
 
 
-__all__ = ["StepRunner", "build_schedule", "fingerprint", "register", "run"]
+__all__ = ["StepRunner", "build_schedule", "check_request", "fingerprint", "train"]
