@@ -143,7 +143,49 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
     return subprocess.call(cmd, preexec_fn=parent_death_signal)
 
 
-FLAGS: dict[str, Any] = {"train": _train_flags}
+def _profile_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.config import add_params_argument
+
+    add_params_argument(parser)
+    parser.add_argument("--repeats", type=int, default=None, help="override profile.repeats")
+    parser.add_argument("--out", default="results/profile", help="output folder")
+    parser.set_defaults(func=_profile)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from lenbatch.config import params_from_args
+
+    overrides = {"profile": {"repeats": args.repeats}} if args.repeats is not None else None
+    return _stage("profile").run(params=params_from_args(args, overrides), out=args.out)
+
+
+def _compare_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.config import add_params_argument
+
+    add_params_argument(parser)
+    parser.add_argument("--stats", default="results/stats", help="stats stage output folder")
+    parser.add_argument("--boundaries", default="results/boundaries", help="boundaries stage output folder")
+    parser.add_argument("--plans", default="results/plans", help="plans stage output folder")
+    parser.add_argument("--profile", default="results/profile", help="profile stage output folder")
+    parser.add_argument("--train", default="results/train", help="folder of the train stage's <strategy>/ folders")
+    parser.add_argument("--data", default="results/tokenize",
+                        help="tokenize stage output the runs trained on: lengths.npy (to rebuild the planned "
+                        "batches) and dataset/ (loss masks: the drafter's exact anchors; estimated without it)")
+    parser.add_argument("--quality", default="results/quality", help="quality stage output folder (quality.json)")
+    parser.add_argument("--out", default="results/compare", help="output folder")
+    parser.set_defaults(func=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from lenbatch.config import params_from_args
+
+    return _stage("compare").run(params=params_from_args(args), stats=Path(args.stats),
+                                 boundaries=Path(args.boundaries), plans=Path(args.plans),
+                                 profile=Path(args.profile), train=Path(args.train), data=Path(args.data),
+                                 quality=Path(args.quality), out=Path(args.out))
+
+
+FLAGS: dict[str, Any] = {"profile": _profile_flags, "train": _train_flags, "compare": _compare_flags}
 
 
 # --------------------------------------------------------------------------- dispatch

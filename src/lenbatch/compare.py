@@ -17,7 +17,6 @@ data ``frontier.json``, ``throughput.json``. This module predicts and builds a t
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import numpy as np
 
 from lenbatch import quality_report as qr
 from lenbatch import stepmodel as sm
-from lenbatch.config import Params, params_from_args
+from lenbatch.config import Params
 from lenbatch.log import get_logger
 from lenbatch.report import CompareResult, Recommendation, StrategyRow, busy_machine, write_outputs
 
@@ -511,34 +510,19 @@ def recommend(rows: dict[str, StrategyRow], ksweep: list[dict], *, params: Param
 # --------------------------------------------------------------------------- CLI
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import add_params_argument
-
-    add_params_argument(parser)
-    parser.add_argument("--stats", default="results/stats", help="stats stage output folder")
-    parser.add_argument("--boundaries", default="results/boundaries", help="boundaries stage output folder")
-    parser.add_argument("--plans", default="results/plans", help="plans stage output folder")
-    parser.add_argument("--profile", default="results/profile", help="profile stage output folder")
-    parser.add_argument("--train", default="results/train", help="folder of the train stage's <strategy>/ folders")
-    parser.add_argument("--data", default="results/tokenize",
-                        help="tokenize stage output the runs trained on: lengths.npy (to rebuild the planned "
-                        "batches) and dataset/ (loss masks: the drafter's exact anchors; estimated without it)")
-    parser.add_argument("--quality", default="results/quality", help="quality stage output folder (quality.json)")
-    parser.add_argument("--out", default="results/compare", help="output folder")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    params = params_from_args(args)
-    result = compare(params=params, stats_dir=Path(args.stats), boundaries_dir=Path(args.boundaries),
-                     plans_dir=Path(args.plans), profile_dir=Path(args.profile), train_dir=Path(args.train),
-                     data_dir=Path(args.data), quality_dir=Path(args.quality))
-    metrics = write_outputs(result, Path(args.out), params=params)
+def run(*, params: Params, stats: Path, boundaries: Path, plans: Path, profile: Path, train: Path, data: Path,
+        quality: Path, out: Path) -> int:
+    """``lenbatch compare``: predict from the stage outputs in the given folders and write every output
+    into ``out`` (:func:`lenbatch.report.write_outputs`). Returns the exit code."""
+    result = compare(params=params, stats_dir=Path(stats), boundaries_dir=Path(boundaries),
+                     plans_dir=Path(plans), profile_dir=Path(profile), train_dir=Path(train),
+                     data_dir=Path(data), quality_dir=Path(quality))
+    metrics = write_outputs(result, Path(out), params=params)
     for s, r in result.rows.items():
         log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%", s, r.predicted_tok_s,
                  r.measured_tok_s, 100 * r.prediction_error)
     log.info("recommended: %s, K = %s; max |error| %.1f%%; wrote %s", metrics["recommended.strategy"],
-             metrics["recommended.num_buckets"], 100 * metrics["max_abs_prediction_error"], args.out)
+             metrics["recommended.num_buckets"], 100 * metrics["max_abs_prediction_error"], out)
     low = busy_machine(result)
     if low:
         log.warning("busy machine: %s of its cores; prediction errors mix other work with model error. Rerun on a "

@@ -33,7 +33,6 @@ about 90 s for the CPU default's 20 points.
 
 from __future__ import annotations
 
-import argparse
 import json
 import queue as _queue
 import time
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lenbatch.config import Params, add_params_argument, params_from_args, write_resolved
+from lenbatch.config import Params, write_resolved
 from lenbatch.log import get_logger
 from lenbatch.stepmodel import CPU_SHARE_WARN, batch_columns, drafter_work, grid_cpu_share, grid_shape
 
@@ -307,20 +306,13 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
     return rows
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    parser.add_argument("--repeats", type=int, default=None, help="override profile.repeats")
-    parser.add_argument("--out", default="results/profile", help="output folder")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    overrides = {"profile": {"repeats": args.repeats}} if args.repeats is not None else None
-    params = params_from_args(args, overrides)
+def run(*, params: Params, out: str | Path) -> int:
+    """``lenbatch profile``: time the grid on ``train.device`` and write ``out/grid.json`` (and the
+    resolved params). Returns the exit code."""
     t0 = time.perf_counter()
     rows = profile(params, device=params.train.device)
     seconds = time.perf_counter() - t0
-    out = Path(args.out)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grid.json").write_text(json.dumps(rows, indent=1) + "\n")
     write_resolved(params, out)
