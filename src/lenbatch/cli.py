@@ -115,9 +115,9 @@ def _train(args: argparse.Namespace) -> int:
     overrides = {"train": {"useful_tokens": args.useful_tokens}} if args.useful_tokens is not None else {}
     params = params_from_args(args, overrides)
     stage.check_request(strategy=args.strategy, max_steps=args.max_steps)
-    under_torchrun = stage.torchrun_world()[0]
-    if not under_torchrun and params.train.nproc > 1:
-        return _relaunch_train(args, params.train.nproc, parent_death_signal=stage.parent_death_signal)
+    nproc = stage.launcher_processes(params)
+    if nproc:
+        return _relaunch_train(args, nproc, parent_death_signal=stage.parent_death_signal)
     return stage.train(params=params, strategy=args.strategy, data=args.data, out=args.out,
                        boundaries=args.boundaries, max_steps=args.max_steps, resume=args.resume)
 

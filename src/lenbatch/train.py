@@ -404,6 +404,12 @@ def check_request(*, strategy: str, max_steps: Optional[int]) -> None:
         raise ValueError(f"--max-steps must be >= 1, got {max_steps}")
 
 
+def launcher_processes(params: Params) -> Optional[int]:
+    """``train.nproc`` when this process must start torchrun with that many processes (not started by
+    torchrun, ``train.nproc > 1``); None when it trains itself."""
+    return params.train.nproc if not torchrun_world()[0] and params.train.nproc > 1 else None
+
+
 def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, boundaries: Optional[str] = None,
           max_steps: Optional[int] = None, resume: bool = False) -> int:
     """``lenbatch train`` in this process (one of torchrun's, or the only one with ``train.nproc: 1``):
@@ -479,4 +485,4 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     return 0
 
 
-__all__ = ["StepRunner", "build_schedule", "check_request", "fingerprint", "train"]
+__all__ = ["StepRunner", "build_schedule", "check_request", "fingerprint", "launcher_processes", "train"]
