@@ -306,7 +306,8 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
                         and (p["length_mixing"] > on["length_mixing"] or p["efficiency"] > on["efficiency"])]
         where = ("on the Pareto front of efficiency vs length mixing" if on["pareto_mixing"]
                  else f"behind the Pareto front (dominated by {', '.join(dominated_by[:3])})")
-        text += (f" The study's choice, K = {study}, sits {where}: simulated efficiency {_pct(e['simulated_efficiency'])}, "
+        text += (f" The study's choice, K = {study}, sits {where}: simulated efficiency "
+                 f"{_pct(e['simulated_efficiency'])}, "
                  f"length mixing {e['length_mixing']:.3f}, predicted {_pct(e['predicted_ratio_to_sorted'])} "
                  "of sorted")
         if on.get("pareto_padded") is not None:
@@ -411,8 +412,8 @@ def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
     lines += ["", "## Step-time model", "",
               f"Fitted by non-negative least squares on relative error over {result.grid_points} profile grid "
               f"points (never on the runs it predicts); each candidate feature set scored on "
-              f"{_pct(params.compare.holdout_fraction)} held-out points over {sm.HOLDOUT_SPLITS} random splits. A larger set "
-              f"must lower the best held-out error by {_share_words(sm.MIN_GAIN_RELATIVE)} (and at least "
+              f"{_pct(params.compare.holdout_fraction)} held-out points over {sm.HOLDOUT_SPLITS} random splits. A "
+              f"larger set must lower the best held-out error by {_share_words(sm.MIN_GAIN_RELATIVE)} (and at least "
               f"{100 * sm.MIN_GAIN_ABSOLUTE:g} points) to be chosen.", "",
               "| role | features | held-out mean error | held-out worst | fit error | chosen |",
               "|---|---|---|---|---|---|"]
