@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         target.features(x["input_ids"], attention_mask=x.get("attention_mask"), cu_seqlens=x.get("cu_seqlens"))
 
     def hf(x: dict) -> None:
-        from lenbatch.packing import torch_reference_kernels
+        from lenbatch.varlen import torch_reference_kernels
 
         # transformers' torch kernels, as on a CPU box without fla (fla, if installed, needs a GPU)
         with torch.inference_mode(), torch_reference_kernels():

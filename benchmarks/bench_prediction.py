@@ -128,20 +128,20 @@ def main() -> int:
                 other = compare(params=mode_params[m], stats_dir=work / "stats", boundaries_dir=work / "boundaries",
                                 plans_dir=work / "plans", profile_dir=work / f"profile_{i}",
                                 train_dir=work / f"train_rep{j}", data_dir=data)
-                for s, r in other["rows"].items():
-                    by_mode[m][s][i, j] = r["predicted_tok_s"]
+                for s, r in other.rows.items():
+                    by_mode[m][s][i, j] = r.predicted_tok_s
             result = compare(params=params, stats_dir=work / "stats", boundaries_dir=work / "boundaries",
                              plans_dir=work / "plans", profile_dir=work / f"profile_{i}",
                              train_dir=work / f"train_rep{j}", data_dir=data)
-            for s, r in result["rows"].items():
-                pred[s][i, j] = r["predicted_tok_s"]
-                meas[s][j] = r["measured_tok_s"]
+            for s, r in result.rows.items():
+                pred[s][i, j] = r.predicted_tok_s
+                meas[s][j] = r.measured_tok_s
                 if i == j:
                     diag[s].append({k: r[k] for k in ("target_step_ratio", "drafter_step_ratio", "pipeline_error",
                                                       "target_cpu_share", "drafter_cpu_share", "prediction_error")})
             if j == 0:
                 fits.append({role: {"model": f["best"].name, "holdout_error": f["best"].holdout_error}
-                             for role, f in result["fits"].items()})
+                             for role, f in result.fits.items()})
 
     print()
     for i, (f, sh_) in enumerate(zip(fits, shares)):

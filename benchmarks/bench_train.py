@@ -49,7 +49,8 @@ def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
     import lenbatch as lb
     from lenbatch.collate import collate, layout_for
     from lenbatch.config import load_params
-    from lenbatch.train import StepRunner, TrainData
+    from lenbatch.runner import StepRunner
+    from lenbatch.train import TrainData
 
     params = load_params(*args.params)
     torch.set_num_threads(params.train.threads)

@@ -19,7 +19,7 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from lenbatch import packing  # noqa: E402
+from lenbatch import varlen, verify  # noqa: E402
 
 LENGTHS = [37, 64, 20]
 
@@ -36,7 +36,7 @@ def _inputs(seed: int = 0):
 
 
 def _segs(cu: torch.Tensor, n: int, *, boundaries: bool = True):
-    return packing.make_segments(torch.zeros(1, n, dtype=torch.int64), cu_seqlens=cu, boundaries=boundaries)
+    return varlen.make_segments(torch.zeros(1, n, dtype=torch.int64), cu_seqlens=cu, boundaries=boundaries)
 
 
 def _max(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -49,10 +49,10 @@ def delta_rule() -> dict:
     cu64 = torch.tensor([0, 37, 101, 121], dtype=torch.int64)
     starts = cu64[:-1].tolist()
     out = {}
-    packing.set_kernel_backend("torch")
-    ref = packing.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n))
-    packing.set_kernel_backend("fla")
-    fla = packing._fla_chunk()
+    varlen.set_kernel_backend("torch")
+    ref = varlen.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n))
+    varlen.set_kernel_backend("fla")
+    fla = varlen._fla_chunk()
     for name, cu in (("int64", cu64), ("int32", cu64.to(torch.int32))):
         o, _ = fla(q=q, k=k, v=v, g=g, beta=beta, initial_state=None, output_final_state=False,
                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
@@ -66,11 +66,11 @@ def delta_rule() -> dict:
                    output_final_state=False, use_qk_l2norm_in_kernel=True)
         alone.append(o)
     out["fla_packed_vs_fla_alone"] = _max(packed, torch.cat(alone, 1))
-    through = packing.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n))  # lenbatch's fla path
+    through = varlen.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n))  # lenbatch's fla path
     out["lenbatch_fla_vs_torch"] = _max(through, ref)
-    leaked = packing.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n, boundaries=False))
+    leaked = varlen.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n, boundaries=False))
     out["fla_without_boundaries_vs_torch"] = _max(leaked, ref)
-    packing.set_kernel_backend("auto")
+    varlen.set_kernel_backend("auto")
     return out
 
 
@@ -80,15 +80,15 @@ def conv() -> dict:
     x = torch.randn(1, n, c, generator=gen)
     w = torch.randn(c, kernel, generator=gen)
     cu64 = torch.tensor([0, 37, 101, 121], dtype=torch.int64)
-    packing.set_kernel_backend("torch")
-    ref = packing.causal_conv(x, w, _segs(cu64, n))
-    packing.set_kernel_backend("fla")
-    through = packing.causal_conv(x, w, _segs(cu64, n))
-    fn = packing._fla_conv()
+    varlen.set_kernel_backend("torch")
+    ref = varlen.causal_conv(x, w, _segs(cu64, n))
+    varlen.set_kernel_backend("fla")
+    through = varlen.causal_conv(x, w, _segs(cu64, n))
+    fn = varlen._fla_conv()
     y32 = fn(x=x, weight=w, bias=None, activation="silu", cu_seqlens=cu64.to(torch.int32))
     y32 = y32[0] if isinstance(y32, tuple) else y32
-    leaked = packing.causal_conv(x, w, _segs(cu64, n, boundaries=False))
-    packing.set_kernel_backend("auto")
+    leaked = varlen.causal_conv(x, w, _segs(cu64, n, boundaries=False))
+    varlen.set_kernel_backend("auto")
     return {"conv_fla_vs_torch": _max(through, ref), "conv_fla_int32_vs_torch": _max(y32, ref),
             "conv_fla_without_boundaries_vs_torch": _max(leaked, ref),
             "conv_backend": "fla" if fn is not None else "torch"}
@@ -103,9 +103,9 @@ def model() -> dict:
                       num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
                       linear_key_head_dim=16, linear_value_head_dim=16, target_layers=(0, 1))
     target = build_target(cfg)
-    packing.set_kernel_backend("fla")
-    res = packing.verify_packing(target, LENGTHS, seed=0)
-    packing.set_kernel_backend("auto")
+    varlen.set_kernel_backend("fla")
+    res = verify.verify_packing(target, LENGTHS, seed=0)
+    varlen.set_kernel_backend("auto")
     return {"model_" + k: v for k, v in res["max_abs_diff"].items()} | {"model_backend": res["backend"]}
 
 

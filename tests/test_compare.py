@@ -7,6 +7,7 @@ stage's prediction can be checked exactly against the "measured" runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,8 +19,9 @@ import yaml
 
 import lenbatch as lb
 from lenbatch import stepmodel as sm
-from lenbatch.compare import ACK_EVERY, busy_machine, compare, write_outputs
+from lenbatch.compare import ACK_EVERY, compare
 from lenbatch.config import load_params
+from lenbatch.report import busy_machine, write_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
@@ -147,19 +149,19 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     result = _run(root, params)
     for s in STRATEGIES:
         # the grid follows the same law as the runs, so the prediction must match the measurement
-        assert abs(result["rows"][s]["prediction_error"]) < 0.01, (s, result["rows"][s]["prediction_error"])
+        assert abs(result.rows[s].prediction_error) < 0.01, (s, result.rows[s].prediction_error)
         # the steps were timed by the law, so each role's step ratio is 1 and the replay is exact
-        assert result["rows"][s]["target_step_ratio"] == pytest.approx(1.0, abs=0.01)
-        assert result["rows"][s]["drafter_step_ratio"] == pytest.approx(1.0, abs=0.01)
-        assert abs(result["rows"][s]["pipeline_error"]) < 1e-9
-    assert result["fits"]["target"]["best"].holdout_error < 0.01
+        assert result.rows[s].target_step_ratio == pytest.approx(1.0, abs=0.01)
+        assert result.rows[s].drafter_step_ratio == pytest.approx(1.0, abs=0.01)
+        assert abs(result.rows[s].pipeline_error) < 1e-9
+    assert result.fits["target"]["best"].holdout_error < 0.01
     out = root / "compare"
     metrics = write_outputs(result, out, params=params)
     on_disk = json.loads((out / "metrics.json").read_text())
     assert json.loads((out / "diagnostics.json").read_text()) == json.loads(json.dumps(metrics))
     # metrics.json holds only what users compare: 6 per strategy (+3 held-out loss numbers with the quality
     # stage) and the recommendation
-    per_strategy = 6 + (3 if result.get("quality") else 0)
+    per_strategy = 6 + (3 if result.quality else 0)
     assert len(on_disk) == per_strategy * len(STRATEGIES) + 3
     assert on_disk == {k: v for k, v in json.loads(json.dumps(metrics)).items() if k in on_disk}
     assert not any("cpu_share" in k or k.startswith("fit.") for k in on_disk)
@@ -182,10 +184,10 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     assert sum(p["kind"] == "sweep" for p in frontier) == 6
     assert any(p["pareto_mixing"] for p in frontier)
     # the padding-only ladder level is exactly the ratio of padding efficiencies
-    lad = result["ladder"]["random"]
-    rows = result["rows"]
+    lad = result.ladder["random"]
+    rows = result.rows
     assert lad["padding"] < lad["measured"] or lad["padding"] > lad["measured"]  # a real gap exists
-    assert lad["pipelined"] == pytest.approx(rows["random"]["ratio_to_sorted_predicted"])
+    assert lad["pipelined"] == pytest.approx(rows["random"].ratio_to_sorted_predicted)
 
 
 def test_missing_training_result_names_the_rerun(stage_inputs, tmp_path):
@@ -246,23 +248,23 @@ def test_compare_blends_alone_and_busy_step_times_by_the_runs_overlap(stage_inpu
         return dataclasses.replace(params, compare=dataclasses.replace(params.compare, contention=mode))
 
     result = _run(tmp_path, with_mode("blend"))
-    assert {"target_busy", "drafter_busy"} <= set(result["fits"])
+    assert {"target_busy", "drafter_busy"} <= set(result.fits)
     for s in STRATEGIES:
-        r = result["rows"][s]
-        assert abs(r["prediction_error"]) < 0.01, (s, r["prediction_error"])
-        assert r["target_step_ratio"] == pytest.approx(1.0, abs=0.01)
+        r = result.rows[s]
+        assert abs(r.prediction_error) < 0.01, (s, r.prediction_error)
+        assert r.target_step_ratio == pytest.approx(1.0, abs=0.01)
     # the same runs predicted from busy times only (every step slowed: too slow) or alone times only
     # (no step slowed: too fast); the roles overlap most of the time here, so busy is the nearer
     busy_only, alone_only = _run(tmp_path, with_mode("busy")), _run(tmp_path, with_mode("alone"))
     for s in STRATEGIES:
-        busy_err, alone_err = busy_only["rows"][s]["prediction_error"], alone_only["rows"][s]["prediction_error"]
+        busy_err, alone_err = busy_only.rows[s].prediction_error, alone_only.rows[s].prediction_error
         assert busy_err < -0.005 and alone_err > 0.1 and alone_err > -busy_err, (s, busy_err, alone_err)
     # a grid without busy timings (one-process profile) is predicted from its alone times, whatever the mode
     (tmp_path / "profile" / "grid.json").write_text(json.dumps(_grid(params)))
     plain = _run(tmp_path, with_mode("busy"))
-    assert "target_busy" not in plain["fits"]
-    assert [plain["rows"][s]["predicted_tok_s"] for s in STRATEGIES] == pytest.approx(
-        [alone_only["rows"][s]["predicted_tok_s"] for s in STRATEGIES], rel=1e-9)
+    assert "target_busy" not in plain.fits
+    assert [plain.rows[s].predicted_tok_s for s in STRATEGIES] == pytest.approx(
+        [alone_only.rows[s].predicted_tok_s for s in STRATEGIES], rel=1e-9)
 
 
 def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):
@@ -271,13 +273,13 @@ def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):
     _variant(root, tmp_path / "busy", _grid(params, cpu_share=0.5))
     (tmp_path / "busy" / "train").symlink_to(root / "train")
     result = _run(tmp_path / "busy", params)
-    assert result["profile_cpu_share"]["target"] == pytest.approx(0.5)
+    assert result.profile_cpu_share["target"] == pytest.approx(0.5)
     low = busy_machine(result)
     assert low[:2] == ["profile target 50.0%", "profile drafter 50.0%"]
     # and every run, which got all of its cores, ran under another load than the profile
     assert len(low) == 2 + 2 * len(STRATEGIES) and "sorted run target 100.0% (profile 50.0%)" in low
     # with two threads per process a half share may be the step's own parallelism: only the mismatch counts
-    assert busy_machine({**result, "threads": 2}) == low[2:]
+    assert busy_machine(dataclasses.replace(result, threads=2)) == low[2:]
     metrics = write_outputs(result, tmp_path / "busy" / "compare", params=params)
     assert metrics["profile.target_cpu_share"] == pytest.approx(0.5)
     assert metrics["sorted.target_cpu_share"] == pytest.approx(1.0)  # the runs got their cores

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lenbatch.collate import collate_packed, collate_padded, synthetic_sequences
 from lenbatch.config import load_params
 from lenbatch.drafter import ChunkedLinearCrossEntropy, block_attention_mask, build_drafter, draw_anchors
-from lenbatch.train import StepRunner
+from lenbatch.runner import StepRunner
 
 # A small target (the real Qwen3.5 classes): 3 Gated DeltaNet layers + 1 full attention, small vocab.
 SMALL = {

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lenbatch import fla_cpu, packing
+from lenbatch import fla_cpu, varlen
 
 HERE = Path(__file__).parent
 
@@ -51,23 +51,23 @@ ENV |= {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 def test_reference_kernels_are_transformers_own_torch_functions_inside_the_block():
     from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
-    before = {n: getattr(hf, n) for n in packing.HF_KERNEL_NAMES}
-    with packing.torch_reference_kernels():
-        for name in packing.HF_KERNEL_NAMES:
+    before = {n: getattr(hf, n) for n in varlen.HF_KERNEL_NAMES}
+    with varlen.torch_reference_kernels():
+        for name in varlen.HF_KERNEL_NAMES:
             fn = getattr(hf, name)
             assert not hasattr(fn, "__wrapped__") and fn.__code__.co_filename == hf.__file__
             assert fn is inspect.unwrap(before[name])
-    assert {n: getattr(hf, n) for n in packing.HF_KERNEL_NAMES} == before  # restored
+    assert {n: getattr(hf, n) for n in varlen.HF_KERNEL_NAMES} == before  # restored
 
 
 def test_backend_choice_is_validated():
     with pytest.raises(ValueError, match="--backend must be one of auto, torch, fla"):
-        packing.set_kernel_backend("triton")
-    packing.set_kernel_backend("torch")
+        varlen.set_kernel_backend("triton")
+    varlen.set_kernel_backend("torch")
     try:
-        assert not packing.use_fla(torch.zeros(1))
+        assert not varlen.use_fla(torch.zeros(1))
     finally:
-        packing.set_kernel_backend("auto")
+        varlen.set_kernel_backend("auto")
 
 
 def test_fla_on_cpu_needs_the_interpreter_and_not_bfloat16(monkeypatch):

@@ -12,7 +12,7 @@ import yaml
 from lenbatch import memory
 from lenbatch.collate import collate, synthetic_sequences
 from lenbatch.config import load_params
-from lenbatch.train import StepRunner
+from lenbatch.runner import StepRunner
 
 GB = 10**9
 STUDY = "configs/qwen3.6-27b-8gpu.yaml"

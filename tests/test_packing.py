@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
-from lenbatch import packing
+from lenbatch import varlen, verify
 from lenbatch.cli import main
 from lenbatch.config import ModelConfig
 from lenbatch.model import build_target
@@ -53,7 +53,7 @@ def test_hf_fallback_leaks_or_refuses(target):
     row = torch.cat(seqs, dim=1)
     pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
     # transformers' own torch kernels, also where flash-linear-attention is installed (it swaps them)
-    with torch.no_grad(), packing.torch_reference_kernels():
+    with torch.no_grad(), varlen.torch_reference_kernels():
         packed = target.model(input_ids=row, position_ids=pos).last_hidden_state
         alone = [target.model(input_ids=s).last_hidden_state for s in seqs]
         first_linear = target.reference_hidden_states(seqs[1])[0]  # layer 0: linear_attention
@@ -83,12 +83,12 @@ def test_hf_fallback_leaks_or_refuses(target):
 def test_packed_equals_per_sequence_at_chunk_and_kernel_edges(target):
     # lengths below the conv width, at and around the chunk size, and longer than several chunks
     lengths = [1, 2, 3, 4, 31, 32, 33, 63, 64, 65, 200]
-    result = packing.verify_packing(target, lengths, seed=3)
+    result = verify.verify_packing(target, lengths, seed=3)
     worst = result["max_abs_diff"]
     assert worst["linear_attention"] < 1e-5
     assert worst["full_attention"] < 1e-5
     assert worst["final"] < 1e-4
-    withheld = packing.verify_packing(target, lengths, seed=3, boundaries=False)["max_abs_diff"]
+    withheld = verify.verify_packing(target, lengths, seed=3, boundaries=False)["max_abs_diff"]
     assert withheld["linear_attention"] > 1e-3 and withheld["final"] > 1e-2
 
 
@@ -119,7 +119,7 @@ def test_padded_path_matches_hf_padded_forward(target):
         ids[i, : lengths[i]] = s[0]
         mask[i, : lengths[i]] = 1
     ours = target.hidden_states(ids, attention_mask=mask, layers=None, final_norm=True)["final"]
-    with torch.no_grad(), packing.torch_reference_kernels():
+    with torch.no_grad(), varlen.torch_reference_kernels():
         theirs = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
     valid = mask.bool()
     torch.testing.assert_close(ours[valid], theirs[valid], atol=1e-4, rtol=1e-4)
@@ -136,8 +136,8 @@ def test_delta_rule_matches_token_by_token_reference(lengths, seed, chunk):
     v = torch.randn(1, n, hv, d, generator=gen)
     g = -torch.rand(1, n, hv, generator=gen) * 3  # decays down to exp(-3) per token
     beta = torch.rand(1, n, hv, generator=gen)
-    segs = packing.make_segments(torch.zeros(1, n, dtype=torch.long), cu_seqlens=_cu(lengths))
-    out = packing.chunk_gated_delta_rule(q, k, v, g, beta, segs, chunk=chunk)
+    segs = varlen.make_segments(torch.zeros(1, n, dtype=torch.long), cu_seqlens=_cu(lengths))
+    out = varlen.chunk_gated_delta_rule(q, k, v, g, beta, segs, chunk=chunk)
     start = 0
     for length in lengths:
         sl = slice(start, start + length)
@@ -153,8 +153,8 @@ def test_causal_conv_never_reads_across_a_boundary(lengths, kernel):
     n, ch = sum(lengths), 6
     x = torch.randn(1, n, ch)
     w = torch.randn(ch, kernel)
-    segs = packing.make_segments(torch.zeros(1, n, dtype=torch.long), cu_seqlens=_cu(lengths))
-    out = packing.causal_conv(x, w, segs)
+    segs = varlen.make_segments(torch.zeros(1, n, dtype=torch.long), cu_seqlens=_cu(lengths))
+    out = varlen.causal_conv(x, w, segs)
     start = 0
     for length in lengths:
         xs = x[:, start:start + length].transpose(1, 2)
@@ -193,7 +193,7 @@ def test_verify_packing_with_a_hugging_face_config_json(tmp_path, capsys):
 @pytest.mark.parametrize("text", ["5,0,3", "5,-2", "a,b", "", "4.5"])
 def test_bad_lengths(text, capsys):
     with pytest.raises(ValueError, match="positive integers"):
-        packing.parse_lengths(text)
+        verify.parse_lengths(text)
     assert main(["verify-packing", "--lengths", text]) == 2
     assert "--lengths" in capsys.readouterr().err
 

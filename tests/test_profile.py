@@ -43,7 +43,7 @@ def test_grid_points_stay_within_budget_batch_size_and_max_len(tmp_path):
 
 def test_time_point_repeats_and_caps_long_points(tmp_path):
     from lenbatch.profile import make_batch
-    from lenbatch.train import StepRunner
+    from lenbatch.runner import StepRunner
 
     over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
                    model={"vocab_size": 1024})

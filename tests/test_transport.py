@@ -123,6 +123,6 @@ def test_two_target_ranks_train_the_same_batches_and_losses_under_rendezvous(set
 
 
 def lb_hash(indices) -> int:
-    from lenbatch.train import batch_hash
+    from lenbatch.records import batch_hash
 
     return batch_hash(np.asarray(indices, dtype=np.int64))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from lenbatch.boundaries import METHODS, Boundaries, optimize_boundaries, sweep_num_buckets
+from lenbatch.lengths import bucket_counts, histogram, length_stats, seed_profile
 from lenbatch.padding import (
     budget_fill,
     composition_repeat,
@@ -34,7 +35,6 @@ from lenbatch.padding import (
     study_bucket_computed,
 )
 from lenbatch.spec import BatchSpec
-from lenbatch.stats import bucket_counts, histogram, length_stats, seed_profile
 from lenbatch.strategies import STRATEGIES, Plan, plan_epoch, plan_epoch_all
 
 __version__ = "0.1.0"

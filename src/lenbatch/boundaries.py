@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from lenbatch.padding import OBJECTIVES, log_factorials, predict_bucketed, renewal_weights, value_counts
+from lenbatch.lengths import check_lengths
 from lenbatch.spec import BatchSpec
-from lenbatch.stats import check_lengths
 
 METHODS = ("dp", "coordinate", "geometric")
 
@@ -499,7 +499,7 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
 
 def register(parser: argparse.ArgumentParser) -> None:
     from lenbatch.config import add_params_argument
-    from lenbatch.stats import add_lengths_arguments
+    from lenbatch.lengths import add_lengths_arguments
     from lenbatch.strategies import add_batching_arguments
 
     add_params_argument(parser)
@@ -518,7 +518,8 @@ def _run(args: argparse.Namespace) -> int:
     from lenbatch.config import load_params, write_resolved
     from lenbatch.log import get_logger
     from lenbatch.padding import predict_bucketed as _pb
-    from lenbatch.stats import bucket_counts, load_lengths, write_json
+    from lenbatch.cli import write_json
+    from lenbatch.lengths import bucket_counts, load_lengths
 
     from lenbatch.strategies import batching_overrides
 

@@ -71,7 +71,7 @@ def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[
                     log_sha256: str) -> None:
     """Atomic write (tmp + rename) so a kill during the save leaves the previous checkpoint.
 
-    ``runner``: a :class:`lenbatch.train.StepRunner` with its drafter and optimizer; ``log_sha256``: the
+    ``runner``: a :class:`lenbatch.runner.StepRunner` with its drafter and optimizer; ``log_sha256``: the
     digest of the ``steps.jsonl`` lines of steps ``0 .. step-1``.
     """
     assert runner.drafter is not None and runner.optimizer is not None

@@ -15,8 +15,8 @@ Two deliberate exclusions, documented because they are the only hand-made choice
   every ``lenbatch.x`` import executes it, but a stage that reads nothing through it does not
   depend on what it re-exports (else editing ``boundaries.py`` would retokenize the dataset).
   ``cli.py`` (which dispatches every stage) is part of every closure.
-- Params are declared, not derived: a stage that imports a helper from another stage's module
-  (profile uses ``train.StepRunner``) reads only some of that module's keys. The declaration is
+- Params are declared, not derived: a module several stages share (profile and train both run
+  ``runner.StepRunner``) may read keys only one of them needs. The declaration is
   checked by ``tests/test_workflow.py``: every ``<x>.<section>.<key>`` read in a stage's own
   modules (its closure minus other stages' entry modules) must be declared.
 
@@ -66,8 +66,8 @@ STAGES: dict[str, Stage] = {
     "stats": Stage("lenbatch.stats", ("stats", "batching.seed")),  # seed: lengths drawn from a profile
     "boundaries": Stage("lenbatch.boundaries", ("boundaries", "batching", "plans", "data.max_len")),
     "plans": Stage("lenbatch.plans", ("batching", "plans", "data.max_len")),
-    # profile times train's StepRunner but never trains: no warmup_steps, queue_size, checkpoint_every,
-    # useful_tokens or strategies.
+    # profile times the StepRunner (lenbatch.runner) that train runs, but never trains: no warmup_steps,
+    # queue_size, checkpoint_every, useful_tokens or strategies.
     "profile": Stage("lenbatch.profile", ("model", "drafter", "batching", "profile", "data.max_len", "train.nproc",
                                           "train.threads", "train.device", "train.reuse_host_memory")),
     "train": Stage("lenbatch.train", ("model", "drafter", "batching", "train", "data.max_len"),

@@ -12,7 +12,7 @@ API (stable; the drafter, the collation and the train stage rely on it)::
 
 The model is the real ``Qwen3_5TextModel`` (``transformers.models.qwen3_5``) plus an
 ``lm_head`` Linear(hidden -> vocab). Its Gated DeltaNet and full-attention modules are
-made sequence-boundary aware by :mod:`lenbatch.packing` (same weights, same module
+made sequence-boundary aware by :mod:`lenbatch.varlen` (same weights, same module
 names, the Hugging Face forward is untouched when no boundaries are passed).
 
 Determinism: every parameter is drawn from its own generator seeded by
@@ -49,10 +49,10 @@ def hf_text_config(cfg: ModelConfig) -> Any:
     """``ModelConfig`` -> ``transformers.Qwen3_5TextConfig`` (attention routed through lenbatch)."""
     from transformers import Qwen3_5TextConfig
 
-    from lenbatch import packing
+    from lenbatch import varlen
 
     _check_model_config(cfg)
-    packing.register_attention()
+    varlen.register_attention()
     hf = Qwen3_5TextConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -74,8 +74,8 @@ def hf_text_config(cfg: ModelConfig) -> Any:
         use_cache=False,
     )
     # Plain HF calls (no boundaries) behave exactly like "sdpa"; with boundaries the
-    # attention is computed per sequence (lenbatch.packing.varlen_attention).
-    hf._attn_implementation = packing.ATTN_IMPLEMENTATION
+    # attention is computed per sequence (lenbatch.varlen.varlen_attention).
+    hf._attn_implementation = varlen.ATTN_IMPLEMENTATION
     return hf
 
 
@@ -212,9 +212,9 @@ class Target(nn.Module):
         boundaries of a packed row (positions still restart): the deliberately wrong forward
         that ``verify-packing --no-boundaries`` must reject. Layouts as in :meth:`features`.
         """
-        from lenbatch import packing
+        from lenbatch import varlen
 
-        segs = packing.make_segments(input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
+        segs = varlen.make_segments(input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
                                      boundaries=boundaries, device=self.device)
         wanted = set(range(self.cfg.num_hidden_layers) if layers is None else layers)
         bad = [i for i in wanted if not 0 <= i < self.cfg.num_hidden_layers]
@@ -242,12 +242,12 @@ class Target(nn.Module):
         Every decoder layer's output (forward hooks) plus ``"final"`` (the model's normed
         ``last_hidden_state``). No lenbatch code runs in it: the reference of verify-packing. Its
         Gated DeltaNet kernels are transformers' torch ones whatever is installed
-        (:func:`lenbatch.packing.torch_reference_kernels`).
+        (:func:`lenbatch.varlen.torch_reference_kernels`).
         """
         if input_ids.ndim != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"reference_hidden_states takes one sequence [1, L], got {tuple(input_ids.shape)}")
         out: dict[Any, torch.Tensor] = {}
-        from lenbatch.packing import torch_reference_kernels
+        from lenbatch.varlen import torch_reference_kernels
 
         hooks = [layer.register_forward_hook(lambda _m, _a, res, i=i: out.__setitem__(i, res))
                  for i, layer in enumerate(self.model.layers)]
@@ -264,7 +264,7 @@ class Target(nn.Module):
 def _build_hf_model(cfg: ModelConfig, device: torch.device) -> nn.Module:
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel, Qwen3_5TextRotaryEmbedding
 
-    from lenbatch import packing
+    from lenbatch import varlen
 
     hf_cfg = hf_text_config(cfg)
     with torch.device("meta"):  # no memory, no RNG: every parameter is filled below, by name
@@ -274,7 +274,7 @@ def _build_hf_model(cfg: ModelConfig, device: torch.device) -> nn.Module:
         model.rotary_emb = Qwen3_5TextRotaryEmbedding(hf_cfg)
     buffers = {n for n, _ in model.named_buffers()}
     assert buffers <= {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"}, buffers
-    packing.make_boundary_aware(model)
+    varlen.make_boundary_aware(model)
     return model
 
 

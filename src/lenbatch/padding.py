@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.stats import check_edges, check_lengths
+from lenbatch.lengths import check_edges, check_lengths
 
 # --------------------------------------------------------------------------- exact order statistics
 

@@ -85,7 +85,7 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
 
 def register(parser: argparse.ArgumentParser) -> None:
     from lenbatch.config import add_params_argument
-    from lenbatch.stats import add_lengths_arguments
+    from lenbatch.lengths import add_lengths_arguments
 
     add_params_argument(parser)
     add_lengths_arguments(parser)
@@ -103,7 +103,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from lenbatch.config import load_params, write_resolved
     from lenbatch.log import get_logger
-    from lenbatch.stats import load_lengths, write_json
+    from lenbatch.cli import write_json
+    from lenbatch.lengths import load_lengths
     from lenbatch.strategies import batching_overrides, read_edges
 
     log = get_logger("lenbatch.plans")

@@ -33,7 +33,6 @@ about 90 s for the CPU default's 20 points.
 
 from __future__ import annotations
 
-import argparse
 import json
 import queue as _queue
 import time
@@ -41,15 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from lenbatch.config import Params, add_params_argument, params_from_args, write_resolved
+from lenbatch.config import Params, write_resolved
 from lenbatch.log import get_logger
 from lenbatch.spec import BatchSpec
-from lenbatch.stepmodel import batch_columns, cpu_share, drafter_work, grid_shape
+from lenbatch.stepmodel import CPU_SHARE_WARN, batch_columns, drafter_work, grid_cpu_share, grid_shape
 
 log = get_logger("profile")
 
-# Below this share of its cores a timed step was slowed by other work on the machine.
-CPU_SHARE_WARN = 0.9
 # A lockstep profile worker waits this long for the other at each phase before giving up.
 BARRIER_TIMEOUT_S = 1800.0
 
@@ -160,7 +157,7 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     """
     import torch
 
-    from lenbatch.train import StepRunner, configure_process
+    from lenbatch.runner import StepRunner, configure_process
 
     configure_process(params)
     runner = StepRunner(params, device=device, role=role)
@@ -220,7 +217,7 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
     processes (each with ``train.threads`` threads) in lockstep (:func:`_role_worker`): each
     role is timed alone and busy. Otherwise one process times both, alone, one after the other.
     """
-    from lenbatch.train import resolve_device
+    from lenbatch.runner import resolve_device
 
     pts = grid_points(params)
     on_cpu = resolve_device(device, 0).type == "cpu"
@@ -258,7 +255,7 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         timings = [(a["alone"], b["alone"], a["alone_cpu"], b["alone_cpu"], b["steps"],
                     (a["busy"], b["busy"], a["busy_cpu"], b["busy_cpu"])) for a, b in zip(t, d)]
     else:
-        from lenbatch.train import StepRunner, configure_process
+        from lenbatch.runner import StepRunner, configure_process
 
         configure_process(params)
         runner = StepRunner(params, device=resolve_device(device, 0))
@@ -310,37 +307,13 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
     return rows
 
 
-def grid_cpu_share(rows: list[dict], *, threads: int) -> dict[str, float]:
-    """Share of its cores each role got over the whole grid (:func:`lenbatch.stepmodel.cpu_share`).
-
-    NaN for a role when the grid has no CPU times (a grid.json from before they were recorded).
-    """
-    out = {}
-    for role in ("target", "drafter"):
-        if not rows or any(f"{role}_cpu_seconds_all" not in r for r in rows):
-            out[role] = float("nan")
-            continue
-        wall = [x for r in rows for key in (f"{role}_seconds_all", f"{role}_busy_seconds_all") for x in r.get(key, [])]
-        cpu = [x for r in rows for key in (f"{role}_cpu_seconds_all", f"{role}_busy_cpu_seconds_all")
-               for x in r.get(key, [])]
-        out[role] = cpu_share(wall, cpu, threads=threads)
-    return out
-
-
-def register(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    parser.add_argument("--repeats", type=int, default=None, help="override profile.repeats")
-    parser.add_argument("--out", default="results/profile", help="output folder")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    overrides = {"profile": {"repeats": args.repeats}} if args.repeats is not None else None
-    params = params_from_args(args, overrides)
+def run(*, params: Params, out: str | Path) -> int:
+    """``lenbatch profile``: time the grid on ``train.device`` and write ``out/grid.json`` (and the
+    resolved params). Returns the exit code."""
     t0 = time.perf_counter()
     rows = profile(params, device=params.train.device)
     seconds = time.perf_counter() - t0
-    out = Path(args.out)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grid.json").write_text(json.dumps(rows, indent=1) + "\n")
     write_resolved(params, out)

@@ -30,6 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 # Shape features a step's time may depend on (columns of a shape table).
+# Model selection (select_model): held-out error over this many random splits; a larger feature set
+# must lower the best held-out error by this share of it, and by at least this much (absolute).
+HOLDOUT_SPLITS = 50
+MIN_GAIN_RELATIVE = 0.1
+MIN_GAIN_ABSOLUTE = 0.002
 FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens", "ctx_tokens", "positions")
 
 # Candidate feature sets compared on held-out grid points (smallest first), per role.
@@ -235,7 +240,7 @@ class StepFit:
 
 
 def holdout_errors(columns: Mapping[str, np.ndarray], seconds: np.ndarray, features: Sequence[str], *,
-                   holdout_fraction: float, splits: int = 50, seed: int = 0) -> np.ndarray:
+                   holdout_fraction: float, splits: int = HOLDOUT_SPLITS, seed: int = 0) -> np.ndarray:
     """|relative error| of every held-out prediction over ``splits`` random train/held-out splits."""
     seconds = np.asarray(seconds, dtype=np.float64)
     n, p = len(seconds), len(features)
@@ -257,7 +262,7 @@ def holdout_errors(columns: Mapping[str, np.ndarray], seconds: np.ndarray, featu
 
 def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role: str,
                  candidates: Mapping[str, Sequence[str]] | None = None, holdout_fraction: float = 0.25,
-                 splits: int = 50, seed: int = 0) -> tuple[StepFit, list[StepFit]]:
+                 splits: int = HOLDOUT_SPLITS, seed: int = 0) -> tuple[StepFit, list[StepFit]]:
     """Score every candidate feature set on held-out points; return the best (refitted on all) and all.
 
     A later (larger) set wins only if it lowers the best held-out error so far by a tenth of
@@ -282,7 +287,7 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
                             holdout_max_error=float(np.max(errs))))
     best = fits[0]
     for fit in fits[1:]:
-        if fit.holdout_error < best.holdout_error - max(0.002, 0.1 * best.holdout_error):
+        if fit.holdout_error < best.holdout_error - max(MIN_GAIN_ABSOLUTE, MIN_GAIN_RELATIVE * best.holdout_error):
             best = fit
     return best, fits
 
@@ -473,3 +478,25 @@ def throughput(useful_tokens: np.ndarray, ends: np.ndarray, *, warmup_steps: int
                          "train.useful_tokens")
     start = ends[w - 1] if w > 0 else 0.0
     return float(useful_tokens[w:].sum() / (ends[-1] - start))
+
+
+# Below this share of its cores a timed step was slowed by other work on the machine (profile warns,
+# the report names the runs).
+CPU_SHARE_WARN = 0.9
+
+
+def grid_cpu_share(rows: list[dict], *, threads: int) -> dict[str, float]:
+    """Share of its cores each role got over the whole grid (:func:`cpu_share`).
+
+    NaN for a role when the grid has no CPU times (a grid.json from before they were recorded).
+    """
+    out = {}
+    for role in ("target", "drafter"):
+        if not rows or any(f"{role}_cpu_seconds_all" not in r for r in rows):
+            out[role] = float("nan")
+            continue
+        wall = [x for r in rows for key in (f"{role}_seconds_all", f"{role}_busy_seconds_all") for x in r.get(key, [])]
+        cpu = [x for r in rows for key in (f"{role}_cpu_seconds_all", f"{role}_busy_cpu_seconds_all")
+               for x in r.get(key, [])]
+        out[role] = cpu_share(wall, cpu, threads=threads)
+    return out

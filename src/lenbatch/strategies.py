@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from lenbatch.padding import batch_tokens, greedy_batches
+from lenbatch.lengths import check_lengths
 from lenbatch.spec import BatchSpec, check_int, layout_of
-from lenbatch.stats import check_lengths
 
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
 
@@ -360,7 +360,7 @@ def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int =
 
 def register(parser: argparse.ArgumentParser) -> None:
     from lenbatch.config import add_params_argument
-    from lenbatch.stats import add_lengths_arguments
+    from lenbatch.lengths import add_lengths_arguments
 
     add_params_argument(parser)
     add_lengths_arguments(parser)
@@ -412,7 +412,8 @@ def _run(args: argparse.Namespace) -> int:
     from lenbatch.config import load_params, write_resolved
     from lenbatch.log import get_logger
     from lenbatch.padding import budget_fill, padding_efficiency
-    from lenbatch.stats import load_lengths, write_json
+    from lenbatch.cli import write_json
+    from lenbatch.lengths import load_lengths
 
     log = get_logger("lenbatch.plan")
     params = load_params(*args.params, overrides=batching_overrides(args))
