@@ -85,8 +85,10 @@ def test_every_flag_has_help(stage, capsys):
     import argparse
     import importlib
 
+    from lenbatch.cli import FLAGS
+
     parser = argparse.ArgumentParser()
-    importlib.import_module(COMMANDS[stage][0]).register(parser)
+    (FLAGS[stage] if stage in FLAGS else importlib.import_module(COMMANDS[stage][0]).register)(parser)
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
             assert action.help, f"{stage} {action.option_strings} has no help"

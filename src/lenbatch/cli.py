@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lenbatch import cli_stages
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -186,6 +188,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 FLAGS: dict[str, Any] = {"profile": _profile_flags, "train": _train_flags, "compare": _compare_flags}
+FLAGS.update(cli_stages.FLAGS)  # the other stages' flags, declared in the CLI layer's second module
 
 
 # --------------------------------------------------------------------------- dispatch

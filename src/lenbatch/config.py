@@ -579,21 +579,15 @@ def schema_yaml() -> str:
     return yaml.safe_dump(json_schema(), sort_keys=False, width=120)
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    what = parser.add_mutually_exclusive_group()
-    what.add_argument("--schema", action="store_true", help="print the JSON schema (YAML) of params files")
-    what.add_argument("--show", action="store_true", help="print the resolved params as JSON")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.schema:
+def run(*, params: list[str], schema: bool = False, show: bool = False) -> int:
+    """``lenbatch params``: print the schema, or the params (files or inline JSON, merged in order)
+    resolved as JSON (``show``), or one line saying they are valid."""
+    if schema:
         sys.stdout.write(schema_yaml())
         return 0
-    params = params_from_args(args)
-    if args.show:
-        print(json.dumps(params.to_dict(), indent=2))
+    resolved = load_params(*params)
+    if show:
+        print(json.dumps(resolved.to_dict(), indent=2))
     else:
-        print(f"{' + '.join(args.params)}: valid ({len(SECTIONS)} sections)")
+        print(f"{' + '.join(params)}: valid ({len(SECTIONS)} sections)")
     return 0

@@ -186,9 +186,17 @@ def add_lengths_arguments(parser: argparse.ArgumentParser, *, required: bool = T
 
 
 def load_lengths(args: argparse.Namespace, *, seed: int = 0) -> tuple[np.ndarray, str]:
-    if getattr(args, "seed_profile", False):
-        return seed_profile(args.seed_profile_size, seed=seed).astype(np.int64), "seed-profile"
-    path = Path(args.lengths)
+    return read_lengths_input(lengths=args.lengths, generate=getattr(args, "seed_profile", False),
+                              seed_profile_size=args.seed_profile_size, seed=seed)
+
+
+def read_lengths_input(*, lengths: str | None, generate: bool = False, seed_profile_size: int = SEED_COUNT,
+                       seed: int = 0) -> tuple[np.ndarray, str]:
+    """The lengths a stage reads (tokens, int64) and their source's name: the ``.npy`` at ``lengths``, or
+    with ``generate`` (``--seed-profile``) the study's profile of ``seed_profile_size`` samples, ``seed``."""
+    if generate:
+        return seed_profile(seed_profile_size, seed=seed).astype(np.int64), "seed-profile"
+    path = Path(lengths)
     if not path.exists():
         raise ValueError(f"--lengths {path} does not exist; run 'lenbatch tokenize' first or pass --seed-profile")
     return check_lengths(np.load(path), name=str(path)), str(path)
