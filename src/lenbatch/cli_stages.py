@@ -77,5 +77,108 @@ def _stats(args: argparse.Namespace) -> int:
                                edges=args.edges, **_lengths_input(args))
 
 
-FLAGS: dict[str, Any] = {"stats": _stats_flags, "params": _params_stage_flags, "plots": _plots_flags,
+# --------------------------------------------------------------------------- boundaries, plan, plans
+
+BATCHING_FLAGS = {
+    "token_budget": "padded tokens per batch (tokens; overrides batching.token_budget)",
+    "max_batch_size": "samples per batch at most (count; overrides batching.max_batch_size)",
+    "seed": "base seed (epoch e uses seed + e; overrides batching.seed)",
+    "packed_window": "open rows of first-fit packing (count; overrides batching.packed_window)",
+}
+
+
+def add_batching_arguments(parser: argparse.ArgumentParser, keys: tuple[str, ...] = tuple(BATCHING_FLAGS)) -> None:
+    """``--token-budget`` etc.: flags overriding single ``batching`` keys (read back by :func:`batching_overrides`)."""
+    for key in keys:
+        parser.add_argument("--" + key.replace("_", "-"), type=int, help=BATCHING_FLAGS[key])
+
+
+def batching_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    sec = {k: getattr(args, k) for k in BATCHING_FLAGS if getattr(args, k, None) is not None}
+    return {"batching": sec} if sec else {}
+
+
+def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.lengths import add_lengths_arguments
+
+    methods, objectives = _stage("boundaries").METHODS, _stage("boundaries").OBJECTIVES
+    _params_flag(parser)
+    add_lengths_arguments(parser)
+    parser.add_argument("--method", choices=methods, help="optimizer (overrides boundaries.method)")
+    parser.add_argument("--num-buckets", type=int, help="K, the number of buckets (count)")
+    parser.add_argument("--sweep-max-buckets", type=int, help="the K sweep covers K = 1..this (count; 0: no sweep)")
+    parser.add_argument("--num-candidates", type=int, help="candidate edge values searched (count)")
+    parser.add_argument("--objective", choices=objectives, help="what is minimised (overrides boundaries.objective)")
+    add_batching_arguments(parser, ("token_budget", "max_batch_size"))
+    parser.add_argument("--out", required=True, help="output directory: boundaries.json, sweep.json, params.json")
+    parser.set_defaults(func=_boundaries)
+
+
+def _boundaries(args: argparse.Namespace) -> int:
+    from lenbatch.config import load_params
+
+    bo = {k: getattr(args, k) for k in ("method", "num_buckets", "num_candidates", "objective")
+          if getattr(args, k) is not None}
+    if args.sweep_max_buckets:
+        bo["sweep_max_buckets"] = args.sweep_max_buckets
+    overrides = {**batching_overrides(args), **({"boundaries": bo} if bo else {})}
+    params = load_params(*args.params, overrides=overrides or None)
+    return _stage("boundaries").run(params=params, out=args.out, sweep=args.sweep_max_buckets != 0,
+                                    **_lengths_input(args))
+
+
+def _plan_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.lengths import add_lengths_arguments
+
+    _params_flag(parser)
+    add_lengths_arguments(parser)
+    parser.add_argument("--strategy", required=True, choices=_stage("strategies").STRATEGIES, help="batching strategy")
+    parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens; bucketed only)")
+    parser.add_argument("--epoch", type=int, default=0, help="epoch to plan (count, from 0)")
+    parser.add_argument("--rank", type=int, default=0, help="rank whose batches are written (0-based)")
+    parser.add_argument("--world-size", type=int, default=1, help="number of data-parallel ranks (count)")
+    add_batching_arguments(parser)
+    parser.add_argument("--out", required=True,
+                        help="output directory: plan.json (batches as index lists) + params.json")
+    parser.set_defaults(func=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from lenbatch.config import load_params
+
+    params = load_params(*args.params, overrides=batching_overrides(args))
+    return _stage("strategies").run(params=params, strategy=args.strategy, out=args.out, boundaries=args.boundaries,
+                                    epoch=args.epoch, rank=args.rank, world_size=args.world_size,
+                                    **_lengths_input(args))
+
+
+def _plans_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.lengths import add_lengths_arguments
+
+    _params_flag(parser)
+    add_lengths_arguments(parser)
+    parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
+    parser.add_argument("--strategies", nargs="+", choices=_stage("strategies").STRATEGIES, default=None,
+                        help="strategies to simulate (default: all; bucketed only with --boundaries)")
+    parser.add_argument("--epochs", type=int, help="epochs simulated per strategy (count; overrides plans.epochs)")
+    parser.add_argument("--world-size", type=int, default=1,
+                        help="data-parallel ranks the plans are split over (count)")
+    add_batching_arguments(parser)
+    parser.add_argument("--out", required=True, help="output directory: metrics.json, params.json")
+    parser.set_defaults(func=_plans)
+
+
+def _plans(args: argparse.Namespace) -> int:
+    from lenbatch.config import load_params
+
+    overrides = batching_overrides(args)
+    if args.epochs is not None:
+        overrides["plans"] = {"epochs": args.epochs}
+    params = load_params(*args.params, overrides=overrides or None)
+    return _stage("plans").run(params=params, out=args.out, boundaries=args.boundaries, strategies=args.strategies,
+                               world_size=args.world_size, **_lengths_input(args))
+
+
+FLAGS: dict[str, Any] = {"stats": _stats_flags, "boundaries": _boundaries_flags, "plan": _plan_flags,
+                         "plans": _plans_flags, "params": _params_stage_flags, "plots": _plots_flags,
                          "dvc-yaml": _dvc_yaml_flags}
