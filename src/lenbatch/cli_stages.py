@@ -179,6 +179,54 @@ def _plans(args: argparse.Namespace) -> int:
                                world_size=args.world_size, **_lengths_input(args))
 
 
-FLAGS: dict[str, Any] = {"stats": _stats_flags, "boundaries": _boundaries_flags, "plan": _plan_flags,
+# --------------------------------------------------------------------------- tokenize, quality
+
+
+def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    parser.add_argument("--source", help="overrides data.source: 'sharegpt', a JSON/JSONL/Parquet file or a "
+                                          "save_to_disk directory")
+    parser.add_argument("--tokenizer", help="overrides data.tokenizer: 'qwen3.6' or a local HF tokenizer directory")
+    parser.add_argument("--max-len", type=int, help="overrides data.max_len (tokens)")
+    parser.add_argument("--overflow", choices=("truncate", "drop", "error"), help="overrides data.overflow")
+    parser.add_argument("--limit", type=int, help="overrides data.limit: read at most N conversations")
+    parser.add_argument("--workers", type=int, help="overrides data.workers (processes)")
+    parser.add_argument("--on-bad-record", choices=("error", "skip"), help="overrides data.on_bad_record")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress log lines")
+    parser.add_argument("--allow-truncated", action="store_true", default=None,
+                        help="keep the complete records of a cut-off JSON/JSONL source (counted in stats.json) "
+                        "instead of stopping; always on for the embedded 'sharegpt' file")
+    parser.add_argument("--out", required=True, help="output directory (e.g. results/tokenize)")
+    parser.set_defaults(func=_tokenize)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    from lenbatch.config import params_from_args
+
+    stage = _stage("data")
+    flags = {"source": args.source, "tokenizer": args.tokenizer, "max_len": args.max_len,
+             "overflow": args.overflow, "limit": args.limit, "workers": args.workers,
+             "on_bad_record": args.on_bad_record}
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    params = params_from_args(args, overrides={"data": overrides} if overrides else None)
+    return stage.run(params=params, out=args.out, progress=not args.no_progress, allow_truncated=args.allow_truncated)
+
+
+def _quality_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
+    parser.add_argument("--boundaries", default=None, help="boundaries.json (bucket edges for bucketed)")
+    parser.add_argument("--out", default="results/quality", help="output folder")
+    parser.set_defaults(func=_quality)
+
+
+def _quality(args: argparse.Namespace) -> int:
+    from lenbatch.config import params_from_args
+
+    stage = _stage("quality")
+    return stage.run(params=params_from_args(args), data=args.data, out=args.out, boundaries=args.boundaries)
+
+
+FLAGS: dict[str, Any] = {"tokenize": _tokenize_flags, "quality": _quality_flags, "stats": _stats_flags, "boundaries": _boundaries_flags, "plan": _plan_flags,
                          "plans": _plans_flags, "params": _params_stage_flags, "plots": _plots_flags,
                          "dvc-yaml": _dvc_yaml_flags}
