@@ -227,6 +227,42 @@ def _quality(args: argparse.Namespace) -> int:
     return stage.run(params=params_from_args(args), data=args.data, out=args.out, boundaries=args.boundaries)
 
 
-FLAGS: dict[str, Any] = {"tokenize": _tokenize_flags, "quality": _quality_flags, "stats": _stats_flags, "boundaries": _boundaries_flags, "plan": _plan_flags,
-                         "plans": _plans_flags, "params": _params_stage_flags, "plots": _plots_flags,
+# --------------------------------------------------------------------------- verify-packing
+
+
+def _verify_packing_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    parser.add_argument("--model-config", default=None, metavar="FILE",
+                        help="YAML/JSON with a 'model' section, or a Hugging Face config.json of a "
+                             "Qwen3.5-architecture text model (default: the params' model section)")
+    parser.add_argument("--lengths", default="5,17,300,64", help="comma-separated sequence lengths (tokens)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--backend", default="auto", choices=_stage("verify").KERNEL_BACKENDS,
+                        help="kernels under test: fla (flash-linear-attention; on CPU under Triton's interpreter, "
+                             "float32), torch (lenbatch's), auto (fla on CUDA in bfloat16 when installed). The "
+                             "reference is transformers' torch forward in every case")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                        help="compute dtype (default: model.dtype)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    parser.add_argument("--atol", type=float, default=None,
+                        help="largest allowed |difference| (default 1e-4 for float32; bfloat16 is judged by "
+                             "--rtol instead)")
+    parser.add_argument("--rtol", type=float, default=3e-2,
+                        help="bfloat16 only: largest allowed |difference| / largest |reference value| per layer "
+                             "type (two bf16 kernels round differently)")
+    parser.add_argument("--no-boundaries", action="store_true",
+                        help="withhold the sequence boundaries on purpose (positions still restart): must fail")
+    parser.set_defaults(func=_verify_packing)
+
+
+def _verify_packing(args: argparse.Namespace) -> int:
+    return _stage("verify").run(params=args.params, lengths=args.lengths, model_config=args.model_config,
+                                device=args.device, backend=args.backend, dtype=args.dtype, seed=args.seed,
+                                atol=args.atol, rtol=args.rtol, boundaries=not args.no_boundaries)
+
+
+# name -> the function adding a stage's flags (cli.FLAGS takes these in)
+FLAGS: dict[str, Any] = {"tokenize": _tokenize_flags, "stats": _stats_flags, "boundaries": _boundaries_flags,
+                         "plan": _plan_flags, "plans": _plans_flags, "verify-packing": _verify_packing_flags,
+                         "quality": _quality_flags, "params": _params_stage_flags, "plots": _plots_flags,
                          "dvc-yaml": _dvc_yaml_flags}
