@@ -496,7 +496,7 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
     return rows
 
 
-# --------------------------------------------------------------------------- stage: lenbatch boundaries (flags: cli_stages)
+# ------------------------------------------------------------ stage: lenbatch boundaries (flags: lenbatch.cli_stages)
 
 
 def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,

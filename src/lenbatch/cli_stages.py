@@ -12,16 +12,57 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lenbatch.config import Params
 
 
 def _stage(module: str) -> Any:
     return importlib.import_module(f"lenbatch.{module}")
 
 
-def _params_flag(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import add_params_argument
+class _AppendInline(argparse.Action):
+    """``--params-json X`` appends the inline mapping to ``--params`` (after the files given before it)."""
 
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        current = list(getattr(namespace, "params", None) or [])
+        namespace.params = current + [values]
+
+
+def add_params_argument(parser: argparse.ArgumentParser) -> None:
+    """``--params FILE [FILE ...]`` and ``--params-json JSON``, merged in the order given.
+
+    Snakemake rules pass exactly the sections a stage reads with ``--params-json``, so
+    that changing a key reruns exactly the rules that use it (Snakemake's params rerun
+    trigger); :func:`load_params` accepts such inline mappings among the paths.
+    """
+    parser.add_argument("--params", nargs="+", default=["params.yaml"], metavar="FILE",
+                        help="params.yaml, then override files merged on top in order")
+    parser.add_argument("--params-json", action=_AppendInline, metavar="JSON",
+                        help="sections as an inline JSON mapping merged on top of the files (used by the workflow)")
+
+
+def params_from_args(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Params:
+    """Params from ``--params``/``--params-json`` plus CLI flag ``overrides`` (applied last)."""
+    from lenbatch.config import load_params
+
+    return load_params(*args.params, overrides=overrides)
+
+
+def add_lengths_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """``--lengths FILE.npy`` or ``--seed-profile`` (the study's 902,087 lengths, generated)."""
+    from lenbatch.lengths import SEED_COUNT
+
+    src = parser.add_mutually_exclusive_group(required=required)
+    src.add_argument("--lengths", metavar="NPY", help="lengths .npy (one int per sample, tokens)")
+    src.add_argument("--seed-profile", action="store_true",
+                     help=f"generate the study's length profile ({SEED_COUNT:,} samples, tokens) instead")
+    parser.add_argument("--seed-profile-size", type=int, default=SEED_COUNT, metavar="N",
+                        help="samples in the generated seed profile (count)")
+
+
+def _params_flag(parser: argparse.ArgumentParser) -> None:
     add_params_argument(parser)
 
 
@@ -58,8 +99,6 @@ def _params_stage_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _stats_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.lengths import add_lengths_arguments
-
     _params_flag(parser)
     add_lengths_arguments(parser)
     parser.add_argument("--bins", type=int, default=None, help="histogram bins (count; overrides stats.histogram_bins)")
@@ -99,8 +138,6 @@ def batching_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.lengths import add_lengths_arguments
-
     methods, objectives = _stage("boundaries").METHODS, _stage("boundaries").OBJECTIVES
     _params_flag(parser)
     add_lengths_arguments(parser)
@@ -128,8 +165,6 @@ def _boundaries(args: argparse.Namespace) -> int:
 
 
 def _plan_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.lengths import add_lengths_arguments
-
     _params_flag(parser)
     add_lengths_arguments(parser)
     parser.add_argument("--strategy", required=True, choices=_stage("strategies").STRATEGIES, help="batching strategy")
@@ -153,8 +188,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _plans_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.lengths import add_lengths_arguments
-
     _params_flag(parser)
     add_lengths_arguments(parser)
     parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
@@ -201,8 +234,6 @@ def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    from lenbatch.config import params_from_args
-
     stage = _stage("data")
     flags = {"source": args.source, "tokenizer": args.tokenizer, "max_len": args.max_len,
              "overflow": args.overflow, "limit": args.limit, "workers": args.workers,
@@ -221,8 +252,6 @@ def _quality_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _quality(args: argparse.Namespace) -> int:
-    from lenbatch.config import params_from_args
-
     stage = _stage("quality")
     return stage.run(params=params_from_args(args), data=args.data, out=args.out, boundaries=args.boundaries)
 

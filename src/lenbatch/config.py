@@ -14,7 +14,6 @@ add it to ``params.yaml`` with a comment, then regenerate the schema::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -484,32 +483,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ValueError(f"{path} is not valid YAML{where}: {problem}; fix the syntax there") from None
     return raw
-
-
-class _AppendInline(argparse.Action):
-    """``--params-json X`` appends the inline mapping to ``--params`` (after the files given before it)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
-        current = list(getattr(namespace, "params", None) or [])
-        namespace.params = current + [values]
-
-
-def add_params_argument(parser: argparse.ArgumentParser) -> None:
-    """``--params FILE [FILE ...]`` and ``--params-json JSON``, merged in the order given.
-
-    Snakemake rules pass exactly the sections a stage reads with ``--params-json``, so
-    that changing a key reruns exactly the rules that use it (Snakemake's params rerun
-    trigger); :func:`load_params` accepts such inline mappings among the paths.
-    """
-    parser.add_argument("--params", nargs="+", default=["params.yaml"], metavar="FILE",
-                        help="params.yaml, then override files merged on top in order")
-    parser.add_argument("--params-json", action=_AppendInline, metavar="JSON",
-                        help="sections as an inline JSON mapping merged on top of the files (used by the workflow)")
-
-
-def params_from_args(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Params:
-    """Params from ``--params``/``--params-json`` plus CLI flag ``overrides`` (applied last)."""
-    return load_params(*args.params, overrides=overrides)
 
 
 def write_resolved(params: Params, out_dir: str | Path, sections: tuple[str, ...] | None = None) -> Path:

@@ -365,7 +365,7 @@ def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None 
     return stats
 
 
-# --------------------------------------------------------------------------- stage: lenbatch tokenize (flags: cli_stages)
+# ------------------------------------------------------------ stage: lenbatch tokenize (flags: lenbatch.cli_stages)
 
 
 def run(*, params: Params, out: str | Path, progress: bool = True, allow_truncated: bool | None = None) -> int:

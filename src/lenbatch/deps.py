@@ -294,7 +294,7 @@ def dvc_yaml(results: str = "results") -> str:
     return HEADER + "\n" + body
 
 
-# --------------------------------------------------------------------------- stage (flags: lenbatch.cli_stages)
+# ------------------------------------------------------------ stage: lenbatch dvc-yaml (flags: lenbatch.cli_stages)
 
 
 def run(*, out: str, check: bool = False) -> int:

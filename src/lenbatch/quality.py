@@ -510,7 +510,7 @@ def write_plot(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
-# --------------------------------------------------------------------------- stage: lenbatch quality (flags: cli_stages)
+# ------------------------------------------------------------ stage: lenbatch quality (flags: lenbatch.cli_stages)
 
 
 def run(*, params: Params, data: str | Path, out: str | Path, boundaries: str | None = None) -> int:

@@ -23,7 +23,6 @@ from lenbatch.lengths import (  # noqa: F401 (re-exported: the library's names u
     check_lengths,
     histogram,
     length_stats,
-    load_lengths,
     read_lengths_input,
     seed_profile,
     seed_profile_lambda,

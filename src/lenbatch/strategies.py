@@ -357,7 +357,7 @@ def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int =
                                                   spec=spec)) for e in range(epochs))
 
 
-# --------------------------------------------------------------------------- stage: lenbatch plan (flags: cli_stages)
+# ------------------------------------------------------------ stage: lenbatch plan (flags: lenbatch.cli_stages)
 
 
 def read_edges(path: str | None) -> list[int] | None:
