@@ -88,3 +88,42 @@ def test_no_stage_module_imports_another_stage_module():
 def test_every_module_is_at_most_a_few_hundred_lines():
     long = {p.name: n for p in deps.SRC.glob("*.py") if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}; split them by concern"
+
+
+# The one CLI layer (issue 10): argument parsing and subcommand registration live only here.
+CLI_LAYER = ("cli.py", "cli_stages.py")
+
+
+def test_only_the_cli_layer_parses_arguments():
+    """No module outside the CLI layer imports argparse, defines a ``register`` function or takes an
+    ``argparse.Namespace``: every stage module exposes a plain keyword-argument function, and every
+    stage's flags are declared in the layer (no exception is needed today)."""
+    import ast
+    import importlib
+
+    offenders = {}
+    for path in sorted(deps.SRC.glob("*.py")):
+        if path.name in CLI_LAYER:
+            continue
+        found = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "argparse" for a in node.names):
+                found.append(f"line {node.lineno}: import argparse")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "argparse":
+                found.append(f"line {node.lineno}: from argparse import")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "register":
+                found.append(f"line {node.lineno}: def register(")
+        if "argparse" in path.read_text():
+            found.append("mentions argparse")
+        if found:
+            offenders[path.name] = found
+    assert not offenders, f"argument parsing outside the CLI layer {CLI_LAYER}: {offenders}"
+    # the checker itself: the layer does parse, and every stage has its flags there
+    assert "import argparse" in (deps.SRC / "cli.py").read_text()
+    cli = importlib.import_module("lenbatch.cli")
+    assert set(cli.FLAGS) == set(cli.COMMANDS), sorted(set(cli.COMMANDS) - set(cli.FLAGS))
+    # and the layer imports no stage module statically (they are reached through importlib)
+    stages = {spec.module for spec in deps.STAGES.values()}
+    for name in CLI_LAYER:
+        static = set(deps.direct_imports(f"lenbatch.{name[:-3]}")) & stages
+        assert not static, f"{name} imports the stage module(s) {sorted(static)}"

@@ -83,10 +83,11 @@ def test_bad_input_is_one_line_exit_2(lengths, tmp_path, capsys):
 @pytest.mark.parametrize("stage", ["stats", "boundaries", "plan", "plans"])
 def test_every_flag_has_help(stage, capsys):
     import argparse
-    import importlib
+
+    from lenbatch.cli import FLAGS
 
     parser = argparse.ArgumentParser()
-    importlib.import_module(COMMANDS[stage][0]).register(parser)
+    FLAGS[stage](parser)
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
             assert action.help, f"{stage} {action.option_strings} has no help"

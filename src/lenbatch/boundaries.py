@@ -22,17 +22,19 @@ coordinate descent on the same matrix, ``geometric`` snaps min..max+1 in K equal
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lenbatch.padding import OBJECTIVES, log_factorials, predict_bucketed, renewal_weights, value_counts
-from lenbatch.lengths import check_lengths
+from lenbatch.lengths import SEED_COUNT, check_lengths
 from lenbatch.spec import BatchSpec
+
+if TYPE_CHECKING:
+    from lenbatch.config import Params
 
 METHODS = ("dp", "coordinate", "geometric")
 
@@ -494,45 +496,24 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
     return rows
 
 
-# --------------------------------------------------------------------------- CLI: lenbatch boundaries
+# ------------------------------------------------------------ stage: lenbatch boundaries (flags: lenbatch.cli_stages)
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import add_params_argument
-    from lenbatch.lengths import add_lengths_arguments
-    from lenbatch.strategies import add_batching_arguments
-
-    add_params_argument(parser)
-    add_lengths_arguments(parser)
-    parser.add_argument("--method", choices=METHODS, help="optimizer (overrides boundaries.method)")
-    parser.add_argument("--num-buckets", type=int, help="K, the number of buckets (count)")
-    parser.add_argument("--sweep-max-buckets", type=int, help="the K sweep covers K = 1..this (count; 0: no sweep)")
-    parser.add_argument("--num-candidates", type=int, help="candidate edge values searched (count)")
-    parser.add_argument("--objective", choices=OBJECTIVES, help="what is minimised (overrides boundaries.objective)")
-    add_batching_arguments(parser, ("token_budget", "max_batch_size"))
-    parser.add_argument("--out", required=True, help="output directory: boundaries.json, sweep.json, params.json")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from lenbatch.config import load_params, write_resolved
+def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
+        seed_profile_size: int = SEED_COUNT, sweep: bool = True) -> int:
+    """``lenbatch boundaries``: boundaries.json (the ``boundaries`` section's edges for the lengths at
+    ``lengths`` or the generated ``seed_profile``, predicted and simulated) and sweep.json (the K sweep;
+    ``[]`` without ``sweep``)."""
+    from lenbatch.cli import write_json
+    from lenbatch.config import write_resolved
+    from lenbatch.lengths import bucket_counts, read_lengths_input
     from lenbatch.log import get_logger
     from lenbatch.padding import predict_bucketed as _pb
-    from lenbatch.cli import write_json
-    from lenbatch.lengths import bucket_counts, load_lengths
-
-    from lenbatch.strategies import batching_overrides
 
     log = get_logger("lenbatch.boundaries")
-    bo = {k: getattr(args, k) for k in ("method", "num_buckets", "num_candidates", "objective")
-          if getattr(args, k) is not None}
-    no_sweep = args.sweep_max_buckets == 0
-    if args.sweep_max_buckets:
-        bo["sweep_max_buckets"] = args.sweep_max_buckets
-    overrides = {**batching_overrides(args), **({"boundaries": bo} if bo else {})}
-    params = load_params(*args.params, overrides=overrides or None)
     p, bt = params.boundaries, params.batching
-    x, source = load_lengths(args, seed=bt.seed)
+    x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
+                                   seed=bt.seed)
     log.info("%s: %d samples; %s boundaries, K=%d, budget %d tokens, at most %d per batch", source, x.size,
              p.method, p.num_buckets, bt.token_budget, bt.max_batch_size)
     spec = BatchSpec.from_params(params, strategy="bucketed")
@@ -541,7 +522,7 @@ def _run(args: argparse.Namespace) -> int:
     sim = simulate_bucketed(x, res.edges, spec=spec)
     pred = _pb(x, res.edges, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
                objective=p.objective)
-    out = Path(args.out)
+    out = Path(out)
     doc = res.to_dict()
     doc.update(sim)
     doc["lengths"] = source
@@ -550,8 +531,8 @@ def _run(args: argparse.Namespace) -> int:
     write_json(out / "boundaries.json", doc)
     log.info("%s edges %s: predicted %.4f, simulated %.4f padding efficiency (%.2f s)", p.method, list(res.edges),
              res.predicted_efficiency, sim["simulated_efficiency"], res.seconds)
-    sweep = [] if no_sweep else sweep_num_buckets(
+    swept = [] if not sweep else sweep_num_buckets(
         x, p.sweep_max_buckets, method=p.method, objective=p.objective, num_candidates=p.num_candidates, spec=spec)
-    write_json(out / "sweep.json", sweep)
+    write_json(out / "sweep.json", swept)
     write_resolved(params, out, sections=("boundaries", "batching"))
     return 0

@@ -1,10 +1,12 @@
 """One command line for every stage: ``lenbatch <stage> ...``.
 
 Snakemake rules, DVC stages, tests and users all call the same entry points.
-Each stage module owns its flags through a ``register(parser)`` function that
-adds arguments and sets ``func`` (a callable ``args -> int`` exit code).
-Modules are imported lazily, so ``lenbatch stats`` never pays for importing
-torch or transformers.
+The CLI layer is this module (dispatch, shared helpers, the flags of train,
+profile and compare) and :mod:`lenbatch.cli_stages` (the other stages' flags).
+Each stage's flags set ``func`` (a callable ``args -> int`` exit code) that calls
+the stage module's plain keyword-argument function; stage modules never see
+argparse. Modules are imported lazily, so ``lenbatch stats`` never pays for
+importing torch or transformers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from lenbatch import cli_stages
 
 if TYPE_CHECKING:
     import numpy as np
@@ -79,11 +83,11 @@ def read_lengths(data: Path) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- stages' flags kept here
-# A stage listed in FLAGS has its flags and its glue here, and exposes a plain keyword-argument function
-# (``lenbatch.train.train``); the others still register their own flags (``module.register``). The glue
-# reaches the stage module through importlib (the module COMMANDS names), never an ``import`` statement:
-# cli.py is part of every stage's code dependencies (lenbatch.deps), so an import here would make every
-# stage depend on every other.
+# Every stage has its flags and its glue in the CLI layer (here, or lenbatch.cli_stages) and exposes a plain
+# keyword-argument function (``lenbatch.train.train``, ``lenbatch.stats.run``). The glue reaches the stage
+# module through importlib (the module COMMANDS names), never an ``import`` statement: cli.py is part of
+# every stage's code dependencies (lenbatch.deps), so an import here would make every stage depend on every
+# other.
 
 
 def _stage(name: str) -> Any:
@@ -91,7 +95,8 @@ def _stage(name: str) -> Any:
 
 
 def _train_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import STRATEGY_NAMES, add_params_argument
+    from lenbatch.cli_stages import add_params_argument
+    from lenbatch.config import STRATEGY_NAMES
 
     add_params_argument(parser)
     parser.add_argument("--strategy", required=True, help=f"batching strategy: one of {', '.join(STRATEGY_NAMES)}")
@@ -109,7 +114,7 @@ def _train(args: argparse.Namespace) -> int:
     """``lenbatch train``: without torchrun and with ``train.nproc > 1``, re-executes itself under
     ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged); else trains
     in this process (:func:`lenbatch.train.train`)."""
-    from lenbatch.config import params_from_args
+    from lenbatch.cli_stages import params_from_args
 
     stage = _stage("train")
     overrides = {"train": {"useful_tokens": args.useful_tokens}} if args.useful_tokens is not None else {}
@@ -144,7 +149,7 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
 
 
 def _profile_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import add_params_argument
+    from lenbatch.cli_stages import add_params_argument
 
     add_params_argument(parser)
     parser.add_argument("--repeats", type=int, default=None, help="override profile.repeats")
@@ -153,14 +158,14 @@ def _profile_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from lenbatch.config import params_from_args
+    from lenbatch.cli_stages import params_from_args
 
     overrides = {"profile": {"repeats": args.repeats}} if args.repeats is not None else None
     return _stage("profile").run(params=params_from_args(args, overrides), out=args.out)
 
 
 def _compare_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import add_params_argument
+    from lenbatch.cli_stages import add_params_argument
 
     add_params_argument(parser)
     parser.add_argument("--stats", default="results/stats", help="stats stage output folder")
@@ -177,7 +182,7 @@ def _compare_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from lenbatch.config import params_from_args
+    from lenbatch.cli_stages import params_from_args
 
     return _stage("compare").run(params=params_from_args(args), stats=Path(args.stats),
                                  boundaries=Path(args.boundaries), plans=Path(args.plans),
@@ -186,6 +191,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 FLAGS: dict[str, Any] = {"profile": _profile_flags, "train": _train_flags, "compare": _compare_flags}
+FLAGS.update(cli_stages.FLAGS)  # the other stages' flags, declared in the CLI layer's second module
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -235,13 +241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         top.error(f"unknown stage {name!r}; choose one of: {', '.join(COMMANDS)}")
     module_name, help_ = COMMANDS[name]
     try:
-        module = importlib.import_module(module_name)
+        importlib.import_module(module_name)  # a missing extra is named before any flag is parsed
     except ModuleNotFoundError as err:
         return _missing_extra(name, err)
     parser = argparse.ArgumentParser(
         prog=f"lenbatch {name}", description=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    FLAGS[name](parser) if name in FLAGS else module.register(parser)
+    FLAGS[name](parser)
     args = parser.parse_args(argv[1:])
     try:
         if name in STAGED and getattr(args, "out", None):

@@ -14,7 +14,6 @@ add it to ``params.yaml`` with a comment, then regenerate the schema::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -486,32 +485,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-class _AppendInline(argparse.Action):
-    """``--params-json X`` appends the inline mapping to ``--params`` (after the files given before it)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
-        current = list(getattr(namespace, "params", None) or [])
-        namespace.params = current + [values]
-
-
-def add_params_argument(parser: argparse.ArgumentParser) -> None:
-    """``--params FILE [FILE ...]`` and ``--params-json JSON``, merged in the order given.
-
-    Snakemake rules pass exactly the sections a stage reads with ``--params-json``, so
-    that changing a key reruns exactly the rules that use it (Snakemake's params rerun
-    trigger); :func:`load_params` accepts such inline mappings among the paths.
-    """
-    parser.add_argument("--params", nargs="+", default=["params.yaml"], metavar="FILE",
-                        help="params.yaml, then override files merged on top in order")
-    parser.add_argument("--params-json", action=_AppendInline, metavar="JSON",
-                        help="sections as an inline JSON mapping merged on top of the files (used by the workflow)")
-
-
-def params_from_args(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Params:
-    """Params from ``--params``/``--params-json`` plus CLI flag ``overrides`` (applied last)."""
-    return load_params(*args.params, overrides=overrides)
-
-
 def write_resolved(params: Params, out_dir: str | Path, sections: tuple[str, ...] | None = None) -> Path:
     """Write the resolved params (or some sections) as ``params.json`` next to a stage's results."""
     out_dir = Path(out_dir)
@@ -579,21 +552,15 @@ def schema_yaml() -> str:
     return yaml.safe_dump(json_schema(), sort_keys=False, width=120)
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    what = parser.add_mutually_exclusive_group()
-    what.add_argument("--schema", action="store_true", help="print the JSON schema (YAML) of params files")
-    what.add_argument("--show", action="store_true", help="print the resolved params as JSON")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.schema:
+def run(*, params: list[str], schema: bool = False, show: bool = False) -> int:
+    """``lenbatch params``: print the schema, or the params (files or inline JSON, merged in order)
+    resolved as JSON (``show``), or one line saying they are valid."""
+    if schema:
         sys.stdout.write(schema_yaml())
         return 0
-    params = params_from_args(args)
-    if args.show:
-        print(json.dumps(params.to_dict(), indent=2))
+    resolved = load_params(*params)
+    if show:
+        print(json.dumps(resolved.to_dict(), indent=2))
     else:
-        print(f"{' + '.join(args.params)}: valid ({len(SECTIONS)} sections)")
+        print(f"{' + '.join(params)}: valid ({len(SECTIONS)} sections)")
     return 0

@@ -37,7 +37,6 @@ memory-mapped file into ``dataset/``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import shutil
@@ -62,7 +61,7 @@ from lenbatch.chat import (
     encode_chunk_in_worker,
     init_worker,
 )
-from lenbatch.config import Params, add_params_argument, params_from_args, write_resolved
+from lenbatch.config import Params, write_resolved
 from lenbatch.log import get_logger
 from lenbatch.sources import SourceReport, iter_records, resolve_source
 
@@ -366,40 +365,19 @@ def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None 
     return stats
 
 
-# --------------------------------------------------------------------------- CLI
+# ------------------------------------------------------------ stage: lenbatch tokenize (flags: lenbatch.cli_stages)
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    parser.add_argument("--source", help="overrides data.source: 'sharegpt', a JSON/JSONL/Parquet file or a "
-                                          "save_to_disk directory")
-    parser.add_argument("--tokenizer", help="overrides data.tokenizer: 'qwen3.6' or a local HF tokenizer directory")
-    parser.add_argument("--max-len", type=int, help="overrides data.max_len (tokens)")
-    parser.add_argument("--overflow", choices=("truncate", "drop", "error"), help="overrides data.overflow")
-    parser.add_argument("--limit", type=int, help="overrides data.limit: read at most N conversations")
-    parser.add_argument("--workers", type=int, help="overrides data.workers (processes)")
-    parser.add_argument("--on-bad-record", choices=("error", "skip"), help="overrides data.on_bad_record")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress log lines")
-    parser.add_argument("--allow-truncated", action="store_true", default=None,
-                        help="keep the complete records of a cut-off JSON/JSONL source (counted in stats.json) "
-                        "instead of stopping; always on for the embedded 'sharegpt' file")
-    parser.add_argument("--out", required=True, help="output directory (e.g. results/tokenize)")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    flags = {"source": args.source, "tokenizer": args.tokenizer, "max_len": args.max_len,
-             "overflow": args.overflow, "limit": args.limit, "workers": args.workers,
-             "on_bad_record": args.on_bad_record}
-    overrides = {k: v for k, v in flags.items() if v is not None}
-    params = params_from_args(args, overrides={"data": overrides} if overrides else None)
+def run(*, params: Params, out: str | Path, progress: bool = True, allow_truncated: bool | None = None) -> int:
+    """``lenbatch tokenize``: :func:`tokenize` the ``data`` section's source into ``out``
+    (:func:`write_outputs`); ``allow_truncated`` as :func:`tokenize`'s."""
     d = params.data
     log.info("tokenize %s with %s: max_len %d (%s), %d workers%s", d.source, d.tokenizer, d.max_len, d.overflow,
              d.workers, f", limit {d.limit}" if d.limit else "")
     result = tokenize(source=d.source, tokenizer=d.tokenizer, max_len=d.max_len, overflow=d.overflow,
-                      limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=not args.no_progress,
-                      spill_path=Path(args.out) / "tokens.arrow.tmp", allow_truncated=args.allow_truncated)
-    stats = write_outputs(result, args.out, params)
+                      limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=progress,
+                      spill_path=Path(out) / "tokens.arrow.tmp", allow_truncated=allow_truncated)
+    stats = write_outputs(result, out, params)
     src = stats["source"]
     log.info("%d records read%s; %d samples, %.2f M tokens (%d truncated at %d), dropped %s, skipped %s",
              stats["records_read"],
@@ -408,5 +386,5 @@ def run(args: argparse.Namespace) -> int:
              stats["samples"], stats["total_tokens"] / 1e6, stats["truncated"], d.max_len, stats["dropped"],
              stats["skipped"] or "nothing")
     log.info("wrote %s/{dataset/, lengths.npy, stats.json, params.json} in %.1f s (encode %.1f s, write %.1f s)",
-             args.out, stats["seconds"]["total"], stats["seconds"]["read_and_encode"], stats["seconds"]["write"])
+             out, stats["seconds"]["total"], stats["seconds"]["read_and_encode"], stats["seconds"]["write"])
     return 0

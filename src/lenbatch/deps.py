@@ -31,7 +31,6 @@ Cost: parsing the ~25 modules once, ~50 ms; cached per process.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import functools
@@ -295,24 +294,20 @@ def dvc_yaml(results: str = "results") -> str:
     return HEADER + "\n" + body
 
 
-# --------------------------------------------------------------------------- CLI
+# ------------------------------------------------------------ stage: lenbatch dvc-yaml (flags: lenbatch.cli_stages)
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="dvc.yaml", help="where to write dvc.yaml ('-': stdout)")
-    parser.add_argument("--check", action="store_true", help="exit 1 if OUT differs from what would be written")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
+def run(*, out: str, check: bool = False) -> int:
+    """``lenbatch dvc-yaml``: write :func:`dvc_yaml` to ``out`` ('-': stdout); with ``check``, exit 1
+    when ``out`` differs from it instead of writing."""
     import sys
 
     text = dvc_yaml()
-    if args.out == "-":
+    if out == "-":
         sys.stdout.write(text)
         return 0
-    path = Path(args.out)
-    if args.check:
+    path = Path(out)
+    if check:
         if not path.exists() or path.read_text() != text:
             print(f"{path} is stale: regenerate it with `lenbatch dvc-yaml`", file=sys.stderr)
             return 1

@@ -15,7 +15,6 @@ Cost: one ~2.2 MB template write plus DVC's own rendering.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -49,18 +48,14 @@ def offline_template() -> str:
             + "\n<style>table { border-spacing: 15px; }</style>\n</head>\n<body>\n{plot_divs}\n</body>\n</html>\n")
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("revisions", nargs="*", help="revisions or experiments to compare (dvc plots diff)")
-    parser.add_argument("--out", default="dvc_plots", help="output folder (index.html)")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+def run(*, revisions: list[str], out: str) -> int:
+    """``lenbatch plots``: ``dvc plots diff`` of ``revisions`` into ``out`` with :func:`offline_template`;
+    DVC's exit code."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     template = out / "offline-template.html"
     template.write_text(offline_template(), encoding="utf8")
-    cmd = ["dvc", "plots", "diff", "--html-template", str(template), "-o", str(out), *args.revisions]
+    cmd = ["dvc", "plots", "diff", "--html-template", str(template), "-o", str(out), *revisions]
     code = subprocess.call(cmd)
     if code == 0:
         print(f"wrote {out / 'index.html'} (renders offline)", file=sys.stderr)

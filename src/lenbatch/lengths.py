@@ -2,7 +2,7 @@
 lengths input every planning stage reads (``--lengths FILE.npy`` or ``--seed-profile``).
 
 A library module (numpy only): the ``stats`` stage (:mod:`lenbatch.stats`) renders these numbers,
-and the planning stages read their lengths through :func:`load_lengths`.
+and the planning stages read their lengths through :func:`read_lengths_input`.
 
 The *seed profile* is a deterministic stand-in for the study's 902,087 tokenized chat
 completions, drawn through its published percentiles (min 65, P10 637, P25 1035,
@@ -22,7 +22,6 @@ shuffled with the same seed.  Cost: O(N log N).
 
 from __future__ import annotations
 
-import argparse
 import functools
 from pathlib import Path
 from typing import Any
@@ -175,20 +174,13 @@ def bucket_counts(lengths: Any, edges: Any) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- CLI helpers shared by my stages
 
 
-def add_lengths_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """``--lengths FILE.npy`` or ``--seed-profile`` (the study's 902,087 lengths, generated)."""
-    src = parser.add_mutually_exclusive_group(required=required)
-    src.add_argument("--lengths", metavar="NPY", help="lengths .npy (one int per sample, tokens)")
-    src.add_argument("--seed-profile", action="store_true",
-                     help=f"generate the study's length profile ({SEED_COUNT:,} samples, tokens) instead")
-    parser.add_argument("--seed-profile-size", type=int, default=SEED_COUNT, metavar="N",
-                        help="samples in the generated seed profile (count)")
-
-
-def load_lengths(args: argparse.Namespace, *, seed: int = 0) -> tuple[np.ndarray, str]:
-    if getattr(args, "seed_profile", False):
-        return seed_profile(args.seed_profile_size, seed=seed).astype(np.int64), "seed-profile"
-    path = Path(args.lengths)
+def read_lengths_input(*, lengths: str | None, generate: bool = False, seed_profile_size: int = SEED_COUNT,
+                       seed: int = 0) -> tuple[np.ndarray, str]:
+    """The lengths a stage reads (tokens, int64) and their source's name: the ``.npy`` at ``lengths``, or
+    with ``generate`` (``--seed-profile``) the study's profile of ``seed_profile_size`` samples, ``seed``."""
+    if generate:
+        return seed_profile(seed_profile_size, seed=seed).astype(np.int64), "seed-profile"
+    path = Path(lengths)
     if not path.exists():
         raise ValueError(f"--lengths {path} does not exist; run 'lenbatch tokenize' first or pass --seed-profile")
     return check_lengths(np.load(path), name=str(path)), str(path)

@@ -9,16 +9,19 @@ boundary objective's predicted efficiency for the edges used.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lenbatch.lengths import SEED_COUNT
 from lenbatch.padding import batch_tokens, composition_repeat, length_mixing, predict_bucketed
 from lenbatch.spec import BatchSpec
-from lenbatch.strategies import STRATEGIES, add_batching_arguments, plan_epoch_all
+from lenbatch.strategies import STRATEGIES, plan_epoch_all
+
+if TYPE_CHECKING:
+    from lenbatch.config import Params
 
 
 def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, epochs: int = 3, seed: int = 0,
@@ -83,48 +86,32 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
     return out
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import add_params_argument
-    from lenbatch.lengths import add_lengths_arguments
-
-    add_params_argument(parser)
-    add_lengths_arguments(parser)
-    parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None,
-                        help="strategies to simulate (default: all; bucketed only with --boundaries)")
-    parser.add_argument("--epochs", type=int, help="epochs simulated per strategy (count; overrides plans.epochs)")
-    parser.add_argument("--world-size", type=int, default=1,
-                        help="data-parallel ranks the plans are split over (count)")
-    add_batching_arguments(parser)
-    parser.add_argument("--out", required=True, help="output directory: metrics.json, params.json")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from lenbatch.config import load_params, write_resolved
-    from lenbatch.log import get_logger
+def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
+        seed_profile_size: int = SEED_COUNT, boundaries: str | None = None, strategies: list[str] | None = None,
+        world_size: int = 1) -> int:
+    """``lenbatch plans``: metrics.json, :func:`simulate` of ``strategies`` (default: all) over the lengths
+    at ``lengths`` (or the generated ``seed_profile``), bucketed with the edges of ``boundaries``."""
     from lenbatch.cli import write_json
-    from lenbatch.lengths import load_lengths
-    from lenbatch.strategies import batching_overrides, read_edges
+    from lenbatch.config import write_resolved
+    from lenbatch.lengths import read_lengths_input
+    from lenbatch.log import get_logger
+    from lenbatch.strategies import read_edges
 
     log = get_logger("lenbatch.plans")
-    overrides = batching_overrides(args)
-    if args.epochs is not None:
-        overrides["plans"] = {"epochs": args.epochs}
-    params = load_params(*args.params, overrides=overrides or None)
     bt = params.batching
-    x, source = load_lengths(args, seed=bt.seed)
-    edges = read_edges(args.boundaries)
-    if args.strategies is not None and "bucketed" in args.strategies and edges is None:
+    x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
+                                   seed=bt.seed)
+    edges = read_edges(boundaries)
+    if strategies is not None and "bucketed" in strategies and edges is None:
         raise ValueError("--strategies bucketed needs bucket edges; pass --boundaries "
                          "results/boundaries/boundaries.json (run 'lenbatch boundaries' first)")
-    strategies = tuple(args.strategies) if args.strategies is not None else tuple(STRATEGIES)
+    chosen = tuple(strategies) if strategies is not None else tuple(STRATEGIES)
     log.info("%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
-             source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, args.world_size)
+             source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, world_size)
     spec = BatchSpec.from_params(params, strategy="bucketed", edges=edges)  # edges serve bucketed alone
-    metrics = simulate(x, strategies=strategies, epochs=params.plans.epochs, world_size=args.world_size, log=log,
+    metrics = simulate(x, strategies=chosen, epochs=params.plans.epochs, world_size=world_size, log=log,
                        spec=spec)
-    out = Path(args.out)
+    out = Path(out)
     write_json(out / "metrics.json", metrics)
     write_resolved(params, out, sections=("batching", "plans"))
     return 0

@@ -40,7 +40,6 @@ epoch of forward + backward. 228-238 CPU seconds at the defaults (1 thread; 19 C
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -55,7 +54,7 @@ from torch import nn
 from lenbatch import gradquality as gq
 from lenbatch import quality_report as qr
 from lenbatch.collate import Batch, collate, layout_for
-from lenbatch.config import Params, add_params_argument, params_from_args, write_resolved
+from lenbatch.config import Params, write_resolved
 from lenbatch.log import get_logger
 
 log = get_logger("quality")
@@ -511,28 +510,21 @@ def write_plot(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
-# --------------------------------------------------------------------------- CLI
+# ------------------------------------------------------------ stage: lenbatch quality (flags: lenbatch.cli_stages)
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
-    parser.add_argument("--boundaries", default=None, help="boundaries.json (bucket edges for bucketed)")
-    parser.add_argument("--out", default="results/quality", help="output folder")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    params = params_from_args(args)
+def run(*, params: Params, data: str | Path, out: str | Path, boundaries: str | None = None) -> int:
+    """``lenbatch quality``: :func:`run_quality` on the tokenize output ``data`` (bucketed with the
+    edges of ``boundaries``), written to ``out`` (:func:`write_outputs`)."""
     torch.set_num_threads(params.quality.threads)
     edges = None
-    if args.boundaries:
-        bpath = Path(args.boundaries)
+    if boundaries:
+        bpath = Path(boundaries)
         if not bpath.exists():
             raise ValueError(f"--boundaries {bpath} does not exist; run 'lenbatch boundaries' first")
         edges = tuple(int(e) for e in json.loads(bpath.read_text())["edges"])
-    result = run_quality(params, data=Path(args.data), edges=edges)
-    write_outputs(result, Path(args.out), params=params)
+    result = run_quality(params, data=Path(data), edges=edges)
+    write_outputs(result, Path(out), params=params)
     summ = result["summary"]
     for s in result["strategies"]:
         f = summ["final"][s]
@@ -540,7 +532,7 @@ def run(args: argparse.Namespace) -> int:
                  "" if s == "sorted" else ("  differs from sorted" if summ["vs_sorted"][s]["distinguishable"]
                                            else "  within seed noise of sorted"))
     t = result["timing"]
-    log.info("wrote %s in %.0f s (%.0f CPU s)", args.out, t["total_s"], t["total_cpu_s"])
+    log.info("wrote %s in %.0f s (%.0f CPU s)", out, t["total_s"], t["total_cpu_s"])
     if not summ["learned"]:
         log.warning("the held-out loss did not fall %.1f nats below uniform (%.2f) for every strategy: raise "
                     "quality.epochs, quality.train_tokens or quality.lr", result["setting"]["min_drop_nats"],

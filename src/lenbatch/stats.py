@@ -7,9 +7,8 @@ this module is the stage: it reads the lengths input, writes ``stats.json``, ``h
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lenbatch.cli import write_json
 from lenbatch.lengths import (  # noqa: F401 (re-exported: the library's names under their old module)
@@ -18,44 +17,36 @@ from lenbatch.lengths import (  # noqa: F401 (re-exported: the library's names u
     SEED_PERCENTILES,
     SEED_VALUES,
     STAT_PERCENTILES,
-    add_lengths_arguments,
     bucket_counts,
     bucket_ids,
     check_edges,
     check_lengths,
     histogram,
     length_stats,
-    load_lengths,
+    read_lengths_input,
     seed_profile,
     seed_profile_lambda,
 )
 
-
-def register(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import add_params_argument
-
-    add_params_argument(parser)
-    add_lengths_arguments(parser)
-    parser.add_argument("--bins", type=int, default=None, help="histogram bins (count; overrides stats.histogram_bins)")
-    parser.add_argument("--edges", type=int, nargs="+", default=None, metavar="TOKENS",
-                        help="optional bucket edges (tokens) for counts per bucket")
-    parser.add_argument("--out", required=True, help="output directory (stats.json, histogram.json, histogram.png)")
-    parser.set_defaults(func=_run)
+if TYPE_CHECKING:
+    from lenbatch.config import Params
 
 
-def _run(args: argparse.Namespace) -> int:
-    from lenbatch.config import load_params, write_resolved
+def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
+        seed_profile_size: int = SEED_COUNT, edges: list[int] | None = None) -> int:
+    """``lenbatch stats``: stats.json, histogram.json and histogram.png of the lengths at ``lengths`` (or
+    the generated ``seed_profile``), counts per bucket of ``edges`` (tokens) when given."""
+    from lenbatch.config import write_resolved
     from lenbatch.log import get_logger
 
     log = get_logger("lenbatch.stats")
-    overrides = {"stats": {"histogram_bins": args.bins}} if args.bins is not None else None
-    params = load_params(*args.params, overrides=overrides)
-    x, source = load_lengths(args, seed=params.batching.seed)
-    out = Path(args.out)
+    x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
+                                   seed=params.batching.seed)
+    out = Path(out)
     st = length_stats(x)
     st["source"] = source
-    if args.edges:
-        st["buckets"] = bucket_counts(x, args.edges)
+    if edges:
+        st["buckets"] = bucket_counts(x, edges)
     hist = histogram(x, bins=params.stats.histogram_bins)
     write_json(out / "stats.json", st)
     write_json(out / "histogram.json", hist)

@@ -30,18 +30,20 @@ With ``world_size == 1`` the strategy's own order is kept.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lenbatch.padding import batch_tokens, greedy_batches
-from lenbatch.lengths import check_lengths
+from lenbatch.lengths import SEED_COUNT, check_lengths
 from lenbatch.spec import BatchSpec, check_int, layout_of
+
+if TYPE_CHECKING:
+    from lenbatch.config import Params
 
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
 
@@ -355,43 +357,7 @@ def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int =
                                                   spec=spec)) for e in range(epochs))
 
 
-# --------------------------------------------------------------------------- CLI: lenbatch plan
-
-
-def register(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import add_params_argument
-    from lenbatch.lengths import add_lengths_arguments
-
-    add_params_argument(parser)
-    add_lengths_arguments(parser)
-    parser.add_argument("--strategy", required=True, choices=STRATEGIES, help="batching strategy")
-    parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens; bucketed only)")
-    parser.add_argument("--epoch", type=int, default=0, help="epoch to plan (count, from 0)")
-    parser.add_argument("--rank", type=int, default=0, help="rank whose batches are written (0-based)")
-    parser.add_argument("--world-size", type=int, default=1, help="number of data-parallel ranks (count)")
-    add_batching_arguments(parser)
-    parser.add_argument("--out", required=True,
-                        help="output directory: plan.json (batches as index lists) + params.json")
-    parser.set_defaults(func=_run)
-
-
-BATCHING_FLAGS = {
-    "token_budget": "padded tokens per batch (tokens; overrides batching.token_budget)",
-    "max_batch_size": "samples per batch at most (count; overrides batching.max_batch_size)",
-    "seed": "base seed (epoch e uses seed + e; overrides batching.seed)",
-    "packed_window": "open rows of first-fit packing (count; overrides batching.packed_window)",
-}
-
-
-def add_batching_arguments(parser: argparse.ArgumentParser, keys: tuple[str, ...] = tuple(BATCHING_FLAGS)) -> None:
-    """``--token-budget`` etc.: flags overriding single ``batching`` keys (read back by :func:`batching_overrides`)."""
-    for key in keys:
-        parser.add_argument("--" + key.replace("_", "-"), type=int, help=BATCHING_FLAGS[key])
-
-
-def batching_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    sec = {k: getattr(args, k) for k in BATCHING_FLAGS if getattr(args, k, None) is not None}
-    return {"batching": sec} if sec else {}
+# ------------------------------------------------------------ stage: lenbatch plan (flags: lenbatch.cli_stages)
 
 
 def read_edges(path: str | None) -> list[int] | None:
@@ -408,34 +374,38 @@ def read_edges(path: str | None) -> list[int] | None:
     return [int(e) for e in data["edges"]]
 
 
-def _run(args: argparse.Namespace) -> int:
-    from lenbatch.config import load_params, write_resolved
+def run(*, params: Params, strategy: str, lengths: str | None, out: str | Path, seed_profile: bool = False,
+        seed_profile_size: int = SEED_COUNT, boundaries: str | None = None, epoch: int = 0, rank: int = 0,
+        world_size: int = 1) -> int:
+    """``lenbatch plan``: plan.json, rank ``rank``'s batches of epoch ``epoch`` of ``strategy`` over the
+    lengths at ``lengths`` (or the generated ``seed_profile``), with the edges of ``boundaries``."""
+    from lenbatch.cli import write_json
+    from lenbatch.config import write_resolved
+    from lenbatch.lengths import read_lengths_input
     from lenbatch.log import get_logger
     from lenbatch.padding import budget_fill, padding_efficiency
-    from lenbatch.cli import write_json
-    from lenbatch.lengths import load_lengths
 
     log = get_logger("lenbatch.plan")
-    params = load_params(*args.params, overrides=batching_overrides(args))
     bt = params.batching
-    x, source = load_lengths(args, seed=bt.seed)
-    edges = read_edges(args.boundaries)
-    if args.strategy == "bucketed" and edges is None:
+    x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
+                                   seed=bt.seed)
+    edges = read_edges(boundaries)
+    if strategy == "bucketed" and edges is None:
         raise ValueError("--strategy bucketed needs edges: pass --boundaries boundaries.json (run 'lenbatch boundaries' "
                          "first)")
     t0 = time.perf_counter()
-    batches = plan_epoch(x, strategy=args.strategy, epoch=args.epoch, seed=bt.seed, token_budget=bt.token_budget,
-                         max_batch_size=bt.max_batch_size, edges=edges if args.strategy == "bucketed" else None, rank=args.rank, world_size=args.world_size,
+    batches = plan_epoch(x, strategy=strategy, epoch=epoch, seed=bt.seed, token_budget=bt.token_budget,
+                         max_batch_size=bt.max_batch_size, edges=edges if strategy == "bucketed" else None, rank=rank, world_size=world_size,
                          packed_window=bt.packed_window)
     secs = time.perf_counter() - t0
-    out = Path(args.out)
+    out = Path(out)
     write_json(out / "plan.json", {
-        "strategy": args.strategy, "epoch": args.epoch, "rank": args.rank, "world_size": args.world_size,
+        "strategy": strategy, "epoch": epoch, "rank": rank, "world_size": world_size,
         "lengths": source, "edges": edges, "steps": len(batches),
-        "padding_efficiency": padding_efficiency(x, batches, strategy=args.strategy),
-        "budget_fill": budget_fill(x, batches, bt.token_budget, strategy=args.strategy),
+        "padding_efficiency": padding_efficiency(x, batches, strategy=strategy),
+        "budget_fill": budget_fill(x, batches, bt.token_budget, strategy=strategy),
         "plan_seconds": secs, "batches": [b.tolist() for b in batches]})
     write_resolved(params, out, sections=("batching",))
-    log.info("%s epoch %d rank %d/%d: %d batches in %.2f s -> %s", args.strategy, args.epoch, args.rank,
-             args.world_size, len(batches), secs, out / "plan.json")
+    log.info("%s epoch %d rank %d/%d: %d batches in %.2f s -> %s", strategy, epoch, rank,
+             world_size, len(batches), secs, out / "plan.json")
     return 0

@@ -8,7 +8,6 @@ type is compared with a tolerance. Cost: one packed forward plus one forward per
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import time
@@ -71,34 +70,13 @@ def verify_packing(target: Any, lengths: list[int], *, seed: int = 0, boundaries
             "packed_seconds": t_packed, "reference_seconds": t_ref}
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.config import add_params_argument
-
-    add_params_argument(parser)
-    parser.add_argument("--model-config", default=None, metavar="FILE",
-                        help="YAML/JSON with a 'model' section, or a Hugging Face config.json of a "
-                             "Qwen3.5-architecture text model (default: the params' model section)")
-    parser.add_argument("--lengths", default="5,17,300,64", help="comma-separated sequence lengths (tokens)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--backend", default="auto", choices=KERNEL_BACKENDS,
-                        help="kernels under test: fla (flash-linear-attention; on CPU under Triton's interpreter, "
-                             "float32), torch (lenbatch's), auto (fla on CUDA in bfloat16 when installed). The "
-                             "reference is transformers' torch forward in every case")
-    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
-                        help="compute dtype (default: model.dtype)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
-    parser.add_argument("--atol", type=float, default=None,
-                        help="largest allowed |difference| (default 1e-4 for float32; bfloat16 is judged by "
-                             "--rtol instead)")
-    parser.add_argument("--rtol", type=float, default=3e-2,
-                        help="bfloat16 only: largest allowed |difference| / largest |reference value| per layer "
-                             "type (two bf16 kernels round differently)")
-    parser.add_argument("--no-boundaries", action="store_true",
-                        help="withhold the sequence boundaries on purpose (positions still restart): must fail")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
+def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | None = None, device: str = "cpu",
+        backend: str = "auto", dtype: str | None = None, seed: int = 0, atol: float | None = None,
+        rtol: float = 3e-2, boundaries: bool = True) -> int:
+    """``lenbatch verify-packing``: :func:`verify_packing` of a target built from ``params`` (files or
+    inline JSON; ``model_config`` on top) on sequences of the comma-separated ``lengths``; prints a
+    line per layer type and exits 1 when a difference exceeds the tolerance (``atol``, or ``rtol``
+    relative in bfloat16)."""
     import dataclasses
 
     from lenbatch.config import ModelConfig, load_params
@@ -106,31 +84,31 @@ def run(args: argparse.Namespace) -> int:
     from lenbatch.model import build_target, model_config_from_file
 
     log = get_logger("lenbatch.verify-packing")
-    lengths = parse_lengths(args.lengths)
-    if args.backend == "fla":
+    sizes = parse_lengths(lengths)
+    if backend == "fla":
         from lenbatch import fla_cpu
 
         # before fla is imported: the interpreter on CPU; full fp32 (not TF32) tl.dot on a GPU
-        fla_cpu.prepare_environment(device=args.device)
-    set_kernel_backend(args.backend)
-    if args.model_config and args.params == ["params.yaml"] and not os.path.exists("params.yaml"):
+        fla_cpu.prepare_environment(device=device)
+    set_kernel_backend(backend)
+    if model_config and params == ["params.yaml"] and not os.path.exists("params.yaml"):
         cfg = ModelConfig()  # a user's own setup: the HF config.json alone is enough
     else:
-        cfg = load_params(*args.params).model
-    if args.model_config:
-        cfg = model_config_from_file(args.model_config, base=cfg)
-    if args.dtype:
-        cfg = dataclasses.replace(cfg, dtype=args.dtype)
-    if args.device == "cuda" and not torch.cuda.is_available():
+        cfg = load_params(*params).model
+    if model_config:
+        cfg = model_config_from_file(model_config, base=cfg)
+    if dtype:
+        cfg = dataclasses.replace(cfg, dtype=dtype)
+    if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu")
-    relative = args.atol is None and cfg.dtype != "float32"
-    tol = args.rtol if relative else (args.atol if args.atol is not None else 1e-4)
+    relative = atol is None and cfg.dtype != "float32"
+    tol = rtol if relative else (atol if atol is not None else 1e-4)
     log.info("building the target: %d layers, hidden %d, %s on %s", cfg.num_hidden_layers, cfg.hidden_size,
-             cfg.dtype, args.device)
-    target = build_target(cfg, device=args.device)
-    result = verify_packing(target, lengths, seed=args.seed, boundaries=not args.no_boundaries)
+             cfg.dtype, device)
+    target = build_target(cfg, device=device)
+    result = verify_packing(target, sizes, seed=seed, boundaries=boundaries)
     worst, rel = result["max_abs_diff"], result["max_rel_diff"]
-    print(f"verify-packing: {len(lengths)} sequences, {result['tokens']} tokens, {cfg.dtype} on {args.device}, "
+    print(f"verify-packing: {len(sizes)} sequences, {result['tokens']} tokens, {cfg.dtype} on {device}, "
           f"gated-delta-rule backend {result['backend']}, conv backend {result['conv_backend']}, boundaries "
           f"{'given' if result['boundaries'] else 'WITHHELD'}")
     print(f"  packed forward {result['packed_seconds']:.3f} s, per-sequence forwards "
