@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -17,22 +16,20 @@ from lenbatch import quality_report as qr
 from lenbatch.cli import main
 from lenbatch.quality import split_samples
 
+from _tiny import ENV, TINY_DATA, TINY_MODEL
+
 pytestmark = pytest.mark.slow
 
 STRATEGIES = ["sorted", "random", "bucketed", "sortish", "packed"]
 TINY = {
-    "data": {"max_len": 1024},
-    "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-              "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
-              "linear_key_head_dim": 16, "linear_value_head_dim": 16, "target_layers": [0, 1]},
+    "data": TINY_DATA,
+    "model": TINY_MODEL,
     "drafter": {"num_layers": 1, "num_heads": 2},
     "batching": {"token_budget": 2048, "max_batch_size": 8},
     "train": {"strategies": STRATEGIES},
     "quality": {"train_tokens": 8000, "heldout_tokens": 2500, "epochs": 3, "seeds": 2, "draft_vocab": 128,
                 "anchors_per_seq": 4, "lr": 0.01, "eval_points": 3, "min_drop_nats": 0.5},
 }
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @pytest.fixture(scope="module")

@@ -20,21 +20,19 @@ from lenbatch.cli import main
 from lenbatch.config import load_params
 from lenbatch.train import build_schedule
 
+from _tiny import ENV, TINY_DATA, TINY_MODEL
+
 pytestmark = pytest.mark.slow
 
 # A tiny target and drafter; the real Qwen3.6 vocabulary (the ids come from the real tokenizer).
 TINY = {
-    "data": {"max_len": 1024},
-    "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-              "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
-              "linear_key_head_dim": 16, "linear_value_head_dim": 16, "target_layers": [0, 1]},
+    "data": TINY_DATA,
+    "model": TINY_MODEL,
     "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
     "batching": {"token_budget": 2048, "max_batch_size": 8},
     "train": {"nproc": 2, "useful_tokens": 7000, "warmup_steps": 1, "queue_size": 2, "threads": 1,
               "device": "cpu"},
 }
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ training with 2 target ranks + 1 drafter rank gives the same batches and losses 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,16 +18,14 @@ import lenbatch as lb
 from lenbatch import transport
 from lenbatch.config import load_params
 
+from _tiny import ENV, TINY_DATA, TINY_MODEL
+
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).parent
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 TINY3 = {
-    "data": {"max_len": 1024},
-    "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-              "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
-              "linear_key_head_dim": 16, "linear_value_head_dim": 16, "target_layers": [0, 1]},
+    "data": TINY_DATA,
+    "model": TINY_MODEL,
     "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
     "batching": {"token_budget": 1024, "max_batch_size": 8},
     "train": {"nproc": 3, "useful_tokens": 4000, "warmup_steps": 1, "queue_size": 2, "threads": 1,

@@ -1,0 +1,14 @@
+"""The tiny target every training test builds (2 layers, hidden 32, the real 248,320-token vocabulary)
+and the environment its subprocesses run in: one definition for test_train, test_transport and test_quality."""
+
+from __future__ import annotations
+
+import os
+
+TINY_DATA = {"max_len": 1024}
+TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+              "linear_key_head_dim": 16, "linear_value_head_dim": 16, "target_layers": [0, 1]}
+# one thread per process: tiny shapes gain nothing from a second one, and a busy CI box stalls on it
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
