@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 import lenbatch as lb
-from lenbatch.padding import budget_fill, composition_repeat, length_mixing, padding_efficiency, predict_bucketed
-from lenbatch.strategies import plan_epoch_all
+from lenbatch.batching.padding import budget_fill, composition_repeat, length_mixing, padding_efficiency, predict_bucketed
+from lenbatch.batching.strategies import plan_epoch_all
 
 STUDY_EDGES = (0, 770, 1216, 1728, 2432, 3296, 8192)
 BUDGET, MAXB, K = 49152, 64, 6

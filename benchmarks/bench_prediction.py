@@ -7,7 +7,7 @@ compares every profile's prediction (fitted on its grid only) with every round's
 Matched pairs (profile r vs runs r) are what the workflow reports. The other pairs tell
 the two noises apart: how much the prediction moves with another profile of the same
 code (profile spread) and how much the measurement moves with another run (runs spread).
-The mean error over all pairs is the model's own bias. CPU shares (stepmodel.cpu_share)
+The mean error over all pairs is the model's own bias. CPU shares (lenbatch.core.cpu.cpu_share)
 show whether other work on the machine slowed a profile or a run.
 
 Target: |prediction error| <= 5% for every strategy (goal 3%).
@@ -80,9 +80,9 @@ def main() -> int:
     bfile = str(work / "boundaries" / "boundaries.json")
     timings["plans"] = sh([*lb, "plans", *P, "--lengths", L, "--boundaries", bfile,
                            "--out", str(work / "plans")], work / "logs" / "plans.log")
-    from lenbatch.compare import compare
-    from lenbatch.config import load_params
-    from lenbatch.profile import grid_cpu_share
+    from lenbatch.stages.compare import compare
+    from lenbatch.core.config import load_params
+    from lenbatch.core.cpu import grid_cpu_share
 
     params = load_params(*params_files, work / "override.yaml")
     # rounds: profile r, then every strategy once (round r's runs); interleaving spreads slow drifts

@@ -18,13 +18,17 @@ import statistics
 import sys
 import time
 
-from lenbatch import profile
-from lenbatch.config import load_params
-
-try:
-    from lenbatch.runner import StepRunner, configure_process
-except ImportError:  # source trees before the runner/train split
-    from lenbatch.train import StepRunner, configure_process
+try:  # the layout of issue 20 (subpackages)
+    from lenbatch.core.config import load_params
+    from lenbatch.runtime.runner import StepRunner, configure_process
+    from lenbatch.stages import profile
+except ImportError:  # flat source trees before it
+    from lenbatch import profile  # type: ignore[no-redef]
+    from lenbatch.config import load_params  # type: ignore[no-redef]
+    try:
+        from lenbatch.runner import StepRunner, configure_process  # type: ignore[no-redef]
+    except ImportError:  # before the runner/train split
+        from lenbatch.train import StepRunner, configure_process  # type: ignore[no-redef]
 
 
 def main(label: str) -> None:

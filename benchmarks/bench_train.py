@@ -47,10 +47,10 @@ def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
     import torch
 
     import lenbatch as lb
-    from lenbatch.collate import collate, layout_for
-    from lenbatch.config import load_params
-    from lenbatch.runner import StepRunner
-    from lenbatch.train import TrainData
+    from lenbatch.loading.collate import collate, layout_for
+    from lenbatch.core.config import load_params
+    from lenbatch.runtime.runner import StepRunner
+    from lenbatch.stages.train import TrainData
 
     params = load_params(*args.params)
     torch.set_num_threads(params.train.threads)

@@ -12,3 +12,18 @@ TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2
               "linear_key_head_dim": 16, "linear_value_head_dim": 16, "target_layers": [0, 1]}
 # one thread per process: tiny shapes gain nothing from a second one, and a busy CI box stalls on it
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def tiny_hf_tokenizer(path, special=("<|im_start|>", "<|im_end|>")):
+    """A 400-token byte-level BPE tokenizer with ChatML specials, saved as a local HF tokenizer folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=list(special),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["Hello world, how are you? I am fine. user assistant system\n"] * 20, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(str(path))
+    return path

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lenbatch.boundaries import METHODS, Boundaries, optimize_boundaries, sweep_num_buckets
-from lenbatch.lengths import bucket_counts, histogram, length_stats, seed_profile
-from lenbatch.padding import (
+from lenbatch.batching.boundaries import METHODS, Boundaries, optimize_boundaries, sweep_num_buckets
+from lenbatch.batching.lengths import bucket_counts, histogram, length_stats, seed_profile
+from lenbatch.batching.padding import (
     budget_fill,
     composition_repeat,
     expected_max,
@@ -34,8 +34,8 @@ from lenbatch.padding import (
     predict_bucketed,
     study_bucket_computed,
 )
-from lenbatch.spec import BatchSpec
-from lenbatch.strategies import STRATEGIES, Plan, plan_epoch, plan_epoch_all
+from lenbatch.batching.spec import BatchSpec
+from lenbatch.batching.strategies import STRATEGIES, Plan, plan_epoch, plan_epoch_all
 
 __version__ = "0.1.0"
 
@@ -50,11 +50,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "LengthBatchSampler":
-        from lenbatch.sampler import LengthBatchSampler
+        from lenbatch.loading.sampler import LengthBatchSampler
 
         return LengthBatchSampler
     if name in ("collate_padded", "collate_packed"):
-        from lenbatch import collate as _collate
+        from lenbatch.loading import collate as _collate
 
         return getattr(_collate, name)
     raise AttributeError(f"module 'lenbatch' has no attribute {name!r}")

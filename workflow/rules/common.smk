@@ -5,8 +5,8 @@ import os
 import shlex
 import signal
 
-from lenbatch import deps
-from lenbatch.config import STRATEGY_NAMES, params_from_dict
+from lenbatch.pipeline import deps
+from lenbatch.core.config import STRATEGY_NAMES, params_from_dict
 
 # Where this config's results go. params.yaml leaves it at results/ (what DVC tracks and git commits);
 # configs/*.yaml set their own (results/tiny, results/qwen3.6-27b-8gpu) so they never overwrite it.

@@ -1,0 +1,1 @@
+"""Prediction and reports: the step-time model, gradient quality, report rendering. No torch."""

@@ -1,0 +1,359 @@
+"""Step-time model: fit step seconds on a profiling grid, predict a plan's throughput.
+
+The study predicted throughput as ``padding efficiency x sorted throughput`` and
+missed (86.8% predicted, 78% measured) because a step costs more than its
+computed tokens: a fixed per-step cost (launches, optimizer, communication)
+and the quadratic cost of attention. Here each role (target forward, drafter
+step) gets a linear model in a few shape features,
+
+    t = a * 1 + b * computed_tokens + c * sum_len_sq + d * sequences
+
+fitted by non-negative least squares on *relative* error (a 5 ms step and a
+2 s step matter alike), on a profiled grid of shapes, never on the run it
+predicts. Candidate feature sets are scored on held-out grid points; the best
+one is refitted on all points.
+
+A pipelined run (target rank -> bounded queue -> drafter rank) is then
+simulated step by step (:func:`pipeline_ends`), so a step costs about
+``max(target, drafter)`` in steady state, not the sum.
+
+Everything here is a pure function on numpy arrays; cost is O(steps) for
+prediction and O(2^p * n * p^2) for a fit with p <= 6 features.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Shape features a step's time may depend on (columns of a shape table).
+# Model selection (select_model): held-out error over this many random splits; a larger feature set
+# must lower the best held-out error by this share of it, and by at least this much (absolute).
+HOLDOUT_SPLITS = 50
+MIN_GAIN_RELATIVE = 0.1
+MIN_GAIN_ABSOLUTE = 0.002
+FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens", "ctx_tokens", "positions")
+
+# Candidate feature sets compared on held-out grid points (smallest first), per role.
+# target: the forward runs over computed tokens (Gated DeltaNet: linear; full attention:
+#   sum of length^2, n*m^2 when padded; packed rows pad each sequence to a 64-token chunk:
+#   a per-sequence cost).
+# drafter: projects and attends over each sequence's context up to the batch's largest
+#   anchor, i.e. sequences x the largest anchor = ``ctx_tokens`` (about the computed tokens
+#   when padded, more than the row length when packed), and pushes up to anchors_per_seq x
+#   (block_size - 1) ``positions`` per sequence through the vocabulary-sized lm_head
+#   (fewer where the loss mask ends): :func:`drafter_work` gives both exactly.
+CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
+    "target": {
+        "tokens": ("const", "computed_tokens"),
+        "tokens+seq": ("const", "computed_tokens", "sequences"),
+        "tokens+attn": ("const", "computed_tokens", "sum_len_sq"),
+        "tokens+attn+seq": ("const", "computed_tokens", "sum_len_sq", "sequences"),
+    },
+    "drafter": {
+        "tokens": ("const", "computed_tokens"),
+        "tokens+seq": ("const", "computed_tokens", "sequences"),
+        "ctx+seq": ("const", "ctx_tokens", "sequences"),
+        "ctx+pos": ("const", "ctx_tokens", "positions"),
+        "ctx+pos+seq": ("const", "ctx_tokens", "positions", "sequences"),
+    },
+}
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+# --------------------------------------------------------------------------- fit
+
+
+def design_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str]) -> np.ndarray:
+    """Stack the named feature columns (``const`` is ones) into an (n, p) matrix."""
+    unknown = [f for f in features if f != "const" and f not in columns]
+    if unknown:
+        raise ValueError(f"shape table lacks feature columns {unknown}; have {sorted(columns)}")
+    n = len(next(iter(columns.values())))
+    return np.column_stack([np.ones(n) if f == "const" else np.asarray(columns[f], dtype=np.float64)
+                            for f in features])
+
+
+def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares min ||X b - y|| s.t. b >= 0, exactly, by enumerating supports.
+
+    With p <= 6 features there are at most 64 supports; each is an ordinary least-squares
+    solve, and the NNLS optimum is the best support whose solution is non-negative
+    (the KKT point is an unconstrained optimum on its support). Columns are scaled to
+    unit norm first so that tokens (~1e4) and tokens^2 (~1e9) are solved stably.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    n, p = X.shape
+    assert p <= 8, "support enumeration is for a handful of features"
+    scale = np.linalg.norm(X, axis=0)
+    scale[scale == 0] = 1.0
+    Xs = X / scale
+    best, best_res = np.zeros(p), float(np.sum(y * y))
+    for k in range(1, p + 1):
+        for support in itertools.combinations(range(p), k):
+            cols = list(support)
+            sol, *_ = np.linalg.lstsq(Xs[:, cols], y, rcond=None)
+            if np.any(sol < 0):
+                continue
+            res = float(np.sum((Xs[:, cols] @ sol - y) ** 2))
+            if res < best_res - 1e-15 * max(best_res, 1.0):
+                best_res = res
+                best = np.zeros(p)
+                best[cols] = sol
+    return best / scale
+
+
+def fit_coefficients(X: np.ndarray, seconds: np.ndarray, *, relative: bool = True) -> np.ndarray:
+    """NNLS fit of ``seconds ~ X b``; ``relative`` weights each row by 1 / seconds (minimises relative error)."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if np.any(seconds <= 0):
+        raise ValueError("step times must be > 0 seconds; the profile grid holds a non-positive time")
+    w = 1.0 / seconds if relative else np.ones_like(seconds)
+    return nnls(X * w[:, None], seconds * w)
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """A fitted step-time model for one role: ``seconds = sum coef[f] * feature f``."""
+
+    role: str
+    name: str
+    features: tuple[str, ...]
+    coef: tuple[float, ...]
+    train_error: float  # mean |relative error| on all grid points (fit on all)
+    holdout_error: float  # mean |relative error| on held-out points, averaged over random splits
+    holdout_max_error: float  # worst |relative error| seen on any held-out point
+
+    def predict(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        return design_matrix(columns, self.features) @ np.asarray(self.coef)
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "name": self.name, "features": list(self.features),
+                "coef": dict(zip(self.features, self.coef)), "train_error": self.train_error,
+                "holdout_error": self.holdout_error, "holdout_max_error": self.holdout_max_error}
+
+
+def holdout_errors(columns: Mapping[str, np.ndarray], seconds: np.ndarray, features: Sequence[str], *,
+                   holdout_fraction: float, splits: int = HOLDOUT_SPLITS, seed: int = 0) -> np.ndarray:
+    """|relative error| of every held-out prediction over ``splits`` random train/held-out splits."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    n, p = len(seconds), len(features)
+    n_out = max(1, int(round(holdout_fraction * n)))
+    if n - n_out < p + 1:
+        raise ValueError(f"profile grid has {n} points; fitting {p} coefficients with {n_out} held out needs at "
+                         f"least {p + 1 + n_out}. Add profile.batch_sizes / profile.lengths and rerun: "
+                         "snakemake results/profile/grid.json")
+    X = design_matrix(columns, features)
+    rng = np.random.default_rng(seed)
+    errs = []
+    for _ in range(splits):
+        perm = rng.permutation(n)
+        out, keep = perm[:n_out], perm[n_out:]
+        coef = fit_coefficients(X[keep], seconds[keep])
+        errs.append(np.abs(X[out] @ coef / seconds[out] - 1.0))
+    return np.concatenate(errs)
+
+
+def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role: str,
+                 candidates: Mapping[str, Sequence[str]] | None = None, holdout_fraction: float = 0.25,
+                 splits: int = HOLDOUT_SPLITS, seed: int = 0) -> tuple[StepFit, list[StepFit]]:
+    """Score every candidate feature set on held-out points; return the best (refitted on all) and all.
+
+    A later (larger) set wins only if it lowers the best held-out error so far by a tenth of
+    it, and by at least 0.2 percentage points (a tie goes to the simpler model: it
+    extrapolates more safely to plan shapes).
+    """
+    candidates = dict(candidates or CANDIDATES[role])
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if holdout_fraction <= 0:
+        holdout_fraction = 1.0 / max(len(seconds), 1)
+    fits = []
+    for name, feats in candidates.items():
+        feats = tuple(feats)
+        if not np.all(np.isfinite(design_matrix(columns, feats))):
+            continue  # a feature this grid did not record (e.g. positions of an older grid)
+        errs = holdout_errors(columns, seconds, feats, holdout_fraction=holdout_fraction, splits=splits, seed=seed)
+        X = design_matrix(columns, feats)
+        coef = fit_coefficients(X, seconds)
+        train = float(np.mean(np.abs(X @ coef / seconds - 1.0)))
+        fits.append(StepFit(role=role, name=name, features=feats, coef=tuple(float(c) for c in coef),
+                            train_error=train, holdout_error=float(np.mean(errs)),
+                            holdout_max_error=float(np.max(errs))))
+    best = fits[0]
+    for fit in fits[1:]:
+        if fit.holdout_error < best.holdout_error - max(MIN_GAIN_ABSOLUTE, MIN_GAIN_RELATIVE * best.holdout_error):
+            best = fit
+    return best, fits
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, queue_size: int = 1,
+                  target_ranks: int = 1, ack_every: int | None = None, overhead_s: float = 0.0) -> np.ndarray:
+    """Time at which the run finishes each step, for target ranks feeding one drafter rank.
+
+    Step i is computed by target rank ``i mod R`` (round-robin, R = ``target_ranks``); a
+    target rank sends its k-th batch only once the drafter has taken its (k - q)-th (credits,
+    q = ``queue_size``), i.e. global step i - q R; the drafter takes the steps in order:
+
+        done_i = free_r + t_i;   put_i = max(done_i, take_{i - qR});   free_r = put_i
+        take_i = max(put_i, resume);   end_i = take_i + d_i + overhead;   resume = end_i
+
+    ``ack_every`` (the train stage's protocol: the drafter acknowledges each batch with a
+    non-blocking send and, once more than ``ack_every`` are outstanding, waits for all of
+    them): a target rank receives the acknowledgement of step i only when it needs the
+    credit, right after computing the features of its step i + qR (or, past its last step,
+    when it drains), so after step i the drafter resumes at max(end_i, done_{i+qR}).
+
+    Without ``drafter_s`` (one process does both) the steps simply add up:
+    end_i = sum_{j<=i} t_j + overhead. Cost O(steps).
+    """
+    t = np.asarray(target_s, dtype=np.float64)
+    if drafter_s is None:
+        return np.cumsum(t + overhead_s)
+    return pipeline_timeline(t, drafter_s, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
+                             overhead_s=overhead_s)["end"]
+
+
+def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
+                      ack_every: int | None = None, overhead_s: float = 0.0) -> dict[str, np.ndarray]:
+    """The pipelined run's timeline (see :func:`pipeline_ends`): per step, when its target
+    forward starts and ends (``target_start``, ``target_end``), when the drafter takes it
+    (``drafter_start``) and when the step ends (``end``). Cost O(steps)."""
+    t = np.asarray(target_s, dtype=np.float64)
+    d = np.asarray(drafter_s, dtype=np.float64)
+    assert t.shape == d.shape
+    q, R = int(queue_size), int(target_ranks)
+    if q < 1 or R < 1:
+        raise ValueError(f"queue_size and target_ranks must be >= 1, got {queue_size}, {target_ranks}")
+    n, qR = t.size, q * R
+    done, put, take, end = (np.zeros(n) for _ in range(4))
+    free = np.zeros(R)  # when each target rank can start its next forward
+    scheduled = 0  # target steps 0..scheduled-1 have done/put times
+
+    def schedule(upto: int) -> None:
+        """Target timeline up to step ``upto``; every credit it needs (take_{k-qR}) is known by then."""
+        nonlocal scheduled
+        while scheduled <= min(upto, n - 1):
+            k, r = scheduled, scheduled % R
+            done[k] = free[r] + t[k]
+            put[k] = max(done[k], take[k - qR]) if k >= qR else done[k]
+            free[r] = put[k]
+            scheduled += 1
+
+    resume, pending = 0.0, 0
+    for i in range(n):
+        schedule(i)
+        take[i] = max(put[i], resume)
+        end[i] = take[i] + d[i] + overhead_s
+        resume = end[i]
+        pending += 1
+        if ack_every is not None and pending > ack_every:
+            j = i + qR
+            if j < n:
+                schedule(j)
+                resume = max(resume, done[j])
+            else:  # the target rank drains its acknowledgements after its last send
+                last = i % R + R * ((n - 1 - i % R) // R)
+                schedule(last)
+                resume = max(resume, put[last])
+            pending = 0
+    return {"target_start": done - t, "target_end": done, "drafter_start": take, "end": end}
+
+
+def busy_share(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, busy_ends: np.ndarray) -> np.ndarray:
+    """Share of each interval [starts_k, ends_k] during which at least one busy interval runs.
+
+    The busy intervals are merged into a disjoint union; with B(x) the busy time before x
+    (prefix sums over the union), interval k's share is (B(ends_k) - B(starts_k)) / its
+    length (0 for an empty interval). Cost O((n + m) log m).
+    """
+    starts, ends = np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
+    bs, be = np.asarray(busy_starts, dtype=np.float64), np.asarray(busy_ends, dtype=np.float64)
+    if bs.size == 0:
+        return np.zeros_like(starts)
+    order = np.argsort(bs, kind="stable")
+    bs, be = bs[order], be[order]
+    reach = np.maximum.accumulate(be)
+    new = np.concatenate([[True], bs[1:] > reach[:-1]])  # a gap before this interval opens a new union piece
+    ms = bs[new]
+    me = reach[np.concatenate([np.flatnonzero(new)[1:] - 1, [bs.size - 1]])]
+    cum = np.concatenate([[0.0], np.cumsum(me - ms)])
+
+    def before(x: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(ms, x, side="right")  # union pieces starting at or before x
+        last = np.maximum(j - 1, 0)
+        part = np.where(j > 0, np.clip(x - ms[last], 0.0, me[last] - ms[last]), 0.0)
+        return cum[last] + part
+
+    length = ends - starts
+    return np.where(length > 0, (before(ends) - before(starts)) / np.where(length > 0, length, 1.0), 0.0)
+
+
+def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_alone: np.ndarray,
+                     drafter_busy: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
+                     ack_every: int | None = None, overhead_s: float = 0.0, iterations: int = 30,
+                     tol: float = 1e-6) -> dict[str, np.ndarray]:
+    """Pipelined run whose step times depend on whether the other role is working meanwhile.
+
+    On one machine the target and the drafter share cores, caches and memory bandwidth: a
+    step timed alone (``*_alone``) runs faster than one timed with the other role busy
+    (``*_busy``). Each step gets the time
+
+        t_k = t_alone_k + (t_busy_k - t_alone_k) * o_k
+
+    with o_k the share of its forward during which the drafter works (and likewise for the
+    drafter step, against the union of the target ranks' forwards), read off the pipeline
+    timeline (:func:`pipeline_timeline`, :func:`busy_share`). The overlaps depend on the
+    times, so this is a fixed point: start from o = 1 (always busy), then average old and
+    new times until they move less than ``tol`` (relative). Returns the timeline plus
+    ``target_s``, ``drafter_s`` (the blended times) and ``target_overlap``,
+    ``drafter_overlap``. Cost O(iterations x steps log steps), a few iterations in practice.
+    """
+    ta, tb = np.asarray(target_alone, dtype=np.float64), np.asarray(target_busy, dtype=np.float64)
+    da, db = np.asarray(drafter_alone, dtype=np.float64), np.asarray(drafter_busy, dtype=np.float64)
+    assert ta.shape == tb.shape == da.shape == db.shape
+    def timeline(t: np.ndarray, d: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """The timeline of these step times and each step's overlap with the other role's work."""
+        tl = pipeline_timeline(t, d, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
+                               overhead_s=overhead_s)
+        d_end = tl["drafter_start"] + d
+        return (tl, busy_share(tl["target_start"], tl["target_end"], tl["drafter_start"], d_end),
+                busy_share(tl["drafter_start"], d_end, tl["target_start"], tl["target_end"]))
+
+    t, d = tb.copy(), db.copy()
+    for _ in range(max(int(iterations), 1)):
+        _, o_t, o_d = timeline(t, d)
+        t_new = 0.5 * (t + ta + (tb - ta) * o_t)
+        d_new = 0.5 * (d + da + (db - da) * o_d)
+        moved = max(float(np.max(np.abs(t_new - t) / np.maximum(t, 1e-12), initial=0.0)),
+                    float(np.max(np.abs(d_new - d) / np.maximum(d, 1e-12), initial=0.0)))
+        t, d = t_new, d_new
+        if moved < tol:
+            break
+    tl, o_t, o_d = timeline(t, d)
+    return {**tl, "target_s": t, "drafter_s": d, "target_overlap": o_t, "drafter_overlap": o_d}
+
+
+def throughput(useful_tokens: np.ndarray, ends: np.ndarray, *, warmup_steps: int) -> float:
+    """Useful tokens per second over steps ``warmup_steps..``: tokens of those steps over the
+    time from the end of the last warm-up step (0 without warm-up) to the end of the last step."""
+    useful_tokens = np.asarray(useful_tokens, dtype=np.float64)
+    n = useful_tokens.size
+    w = int(warmup_steps)
+    if n <= w:
+        raise ValueError(f"plan has {n} steps, not more than train.warmup_steps={w}; lower warmup_steps or raise "
+                         "train.useful_tokens")
+    start = ends[w - 1] if w > 0 else 0.0
+    return float(useful_tokens[w:].sum() / (ends[-1] - start))
+
+
+# Below this share of its cores a timed step was slowed by other work on the machine (profile warns,
+# the report names the runs).

@@ -1,0 +1,1 @@
+"""The planning library: lengths, the batch specification, padding metrics, strategies, boundaries, schedules. numpy only."""

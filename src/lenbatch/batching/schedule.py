@@ -1,0 +1,132 @@
+"""The run's schedule: the global step order over the target ranks and the useful-token stop rule.
+
+One function of (lengths, strategy, :class:`lenbatch.BatchSpec`, target ranks) that the train stage
+runs and the compare stage predicts, so both walk the same steps:
+
+* epoch ``e`` is planned once for all target ranks (``plan_epoch_all(..., world_size=R)``: the
+  ranks get equally many batches); global step ``g`` of the epoch is batch ``g // R`` of target
+  rank ``g % R`` (the drafter rank takes the ranks round-robin);
+* epochs 0, 1, ... follow one another; the run stops at the first step at which the useful tokens
+  trained reach ``useful_tokens``, or after ``max_steps`` steps, whichever comes first.
+
+Every step carries its batch's sample indices, so a target rank trains ``step.indices`` without
+planning again. The sampler state of every rank after any step is a function of the schedule
+(:meth:`Schedule.sampler_states`): a checkpoint stores the same dicts
+:meth:`lenbatch.LengthBatchSampler.state_dict` returns, and ``LengthBatchSampler.load_state_dict``
+of them resumes at the schedule's next batch of that rank (tests/test_schedule.py checks this once).
+
+Cost: one ``plan_epoch_all`` per epoch the run touches, O(steps) beyond that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from lenbatch.batching.spec import BatchSpec, check_int
+from lenbatch.batching.strategies import check_plan, plan_epoch_all
+
+
+STATE_VERSION = 1
+
+
+def sampler_state(*, epoch: int, position: int, world_size: int, rank: int, fingerprint: str,
+                  strategy: str) -> dict[str, Any]:
+    """The resumable state of a sampler that has handed out ``position`` batches of ``epoch``
+    (:meth:`LengthBatchSampler.state_dict`; :mod:`lenbatch.batching.schedule` writes the same for a run)."""
+    return {"version": STATE_VERSION, "epoch": int(epoch), "position": int(position), "world_size": int(world_size),
+            "rank": int(rank), "fingerprint": fingerprint, "strategy": strategy}
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    step: int       # global step (drafter optimizer step)
+    epoch: int
+    rank: int       # target rank that computes it
+    local: int      # index of the batch in that rank's epoch plan
+    indices: np.ndarray
+    useful: int
+
+
+def round_robin(plans: list[Any]) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(rank, local, indices) of one epoch's global steps, in order: batch ``local`` of every rank
+    in turn, from every rank's plan of the epoch (``plan_epoch_all``)."""
+    sizes = {len(p) for p in plans}
+    assert len(sizes) == 1, f"ranks got different batch counts {sizes}: the plan broke its contract"
+    for local in range(sizes.pop()):
+        for r in range(len(plans)):
+            yield r, local, np.asarray(plans[r][local], dtype=np.int64)
+
+
+def epoch_steps(lengths: np.ndarray, *, strategy: str, spec: BatchSpec, target_ranks: int,
+                epoch: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(rank, local, indices) of one epoch's global steps (planned once for all target ranks)."""
+    return round_robin(plan_epoch_all(lengths, strategy=strategy, epoch=epoch, world_size=target_ranks, spec=spec))
+
+
+class Schedule(list):
+    """Every global step of a run (a ``list`` of :class:`ScheduledStep`), with what made it."""
+
+    def __init__(self, steps: list[ScheduledStep], *, lengths: np.ndarray, strategy: str, spec: BatchSpec,
+                 target_ranks: int) -> None:
+        super().__init__(steps)
+        self.strategy = strategy
+        self.spec = spec
+        self.target_ranks = target_ranks
+        self.fingerprint = spec.fingerprint(lengths, strategy)
+
+    def sampler_states(self, done: int) -> list[dict[str, Any]]:
+        """Each target rank's ``LengthBatchSampler`` state once steps ``0 .. done-1`` are trained:
+        the epoch of the rank's last trained batch and the batches of it handed out (epoch 0,
+        position 0 before its first)."""
+        last: dict[int, ScheduledStep] = {}
+        for s in self[:done]:
+            last[s.rank] = s
+        return [sampler_state(epoch=last[r].epoch if r in last else 0,
+                              position=last[r].local + 1 if r in last else 0, world_size=self.target_ranks,
+                              rank=r, fingerprint=self.fingerprint, strategy=self.strategy)
+                for r in range(self.target_ranks)]
+
+    def check_sampler_states(self, states: Any, done: int) -> None:
+        """``ValueError`` when a checkpoint's sampler states are not the schedule's after ``done`` steps
+        (the checkpoint, the data or the planning code changed since it was written)."""
+        expected = self.sampler_states(done)
+        states = list(states) if isinstance(states, (list, tuple)) else [states]
+        for r, want in enumerate(expected):
+            if r < len(states) and states[r] == want:
+                continue
+            step = next((s.step for s in self[done:] if s.rank == r), done)
+            raise ValueError(f"the checkpoint's sampler state (rank {r}) does not give the planned batch "
+                             f"of step {step}: the data, the planning code or the checkpoint changed since it "
+                             "was written; run without --resume to start afresh")
+
+
+def build_schedule(lengths: np.ndarray, *, strategy: str, target_ranks: int, spec: Optional[BatchSpec] = None,
+                   params: Any = None, edges: Any = None, useful_tokens: Optional[int] = None,
+                   max_steps: Optional[int] = None) -> Schedule:
+    """Every global step of the run: round-robin over target ranks, epochs 0, 1, ... until
+    ``useful_tokens`` useful tokens (or ``max_steps`` steps). The batching comes whole as ``spec``
+    or from ``params`` (and ``edges``, kept for ``bucketed``). Pure; O(epochs * plan cost)."""
+    if spec is None:
+        spec = BatchSpec.from_params(params, strategy=strategy, edges=edges)
+    if useful_tokens is None and max_steps is None:
+        raise ValueError("build_schedule needs a stop: pass useful_tokens= (train.useful_tokens) or max_steps=")
+    target_ranks = check_int("target_ranks", target_ranks, minimum=1)
+    x = check_plan(lengths, strategy=strategy, spec=spec)
+    steps: list[ScheduledStep] = []
+    done, epoch = 0, 0
+    while True:
+        plans = plan_epoch_all(x, strategy=strategy, epoch=epoch, world_size=target_ranks, spec=spec)
+        for r, local, idx in round_robin(plans):
+            useful = int(x[idx].sum())
+            steps.append(ScheduledStep(len(steps), epoch, r, local, idx, useful))
+            done += useful
+            if (useful_tokens is not None and done >= useful_tokens) or (max_steps is not None
+                                                                          and len(steps) >= max_steps):
+                return Schedule(steps, lengths=x, strategy=strategy, spec=spec, target_ranks=target_ranks)
+        epoch += 1
+        if epoch > 10_000:  # invariant: every epoch trains every sample once, so this cannot happen
+            raise AssertionError("schedule did not reach train.useful_tokens")

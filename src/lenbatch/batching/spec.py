@@ -1,0 +1,162 @@
+"""``BatchSpec``: what one batch may be, validated once and passed whole.
+
+The five batching values (``token_budget``, ``max_batch_size``, ``seed``, ``packed_window``,
+``edges``) plus the layout and ``min_batches`` travel together from the params to the planner,
+the sampler, the simulation, the boundary objective, collate and the profile grid (as Lhotse's
+``TimeConstraint`` owns "is this batch full"). The public functions keep their keyword
+arguments and build a spec from them; :meth:`BatchSpec.from_params` builds it from the params.
+
+Rules (DESIGN.md):
+
+* padded: a batch of ``n`` sequences whose longest has ``m`` tokens computes ``n * m`` tokens;
+  it fits when ``n <= max_batch_size`` and ``n * m <= token_budget``. The greedy packer grows a
+  batch while ``fits(n + 1, max(m, next))``, i.e. ``(n+1) * max(m, next) <= token_budget`` and
+  ``n < max_batch_size``.
+* packed: a row of ``n`` sequences of ``T`` tokens in all computes ``T`` tokens; it fits when
+  ``n <= max_batch_size`` and ``T <= token_budget``.
+
+Numpy only (``import lenbatch`` stays light).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+LAYOUTS = ("padded", "packed")
+# The one list of strategies, each with the layout of its batches (params, planner, collate and the
+# report all read these).
+STRATEGY_LAYOUTS: dict[str, str] = {"sorted": "padded", "random": "padded", "bucketed": "padded",
+                                    "sortish": "padded", "packed": "packed"}
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_LAYOUTS)
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``; ``ValueError`` naming ``name`` for None, bools, floats
+    (16384.5 and 16384.0 alike: a budget is a count of tokens), generators and the like."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        hint = (" (a seed is an int; a numpy Generator or None cannot be resumed or shared across ranks)"
+                if name == "seed" else "")
+        raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__}){hint}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_strategy(strategy: Any) -> str:
+    """``strategy`` if it is one of :data:`STRATEGIES`; ``ValueError`` naming the choices otherwise."""
+    if not isinstance(strategy, str) or strategy not in STRATEGY_LAYOUTS:
+        raise ValueError(f"strategy {strategy!r} unknown; choose one of {list(STRATEGIES)}")
+    return strategy
+
+
+def layout_of(strategy: str) -> str:
+    """The layout a strategy's batches have (:data:`STRATEGY_LAYOUTS`): ``"packed"`` rows for ``packed``,
+    ``"padded"`` batches for the others; ``ValueError`` for an unknown strategy."""
+    return STRATEGY_LAYOUTS[check_strategy(strategy)]
+
+
+def _edges_tuple(edges: Any) -> tuple[int, ...] | None:
+    if edges is None:
+        return None
+    e = np.asarray(edges)
+    if e.ndim != 1 or e.size < 2:
+        raise ValueError(f"edges must be a list of at least 2 bucket edges, got {edges!r}; "
+                         "pass K+1 increasing ints (Boundaries.edges)")
+    if not np.issubdtype(e.dtype, np.integer):
+        if not np.all(e == np.round(e)):
+            raise ValueError(f"edges must be integers (tokens), got {edges!r}")
+    e = e.astype(np.int64)
+    if np.any(np.diff(e) <= 0):
+        raise ValueError(f"edges {e.tolist()} must be strictly increasing; sort them and remove duplicates")
+    return tuple(int(v) for v in e)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One batch's limits and the plan's randomness; ``ValueError`` naming the argument and the fix.
+
+    ``edges`` (bucket boundaries in tokens, K+1 strictly increasing ints) are used by the
+    ``bucketed`` strategy only; whether they cover the lengths is checked by :meth:`check_lengths`.
+    ``min_batches`` (0: off) makes an epoch at least that many batches (over all ranks).
+    """
+
+    token_budget: int
+    max_batch_size: int
+    layout: str = "padded"
+    seed: int = 0
+    packed_window: int = 8
+    edges: tuple[int, ...] | None = None
+    min_batches: int = 0
+
+    def __post_init__(self) -> None:
+        fix = object.__setattr__  # frozen: normalise once, here
+        fix(self, "token_budget", check_int("token_budget", self.token_budget, minimum=1))
+        fix(self, "max_batch_size", check_int("max_batch_size", self.max_batch_size, minimum=1))
+        fix(self, "seed", check_int("seed", self.seed, minimum=0))
+        fix(self, "packed_window", check_int("packed_window", self.packed_window, minimum=1))
+        fix(self, "min_batches", check_int("min_batches", self.min_batches, minimum=0))
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r} unknown; choose one of {list(LAYOUTS)}")
+        fix(self, "edges", _edges_tuple(self.edges))
+
+    @classmethod
+    def from_params(cls, params: Any, *, strategy: str, edges: Any = None, min_batches: int = 0) -> "BatchSpec":
+        """The spec of ``params.batching`` for ``strategy``. ``edges`` are kept for ``bucketed`` only
+        (the workflow hands every strategy the same boundaries file)."""
+        b = params.batching
+        return cls(token_budget=b.token_budget, max_batch_size=b.max_batch_size, layout=layout_of(strategy),
+                   seed=b.seed, packed_window=b.packed_window, edges=edges if strategy == "bucketed" else None,
+                   min_batches=min_batches)
+
+    def for_strategy(self, strategy: str) -> "BatchSpec":
+        """This spec with ``strategy``'s layout, its edges kept for ``bucketed`` only."""
+        return dataclasses.replace(self, layout=layout_of(strategy),
+                                   edges=self.edges if strategy == "bucketed" else None)
+
+    @property
+    def packed(self) -> bool:
+        return self.layout == "packed"
+
+    def fits(self, n: int, tokens: int) -> bool:
+        """Whether ``n`` sequences fit one batch: padded, ``tokens`` is the longest one's length
+        (``n * tokens <= token_budget``); packed, ``tokens`` is the row's total. Both: ``n <= max_batch_size``."""
+        if n > self.max_batch_size:
+            return False
+        return (tokens if self.packed else n * tokens) <= self.token_budget
+
+    def cost(self, lengths: Any) -> int:
+        """Computed tokens of one batch of these sequence lengths: ``n * max`` padded, ``sum`` packed."""
+        x = np.asarray(lengths, dtype=np.int64)
+        if x.size == 0:
+            return 0
+        return int(x.sum()) if self.packed else int(x.size * x.max())
+
+    def check_lengths(self, x: np.ndarray) -> None:
+        """``ValueError`` when a sample is longer than the budget or the edges do not cover the lengths."""
+        longest = int(x.max())
+        if longest > self.token_budget:
+            n_over = int(np.count_nonzero(x > self.token_budget))
+            raise ValueError(f"{n_over} sample(s) are longer than token_budget={self.token_budget} (longest "
+                             f"{longest} tokens); raise token_budget or truncate those samples")
+        if self.edges is not None and (self.edges[0] > x.min() or self.edges[-1] <= longest):
+            raise ValueError(f"edges {list(self.edges)} do not cover the lengths {int(x.min())}..{longest}: "
+                             "need edges[0] <= min and edges[-1] > max; recompute boundaries for these lengths")
+
+    def fingerprint(self, x: np.ndarray, strategy: str) -> str:
+        """16 hex digits identifying the plan of ``strategy`` over lengths ``x`` under this spec
+        (the sampler's resume check; unchanged from the sampler's earlier fingerprint, so saved
+        states still load). ``min_batches`` enters only when set."""
+        h = hashlib.sha256(np.ascontiguousarray(x, dtype="<i8").tobytes())
+        fp: dict[str, Any] = {"strategy": strategy, "token_budget": self.token_budget,
+                              "max_batch_size": self.max_batch_size, "seed": self.seed, "edges": self.edges,
+                              "packed_window": self.packed_window}
+        if self.min_batches:
+            fp["min_batches"] = self.min_batches
+        h.update(json.dumps(fp, sort_keys=True).encode())
+        return h.hexdigest()[:16]

@@ -1,0 +1,1 @@
+"""Foundations every layer shares: the params (config), logging, CPU-time accounting."""

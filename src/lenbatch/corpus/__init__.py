@@ -1,0 +1,1 @@
+"""Chat data in: sources, chat formatting, tokenizing."""

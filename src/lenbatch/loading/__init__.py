@@ -1,0 +1,1 @@
+"""Torch data loading: the sampler, collate, the transformers Trainer integration."""

@@ -1,0 +1,243 @@
+"""Batch collation: a planned batch of samples -> the tensors one training step consumes.
+
+Public as ``lenbatch.collate_padded`` / ``lenbatch.collate_packed`` (DESIGN.md). A sample is a
+mapping with ``input_ids`` (1-D ints) and optionally ``loss_mask`` (same length; 1 = a token the
+loss predicts; absent = every token). Both return a :class:`Batch`; ``Batch.model_inputs()`` gives
+the keyword arguments a Hugging Face causal LM takes (``labels`` = -100 where nothing is learned).
+
+Two layouts, one :class:`Batch` type (``S`` sequences):
+
+* **padded** (``sorted``, ``random``, ``bucketed``, ``sortish``): ``n = S`` samples right-padded
+  to the longest, ``m``; ``input_ids``/``attention_mask``/``loss_mask``/``position_ids`` are
+  ``[n, m]`` (positions 0..m-1 in every row). computed tokens = ``n * m``; the batch must satisfy
+  ``n * m <= token_budget`` and ``n <= max_batch_size`` (the greedy token-budget rule of DESIGN.md).
+* **packed** (``packed``): the samples concatenated into one row ``[1, T]``, ``T = sum(len)``;
+  ``position_ids`` restart at 0 at every sequence, ``cu_seqlens`` (int32, ``[S+1]``, 0 first, T
+  last) holds the sequence starts, ``seq_index`` (``[1, T]``) the sequence of every token. No
+  attention mask: attention must stay inside each sequence (varlen kernels read ``cu_seqlens``;
+  transformers reads ``position_ids`` or ``cu_seq_lens_q/k``, see ``model_inputs``). computed
+  tokens = ``T`` (no fixed capacity); the row must satisfy ``T <= token_budget``.
+
+Every layout also has ``lengths`` ``[S]`` and ``indices`` ``[S]`` (dataset rows; -1 when not given).
+A batch that breaks its budget raises ``ValueError``: a plan that does not fit would silently
+change the shapes being measured. Cost: O(total tokens) copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from lenbatch.batching.spec import layout_of as layout_for  # noqa: F401 (the one layout rule, by its old name)
+
+
+@dataclass
+class Batch:
+    """One step's tensors (CPU or device). ``S`` sequences in ``[B, T]`` (padded: B = S; packed: B = 1)."""
+
+    kind: str                       # "padded" | "packed"
+    input_ids: torch.Tensor         # [B, T] int64 (pad id 0 beyond a sequence)
+    loss_mask: torch.Tensor         # [B, T] bool, False on padding
+    position_ids: torch.Tensor      # [B, T] int64 (packed: restart per sequence)
+    lengths: torch.Tensor           # [S] int64
+    indices: torch.Tensor           # [S] int64 dataset row of every sequence (-1: synthetic)
+    attention_mask: Optional[torch.Tensor] = None  # [B, T] int64 (padded only)
+    cu_seqlens: Optional[torch.Tensor] = None      # [S+1] int32 (packed only)
+    seq_index: Optional[torch.Tensor] = None       # [1, T] int64 (packed only)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.lengths.numel())
+
+    @property
+    def useful_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def computed_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def shape_length(self) -> int:
+        """Padded: the longest sequence (padded length); packed: the row length."""
+        return int(self.input_ids.shape[1])
+
+    def seq_rows_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each sequence lives in ``[B, T]``: (row [S], start [S]) int64."""
+        if self.kind == "packed":
+            assert self.cu_seqlens is not None
+            starts = self.cu_seqlens[:-1].to(torch.int64)
+            return torch.zeros_like(starts), starts
+        rows = torch.arange(self.num_sequences, dtype=torch.int64, device=self.lengths.device)
+        return rows, torch.zeros_like(rows)
+
+    def model_inputs(self) -> dict[str, Any]:
+        """Keyword arguments for a Hugging Face causal LM (``model(**batch.model_inputs())``).
+
+        ``labels`` = ``input_ids`` where ``loss_mask``, else -100 (the model shifts them by one).
+        Padded: ``input_ids``, ``attention_mask``, ``labels`` ``[n, m]``. Packed: the flattened
+        layout of transformers' ``DataCollatorWithFlattening``: ``input_ids``, ``labels``,
+        ``position_ids`` ``[1, T]`` (restarting per sequence; each sequence's first label is -100
+        so no token predicts across a boundary), ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32
+        ``[S+1]``), ``max_length_q``/``max_length_k`` (int, the longest sequence) and
+        ``use_cache=False``: transformers' sdpa/eager attention builds the per-sequence mask from
+        ``position_ids`` only when no KV cache is in use (``masking_utils``); with the default
+        cache, packed sequences attend to each other (a test measures it).
+        """
+        labels = torch.where(self.loss_mask, self.input_ids, torch.full_like(self.input_ids, -100))
+        if self.kind == "padded":
+            return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "labels": labels}
+        assert self.cu_seqlens is not None
+        labels[0, self.cu_seqlens[:-1].to(torch.int64)] = -100
+        longest = int(self.lengths.max())
+        return {"input_ids": self.input_ids, "labels": labels, "position_ids": self.position_ids,
+                "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": longest, "max_length_k": longest, "use_cache": False}
+
+    def to(self, device: torch.device | str) -> "Batch":
+        def mv(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return None if t is None else t.to(device, non_blocking=True)
+        return Batch(self.kind, mv(self.input_ids), mv(self.loss_mask), mv(self.position_ids), mv(self.lengths),
+                     mv(self.indices), mv(self.attention_mask), mv(self.cu_seqlens), mv(self.seq_index))
+
+
+def _as_lists(samples: Sequence[Mapping[str, Any]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    if len(samples) == 0:
+        raise ValueError("a batch needs at least one sample; the plan produced an empty batch")
+    ids, masks = [], []
+    for i, sample in enumerate(samples):
+        x = np.asarray(sample["input_ids"], dtype=np.int64)
+        m = np.asarray(sample["loss_mask"]).astype(bool) if sample.get("loss_mask") is not None else \
+            np.ones(x.shape, dtype=bool)
+        if x.ndim != 1 or x.size == 0:
+            raise ValueError(f"sample {i} has {x.size} tokens; every sample needs at least one token")
+        if m.shape != x.shape:
+            raise ValueError(f"sample {i}: loss_mask has {m.size} entries but input_ids has {x.size}; "
+                             "re-tokenize so that both have one entry per token")
+        ids.append(x)
+        masks.append(m)
+    return ids, masks
+
+
+def collate_padded(samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None,
+                   max_batch_size: int | None = None, indices: Sequence[int] | None = None,
+                   pad_id: int = 0) -> Batch:
+    """Right-pad ``samples`` (dicts with ``input_ids``, optional ``loss_mask``) to their longest.
+
+    Fields ``[n, m]``: ``input_ids`` (``pad_id`` beyond each sample), ``attention_mask`` (1 on
+    tokens), ``loss_mask`` (False on padding), ``position_ids`` (0..m-1); ``lengths``/``indices`` ``[n]``.
+    Raises ``ValueError`` when ``n * longest > token_budget`` or ``n > max_batch_size``
+    (a limit left at None is not checked: profiling grids build shapes on purpose).
+    """
+    ids, masks = _as_lists(samples)
+    n, m = len(ids), max(x.size for x in ids)
+    if (max_batch_size is not None and n > max_batch_size) or (token_budget is not None and n * m > token_budget):
+        raise ValueError(f"padded batch of {n} samples x {m} tokens = {n * m} padded tokens does not fit "
+                         f"token_budget={token_budget} / max_batch_size={max_batch_size}; the plan must "
+                         "come from the same batching parameters (re-plan, or raise the budget)")
+    input_ids = np.full((n, m), pad_id, dtype=np.int64)
+    loss_mask = np.zeros((n, m), dtype=bool)
+    attention = np.zeros((n, m), dtype=np.int64)
+    for i, (x, lm) in enumerate(zip(ids, masks)):
+        input_ids[i, :x.size] = x
+        loss_mask[i, :x.size] = lm
+        attention[i, :x.size] = 1
+    lengths = torch.tensor([x.size for x in ids], dtype=torch.int64)
+    idx = torch.full((n,), -1, dtype=torch.int64) if indices is None else torch.as_tensor(
+        np.asarray(indices, dtype=np.int64))
+    return Batch("padded", torch.from_numpy(input_ids), torch.from_numpy(loss_mask),
+                 torch.arange(m, dtype=torch.int64).expand(n, m).contiguous(), lengths, idx,
+                 attention_mask=torch.from_numpy(attention))
+
+
+def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None,
+                   indices: Sequence[int] | None = None) -> Batch:
+    """Concatenate ``samples`` (dicts with ``input_ids``, optional ``loss_mask``) into one row ``[1, T]``.
+
+    Fields: ``input_ids``/``loss_mask``/``position_ids``/``seq_index`` ``[1, T]`` (positions restart
+    at 0 at every sequence), ``cu_seqlens`` int32 ``[S+1]``, ``lengths``/``indices`` ``[S]``.
+    Raises ``ValueError`` when ``T = sum(lengths) > token_budget`` (None: not checked).
+    """
+    ids, masks = _as_lists(samples)
+    lens = np.array([x.size for x in ids], dtype=np.int64)
+    total = int(lens.sum())
+    if token_budget is not None and total > token_budget:
+        raise ValueError(f"packed row of {len(ids)} samples holds {total} tokens > token_budget="
+                         f"{token_budget}; the plan must come from the same batching parameters (re-plan, or "
+                         "raise the budget)")
+    cu = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(lens, out=cu[1:])
+    positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], lens)
+    seq_index = np.repeat(np.arange(len(ids), dtype=np.int64), lens)
+    idx = torch.full((len(ids),), -1, dtype=torch.int64) if indices is None else torch.as_tensor(
+        np.asarray(indices, dtype=np.int64))
+    return Batch("packed", torch.from_numpy(np.concatenate(ids))[None], torch.from_numpy(np.concatenate(masks))[None],
+                 torch.from_numpy(positions)[None], torch.from_numpy(lens), idx,
+                 cu_seqlens=torch.from_numpy(cu.astype(np.int32)), seq_index=torch.from_numpy(seq_index)[None])
+
+
+def collate(samples: Sequence[Mapping[str, Any]], *, kind: str | None = None, token_budget: int | None = None,
+            max_batch_size: int | None = None, indices: Sequence[int] | None = None, spec: Any = None) -> Batch:
+    """Collate in the layout ``kind`` (``"padded"`` or ``"packed"``, see :func:`layout_for`), checked
+    against ``token_budget``/``max_batch_size`` (None: not checked); or all three from ``spec``
+    (a :class:`lenbatch.BatchSpec`: its layout, budget and max batch size)."""
+    if spec is not None:
+        if kind is not None or token_budget is not None or max_batch_size is not None:
+            raise ValueError("pass either spec= or kind=/token_budget=/max_batch_size= to collate, not both")
+        kind, token_budget, max_batch_size = spec.layout, spec.token_budget, spec.max_batch_size
+    if kind == "padded":
+        return collate_padded(samples, token_budget=token_budget, max_batch_size=max_batch_size, indices=indices)
+    if kind == "packed":
+        return collate_packed(samples, token_budget=token_budget, indices=indices)
+    raise ValueError(f"unknown batch layout {kind!r}; use 'padded' or 'packed'")
+
+
+def batch_from_parts(kind: str, input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor,
+                     indices: torch.Tensor) -> Batch:
+    """Rebuild a :class:`Batch` from its essential tensors (what travels between ranks).
+
+    ``attention_mask``/``position_ids`` (padded) or ``position_ids``/``cu_seqlens``/``seq_index``
+    (packed) are derived from ``lengths`` on ``input_ids``' device.
+    """
+    dev = input_ids.device
+    lengths = lengths.to(torch.int64)
+    B, T = input_ids.shape
+    loss_mask = loss_mask.to(torch.bool)
+    if kind == "padded":
+        pos = torch.arange(T, dtype=torch.int64, device=dev).expand(B, T).contiguous()
+        attention = (pos < lengths[:, None]).to(torch.int64)
+        return Batch("padded", input_ids, loss_mask, pos, lengths, indices, attention_mask=attention)
+    if kind == "packed":
+        cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=dev)
+        cu[1:] = torch.cumsum(lengths, 0)
+        seq_index = torch.repeat_interleave(torch.arange(lengths.numel(), device=dev), lengths)
+        pos = torch.arange(T, dtype=torch.int64, device=dev) - cu[:-1][seq_index]
+        return Batch("packed", input_ids, loss_mask, pos[None], lengths, indices, cu_seqlens=cu.to(torch.int32),
+                     seq_index=seq_index[None])
+    raise ValueError(f"unknown batch layout {kind!r}; use 'padded' or 'packed'")
+
+
+def synthetic_sequences(lengths: Sequence[int], *, vocab_size: int, seed: int,
+                        loss_fraction: float = 0.75) -> list[dict[str, np.ndarray]]:
+    """Random token sequences of the given lengths (for profiling grids and tests).
+
+    Each sample's first ``1 - loss_fraction`` of tokens is a "prompt" (loss_mask 0), the rest
+    the "completion" (loss_mask 1), the shape of a chat sample. Reproducible from ``seed``.
+    """
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"synthetic sequence lengths must be >= 1, got {n}")
+        ids = rng.integers(1, vocab_size, size=n, dtype=np.int64)
+        mask = np.zeros(n, dtype=np.int64)
+        mask[min(n - 1, int(round(n * (1.0 - loss_fraction)))):] = 1
+        out.append({"input_ids": ids, "loss_mask": mask})
+    return out

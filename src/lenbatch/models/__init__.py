@@ -1,0 +1,1 @@
+"""The frozen target, the drafter, the variable-length kernels, memory and packing checks."""

@@ -1,0 +1,123 @@
+"""Peak device memory of each training rank, from the config, before anything is launched.
+
+A target rank holds (``b`` = bytes of ``model.dtype``, ``T`` = ``batching.token_budget``,
+``H`` hidden, ``I`` MLP width, ``L_t`` = ``len(model.target_layers)``, ``q`` = ``train.queue_size``):
+
+* weights: ``P_target * b`` (parameters counted exactly on the meta device: decoder + embedding
+  + the untied lm_head, which the target rank also builds);
+* activations at the budget (inference, one layer alive at a time):
+  ``T * b * (4 H + 3 I + W)``: residual, normed input, layer output, the MLP's gate/up/product,
+  and ``W`` the widest mixer projection (gated-attention ``q``/``k``/``v`` or the Gated
+  DeltaNet ``qkvz``);
+* features: ``(q + 1) * T * L_t * H * b``: ``q`` batches in flight to the drafter (kept alive
+  until credited) plus the one being computed.
+
+The drafter rank holds the target's embedding and lm_head (``2 V H b``), the drafter's fp32
+master weights, gradients and AdamW moments (``16`` bytes per drafter parameter), one received
+batch of features (``T * L_t * H * b``), the drafter's activations kept for backward
+(``T * H * 4 * (2 + 8 * drafter.num_layers)``: the context projection and each layer's
+context keys/values and their inputs, fp32 at most) and the chunked cross-entropy's logits
+(``3 * CE_CHUNK_ROWS * V * 4``).
+
+A rank fits when its peak is at most ``USABLE_FRACTION`` of the device memory minus
+``RESERVED_BYTES`` (CUDA context, NCCL buffers, allocator fragmentation). Coarse by design:
+it refuses settings that cannot fit, it does not promise that the others do. Cost: building
+two models on the meta device (milliseconds, no memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+USABLE_FRACTION = 0.92
+RESERVED_BYTES = 2 * 2**30  # CUDA context + NCCL channels per process
+BYTES = {"float32": 4, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    role: str
+    weights: int
+    activations: int
+    features: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations + self.features + self.optimizer
+
+
+def _target_parameters(params) -> int:
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
+    from lenbatch.models.target import hf_text_config
+
+    m = params.model
+    with torch.device("meta"):
+        decoder = Qwen3_5TextModel(hf_text_config(m))
+    return sum(p.numel() for p in decoder.parameters()) + m.vocab_size * m.hidden_size  # + lm_head
+
+
+def _drafter_parameters(params) -> int:
+    from lenbatch.models.drafter import Drafter
+
+    m, d = params.model, params.drafter
+    with torch.device("meta"):
+        drafter = Drafter(feature_dim=len(m.target_layers) * m.hidden_size, hidden_size=m.hidden_size,
+                          intermediate_size=m.intermediate_size, num_layers=d.num_layers, num_heads=d.num_heads,
+                          block_size=d.block_size, gamma=d.gamma)
+    return sum(p.numel() for p in drafter.parameters())
+
+
+def rank_memory(params) -> tuple[RankMemory, RankMemory]:
+    """(target rank, drafter rank) peak bytes for ``params`` (formulas in the module doc)."""
+    from lenbatch.models.drafter import CE_CHUNK_ROWS
+
+    m, b = params.model, BYTES[params.model.dtype]
+    T, H, I, V, Lt = params.batching.token_budget, m.hidden_size, m.intermediate_size, m.vocab_size, \
+        len(m.target_layers)
+    attn = m.num_attention_heads * m.head_dim * 2 + 2 * m.num_key_value_heads * m.head_dim  # gated q, k, v
+    gdn = 2 * m.linear_num_key_heads * m.linear_key_head_dim + 2 * m.linear_num_value_heads * m.linear_value_head_dim
+    step_features = T * Lt * H * b
+    target = RankMemory("target", weights=_target_parameters(params) * b, activations=T * b * (4 * H + 3 * I +
+                        max(attn, gdn)), features=(params.train.queue_size + 1) * step_features, optimizer=0)
+    drafter = RankMemory("drafter", weights=2 * V * H * b,
+                         activations=T * H * 4 * (2 + 8 * params.drafter.num_layers) + 3 * CE_CHUNK_ROWS * V * 4,
+                         features=step_features, optimizer=16 * _drafter_parameters(params))
+    return target, drafter
+
+
+def usable_bytes(device_bytes: int) -> int:
+    return int(device_bytes * USABLE_FRACTION) - RESERVED_BYTES
+
+
+def check_fits(params, *, device_bytes: int, ranks_per_device: int = 1,
+               single_process: bool = False) -> tuple[RankMemory, RankMemory]:
+    """Refuse (``ValueError`` naming ``train.queue_size`` / ``batching.token_budget``) a setting whose
+    rank peak (or, with ``ranks_per_device`` ranks sharing one device, the sum of the busiest
+    device's ranks: the drafter and ``ranks_per_device - 1`` target ranks) exceeds the usable memory.
+    ``single_process``: one process holds both roles and one batch of features (no queue)."""
+    target, drafter = rank_memory(params)
+    others = max(ranks_per_device - 1, 0)
+    need = max(target.total * ranks_per_device, drafter.total + target.total * others)
+    if single_process:  # both models, one batch's features (the drafter's "received" copy is the same tensor)
+        need = target.total - target.features + drafter.total
+    have = usable_bytes(device_bytes)
+    if need <= have:
+        return target, drafter
+    gib = 2**30
+    per_batch = target.features // (params.train.queue_size + 1) * ranks_per_device
+    spare = have - (need - target.features * ranks_per_device)  # room left for features
+    fits_q = spare // per_batch - 1 if per_batch else -1
+    hint = (f"train.queue_size <= {fits_q} fits" if fits_q >= 1 and not single_process else
+            "lower batching.token_budget" + (" (one process holds both models)" if single_process else
+                                             "; even train.queue_size: 1 does not fit"))
+    raise ValueError(
+        f"a rank needs {need / gib:.1f} GiB but the device has {device_bytes / gib:.1f} GiB "
+        f"({have / gib:.1f} usable): target weights {target.weights / gib:.1f}, activations "
+        f"{target.activations / gib:.1f}, features in flight {target.features / gib:.1f} GiB "
+        f"((train.queue_size {params.train.queue_size} in flight + 1 being computed) x batching.token_budget "
+        f"{params.batching.token_budget} x {len(params.model.target_layers)} target layers x hidden "
+        f"{params.model.hidden_size} x {BYTES[params.model.dtype]} bytes); {hint}")

@@ -1,0 +1,1 @@
+"""Workflow plumbing: stage dependencies, staged outputs, the artifacts stages hand each other."""

@@ -1,0 +1,1 @@
+"""The torchrun runtime: step runner, transport, checkpoints, step records, process lifetime."""

@@ -1,0 +1,137 @@
+"""Train checkpoints and the run that owns a train output directory.
+
+``checkpoint.pt`` (written temp-then-rename, so a kill leaves the previous one) holds the drafter,
+the optimizer, every target rank's sampler state, the step counter, RNG states, a fingerprint of
+the params (:func:`fingerprint`: what a resumed run must share with the run that wrote it) and
+``log_sha256``: the SHA-256 of the ``steps.jsonl`` lines of the steps it covers. That digest ties a
+checkpoint to the log it extends: ``--resume`` continues only when ``steps.jsonl`` holds exactly the
+rows ``0 .. step-1`` that were written beside that checkpoint (so an older run's checkpoint is never
+resumed under a newer run's log, which used to lose the steps in between with exit code 0).
+
+A fresh run (no ``--resume``) owns its directory from its first step: :func:`start_fresh` removes
+the previous run's ``checkpoint.pt``, ``summary.json``, ``params.json`` and ``steps.jsonl`` before
+it trains, so a killed fresh run never leaves an older complete-looking summary beside it, and a later
+``--resume`` cannot pick up the older checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from lenbatch.core.config import Params
+
+FORMAT = 2  # 2: log_sha256 ties the checkpoint to its steps.jsonl
+RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "summary.json", "params.json", "steps.jsonl")
+
+
+def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...]], lengths: np.ndarray,
+                target_ranks: int) -> dict[str, Any]:
+    """What a resumed run must share with the run that wrote the checkpoint (plan, model, drafter).
+
+    train.useful_tokens, --max-steps, queue_size, threads and checkpoint_every may change on resume.
+    """
+    p = params.to_dict()
+    return {"strategy": strategy, "target_ranks": target_ranks, "edges": list(edges) if edges else None,
+            "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
+            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"]}
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    a, b = _flat(saved), _flat(current)
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:6])
+        raise ValueError(f"checkpoint {path} was written with other params ({shown}); resume with the params it "
+                         "was written with, or start afresh without --resume (or with another --out)")
+
+
+def start_fresh(out: Path) -> None:
+    """A new run takes ``out`` over: the previous run's checkpoint, summary, params and log go first."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+
+
+def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[Any], fp: dict[str, Any],
+                    log_sha256: str) -> None:
+    """Atomic write (tmp + rename) so a kill during the save leaves the previous checkpoint.
+
+    ``runner``: a :class:`lenbatch.runtime.runner.StepRunner` with its drafter and optimizer; ``log_sha256``: the
+    digest of the ``steps.jsonl`` lines of steps ``0 .. step-1``.
+    """
+    assert runner.drafter is not None and runner.optimizer is not None
+    state = {"format": FORMAT, "fingerprint": fp, "step": step, "log_sha256": log_sha256,
+             "drafter": runner.drafter.state_dict(), "optimizer": runner.optimizer.state_dict(),
+             "samplers": sampler_states, "torch_rng": torch.random.get_rng_state(),
+             "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, fp: dict[str, Any], *, total_steps: int, checkpoint_every: int) -> dict[str, Any]:
+    """The checkpoint at ``path``, checked: readable, this format, these params, inside this schedule.
+
+    ``total_steps``: the steps this run plans (``train.useful_tokens`` / ``--max-steps``); a checkpoint
+    past them is refused rather than rewritten as an earlier step.
+    """
+    if not path.exists():
+        why = (" train.checkpoint_every is 0, so a run saves its checkpoint only when it finishes: a run killed "
+               "before that cannot be resumed; set train.checkpoint_every > 0 for that." if checkpoint_every == 0
+               else "")
+        raise ValueError(f"--resume: no checkpoint at {path}.{why} Run without --resume to start afresh")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # truncated or corrupt file: torch/pickle raise many types
+        raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err)[:80]}); delete it and "
+                         "run without --resume to start afresh") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"checkpoint {path} has format {got!r}, this lenbatch writes {FORMAT}; run without "
+                         "--resume to start afresh")
+    check_fingerprint(state["fingerprint"], fp, path)
+    step = int(state["step"])
+    if step > total_steps:
+        raise ValueError(f"checkpoint {path} is at step {step} but this run plans only {total_steps} steps "
+                         "(train.useful_tokens / --useful-tokens / --max-steps): resuming would rewrite it as an "
+                         f"earlier step; resume with a target of at least {step} steps, or start afresh without "
+                         "--resume (or with another --out)")
+    return state
+
+
+def check_log(path: Path, state: dict[str, Any], steps: list[int], digest: str) -> None:
+    """``steps.jsonl`` must hold exactly the rows the checkpoint covers, as written beside it."""
+    step = int(state["step"])
+    if steps != list(range(step)) or digest != state["log_sha256"]:
+        raise ValueError(f"{path} does not belong to the checkpoint beside it (checkpoint at step {step}, log with "
+                         f"{len(steps)} rows up to there): another run wrote one of them; run without --resume to "
+                         "start afresh")
+
+
+def restore(runner: Any, state: dict[str, Any]) -> None:
+    assert runner.drafter is not None and runner.optimizer is not None
+    runner.drafter.load_state_dict(state["drafter"])
+    runner.optimizer.load_state_dict(state["optimizer"])
+    runner.steps = int(state["step"])
+    torch.random.set_rng_state(state["torch_rng"])
+    np.random.set_state(state["numpy_rng"])
+    random.setstate(state["python_rng"])
+
+
+__all__ = ["check_fingerprint", "check_log", "fingerprint", "load_checkpoint", "restore", "save_checkpoint",
+           "start_fresh"]

@@ -1,0 +1,213 @@
+"""Target -> drafter transport: batches and features over point-to-point, bounded by credits.
+
+Two process groups carry a training run's traffic:
+
+* the **data group** (the default group: NCCL on GPU, gloo on CPU) carries tensors only, and
+  only from a target rank to the drafter rank: ``input_ids``, ``loss_mask``, ``lengths``,
+  ``indices``, ``features`` of each batch, in the order of the global schedule;
+* the **control group** (always gloo, CPU tensors) carries the small messages: the int64 header
+  of each batch (target -> drafter: shapes, dtype, step, timings) and the credit of each batch
+  (drafter -> target: ``[step, latest loss]``, sent as soon as the batch has arrived).
+
+Why it cannot deadlock under rendezvous semantics (NCCL: a send may block, on its
+communicator's stream, until the peer has posted the matching receive; both directions of a
+rank pair share that stream):
+
+1. The data group never carries a drafter -> target message, so no send of the drafter's can
+   sit ahead of its receives on a rank pair's stream (the old protocol sent the 16-byte ack on
+   that stream, ahead of the next batch's receives, while the target posted the ack's receive
+   only ``queue_size`` sends later: a cycle that only NCCL's eager delivery of small messages
+   broke). Per rank pair the target's sends and the drafter's receives are the same sequence
+   (the schedule's steps of that target rank, each ``HEADER`` then the five tensors).
+2. The target posts the receive of batch ``k``'s credit *before* it sends batch ``k``'s header,
+   so the drafter's credit send always finds its receive posted and never waits on the
+   target's progress.
+3. So the drafter waits only for the batch of the next scheduled step ``g`` (from target rank
+   ``r``), and target rank ``r`` waits only (a) in a send of one of its batches ``k`` until the
+   drafter posts that receive, or (b) for the credit of its batch ``k - queue_size``. Target
+   rank ``r`` sends its batches in schedule order, so if the drafter waits for ``g`` then ``r``
+   is at a batch ``k <= g`` (case a with ``k = g`` completes; ``k < g`` was received already)
+   or ``k > g`` -- impossible while ``g`` is unsent. In case (b) ``k - queue_size < k <= g``:
+   that batch was received and credited already. By induction over the global step, every
+   step completes.
+
+A stricter emulation runs the same code on CPU: with ``LENBATCH_RENDEZVOUS_P2P=1`` (test only)
+every point-to-point send first waits, blocking its caller, for a one-byte "ready" that the
+receiver sends on a dedicated gloo group when it posts the matching receive (one ready group
+per group, so readies match sends in order as NCCL matches per communicator). Blocking the
+calling thread is stricter than NCCL's stream-blocking (the caller can post nothing else
+meanwhile), so a protocol that completes in this mode completes under NCCL's semantics.
+
+Timing (finding 5 of issue 15): on NCCL ``recv()``/``wait()`` return once the copy is enqueued,
+not done; :func:`settle` synchronizes the device at the measured boundaries (a no-op on CPU,
+where gloo's calls return when the bytes are there).
+
+Cost: per batch one 96-byte header and one 16-byte credit on gloo, five tensors on the data
+group (``B*T*(8+1) + 2*S*8 + B*T*F*itemsize`` bytes; the features dominate: 2.5 GB per step at
+49,152 tokens x 5 layers x 5,120 x 2 bytes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections import deque
+from typing import Any, Optional
+
+import torch
+
+from lenbatch.loading.collate import Batch, batch_from_parts
+
+RENDEZVOUS_ENV = "LENBATCH_RENDEZVOUS_P2P"
+HEADER_LEN = 12
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
+
+
+def rendezvous_requested() -> bool:
+    """``LENBATCH_RENDEZVOUS_P2P=1`` (test only): emulate NCCL's blocking sends on gloo."""
+    value = os.environ.get(RENDEZVOUS_ENV, "0")
+    if value not in ("0", "1", ""):
+        raise ValueError(f"{RENDEZVOUS_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def settle(device: torch.device) -> None:
+    """Wait until the device finished the work queued so far (transfers included): a measured
+    boundary. CUDA: ``torch.cuda.synchronize`` (NCCL's recv/wait return before the copy is done);
+    CPU: nothing to wait for."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Channel:
+    """Point-to-point sends and receives on the data group or the control group.
+
+    ``Channel(rendezvous=None, timeout=None)`` must be built by every rank in the same order (it
+    creates process groups: one gloo control group, plus two gloo ready groups in rendezvous mode;
+    ``timeout``: theirs, torch's default when None).
+    ``isend(t, dst, group="data"|"control")`` and ``irecv(t, src, group=...)`` return works.
+    """
+
+    def __init__(self, *, rendezvous: Optional[bool] = None, timeout: Optional[datetime.timedelta] = None) -> None:
+        import torch.distributed as dist
+
+        self.rendezvous = rendezvous_requested() if rendezvous is None else rendezvous
+        control = dist.new_group(backend="gloo", timeout=timeout)
+        self.groups = {"data": None, "control": control}  # None: the default group
+        self.ready = ({name: dist.new_group(backend="gloo", timeout=timeout) for name in self.groups}
+                      if self.rendezvous else {})
+        self._readies: list[tuple[Any, torch.Tensor]] = []  # ready messages in flight (kept alive)
+
+    def isend(self, tensor: torch.Tensor, dst: int, *, group: str) -> Any:
+        import torch.distributed as dist
+
+        if self.rendezvous:  # block until the peer has posted the matching receive
+            token = torch.zeros(1, dtype=torch.uint8)
+            dist.recv(token, dst, group=self.ready[group])
+        return dist.isend(tensor, dst, group=self.groups[group])
+
+    def irecv(self, tensor: torch.Tensor, src: int, *, group: str) -> Any:
+        import torch.distributed as dist
+
+        if self.rendezvous:  # tell the sender this receive is posted
+            token = torch.ones(1, dtype=torch.uint8)
+            self._readies.append((dist.isend(token, src, group=self.ready[group]), token))
+            self._readies = [(w, t) for w, t in self._readies if not w.is_completed()]
+        return dist.irecv(tensor, src, group=self.groups[group])
+
+    def close(self) -> None:
+        """Wait for the ready messages still in flight (rendezvous mode)."""
+        for w, _ in self._readies:
+            w.wait()
+        self._readies = []
+
+
+class TargetLink:
+    """A target rank's end: sends batches to the drafter rank, at most ``queue_size`` unacknowledged.
+
+    ``wait_for_room() -> seconds`` blocks until a batch may be sent (the credit of the batch sent
+    ``queue_size`` batches ago); ``send(batch, features, meta)`` posts it (non-blocking unless in
+    rendezvous mode); ``drain()`` waits for every credit. ``last_loss``: the drafter's latest loss
+    as of the last credit (nan before one). ``in_flight``: batches sent and not credited.
+    """
+
+    def __init__(self, channel: Channel, *, dst: int, queue_size: int, comm_device: torch.device) -> None:
+        if queue_size < 1:
+            raise ValueError(f"train.queue_size must be >= 1, got {queue_size}")
+        self.channel, self.dst, self.queue_size, self.comm_device = channel, dst, queue_size, comm_device
+        self.pending: deque[tuple[Any, torch.Tensor, list[Any], list[torch.Tensor]]] = deque()
+        self.last_loss = float("nan")
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def _retire_oldest(self) -> None:
+        credit_work, credit, works, _tensors = self.pending.popleft()
+        credit_work.wait()
+        for w in works:  # the drafter holds the batch, so these are done (or about to be)
+            w.wait()
+        self.last_loss = float(credit[1])
+
+    def wait_for_room(self) -> float:
+        import time
+
+        t0 = time.perf_counter()
+        while len(self.pending) >= self.queue_size:
+            self._retire_oldest()
+        return time.perf_counter() - t0
+
+    def send(self, batch: Batch, features: torch.Tensor, *, meta: list[int]) -> None:
+        assert len(self.pending) < self.queue_size, "call wait_for_room() first: the queue is full"
+        B, T = batch.input_ids.shape
+        header = torch.tensor([1 if batch.kind == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
+                               DTYPE_CODES[features.dtype], *meta], dtype=torch.int64)
+        assert header.numel() == HEADER_LEN, f"meta must hold {HEADER_LEN - 6} ints"
+        credit = torch.zeros(2, dtype=torch.float64)
+        # posted before the header: the drafter's credit send never waits for this rank (docstring, 2.)
+        credit_work = self.channel.irecv(credit, self.dst, group="control")
+        works = [self.channel.isend(header, self.dst, group="control")]
+        tensors = [batch.input_ids, batch.loss_mask.to(torch.uint8), batch.lengths, batch.indices, features]
+        tensors = [t.to(self.comm_device).contiguous() for t in tensors]
+        works += [self.channel.isend(t, self.dst, group="data") for t in tensors]
+        self.pending.append((credit_work, credit, works, [header, *tensors]))
+
+    def drain(self) -> None:
+        while self.pending:
+            self._retire_oldest()
+
+
+class DrafterLink:
+    """The drafter rank's end: ``recv(src) -> (batch, features, meta)`` receives the next batch of
+    target rank ``src`` (settled on the device: the transfer is inside the caller's timer), then
+    credits it at once."""
+
+    def __init__(self, channel: Channel, *, comm_device: torch.device) -> None:
+        self.channel, self.comm_device = channel, comm_device
+        self._credits: list[tuple[Any, torch.Tensor]] = []
+
+    def recv(self, src: int, *, step: int, last_loss: float) -> tuple[Batch, torch.Tensor, list[int]]:
+        header = torch.empty(HEADER_LEN, dtype=torch.int64)
+        self.channel.irecv(header, src, group="control").wait()
+        kind, B, T, S, Fdim, code, *meta = (int(x) for x in header.tolist())
+        dev = self.comm_device
+        ids = torch.empty(B, T, dtype=torch.int64, device=dev)
+        lm = torch.empty(B, T, dtype=torch.uint8, device=dev)
+        lengths = torch.empty(S, dtype=torch.int64, device=dev)
+        indices = torch.empty(S, dtype=torch.int64, device=dev)
+        feats = torch.empty(B, T, Fdim, dtype=CODE_DTYPES[code], device=dev)
+        works = [self.channel.irecv(t, src, group="data") for t in (ids, lm, lengths, indices, feats)]
+        for w in works:
+            w.wait()
+        settle(dev)  # NCCL: wait() only enqueued the copy; time it here, not in the next step
+        credit = torch.tensor([float(step), last_loss], dtype=torch.float64)
+        # the target posted this receive before sending the batch: completes without waiting on it
+        self._credits.append((self.channel.isend(credit, src, group="control"), credit))
+        self._credits = [(w, t) for w, t in self._credits if not w.is_completed()]
+        return batch_from_parts("packed" if kind else "padded", ids, lm, lengths, indices), feats, meta
+
+    def close(self) -> None:
+        for w, _ in self._credits:
+            w.wait()
+        self._credits = []

@@ -1,0 +1,39 @@
+"""``lenbatch plans``: simulate epochs of every strategy (:func:`lenbatch.batching.simulate.simulate`)
+and write what each plan costs and mixes to ``metrics.json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lenbatch.batching.lengths import SEED_COUNT
+from lenbatch.batching.simulate import simulate
+from lenbatch.batching.spec import BatchSpec
+from lenbatch.batching.strategies import STRATEGIES
+from lenbatch.core.config import Params, write_resolved
+from lenbatch.core.log import get_logger
+from lenbatch.pipeline.artifacts import read_boundaries, read_lengths_input, write_json
+
+
+def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
+        seed_profile_size: int = SEED_COUNT, boundaries: str | None = None, strategies: list[str] | None = None,
+        world_size: int = 1) -> int:
+    """``lenbatch plans``: metrics.json, :func:`simulate` of ``strategies`` (default: all) over the lengths
+    at ``lengths`` (or the generated ``seed_profile``), bucketed with the edges of ``boundaries``."""
+    log = get_logger("lenbatch.plans")
+    bt = params.batching
+    x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
+                                   seed=bt.seed)
+    edges = read_boundaries(boundaries)
+    if strategies is not None and "bucketed" in strategies and edges is None:
+        raise ValueError("--strategies bucketed needs bucket edges; pass --boundaries "
+                         "results/boundaries/boundaries.json (run 'lenbatch boundaries' first)")
+    chosen = tuple(strategies) if strategies is not None else tuple(STRATEGIES)
+    log.info("%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
+             source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, world_size)
+    spec = BatchSpec.from_params(params, strategy="bucketed", edges=edges)  # edges serve bucketed alone
+    metrics = simulate(x, strategies=chosen, epochs=params.plans.epochs, world_size=world_size, log=log,
+                       spec=spec)
+    out = Path(out)
+    write_json(out / "metrics.json", metrics)
+    write_resolved(params, out, sections=("batching", "plans"))
+    return 0

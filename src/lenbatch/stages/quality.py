@@ -1,0 +1,539 @@
+"""Quality stage: does batch composition change what the drafter learns? Measured, with seeds.
+
+Setting (``params.quality``; the train stage and its results are untouched):
+
+* **data**: a fixed random split of the tokenized samples (``batching.seed``): a training subset of
+  about ``quality.train_tokens`` useful tokens and a disjoint **held-out** set of about
+  ``quality.heldout_tokens``, never trained on.
+* **learnable objective**: the drafter of the train stage (same architecture, block size, loss
+  weights, anchors) with a *trainable* output head over a draft vocabulary, the
+  ``quality.draft_vocab`` most frequent trained tokens of the training subset plus one "other"
+  class, instead of the target's frozen random 248,320-wide ``lm_head`` (through which the loss
+  barely moves: DESIGN.md, issue 13). A reduced, trainable draft vocabulary is what EAGLE-3-style
+  drafters use; labels stay the dataset's tokens, so batch composition (long vs short
+  conversations) changes the gradient exactly as in the train stage. Uniform = ln(V' + 1) nats.
+* **features**: the target is frozen and deterministic and a sequence's features do not depend on
+  its batch-mates (``verify-packing``), so each sample's target features are computed once and
+  reused by every strategy and seed; runs differ only by the batches the strategy makes.
+* **runs**: every strategy of ``train.strategies``, ``quality.seeds`` seeds (seed k: plan seed,
+  anchors and drafter/head initialisation; seed k of two strategies starts from the same weights),
+  ``quality.epochs`` whole epochs of the training subset: equal useful tokens for every run. The
+  held-out loss (fixed anchors) is measured at start and each time another 1/eval_points of the
+  tokens has been trained. Batches follow ``batching`` (budget, max batch size, window), the
+  bucketed edges come from the boundaries stage.
+* **gradient quality at fixed weights** (:mod:`lenbatch.analysis.gradquality`): at the initial weights
+  and at the weights after the ``random`` seed-0 run (composition-neutral SGD), for each strategy
+  every batch of one epoch (anchors fixed per sample, so every strategy's epoch sums to the same
+  full-data gradient G, checked): cosine to G, variance per useful token, noise scale, and the
+  correlation of a batch's mean sample length with its loss.
+
+Outputs (``--out``): ``quality.json`` (everything), ``metrics.json`` (flat, for ``dvc metrics
+diff``), ``curves.json`` and ``gradients.json`` (DVC plot data), ``quality.png``, ``report.md``
+(the section compare embeds), ``params.json``.
+
+Cost: one target forward over train + held-out tokens, then per run epochs x train_tokens drafter
+steps (forward + backward) and eval_points + 1 held-out forwards; per checkpoint and strategy one
+epoch of forward + backward. 228-238 CPU seconds at the defaults (1 thread; 19 CPU s for the features,
+185 for 15 runs, 30 for the gradients; wall time was 13-20 min on a machine shared with other jobs). One process on
+``train.device`` (a GPU when available): features, drafter and head on that device.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lenbatch.analysis import gradquality as gq
+from lenbatch.batching.strategies import plan_epoch
+from lenbatch.analysis import quality_report as qr
+from lenbatch.loading.collate import Batch, collate, layout_for
+from lenbatch.core.config import Params, write_resolved
+from lenbatch.core.log import get_logger
+
+log = get_logger("quality")
+CHECKPOINTS = ("init", "trained")
+TRAINED_FROM = "random"  # the weights of the "trained" checkpoint: this strategy's seed-0 run
+
+
+# --------------------------------------------------------------------------- data
+
+
+def split_samples(lengths: np.ndarray, *, train_tokens: int, heldout_tokens: int, seed: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint (train, held-out) dataset indices, each sorted: a seeded permutation, the held-out set
+    first (until ``heldout_tokens`` useful tokens), then the training subset (until ``train_tokens``).
+    Pure function of (lengths, sizes, seed); ``ValueError`` if the data is too small."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.random.default_rng([int(seed), 13]).permutation(lengths.size)
+    csum = np.cumsum(lengths[order])
+    if csum[-1] < train_tokens + heldout_tokens:
+        raise ValueError(f"the data holds {int(csum[-1]):,} tokens, fewer than quality.train_tokens + "
+                         f"quality.heldout_tokens = {train_tokens + heldout_tokens:,}; lower them")
+    n_held = int(np.searchsorted(csum, heldout_tokens) + 1)
+    rest = np.cumsum(lengths[order[n_held:]])
+    n_train = int(np.searchsorted(rest, train_tokens) + 1)
+    return np.sort(order[n_held:n_held + n_train]), np.sort(order[:n_held])
+
+
+def draft_vocabulary(samples: dict[int, dict[str, np.ndarray]], indices: np.ndarray, *, size: int,
+                     vocab_size: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """The ``size`` most frequent trained (loss-masked) tokens of ``indices``' samples.
+
+    Returns (token ids [<= size], class map [vocab_size] int64: token -> class, others -> the last
+    class ``len(ids)``, coverage = share of trained tokens inside the draft vocabulary).
+    """
+    toks = np.concatenate([np.asarray(samples[int(i)]["input_ids"])[np.asarray(samples[int(i)]["loss_mask"], bool)]
+                           for i in indices])
+    counts = np.bincount(toks, minlength=vocab_size)
+    top = np.argsort(-counts, kind="stable")[:size]
+    top = top[counts[top] > 0]
+    cmap = np.full(vocab_size, top.size, dtype=np.int64)
+    cmap[top] = np.arange(top.size)
+    return top, cmap, float(counts[top].sum() / max(toks.size, 1))
+
+
+def unigram_loss(samples: dict[int, dict[str, np.ndarray]], train: np.ndarray, heldout: np.ndarray, *,
+                 class_map: np.ndarray, classes: int) -> float:
+    """Reference: mean cross-entropy (nats) of the held-out trained tokens' classes under the training
+    subset's class frequencies (add-1/2 smoothing): what a drafter that ignores its context reaches."""
+    def labels(idx: np.ndarray) -> np.ndarray:
+        return np.concatenate([class_map[samples[int(i)]["input_ids"][samples[int(i)]["loss_mask"]]] for i in idx])
+
+    counts = np.bincount(labels(train), minlength=classes) + 0.5
+    return float(-np.log(counts / counts.sum())[labels(heldout)].mean())
+
+
+def read_samples(data: Path, indices: np.ndarray, lengths: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
+    import datasets
+
+    path = data / "dataset"
+    if not path.exists():
+        raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
+    ds = datasets.load_from_disk(str(path)).select_columns(["input_ids", "loss_mask"])
+    rows = ds[[int(i) for i in indices]]
+    out = {}
+    for i, ids, mask in zip(indices, rows["input_ids"], rows["loss_mask"]):
+        if len(ids) != lengths[i]:
+            raise ValueError(f"dataset row {i} has {len(ids)} tokens but lengths.npy says {lengths[i]}; re-run "
+                             "'lenbatch tokenize'")
+        out[int(i)] = {"input_ids": np.asarray(ids, dtype=np.int64), "loss_mask": np.asarray(mask, dtype=bool)}
+    return out
+
+
+def target_features(target: Any, samples: dict[int, dict[str, np.ndarray]], indices: np.ndarray, *,
+                    row_tokens: int) -> dict[int, torch.Tensor]:
+    """Each sample's target features ``[L, F]``, from packed rows of at most ``row_tokens`` tokens (a packed
+    forward equals the per-sequence forwards, so the features are the ones any batch would get)."""
+    out: dict[int, torch.Tensor] = {}
+    row: list[int] = []
+
+    def flush() -> None:
+        if not row:
+            return
+        b = collate([samples[i] for i in row], kind="packed", token_budget=None, max_batch_size=None, indices=row)
+        f = target.features(b.input_ids, cu_seqlens=b.cu_seqlens)[0].clone()
+        cu = b.cu_seqlens.tolist()
+        for k, i in enumerate(row):
+            out[i] = f[cu[k]:cu[k + 1]]
+        row.clear()
+
+    total = 0
+    for i in indices:
+        n = len(samples[int(i)]["input_ids"])
+        if total + n > row_tokens:
+            flush()
+            total = 0
+        row.append(int(i))
+        total += n
+    flush()
+    return out
+
+
+def assemble(samples: dict[int, dict[str, np.ndarray]], feats: dict[int, torch.Tensor], indices: np.ndarray, *,
+             kind: str) -> tuple[Batch, torch.Tensor]:
+    """The batch of ``indices`` in layout ``kind`` and its features in the same layout (zeros on padding),
+    both on the features' device, features in float32 (the drafter's master precision)."""
+    idx = [int(i) for i in indices]
+    first = feats[idx[0]]
+    batch = collate([samples[i] for i in idx], kind=kind, token_budget=None, max_batch_size=None,
+                    indices=idx).to(first.device)
+    if kind == "packed":
+        return batch, torch.cat([feats[i] for i in idx])[None].float()
+    m = batch.shape_length
+    out = torch.zeros(len(idx), m, first.shape[1], device=first.device)
+    for k, i in enumerate(idx):
+        out[k, :feats[i].shape[0]] = feats[i]
+    return batch, out
+
+
+# --------------------------------------------------------------------------- model
+
+
+class DraftModel(nn.Module):
+    """The train stage's drafter with a trainable head over the draft vocabulary (module doc)."""
+
+    def __init__(self, params: Params, *, classes: int, seed: int) -> None:
+        from lenbatch.models.drafter import Drafter
+
+        super().__init__()
+        m, d = params.model, params.drafter
+        gen_state = torch.random.get_rng_state()
+        torch.manual_seed(m.init_seed + 1 + 1000 * seed)
+        try:
+            self.drafter = Drafter(feature_dim=len(m.target_layers) * m.hidden_size, hidden_size=m.hidden_size,
+                                   intermediate_size=m.intermediate_size, num_layers=d.num_layers,
+                                   num_heads=d.num_heads, block_size=d.block_size, gamma=d.gamma)
+            self.head = nn.Linear(m.hidden_size, classes, bias=False)
+        finally:
+            torch.random.set_rng_state(gen_state)
+
+    def loss(self, feats: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, *,
+             embed_tokens: nn.Module, class_map: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """``(sum_i w_i ce_i / sum_i w_i, sum_i w_i)`` over the block positions the train stage trains
+        (same targets, same weights exp(-(k-1)/gamma)), labels mapped to draft-vocabulary classes."""
+        dr = self.drafter
+        b = dr.block_size
+        h = dr.block_states(feats, batch, anchors, embed_tokens=embed_tokens)
+        rows, starts = batch.seq_rows_starts()
+        T = feats.shape[1]
+        offs = torch.arange(1, b, device=feats.device)
+        tgt_pos = anchors[:, :, None] + offs
+        inside = (tgt_pos < batch.lengths[:, None, None]) & valid[:, :, None]
+        flat = (starts[:, None, None] + tgt_pos).clamp_max(T - 1)
+        tok = batch.input_ids[rows[:, None, None], flat]
+        use = inside & batch.loss_mask[rows[:, None, None], flat]
+        wk = torch.exp(-(offs.to(torch.float32) - 1.0) / dr.gamma)
+        sel = use.nonzero(as_tuple=True)
+        w = wk[sel[2]]
+        if w.numel() == 0:
+            return h.sum() * 0.0, 0.0
+        ce = F.cross_entropy(self.head(h[:, :, 1:][sel]), class_map[tok[sel]], reduction="none")
+        wsum = w.sum()
+        return (w * ce).sum() / wsum, float(wsum)
+
+
+def flat_grad(model: nn.Module) -> np.ndarray:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in model.parameters()]).double().cpu().numpy()
+
+
+# --------------------------------------------------------------------------- the experiment
+
+
+class Experiment:
+    """The data, features and fixed evaluation of one quality stage (built once, shared by every run)."""
+
+    def __init__(self, params: Params, *, data: Path, lengths: np.ndarray, edges: Optional[tuple[int, ...]]) -> None:
+        from lenbatch.models import target as target_model
+
+        q, b = params.quality, params.batching
+        self.params, self.edges = params, edges
+        self.train_idx, self.held_idx = split_samples(lengths, train_tokens=q.train_tokens,
+                                                      heldout_tokens=q.heldout_tokens, seed=b.seed)
+        too_long = int((lengths[self.train_idx] > b.token_budget).sum())
+        if too_long:
+            raise ValueError(f"{too_long} samples are longer than batching.token_budget={b.token_budget}; raise the "
+                             "budget or lower data.max_len and re-tokenize")
+        self.lengths = lengths
+        both = np.concatenate([self.train_idx, self.held_idx])
+        self.samples = read_samples(data, both, lengths)
+        self.vocab, cmap, self.coverage = draft_vocabulary(self.samples, self.train_idx, size=q.draft_vocab,
+                                                           vocab_size=params.model.vocab_size)
+        self.device = quality_device(params.train.device)
+        self.class_map = torch.from_numpy(cmap).to(self.device)
+        self.classes = int(self.vocab.size) + 1
+        self.unigram = unigram_loss(self.samples, self.train_idx, self.held_idx, class_map=cmap, classes=self.classes)
+        t0, c0 = time.perf_counter(), time.process_time()
+        target = target_model.build_target(params.model, device=self.device)
+        # a float32 copy of the frozen embedding: the drafter trains in float32 whatever the target's dtype
+        self.embed_tokens = nn.Embedding.from_pretrained(target.embed_tokens.weight.float(), freeze=True)
+        self.feats = target_features(target, self.samples, both, row_tokens=b.token_budget)
+        del target
+        self.features_s, self.features_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        # held-out batches and their fixed anchors (seed, epoch 0, step 0, dataset index): one evaluation set
+        self.held_batches = []
+        for rows in _rows(self.held_idx, lengths, b.token_budget):
+            batch, f = assemble(self.samples, self.feats, rows, kind="packed")
+            self.held_batches.append((batch, f))
+
+    def heldout_loss(self, model: DraftModel) -> float:
+        """Held-out loss: ``sum w ce / sum w`` over every held-out block position (fixed anchors)."""
+        q = self.params.quality
+        num = den = 0.0
+        with torch.no_grad():
+            for batch, f in self.held_batches:
+                an, va = model.drafter.anchors_for(batch, anchors_per_seq=q.anchors_per_seq,
+                                                   seed=self.params.batching.seed, epoch=0, step=0)
+                loss, w = model.loss(f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
+                num += float(loss) * w
+                den += w
+        return num / den
+
+    def plan(self, strategy: str, *, seed: int, epoch: int) -> list[np.ndarray]:
+        """One epoch of ``strategy`` over the training subset, as dataset indices."""
+        b = self.params.batching
+        sub = self.lengths[self.train_idx]
+        plan = plan_epoch(sub, strategy=strategy, epoch=epoch, seed=seed, token_budget=b.token_budget,
+                             max_batch_size=b.max_batch_size, edges=self.edges if strategy == "bucketed" else None,
+                             rank=0, world_size=1, packed_window=b.packed_window)
+        return [self.train_idx[np.asarray(p, dtype=np.int64)] for p in plan]
+
+    def train_run(self, strategy: str, *, seed_index: int) -> tuple[dict[str, Any], DraftModel]:
+        """One run: ``quality.epochs`` epochs of ``strategy``; held-out loss at equal-token checkpoints."""
+        p, q = self.params, self.params.quality
+        seed = p.batching.seed + seed_index
+        model = DraftModel(p, classes=self.classes, seed=seed_index).to(self.device)
+        opt = torch.optim.AdamW(model.parameters(), lr=q.lr, weight_decay=p.drafter.weight_decay)
+        kind = layout_for(strategy)
+        total = q.epochs * int(self.lengths[self.train_idx].sum())
+        marks = [total * k / q.eval_points for k in range(1, q.eval_points + 1)]
+        curve = [(0, self.heldout_loss(model))]
+        steps: list[dict[str, float]] = []
+        done, step = 0, 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        for epoch in range(q.epochs):
+            for idx in self.plan(strategy, seed=seed, epoch=epoch):
+                batch, f = assemble(self.samples, self.feats, idx, kind=kind)
+                an, va = model.drafter.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=seed, epoch=epoch,
+                                                   step=step)
+                loss, _ = model.loss(f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), p.drafter.grad_clip)
+                opt.step()
+                done += batch.useful_tokens
+                step += 1
+                steps.append({"useful_tokens": batch.useful_tokens, "loss": loss.item(),
+                              "mean_length": batch.useful_tokens / batch.num_sequences})
+                crossed = sum(1 for m in marks[len(curve) - 1:] if done >= m - 0.5)
+                if crossed:  # one evaluation, recorded for every mark this step crossed
+                    curve += [(done, self.heldout_loss(model))] * crossed
+        assert done == total, f"{strategy}: trained {done} useful tokens, expected {total}: an epoch lost samples"
+        run = {"strategy": strategy, "seed": seed, "steps": step, "useful_tokens": done,
+               "curve_tokens": [c[0] for c in curve], "curve_loss": [c[1] for c in curve],
+               "final_heldout_loss": curve[-1][1], "final_train_loss": float(np.mean([s["loss"] for s in steps[-5:]])),
+               "seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+               "train_length_loss_r": gq.pearson(np.array([s["mean_length"] for s in steps]),
+                                                 np.array([s["loss"] for s in steps]))}
+        return run, model
+
+    def gradients(self, model: DraftModel, strategy: str) -> dict[str, Any]:
+        """Every batch gradient of one epoch of ``strategy`` at ``model``'s weights (anchors fixed per sample)."""
+        p, q = self.params, self.params.quality
+        kind = layout_for(strategy)
+        grads, weights, sizes, mean_len, losses = [], [], [], [], []
+        for idx in self.plan(strategy, seed=p.batching.seed, epoch=0):
+            batch, f = assemble(self.samples, self.feats, idx, kind=kind)
+            an, va = model.drafter.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=p.batching.seed,
+                                               epoch=0, step=0)
+            model.zero_grad(set_to_none=True)
+            loss, w = model.loss(f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
+            if w == 0:
+                continue
+            loss.backward()
+            grads.append(flat_grad(model))
+            weights.append(w)
+            sizes.append(batch.useful_tokens)
+            mean_len.append(batch.useful_tokens / batch.num_sequences)
+            losses.append(loss.item())
+        model.zero_grad(set_to_none=True)
+        g = np.stack(grads)
+        G = gq.full_gradient(g, np.array(weights))
+        out = gq.gradient_quality(g, np.array(sizes), G)
+        out["length_loss_r"] = gq.pearson(np.array(mean_len), np.array(losses))
+        out["batch_mean_length"] = mean_len
+        out["batch_loss"] = losses
+        out["full_gradient"] = G
+        return out
+
+
+def quality_device(name: str) -> torch.device:
+    """``train.device`` -> where the quality stage runs (auto: cuda when available; one device, one process)."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device is 'cuda' but no GPU is visible; set train.device: cpu (or auto)")
+    return torch.device("cuda" if name in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+
+
+def _rows(indices: np.ndarray, lengths: np.ndarray, budget: int) -> list[np.ndarray]:
+    rows, cur, total = [], [], 0
+    for i in indices:
+        if cur and total + lengths[i] > budget:
+            rows.append(np.array(cur))
+            cur, total = [], 0
+        cur.append(int(i))
+        total += int(lengths[i])
+    if cur:
+        rows.append(np.array(cur))
+    return rows
+
+
+def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]]) -> dict[str, Any]:
+    """The whole experiment (module doc) -> the result dict written as quality.json."""
+    q = params.quality
+    strategies = list(params.train.strategies)
+    if "sorted" not in strategies:
+        raise ValueError("train.strategies lacks 'sorted', the baseline every difference is taken to; add it")
+    if "bucketed" in strategies and edges is None:
+        raise ValueError("strategy 'bucketed' needs bucket edges; pass --boundaries results/boundaries/boundaries.json")
+    t_start, c_start = time.perf_counter(), time.process_time()
+    path = data / "lengths.npy"
+    if not path.exists():
+        raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
+    lengths = np.load(path).astype(np.int64)
+    exp = Experiment(params, data=data, lengths=lengths, edges=edges)
+    log.info("split: %d training samples (%s tokens), %d held-out (%s tokens); draft vocabulary %d + other "
+             "(covers %.1f%% of trained tokens); features in %.1f s", exp.train_idx.size,
+             f"{int(lengths[exp.train_idx].sum()):,}", exp.held_idx.size, f"{int(lengths[exp.held_idx].sum()):,}",
+             exp.vocab.size, 100 * exp.coverage, exp.features_s)
+    runs: list[dict[str, Any]] = []
+    trained_model: Optional[DraftModel] = None
+    for k in range(q.seeds):
+        for s in strategies:
+            run, model = exp.train_run(s, seed_index=k)
+            runs.append(run)
+            log.info("%-8s seed %d: %d steps, held-out loss %.3f -> %.3f (%.1f s)", s, run["seed"], run["steps"],
+                     run["curve_loss"][0], run["final_heldout_loss"], run["seconds"])
+            if k == 0 and (s == TRAINED_FROM or (trained_model is None and s == strategies[-1])):
+                trained_model = model
+    assert trained_model is not None
+    t_grad, c_grad = time.perf_counter(), time.process_time()
+    grads: dict[str, dict[str, Any]] = {}
+    init_model = DraftModel(params, classes=exp.classes, seed=0).to(exp.device)
+    for ck, model in (("init", init_model), ("trained", trained_model)):
+        fulls = {}
+        for s in strategies:
+            g = exp.gradients(model, s)
+            fulls[s] = g.pop("full_gradient")
+            grads[f"{ck}.{s}"] = {"checkpoint": ck, "strategy": s, **g}
+        ref = fulls["sorted"]
+        for s, G in fulls.items():  # every epoch holds every sample once: one full-data gradient
+            rel = float(np.linalg.norm(G - ref) / max(np.linalg.norm(ref), 1e-300))
+            assert rel < 1e-3, f"{ck}: {s}'s epoch sums to another full gradient than sorted's (rel. diff {rel:.2e})"
+    grad_s, grad_cpu_s = time.perf_counter() - t_grad, time.process_time() - c_grad
+    uniform = math.log(exp.classes)
+    result = {
+        "strategies": strategies,
+        "setting": {"objective": "dataset tokens through a trainable head over the draft vocabulary",
+                    "draft_vocab": int(exp.vocab.size), "classes": exp.classes, "coverage": exp.coverage,
+                    "uniform_loss": uniform, "unigram_loss": exp.unigram, "min_drop_nats": q.min_drop_nats,
+                    "train_samples": int(exp.train_idx.size), "train_tokens": int(lengths[exp.train_idx].sum()),
+                    "heldout_samples": int(exp.held_idx.size), "heldout_tokens": int(lengths[exp.held_idx].sum()),
+                    "epochs": q.epochs, "seeds": q.seeds, "useful_tokens_per_run": runs[0]["useful_tokens"],
+                    "anchors_per_seq": q.anchors_per_seq, "lr": q.lr, "token_budget": params.batching.token_budget,
+                    "trained_checkpoint": f"{TRAINED_FROM if TRAINED_FROM in strategies else strategies[-1]} seed 0"},
+        "runs": runs,
+        "gradients": grads,
+        "timing": {"features_s": exp.features_s, "features_cpu_s": exp.features_cpu_s,
+                   "runs_s": float(sum(r["seconds"] for r in runs)), "runs_cpu_s": float(sum(r["cpu_s"] for r in runs)),
+                   "gradients_s": grad_s, "gradients_cpu_s": grad_cpu_s,
+                   "total_s": time.perf_counter() - t_start, "total_cpu_s": time.process_time() - c_start,
+                   "threads": torch.get_num_threads()},
+    }
+    result["summary"] = qr.summarize(result)
+    return result
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def write_outputs(result: dict[str, Any], out: Path, *, params: Params) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quality.json").write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    metrics = qr.flat_metrics(result)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    curves = [{"strategy": r["strategy"], "seed": r["seed"], "useful_tokens": t, "heldout_loss": round(v, 6)}
+              for r in result["runs"] for t, v in zip(r["curve_tokens"], r["curve_loss"])]
+    (out / "curves.json").write_text(json.dumps(curves, indent=1) + "\n")
+    rows = [{"checkpoint": g["checkpoint"], "strategy": g["strategy"],
+             **{k: g[k] for k in ("cosine_mean", "variance_per_token", "noise_scale", "length_loss_r")}}
+            for g in result["gradients"].values()]
+    (out / "gradients.json").write_text(json.dumps(rows, indent=1, default=_json_default) + "\n")
+    (out / "report.md").write_text(qr.section(result, tok_s=None, level=1))
+    write_plot(result, out / "quality.png")
+    write_resolved(params, out, sections=("batching", "model", "drafter", "quality"))
+    return metrics
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(type(x))
+
+
+def write_plot(result: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summ = result["summary"]
+    strategies = result["strategies"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    ax = axes[0]
+    for s in strategies:
+        c = summ["curves"][s]
+        x = np.array(c["useful_tokens"]) / 1e3
+        ax.plot(x, c["mean"], "-o", ms=3, label=s)
+        ax.fill_between(x, c["lo"], c["hi"], alpha=0.2)
+    ax.axhline(result["setting"]["uniform_loss"], color="#999", lw=1, ls=":", label="uniform")
+    ax.set_xlabel("useful tokens trained (thousands)")
+    ax.set_ylabel("held-out loss (nats), mean and 95% interval over seeds")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    xs = np.arange(len(strategies))
+    for ax, key, label in ((axes[1], "cosine_mean", "mean cos(batch gradient, full gradient)"),
+                           (axes[2], "noise_scale", "gradient noise scale B_simple (useful tokens)")):
+        for j, ck in enumerate(CHECKPOINTS):
+            vals = [result["gradients"][f"{ck}.{s}"][key] for s in strategies]
+            ax.bar(xs + (j - 0.5) * 0.38, vals, width=0.38, label=f"{ck} weights")
+        ax.set_xticks(xs, strategies, fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    if result["gradients"]:
+        axes[2].set_yscale("log")
+    fig.suptitle("does batch composition matter? held-out loss at equal useful tokens, gradient quality")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------ stage: lenbatch quality (flags: lenbatch.cli.flags)
+
+
+def run(*, params: Params, data: str | Path, out: str | Path, boundaries: str | None = None) -> int:
+    """``lenbatch quality``: :func:`run_quality` on the tokenize output ``data`` (bucketed with the
+    edges of ``boundaries``), written to ``out`` (:func:`write_outputs`)."""
+    torch.set_num_threads(params.quality.threads)
+    edges = None
+    if boundaries:
+        bpath = Path(boundaries)
+        if not bpath.exists():
+            raise ValueError(f"--boundaries {bpath} does not exist; run 'lenbatch boundaries' first")
+        edges = tuple(int(e) for e in json.loads(bpath.read_text())["edges"])
+    result = run_quality(params, data=Path(data), edges=edges)
+    write_outputs(result, Path(out), params=params)
+    summ = result["summary"]
+    for s in result["strategies"]:
+        f = summ["final"][s]
+        log.info("%-8s held-out loss %.4f [%.4f, %.4f]%s", s, f["mean"], f["lo"], f["hi"],
+                 "" if s == "sorted" else ("  differs from sorted" if summ["vs_sorted"][s]["distinguishable"]
+                                           else "  within seed noise of sorted"))
+    t = result["timing"]
+    log.info("wrote %s in %.0f s (%.0f CPU s)", out, t["total_s"], t["total_cpu_s"])
+    if not summ["learned"]:
+        log.warning("the held-out loss did not fall %.1f nats below uniform (%.2f) for every strategy: raise "
+                    "quality.epochs, quality.train_tokens or quality.lr", result["setting"]["min_drop_nats"],
+                    result["setting"]["uniform_loss"])
+    return 0

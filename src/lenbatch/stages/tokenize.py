@@ -1,0 +1,38 @@
+"""``lenbatch tokenize``: chat data into an Arrow dataset, ``lengths.npy`` and ``stats.json``.
+
+The work is :mod:`lenbatch.corpus.tokenizing` (read, format as ChatML, encode, length-limit);
+this stage runs it on the ``data`` section and writes ``--out``. Cost: see
+:func:`lenbatch.corpus.tokenizing.tokenize`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lenbatch.core.config import Params
+from lenbatch.core.log import get_logger
+from lenbatch.corpus.tokenizing import tokenize, write_outputs
+
+log = get_logger("tokenize")
+
+
+def run(*, params: Params, out: str | Path, progress: bool = True, allow_truncated: bool | None = None) -> int:
+    """``lenbatch tokenize``: :func:`tokenize` the ``data`` section's source into ``out``
+    (:func:`write_outputs`); ``allow_truncated`` as :func:`tokenize`'s."""
+    d = params.data
+    log.info("tokenize %s with %s: max_len %d (%s), %d workers%s", d.source, d.tokenizer, d.max_len, d.overflow,
+             d.workers, f", limit {d.limit}" if d.limit else "")
+    result = tokenize(source=d.source, tokenizer=d.tokenizer, max_len=d.max_len, overflow=d.overflow,
+                      limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=progress,
+                      spill_path=Path(out) / "tokens.arrow.tmp", allow_truncated=allow_truncated)
+    stats = write_outputs(result, out, params)
+    src = stats["source"]
+    log.info("%d records read%s; %d samples, %.2f M tokens (%d truncated at %d), dropped %s, skipped %s",
+             stats["records_read"],
+             f" (file cut off: {src['records_recovered_from_cut_off_file']} complete records recovered, "
+             f"{src['bytes_left_over']} bytes left over)" if src["cut_off"] else "",
+             stats["samples"], stats["total_tokens"] / 1e6, stats["truncated"], d.max_len, stats["dropped"],
+             stats["skipped"] or "nothing")
+    log.info("wrote %s/{dataset/, lengths.npy, stats.json, params.json} in %.1f s (encode %.1f s, write %.1f s)",
+             out, stats["seconds"]["total"], stats["seconds"]["read_and_encode"], stats["seconds"]["write"])
+    return 0

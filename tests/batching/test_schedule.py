@@ -1,0 +1,92 @@
+"""BatchSpec (one validated batch specification) and the run schedule (issue 10)."""
+
+import numpy as np
+import pytest
+
+import lenbatch as lb
+from lenbatch.batching.padding import batch_tokens
+from lenbatch.loading.sampler import LengthBatchSampler
+from lenbatch.batching.schedule import build_schedule
+
+X = np.random.default_rng(1).integers(1, 300, size=300)
+EDGES = (0, 60, 150, 300)
+
+
+def spec_for(strategy: str) -> lb.BatchSpec:
+    return lb.BatchSpec(token_budget=1024, max_batch_size=16, seed=3, packed_window=4,
+                        edges=EDGES).for_strategy(strategy)
+
+
+@pytest.mark.parametrize("strategy", lb.STRATEGIES)
+@pytest.mark.parametrize("target_ranks", [1, 2])
+def test_the_sampler_yields_exactly_the_schedules_batches(strategy, target_ranks):
+    """The one check that the schedule the train stage runs is what each rank's sampler yields,
+    across an epoch boundary, and that a sampler restored from the schedule's state (what a
+    checkpoint stores) continues with the schedule's next batch of its rank."""
+    spec = spec_for(strategy)
+    sched = build_schedule(X, strategy=strategy, spec=spec, target_ranks=target_ranks,
+                           useful_tokens=int(X.sum()) + int(X.sum()) // 2)
+    assert {s.epoch for s in sched} == {0, 1} and [s.step for s in sched] == list(range(len(sched)))
+    for r in range(target_ranks):
+        sampler = LengthBatchSampler(X, strategy=strategy, spec=spec, rank=r, world_size=target_ranks)
+        yielded = []
+        for epoch in (0, 1):
+            sampler.set_epoch(epoch)
+            yielded += [(epoch, b) for b in sampler]
+        mine = [s for s in sched if s.rank == r]
+        assert [(s.epoch, s.indices.tolist()) for s in mine] == yielded[:len(mine)]
+        for done in (0, 1, len(sched) // 2, len(sched) - 1):
+            resumed = LengthBatchSampler(X, strategy=strategy, spec=spec, rank=r, world_size=target_ranks)
+            state = sched.sampler_states(done)[r]
+            resumed.load_state_dict(state)
+            resumed.set_epoch(state["epoch"])
+            nxt = next((s for s in sched[done:] if s.rank == r), None)
+            if nxt is None:
+                continue
+            got = next(iter(resumed), None)
+            if got is None:  # the restored epoch is used up: the rank's next batch opens the next epoch
+                resumed.set_epoch(state["epoch"] + 1)
+                got = next(iter(resumed))
+            assert got == nxt.indices.tolist()
+    # a checkpoint whose sampler state is off by one batch is refused with the fix
+    states = sched.sampler_states(3)
+    states[0] = dict(states[0], position=states[0]["position"] + 1)
+    with pytest.raises(ValueError, match="does not give the planned batch.*without --resume"):
+        sched.check_sampler_states(states, 3)
+    sched.check_sampler_states(sched.sampler_states(3), 3)
+
+
+def test_spec_is_validated_once_and_keywords_build_the_same_plan():
+    with pytest.raises(ValueError, match="token_budget must be an int"):
+        lb.BatchSpec(token_budget=1024.0, max_batch_size=16)
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+        lb.BatchSpec(token_budget=1024, max_batch_size=0)
+    with pytest.raises(ValueError, match="layout 'rows' unknown"):
+        lb.BatchSpec(token_budget=1024, max_batch_size=16, layout="rows")
+    with pytest.raises(ValueError, match="strictly increasing"):
+        lb.BatchSpec(token_budget=1024, max_batch_size=16, edges=[0, 50, 50, 300])
+    with pytest.raises(ValueError, match="layout 'padded'.*layout='packed'"):
+        lb.plan_epoch(X, strategy="packed", spec=spec_for("sorted"))
+    with pytest.raises(ValueError, match="either spec= or the batching arguments"):
+        lb.plan_epoch(X, strategy="sorted", spec=spec_for("sorted"), token_budget=2048)
+    for strategy in lb.STRATEGIES:
+        spec = spec_for(strategy)
+        kw = dict(token_budget=1024, max_batch_size=16, seed=3, packed_window=4,
+                  edges=EDGES if strategy == "bucketed" else None)
+        a = lb.plan_epoch_all(X, strategy=strategy, epoch=1, world_size=3, **kw)
+        b = lb.plan_epoch_all(X, strategy=strategy, epoch=1, world_size=3, spec=spec)
+        assert [[x.tolist() for x in r] for r in a] == [[x.tolist() for x in r] for r in b]
+        # every batch fits the spec, and cost() is the computed tokens the simulation counts
+        flat = [x for r in b for x in r]
+        assert all(spec.fits(len(x), int(X[x].sum() if spec.packed else X[x].max())) for x in flat)
+        assert [spec.cost(X[x]) for x in flat] == batch_tokens(X, flat, packed=spec.packed)[1].tolist()
+
+
+def test_fits_is_the_greedy_packers_rule():
+    """A greedy batch of the sorted plan fits, and adding the sample that opened the next batch would not."""
+    spec = spec_for("sorted")
+    order = np.argsort(X, kind="stable")
+    batches = np.split(order, lb.greedy_starts(X[order], spec.token_budget, spec.max_batch_size)[1:])
+    for cur, nxt in zip(batches[:-1], batches[1:]):
+        assert spec.fits(len(cur), int(X[cur].max()))
+        assert not spec.fits(len(cur) + 1, int(max(X[cur].max(), X[nxt[0]])))

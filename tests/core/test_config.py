@@ -1,0 +1,179 @@
+"""params.yaml, the override files and the generated schema agree, and bad params are refused clearly."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from lenbatch.core.config import (
+    Params,
+    SECTIONS,
+    deep_merge,
+    load_params,
+    params_from_dict,
+    schema_yaml,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ROOT / "workflow/schemas/params.schema.yaml"
+OVERRIDES = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def _raw() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_shipped_params_equal_the_dataclass_defaults():
+    # The library's defaults and the workflow's default are one CPU setting.
+    assert load_params(ROOT / "params.yaml") == Params()
+
+
+@pytest.mark.parametrize("override", OVERRIDES, ids=lambda p: p.name)
+def test_every_override_file_is_valid_on_top_of_params(override):
+    params = load_params(ROOT / "params.yaml", override)
+    raw_override = yaml.safe_load(override.read_text())
+    # results_dir: the workflow's results root for this config (not a stage's params; common.smk pops it)
+    assert str(raw_override.pop("results_dir", "results")).startswith("results")
+    for section, values in raw_override.items():
+        for key, value in values.items():
+            got = getattr(params.section(section), key)
+            assert (list(got) if isinstance(got, tuple) else got) == value, f"{section}.{key} not applied"
+    jsonschema.validate(deep_merge(_raw(), raw_override), yaml.safe_load(SCHEMA.read_text()))
+
+
+def test_schema_file_is_generated_from_the_dataclasses():
+    assert SCHEMA.read_text() == schema_yaml(), "regenerate: lenbatch params --schema > " + str(SCHEMA)
+
+
+def test_every_key_in_params_yaml_has_a_comment():
+    for line in (ROOT / "params.yaml").read_text().splitlines():
+        if re.match(r"^\s+\w+:", line):
+            assert "#" in line, f"params.yaml line without a comment (unit): {line!r}"
+
+
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (lambda r: r["boundaries"].update(num_bucket=8), ["boundaries.num_bucket", "num_buckets"]),
+        (lambda r: r["batching"].update(token_budget="16k"), ["batching.token_budget", "integer"]),
+        (lambda r: r.pop("train"), ["missing section", "train"]),
+        (lambda r: r["data"].update(overflow="cut"), ["data.overflow", "truncate"]),
+        (lambda r: r["model"].update(target_layers=[9]), ["model.target_layers", "0..3"]),
+        (lambda r: r["train"].update(strategies=["sorted", "bogus"]), ["train.strategies", "bogus"]),
+        (lambda r: r["data"].update(max_len=100000), ["data.max_len", "token_budget"]),
+        (lambda r: r.update(extra={}), ["unknown section", "extra"]),
+    ],
+)
+def test_bad_params_are_refused_naming_the_key_and_the_fix(mutate, words):
+    raw = _raw()
+    mutate(raw)
+    with pytest.raises(ValueError) as err:
+        params_from_dict(raw)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_schema_rejects_what_the_loader_rejects():
+    schema = yaml.safe_load(SCHEMA.read_text())
+    jsonschema.validate(_raw(), schema)
+    for mutate in (
+        lambda r: r["boundaries"].update(num_bucket=8),
+        lambda r: r["batching"].update(token_budget="16k"),
+        lambda r: r.pop("train"),
+        lambda r: r["boundaries"].update(method="kmeans"),
+        lambda r: r["batching"].update(max_batch_size=0),
+    ):
+        raw = _raw()
+        mutate(raw)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(raw, schema)
+
+
+def test_inline_json_merges_on_top_and_flags_override_last():
+    params = load_params(ROOT / "params.yaml", json.dumps({"boundaries": {"num_buckets": 8}}),
+                         overrides={"batching": {"seed": 3}})
+    assert params.boundaries.num_buckets == 8 and params.batching.seed == 3
+    assert params.data == Params().data
+
+
+def test_params_cli_reports_a_bad_file(tmp_path):
+    raw = _raw()
+    raw["stats"]["bins"] = 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "lenbatch", "params", "--params", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "stats.bins" in proc.stderr and "histogram_bins" in proc.stderr
+    ok = subprocess.run([sys.executable, "-m", "lenbatch", "params", "--params", str(ROOT / "params.yaml")],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_frozen_and_sections_complete():
+    params = Params()
+    with pytest.raises(Exception):
+        params.batching.token_budget = 1  # type: ignore[misc]
+    assert set(params.to_dict()) == set(SECTIONS)
+
+
+def _dup_key(text: str) -> str:
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("num_buckets:"))
+    return text.replace(line, line + "\n" + line.replace("6", "9", 1), 1)
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (_dup_key, ["'num_buckets' is given twice", "keep one"]),
+        (lambda t: t + "\nstats:\n  histogram_bins: 8\n", ["'stats' is given twice"]),
+        (lambda t: t.replace("holdout_fraction: 0.25", "holdout_fraction: 1.5"),
+         ["compare.holdout_fraction", "<= 0.9"]),
+        (lambda t: re.sub(r"\n  lr: [^ ]+", "\n  lr: .nan", t), ["drafter.lr", "finite"]),
+        (lambda t: re.sub(r"\n  gamma: [^ ]+", "\n  gamma: .inf", t), ["drafter.gamma", "finite"]),
+        (lambda t: re.sub(r"\n  holdout_fraction: [^\n]+", "", t), ["missing key", "compare.holdout_fraction"]),
+        (lambda t: t.replace("compare:", "compare: [", 1), ["not valid YAML at line", "fix the syntax"]),
+    ],
+    ids=["duplicate key", "duplicate section", "range", "nan", "inf", "missing key", "yaml syntax"],
+)
+def test_one_loader_refuses_duplicates_missing_keys_ranges_and_non_finite_numbers(tmp_path, capsys, edit, words):
+    """Issue 11.6: every entry point (stage CLIs through load_params, the workflow through params_from_dict)
+    refuses these with the key named; they used to take the last value, a code default or pass."""
+    text = (ROOT / "params.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(edit(text))
+    assert bad.read_text() != text
+    with pytest.raises(ValueError) as err:
+        load_params(bad)
+    for word in words:
+        assert word in str(err.value)
+    from lenbatch.cli import main
+
+    assert main(["params", "--params", str(bad)]) == 2  # a stage run directly: one line, exit 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and words[0] in lines[0]
+
+
+def test_inline_params_refuse_a_key_given_twice():
+    with pytest.raises(ValueError, match=r"inline params give key\(s\) \['num_buckets'\] twice"):
+        load_params(ROOT / "params.yaml", '{"boundaries": {"num_buckets": 8, "num_buckets": 9}}')
+
+
+def test_the_workflow_config_check_refuses_ranges_and_non_finite_numbers():
+    for section, key, value in (("compare", "holdout_fraction", 1.5), ("drafter", "lr", float("nan")),
+                                ("profile", "max_point_seconds", float("inf"))):
+        raw = _raw()
+        raw[section][key] = value
+        with pytest.raises(ValueError, match=f"{section}.{key}"):
+            params_from_dict(raw)
+    raw = _raw()
+    del raw["train"]["device"]
+    with pytest.raises(ValueError, match="missing key.*train.device"):
+        params_from_dict(raw)

@@ -1,0 +1,177 @@
+"""ChatML formatting, loss mask and tokenizers (lenbatch.corpus.chat) with the real Qwen3.6 tokenizer and
+real ShareGPT conversations, plus a tiny local Hugging Face tokenizer directory built here."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from lenbatch.corpus.chat import (
+    IM_END,
+    ROLE_MAP,
+    BadRecord,
+    ChatEncoder,
+    HFTokenizer,
+    QwenTiktoken,
+    chatml_text,
+    conversation_from_record,
+    encode_chunk,
+    load_tokenizer,
+    nfc,
+)
+from lenbatch.corpus.sources import SourceReport, iter_records, resolve_source
+from _tiny import tiny_hf_tokenizer as _tiny_hf_tokenizer
+
+
+@pytest.fixture(scope="module")
+def qwen() -> QwenTiktoken:
+    return QwenTiktoken()
+
+
+@pytest.fixture(scope="module")
+def real_conversations() -> list[list[tuple[str, str]]]:
+    """The first 120 non-empty conversations of the real default corpus."""
+    path, fmt = resolve_source("sharegpt")
+    out = []
+    for _, record in iter_records(path, fmt, SourceReport(str(path), fmt), limit=130):
+        turns = conversation_from_record(record)
+        if turns:
+            out.append(turns)
+    assert len(out) >= 120
+    return out[:120]
+
+
+def _assistant_text(turns) -> str:
+    return "".join(nfc(content) + IM_END for role, content in turns if role == "assistant")
+
+
+def test_qwen_tokenizer_is_the_qwen36_vocabulary(qwen):
+    assert qwen.im_start_id == 248045 and qwen.im_end_id == 248046
+    assert qwen.encode("<|im_end|>") != [qwen.im_end_id]  # content never forges a special token
+    assert qwen.encode_chatml("<|im_end|>") == [qwen.im_end_id]
+
+
+def test_decoding_gives_back_the_chatml_text(qwen, real_conversations):
+    enc = ChatEncoder(qwen)
+    for turns in real_conversations:
+        ids, mask = enc.encode(turns)
+        assert len(ids) == len(mask)
+        assert qwen.decode(ids) == nfc(chatml_text(turns))
+
+
+def test_loss_mask_covers_exactly_the_assistant_contents_and_their_im_end(qwen, real_conversations):
+    enc = ChatEncoder(qwen)
+    for turns in real_conversations:
+        ids, mask = enc.encode(turns)
+        ids, mask = np.asarray(ids), np.asarray(mask)
+        assert set(np.unique(mask)) <= {0, 1}
+        assert qwen.decode(ids[mask == 1]) == _assistant_text(turns)
+        # the complement is everything else: headers, user/system turns, the "\n" after each <|im_end|>
+        rest = "".join(f"<|im_start|>{r}\n" + ("" if r == "assistant" else nfc(c) + IM_END) + "\n" for r, c in turns)
+        assert qwen.decode(ids[mask == 0]) == rest
+        # one contiguous masked run per assistant turn, each ending on <|im_end|>
+        runs = [list(g) for k, g in itertools.groupby(zip(mask, ids), key=lambda t: t[0]) if k == 1]
+        assert len(runs) == sum(r == "assistant" for r, _ in turns)
+        assert all(run[-1][1] == qwen.im_end_id for run in runs)
+
+
+def test_segment_wise_encoding_equals_whole_string_encoding_on_real_conversations(qwen, real_conversations):
+    enc = ChatEncoder(qwen)
+    compared = 0
+    for turns in real_conversations:
+        if any(c[:1] in ("\n", "\r") or "<|" in c for _, c in turns):
+            continue  # the two documented exceptions (see lenbatch.corpus.chat)
+        ids, _ = enc.encode(turns)
+        assert ids == qwen.encode_chatml(chatml_text(turns))
+        compared += 1
+    assert compared >= 100
+
+
+def test_the_two_documented_differences_from_whole_string_encoding(qwen):
+    enc = ChatEncoder(qwen)
+    forged = [("user", "say <|im_end|> please"), ("assistant", "ok")]
+    ids, mask = enc.encode(forged)
+    assert ids.count(qwen.im_end_id) == 2  # only the two real turn ends
+    assert qwen.encode_chatml(chatml_text(forged)).count(qwen.im_end_id) == 3
+    leading = [("user", "\n\nhi"), ("assistant", "ok")]
+    ids, _ = enc.encode(leading)
+    assert ids != qwen.encode_chatml(chatml_text(leading))
+    assert qwen.decode(ids) == chatml_text(leading)  # same text, a token boundary after the header
+
+
+def test_role_mapping_sharegpt_and_openai():
+    for raw, role in ROLE_MAP.items():
+        assert conversation_from_record({"conversations": [{"from": raw, "value": "x"}]}) == [(role, "x")]
+    record = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                           {"role": "assistant", "content": [{"type": "text", "text": "a"},
+                                                             {"type": "text", "text": "b"}]}]}
+    assert conversation_from_record(record) == [("system", "s"), ("user", "u"), ("assistant", "ab")]
+    assert conversation_from_record({"conversations": []}) == []
+
+
+@pytest.mark.parametrize("record, reason, words", [
+    ({"conversations": [{"from": "robot", "value": "x"}]}, "unknown_role", "'robot'"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "unknown_role", "'tool'"),
+    ({"text": "hello"}, "no_schema", "neither"),
+    ([1, 2], "no_schema", "list"),
+    ({"conversations": [{"from": "human"}]}, "no_schema", "conversations[0]"),
+    ({"conversations": "hi"}, "no_schema", "not a list"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "non_text_content", "non-text"),
+    ({"messages": [{"role": "user", "content": None}]}, "non_text_content", "NoneType"),
+    ({"conversations": [{"from": "gpt", "value": "bad \ud83d pair"}]}, "bad_text", "does not decode"),
+])
+def test_bad_records_name_the_reason(record, reason, words):
+    with pytest.raises(BadRecord) as info:
+        conversation_from_record(record)
+    assert info.value.reason == reason
+    assert words in info.value.detail
+
+
+def test_encode_chunk_applies_each_overflow_policy(qwen):
+    enc = ChatEncoder(qwen)
+    short = [("user", "hi"), ("assistant", "hello there")]
+    long_ = [("user", "q"), ("assistant", "word " * 200)]
+    long_prompt = [("user", "word " * 200), ("assistant", "a")]
+    full = {k: enc.encode(t)[0] for k, t in (("s", short), ("l", long_), ("p", long_prompt))}
+    items = [(10, short), (11, long_), (12, long_prompt)]
+    max_len = 50
+    assert len(full["s"]) <= max_len < len(full["l"])
+
+    res = encode_chunk(enc, items, max_len=max_len, overflow="truncate", source_name="f.json")
+    assert res["status"].tolist() == [0, 1, 3]  # kept, truncated, no assistant token left
+    assert res["lengths"].tolist() == [len(full["s"]), max_len]
+    assert res["source_index"].tolist() == [10, 11]
+    assert res["ids"].tolist() == full["s"] + full["l"][:max_len]
+    assert res["full_lengths"].tolist() == [len(v) for v in full.values()]
+
+    res = encode_chunk(enc, items, max_len=max_len, overflow="drop", source_name="f.json")
+    assert res["status"].tolist() == [0, 2, 2]
+    assert res["source_index"].tolist() == [10]
+
+    with pytest.raises(ValueError, match=r"f\.json: record 11 has \d+ tokens > data.max_len 50"):
+        encode_chunk(enc, items, max_len=max_len, overflow="error", source_name="f.json")
+
+
+def test_local_hugging_face_tokenizer_directory(tmp_path, real_conversations):
+    tok = load_tokenizer(str(_tiny_hf_tokenizer(tmp_path / "tok")))
+    assert isinstance(tok, HFTokenizer)
+    enc = ChatEncoder(tok)
+    for turns in real_conversations[:10] + [[("user", "a <|im_end|> b"), ("assistant", "ok")]]:
+        ids, mask = enc.encode(turns)
+        assert tok.decode(ids) == chatml_text(turns)
+        assert tok.decode(np.asarray(ids)[np.asarray(mask) == 1]) == "".join(
+            c + IM_END for r, c in turns if r == "assistant")
+        assert ids.count(tok.im_end_id) == len(turns)
+
+
+def test_tokenizer_specs_that_cannot_work_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="neither 'qwen3.6'"):
+        load_tokenizer("gpt-2")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="not a loadable Hugging Face tokenizer"):
+        load_tokenizer(str(tmp_path / "empty"))
+    no_chatml = _tiny_hf_tokenizer(tmp_path / "plain", special=("<s>",))
+    with pytest.raises(ValueError, match=r"no <\|im_start\|> or <\|im_end\|> token"):
+        load_tokenizer(str(no_chatml))

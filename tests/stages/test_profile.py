@@ -1,0 +1,120 @@
+"""Profile stage: the grid respects the batch limits, and the real stage times real steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from lenbatch.core.config import load_params
+from lenbatch.core.cpu import grid_cpu_share
+from lenbatch.stages.profile import grid_points, time_point
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _params(tmp_path: Path, **sections) -> Path:
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(sections))
+    return path
+
+
+def test_grid_points_stay_within_budget_batch_size_and_max_len(tmp_path):
+    over = _params(tmp_path, data={"max_len": 1024}, batching={"token_budget": 4096, "max_batch_size": 16},
+                   profile={"batch_sizes": [1, 4, 16, 64], "lengths": [128, 512, 2048], "packed_seqs": [1, 4, 16],
+                            "packed_lengths": [1024]})
+    params = load_params(REPO / "params.yaml", over)
+    pts = grid_points(params)
+    for kind, n, m in pts:
+        if kind == "padded":
+            assert n * m <= 4096 and n <= 16 and m <= 1024
+        else:
+            assert m <= 4096 and n * 1024 >= m  # the row fits the budget and n parts of <= max_len fill it
+    padded = {(n, m) for k, n, m in pts if k == "padded"}
+    assert (16, 256) not in padded and (8, 512) in padded  # the budget-filling batch at 512 is added
+    assert ("packed", 4, 4096) in pts and ("packed", 1, 4096) not in pts  # budget row added; 1 x 4096 > max_len
+    assert len(pts) == len(set(pts))
+
+
+def test_time_point_repeats_and_caps_long_points(tmp_path):
+    from lenbatch.stages.profile import make_batch
+    from lenbatch.runtime.runner import StepRunner
+
+    over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
+                   model={"vocab_size": 1024})
+    params = load_params(REPO / "params.yaml", over)
+    runner = StepRunner(params, device="cpu")
+    batch = make_batch("padded", [64, 64], params, seed=0)
+    t, d, tc, dc = time_point(runner, batch, warmup=1, repeats=3, max_seconds=1e9)
+    assert runner.steps == 4 and len(t) == 3 and len(d) == 3 and len(tc) == 3 and len(dc) == 3  # warm-up not kept
+    # Process CPU seconds of a step: at least most of one core (the calling thread computes), and
+    # at most one CPU second per wall second for each OS thread of the process. Not bounded by
+    # torch's intra-op threads: OpenMP workers spin-wait after a parallel region, and CI measured
+    # 2.2 CPU s per wall s with 2 intra-op threads.
+    os_threads = len(os.listdir("/proc/self/task"))
+    for wall, cpu in ((t, tc), (d, dc)):
+        assert 0.3 < sum(cpu) / sum(wall) <= os_threads * 1.01, (sum(cpu), sum(wall), os_threads)
+    t, d, tc, dc = time_point(runner, batch, warmup=1, repeats=3, max_seconds=1e-9)
+    assert runner.steps == 5 and len(t) == 1 and len(d) == 1  # over the cap: one step is the timing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("concurrent", [False, True], ids=["one-process", "two-processes"])
+def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path, concurrent):
+    over = _params(tmp_path, data={"max_len": 128}, batching={"token_budget": 256, "max_batch_size": 4},
+                   model={"vocab_size": 4096},
+                   profile={"batch_sizes": [1, 4], "lengths": [32, 128], "packed_seqs": [1, 4],
+                            "packed_lengths": [128], "repeats": 2, "warmup": 1, "max_point_seconds": 5.0,
+                            "concurrent": concurrent})
+    out = tmp_path / "profile"
+    proc = subprocess.run([sys.executable, "-m", "lenbatch", "profile", "--params", str(REPO / "params.yaml"),
+                           str(over), "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((out / "grid.json").read_text())
+    params = load_params(REPO / "params.yaml", over)
+    assert [(r["kind"], r["sequences"], r["length"]) for r in rows] == grid_points(params)
+    assert {r["kind"] for r in rows} == {"padded", "packed"}
+    for r in rows:
+        assert sum(r["sequence_lengths"]) == (r["computed_tokens"] if r["kind"] == "packed" else r["sequences"] *
+                                              max(r["sequence_lengths"]))
+        assert len(r["target_seconds_all"]) == 2 and len(r["drafter_seconds_all"]) == 2
+        assert r["target_seconds_median"] == pytest.approx(float(np.median(r["target_seconds_all"])))
+        assert all(x > 0 for x in r["target_seconds_all"] + r["drafter_seconds_all"])
+        assert len(r["target_cpu_seconds_all"]) == 2 and len(r["drafter_cpu_seconds_all"]) == 2
+        # timed busy (the other role stepping meanwhile) only in the two-process lockstep profile
+        for role in ("target", "drafter"):
+            assert (f"{role}_busy_seconds_all" in r) == concurrent
+            if concurrent:
+                assert len(r[f"{role}_busy_seconds_all"]) == 2 and len(r[f"{role}_busy_cpu_seconds_all"]) == 2
+                assert r[f"{role}_busy_seconds_median"] == pytest.approx(
+                    float(np.median(r[f"{role}_busy_seconds_all"])))
+        # the drafter's exact work: at most anchors x (block - 1) trained positions per sequence
+        assert 0 < r["positions"] <= r["sequences"] * params.drafter.anchors_per_seq * (params.drafter.block_size - 1)
+        assert 0 < r["ctx_tokens"] <= r["sequences"] * max(r["sequence_lengths"])
+    # more tokens cost more target time: the largest padded shape is slower than the smallest
+    padded = sorted((r for r in rows if r["kind"] == "padded"), key=lambda r: r["computed_tokens"])
+    assert padded[-1]["target_seconds_median"] > padded[0]["target_seconds_median"]
+    share = grid_cpu_share(rows, threads=params.train.threads)
+    # one intra-op thread per process; a little above 1 is other threads of the process (see above)
+    assert 0.3 < share["target"] < 1.5 and 0.3 < share["drafter"] < 1.5
+    resolved = json.loads((out / "params.json").read_text())
+    assert resolved["profile"]["lengths"] == [32, 128] and resolved["model"]["vocab_size"] == 4096
+
+
+def test_profile_skips_repeating_points_that_took_long_enough(tmp_path):
+    """max_point_seconds: a point whose warm-up already took that long is timed exactly once."""
+    from lenbatch.stages.profile import profile
+
+    over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
+                   model={"vocab_size": 1024}, train={"nproc": 1},
+                   profile={"batch_sizes": [1, 2], "lengths": [64], "packed_seqs": [2], "packed_lengths": [128],
+                            "repeats": 3, "warmup": 1, "max_point_seconds": 1e-6})
+    rows = profile(load_params(REPO / "params.yaml", over), device="cpu")
+    assert rows and all(len(r["target_seconds_all"]) == 1 and len(r["drafter_seconds_all"]) == 1 for r in rows)
+    assert all("target_busy_seconds_all" not in r for r in rows)  # one process: alone only

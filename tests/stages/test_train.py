@@ -1,0 +1,383 @@
+"""The train stage end to end: real tokenized data, real torchrun (2 processes, gloo), every strategy,
+single process == pipeline, resume after a stop mid-epoch, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import lenbatch as lb
+from lenbatch.cli import main
+from lenbatch.core.config import load_params
+from lenbatch.batching.schedule import build_schedule
+
+from _tiny import ENV, TINY_DATA, TINY_MODEL
+
+pytestmark = pytest.mark.slow
+
+# A tiny target and drafter; the real Qwen3.6 vocabulary (the ids come from the real tokenizer).
+TINY = {
+    "data": TINY_DATA,
+    "model": TINY_MODEL,
+    "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
+    "batching": {"token_budget": 2048, "max_batch_size": 8},
+    "train": {"nproc": 2, "useful_tokens": 7000, "warmup_steps": 1, "queue_size": 2, "threads": 1,
+              "device": "cpu"},
+}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    params = root / "tiny.yaml"
+    params.write_text(yaml.safe_dump(TINY))
+    data = root / "tok"
+    subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", "params.yaml", str(params),
+                    "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
+                   capture_output=True)
+    lengths = np.load(data / "lengths.npy")
+    inner = np.quantile(lengths, [0.25, 0.5, 0.75]).astype(int)
+    edges = sorted({int(lengths.min()), *inner.tolist(), int(lengths.max()) + 1})
+    (root / "boundaries.json").write_text(json.dumps({"method": "test quantiles", "edges": edges}))
+    return {"root": root, "params": params, "data": data, "lengths": lengths, "runs": {}}
+
+
+def _train_args(setup, strategy, out, *extra):
+    return ["train", "--params", "params.yaml", str(setup["params"]), "--strategy", strategy, "--data",
+            str(setup["data"]), "--boundaries", str(setup["root"] / "boundaries.json"), "--out", str(out), *extra]
+
+
+def _torchrun(setup, strategy, out, *extra):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch",
+           *_train_args(setup, strategy, out, *extra)]
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def _steps(out):
+    return [json.loads(line) for line in (Path(out) / "steps.jsonl").read_text().splitlines()]
+
+
+def _run(setup, strategy):
+    """One 2-process run per strategy, shared by the tests below."""
+    if strategy not in setup["runs"]:
+        out = setup["root"] / f"run_{strategy}"
+        proc = _torchrun(setup, strategy, out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        setup["runs"][strategy] = out
+    return setup["runs"][strategy]
+
+
+def _planned_hashes(setup, strategy, steps):
+    params = load_params("params.yaml", str(setup["params"]))
+    b = params.batching
+    edges = json.loads((setup["root"] / "boundaries.json").read_text())["edges"]
+    hashes = []
+    for epoch in sorted({s["epoch"] for s in steps}):
+        batches = lb.plan_epoch(setup["lengths"], strategy=strategy, epoch=epoch, seed=b.seed,
+                                token_budget=b.token_budget, max_batch_size=b.max_batch_size,
+                                edges=edges if strategy == "bucketed" else None, rank=0, world_size=1)
+        hashes += [zlib.crc32(np.asarray(x, dtype=np.int64).tobytes()) for x in batches]
+    return hashes[:len(steps)]
+
+
+@pytest.mark.parametrize("strategy", ["sorted", "random", "bucketed", "sortish", "packed"])
+def test_two_process_torchrun_run_of_each_strategy(setup, strategy):
+    out = _run(setup, strategy)
+    steps = _steps(out)
+    summary = json.loads((out / "summary.json").read_text())
+    budget = TINY["batching"]["token_budget"]
+    useful = np.cumsum([s["useful_tokens"] for s in steps])
+    # stops at the first step that reaches train.useful_tokens
+    assert useful[-1] >= TINY["train"]["useful_tokens"] > (useful[-2] if len(useful) > 1 else 0)
+    assert [s["step"] for s in steps] == list(range(len(steps))) and len(steps) >= 3
+    assert all(s["rank"] == 0 for s in steps)  # one target rank feeds the drafter rank
+    # the drafter trained exactly the planned batches, in order
+    assert [s["batch_hash"] for s in steps] == _planned_hashes(setup, strategy, steps)
+    for s in steps:
+        assert s["computed_tokens"] <= budget and np.isfinite(s["loss"]) and s["target_s"] > 0
+        # the target rank's CPU seconds travel with its batch (a busy machine shows as a low share)
+        assert 0 < s["target_cpu_s"] and 0 < s["drafter_cpu_s"]
+        if strategy == "packed":
+            assert s["computed_tokens"] == s["useful_tokens"] == s["length"]
+        else:
+            assert s["computed_tokens"] == s["sequences"] * s["length"] >= s["useful_tokens"]
+    assert summary["strategy"] == strategy and summary["steps"] == len(steps)
+    assert summary["padding_efficiency"] == pytest.approx(useful[-1] / sum(s["computed_tokens"] for s in steps))
+    assert summary["warmup_steps_excluded"] == 1 and summary["useful_tokens_per_s"] > 0
+    assert summary["params"]["drafter"]["anchors_per_seq"] == 1 and len(summary["loss_curve"]) == len(steps)
+    measured = steps[summary["warmup_steps_excluded"]:]
+    assert summary["target_cpu_share"] == pytest.approx(
+        sum(s["target_cpu_s"] for s in measured) / (sum(s["target_s"] for s in measured) * summary["threads"]))
+    assert 0 < summary["target_cpu_share"] < 1.5 and 0 < summary["drafter_cpu_share"] < 1.5
+    assert (out / "checkpoint.pt").exists() and (out / "params.json").exists()
+
+
+def test_single_process_trains_the_same_batches_and_losses_as_the_pipeline(setup):
+    ref = _steps(_run(setup, "sorted"))
+    out = setup["root"] / "single_sorted"
+    rc = main(_train_args(setup, "sorted", out, "--params-json", '{"train": {"nproc": 1}}'))
+    assert rc == 0
+    single = _steps(out)
+    assert [s["batch_hash"] for s in single] == [s["batch_hash"] for s in ref]
+    assert np.allclose([s["loss"] for s in single], [s["loss"] for s in ref], atol=1e-6, rtol=0)
+    assert all(s["queue_wait_s"] == 0 for s in single)
+
+
+def test_resume_after_a_stop_mid_epoch_replays_the_same_batches_and_losses(setup):
+    ref = _steps(_run(setup, "random"))
+    out = setup["root"] / "resumed_random"
+    first = _torchrun(setup, "random", out, "--max-steps", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert len(_steps(out)) == 2 and ref[2]["epoch"] == 0  # stopped inside epoch 0
+    # a killed run may have logged steps past its checkpoint: they are dropped on resume
+    with (out / "steps.jsonl").open("a") as fh:
+        fh.write(json.dumps({**ref[2], "loss": 99.0}) + "\n")
+    second = _torchrun(setup, "random", out, "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = _steps(out)
+    assert [s["batch_hash"] for s in resumed] == [s["batch_hash"] for s in ref]
+    assert np.abs(np.array([s["loss"] for s in resumed]) - [s["loss"] for s in ref]).max() < 1e-6
+    assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == 2
+
+
+def test_resume_after_a_real_kill_mid_run(setup):
+    """SIGKILL a single-process run after a few periodic checkpoints; --resume finishes it like an uninterrupted run."""
+    cfg = '{"train": {"nproc": 1, "checkpoint_every": 2, "useful_tokens": 20000}}'
+    ref_out = setup["root"] / "kill_ref"
+    ref = subprocess.run([sys.executable, "-m", "lenbatch", *_train_args(setup, "packed", ref_out, "--params-json",
+                                                                          cfg)], env=ENV, capture_output=True)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref_steps = _steps(ref_out)
+    assert len(ref_steps) >= 8
+    out = setup["root"] / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", *_train_args(setup, "packed", out, "--params-json",
+                                                                             cfg)], env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "steps.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log.exists() and len(log.read_text().splitlines()) >= 5:
+                break
+            time.sleep(0.01)
+        proc.kill()  # SIGKILL: no cleanup, no final checkpoint
+    finally:
+        proc.wait()
+    done = len(log.read_text().splitlines())
+    assert proc.returncode != 0 and 5 <= done < len(ref_steps), "the run must die mid-way"
+    rc = main(_train_args(setup, "packed", out, "--resume", "--params-json", cfg))
+    assert rc == 0
+    resumed = _steps(out)
+    summary = json.loads((out / "summary.json").read_text())
+    start = summary["resumed_from_step"]
+    assert start % 2 == 0 and 4 <= start <= done  # the last periodic checkpoint before the kill
+    assert [s["batch_hash"] for s in resumed] == [s["batch_hash"] for s in ref_steps]
+    assert np.abs(np.array([s["loss"] for s in resumed]) - [s["loss"] for s in ref_steps]).max() < 1e-6
+
+
+def test_resume_refuses_a_checkpoint_from_other_params(setup, capsys):
+    out = _run(setup, "sorted")
+    before = (out / "steps.jsonl").read_text()
+    rc = main(_train_args(setup, "sorted", out, "--resume", "--params-json",
+                          '{"train": {"nproc": 1}, "drafter": {"gamma": 3.0}}'))
+    err = capsys.readouterr().err
+    assert rc == 2 and "drafter.gamma" in err and "without --resume" in err
+    assert (out / "steps.jsonl").read_text() == before  # nothing overwritten
+
+
+def test_schedule_continues_into_the_next_epoch(setup):
+    params = load_params("params.yaml", str(setup["params"]))
+    lengths = setup["lengths"]
+    total = int(lengths.sum())
+    sched = build_schedule(lengths, strategy="random", params=params, edges=None, target_ranks=2,
+                           useful_tokens=total + 1)
+    epochs = [s.epoch for s in sched]
+    assert epochs[0] == 0 and epochs[-1] == 1
+    first = [i for s in sched if s.epoch == 0 for i in s.indices.tolist()]
+    assert sorted(first) == list(range(len(lengths)))  # epoch 0 trains every sample once, over both ranks
+    assert [s.rank for s in sched[:4]] == [0, 1, 0, 1]
+
+
+def test_bad_input_is_refused_with_the_fix(setup, capsys, monkeypatch):
+    out = setup["root"] / "bad"
+    assert main(_train_args(setup, "shuffled", out)) == 2
+    assert "unknown strategy" in capsys.readouterr().err
+    args = _train_args(setup, "bucketed", out)
+    i = args.index("--boundaries")
+    assert main(args[:i] + args[i + 2:] + ["--params-json", '{"train": {"nproc": 1}}']) == 2
+    assert "--boundaries" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert main(_train_args(setup, "sorted", out)) == 2
+    assert "--nproc_per_node 2" in capsys.readouterr().err
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert main(_train_args(setup, "sorted", setup["root"] / "nothing_here", "--resume", "--params-json",
+                            '{"train": {"nproc": 1}}')) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- issue 11: resume and run ownership
+
+SINGLE = {"nproc": 1, "checkpoint_every": 2, "useful_tokens": 20000}
+
+
+def _cfg(**train):
+    return json.dumps({"train": {**SINGLE, **train}})
+
+
+def _files(out, names=("checkpoint.pt", "steps.jsonl", "summary.json", "params.json")):
+    return {n: (out / n).read_bytes() for n in names if (out / n).exists()}
+
+
+def _err(capsys):
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    return err
+
+
+def test_resume_with_a_smaller_target_is_refused_and_rewrites_nothing(setup, capsys):
+    """Issue 11.1: it used to exit 0 and rewrite checkpoint.pt as an earlier step than its weights."""
+    out = setup["root"] / "shrink"
+    assert main(_train_args(setup, "sorted", out, "--params-json", _cfg())) == 0
+    n = len(_steps(out))
+    before = _files(out)
+    capsys.readouterr()
+    for extra in (["--useful-tokens", "3000"], ["--max-steps", str(n - 1)]):
+        assert main(_train_args(setup, "sorted", out, "--resume", "--params-json", _cfg(), *extra)) == 2
+        err = _err(capsys)
+        assert f"is at step {n} but this run plans only" in err and "train.useful_tokens" in err
+        assert "without --resume" in err and _files(out) == before
+    # resuming a run that is already complete: exit 0 and nothing rewritten (its summary keeps its measurement)
+    assert main(_train_args(setup, "sorted", out, "--resume", "--params-json", _cfg())) == 0
+    assert _files(out) == before
+
+
+def _start_and_kill(setup, strategy, out, cfg, *, rows, capsys):
+    """Start a fresh run in a subprocess, act on it after it logged ``rows`` steps, then SIGKILL it."""
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", *_train_args(setup, strategy, out, "--params-json",
+                                                                             cfg)],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "steps.jsonl"
+    seen = {}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            n = len(log.read_text().splitlines()) if log.exists() else 0
+            if rows <= n < 2 * rows:  # the fresh run's own rows (an older log has more)
+                seen["summary_while_running"] = (out / "summary.json").exists()
+                # a second writer of the same directory is refused while the first runs
+                seen["second_rc"] = main(_train_args(setup, strategy, out, "--params-json", cfg))
+                seen["second_err"] = _err(capsys)
+                break
+            time.sleep(0.01)
+        proc.kill()
+    finally:
+        proc.wait()
+    assert proc.returncode != 0 and seen, "the run must be killed mid-way"
+    return seen
+
+
+@pytest.mark.parametrize("older", ["stopped early", "finished"])
+def test_a_fresh_run_owns_its_directory_and_a_killed_one_never_resumes_an_older_checkpoint(setup, capsys, older):
+    """Issue 11.2 (older run stopped at step 12, a fresh run killed at ~4 resumed from 12: steps 4-11 missing),
+    11.8 (older run finished: a resume 'finished' with 4 of N steps) and 11.3 (two writers of one directory),
+    11.9 (the error names train.checkpoint_every)."""
+    out = setup["root"] / f"owned_{older.replace(' ', '_')}"
+    extra = ["--max-steps", "12"] if older == "stopped early" else []
+    assert main(_train_args(setup, "packed", out, "--params-json", _cfg(useful_tokens=30000), *extra)) == 0
+    assert len(_steps(out)) >= 12 and (out / "summary.json").exists()
+    seen = _start_and_kill(setup, "packed", out, _cfg(useful_tokens=30000, checkpoint_every=0), rows=4,
+                           capsys=capsys)
+    assert not seen["summary_while_running"], "the older run's summary.json sat beside the fresh run"
+    assert seen["second_rc"] == 2 and "is being written by another run (lenbatch train, pid" in seen["second_err"]
+    rc = main(_train_args(setup, "packed", out, "--resume", "--params-json",
+                          _cfg(useful_tokens=30000, checkpoint_every=0)))
+    err = _err(capsys)
+    assert rc == 2 and "no checkpoint" in err and "train.checkpoint_every is 0" in err
+
+
+def test_resume_refuses_a_checkpoint_that_does_not_belong_to_the_log(setup, capsys):
+    """Issue 11.2: resume checks that the checkpoint belongs to the run whose log it continues."""
+    a, b = setup["root"] / "belong_a", setup["root"] / "belong_b"
+    for out in (a, b):
+        assert main(_train_args(setup, "random", out, "--max-steps", "4", "--params-json", _cfg())) == 0
+    (a / "checkpoint.pt").write_bytes((b / "checkpoint.pt").read_bytes())  # same params, another run
+    before = _files(a)
+    capsys.readouterr()
+    assert main(_train_args(setup, "random", a, "--resume", "--params-json", _cfg())) == 2
+    err = _err(capsys)
+    assert "steps.jsonl does not belong to the checkpoint beside it" in err and _files(a) == before
+
+
+def test_a_corrupt_checkpoint_or_a_plan_mismatch_is_one_line_with_the_fix(setup, capsys):
+    """Issue 11.7: these used to be tracebacks (UnpicklingError / AssertionError)."""
+    import torch
+
+    out = setup["root"] / "corrupt"
+    assert main(_train_args(setup, "random", out, "--max-steps", "3", "--params-json", _cfg())) == 0
+    good = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(good[:len(good) // 2])  # cut short
+    capsys.readouterr()
+    assert main(_train_args(setup, "random", out, "--resume", "--params-json", _cfg())) == 2
+    err = _err(capsys)
+    assert "checkpoint.pt cannot be read" in err and "delete it and run without --resume" in err
+    state = torch.load(__import__("io").BytesIO(good), weights_only=False)
+    state["samplers"][0]["position"] += 1  # a sampler state that no longer matches the plan
+    torch.save(state, out / "checkpoint.pt")
+    assert main(_train_args(setup, "random", out, "--resume", "--params-json", _cfg())) == 2
+    err = _err(capsys)
+    assert "sampler state (rank 0) does not give the planned batch of step 3" in err and "without --resume" in err
+
+
+def _children(pid):
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_killing_the_torchrun_launcher_stops_its_workers(setup):
+    """Issue 11.9: SIGKILL of torchrun used to leave both workers training (and writing OUT)."""
+    out = setup["root"] / "orphans"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch",
+           *_train_args(setup, "random", out, "--useful-tokens", "10000000")]
+    launcher = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and launcher.poll() is None:
+            log = out / "steps.jsonl"
+            if log.exists() and len(log.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        workers = _children(launcher.pid)
+        assert len(workers) == 2, workers
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.1)
+        assert not any(_alive(w) for w in workers), "workers kept training after their launcher was killed"
+    finally:
+        launcher.kill()
+        for w in workers:
+            if _alive(w):
+                os.kill(w, 9)
