@@ -21,16 +21,9 @@ include: "workflow/rules/quality.smk"
 include: "workflow/rules/compare.smk"
 
 
-# Every file users look at, so deleting any of them (or a whole results/train/<strategy>/)
-# makes `snakemake --cores all` rebuild it.
+# Every file users look at (every declared output of every stage, from the one table), so deleting
+# any of them (or a whole results/train/<strategy>/) makes `snakemake --cores all` rebuild it.
 rule all:
     default_target: True
     input:
-        rules.tokenize.output,
-        rules.stats.output,
-        rules.boundaries.output,
-        rules.plans.output,
-        rules.profile.output,
-        expand(rules.train.output.summary, strategy=STRATEGIES),
-        rules.quality.output,
-        rules.compare.output,
+        all_outputs(),

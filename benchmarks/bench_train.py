@@ -50,14 +50,14 @@ def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
     from lenbatch.loading.collate import collate, layout_for
     from lenbatch.core.config import load_params
     from lenbatch.runtime.runner import StepRunner
-    from lenbatch.stages.train import TrainData
+    from lenbatch.pipeline.artifacts.tokenized import read_dataset
 
     params = load_params(*args.params)
     torch.set_num_threads(params.train.threads)
     b = params.batching
     lengths = np.load(Path(args.data) / "lengths.npy").astype(np.int64)
     edges = json.loads(bounds.read_text())["edges"]
-    data = TrainData(Path(args.data), lengths)
+    data = read_dataset(Path(args.data), lengths)
     runner = StepRunner(params)
     n = args.interleaved_batches
     plans = {s: lb.plan_epoch(lengths, strategy=s, epoch=0, seed=b.seed, token_budget=b.token_budget,

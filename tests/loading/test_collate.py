@@ -72,7 +72,7 @@ def test_layouts_per_strategy():
     assert [layout_for(s) for s in ("sorted", "random", "bucketed", "sortish", "packed")] == \
         ["padded"] * 4 + ["packed"]
     # one layout rule: collate's name for it and the spec's agree, and both refuse an unknown strategy
-    from lenbatch.batching.spec import layout_of
+    from lenbatch.batching.layouts import layout_of
 
     assert layout_for is layout_of
     for bad in ("shuffled", None, 3):

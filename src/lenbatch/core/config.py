@@ -25,7 +25,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from lenbatch.batching.spec import STRATEGIES as STRATEGY_NAMES  # the one list of strategies
+from lenbatch.batching.layouts import STRATEGIES  # the one list of strategies
 
 SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
 
@@ -167,7 +167,7 @@ class DrafterConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    strategies: tuple[str, ...] = _f(STRATEGY_NAMES, "strategies trained and compared")
+    strategies: tuple[str, ...] = _f(STRATEGIES, "strategies trained and compared")
     nproc: int = _f(2, "torchrun processes: nproc - 1 target ranks and 1 drafter rank (1 = single process)",
                     minimum=1)
     useful_tokens: int = _f(400_000, "each strategy trains until this many useful (non-padding) tokens",
@@ -182,9 +182,9 @@ class TrainConfig:
                                  "false: the system allocator as is")
 
     def __post_init__(self) -> None:
-        unknown = [s for s in self.strategies if s not in STRATEGY_NAMES]
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
-            raise ValueError(f"train.strategies has unknown {unknown}; choose from {list(STRATEGY_NAMES)}")
+            raise ValueError(f"train.strategies has unknown {unknown}; choose from {list(STRATEGIES)}")
         _positive("train", nproc=self.nproc, useful_tokens=self.useful_tokens, queue_size=self.queue_size,
                   threads=self.threads)
 

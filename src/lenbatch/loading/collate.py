@@ -32,7 +32,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from lenbatch.batching.spec import layout_of as layout_for  # noqa: F401 (the one layout rule, by its old name)
+from lenbatch.batching.layouts import layout_of as layout_for  # noqa: F401 (the one layout rule, by its old name)
+from lenbatch.batching.spec import refuse_both
 
 
 @dataclass
@@ -185,9 +186,8 @@ def collate(samples: Sequence[Mapping[str, Any]], *, kind: str | None = None, to
     """Collate in the layout ``kind`` (``"padded"`` or ``"packed"``, see :func:`layout_for`), checked
     against ``token_budget``/``max_batch_size`` (None: not checked); or all three from ``spec``
     (a :class:`lenbatch.BatchSpec`: its layout, budget and max batch size)."""
+    refuse_both(spec, kind=kind, token_budget=token_budget, max_batch_size=max_batch_size)
     if spec is not None:
-        if kind is not None or token_budget is not None or max_batch_size is not None:
-            raise ValueError("pass either spec= or kind=/token_budget=/max_batch_size= to collate, not both")
         kind, token_budget, max_batch_size = spec.layout, spec.token_budget, spec.max_batch_size
     if kind == "padded":
         return collate_padded(samples, token_budget=token_budget, max_batch_size=max_batch_size, indices=indices)

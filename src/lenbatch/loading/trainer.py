@@ -37,7 +37,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 from transformers import Trainer
 
-from lenbatch.batching.spec import layout_of
+from lenbatch.batching.layouts import layout_of
 from lenbatch.loading.collate import collate_packed, collate_padded
 from lenbatch.loading.sampler import LengthBatchSampler
 from lenbatch.batching.strategies import plan_epoch_all
