@@ -3,8 +3,9 @@
 #   snakemake --workflow-profile profiles/slurm --configfile configs/qwen3.6-27b-8gpu.yaml
 #   (configs/*.yaml set results_dir: their results go to results/<name>/, never over results/)
 # `make run` runs `dvc repro`, whose stages each run one rule here, so DVC's dvc.lock and
-# Snakemake's records agree; dvc.yaml is generated from the same dependency table (lenbatch dvc-yaml).
-# Rules are thin: inputs, outputs, params, log, benchmark; every stage is `lenbatch <stage>`.
+# Snakemake's records agree; dvc.yaml is generated from the same stage table (lenbatch dvc-yaml).
+# Rules are thin: inputs, outputs and params from that table (src/lenbatch/pipeline/registry.py, read by
+# workflow/rules/common.smk), then log, benchmark and the shell line; every stage is `lenbatch <stage>`.
 from snakemake.utils import min_version, validate
 
 min_version("9.0")

@@ -86,7 +86,8 @@ def dvc_downstream(work: Path, changed: set[str]) -> set[str]:
 def test_every_stage_wrote_its_outputs(finished):
     strategies = yaml.safe_load((finished / "params.yaml").read_text())["train"]["strategies"]
     for path in ("results/tokenize/lengths.npy", "results/stats/stats.json", "results/boundaries/sweep.json",
-                 "results/plans/metrics.json", "results/profile/grid.json", "results/compare/report.md"):
+                 "results/plans/metrics.json", "results/profile/grid.json", "results/compare/report.md",
+                 "results/compare/quality.png", "results/quality/quality.json"):
         assert (finished / path).stat().st_size > 0, path
     for strategy in strategies:
         summary = json.loads((finished / f"results/train/{strategy}/summary.json").read_text())
@@ -96,6 +97,8 @@ def test_every_stage_wrote_its_outputs(finished):
         assert any(key.startswith(strategy) for key in metrics), f"{strategy} missing from compare metrics"
     report = (finished / "results/compare/report.md").read_text()
     assert all(s in report for s in strategies)
+    assert "![quality](quality.png)" in report  # the quality section and its plot are compare's
+    assert not (finished / "results/quality/report.md").exists() and not (finished / "results/quality/quality.png").exists()
     assert (finished / "logs/tokenize.log").exists() and (finished / "logs/benchmarks/train/packed.tsv").exists()
 
 

@@ -10,7 +10,8 @@ the boundary sweep and recommends a strategy and K.
 
 Outputs (``--out``): ``metrics.json`` (what users compare, flat keys for ``dvc metrics diff``),
 ``diagnostics.json`` (every flat key, fit errors and CPU shares included),
-``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, and DVC plot
+``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, ``quality.png`` (the quality
+stage's plot, drawn here beside its report section), and DVC plot
 data ``frontier.json``, ``throughput.json``. This module predicts and builds a typed
 :class:`lenbatch.analysis.report.CompareResult`; :mod:`lenbatch.analysis.report` renders every output from it.
 """

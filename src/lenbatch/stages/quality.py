@@ -54,7 +54,8 @@ from torch import nn
 from lenbatch.analysis import gradquality as gq
 from lenbatch.analysis import quality_stats
 from lenbatch.batching.strategies import plan_epoch
-from lenbatch.loading.collate import Batch, collate, layout_for
+from lenbatch.batching.layouts import layout_of
+from lenbatch.loading.collate import Batch, collate
 from lenbatch.core.config import Params, write_resolved
 from lenbatch.core.log import get_logger
 from lenbatch.models.drafter import Drafter, build_drafter
@@ -256,7 +257,7 @@ class Experiment:
         seed = p.batching.seed + seed_index
         model = draft_model(p, classes=self.classes, seed=seed_index).to(self.device)
         opt = torch.optim.AdamW(model.parameters(), lr=q.lr, weight_decay=p.drafter.weight_decay)
-        kind = layout_for(strategy)
+        kind = layout_of(strategy)
         total = q.epochs * int(self.lengths[self.train_idx].sum())
         marks = [total * k / q.eval_points for k in range(1, q.eval_points + 1)]
         curve = [(0, self.heldout_loss(model))]
@@ -292,7 +293,7 @@ class Experiment:
     def gradients(self, model: Drafter, strategy: str) -> dict[str, Any]:
         """Every batch gradient of one epoch of ``strategy`` at ``model``'s weights (anchors fixed per sample)."""
         p, q = self.params, self.params.quality
-        kind = layout_for(strategy)
+        kind = layout_of(strategy)
         grads, weights, sizes, mean_len, losses = [], [], [], [], []
         for idx in self.plan(strategy, seed=p.batching.seed, epoch=0):
             batch, f = assemble(self.samples, self.feats, idx, kind=kind)
