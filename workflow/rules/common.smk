@@ -58,6 +58,12 @@ def code(stage):
     return up(deps.stage_code(stage))
 
 
+def pretrained():
+    """The target checkpoint's files (model.pretrained; none when null): inputs of the rules that load it
+    (deps.PRETRAINED_STAGES), so a changed checkpoint reruns them. dvc.yaml lists the same files."""
+    return up(deps.pretrained_files(config["model"]["pretrained"]))
+
+
 STAGE = "lenbatch {stage} --params params.yaml --params-json {cfg}"
 
 

@@ -8,6 +8,7 @@ rule quality:
         # only bucketed reads the edges: without it in train.strategies, K never reruns this stage
         boundaries=up(rules.boundaries.output.boundaries) if "bucketed" in STRATEGIES else [],
         code=code("quality"),
+        pretrained=pretrained(),
     output:
         **{name.replace(".", "_"): f"{R}/quality/{name}" for name in deps.QUALITY_OUTS},
     params:

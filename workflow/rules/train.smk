@@ -10,6 +10,7 @@ def _gpus(n):
 rule profile:
     input:
         code=code("profile"),
+        pretrained=pretrained(),
     output:
         grid=f"{R}/profile/grid.json",
     params:
@@ -41,6 +42,7 @@ rule train:
         lengths=up(rules.tokenize.output.lengths),
         boundaries=lambda wc: up(rules.boundaries.output.boundaries) if wc.strategy == "bucketed" else [],
         code=code("train"),
+        pretrained=pretrained(),
     output:
         summary=f"{R}/train/{{strategy}}/summary.json",
     params:

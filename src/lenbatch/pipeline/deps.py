@@ -227,10 +227,12 @@ def _out(path: str, *, cache: bool = False, extra: dict | None = None) -> dict:
     return {path: {"cache": cache, "persist": True, **(extra or {})}}
 
 
-def dvc_stages(results: str = "results") -> dict[str, typing.Any]:
-    """The ``stages:`` mapping of ``dvc.yaml``: outputs mirror the Snakemake rules' outputs."""
+def dvc_stages(results: str = "results", *, pretrained: str | None = None) -> dict[str, typing.Any]:
+    """The ``stages:`` mapping of ``dvc.yaml``: outputs mirror the Snakemake rules' outputs; ``pretrained``
+    (``model.pretrained``) adds the checkpoint's files to the stages that load it (:func:`pretrained_files`)."""
     r = results
     code = {s: stage_code(s) for s in STAGES}
+    code.update({s: [*pretrained_files(pretrained), *code[s]] for s in PRETRAINED_STAGES})
     st: dict[str, typing.Any] = {}
     st["tokenize"] = {
         "cmd": _snakemake([f"{r}/tokenize/lengths.npy"], "tokenize"),
@@ -296,8 +298,28 @@ COMPARE_OUTS = ["metrics.json", "diagnostics.json", "report.md", "stepmodel.json
                 "params.json", *COMPARE_PLOTS]
 
 
-def dvc_yaml(results: str = "results") -> str:
+def dvc_yaml(results: str = "results", *, pretrained: str | None = None) -> str:
     import yaml
 
-    body = yaml.safe_dump({"stages": dvc_stages(results)}, sort_keys=False, width=120)
+    body = yaml.safe_dump({"stages": dvc_stages(results, pretrained=pretrained)}, sort_keys=False, width=120)
     return HEADER + "\n" + body
+
+
+# --------------------------------------------------------------------------- the target's checkpoint
+
+
+# The stages that load the target or its heads (lenbatch.models.target): with model.pretrained set, the
+# checkpoint's files are inputs of their Snakemake rules and deps of their DVC stages, so a changed
+# checkpoint reruns them (and compare, through their outputs), and nothing else.
+PRETRAINED_STAGES = ("profile", "train", "quality")
+
+
+def pretrained_files(pretrained: str | None) -> list[str]:
+    """The files of the checkpoint folder ``model.pretrained`` that the target reads: ``config.json``,
+    ``*.safetensors`` and a shard index, sorted; ``[]`` when null. ``config.json`` is listed even when
+    absent, so both tools report the missing input by name."""
+    if not pretrained:
+        return []
+    root = Path(pretrained)
+    files = {root / "config.json", *root.glob("*.safetensors"), *root.glob("*.safetensors.index.json")}
+    return sorted(f.as_posix() for f in files)
