@@ -187,8 +187,9 @@ def test_mixin_refuses_trl_settings_that_rebatch(tmp_path, tok):
 
 
 def test_lengths_from_arrow_offsets():
-    """_dataset_lengths reads the list offsets through filter/shuffle indices mappings and several chunks, an
-    integer column as the lengths, a pyarrow table, and a list of dicts; it names a missing column."""
+    """_dataset_lengths reads the list offsets through filter/shuffle indices mappings, several chunks and a
+    sliced chunk, an integer column as the lengths, a pyarrow table, and a list of dicts; it names a missing
+    column."""
     import pyarrow as pa
 
     rng = np.random.default_rng(1)
@@ -198,7 +199,9 @@ def test_lengths_from_arrow_offsets():
     assert ds.data.table.column("input_ids").num_chunks == 2
     mapped = ds.filter(lambda e: len(e["input_ids"]) % 3 != 0).shuffle(seed=0)
     assert mapped._indices is not None
-    for d in (ds, mapped):
+    sliced = ds.select(range(5, 30))  # contiguous: a sliced table (chunk offset 5), no indices mapping
+    assert sliced._indices is None and sliced.data.table.column("input_ids").chunk(0).offset == 5
+    for d in (ds, mapped, sliced):
         assert _dataset_lengths(d, "input_ids").tolist() == [len(x) for x in d["input_ids"]]
     counts = datasets.Dataset.from_dict({"n": [len(x) for x in ids]})
     assert _dataset_lengths(counts, "n").tolist() == [len(x) for x in ids]
