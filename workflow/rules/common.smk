@@ -83,8 +83,16 @@ def inputs(stage):
         else:
             paths = registry.input_paths(stage, results=R, strategies=STRATEGIES).get(i.output, [])
             out[i.output] = up(paths[0] if len(paths) == 1 else paths)
+    if stage in deps.PRETRAINED_STAGES:
+        out["pretrained"] = pretrained()
     out["code"] = code(stage)
     return out
+
+
+def pretrained():
+    """The target checkpoint's files (model.pretrained; none when null): inputs of the rules that load it
+    (deps.PRETRAINED_STAGES), so a changed checkpoint reruns them. dvc.yaml lists the same files."""
+    return up(deps.pretrained_files(config["model"]["pretrained"]))
 
 
 def outputs(stage):

@@ -204,13 +204,15 @@ def dvc_target(stage: str, *, results: str = "results", strategy: str | None = N
     return output_path(stage, name, results=results, strategy=strategy)
 
 
-def _dvc_stage(stage: str, *, results: str, strategy: str | None) -> dict[str, typing.Any]:
+def _dvc_stage(stage: str, *, results: str, strategy: str | None,
+               pretrained: str | None = None) -> dict[str, typing.Any]:
     st = STAGES[stage]
     ins = input_paths(stage, results=results, strategies=strategies(), strategy=strategy)
+    checkpoint = pretrained_files(pretrained) if stage in PRETRAINED_STAGES else []
     entry: dict[str, typing.Any] = {
         "cmd": _snakemake([dvc_target(stage, results=results, strategy=strategy)], stage),
         "params": stage_params_compact(stage),
-        "deps": [p for paths in ins.values() for p in paths] + stage_code(stage)}
+        "deps": [p for paths in ins.values() for p in paths] + checkpoint + stage_code(stage)}
     for kind in ("outs", "metrics", "plots"):
         listed = [{output_path(stage, name, results=results, strategy=strategy):
                    {"cache": o.cache, "persist": True, **dict(o.plot or {})}}
@@ -220,21 +222,43 @@ def _dvc_stage(stage: str, *, results: str, strategy: str | None) -> dict[str, t
     return entry
 
 
-def dvc_stages(results: str = "results") -> dict[str, typing.Any]:
+def dvc_stages(results: str = "results", *, pretrained: str | None = None) -> dict[str, typing.Any]:
     """The ``stages:`` mapping of ``dvc.yaml``, from the table: one DVC stage per stage (per strategy for a
-    per-strategy stage, ``<stage>-<strategy>``), its deps its inputs then its code, its outputs by kind."""
+    per-strategy stage, ``<stage>-<strategy>``), its deps its inputs (and, with ``pretrained`` =
+    ``model.pretrained``, the checkpoint's files for the stages that load it: :func:`pretrained_files`)
+    then its code, its outputs by kind."""
     out: dict[str, typing.Any] = {}
     for stage, st in STAGES.items():
         if st.per_strategy:
             for s in strategies():
-                out[f"{stage}-{s}"] = _dvc_stage(stage, results=results, strategy=s)
+                out[f"{stage}-{s}"] = _dvc_stage(stage, results=results, strategy=s, pretrained=pretrained)
         else:
-            out[stage] = _dvc_stage(stage, results=results, strategy=None)
+            out[stage] = _dvc_stage(stage, results=results, strategy=None, pretrained=pretrained)
     return out
 
 
-def dvc_yaml(results: str = "results") -> str:
+def dvc_yaml(results: str = "results", *, pretrained: str | None = None) -> str:
     import yaml
 
-    body = yaml.safe_dump({"stages": dvc_stages(results)}, sort_keys=False, width=120)
+    body = yaml.safe_dump({"stages": dvc_stages(results, pretrained=pretrained)}, sort_keys=False, width=120)
     return HEADER + "\n" + body
+
+
+# --------------------------------------------------------------------------- the target's checkpoint
+
+
+# The stages that load the target or its heads (lenbatch.models.target): with model.pretrained set, the
+# checkpoint's files are inputs of their Snakemake rules and deps of their DVC stages, so a changed
+# checkpoint reruns them (and compare, through their outputs), and nothing else.
+PRETRAINED_STAGES = ("profile", "train", "quality")
+
+
+def pretrained_files(pretrained: str | None) -> list[str]:
+    """The files of the checkpoint folder ``model.pretrained`` that the target reads: ``config.json``,
+    ``*.safetensors`` and a shard index, sorted; ``[]`` when null. ``config.json`` is listed even when
+    absent, so both tools report the missing input by name."""
+    if not pretrained:
+        return []
+    root = Path(pretrained)
+    files = {root / "config.json", *root.glob("*.safetensors"), *root.glob("*.safetensors.index.json")}
+    return sorted(f.as_posix() for f in files)
