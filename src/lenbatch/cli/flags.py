@@ -89,6 +89,12 @@ def _plots_flags(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: _stage("plots").run(revisions=args.revisions, out=args.out))
 
 
+def _machine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="results/machine", help="output folder (machine.json)")
+    parser.add_argument("--show", action="store_true", help="also print the fingerprint as JSON")
+    parser.set_defaults(func=lambda args: _stage("machine").run(out=args.out, show=args.show))
+
+
 def _params_stage_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     what = parser.add_mutually_exclusive_group()
@@ -411,4 +417,4 @@ def _kernel_backends() -> tuple[str, ...]:
 FLAGS: dict[str, Any] = {"profile": _profile_flags, "train": _train_flags, "compare": _compare_flags, "tokenize": _tokenize_flags, "stats": _stats_flags, "boundaries": _boundaries_flags,
                          "plan": _plan_flags, "plans": _plans_flags, "verify-packing": _verify_packing_flags,
                          "quality": _quality_flags, "params": _params_stage_flags, "plots": _plots_flags,
-                         "dvc-yaml": _dvc_yaml_flags}
+                         "dvc-yaml": _dvc_yaml_flags, "machine": _machine_flags}

@@ -38,6 +38,8 @@ COMMANDS: dict[str, Command] = {
     "quality": Command("lenbatch.stages.quality", "held-out loss over seeds and gradient quality of every strategy"),
     "compare": Command("lenbatch.stages.compare", "predicted vs measured throughput, frontier plot and report",
                        staged=True),
+    "machine": Command("lenbatch.stages.machine",
+                       "write this machine's fingerprint to machine.json (only when it changed)"),
     "params": Command("lenbatch.stages.params", "validate a params file, or print its resolved values or JSON schema"),
     "plots": Command("lenbatch.stages.plots",
                      "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
