@@ -17,8 +17,10 @@ import yaml
 
 import lenbatch as lb
 from lenbatch.cli import main
+from lenbatch.core import machine
 from lenbatch.core.config import load_params
 from lenbatch.batching.schedule import build_schedule
+from lenbatch.runtime import reference
 
 from _tiny import ENV, TINY_DATA, TINY_MODEL
 
@@ -35,11 +37,15 @@ TINY = {
 }
 
 
+TINY_PATH: list = []  # the module's params file (written by the setup fixture)
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     params = root / "tiny.yaml"
     params.write_text(yaml.safe_dump(TINY))
+    TINY_PATH[:] = [params]
     data = root / "tok"
     subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", "params.yaml", str(params),
                     "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
@@ -119,6 +125,18 @@ def test_two_process_torchrun_run_of_each_strategy(setup, strategy):
         sum(s["target_cpu_s"] for s in measured) / (sum(s["target_s"] for s in measured) * summary["threads"]))
     assert 0 < summary["target_cpu_share"] < 1.5 and 0 < summary["drafter_cpu_share"] < 1.5
     assert (out / "checkpoint.pt").exists() and (out / "params.json").exists()
+    # where it ran, and the reference step: target rank 0's and the drafter rank's, before and after the steps
+    assert summary["machine"]["id"] == machine.fingerprint()["id"] and summary["machine"]["threads"] == 1
+    _check_reference(summary["reference"])
+
+
+def _check_reference(ref):
+    params = load_params("params.yaml", str(TINY_PATH[0]))
+    assert ref["shape"] == reference.reference_shape(params)
+    for role in ("target", "drafter"):
+        assert len(ref[role]["start"]) == len(ref[role]["end"]) == reference.REPEATS
+        assert min(ref[role]["start"] + ref[role]["end"]) > 0 and len(ref[role]["end_cpu"]) == reference.REPEATS
+    assert ref["seconds"] >= sum(sum(ref[r]["start"]) + sum(ref[r]["end"]) for r in ("target", "drafter"))
 
 
 def test_single_process_trains_the_same_batches_and_losses_as_the_pipeline(setup):
@@ -127,6 +145,7 @@ def test_single_process_trains_the_same_batches_and_losses_as_the_pipeline(setup
     rc = main(_train_args(setup, "sorted", out, "--params-json", '{"train": {"nproc": 1}}'))
     assert rc == 0
     single = _steps(out)
+    _check_reference(json.loads((out / "summary.json").read_text())["reference"])  # one process times both
     assert [s["batch_hash"] for s in single] == [s["batch_hash"] for s in ref]
     assert np.allclose([s["loss"] for s in single], [s["loss"] for s in ref], atol=1e-6, rtol=0)
     assert all(s["queue_wait_s"] == 0 for s in single)

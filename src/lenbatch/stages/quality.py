@@ -27,7 +27,8 @@ Setting (``params.quality``; the train stage and its results are untouched):
   full-data gradient G, checked): cosine to G, variance per useful token, noise scale, and the
   correlation of a batch's mean sample length with its loss.
 
-Outputs (``--out``): ``quality.json`` (everything), ``metrics.json`` (flat, for ``dvc metrics
+Outputs (``--out``): ``quality.json`` (everything; ``machine``: the fingerprint of the machine its
+``timing`` was taken on, :mod:`lenbatch.core.machine`), ``metrics.json`` (flat, for ``dvc metrics
 diff``), ``curves.json`` and ``gradients.json`` (DVC plot data), ``quality.png``, ``report.md``
 (the section compare embeds), ``params.json``.
 
@@ -57,6 +58,7 @@ from lenbatch.analysis import quality_report as qr
 from lenbatch.loading.collate import Batch, collate, layout_for
 from lenbatch.core.config import Params, write_resolved
 from lenbatch.core.log import get_logger
+from lenbatch.core.machine import fingerprint
 
 log = get_logger("quality")
 CHECKPOINTS = ("init", "trained")
@@ -436,6 +438,7 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
                    "gradients_s": grad_s, "gradients_cpu_s": grad_cpu_s,
                    "total_s": time.perf_counter() - t_start, "total_cpu_s": time.process_time() - c_start,
                    "threads": torch.get_num_threads()},
+        "machine": fingerprint(threads=torch.get_num_threads()),  # where the timings above were taken
     }
     result["summary"] = qr.summarize(result)
     return result
