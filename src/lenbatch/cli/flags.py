@@ -200,7 +200,11 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _plans_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
-    add_lengths_arguments(parser)
+    add_lengths_arguments(parser, required=False)
+    parser.add_argument("--study-replay", action="store_true",
+                        help="replay the study's own setting (seed profile, budget 49,152, 7 ranks, its edges and "
+                             "dp edges) beside what it measured: OUT/replay.json and replay.md (ignores the "
+                             "lengths and batching flags)")
     parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
     parser.add_argument("--strategies", nargs="+", choices=_strategies(), default=None,
                         help="strategies to simulate (default: all; bucketed only with --boundaries)")
@@ -219,8 +223,10 @@ def _plans(args: argparse.Namespace) -> int:
     if args.epochs is not None:
         overrides["plans"] = {"epochs": args.epochs}
     params = load_params(*args.params, overrides=overrides or None)
+    if not (args.study_replay or args.lengths or args.seed_profile):
+        raise ValueError("give the lengths to plan: --lengths FILE.npy or --seed-profile (or --study-replay)")
     return _stage("plans").run(params=params, out=args.out, boundaries=args.boundaries, strategies=args.strategies,
-                               world_size=args.world_size, **_lengths_input(args))
+                               world_size=args.world_size, study_replay=args.study_replay, **_lengths_input(args))
 
 
 # --------------------------------------------------------------------------- tokenize, quality

@@ -16,10 +16,23 @@ from lenbatch.pipeline.artifacts import read_boundaries, read_lengths_input, wri
 
 def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
         seed_profile_size: int = SEED_COUNT, boundaries: str | None = None, strategies: list[str] | None = None,
-        world_size: int = 1) -> int:
+        world_size: int = 1, study_replay: bool = False) -> int:
     """``lenbatch plans``: metrics.json, :func:`simulate` of ``strategies`` (default: all) over the lengths
-    at ``lengths`` (or the generated ``seed_profile``), bucketed with the edges of ``boundaries``."""
+    at ``lengths`` (or the generated ``seed_profile``), bucketed with the edges of ``boundaries``.
+
+    ``study_replay``: instead, the study's own setting (:mod:`lenbatch.analysis.study_replay`: the seed
+    profile of ``seed_profile_size`` lengths, its budget, batch limit, 7 ranks and edges, whatever the
+    params) beside what the study measured: ``replay.json`` and ``replay.md`` in ``out`` (~8 s)."""
     log = get_logger("lenbatch.plans")
+    if study_replay:
+        from lenbatch.analysis import study_replay as sr
+
+        rep = sr.replay(samples=seed_profile_size, log=log)  # the stand-in's own seed (0), like compare's
+        write_json(Path(out) / "replay.json", rep)
+        (Path(out) / "replay.md").write_text(sr.section(rep, level=1))
+        log.info("study replay in %.1f s: wrote %s and %s", sum(rep["seconds"].values()), Path(out) / "replay.json",
+                 Path(out) / "replay.md")
+        return 0
     bt = params.batching
     x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
                                    seed=bt.seed)
