@@ -120,7 +120,8 @@ def replay(*, samples: int = SEED_COUNT, seed: int = 0, log: Any = None) -> dict
             lo, hi = measured["ratio"]
             r["measured_tok_s"] = list(measured["tok_s"])
             r["measured_ratio"] = [lo, hi]
-            r["implied_step_time_vs_sorted"] = [r["useful_per_step_vs_sorted"] / hi, r["useful_per_step_vs_sorted"] / lo]
+            ratio = r["useful_per_step_vs_sorted"]
+            r["implied_step_time_vs_sorted"] = [ratio / hi, ratio / lo]
     return {"setting": {"samples": int(x.size), "mean_length": float(x.mean()), "token_budget": STUDY_BUDGET,
                         "max_batch_size": STUDY_MAX_BATCH, "target_ranks": STUDY_TARGET_RANKS, "seed": seed,
                         "study_edges": list(STUDY_EDGES), "dp_edges": [int(e) for e in dp.edges]},

@@ -4,13 +4,13 @@ For every strategy the stage reports the padding model's efficiency, the simulat
 plan's efficiency, the throughput predicted by the step-time model (fitted on the
 profile grid, never on the run it predicts) and the measured one, the prediction
 error, the calibrated prediction and its error (the profile rescaled by the run's own
-reference-step ratio, :mod:`lenbatch.analysis.calibration`), the ratio to ``sorted``, both diversity measures and, from the quality stage, the
-drafter's held-out loss at equal useful tokens and per second (95% intervals over seeds;
-rendered by :mod:`lenbatch.analysis.quality_report`). It also predicts ``bucketed`` for every K of
-the boundary sweep, recommends a strategy and K, and replays the study's own setting
-(:mod:`lenbatch.analysis.study_replay`). The profile and every run must come from one machine
-(:func:`lenbatch.analysis.provenance.check_one_machine`): results without a machine fingerprint, or from two machines, are refused
-with the rerun that fixes them.
+reference-step ratio, :mod:`lenbatch.analysis.calibration`), the ratio to ``sorted``, both
+diversity measures and, from the quality stage, the drafter's held-out loss at equal useful
+tokens and per second (95% intervals over seeds; rendered by :mod:`lenbatch.analysis.quality_report`).
+It also predicts ``bucketed`` for every K of the boundary sweep, recommends a strategy and K, and
+replays the study's own setting (:mod:`lenbatch.analysis.study_replay`). The profile and every run
+must come from one machine (:func:`lenbatch.analysis.provenance.check_one_machine`): results
+without a machine fingerprint, or from two machines, are refused with the rerun that fixes them.
 
 Outputs (``--out``): ``metrics.json`` (what users compare, flat keys for ``dvc metrics diff``),
 ``diagnostics.json`` (every flat key, fit errors and CPU shares included),
