@@ -232,8 +232,12 @@ def main() -> int:
     print(f"reference step cost: {min(ref_costs):.1f}-{max(ref_costs):.1f} s per profile, {min(run_refs):.1f}-"
           f"{max(run_refs):.1f} s per run; load average after: {load_after[0]:.2f} (1 min), {load_after[1]:.2f} "
           f"(5 min), {load_after[2]:.2f} (15 min)")
+    from lenbatch.core.machine import describe, fingerprint
+
+    here = fingerprint(threads=params.train.threads)
+    print(f"machine: {describe(here)}")
     (work / "bench_prediction.json").write_text(json.dumps({
-        "table": table, "fits": fits, "profile_cpu_share": shares, "modes": modes_out, "timings": timings,
+        "machine": here, "table": table, "fits": fits, "profile_cpu_share": shares, "modes": modes_out, "timings": timings,
         "repeats": R, "load_before": load_before, "load_after": load_after, "profile_reference_seconds": ref_costs,
         "targets": {"calibrated_worst_matched": cal_matched, "calibrated_worst_mean": cal_mean, "met": ok}},
         indent=2))
