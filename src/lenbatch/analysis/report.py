@@ -26,10 +26,10 @@ from lenbatch.core.config import Params, write_resolved
 from lenbatch.core.cpu import CPU_SHARE_WARN
 
 # The study this project re-examines: it used K = 6 length buckets, predicted bucketed at 86.8% of
-# sorted's throughput from padding efficiency alone, and measured 78%.
-STUDY_NUM_BUCKETS = 6
-STUDY_PADDING_RATIO = 0.868
-STUDY_MEASURED_RATIO = 0.78
+# sorted's throughput from padding efficiency alone, and measured 78% (one definition, with the replay's).
+STUDY_NUM_BUCKETS = study_replay.STUDY_NUM_BUCKETS
+STUDY_PADDING_RATIO = study_replay.STUDY_PREDICTED_EFFICIENCY
+STUDY_MEASURED_RATIO = study_replay.STUDY_MEASURED["bucketed"]["ratio"][0]
 
 
 @dataclass
