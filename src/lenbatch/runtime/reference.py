@@ -6,9 +6,10 @@ within one benchmark run. Timing the same step in both lets ``compare`` rescale 
 run's speed (:mod:`lenbatch.analysis.calibration`).
 
 Shape (:func:`reference_shape`): a padded batch of ``n`` sequences of ``m`` tokens, no padding,
-``m = min(512, data.max_len)`` and ``n = clamp(token_budget // (4 m), 1, max_batch_size)``: a quarter
-of the budget (the CPU default: 8 x 512 = 4,096 tokens), a shape every plan can hold; synthetic token
-ids drawn with :data:`REFERENCE_SEED`. Profile and runs share these params (compare checks it, and
+``m = min(512, data.max_len)`` and ``n = clamp(token_budget // (8 m), 1, max_batch_size)``: an eighth
+of the budget (the CPU default: 4 x 512 = 2,048 tokens; a quarter cost twice as much for a reference
+that only has to move with the machine), a shape every plan can hold; synthetic token ids drawn with
+:data:`REFERENCE_SEED`. Profile and runs share these params (compare checks it, and
 refuses references of different shapes).
 
 Each role is timed alone, one after the other: the target's forward (``features``, as a target
@@ -31,8 +32,9 @@ per timed role ``{"start": [s...], "end": [s...], "start_cpu": [...], "end_cpu":
 process CPU seconds), and ``seconds``: the wall time the reference took in all.
 
 Cost: 2 points x (:data:`WARMUP` + :data:`REPEATS`) steps per role of the reference shape: about
-2 x 4 x (0.2 + 0.2) s = 3.5 s per profile or run on the CPU default (a target and a drafter step
-of 4,096 tokens take about 0.2 s each on one core).
+2 x 4 x (0.25 + 0.25) s = 4 s per profile or run on the CPU default (a target and a drafter step of
+2,048 tokens take about a quarter second each on one core; benchmarks/bench_prediction.py prints the
+measured cost).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from lenbatch.core.config import Params
 from lenbatch.loading.collate import Batch, collate, synthetic_sequences
 
 REFERENCE_LENGTH = 512  # tokens per sequence (at most data.max_len)
-BUDGET_SHARE = 4        # the batch holds token_budget // BUDGET_SHARE tokens (rounded down to whole sequences)
+BUDGET_SHARE = 8        # the batch holds token_budget // BUDGET_SHARE tokens (rounded down to whole sequences)
 REFERENCE_SEED = 20_251_130
 WARMUP = 1
 REPEATS = 3
