@@ -56,13 +56,4 @@ def ratios(run_ref: dict, profile_ref: dict) -> dict[str, float]:
     return out
 
 
-def cpu_share(ref: Optional[dict], role: str, *, threads: int) -> float:
-    """Share of its cores the reference steps of ``role`` got (CPU seconds / (wall x threads)); NaN if absent."""
-    if not ref or role not in ref or "start_cpu" not in ref[role]:
-        return math.nan
-    wall = float(np.sum(ref[role]["start"]) + np.sum(ref[role]["end"]))
-    cpu = float(np.sum(ref[role]["start_cpu"]) + np.sum(ref[role]["end_cpu"]))
-    return cpu / (wall * max(int(threads), 1)) if wall > 0 else math.nan
-
-
-__all__ = ["cpu_share", "drift", "ratios", "reference_seconds"]
+__all__ = ["drift", "ratios", "reference_seconds"]

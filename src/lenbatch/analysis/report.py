@@ -4,8 +4,11 @@
 :mod:`lenbatch.stages.compare` predicts (pure function of the stage inputs) and builds the result; this
 module only renders it, so a report change never touches a prediction. The study's own figures the
 prose compares with are named constants (:data:`STUDY_NUM_BUCKETS`, :data:`STUDY_PADDING_RATIO`,
-:data:`STUDY_MEASURED_RATIO`), and the model-selection rule's numbers come from
-:mod:`lenbatch.analysis.stepmodel`. Cost: O(strategies + K sweep) plus three matplotlib figures.
+:data:`STUDY_MEASURED_RATIO`, defined in :mod:`lenbatch.analysis.study_replay`), and the model-selection
+rule's numbers come from :mod:`lenbatch.analysis.stepmodel`. The report states the machine profile and runs
+were measured on (:mod:`lenbatch.core.machine`), the raw and the calibrated prediction side by side
+(:func:`calibration_section`) and, when the result carries it, the study's setting replayed
+(:func:`lenbatch.analysis.study_replay.section`). Cost: O(strategies + K sweep) plus three matplotlib figures.
 """
 
 from __future__ import annotations
