@@ -117,7 +117,20 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None) -> dict[
             train[s] = {k: summ.get(k) for k in ("steps", "useful_tokens_per_s", "padding_efficiency", "final_loss",
                                                  "queue_wait_s_mean", "credit_wait_s_mean")}
     return {"failed_step": failed, "seconds": timings, "verify_packing_fla": verify, "train": train,
-            "compare_written": (out / "compare").is_dir() and any((out / "compare").iterdir())}
+            "compare_written": (out / "compare").is_dir() and any((out / "compare").iterdir()),
+            "machine": machine_fingerprint()}
+
+
+def machine_fingerprint() -> dict[str, Any]:
+    """This machine's fingerprint (lenbatch.core.machine), loaded from the tree by path: it needs only the
+    standard library, so the summary records it even when the install step failed."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "src" / "lenbatch" / "core" / "machine.py"
+    spec = importlib.util.spec_from_file_location("_lenbatch_machine", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fingerprint()
 
 
 def render(summary: dict[str, Any]) -> str:

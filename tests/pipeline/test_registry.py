@@ -110,7 +110,9 @@ def _pure_name_literals(path: Path, names: set[str], least: int, literals: list 
 def test_no_second_list_of_stages_or_strategies_in_the_package():
     """No literal list, tuple, set or dict of stage names (4 or more) or of strategy names (3 or more)
     outside their table; the planner's name -> function map is checked equal to the list at import."""
-    allowed = {("batching/layouts.py", "strategies"), ("batching/strategies.py", "strategies")}  # _FUNCS
+    # the list itself; the planner's _FUNCS; the study's measurements, keyed by the three strategies it ran
+    allowed = {("batching/layouts.py", "strategies"), ("batching/strategies.py", "strategies"),
+               ("analysis/study_replay.py", "strategies")}
     stage_names = set(registry.COMMANDS)
     bad = []
     for p in sorted(deps.SRC.rglob("*.py")):

@@ -29,14 +29,17 @@ RERUNS: dict[str, set[str]] = {
     "model.py": set(),
     # analysis: prediction and reports are compare's; the quality numbers are quality's (and compare reads them)
     "analysis/gradquality.py": {"quality", "compare"},
+    "analysis/calibration.py": {"compare"},  # the reference-step rescaling of the prediction
+    "analysis/provenance.py": {"compare"},  # the machine check of profile vs runs
     "analysis/quality_report.py": {"compare"},  # rendering of the quality result: compare draws it
     "analysis/quality_stats.py": {"quality", "compare"},
     "analysis/report.py": {"compare"},
     "analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table
     "analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
+    "analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
     # batching: the numpy planning library
     "batching/anchors.py": {"profile", "train", "quality", "compare"},  # the drafter's anchors (compare: its work)
-    "batching/boundaries.py": {"boundaries"},
+    "batching/boundaries.py": {"boundaries", "compare"},  # compare replays the study with dp edges
     "batching/layouts.py": ALL,  # the strategy list: the params loader validates train.strategies with it
     "batching/lengths.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},  # checks every lengths read
     "batching/padding.py": PLANNING,
@@ -51,6 +54,7 @@ RERUNS: dict[str, set[str]] = {
     "core/config.py": ALL,  # the params every stage reads
     "core/cpu.py": {"profile", "train", "compare"},
     "core/log.py": ALL,
+    "core/machine.py": {"profile", "train", "quality", "compare"},  # the fingerprint every measurement records
     # corpus: tokenize's alone
     "corpus/chat.py": {"tokenize"},
     "corpus/sources.py": {"tokenize"},
@@ -85,12 +89,14 @@ RERUNS: dict[str, set[str]] = {
     "runtime/hostmem.py": {"profile", "train"},
     "runtime/lifetime.py": {"train"},
     "runtime/records.py": {"train"},
+    "runtime/reference.py": {"profile", "train"},  # the drift-calibration step
     "runtime/runner.py": {"profile", "train"},
     "runtime/transport.py": {"train"},
     # stages: each its own
     "stages/boundaries.py": {"boundaries"},
     "stages/compare.py": {"compare"},
     "stages/dvc_yaml.py": set(),
+    "stages/machine.py": set(),  # lenbatch machine: not a workflow stage (yet)
     "stages/params.py": set(),
     "stages/plan.py": set(),
     "stages/plans.py": {"plans"},
@@ -98,6 +104,7 @@ RERUNS: dict[str, set[str]] = {
     "stages/profile.py": {"profile"},
     "stages/quality.py": {"quality"},
     "stages/stats.py": {"stats"},
+    "stages/study_replay.py": set(),  # lenbatch study-replay (plans --study-replay): no workflow stage
     "stages/tokenize.py": {"tokenize"},
     "stages/train.py": {"train"},
     "stages/verify_packing.py": set(),

@@ -22,9 +22,31 @@ from lenbatch.analysis import stepmodel as sm
 from lenbatch.stages.compare import ACK_EVERY, compare
 from lenbatch.core.config import load_params
 from lenbatch.analysis.report import busy_machine, write_outputs
+from lenbatch.core import machine
 
 REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
+MACHINE = machine.fingerprint(threads=1)  # this machine: the fixture's profile and runs were "measured" here
+
+
+def _reference(target: float, drafter: float, *, drift: float = 0.0) -> dict:
+    """A reference-step record (lenbatch.runtime.reference) whose start/end medians average to these seconds;
+    ``drift``: end / start - 1."""
+    def pts(x: float) -> dict:
+        s, e = 2 * x / (2 + drift), 2 * x * (1 + drift) / (2 + drift)
+        return {"start": [s * 0.99, s, s * 1.02], "end": [e * 1.01, e, e * 0.98],
+                "start_cpu": [s] * 3, "end_cpu": [e] * 3}
+
+    return {"shape": {"kind": "padded", "sequences": 8, "length": 512}, "warmup": 1, "repeats": 3, "seconds": 2.0,
+            "target": pts(target), "drafter": pts(drafter)}
+
+
+PROFILE_REFERENCE = _reference(0.2, 0.25)
+
+
+def _grid_file(rows: list[dict], *, machine_fp: dict | None = MACHINE, reference: dict = PROFILE_REFERENCE) -> dict:
+    """grid.json as the profile stage writes it: the machine, the reference step and the points."""
+    return {"machine": machine_fp, "reference": reference, "points": rows}
 # a known law for the synthetic timings (seconds): per step, per token, per length^2, per sequence
 TARGET = {"const": 0.004, "computed_tokens": 2e-6, "sum_len_sq": 2e-10, "sequences": 2e-4}
 DRAFTER = {"const": 0.006, "ctx_tokens": 1e-6, "positions": 1.5e-5}
@@ -71,15 +93,18 @@ def _grid(params, *, busy: float | None = None, cpu_share: float | None = None) 
     return rows
 
 
-def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: float | None = None) -> None:
+def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: float | None = None,
+              slower: tuple[float, float] = (1.0, 1.0), drift: float = 0.0, machine_fp: dict | None = MACHINE) -> None:
     """A training run's outputs for the planned batches, timed by the known law through the pipeline
-    (``busy``: a step costs the law x busy while the other role works, blended by the overlap)."""
+    (``busy``: a step costs the law x busy while the other role works, blended by the overlap;
+    ``slower``: the machine's (target, drafter) speed against the profile's: every step and the run's
+    reference step take that much longer; ``drift``: the reference's end / start - 1)."""
     from lenbatch.stages.compare import LossMasks, planned_batches, step_columns, step_kind
 
     steps = planned_batches(lengths, params, strategy, edges, useful_tokens=params.train.useful_tokens,
                             target_ranks=1)
     cols = step_columns(lengths, steps, kind=step_kind(strategy), params=params, masks=LossMasks(data))
-    t_s, d_s = _law(cols, TARGET), _law(cols, DRAFTER)
+    t_s, d_s = slower[0] * _law(cols, TARGET), slower[1] * _law(cols, DRAFTER)
     if busy is None:
         ends = sm.pipeline_ends(t_s, d_s, queue_size=params.train.queue_size, ack_every=ACK_EVERY)
     else:
@@ -98,7 +123,8 @@ def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: 
     summary = {"useful_tokens_per_s": tput, "steps": len(steps), "planned_steps": len(steps),
                "padding_efficiency": float(cols["useful_tokens"].sum() / cols["computed_tokens"].sum()),
                "loss_curve": [[i, 5.0 - 1e-5 * i] for i in range(len(steps))],
-               "final_loss": 5.0, "params": params.to_dict()}
+               "final_loss": 5.0, "params": params.to_dict(), "machine": machine_fp,
+               "reference": _reference(0.2 * slower[0], 0.25 * slower[1], drift=drift)}
     (out / "summary.json").write_text(json.dumps(summary))
 
 
@@ -131,7 +157,7 @@ def stage_inputs(tmp_path_factory):
     _cli("plans", *params_args, "--lengths", L, "--boundaries", str(root / "boundaries" / "boundaries.json"),
          "--out", str(root / "plans"), cwd=root)
     (root / "profile").mkdir()
-    (root / "profile" / "grid.json").write_text(json.dumps(_grid(params)))
+    (root / "profile" / "grid.json").write_text(json.dumps(_grid_file(_grid(params))))
     edges = json.loads((root / "boundaries" / "boundaries.json").read_text())["edges"]
     for s in STRATEGIES:
         _fake_run(lengths.astype(np.int64), params, s, tuple(edges), root / "train" / s, data)
@@ -159,17 +185,18 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     metrics = write_outputs(result, out, params=params)
     on_disk = json.loads((out / "metrics.json").read_text())
     assert json.loads((out / "diagnostics.json").read_text()) == json.loads(json.dumps(metrics))
-    # metrics.json holds only what users compare: 6 per strategy (+3 held-out loss numbers with the quality
-    # stage) and the recommendation
-    per_strategy = 6 + (3 if result.quality else 0)
-    assert len(on_disk) == per_strategy * len(STRATEGIES) + 3
+    # metrics.json holds only what users compare: 7 per strategy (+3 held-out loss numbers with the quality
+    # stage), the largest raw error, the recommendation and the machine's id
+    per_strategy = 7 + (3 if result.quality else 0)
+    assert len(on_disk) == per_strategy * len(STRATEGIES) + 4
+    assert on_disk["machine.id"] == MACHINE["id"]
     assert on_disk == {k: v for k, v in json.loads(json.dumps(metrics)).items() if k in on_disk}
     assert not any("cpu_share" in k or k.startswith("fit.") for k in on_disk)
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     report = (out / "report.md").read_text()
     for s in STRATEGIES:
         for key in ("measured_efficiency", "measured_tok_s", "predicted_tok_s", "prediction_error",
-                    "composition_repeat", "length_mixing"):
+                    "calibrated_prediction_error", "composition_repeat", "length_mixing"):
             assert on_disk[f"{s}.{key}"] is not None, f"{s}.{key}"
         assert diagnostics[f"{s}.ratio_to_sorted_measured"] is not None
         assert f"| {s} |" in report
@@ -218,7 +245,7 @@ def test_grid_too_small_to_fit_names_the_rerun(stage_inputs, tmp_path):
         (tmp_path / name).symlink_to(root / name)
     (tmp_path / "data").symlink_to(root / "data")
     (tmp_path / "profile").mkdir()
-    (tmp_path / "profile" / "grid.json").write_text(json.dumps(_grid(params)[:4]))
+    (tmp_path / "profile" / "grid.json").write_text(json.dumps(_grid_file(_grid(params)[:4])))
     with pytest.raises(ValueError, match=r"rerun: snakemake results/profile/grid.json"):
         _run(tmp_path, params)
 
@@ -228,7 +255,7 @@ def _variant(root: Path, tmp_path: Path, grid: list[dict]) -> Path:
     for name in ("stats", "boundaries", "plans", "data"):
         (tmp_path / name).symlink_to(root / name)
     (tmp_path / "profile").mkdir()
-    (tmp_path / "profile" / "grid.json").write_text(json.dumps(grid))
+    (tmp_path / "profile" / "grid.json").write_text(json.dumps(grid if isinstance(grid, dict) else _grid_file(grid)))
     return tmp_path
 
 
@@ -260,7 +287,7 @@ def test_compare_blends_alone_and_busy_step_times_by_the_runs_overlap(stage_inpu
         busy_err, alone_err = busy_only.rows[s].prediction_error, alone_only.rows[s].prediction_error
         assert busy_err < -0.005 and alone_err > 0.1 and alone_err > -busy_err, (s, busy_err, alone_err)
     # a grid without busy timings (one-process profile) is predicted from its alone times, whatever the mode
-    (tmp_path / "profile" / "grid.json").write_text(json.dumps(_grid(params)))
+    (tmp_path / "profile" / "grid.json").write_text(json.dumps(_grid_file(_grid(params))))
     plain = _run(tmp_path, with_mode("busy"))
     assert "target_busy" not in plain.fits
     assert [plain.rows[s].predicted_tok_s for s in STRATEGIES] == pytest.approx(
@@ -291,3 +318,112 @@ def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):
     assert busy_machine(quiet) == []
     write_outputs(quiet, tmp_path / "quiet" / "compare", params=params)
     assert "The machine was quiet" in (tmp_path / "quiet" / "compare" / "report.md").read_text()
+
+
+def _runs_variant(root: Path, tmp_path: Path, params, **run_kwargs) -> Path:
+    """The stage inputs (profile included) with runs made by ``_fake_run(**run_kwargs)``."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for name in ("stats", "boundaries", "plans", "data", "profile"):
+        (tmp_path / name).symlink_to(root / name)
+    lengths = np.load(root / "data" / "lengths.npy").astype(np.int64)
+    edges = tuple(json.loads((root / "boundaries" / "boundaries.json").read_text())["edges"])
+    for s in STRATEGIES:
+        _fake_run(lengths, params, s, edges, tmp_path / "train" / s, root / "data", **run_kwargs)
+    return tmp_path
+
+
+def test_calibration_rescales_the_profile_by_each_runs_reference_ratio(stage_inputs, tmp_path):
+    """Runs on a machine 8% slower for the target and 3% for the drafter than while profiling: the raw
+    prediction is too fast by about that much; rescaled by the runs' own reference ratios (whose start and
+    end differ by 4%: their midpoint counts) it matches again, and both are reported."""
+    root, params = stage_inputs
+    _runs_variant(root, tmp_path, params, slower=(1.08, 1.03), drift=0.04)
+    result = _run(tmp_path, params)
+    for s in STRATEGIES:
+        r = result.rows[s]
+        assert r.target_reference_ratio == pytest.approx(1.08, rel=1e-9)
+        assert r.drafter_reference_ratio == pytest.approx(1.03, rel=1e-9)
+        assert r.target_reference_drift == pytest.approx(0.04, rel=1e-6)
+        assert r.target_step_ratio == pytest.approx(1.08, abs=0.01)  # the steps were slower by as much
+        assert r.prediction_error > 0.025, (s, r.prediction_error)   # raw: predicts the profile's speed
+        assert abs(r.calibrated_prediction_error) < 0.01, (s, r.calibrated_prediction_error)
+    out = tmp_path / "compare"
+    metrics = write_outputs(result, out, params=params)
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert metrics["max_abs_calibrated_prediction_error"] < 0.01 < on_disk["max_abs_prediction_error"]
+    assert all(abs(on_disk[f"{s}.calibrated_prediction_error"]) < 0.01 for s in STRATEGIES)
+    assert metrics["sorted.target_reference_ratio"] == pytest.approx(1.08)  # a diagnostic, not a user metric
+    assert "sorted.target_reference_ratio" not in on_disk
+    report = (out / "report.md").read_text()
+    assert "## Drift calibration" in report and "| 1.080 |" in report
+    assert f"measured on one machine: {machine.describe(MACHINE)}" in report
+
+
+def test_a_run_from_another_machine_is_refused_naming_what_to_rerun(stage_inputs, tmp_path):
+    root, params = stage_inputs
+    other = json.loads(json.dumps(MACHINE))
+    other["versions"]["torch"] = "2.11.0"  # only a library version differs: another machine all the same
+    other["id"] = machine.machine_id(other)
+    assert other["id"] != MACHINE["id"]
+    _runs_variant(root, tmp_path, params)
+    summary = json.loads((tmp_path / "train" / "random" / "summary.json").read_text())
+    (tmp_path / "train" / "random" / "summary.json").write_text(json.dumps({**summary, "machine": other}))
+    with pytest.raises(ValueError) as err:
+        _run(tmp_path, params)
+    msg = str(err.value)
+    assert f"the run of random on machine {other['id']} (versions.torch: '{MACHINE['versions']['torch']}' -> " \
+           "'2.11.0')" in msg
+    # this machine measured the profile and the other runs: rerun only random, here
+    assert f"this machine is {MACHINE['id']}" in msg
+    assert msg.endswith("snakemake --cores all --forcerun results/train/random/summary.json (DVC: dvc repro "
+                        "--force --single-item train-random, then dvc repro)")
+
+
+def test_a_profile_from_another_machine_or_results_without_a_fingerprint_are_refused(stage_inputs, tmp_path):
+    root, params = stage_inputs
+    rows = _grid(params)
+    other = {**MACHINE, "cpu": {**MACHINE["cpu"], "model": "another CPU"}}
+    other["id"] = machine.machine_id(other)
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    _variant(root, tmp_path / "a", _grid_file(rows, machine_fp=other))
+    (tmp_path / "a" / "train").symlink_to(root / "train")
+    with pytest.raises(ValueError, match=r"profile grid on machine .*cpu.model: 'another CPU' -> .*rerun here "
+                                         r"what was measured elsewhere: snakemake --cores all --forcerun profile"):
+        _run(tmp_path / "a", params)
+    # a grid.json of an older lenbatch (a bare list: no machine, no reference) is refused, not guessed
+    _variant(root, tmp_path / "b", {"points": rows})
+    (tmp_path / "b" / "profile" / "grid.json").write_text(json.dumps(rows))
+    (tmp_path / "b" / "train").symlink_to(root / "train")
+    with pytest.raises(ValueError, match=r"the profile grid record no machine fingerprint.*forcerun profile"):
+        _run(tmp_path / "b", params)
+    # runs of an older lenbatch: no fingerprint
+    _runs_variant(root, tmp_path / "c", params, machine_fp=None)
+    with pytest.raises(ValueError, match=r"the runs of sorted, random, bucketed, sortish, packed record no machine "
+                                         r"fingerprint.*dvc repro --force --single-item train-sorted train-random"):
+        _run(tmp_path / "c", params)
+
+
+def test_a_run_without_a_reference_step_is_refused(stage_inputs, tmp_path):
+    root, params = stage_inputs
+    _runs_variant(root, tmp_path, params)
+    path = tmp_path / "train" / "packed" / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "reference": None}))
+    with pytest.raises(ValueError, match=r"the run of packed records no reference step.*forcerun "
+                                         r"results/train/packed/summary.json"):
+        _run(tmp_path, params)
+
+
+def test_the_report_carries_the_study_replay(stage_inputs, tmp_path):
+    """The section is rendered from the replay's numbers (a 20,000-length seed profile here: ~1 s)."""
+    from lenbatch.analysis import study_replay as sr
+
+    root, params = stage_inputs
+    result = dataclasses.replace(_run(root, params), study_replay=sr.replay(samples=20_000))
+    write_outputs(result, tmp_path, params=params)
+    report = (tmp_path / "report.md").read_text()
+    rows = {r["name"]: r for r in result.study_replay["rows"]}
+    assert "## The study's own table, replayed" in report
+    b = rows["bucketed (study edges)"]
+    assert f"| bucketed (study edges) | {b['steps_per_rank']:,} | {100 * b['padding_efficiency']:.1f}% |" in report
+    assert report.index("## Drift calibration") < report.index("## The study's own table") < report.index("## Plots")

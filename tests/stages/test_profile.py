@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 from lenbatch.core.config import load_params
+from lenbatch.core import machine
 from lenbatch.core.cpu import grid_cpu_share
 from lenbatch.pipeline.artifacts import profile_grid
+from lenbatch.runtime import reference
 from lenbatch.stages.profile import grid_points, time_point
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,8 +79,17 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path, concurrent):
     proc = subprocess.run([sys.executable, "-m", "lenbatch", "profile", "--params", str(REPO / "params.yaml"),
                            str(over), "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads((out / "grid.json").read_text())
+    grid = json.loads((out / "grid.json").read_text())
+    rows = grid["points"]
     params = load_params(REPO / "params.yaml", over)
+    # where it was timed, and the reference step (both roles, at the start and the end) compare calibrates by
+    assert grid["machine"]["id"] == machine.fingerprint()["id"] and grid["machine"]["threads"] == 1
+    ref = grid["reference"]
+    assert ref["shape"] == reference.reference_shape(params) == {"kind": "padded", "sequences": 1, "length": 128}
+    for role in ("target", "drafter"):
+        assert len(ref[role]["start"]) == len(ref[role]["end"]) == reference.REPEATS
+        assert min(ref[role]["start"] + ref[role]["end"]) > 0
+    assert ref["seconds"] >= sum(sum(ref[r]["start"]) + sum(ref[r]["end"]) for r in ("target", "drafter"))
     assert [(r["kind"], r["sequences"], r["length"]) for r in rows] == grid_points(params)
     assert {r["kind"] for r in rows} == {"padded", "packed"}
     for r in rows:
@@ -118,6 +129,6 @@ def test_profile_skips_repeating_points_that_took_long_enough(tmp_path):
                    model={"vocab_size": 1024}, train={"nproc": 1},
                    profile={"batch_sizes": [1, 2], "lengths": [64], "packed_seqs": [2], "packed_lengths": [128],
                             "repeats": 3, "warmup": 1, "max_point_seconds": 1e-6})
-    rows = profile(load_params(REPO / "params.yaml", over), device="cpu")
+    rows = profile(load_params(REPO / "params.yaml", over), device="cpu")["points"]
     assert rows and all(len(r["target_seconds_all"]) == 1 and len(r["drafter_seconds_all"]) == 1 for r in rows)
     assert all("target_busy_seconds_all" not in r for r in rows)  # one process: alone only

@@ -64,6 +64,10 @@ def test_every_output_is_written_and_sane(stage):
     assert quality_result.read_quality(out, STRATEGIES) == result  # compare's reader takes the real output
     png = qr.write_plot(result, stage["root"] / "quality.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # the machine its timings were taken on (lenbatch.core.machine), with the stage's own threads
+    from lenbatch.core.machine import fingerprint
+
+    assert result["machine"]["id"] == fingerprint()["id"] and result["machine"]["threads"] == result["timing"]["threads"]
     assert result["strategies"] == STRATEGIES
     runs = result["runs"]
     assert len(runs) == 2 * len(STRATEGIES)

@@ -17,9 +17,11 @@ import yaml
 
 import lenbatch as lb
 from lenbatch.cli import main
+from lenbatch.core import machine
 from lenbatch.core.config import load_params
 from lenbatch.batching.schedule import build_schedule
 from lenbatch.pipeline.artifacts import train_runs
+from lenbatch.runtime import reference
 
 from _tiny import ENV, TINY_DATA, TINY_MODEL
 
@@ -36,11 +38,15 @@ TINY = {
 }
 
 
+TINY_PATH: list = []  # the module's params file (written by the setup fixture)
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     params = root / "tiny.yaml"
     params.write_text(yaml.safe_dump(TINY))
+    TINY_PATH[:] = [params]
     data = root / "tok"
     subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", "params.yaml", str(params),
                     "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
@@ -124,6 +130,18 @@ def test_two_process_torchrun_run_of_each_strategy(setup, strategy):
     (setup["root"] / "by_strategy").mkdir(exist_ok=True)
     (setup["root"] / "by_strategy" / strategy).symlink_to(out)
     assert train_runs.read_run(setup["root"] / "by_strategy", strategy) == {"summary": summary, "steps": steps}
+    # where it ran, and the reference step: target rank 0's and the drafter rank's, before and after the steps
+    assert summary["machine"]["id"] == machine.fingerprint()["id"] and summary["machine"]["threads"] == 1
+    _check_reference(summary["reference"])
+
+
+def _check_reference(ref):
+    params = load_params("params.yaml", str(TINY_PATH[0]))
+    assert ref["shape"] == reference.reference_shape(params)
+    for role in ("target", "drafter"):
+        assert len(ref[role]["start"]) == len(ref[role]["end"]) == reference.REPEATS
+        assert min(ref[role]["start"] + ref[role]["end"]) > 0 and len(ref[role]["end_cpu"]) == reference.REPEATS
+    assert ref["seconds"] >= sum(sum(ref[r]["start"]) + sum(ref[r]["end"]) for r in ("target", "drafter"))
 
 
 def test_single_process_trains_the_same_batches_and_losses_as_the_pipeline(setup):
@@ -132,6 +150,7 @@ def test_single_process_trains_the_same_batches_and_losses_as_the_pipeline(setup
     rc = main(_train_args(setup, "sorted", out, "--params-json", '{"train": {"nproc": 1}}'))
     assert rc == 0
     single = _steps(out)
+    _check_reference(json.loads((out / "summary.json").read_text())["reference"])  # one process times both
     assert [s["batch_hash"] for s in single] == [s["batch_hash"] for s in ref]
     assert np.allclose([s["loss"] for s in single], [s["loss"] for s in ref], atol=1e-6, rtol=0)
     assert all(s["queue_wait_s"] == 0 for s in single)

@@ -4,8 +4,11 @@
 :mod:`lenbatch.stages.compare` predicts (pure function of the stage inputs) and builds the result; this
 module only renders it, so a report change never touches a prediction. The study's own figures the
 prose compares with are named constants (:data:`STUDY_NUM_BUCKETS`, :data:`STUDY_PADDING_RATIO`,
-:data:`STUDY_MEASURED_RATIO`), and the model-selection rule's numbers come from
-:mod:`lenbatch.analysis.stepmodel`. Cost: O(strategies + K sweep) plus three matplotlib figures.
+:data:`STUDY_MEASURED_RATIO`, defined in :mod:`lenbatch.analysis.study_replay`), and the model-selection
+rule's numbers come from :mod:`lenbatch.analysis.stepmodel`. The report states the machine profile and runs
+were measured on (:mod:`lenbatch.core.machine`), the raw and the calibrated prediction side by side
+(:func:`calibration_section`) and, when the result carries it, the study's setting replayed
+(:func:`lenbatch.analysis.study_replay.section`). Cost: O(strategies + K sweep) plus three matplotlib figures.
 """
 
 from __future__ import annotations
@@ -20,14 +23,16 @@ import numpy as np
 
 from lenbatch.analysis import quality_report as qr
 from lenbatch.analysis import stepmodel as sm
+from lenbatch.analysis import study_replay
+from lenbatch.core import machine
 from lenbatch.core.config import Params, write_resolved
 from lenbatch.core.cpu import CPU_SHARE_WARN
 
 # The study this project re-examines: it used K = 6 length buckets, predicted bucketed at 86.8% of
-# sorted's throughput from padding efficiency alone, and measured 78%.
-STUDY_NUM_BUCKETS = 6
-STUDY_PADDING_RATIO = 0.868
-STUDY_MEASURED_RATIO = 0.78
+# sorted's throughput from padding efficiency alone, and measured 78% (one definition, with the replay's).
+STUDY_NUM_BUCKETS = study_replay.STUDY_NUM_BUCKETS
+STUDY_PADDING_RATIO = study_replay.STUDY_PREDICTED_EFFICIENCY
+STUDY_MEASURED_RATIO = study_replay.STUDY_MEASURED["bucketed"]["ratio"][0]
 
 
 @dataclass
@@ -58,6 +63,15 @@ class StrategyRow:
     ratio_to_sorted_predicted: float = math.nan
     ratio_to_sorted_padding: float = math.nan
     predicted_epoch_ratio_to_sorted: float = math.nan  # whole epoch 0, the steady state
+    # drift calibration (lenbatch.analysis.calibration): the prediction with each role's step times x its
+    # reference ratio (run's reference step / profile's), its error, and how far the run's reference moved
+    calibrated_tok_s: float = math.nan
+    calibrated_prediction_error: float = math.nan  # calibrated / measured - 1
+    target_reference_ratio: float = math.nan
+    drafter_reference_ratio: float = math.nan
+    target_reference_drift: float = math.nan     # end / start of the run's reference - 1
+    drafter_reference_drift: float = math.nan
+    reference_seconds: float = math.nan          # wall seconds the run spent on its reference step
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,11 @@ class CompareResult:
     stats: dict[str, Any]
     quality: Any
     recommendation: Recommendation
+    machine: Optional[dict[str, Any]] = None     # the fingerprint profile and runs share (lenbatch.core.machine)
+    reference_shape: Optional[dict[str, Any]] = None
+    profile_reference_drift: Optional[dict[str, float]] = None
+    profile_reference_seconds: float = math.nan
+    study_replay: Optional[dict[str, Any]] = None  # lenbatch.analysis.study_replay.replay(), when computed
 
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -109,7 +128,9 @@ METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_eff
                "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
                "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "steps",
                "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted",
-               "target_cpu_share", "drafter_cpu_share")
+               "target_cpu_share", "drafter_cpu_share", "calibrated_tok_s", "calibrated_prediction_error",
+               "target_reference_ratio", "drafter_reference_ratio", "target_reference_drift",
+               "drafter_reference_drift")
 
 
 def _num(x: float) -> float | None:
@@ -121,17 +142,19 @@ def _num(x: float) -> float | None:
 # the recommendation. Everything else (fit errors, CPU shares, step ratios, the K sweep) is a
 # diagnostic and goes to ``diagnostics.json``, so ``dvc exp show --only-changed`` stays readable.
 USER_METRIC_KEYS = ("measured_efficiency", "predicted_tok_s", "measured_tok_s", "prediction_error",
-                    "composition_repeat", "length_mixing",
+                    "calibrated_prediction_error", "composition_repeat", "length_mixing",
                     # the quality stage's held-out loss at equal useful tokens, mean and 95% interval over seeds
                     "heldout_loss.mean", "heldout_loss.lo", "heldout_loss.hi")
-USER_SUMMARY_KEYS = ("max_abs_prediction_error", "recommended.num_buckets", "recommended.strategy")
+# (the largest calibrated error and the reference ratios stay diagnostics: a K experiment changes one strategy's
+# calibrated error, and `dvc exp show --only-changed` must stay a few columns wide)
+USER_SUMMARY_KEYS = ("max_abs_prediction_error", "recommended.num_buckets", "recommended.strategy", "machine.id")
 
 
 def user_metrics(flat: dict[str, Any]) -> dict[str, Any]:
     """The subset of :func:`flat_metrics` written to ``metrics.json`` (see ``USER_METRIC_KEYS``)."""
     keep = set(USER_SUMMARY_KEYS)
     return {k: v for k, v in flat.items() if k in keep or k.partition(".")[2] in USER_METRIC_KEYS
-            and k.partition(".")[0] not in ("fit", "profile", "recommended")}
+            and k.partition(".")[0] not in ("fit", "profile", "recommended", "machine")}
 
 
 def flat_metrics(result: CompareResult) -> dict[str, Any]:
@@ -148,6 +171,11 @@ def flat_metrics(result: CompareResult) -> dict[str, Any]:
     for role, v in result.profile_cpu_share.items():
         out[f"profile.{role}_cpu_share"] = _num(v)
     out["max_abs_prediction_error"] = _num(max(abs(r.prediction_error) for r in result.rows.values()))
+    out["max_abs_calibrated_prediction_error"] = _num(max(abs(r.calibrated_prediction_error)
+                                                          for r in result.rows.values()))
+    for role, v in (result.profile_reference_drift or {}).items():
+        out[f"profile.{role}_reference_drift"] = _num(v)
+    out["machine.id"] = (result.machine or {}).get("id")
     for e in result.sweep:
         out[f"bucketed_k{e['num_buckets']}.predicted_ratio_to_sorted"] = _num(e["predicted_ratio_to_sorted"])
     rec = result.recommendation
@@ -357,7 +385,12 @@ def busy_machine(result: CompareResult) -> list[str]:
 
 
 def noise_paragraph(result: CompareResult) -> str:
-    """Was the machine quiet while profiling and training? (Tells noise from model error.)"""
+    """Where it was measured, and was the machine quiet while profiling and training? (Tells noise from
+    model error.)"""
+    return machine_sentence(result) + " " + _quiet_paragraph(result)
+
+
+def _quiet_paragraph(result: CompareResult) -> str:
     prof = result.profile_cpu_share
     runs = [getattr(r, f"{role}_cpu_share") for r in result.rows.values() for role in ("target", "drafter")]
     runs = [x for x in runs if not math.isnan(x)]
@@ -375,6 +408,46 @@ def noise_paragraph(result: CompareResult) -> str:
             "the errors above are the step-time model's and the run-to-run noise's, not other work's.")
 
 
+def _signed(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:+.1f}%"
+
+
+def machine_sentence(result: CompareResult) -> str:
+    """Where the profile and the runs were measured (compare refuses them unless it is one machine)."""
+    if not result.machine:
+        return "The machine the profile and the runs were measured on is not recorded."
+    return (f"The profile and all {len(result.rows)} runs were measured on one machine: "
+            f"{machine.describe(result.machine)}.")
+
+
+def calibration_section(result: CompareResult) -> str:
+    """Raw and calibrated prediction side by side, with the reference ratios they differ by."""
+    rows = result.rows
+    shape = result.reference_shape or {}
+    drift = result.profile_reference_drift or {}
+    run_s = [r.reference_seconds for r in rows.values() if not math.isnan(r.reference_seconds)]
+    lines = ["## Drift calibration", "",
+             f"The profile and every run timed one reference step ({shape.get('sequences')} x {shape.get('length')} "
+             "padded tokens: the target's forward and the drafter's forward and backward, each alone) at their "
+             "start and end. The calibrated prediction multiplies each role's predicted step times by the run's "
+             "reference ratio (run / profile, the mean of the start and end medians): above 1 the machine was "
+             "slower during the run than during the profile. Where the reference ratio is close to the measured / "
+             "predicted step ratio, the drift explains the raw error. Within the profile the reference moved by "
+             f"{_signed(drift.get('target'))} (target) and {_signed(drift.get('drafter'))} (drafter), end against "
+             "start.", "",
+             "| strategy | predicted tok/s | error | calibrated tok/s | calibrated error | target reference ratio | "
+             "target step ratio | drafter reference ratio | drafter step ratio | reference drift in the run "
+             "(target, drafter) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s, r in rows.items():
+        lines.append(f"| {s} | {r.predicted_tok_s:,.0f} | {_signed(r.prediction_error)} | {r.calibrated_tok_s:,.0f} | "
+                     f"{_signed(r.calibrated_prediction_error)} | {r.target_reference_ratio:.3f} | "
+                     f"{r.target_step_ratio:.3f} | {r.drafter_reference_ratio:.3f} | {r.drafter_step_ratio:.3f} | "
+                     f"{_signed(r.target_reference_drift)}, {_signed(r.drafter_reference_drift)} |")
+    cost = (f"The reference step took {result.profile_reference_seconds:.1f} s of the profile and "
+            f"{min(run_s):.1f}-{max(run_s):.1f} s of each run, outside the measured steps." if run_s else "")
+    return "\n".join(lines + ["", cost])
+
+
 def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
     rows = result.rows
     lines = ["# Batching strategies: predicted vs measured", "", "## Answer", "",
@@ -389,12 +462,13 @@ def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
     lines += ["", "(throughput relative to sorted as each term of the step-time model is added)", "",
               "## Every strategy", "",
               "| strategy | padding model eff. | simulated eff. | predicted tok/s | measured tok/s | error | "
-              "ratio to sorted (meas.) | composition repeat | length mixing | held-out loss at equal tokens [95%] |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "calibrated error | ratio to sorted (meas.) | composition repeat | length mixing | "
+              "held-out loss at equal tokens [95%] |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s, r in rows.items():
         lines.append(f"| {s} | {_pct(r.padding_model_efficiency)} | {_pct(r.simulated_efficiency)} | "
                      f"{r.predicted_tok_s:,.0f} | {r.measured_tok_s:,.0f} | "
-                     f"{100 * r.prediction_error:+.1f}% | "
+                     f"{100 * r.prediction_error:+.1f}% | {_signed(r.calibrated_prediction_error)} | "
                      f"{_pct(r.ratio_to_sorted_measured)} | {r.composition_repeat:.3f} | "
                      f"{r.length_mixing:.3f} | {qr.loss_cell(result.quality, s)} |")
     lines += ["", "Where the prediction error comes from: measured / predicted step seconds of each role "
@@ -406,7 +480,7 @@ def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
         lines.append(f"| {s} | {r.target_step_ratio:.2f} | {r.drafter_step_ratio:.2f} | "
                      f"{100 * r.pipeline_error:+.1f}% | {_pct(r.target_cpu_share)} | "
                      f"{_pct(r.drafter_cpu_share)} |")
-    lines += ["", noise_paragraph(result)]
+    lines += ["", noise_paragraph(result), "", calibration_section(result)]
     if result.quality:
         lines += ["", qr.section(result.quality, tok_s=_tok_s(result))]
     lines += ["", "## Step-time model", "",
@@ -436,6 +510,8 @@ def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
         lines.append(f"| {e['num_buckets']} | {_pct(e['simulated_efficiency'])} | "
                      f"{_pct(e['predicted_ratio_to_sorted'])} | {e['composition_repeat']:.3f} | "
                      f"{e['length_mixing']:.3f} |")
+    if result.study_replay is not None:
+        lines += ["", study_replay.section(result.study_replay)]
     lines += ["", "## Plots", "", "![length histogram](histogram.png)", "",
               "![predicted vs measured](throughput.png)", "", "![frontier](frontier.png)", ""]
     path = out / "report.md"

@@ -89,6 +89,12 @@ def _plots_flags(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: _stage("plots").run(revisions=args.revisions, out=args.out))
 
 
+def _machine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="results/machine", help="output folder (machine.json)")
+    parser.add_argument("--show", action="store_true", help="also print the fingerprint as JSON")
+    parser.set_defaults(func=lambda args: _stage("machine").run(out=args.out, show=args.show))
+
+
 def _params_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     what = parser.add_mutually_exclusive_group()
@@ -194,7 +200,11 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _plans_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
-    add_lengths_arguments(parser)
+    add_lengths_arguments(parser, required=False)
+    parser.add_argument("--study-replay", action="store_true",
+                        help="replay the study's own setting (seed profile, budget 49,152, 7 ranks, its edges and "
+                             "dp edges) beside what it measured: OUT/replay.json and replay.md (ignores the "
+                             "lengths and batching flags)")
     parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
     parser.add_argument("--strategies", nargs="+", choices=_strategies(), default=None,
                         help="strategies to simulate (default: all; bucketed only with --boundaries)")
@@ -213,8 +223,21 @@ def _plans(args: argparse.Namespace) -> int:
     if args.epochs is not None:
         overrides["plans"] = {"epochs": args.epochs}
     params = load_params(*args.params, overrides=overrides or None)
+    if not (args.study_replay or args.lengths or args.seed_profile):
+        raise ValueError("give the lengths to plan: --lengths FILE.npy or --seed-profile (or --study-replay)")
+    if args.study_replay:  # the study's setting, whatever the params: its own stage module
+        return _stage("study-replay").run(out=args.out, samples=args.seed_profile_size)
     return _stage("plans").run(params=params, out=args.out, boundaries=args.boundaries, strategies=args.strategies,
                                world_size=args.world_size, **_lengths_input(args))
+
+
+def _study_replay_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.batching.lengths import SEED_COUNT
+
+    parser.add_argument("--seed-profile-size", type=int, default=SEED_COUNT, metavar="N",
+                        help="samples in the generated seed profile (count; the study had 902,087)")
+    parser.add_argument("--out", required=True, help="output directory: replay.json, replay.md")
+    parser.set_defaults(func=lambda args: _stage("study-replay").run(out=args.out, samples=args.seed_profile_size))
 
 
 # --------------------------------------------------------------------------- tokenize, quality

@@ -95,8 +95,12 @@ class Recorder:
         return self.sha.hexdigest()
 
     def summary(self, *, params: Params, strategy: str, warmup: int, world_size: int,
-                target_ranks: int, resumed_from: Optional[int], total_steps: int) -> dict[str, Any]:
-        """Post-warm-up pipeline throughput of this session + whole-run padding efficiency and loss curve."""
+                target_ranks: int, resumed_from: Optional[int], total_steps: int,
+                machine: Optional[dict[str, Any]] = None, reference: Optional[dict[str, Any]] = None
+                ) -> dict[str, Any]:
+        """Post-warm-up pipeline throughput of this session + whole-run padding efficiency and loss curve;
+        ``machine``: the fingerprint of the measuring machine (:mod:`lenbatch.core.machine`); ``reference``:
+        this session's reference step (:mod:`lenbatch.runtime.reference`), both recorded as given."""
         rows, session = self.rows, self.rows[self.session_start:]
         measured = session[warmup:]
         t0 = session[warmup - 1]["t"] if 0 < warmup <= len(session) else 0.0  # "t": seconds since session start
@@ -136,6 +140,8 @@ class Recorder:
             "final_loss_steps": len(tail),
             "sequences_without_anchor": int(sum(r.get("sequences_without_anchor", 0) for r in rows)),
             "resumed_from_step": resumed_from,
+            "machine": machine,
+            "reference": reference,
             "params": params.to_dict(),
         }
 

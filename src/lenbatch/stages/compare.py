@@ -3,10 +3,14 @@
 For every strategy the stage reports the padding model's efficiency, the simulated
 plan's efficiency, the throughput predicted by the step-time model (fitted on the
 profile grid, never on the run it predicts) and the measured one, the prediction
-error, the ratio to ``sorted``, both diversity measures and, from the quality stage, the
-drafter's held-out loss at equal useful tokens and per second (95% intervals over seeds;
-rendered by :mod:`lenbatch.analysis.quality_report`). It also predicts ``bucketed`` for every K of
-the boundary sweep and recommends a strategy and K.
+error, the calibrated prediction and its error (the profile rescaled by the run's own
+reference-step ratio, :mod:`lenbatch.analysis.calibration`), the ratio to ``sorted``, both
+diversity measures and, from the quality stage, the drafter's held-out loss at equal useful
+tokens and per second (95% intervals over seeds; rendered by :mod:`lenbatch.analysis.quality_report`).
+It also predicts ``bucketed`` for every K of the boundary sweep, recommends a strategy and K, and
+replays the study's own setting (:mod:`lenbatch.analysis.study_replay`). The profile and every run
+must come from one machine (:func:`lenbatch.analysis.provenance.check_one_machine`): results
+without a machine fingerprint, or from two machines, are refused with the rerun that fixes them.
 
 Outputs (``--out``): ``metrics.json`` (what users compare, flat keys for ``dvc metrics diff``),
 ``diagnostics.json`` (every flat key, fit errors and CPU shares included),
@@ -24,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from lenbatch.analysis import calibration, provenance
 from lenbatch.analysis import shapes
+from lenbatch.analysis import study_replay as sr
 from lenbatch.analysis import stepmodel as sm
 from lenbatch.core import cpu
 from lenbatch.core.config import Params
@@ -108,7 +114,8 @@ def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
 
 def fit_profile(profile_dir: Path, params: Params) -> dict:
     """Fit target and drafter step-time models on the profile grid (held-out model choice)."""
-    rows = profile_grid.read_grid(profile_dir)
+    grid = profile_grid.read_grid_document(profile_dir)
+    rows = grid["points"]
     resolved = profile_grid.read_profile_params(profile_dir)
     if resolved is not None:
         diff = params_mismatch(resolved, params.to_dict(), PROFILE_KEYS)
@@ -128,7 +135,7 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
         best, cands = sm.select_model(cols, secs, role=role, candidates=sm.CANDIDATES[base],
                                       holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
         fits[role] = {"best": best, "candidates": cands}
-    return {"rows": rows, "fits": fits}
+    return {"rows": rows, "fits": fits, "machine": grid["machine"], "reference": grid["reference"]}
 
 
 # --------------------------------------------------------------------------- prediction
@@ -193,27 +200,33 @@ def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, ki
                                                                   np.array([w[1] for w in work], dtype=float)))
 
 
-def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int) -> dict:
+def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int,
+                  scale: dict[str, float] | None = None) -> dict:
     """Predicted step times, pipelined run time and useful tokens/s of a run's shape table.
 
     One process: the target and drafter steps add up (timed alone). Pipelined, by
     ``compare.contention`` when the grid has busy timings (else alone): busy times, alone
     times, or each step blended between the two by how much the other role works during it
-    (:func:`lenbatch.analysis.stepmodel.blended_pipeline`).
+    (:func:`lenbatch.analysis.stepmodel.blended_pipeline`). ``scale``: each role's step times
+    (alone and busy) multiplied by its reference ratio (the calibrated prediction,
+    :mod:`lenbatch.analysis.calibration`); None: the raw prediction.
     """
-    target = fits["target"]["best"].predict(cols)
-    drafter = fits["drafter"]["best"].predict(cols)
+    def predict(role: str) -> np.ndarray:
+        return fits[role]["best"].predict(cols) * (scale or {}).get(role.removesuffix("_busy"), 1.0)
+
+    target = predict("target")
+    drafter = predict("drafter")
     mode = params.compare.contention if "target_busy" in fits else "alone"
     if params.train.nproc == 1:
         ends = sm.pipeline_ends(target + drafter)
     elif mode == "blend":
-        tl = sm.blended_pipeline(target, fits["target_busy"]["best"].predict(cols), drafter,
-                                 fits["drafter_busy"]["best"].predict(cols), queue_size=params.train.queue_size,
+        tl = sm.blended_pipeline(target, predict("target_busy"), drafter,
+                                 predict("drafter_busy"), queue_size=params.train.queue_size,
                                  target_ranks=target_ranks, ack_every=ACK_EVERY)
         target, drafter, ends = tl["target_s"], tl["drafter_s"], tl["end"]
     else:
         if mode == "busy":
-            target, drafter = (fits[f"{r}_busy"]["best"].predict(cols) for r in ("target", "drafter"))
+            target, drafter = (predict(f"{r}_busy") for r in ("target", "drafter"))
         ends = sm.pipeline_ends(target, drafter, queue_size=params.train.queue_size, target_ranks=target_ranks,
                                 ack_every=ACK_EVERY)
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
@@ -269,10 +282,13 @@ def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], to
 
 
 def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir: Path, profile_dir: Path,
-            train_dir: Path, data_dir: Path, quality_dir: Path | None = None) -> CompareResult:
+            train_dir: Path, data_dir: Path, quality_dir: Path | None = None,
+            study_replay: bool = False) -> CompareResult:
     """Everything the report, metrics and plots show (pure function of the stage inputs).
 
-    ``quality_dir``: the quality stage's output (held-out loss intervals); None leaves it out."""
+    ``quality_dir``: the quality stage's output (held-out loss intervals); None leaves it out.
+    ``study_replay``: also replay the study's setting (:mod:`lenbatch.analysis.study_replay`, ~8 s; the
+    stage always does)."""
     strategies = list(params.train.strategies)
     if "sorted" not in strategies:
         raise ValueError("train.strategies lacks 'sorted', the baseline every ratio is taken to; add it and rerun: "
@@ -291,6 +307,8 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
     fits = profile["fits"]
     target_ranks = max(params.train.nproc - 1, 1)
     edges = tuple(int(e) for e in bounds["edges"])
+    runs = {s: load_run(train_dir, s, params) for s in strategies}
+    where = provenance.check_one_machine(profile["machine"], {s: r["summary"].get("machine") for s, r in runs.items()})
 
     rows: dict[str, StrategyRow] = {}
     comp: dict[str, dict[str, float]] = {}
@@ -298,7 +316,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
     busy_terms = params.train.nproc > 1 and params.compare.contention == "busy" and "target_busy" in fits
     term_fits = {r: fits[f"{r}_busy" if busy_terms else r] for r in ("target", "drafter")}
     for s in strategies:
-        run = load_run(train_dir, s, params)
+        run = runs[s]
         summary, steps = run["summary"], run["steps"]
         trained = _trained_useful_per_step(steps)
         steps_plan = planned_batches(lengths, params, s, edges, steps=len(trained), target_ranks=target_ranks)
@@ -309,8 +327,10 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             raise ValueError(f"strategy {s}: step {bad} trained {trained[bad]} useful tokens but the current plan "
                              f"gives {planned[bad]} (the run was planned with other data or params); rerun: "
                              f"snakemake results/train/{s}/summary.json")
-        pred = predict_steps(step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks),
-                             fits=fits, params=params, target_ranks=target_ranks)
+        cols = step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks)
+        pred = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks)
+        ratio = provenance.reference_ratios(summary.get("reference"), profile["reference"], strategy=s)
+        calibrated = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, scale=ratio)
         comp[s] = components(pred, term_fits, warmup_steps=params.train.warmup_steps)
         measured = float(summary["useful_tokens_per_s"])
         pm = plans[s]
@@ -332,6 +352,12 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             mean_drafter_s=float(pred["drafter_s"].mean()),
             loss_curve=loss_curve(steps),
             **diagnose(steps, pred, params=params, target_ranks=target_ranks, measured=measured),
+            calibrated_tok_s=calibrated["tok_s"],
+            calibrated_prediction_error=calibrated["tok_s"] / measured - 1.0,
+            target_reference_ratio=ratio["target"], drafter_reference_ratio=ratio["drafter"],
+            target_reference_drift=calibration.drift(summary["reference"], "target"),
+            drafter_reference_drift=calibration.drift(summary["reference"], "drafter"),
+            reference_seconds=float(summary["reference"].get("seconds", float("nan"))),
         )
     ref = rows["sorted"]
     for s, r in rows.items():
@@ -347,12 +373,17 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         r.predicted_epoch_ratio_to_sorted = (
             epoch_tok_s(lengths, params, s, edges, fits=fits, target_ranks=target_ranks)
             / epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks))
+    pref = profile["reference"]
     return CompareResult(rows=rows, components=comp, ladder=ladder, sweep=ksweep, fits=fits,
                          exact_drafter_work=masks.available, grid_points=len(profile["rows"]), edges=edges,
                          profile_cpu_share=cpu.grid_cpu_share(profile["rows"], threads=params.train.threads),
                          threads=params.train.threads, num_buckets=int(bounds["num_buckets"]),
                          histogram=histogram, stats=stats, quality=quality,
-                         recommendation=recommend(rows, ksweep, params=params))
+                         recommendation=recommend(rows, ksweep, params=params), machine=where,
+                         reference_shape=pref["shape"],
+                         profile_reference_drift={r: calibration.drift(pref, r) for r in ("target", "drafter")},
+                         profile_reference_seconds=float(pref.get("seconds", float("nan"))),
+                         study_replay=sr.replay(log=log) if study_replay else None)
 
 
 def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int, measured: float) -> dict:
@@ -465,13 +496,17 @@ def run(*, params: Params, stats: Path, boundaries: Path, plans: Path, profile: 
     into ``out`` (:func:`lenbatch.analysis.report.write_outputs`). Returns the exit code."""
     result = compare(params=params, stats_dir=Path(stats), boundaries_dir=Path(boundaries),
                      plans_dir=Path(plans), profile_dir=Path(profile), train_dir=Path(train),
-                     data_dir=Path(data), quality_dir=Path(quality))
+                     data_dir=Path(data), quality_dir=Path(quality), study_replay=True)
     metrics = write_outputs(result, Path(out), params=params)
     for s, r in result.rows.items():
-        log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%", s, r.predicted_tok_s,
-                 r.measured_tok_s, 100 * r.prediction_error)
-    log.info("recommended: %s, K = %s; max |error| %.1f%%; wrote %s", metrics["recommended.strategy"],
-             metrics["recommended.num_buckets"], 100 * metrics["max_abs_prediction_error"], out)
+        log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%  calibrated %8.0f tok/s "
+                 "error %+5.1f%% (reference ratio target %.3f, drafter %.3f)", s, r.predicted_tok_s,
+                 r.measured_tok_s, 100 * r.prediction_error, r.calibrated_tok_s, 100 * r.calibrated_prediction_error,
+                 r.target_reference_ratio, r.drafter_reference_ratio)
+    log.info("recommended: %s, K = %s; max |error| %.1f%% (calibrated %.1f%%) on machine %s; wrote %s",
+             metrics["recommended.strategy"], metrics["recommended.num_buckets"],
+             100 * metrics["max_abs_prediction_error"], 100 * metrics["max_abs_calibrated_prediction_error"],
+             metrics["machine.id"], out)
     low = busy_machine(result)
     if low:
         log.warning("busy machine: %s of its cores; prediction errors mix other work with model error. Rerun on a "

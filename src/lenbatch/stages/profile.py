@@ -27,8 +27,13 @@ Target and drafter are timed on the same model, threads and device as training
 Each row also keeps the process CPU seconds of every timed step: a step that got much less
 than its cores (:func:`lenbatch.core.cpu.cpu_share`) was slowed by other work on the machine.
 
+``grid.json`` is ``{"machine": the fingerprint of the machine that timed it
+(:mod:`lenbatch.core.machine`), "reference": the reference step timed before the first pass and after
+the last, each role alone (:mod:`lenbatch.runtime.reference`; compare rescales the grid by it), "points":
+one row per grid point}``.
+
 Cost: (warmup + repeats) passes x grid points x (target + drafter + max of the two);
-about 90 s for the CPU default's 20 points.
+about 90 s for the CPU default's 20 points, plus the reference step's few seconds.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from lenbatch.core.log import get_logger
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.analysis.shapes import batch_columns, drafter_work, grid_shape
 from lenbatch.core.cpu import CPU_SHARE_WARN, grid_cpu_share
+from lenbatch.core.machine import fingerprint
 
 log = get_logger("profile")
 
@@ -158,6 +164,7 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     """
     import torch
 
+    from lenbatch.runtime import reference
     from lenbatch.runtime.runner import StepRunner, configure_process
 
     configure_process(params)
@@ -177,6 +184,8 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
         batches.append((batch, feats))
     out = [{"alone": [], "alone_cpu": [], "busy": [], "busy_cpu": [], "steps": []} for _ in pts]
     passes = _passes(params)
+    # the reference step, each role alone in turn (lenbatch.runtime.reference)
+    ref_start, ref_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
     t0, pair = time.perf_counter(), 0
     for p, timed in enumerate(passes):
         for i, (batch, feats) in enumerate(batches):
@@ -205,11 +214,15 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
         if role == "drafter":
             log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
                      "timed" if timed else "warm-up", len(pts), time.perf_counter() - t0)
-    queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out]))
+    ref_end, end_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
+    ref = (ref_start, ref_end, ref_s + end_s)
+    queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out], ref))
 
 
-def profile(params: Params, *, device: str = "cpu") -> list[dict]:
-    """Time every grid point; one dict per point (see module docstring). Cost: see module docstring.
+def profile(params: Params, *, device: str = "cpu") -> dict:
+    """Time every grid point: ``{"machine": fingerprint, "reference": the reference step's record
+    (:mod:`lenbatch.runtime.reference`), "points": one dict per point (see module docstring)}``.
+    Cost: see module docstring.
 
     ``device`` is a ``train.device`` name (auto, cpu, cuda), resolved as the run resolves it:
     the target on the first local device, the drafter on the last (``train.nproc - 1``).
@@ -218,6 +231,7 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
     processes (each with ``train.threads`` threads) in lockstep (:func:`_role_worker`): each
     role is timed alone and busy. Otherwise one process times both, alone, one after the other.
     """
+    from lenbatch.runtime import reference
     from lenbatch.runtime.runner import resolve_device
 
     pts = grid_points(params)
@@ -239,9 +253,10 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         for proc in procs.values():
             proc.start()
         got: dict = {}
+        refs: dict = {}
         while len(got) < 2:
             try:
-                role, out = queue.get(timeout=1.0)
+                role, out, refs[role] = queue.get(timeout=1.0)
                 got[role] = out
             except _queue.Empty:
                 dead = [r for r, proc in procs.items() if r not in got and proc.exitcode not in (None, 0)]
@@ -255,6 +270,9 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         t, d = got["target"], got["drafter"]
         timings = [(a["alone"], b["alone"], a["alone_cpu"], b["alone_cpu"], b["steps"],
                     (a["busy"], b["busy"], a["busy_cpu"], b["busy_cpu"])) for a, b in zip(t, d)]
+        ref = reference.record(params, {**refs["target"][0], **refs["drafter"][0]},
+                               {**refs["target"][1], **refs["drafter"][1]},
+                               seconds=max(refs["target"][2], refs["drafter"][2]))
     else:
         from lenbatch.runtime.runner import StepRunner, configure_process
 
@@ -265,6 +283,8 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         acc = [([], [], [], [], []) for _ in pts]  # target s, drafter s, their CPU s, drafter steps
         spent = [0.0] * len(pts)
         passes = _passes(params)
+        # the reference step (lenbatch.runtime.reference), both roles in turn
+        ref_start, ref_s = reference.measure(runner, params, roles=reference.ROLES)
         for p, timed in enumerate(passes):
             for i, batch in enumerate(batches):
                 if timed and acc[i][0] and spent[i] >= params.profile.max_point_seconds:
@@ -277,6 +297,8 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
             log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
                      "timed" if timed else "warm-up", len(pts), time.perf_counter() - t_start)
         timings = [(t_all, d_all, t_cpu, d_cpu, steps, None) for t_all, d_all, t_cpu, d_cpu, steps in acc]
+        ref_end, end_s = reference.measure(runner, params, roles=reference.ROLES)
+        ref = reference.record(params, ref_start, ref_end, seconds=ref_s + end_s)
     rows = []
     for i, ((kind, n, m), (t_all, d_all, t_cpu, d_cpu, steps, busy)) in enumerate(zip(pts, timings)):
         lengths = grid_shape(kind, n, m, max_len=params.data.max_len)
@@ -305,20 +327,25 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         log.warning("the profile's steps got %s of their cores: other work was running, so the step-time "
                     "model will over-predict step times. Rerun on a quiet machine: snakemake --forcerun profile",
                     ", ".join(f"{role} {100 * v:.0f}%" for role, v in share.items()))
-    return rows
+    # where the grid was timed (lenbatch.core.machine) and the reference step compare calibrates with
+    return {"machine": fingerprint(threads=params.train.threads), "reference": ref, "points": rows}
 
 
 def run(*, params: Params, out: str | Path) -> int:
     """``lenbatch profile``: time the grid on ``train.device`` and write ``out/grid.json`` (and the
     resolved params). Returns the exit code."""
     t0 = time.perf_counter()
-    rows = profile(params, device=params.train.device)
+    grid = profile(params, device=params.train.device)
+    rows = grid["points"]
     seconds = time.perf_counter() - t0
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "grid.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "grid.json").write_text(json.dumps(grid, indent=1) + "\n")
     write_resolved(params, out)
     share = grid_cpu_share(rows, threads=params.train.threads)
-    log.info("profiled %d grid points in %.1f s (share of their cores: target %.0f%%, drafter %.0f%%); wrote %s",
-             len(rows), seconds, 100 * share["target"], 100 * share["drafter"], out / "grid.json")
+    ref = grid["reference"]
+    log.info("profiled %d grid points in %.1f s (share of their cores: target %.0f%%, drafter %.0f%%; the "
+             "reference step %s took %.1f s of it) on machine %s; wrote %s", len(rows), seconds,
+             100 * share["target"], 100 * share["drafter"], ref["shape"], ref["seconds"], grid["machine"]["id"],
+             out / "grid.json")
     return 0

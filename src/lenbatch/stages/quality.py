@@ -28,7 +28,8 @@ Setting (``params.quality``; the train stage and its results are untouched):
   correlation of a batch's mean sample length with its loss.
 
 Outputs (``--out``, data only: :mod:`lenbatch.pipeline.artifacts.quality_result`): ``quality.json``
-(everything), ``metrics.json`` (flat, for ``dvc metrics diff``), ``curves.json`` and ``gradients.json``
+(everything; ``machine``: the fingerprint of the machine its ``timing`` was taken on,
+:mod:`lenbatch.core.machine`), ``metrics.json`` (flat, for ``dvc metrics diff``), ``curves.json`` and ``gradients.json``
 (DVC plot data), ``params.json``. The report section and ``quality.png`` are drawn by the compare stage
 (:mod:`lenbatch.analysis.quality_report`).
 
@@ -58,6 +59,7 @@ from lenbatch.batching.layouts import layout_of
 from lenbatch.loading.collate import Batch, collate
 from lenbatch.core.config import Params, write_resolved
 from lenbatch.core.log import get_logger
+from lenbatch.core.machine import fingerprint
 from lenbatch.models.drafter import Drafter, build_drafter
 from lenbatch.pipeline.artifacts.bucket_edges import edges_for
 from lenbatch.pipeline.artifacts.tokenized import read_dataset, read_lengths
@@ -396,6 +398,7 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
                    "gradients_s": grad_s, "gradients_cpu_s": grad_cpu_s,
                    "total_s": time.perf_counter() - t_start, "total_cpu_s": time.process_time() - c_start,
                    "threads": torch.get_num_threads()},
+        "machine": fingerprint(threads=torch.get_num_threads()),  # where the timings above were taken
     }
     result["summary"] = quality_stats.summarize(result)
     return result

@@ -37,7 +37,10 @@ at that boundary, as NCCL's recv returns before the copy is done: the target is 
 drafter_s, loss; target_cpu_s and drafter_cpu_s (process CPU seconds of each step: on a CPU
 device, cpu_s / (seconds x threads) below 1 means other work took the cores, see
 :func:`lenbatch.core.cpu.cpu_share`). ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
-drafter-side wall time of those steps (pipeline throughput), padding efficiency, loss curve...
+drafter-side wall time of those steps (pipeline throughput), padding efficiency, loss curve..., ``machine``
+(the fingerprint of the machine, :mod:`lenbatch.core.machine`) and ``reference`` (the reference step, timed
+before the first step and after the last, outside the measured window: target rank 0 and the drafter rank in
+turn, :mod:`lenbatch.runtime.reference`; compare calibrates the prediction with it).
 
 Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end; see
 :mod:`lenbatch.runtime.checkpoint`) holds the drafter, the optimizer, every target rank's sampler state
@@ -68,9 +71,11 @@ from lenbatch.pipeline.artifacts.tokenized import read_dataset, read_lengths
 from lenbatch.loading.collate import collate
 from lenbatch.batching.layouts import STRATEGIES
 from lenbatch.core.config import Params, write_resolved
+from lenbatch.core.machine import fingerprint as fingerprint_machine
 from lenbatch.runtime.lifetime import die_with_parent
 from lenbatch.core.log import get_logger
 from lenbatch.pipeline.outputs import writer_lock
+from lenbatch.runtime import reference
 from lenbatch.runtime.records import Recorder, log_summary, resumed_log, step_row
 from lenbatch.runtime.runner import (
     StepRunner,
@@ -105,6 +110,7 @@ class RunSetup:
     resume: bool
     fp: dict[str, Any]
     channel: Any = None  # lenbatch.runtime.transport.Channel of a multi-process run
+    reference_group: Any = None  # gloo group of every rank: the reference step's barriers (multi-process run)
 
 
 
@@ -116,8 +122,21 @@ def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t:
                  total, step.epoch, loss, f"{useful_done:,}", t, useful_done / max(t, 1e-9))
 
 
+def _reference_point(setup: RunSetup, runner: StepRunner, *, role: str) -> tuple[dict[str, Any], float]:
+    """One reference point (:mod:`lenbatch.runtime.reference`) of this rank and the seconds it added: the
+    single process times both roles; in a pipelined run target rank 0 and the drafter rank time theirs in
+    turn while every rank waits at the reference group's barriers (``{}`` on the other target ranks)."""
+    if setup.world_size == 1:
+        return reference.measure(runner, setup.params, roles=reference.ROLES)
+    import torch.distributed as dist
+
+    mine = (role,) if role == "drafter" or setup.rank == 0 else ()
+    return reference.measure(runner, setup.params, roles=mine,
+                             wait=lambda: dist.barrier(group=setup.reference_group))
+
+
 def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *,
-            resumed_from: Optional[int]) -> dict[str, Any]:
+            resumed_from: Optional[int], ref: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
     if resumed_from == done and (setup.out / "summary.json").exists():
@@ -131,7 +150,8 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
                     log_sha256=rec.log_sha256())
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
-                          total_steps=len(setup.schedule))
+                          total_steps=len(setup.schedule), machine=fingerprint_machine(threads=p.train.threads),
+                          reference=ref)
     rec.close()
     (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_resolved(p, setup.out)
@@ -152,6 +172,8 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         setup.schedule.check_sampler_states(ck["samplers"], start)
     rec = Recorder(setup.out, kept=kept)
     useful_done = sum(r["useful_tokens"] for r in rec.rows)
+    # outside the measured steps: before the first and after the last
+    ref_start, ref_s = _reference_point(setup, runner, role="both") if start < len(setup.schedule) else (None, 0.0)
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
         idx = step.indices
@@ -168,7 +190,12 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
                             log_sha256=rec.log_sha256())
-    return _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from)
+    ref = None
+    if ref_start is not None:
+        ref_end, end_s = _reference_point(setup, runner, role="both")
+        ref = reference.record(p, ref_start, ref_end, seconds=ref_s + end_s)
+    return _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
+                   ref=ref)
 
 
 def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
@@ -214,6 +241,8 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     start, _, _ = _share_resume(setup, None)
     mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
     link = TargetLink(setup.channel, dst=drafter_rank, queue_size=q, comm_device=comm_device)
+    timed = start < len(setup.schedule)  # every rank knows start: all skip the reference alike
+    ref_start = _reference_point(setup, runner, role="target")[0] if timed else {}
     t_start = time.perf_counter()
     useful_done = 0
     for step in mine:
@@ -228,6 +257,11 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
             _progress(step, len(setup.schedule), link.last_loss, useful_done * setup.target_ranks,
                       time.perf_counter() - t_start)
     link.drain()
+    if timed:  # the drafter rank records target rank 0's reference times with its own
+        ref_end = _reference_point(setup, runner, role="target")[0]
+        import torch.distributed as dist
+
+        dist.broadcast_object_list([(ref_start, ref_end)], src=0, group=setup.reference_group)
 
 
 def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, Any]:
@@ -240,6 +274,9 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
     rec = Recorder(setup.out, kept=kept)
     link = DrafterLink(setup.channel, comm_device=comm_device)
     last_loss = float("nan")
+    timed = start < len(setup.schedule)
+    # outside the measured steps: before the first and after the last
+    ref_start, ref_s = _reference_point(setup, runner, role="drafter") if timed else ({}, 0.0)
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
         t0 = time.perf_counter()
@@ -261,7 +298,17 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
                             log_sha256=rec.log_sha256())
-    summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from)
+    ref = None
+    if timed:
+        import torch.distributed as dist
+
+        ref_end, end_s = _reference_point(setup, runner, role="drafter")
+        got: list[Any] = [None]
+        dist.broadcast_object_list(got, src=0, group=setup.reference_group)
+        target_start, target_end = got[0]
+        ref = reference.record(p, {**target_start, **ref_start}, {**target_end, **ref_end}, seconds=ref_s + end_s)
+    summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
+                      ref=ref)
     link.close()
     return summary
 
@@ -343,6 +390,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
 
     comm_device = init_process_group(device, world)
     setup.channel = Channel()  # every rank, same order: creates the gloo control group
+    setup.reference_group = dist.new_group(backend="gloo")  # the reference step's barriers, apart from the traffic
     try:
         if rank == world - 1:
             summary = run_drafter_rank(setup, comm_device)

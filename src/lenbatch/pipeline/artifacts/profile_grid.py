@@ -3,7 +3,9 @@ batch shapes, and ``params.json``, the params it was timed with. Written by :mod
 (which does not import this module: editing how the grid is *read* reruns compare only); read by compare
 (:func:`read_grid`, :func:`read_profile_params`).
 
-``grid.json``: a list of rows (or a mapping whose ``points`` is that list), one per shape: ``kind``
+``grid.json``: a mapping ``{"machine", "reference", "points"}`` — the machine fingerprint
+(:mod:`lenbatch.core.machine`), the reference step timed before and after the grid
+(:mod:`lenbatch.runtime.reference`) and the rows (an older grid is the bare list of rows) —, one row per shape: ``kind``
 (padded/packed), ``sequence_lengths`` (the lengths timed), ``target_seconds_median``,
 ``drafter_seconds_median`` and, from a lockstep profile, ``*_busy_seconds_median``; ``positions`` and
 ``ctx_tokens`` (the drafter's work) when known. Cost: one file read.
@@ -28,6 +30,12 @@ def rerun(profile_dir: Path) -> str:
 
 def read_grid(profile_dir: str | Path) -> list[dict[str, Any]]:
     """The grid rows of ``grid.json`` in the profile output folder ``profile_dir``, each checked."""
+    return read_grid_document(profile_dir)["points"]
+
+
+def read_grid_document(profile_dir: str | Path) -> dict[str, Any]:
+    """``grid.json`` whole: ``{"machine", "reference", "points"}`` (None for the machine and reference of a
+    grid written before they were recorded), every row checked."""
     d = Path(profile_dir)
     p = d / GRID
     doc = read_json(p, rerun=rerun(d))
@@ -36,7 +44,8 @@ def read_grid(profile_dir: str | Path) -> list[dict[str, Any]]:
         raise refuse(p, "holds no grid rows", rerun=rerun(d))
     for k, row in enumerate(rows):
         require_keys(p, row, ROW_KEYS, rerun=rerun(d), what=f" in row {k}")
-    return rows
+    whole = doc if isinstance(doc, dict) else {}
+    return {"machine": whole.get("machine"), "reference": whole.get("reference"), "points": rows}
 
 
 def read_profile_params(profile_dir: str | Path) -> dict[str, Any] | None:
@@ -51,4 +60,4 @@ def read_profile_params(profile_dir: str | Path) -> dict[str, Any] | None:
     return doc
 
 
-__all__ = ["GRID", "PARAMS", "read_grid", "read_profile_params"]
+__all__ = ["GRID", "PARAMS", "read_grid", "read_grid_document", "read_profile_params"]
