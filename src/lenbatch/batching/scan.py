@@ -46,6 +46,9 @@ def index_dtype(n: int) -> type:
     return np.int32 if n < 2**31 else np.int64
 
 
+SHUFFLE_WORDS = 1 << 22  # PCG64 outputs drawn per bulk call (32 MB); a draw needs ~0.7 on average
+
+
 def shuffle(rng: np.random.Generator, a: np.ndarray) -> None:
     """``rng.shuffle(a)`` for a 1-D array, in place; the same swaps and the same generator state after."""
     k = kernels()
@@ -58,9 +61,10 @@ def shuffle(rng: np.random.Generator, a: np.ndarray) -> None:
     i = a.size - 1
     while i >= 1:
         before = bg.state
-        chunk = int(min(1 << 22, 0.75 * i + 1024))
+        chunk = int(min(SHUFFLE_WORDS, 0.75 * i + 1024))
         words = bg.random_raw(chunk)
-        i, used, has_half, half = k.shuffle_chunk(a, i, words, has_half, half)
+        # fixed argument types (numba returns its uint64 as a Python int): one compiled signature
+        i, used, has_half, half = k.shuffle_chunk(a, int(i), words, bool(has_half), np.uint64(half))
         if used < chunk:  # drew too many: rewind to exactly the words consumed
             bg.state = before
             bg.advance(used)

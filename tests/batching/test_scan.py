@@ -1,0 +1,120 @@
+"""The planner's primitive passes (lenbatch.batching.scan): the compiled (numba) and pure paths give
+the same results as numpy's own functions, and :class:`lenbatch.Plan` behaves as a list of int64
+arrays. About 3 s in all (the first compiled call loads the kernels from numba's cache)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import lenbatch as lb
+from lenbatch.batching import scan
+from lenbatch.batching.padding import sorted_greedy_starts
+
+import _reference_planner as ref
+
+
+@pytest.fixture(params=["compiled", "pure"])
+def path(request, monkeypatch):
+    if request.param == "compiled":
+        if scan.kernels() is None:
+            if os.environ.get("CI"):
+                pytest.fail("numba is not installed in CI; the dev extra installs lenbatch[fast]")
+            pytest.skip("numba is not installed (pip install lenbatch[fast])")
+    else:
+        monkeypatch.setenv("LENBATCH_NO_NUMBA", "1")
+    return request.param
+
+
+@pytest.mark.parametrize("words", [64, 1 << 22])
+def test_shuffle_is_numpys_shuffle_and_leaves_the_same_generator_state(path, monkeypatch, words):
+    """Bit-identical permutations and generator state, also when the bulk draws run out mid-shuffle
+    (64 words per call: hundreds of refills) and when a 32-bit half is buffered before and after."""
+    monkeypatch.setattr(scan, "SHUFFLE_WORDS", words)
+    for n in (1, 2, 4095, 4096, 5001, 70_001):
+        for odd in (False, True):
+            a, b = np.random.default_rng(n), np.random.default_rng(n)
+            if odd:  # leave a buffered uint32 in both generators
+                a.integers(0, 10, dtype=np.uint32), b.integers(0, 10, dtype=np.uint32)
+            assert np.array_equal(a.permutation(n), scan.permutation(b, n))
+            assert a.bit_generator.state == b.bit_generator.state
+            m = np.arange(n, dtype=np.int64) * 7 + 3
+            assert np.array_equal(a.permutation(m), scan.permutation(b, m))
+            assert a.random() == b.random()
+
+
+def test_gathers_sorts_and_counts(path):
+    rng = np.random.default_rng(0)
+    for n, top in ((10, 300), (70_000, 300), (70_000, 200_000)):
+        x = rng.integers(0, top + 1, n)
+        assert np.array_equal(scan.stable_order(x, top), np.argsort(x, kind="stable"))
+        assert np.array_equal(scan.value_counts(x, top + 1), np.bincount(x, minlength=top + 1))
+        idx = rng.permutation(n).astype(np.int32)
+        assert np.array_equal(scan.take(x, idx), x[idx])
+        s = np.sort(rng.choice(n, min(n, 50), replace=False))
+        e = s + rng.integers(0, 30, s.size)
+        e = np.minimum(e, n)
+        want = np.concatenate([x[a:b] for a, b in zip(s, e)])
+        assert np.array_equal(scan.gather_segments(x, s, e), want)
+
+
+def test_greedy_starts_match_the_python_loop(path):
+    rng = np.random.default_rng(1)
+    for n, budget, mbs in ((1, 500, 1), (70_000, 1000, 64), (5000, 299, 1), (5000, 5000, 3), (5000, 10**6, 10**6)):
+        x = rng.integers(1, 300, n)
+        assert np.array_equal(lb.greedy_starts(x, budget, mbs), ref.greedy_starts(x, budget, mbs))
+
+
+def test_histogram_greedy_equals_the_greedy_along_the_sorted_order():
+    """sorted_greedy_starts works from the counts alone (O(distinct)); the scan along the sorted
+    lengths is the definition. Random histograms, caps from 1 to above every count."""
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        x = np.sort(rng.integers(1, int(rng.integers(2, 200)), int(rng.integers(1, 500))))
+        budget = int(x.max()) * int(rng.integers(1, 40))
+        mbs = int(rng.choice([1, 2, 5, 64, 1000]))
+        want = ref.greedy_starts(x, budget, mbs)
+        assert np.array_equal(sorted_greedy_starts(np.bincount(x), budget, mbs), want)
+
+
+def test_first_fit_rows_match_between_paths(monkeypatch):
+    """The compiled first-fit equals the pure loop on windows 1..33 and max_batch_size 1 (the pure
+    loop is checked against the old planner in test_plan_reference.py)."""
+    if scan.kernels() is None:
+        pytest.skip("numba is not installed")
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        n = int(rng.integers(1, 3000))
+        x = rng.integers(1, 500, n)
+        kw = dict(token_budget=int(rng.choice([500, 1000, 4096])), max_batch_size=int(rng.choice([1, 2, 8, 64])),
+                  window=int(rng.choice([1, 2, 8, 33])), shortest=int(x.min()))
+        ids = rng.permutation(n).astype(np.int32)
+        fast = scan.first_fit_rows(ids, x, **kw)
+        monkeypatch.setenv("LENBATCH_NO_NUMBA", "1")
+        pure = scan.first_fit_rows(ids, x, **kw)
+        monkeypatch.delenv("LENBATCH_NO_NUMBA")
+        assert np.array_equal(fast[0], pure[0]) and np.array_equal(fast[1], pure[1])
+        assert np.array_equal(np.sort(fast[0]), np.arange(n))  # every sample once
+
+
+def test_a_plan_behaves_as_a_list_of_int64_arrays():
+    arrays = [np.array([3, 1]), np.array([0]), np.array([4, 2, 5])]
+    plan = lb.Plan(arrays, strategy="random")
+    assert len(plan) == 3 and plan.layout == "padded" and plan.strategy == "random"
+    assert [b.tolist() for b in plan] == [[3, 1], [0], [4, 2, 5]]
+    assert plan[-1].tolist() == [4, 2, 5] and plan[0].dtype == np.int64
+    assert plan == arrays and plan != arrays[:2] and plan != [np.array([3, 1]), np.array([0]), np.array([4, 2, 6])]
+    assert isinstance(plan[1:], lb.Plan) and plan[1:] == arrays[1:] and plan[::2] == arrays[::2]
+    assert len(plan[5:]) == 0 and plan[1:].layout == "padded"
+    with pytest.raises(IndexError):
+        plan[3]
+    again = pickle.loads(pickle.dumps(plan))
+    assert again == plan and again.strategy == "random"
+    assert lb.Plan(plan, strategy="random") == plan and len(lb.Plan([], strategy="packed")) == 0
+    assert plan.sizes().tolist() == [2, 1, 3] and plan.indices.tolist() == [3, 1, 0, 4, 2, 5]
+    # the metrics read the flat arrays directly: the same numbers as for the list
+    x = np.array([5, 6, 7, 8, 9, 10])
+    assert lb.padding_efficiency(x, plan) == lb.padding_efficiency(x, arrays)
