@@ -41,36 +41,53 @@ def shuffle_chunk(a, i, words, has_half, half):
     stream (each 64-bit output gives its low half, then its high half) masked to the smallest
     all-ones mask >= max, redrawn while > max; then a[i], a[j] swap. Stops when ``words`` run out
     (a draw cut short restarts with the next words: its rejected values are consumed either way).
-    Returns (next i, words used, has_half, half). Only for len(a) <= 2**32 (32-bit draws)."""
+    Returns (next i, words used, has_half, half). Only for len(a) <= 2**32 (32-bit draws).
+
+    The draws of a block of 4,096 positions come first, then their swaps: the swaps of a block do not
+    wait on one another's cache misses (numpy's loop interleaves them with the draws)."""
     w = 0
     nw = words.size
+    block = np.empty(4096, dtype=np.int64)
     while i >= 1:
-        mask = np.uint64(i)
-        mask |= mask >> np.uint64(1)
-        mask |= mask >> np.uint64(2)
-        mask |= mask >> np.uint64(4)
-        mask |= mask >> np.uint64(8)
-        mask |= mask >> np.uint64(16)
-        while True:
-            if has_half:
-                v = half
-                has_half = False
-            else:
-                if w == nw:
-                    return i, w, has_half, half
-                word = words[w]
-                w += 1
-                v = word & np.uint64(0xFFFFFFFF)
-                half = word >> np.uint64(32)
-                has_half = True
-            v &= mask
-            if v <= np.uint64(i):
+        got = 0
+        top = i
+        while got < block.size and i >= 1:
+            mask = np.uint64(i)
+            mask |= mask >> np.uint64(1)
+            mask |= mask >> np.uint64(2)
+            mask |= mask >> np.uint64(4)
+            mask |= mask >> np.uint64(8)
+            mask |= mask >> np.uint64(16)
+            done = False
+            while True:
+                if has_half:
+                    v = half
+                    has_half = False
+                else:
+                    if w == nw:
+                        break
+                    word = words[w]
+                    w += 1
+                    v = word & np.uint64(0xFFFFFFFF)
+                    half = word >> np.uint64(32)
+                    has_half = True
+                v &= mask
+                if v <= np.uint64(i):
+                    done = True
+                    break
+            if not done:
                 break
-        j = np.int64(v)
-        t = a[i]
-        a[i] = a[j]
-        a[j] = t
-        i -= 1
+            block[got] = np.int64(v)
+            got += 1
+            i -= 1
+        for q in range(got):  # position top - q swaps with its draw
+            p = top - q
+            j = block[q]
+            t = a[p]
+            a[p] = a[j]
+            a[j] = t
+        if got < block.size and i >= 1:
+            return i, w, has_half, half  # the words ran out
     return i, w, has_half, half
 
 
@@ -106,10 +123,11 @@ def gather_segments(flat, starts, ends, out):
 
 
 @_jit
-def first_fit(xs, ids, token_budget, max_batch_size, window, shortest, out, row_start, buf):
-    """First-fit packing of ``ids`` (lengths ``xs``) into rows, ``window`` rows open; the rules of
+def first_fit(x, ids, token_budget, max_batch_size, window, shortest, out, out_len, row_start, buf):
+    """First-fit packing of ``ids`` (lengths ``x[ids]``) into rows, ``window`` rows open; the rules of
     :func:`lenbatch.batching.scan.first_fit_rows` (its pure loop is the specification). Closed rows
-    are written to ``out`` in closing order, row_start[p] = 1 where one begins. Returns (entries
+    are written to ``out`` in closing order (their lengths to ``out_len``), row_start[p] = 1 where
+    one begins. Returns (entries
     written, open rows, and per open row in list order: its buffer slot, free tokens, count)."""
     slot = np.empty(window, dtype=np.int64)
     rem = np.empty(window, dtype=np.int64)
@@ -118,9 +136,9 @@ def first_fit(xs, ids, token_budget, max_batch_size, window, shortest, out, row_
     nfree = window
     nopen = 0
     pos = 0
-    for t in range(xs.size):
-        L = np.int64(xs[t])
+    for t in range(ids.size):
         i = ids[t]
+        L = np.int64(x[i])
         placed = False
         for k in range(nopen):
             if rem[k] >= L:
@@ -132,6 +150,7 @@ def first_fit(xs, ids, token_budget, max_batch_size, window, shortest, out, row_
                     row_start[pos] = 1
                     for q in range(cnt[k]):
                         out[pos] = buf[s, q]
+                        out_len[pos] = x[buf[s, q]]
                         pos += 1
                     free[nfree] = s
                     nfree += 1
@@ -153,6 +172,7 @@ def first_fit(xs, ids, token_budget, max_batch_size, window, shortest, out, row_
             row_start[pos] = 1
             for q in range(cnt[k]):
                 out[pos] = buf[s, q]
+                out_len[pos] = x[buf[s, q]]
                 pos += 1
             free[nfree] = s
             nfree += 1
@@ -164,6 +184,7 @@ def first_fit(xs, ids, token_budget, max_batch_size, window, shortest, out, row_
         if token_budget - L < shortest or max_batch_size == 1:
             row_start[pos] = 1
             out[pos] = i
+            out_len[pos] = L
             pos += 1
         else:
             nfree -= 1

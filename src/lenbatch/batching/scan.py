@@ -177,7 +177,7 @@ def gather_segments(flat: np.ndarray, starts: np.ndarray, ends: np.ndarray, dtyp
 def first_fit_rows(ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_batch_size: int, window: int,
                    shortest: int) -> tuple[np.ndarray, np.ndarray]:
     """First-fit rows of the samples ``ids`` in order (``x``: every sample's length):
-    (members in row order, row offsets, int64 of len(rows) + 1).
+    (members in row order, row offsets (int64, len(rows) + 1), the members' lengths).
 
     Each sequence goes to the first open row (in opening order) with room for it; a row closes when
     its free space drops below ``shortest`` or it holds ``max_batch_size`` sequences. When a
@@ -188,31 +188,34 @@ def first_fit_rows(ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_bat
     One pass, O(n * window).
     """
     n = ids.size
-    xs = take(x, ids)
     k = kernels()
     if k is not None:
         out = np.empty(n, dtype=ids.dtype)
+        out_len = np.empty(n, dtype=x.dtype)
         row_start = np.zeros(n + 1, dtype=np.uint8)
         cap = int(max(1, min(max_batch_size, token_budget // max(shortest, 1), n)))
         buf = np.empty((window, cap), dtype=np.int64)
-        pos, nopen, slot, rem, cnt = k.first_fit(xs, ids, int(token_budget), int(max_batch_size), int(window),
-                                                 int(shortest), out, row_start, buf)
+        pos, nopen, slot, rem, cnt = k.first_fit(x, ids, int(token_budget), int(max_batch_size), int(window),
+                                                 int(shortest), out, out_len, row_start, buf)
         open_members = [int(i) for q in range(nopen) for i in buf[slot[q], :cnt[q]]]
-        closed, starts = out[:pos], np.flatnonzero(row_start[:pos])
+        closed, closed_len, starts = out[:pos], out_len[:pos], np.flatnonzero(row_start[:pos])
     else:
-        closed_rows, open_rows = _first_fit_loop(xs.tolist(), ids.tolist(), token_budget, max_batch_size, window,
-                                                 shortest)
+        closed_rows, open_rows = _first_fit_loop(take(x, ids).tolist(), ids.tolist(), token_budget, max_batch_size,
+                                                 window, shortest)
         open_members = [i for m in open_rows for i in m]
         sizes = np.fromiter((len(r) for r in closed_rows), dtype=np.int64, count=len(closed_rows))
         closed = np.fromiter((i for r in closed_rows for i in r), dtype=ids.dtype, count=int(sizes.sum()))
+        closed_len = take(x, closed)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if sizes.size else sizes
     tail = _first_fit_decreasing(open_members, xs_of={i: int(x[i]) for i in open_members},
                                  token_budget=token_budget, max_batch_size=max_batch_size)
     tail_sizes = np.asarray([len(r) for r in tail], dtype=np.int64)
     tail_starts = closed.size + np.cumsum(tail_sizes) - tail_sizes
-    members = np.concatenate([closed, np.asarray([i for r in tail for i in r], dtype=ids.dtype)])
+    tail_members = np.asarray([i for r in tail for i in r], dtype=ids.dtype)
+    members = np.concatenate([closed, tail_members])
+    lengths = np.concatenate([closed_len, x[tail_members]])
     offsets = np.concatenate([starts, tail_starts, [members.size]]).astype(np.int64)
-    return members, offsets
+    return members, offsets, lengths
 
 
 def _first_fit_loop(xs: list[int], ids: list[int], budget: int, mbs: int, window: int,

@@ -246,10 +246,11 @@ def _packed(x, rng, spec):
     # first-fit rows along a shuffled order (the rules: lenbatch.batching.scan.first_fit_rows); a row
     # whose free space is below the shortest length is closed at once
     order = permutation(rng, x.size)
-    members, offsets = first_fit_rows(order, x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
-                                      window=spec.packed_window, shortest=int(x.min()))
+    members, offsets, lengths = first_fit_rows(order, x, token_budget=spec.token_budget,
+                                               max_batch_size=spec.max_batch_size, window=spec.packed_window,
+                                               shortest=int(x.min()))
     del order
-    cost = np.add.reduceat(take(x, members), offsets[:-1], dtype=np.int64)
+    cost = np.add.reduceat(lengths, offsets[:-1], dtype=np.int64)
     return EpochBatches(members, offsets[:-1], offsets[1:], cost)
 
 
