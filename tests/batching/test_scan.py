@@ -92,9 +92,9 @@ def test_first_fit_rows_match_between_paths(monkeypatch):
         kw = dict(token_budget=int(rng.choice([500, 1000, 4096])), max_batch_size=int(rng.choice([1, 2, 8, 64])),
                   window=int(rng.choice([1, 2, 8, 33])), shortest=int(x.min()))
         ids = rng.permutation(n).astype(np.int32)
-        fast = scan.first_fit_rows(ids, x, **kw)
+        fast = scan.first_fit_rows(ids.copy(), x, **kw)
         monkeypatch.setenv("LENBATCH_NO_NUMBA", "1")
-        pure = scan.first_fit_rows(ids, x, **kw)
+        pure = scan.first_fit_rows(ids.copy(), x, **kw)
         monkeypatch.delenv("LENBATCH_NO_NUMBA")
         assert all(np.array_equal(a, b) for a, b in zip(fast, pure))
         assert np.array_equal(fast[2], x[fast[0]])

@@ -123,12 +123,31 @@ def gather_segments(flat, starts, ends, out):
 
 
 @_jit
-def first_fit(x, ids, token_budget, max_batch_size, window, shortest, out, out_len, row_start, buf):
-    """First-fit packing of ``ids`` (lengths ``x[ids]``) into rows, ``window`` rows open; the rules of
-    :func:`lenbatch.batching.scan.first_fit_rows` (its pure loop is the specification). Closed rows
-    are written to ``out`` in closing order (their lengths to ``out_len``), row_start[p] = 1 where
-    one begins. Returns (entries
-    written, open rows, and per open row in list order: its buffer slot, free tokens, count)."""
+def _close_row(k, pos, nopen, nfree, ids, xs, row_start, buf, buf_len, slot, rem, cnt, free):
+    """Write open row k to ids/xs at ``pos`` and drop it from the open list; returns (pos, nopen, nfree)."""
+    s = slot[k]
+    row_start[pos] = 1
+    for q in range(cnt[k]):
+        ids[pos] = buf[s, q]
+        xs[pos] = buf_len[s, q]
+        pos += 1
+    free[nfree] = s
+    for q in range(k, nopen - 1):
+        slot[q] = slot[q + 1]
+        rem[q] = rem[q + 1]
+        cnt[q] = cnt[q + 1]
+    return pos, nopen - 1, nfree + 1
+
+
+@_jit
+def first_fit(ids, xs, token_budget, max_batch_size, window, shortest, row_start, buf, buf_len):
+    """First-fit packing of ``ids`` (lengths ``xs``, in the same order) into rows, ``window`` rows open;
+    the rules of :func:`lenbatch.batching.scan.first_fit_rows` (its pure loop is the specification).
+
+    In place: closed rows overwrite ``ids`` (members) and ``xs`` (their lengths) from the front, in
+    closing order -- safe, since no more sequences are written than have been read --, and
+    row_start[p] = 1 where one begins. Returns (entries written, open rows, and per open row in list
+    order: its buffer slot, free tokens, count); the open rows' members are in ``buf``/``buf_len``."""
     slot = np.empty(window, dtype=np.int64)
     rem = np.empty(window, dtype=np.int64)
     cnt = np.empty(window, dtype=np.int64)
@@ -138,58 +157,37 @@ def first_fit(x, ids, token_budget, max_batch_size, window, shortest, out, out_l
     pos = 0
     for t in range(ids.size):
         i = ids[t]
-        L = np.int64(x[i])
-        placed = False
-        for k in range(nopen):
-            if rem[k] >= L:
-                s = slot[k]
-                buf[s, cnt[k]] = i
-                cnt[k] += 1
-                rem[k] -= L
-                if rem[k] < shortest or cnt[k] >= max_batch_size:
-                    row_start[pos] = 1
-                    for q in range(cnt[k]):
-                        out[pos] = buf[s, q]
-                        out_len[pos] = x[buf[s, q]]
-                        pos += 1
-                    free[nfree] = s
-                    nfree += 1
-                    for q in range(k, nopen - 1):
-                        slot[q] = slot[q + 1]
-                        rem[q] = rem[q + 1]
-                        cnt[q] = cnt[q + 1]
-                    nopen -= 1
-                placed = True
-                break
-        if placed:
+        L = np.int64(xs[t])
+        k = 0
+        while k < nopen and rem[k] < L:
+            k += 1
+        if k < nopen:  # the first open row with room
+            s = slot[k]
+            buf[s, cnt[k]] = i
+            buf_len[s, cnt[k]] = L
+            cnt[k] += 1
+            rem[k] -= L
+            if rem[k] < shortest or cnt[k] >= max_batch_size:
+                pos, nopen, nfree = _close_row(k, pos, nopen, nfree, ids, xs, row_start, buf, buf_len, slot, rem,
+                                               cnt, free)
             continue
         if nopen >= window:  # close the fullest open row (the first of the smallest free space)
             k = 0
             for q in range(1, nopen):
                 if rem[q] < rem[k]:
                     k = q
-            s = slot[k]
+            pos, nopen, nfree = _close_row(k, pos, nopen, nfree, ids, xs, row_start, buf, buf_len, slot, rem,
+                                           cnt, free)
+        if token_budget - L < shortest or max_batch_size == 1:  # a row of its own
             row_start[pos] = 1
-            for q in range(cnt[k]):
-                out[pos] = buf[s, q]
-                out_len[pos] = x[buf[s, q]]
-                pos += 1
-            free[nfree] = s
-            nfree += 1
-            for q in range(k, nopen - 1):
-                slot[q] = slot[q + 1]
-                rem[q] = rem[q + 1]
-                cnt[q] = cnt[q + 1]
-            nopen -= 1
-        if token_budget - L < shortest or max_batch_size == 1:
-            row_start[pos] = 1
-            out[pos] = i
-            out_len[pos] = L
+            ids[pos] = i
+            xs[pos] = L
             pos += 1
         else:
             nfree -= 1
             s = free[nfree]
             buf[s, 0] = i
+            buf_len[s, 0] = L
             slot[nopen] = s
             rem[nopen] = token_budget - L
             cnt[nopen] = 1

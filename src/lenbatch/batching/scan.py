@@ -176,7 +176,8 @@ def gather_segments(flat: np.ndarray, starts: np.ndarray, ends: np.ndarray, dtyp
 
 def first_fit_rows(ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_batch_size: int, window: int,
                    shortest: int) -> tuple[np.ndarray, np.ndarray]:
-    """First-fit rows of the samples ``ids`` in order (``x``: every sample's length):
+    """First-fit rows of the samples ``ids`` in order (``x``: every sample's length; ``ids`` may be
+    overwritten):
     (members in row order, row offsets (int64, len(rows) + 1), the members' lengths).
 
     Each sequence goes to the first open row (in opening order) with room for it; a row closes when
@@ -189,31 +190,34 @@ def first_fit_rows(ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_bat
     """
     n = ids.size
     k = kernels()
-    if k is not None:
-        out = np.empty(n, dtype=ids.dtype)
-        out_len = np.empty(n, dtype=x.dtype)
+    if k is not None:  # in place: ``ids`` becomes the closed rows' members (the caller's array is consumed)
+        xs = take(x, ids)
         row_start = np.zeros(n + 1, dtype=np.uint8)
         cap = int(max(1, min(max_batch_size, token_budget // max(shortest, 1), n)))
         buf = np.empty((window, cap), dtype=np.int64)
-        pos, nopen, slot, rem, cnt = k.first_fit(x, ids, int(token_budget), int(max_batch_size), int(window),
-                                                 int(shortest), out, out_len, row_start, buf)
+        buf_len = np.empty((window, cap), dtype=np.int64)
+        pos, nopen, slot, rem, cnt = k.first_fit(ids, xs, int(token_budget), int(max_batch_size), int(window),
+                                                 int(shortest), row_start, buf, buf_len)
         open_members = [int(i) for q in range(nopen) for i in buf[slot[q], :cnt[q]]]
-        closed, closed_len, starts = out[:pos], out_len[:pos], np.flatnonzero(row_start[:pos])
+        members, lengths, starts = ids, xs, np.flatnonzero(row_start[:pos])
     else:
         closed_rows, open_rows = _first_fit_loop(take(x, ids).tolist(), ids.tolist(), token_budget, max_batch_size,
                                                  window, shortest)
         open_members = [i for m in open_rows for i in m]
         sizes = np.fromiter((len(r) for r in closed_rows), dtype=np.int64, count=len(closed_rows))
-        closed = np.fromiter((i for r in closed_rows for i in r), dtype=ids.dtype, count=int(sizes.sum()))
-        closed_len = take(x, closed)
+        pos = int(sizes.sum())
+        members = np.empty(n, dtype=ids.dtype)
+        members[:pos] = np.fromiter((i for r in closed_rows for i in r), dtype=ids.dtype, count=pos)
+        lengths = np.empty(n, dtype=x.dtype)
+        lengths[:pos] = take(x, members[:pos])
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if sizes.size else sizes
     tail = _first_fit_decreasing(open_members, xs_of={i: int(x[i]) for i in open_members},
                                  token_budget=token_budget, max_batch_size=max_batch_size)
     tail_sizes = np.asarray([len(r) for r in tail], dtype=np.int64)
-    tail_starts = closed.size + np.cumsum(tail_sizes) - tail_sizes
+    tail_starts = pos + np.cumsum(tail_sizes) - tail_sizes
     tail_members = np.asarray([i for r in tail for i in r], dtype=ids.dtype)
-    members = np.concatenate([closed, tail_members])
-    lengths = np.concatenate([closed_len, x[tail_members]])
+    members[pos:] = tail_members  # the open rows' sequences: exactly the n - pos not yet written
+    lengths[pos:] = x[tail_members]
     offsets = np.concatenate([starts, tail_starts, [members.size]]).astype(np.int64)
     return members, offsets, lengths
 
