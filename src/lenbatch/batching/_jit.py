@@ -193,3 +193,32 @@ def first_fit(ids, xs, token_budget, max_batch_size, window, shortest, row_start
             cnt[nopen] = 1
             nopen += 1
     return pos, nopen, slot, rem, cnt
+
+
+@_jit
+def sort_blocks_descending(perm, xo, width):
+    """Within each block of ``width`` consecutive entries (the last may be shorter): reorder ``perm``
+    and ``xo`` (the lengths along it) by ``xo`` descending, ties in their current order -- a stable
+    LSD radix sort of (65535 - xo) on two 8-bit digits. Needs xo < 65536. O(n + 256 per block)."""
+    n = perm.size
+    tmp_p = np.empty(width, dtype=perm.dtype)
+    tmp_x = np.empty(width, dtype=xo.dtype)
+    count = np.empty(257, dtype=np.int64)
+    for lo in range(0, n, width):
+        hi = min(n, lo + width)
+        for shift in (0, 8):
+            count[:] = 0
+            for k in range(lo, hi):
+                d = ((65535 - np.int64(xo[k])) >> shift) & 255
+                count[d + 1] += 1
+            for d in range(1, 257):
+                count[d] += count[d - 1]
+            for k in range(lo, hi):
+                d = ((65535 - np.int64(xo[k])) >> shift) & 255
+                q = count[d]
+                tmp_p[q] = perm[k]
+                tmp_x[q] = xo[k]
+                count[d] = q + 1
+            for k in range(hi - lo):
+                perm[lo + k] = tmp_p[k]
+                xo[lo + k] = tmp_x[k]

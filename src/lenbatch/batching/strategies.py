@@ -39,7 +39,8 @@ import numpy as np
 from lenbatch.batching.epoch import EpochBatches, Plan, assign_ranks, rank_plan, split_to_multiple
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
-from lenbatch.batching.scan import first_fit_rows, greedy_start_mask, permutation, shuffle, stable_order, take, value_counts
+from lenbatch.batching.scan import (first_fit_rows, greedy_start_mask, kernels, permutation, shuffle, stable_order, take,
+                                   value_counts)
 from lenbatch.batching.spec import STRATEGIES, BatchSpec, check_int, check_strategy, layout_of
 
 __all__ = ["Plan", "check_plan", "make_spec", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
@@ -201,9 +202,9 @@ def sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int) 
 
 
 def _sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(order, lengths along it) of :func:`sortish_order`, order as int32 below 2**31 samples. The
-    megabatch sort is a stable radix sort of (longest - length) per megabatch row, a block of rows at
-    a time; torch's ``randperm`` (which must stay: it is what transformers draws) is most of the cost."""
+    """(order, lengths along it) of :func:`sortish_order`, order as int32 below 2**31 samples. Each
+    megabatch is sorted by a stable radix sort of (longest - length); torch's ``randperm`` (which
+    must stay: it is what transformers draws) is most of the cost."""
     import torch
 
     from lenbatch.batching.scan import index_dtype
@@ -216,6 +217,22 @@ def _sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int)
     mega = max(min(n // (max_batch_size * 4), 50), 1) * max_batch_size
     xo = take(x, perm)
     top = int(xo.max())
+    k = kernels()
+    if k is not None and top < 2**16:
+        k.sort_blocks_descending(perm, xo, mega)  # compiled: a radix sort per megabatch
+    else:
+        _sort_megabatches(perm, xo, mega, top)
+    firsts = np.arange(0, n, mega)  # each megabatch's longest sample comes first
+    t = int(firsts[int(np.argmax(xo[firsts]))])  # first megabatch with the longest
+    perm[0], perm[t] = perm[t], perm[0]
+    xo[0], xo[t] = xo[t], xo[0]
+    return perm, xo
+
+
+def _sort_megabatches(perm: np.ndarray, xo: np.ndarray, mega: int, top: int) -> None:
+    """In place: each run of ``mega`` entries of ``perm`` (and ``xo``, the lengths along it) sorted by
+    length, longest first, ties in their order (numpy's stable sort along rows, 2**20 entries a time)."""
+    n = perm.size
     key_type = np.uint16 if top < 2**16 else np.int64
     rows_per_block = max(1, (1 << 20) // mega)
     for a in range(0, n, rows_per_block * mega):
@@ -226,14 +243,9 @@ def _sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int)
                 continue
             width = (hi - lo) // rows
             key = (top - xo[lo:hi].astype(np.int64)).astype(key_type).reshape(rows, width)
-            srt = np.argsort(key, axis=1, kind="stable")  # longest first, ties in permutation order
+            srt = np.argsort(key, axis=1, kind="stable")
             perm[lo:hi] = np.take_along_axis(perm[lo:hi].reshape(rows, width), srt, axis=1).ravel()
             xo[lo:hi] = np.take_along_axis(xo[lo:hi].reshape(rows, width), srt, axis=1).ravel()
-    firsts = np.arange(0, n, mega)  # each megabatch's longest sample comes first
-    t = int(firsts[int(np.argmax(xo[firsts]))])  # first megabatch with the longest
-    perm[0], perm[t] = perm[t], perm[0]
-    xo[0], xo[t] = xo[t], xo[0]
-    return perm, xo
 
 
 def _sortish(x, rng, spec):
