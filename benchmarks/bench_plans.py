@@ -11,7 +11,8 @@ numba is installed: the one-off cost, reported as ``warm-up s``), then resets th
 (``/proc/self/clear_refs``) and times ``plan_epoch(..., rank=0, world_size=7)``: what one rank's
 sampler computes each epoch. ``--tree`` runs the cells against another source tree (e.g. main's, for
 the before-table). ``LENBATCH_NO_NUMBA=1`` in the environment times the pure numpy/Python path.
-Times are wall seconds; the machine may be shared: quote ``uptime``'s load with them.
+Times are wall seconds and, in brackets, this process's CPU seconds (a shared machine inflates the
+wall time first); quote ``uptime``'s load with them.
 """
 
 from __future__ import annotations
@@ -48,12 +49,12 @@ gc.collect()
 with open("/proc/self/clear_refs", "w") as fh:
     fh.write("5")  # reset VmHWM (peak RSS) to the current RSS
 before = rss_kb("VmRSS:")
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 plan = lb.plan_epoch(x, epoch=0, **kw)
-secs = time.perf_counter() - t0
+secs, cpu = time.perf_counter() - t0, time.process_time() - c0
 peak = rss_kb("VmHWM:")
 n_idx = sum(len(b) for b in plan) if len(plan) < 2_000_000 else None
-print(json.dumps({{"strategy": strategy, "n": int(x.size), "seconds": secs, "peak_increase_mb": (peak - before) / 1024,
+print(json.dumps({{"strategy": strategy, "n": int(x.size), "seconds": secs, "cpu_seconds": cpu, "peak_increase_mb": (peak - before) / 1024,
                   "warmup_seconds": warm, "batches": len(plan), "lengths_mb": x.nbytes / 2**20,
                   "rank_samples": n_idx, "planner": lb.__file__}}))
 """
@@ -84,7 +85,7 @@ def main() -> int:
         for s in strategies:
             c = run_cell(s, reps_of[size], args.world_size, args.tree)
             cells[(size, s)] = c
-            print(f"# {s:8s} N={c['n']:>11,}: {c['seconds']:7.2f} s, peak +{c['peak_increase_mb']:7.0f} MB "
+            print(f"# {s:8s} N={c['n']:>11,}: {c['seconds']:7.2f} s ({c['cpu_seconds']:.2f} CPU s), peak +{c['peak_increase_mb']:7.0f} MB "
                   f"(warm-up {c['warmup_seconds']:.2f} s, {c['batches']:,} batches on rank 0)", file=sys.stderr,
                   flush=True)
     load = os.getloadavg()
@@ -97,7 +98,7 @@ def main() -> int:
         row = []
         for s in strategies:
             c = cells[(size, s)]
-            row.append(f"{c['seconds']:.2f} s, {c['peak_increase_mb']:.0f} MB")
+            row.append(f"{c['seconds']:.2f} s ({c['cpu_seconds']:.2f} CPU), {c['peak_increase_mb']:.0f} MB")
         print(f"| {cells[(size, strategies[0])]['n'] / 1e6:.1f} M | " + " | ".join(row) + " |")
     print("\nper sample (ns):")
     print("| samples | " + " | ".join(strategies) + " |")

@@ -59,6 +59,9 @@ def test_gathers_sorts_and_counts(path):
         e = np.minimum(e, n)
         want = np.concatenate([x[a:b] for a, b in zip(s, e)])
         assert np.array_equal(scan.gather_segments(x, s, e), want)
+        cuts = np.unique(np.concatenate([[0], rng.integers(0, n, 40)]))
+        x16 = (x % 65536).astype(np.uint16)
+        assert np.array_equal(scan.segment_sums(x16, cuts), np.add.reduceat(x16.astype(np.int64), cuts))
 
 
 def test_greedy_starts_match_the_python_loop(path):

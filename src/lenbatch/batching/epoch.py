@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.batching.scan import gather_segments, permutation, stable_order
+from lenbatch.batching.scan import gather_segments, permutation, segment_sums, stable_order
 from lenbatch.batching.spec import check_strategy, layout_of
 
 
@@ -129,7 +129,7 @@ class EpochBatches:
         if not starts.size:
             return cls(flat, starts, end, np.zeros(0, np.int64))
         if packed:
-            cost = np.add.reduceat(x_flat, starts, dtype=np.int64)
+            cost = segment_sums(x_flat, starts)
         else:
             cost = (end - starts) * np.maximum.reduceat(x_flat, starts).astype(np.int64)
         return cls(flat, starts, end, cost)

@@ -39,8 +39,8 @@ import numpy as np
 from lenbatch.batching.epoch import EpochBatches, Plan, assign_ranks, rank_plan, split_to_multiple
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
-from lenbatch.batching.scan import (first_fit_rows, greedy_start_mask, kernels, permutation, shuffle, stable_order, take,
-                                   value_counts)
+from lenbatch.batching.scan import (first_fit_rows, greedy_start_mask, kernels, permutation, segment_sums, shuffle,
+                                   stable_order, take, value_counts)
 from lenbatch.batching.spec import STRATEGIES, BatchSpec, check_int, check_strategy, layout_of
 
 __all__ = ["Plan", "check_plan", "make_spec", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
@@ -262,7 +262,7 @@ def _packed(x, rng, spec):
                                                max_batch_size=spec.max_batch_size, window=spec.packed_window,
                                                shortest=int(x.min()))
     del order
-    cost = np.add.reduceat(lengths, offsets[:-1], dtype=np.int64)
+    cost = segment_sums(lengths, offsets[:-1])
     return EpochBatches(members, offsets[:-1], offsets[1:], cost)
 
 
