@@ -26,11 +26,15 @@ from typing import Any
 import numpy as np
 
 _KERNELS: list[Any] = []  # [module or None] once tried
+# Passes over fewer elements run the pure path: a small plan (tests, toy data) then never imports
+# numba or loads its kernels (~0.5 s once per process); tests lower it to check the kernels on edges.
+COMPILED_FROM = 1 << 14
 
 
-def kernels() -> ModuleType | None:
-    """The numba kernels (:mod:`lenbatch.batching._jit`), or None: numba missing or LENBATCH_NO_NUMBA=1."""
-    if os.environ.get("LENBATCH_NO_NUMBA", "").strip() not in ("", "0"):
+def kernels(n: int) -> ModuleType | None:
+    """The numba kernels (:mod:`lenbatch.batching._jit`) for a pass over ``n`` elements, or None:
+    n < COMPILED_FROM, numba missing, or LENBATCH_NO_NUMBA=1."""
+    if n < COMPILED_FROM or os.environ.get("LENBATCH_NO_NUMBA", "").strip() not in ("", "0"):
         return None
     if not _KERNELS:
         try:
@@ -51,9 +55,9 @@ SHUFFLE_WORDS = 1 << 22  # PCG64 outputs drawn per bulk call (32 MB); a draw nee
 
 def shuffle(rng: np.random.Generator, a: np.ndarray) -> None:
     """``rng.shuffle(a)`` for a 1-D array, in place; the same swaps and the same generator state after."""
-    k = kernels()
+    k = kernels(a.size)
     bg = rng.bit_generator
-    if k is None or a.ndim != 1 or a.size < 4096 or a.size > 2**32 or type(bg).__name__ != "PCG64":
+    if k is None or a.ndim != 1 or a.size > 2**32 or type(bg).__name__ != "PCG64":
         rng.shuffle(a)
         return
     st = bg.state
@@ -92,7 +96,7 @@ def take(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
     if idx.size < 1 << 16:
         return x[idx]
     out = np.empty(idx.size, dtype=x.dtype)
-    k = kernels()
+    k = kernels(idx.size)
     if k is not None:
         k.take(x, idx, out)
         return out
@@ -127,8 +131,8 @@ def stable_order(x: np.ndarray, top: int) -> np.ndarray:
     """``np.argsort(x, kind="stable")`` of ints in 0..top (int32 when len(x) < 2**31): the indices in
     ascending ``x``, ties in index order. Compiled: a counting sort, O(n + top); else numpy's radix
     sort on 16-bit keys (two LSD passes when top >= 2**16)."""
-    k = kernels()
-    if k is not None and x.size >= 1 << 12:
+    k = kernels(x.size)
+    if k is not None:
         out = np.empty(x.size, dtype=index_dtype(x.size))
         k.stable_counting_order(x, int(top), out)
         return out
@@ -144,7 +148,7 @@ def greedy_start_mask(xo: np.ndarray, token_budget: int, max_batch_size: int) ->
     lengths in plan order; each <= token_budget): a batch grows while (n+1)*max(m, next) <=
     token_budget and n < max_batch_size."""
     mask = np.zeros(xo.size, dtype=np.uint8)
-    k = kernels()
+    k = kernels(xo.size)
     if k is not None:
         k.greedy_start_mask(xo, int(token_budget), int(max_batch_size), mask)
         return mask
@@ -172,7 +176,7 @@ def gather_segments(flat: np.ndarray, starts: np.ndarray, ends: np.ndarray, dtyp
     """The concatenation of ``flat[starts[b]:ends[b]]`` over b, as ``dtype``."""
     total = int(np.sum(ends - starts))
     out = np.empty(total, dtype=dtype)
-    k = kernels()
+    k = kernels(total)
     if k is not None:
         k.gather_segments(flat, starts.astype(np.int64, copy=False), ends.astype(np.int64, copy=False), out)
         return out
@@ -202,7 +206,7 @@ def first_fit_rows(ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_bat
     One pass, O(n * window).
     """
     n = ids.size
-    k = kernels()
+    k = kernels(n)
     if k is not None:  # in place: ``ids`` becomes the closed rows' members (the caller's array is consumed)
         xs = take(x, ids)
         row_start = np.zeros(n + 1, dtype=np.uint8)

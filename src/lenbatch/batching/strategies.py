@@ -217,7 +217,7 @@ def _sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int)
     mega = max(min(n // (max_batch_size * 4), 50), 1) * max_batch_size
     xo = take(x, perm)
     top = int(xo.max())
-    k = kernels()
+    k = kernels(n)
     if k is not None and top < 2**16:
         k.sort_blocks_descending(perm, xo, mega)  # compiled: a radix sort per megabatch
     else:
