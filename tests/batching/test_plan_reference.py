@@ -34,21 +34,24 @@ def path(request, monkeypatch):
 
 
 def _case(rng: np.random.Generator, n: int) -> dict:
-    kind = rng.integers(0, 4)
+    kind = rng.integers(0, 5)
     if kind == 0:
         x = rng.integers(1, 300, n)
     elif kind == 1:  # few distinct lengths: ties everywhere
         x = rng.choice([3, 17, 64, 65], n)
     elif kind == 2:  # heavy tail
         x = np.minimum(rng.geometric(0.01, n), 2000)
-    else:
+    elif kind == 3:
         x = np.full(n, int(rng.integers(1, 50)))
+    else:  # lengths beyond 16 bits: the int32 planning lengths and the two-pass radix sorts
+        x = rng.integers(1, 100_000, n)
     longest = int(x.max())
     budget = int(rng.choice([longest, longest + 1, 2 * longest, 8 * longest, 40 * longest]))
     mbs = int(rng.choice([1, 2, 3, 8, 64, 10_000]))
     edges = np.unique(np.concatenate([[int(x.min())], rng.integers(int(x.min()), longest + 1, 3), [longest + 1]]))
     world = int(rng.integers(1, 9))
-    return dict(x=x.astype(rng.choice([np.int64, np.int32, np.uint16])), token_budget=budget, max_batch_size=mbs,
+    dtype = rng.choice([np.int64, np.int32] + ([np.uint16] if x.max() < 2**16 else []))
+    return dict(x=x.astype(dtype), token_budget=budget, max_batch_size=mbs,
                 edges=tuple(int(e) for e in edges), packed_window=int(rng.choice([1, 2, 8, 33])), world_size=world,
                 min_batches=int(rng.choice([0, 0, world, n // 3 + 1, n])), seed=int(rng.integers(0, 1000)))
 
