@@ -94,10 +94,11 @@ def test_small_random_cases_match_the_reference(strategy, path):
 
 @pytest.mark.parametrize("strategy", lb.STRATEGIES)
 def test_large_cases_match_the_reference(strategy, path):
-    """Cases above the compiled kernels' size thresholds (n = 70,000: the bulk shuffle, gathers and the
-    counting sort run compiled), seed-profile lengths: ~1-3 s per case (the reference is slow)."""
+    """Cases above the gathers' size threshold (n = 70,000, seed-profile lengths) at the study's
+    setting: one rank, 7 ranks, and 8 ranks with min_batches: ~1-3 s per strategy and path (the
+    reference's Python loops are most of it)."""
     x = lb.seed_profile(70_000, seed=3)
-    for world, mbs, mb in ((1, 64, 0), (7, 64, 0), (3, 1, 0), (8, 64, 9000)):
+    for world, mbs, mb in ((1, 64, 0), (7, 64, 0), (8, 64, 9000)):
         c = dict(x=x, token_budget=16384, max_batch_size=mbs, edges=(0, 770, 1216, 1728, 2432, 3296, 8192),
                  packed_window=8, world_size=world, min_batches=mb, seed=5)
         _compare(c, strategy, epoch=1)
