@@ -222,3 +222,16 @@ def sort_blocks_descending(perm, xo, width):
             for k in range(hi - lo):
                 perm[lo + k] = tmp_p[k]
                 xo[lo + k] = tmp_x[k]
+
+
+@_jit
+def randperm_chunk(r, i0, raw):
+    """torch's CPU ``randperm`` swaps for positions i0 .. i0 + len(raw) - 1: z = raw[q] % (n - i),
+    then r[i] and r[i + z] trade places (``raw``: the generator's 32-bit mt19937 outputs)."""
+    n = r.size
+    for q in range(raw.size):
+        i = i0 + q
+        z = np.int64(raw[q]) % (n - i)
+        t = r[i]
+        r[i] = r[i + z]
+        r[i + z] = t

@@ -88,6 +88,41 @@ def permutation(rng: np.random.Generator, n: int | np.ndarray) -> np.ndarray:
     return a
 
 
+def _mt19937_seeded(seed: int) -> np.random.MT19937:
+    """numpy's MT19937 in the state torch's CPU generator has after ``manual_seed(seed)``: the
+    reference ``init_genrand(seed mod 2**32)`` (mt[i] = 1812433253 (mt[i-1] ^ (mt[i-1] >> 30)) + i),
+    the next draw regenerating the block (pos 624)."""
+    key = np.empty(624, dtype=np.uint32)
+    v = seed & 0xFFFFFFFF
+    for i in range(624):
+        key[i] = v
+        v = (1812433253 * (v ^ (v >> 30)) + i + 1) & 0xFFFFFFFF
+    mt = np.random.MT19937(0)
+    mt.state = {"bit_generator": "MT19937", "state": {"key": key, "pos": 624}}
+    return mt
+
+
+def torch_randperm(n: int, seed: int) -> np.ndarray:
+    """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` (CPU) as int32 below 2**31.
+
+    torch draws it with its mt19937 (seeded by ``init_genrand(seed mod 2**32)``): for i = 0..n-2,
+    z = next32() % (n - i) and r[i], r[i + z] swap (while n < (2**32 - 1) / 20; above that torch takes
+    another algorithm and is called itself). Compiled: numpy's MT19937 in the same state gives the
+    same 32-bit stream, and the swaps run in a loop without torch's int64 tensor (a test compares the
+    two); pure: torch's own ``randperm``.
+    """
+    k = kernels(n)
+    if k is None or n >= (2**32 - 1) // 20:
+        import torch
+
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy().astype(index_dtype(n))
+    mt = _mt19937_seeded(seed)
+    r = np.arange(n, dtype=index_dtype(n))
+    for i in range(0, n - 1, SHUFFLE_WORDS):
+        k.randperm_chunk(r, i, mt.random_raw(min(SHUFFLE_WORDS, n - 1 - i)))
+    return r
+
+
 CHUNK = 1 << 22  # elements per numpy pass where a pass would make an int64 copy of a large array
 
 

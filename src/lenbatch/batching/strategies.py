@@ -40,7 +40,7 @@ from lenbatch.batching.epoch import EpochBatches, Plan, assign_ranks, rank_plan,
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
 from lenbatch.batching.scan import (first_fit_rows, greedy_start_mask, kernels, permutation, segment_sums, shuffle,
-                                   stable_order, take, value_counts)
+                                   stable_order, take, torch_randperm, value_counts)
 from lenbatch.batching.spec import STRATEGIES, BatchSpec, check_int, check_strategy, layout_of
 
 __all__ = ["Plan", "check_plan", "make_spec", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
@@ -205,13 +205,8 @@ def _sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int)
     """(order, lengths along it) of :func:`sortish_order`, order as int32 below 2**31 samples. Each
     megabatch is sorted by a stable radix sort of (longest - length); torch's ``randperm`` (which
     must stay: it is what transformers draws) is most of the cost."""
-    import torch
-
-    from lenbatch.batching.scan import index_dtype
-
     n = len(x)
-    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
-    perm = torch.randperm(n, generator=gen).numpy().astype(index_dtype(n))
+    perm = torch_randperm(n, int(rng.integers(0, 2**63 - 1)))  # torch.randperm's permutation
     if n == 0:
         return perm, x[:0]
     mega = max(min(n // (max_batch_size * 4), 50), 1) * max_batch_size
