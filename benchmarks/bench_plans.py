@@ -6,8 +6,9 @@
 Setting (issue 21): the seed profile's 902,087 lengths tiled 1x, 10x, 100x (N = 0.9, 9, 90 M), token
 budget 49,152, at most 64 per batch, 7 ranks, one epoch (epoch 0, seed 0); ``bucketed`` uses the
 study's published edges. Each cell runs in a fresh subprocess (cells share no memory): it builds the
-lengths (int32), plans once at N = 1,000 (imports torch for ``sortish``, loads the numba kernels when
-numba is installed: the one-off cost, reported as ``warm-up s``), then resets the peak RSS
+lengths (int32), plans once at N = 50,000 (imports torch for ``sortish``, loads the numba kernels when
+numba is installed -- above lenbatch.batching.scan.COMPILED_FROM --: the one-off cost, reported as
+``warm-up s``), then resets the peak RSS
 (``/proc/self/clear_refs``) and times ``plan_epoch(..., rank=0, world_size=7)``: what one rank's
 sampler computes each epoch. ``--tree`` runs the cells against another source tree (e.g. main's, for
 the before-table). ``LENBATCH_NO_NUMBA=1`` in the environment times the pure numpy/Python path.
@@ -43,7 +44,7 @@ edges = {edges!r} if strategy == "bucketed" else None
 kw = dict(strategy=strategy, token_budget=49152, max_batch_size=64, seed=0, edges=edges, world_size=world, rank=0)
 x = np.tile(lb.seed_profile(902087).astype(np.int32), reps)
 t0 = time.perf_counter()
-lb.plan_epoch(x[:1000], epoch=0, **kw)  # imports (torch for sortish) and compiled kernels: the one-off cost
+lb.plan_epoch(x[:50000], epoch=0, **kw)  # imports (torch for sortish), loads the compiled kernels: the one-off cost
 warm = time.perf_counter() - t0
 gc.collect()
 with open("/proc/self/clear_refs", "w") as fh:
