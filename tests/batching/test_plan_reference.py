@@ -34,7 +34,7 @@ def path(request, monkeypatch):
 
 
 def _case(rng: np.random.Generator, n: int) -> dict:
-    kind = rng.integers(0, 5)
+    kind = rng.integers(0, 6)
     if kind == 0:
         x = rng.integers(1, 300, n)
     elif kind == 1:  # few distinct lengths: ties everywhere
@@ -43,8 +43,10 @@ def _case(rng: np.random.Generator, n: int) -> dict:
         x = np.minimum(rng.geometric(0.01, n), 2000)
     elif kind == 3:
         x = np.full(n, int(rng.integers(1, 50)))
-    else:  # lengths beyond 16 bits: the int32 planning lengths and the two-pass radix sorts
+    elif kind == 4:  # lengths beyond 16 bits: the int32 planning lengths and the two-pass radix sorts
         x = rng.integers(1, 100_000, n)
+    else:  # lengths far above the sample count: sorting instead of the O(longest) histograms
+        x = rng.integers(1, 30_000_000, n)
     longest = int(x.max())
     budget = int(rng.choice([longest, longest + 1, 2 * longest, 8 * longest, 40 * longest]))
     mbs = int(rng.choice([1, 2, 3, 8, 64, 10_000]))

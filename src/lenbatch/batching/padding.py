@@ -74,9 +74,11 @@ def greedy_starts(ordered_lengths: Sequence[int] | np.ndarray, token_budget: int
     return scan.greedy_starts(x.astype(np.int64, copy=False), token_budget, max_batch_size)
 
 
-def sorted_greedy_starts(counts: np.ndarray, token_budget: int, max_batch_size: int) -> np.ndarray:
+def sorted_greedy_starts(counts: np.ndarray, token_budget: int, max_batch_size: int,
+                         values: np.ndarray | None = None) -> np.ndarray:
     """:func:`greedy_starts` along the lengths sorted ascending, from their histogram alone
-    (``counts[v]`` samples of length v): O(distinct lengths), not O(n).
+    (``counts[v]`` samples of length v; or, with ``values``, ``counts[d]`` samples of length
+    ``values[d]``, ascending): O(distinct lengths), not O(n).
 
     Along an ascending order a batch's maximum is its newest length v, so it takes a sample of
     length v while it holds fewer than cap(v) = min(max_batch_size, token_budget // v). Per distinct
@@ -84,8 +86,11 @@ def sorted_greedy_starts(counts: np.ndarray, token_budget: int, max_batch_size: 
     (none if n >= cap(v), or if no batch is open); the other c - t fill ceil((c - t) / cap(v))
     batches of cap(v) starting at p + t, p + t + cap(v), ...; the last one stays open.
     """
-    values = np.flatnonzero(counts)
-    c = counts[values].astype(np.int64)
+    if values is None:
+        values = np.flatnonzero(counts)
+        counts = counts[values]
+    values = np.asarray(values, dtype=np.int64)
+    c = np.asarray(counts, dtype=np.int64)
     first = np.cumsum(c) - c
     cap = np.minimum(max_batch_size, token_budget // np.maximum(values, 1))
     starts_at = np.zeros(values.size, dtype=np.int64)

@@ -162,19 +162,27 @@ def value_counts(x: np.ndarray, minlength: int = 0) -> np.ndarray:
     return counts
 
 
+def histogram_too_wide(top: int, n: int) -> bool:
+    """Whether a table over lengths 0..top would dwarf the n samples (a huge token_budget with few
+    samples): then the histogram-based passes give way to sorting (O(n log n), no O(top) table)."""
+    return top > max(1 << 22, 8 * n)
+
+
 def stable_order(x: np.ndarray, top: int) -> np.ndarray:
     """``np.argsort(x, kind="stable")`` of ints in 0..top (int32 when len(x) < 2**31): the indices in
     ascending ``x``, ties in index order. Compiled: a counting sort, O(n + top); else numpy's radix
     sort on 16-bit keys (two LSD passes when top >= 2**16)."""
     k = kernels(x.size)
-    if k is not None:
+    if k is not None and not histogram_too_wide(top, x.size):
         out = np.empty(x.size, dtype=index_dtype(x.size))
         k.stable_counting_order(x, int(top), out)
         return out
     if top < 2**16:
         return np.argsort(x.astype(np.uint16, copy=False), kind="stable").astype(index_dtype(x.size))
+    if top >= 2**32:
+        return np.argsort(x, kind="stable").astype(index_dtype(x.size))
     lo = np.argsort((x & 0xFFFF).astype(np.uint16), kind="stable")
-    hi = (x[lo] >> 16).astype(np.uint32 if top >= 2**32 else np.uint16)
+    hi = (x[lo] >> 16).astype(np.uint16)
     return lo[np.argsort(hi, kind="stable")].astype(index_dtype(x.size))
 
 

@@ -39,8 +39,8 @@ import numpy as np
 from lenbatch.batching.epoch import EpochBatches, Plan, assign_ranks, rank_plan, split_to_multiple
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
-from lenbatch.batching.scan import (first_fit_rows, greedy_start_mask, kernels, permutation, segment_sums, shuffle,
-                                   stable_order, take, torch_randperm, value_counts)
+from lenbatch.batching.scan import (first_fit_rows, greedy_start_mask, histogram_too_wide, kernels, permutation,
+                                   segment_sums, shuffle, stable_order, take, torch_randperm, value_counts)
 from lenbatch.batching.spec import STRATEGIES, BatchSpec, check_int, check_strategy, layout_of
 
 __all__ = ["Plan", "check_plan", "make_spec", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
@@ -148,12 +148,17 @@ def make_spec(spec: BatchSpec | None, *, strategy: str, **kwargs: Any) -> BatchS
 def _sorted(x, rng, spec):
     # ascending length, ties by index (a counting sort); the greedy batches along a sorted order depend
     # only on how many samples have each length, so their starts come from the histogram, O(distinct)
-    counts = value_counts(x)
-    order = stable_order(x, counts.size - 1)
-    starts = sorted_greedy_starts(counts, spec.token_budget, spec.max_batch_size)
+    top = int(x.max())
+    order = stable_order(x, top)
+    if histogram_too_wide(top, x.size):
+        values, counts = np.unique(x, return_counts=True)
+    else:
+        counts = value_counts(x)
+        values = np.flatnonzero(counts)
+        counts = counts[values]
+    starts = sorted_greedy_starts(counts, spec.token_budget, spec.max_batch_size, values=values)
     ends = np.append(starts[1:], x.size)
-    values = np.flatnonzero(counts)
-    last = values[np.searchsorted(np.cumsum(counts[values]), ends - 1, side="right")]  # a batch's max: its last
+    last = values[np.searchsorted(np.cumsum(counts), ends - 1, side="right")]  # a batch's max: its last
     eb = EpochBatches(order, starts, ends, (ends - starts) * last.astype(np.int64))
     return eb.reorder(permutation(rng, len(eb)))
 
@@ -168,8 +173,11 @@ def _random(x, rng, spec):
 def _bucketed(x, rng, spec):
     edges = np.asarray(spec.edges, dtype=np.int64)
     top = int(x.max())
-    bucket_of_length = (np.searchsorted(edges, np.arange(top + 1), side="right") - 1).astype(np.int16)
-    ids = take(bucket_of_length, x)
+    if histogram_too_wide(top, x.size):
+        ids = (np.searchsorted(edges, x, side="right") - 1).astype(np.int16)
+    else:  # a table lookup per sample instead of a binary search
+        bucket_of_length = (np.searchsorted(edges, np.arange(top + 1), side="right") - 1).astype(np.int16)
+        ids = take(bucket_of_length, x)
     order = stable_order(ids, len(edges))  # every bucket's members, in index order
     bounds = np.concatenate([[0], np.cumsum(value_counts(ids, len(edges) - 1))])
     del ids
@@ -322,5 +330,5 @@ def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int =
     epochs = check_int("epochs", epochs, minimum=1)
     spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
                      edges=edges, packed_window=packed_window, min_batches=0)
-    return max(sum(len(r) for r in plan_epoch_all(lengths, strategy=strategy, epoch=e, world_size=world_size,
-                                                  spec=spec)) for e in range(epochs))
+    return max(len(epoch_batches(lengths, strategy=strategy, spec=spec, epoch=e, world_size=world_size)[0])
+               for e in range(epochs))  # every rank's batches counted, none gathered
