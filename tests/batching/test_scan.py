@@ -69,7 +69,11 @@ def test_greedy_starts_match_the_python_loop(path):
     rng = np.random.default_rng(1)
     for n, budget, mbs in ((1, 500, 1), (70_000, 1000, 64), (5000, 299, 1), (5000, 5000, 3), (5000, 10**6, 10**6)):
         x = rng.integers(1, 300, n)
-        assert np.array_equal(lb.greedy_starts(x, budget, mbs), ref.greedy_starts(x, budget, mbs))
+        want = ref.greedy_starts(x, budget, mbs)
+        assert np.array_equal(lb.greedy_starts(x, budget, mbs), want)
+        starts, cost = scan.greedy_batches(x, budget, mbs)
+        assert np.array_equal(starts, want)
+        assert np.array_equal(cost, ref.batch_tokens(x, np.split(np.arange(n), want[1:]))[1])
 
 
 def test_histogram_greedy_equals_the_greedy_along_the_sorted_order():

@@ -235,3 +235,46 @@ def randperm_chunk(r, i0, raw):
         t = r[i]
         r[i] = r[i + z]
         r[i + z] = t
+
+
+@_jit
+def greedy_count(xo, token_budget, max_batch_size):
+    """How many greedy token-budget batches ``xo`` makes (the rule of :func:`greedy_start_mask`)."""
+    n = 0
+    m = 0
+    count = 0
+    for i in range(xo.size):
+        v = np.int64(xo[i])
+        mm = v if v > m else m
+        if n < max_batch_size and (n + 1) * mm <= token_budget and count:
+            n += 1
+            m = mm
+        else:
+            count += 1
+            n = 1
+            m = v
+    return count
+
+
+@_jit
+def greedy_fill(xo, token_budget, max_batch_size, starts, cost):
+    """starts[b] and cost[b] = n * max of every greedy token-budget batch along ``xo`` (sized by
+    :func:`greedy_count`)."""
+    n = 0
+    m = 0
+    b = -1
+    for i in range(xo.size):
+        v = np.int64(xo[i])
+        mm = v if v > m else m
+        if n < max_batch_size and (n + 1) * mm <= token_budget and b >= 0:
+            n += 1
+            m = mm
+        else:
+            if b >= 0:
+                cost[b] = n * m
+            b += 1
+            starts[b] = i
+            n = 1
+            m = v
+    if b >= 0:
+        cost[b] = n * m

@@ -210,6 +210,23 @@ def greedy_start_mask(xo: np.ndarray, token_budget: int, max_batch_size: int) ->
     return mask
 
 
+def greedy_batches(xo: np.ndarray, token_budget: int, max_batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start offsets, computed tokens n * max) of the greedy token-budget batches along ``xo``, int64.
+    Compiled: a counting pass and a filling pass (no per-sample mask); pure: the mask, then maxima."""
+    k = kernels(xo.size)
+    if k is not None:
+        count = k.greedy_count(xo, int(token_budget), int(max_batch_size))
+        starts = np.empty(count, dtype=np.int64)
+        cost = np.empty(count, dtype=np.int64)
+        k.greedy_fill(xo, int(token_budget), int(max_batch_size), starts, cost)
+        return starts, cost
+    starts = greedy_starts(xo, token_budget, max_batch_size)
+    if not starts.size:
+        return starts, starts.copy()
+    sizes = np.diff(np.append(starts, xo.size))
+    return starts, sizes * np.maximum.reduceat(xo, starts).astype(np.int64)
+
+
 def greedy_starts(xo: np.ndarray, token_budget: int, max_batch_size: int) -> np.ndarray:
     """Start offsets (int64) of the greedy token-budget batches along ``xo``; see :func:`greedy_start_mask`."""
     return np.flatnonzero(greedy_start_mask(xo, token_budget, max_batch_size))

@@ -39,7 +39,7 @@ import numpy as np
 from lenbatch.batching.epoch import EpochBatches, Plan, assign_ranks, rank_plan, split_to_multiple
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
-from lenbatch.batching.scan import (first_fit_rows, greedy_start_mask, histogram_too_wide, kernels, permutation,
+from lenbatch.batching.scan import (first_fit_rows, greedy_batches, histogram_too_wide, kernels, permutation,
                                    segment_sums, shuffle, stable_order, take, torch_randperm, value_counts)
 from lenbatch.batching.spec import STRATEGIES, BatchSpec, check_int, check_strategy, layout_of
 
@@ -165,9 +165,13 @@ def _sorted(x, rng, spec):
 
 def _random(x, rng, spec):
     order = permutation(rng, x.size)
-    xo = take(x, order)
-    return EpochBatches.contiguous(order, np.flatnonzero(greedy_start_mask(xo, spec.token_budget,
-                                                                           spec.max_batch_size)), xo, packed=False)
+    return _greedy(order, take(x, order), spec)
+
+
+def _greedy(order: np.ndarray, xo: np.ndarray, spec: BatchSpec) -> EpochBatches:
+    """The greedy token-budget batches along ``order`` (``xo``: the lengths along it)."""
+    starts, cost = greedy_batches(xo, spec.token_budget, spec.max_batch_size)
+    return EpochBatches(order, starts, np.append(starts[1:], order.size), cost)
 
 
 def _bucketed(x, rng, spec):
@@ -187,11 +191,15 @@ def _bucketed(x, rng, spec):
         if b > a:
             shuffle(rng, order[a:b])  # = rng.permutation(members), in place
     xo = take(x, order)
+    costs = []
     for k in range(len(edges) - 1):
         a, b = int(bounds[k]), int(bounds[k + 1])
-        if b > a:
-            starts.append(a + np.flatnonzero(greedy_start_mask(xo[a:b], spec.token_budget, spec.max_batch_size)))
-    eb = EpochBatches.contiguous(order, np.concatenate(starts), xo, packed=False)
+        if b > a:  # greedy inside the bucket: its first batch starts at the bucket's first sample
+            s, c = greedy_batches(xo[a:b], spec.token_budget, spec.max_batch_size)
+            starts.append(a + s)
+            costs.append(c)
+    starts = np.concatenate(starts)
+    eb = EpochBatches(order, starts, np.append(starts[1:], order.size), np.concatenate(costs))
     return eb.reorder(permutation(rng, len(eb)))
 
 
@@ -253,8 +261,7 @@ def _sort_megabatches(perm: np.ndarray, xo: np.ndarray, mega: int, top: int) -> 
 
 def _sortish(x, rng, spec):
     order, xo = _sortish_order(x, rng, spec.max_batch_size)
-    return EpochBatches.contiguous(order, np.flatnonzero(greedy_start_mask(xo, spec.token_budget,
-                                                                           spec.max_batch_size)), xo, packed=False)
+    return _greedy(order, xo, spec)
 
 
 def _packed(x, rng, spec):
