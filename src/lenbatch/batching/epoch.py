@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.batching.scan import gather_segments, permutation, segment_sums, stable_order
+from lenbatch.batching.scan import gather_segments, permutation, stable_order
 from lenbatch.batching.spec import check_strategy, layout_of
 
 
@@ -121,26 +121,8 @@ class EpochBatches:
     def __len__(self) -> int:
         return self.start.size
 
-    @classmethod
-    def contiguous(cls, flat: np.ndarray, starts: np.ndarray, x_flat: np.ndarray, *, packed: bool) -> "EpochBatches":
-        """Batches that tile ``flat`` in order, starting at ``starts``; ``x_flat`` = lengths along ``flat``."""
-        starts = np.asarray(starts, dtype=np.int64)
-        end = np.append(starts[1:], flat.size).astype(np.int64)
-        if not starts.size:
-            return cls(flat, starts, end, np.zeros(0, np.int64))
-        if packed:
-            cost = segment_sums(x_flat, starts)
-        else:
-            cost = (end - starts) * np.maximum.reduceat(x_flat, starts).astype(np.int64)
-        return cls(flat, starts, end, cost)
-
     def reorder(self, perm: np.ndarray) -> "EpochBatches":
         return EpochBatches(self.flat, self.start[perm], self.end[perm], self.cost[perm])
-
-    def concat(self, other: "EpochBatches") -> "EpochBatches":
-        """Batches of ``self`` then of ``other`` (sharing ``self.flat``; ``other`` indexes the same array)."""
-        return EpochBatches(self.flat, np.concatenate([self.start, other.start]), np.concatenate([self.end, other.end]),
-                            np.concatenate([self.cost, other.cost]))
 
 
 def _top_costs(cost: np.ndarray, need: int) -> np.ndarray:
@@ -224,11 +206,3 @@ def rank_plan(eb: EpochBatches, positions: np.ndarray, strategy: str) -> Plan:
     s, e = eb.start[positions], eb.end[positions]
     offsets = np.concatenate([[0], np.cumsum(e - s)]).astype(np.int64)
     return Plan.from_flat(gather_segments(eb.flat, s, e), offsets, strategy=strategy)
-
-
-def as_epoch_batches(batches: Sequence[np.ndarray], x: np.ndarray, *, packed: bool) -> EpochBatches:
-    """A list of index arrays as :class:`EpochBatches` (for callers holding lists)."""
-    sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
-    flat = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]) if len(batches) else np.zeros(0, np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if sizes.size else sizes
-    return EpochBatches.contiguous(flat, starts, x[flat], packed=packed)
