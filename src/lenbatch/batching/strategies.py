@@ -41,9 +41,10 @@ from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
 from lenbatch.batching.scan import (first_fit_rows, greedy_batches, histogram_too_wide, kernels, permutation,
                                    segment_sums, shuffle, stable_order, take, torch_randperm, value_counts)
-from lenbatch.batching.spec import STRATEGIES, BatchSpec, check_int, check_strategy, layout_of
+from lenbatch.batching.layouts import STRATEGIES, check_strategy, layout_of
+from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 
-__all__ = ["Plan", "check_plan", "make_spec", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
+__all__ = ["Plan", "check_plan", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
            "sortish_order", "validate"]
 
 
@@ -121,22 +122,6 @@ def planning_lengths(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndar
     top = int(arr.max())
     dtype = np.uint16 if top < 2**16 else np.int32 if top < 2**31 else np.int64
     return arr.astype(dtype, copy=False)
-
-
-def make_spec(spec: BatchSpec | None, *, strategy: str, **kwargs: Any) -> BatchSpec:
-    """``spec`` if given (then the keyword arguments must be left at their defaults), else one built
-    from the public functions' keyword arguments (``token_budget`` ... ``min_batches``)."""
-    if spec is None:
-        return BatchSpec(layout=layout_of(strategy), **kwargs)
-    if not isinstance(spec, BatchSpec):
-        raise ValueError(f"spec must be a lenbatch.BatchSpec, got {type(spec).__name__}")
-    defaults = {"token_budget": None, "max_batch_size": None, "seed": 0, "edges": None, "packed_window": 8,
-                "min_batches": 0}
-    given = sorted(k for k, v in kwargs.items() if v is not None and (defaults[k] is None or v != defaults[k]))
-    if given:
-        raise ValueError(f"pass either spec= or the batching arguments, not both (got spec= and {given}); "
-                         "put them in the BatchSpec")
-    return spec
 
 
 # --------------------------------------------------------------------------- strategies (every batch of the epoch)
@@ -277,7 +262,7 @@ def _packed(x, rng, spec):
 
 
 _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish": _sortish, "packed": _packed}
-assert tuple(_FUNCS) == STRATEGIES, "every strategy of lenbatch.batching.spec.STRATEGIES has a planner"
+assert tuple(_FUNCS) == STRATEGIES, "every strategy of lenbatch.batching.layouts.STRATEGIES has a planner"
 
 
 def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int | None = None,
@@ -291,8 +276,8 @@ def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0
     (transformers' ``Trainer``) need every epoch to have the same count; see
     :func:`equal_epoch_batches`.
     """
-    spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                     edges=edges, packed_window=packed_window, min_batches=min_batches)
+    spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
+                            seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
     eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size)
     return [rank_plan(eb, pos, strategy) for pos in ranks]
 
@@ -322,8 +307,8 @@ def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, to
     :func:`epoch_batches` (benchmarks/bench_plans.py: 0.9, 9 and 90 M samples).
     """
     rank, world_size = resolve_rank(rank, world_size)
-    spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                     edges=edges, packed_window=packed_window, min_batches=min_batches)
+    spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
+                            seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
     eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size)
     return rank_plan(eb, ranks[rank], strategy)  # only this rank's batches are gathered
 
@@ -335,7 +320,7 @@ def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int =
     them plans (over all ranks, a multiple of ``world_size``). Strategies other than ``sorted`` plan
     a different count each epoch (greedy packing of a new order). Cost: ``epochs`` plans."""
     epochs = check_int("epochs", epochs, minimum=1)
-    spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                     edges=edges, packed_window=packed_window, min_batches=0)
+    spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
+                            seed=seed, edges=edges, packed_window=packed_window)
     return max(len(epoch_batches(lengths, strategy=strategy, spec=spec, epoch=e, world_size=world_size)[0])
                for e in range(epochs))  # every rank's batches counted, none gathered
