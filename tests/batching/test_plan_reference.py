@@ -13,6 +13,7 @@ import pytest
 
 import lenbatch as lb
 from lenbatch.batching import scan
+from lenbatch.batching.layouts import layout_of
 from lenbatch.batching.spec import BatchSpec
 
 import _reference_planner as ref
@@ -69,7 +70,7 @@ def _same(new: list, old: list) -> None:
 
 def _compare(c: dict, strategy: str, epoch: int) -> None:
     spec = BatchSpec(token_budget=c["token_budget"], max_batch_size=c["max_batch_size"],
-                     layout=lb.batching.spec.layout_of(strategy), seed=c["seed"], packed_window=c["packed_window"],
+                     layout=layout_of(strategy), seed=c["seed"], packed_window=c["packed_window"],
                      edges=c["edges"] if strategy == "bucketed" else None, min_batches=c["min_batches"])
     try:
         old = ref.reference_plan_all(c["x"], strategy=strategy, spec=spec, epoch=epoch, world_size=c["world_size"],

@@ -35,11 +35,14 @@ RERUNS: dict[str, set[str]] = {
     "analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table
     "analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
     # batching: the numpy planning library
+    "batching/_jit.py": PLANNING,  # the compiled scans (imported lazily by scan.py: still a code dep)
     "batching/anchors.py": {"profile", "train", "quality", "compare"},  # the drafter's anchors (compare: its work)
     "batching/boundaries.py": {"boundaries"},
+    "batching/epoch.py": PLANNING,
     "batching/layouts.py": ALL,  # the strategy list: the params loader validates train.strategies with it
     "batching/lengths.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},  # checks every lengths read
     "batching/padding.py": PLANNING,
+    "batching/scan.py": PLANNING,
     "batching/schedule.py": {"train", "compare"},  # compare rebuilds the trained batches
     "batching/simulate.py": {"plans"},
     "batching/spec.py": PLANNING | {"profile"},
@@ -52,7 +55,9 @@ RERUNS: dict[str, set[str]] = {
     "core/cpu.py": {"profile", "train", "compare"},
     "core/log.py": ALL,
     # corpus: tokenize's alone
+    "corpus/arrow.py": {"tokenize"},  # pre-tokenized input reads Arrow files with it
     "corpus/chat.py": {"tokenize"},
+    "corpus/pretokenized.py": {"tokenize"},
     "corpus/sources.py": {"tokenize"},
     "corpus/tokenizing.py": {"tokenize"},
     # loading: the sampler and the Trainer integration are for users' loops, no stage runs them
