@@ -7,6 +7,7 @@ Public API (stable, DESIGN.md)::
     batches = lb.plan_epoch(lengths, strategy="bucketed", epoch=0, seed=0, token_budget=49152,
                             max_batch_size=64, edges=b.edges, rank=0, world_size=1)
     lb.padding_efficiency(lengths, batches, strategy="bucketed")
+    lengths = lb.lengths_of(dataset, column="input_ids")   # from the Arrow offsets: no row loop
     sampler = lb.LengthBatchSampler(lengths, strategy="packed", token_budget=8192, max_batch_size=64, seed=0)
 
     batch = lb.collate_packed([{"input_ids": ids} for ids in samples])   # or collate_padded
@@ -36,6 +37,7 @@ from lenbatch.batching.padding import (
 )
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import STRATEGIES, Plan, plan_epoch, plan_epoch_all
+from lenbatch.corpus.arrow import lengths_of
 
 __version__ = "0.1.0"
 
@@ -43,7 +45,7 @@ __all__ = [
     "METHODS", "STRATEGIES", "BatchSpec", "Boundaries", "LengthBatchSampler", "Plan", "bucket_counts", "budget_fill",
     "collate_packed", "collate_padded",
     "composition_repeat", "expected_max", "greedy_bucket_computed", "greedy_starts", "histogram",
-    "length_mixing", "length_stats", "optimize_boundaries", "padding_efficiency", "plan_epoch", "plan_epoch_all",
+    "length_mixing", "length_stats", "lengths_of", "optimize_boundaries", "padding_efficiency", "plan_epoch", "plan_epoch_all",
     "predict_bucketed", "seed_profile", "study_bucket_computed", "sweep_num_buckets",
 ]
 

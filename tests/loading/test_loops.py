@@ -2,6 +2,7 @@
 failure of issue 14 as a test that failed before the fix."""
 
 import pickle
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -109,7 +110,8 @@ def test_library_errors_do_not_name_config_keys():
 def test_a_plan_carries_its_layout_so_packed_cannot_be_misscored():
     """padding_efficiency of a packed plan without strategy= was 0.34 (scored as padded rows)."""
     packed = lb.plan_epoch(X, strategy="packed", **KW)
-    assert isinstance(packed, list) and all(b.dtype == np.int64 for b in packed)
+    # a sequence of int64 index arrays (compact since issue 21: one flat array + offsets, not a list)
+    assert isinstance(packed, lb.Plan) and isinstance(packed, Sequence) and all(b.dtype == np.int64 for b in packed)
     assert (packed.layout, packed.strategy) == ("packed", "packed")
     assert lb.padding_efficiency(X, packed) == 1.0
     assert lb.padding_efficiency(X, packed) == lb.padding_efficiency(X, list(packed), strategy="packed")

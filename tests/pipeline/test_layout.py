@@ -26,7 +26,9 @@ LAYERS: dict[str, set[str]] = {
     "batching": set(),                                   # numpy: lengths, spec, padding, plans, boundaries
     "core": {"batching"},                                # params (strategy names), log, CPU time
     "corpus": {"core"},                                  # sources, chat, tokenizing
-    "loading": {"batching", "core"},                     # sampler, collate, Trainer integration
+    # sampler, collate, Trainer integration (corpus: lengths straight from a dataset's Arrow offsets,
+    # corpus.arrow.lengths_of, issue 21)
+    "loading": {"batching", "core", "corpus"},
     "models": {"loading", "batching", "core"},           # target, drafter, kernels, memory, verify
     "runtime": {"models", "loading", "batching", "core"},  # step runner, transport, checkpoints, records
     "analysis": {"batching", "core"},                    # step-time model, gradient quality, reports
@@ -34,7 +36,7 @@ LAYERS: dict[str, set[str]] = {
     "stages": {"runtime", "models", "loading", "batching", "core", "corpus", "analysis", "pipeline"},
     # flags; stages reached by importlib only; runtime: train's relaunch under torchrun dies with its parent
     "cli": {"pipeline", "batching", "core", "models", "runtime"},
-    "(top)": {"batching", "loading", "runtime", "models", "cli"},
+    "(top)": {"batching", "loading", "runtime", "models", "cli", "corpus"},  # corpus: lb.lengths_of (issue 21)
 }
 # Layers whose modules never import torch (or transformers) at module level: they stay importable
 # and fast in a numpy-only setting (the facade) and in the report.

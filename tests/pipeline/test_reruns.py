@@ -38,11 +38,14 @@ RERUNS: dict[str, set[str]] = {
     "analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
     "analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
     # batching: the numpy planning library
+    "batching/_jit.py": PLANNING,  # the compiled scans (imported lazily by scan.py: still a code dep)
     "batching/anchors.py": {"profile", "train", "quality", "compare"},  # the drafter's anchors (compare: its work)
     "batching/boundaries.py": {"boundaries", "compare"},  # compare replays the study with dp edges
+    "batching/epoch.py": PLANNING,
     "batching/layouts.py": ALL,  # the strategy list: the params loader validates train.strategies with it
     "batching/lengths.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},  # checks every lengths read
     "batching/padding.py": PLANNING,
+    "batching/scan.py": PLANNING,
     "batching/schedule.py": {"train", "compare"},  # compare rebuilds the trained batches
     "batching/simulate.py": {"plans"},
     "batching/spec.py": PLANNING | {"profile"},
@@ -56,7 +59,9 @@ RERUNS: dict[str, set[str]] = {
     "core/log.py": ALL,
     "core/machine.py": {"profile", "train", "quality", "compare"},  # the fingerprint every measurement records
     # corpus: tokenize's alone
+    "corpus/arrow.py": {"tokenize"},  # pre-tokenized input reads Arrow files with it
     "corpus/chat.py": {"tokenize"},
+    "corpus/pretokenized.py": {"tokenize"},
     "corpus/sources.py": {"tokenize"},
     "corpus/tokenizing.py": {"tokenize"},
     # loading: the sampler and the Trainer integration are for users' loops, no stage runs them

@@ -36,32 +36,16 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.batching.padding import batch_tokens, greedy_batches
+from lenbatch.batching.epoch import EpochBatches, Plan, assign_ranks, rank_plan, split_to_multiple
 from lenbatch.batching.lengths import check_lengths
+from lenbatch.batching.padding import sorted_greedy_starts
+from lenbatch.batching.scan import (first_fit_rows, greedy_batches, histogram_too_wide, kernels, permutation,
+                                   segment_sums, shuffle, stable_order, take, torch_randperm, value_counts)
 from lenbatch.batching.layouts import STRATEGIES, check_strategy, layout_of
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 
-
-
-
-class Plan(list):
-    """One rank's epoch plan: a plain ``list`` of int64 index arrays (the stable API) that also
-    carries its ``strategy`` and ``layout`` (``"padded"``/``"packed"``), so scoring it
-    (:func:`lenbatch.padding_efficiency`, :func:`lenbatch.budget_fill`) cannot use the wrong layout.
-    Slicing or copying into a new list drops the attributes (pass ``strategy=`` then)."""
-
-    def __init__(self, batches: Any = (), *, strategy: str) -> None:
-        super().__init__(batches)
-        check_strategy(strategy)
-        self.strategy = strategy
-        self.layout = layout_of(strategy)
-
-    def __reduce__(self):  # pickles (DataLoader workers, checkpoints) keep the layout
-        return (_make_plan, (list(self), self.strategy))
-
-
-def _make_plan(batches: list, strategy: str) -> "Plan":
-    return Plan(batches, strategy=strategy)
+__all__ = ["Plan", "check_plan", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
+           "sortish_order", "validate"]
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -107,6 +91,12 @@ def check_plan(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:
     layout is the spec's, ``bucketed`` has edges (and only it), every length fits the budget and
     the edges cover the lengths. ``ValueError`` naming the setting and the fix."""
     x = check_lengths(lengths)
+    _check_strategy_spec(strategy, spec)
+    spec.check_lengths(x)
+    return x
+
+
+def _check_strategy_spec(strategy: str, spec: BatchSpec) -> None:
     check_strategy(strategy)
     if spec.layout != layout_of(strategy):
         raise ValueError(f"strategy {strategy!r} makes {layout_of(strategy)} batches but the BatchSpec has layout "
@@ -118,84 +108,84 @@ def check_plan(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:
     if strategy != "bucketed" and spec.edges is not None:
         raise ValueError(f"edges are only used by strategy 'bucketed', not {strategy!r}; drop edges= or use "
                          "strategy='bucketed'")
-    spec.check_lengths(x)
-    return x
 
 
-def _seq_split(batch: np.ndarray, x: np.ndarray, packed: bool) -> tuple[np.ndarray, np.ndarray]:
-    if packed:  # two rows of about equal tokens, order kept
-        cum = np.cumsum(x[batch])
-        k = int(np.clip(np.searchsorted(cum, cum[-1] / 2), 1, len(batch) - 1))
-        return batch[:k], batch[k:]
-    srt = batch[np.argsort(x[batch], kind="stable")]  # shorter half pads to a shorter maximum
-    k = len(batch) // 2
-    return srt[:k], srt[k:]
+def planning_lengths(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:
+    """:func:`check_plan`'s checks, but the lengths come back in the smallest integer type that holds
+    them (uint16 below 65,536 tokens) and are not copied to int64: an epoch of 90 M int32 lengths
+    would otherwise take 720 MB before planning starts. Same errors as :func:`check_plan`."""
+    arr = np.asarray(lengths)
+    if not (arr.ndim == 1 and arr.size and np.issubdtype(arr.dtype, np.integer) and arr.min() > 0):
+        return check_plan(lengths, strategy=strategy, spec=spec)  # raises, or converts integral floats
+    _check_strategy_spec(strategy, spec)
+    spec.check_lengths(arr)
+    top = int(arr.max())
+    dtype = np.uint16 if top < 2**16 else np.int32 if top < 2**31 else np.int64
+    return arr.astype(dtype, copy=False)
 
 
-def split_to_multiple(batches: list[np.ndarray], x: np.ndarray, world_size: int, packed: bool,
-                      min_batches: int = 0) -> list[np.ndarray]:
-    """Make len(batches) a multiple of world_size (and at least ``min_batches``) by splitting batches
-    in two, in place (halves adjacent).
-
-    Each round splits the ``need`` multi-sample batches with the most computed tokens (ties: earlier
-    first); rounds repeat only if there were fewer splittable batches than needed. Never drops or
-    duplicates a sample; ``ValueError`` when there are fewer samples than batches the ranks need.
-    """
-    target = max(len(batches), min_batches)
-    need = target + (-target) % world_size - len(batches)
-    if need and len(batches) + need > x.size:
-        raise ValueError(f"world_size={world_size} (min_batches={min_batches}) needs {len(batches) + need} batches "
-                         f"this epoch but there are only {x.size} samples; use fewer ranks or more data")
-    while need:
-        cost = batch_tokens(x, batches, packed=packed)[1]
-        sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
-        cand = np.flatnonzero(sizes > 1)
-        pick = cand[np.argsort(-cost[cand], kind="stable")[:need]]
-        chosen = set(pick.tolist())
-        out: list[np.ndarray] = []
-        for i, b in enumerate(batches):
-            out.extend(_seq_split(b, x, packed) if i in chosen else (b,))
-        batches = out
-        need -= len(pick)
-    return batches
-
-
-def assign_ranks(batches: list[np.ndarray], x: np.ndarray, world_size: int, rng: np.random.Generator,
-                 packed: bool) -> list[list[np.ndarray]]:
-    """Per rank, its batches in step order (see module doc). Requires len(batches) % world_size == 0."""
-    if world_size == 1:
-        return [batches]
-    assert len(batches) % world_size == 0
-    cost = batch_tokens(x, batches, packed=packed)[1]
-    order = np.argsort(-cost, kind="stable")
-    steps = order.reshape(-1, world_size)
-    steps = steps[rng.permutation(len(steps))]
-    return [[batches[i] for i in steps[:, r]] for r in range(world_size)]
-
-
-# --------------------------------------------------------------------------- strategies (global batch lists)
+# --------------------------------------------------------------------------- strategies (every batch of the epoch)
+# Each takes the planning lengths x (uint16/int32), the epoch's generator and the spec, and returns the
+# epoch's batches in the strategy's list order as EpochBatches, drawing from the generator exactly as
+# the list-of-arrays planner before issue 21 did (tests/batching/test_plan_reference.py compares them).
 
 
 def _sorted(x, rng, spec):
-    batches = greedy_batches(np.argsort(x, kind="stable"), x, spec.token_budget, spec.max_batch_size)
-    return [batches[i] for i in rng.permutation(len(batches))]
+    # ascending length, ties by index (a counting sort); the greedy batches along a sorted order depend
+    # only on how many samples have each length, so their starts come from the histogram, O(distinct)
+    top = int(x.max())
+    order = stable_order(x, top)
+    if histogram_too_wide(top, x.size):
+        values, counts = np.unique(x, return_counts=True)
+    else:
+        counts = value_counts(x)
+        values = np.flatnonzero(counts)
+        counts = counts[values]
+    starts = sorted_greedy_starts(counts, spec.token_budget, spec.max_batch_size, values=values)
+    ends = np.append(starts[1:], x.size)
+    last = values[np.searchsorted(np.cumsum(counts), ends - 1, side="right")]  # a batch's max: its last
+    eb = EpochBatches(order, starts, ends, (ends - starts) * last.astype(np.int64))
+    return eb.reorder(permutation(rng, len(eb)))
 
 
 def _random(x, rng, spec):
-    return greedy_batches(rng.permutation(x.size), x, spec.token_budget, spec.max_batch_size)
+    order = permutation(rng, x.size)
+    return _greedy(order, take(x, order), spec)
+
+
+def _greedy(order: np.ndarray, xo: np.ndarray, spec: BatchSpec) -> EpochBatches:
+    """The greedy token-budget batches along ``order`` (``xo``: the lengths along it)."""
+    starts, cost = greedy_batches(xo, spec.token_budget, spec.max_batch_size)
+    return EpochBatches(order, starts, np.append(starts[1:], order.size), cost)
 
 
 def _bucketed(x, rng, spec):
     edges = np.asarray(spec.edges, dtype=np.int64)
-    ids = np.searchsorted(edges, x, side="right") - 1
-    by_bucket = np.argsort(ids, kind="stable")
-    bounds = np.searchsorted(ids[by_bucket], np.arange(len(edges)))
-    batches: list[np.ndarray] = []
+    top = int(x.max())
+    if histogram_too_wide(top, x.size):
+        ids = (np.searchsorted(edges, x, side="right") - 1).astype(np.int16)
+    else:  # a table lookup per sample instead of a binary search
+        bucket_of_length = (np.searchsorted(edges, np.arange(top + 1), side="right") - 1).astype(np.int16)
+        ids = take(bucket_of_length, x)
+    order = stable_order(ids, len(edges))  # every bucket's members, in index order
+    bounds = np.concatenate([[0], np.cumsum(value_counts(ids, len(edges) - 1))])
+    del ids
+    starts = []
     for k in range(len(edges) - 1):
-        members = by_bucket[bounds[k]:bounds[k + 1]]
-        if members.size:
-            batches.extend(greedy_batches(rng.permutation(members), x, spec.token_budget, spec.max_batch_size))
-    return [batches[i] for i in rng.permutation(len(batches))]
+        a, b = int(bounds[k]), int(bounds[k + 1])
+        if b > a:
+            shuffle(rng, order[a:b])  # = rng.permutation(members), in place
+    xo = take(x, order)
+    costs = []
+    for k in range(len(edges) - 1):
+        a, b = int(bounds[k]), int(bounds[k + 1])
+        if b > a:  # greedy inside the bucket: its first batch starts at the bucket's first sample
+            s, c = greedy_batches(xo[a:b], spec.token_budget, spec.max_batch_size)
+            starts.append(a + s)
+            costs.append(c)
+    starts = np.concatenate(starts)
+    eb = EpochBatches(order, starts, np.append(starts[1:], order.size), np.concatenate(costs))
+    return eb.reorder(permutation(rng, len(eb)))
 
 
 def sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int) -> np.ndarray:
@@ -207,79 +197,68 @@ def sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int) 
     (m = min(n // (4 * max_batch_size), 50), at least 1); each megabatch is sorted by length,
     longest first, ties kept in permutation order; then the first sample of the megabatch
     holding the longest sample trades places with the very first sample (so the first batch
-    is the largest, and out-of-memory shows at once). One stable lexsort over (megabatch,
-    -length): 0.18 s per epoch plan for 902,087 lengths; transformers' Python sort alone takes
-    0.3-1.1 s (bench_core.py).
+    is the largest, and out-of-memory shows at once). int64 indices; see :func:`_sortish_order`.
     """
-    import torch
+    return _sortish_order(np.asarray(x), rng, max_batch_size)[0].astype(np.int64)
 
-    x = np.asarray(x, dtype=np.int64)
+
+def _sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, lengths along it) of :func:`sortish_order`, order as int32 below 2**31 samples. Each
+    megabatch is sorted by a stable radix sort of (longest - length); torch's ``randperm`` (which
+    must stay: it is what transformers draws) is most of the cost."""
     n = len(x)
-    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
-    perm = torch.randperm(n, generator=gen).numpy().astype(np.int64)
+    perm = torch_randperm(n, int(rng.integers(0, 2**63 - 1)))  # torch.randperm's permutation
     if n == 0:
-        return perm
+        return perm, x[:0]
     mega = max(min(n // (max_batch_size * 4), 50), 1) * max_batch_size
-    # by megabatch, then longest first; lexsort is stable, so equal lengths keep their
-    # permutation order, as Python's sorted(..., reverse=True) does
-    order = perm[np.lexsort((-x[perm], np.arange(n) // mega))]
+    xo = take(x, perm)
+    top = int(xo.max())
+    k = kernels(n)
+    if k is not None and top < 2**16:
+        k.sort_blocks_descending(perm, xo, mega)  # compiled: a radix sort per megabatch
+    else:
+        _sort_megabatches(perm, xo, mega, top)
     firsts = np.arange(0, n, mega)  # each megabatch's longest sample comes first
-    top = int(firsts[int(np.argmax(x[order[firsts]]))])  # first megabatch with the longest
-    order[0], order[top] = order[top], order[0]
-    return order
+    t = int(firsts[int(np.argmax(xo[firsts]))])  # first megabatch with the longest
+    perm[0], perm[t] = perm[t], perm[0]
+    xo[0], xo[t] = xo[t], xo[0]
+    return perm, xo
+
+
+def _sort_megabatches(perm: np.ndarray, xo: np.ndarray, mega: int, top: int) -> None:
+    """In place: each run of ``mega`` entries of ``perm`` (and ``xo``, the lengths along it) sorted by
+    length, longest first, ties in their order (numpy's stable sort along rows, 2**20 entries a time)."""
+    n = perm.size
+    key_type = np.uint16 if top < 2**16 else np.int64
+    rows_per_block = max(1, (1 << 20) // mega)
+    for a in range(0, n, rows_per_block * mega):
+        b = min(n, a + rows_per_block * mega)
+        full = (b - a) // mega
+        for lo, hi, rows in ((a, a + full * mega, full), (a + full * mega, b, 1)):
+            if hi <= lo:
+                continue
+            width = (hi - lo) // rows
+            key = (top - xo[lo:hi].astype(np.int64)).astype(key_type).reshape(rows, width)
+            srt = np.argsort(key, axis=1, kind="stable")
+            perm[lo:hi] = np.take_along_axis(perm[lo:hi].reshape(rows, width), srt, axis=1).ravel()
+            xo[lo:hi] = np.take_along_axis(xo[lo:hi].reshape(rows, width), srt, axis=1).ravel()
 
 
 def _sortish(x, rng, spec):
-    return greedy_batches(sortish_order(x, rng, spec.max_batch_size), x, spec.token_budget, spec.max_batch_size)
+    order, xo = _sortish_order(x, rng, spec.max_batch_size)
+    return _greedy(order, xo, spec)
 
 
 def _packed(x, rng, spec):
-    # first-fit with the spec's fits() rule inlined (rem >= L is fits(n + 1, used + L); a row is closed
-    # when it holds max_batch_size sequences): one Python loop over the epoch, so no method calls
-    budget, mbs, packed_window = spec.token_budget, spec.max_batch_size, spec.packed_window
-    order = rng.permutation(x.size)
-    xs = x[order].tolist()
-    ids = order.tolist()
-    shortest = int(x.min())
-    rows: list[list[int]] = []
-    rem: list[int] = []  # free tokens of each open row
-    members: list[list[int]] = []
-    for i, L in zip(ids, xs):
-        for k in range(len(rem)):
-            if rem[k] >= L:
-                members[k].append(i)
-                rem[k] -= L
-                if rem[k] < shortest or len(members[k]) >= mbs:
-                    rows.append(members.pop(k))
-                    rem.pop(k)
-                break
-        else:
-            if len(rem) >= packed_window:
-                k = rem.index(min(rem))  # close the fullest row
-                rows.append(members.pop(k))
-                rem.pop(k)
-            if budget - L < shortest or mbs == 1:
-                rows.append([i])
-            else:
-                members.append([i])
-                rem.append(budget - L)
-    # end of the epoch: re-pack the sequences of the rows still open, longest first (first-fit
-    # decreasing), so a small epoch does not end with a window of half-empty rows
-    rest = sorted((i for m in members for i in m), key=lambda i: (-int(x[i]), i))
-    tail: list[list[int]] = []
-    free: list[int] = []
-    for i in rest:
-        L = int(x[i])
-        for k in range(len(free)):
-            if free[k] >= L and len(tail[k]) < mbs:
-                tail[k].append(i)
-                free[k] -= L
-                break
-        else:
-            tail.append([i])
-            free.append(budget - L)
-    rows.extend(tail)
-    return [np.asarray(r, dtype=np.int64) for r in rows]
+    # first-fit rows along a shuffled order (the rules: lenbatch.batching.scan.first_fit_rows); a row
+    # whose free space is below the shortest length is closed at once
+    order = permutation(rng, x.size)
+    members, offsets, lengths = first_fit_rows(order, x, token_budget=spec.token_budget,
+                                               max_batch_size=spec.max_batch_size, window=spec.packed_window,
+                                               shortest=int(x.min()))
+    del order
+    cost = segment_sums(lengths, offsets[:-1])
+    return EpochBatches(members, offsets[:-1], offsets[1:], cost)
 
 
 _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish": _sortish, "packed": _packed}
@@ -299,13 +278,22 @@ def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0
     """
     spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
                             seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
-    x = check_plan(lengths, strategy=strategy, spec=spec)
+    eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size)
+    return [rank_plan(eb, pos, strategy) for pos in ranks]
+
+
+def epoch_batches(lengths: Any, *, strategy: str, spec: BatchSpec, epoch: int,
+                  world_size: int) -> tuple[EpochBatches, list[np.ndarray]]:
+    """The epoch's batches (compact) and, per rank, the positions of its batches in step order.
+    O(N) with numba (``lenbatch[fast]``) for every strategy but ``sortish`` (torch's randperm) and
+    the Python scans without it; memory O(N) in int32/uint16 (see benchmarks/bench_plans.py)."""
+    x = planning_lengths(lengths, strategy=strategy, spec=spec)
     world_size = check_int("world_size", world_size, minimum=1)
     epoch = check_int("epoch", epoch, minimum=0)
     rng = np.random.default_rng(spec.seed + epoch)
-    batches = _FUNCS[strategy](x, rng, spec)
-    batches = split_to_multiple(batches, x, world_size, spec.packed, spec.min_batches)
-    return [Plan(b, strategy=strategy) for b in assign_ranks(batches, x, world_size, rng, spec.packed)]
+    eb = _FUNCS[strategy](x, rng, spec)
+    eb = split_to_multiple(eb, x, world_size, spec.packed, spec.min_batches)
+    return eb, assign_ranks(eb, world_size, rng)
 
 
 def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int | None = None,
@@ -315,12 +303,14 @@ def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, to
     """This rank's batches for one epoch (list of int64 index arrays, in order). See the module doc.
 
     ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
-    Cost: O(N log N); under 1 s for 902,087 lengths (benchmarks/bench_core.py).
+    Only this rank's batches are gathered (the epoch's batches are planned, then dropped). Cost: see
+    :func:`epoch_batches` (benchmarks/bench_plans.py: 0.9, 9 and 90 M samples).
     """
     rank, world_size = resolve_rank(rank, world_size)
-    return plan_epoch_all(lengths, strategy=strategy, epoch=epoch, seed=seed, token_budget=token_budget,
-                          max_batch_size=max_batch_size, edges=edges, world_size=world_size,
-                          packed_window=packed_window, min_batches=min_batches, spec=spec)[rank]
+    spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
+                            seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
+    eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size)
+    return rank_plan(eb, ranks[rank], strategy)  # only this rank's batches are gathered
 
 
 def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int = 0, token_budget: int | None = None,
@@ -332,5 +322,5 @@ def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int =
     epochs = check_int("epochs", epochs, minimum=1)
     spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
                             seed=seed, edges=edges, packed_window=packed_window)
-    return max(sum(len(r) for r in plan_epoch_all(lengths, strategy=strategy, epoch=e, world_size=world_size,
-                                                  spec=spec)) for e in range(epochs))
+    return max(len(epoch_batches(lengths, strategy=strategy, spec=spec, epoch=e, world_size=world_size)[0])
+               for e in range(epochs))  # every rank's batches counted, none gathered

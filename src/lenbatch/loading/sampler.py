@@ -26,13 +26,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import torch.utils.data
 
 from lenbatch.batching.layouts import layout_of
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
-from lenbatch.batching.strategies import Plan, check_plan, plan_epoch_all, resolve_rank
+from lenbatch.batching.strategies import Plan, check_plan, plan_epoch, resolve_rank
 
 
 class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
@@ -55,7 +54,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._position = 0  # batches yielded in the current epoch
         self._resume: int | None = None
         self._consumed: int | None = None  # batches the loop received, while iterating consumed()
-        self._cache: tuple[int, list[np.ndarray]] | None = None
+        self._cache: tuple[int, Plan] | None = None
         self.fingerprint = spec.fingerprint(x, strategy)
 
     # the batching values, read from the spec (kept as attributes: callers read them)
@@ -71,8 +70,9 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         epoch = self.epoch if epoch is None else epoch
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
-        batches = plan_epoch_all(self.lengths, strategy=self.strategy, epoch=epoch, world_size=self.world_size,
-                                 spec=self.spec)[self.rank]
+        # only this rank's batches are kept (compact: one int64 index array + offsets)
+        batches = plan_epoch(self.lengths, strategy=self.strategy, epoch=epoch, rank=self.rank,
+                             world_size=self.world_size, spec=self.spec)
         if epoch == self.epoch:
             self._cache = (epoch, batches)
         return batches

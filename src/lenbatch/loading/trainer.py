@@ -284,37 +284,15 @@ def _dataset_lengths(dataset: Any, column: str = "input_ids") -> np.ndarray:
 
 
 def _lengths_from_arrow(data: Any, column: str) -> np.ndarray:
-    """Lengths from the Arrow list offsets of ``column`` (``datasets.Dataset``, through its indices
-    mapping, or a ``pyarrow.Table``). Cost: one diff per chunk, O(rows).
+    """Lengths from the Arrow list offsets of ``column``: :func:`lenbatch.corpus.arrow.lengths_of`
+    (a ``datasets.Dataset`` in its row order through any indices mapping, or a ``pyarrow.Table``;
+    null and empty rows refused). Cost: one diff per chunk, O(rows)."""
+    from lenbatch.corpus.arrow import lengths_of
 
-    Private until issue 21's ``lb.lengths_of(data, column=...)`` lands in the batching layer; then
-    this body becomes that call (it covers the same inputs and ``save_to_disk`` folders).
-    """
-    import pyarrow as pa
-
-    table = data if _is_arrow_table(data) else data.data.table
-    if column not in table.column_names:
-        raise ValueError(f"length_column={column!r}: the train_dataset has no such column (it has "
-                         f"{table.column_names}); pass the column holding each sample's tokens, or lengths=")
-    col, kind = table.column(column), table.schema.field(column).type
-    parts = []
-    for chunk in col.chunks:
-        if chunk.null_count:
-            raise ValueError(f"length_column={column!r} has {chunk.null_count} null rows; every sample needs tokens")
-        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-            parts.append(np.diff(chunk.offsets.to_numpy()))
-        elif pa.types.is_fixed_size_list(kind):
-            parts.append(np.full(len(chunk), kind.list_size))
-        elif pa.types.is_integer(kind):
-            parts.append(chunk.to_numpy())
-        else:
-            raise ValueError(f"length_column={column!r} has Arrow type {kind}; it must be a list column (tokens) "
-                             "or an integer column (token counts)")
-    lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
-    indices = None if _is_arrow_table(data) else getattr(data, "_indices", None)
-    if indices is not None:  # select/filter/shuffle keep the table and map rows through indices
-        lengths = lengths[indices.column(0).to_numpy()]
-    return lengths
+    try:
+        return lengths_of(data, column=column)
+    except ValueError as err:
+        raise ValueError(f"length_column={column!r}: {err}; or pass lengths=") from None
 
 
 def _equals(values: Any, expected: np.ndarray) -> bool:

@@ -1,7 +1,10 @@
 """``lenbatch tokenize``: chat data into an Arrow dataset, ``lengths.npy`` and ``stats.json``.
 
 The work is :mod:`lenbatch.corpus.tokenizing` (read, format as ChatML, encode, length-limit);
-this stage runs it on the ``data`` section and writes ``--out``. Cost: see
+this stage runs it on the ``data`` section and writes ``--out``. A source that is already
+tokenized (a save_to_disk folder or Parquet file with an ``input_ids`` column) skips the tokenizer
+(:mod:`lenbatch.corpus.pretokenized`) and gives the same outputs; ``stats.json["input"]`` says
+which ("chat records" or "pre-tokenized"). Cost: see
 :func:`lenbatch.corpus.tokenizing.tokenize`.
 """
 
@@ -11,6 +14,7 @@ from pathlib import Path
 
 from lenbatch.core.config import Params
 from lenbatch.core.log import get_logger
+from lenbatch.corpus.pretokenized import detect, tokenize_pretokenized
 from lenbatch.corpus.tokenizing import tokenize, write_outputs
 
 log = get_logger("tokenize")
@@ -20,11 +24,21 @@ def run(*, params: Params, out: str | Path, progress: bool = True, allow_truncat
     """``lenbatch tokenize``: :func:`tokenize` the ``data`` section's source into ``out``
     (:func:`write_outputs`); ``allow_truncated`` as :func:`tokenize`'s."""
     d = params.data
-    log.info("tokenize %s with %s: max_len %d (%s), %d workers%s", d.source, d.tokenizer, d.max_len, d.overflow,
-             d.workers, f", limit {d.limit}" if d.limit else "")
-    result = tokenize(source=d.source, tokenizer=d.tokenizer, max_len=d.max_len, overflow=d.overflow,
-                      limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=progress,
-                      spill_path=Path(out) / "tokens.arrow.tmp", allow_truncated=allow_truncated)
+    pre = detect(d.source)
+    if pre is not None:  # an input_ids column: the ids are given, data.tokenizer is not used
+        path, fmt, mask_column = pre
+        log.info("tokenize: %s is pre-tokenized (input_ids, loss mask %s): no tokenizer; max_len %d (%s)%s", path,
+                 f"from {mask_column!r}" if mask_column else "none: every token trained", d.max_len, d.overflow,
+                 f", limit {d.limit}" if d.limit else "")
+        result = tokenize_pretokenized(path=path, fmt=fmt, mask_column=mask_column, max_len=d.max_len,
+                                       overflow=d.overflow, limit=d.limit, spill_path=Path(out) / "tokens.arrow.tmp")
+    else:
+        log.info("tokenize %s with %s: max_len %d (%s), %d workers%s", d.source, d.tokenizer, d.max_len, d.overflow,
+                 d.workers, f", limit {d.limit}" if d.limit else "")
+        result = tokenize(source=d.source, tokenizer=d.tokenizer, max_len=d.max_len, overflow=d.overflow,
+                          limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=progress,
+                          spill_path=Path(out) / "tokens.arrow.tmp", allow_truncated=allow_truncated)
+        result.stats = {"input": "chat records", **result.stats}  # which path stats.json came from
     stats = write_outputs(result, out, params)
     src = stats["source"]
     log.info("%d records read%s; %d samples, %.2f M tokens (%d truncated at %d), dropped %s, skipped %s",
