@@ -86,7 +86,15 @@ def _dvc_yaml_flags(parser: argparse.ArgumentParser) -> None:
 def _plots_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("revisions", nargs="*", help="revisions or experiments to compare (dvc plots diff)")
     parser.add_argument("--out", default="dvc_plots", help="output folder (index.html)")
-    parser.set_defaults(func=lambda args: _stage("plots").run(revisions=args.revisions, out=args.out))
+    parser.add_argument("--write-template", action="store_true",
+                        help="only write the offline template .dvc/config names (for dvc plots show/diff)")
+    parser.set_defaults(func=lambda args: _stage("plots").run(revisions=args.revisions, out=args.out,
+                                                               write_only=args.write_template))
+
+
+def _sync_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--dry-run", action="store_true", help="print what would be recorded, record nothing")
+    parser.set_defaults(func=lambda args: _stage("sync").run(dry_run=args.dry_run))
 
 
 def _params_stage_flags(parser: argparse.ArgumentParser) -> None:
@@ -411,4 +419,4 @@ def _kernel_backends() -> tuple[str, ...]:
 FLAGS: dict[str, Any] = {"profile": _profile_flags, "train": _train_flags, "compare": _compare_flags, "tokenize": _tokenize_flags, "stats": _stats_flags, "boundaries": _boundaries_flags,
                          "plan": _plan_flags, "plans": _plans_flags, "verify-packing": _verify_packing_flags,
                          "quality": _quality_flags, "params": _params_stage_flags, "plots": _plots_flags,
-                         "dvc-yaml": _dvc_yaml_flags}
+                         "dvc-yaml": _dvc_yaml_flags, "sync": _sync_flags}

@@ -43,6 +43,9 @@ COMMANDS: dict[str, Command] = {
                      "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
     "dvc-yaml": Command("lenbatch.stages.dvc_yaml",
                         "write dvc.yaml from the stages' derived code and params dependencies"),
+    "sync": Command("lenbatch.stages.sync",
+                    "record in Snakemake's metadata the results DVC verified (after dvc repro/checkout), so "
+                    "snakemake -n agrees with dvc status"),
 }
 
 __all__ = ["COMMANDS", "Command"]
