@@ -30,7 +30,8 @@ def test_the_stages_dvc_names_become_the_outputs_snakemake_omits():
 
 
 def test_the_jobs_touch_recorded_are_read_from_snakemakes_job_stats():
-    out = "Job stats:\njob        count\n-------  -------\nprofile        1\ntrain          5\nall  1\ntotal          7\n"
+    out = ("Job stats:\njob        count\n-------  -------\nprofile        1\ntrain          5\nall  1\n"
+           "total          7\n")
     assert _touched_jobs(out) == {"profile": 1, "train": 5}
     assert _touched_jobs("Nothing to be done (all requested files are present and up to date).") == {}
 

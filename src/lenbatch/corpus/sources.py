@@ -201,7 +201,8 @@ def _ends_a_prefix(buf: str, err: json.JSONDecodeError) -> bool:
 def _invalid_record(path: Path, s: _JsonStream, err: json.JSONDecodeError, index: int, array: bool) -> str:
     """The error for a malformed record: the file, the record, where it starts and where it breaks."""
     msg = err.msg if err.msg.endswith(" at") else f"{err.msg} at"  # "Unterminated string starting at"
-    where = f"{path}: invalid JSON in record {index} (starting at byte {s.offset(s.pos)}): {msg} byte {s.offset(err.pos)}"
+    where = (f"{path}: invalid JSON in record {index} (starting at byte {s.offset(s.pos)}): {msg} byte "
+             f"{s.offset(err.pos)}")
     if _closed(path, array):
         return (f"{where}; the file ends with its closing '{']' if array else '}'}', so this is a malformed record, "
                 "not a cut (--allow-truncated recovers only a file cut off before its end): fix or remove record "

@@ -71,7 +71,8 @@ def run(*, dry_run: bool = False) -> int:
     root = Path.cwd()
     for name in ("dvc.yaml", "Snakefile"):
         if not (root / name).is_file():
-            raise ValueError(f"{root / name} does not exist: run lenbatch sync in the workflow's folder (the repo root)")
+            raise ValueError(f"{root / name} does not exist: run lenbatch sync in the workflow's folder "
+                             "(the repo root)")
     status = subprocess.run(["dvc", "status", "--json"], capture_output=True, text=True)
     if status.returncode != 0:
         print(f"lenbatch sync: `dvc status` failed ({status.returncode}):\n{status.stdout}{status.stderr}",
