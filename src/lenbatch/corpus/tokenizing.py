@@ -93,8 +93,8 @@ class ContentHash:
     One running sha256 per column over its little-endian values in row order (``input_ids`` int32,
     ``loss_mask`` int8, ``length`` int32, ``source_index`` int64), then one sha256 over the schema and
     the four digests: the same rows give the same digest in any process, folder, chunk size or worker
-    count, and a change of any value, row order or column type changes it. Cost: one pass over the
-    bytes (about 1 GB/s), while the rows stream.
+    count, and a change of any value, row order or column type changes it. Cost: one sha256 pass over
+    the bytes while the rows stream (0.45 GB/s measured on a loaded 2-core VM: 0.3 s for the 131 MB default).
     """
 
     COLUMNS = (("ids", "<i4"), ("mask", "<i1"), ("lengths", "<i4"), ("source_index", "<i8"))
