@@ -3,8 +3,9 @@
 #   snakemake --workflow-profile profiles/slurm --configfile configs/qwen3.6-27b-8gpu.yaml
 #   (configs/*.yaml set results_dir: their results go to results/<name>/, never over results/)
 # `make run` runs `dvc repro`, whose stages each run one rule here, so DVC's dvc.lock and
-# Snakemake's records agree; dvc.yaml is generated from the same dependency table (lenbatch dvc-yaml).
-# Rules are thin: inputs, outputs, params, log, benchmark; every stage is `lenbatch <stage>`.
+# Snakemake's records agree; dvc.yaml is generated from the same stage table (lenbatch dvc-yaml).
+# Rules are thin: inputs, outputs and params from that table (src/lenbatch/pipeline/registry.py, read by
+# workflow/rules/common.smk), then log, benchmark and the shell line; every stage is `lenbatch <stage>`.
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -21,16 +22,9 @@ include: "workflow/rules/quality.smk"
 include: "workflow/rules/compare.smk"
 
 
-# Every file users look at, so deleting any of them (or a whole results/train/<strategy>/)
-# makes `snakemake --cores all` rebuild it.
+# Every file users look at (every declared output of every stage, from the one table), so deleting
+# any of them (or a whole results/train/<strategy>/) makes `snakemake --cores all` rebuild it.
 rule all:
     default_target: True
     input:
-        rules.tokenize.output,
-        rules.stats.output,
-        rules.boundaries.output,
-        rules.plans.output,
-        rules.profile.output,
-        expand(rules.train.output.summary, strategy=STRATEGIES),
-        rules.quality.output,
-        rules.compare.output,
+        all_outputs(),

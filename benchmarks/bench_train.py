@@ -47,31 +47,32 @@ def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
     import torch
 
     import lenbatch as lb
-    from lenbatch.loading.collate import collate, layout_for
+    from lenbatch.batching.layouts import layout_of
+    from lenbatch.loading.collate import collate
     from lenbatch.core.config import load_params
     from lenbatch.runtime.runner import StepRunner
-    from lenbatch.stages.train import TrainData
+    from lenbatch.pipeline.artifacts.tokenized import read_dataset
 
     params = load_params(*args.params)
     torch.set_num_threads(params.train.threads)
     b = params.batching
     lengths = np.load(Path(args.data) / "lengths.npy").astype(np.int64)
     edges = json.loads(bounds.read_text())["edges"]
-    data = TrainData(Path(args.data), lengths)
+    data = read_dataset(Path(args.data), lengths)
     runner = StepRunner(params)
     n = args.interleaved_batches
     plans = {s: lb.plan_epoch(lengths, strategy=s, epoch=0, seed=b.seed, token_budget=b.token_budget,
                               max_batch_size=b.max_batch_size, edges=edges if s == "bucketed" else None,
                               packed_window=b.packed_window, rank=0, world_size=1)[:n] for s in args.strategies}
     acc = {s: {"target_s": 0.0, "drafter_s": 0.0, "computed": 0, "useful": 0} for s in plans}
-    warm = collate(data.samples(plans[args.strategies[0]][0]), kind=layout_for(args.strategies[0]),
+    warm = collate(data.samples(plans[args.strategies[0]][0]), kind=layout_of(args.strategies[0]),
                    token_budget=b.token_budget, max_batch_size=b.max_batch_size)
     runner.drafter_step(warm, runner.target_step(warm)[0])  # untimed warm-up
     for i in range(n):
         for s, batches in plans.items():
             if i >= len(batches):
                 continue
-            batch = collate(data.samples(batches[i]), kind=layout_for(s), token_budget=b.token_budget,
+            batch = collate(data.samples(batches[i]), kind=layout_of(s), token_budget=b.token_budget,
                             max_batch_size=b.max_batch_size, indices=batches[i])
             feats, t_s = runner.target_step(batch)
             _, d_s = runner.drafter_step(batch, feats)

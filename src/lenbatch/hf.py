@@ -1,4 +1,5 @@
-"""transformers integration (public path): ``from lenbatch.hf import LengthBatchTrainer``.
+"""transformers integration (public path): ``from lenbatch.hf import LengthBatchTrainer`` (a ``Trainer``),
+or ``LengthBatchMixin`` over any ``Trainer`` subclass: ``class MySFT(LengthBatchMixin, SFTTrainer)``.
 
 The code lives in :mod:`lenbatch.loading.trainer`; this module is its stable public name.
 Importing it imports transformers (``pip install 'lenbatch[model,hf]'``).

@@ -72,7 +72,7 @@ def test_layouts_per_strategy():
     assert [layout_for(s) for s in ("sorted", "random", "bucketed", "sortish", "packed")] == \
         ["padded"] * 4 + ["packed"]
     # one layout rule: collate's name for it and the spec's agree, and both refuse an unknown strategy
-    from lenbatch.batching.spec import layout_of
+    from lenbatch.batching.layouts import layout_of
 
     assert layout_for is layout_of
     for bad in ("shuffled", None, 3):
@@ -91,3 +91,30 @@ def test_synthetic_sequences_are_reproducible_with_a_completion_mask():
     assert a[0]["loss_mask"].tolist() == [0, 0] + [1] * 8  # first quarter (rounded) is the prompt
     with pytest.raises(ValueError):
         synthetic_sequences([0], vocab_size=50, seed=0)
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed"])
+def test_labels_path(kind):
+    """Samples with labels: a learned token needs loss_mask 1 and a label != -100, model_inputs scores the labels
+    (padding -100, packed sequence starts -100); labels equal to input_ids give exactly the no-labels inputs, and
+    a batch without labels has Batch.labels None."""
+    seqs = _seqs([6, 3, 9], seed=2)
+    plain = collate(seqs, kind=kind)
+    assert plain.labels is None
+    same = collate([{**s, "labels": s["input_ids"]} for s in seqs], kind=kind)
+    for key, value in plain.model_inputs().items():
+        got = same.model_inputs()[key]
+        assert torch.equal(got, value) if torch.is_tensor(value) else got == value, key
+    labels = [np.where(np.arange(len(s["input_ids"])) % 2 == 0, -100, s["input_ids"] + 1) for s in seqs]
+    b = collate([{**s, "labels": y} for s, y in zip(seqs, labels)], kind=kind).to("cpu")
+    got = b.model_inputs()["labels"]
+    rows, starts = b.seq_rows_starts()
+    for i, (s, y) in enumerate(zip(seqs, labels)):
+        r, a = int(rows[i]), int(starts[i])
+        want = np.where(np.asarray(s["loss_mask"]).astype(bool), y, -100)
+        if kind == "packed":
+            want[0] = -100  # no token predicts across a sequence boundary
+        assert got[r, a:a + len(y)].tolist() == want.tolist()
+        assert b.loss_mask[r, a:a + len(y)].tolist() == ((y != -100) & (np.asarray(s["loss_mask"]) == 1)).tolist()
+    if kind == "padded":
+        assert (got[2 - 1, 3:] == -100).all() and b.labels[1, 3:].eq(-100).all()

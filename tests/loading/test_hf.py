@@ -96,11 +96,19 @@ def test_collator_layout_matches_data_collator_with_flattening():
 
 
 def test_trainer_refuses_ambiguous_lengths(tmp_path):
+    """Both lengths= and length_column= is ambiguous; a count that is not one per sample and a column the
+    dataset lacks are refused naming the setting; with neither, the lengths are the input_ids' lengths."""
     args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
-    data = [{"input_ids": [1, 2, 3]}] * 4
-    with pytest.raises(ValueError, match="exactly one of lengths"):
-        LengthBatchTrainer(model=_tiny_llama(), args=args, train_dataset=data, strategy="random",
-                           token_budget=16, max_batch_size=2)
+    data = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}] * 2
+    with pytest.raises(ValueError, match="at most one of lengths"):
+        LengthBatchTrainer(model=_tiny_llama(), args=args, train_dataset=data, lengths=[3, 2, 3, 2], length_column="n",
+                           strategy="random", token_budget=16, max_batch_size=2)
     with pytest.raises(ValueError, match="one length per sample"):
         LengthBatchTrainer(model=_tiny_llama(), args=args, train_dataset=data, lengths=[3, 3], strategy="random",
                            token_budget=16, max_batch_size=2)
+    with pytest.raises(ValueError, match="length_column='n'"):
+        LengthBatchTrainer(model=_tiny_llama(), args=args, train_dataset=data, length_column="n", strategy="random",
+                           token_budget=16, max_batch_size=2)
+    tr = LengthBatchTrainer(model=_tiny_llama(), args=args, train_dataset=data, strategy="random", token_budget=16,
+                            max_batch_size=2)
+    assert tr.lengths.tolist() == [3, 2, 3, 2]

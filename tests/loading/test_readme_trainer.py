@@ -16,8 +16,11 @@ import pytest
 
 pytest.importorskip("accelerate", reason="the Trainer snippet needs accelerate: pip install 'lenbatch[hf]'")
 pytest.importorskip("torchdata", reason="the StatefulDataLoader snippet needs torchdata: pip install 'lenbatch[dev]'")
+pytest.importorskip("trl", reason="the SFTTrainer snippet needs trl: pip install 'lenbatch[trl]'")
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+sys.path.insert(0, str(Path(__file__).parent))
+from _sft_data import chat_tokenizer  # noqa: E402
 
 
 def section_blocks() -> list[str]:
@@ -27,17 +30,19 @@ def section_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)
 
 
-def test_section_has_the_four_integrations():
+def test_section_has_the_five_integrations():
     blocks = section_blocks()
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     joined = "\n".join(blocks)
-    for needle in ("sampler.consumed(loader)", "init_process_group", "LengthBatchTrainer", "StatefulDataLoader"):
+    for needle in ("sampler.consumed(loader)", "init_process_group", "LengthBatchTrainer", "LengthBatchMixin, SFTTrainer",
+                   "StatefulDataLoader"):
         assert needle in joined, needle
 
 
 CHECKS = textwrap.dedent("""
     import json, sys
     import numpy as np
+    import torch
     import lenbatch.loading.sampler as S
 
     blocks = json.loads(open(sys.argv[1]).read())
@@ -51,7 +56,7 @@ CHECKS = textwrap.dedent("""
 
     S.LengthBatchSampler.__iter__ = recording_iter
     ns = {"__name__": "__readme__"}
-    setup, plain, resume, _ddp, trainer, stateful = blocks
+    setup, plain, resume, _ddp, trainer, sft, stateful = blocks
     exec(setup, ns)
     lb, lengths, dataset = ns["lb"], ns["lengths"], ns["dataset"]
     kw = dict(token_budget=1024, max_batch_size=16, seed=0)
@@ -70,6 +75,24 @@ CHECKS = textwrap.dedent("""
     tr = ns["trainer"]
     assert tr.state.global_step == 2 * len(tr.length_sampler) and round(tr.state.epoch) == 2
 
+    LOG.clear()
+    exec(sft, ns)
+    tr = ns["trainer"]
+    prepared = tr.train_dataset
+    assert tr.lengths.tolist() == [len(x) for x in prepared["input_ids"]], "lengths are not the tokenized ones"
+    edges = lb.optimize_boundaries(tr.lengths, num_buckets=4, token_budget=1024, max_batch_size=16).edges
+    assert tr.plan_args["edges"] == edges, "bucketed edges are not the optimal ones"
+    assert tr.state.global_step == 2 * len(tr.length_sampler) and round(tr.state.epoch) == 2
+    sft_plans = [[b.tolist() for b in lb.plan_epoch(tr.lengths, strategy="bucketed", epoch=e, seed=tr.args.seed,
+                                                   token_budget=1024, max_batch_size=16, edges=edges,
+                                                   min_batches=tr.length_sampler.min_batches)] for e in (0, 1)]
+    assert [b for e, b in LOG] == sft_plans[0] + sft_plans[1], "SFT did not train both epochs' plans"
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+    rows = [{k: prepared[i][k] for k in ("input_ids", "labels")} for i in sft_plans[0][0]]
+    ours, ref = tr.data_collator(rows), DataCollatorForLanguageModeling(pad_token_id=tr.processing_class.pad_token_id)(rows)
+    assert all(torch.equal(ours[k], ref[k]) for k in ("input_ids", "attention_mask", "labels"))
+    assert (ours["labels"] == -100).any() and (ours["labels"] != -100).any(), "not completion-only"
+
     exec(stateful, ns)
     plan = lb.plan_epoch(lengths, strategy="sortish", epoch=0, **kw)
     rest = ns["rest"]
@@ -83,6 +106,7 @@ CHECKS = textwrap.dedent("""
 @pytest.mark.slow
 def test_snippets_run_and_do_what_the_prose_says(tmp_path):
     blocks = section_blocks()
+    chat_tokenizer(tmp_path / "tokenizer")  # the SFT snippet's local tokenizer folder
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     (tmp_path / "checks.py").write_text(CHECKS)
     proc = subprocess.run([sys.executable, "checks.py", "blocks.json"], cwd=tmp_path, capture_output=True, text=True,

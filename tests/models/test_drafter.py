@@ -137,6 +137,45 @@ def test_loss_is_the_weighted_cross_entropy_of_the_block_states(runner, batches)
     assert abs(out.weight_sum - den) < 1e-4
 
 
+def test_trained_positions_are_the_loss_targets_in_both_layouts(runner, batches):
+    """What the loss trains (states, target tokens, weights exp(-(k-1)/gamma)), from the block states, equals
+    a loop over sequences, anchors and offsets, in the padded and the packed layout: the quality stage's
+    head trains exactly the positions the train stage's lm_head loss does."""
+    d, b, gamma = runner.drafter, runner.params.drafter.block_size, runner.params.drafter.gamma
+    for batch in batches:
+        f, _ = runner.target_step(batch)
+        a, v = d.anchors_for(batch, anchors_per_seq=3, seed=0, epoch=1, step=7)
+        with torch.no_grad():
+            h = d.block_states(f.clone(), batch, a, embed_tokens=runner.embed_tokens)
+            hid, tok, w = d.trained_positions(h, batch, a, v)
+        rows, starts = batch.seq_rows_starts()
+        want_h, want_tok, want_w = [], [], []
+        for s in range(a.shape[0]):
+            r, st = int(rows[s]), int(starts[s])
+            for j in range(a.shape[1]):
+                for k in range(1, b):
+                    p = int(a[s, j]) + k
+                    if v[s, j] and p < int(batch.lengths[s]) and batch.loss_mask[r, st + p]:
+                        want_h.append(h[s, j, k])
+                        want_tok.append(int(batch.input_ids[r, st + p]))
+                        want_w.append(float(np.exp(-(k - 1) / gamma)))
+        assert len(want_tok) > 0 and tok.tolist() == want_tok
+        assert torch.equal(hid, torch.stack(want_h)) and np.allclose(w.numpy(), want_w, rtol=1e-6)
+
+
+def test_a_head_is_created_last_and_leaves_the_other_weights_as_drawn():
+    params = load_params("params.yaml", overrides=SMALL)
+    plain = build_drafter(params)
+    headed = build_drafter(params, head_classes=17, dtype="float32")
+    assert plain.head is None and tuple(headed.head.weight.shape) == (17, SMALL["model"]["hidden_size"])
+    names = [n for n, _ in headed.named_parameters()]
+    assert names[-1] == "head.weight" and names[:-1] == [n for n, _ in plain.named_parameters()]
+    for (n, x), (_, y) in zip(plain.named_parameters(), headed.named_parameters()):
+        assert torch.equal(x, y), n
+    other = build_drafter(params, init_seed=params.model.init_seed + 1001)
+    assert not torch.equal(other.ctx_proj.weight, plain.ctx_proj.weight)
+
+
 def test_chunked_cross_entropy_matches_autograd_in_float64():
     torch.manual_seed(0)
     h = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)

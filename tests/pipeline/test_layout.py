@@ -32,7 +32,8 @@ LAYERS: dict[str, set[str]] = {
     "analysis": {"batching", "core"},                    # step-time model, gradient quality, reports
     "pipeline": {"batching", "core"},                    # deps, outputs, artifacts, registry
     "stages": {"runtime", "models", "loading", "batching", "core", "corpus", "analysis", "pipeline"},
-    "cli": {"pipeline", "batching", "core", "models"},   # flags; stages reached by importlib only
+    # flags; stages reached by importlib only; runtime: train's relaunch under torchrun dies with its parent
+    "cli": {"pipeline", "batching", "core", "models", "runtime"},
     "(top)": {"batching", "loading", "runtime", "models", "cli"},
 }
 # Layers whose modules never import torch (or transformers) at module level: they stay importable

@@ -152,7 +152,7 @@ def test_code_deps_follow_every_import():
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for stage in deps.STAGES:
         files = set(deps.stage_code(stage))
-        entry = "src/" + deps.STAGES[stage].module.replace(".", "/") + ".py"
+        entry = "src/" + deps.stage_module(stage).replace(".", "/") + ".py"
         assert entry in files and not any(f.startswith("src/lenbatch/cli/") for f in files), stage
         for f in files:
             for name in _import_targets(ROOT / f):
@@ -191,15 +191,15 @@ def test_each_stage_declares_every_params_key_its_own_code_reads():
     StepRunner but not its schedule), and profile does not depend on keys only training reads."""
     from lenbatch.pipeline import deps
 
-    entries = {s.module for s in deps.STAGES.values()}
-    for stage, spec in deps.STAGES.items():
+    entries = {deps.stage_module(s) for s in deps.STAGES}
+    for stage in deps.STAGES:
         declared = set(deps.stage_param_keys(stage))
         for mod in deps.stage_modules(stage):
-            if (mod in entries and mod != spec.module) or mod == "lenbatch.core.config":  # config: the loader's checks
+            if (mod in entries and mod != deps.stage_module(stage)) or mod == "lenbatch.core.config":  # config: the loader's checks
                 continue
             path = ROOT / "src" / (mod.replace(".", "/") + (".py" if mod != "lenbatch" else "/__init__.py"))
             missing = _param_reads(path) - declared
-            assert not missing, f"stage {stage}: {mod} reads {sorted(missing)}, not declared in deps.STAGES"
+            assert not missing, f"stage {stage}: {mod} reads {sorted(missing)}, not declared in the stage table (pipeline/registry.py)"
     profile = set(deps.stage_param_keys("profile"))
     for key in ("train.warmup_steps", "train.queue_size", "train.checkpoint_every", "train.useful_tokens",
                 "train.strategies"):

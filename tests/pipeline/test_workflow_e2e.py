@@ -1,6 +1,6 @@
 """The whole DAG for real, on configs/tiny.yaml merged into params.yaml: `make run` (dvc repro, then
-lenbatch sync; the `finished` fixture of conftest.py) drives Snakemake through every stage (real tokenizer, real data, real torchrun) and leaves both tools
-agreeing; a code edit or any params key makes `snakemake -n` and `dvc status` name the same stages;
+lenbatch sync; the `finished` fixture of conftest.py) drives Snakemake through every stage (real tokenizer,
+real data, real torchrun) and leaves both tools agreeing; a code edit or any params key makes `snakemake -n` and `dvc status` name the same stages;
 `dvc exp run --temp` reruns only what K touches and the experiment diffs in a few columns; a
 --configfile run keeps to its own results root; deleting a strategy's results rebuilds it; an
 interrupted run stops promptly and resumes without redoing finished outputs."""
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from test_reruns import RERUNS, dvc_stages
 from test_workflow import BIN, ENV, job_counts, run
 
 pytestmark = pytest.mark.slow
@@ -62,7 +63,8 @@ def dvc_downstream(work: Path, changed: set[str]) -> set[str]:
 def test_every_stage_wrote_its_outputs(finished):
     strategies = yaml.safe_load((finished / "params.yaml").read_text())["train"]["strategies"]
     for path in ("results/tokenize/lengths.npy", "results/stats/stats.json", "results/boundaries/sweep.json",
-                 "results/plans/metrics.json", "results/profile/grid.json", "results/compare/report.md"):
+                 "results/plans/metrics.json", "results/profile/grid.json", "results/compare/report.md",
+                 "results/compare/quality.png", "results/quality/quality.json"):
         assert (finished / path).stat().st_size > 0, path
     for strategy in strategies:
         summary = json.loads((finished / f"results/train/{strategy}/summary.json").read_text())
@@ -72,6 +74,8 @@ def test_every_stage_wrote_its_outputs(finished):
         assert any(key.startswith(strategy) for key in metrics), f"{strategy} missing from compare metrics"
     report = (finished / "results/compare/report.md").read_text()
     assert all(s in report for s in strategies)
+    assert "![quality](quality.png)" in report  # the quality section and its plot are compare's
+    assert not (finished / "results/quality/report.md").exists() and not (finished / "results/quality/quality.png").exists()
     assert (finished / "logs/tokenize.log").exists() and (finished / "logs/benchmarks/train/packed.tsv").exists()
 
 
@@ -82,7 +86,8 @@ def test_both_tools_agree_after_make_run(finished):
 
 @pytest.mark.parametrize("edit", [
     "code:corpus/chat.py", "code:cli/flags.py", "code:loading/collate.py", "code:batching/padding.py",
-    "code:stages/compare.py",
+    "code:stages/compare.py", "code:analysis/stepmodel.py", "code:analysis/report.py",
+    "code:batching/strategies.py", "code:analysis/quality_report.py", "code:pipeline/registry.py",
     "train.warmup_steps=2", "train.queue_size=3", "train.checkpoint_every=7", "train.reuse_host_memory=false",
     "train.useful_tokens=6100", "train.threads=2", "boundaries.num_buckets=2", "batching.packed_window=4",
     "data.max_len=1000", "profile.repeats=2", "compare.k_tolerance=0.02", "drafter.lr=0.001",
@@ -91,7 +96,8 @@ def test_both_tools_agree_after_make_run(finished):
 def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
     """For a code edit and for params keys of every section, `snakemake -n` and `dvc status` name the same
     stages: Snakemake's jobs are the stages `dvc status` names plus those downstream of them (Snakemake
-    reports only the first reason per job, so its list is compared with DVC's after propagation)."""
+    reports only the first reason per job, so its list is compared with DVC's after propagation). For a
+    code edit, the stages `dvc status` names are those of test_reruns.RERUNS: the table holds on a real edit."""
     params = finished / "params.yaml"
     original = params.read_text()
     kind, _, what = edit.partition(":")
@@ -112,9 +118,15 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
         params.write_text(original)
         if kind == "code":
             path.write_text(saved)
-    if edit == "code:cli/flags.py":  # help strings and flag glue: no stage's code dependency
+    if kind == "code":
+        strategies = yaml.safe_load(original)["train"]["strategies"]
+        assert changed == dvc_stages(RERUNS[what], strategies), f"{edit}: dvc status {sorted(changed)}"
+        assert smk == dvc_downstream(finished, dvc_stages(RERUNS[what], strategies)), f"{edit}: snakemake -n {smk}"
+    if edit in ("code:cli/flags.py", "code:pipeline/registry.py"):  # help strings, flags, the table: no code dep
         assert smk == dvc == set(), (smk, dvc)
         return
+    if edit in ("code:analysis/stepmodel.py", "code:analysis/report.py", "code:analysis/quality_report.py"):
+        assert smk == dvc == {"compare"}, (smk, dvc)  # the prediction fit and the reports rerun no measurement
     assert smk, f"{edit}: snakemake plans nothing"
     assert smk == dvc, f"{edit}: snakemake -n {sorted(smk)} but dvc status {sorted(dvc)}"
     if edit.startswith(("train.warmup_steps", "train.queue_size", "train.checkpoint_every")):

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import yaml
 
-import lenbatch as lb
 from lenbatch.analysis import shapes as shp
 from lenbatch.analysis import stepmodel as sm
 from lenbatch.stages.compare import ACK_EVERY, compare

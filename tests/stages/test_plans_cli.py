@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from lenbatch.cli import COMMANDS, main
+from lenbatch.cli import main
 
 STRATEGY_KEYS = {"padding_efficiency", "budget_fill", "steps", "useful_tokens", "computed_tokens",
                  "composition_repeat", "length_mixing"}
@@ -74,7 +74,7 @@ def test_bad_input_is_one_line_exit_2(lengths, tmp_path, capsys):
     path, _ = lengths
     rc = main(["plan", "--params", "params.yaml", "--lengths", str(path), "--strategy", "bucketed",
                "--out", str(tmp_path)])
-    assert rc == 2 and "needs edges" in capsys.readouterr().err
+    assert rc == 2 and "needs bucket edges; pass --boundaries" in capsys.readouterr().err
     rc = main(["plans", "--params", "params.yaml", "--lengths", str(path), "--token-budget", "1000",
                "--out", str(tmp_path)])
     assert rc == 2 and "token_budget" in capsys.readouterr().err
@@ -103,7 +103,7 @@ def test_plans_of_bucketed_without_boundaries_fail(lengths, tmp_path, capsys):
     path, _ = lengths
     rc = main(["plans", "--params", "params.yaml", "--lengths", str(path), "--strategies", "bucketed",
                "--epochs", "2", "--out", str(tmp_path / "m")])
-    assert rc == 2 and "--strategies bucketed needs bucket edges; pass --boundaries" in capsys.readouterr().err
+    assert rc == 2 and "strategy 'bucketed' needs bucket edges; pass --boundaries" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
     # all strategies by default: bucketed is skipped (logged) when no edges are given, as before
     assert main(["plans", "--params", "params.yaml", "--lengths", str(path), "--epochs", "2",

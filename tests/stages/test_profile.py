@@ -14,6 +14,7 @@ import yaml
 
 from lenbatch.core.config import load_params
 from lenbatch.core.cpu import grid_cpu_share
+from lenbatch.pipeline.artifacts import profile_grid
 from lenbatch.stages.profile import grid_points, time_point
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +106,8 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path, concurrent):
     assert 0.3 < share["target"] < 1.5 and 0.3 < share["drafter"] < 1.5
     resolved = json.loads((out / "params.json").read_text())
     assert resolved["profile"]["lengths"] == [32, 128] and resolved["model"]["vocab_size"] == 4096
+    # compare's readers take the real output
+    assert profile_grid.read_grid(out) == rows and profile_grid.read_profile_params(out) == resolved
 
 
 def test_profile_skips_repeating_points_that_took_long_enough(tmp_path):

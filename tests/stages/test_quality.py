@@ -14,6 +14,8 @@ import yaml
 
 from lenbatch.analysis import quality_report as qr
 from lenbatch.cli import main
+from lenbatch.pipeline.artifacts import quality_result
+from lenbatch.pipeline.artifacts.reading import ArtifactError
 from lenbatch.stages.quality import split_samples
 
 from _tiny import ENV, TINY_DATA, TINY_MODEL
@@ -54,9 +56,13 @@ def stage(tmp_path_factory, one_thread):
 
 def test_every_output_is_written_and_sane(stage):
     out, result = stage["out"], stage["result"]
-    for name in ("quality.json", "metrics.json", "curves.json", "gradients.json", "report.md", "params.json"):
+    # data only: the report section and the plot are compare's (analysis.quality_report)
+    assert sorted(p.name for p in out.iterdir()) == ["curves.json", "gradients.json", "metrics.json", "params.json",
+                                                      "quality.json"]
+    for name in ("quality.json", "metrics.json", "curves.json", "gradients.json", "params.json"):
         assert (out / name).stat().st_size > 0, name
-    png = (out / "quality.png").read_bytes()
+    assert quality_result.read_quality(out, STRATEGIES) == result  # compare's reader takes the real output
+    png = qr.write_plot(result, stage["root"] / "quality.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert result["strategies"] == STRATEGIES
     runs = result["runs"]
@@ -88,7 +94,7 @@ def test_every_output_is_written_and_sane(stage):
             assert isinstance(metrics[f"{s}.heldout_loss_vs_sorted.beyond_noise"], bool)
     assert len(json.loads((out / "gradients.json").read_text())) == 2 * len(STRATEGIES)
     assert len(json.loads((out / "curves.json").read_text())) == 4 * len(runs)
-    report = (out / "report.md").read_text()
+    report = qr.section(result, tok_s=None)
     assert all(f"| {s} |" in report for s in STRATEGIES) and "seed noise" in report
     t = result["timing"]
     assert 0 < t["features_s"] < t["total_s"] and t["total_cpu_s"] > 0
@@ -128,5 +134,5 @@ def test_missing_inputs_are_refused_with_the_fix(stage, tmp_path, capsys):
     rc = main(["quality", "--params", "params.yaml", str(stage["params"]), "--data", str(stage["data"]),
                "--out", str(tmp_path / "q")])
     assert rc == 2 and "--boundaries" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="results/quality"):
-        qr.load(tmp_path, STRATEGIES)
+    with pytest.raises(ArtifactError, match="rerun: snakemake results/quality/quality.json"):
+        quality_result.read_quality(tmp_path, STRATEGIES)

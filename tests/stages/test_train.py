@@ -19,6 +19,7 @@ import lenbatch as lb
 from lenbatch.cli import main
 from lenbatch.core.config import load_params
 from lenbatch.batching.schedule import build_schedule
+from lenbatch.pipeline.artifacts import train_runs
 
 from _tiny import ENV, TINY_DATA, TINY_MODEL
 
@@ -119,6 +120,10 @@ def test_two_process_torchrun_run_of_each_strategy(setup, strategy):
         sum(s["target_cpu_s"] for s in measured) / (sum(s["target_s"] for s in measured) * summary["threads"]))
     assert 0 < summary["target_cpu_share"] < 1.5 and 0 < summary["drafter_cpu_share"] < 1.5
     assert (out / "checkpoint.pt").exists() and (out / "params.json").exists()
+    # compare's reader takes the real run (it reads results/train/<strategy>/)
+    (setup["root"] / "by_strategy").mkdir(exist_ok=True)
+    (setup["root"] / "by_strategy" / strategy).symlink_to(out)
+    assert train_runs.read_run(setup["root"] / "by_strategy", strategy) == {"summary": summary, "steps": steps}
 
 
 def test_single_process_trains_the_same_batches_and_losses_as_the_pipeline(setup):

@@ -1,12 +1,14 @@
-# Shared helpers: params validation (before any rule runs), the results root, each rule's code
-# inputs and params (derived in src/lenbatch/deps.py, which also writes dvc.yaml), and Ctrl-C.
+# Shared helpers: params validation (before any rule runs), the results root, and each rule's inputs,
+# outputs, code inputs and params, all read from the one table of stages
+# (src/lenbatch/pipeline/registry.py, through src/lenbatch/pipeline/deps.py, which also writes dvc.yaml).
 import json
 import os
 import shlex
 import signal
 
-from lenbatch.pipeline import deps
-from lenbatch.core.config import STRATEGY_NAMES, params_from_dict
+from lenbatch.batching.layouts import STRATEGIES as KNOWN_STRATEGIES
+from lenbatch.core.config import params_from_dict
+from lenbatch.pipeline import deps, registry
 
 # Where this config's results go. params.yaml leaves it at results/ (what DVC tracks and git commits);
 # configs/*.yaml set their own (results/tiny, results/qwen3.6-27b-8gpu) so they never overwrite it.
@@ -26,11 +28,11 @@ STRATEGIES = deps.strategies(config)
 
 
 wildcard_constraints:
-    strategy="|".join(STRATEGY_NAMES),
+    strategy="|".join(KNOWN_STRATEGIES),
 
 
 def cfg(stage):
-    """The params ``stage`` reads (deps.STAGES), as one shell-quoted JSON argument.
+    """The params ``stage`` reads (the table's params keys), as one shell-quoted JSON argument.
 
     Snakemake reruns a rule when its params change, so a rule gets exactly the keys its code
     reads: editing train.warmup_steps reruns train and compare, not profile. dvc.yaml lists the
@@ -54,11 +56,68 @@ def up(path):
 
 
 def code(stage):
-    """Source files ``stage`` runs: the import closure of its entry module (deps.stage_code)."""
+    """Source files ``stage`` runs: the import closure of its stage module (deps.stage_code)."""
     return up(deps.stage_code(stage))
 
 
-STAGE = "lenbatch {stage} --params params.yaml --params-json {cfg}"
+def _declared(stage, name):
+    return registry.STAGES[stage].outputs[name].declared
+
+
+def inputs(stage):
+    """``stage``'s inputs (the table's), named after the outputs they are, plus ``code``: a mapping for
+    ``input: **inputs(stage)``. A per-strategy rule gets a function of its ``{strategy}`` wildcard per
+    input (bucketed's edges reach only its job); an input that is no Snakemake output (train's
+    steps.jsonl) is left to DVC."""
+    st = registry.STAGES[stage]
+    out = {}
+    for i in st.inputs:
+        if not _declared(i.stage, i.output):
+            continue
+        if st.per_strategy:
+            def one(wc, name=i.output):
+                return up(registry.input_paths(stage, results=R, strategies=STRATEGIES,
+                                               strategy=wc.strategy).get(name, []))
+
+            out[i.output] = one
+        else:
+            paths = registry.input_paths(stage, results=R, strategies=STRATEGIES).get(i.output, [])
+            out[i.output] = up(paths[0] if len(paths) == 1 else paths)
+    if stage in deps.PRETRAINED_STAGES:
+        out["pretrained"] = pretrained()
+    out["code"] = code(stage)
+    return out
+
+
+def pretrained():
+    """The target checkpoint's files (model.pretrained; none when null): inputs of the rules that load it
+    (deps.PRETRAINED_STAGES), so a changed checkpoint reruns them. dvc.yaml lists the same files."""
+    return up(deps.pretrained_files(config["model"]["pretrained"]))
+
+
+def outputs(stage):
+    """``stage``'s declared outputs (the table's), for ``output: **outputs(stage)``; a per-strategy
+    stage's under ``{strategy}``."""
+    out = {}
+    for name, o in registry.STAGES[stage].outputs.items():
+        if o.declared:
+            path = registry.output_path(stage, name, results=R)
+            out[name] = directory(path) if o.directory else path
+    return out
+
+
+def all_outputs():
+    """Every declared output of every stage (per strategy of train.strategies): ``rule all``'s input, so
+    deleting any of them (or a whole results/train/<strategy>/) makes `snakemake --cores all` rebuild it."""
+    out = []
+    for stage, st in registry.STAGES.items():
+        for name, o in st.outputs.items():
+            if o.declared:
+                if st.per_strategy:
+                    out += [registry.output_path(stage, name, results=R, strategy=s) for s in STRATEGIES]
+                else:
+                    out.append(registry.output_path(stage, name, results=R))
+    return out
 
 
 # Ctrl-C (SIGINT) to snakemake alone: Snakemake's local executor waits for running jobs to finish

@@ -1,17 +1,8 @@
 rule compare:
     input:
-        stats=up(rules.stats.output.stats),
-        dataset=up(rules.tokenize.output.dataset),
-        lengths=up(rules.tokenize.output.lengths),
-        sweep=up(rules.boundaries.output.sweep),
-        boundaries=up(rules.boundaries.output.boundaries),
-        plans=up(rules.plans.output.metrics),
-        grid=up(rules.profile.output.grid),
-        train=up(expand(f"{R}/train/{{strategy}}/summary.json", strategy=STRATEGIES)),
-        quality=up(rules.quality.output.quality_json),
-        code=code("compare"),
+        **inputs("compare"),
     output:
-        **{name.replace(".", "_"): f"{R}/compare/{name}" for name in deps.COMPARE_OUTS},
+        **outputs("compare"),
     params:
         cfg=cfg("compare"),
         r=R,

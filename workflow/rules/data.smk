@@ -1,10 +1,8 @@
 rule tokenize:
     input:
-        code=code("tokenize"),
+        **inputs("tokenize"),
     output:
-        dataset=directory(f"{R}/tokenize/dataset"),
-        lengths=f"{R}/tokenize/lengths.npy",
-        stats=f"{R}/tokenize/stats.json",
+        **outputs("tokenize"),
     params:
         cfg=cfg("tokenize"),
         out=f"{R}/tokenize",
@@ -19,12 +17,9 @@ rule tokenize:
 
 rule stats:
     input:
-        lengths=up(rules.tokenize.output.lengths),
-        code=code("stats"),
+        **inputs("stats"),
     output:
-        stats=f"{R}/stats/stats.json",
-        histogram=f"{R}/stats/histogram.json",
-        plot=f"{R}/stats/histogram.png",
+        **outputs("stats"),
     params:
         cfg=cfg("stats"),
         out=f"{R}/stats",

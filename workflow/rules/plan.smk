@@ -1,10 +1,8 @@
 rule boundaries:
     input:
-        lengths=up(rules.tokenize.output.lengths),
-        code=code("boundaries"),
+        **inputs("boundaries"),
     output:
-        boundaries=f"{R}/boundaries/boundaries.json",
-        sweep=f"{R}/boundaries/sweep.json",
+        **outputs("boundaries"),
     params:
         cfg=cfg("boundaries"),
         out=f"{R}/boundaries",
@@ -19,11 +17,9 @@ rule boundaries:
 
 rule plans:
     input:
-        lengths=up(rules.tokenize.output.lengths),
-        boundaries=up(rules.boundaries.output.boundaries),
-        code=code("plans"),
+        **inputs("plans"),
     output:
-        metrics=f"{R}/plans/metrics.json",
+        **outputs("plans"),
     params:
         cfg=cfg("plans"),
         out=f"{R}/plans",

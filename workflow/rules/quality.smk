@@ -3,13 +3,10 @@ rule quality:
     # stage's own learnable setting (params.quality). It reads no training run, so train.* keys
     # other than the strategy list and device never rerun it; compare combines it with the runs' throughput.
     input:
-        dataset=up(rules.tokenize.output.dataset),
-        lengths=up(rules.tokenize.output.lengths),
         # only bucketed reads the edges: without it in train.strategies, K never reruns this stage
-        boundaries=up(rules.boundaries.output.boundaries) if "bucketed" in STRATEGIES else [],
-        code=code("quality"),
+        **inputs("quality"),
     output:
-        **{name.replace(".", "_"): f"{R}/quality/{name}" for name in deps.QUALITY_OUTS},
+        **outputs("quality"),
     params:
         cfg=cfg("quality"),
         r=R,

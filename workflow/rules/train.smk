@@ -9,9 +9,9 @@ def _gpus(n):
 
 rule profile:
     input:
-        code=code("profile"),
+        **inputs("profile"),
     output:
-        grid=f"{R}/profile/grid.json",
+        **outputs("profile"),
     params:
         cfg=cfg("profile"),
         out=f"{R}/profile",
@@ -37,12 +37,9 @@ rule train:
     # --resume only after an interrupted run of this job: the rule marks a finished run (.finished), so a
     # checkpoint without the mark is the interrupted run's; a rerun for new params or code starts afresh.
     input:
-        dataset=up(rules.tokenize.output.dataset),
-        lengths=up(rules.tokenize.output.lengths),
-        boundaries=lambda wc: up(rules.boundaries.output.boundaries) if wc.strategy == "bucketed" else [],
-        code=code("train"),
+        **inputs("train"),
     output:
-        summary=f"{R}/train/{{strategy}}/summary.json",
+        **outputs("train"),
     params:
         cfg=cfg("train"),
         nproc=config["train"]["nproc"],

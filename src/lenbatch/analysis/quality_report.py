@@ -1,12 +1,12 @@
-"""Report rendering of the quality stage's result (``results/quality/quality.json``).
+"""Report rendering of the quality stage's result (``results/quality/quality.json``), for the compare stage.
 
-Not a stage: the quality stage writes with it and the compare stage embeds its section, so
-neither stage imports the other. Everything here is a pure function of the result dict (and,
-for the per-second answer, of the measured throughput of the train stage).
+Compare embeds the quality section in its ``report.md``, draws ``quality.png`` beside it and adds the
+per-second metrics; the quality stage itself writes only data (its numbers are
+:mod:`lenbatch.analysis.quality_stats`), so editing this module reruns compare alone. Everything here is
+a pure function of the result dict and, for the per-second answer, of the measured throughput of the
+train stage.
 
-* **at equal useful tokens**: each run's final held-out loss; per strategy the mean and the 95%
-  Student-t interval over seeds; the difference from ``sorted`` with Welch's 95% interval
-  (:func:`lenbatch.analysis.gradquality.difference_interval`): "beyond seed noise" when it excludes 0.
+* **at equal useful tokens**: the intervals of :func:`lenbatch.analysis.quality_stats.summarize`.
 * **per second of training** (throughput x sample efficiency): strategy ``s`` at ``r_s`` useful
   tokens/s has trained ``r_s * t`` tokens after ``t`` seconds. At ``t* = tokens per run / max_s r_s``
   (when the fastest strategy finishes its tokens), each run's held-out loss curve is interpolated at
@@ -15,7 +15,6 @@ for the per-second answer, of the measured throughput of the train stage).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional
@@ -23,54 +22,14 @@ from typing import Any, Optional
 import numpy as np
 
 from lenbatch.analysis import gradquality as gq
+from lenbatch.analysis.quality_stats import by_strategy, metric_number, stage_metrics, strategy_metrics
 
-
-def load(quality_dir: Path, strategies: list[str]) -> dict[str, Any]:
-    """quality.json of ``quality_dir``, checked to cover ``strategies``; ``ValueError`` names the rerun."""
-    path = Path(quality_dir) / "quality.json"
-    rerun = "snakemake results/quality/quality.json"
-    if not path.exists():
-        raise ValueError(f"{path} is missing; rerun: {rerun}")
-    try:
-        result = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); rerun: {rerun}") from None
-    missing = [s for s in strategies if s not in result.get("strategies", [])]
-    if missing:
-        raise ValueError(f"{path} lacks strategies {missing}; rerun: {rerun}")
-    return result
-
-
-def _by_strategy(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {s: [] for s in result["strategies"]}
-    for r in result["runs"]:
-        out[r["strategy"]].append(r)
-    return out
-
-
-def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Intervals over seeds: final held-out loss, difference from sorted, curves, the learned criterion."""
-    runs = _by_strategy(result)
-    final = {s: gq.mean_interval([r["final_heldout_loss"] for r in rs]) for s, rs in runs.items()}
-    ref = [r["final_heldout_loss"] for r in runs["sorted"]]
-    vs = {s: gq.difference_interval([r["final_heldout_loss"] for r in rs], ref) for s, rs in runs.items()
-          if s != "sorted"}
-    curves = {}
-    for s, rs in runs.items():
-        L = np.array([r["curve_loss"] for r in rs])
-        T = np.array([r["curve_tokens"] for r in rs], dtype=float)
-        iv = [gq.mean_interval(L[:, k]) for k in range(L.shape[1])]
-        curves[s] = {"useful_tokens": T.mean(0).tolist(), "mean": [i["mean"] for i in iv],
-                     "lo": [i["lo"] for i in iv], "hi": [i["hi"] for i in iv]}
-    uniform, drop = result["setting"]["uniform_loss"], result["setting"]["min_drop_nats"]
-    worst = max(r["final_heldout_loss"] for r in result["runs"])
-    return {"final": final, "vs_sorted": vs, "curves": curves, "learned": bool(worst <= uniform - drop),
-            "worst_final_loss": worst}
+CHECKPOINTS = ("init", "trained")  # the weights the gradients were taken at (the quality stage's)
 
 
 def per_second(result: dict[str, Any], tok_s: dict[str, float]) -> dict[str, Any]:
     """Held-out loss after equal training time (module doc), from the measured useful tokens/s."""
-    runs = _by_strategy(result)
+    runs = by_strategy(result)
     tokens = float(result["setting"]["useful_tokens_per_run"])
     fastest = max(tok_s[s] for s in runs)
     t_star = tokens / fastest
@@ -148,7 +107,7 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
              "Held-out loss at equal useful tokens (mean [95% t-interval] over seeds; difference from sorted "
              "with Welch's 95% interval):", "",
              "| strategy | held-out loss | difference from sorted | per-seed |", "|---|---|---|---|"]
-    runs = _by_strategy(result)
+    runs = by_strategy(result)
     for s in strategies:
         d = "(baseline)" if s == "sorted" else _diff(summ["vs_sorted"][s])
         seeds = ", ".join(f"{r['final_heldout_loss']:.3f}" for r in runs[s])
@@ -184,7 +143,7 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
     lines += ["", f"(trained weights: {st['trained_checkpoint']}. Stage time {t['total_s']:.0f} s wall, "
               f"{t['total_cpu_s']:.0f} CPU s on {t['threads']} thread(s): target features {t['features_s']:.0f} s, "
               f"runs {t['runs_s']:.0f} s, gradients {t['gradients_s']:.0f} s.)", "",
-              "![quality](../quality/quality.png)" if level > 1 else "![quality](quality.png)", ""]
+              "![quality](quality.png)", ""]
     return "\n".join(lines)
 
 
@@ -201,48 +160,61 @@ def _r(x: float) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.2f}"
 
 
-def _num(x: Any) -> Any:
-    if isinstance(x, bool) or x is None:
-        return x
-    x = float(x)
-    return None if math.isnan(x) or math.isinf(x) else round(x, 6)
-
-
 def flat_metrics(result: Optional[dict[str, Any]], tok_s: Optional[dict[str, float]] = None) -> dict[str, Any]:
-    """Flat ``strategy.key`` metrics for ``dvc metrics diff``: held-out loss mean/lo/hi, difference from
-    sorted and whether it exceeds seed noise, and the gradient measures per checkpoint."""
+    """Flat metrics of the quality result for compare's ``metrics.json``: the quality stage's
+    (:mod:`lenbatch.analysis.quality_stats`) and, with ``tok_s``, the held-out loss per second."""
     if not result:
         return {}
-    summ = result["summary"]
-    out: dict[str, Any] = {}
-    for s in result["strategies"]:
-        f = summ["final"][s]
-        for k in ("mean", "lo", "hi"):
-            out[f"{s}.heldout_loss.{k}"] = _num(f[k])
-        if s != "sorted":
-            d = summ["vs_sorted"][s]
-            out[f"{s}.heldout_loss_vs_sorted.diff"] = _num(d["diff"])
-            out[f"{s}.heldout_loss_vs_sorted.lo"] = _num(d["lo"])
-            out[f"{s}.heldout_loss_vs_sorted.hi"] = _num(d["hi"])
-            out[f"{s}.heldout_loss_vs_sorted.beyond_noise"] = bool(d["distinguishable"])
-        for ck in ("init", "trained"):
-            g = result["gradients"].get(f"{ck}.{s}")
-            if g:
-                for k in ("cosine_mean", "variance_per_token", "noise_scale", "length_loss_r"):
-                    out[f"{s}.grad_{ck}.{k}"] = _num(g[k])
+    out = strategy_metrics(result)
     if tok_s:
         ps = per_second(result, tok_s)
         for s, iv in ps["loss"].items():
-            out[f"{s}.heldout_loss_per_second.mean"] = _num(iv["mean"])
-            out[f"{s}.heldout_loss_per_second.lo"] = _num(iv["lo"])
-            out[f"{s}.heldout_loss_per_second.hi"] = _num(iv["hi"])
-    out["quality.learned"] = bool(summ["learned"])
-    out["quality.uniform_loss"] = _num(result["setting"]["uniform_loss"])
-    out["quality.unigram_loss"] = _num(result["setting"].get("unigram_loss"))
-    out["quality.useful_tokens_per_run"] = result["setting"]["useful_tokens_per_run"]
-    out["quality.seconds"] = _num(result["timing"]["total_s"])
-    out["quality.cpu_seconds"] = _num(result["timing"]["total_cpu_s"])
+            out[f"{s}.heldout_loss_per_second.mean"] = metric_number(iv["mean"])
+            out[f"{s}.heldout_loss_per_second.lo"] = metric_number(iv["lo"])
+            out[f"{s}.heldout_loss_per_second.hi"] = metric_number(iv["hi"])
+    out.update(stage_metrics(result))
     return out
 
 
-__all__ = ["answer_sentence", "flat_metrics", "load", "loss_cell", "per_second", "section", "summarize"]
+def write_plot(result: dict[str, Any], path: Path) -> Path:
+    """``quality.png``: held-out loss curves (mean and 95% interval over seeds) and, per checkpoint, the
+    batch-gradient cosine and noise scale of every strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summ = result["summary"]
+    strategies = result["strategies"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    ax = axes[0]
+    for s in strategies:
+        c = summ["curves"][s]
+        x = np.array(c["useful_tokens"]) / 1e3
+        ax.plot(x, c["mean"], "-o", ms=3, label=s)
+        ax.fill_between(x, c["lo"], c["hi"], alpha=0.2)
+    ax.axhline(result["setting"]["uniform_loss"], color="#999", lw=1, ls=":", label="uniform")
+    ax.set_xlabel("useful tokens trained (thousands)")
+    ax.set_ylabel("held-out loss (nats), mean and 95% interval over seeds")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    xs = np.arange(len(strategies))
+    for ax, key, label in ((axes[1], "cosine_mean", "mean cos(batch gradient, full gradient)"),
+                           (axes[2], "noise_scale", "gradient noise scale B_simple (useful tokens)")):
+        for j, ck in enumerate(CHECKPOINTS):
+            vals = [result["gradients"][f"{ck}.{s}"][key] for s in strategies]
+            ax.bar(xs + (j - 0.5) * 0.38, vals, width=0.38, label=f"{ck} weights")
+        ax.set_xticks(xs, strategies, fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    if result["gradients"]:
+        axes[2].set_yscale("log")
+    fig.suptitle("does batch composition matter? held-out loss at equal useful tokens, gradient quality")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["answer_sentence", "flat_metrics", "loss_cell", "per_second", "section", "write_plot"]

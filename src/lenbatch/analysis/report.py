@@ -458,6 +458,8 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
     (out / "stepmodel.json").write_text(json.dumps(fit, indent=2) + "\n")
     write_report(result, out, params=params)
     write_plots(result, out)
+    if result.quality:  # the quality stage writes data only; its plot is drawn here, beside the report
+        qr.write_plot(result.quality, out / "quality.png")
     write_resolved(params, out)
     return metrics
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from lenbatch.batching.padding import OBJECTIVES, log_factorials, predict_bucketed, renewal_weights, value_counts
 from lenbatch.batching.lengths import check_lengths
-from lenbatch.batching.spec import BatchSpec
+from lenbatch.batching.spec import BatchSpec, spec_or_keywords
 
 
 METHODS = ("dp", "coordinate", "geometric")
@@ -361,24 +361,14 @@ def _edges_from_path(path: list[int], cand: np.ndarray, vmax: int) -> tuple[int,
     return tuple([0] + [int(cand[j - 1]) for j in path[1:-1]] + [int(vmax) + 1])
 
 
-def _limits(spec: BatchSpec | None, token_budget: int | None, max_batch_size: int | None) -> tuple[int, int]:
-    """(token_budget, max_batch_size): the spec's when given (then the keywords stay unset), else the keywords."""
-    if spec is None:
-        if token_budget is None or max_batch_size is None:
-            raise ValueError("pass token_budget= and max_batch_size= (or spec=lenbatch.BatchSpec(...))")
-        return token_budget, max_batch_size
-    if token_budget is not None or max_batch_size is not None:
-        raise ValueError("pass either spec= or token_budget=/max_batch_size=, not both")
-    return spec.token_budget, spec.max_batch_size
-
-
 def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int | None = None,
                         max_batch_size: int | None = None, method: str = "dp", objective: str = "greedy",
                         num_candidates: int = 290, spec: BatchSpec | None = None) -> Boundaries:
     """Bucket edges for ``lengths`` (see module doc). ``ValueError`` on bad input (naming the setting).
     The objective reads the budget and max batch size from ``spec`` or the keywords."""
     t0 = time.perf_counter()
-    token_budget, max_batch_size = _limits(spec, token_budget, max_batch_size)
+    spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size)
+    token_budget, max_batch_size = spec.token_budget, spec.max_batch_size
     x = _validate(lengths, num_buckets, token_budget, max_batch_size, method, objective, num_candidates)
     cand = candidate_values(x, num_candidates)
     useful = float(x.sum())
@@ -447,11 +437,8 @@ def simulate_bucketed(x: np.ndarray, edges: Any, *, token_budget: int | None = N
     from lenbatch.batching.padding import composition_repeat, length_mixing, padding_efficiency
     from lenbatch.batching.strategies import plan_epoch_all
 
-    if spec is None:
-        spec = BatchSpec(token_budget=token_budget, max_batch_size=max_batch_size, seed=seed, edges=edges)
-    else:
-        _limits(spec, token_budget, max_batch_size)
-        spec = dataclasses.replace(spec, layout="padded", edges=edges)
+    spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed)
+    spec = dataclasses.replace(spec, layout="padded", edges=edges)
     plans = [plan_epoch_all(x, strategy="bucketed", epoch=e, spec=spec)[0] for e in (0, 1)]
     return {"simulated_efficiency": padding_efficiency(x, plans[0]),
             "composition_repeat": composition_repeat(plans[0], plans[1], x.size),
@@ -466,9 +453,8 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
     edges, predicted efficiency and, with ``simulate``, the simulated efficiency, composition repeat and
     length mixing of the bucketed plan (epochs 0 and 1). dp solves every K from one cost matrix."""
     log = logging.getLogger("lenbatch.boundaries")
-    if spec is not None:
-        seed = spec.seed
-    token_budget, max_batch_size = _limits(spec, token_budget, max_batch_size)
+    spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed)
+    seed, token_budget, max_batch_size = spec.seed, spec.token_budget, spec.max_batch_size
     x = _validate(lengths, 1, token_budget, max_batch_size, method, objective, num_candidates)
     if max_buckets < 1:
         raise ValueError(f"boundaries.sweep_max_buckets must be >= 1, got {max_buckets}")

@@ -1,7 +1,7 @@
 """Length arrays: checks, statistics, histogram, counts per bucket, and the study's seed profile.
 
 A library module (numpy only): the ``stats`` stage (:mod:`lenbatch.stages.stats`) renders these numbers;
-the planning stages read their lengths input through :func:`lenbatch.pipeline.artifacts.read_lengths_input`.
+the planning stages read their lengths input through :func:`lenbatch.pipeline.artifacts.tokenized.read_lengths_input`.
 
 The *seed profile* is a deterministic stand-in for the study's 902,087 tokenized chat
 completions, drawn through its published percentiles (min 65, P10 637, P25 1035,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from lenbatch.batching.lengths import check_edges, check_lengths
-from lenbatch.batching.spec import layout_of
+from lenbatch.batching.layouts import layout_of
 
 # --------------------------------------------------------------------------- exact order statistics
 

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from lenbatch.batching.spec import BatchSpec, check_int
+from lenbatch.batching.spec import BatchSpec, check_int, refuse_both
 from lenbatch.batching.strategies import check_plan, plan_epoch_all
 
 
@@ -109,8 +109,11 @@ def build_schedule(lengths: np.ndarray, *, strategy: str, target_ranks: int, spe
                    max_steps: Optional[int] = None) -> Schedule:
     """Every global step of the run: round-robin over target ranks, epochs 0, 1, ... until
     ``useful_tokens`` useful tokens (or ``max_steps`` steps). The batching comes whole as ``spec``
-    or from ``params`` (and ``edges``, kept for ``bucketed``). Pure; O(epochs * plan cost)."""
+    or from ``params`` (and ``edges``, kept for ``bucketed``), not both. Pure; O(epochs * plan cost)."""
+    refuse_both(spec, params=params, edges=edges)
     if spec is None:
+        if params is None:
+            raise ValueError("build_schedule needs its batching: pass spec=lenbatch.BatchSpec(...) or params=")
         spec = BatchSpec.from_params(params, strategy=strategy, edges=edges)
     if useful_tokens is None and max_steps is None:
         raise ValueError("build_schedule needs a stop: pass useful_tokens= (train.useful_tokens) or max_steps=")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lenbatch.batching.padding import batch_tokens, composition_repeat, length_mixing, predict_bucketed
-from lenbatch.batching.spec import BatchSpec
+from lenbatch.batching.spec import BatchSpec, spec_or_keywords
 from lenbatch.batching.strategies import STRATEGIES, plan_epoch_all
 
 
@@ -29,8 +29,8 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
 
     The batching comes as keyword arguments or whole as ``spec`` (its edges serve ``bucketed``; each
     strategy plans with :meth:`BatchSpec.for_strategy`)."""
-    base = spec if spec is not None else BatchSpec(token_budget=token_budget, max_batch_size=max_batch_size,
-                                                   seed=seed, packed_window=packed_window, edges=edges)
+    base = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
+                            packed_window=packed_window, edges=edges)
     edges = base.edges
     if epochs < 2:
         raise ValueError(f"plans.epochs must be >= 2 to measure composition repeat, got {epochs}")

@@ -4,7 +4,9 @@ The five batching values (``token_budget``, ``max_batch_size``, ``seed``, ``pack
 ``edges``) plus the layout and ``min_batches`` travel together from the params to the planner,
 the sampler, the simulation, the boundary objective, collate and the profile grid (as Lhotse's
 ``TimeConstraint`` owns "is this batch full"). The public functions keep their keyword
-arguments and build a spec from them; :meth:`BatchSpec.from_params` builds it from the params.
+arguments and build a spec from them, or take it whole as ``spec=``, never both: one rule and one
+error for all of them (:func:`spec_or_keywords`, :func:`refuse_both`);
+:meth:`BatchSpec.from_params` builds it from the params.
 
 Rules (DESIGN.md):
 
@@ -28,12 +30,7 @@ from typing import Any
 
 import numpy as np
 
-LAYOUTS = ("padded", "packed")
-# The one list of strategies, each with the layout of its batches (params, planner, collate and the
-# report all read these).
-STRATEGY_LAYOUTS: dict[str, str] = {"sorted": "padded", "random": "padded", "bucketed": "padded",
-                                    "sortish": "padded", "packed": "packed"}
-STRATEGIES: tuple[str, ...] = tuple(STRATEGY_LAYOUTS)
+from lenbatch.batching.layouts import LAYOUTS, layout_of
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> int:
@@ -46,19 +43,6 @@ def check_int(name: str, value: Any, *, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
-
-
-def check_strategy(strategy: Any) -> str:
-    """``strategy`` if it is one of :data:`STRATEGIES`; ``ValueError`` naming the choices otherwise."""
-    if not isinstance(strategy, str) or strategy not in STRATEGY_LAYOUTS:
-        raise ValueError(f"strategy {strategy!r} unknown; choose one of {list(STRATEGIES)}")
-    return strategy
-
-
-def layout_of(strategy: str) -> str:
-    """The layout a strategy's batches have (:data:`STRATEGY_LAYOUTS`): ``"packed"`` rows for ``packed``,
-    ``"padded"`` batches for the others; ``ValueError`` for an unknown strategy."""
-    return STRATEGY_LAYOUTS[check_strategy(strategy)]
 
 
 def _edges_tuple(edges: Any) -> tuple[int, ...] | None:
@@ -160,3 +144,36 @@ class BatchSpec:
             fp["min_batches"] = self.min_batches
         h.update(json.dumps(fp, sort_keys=True).encode())
         return h.hexdigest()[:16]
+
+
+# The public functions' defaults for the batching keywords: a keyword left at its default counts as not
+# given beside ``spec=`` (seed=0 with a spec is the spec's seed, not a conflict).
+KEYWORD_DEFAULTS: dict[str, Any] = {"token_budget": None, "max_batch_size": None, "seed": 0, "edges": None,
+                                    "packed_window": 8, "min_batches": 0}
+
+
+def refuse_both(spec: Any, **keywords: Any) -> None:
+    """``ValueError`` when ``spec`` is given together with any of ``keywords`` set away from its default
+    (:data:`KEYWORD_DEFAULTS`; others default to None), or is not a :class:`BatchSpec`: the one check of
+    every public function that takes ``spec=`` or keyword arguments."""
+    if spec is None:
+        return
+    if not isinstance(spec, BatchSpec):
+        raise ValueError(f"spec must be a lenbatch.BatchSpec, got {type(spec).__name__}")
+    given = sorted(k for k, v in keywords.items()
+                   if v is not None and (KEYWORD_DEFAULTS.get(k) is None or v != KEYWORD_DEFAULTS[k]))
+    if given:
+        raise ValueError(f"pass either spec= or the batching arguments, not both (got spec= and {given}); "
+                         "put them in the BatchSpec")
+
+
+def spec_or_keywords(spec: "BatchSpec | None", *, layout: str = "padded", **keywords: Any) -> BatchSpec:
+    """``spec`` (then ``keywords`` must be at their defaults: :func:`refuse_both`), else a
+    :class:`BatchSpec` of ``layout`` built from ``keywords`` (``token_budget``, ``max_batch_size`` and
+    whichever of ``seed``, ``edges``, ``packed_window``, ``min_batches`` the function takes)."""
+    refuse_both(spec, **keywords)
+    if spec is not None:
+        return spec
+    if keywords.get("token_budget") is None or keywords.get("max_batch_size") is None:
+        raise ValueError("pass token_budget= and max_batch_size= (or spec=lenbatch.BatchSpec(...))")
+    return BatchSpec(layout=layout, **keywords)

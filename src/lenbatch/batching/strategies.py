@@ -38,7 +38,8 @@ import numpy as np
 
 from lenbatch.batching.padding import batch_tokens, greedy_batches
 from lenbatch.batching.lengths import check_lengths
-from lenbatch.batching.spec import STRATEGIES, BatchSpec, check_int, check_strategy, layout_of
+from lenbatch.batching.layouts import STRATEGIES, check_strategy, layout_of
+from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 
 
 
@@ -119,22 +120,6 @@ def check_plan(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:
                          "strategy='bucketed'")
     spec.check_lengths(x)
     return x
-
-
-def make_spec(spec: BatchSpec | None, *, strategy: str, **kwargs: Any) -> BatchSpec:
-    """``spec`` if given (then the keyword arguments must be left at their defaults), else one built
-    from the public functions' keyword arguments (``token_budget`` ... ``min_batches``)."""
-    if spec is None:
-        return BatchSpec(layout=layout_of(strategy), **kwargs)
-    if not isinstance(spec, BatchSpec):
-        raise ValueError(f"spec must be a lenbatch.BatchSpec, got {type(spec).__name__}")
-    defaults = {"token_budget": None, "max_batch_size": None, "seed": 0, "edges": None, "packed_window": 8,
-                "min_batches": 0}
-    given = sorted(k for k, v in kwargs.items() if v is not None and (defaults[k] is None or v != defaults[k]))
-    if given:
-        raise ValueError(f"pass either spec= or the batching arguments, not both (got spec= and {given}); "
-                         "put them in the BatchSpec")
-    return spec
 
 
 def _seq_split(batch: np.ndarray, x: np.ndarray, packed: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -298,7 +283,7 @@ def _packed(x, rng, spec):
 
 
 _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish": _sortish, "packed": _packed}
-assert tuple(_FUNCS) == STRATEGIES, "every strategy of lenbatch.batching.spec.STRATEGIES has a planner"
+assert tuple(_FUNCS) == STRATEGIES, "every strategy of lenbatch.batching.layouts.STRATEGIES has a planner"
 
 
 def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int | None = None,
@@ -312,8 +297,8 @@ def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0
     (transformers' ``Trainer``) need every epoch to have the same count; see
     :func:`equal_epoch_batches`.
     """
-    spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                     edges=edges, packed_window=packed_window, min_batches=min_batches)
+    spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
+                            seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
     x = check_plan(lengths, strategy=strategy, spec=spec)
     world_size = check_int("world_size", world_size, minimum=1)
     epoch = check_int("epoch", epoch, minimum=0)
@@ -345,7 +330,7 @@ def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int =
     them plans (over all ranks, a multiple of ``world_size``). Strategies other than ``sorted`` plan
     a different count each epoch (greedy packing of a new order). Cost: ``epochs`` plans."""
     epochs = check_int("epochs", epochs, minimum=1)
-    spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                     edges=edges, packed_window=packed_window, min_batches=0)
+    spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
+                            seed=seed, edges=edges, packed_window=packed_window)
     return max(sum(len(r) for r in plan_epoch_all(lengths, strategy=strategy, epoch=e, world_size=world_size,
                                                   spec=spec)) for e in range(epochs))

@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lenbatch.pipeline.registry import COMMANDS
+
 if TYPE_CHECKING:
     from lenbatch.core.config import Params
 
 
 def _stage(name: str) -> Any:
     """The module of command ``name`` (:data:`lenbatch.pipeline.registry.COMMANDS`), imported on use."""
-    from lenbatch.pipeline.registry import COMMANDS
-
     return importlib.import_module(COMMANDS[name].module)
 
 
@@ -97,7 +97,7 @@ def _sync_flags(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: _stage("sync").run(dry_run=args.dry_run))
 
 
-def _params_stage_flags(parser: argparse.ArgumentParser) -> None:
+def _params_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--schema", action="store_true", help="print the JSON schema (YAML) of params files")
@@ -307,11 +307,10 @@ def _verify_packing(args: argparse.Namespace) -> int:
 
 
 def _train_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.cli.flags import add_params_argument
-    from lenbatch.core.config import STRATEGY_NAMES
+    from lenbatch.batching.layouts import STRATEGIES
 
     add_params_argument(parser)
-    parser.add_argument("--strategy", required=True, help=f"batching strategy: one of {', '.join(STRATEGY_NAMES)}")
+    parser.add_argument("--strategy", required=True, help=f"batching strategy: one of {', '.join(STRATEGIES)}")
     parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
     parser.add_argument("--boundaries", default=None, help="boundaries.json (needed by the bucketed strategy)")
     parser.add_argument("--out", required=True, help="output directory (steps.jsonl, summary.json, checkpoint.pt)")
@@ -326,15 +325,15 @@ def _train(args: argparse.Namespace) -> int:
     """``lenbatch train``: without torchrun and with ``train.nproc > 1``, re-executes itself under
     ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged); else trains
     in this process (:func:`lenbatch.stages.train.train`)."""
-    from lenbatch.cli.flags import params_from_args
-
     stage = _stage("train")
     overrides = {"train": {"useful_tokens": args.useful_tokens}} if args.useful_tokens is not None else {}
     params = params_from_args(args, overrides)
     stage.check_request(strategy=args.strategy, max_steps=args.max_steps)
     nproc = stage.launcher_processes(params)
     if nproc:
-        return _relaunch_train(args, nproc, parent_death_signal=stage.parent_death_signal)
+        from lenbatch.runtime.lifetime import parent_death_signal
+
+        return _relaunch_train(args, nproc, parent_death_signal=parent_death_signal)
     return stage.train(params=params, strategy=args.strategy, data=args.data, out=args.out,
                        boundaries=args.boundaries, max_steps=args.max_steps, resume=args.resume)
 
@@ -361,8 +360,6 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
 
 
 def _profile_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.cli.flags import add_params_argument
-
     add_params_argument(parser)
     parser.add_argument("--repeats", type=int, default=None, help="override profile.repeats")
     parser.add_argument("--out", default="results/profile", help="output folder")
@@ -370,15 +367,11 @@ def _profile_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from lenbatch.cli.flags import params_from_args
-
     overrides = {"profile": {"repeats": args.repeats}} if args.repeats is not None else None
     return _stage("profile").run(params=params_from_args(args, overrides), out=args.out)
 
 
 def _compare_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.cli.flags import add_params_argument
-
     add_params_argument(parser)
     parser.add_argument("--stats", default="results/stats", help="stats stage output folder")
     parser.add_argument("--boundaries", default="results/boundaries", help="boundaries stage output folder")
@@ -394,8 +387,6 @@ def _compare_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from lenbatch.cli.flags import params_from_args
-
     return _stage("compare").run(params=params_from_args(args), stats=Path(args.stats),
                                  boundaries=Path(args.boundaries), plans=Path(args.plans),
                                  profile=Path(args.profile), train=Path(args.train), data=Path(args.data),
@@ -404,7 +395,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _strategies() -> tuple[str, ...]:
-    from lenbatch.batching.spec import STRATEGIES
+    from lenbatch.batching.layouts import STRATEGIES
 
     return STRATEGIES
 
@@ -415,8 +406,6 @@ def _kernel_backends() -> tuple[str, ...]:
     return KERNEL_BACKENDS
 
 
-# command name -> the function adding its flags (every command of lenbatch.pipeline.registry.COMMANDS)
-FLAGS: dict[str, Any] = {"profile": _profile_flags, "train": _train_flags, "compare": _compare_flags, "tokenize": _tokenize_flags, "stats": _stats_flags, "boundaries": _boundaries_flags,
-                         "plan": _plan_flags, "plans": _plans_flags, "verify-packing": _verify_packing_flags,
-                         "quality": _quality_flags, "params": _params_stage_flags, "plots": _plots_flags,
-                         "dvc-yaml": _dvc_yaml_flags, "sync": _sync_flags}
+# command name -> the function adding its flags: ``_<name>_flags`` (``-`` read as ``_``) of every command
+# of the one table (lenbatch.pipeline.registry.COMMANDS); a command without one fails here, at import.
+FLAGS: dict[str, Any] = {name: globals()[f"_{name.replace('-', '_')}_flags"] for name in COMMANDS}

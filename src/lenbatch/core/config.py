@@ -25,7 +25,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from lenbatch.batching.spec import STRATEGIES as STRATEGY_NAMES  # the one list of strategies
+from lenbatch.batching.layouts import STRATEGIES  # the one list of strategies
 
 SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
 
@@ -113,7 +113,7 @@ class PlansConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The frozen target: a Qwen3.5/3.6-architecture text model with random weights."""
+    """The frozen target: a Qwen3.5/3.6-architecture text model with random weights (or a local checkpoint's)."""
 
     vocab_size: int = _f(248320, "vocabulary size (tokens); the Qwen3.6 tokenizer's", minimum=1)
     hidden_size: int = _f(128, "model width", minimum=1)
@@ -135,8 +135,15 @@ class ModelConfig:
     target_layers: tuple[int, ...] = _f((1, 3), "layer ids whose hidden states feed the drafter (0-based)")
     dtype: Literal["float32", "bfloat16"] = _f("float32", "compute dtype of target and drafter")
     init_seed: int = _f(0, "seed of the random weights", minimum=0)
+    pretrained: Optional[str] = _f(
+        None, "local Hugging Face checkpoint folder of the target (config.json + *.safetensors; read with "
+        "local_files_only, never downloaded): its weights replace the random ones and init_seed is unused; the "
+        "shape keys above must equal its config.json (a mismatch is refused, naming the keys); null: random weights")
 
     def __post_init__(self) -> None:
+        if self.pretrained is not None and not str(self.pretrained).strip():
+            raise ValueError("model.pretrained is an empty string; give the checkpoint folder, or null for random "
+                             "weights")
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"model.layer_types has {len(self.layer_types)} entries but model.num_hidden_layers is "
                              f"{self.num_hidden_layers}; give one type per layer")
@@ -167,7 +174,7 @@ class DrafterConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    strategies: tuple[str, ...] = _f(STRATEGY_NAMES, "strategies trained and compared")
+    strategies: tuple[str, ...] = _f(STRATEGIES, "strategies trained and compared")
     nproc: int = _f(2, "torchrun processes: nproc - 1 target ranks and 1 drafter rank (1 = single process)",
                     minimum=1)
     useful_tokens: int = _f(400_000, "each strategy trains until this many useful (non-padding) tokens",
@@ -182,9 +189,9 @@ class TrainConfig:
                                  "false: the system allocator as is")
 
     def __post_init__(self) -> None:
-        unknown = [s for s in self.strategies if s not in STRATEGY_NAMES]
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
-            raise ValueError(f"train.strategies has unknown {unknown}; choose from {list(STRATEGY_NAMES)}")
+            raise ValueError(f"train.strategies has unknown {unknown}; choose from {list(STRATEGIES)}")
         _positive("train", nproc=self.nproc, useful_tokens=self.useful_tokens, queue_size=self.queue_size,
                   threads=self.threads)
 
@@ -289,7 +296,7 @@ SECTION_HELP = {
     "boundaries": "boundaries stage: length-bucket edges",
     "batching": "every strategy, in plans, profile and train: the batch shape limits and the seed",
     "plans": "plans stage: simulated epochs of every strategy",
-    "model": "the frozen target model (Qwen3.5/3.6 architecture, random weights)",
+    "model": "the frozen target model (Qwen3.5/3.6 architecture, random weights or a local checkpoint: model.pretrained)",
     "drafter": "the DFlash-style drafter that is trained",
     "train": "train stage: torchrun runs, one per strategy",
     "profile": "profile stage: the step-time grid",

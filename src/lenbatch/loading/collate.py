@@ -2,8 +2,17 @@
 
 Public as ``lenbatch.collate_padded`` / ``lenbatch.collate_packed`` (DESIGN.md). A sample is a
 mapping with ``input_ids`` (1-D ints) and optionally ``loss_mask`` (same length; 1 = a token the
-loss predicts; absent = every token). Both return a :class:`Batch`; ``Batch.model_inputs()`` gives
-the keyword arguments a Hugging Face causal LM takes (``labels`` = -100 where nothing is learned).
+loss predicts; absent = every token) and ``labels`` (same length; the token each position is
+scored against, -100 = not learned, as Hugging Face and TRL datasets carry them; absent = the
+sample's ``input_ids``). Both return a :class:`Batch`; ``Batch.model_inputs()`` gives the keyword
+arguments a Hugging Face causal LM takes (``labels`` = -100 where nothing is learned).
+
+**Labels path.** When any sample of a batch has ``labels``, the batch keeps them (``Batch.labels``,
+-100 on padding; a sample without them contributes its ``input_ids``, as TRL's collator does) and
+a token is learned iff its ``loss_mask`` (if given) is 1 *and* its label is not -100:
+``Batch.loss_mask = loss_mask & (labels != -100)``; ``model_inputs()`` scores ``labels`` instead of
+``input_ids``. Without ``labels`` nothing changes: ``Batch.labels`` is None and every tensor is the
+one earlier versions built (the train stage's batches depend on it).
 
 Two layouts, one :class:`Batch` type (``S`` sequences):
 
@@ -32,7 +41,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from lenbatch.batching.spec import layout_of as layout_for  # noqa: F401 (the one layout rule, by its old name)
+from lenbatch.batching.layouts import layout_of as layout_for  # noqa: F401 (the one layout rule, by its old name)
+from lenbatch.batching.spec import refuse_both
 
 
 @dataclass
@@ -48,6 +58,7 @@ class Batch:
     attention_mask: Optional[torch.Tensor] = None  # [B, T] int64 (padded only)
     cu_seqlens: Optional[torch.Tensor] = None      # [S+1] int32 (packed only)
     seq_index: Optional[torch.Tensor] = None       # [1, T] int64 (packed only)
+    labels: Optional[torch.Tensor] = None          # [B, T] int64 given labels, -100 on padding (None: input_ids)
 
     @property
     def num_sequences(self) -> int:
@@ -75,10 +86,11 @@ class Batch:
         rows = torch.arange(self.num_sequences, dtype=torch.int64, device=self.lengths.device)
         return rows, torch.zeros_like(rows)
 
-    def model_inputs(self) -> dict[str, Any]:
+    def model_inputs(self, *, seq_idx: bool = False) -> dict[str, Any]:
         """Keyword arguments for a Hugging Face causal LM (``model(**batch.model_inputs())``).
 
-        ``labels`` = ``input_ids`` where ``loss_mask``, else -100 (the model shifts them by one).
+        ``labels`` = ``input_ids`` (or the samples' own ``labels``, see the module doc) where
+        ``loss_mask``, else -100 (the model shifts them by one).
         Padded: ``input_ids``, ``attention_mask``, ``labels`` ``[n, m]``. Packed: the flattened
         layout of transformers' ``DataCollatorWithFlattening``: ``input_ids``, ``labels``,
         ``position_ids`` ``[1, T]`` (restarting per sequence; each sequence's first label is -100
@@ -86,29 +98,44 @@ class Batch:
         ``[S+1]``), ``max_length_q``/``max_length_k`` (int, the longest sequence) and
         ``use_cache=False``: transformers' sdpa/eager attention builds the per-sequence mask from
         ``position_ids`` only when no KV cache is in use (``masking_utils``); with the default
-        cache, packed sequences attend to each other (a test measures it).
+        cache, packed sequences attend to each other (a test measures it). ``seq_idx=True`` adds
+        (packed only) ``seq_idx``, int32 ``[1, T]``, the sequence of every token, which TRL's
+        padding-free collator passes for the short convolutions of linear-attention layers.
         """
-        labels = torch.where(self.loss_mask, self.input_ids, torch.full_like(self.input_ids, -100))
+        target = self.input_ids if self.labels is None else self.labels
+        labels = torch.where(self.loss_mask, target, torch.full_like(self.input_ids, -100))
         if self.kind == "padded":
             return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "labels": labels}
         assert self.cu_seqlens is not None
         labels[0, self.cu_seqlens[:-1].to(torch.int64)] = -100
         longest = int(self.lengths.max())
-        return {"input_ids": self.input_ids, "labels": labels, "position_ids": self.position_ids,
-                "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
-                "max_length_q": longest, "max_length_k": longest, "use_cache": False}
+        out = {"input_ids": self.input_ids, "labels": labels, "position_ids": self.position_ids,
+               "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+               "max_length_q": longest, "max_length_k": longest, "use_cache": False}
+        if seq_idx:
+            assert self.seq_index is not None
+            out["seq_idx"] = self.seq_index.to(torch.int32)
+        return out
 
     def to(self, device: torch.device | str) -> "Batch":
         def mv(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             return None if t is None else t.to(device, non_blocking=True)
         return Batch(self.kind, mv(self.input_ids), mv(self.loss_mask), mv(self.position_ids), mv(self.lengths),
-                     mv(self.indices), mv(self.attention_mask), mv(self.cu_seqlens), mv(self.seq_index))
+                     mv(self.indices), mv(self.attention_mask), mv(self.cu_seqlens), mv(self.seq_index),
+                     mv(self.labels))
 
 
-def _as_lists(samples: Sequence[Mapping[str, Any]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+IGNORE_INDEX = -100  # the label Hugging Face losses skip
+
+
+def _as_lists(samples: Sequence[Mapping[str, Any]]
+              ) -> tuple[list[np.ndarray], list[np.ndarray], Optional[list[np.ndarray]]]:
+    """Per sample: input_ids (int64), loss_mask (bool, folded with labels != -100) and labels (int64;
+    None for the whole batch when no sample has labels)."""
     if len(samples) == 0:
         raise ValueError("a batch needs at least one sample; the plan produced an empty batch")
-    ids, masks = [], []
+    with_labels = any(sample.get("labels") is not None for sample in samples)
+    ids, masks, labels = [], [], []
     for i, sample in enumerate(samples):
         x = np.asarray(sample["input_ids"], dtype=np.int64)
         m = np.asarray(sample["loss_mask"]).astype(bool) if sample.get("loss_mask") is not None else \
@@ -118,22 +145,30 @@ def _as_lists(samples: Sequence[Mapping[str, Any]]) -> tuple[list[np.ndarray], l
         if m.shape != x.shape:
             raise ValueError(f"sample {i}: loss_mask has {m.size} entries but input_ids has {x.size}; "
                              "re-tokenize so that both have one entry per token")
+        if with_labels:
+            y = np.asarray(sample["labels"], dtype=np.int64) if sample.get("labels") is not None else x
+            if y.shape != x.shape:
+                raise ValueError(f"sample {i}: labels has {y.size} entries but input_ids has {x.size}; "
+                                 "labels must hold one entry per token (-100 where nothing is learned)")
+            m = m & (y != IGNORE_INDEX)
+            labels.append(y)
         ids.append(x)
         masks.append(m)
-    return ids, masks
+    return ids, masks, (labels if with_labels else None)
 
 
 def collate_padded(samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None,
                    max_batch_size: int | None = None, indices: Sequence[int] | None = None,
                    pad_id: int = 0) -> Batch:
-    """Right-pad ``samples`` (dicts with ``input_ids``, optional ``loss_mask``) to their longest.
+    """Right-pad ``samples`` (dicts with ``input_ids``, optional ``loss_mask``, ``labels``) to their longest.
 
     Fields ``[n, m]``: ``input_ids`` (``pad_id`` beyond each sample), ``attention_mask`` (1 on
-    tokens), ``loss_mask`` (False on padding), ``position_ids`` (0..m-1); ``lengths``/``indices`` ``[n]``.
+    tokens), ``loss_mask`` (False on padding), ``position_ids`` (0..m-1), ``labels`` (when given;
+    -100 on padding); ``lengths``/``indices`` ``[n]``.
     Raises ``ValueError`` when ``n * longest > token_budget`` or ``n > max_batch_size``
     (a limit left at None is not checked: profiling grids build shapes on purpose).
     """
-    ids, masks = _as_lists(samples)
+    ids, masks, given = _as_lists(samples)
     n, m = len(ids), max(x.size for x in ids)
     if (max_batch_size is not None and n > max_batch_size) or (token_budget is not None and n * m > token_budget):
         raise ValueError(f"padded batch of {n} samples x {m} tokens = {n * m} padded tokens does not fit "
@@ -146,23 +181,30 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
         input_ids[i, :x.size] = x
         loss_mask[i, :x.size] = lm
         attention[i, :x.size] = 1
+    labels = None
+    if given is not None:
+        labels = np.full((n, m), IGNORE_INDEX, dtype=np.int64)
+        for i, y in enumerate(given):
+            labels[i, :y.size] = y
+        labels = torch.from_numpy(labels)
     lengths = torch.tensor([x.size for x in ids], dtype=torch.int64)
     idx = torch.full((n,), -1, dtype=torch.int64) if indices is None else torch.as_tensor(
         np.asarray(indices, dtype=np.int64))
     return Batch("padded", torch.from_numpy(input_ids), torch.from_numpy(loss_mask),
                  torch.arange(m, dtype=torch.int64).expand(n, m).contiguous(), lengths, idx,
-                 attention_mask=torch.from_numpy(attention))
+                 attention_mask=torch.from_numpy(attention), labels=labels)
 
 
 def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None,
                    indices: Sequence[int] | None = None) -> Batch:
-    """Concatenate ``samples`` (dicts with ``input_ids``, optional ``loss_mask``) into one row ``[1, T]``.
+    """Concatenate ``samples`` (dicts with ``input_ids``, optional ``loss_mask``, ``labels``) into one row ``[1, T]``.
 
     Fields: ``input_ids``/``loss_mask``/``position_ids``/``seq_index`` ``[1, T]`` (positions restart
-    at 0 at every sequence), ``cu_seqlens`` int32 ``[S+1]``, ``lengths``/``indices`` ``[S]``.
+    at 0 at every sequence), ``labels`` ``[1, T]`` (when given), ``cu_seqlens`` int32 ``[S+1]``,
+    ``lengths``/``indices`` ``[S]``.
     Raises ``ValueError`` when ``T = sum(lengths) > token_budget`` (None: not checked).
     """
-    ids, masks = _as_lists(samples)
+    ids, masks, given = _as_lists(samples)
     lens = np.array([x.size for x in ids], dtype=np.int64)
     total = int(lens.sum())
     if token_budget is not None and total > token_budget:
@@ -175,9 +217,11 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
     seq_index = np.repeat(np.arange(len(ids), dtype=np.int64), lens)
     idx = torch.full((len(ids),), -1, dtype=torch.int64) if indices is None else torch.as_tensor(
         np.asarray(indices, dtype=np.int64))
+    labels = None if given is None else torch.from_numpy(np.concatenate(given))[None]
     return Batch("packed", torch.from_numpy(np.concatenate(ids))[None], torch.from_numpy(np.concatenate(masks))[None],
                  torch.from_numpy(positions)[None], torch.from_numpy(lens), idx,
-                 cu_seqlens=torch.from_numpy(cu.astype(np.int32)), seq_index=torch.from_numpy(seq_index)[None])
+                 cu_seqlens=torch.from_numpy(cu.astype(np.int32)), seq_index=torch.from_numpy(seq_index)[None],
+                 labels=labels)
 
 
 def collate(samples: Sequence[Mapping[str, Any]], *, kind: str | None = None, token_budget: int | None = None,
@@ -185,9 +229,8 @@ def collate(samples: Sequence[Mapping[str, Any]], *, kind: str | None = None, to
     """Collate in the layout ``kind`` (``"padded"`` or ``"packed"``, see :func:`layout_for`), checked
     against ``token_budget``/``max_batch_size`` (None: not checked); or all three from ``spec``
     (a :class:`lenbatch.BatchSpec`: its layout, budget and max batch size)."""
+    refuse_both(spec, kind=kind, token_budget=token_budget, max_batch_size=max_batch_size)
     if spec is not None:
-        if kind is not None or token_budget is not None or max_batch_size is not None:
-            raise ValueError("pass either spec= or kind=/token_budget=/max_batch_size= to collate, not both")
         kind, token_budget, max_batch_size = spec.layout, spec.token_budget, spec.max_batch_size
     if kind == "padded":
         return collate_padded(samples, token_budget=token_budget, max_batch_size=max_batch_size, indices=indices)
@@ -201,7 +244,8 @@ def batch_from_parts(kind: str, input_ids: torch.Tensor, loss_mask: torch.Tensor
     """Rebuild a :class:`Batch` from its essential tensors (what travels between ranks).
 
     ``attention_mask``/``position_ids`` (padded) or ``position_ids``/``cu_seqlens``/``seq_index``
-    (packed) are derived from ``lengths`` on ``input_ids``' device.
+    (packed) are derived from ``lengths`` on ``input_ids``' device. ``labels`` do not travel: the
+    rebuilt batch scores ``input_ids`` under ``loss_mask`` (the runtime's batches have no labels).
     """
     dev = input_ids.device
     lengths = lengths.to(torch.int64)

@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from lenbatch.batching.spec import BatchSpec, check_int
+from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
-from lenbatch.batching.strategies import Plan, check_plan, make_spec, plan_epoch_all, resolve_rank
+from lenbatch.batching.strategies import Plan, check_plan, plan_epoch_all, resolve_rank
 
 
 class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
@@ -42,8 +43,9 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
                  world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
                  spec: BatchSpec | None = None) -> None:
         super().__init__()
-        spec = make_spec(spec, strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
-                         seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
+        spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget,
+                                max_batch_size=max_batch_size, seed=seed, edges=edges, packed_window=packed_window,
+                                min_batches=min_batches)
         x = check_plan(lengths, strategy=strategy, spec=spec)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.lengths = x

@@ -161,10 +161,17 @@ class DrafterOutput:
 
 
 class Drafter(nn.Module):
-    """Trainable part of the drafter; the target's ``embed_tokens`` and ``lm_head`` are passed in, frozen."""
+    """Trainable part of the drafter; the target's ``embed_tokens`` and ``lm_head`` are passed in, frozen.
+
+    ``head_classes``: also a trainable output head ``Linear(H, head_classes)`` (``self.head``, created
+    last, so the other weights draw the same initial values with or without it), for objectives other
+    than the target's vocabulary (the quality stage's draft vocabulary: :meth:`trained_positions`
+    gives it the same trained positions, targets and weights as :meth:`forward`).
+    """
 
     def __init__(self, *, feature_dim: int, hidden_size: int, intermediate_size: int, num_layers: int,
-                 num_heads: int, block_size: int, gamma: float, rope_theta: float = 10000.0) -> None:
+                 num_heads: int, block_size: int, gamma: float, rope_theta: float = 10000.0,
+                 head_classes: int | None = None) -> None:
         super().__init__()
         self.block_size, self.gamma = block_size, gamma
         self.ctx_proj = nn.Linear(feature_dim, hidden_size, bias=False)
@@ -173,6 +180,7 @@ class Drafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(hidden_size, num_heads, intermediate_size, rope_theta)
                                     for _ in range(num_layers))
         self.final_norm = RMSNorm(hidden_size)
+        self.head = nn.Linear(hidden_size, head_classes, bias=False) if head_classes else None
 
     # ------------------------------------------------------------------ anchors
     def anchors_for(self, batch: Batch, *, anchors_per_seq: int, seed: int, epoch: int, step: int
@@ -233,14 +241,30 @@ class Drafter(nn.Module):
 
         ``anchors``/``valid`` come from :meth:`anchors_for`.
         """
-        dev = features.device
-        b = self.block_size
         h = self.block_states(features, batch, anchors, embed_tokens=embed_tokens)
+        hid, tok, w = self.trained_positions(h, batch, anchors, valid)
+        wsum = w.sum()
+        if hid.shape[0] == 0:
+            loss = h.sum() * 0.0  # no trained position: a zero loss that still has a graph
+        else:
+            loss = ChunkedLinearCrossEntropy.apply(hid, lm_head.weight, tok, w) / wsum
+        valid = valid.to(features.device)
+        return DrafterOutput(loss=loss, weight_sum=float(wsum), positions=int(hid.shape[0]),
+                             blocks=int(valid.sum()), sequences_without_anchor=int((~valid.any(1)).sum()))
+
+    def trained_positions(self, h: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the loss trains, from the block states ``h [S, A, b, H]`` (:meth:`block_states`):
+        ``(states [N, H], target tokens [N], weights [N])`` of every block offset ``k = 1..b-1`` whose
+        target ``a+k`` is inside its sequence and its loss mask (valid anchors only), weights
+        ``exp(-(k-1)/gamma)``; ``N`` = the trained positions. O(S * A * b) gathers.
+        """
+        dev = h.device
         rows, starts = (t.to(dev) for t in batch.seq_rows_starts())
         lengths = batch.lengths.to(dev)
         anchors, valid = anchors.to(dev), valid.to(dev)
-        T = features.shape[1]
-        offs = torch.arange(1, b, device=dev)
+        T = batch.input_ids.shape[1]
+        offs = torch.arange(1, self.block_size, device=dev)
         tgt_pos = anchors[:, :, None] + offs  # [S, A, b-1] in-sequence positions of the targets
         inside = (tgt_pos < lengths[:, None, None]) & valid[:, :, None]
         flat = (starts[:, None, None] + tgt_pos).clamp_max(T - 1)
@@ -248,15 +272,7 @@ class Drafter(nn.Module):
         use = inside & batch.loss_mask.to(dev)[rows[:, None, None], flat]
         wk = torch.exp(-(offs.to(torch.float32) - 1.0) / self.gamma)  # [b-1]
         sel = use.nonzero(as_tuple=True)
-        hid = h[:, :, 1:][sel]  # [N, H]
-        w = wk[sel[2]]
-        wsum = w.sum()
-        if hid.shape[0] == 0:
-            loss = h.sum() * 0.0  # no trained position: a zero loss that still has a graph
-        else:
-            loss = ChunkedLinearCrossEntropy.apply(hid, lm_head.weight, tok[sel], w) / wsum
-        return DrafterOutput(loss=loss, weight_sum=float(wsum), positions=int(hid.shape[0]),
-                             blocks=int(valid.sum()), sequences_without_anchor=int((~valid.any(1)).sum()))
+        return h[:, :, 1:][sel], tok[sel], wk[sel[2]]
 
 
 def block_attention_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
@@ -270,22 +286,19 @@ def block_attention_mask(anchors: torch.Tensor, context_len: int, block_size: in
     return torch.cat([ctx_ok, own], -1)
 
 
-def build_drafter(params, *, device: str | torch.device = "cpu") -> Drafter:
-    """The drafter for ``params`` (sections model and drafter), initialised from ``model.init_seed + 1``."""
+def build_drafter(params, *, device: str | torch.device = "cpu", init_seed: int | None = None,
+                  dtype: str | None = None, head_classes: int | None = None) -> Drafter:
+    """The drafter for ``params`` (sections model and drafter), its weights drawn from torch seed
+    ``init_seed`` (default ``model.init_seed + 1``; the global RNG is left as it was), in ``dtype``
+    (default ``model.dtype``), with a trainable head of ``head_classes`` classes when given."""
     m, d = params.model, params.drafter
     gen_state = torch.random.get_rng_state()
-    torch.manual_seed(m.init_seed + 1)
+    torch.manual_seed(m.init_seed + 1 if init_seed is None else init_seed)
     try:
         drafter = Drafter(feature_dim=len(m.target_layers) * m.hidden_size, hidden_size=m.hidden_size,
                           intermediate_size=m.intermediate_size, num_layers=d.num_layers, num_heads=d.num_heads,
-                          block_size=d.block_size, gamma=d.gamma)
+                          block_size=d.block_size, gamma=d.gamma, head_classes=head_classes)
     finally:
         torch.random.set_rng_state(gen_state)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[m.dtype]
-    return drafter.to(device=device, dtype=dtype)
-
-
-def loss_weights(block_size: int, gamma: float) -> np.ndarray:
-    """``w_k = exp(-(k-1)/gamma)`` for offsets ``k = 1..block_size-1``."""
-    k = np.arange(1, block_size)
-    return np.exp(-(k - 1) / gamma)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype or m.dtype]
+    return drafter.to(device=device, dtype=torch_dtype)

@@ -1,4 +1,5 @@
-"""The frozen target: a ``transformers`` Qwen3.5/3.6 text model with seeded random weights.
+"""The frozen target: a ``transformers`` Qwen3.5/3.6 text model with seeded random weights, or the
+weights of a local Hugging Face checkpoint (``model.pretrained``).
 
 API (stable; the drafter, the collation and the train stage rely on it)::
 
@@ -24,6 +25,19 @@ any transfer, independently of construction order, and :func:`build_heads` can b
 ``embed_tokens`` and ``lm_head`` alone (the drafter rank never builds the whole target).
 Nothing is downloaded.
 
+**A local checkpoint** (``model.pretrained: DIR``, the folder ``save_pretrained`` writes:
+``config.json`` + ``*.safetensors``, text-only or a Qwen3.5 vision-language checkpoint, whose
+``language_model`` weights are used): read with ``local_files_only`` (never downloaded). The
+architecture comes from the checkpoint's own config (every detail, e.g. ``rms_norm_eps``, tied
+embeddings), and the ``model`` section's shape keys (:data:`SHAPE_KEYS`) must *equal* it: a
+mismatch is refused naming each key with both values. Why refuse rather than ignore the params:
+the params are what the workflow records, diffs and feeds to the memory check and the step-time
+prediction; a run whose recorded shapes are not the ones that ran would be a silent lie, and
+guessing which of the two was meant is worse (the error prints the values to copy).
+``init_seed`` is unused then; ``dtype`` still chooses the compute dtype (weights cast on load).
+:func:`build_heads` reads only the two head tensors from the safetensors files (the drafter rank
+never loads the decoder), bit-identical to the target's.
+
 Cost: ``features`` runs the decoder layers up to ``max(target_layers)`` only (later layers
 and the final norm are skipped) and never the lm_head (vocab 248,320: the drafter applies
 it on its block positions only).
@@ -40,6 +54,7 @@ import torch
 from torch import nn
 
 from lenbatch.core.config import ModelConfig
+from lenbatch.core.log import get_logger
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 INITIALIZER_RANGE = 0.02  # std of the normal init (Hugging Face Qwen3_5TextConfig default)
@@ -53,6 +68,10 @@ def hf_text_config(cfg: ModelConfig) -> Any:
 
     _check_model_config(cfg)
     varlen.register_attention()
+    if cfg.pretrained is not None:
+        hf = pretrained_text_config(cfg)
+        hf._attn_implementation = varlen.ATTN_IMPLEMENTATION
+        return hf
     hf = Qwen3_5TextConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -159,6 +178,9 @@ class Target(nn.Module):
     def __init__(self, cfg: ModelConfig, model: nn.Module, lm_head: nn.Linear) -> None:
         super().__init__()
         self.cfg = cfg
+        # where the weights come from, for logs and results
+        self.weights = (f"checkpoint {cfg.pretrained}" if cfg.pretrained is not None
+                        else f"random (init_seed {cfg.init_seed})")
         self.model = model
         self.lm_head = lm_head
         self.target_layers = tuple(int(i) for i in cfg.target_layers)
@@ -281,7 +303,9 @@ def _build_hf_model(cfg: ModelConfig, device: torch.device) -> nn.Module:
 def build_heads(cfg: ModelConfig, *, device: str | torch.device = "cpu") -> tuple[nn.Embedding, nn.Linear]:
     """The target's ``embed_tokens`` and ``lm_head`` alone: bit-identical to ``build_target``'s, frozen.
 
-    Cost: 2 * vocab * hidden parameters (2 x 31.8 M for the tiny default), no decoder layer.
+    With ``cfg.pretrained`` only these two tensors are read from the checkpoint (the tied embedding
+    when the checkpoint ties them). Cost: 2 * vocab * hidden parameters (2 x 31.8 M for the tiny
+    default), no decoder layer.
     """
     _check_model_config(cfg)
     device = torch.device(device)
@@ -289,24 +313,153 @@ def build_heads(cfg: ModelConfig, *, device: str | torch.device = "cpu") -> tupl
     with torch.device("meta"):
         embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+    if cfg.pretrained is not None:
+        tied = bool(getattr(hf_text_config(cfg), "tie_word_embeddings", False))
+        embed_w, head_w = _checkpoint_heads(Path(cfg.pretrained), tied=tied)
+        embed = _filled(embed, embed_w, dtype, device)
+        lm_head = _filled(lm_head, head_w, dtype, device)
+        return embed.eval(), lm_head.eval()
     embed = _materialize(embed, "model.embed_tokens.", cfg.init_seed, dtype, device)
     lm_head = _materialize(lm_head, "lm_head.", cfg.init_seed, dtype, device)
     return embed.eval(), lm_head.eval()
 
 
 def build_target(cfg: ModelConfig, *, device: str | torch.device = "cpu") -> Target:
-    """Build the frozen target from ``params.model`` (random weights seeded by ``cfg.init_seed``).
+    """Build the frozen target from ``params.model``: random weights seeded by ``cfg.init_seed``, or
+    the checkpoint ``cfg.pretrained`` (see the module doc).
 
     Returns a :class:`Target` in eval mode, ``requires_grad=False`` everywhere, in
     ``cfg.dtype``, on ``device``. Deterministic: two processes get identical weights
     (same device type). Never downloads anything.
     """
     device = torch.device(device)
-    model = _build_hf_model(cfg, device)
-    _, lm_head = build_heads(cfg, device=device)
+    if cfg.pretrained is not None:
+        model, lm_head = _load_pretrained(cfg, device)
+    else:
+        model = _build_hf_model(cfg, device)
+        _, lm_head = build_heads(cfg, device=device)
     target = Target(cfg, model, lm_head).to(device)
     target.requires_grad_(False)
     return target.eval()
+
+
+# --------------------------------------------------------------------------- a local checkpoint
+
+
+# The model keys a checkpoint's config.json must agree with (model_config_from_file reads them from it).
+SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "layer_types",
+              "num_attention_heads", "num_key_value_heads", "head_dim", "linear_num_key_heads",
+              "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+              "rope_theta")
+# Where a checkpoint keeps the text model: Qwen3_5ForCausalLM ("model."), the vision-language
+# Qwen3_5ForConditionalGeneration ("model.language_model."), and its older layout.
+_TEXT_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
+
+
+def checkpoint_dir(cfg: ModelConfig) -> Path:
+    """``cfg.pretrained`` checked to be a local checkpoint folder (config.json + safetensors)."""
+    assert cfg.pretrained is not None
+    path = Path(cfg.pretrained)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model.pretrained={cfg.pretrained!r} has no config.json; point it at a local Hugging "
+                         "Face checkpoint folder (what save_pretrained writes: config.json + *.safetensors), "
+                         "or set model.pretrained: null for random weights")
+    if not sorted(path.glob("*.safetensors")):
+        raise ValueError(f"model.pretrained={cfg.pretrained!r} has no *.safetensors weights (only safetensors "
+                         "are read); re-save the model there with save_pretrained(safe_serialization=True)")
+    return path
+
+
+def pretrained_text_config(cfg: ModelConfig) -> Any:
+    """The checkpoint's ``Qwen3_5TextConfig`` (``local_files_only``); ``ValueError`` naming every
+    :data:`SHAPE_KEYS` key where the ``model`` section differs from it."""
+    from transformers import AutoConfig
+
+    path = checkpoint_dir(cfg)
+    text = AutoConfig.from_pretrained(str(path), local_files_only=True).get_text_config()
+    if getattr(text, "model_type", None) != "qwen3_5_text":
+        raise ValueError(f"model.pretrained={cfg.pretrained!r} is a {getattr(text, 'model_type', '?')!r} model; the "
+                         "target must be a Qwen3.5/3.6-architecture text model (model_type qwen3_5_text/qwen3_5)")
+    ours = model_config_from_file(path / "config.json", base=cfg)
+    diff = [f"model.{k}: params {_show(getattr(cfg, k))}, checkpoint {_show(getattr(ours, k))}"
+            for k in SHAPE_KEYS if getattr(cfg, k) != getattr(ours, k)]
+    if diff:
+        raise ValueError(f"model.pretrained={cfg.pretrained!r}: the model section differs from the checkpoint's "
+                         f"config.json in {len(diff)} key(s): " + "; ".join(diff) + ". Set them to the "
+                         "checkpoint's values in params.yaml (the shapes come from the checkpoint; the params must "
+                         "say what runs)")
+    text.use_cache = False
+    return text
+
+
+def _show(value: Any) -> str:
+    return str(list(value)) if isinstance(value, tuple) else str(value)
+
+
+def _load_pretrained(cfg: ModelConfig, device: torch.device) -> tuple[nn.Module, nn.Linear]:
+    """``Qwen3_5ForCausalLM.from_pretrained`` of the checkpoint (local files only) -> its text model,
+    boundary aware, and lm_head; refuses missing or mis-shaped weights, logs the tensors left unused."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
+
+    from lenbatch.models import varlen
+
+    path = checkpoint_dir(cfg)
+    hf_cfg = hf_text_config(cfg)
+    lm, info = Qwen3_5ForCausalLM.from_pretrained(
+        str(path), config=hf_cfg, local_files_only=True, dtype=DTYPES[cfg.dtype], device_map={"": str(device)},
+        attn_implementation=varlen.ATTN_IMPLEMENTATION, output_loading_info=True)
+    bad = sorted(info["missing_keys"]) + sorted(str(k) for k in info["mismatched_keys"])
+    if bad or info.get("error_msgs"):
+        raise ValueError(f"model.pretrained={cfg.pretrained!r}: the checkpoint lacks or mis-shapes {len(bad)} weight(s) "
+                         f"of the target ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}) "
+                         f"{info.get('error_msgs') or ''}; it must be a complete Qwen3.5 checkpoint of these shapes")
+    unused = sorted(info["unexpected_keys"])
+    get_logger("lenbatch.target").info(
+        "target: weights of %s (%d tensors in %s, %d of them unused: %s)", path, len(lm.state_dict()), DTYPES[cfg.dtype],
+        len(unused), ", ".join(unused[:3]) + (", ..." if len(unused) > 3 else "") if unused else "none")
+    model = varlen.make_boundary_aware(lm.model)
+    return model, lm.lm_head
+
+
+def _checkpoint_heads(path: Path, *, tied: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embedding and lm_head tensors of the checkpoint at ``path`` (safetensors, sharded or not),
+    read without loading any other tensor."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        where = {name: path / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+    else:
+        where = {}
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as fh:
+                where.update({name: file for name in fh.keys()})
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(str(where[name]), framework="pt") as fh:
+            return fh.get_tensor(name)
+
+    embed = next((p + "embed_tokens.weight" for p in _TEXT_PREFIXES if p + "embed_tokens.weight" in where), None)
+    head = next((n for n in _HEAD_NAMES if n in where), None)
+    if embed is None or (head is None and not tied):
+        raise ValueError(f"model.pretrained={str(path)!r}: no {'embed_tokens' if embed is None else 'lm_head'} weight "
+                         f"in its safetensors (looked for {[p + 'embed_tokens.weight' for p in _TEXT_PREFIXES]} and "
+                         f"{list(_HEAD_NAMES)}); it must be a Qwen3.5 causal-LM checkpoint")
+    embed_w = read(embed)
+    return embed_w, (embed_w if head is None else read(head))
+
+
+@torch.no_grad()
+def _filled(module: nn.Module, weight: torch.Tensor, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """A meta-device ``module`` allocated on ``device`` in ``dtype`` holding ``weight`` (cast on copy), frozen."""
+    module = module.to(dtype).to_empty(device=device)
+    if tuple(module.weight.shape) != tuple(weight.shape):
+        raise ValueError(f"the checkpoint's head weight has shape {tuple(weight.shape)}, the target needs "
+                         f"{tuple(module.weight.shape)}; model.vocab_size / hidden_size must match the checkpoint")
+    module.weight.copy_(weight)
+    module.weight.requires_grad_(False)
+    return module
 
 
 # --------------------------------------------------------------------------- config files
@@ -370,5 +523,5 @@ def _plain(cfg: ModelConfig) -> dict[str, Any]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
 
 
-__all__ = ["DTYPES", "INITIALIZER_RANGE", "Target", "build_heads", "build_target", "hf_text_config",
-           "model_config_from_file"]
+__all__ = ["DTYPES", "INITIALIZER_RANGE", "SHAPE_KEYS", "Target", "build_heads", "build_target", "checkpoint_dir",
+           "hf_text_config", "model_config_from_file", "pretrained_text_config"]

@@ -1,1 +1,2 @@
-"""Workflow plumbing: stage dependencies, staged outputs, the artifacts stages hand each other."""
+"""Workflow plumbing: the stage table (registry), its derived dependencies (deps), the readers of the files
+stages hand each other (artifacts/), staged outputs and DVC plots."""

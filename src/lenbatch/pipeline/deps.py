@@ -1,35 +1,36 @@
 """What each workflow stage depends on: its code files and its params keys, for Snakemake and DVC alike.
 
-One table (:data:`STAGES`) names each stage's entry module and the params keys its code reads;
-the code files are *derived*: the import closure of the entry module inside ``src/lenbatch``
-(every ``import lenbatch.x`` / ``from lenbatch.x import y`` / ``from lenbatch import x``,
-top-level or lazy inside a function, followed transitively with :mod:`ast`, no import executed).
-``workflow/rules/common.smk`` asks this module for each rule's ``input.code`` and ``params``, and
-``lenbatch dvc-yaml`` writes ``dvc.yaml`` from the same table, so the two tools cannot drift: a
-new import adds a file to both, and a test fails if the committed ``dvc.yaml`` is stale.
+The stages, their params keys, inputs and outputs are one table (:data:`lenbatch.pipeline.registry.STAGES`);
+this module derives the rest from it. A stage's **code files are derived**: the import closure of its
+module ``lenbatch.stages.<stage>`` inside ``src/lenbatch`` (every ``import lenbatch.x`` /
+``from lenbatch.x import y`` / ``from lenbatch import x``, top-level or lazy inside a function, followed
+transitively with :mod:`ast`, no import executed). A stage module imports only what it runs (DESIGN.md,
+"What reruns on an edit"), so the closure is the code it runs. ``workflow/rules/common.smk`` asks this
+module for each rule's inputs, outputs, ``input.code`` and ``params``, and ``lenbatch dvc-yaml`` writes
+``dvc.yaml`` from the same table, so the two tools cannot drift: a new import adds a file to both, and a
+test fails if the committed ``dvc.yaml`` is stale.
 
-Three deliberate exclusions, documented because they are the only hand-made choices:
+The only hand-made choices, documented here:
 
 - ``lenbatch/__init__.py`` (a facade that re-exports the public API) is followed only where a
   module uses it (``import lenbatch as lb``; ``from lenbatch import name`` of a non-module name):
   every ``lenbatch.x`` import executes it, but a stage that reads nothing through it does not
-  depend on what it re-exports (else editing ``boundaries.py`` would retokenize the dataset).
+  depend on what it re-exports (else editing ``boundaries.py`` would retokenize the dataset). No
+  module inside the package uses it (``tests/pipeline/test_layout.py``).
 - The subpackages' ``__init__.py`` (``lenbatch/batching/__init__.py`` ...) hold a docstring and
-  nothing else (``tests/test_layout.py`` checks it), so they are no code dependency.
-- The CLI layer (``lenbatch/cli/``) is no stage's dependency: it parses flags into the stage's
-  keyword arguments and dispatches; no stage imports it, so editing a help string reruns nothing.
+  nothing else (``tests/pipeline/test_layout.py`` checks it), so they are no code dependency.
+- The CLI layer (``lenbatch/cli/``) and the command table (:mod:`lenbatch.pipeline.registry`) are no
+  stage's dependency: the CLI parses flags into the stage's keyword arguments and dispatches; no stage
+  imports either, so editing a help string reruns nothing.
 - Params are declared, not derived: a module several stages share (profile and train both run
-  ``runner.StepRunner``) may read keys only one of them needs. The declaration is
-  checked by ``tests/test_workflow.py``: every ``<x>.<section>.<key>`` read in a stage's own
-  modules (its closure minus other stages' entry modules) must be declared.
+  ``runner.StepRunner``) may read keys only one of them needs. The declaration is checked by
+  ``tests/pipeline/test_workflow.py``: every ``<x>.<section>.<key>`` read in a stage's own modules
+  (its closure minus other stages' modules) must be declared.
 
-To add a stage (e.g. ``quality``): a :class:`Stage` in :data:`STAGES` (entry module, params keys
-it reads), its command and outputs in :func:`dvc_stages`, a rule in ``workflow/rules/*.smk``
-using ``cfg("quality")`` and ``code("quality")`` with ``up()`` around its inputs, its outputs in
-``rule all``; then ``lenbatch dvc-yaml``. A new module imported by an existing stage needs only
-``lenbatch dvc-yaml``.
+A new module imported by an existing stage needs only ``lenbatch dvc-yaml``; a new stage, a
+:class:`~lenbatch.pipeline.registry.Command` in the table (its docstring says what else).
 
-Cost: parsing the ~50 modules once, ~80 ms; cached per process.
+Cost: parsing the ~70 modules once, ~100 ms; cached per process.
 """
 
 from __future__ import annotations
@@ -38,54 +39,21 @@ import ast
 import dataclasses
 import functools
 import typing
-from dataclasses import dataclass
 from pathlib import Path
 
-from lenbatch.core.config import SECTIONS, STRATEGY_NAMES
+from lenbatch.batching.layouts import STRATEGIES as ALL_STRATEGIES
+from lenbatch.core.config import SECTIONS
+from lenbatch.pipeline.registry import COMMANDS, STAGES, input_paths, output_path
 
 PACKAGE = "lenbatch"
 SRC = Path(__file__).resolve().parent.parent
 NOT_FOLLOWED = ("lenbatch.__main__",)  # `python -m lenbatch` entry: only imports cli
 
 
-@dataclass(frozen=True)
-class Stage:
-    """One workflow stage: the module ``lenbatch <name>`` runs and the params keys its code reads.
-
-    ``params`` items are whole sections (``"model"``) or single keys (``"data.max_len"``);
-    ``exclude`` drops keys from whole sections (``"train.strategies"``).
-    """
-
-    module: str
-    params: tuple[str, ...]
-    exclude: tuple[str, ...] = ()
-
-
-# The one table. Order is the order of the DAG.
-STAGES: dict[str, Stage] = {
-    "tokenize": Stage("lenbatch.stages.tokenize", ("data",)),
-    "stats": Stage("lenbatch.stages.stats", ("stats", "batching.seed")),  # seed: lengths drawn from a profile
-    "boundaries": Stage("lenbatch.stages.boundaries", ("boundaries", "batching", "plans", "data.max_len")),
-    "plans": Stage("lenbatch.stages.plans", ("batching", "plans", "data.max_len")),
-    # profile times the StepRunner (lenbatch.runtime.runner) that train runs, but never trains: no warmup_steps,
-    # queue_size, checkpoint_every, useful_tokens or strategies.
-    "profile": Stage("lenbatch.stages.profile", ("model", "drafter", "batching", "profile", "data.max_len", "train.nproc",
-                                          "train.threads", "train.device", "train.reuse_host_memory")),
-    "train": Stage("lenbatch.stages.train", ("model", "drafter", "batching", "train", "data.max_len"),
-                   exclude=("train.strategies",)),
-    # quality has its own lr and anchors: the train stage's drafter.lr / anchors_per_seq never rerun it
-    "quality": Stage("lenbatch.stages.quality", ("quality", "model", "drafter", "batching", "train.strategies",
-                                          "train.device", "data.max_len"),
-                     exclude=("drafter.lr", "drafter.anchors_per_seq")),
-    "compare": Stage("lenbatch.stages.compare", ("model", "drafter", "batching", "train", "plans", "boundaries", "compare",
-                                          "data.max_len")),
-}
-
-
 def strategies(config: typing.Mapping[str, typing.Any] | None = None) -> list[str]:
     """The strategies trained: ``train.strategies`` of ``config``, or every known strategy."""
     if config is None:
-        return list(STRATEGY_NAMES)
+        return list(ALL_STRATEGIES)
     return list(config["train"]["strategies"])
 
 
@@ -142,8 +110,14 @@ def import_closure(module: str) -> list[str]:
     return sorted(seen)
 
 
+def stage_module(stage: str) -> str:
+    """The module ``lenbatch <stage>`` runs (:attr:`lenbatch.pipeline.registry.Command.module`)."""
+    return COMMANDS[stage].module
+
+
 def stage_modules(stage: str) -> list[str]:
-    return import_closure(STAGES[stage].module)
+    """The modules ``stage`` runs: the import closure of its stage module."""
+    return import_closure(stage_module(stage))
 
 
 def stage_code(stage: str, *, root: str = "src/lenbatch") -> list[str]:
@@ -202,16 +176,17 @@ def stage_payload(stage: str, config: typing.Mapping[str, typing.Any]) -> dict[s
 
 
 HEADER = """\
-# GENERATED by `lenbatch dvc-yaml` from src/lenbatch/deps.py: do not edit by hand
-# (tests/test_workflow.py fails when this file differs from what the command writes).
+# GENERATED by `lenbatch dvc-yaml` from src/lenbatch/pipeline/registry.py (the stages, their params,
+# inputs and outputs) and src/lenbatch/pipeline/deps.py (their code): do not edit by hand
+# (tests/pipeline/test_workflow.py fails when this file differs from what the command writes).
 #
 # DVC decides what to rerun and records it; Snakemake executes. Each stage's command runs its one
 # Snakemake rule (--forcerun: DVC already judged it stale; LENBATCH_STAGE_ONLY=1 makes every input
 # ancient(), so Snakemake reruns nothing upstream even where file times are fresh-clone noise), so
 # `dvc repro`, `dvc exp run` and `dvc exp run --temp/--queue` run exactly the stages DVC names,
 # and Snakemake records the same jobs (params, code, mtimes), so `snakemake -n` agrees afterwards.
-# Code deps are the import closure of each stage's entry module; params are the keys its code reads
-# (both from deps.py, which workflow/rules/common.smk also uses).
+# Code deps are the import closure of each stage's module; params are the keys its code reads
+# (both from the same table as workflow/rules/common.smk uses).
 # The tokenized dataset is in DVC's cache (restored in `--temp` workspaces); everything else under
 # results/ is small and committed to git (cache: false). persist: DVC never deletes an output before a
 # stage runs (the train rule resumes from its checkpoint after an interruption).
@@ -223,81 +198,67 @@ def _snakemake(targets: list[str], rule: str) -> str:
             + " ".join(targets))
 
 
-def _out(path: str, *, cache: bool = False, extra: dict | None = None) -> dict:
-    return {path: {"cache": cache, "persist": True, **(extra or {})}}
+def dvc_target(stage: str, *, results: str = "results", strategy: str | None = None) -> str:
+    """The file DVC's command for ``stage`` asks Snakemake for: its first declared output that is a file."""
+    name = next(n for n, o in STAGES[stage].outputs.items() if o.declared and not o.directory)
+    return output_path(stage, name, results=results, strategy=strategy)
 
 
-def dvc_stages(results: str = "results") -> dict[str, typing.Any]:
-    """The ``stages:`` mapping of ``dvc.yaml``: outputs mirror the Snakemake rules' outputs."""
-    r = results
-    code = {s: stage_code(s) for s in STAGES}
-    st: dict[str, typing.Any] = {}
-    st["tokenize"] = {
-        "cmd": _snakemake([f"{r}/tokenize/lengths.npy"], "tokenize"),
-        "params": stage_params_compact("tokenize"), "deps": code["tokenize"],
-        "outs": [_out(f"{r}/tokenize/dataset", cache=True), _out(f"{r}/tokenize/lengths.npy"),
-                 _out(f"{r}/tokenize/stats.json")]}
-    st["stats"] = {
-        "cmd": _snakemake([f"{r}/stats/stats.json"], "stats"),
-        "params": stage_params_compact("stats"), "deps": [f"{r}/tokenize/lengths.npy", *code["stats"]],
-        "outs": [_out(f"{r}/stats/stats.json"), _out(f"{r}/stats/histogram.png")],
-        "plots": [_out(f"{r}/stats/histogram.json", extra={"x": "lo", "y": "count"})]}
-    st["boundaries"] = {
-        "cmd": _snakemake([f"{r}/boundaries/boundaries.json"], "boundaries"),
-        "params": stage_params_compact("boundaries"),
-        "deps": [f"{r}/tokenize/lengths.npy", *code["boundaries"]],
-        "outs": [_out(f"{r}/boundaries/boundaries.json"), _out(f"{r}/boundaries/sweep.json")]}
-    st["plans"] = {
-        "cmd": _snakemake([f"{r}/plans/metrics.json"], "plans"),
-        "params": stage_params_compact("plans"),
-        "deps": [f"{r}/tokenize/lengths.npy", f"{r}/boundaries/boundaries.json", *code["plans"]],
-        "outs": [_out(f"{r}/plans/metrics.json")]}
-    st["profile"] = {
-        "cmd": _snakemake([f"{r}/profile/grid.json"], "profile"),
-        "params": stage_params_compact("profile"), "deps": code["profile"],
-        "outs": [_out(f"{r}/profile/grid.json")]}
-    # One stage per strategy (not foreach over a list): only bucketed reads the boundaries.
-    for s in strategies():
-        deps = [f"{r}/tokenize/dataset", f"{r}/tokenize/lengths.npy"]
-        if s == "bucketed":
-            deps.append(f"{r}/boundaries/boundaries.json")
-        st[f"train-{s}"] = {
-            "cmd": _snakemake([f"{r}/train/{s}/summary.json"], "train"),
-            "params": stage_params_compact("train"), "deps": [*deps, *code["train"]],
-            "outs": [_out(f"{r}/train/{s}/summary.json"), _out(f"{r}/train/{s}/steps.jsonl")]}
-    st["quality"] = {
-        "cmd": _snakemake([f"{r}/quality/quality.json"], "quality"),
-        "params": stage_params_compact("quality"),
-        "deps": [f"{r}/tokenize/dataset", f"{r}/tokenize/lengths.npy", f"{r}/boundaries/boundaries.json",
-                 *code["quality"]],
-        "outs": [_out(f"{r}/quality/{name}") for name in QUALITY_OUTS]}
-    st["compare"] = {
-        "cmd": _snakemake([f"{r}/compare/metrics.json"], "compare"),
-        "params": stage_params_compact("compare"),
-        "deps": [f"{r}/stats/stats.json", f"{r}/tokenize/dataset", f"{r}/tokenize/lengths.npy", f"{r}/boundaries/boundaries.json",
-                 f"{r}/boundaries/sweep.json", f"{r}/plans/metrics.json", f"{r}/profile/grid.json",
-                 *[f"{r}/train/{s}/summary.json" for s in strategies()], f"{r}/quality/quality.json",
-                 *code["compare"]],
-        "outs": [_out(f"{r}/compare/{name}") for name in COMPARE_OUTS if name not in COMPARE_METRICS + COMPARE_PLOTS],
-        "metrics": [_out(f"{r}/compare/{name}") for name in COMPARE_METRICS],
-        "plots": [_out(f"{r}/compare/frontier.json", extra={"x": "length_mixing", "y": "efficiency"}),
-                  _out(f"{r}/compare/throughput.json", extra={"x": "strategy", "y": "measured_tok_s"}),
-                  _out(f"{r}/compare/frontier.png"), _out(f"{r}/compare/throughput.png")]}
-    return st
+def _dvc_stage(stage: str, *, results: str, strategy: str | None,
+               pretrained: str | None = None) -> dict[str, typing.Any]:
+    st = STAGES[stage]
+    ins = input_paths(stage, results=results, strategies=strategies(), strategy=strategy)
+    checkpoint = pretrained_files(pretrained) if stage in PRETRAINED_STAGES else []
+    entry: dict[str, typing.Any] = {
+        "cmd": _snakemake([dvc_target(stage, results=results, strategy=strategy)], stage),
+        "params": stage_params_compact(stage),
+        "deps": [p for paths in ins.values() for p in paths] + checkpoint + stage_code(stage)}
+    for kind in ("outs", "metrics", "plots"):
+        listed = [{output_path(stage, name, results=results, strategy=strategy):
+                   {"cache": o.cache, "persist": True, **dict(o.plot or {})}}
+                  for name, o in st.outputs.items() if o.kind == kind]
+        if listed:
+            entry[kind] = listed
+    return entry
 
 
-# The quality stage's files (compare turns its held-out loss into metrics users compare).
-QUALITY_OUTS = ["quality.json", "metrics.json", "curves.json", "gradients.json", "quality.png"]
+def dvc_stages(results: str = "results", *, pretrained: str | None = None) -> dict[str, typing.Any]:
+    """The ``stages:`` mapping of ``dvc.yaml``, from the table: one DVC stage per stage (per strategy for a
+    per-strategy stage, ``<stage>-<strategy>``), its deps its inputs (and, with ``pretrained`` =
+    ``model.pretrained``, the checkpoint's files for the stages that load it: :func:`pretrained_files`)
+    then its code, its outputs by kind."""
+    out: dict[str, typing.Any] = {}
+    for stage, st in STAGES.items():
+        if st.per_strategy:
+            for s in strategies():
+                out[f"{stage}-{s}"] = _dvc_stage(stage, results=results, strategy=s, pretrained=pretrained)
+        else:
+            out[stage] = _dvc_stage(stage, results=results, strategy=None, pretrained=pretrained)
+    return out
 
-# The compare stage's files: metrics users compare, the plots, and the rest (diagnostics, report).
-COMPARE_METRICS = ["metrics.json"]
-COMPARE_PLOTS = ["frontier.json", "throughput.json", "frontier.png", "throughput.png"]
-COMPARE_OUTS = ["metrics.json", "diagnostics.json", "report.md", "stepmodel.json", "histogram.png",
-                "params.json", *COMPARE_PLOTS]
 
-
-def dvc_yaml(results: str = "results") -> str:
+def dvc_yaml(results: str = "results", *, pretrained: str | None = None) -> str:
     import yaml
 
-    body = yaml.safe_dump({"stages": dvc_stages(results)}, sort_keys=False, width=120)
+    body = yaml.safe_dump({"stages": dvc_stages(results, pretrained=pretrained)}, sort_keys=False, width=120)
     return HEADER + "\n" + body
+
+
+# --------------------------------------------------------------------------- the target's checkpoint
+
+
+# The stages that load the target or its heads (lenbatch.models.target): with model.pretrained set, the
+# checkpoint's files are inputs of their Snakemake rules and deps of their DVC stages, so a changed
+# checkpoint reruns them (and compare, through their outputs), and nothing else.
+PRETRAINED_STAGES = ("profile", "train", "quality")
+
+
+def pretrained_files(pretrained: str | None) -> list[str]:
+    """The files of the checkpoint folder ``model.pretrained`` that the target reads: ``config.json``,
+    ``*.safetensors`` and a shard index, sorted; ``[]`` when null. ``config.json`` is listed even when
+    absent, so both tools report the missing input by name."""
+    if not pretrained:
+        return []
+    root = Path(pretrained)
+    files = {root / "config.json", *root.glob("*.safetensors"), *root.glob("*.safetensors.index.json")}
+    return sorted(f.as_posix() for f in files)

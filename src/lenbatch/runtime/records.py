@@ -2,7 +2,7 @@
 
 :class:`Recorder` writes the lines (flushed per step, digested for the checkpoint) and the summary
 (post-warm-up pipeline throughput, padding efficiency, loss curve) on the measuring rank;
-:func:`resumed_log` keeps a resumed run's earlier lines; :func:`_row` is one line's fields and
+:func:`resumed_log` keeps a resumed run's earlier lines; :func:`step_row` is one line's fields and
 :func:`batch_hash` the hash that ties a line to the planned batch. Used by :mod:`lenbatch.stages.train`.
 """
 
@@ -147,7 +147,7 @@ def _none_if_nan(x: float) -> Optional[float]:
     return None if math.isnan(x) else x
 
 
-def _row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
+def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
          loss: float, t: float, runner: StepRunner, target_cpu_s: float) -> dict[str, Any]:
     out = runner.last_output
     return {"rank": step.rank, "step": step.step, "epoch": step.epoch, "sequences": batch.num_sequences,
@@ -160,7 +160,7 @@ def _row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, wait
             "sequences_without_anchor": out.sequences_without_anchor if out else 0}
 
 
-def _log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:
+def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:
     logger = log
     if force:  # the drafter rank measures; let it speak even though it is not rank 0
         logger = logging.getLogger("train.drafter")
@@ -177,4 +177,4 @@ def _log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> 
                 summary["final_loss"] or float("nan"), out / "summary.json")
 
 
-__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "resumed_log"]
+__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "log_summary", "resumed_log", "step_row"]

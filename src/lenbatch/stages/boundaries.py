@@ -18,7 +18,8 @@ from lenbatch.batching.padding import predict_bucketed
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.core.config import Params, write_resolved
 from lenbatch.core.log import get_logger
-from lenbatch.pipeline.artifacts import read_lengths_input, write_json
+from lenbatch.pipeline.artifacts.tokenized import read_lengths_input
+from lenbatch.pipeline.artifacts.writing import write_json
 
 
 def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,

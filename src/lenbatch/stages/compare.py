@@ -10,7 +10,8 @@ the boundary sweep and recommends a strategy and K.
 
 Outputs (``--out``): ``metrics.json`` (what users compare, flat keys for ``dvc metrics diff``),
 ``diagnostics.json`` (every flat key, fit errors and CPU shares included),
-``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, and DVC plot
+``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, ``quality.png`` (the quality
+stage's plot, drawn here beside its report section), and DVC plot
 data ``frontier.json``, ``throughput.json``. This module predicts and builds a typed
 :class:`lenbatch.analysis.report.CompareResult`; :mod:`lenbatch.analysis.report` renders every output from it.
 """
@@ -23,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.analysis import quality_report as qr
 from lenbatch.analysis import shapes
 from lenbatch.analysis import stepmodel as sm
 from lenbatch.core import cpu
@@ -31,7 +31,10 @@ from lenbatch.core.config import Params
 from lenbatch.core.log import get_logger
 from lenbatch.analysis.report import CompareResult, Recommendation, StrategyRow, busy_machine, write_outputs
 from lenbatch.batching.schedule import build_schedule, epoch_steps
-from lenbatch.batching.spec import BatchSpec, layout_of
+from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.spec import BatchSpec
+from lenbatch.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result, \
+    tokenized, train_runs
 
 log = get_logger("compare")
 
@@ -59,15 +62,6 @@ PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
 # --------------------------------------------------------------------------- inputs
 
 
-def _read_json(path: Path, rerun: str) -> Any:
-    if not path.exists():
-        raise ValueError(f"{path} is missing; rerun: {rerun}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); rerun: {rerun}") from None
-
-
 def params_mismatch(resolved: dict, current: dict, keys: dict[str, tuple[str, ...] | None]) -> list[str]:
     """``section.key: was -> now`` for every compared key whose value differs (lists == tuples)."""
     out = []
@@ -80,44 +74,15 @@ def params_mismatch(resolved: dict, current: dict, keys: dict[str, tuple[str, ..
     return out
 
 
-def read_steps(path: Path, rerun: str) -> list[dict]:
-    if not path.exists():
-        raise ValueError(f"{path} is missing; rerun: {rerun}")
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise ValueError(f"{path} line {i + 1} is not JSON (a partial run?); rerun: {rerun}") from None
-    if not rows:
-        raise ValueError(f"{path} holds no steps; rerun: {rerun}")
-    return rows
-
-
 def load_run(train_dir: Path, strategy: str, params: Params) -> dict:
-    """summary.json + steps.jsonl of one strategy, checked against the current params."""
-    rerun = f"snakemake results/train/{strategy}/summary.json"
-    summary = _read_json(train_dir / strategy / "summary.json", rerun)
-    for key in ("useful_tokens_per_s", "steps"):
-        if summary.get(key) is None:
-            raise ValueError(f"{train_dir / strategy / 'summary.json'} has no '{key}' (a partial run?); rerun: {rerun}")
-    planned = summary.get("planned_steps")
-    if planned is not None and int(planned) != int(summary["steps"]):
-        raise ValueError(f"strategy {strategy} trained {summary['steps']} of {planned} planned steps (a partial "
-                         f"run); rerun: {rerun}")
-    resolved = summary.get("params")
-    if not isinstance(resolved, dict):
-        raise ValueError(f"{train_dir / strategy / 'summary.json'} records no resolved params; rerun: {rerun}")
-    diff = params_mismatch(resolved, params.to_dict(), RUN_KEYS)
+    """summary.json + steps.jsonl of one strategy (:func:`lenbatch.pipeline.artifacts.train_runs.read_run`),
+    checked against the current params."""
+    run = train_runs.read_run(train_dir, strategy)
+    diff = params_mismatch(run["summary"]["params"], params.to_dict(), RUN_KEYS)
     if diff:
         raise ValueError(f"strategy {strategy} was measured with other params than the current ones "
-                         f"({'; '.join(diff)}); rerun: {rerun}")
-    steps = read_steps(train_dir / strategy / "steps.jsonl", rerun)
-    if len({int(r["step"]) for r in steps}) != int(summary["steps"]):
-        raise ValueError(f"{train_dir / strategy / 'steps.jsonl'} holds {len(steps)} steps but summary.json says "
-                         f"{summary['steps']} (a partial or mixed run); rerun: {rerun}")
-    return {"summary": summary, "steps": steps}
+                         f"({'; '.join(diff)}); rerun: {train_runs.rerun(Path(train_dir) / strategy, strategy)}")
+    return run
 
 
 def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
@@ -143,14 +108,13 @@ def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
 
 def fit_profile(profile_dir: Path, params: Params) -> dict:
     """Fit target and drafter step-time models on the profile grid (held-out model choice)."""
-    rerun = "snakemake results/profile/grid.json"
-    grid = _read_json(profile_dir / "grid.json", rerun)
-    rows = grid["points"] if isinstance(grid, dict) else grid
-    resolved_path = profile_dir / "params.json"
-    if resolved_path.exists():
-        diff = params_mismatch(json.loads(resolved_path.read_text()), params.to_dict(), PROFILE_KEYS)
+    rows = profile_grid.read_grid(profile_dir)
+    resolved = profile_grid.read_profile_params(profile_dir)
+    if resolved is not None:
+        diff = params_mismatch(resolved, params.to_dict(), PROFILE_KEYS)
         if diff:
-            raise ValueError(f"the profile grid was timed with other params ({'; '.join(diff)}); rerun: {rerun}")
+            raise ValueError(f"the profile grid was timed with other params ({'; '.join(diff)}); rerun: "
+                             f"{profile_grid.rerun(Path(profile_dir))}")
     cols = grid_columns(rows)
     fits = {}
     # "<role>" fits the step timed alone; "<role>_busy" (lockstep profile) the step timed while the
@@ -193,16 +157,16 @@ def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: A
 
 
 class LossMasks:
-    """Loss masks of the tokenized dataset, read on demand (the drafter's anchors depend on them)."""
+    """Loss masks of the tokenized dataset, read on demand (the drafter's anchors depend on them); none when
+    ``data_dir`` has no dataset (then the drafter's work is estimated)."""
 
-    def __init__(self, data_dir: Path | None) -> None:
+    def __init__(self, data_dir: Path | None, lengths: np.ndarray | None = None) -> None:
         self.ds = None
         self.cache: dict[int, np.ndarray] = {}
-        path = None if data_dir is None else Path(data_dir) / "dataset"
-        if path is not None and path.exists():
-            import datasets
-
-            self.ds = datasets.load_from_disk(str(path)).select_columns(["loss_mask"]).with_format("numpy")
+        if data_dir is not None and (Path(data_dir) / tokenized.DATASET).exists():
+            if lengths is None:
+                lengths = tokenized.read_lengths(data_dir)
+            self.ds = tokenized.read_dataset(data_dir, lengths, columns=("loss_mask",))
 
     @property
     def available(self) -> bool:
@@ -211,8 +175,8 @@ class LossMasks:
     def get(self, indices: np.ndarray) -> list[np.ndarray]:
         missing = sorted({int(i) for i in indices} - set(self.cache))
         if missing:
-            for i, m in zip(missing, self.ds[missing]["loss_mask"]):
-                self.cache[i] = np.asarray(m, dtype=bool)
+            for i, m in zip(missing, self.ds.loss_masks(missing)):
+                self.cache[i] = m
         return [self.cache[int(i)] for i in indices]
 
 
@@ -313,20 +277,13 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
     if "sorted" not in strategies:
         raise ValueError("train.strategies lacks 'sorted', the baseline every ratio is taken to; add it and rerun: "
                          "snakemake results/train/sorted/summary.json")
-    histogram = _read_json(stats_dir / "histogram.json", "snakemake results/stats/stats.json")
-    stats = _read_json(stats_dir / "stats.json", "snakemake results/stats/stats.json")
-    bounds = _read_json(boundaries_dir / "boundaries.json", "snakemake results/boundaries/boundaries.json")
-    sweep = _read_json(boundaries_dir / "sweep.json", "snakemake results/boundaries/sweep.json")
-    plans = _read_json(plans_dir / "metrics.json", "snakemake results/plans/metrics.json")
-    missing = [s for s in strategies if s not in plans]
-    if missing:
-        raise ValueError(f"{plans_dir / 'metrics.json'} lacks strategies {missing}; rerun: "
-                         "snakemake results/plans/metrics.json")
-    lengths_path = Path(data_dir) / "lengths.npy"
-    if not lengths_path.exists():
-        raise ValueError(f"{lengths_path} is missing; rerun: snakemake results/tokenize/lengths.npy")
-    lengths = np.load(lengths_path).astype(np.int64)
-    masks = LossMasks(data_dir)
+    histogram = length_stats.read_histogram(stats_dir)
+    stats = length_stats.read_stats(stats_dir)
+    bounds = bucket_edges.read_boundaries(Path(boundaries_dir) / bucket_edges.BOUNDARIES)
+    sweep = bucket_edges.read_sweep(Path(boundaries_dir) / bucket_edges.SWEEP)
+    plans = plan_metrics.read_plans(plans_dir, strategies)
+    lengths = tokenized.read_lengths(data_dir)
+    masks = LossMasks(data_dir, lengths)
     if not masks.available:
         log.info("no dataset under %s: the drafter's positions are estimated (anchors x (block - 1) per sequence)",
                  data_dir)
@@ -381,7 +338,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         r.ratio_to_sorted_measured = r.measured_tok_s / ref.measured_tok_s
         r.ratio_to_sorted_predicted = r.predicted_tok_s / ref.predicted_tok_s
         r.ratio_to_sorted_padding = r.padding_model_efficiency / ref.padding_model_efficiency
-    quality = qr.load(quality_dir, strategies) if quality_dir is not None else None
+    quality = quality_result.read_quality(quality_dir, strategies) if quality_dir is not None else None
     ladder = ratio_ladder(comp, {s: r.useful_tokens for s, r in rows.items()},
                           {s: r.predicted_tok_s for s, r in rows.items()},
                           {s: r.measured_tok_s for s, r in rows.items()})

@@ -13,7 +13,7 @@ def run(*, out: str, check: bool = False) -> int:
     when ``out`` differs from it instead of writing."""
     import sys
 
-    text = dvc_yaml()
+    text = dvc_yaml(pretrained=_pretrained("params.yaml"))
     if out == "-":
         sys.stdout.write(text)
         return 0
@@ -25,3 +25,10 @@ def run(*, out: str, check: bool = False) -> int:
         return 0
     path.write_text(text)
     return 0
+
+
+def _pretrained(params: str) -> str | None:
+    """``model.pretrained`` of the params file DVC tracks (its checkpoint files become deps), None without one."""
+    from lenbatch.core.config import load_params
+
+    return load_params(params).model.pretrained if Path(params).exists() else None

@@ -13,7 +13,9 @@ from lenbatch.batching.padding import budget_fill, padding_efficiency
 from lenbatch.batching.strategies import plan_epoch
 from lenbatch.core.config import Params, write_resolved
 from lenbatch.core.log import get_logger
-from lenbatch.pipeline.artifacts import read_boundaries, read_lengths_input, write_json
+from lenbatch.pipeline.artifacts.bucket_edges import NEEDS_EDGES, read_edges
+from lenbatch.pipeline.artifacts.tokenized import read_lengths_input
+from lenbatch.pipeline.artifacts.writing import write_json
 
 
 def run(*, params: Params, strategy: str, lengths: str | None, out: str | Path, seed_profile: bool = False,
@@ -25,10 +27,9 @@ def run(*, params: Params, strategy: str, lengths: str | None, out: str | Path, 
     bt = params.batching
     x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
                                    seed=bt.seed)
-    edges = read_boundaries(boundaries)
+    edges = read_edges(boundaries)
     if strategy == "bucketed" and edges is None:
-        raise ValueError("--strategy bucketed needs edges: pass --boundaries boundaries.json (run 'lenbatch boundaries' "
-                         "first)")
+        raise ValueError(NEEDS_EDGES)
     t0 = time.perf_counter()
     batches = plan_epoch(x, strategy=strategy, epoch=epoch, seed=bt.seed, token_budget=bt.token_budget,
                          max_batch_size=bt.max_batch_size, edges=edges if strategy == "bucketed" else None, rank=rank, world_size=world_size,

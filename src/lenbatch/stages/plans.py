@@ -13,7 +13,9 @@ from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import STRATEGIES
 from lenbatch.core.config import Params, write_resolved
 from lenbatch.core.log import get_logger
-from lenbatch.pipeline.artifacts import read_boundaries, read_lengths_input, write_json
+from lenbatch.pipeline.artifacts.bucket_edges import NEEDS_EDGES, read_edges
+from lenbatch.pipeline.artifacts.tokenized import read_lengths_input
+from lenbatch.pipeline.artifacts.writing import write_json
 
 
 def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
@@ -25,10 +27,9 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
     bt = params.batching
     x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
                                    seed=bt.seed)
-    edges = read_boundaries(boundaries)
+    edges = read_edges(boundaries)
     if strategies is not None and "bucketed" in strategies and edges is None:
-        raise ValueError("--strategies bucketed needs bucket edges; pass --boundaries "
-                         "results/boundaries/boundaries.json (run 'lenbatch boundaries' first)")
+        raise ValueError(NEEDS_EDGES)
     chosen = tuple(strategies) if strategies is not None else tuple(STRATEGIES)
     log.info("%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
              source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, world_size)

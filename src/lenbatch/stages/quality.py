@@ -27,15 +27,15 @@ Setting (``params.quality``; the train stage and its results are untouched):
   full-data gradient G, checked): cosine to G, variance per useful token, noise scale, and the
   correlation of a batch's mean sample length with its loss.
 
-Outputs (``--out``): ``quality.json`` (everything), ``metrics.json`` (flat, for ``dvc metrics
-diff``), ``curves.json`` and ``gradients.json`` (DVC plot data), ``quality.png``, ``report.md``
-(the section compare embeds), ``params.json``.
+Outputs (``--out``, data only: :mod:`lenbatch.pipeline.artifacts.quality_result`): ``quality.json``
+(everything), ``metrics.json`` (flat, for ``dvc metrics diff``), ``curves.json`` and ``gradients.json``
+(DVC plot data), ``params.json``. The report section and ``quality.png`` are drawn by the compare stage
+(:mod:`lenbatch.analysis.quality_report`).
 
 Cost: one target forward over train + held-out tokens, then per run epochs x train_tokens drafter
 steps (forward + backward) and eval_points + 1 held-out forwards; per checkpoint and strategy one
-epoch of forward + backward. 228-238 CPU seconds at the defaults (1 thread; 19 CPU s for the features,
-185 for 15 runs, 30 for the gradients; wall time was 13-20 min on a machine shared with other jobs). One process on
-``train.device`` (a GPU when available): features, drafter and head on that device.
+epoch of forward + backward (measured times: README, "Results"). One process on ``train.device``
+(a GPU when available): features, drafter and head on that device.
 """
 
 from __future__ import annotations
@@ -52,14 +52,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from lenbatch.analysis import gradquality as gq
+from lenbatch.analysis import quality_stats
 from lenbatch.batching.strategies import plan_epoch
-from lenbatch.analysis import quality_report as qr
-from lenbatch.loading.collate import Batch, collate, layout_for
+from lenbatch.batching.layouts import layout_of
+from lenbatch.loading.collate import Batch, collate
 from lenbatch.core.config import Params, write_resolved
 from lenbatch.core.log import get_logger
+from lenbatch.models.drafter import Drafter, build_drafter
+from lenbatch.pipeline.artifacts.bucket_edges import edges_for
+from lenbatch.pipeline.artifacts.tokenized import read_dataset, read_lengths
 
 log = get_logger("quality")
-CHECKPOINTS = ("init", "trained")
 TRAINED_FROM = "random"  # the weights of the "trained" checkpoint: this strategy's seed-0 run
 
 
@@ -111,23 +114,6 @@ def unigram_loss(samples: dict[int, dict[str, np.ndarray]], train: np.ndarray, h
     return float(-np.log(counts / counts.sum())[labels(heldout)].mean())
 
 
-def read_samples(data: Path, indices: np.ndarray, lengths: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
-    import datasets
-
-    path = data / "dataset"
-    if not path.exists():
-        raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
-    ds = datasets.load_from_disk(str(path)).select_columns(["input_ids", "loss_mask"])
-    rows = ds[[int(i) for i in indices]]
-    out = {}
-    for i, ids, mask in zip(indices, rows["input_ids"], rows["loss_mask"]):
-        if len(ids) != lengths[i]:
-            raise ValueError(f"dataset row {i} has {len(ids)} tokens but lengths.npy says {lengths[i]}; re-run "
-                             "'lenbatch tokenize'")
-        out[int(i)] = {"input_ids": np.asarray(ids, dtype=np.int64), "loss_mask": np.asarray(mask, dtype=bool)}
-    return out
-
-
 def target_features(target: Any, samples: dict[int, dict[str, np.ndarray]], indices: np.ndarray, *,
                     row_tokens: int) -> dict[int, torch.Tensor]:
     """Each sample's target features ``[L, F]``, from packed rows of at most ``row_tokens`` tokens (a packed
@@ -177,47 +163,26 @@ def assemble(samples: dict[int, dict[str, np.ndarray]], feats: dict[int, torch.T
 # --------------------------------------------------------------------------- model
 
 
-class DraftModel(nn.Module):
-    """The train stage's drafter with a trainable head over the draft vocabulary (module doc)."""
+def draft_model(params: Params, *, classes: int, seed: int) -> Drafter:
+    """The train stage's drafter (:func:`lenbatch.models.drafter.build_drafter`) with a trainable head over
+    the draft vocabulary's ``classes``, in float32, its weights drawn from ``model.init_seed + 1 + 1000 * seed``
+    (seed k of every strategy starts from the same weights)."""
+    return build_drafter(params, init_seed=params.model.init_seed + 1 + 1000 * seed, dtype="float32",
+                         head_classes=classes)
 
-    def __init__(self, params: Params, *, classes: int, seed: int) -> None:
-        from lenbatch.models.drafter import Drafter
 
-        super().__init__()
-        m, d = params.model, params.drafter
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(m.init_seed + 1 + 1000 * seed)
-        try:
-            self.drafter = Drafter(feature_dim=len(m.target_layers) * m.hidden_size, hidden_size=m.hidden_size,
-                                   intermediate_size=m.intermediate_size, num_layers=d.num_layers,
-                                   num_heads=d.num_heads, block_size=d.block_size, gamma=d.gamma)
-            self.head = nn.Linear(m.hidden_size, classes, bias=False)
-        finally:
-            torch.random.set_rng_state(gen_state)
-
-    def loss(self, feats: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, *,
-             embed_tokens: nn.Module, class_map: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """``(sum_i w_i ce_i / sum_i w_i, sum_i w_i)`` over the block positions the train stage trains
-        (same targets, same weights exp(-(k-1)/gamma)), labels mapped to draft-vocabulary classes."""
-        dr = self.drafter
-        b = dr.block_size
-        h = dr.block_states(feats, batch, anchors, embed_tokens=embed_tokens)
-        rows, starts = batch.seq_rows_starts()
-        T = feats.shape[1]
-        offs = torch.arange(1, b, device=feats.device)
-        tgt_pos = anchors[:, :, None] + offs
-        inside = (tgt_pos < batch.lengths[:, None, None]) & valid[:, :, None]
-        flat = (starts[:, None, None] + tgt_pos).clamp_max(T - 1)
-        tok = batch.input_ids[rows[:, None, None], flat]
-        use = inside & batch.loss_mask[rows[:, None, None], flat]
-        wk = torch.exp(-(offs.to(torch.float32) - 1.0) / dr.gamma)
-        sel = use.nonzero(as_tuple=True)
-        w = wk[sel[2]]
-        if w.numel() == 0:
-            return h.sum() * 0.0, 0.0
-        ce = F.cross_entropy(self.head(h[:, :, 1:][sel]), class_map[tok[sel]], reduction="none")
-        wsum = w.sum()
-        return (w * ce).sum() / wsum, float(wsum)
+def draft_loss(model: Drafter, feats: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, *,
+               embed_tokens: nn.Module, class_map: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """``(sum_i w_i ce_i / sum_i w_i, sum_i w_i)`` over the block positions the train stage trains (the
+    drafter's :meth:`~lenbatch.models.drafter.Drafter.trained_positions`: same targets, same weights
+    exp(-(k-1)/gamma)), through ``model.head``, labels mapped to draft-vocabulary classes."""
+    h = model.block_states(feats, batch, anchors, embed_tokens=embed_tokens)
+    hid, tok, w = model.trained_positions(h, batch, anchors, valid)
+    if w.numel() == 0:
+        return h.sum() * 0.0, 0.0
+    ce = F.cross_entropy(model.head(hid), class_map[tok], reduction="none")
+    wsum = w.sum()
+    return (w * ce).sum() / wsum, float(wsum)
 
 
 def flat_grad(model: nn.Module) -> np.ndarray:
@@ -244,7 +209,7 @@ class Experiment:
                              "budget or lower data.max_len and re-tokenize")
         self.lengths = lengths
         both = np.concatenate([self.train_idx, self.held_idx])
-        self.samples = read_samples(data, both, lengths)
+        self.samples = read_dataset(data, lengths).arrays(both)
         self.vocab, cmap, self.coverage = draft_vocabulary(self.samples, self.train_idx, size=q.draft_vocab,
                                                            vocab_size=params.model.vocab_size)
         self.device = quality_device(params.train.device)
@@ -264,15 +229,15 @@ class Experiment:
             batch, f = assemble(self.samples, self.feats, rows, kind="packed")
             self.held_batches.append((batch, f))
 
-    def heldout_loss(self, model: DraftModel) -> float:
+    def heldout_loss(self, model: Drafter) -> float:
         """Held-out loss: ``sum w ce / sum w`` over every held-out block position (fixed anchors)."""
         q = self.params.quality
         num = den = 0.0
         with torch.no_grad():
             for batch, f in self.held_batches:
-                an, va = model.drafter.anchors_for(batch, anchors_per_seq=q.anchors_per_seq,
+                an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq,
                                                    seed=self.params.batching.seed, epoch=0, step=0)
-                loss, w = model.loss(f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
+                loss, w = draft_loss(model, f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
                 num += float(loss) * w
                 den += w
         return num / den
@@ -286,13 +251,13 @@ class Experiment:
                              rank=0, world_size=1, packed_window=b.packed_window)
         return [self.train_idx[np.asarray(p, dtype=np.int64)] for p in plan]
 
-    def train_run(self, strategy: str, *, seed_index: int) -> tuple[dict[str, Any], DraftModel]:
+    def train_run(self, strategy: str, *, seed_index: int) -> tuple[dict[str, Any], Drafter]:
         """One run: ``quality.epochs`` epochs of ``strategy``; held-out loss at equal-token checkpoints."""
         p, q = self.params, self.params.quality
         seed = p.batching.seed + seed_index
-        model = DraftModel(p, classes=self.classes, seed=seed_index).to(self.device)
+        model = draft_model(p, classes=self.classes, seed=seed_index).to(self.device)
         opt = torch.optim.AdamW(model.parameters(), lr=q.lr, weight_decay=p.drafter.weight_decay)
-        kind = layout_for(strategy)
+        kind = layout_of(strategy)
         total = q.epochs * int(self.lengths[self.train_idx].sum())
         marks = [total * k / q.eval_points for k in range(1, q.eval_points + 1)]
         curve = [(0, self.heldout_loss(model))]
@@ -302,9 +267,9 @@ class Experiment:
         for epoch in range(q.epochs):
             for idx in self.plan(strategy, seed=seed, epoch=epoch):
                 batch, f = assemble(self.samples, self.feats, idx, kind=kind)
-                an, va = model.drafter.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=seed, epoch=epoch,
+                an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=seed, epoch=epoch,
                                                    step=step)
-                loss, _ = model.loss(f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
+                loss, _ = draft_loss(model, f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), p.drafter.grad_clip)
@@ -325,17 +290,17 @@ class Experiment:
                                                  np.array([s["loss"] for s in steps]))}
         return run, model
 
-    def gradients(self, model: DraftModel, strategy: str) -> dict[str, Any]:
+    def gradients(self, model: Drafter, strategy: str) -> dict[str, Any]:
         """Every batch gradient of one epoch of ``strategy`` at ``model``'s weights (anchors fixed per sample)."""
         p, q = self.params, self.params.quality
-        kind = layout_for(strategy)
+        kind = layout_of(strategy)
         grads, weights, sizes, mean_len, losses = [], [], [], [], []
         for idx in self.plan(strategy, seed=p.batching.seed, epoch=0):
             batch, f = assemble(self.samples, self.feats, idx, kind=kind)
-            an, va = model.drafter.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=p.batching.seed,
+            an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=p.batching.seed,
                                                epoch=0, step=0)
             model.zero_grad(set_to_none=True)
-            loss, w = model.loss(f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
+            loss, w = draft_loss(model, f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
             if w == 0:
                 continue
             loss.backward()
@@ -381,20 +346,15 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
     strategies = list(params.train.strategies)
     if "sorted" not in strategies:
         raise ValueError("train.strategies lacks 'sorted', the baseline every difference is taken to; add it")
-    if "bucketed" in strategies and edges is None:
-        raise ValueError("strategy 'bucketed' needs bucket edges; pass --boundaries results/boundaries/boundaries.json")
     t_start, c_start = time.perf_counter(), time.process_time()
-    path = data / "lengths.npy"
-    if not path.exists():
-        raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
-    lengths = np.load(path).astype(np.int64)
+    lengths = read_lengths(data)
     exp = Experiment(params, data=data, lengths=lengths, edges=edges)
     log.info("split: %d training samples (%s tokens), %d held-out (%s tokens); draft vocabulary %d + other "
              "(covers %.1f%% of trained tokens); features in %.1f s", exp.train_idx.size,
              f"{int(lengths[exp.train_idx].sum()):,}", exp.held_idx.size, f"{int(lengths[exp.held_idx].sum()):,}",
              exp.vocab.size, 100 * exp.coverage, exp.features_s)
     runs: list[dict[str, Any]] = []
-    trained_model: Optional[DraftModel] = None
+    trained_model: Optional[Drafter] = None
     for k in range(q.seeds):
         for s in strategies:
             run, model = exp.train_run(s, seed_index=k)
@@ -406,7 +366,7 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
     assert trained_model is not None
     t_grad, c_grad = time.perf_counter(), time.process_time()
     grads: dict[str, dict[str, Any]] = {}
-    init_model = DraftModel(params, classes=exp.classes, seed=0).to(exp.device)
+    init_model = draft_model(params, classes=exp.classes, seed=0).to(exp.device)
     for ck, model in (("init", init_model), ("trained", trained_model)):
         fulls = {}
         for s in strategies:
@@ -437,7 +397,7 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
                    "total_s": time.perf_counter() - t_start, "total_cpu_s": time.process_time() - c_start,
                    "threads": torch.get_num_threads()},
     }
-    result["summary"] = qr.summarize(result)
+    result["summary"] = quality_stats.summarize(result)
     return result
 
 
@@ -445,9 +405,11 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
 
 
 def write_outputs(result: dict[str, Any], out: Path, *, params: Params) -> dict[str, Any]:
+    """``quality.json``, ``metrics.json``, ``curves.json``, ``gradients.json`` and ``params.json`` in ``out``
+    (the files of :mod:`lenbatch.pipeline.artifacts.quality_result`); returns the metrics."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "quality.json").write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
-    metrics = qr.flat_metrics(result)
+    metrics = {**quality_stats.strategy_metrics(result), **quality_stats.stage_metrics(result)}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     curves = [{"strategy": r["strategy"], "seed": r["seed"], "useful_tokens": t, "heldout_loss": round(v, 6)}
               for r in result["runs"] for t, v in zip(r["curve_tokens"], r["curve_loss"])]
@@ -456,8 +418,6 @@ def write_outputs(result: dict[str, Any], out: Path, *, params: Params) -> dict[
              **{k: g[k] for k in ("cosine_mean", "variance_per_token", "noise_scale", "length_loss_r")}}
             for g in result["gradients"].values()]
     (out / "gradients.json").write_text(json.dumps(rows, indent=1, default=_json_default) + "\n")
-    (out / "report.md").write_text(qr.section(result, tok_s=None, level=1))
-    write_plot(result, out / "quality.png")
     write_resolved(params, out, sections=("batching", "model", "drafter", "quality"))
     return metrics
 
@@ -470,45 +430,6 @@ def _json_default(x: Any) -> Any:
     raise TypeError(type(x))
 
 
-def write_plot(result: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summ = result["summary"]
-    strategies = result["strategies"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    ax = axes[0]
-    for s in strategies:
-        c = summ["curves"][s]
-        x = np.array(c["useful_tokens"]) / 1e3
-        ax.plot(x, c["mean"], "-o", ms=3, label=s)
-        ax.fill_between(x, c["lo"], c["hi"], alpha=0.2)
-    ax.axhline(result["setting"]["uniform_loss"], color="#999", lw=1, ls=":", label="uniform")
-    ax.set_xlabel("useful tokens trained (thousands)")
-    ax.set_ylabel("held-out loss (nats), mean and 95% interval over seeds")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    xs = np.arange(len(strategies))
-    for ax, key, label in ((axes[1], "cosine_mean", "mean cos(batch gradient, full gradient)"),
-                           (axes[2], "noise_scale", "gradient noise scale B_simple (useful tokens)")):
-        for j, ck in enumerate(CHECKPOINTS):
-            vals = [result["gradients"][f"{ck}.{s}"][key] for s in strategies]
-            ax.bar(xs + (j - 0.5) * 0.38, vals, width=0.38, label=f"{ck} weights")
-        ax.set_xticks(xs, strategies, fontsize=8)
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
-    if result["gradients"]:
-        axes[2].set_yscale("log")
-    fig.suptitle("does batch composition matter? held-out loss at equal useful tokens, gradient quality")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 # ------------------------------------------------------------ stage: lenbatch quality (flags: lenbatch.cli.flags)
 
 
@@ -516,12 +437,7 @@ def run(*, params: Params, data: str | Path, out: str | Path, boundaries: str | 
     """``lenbatch quality``: :func:`run_quality` on the tokenize output ``data`` (bucketed with the
     edges of ``boundaries``), written to ``out`` (:func:`write_outputs`)."""
     torch.set_num_threads(params.quality.threads)
-    edges = None
-    if boundaries:
-        bpath = Path(boundaries)
-        if not bpath.exists():
-            raise ValueError(f"--boundaries {bpath} does not exist; run 'lenbatch boundaries' first")
-        edges = tuple(int(e) for e in json.loads(bpath.read_text())["edges"])
+    edges = edges_for(boundaries, params.train.strategies)
     result = run_quality(params, data=Path(data), edges=edges)
     write_outputs(result, Path(out), params=params)
     summ = result["summary"]

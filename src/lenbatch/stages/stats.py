@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lenbatch.batching.lengths import SEED_COUNT, bucket_counts, histogram, length_stats
-from lenbatch.pipeline.artifacts import read_lengths_input, write_json
+from lenbatch.pipeline.artifacts.tokenized import read_lengths_input
+from lenbatch.pipeline.artifacts.writing import write_json
 
 if TYPE_CHECKING:
     from lenbatch.core.config import Params

@@ -63,14 +63,15 @@ import numpy as np
 import torch
 
 from lenbatch.runtime.checkpoint import fingerprint, load_checkpoint, restore, save_checkpoint, start_fresh
-from lenbatch.pipeline.artifacts import read_edges as load_edges
-from lenbatch.pipeline.artifacts import read_lengths as load_lengths
+from lenbatch.pipeline.artifacts.bucket_edges import edges_for
+from lenbatch.pipeline.artifacts.tokenized import read_dataset, read_lengths
 from lenbatch.loading.collate import collate
-from lenbatch.core.config import STRATEGY_NAMES, Params, write_resolved
-from lenbatch.runtime.lifetime import die_with_parent, parent_death_signal  # noqa: F401 (the CLI's relaunch uses it)
+from lenbatch.batching.layouts import STRATEGIES
+from lenbatch.core.config import Params, write_resolved
+from lenbatch.runtime.lifetime import die_with_parent
 from lenbatch.core.log import get_logger
 from lenbatch.pipeline.outputs import writer_lock
-from lenbatch.runtime.records import Recorder, _log_summary, _row, batch_hash, resumed_log  # noqa: F401 (batch_hash: re-export)
+from lenbatch.runtime.records import Recorder, log_summary, resumed_log, step_row
 from lenbatch.runtime.runner import (
     StepRunner,
     configure_process,
@@ -83,41 +84,6 @@ from lenbatch.batching.schedule import Schedule, ScheduledStep, build_schedule
 from lenbatch.runtime.transport import Channel, DrafterLink, TargetLink, settle
 
 log = get_logger("train")
-
-
-# --------------------------------------------------------------------------- data, plan, schedule
-
-
-class TrainData:
-    """The tokenized dataset (``datasets.load_from_disk``) read by target ranks, batch by batch."""
-
-    def __init__(self, data: Path, lengths: np.ndarray) -> None:
-        import datasets
-
-        path = data / "dataset"
-        if not path.exists():
-            raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
-        ds = datasets.load_from_disk(str(path))
-        missing = {"input_ids", "loss_mask"} - set(ds.column_names)
-        if missing:
-            raise ValueError(f"{path} lacks columns {sorted(missing)}; re-run 'lenbatch tokenize'")
-        if len(ds) != len(lengths):
-            raise ValueError(f"{path} has {len(ds)} rows but lengths.npy has {len(lengths)}; re-run "
-                             "'lenbatch tokenize' so both come from the same run")
-        self.ds = ds.select_columns(["input_ids", "loss_mask"])
-        self.lengths = lengths
-
-    def samples(self, indices: np.ndarray) -> list[dict[str, Any]]:
-        rows = self.ds[[int(i) for i in indices]]
-        out = []
-        for i, ids, mask in zip(indices, rows["input_ids"], rows["loss_mask"]):
-            if len(ids) != self.lengths[i]:
-                raise ValueError(f"dataset row {i} has {len(ids)} tokens but lengths.npy says {self.lengths[i]}; "
-                                 "re-run 'lenbatch tokenize'")
-            out.append({"input_ids": ids, "loss_mask": mask})
-        return out
-
-
 
 
 # --------------------------------------------------------------------------- the run
@@ -176,7 +142,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     """One process: target forward then drafter step, batch after batch."""
     p = setup.params
     runner = StepRunner(p, device=setup.device)
-    data = TrainData(setup.data, setup.lengths)
+    data = read_dataset(setup.data, setup.lengths)
     start, resumed_from, kept = 0, None, None
     if setup.resume:
         ck = _load_checkpoint(setup)
@@ -195,7 +161,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
         useful_done += batch.useful_tokens
         t = time.perf_counter() - t_start
-        rec.add(_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
+        rec.add(step_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
                      runner=runner, target_cpu_s=t_cpu))
         _progress(step, len(setup.schedule), loss, useful_done, t)
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
@@ -244,7 +210,7 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     q = p.train.queue_size
     drafter_rank = setup.world_size - 1
     runner = StepRunner(p, device=setup.device, role="target")
-    data = TrainData(setup.data, setup.lengths)
+    data = read_dataset(setup.data, setup.lengths)
     start, _, _ = _share_resume(setup, None)
     mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
     link = TargetLink(setup.channel, dst=drafter_rank, queue_size=q, comm_device=comm_device)
@@ -289,7 +255,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
         last_loss = loss
         t = time.perf_counter() - t_start
-        rec.add(_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s, drafter_s=d_s,
+        rec.add(step_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s, drafter_s=d_s,
                      loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9))
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
@@ -305,8 +271,8 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
 
 def check_request(*, strategy: str, max_steps: Optional[int]) -> None:
     """Refuse a strategy or step limit that cannot run (``ValueError`` naming the fix)."""
-    if strategy not in STRATEGY_NAMES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"--max-steps must be >= 1, got {max_steps}")
 
@@ -342,10 +308,8 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
         die_with_parent()
     configure_process(params)
     data = Path(data)
-    lengths = load_lengths(data)
-    edges = load_edges(boundaries, strategy)
-    if len(lengths) == 0:
-        raise ValueError(f"{data}/lengths.npy is empty; tokenize some data first")
+    lengths = read_lengths(data)
+    edges = edges_for(boundaries, [strategy])
     too_long = int((lengths > params.batching.token_budget).sum())
     if too_long:
         raise ValueError(f"{too_long} samples are longer than batching.token_budget={params.batching.token_budget}; "
@@ -373,7 +337,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
              "rank" if world > 1 else "in the same process", device)
     if world == 1:
         summary = run_single(setup)
-        _log_summary(summary, out)
+        log_summary(summary, out)
         return 0
     import torch.distributed as dist
 
@@ -382,7 +346,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     try:
         if rank == world - 1:
             summary = run_drafter_rank(setup, comm_device)
-            _log_summary(summary, out, force=True)
+            log_summary(summary, out, force=True)
         else:
             run_target_rank(setup, comm_device)
         setup.channel.close()
@@ -392,4 +356,4 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     return 0
 
 
-__all__ = ["StepRunner", "build_schedule", "check_request", "fingerprint", "launcher_processes", "train"]
+__all__ = ["check_request", "launcher_processes", "train"]

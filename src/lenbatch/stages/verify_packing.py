@@ -69,6 +69,7 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
     print(f"verify-packing: {len(sizes)} sequences, {result['tokens']} tokens, {cfg.dtype} on {device}, "
           f"gated-delta-rule backend {result['backend']}, conv backend {result['conv_backend']}, boundaries "
           f"{'given' if result['boundaries'] else 'WITHHELD'}")
+    print(f"  target weights: {target.weights}")
     print(f"  packed forward {result['packed_seconds']:.3f} s, per-sequence forwards "
           f"{result['reference_seconds']:.3f} s")
     ok = True

@@ -1,0 +1,254 @@
+"""One reader per artifact (lenbatch.pipeline.artifacts): each accepts what its writer writes, and refuses a
+missing, malformed or mismatched file with the one error, naming the file and the rerun.
+
+Real writers for the cheap stages (tokenize on 12 conversations, stats, boundaries, plans: ~7 s, the
+module's fixture); the readers of the measuring stages' files (grid.json, a training run, quality.json)
+are checked against their real writers in tests/stages/test_profile.py, test_train.py and test_quality.py
+(which already run them), and here on copies of such files made wrong one way at a time."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from lenbatch.cli import main
+from lenbatch.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result
+from lenbatch.pipeline.artifacts import tokenized, train_runs
+from lenbatch.pipeline.artifacts.reading import ArtifactError
+
+from _tiny import ENV
+
+REPO = Path(__file__).resolve().parents[2]
+STRATEGIES = ["sorted", "random", "bucketed", "sortish", "packed"]
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """The cheap stages' real outputs: tokenize (12 conversations), stats, boundaries, plans."""
+    root = tmp_path_factory.mktemp("artifacts")
+    over = root / "tiny.yaml"
+    over.write_text(yaml.safe_dump({"data": {"max_len": 256, "limit": 12, "workers": 1},
+                                    "batching": {"token_budget": 1024, "max_batch_size": 8},
+                                    "boundaries": {"num_buckets": 2, "sweep_max_buckets": 2, "num_candidates": 16},
+                                    "plans": {"epochs": 2}}))
+    params = ["--params", str(REPO / "params.yaml"), str(over)]
+    subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", *params, "--no-progress", "--out",
+                    str(root / "tokenize")], check=True, env=ENV, capture_output=True, cwd=root)
+    lengths = root / "tokenize" / "lengths.npy"
+    assert main(["stats", *params, "--lengths", str(lengths), "--out", str(root / "stats")]) == 0
+    assert main(["boundaries", *params, "--lengths", str(lengths), "--out", str(root / "boundaries")]) == 0
+    assert main(["plans", *params, "--lengths", str(lengths), "--boundaries",
+                 str(root / "boundaries" / "boundaries.json"), "--epochs", "2", "--out", str(root / "plans")]) == 0
+    return root
+
+
+def refused(call, path: Path, problem: str, rerun: str) -> str:
+    """``call()`` raises the one error: the file, the problem, ``rerun: snakemake results/...`` and the command."""
+    with pytest.raises(ArtifactError) as err:
+        call()
+    text = str(err.value)
+    assert text.startswith(f"{path} ") and problem in text, text
+    assert f"; rerun: snakemake results/{rerun} (or: lenbatch {rerun.split('/')[0]}" in text, text
+    return text
+
+
+def copy(real: Path, tmp_path: Path, stage: str) -> Path:
+    return Path(shutil.copytree(real / stage, tmp_path / stage, symlinks=True))
+
+
+# --------------------------------------------------------------------------- tokenize: lengths.npy, dataset/
+
+
+def test_the_tokenized_folder_reads_back(real):
+    lengths = tokenized.read_lengths(real / "tokenize")
+    assert lengths.dtype == np.int64 and 8 <= lengths.size <= 12  # conversations without trained tokens are dropped
+    ds = tokenized.read_dataset(real / "tokenize", lengths)
+    rows = ds.samples([3, 0])
+    assert [len(r["input_ids"]) for r in rows] == [lengths[3], lengths[0]]
+    arrays = ds.arrays([3])
+    assert arrays[3]["input_ids"].dtype == np.int64 and arrays[3]["loss_mask"].dtype == bool
+    assert [m.tolist() for m in ds.loss_masks([3])] == [arrays[3]["loss_mask"].tolist()]
+    x, source = tokenized.read_lengths_input(lengths=real / "tokenize" / "lengths.npy")
+    assert np.array_equal(x, lengths) and source.endswith("lengths.npy")
+
+
+def test_lengths_missing_malformed_or_invalid(real, tmp_path):
+    d = copy(real, tmp_path, "tokenize")
+    path = d / "lengths.npy"
+    path.unlink()
+    refused(lambda: tokenized.read_lengths(d), path, "does not exist", "tokenize/lengths.npy")
+    refused(lambda: tokenized.read_lengths_input(lengths=path), path, "does not exist", "tokenize/lengths.npy")
+    path.write_text("not an array")
+    refused(lambda: tokenized.read_lengths(d), path, "is not a .npy array", "tokenize/lengths.npy")
+    np.save(path, np.array([5, 0, 7]))
+    refused(lambda: tokenized.read_lengths(d), path, "holds no valid lengths", "tokenize/lengths.npy")
+
+
+def test_dataset_missing_lacking_a_column_or_from_another_run(real, tmp_path):
+    import datasets
+
+    d = copy(real, tmp_path, "tokenize")
+    lengths = tokenized.read_lengths(d)
+    ds_path = d / "dataset"
+    refused(lambda: tokenized.read_dataset(d, lengths[:-1]), ds_path, f"has {lengths.size} rows but",
+            "tokenize/lengths.npy")
+    other = lengths.copy()
+    other[2] += 1
+    refused(lambda: tokenized.read_dataset(d, other).samples([2]), ds_path, f"row 2 has {lengths[2]} tokens",
+            "tokenize/lengths.npy")
+    refused(lambda: tokenized.read_dataset(d, other).loss_masks([2]), ds_path, "row 2 has", "tokenize/lengths.npy")
+    datasets.load_from_disk(str(ds_path)).remove_columns(["loss_mask"]).save_to_disk(str(tmp_path / "ds"))
+    shutil.rmtree(ds_path)
+    refused(lambda: tokenized.read_dataset(d, lengths), ds_path, "does not exist", "tokenize/lengths.npy")
+    shutil.move(tmp_path / "ds", ds_path)
+    refused(lambda: tokenized.read_dataset(d, lengths), ds_path, "lacks columns ['loss_mask']", "tokenize/lengths.npy")
+
+
+# --------------------------------------------------------------------------- boundaries: boundaries.json, sweep.json
+
+
+def test_boundaries_and_sweep_read_back(real):
+    path = real / "boundaries" / "boundaries.json"
+    doc = bucket_edges.read_boundaries(path)
+    assert bucket_edges.read_edges(path) == tuple(doc["edges"]) and doc["num_buckets"] == 2
+    assert [e["num_buckets"] for e in bucket_edges.read_sweep(real / "boundaries" / "sweep.json")] == [1, 2]
+    assert bucket_edges.edges_for(path, ["bucketed"]) == tuple(doc["edges"])
+    assert bucket_edges.edges_for(real / "nothing.json", ["sorted", "packed"]) is None  # not read at all
+    assert bucket_edges.read_edges(None) is None
+    with pytest.raises(ValueError, match="strategy 'bucketed' needs bucket edges; pass --boundaries"):
+        bucket_edges.edges_for(None, ["sorted", "bucketed"])
+
+
+@pytest.mark.parametrize("content, problem", [
+    (None, "does not exist"), ("{", "is not valid JSON"), ('{"method": "dp"}', "holds no bucket edges"),
+    ('{"edges": [0, 50, 50, 100]}', "holds no bucket edges"), ('{"edges": [0, 1.5, 9]}', "holds no bucket edges"),
+])
+def test_boundaries_refused(tmp_path, content, problem):
+    path = tmp_path / "boundaries.json"
+    if content is not None:
+        path.write_text(content)
+    refused(lambda: bucket_edges.read_edges(path), path, problem, "boundaries/boundaries.json")
+    refused(lambda: bucket_edges.edges_for(path, ["bucketed"]), path, problem, "boundaries/boundaries.json")
+
+
+def test_boundaries_for_compare_and_the_sweep_refused(real, tmp_path):
+    d = copy(real, tmp_path, "boundaries")
+    doc = json.loads((d / "boundaries.json").read_text())
+    (d / "boundaries.json").write_text(json.dumps({"edges": doc["edges"]}))  # enough to plan, not for compare
+    bucket_edges.read_edges(d / "boundaries.json")
+    refused(lambda: bucket_edges.read_boundaries(d / "boundaries.json"), d / "boundaries.json",
+            "lacks 'predicted_efficiency', 'num_buckets'", "boundaries/boundaries.json")
+    sweep = json.loads((d / "sweep.json").read_text())
+    del sweep[1]["length_mixing"]
+    (d / "sweep.json").write_text(json.dumps(sweep))
+    refused(lambda: bucket_edges.read_sweep(d / "sweep.json"), d / "sweep.json", "lacks 'length_mixing' in entry 1",
+            "boundaries/sweep.json")
+    (d / "sweep.json").write_text("{}")
+    refused(lambda: bucket_edges.read_sweep(d / "sweep.json"), d / "sweep.json", "not a list", "boundaries/sweep.json")
+
+
+# --------------------------------------------------------------------------- stats, plans
+
+
+def test_stats_and_plans_read_back_and_refused(real, tmp_path):
+    n = tokenized.read_lengths(real / "tokenize").size
+    assert length_stats.read_stats(real / "stats")["count"] == n
+    assert sum(b["count"] for b in length_stats.read_histogram(real / "stats")) == n
+    assert set(plan_metrics.read_plans(real / "plans", STRATEGIES)) == set(STRATEGIES)
+    s = copy(real, tmp_path, "stats")
+    st = json.loads((s / "stats.json").read_text())
+    del st["percentiles"]
+    (s / "stats.json").write_text(json.dumps(st))
+    refused(lambda: length_stats.read_stats(s), s / "stats.json", "lacks 'percentiles'", "stats/stats.json")
+    (s / "histogram.json").write_text("[]")
+    refused(lambda: length_stats.read_histogram(s), s / "histogram.json", "holds no histogram bins",
+            "stats/histogram.json")
+    p = copy(real, tmp_path, "plans")
+    refused(lambda: plan_metrics.read_plans(p, [*STRATEGIES, "zigzag"]), p / "metrics.json",
+            "lacks strategies ['zigzag']", "plans/metrics.json")
+    m = json.loads((p / "metrics.json").read_text())
+    del m["packed"]["length_mixing"]
+    (p / "metrics.json").write_text(json.dumps(m))
+    refused(lambda: plan_metrics.read_plans(p, STRATEGIES), p / "metrics.json", "lacks 'length_mixing' for packed",
+            "plans/metrics.json")
+
+
+# --------------------------------------------------------------------------- profile, train, quality (files as written)
+
+ROW = {"kind": "padded", "sequences": 1, "length": 16, "sequence_lengths": [16], "target_seconds_median": 0.01,
+       "drafter_seconds_median": 0.02}
+
+
+def test_grid_refused(tmp_path):
+    d = tmp_path / "profile"
+    d.mkdir()
+    refused(lambda: profile_grid.read_grid(d), d / "grid.json", "does not exist", "profile/grid.json")
+    (d / "grid.json").write_text("[]")
+    refused(lambda: profile_grid.read_grid(d), d / "grid.json", "holds no grid rows", "profile/grid.json")
+    (d / "grid.json").write_text(json.dumps([ROW, {k: v for k, v in ROW.items() if k != "sequence_lengths"}]))
+    refused(lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'sequence_lengths' in row 1",
+            "profile/grid.json")
+    (d / "grid.json").write_text(json.dumps({"points": [ROW]}))  # the mapping form is read too
+    assert profile_grid.read_grid(d) == [ROW] and profile_grid.read_profile_params(d) is None
+    (d / "params.json").write_text("[1]")
+    refused(lambda: profile_grid.read_profile_params(d), d / "params.json", "holds no params mapping",
+            "profile/grid.json")
+
+
+def _run_files(d: Path, *, steps: int = 2, planned: int | None = 2, lines: list[str] | None = None) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "summary.json").write_text(json.dumps({"useful_tokens_per_s": 10.0, "steps": steps, "planned_steps": planned,
+                                                "params": {"train": {}}}))
+    (d / "steps.jsonl").write_text("\n".join(lines if lines is not None else
+                                             [json.dumps({"step": i, "useful_tokens": 5}) for i in range(steps)]) + "\n")
+
+
+def test_training_run_refused(tmp_path):
+    train = tmp_path / "train"
+    refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "summary.json", "does not exist",
+            "train/packed/summary.json")
+    _run_files(train / "packed")
+    assert len(train_runs.read_run(train, "packed")["steps"]) == 2
+    _run_files(train / "packed", steps=1, planned=3)
+    refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "summary.json",
+            "records 1 of 3 planned steps", "train/packed/summary.json")
+    _run_files(train / "packed", lines=['{"step": 0, "useful_tokens": 5}', '{"step": 1, "usef'])
+    text = refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "steps.jsonl",
+                   "line 2 is not JSON", "train/packed/summary.json")
+    assert "lenbatch train --strategy packed" in text
+    _run_files(train / "packed", lines=['{"step": 0, "useful_tokens": 5}'])
+    refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "steps.jsonl",
+            "holds 1 steps but summary.json says 2", "train/packed/summary.json")
+    (train / "packed" / "summary.json").write_text(json.dumps({"steps": 2}))
+    refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "summary.json",
+            "lacks 'useful_tokens_per_s', 'params'", "train/packed/summary.json")
+
+
+def test_quality_result_refused(tmp_path):
+    d = tmp_path / "quality"
+    d.mkdir()
+    refused(lambda: quality_result.read_quality(d, STRATEGIES), d / "quality.json", "does not exist",
+            "quality/quality.json")
+    doc = {k: {} for k in ("setting", "gradients", "summary", "timing")} | {"runs": [], "strategies": ["sorted"]}
+    (d / "quality.json").write_text(json.dumps(doc))
+    refused(lambda: quality_result.read_quality(d, STRATEGIES), d / "quality.json",
+            "lacks strategies ['random', 'bucketed', 'sortish', 'packed']", "quality/quality.json")
+    (d / "quality.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "summary"}))
+    refused(lambda: quality_result.read_quality(d, ["sorted"]), d / "quality.json", "lacks 'summary'",
+            "quality/quality.json")
+
+
+def test_a_stage_prints_the_one_error_and_exits_2(real, tmp_path, capsys):
+    """Through the CLI the reader's words reach the user unchanged (one line, exit 2)."""
+    rc = main(["plans", "--params", str(REPO / "params.yaml"), "--lengths", str(tmp_path / "lengths.npy"),
+               "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{tmp_path / 'lengths.npy'} does not exist; rerun: snakemake results/tokenize/lengths.npy" in err
+    assert "Traceback" not in err and not (tmp_path / "p").exists()
