@@ -4,9 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lenbatch-installed
 
-.PHONY: run plots test install clean
+.PHONY: run sync plots test install clean
 
-install: $(STAMP)
+# DVC's own `dvc plots show/diff` use this template (.dvc/config: plots.html_template): Vega inlined from
+# Snakemake's bundled copies, so the page renders offline. Written here, not committed (2.2 MB of third-party code).
+PLOTS_TEMPLATE := .dvc/offline-plots.html
+
+install: $(STAMP) $(PLOTS_TEMPLATE)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -18,16 +22,25 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]' torch==2.13.0
 	touch $(STAMP)
 
-# `dvc repro`: DVC decides what is stale and records it in dvc.lock; each stage runs its Snakemake
-# rule, so Snakemake's records agree too (dvc status and snakemake -n are both clean afterwards).
-run: $(STAMP)
+$(PLOTS_TEMPLATE): $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch plots --write-template
+
+# `dvc repro`: DVC decides what is stale (by content) and records it in dvc.lock; each stage runs its
+# Snakemake rule. `lenbatch sync` then records in Snakemake's metadata the stages DVC skipped (a fresh
+# clone has no Snakemake records, and its file times are the checkout's), so dvc status and snakemake -n
+# are both clean afterwards. After `git checkout REV && dvc checkout`, run `make sync`.
+run: install
 	PATH=$(abspath $(VENV))/bin:$$PATH dvc repro
+	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch sync
+
+sync: install
+	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch sync
 
 # The DVC plots page (workspace vs HEAD) with Vega inlined: renders without network.
-plots: $(STAMP)
+plots: install
 	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch plots
 
-test: $(STAMP)
+test: install
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q
 
 clean:

@@ -4,10 +4,13 @@ save_to_disk directories, and the errors for input that cannot be read."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from lenbatch.corpus.sources import SourceReport, iter_json_records, iter_records, resolve_source
+
+REPO = Path(__file__).resolve().parents[2]
 
 RECORDS = [
     {"id": "a_0", "conversations": [{"from": "human", "value": "Hi \"there\" \\ caf\u00e9"},
@@ -125,6 +128,40 @@ def test_a_typo_in_the_last_record_of_a_closed_file_is_an_error_not_a_cut(tmp_pa
     path.write_bytes(data[:inner])
     records, report = _read(path, 1 << 20)
     assert records == RECORDS[:2] and report.cut_off
+
+
+@pytest.mark.parametrize("kind", ["array", "jsonl"])
+def test_a_closed_file_whose_last_record_breaks_at_its_end_is_an_error_naming_record_and_byte(tmp_path, kind):
+    """Issue 19: record 3 lacks its closing brace, so the decoder fails on the array's closing ']' (for JSONL:
+    on the next line's '{'), within the file's last bytes. That was reported as "cut off" and, with
+    --allow-truncated, record 3 was dropped with exit 0. A closed file is never a cut: with or without the
+    flag it is an error naming the record, where it starts and the byte where it breaks. (~1 s)"""
+    if kind == "array":
+        data, ends = _array_bytes(True)
+    else:
+        data, ends = _jsonl_bytes()
+        data += b'{"id": "e_0", "conversations": []}\n'
+    brace = ends[3] - 1
+    assert data[brace:brace + 1] == b"}"
+    broken = data[:brace] + data[brace + 1:]
+    record_start = data.rindex(b"{", 0, data.index(b'"d_0"'))
+    breaks_at = len(broken.rstrip()) - 1 if kind == "array" else broken.rindex(b"{")
+    path = tmp_path / "closed.json"
+    path.write_bytes(broken)
+    closing = "]" if kind == "array" else "}"
+    for allow in (False, True):
+        for chunk_bytes in (7, 1 << 20):  # tiny chunks: the buffer is rebased while the last record is decoded
+            with pytest.raises(ValueError, match=rf"closed\.json: invalid JSON in record 3 \(starting at byte "
+                               rf"{record_start}\): .* at byte {breaks_at}; the file ends with its closing "
+                               rf"'\{closing}', so this is a malformed record, not a cut"):
+                _read(path, chunk_bytes, allow_truncated=allow)
+    # through the command line with the flag: exit 2 with the same words, nothing written
+    from lenbatch.cli import main as cli_main
+
+    out = tmp_path / "out"
+    assert cli_main(["tokenize", "--params", str(REPO / "params.yaml"), "--source", str(path), "--allow-truncated",
+                     "--no-progress", "--workers", "1", "--out", str(out)]) == 2
+    assert not out.exists()
 
 
 def test_the_real_sharegpt_file_needs_allow_truncated(tmp_path):

@@ -1,6 +1,6 @@
-"""The whole DAG for real, on configs/tiny.yaml merged into params.yaml: `dvc repro` (what `make run` runs)
-drives Snakemake through every stage (real tokenizer, real data, real torchrun) and leaves both tools
-agreeing; a code edit or any params key makes `snakemake -n` and `dvc status` name the same stages;
+"""The whole DAG for real, on configs/tiny.yaml merged into params.yaml: `make run` (dvc repro, then
+lenbatch sync; the `finished` fixture of conftest.py) drives Snakemake through every stage (real tokenizer,
+real data, real torchrun) and leaves both tools agreeing; a code edit or any params key makes `snakemake -n` and `dvc status` name the same stages;
 `dvc exp run --temp` reruns only what K touches and the experiment diffs in a few columns; a
 --configfile run keeps to its own results root; deleting a strategy's results rebuilds it; an
 interrupted run stops promptly and resumes without redoing finished outputs."""
@@ -21,33 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lenbatch.core.config import deep_merge
 from test_reruns import RERUNS, dvc_stages
-from test_workflow import BIN, ENV, ROOT, copy_workflow, job_counts, run
+from test_workflow import BIN, ENV, job_counts, run
 
 pytestmark = pytest.mark.slow
-
-
-def _git_commit(work: Path, message: str) -> None:
-    run(["git", "add", "-A"], cwd=work)
-    run(["git", "commit", "-qm", message], cwd=work)
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    work = copy_workflow(tmp_path_factory.mktemp("e2e"))
-    merged = deep_merge(yaml.safe_load((work / "params.yaml").read_text()),
-                        yaml.safe_load((work / "configs/tiny.yaml").read_text()))
-    merged.pop("results_dir")  # the tiny params as *the* params: results/, what dvc.yaml tracks
-    (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
-    shutil.copy2(ROOT / ".gitignore", work / ".gitignore")
-    for args in (["git", "init", "-q"], ["git", "config", "user.email", "ci@lenbatch"],
-                 ["git", "config", "user.name", "lenbatch ci"], ["dvc", "init", "-q"]):
-        run(args, cwd=work)
-    _git_commit(work, "tiny workflow")
-    run(["dvc", "repro"], cwd=work, timeout=1200)  # what `make run` runs
-    _git_commit(work, "tiny run")
-    return work
 
 
 def dry_run_stages(work: Path, *extra: str) -> set[str]:

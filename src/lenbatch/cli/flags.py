@@ -86,7 +86,15 @@ def _dvc_yaml_flags(parser: argparse.ArgumentParser) -> None:
 def _plots_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("revisions", nargs="*", help="revisions or experiments to compare (dvc plots diff)")
     parser.add_argument("--out", default="dvc_plots", help="output folder (index.html)")
-    parser.set_defaults(func=lambda args: _stage("plots").run(revisions=args.revisions, out=args.out))
+    parser.add_argument("--write-template", action="store_true",
+                        help="only write the offline template .dvc/config names (for dvc plots show/diff)")
+    parser.set_defaults(func=lambda args: _stage("plots").run(revisions=args.revisions, out=args.out,
+                                                               write_only=args.write_template))
+
+
+def _sync_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--dry-run", action="store_true", help="print what would be recorded, record nothing")
+    parser.set_defaults(func=lambda args: _stage("sync").run(dry_run=args.dry_run))
 
 
 def _machine_flags(parser: argparse.ArgumentParser) -> None:

@@ -165,12 +165,49 @@ class _JsonStream:
 
 
 def _last_char(path: Path) -> str:
-    """The file's last non-space character ('' if none): ']' or '}' means the writer closed it."""
+    """The file's last non-space character ('' if none)."""
     with path.open("rb") as fh:
         size = fh.seek(0, 2)
         fh.seek(max(0, size - 4096))
         tail = fh.read().rstrip()
     return chr(tail[-1]) if tail else ""
+
+
+def _closed(path: Path, array: bool) -> bool:
+    """Whether the file's last character is the one its writer closes it with: ']' for an array, '}' for JSONL
+    (for the error message; whether a file is cut is :func:`_ends_a_prefix`'s)."""
+    return _last_char(path) == ("]" if array else "}")
+
+
+# What is left of a token cut in half at the end of the text, from where Python's decoder stops:
+# a literal (tr, fal, nu), a sign, a number's fraction or exponent (1. 1e 1e+), a \\uXXXX escape (u12, or a
+# whole high surrogate cut before its low one: ud83d).
+_TOKEN_PREFIX = re.compile(r"(?:t(?:ru?)?|f(?:a(?:ls?)?)?|n(?:ul?)?|-|[.eE][-+]?|u[0-9a-fA-F]{0,4})\Z")
+
+
+def _ends_a_prefix(buf: str, err: json.JSONDecodeError) -> bool:
+    """Whether the text that failed to decode (the last record, the whole rest of the file in ``buf``) is
+    the start of a valid value cut at the end: the decoder ran out of text (at the end, or inside a
+    string), or stopped on a token cut in half. Then the file is cut off inside that record; any other
+    error is a malformed record, even the last one: a file closed by its writer is never a cut."""
+    rest = buf[err.pos:].rstrip()
+    if err.msg.startswith("Unterminated string") or not rest:
+        return True
+    if rest[0] in ".eE" and not buf[err.pos - 1:err.pos].isdigit():
+        return False
+    return _TOKEN_PREFIX.match(rest) is not None
+
+
+def _invalid_record(path: Path, s: _JsonStream, err: json.JSONDecodeError, index: int, array: bool) -> str:
+    """The error for a malformed record: the file, the record, where it starts and where it breaks."""
+    msg = err.msg if err.msg.endswith(" at") else f"{err.msg} at"  # "Unterminated string starting at"
+    where = (f"{path}: invalid JSON in record {index} (starting at byte {s.offset(s.pos)}): {msg} byte "
+             f"{s.offset(err.pos)}")
+    if _closed(path, array):
+        return (f"{where}; the file ends with its closing '{']' if array else '}'}', so this is a malformed record, "
+                "not a cut (--allow-truncated recovers only a file cut off before its end): fix or remove record "
+                f"{index}")
+    return f"{where}; only a cut at the very end of a file is recovered: fix or remove this record"
 
 
 def _open(path: Path) -> Any:
@@ -234,18 +271,13 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
                                      "deeply for Python's JSON parser; flatten or remove that record") from None
                 except json.JSONDecodeError as err:
                     needs_more = err.msg.startswith("Unterminated string") or err.pos >= len(s.buf) - _TAIL
-                    if needs_more and s.more():
+                    if needs_more and not s.eof:
+                        s.more()  # may rebase the buffer: decode again, so err's positions are the buffer's
                         continue
-                    # the file ends inside this record: a cut, unless the writer closed the file (a typo
-                    # in the last record of a closed array is invalid JSON, not a cut). A cut right after an
-                    # inner ']' or '}' fails exactly at the end of the text; a typo fails before it.
-                    at_end = err.pos >= len(s.buf.rstrip())
-                    if needs_more and (at_end or _last_char(path) != ("]" if array else "}")):
-                        cut = True
+                    if s.eof and _ends_a_prefix(s.buf, err):
+                        cut = True  # the file ends inside this record: what is left of it is a valid start
                         break
-                    raise ValueError(f"{path}: invalid JSON in record {index} (starting at byte {s.offset(s.pos)}): "
-                                     f"{err.msg} at byte {s.offset(err.pos)}; only a cut at the very end of a "
-                                     "file is recovered: fix or remove this record") from None
+                    raise ValueError(_invalid_record(path, s, err, index, array)) from None
                 # A value ending exactly at the buffer's end may be a number cut in half; objects cannot be.
                 if end >= len(s.buf) and not isinstance(record, dict) and s.more():
                     continue
@@ -259,8 +291,9 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
         report.read_to_end = True
         report.bytes_left_over = s.left_over() if cut else 0
         if cut and not allow_truncated:
-            raise ValueError(f"{path} is cut off: it ends inside record {index} or before the array's closing "
-                             f"']' ({index} complete records, {report.bytes_left_over} bytes left over); pass "
+            where = f"inside record {index} or before the array's closing ']'" if array else f"inside record {index}"
+            raise ValueError(f"{path} is cut off: it ends {where} ({index} complete records, "
+                             f"{report.bytes_left_over} bytes left over); pass "
                              "--allow-truncated to keep the complete records, or fix the file")
 
 

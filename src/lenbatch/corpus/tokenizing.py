@@ -8,9 +8,17 @@ writes into DIR:
   ``loss_mask`` (list<int8>, 1 on assistant content + its ``<|im_end|>``, see
   :mod:`lenbatch.corpus.chat`), ``length`` (int32, = len(input_ids)) and ``source_index`` (int64: the
   record's position in the source, so every row can be traced back);
-- ``lengths.npy``: int32, one per row, in row order (byte-identical for the same input and params);
-- ``stats.json``: what was read, recovered, dropped, skipped and truncated, and the time;
-- ``params.json``: the resolved ``data`` section.
+- ``lengths.npy``: int32, one per row, in row order;
+- ``stats.json``: what was read, recovered, dropped, skipped and truncated, and ``content_sha256``;
+- ``params.json``: the resolved ``data`` section;
+- ``timings.json``: the seconds it took (read and encode, write). A timing measures the machine, not
+  the data, so it lives in a file no stage reads and no tool tracks (DVC, Snakemake, git).
+
+Every file but ``timings.json`` is byte-identical for the same source, params and code, in any process,
+folder or worker count: content-addressed tools (DVC) then skip everything downstream of a rerun. The
+dataset's ``state.json`` carries a ``_fingerprint`` that ``datasets`` draws at random (or from the
+temporary file's path) unless one is given; here it is the first 16 hex digits of ``content_sha256``
+(:class:`ContentHash`), so it names the rows, not the run.
 
 Every record read is accounted for exactly once::
 
@@ -37,6 +45,7 @@ memory-mapped file into ``dataset/``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import shutil
@@ -78,6 +87,33 @@ ARROW_SCHEMA = pa.schema([
 ])
 
 
+class ContentHash:
+    """sha256 of the dataset's rows, independent of how they were chunked.
+
+    One running sha256 per column over its little-endian values in row order (``input_ids`` int32,
+    ``loss_mask`` int8, ``length`` int32, ``source_index`` int64), then one sha256 over the schema and
+    the four digests: the same rows give the same digest in any process, folder, chunk size or worker
+    count, and a change of any value, row order or column type changes it. Cost: one sha256 pass over
+    the bytes while the rows stream (0.45 GB/s measured on a loaded 2-core VM: 0.3 s for the 131 MB default).
+    """
+
+    COLUMNS = (("ids", "<i4"), ("mask", "<i1"), ("lengths", "<i4"), ("source_index", "<i8"))
+
+    def __init__(self) -> None:
+        self._columns = [hashlib.sha256() for _ in self.COLUMNS]
+
+    def update(self, res: dict[str, np.ndarray]) -> None:
+        """Add one chunk of :func:`encode_chunk_in_worker`'s arrays (rows after those already added)."""
+        for h, (key, dtype) in zip(self._columns, self.COLUMNS):
+            h.update(np.ascontiguousarray(res[key], dtype=dtype).tobytes())
+
+    def hexdigest(self) -> str:
+        top = hashlib.sha256(str(ARROW_SCHEMA).encode())
+        for h in self._columns:
+            top.update(h.digest())
+        return top.hexdigest()
+
+
 class _BatchSink:
     """Record batches kept in memory, or streamed to an Arrow IPC stream file (bounded memory)."""
 
@@ -113,6 +149,12 @@ class Tokenized:
     stats: dict[str, Any]
     batches: list[pa.RecordBatch]  # empty when the rows were spilled to arrow_path
     arrow_path: Path | None = None
+    seconds: dict[str, float] | None = None  # read_and_encode; write_outputs adds write and total
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset's ``_fingerprint`` in ``state.json``: 16 hex digits of ``content_sha256``."""
+        return self.stats["content_sha256"][:16]
 
     @property
     def table(self) -> pa.Table:
@@ -255,6 +297,7 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
     tokens_before = 0
     assistant_tokens = 0
     kept_tokens = 0
+    content = ContentHash()
     bar = _Progress(limit, progress)
     failed = True
     try:
@@ -264,6 +307,7 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
             assistant_tokens += int(res["mask"].sum(dtype=np.int64))
             kept_tokens += len(res["ids"])
             lengths_parts.append(res["lengths"])
+            content.update(res)
             sink.write(_record_batch(res))
             bar.update(report.records_read, kept_tokens)
         failed = False
@@ -307,11 +351,11 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
         "assistant_tokens": assistant_tokens,
         "length": {"min": int(lengths.min()), "max": int(lengths.max()), "mean": float(lengths.mean())},
         "workers": workers,
-        "seconds": {"read_and_encode": round(t_encode, 3)},
+        "content_sha256": content.hexdigest(),
     }
     assert int(lengths.sum(dtype=np.int64)) == kept_tokens
     return Tokenized(lengths=lengths.astype(np.int32, copy=False), stats=stats, batches=sink.batches,
-                     arrow_path=sink.path)
+                     arrow_path=sink.path, seconds={"read_and_encode": round(t_encode, 3)})
 
 
 def _record_batch(res: dict[str, np.ndarray]) -> Any:
@@ -328,9 +372,10 @@ def _record_batch(res: dict[str, np.ndarray]) -> Any:
 
 
 def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None = None) -> dict[str, Any]:
-    """``dataset/``, ``lengths.npy``, ``stats.json`` (and ``params.json`` when params are given)."""
+    """``dataset/``, ``lengths.npy``, ``stats.json``, ``timings.json`` (and ``params.json`` when params
+    are given); returns the stats. All but ``timings.json`` are byte-identical for the same rows and params."""
     import datasets
-    from datasets.table import InMemoryTable
+    from datasets.table import InMemoryTable, MemoryMappedTable
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -338,10 +383,12 @@ def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None 
     ds_dir = out / "dataset"
     if ds_dir.exists():
         shutil.rmtree(ds_dir)
-    if result.arrow_path is not None:
-        ds = datasets.Dataset.from_file(str(result.arrow_path))  # memory-mapped, copied in batches
+    # the fingerprint from the content: datasets would otherwise hash the temporary file's path (or draw one)
+    if result.arrow_path is not None:  # memory-mapped, copied in batches
+        table = MemoryMappedTable.from_file(str(result.arrow_path))
     else:
-        ds = datasets.Dataset(InMemoryTable(result.table))
+        table = InMemoryTable(result.table)
+    ds = datasets.Dataset(table, fingerprint=result.fingerprint)
     bars = datasets.is_progress_bar_enabled()
     if bars and not sys.stderr.isatty():
         datasets.disable_progress_bars()  # a log file gets our summary line, not a bar
@@ -357,9 +404,12 @@ def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None 
     np.save(out / "lengths.npy", result.lengths)
     t_write = time.perf_counter() - t0
     stats = dict(result.stats)
-    stats["seconds"] = {**stats["seconds"], "write": round(t_write, 3),
-                        "total": round(stats["seconds"]["read_and_encode"] + t_write, 3)}
     (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     if params is not None:
         write_resolved(params, out, sections=("data",))
+    secs = dict(result.seconds or {})
+    secs["write"] = round(t_write, 3)
+    secs["total"] = round(secs.get("read_and_encode", 0.0) + t_write, 3)
+    result.seconds = secs
+    (out / "timings.json").write_text(json.dumps({"seconds": secs}, indent=2) + "\n")
     return stats

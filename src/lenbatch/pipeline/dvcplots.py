@@ -1,14 +1,20 @@
-"""``lenbatch plots``: DVC's plots page, rendered without network.
+"""DVC's plots page, rendered without network: the HTML template ``.dvc/config`` names.
 
 ``dvc plots show/diff`` writes an HTML page whose Vega plots load vega, vega-lite and vega-embed
 from a CDN, so on an offline machine (a cluster node, a train) the frontier and throughput data
-plots stay blank. This command writes a DVC HTML template with those three libraries inlined
-from the copies Snakemake ships for its own reports (``snakemake/assets/data``: vega 5,
-vega-lite 5, vega-embed 6; BSD-3 licensed), then runs ``dvc plots diff`` with it. The PNG image
-plots (frontier.png, throughput.png, histogram.png) need no script and render either way.
+plots stay blank. :func:`offline_template` is a DVC HTML template with those three libraries
+inlined from the copies Snakemake ships for its own reports (``snakemake/assets/data``: vega 5,
+vega-lite 5, vega-embed 6; BSD-3 licensed). The repo's ``.dvc/config`` sets DVC's own
+``plots.html_template`` to it (:data:`TEMPLATE`, relative to ``.dvc/``), so the commands DVC
+users type, ``dvc plots show`` and ``dvc plots diff``, render offline too. The file is written by
+:func:`write_template` (``make install``, ``lenbatch plots [--write-template]``), not committed:
+it is 2.2 MB of third-party code, rebuilt from the installed Snakemake. Without it DVC stops with
+"HTML template has to contain '{plot_divs}'". The PNG image plots (frontier.png, throughput.png,
+histogram.png) need no script and render either way.
 
     lenbatch plots                 # the workspace against HEAD, into dvc_plots/index.html
     lenbatch plots HEAD k8-exp     # any revisions or experiments ``dvc plots diff`` accepts
+    dvc plots show                 # DVC's own command, offline once the template is written
 
 Cost: one ~2.2 MB template write plus DVC's own rendering.
 """
@@ -17,6 +23,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# DVC's plots.html_template, relative to the repo's .dvc/ folder (as .dvc/config has it; a test checks both agree)
+TEMPLATE = "offline-plots.html"
 LIBRARIES = ("vega/vega.js", "vega-lite/vega-lite.js", "vega-embed/vega-embed.js")
 
 
@@ -44,3 +52,16 @@ def offline_template() -> str:
     return ("<!DOCTYPE html>\n<html>\n<head>\n<meta charset=\"utf-8\">\n<title>lenbatch plots</title>\n"
             + "\n".join(scripts)
             + "\n<style>table { border-spacing: 15px; }</style>\n</head>\n<body>\n{plot_divs}\n</body>\n</html>\n")
+
+
+def write_template(root: str | Path = ".") -> Path:
+    """Write :func:`offline_template` where ``.dvc/config`` points DVC (``<root>/.dvc/`` + :data:`TEMPLATE`),
+    only when its bytes change; the path. ``ValueError`` when ``root`` is not a DVC repo."""
+    dvc_dir = Path(root) / ".dvc"
+    if not dvc_dir.is_dir():
+        raise ValueError(f"{Path(root).absolute()} has no .dvc/ folder: run this in the lenbatch repo root")
+    path = dvc_dir / TEMPLATE
+    text = offline_template()
+    if not path.is_file() or path.read_text(encoding="utf8") != text:
+        path.write_text(text, encoding="utf8")
+    return path

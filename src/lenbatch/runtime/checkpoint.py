@@ -8,6 +8,15 @@ checkpoint to the log it extends: ``--resume`` continues only when ``steps.jsonl
 rows ``0 .. step-1`` that were written beside that checkpoint (so an older run's checkpoint is never
 resumed under a newer run's log, which used to lose the steps in between with exit code 0).
 
+It holds only tensors and plain values (dicts, lists, tuples, str, int, float, bool, None: numpy's RNG
+state is stored as a tensor), so it is read with ``torch.load(..., weights_only=True)``: a
+``checkpoint.pt`` someone else wrote (a shared results folder, a copied experiment) cannot run code
+on ``--resume``. A file holding anything else -- a crafted pickle, or a checkpoint of format 2
+(lenbatch before issue 19, with numpy's RNG state pickled as an ndarray) -- is refused with an error
+naming it, before any object but those is built. Format 2 could be loaded by allow-listing numpy's array
+reconstruction, but a checkpoint only resumes the run that wrote it: rerunning that run afresh costs
+less than widening what ``--resume`` unpickles.
+
 A fresh run (no ``--resume``) owns its directory from its first step: :func:`start_fresh` removes
 the previous run's ``checkpoint.pt``, ``summary.json``, ``params.json`` and ``steps.jsonl`` before
 it trains, so a killed fresh run never leaves an older complete-looking summary beside it, and a later
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any, Optional
@@ -27,7 +37,7 @@ import torch
 
 from lenbatch.core.config import Params
 
-FORMAT = 2  # 2: log_sha256 ties the checkpoint to its steps.jsonl
+FORMAT = 3  # 2: log_sha256 ties the checkpoint to its steps.jsonl; 3: tensors and plain values only (weights_only)
 RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "summary.json", "params.json", "steps.jsonl")
 
 
@@ -78,7 +88,7 @@ def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[
     state = {"format": FORMAT, "fingerprint": fp, "step": step, "log_sha256": log_sha256,
              "drafter": runner.drafter.state_dict(), "optimizer": runner.optimizer.state_dict(),
              "samplers": sampler_states, "torch_rng": torch.random.get_rng_state(),
-             "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
+             "numpy_rng": _numpy_rng_state(), "python_rng": random.getstate()}
     tmp = path.with_suffix(".pt.tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
@@ -96,7 +106,17 @@ def load_checkpoint(path: Path, fp: dict[str, Any], *, total_steps: int, checkpo
                else "")
         raise ValueError(f"--resume: no checkpoint at {path}.{why} Run without --resume to start afresh")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():
+            raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err)[:80]}); delete it "
+                             "and run without --resume to start afresh") from None
+        found = next((line.strip().split(" was not an allowed")[0] for line in str(err).splitlines()
+                      if "Unsupported global" in line), "")
+        raise ValueError(f"checkpoint {path} holds more than tensors and plain values ({found or 'see torch.load'}): "
+                         "it was written by another program or by lenbatch before checkpoint format 3, and lenbatch "
+                         "does not unpickle it (that could run code); delete it and run without --resume to start "
+                         "afresh") from None
     except Exception as err:  # truncated or corrupt file: torch/pickle raise many types
         raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err)[:80]}); delete it and "
                          "run without --resume to start afresh") from None
@@ -129,8 +149,20 @@ def restore(runner: Any, state: dict[str, Any]) -> None:
     runner.optimizer.load_state_dict(state["optimizer"])
     runner.steps = int(state["step"])
     torch.random.set_rng_state(state["torch_rng"])
-    np.random.set_state(state["numpy_rng"])
+    _set_numpy_rng_state(state["numpy_rng"])
     random.setstate(state["python_rng"])
+
+
+def _numpy_rng_state() -> dict[str, Any]:
+    """numpy's global RNG state with its key array as an int64 tensor (an ndarray needs unpickling code)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"bit_generator": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _set_numpy_rng_state(state: dict[str, Any]) -> None:
+    np.random.set_state((state["bit_generator"], state["keys"].numpy().astype(np.uint32), state["pos"],
+                         state["has_gauss"], state["cached_gaussian"]))
 
 
 __all__ = ["check_fingerprint", "check_log", "fingerprint", "load_checkpoint", "restore", "save_checkpoint",

@@ -47,6 +47,8 @@ def run(*, params: Params, out: str | Path, progress: bool = True, allow_truncat
              f"{src['bytes_left_over']} bytes left over)" if src["cut_off"] else "",
              stats["samples"], stats["total_tokens"] / 1e6, stats["truncated"], d.max_len, stats["dropped"],
              stats["skipped"] or "nothing")
-    log.info("wrote %s/{dataset/, lengths.npy, stats.json, params.json} in %.1f s (encode %.1f s, write %.1f s)",
-             out, stats["seconds"]["total"], stats["seconds"]["read_and_encode"], stats["seconds"]["write"])
+    secs = result.seconds
+    log.info("wrote %s/{dataset/, lengths.npy, stats.json, params.json, timings.json} in %.1f s (encode %.1f s, "
+             "write %.1f s); content sha256 %s", out, secs["total"], secs["read_and_encode"], secs["write"],
+             stats["content_sha256"])
     return 0
