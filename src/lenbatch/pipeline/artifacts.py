@@ -7,6 +7,7 @@ same fix:
 |---|---|---|
 | ``<tokenize>/lengths.npy`` | tokenize | stats, boundaries, plans, plan, train, quality, compare |
 | ``<boundaries>/boundaries.json`` | boundaries | plans, plan, train (bucketed), quality, compare |
+| ``<tokenize>/dataset/`` (Arrow) | tokenize (``datasets``) | train, compare (:func:`read_token_dataset`: pyarrow only) |
 | any ``*.json`` a stage writes | :func:`write_json` | |
 
 Cost: each reader is one file read (O(size)).
@@ -57,6 +58,26 @@ def read_edges(boundaries: str | Path | None, strategy: str) -> tuple[int, ...] 
     return read_boundaries(boundaries)
 
 
+def read_token_dataset(path: Path, columns: tuple[str, ...] = ("input_ids", "loss_mask")) -> Any:
+    """The tokenize stage's ``dataset/`` (``datasets.Dataset.save_to_disk``) as one pyarrow Table of
+    ``columns``, read with pyarrow alone (memory-mapped Arrow stream files listed in its
+    ``state.json``), so training needs no ``datasets`` package (the GPU check machine has none).
+    ``ValueError`` naming the rerun when the folder or a column is missing. O(1) until rows are taken."""
+    import pyarrow as pa
+
+    state = path / "state.json"
+    if not state.exists():
+        raise ValueError(f"{path} does not exist or is not a saved dataset (no state.json); run "
+                         f"'lenbatch tokenize --out {path.parent}' first (or pass --data)")
+    files = [path / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+    tables = [pa.ipc.open_stream(pa.memory_map(str(f))).read_all() for f in files]
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    missing = set(columns) - set(table.column_names)
+    if missing:
+        raise ValueError(f"{path} lacks columns {sorted(missing)}; re-run 'lenbatch tokenize'")
+    return table.select(list(columns))
+
+
 def read_lengths(data: str | Path) -> np.ndarray:
     """``lengths.npy`` of the tokenize stage's output folder ``data`` (int64 tokens per sample)."""
     path = Path(data) / "lengths.npy"
@@ -78,4 +99,4 @@ def read_lengths_input(*, lengths: str | None, generate: bool = False, seed_prof
     return check_lengths(np.load(path), name=str(path)), str(path)
 
 
-__all__ = ["read_boundaries", "read_edges", "read_lengths", "read_lengths_input", "write_json"]
+__all__ = ["read_boundaries", "read_edges", "read_lengths", "read_lengths_input", "read_token_dataset", "write_json"]

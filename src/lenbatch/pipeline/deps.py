@@ -70,7 +70,8 @@ STAGES: dict[str, Stage] = {
     # profile times the StepRunner (lenbatch.runtime.runner) that train runs, but never trains: no warmup_steps,
     # queue_size, checkpoint_every, useful_tokens or strategies.
     "profile": Stage("lenbatch.stages.profile", ("model", "drafter", "batching", "profile", "data.max_len", "train.nproc",
-                                          "train.threads", "train.device", "train.reuse_host_memory")),
+                                          "train.threads", "train.device", "train.kernels",
+                                          "train.reuse_host_memory")),
     "train": Stage("lenbatch.stages.train", ("model", "drafter", "batching", "train", "data.max_len"),
                    exclude=("train.strategies",)),
     # quality has its own lr and anchors: the train stage's drafter.lr / anchors_per_seq never rerun it

@@ -52,7 +52,7 @@ RUN_KEYS: dict[str, tuple[str, ...] | None] = {
 PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
     "model": None,
     "drafter": None,
-    "train": ("nproc", "threads", "reuse_host_memory"),
+    "train": ("nproc", "threads", "kernels", "reuse_host_memory"),
 }
 
 
@@ -200,9 +200,9 @@ class LossMasks:
         self.cache: dict[int, np.ndarray] = {}
         path = None if data_dir is None else Path(data_dir) / "dataset"
         if path is not None and path.exists():
-            import datasets
+            from lenbatch.pipeline.artifacts import read_token_dataset
 
-            self.ds = datasets.load_from_disk(str(path)).select_columns(["loss_mask"]).with_format("numpy")
+            self.ds = read_token_dataset(path, columns=("loss_mask",))  # pyarrow only: no datasets needed
 
     @property
     def available(self) -> bool:
@@ -211,7 +211,7 @@ class LossMasks:
     def get(self, indices: np.ndarray) -> list[np.ndarray]:
         missing = sorted({int(i) for i in indices} - set(self.cache))
         if missing:
-            for i, m in zip(missing, self.ds[missing]["loss_mask"]):
+            for i, m in zip(missing, self.ds.take(np.asarray(missing, dtype=np.int64))["loss_mask"].to_pylist()):
                 self.cache[i] = np.asarray(m, dtype=bool)
         return [self.cache[int(i)] for i in indices]
 

@@ -144,6 +144,37 @@ def _passes(params: Params) -> list[bool]:
     return [False] * params.profile.warmup + [True] * params.profile.repeats
 
 
+def role_devices(params: Params, device: str) -> dict[str, str]:
+    """Where each role steps: the target on the first local device, the drafter on the last
+    (``train.nproc - 1``), resolved as a training run resolves its ranks (so ``LENBATCH_SHARE_GPU=1``
+    puts both on the one GPU of a one-GPU check)."""
+    from lenbatch.runtime.runner import resolve_device
+
+    return {"target": str(resolve_device(device, 0)),
+            "drafter": str(resolve_device(device, max(params.train.nproc - 1, 0)))}
+
+
+def role_batches(role: str, params: Params, device) -> list[tuple]:
+    """(batch, features) of every grid point for ``role``: the batch as collated on the host (the
+    runner moves it, as training does); the drafter's stand-in features made on ``device`` itself --
+    its cost does not depend on their values, and a runner must never be handed host features
+    against device weights."""
+    import torch
+
+    fdim = len(params.model.target_layers) * params.model.hidden_size
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
+    gen = torch.Generator().manual_seed(params.batching.seed)
+    out = []
+    for i, (kind, n, m) in enumerate(grid_points(params, quiet=True)):
+        batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
+                           seed=params.batching.seed + i)
+        feats = None
+        if role == "drafter":
+            feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(device=device, dtype=dtype)
+        out.append((batch, feats))
+    return out
+
+
 def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_points, spent) -> None:
     """One role's timings over the whole grid, in its own process (spawned by :func:`profile`).
 
@@ -156,26 +187,16 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     role r has stepped on point i, warm-up included (both roles read both, so they skip
     points alike).
     """
-    import torch
-
+    from lenbatch.runtime.lifetime import die_with_parent
     from lenbatch.runtime.runner import StepRunner, configure_process
 
+    die_with_parent()  # a profile killed by a timeout must not leave this worker holding the GPU
     configure_process(params)
     runner = StepRunner(params, device=device, role=role)
     me, other = (0, 1) if role == "target" else (1, 0)
     pts = grid_points(params, quiet=True)
-    fdim = len(params.model.target_layers) * params.model.hidden_size
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
-    gen = torch.Generator().manual_seed(params.batching.seed)
-    batches = []
-    for i, (kind, n, m) in enumerate(pts):
-        batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
-                           seed=params.batching.seed + i)
-        feats = None
-        if role == "drafter":  # the drafter's cost does not depend on the feature values
-            feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(dtype)
-        batches.append((batch, feats))
-    out = [{"alone": [], "alone_cpu": [], "busy": [], "busy_cpu": [], "steps": []} for _ in pts]
+    batches = role_batches(role, params, runner.device)
+    out = [{"alone": [], "alone_cpu": [], "busy": [], "busy_cpu": [], "steps": [], "compile": []} for _ in pts]
     passes = _passes(params)
     t0, pair = time.perf_counter(), 0
     for p, timed in enumerate(passes):
@@ -196,6 +217,8 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
                     row[key].append(float(secs))
                     row[key + "_cpu"].append(float(runner.last_cpu_s))
                     row["steps"].append(runner.steps - 1)
+                    if role == "target":
+                        row["compile"].append(float(runner.last_compile_s))
             pair += 1
             if not skip:
                 with timed_points.get_lock():
@@ -205,7 +228,8 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
         if role == "drafter":
             log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
                      "timed" if timed else "warm-up", len(pts), time.perf_counter() - t0)
-    queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out]))
+    queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out],
+               runner.kernels))
 
 
 def profile(params: Params, *, device: str = "cpu") -> list[dict]:
@@ -222,6 +246,7 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
 
     pts = grid_points(params)
     on_cpu = resolve_device(device, 0).type == "cpu"
+    kernels: dict = {}
     t_start = time.perf_counter()
     if params.profile.concurrent and params.train.nproc > 1:
         import multiprocessing as mp
@@ -231,8 +256,7 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         barrier = ctx.Barrier(2, timeout=BARRIER_TIMEOUT_S)
         timed_points = ctx.Array("i", 2)
         spent = ctx.Array("d", 2 * len(pts))
-        where = {"target": str(resolve_device(device, 0)),
-                 "drafter": str(resolve_device(device, params.train.nproc - 1))}
+        where = role_devices(params, device)
         procs = {r: ctx.Process(target=_role_worker, args=(r, params, where[r], queue, barrier, timed_points,
                                                                     spent))
                  for r in ("target", "drafter")}
@@ -241,7 +265,7 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         got: dict = {}
         while len(got) < 2:
             try:
-                role, out = queue.get(timeout=1.0)
+                role, out, kernels[role] = queue.get(timeout=1.0)
                 got[role] = out
             except _queue.Empty:
                 dead = [r for r, proc in procs.items() if r not in got and proc.exitcode not in (None, 0)]
@@ -255,11 +279,15 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         t, d = got["target"], got["drafter"]
         timings = [(a["alone"], b["alone"], a["alone_cpu"], b["alone_cpu"], b["steps"],
                     (a["busy"], b["busy"], a["busy_cpu"], b["busy_cpu"])) for a, b in zip(t, d)]
+        compiles = [sum(a["compile"]) for a in t]
+        kernels = kernels["target"]
     else:
         from lenbatch.runtime.runner import StepRunner, configure_process
 
         configure_process(params)
         runner = StepRunner(params, device=resolve_device(device, 0))
+        kernels = runner.kernels
+        compiles = [0.0] * len(pts)
         batches = [make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
                               seed=params.batching.seed + i) for i, (kind, n, m) in enumerate(pts)]
         acc = [([], [], [], [], []) for _ in pts]  # target s, drafter s, their CPU s, drafter steps
@@ -272,6 +300,7 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
                 t_s, d_s, t_c, d_c = time_point(runner, batch, warmup=0, repeats=1, max_seconds=float("inf"))
                 spent[i] += t_s[0] + d_s[0]
                 if timed:
+                    compiles[i] += runner.last_compile_s
                     for lst, x in zip(acc[i], (t_s[0], d_s[0], t_c[0], d_c[0], runner.steps - 1)):
                         lst.append(x)
             log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
@@ -292,7 +321,10 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
                "drafter_seconds_median": float(np.median(d_all)), "drafter_seconds_all": d_all,
                "seconds_median": float(np.median(tot)), "seconds_all": tot,
                # process CPU seconds: cpu / (seconds x threads) well below 1 = a busy machine
-               "target_cpu_seconds_all": t_cpu, "drafter_cpu_seconds_all": d_cpu}
+               "target_cpu_seconds_all": t_cpu, "drafter_cpu_seconds_all": d_cpu,
+               # which kernels ran, and Triton compile/autotune seconds that fell inside timed target steps
+               "kernel_backend": kernels["gated_delta_rule"], "conv_backend": kernels["conv"],
+               "target_compile_seconds_timed": compiles[i]}
         if busy is not None:  # the same step with the other role working at the same time
             tb, db, tbc, dbc = busy
             row.update({"target_busy_seconds_median": float(np.median(tb)), "target_busy_seconds_all": tb,

@@ -65,6 +65,7 @@ import torch
 from lenbatch.runtime.checkpoint import fingerprint, load_checkpoint, restore, save_checkpoint, start_fresh
 from lenbatch.pipeline.artifacts import read_edges as load_edges
 from lenbatch.pipeline.artifacts import read_lengths as load_lengths
+from lenbatch.pipeline.artifacts import read_token_dataset
 from lenbatch.loading.collate import collate
 from lenbatch.core.config import STRATEGY_NAMES, Params, write_resolved
 from lenbatch.runtime.lifetime import die_with_parent, parent_death_signal  # noqa: F401 (the CLI's relaunch uses it)
@@ -75,6 +76,7 @@ from lenbatch.runtime.runner import (
     StepRunner,
     configure_process,
     init_process_group,
+    peak_memory_bytes,
     ranks_per_device,
     resolve_device,
     torchrun_world,
@@ -89,26 +91,21 @@ log = get_logger("train")
 
 
 class TrainData:
-    """The tokenized dataset (``datasets.load_from_disk``) read by target ranks, batch by batch."""
+    """The tokenized dataset read by target ranks, batch by batch (:func:`read_token_dataset`)."""
 
     def __init__(self, data: Path, lengths: np.ndarray) -> None:
-        import datasets
-
         path = data / "dataset"
         if not path.exists():
             raise ValueError(f"{path} does not exist; run 'lenbatch tokenize --out {data}' first (or pass --data)")
-        ds = datasets.load_from_disk(str(path))
-        missing = {"input_ids", "loss_mask"} - set(ds.column_names)
-        if missing:
-            raise ValueError(f"{path} lacks columns {sorted(missing)}; re-run 'lenbatch tokenize'")
-        if len(ds) != len(lengths):
-            raise ValueError(f"{path} has {len(ds)} rows but lengths.npy has {len(lengths)}; re-run "
+        table = read_token_dataset(path)
+        if table.num_rows != len(lengths):
+            raise ValueError(f"{path} has {table.num_rows} rows but lengths.npy has {len(lengths)}; re-run "
                              "'lenbatch tokenize' so both come from the same run")
-        self.ds = ds.select_columns(["input_ids", "loss_mask"])
+        self.table = table
         self.lengths = lengths
 
     def samples(self, indices: np.ndarray) -> list[dict[str, Any]]:
-        rows = self.ds[[int(i) for i in indices]]
+        rows = self.table.take(np.asarray(indices, dtype=np.int64)).to_pydict()
         out = []
         for i, ids, mask in zip(indices, rows["input_ids"], rows["loss_mask"]):
             if len(ids) != self.lengths[i]:
@@ -116,8 +113,6 @@ class TrainData:
                                  "re-run 'lenbatch tokenize'")
             out.append({"input_ids": ids, "loss_mask": mask})
         return out
-
-
 
 
 # --------------------------------------------------------------------------- the run
@@ -150,8 +145,21 @@ def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t:
                  total, step.epoch, loss, f"{useful_done:,}", t, useful_done / max(t, 1e-9))
 
 
+def _device_report(setup: RunSetup, runner: StepRunner, target_peak: Optional[int]) -> dict[str, Any]:
+    """What ran and what it held: the kernels, Triton's compile seconds, peak device memory per role
+    against :mod:`lenbatch.models.memory`'s estimate (bytes; None on CPU)."""
+    from lenbatch.models.memory import plan_window_tokens, rank_memory
+
+    est_t, est_d = rank_memory(setup.params, window_tokens=plan_window_tokens(setup.params, setup.lengths,
+                                                                              [s.indices for s in setup.schedule]))
+    return {"kernel_backend": dict(runner.kernels, warmup_compile_s=runner.warmup_compile_s,
+                                   compile_meter=runner.meter.active),
+            "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(setup.device)},
+            "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
+
+
 def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *,
-            resumed_from: Optional[int]) -> dict[str, Any]:
+            resumed_from: Optional[int], target_peak: Optional[int] = None) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
     if resumed_from == done and (setup.out / "summary.json").exists():
@@ -165,7 +173,7 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
                     log_sha256=rec.log_sha256())
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
-                          total_steps=len(setup.schedule))
+                          total_steps=len(setup.schedule), device=_device_report(setup, runner, target_peak))
     rec.close()
     (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_resolved(p, setup.out)
@@ -196,13 +204,14 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         useful_done += batch.useful_tokens
         t = time.perf_counter() - t_start
         rec.add(_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
-                     runner=runner, target_cpu_s=t_cpu))
+                     runner=runner, target_cpu_s=t_cpu, compile_s=runner.last_compile_s))
         _progress(step, len(setup.schedule), loss, useful_done, t)
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
                             log_sha256=rec.log_sha256())
-    return _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from)
+    return _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
+                   target_peak=peak_memory_bytes(setup.device))
 
 
 def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
@@ -255,7 +264,8 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
         batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
         feats, t_s = runner.target_step(batch)
         credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
-        meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9), 0]
+        meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9),
+                int(runner.last_compile_s * 1e9), peak_memory_bytes(setup.device) or 0]
         link.send(batch, feats, meta=meta)
         useful_done += batch.useful_tokens
         if setup.rank == 0:
@@ -274,6 +284,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
     rec = Recorder(setup.out, kept=kept)
     link = DrafterLink(setup.channel, comm_device=comm_device)
     last_loss = float("nan")
+    target_peak = 0  # the largest peak device memory any target rank reported (bytes; 0 on CPU)
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
         t0 = time.perf_counter()
@@ -282,7 +293,8 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
             feats = feats.to(setup.device)
             settle(setup.device)
         wait_s = time.perf_counter() - t0
-        epoch, gstep, t_ns, credit_ns, t_cpu_ns = meta[:5]
+        epoch, gstep, t_ns, credit_ns, t_cpu_ns, compile_ns, peak, stage_ns = meta
+        target_peak = max(target_peak, peak)
         assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
         if not np.array_equal(batch.indices.cpu().numpy(), step.indices):
             raise AssertionError(f"step {step.step}: received a batch other than the planned one")
@@ -290,12 +302,14 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         last_loss = loss
         t = time.perf_counter() - t_start
         rec.add(_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s, drafter_s=d_s,
-                     loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9))
+                     loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9, compile_s=compile_ns / 1e9,
+                     stage_s=stage_ns / 1e9))
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
                             log_sha256=rec.log_sha256())
-    summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from)
+    summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
+                      target_peak=target_peak or None)
     link.close()
     return summary
 
@@ -352,13 +366,14 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
                          "raise the budget or lower data.max_len and re-tokenize")
     target_ranks = max(1, world - 1)
     device = resolve_device(params.train.device, int(os.environ.get("LOCAL_RANK", "0")))
-    if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
-        from lenbatch.models.memory import check_fits
-
-        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
-                   ranks_per_device=ranks_per_device(world), single_process=world == 1)
     schedule = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
                               useful_tokens=params.train.useful_tokens, max_steps=max_steps)
+    if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
+        from lenbatch.models.memory import check_fits, plan_window_tokens
+
+        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
+                   ranks_per_device=ranks_per_device(world), single_process=world == 1,
+                   window_tokens=plan_window_tokens(params, lengths, [s.indices for s in schedule]))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if rank == world - 1:  # the drafter rank (or the single process) writes OUT: one such run at a time
