@@ -70,8 +70,8 @@ _FLA_PROBLEMS: dict[str, str] = {}  # why fla's kernel is not used: "absent: ...
 
 def _import_fla(name: str, module: str, attr: str) -> Any:
     """``module.attr`` of flash-linear-attention, or None with the reason kept in :data:`_FLA_PROBLEMS`:
-    not installed (ModuleNotFoundError for fla itself) is "absent"; anything else -- a missing
-    submodule, a driver or triton error at import -- is "broken", never silently the same as absent."""
+    no ``fla`` package on the path is "absent"; an installed one that fails to import (triton missing or
+    too old, no driver, a missing submodule) is "broken", never silently the same as absent."""
     if os.environ.get("LENBATCH_NO_FLA"):
         _FLA_PROBLEMS[name] = "absent: LENBATCH_NO_FLA is set"
         return None
@@ -82,14 +82,11 @@ def _import_fla(name: str, module: str, attr: str) -> Any:
             fla_cpu.patch_triton_for_interpreter()
         mod = __import__(module, fromlist=[attr])
         return getattr(mod, attr)
-    except ModuleNotFoundError as err:
-        if err.name in ("fla", "triton"):
-            _FLA_PROBLEMS[name] = f"absent: {err}"
-        else:
-            _FLA_PROBLEMS[name] = f"broken: {type(err).__name__}: {err}"
-        return None
-    except Exception as err:  # an installed fla that cannot import (wrong triton, no driver, ...)
-        _FLA_PROBLEMS[name] = f"broken: {type(err).__name__}: {err}"
+    except Exception as err:  # not installed, or installed and cannot import (no triton, no driver, ...)
+        import importlib.util
+
+        installed = importlib.util.find_spec("fla") is not None
+        _FLA_PROBLEMS[name] = f"{'broken' if installed else 'absent'}: {type(err).__name__}: {err}"
         return None
 
 

@@ -148,10 +148,10 @@ def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t:
 def _device_report(setup: RunSetup, runner: StepRunner, target_peak: Optional[int]) -> dict[str, Any]:
     """What ran and what it held: the kernels, Triton's compile seconds, peak device memory per role
     against :mod:`lenbatch.models.memory`'s estimate (bytes; None on CPU)."""
-    from lenbatch.models.memory import plan_window_tokens, rank_memory
+    from lenbatch.models.memory import plan_memory_shape, rank_memory
 
-    est_t, est_d = rank_memory(setup.params, window_tokens=plan_window_tokens(setup.params, setup.lengths,
-                                                                              [s.indices for s in setup.schedule]))
+    est_t, est_d = rank_memory(setup.params, **plan_memory_shape(setup.params, setup.lengths,
+                                                                 [s.indices for s in setup.schedule]))
     return {"kernel_backend": dict(runner.kernels, warmup_compile_s=runner.warmup_compile_s,
                                    compile_meter=runner.meter.active),
             "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(setup.device)},
@@ -369,11 +369,11 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     schedule = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
                               useful_tokens=params.train.useful_tokens, max_steps=max_steps)
     if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
-        from lenbatch.models.memory import check_fits, plan_window_tokens
+        from lenbatch.models.memory import check_fits, plan_memory_shape
 
         check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
                    ranks_per_device=ranks_per_device(world), single_process=world == 1,
-                   window_tokens=plan_window_tokens(params, lengths, [s.indices for s in schedule]))
+                   **plan_memory_shape(params, lengths, [s.indices for s in schedule]))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if rank == world - 1:  # the drafter rank (or the single process) writes OUT: one such run at a time
