@@ -51,11 +51,14 @@ no repeated q/k) installed, the default ``auto`` kernels run fla's
 ``chunk_gated_delta_rule(..., cu_seqlens=...)`` in bf16/fp16 (fp32 uses the torch path above,
 on the GPU) and the conv fla's ``causal_conv1d(x [B, T, D], weight [D, K], activation="silu",
 cu_seqlens=...)`` (when its signature is the seq-first one; else the shift conv above, which is
-exact and memory-bound). ``lenbatch verify-packing --backend {auto,torch,fla}`` checks the chosen
+exact and memory-bound); both get every layout as one row with ``cu_seqlens`` (a padded [B, T]
+batch: boundaries at multiples of T), and a CUDA run never falls back to the torch path unasked
+(:mod:`lenbatch.models.kernels`, ``train.kernels``). ``lenbatch verify-packing --backend {auto,torch,fla}`` checks the chosen
 kernels against the Hugging Face per-sequence forward, whose Gated DeltaNet stays transformers'
 torch code whatever is installed (:func:`torch_reference_kernels`). ``--backend fla`` on CPU runs
 fla's kernels under Triton's interpreter in fp32 (:mod:`lenbatch.models.fla_cpu`); fp32 on a GPU sets
-``TRITON_F32_DEFAULT=ieee`` (fla's ``tl.dot`` is TF32 otherwise); bf16 is judged by ``--rtol``.
+``TRITON_F32_DEFAULT=ieee`` and forces fla's explicitly-TF32 triangular solve to IEEE
+(:func:`lenbatch.models.fla_cpu.force_ieee_solve`); bf16 is judged by ``--rtol``.
 """
 
 from __future__ import annotations
