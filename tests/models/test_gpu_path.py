@@ -167,6 +167,9 @@ def test_a_cuda_run_on_the_torch_fallback_is_refused_unless_asked():
             kernels.select_kernels("auto", device=cuda, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match=r"model\.dtype|absent"):
             kernels.select_kernels("auto", device=cuda, dtype=torch.float32)
+        study = _study()  # the 8-GPU workflow's train and profile stages get the same refusal
+        with pytest.raises(ValueError, match="train.kernels: torch"):
+            kernels.select_kernels(study.train.kernels, device=cuda, dtype=torch.bfloat16)
         chosen = kernels.select_kernels("torch", device=cuda, dtype=torch.bfloat16)
         assert chosen["gated_delta_rule"] == chosen["conv"] == "torch" and chosen["requested"] == "torch"
         assert kernels.select_kernels("auto", device="cpu", dtype=torch.float32)["gated_delta_rule"] == "torch"
