@@ -127,7 +127,8 @@ def plan(out: Path, *, kit: Path, rehearse: bool, python: str = sys.executable) 
     r = str(out)
     steps: list[dict[str, Any]] = [
         {"name": "install", "timeout": 120,
-         "cmd": [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+         # byte-compiled at install: the check's ~30 processes import fla from .pyc files
+         "cmd": [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-cache-dir",
                  "--upgrade", "--target", str(out / "site"), *sorted(glob.glob(str(kit / "*.whl")))]},
         {"name": "environment", "timeout": 120, "cmd": [python, str(Path(__file__).resolve()), "--probe",
                                                         "--out", r, *(["--rehearse"] if rehearse else [])]},

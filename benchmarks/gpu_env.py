@@ -100,7 +100,9 @@ def build(venv: Path) -> None:
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
     t1 = time.perf_counter()
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-compile", *PINNED], check=True)
+    # compiled at install: every import of the check (about 30 processes) then reads .pyc files, also
+    # where PYTHONDONTWRITEBYTECODE=1 keeps Python from writing them itself
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", *PINNED], check=True)
     t2 = time.perf_counter()
     # what the pinned packages need, as their own metadata says (transformers 5.17 and hub 1.33)
     needs = [n for d in metadata.distributions(path=[str(site)]) if _norm(d.metadata["Name"]) in
