@@ -255,6 +255,6 @@ class CompileMeter:
 def compile_meter() -> CompileMeter:
     """This process's :class:`CompileMeter` (installed on first call; call it before the first kernel runs)."""
     meter = CompileMeter()
-    if _kernel_backend[0] != "torch":
+    if _kernel_backend[0] != "torch" and os.environ.get("TRITON_INTERPRET") != "1":  # interpreted: nothing compiles
         meter.install()
     return meter
