@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]  # the tree: every step runs here (params.yaml, src/)
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
 STUDY = "configs/qwen3.6-27b-8gpu.yaml"
 # the kit: pure-Python wheels (the same files serve the GPU machine's Python 3.12 and CI's 3.11)
@@ -168,7 +169,7 @@ def step_environment(out: Path, step_env: dict[str, str], *, rehearse: bool,
     first on the path (replacing any PYTHONPATH), every rank sharing the one GPU, the step's own
     variables on top; in a rehearsal fla's kernels under Triton's interpreter."""
     env = dict(os.environ if base is None else base)
-    env.update({"PYTHONPATH": os.pathsep.join([str((out / "site").resolve()), str(Path("src").resolve())]),
+    env.update({"PYTHONPATH": os.pathsep.join([str((out / "site").resolve()), str(ROOT / "src")]),
                 "LENBATCH_SHARE_GPU": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"})
     if rehearse:
         env.update({"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"})
@@ -202,7 +203,7 @@ def probe(out: Path, *, rehearse: bool) -> int:
     (out / "env.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info))
     problems = []
-    if Path(lenbatch.__file__).resolve().parents[1] != Path("src").resolve():
+    if Path(lenbatch.__file__).resolve().parents[1] != ROOT / "src":
         problems.append(f"lenbatch imported from {lenbatch.__file__}, not from this tree's src/")
     if info["fla_problem"]:
         problems.append(f"flash-linear-attention is not usable: {info['fla_problem']}")
@@ -369,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-kit", action="store_true", help="build --kit (needs an index and the data extras)")
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the environment step
     args = ap.parse_args(argv)
-    out, kit = Path(args.out), Path(args.kit)
+    out, kit = Path(args.out).resolve(), Path(args.kit).resolve()
+    os.chdir(ROOT)  # the steps name params.yaml and configs/ relative to the tree
     if args.build_kit:
         return build_kit(kit)
     if args.probe:

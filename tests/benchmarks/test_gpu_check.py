@@ -68,7 +68,7 @@ def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
     compare = steps[-1]["cmd"]
     assert compare[compare.index("--quality") + 1] == ""  # not the CPU run's committed quality results
     env = gpu_check.step_environment(tmp_path, {}, rehearse=False, base={"PYTHONPATH": "/elsewhere"})
-    assert env["PYTHONPATH"].split(os.pathsep) == [str((tmp_path / "site").resolve()), str((ROOT / "src"))]
+    assert env["PYTHONPATH"].split(os.pathsep) == [str((tmp_path / "site").resolve()), str(ROOT.resolve() / "src")]
     assert env["LENBATCH_SHARE_GPU"] == "1" and "TRITON_INTERPRET" not in env
 
 
