@@ -34,6 +34,7 @@ about 90 s for the CPU default's 20 points.
 from __future__ import annotations
 
 import json
+import os
 import queue as _queue
 import time
 from pathlib import Path
@@ -175,7 +176,8 @@ def role_batches(role: str, params: Params, device) -> list[tuple]:
     return out
 
 
-def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_points, spent) -> None:
+def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_points, spent,
+                 parent: int | None = None) -> None:
     """One role's timings over the whole grid, in its own process (spawned by :func:`profile`).
 
     Lockstep with the other role, pass by pass (:func:`_passes`), point by point: (1) the
@@ -190,7 +192,7 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     from lenbatch.runtime.lifetime import die_with_parent
     from lenbatch.runtime.runner import StepRunner, configure_process
 
-    die_with_parent()  # a profile killed by a timeout must not leave this worker holding the GPU
+    die_with_parent(parent)  # a profile killed by a timeout must not leave this worker holding the GPU
     configure_process(params)
     runner = StepRunner(params, device=device, role=role)
     me, other = (0, 1) if role == "target" else (1, 0)
@@ -258,7 +260,7 @@ def profile(params: Params, *, device: str = "cpu") -> list[dict]:
         spent = ctx.Array("d", 2 * len(pts))
         where = role_devices(params, device)
         procs = {r: ctx.Process(target=_role_worker, args=(r, params, where[r], queue, barrier, timed_points,
-                                                                    spent))
+                                                                    spent, os.getpid()))
                  for r in ("target", "drafter")}
         for proc in procs.values():
             proc.start()
