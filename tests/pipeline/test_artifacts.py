@@ -79,6 +79,27 @@ def test_the_tokenized_folder_reads_back(real):
     assert np.array_equal(x, lengths) and source.endswith("lengths.npy")
 
 
+def test_the_dataset_reader_needs_no_datasets_package_and_agrees_with_it(real):
+    """The reader is pyarrow alone (the GPU check's machine has no ``datasets``): run in a process where
+    ``import datasets`` fails, it gives every row exactly as ``datasets.load_from_disk`` does."""
+    import datasets
+
+    lengths = tokenized.read_lengths(real / "tokenize")
+    ref = datasets.load_from_disk(str(real / "tokenize" / "dataset"))
+    order = list(range(len(ref)))[::-1]
+    want = [{"input_ids": ref[i]["input_ids"], "loss_mask": [bool(m) for m in ref[i]["loss_mask"]]} for i in order]
+    code = ("import sys, json, numpy as np; sys.modules['datasets'] = None\n"
+            "from lenbatch.pipeline.artifacts import tokenized\n"
+            f"d = {str(real / 'tokenize')!r}\n"
+            "ds = tokenized.read_dataset(d, tokenized.read_lengths(d))\n"
+            f"rows = ds.samples({order!r})\n"
+            "print(json.dumps([{'input_ids': r['input_ids'], 'loss_mask': [bool(m) for m in r['loss_mask']]} "
+            "for r in rows]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == want
+    assert len(tokenized.read_dataset(real / "tokenize", lengths)) == len(ref)
+
+
 def test_lengths_missing_malformed_or_invalid(real, tmp_path):
     d = copy(real, tmp_path, "tokenize")
     path = d / "lengths.npy"

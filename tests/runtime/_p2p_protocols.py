@@ -48,7 +48,7 @@ def run_new(rank: int, world: int, steps: int, queue: int) -> float:
         for g in range(rank, steps, world - 1):
             link.wait_for_room()
             batch, feats = fake_batch(g)
-            link.send(batch, feats, meta=[0, g, 0, 0, 0, 0])
+            link.send(batch, feats, meta=[0, g, 0, 0, 0, 0, 0])
         link.drain()
     chan.close()
     return total

@@ -62,10 +62,20 @@ def test_rendezvous_flag_is_validated(monkeypatch):
     assert transport.rendezvous_requested()
 
 
-def test_settle_synchronizes_cuda_at_the_measured_boundary(monkeypatch):
-    # No GPU here: record the call the CUDA path makes (on a GPU, make gpu-check measures it for real)
+def test_settle_synchronizes_cudas_compute_stream_at_the_measured_boundary(monkeypatch):
+    # No GPU here: record the call the CUDA path makes (on a GPU, make gpu-check measures it for real).
+    # The current (compute) stream, never the device: that would wait for NCCL's sends too (issue 18).
     calls = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+
+    class Stream:
+        def __init__(self, device):
+            self.device = device
+
+        def synchronize(self):
+            calls.append(self.device)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(device))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("device-wide", device)))
     transport.settle(torch.device("cpu"))
     assert calls == []
     transport.settle(torch.device("cuda", 1))

@@ -404,7 +404,8 @@ def _compare_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="results/tokenize",
                         help="tokenize stage output the runs trained on: lengths.npy (to rebuild the planned "
                         "batches) and dataset/ (loss masks: the drafter's exact anchors; estimated without it)")
-    parser.add_argument("--quality", default="results/quality", help="quality stage output folder (quality.json)")
+    parser.add_argument("--quality", default="results/quality", help="quality stage output folder (quality.json); "
+                        "'' leaves the held-out loss out (a check that runs no quality stage)")
     parser.add_argument("--out", default="results/compare", help="output folder")
     parser.set_defaults(func=_compare)
 
@@ -413,7 +414,7 @@ def _compare(args: argparse.Namespace) -> int:
     return _stage("compare").run(params=params_from_args(args), stats=Path(args.stats),
                                  boundaries=Path(args.boundaries), plans=Path(args.plans),
                                  profile=Path(args.profile), train=Path(args.train), data=Path(args.data),
-                                 quality=Path(args.quality), out=Path(args.out))
+                                 quality=Path(args.quality) if args.quality else None, out=Path(args.out))
 
 
 

@@ -184,6 +184,10 @@ class TrainConfig:
     checkpoint_every: int = _f(0, "save a checkpoint every this many steps (0: only at the end)", minimum=0)
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "where to run (auto: cuda when available)")
     threads: int = _f(1, "torch intra-op threads per process", minimum=1)
+    kernels: Literal["auto", "torch", "fla"] = _f("auto", "Gated DeltaNet kernels of train and profile: auto (fla "
+                                                  "on CUDA in bf16, torch on CPU; a CUDA run that would fall back "
+                                                  "to torch is refused), torch (this package's, anywhere), fla "
+                                                  "(flash-linear-attention; on CPU under Triton's interpreter)")
     reuse_host_memory: bool = _f(True, "glibc malloc keeps freed memory for reuse, so CPU steps do not page-fault "
                                  "their large tensors in afresh every step (1.2-1.4x faster steps at 16k tokens, +17% resident memory); "
                                  "false: the system allocator as is")

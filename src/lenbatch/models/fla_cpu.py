@@ -2,22 +2,32 @@
 
 The interpreter runs a ``@triton.jit`` kernel as Python over NumPy blocks, so fla's varlen
 kernels (gated delta rule, causal conv with ``cu_seqlens``) can be checked in CI on machines
-without a GPU: in fp32 and fp16, not bf16 (the interpreter computes bf16 on raw bits). Two things
-in Triton (3.9), not in fla, stop it; :func:`patch_triton_for_interpreter` adjusts them, at run
-time and only when interpreting:
+without a GPU: in fp32 and fp16, not bf16 (the interpreter computes bf16 on raw bits). Three things
+in Triton, not in fla, stop it; :func:`patch_triton_for_interpreter` adjusts them, at run time and
+only when interpreting (checked with Triton 3.6.0, the GPU check machine's, and 3.9.0):
 
 1. ``triton.autotune`` times each candidate config through the GPU driver (none on CPU): the
-   autotuner keeps the first config of the pruned list (configs change speed, not results).
+   autotuner keeps the first config of the pruned list and times nothing (configs change speed,
+   not results; Triton < 3.9 benchmarks even a single remaining config, so ``_bench`` returns 0).
 2. The interpreter leaves ``for i in range(n)`` counters as Python ints, while fla calls
    ``i_t.to(tl.int64)``: the interpreter's AST rewrite gets one more rule that turns a ``range``
    / ``tl.range`` loop counter into a Triton scalar at the top of the loop body (what an
    assignment already does in the interpreter). ``tl.static_range`` counters stay Python ints
    (they index tuples at compile time).
+3. Triton < 3.9's interpreter takes ``int()`` of a one-element block, which NumPy refuses for a
+   1-D array (fla's ``range(2, min(BC, T - i_tc2))``): ``__index__`` reads the element.
 
-On a GPU neither applies. There, fp32 checks need ``TRITON_F32_DEFAULT=ieee``: fla's ``tl.dot``
-defaults to TF32 (10-bit mantissa), which fails an fp32 tolerance of 1e-4 on its own.
-Cost: interpreted kernels are slow (seconds for a few hundred tokens at tiny widths): tests keep
-shapes tiny.
+On a GPU none applies. There, fp32 results depend on two settings. ``TRITON_F32_DEFAULT=ieee``
+makes every ``tl.dot`` that leaves its precision to the default full fp32 (TF32 otherwise, a
+10-bit mantissa). It does *not* reach fla 0.6.0's triangular solve
+(``fla/ops/gated_delta_rule/chunk_fwd.py``, ``chunk_gated_delta_rule_fwd_kkt_solve_kernel``), which
+passes ``input_precision=SOLVE_TRIL_DOT_PRECISION`` explicitly, ``'tf32'`` wherever TF32 exists
+(NVIDIA sm >= 80: the H100/H200): :func:`force_ieee_solve` sets that module constant to ``'ieee'``
+before the kernel is first compiled, so an fp32 check is IEEE end to end and its tolerance (1e-4
+absolute on O(1) hidden states; the CPU interpreter's differences are ~5e-7) needs no TF32 slack.
+bf16 runs keep fla's choice (their inputs are rounded to 8 bits anyway; judged by a relative
+tolerance). Cost: interpreted kernels are slow (seconds for a few hundred tokens at tiny widths):
+tests keep shapes tiny.
 """
 
 from __future__ import annotations
@@ -47,6 +57,27 @@ def prepare_environment(*, device: str) -> None:
         os.environ[INTERPRET_ENV] = "1"
     else:
         os.environ.setdefault(F32_ENV, "ieee")
+
+
+SOLVE_MODULE = "fla.ops.gated_delta_rule.chunk_fwd"
+SOLVE_CONSTANT = "SOLVE_TRIL_DOT_PRECISION"
+
+
+def force_ieee_solve() -> str | None:
+    """Make fla's triangular solve compute full fp32 (see the module doc); returns the precision it had
+    ("tf32" on sm >= 80, "ieee" elsewhere), None when this fla has no such constant (nothing to force).
+    Must run before that kernel's first compile in this process (Triton reads the constant then)."""
+    import importlib
+
+    import triton.language as tl
+
+    mod = importlib.import_module(SOLVE_MODULE)
+    before = getattr(mod, SOLVE_CONSTANT, None)
+    if before is None:
+        return None
+    was = str(getattr(before, "value", before))
+    setattr(mod, SOLVE_CONSTANT, tl.constexpr("ieee"))
+    return was
 
 
 def require_interpreter(dtype: torch.dtype) -> None:
@@ -103,5 +134,17 @@ def patch_triton_for_interpreter() -> None:
     def first_config(self, kwargs, *args, **kw):  # no driver to time candidates with
         return prune(self, kwargs, *args, **kw)[:1]
 
+    def no_timing(self, *args, config, **meta):  # Triton < 3.9 times even a single remaining config
+        return [0.0, 0.0, 0.0]
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def index_of_one_element(tensor, scope):  # Triton < 3.9: int() of a 1-element block fails
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0])
+                       if self.handle.data.size == 1 else int(self.handle.data))
+
     autotuner.Autotuner.prune_configs = first_config
+    autotuner.Autotuner._bench = no_timing
+    interpreter._patch_lang_tensor = index_of_one_element
     interpreter.FunctionRewriter.ast_transformer = _CounterToTensor(interpreter.FunctionRewriter.ast_transformer)

@@ -246,7 +246,9 @@ class Target(nn.Module):
         last = self.cfg.num_hidden_layers - 1 if final_norm else max(wanted)
         hidden = self.model.embed_tokens(input_ids.to(self.device))
         position_ids = segs.position_ids
-        pos_emb = self.model.rotary_emb(hidden, position_ids)
+        # the rotary takes multimodal (3, B, T) positions; text-only = three equal copies (transformers
+        # 5.17, the GPU check machine's, requires the 3-D form; 5.24 expands a 2-D one the same way)
+        pos_emb = self.model.rotary_emb(hidden, position_ids[None].expand(3, -1, -1))
         out: dict[Any, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers[: last + 1]):
             hidden = layer(hidden, position_embeddings=pos_emb, attention_mask=None, position_ids=position_ids,

@@ -51,11 +51,14 @@ no repeated q/k) installed, the default ``auto`` kernels run fla's
 ``chunk_gated_delta_rule(..., cu_seqlens=...)`` in bf16/fp16 (fp32 uses the torch path above,
 on the GPU) and the conv fla's ``causal_conv1d(x [B, T, D], weight [D, K], activation="silu",
 cu_seqlens=...)`` (when its signature is the seq-first one; else the shift conv above, which is
-exact and memory-bound). ``lenbatch verify-packing --backend {auto,torch,fla}`` checks the chosen
+exact and memory-bound); both get every layout as one row with ``cu_seqlens`` (a padded [B, T]
+batch: boundaries at multiples of T), and a CUDA run never falls back to the torch path unasked
+(:mod:`lenbatch.models.kernels`, ``train.kernels``). ``lenbatch verify-packing --backend {auto,torch,fla}`` checks the chosen
 kernels against the Hugging Face per-sequence forward, whose Gated DeltaNet stays transformers'
 torch code whatever is installed (:func:`torch_reference_kernels`). ``--backend fla`` on CPU runs
 fla's kernels under Triton's interpreter in fp32 (:mod:`lenbatch.models.fla_cpu`); fp32 on a GPU sets
-``TRITON_F32_DEFAULT=ieee`` (fla's ``tl.dot`` is TF32 otherwise); bf16 is judged by ``--rtol``.
+``TRITON_F32_DEFAULT=ieee`` and forces fla's explicitly-TF32 triangular solve to IEEE
+(:func:`lenbatch.models.fla_cpu.force_ieee_solve`); bf16 is judged by ``--rtol``.
 """
 
 from __future__ import annotations
@@ -63,13 +66,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from lenbatch.models.kernels import (  # noqa: F401 (re-exported: verify-packing, the CLI, tests)
+    KERNEL_BACKENDS,
+    _fla_chunk,
+    _fla_conv,
+    _fla_gated_delta_rule,
+    backend_name,
+    fla_problem,
+    select_kernels,
+    set_kernel_backend,
+    use_fla,
+)
 
 ATTN_IMPLEMENTATION = "lenbatch_varlen"
 CHUNK_SIZE = 32  # tokens per chunk of the CPU gated delta rule (fla uses 64; the result is the same)
@@ -243,11 +257,11 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, segs: Segments, *, activa
     SiLU applied when ``activation``. Cost: K multiply-adds per element.
     """
     fla_conv = _fla_conv() if use_fla(x) else None
-    if fla_conv is not None:
-        cu = segs.cu_seqlens() if segs.layout == "packed" else None
-        y = fla_conv(x=x, weight=weight.to(x.dtype), bias=None, activation="silu" if activation else None,
-                     cu_seqlens=cu)
-        return y[0] if isinstance(y, tuple) else y
+    if fla_conv is not None:  # one row with cu_seqlens, as the gated delta rule (_fla_gated_delta_rule)
+        y = fla_conv(x=x.reshape(1, -1, x.shape[-1]), weight=weight.to(x.dtype), bias=None,
+                     activation="silu" if activation else None, cu_seqlens=segs.cu_seqlens())
+        y = y[0] if isinstance(y, tuple) else y
+        return y.reshape(x.shape)
     kernel = weight.shape[1]
     w = weight.to(x.dtype)
     out = x * w[:, kernel - 1]
@@ -380,114 +394,6 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             out[:, :, sl] = F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl],
                                                            is_causal=True, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
-
-
-# --------------------------------------------------------------------------- flash-linear-attention
-
-FLA_MIN_VERSION = (0, 5)  # first release that indexes key heads as i_h // (HV // H) (grouped value heads)
-KERNEL_BACKENDS = ("auto", "torch", "fla")
-_kernel_backend = ["auto"]
-
-
-def set_kernel_backend(name: str) -> None:
-    """Which kernels the boundary-aware Gated DeltaNet runs: ``auto`` (fla on CUDA in bf16/fp16
-    when installed, else torch), ``torch`` (always this module's), ``fla`` (always fla: on CPU
-    under Triton's interpreter, which needs ``TRITON_INTERPRET=1`` before fla is imported)."""
-    if name not in KERNEL_BACKENDS:
-        raise ValueError(f"--backend must be one of {', '.join(KERNEL_BACKENDS)}, got {name!r}")
-    _kernel_backend[0] = name
-
-
-def use_fla(x: torch.Tensor) -> bool:
-    """Whether the kernels for ``x`` are fla's (see :func:`set_kernel_backend`)."""
-    backend = _kernel_backend[0]
-    if backend == "torch":
-        return False
-    if backend == "auto":
-        return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _fla_chunk() is not None
-    if _fla_chunk() is None:
-        raise ValueError("--backend fla but flash-linear-attention >= 0.5 is not importable; "
-                         "pip install 'lenbatch[gpu]' (or use --backend torch)")
-    if not x.is_cuda:
-        from lenbatch.models import fla_cpu
-
-        fla_cpu.require_interpreter(x.dtype)
-    return True
-
-
-def _fla_version() -> tuple[int, ...]:
-    from importlib.metadata import version
-
-    parts = []
-    for p in version("flash-linear-attention").split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
-
-
-@functools.cache
-def _fla_chunk() -> Any:
-    """fla's ``chunk_gated_delta_rule`` if installed (>= 0.5) and it takes ``cu_seqlens``; else None.
-
-    ``ValueError`` for fla < 0.5: those releases take equal key and value heads without checking,
-    so a grouped-value-head model (Qwen3.5/3.6: 16 key, 48 value heads) would compute garbage.
-    """
-    if os.environ.get("LENBATCH_NO_FLA"):
-        return None
-    try:
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            from lenbatch.models import fla_cpu
-
-            fla_cpu.patch_triton_for_interpreter()
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
-    except Exception:  # not installed (CPU machines), or a broken triton: the torch path is exact
-        return None
-    found = _fla_version()
-    if found[:2] < FLA_MIN_VERSION:
-        raise ValueError(f"flash-linear-attention {'.'.join(map(str, found))} is installed but lenbatch needs "
-                         ">= 0.5 (grouped value heads); pip install 'lenbatch[gpu]' or uninstall it")
-    params = inspect.signature(fn).parameters
-    return fn if {"cu_seqlens", "use_qk_l2norm_in_kernel", "g", "beta"} <= set(params) else None
-
-
-@functools.cache
-def _fla_conv() -> Any:
-    """fla's seq-first varlen ``causal_conv1d`` ([B, T, D], weight [D, K], cu_seqlens); else None.
-
-    Older fla releases took head-first [B, D, T] without ``residual``: those are refused
-    (the shift conv is used), so a layout mismatch cannot pass silently.
-    """
-    if os.environ.get("LENBATCH_NO_FLA"):
-        return None
-    try:
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            from lenbatch.models import fla_cpu
-
-            fla_cpu.patch_triton_for_interpreter()
-        from fla.modules.convolution import causal_conv1d as fn
-    except Exception:
-        return None
-    params = list(inspect.signature(fn).parameters)
-    return fn if params[:1] == ["x"] and {"weight", "residual", "activation", "cu_seqlens"} <= set(params) else None
-
-
-def _fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                          beta: torch.Tensor, segs: Segments) -> torch.Tensor:
-    fn = _fla_chunk()
-    # grouped value heads (hv > hk) go in as they are: fla >= 0.5 reads key head i_h // (hv // hk),
-    # the mapping of the torch path's repeat_interleave, without the repeated copies (about 1.2 GB
-    # per layer at 49,152 tokens and 16 -> 48 heads)
-    cu = segs.cu_seqlens() if segs.layout == "packed" else None  # padded: B rows, each one sequence
-    out, _ = fn(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.float().contiguous(),
-                beta=beta.to(q.dtype).contiguous(), initial_state=None, output_final_state=False,
-                use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
-    return out.to(v.dtype)
-
-
-def backend_name(device: torch.device | str, dtype: torch.dtype) -> str:
-    """Which gated-delta-rule kernel a forward on (device, dtype) uses: 'fla' or 'torch'."""
-    return "fla" if use_fla(torch.empty(0, dtype=dtype, device="meta" if torch.device(device).type != "cuda"
-                                        else device)) else "torch"
 
 
 # --------------------------------------------------------------------------- the torch reference

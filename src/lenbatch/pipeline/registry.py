@@ -123,7 +123,7 @@ _ALL = (
     # warmup_steps, queue_size, checkpoint_every, useful_tokens or strategies.
     Command("profile", "time the target + drafter step on a grid of batch shapes", staged=True, stage=Stage(
         params=(*_MODEL_RUN, "profile", "data.max_len", "train.nproc", "train.threads", "train.device",
-                "train.reuse_host_memory"),
+                "train.kernels", "train.reuse_host_memory"),
         outputs={"grid": Output(profile_grid.GRID)})),
     # one job per strategy; only bucketed reads the edges, so boundaries.* never reruns the others
     Command("train", "train the drafter with one batching strategy and measure throughput", stage=Stage(

@@ -26,9 +26,11 @@ def parent_death_signal() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
-def die_with_parent() -> None:
-    """:func:`parent_death_signal`, and exit now if the parent already died (re-parented) before we asked."""
-    parent = os.getppid()
+def die_with_parent(expected_parent: int | None = None) -> None:
+    """:func:`parent_death_signal`, and exit now if the parent already died (re-parented) before we asked.
+    ``expected_parent``: the pid the process was started by, when known (a spawned worker is handed it):
+    without it a parent that died before this call goes unnoticed."""
+    parent = os.getppid() if expected_parent is None else expected_parent
     parent_death_signal()
     if os.getppid() != parent:
         raise SystemExit("lenbatch: the process that started this one has exited; stopping")

@@ -96,11 +96,16 @@ class Recorder:
 
     def summary(self, *, params: Params, strategy: str, warmup: int, world_size: int,
                 target_ranks: int, resumed_from: Optional[int], total_steps: int,
-                machine: Optional[dict[str, Any]] = None, reference: Optional[dict[str, Any]] = None
-                ) -> dict[str, Any]:
-        """Post-warm-up pipeline throughput of this session + whole-run padding efficiency and loss curve;
+                machine: Optional[dict[str, Any]] = None, reference: Optional[dict[str, Any]] = None,
+                device: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """Post-warm-up pipeline throughput of this session + whole-run padding efficiency and loss curve.
+
         ``machine``: the fingerprint of the measuring machine (:mod:`lenbatch.core.machine`); ``reference``:
-        this session's reference step (:mod:`lenbatch.runtime.reference`), both recorded as given."""
+        this session's reference step (:mod:`lenbatch.runtime.reference`), both recorded as given.
+        ``device``: what ran (``kernel_backend``: the kernels, lenbatch.models.kernels) and what it held
+        (peak memory per role against the estimate), merged in as given. Triton compile/autotune seconds
+        of the target steps are summed apart for the warm-up and the measured steps: a compile inside a
+        measured step slows the throughput of that strategy alone (issue 18, finding 6)."""
         rows, session = self.rows, self.rows[self.session_start:]
         measured = session[warmup:]
         t0 = session[warmup - 1]["t"] if 0 < warmup <= len(session) else 0.0  # "t": seconds since session start
@@ -142,6 +147,11 @@ class Recorder:
             "resumed_from_step": resumed_from,
             "machine": machine,
             "reference": reference,
+            "compile_s_warmup": float(sum(r.get("compile_s", 0.0) for r in session[:warmup])),
+            "compile_s_measured": float(sum(r.get("compile_s", 0.0) for r in measured)),
+            "measured_steps_with_compile": int(sum(r.get("compile_s", 0.0) > 0 for r in measured)),
+            "stage_s_mean": mean("stage_s", measured) if measured and "stage_s" in measured[0] else None,
+            **(device or {}),
             "params": params.to_dict(),
         }
 
@@ -154,8 +164,12 @@ def _none_if_nan(x: float) -> Optional[float]:
 
 
 def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
-         loss: float, t: float, runner: StepRunner, target_cpu_s: float) -> dict[str, Any]:
+         loss: float, t: float, runner: StepRunner, target_cpu_s: float, compile_s: float = 0.0,
+         stage_s: Optional[float] = None) -> dict[str, Any]:
+    """One ``steps.jsonl`` line. ``compile_s``: Triton compile/autotune seconds inside the target step;
+    ``stage_s``: the target rank's copy of the batch onto the data group's device (pipelined runs)."""
     out = runner.last_output
+    extra = {} if stage_s is None else {"stage_s": round(stage_s, 6)}
     return {"rank": step.rank, "step": step.step, "epoch": step.epoch, "sequences": batch.num_sequences,
             "length": batch.shape_length, "useful_tokens": batch.useful_tokens,
             "computed_tokens": batch.computed_tokens, "target_s": round(target_s, 6),
@@ -163,7 +177,8 @@ def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, 
             "loss": loss, "t": round(t, 6), "batch_hash": batch_hash(step.indices),
             "target_cpu_s": round(target_cpu_s, 6), "drafter_cpu_s": round(runner.last_cpu_s, 6),
             "positions": out.positions if out else 0, "blocks": out.blocks if out else 0,
-            "sequences_without_anchor": out.sequences_without_anchor if out else 0}
+            "sequences_without_anchor": out.sequences_without_anchor if out else 0,
+            "compile_s": round(compile_s, 6), **extra}
 
 
 def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:

@@ -24,8 +24,24 @@ log = get_logger("train")
 
 
 def _sync(device: torch.device) -> None:
+    """Wait for the work queued on this process's *compute* stream (a step's timer boundary).
+
+    Never ``torch.cuda.synchronize``: that waits for every stream of the device, NCCL's too, and an
+    NCCL send of a batch's features cannot finish before the drafter posts its receive, so a target
+    rank timing its next forward that way would wait for the drafter (the queue collapses to
+    lockstep, and the wait lands before the timer, in neither target_s nor credit_wait_s)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
+
+
+def peak_memory_bytes(device: torch.device) -> Optional[int]:
+    """Peak bytes torch's allocator handed out on ``device`` in this process (None on CPU)."""
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+
+
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+# every batch has another shape: segments that grow in place instead of one cached block per size
+ALLOC_CONF = "expandable_segments:True"
 
 
 SHARE_GPU_ENV = "LENBATCH_SHARE_GPU"  # check only (make gpu-check): several ranks on one GPU
@@ -59,6 +75,8 @@ def configure_process(params: Params) -> None:
     profile times steps the way training runs them: torch's intra-op threads and, with
     ``train.reuse_host_memory``, an allocator that keeps freed memory (see :mod:`lenbatch.runtime.hostmem`)."""
     torch.set_num_threads(params.train.threads)
+    # read when CUDA initialises (this runs before): a user's own setting wins
+    os.environ.setdefault(ALLOC_CONF_ENV, ALLOC_CONF)
     if params.train.reuse_host_memory:
         reuse_freed_memory()
 
@@ -74,8 +92,9 @@ class StepRunner:
     """
 
     def __init__(self, params: Params, *, device: str | torch.device = "cpu", role: str = "both") -> None:
-        from lenbatch.models.drafter import build_drafter
         from lenbatch.models import target as target_model
+        from lenbatch.models.drafter import build_drafter
+        from lenbatch.models.kernels import compile_meter, select_kernels
 
         if role not in ("both", "target", "drafter"):
             raise ValueError(f"role must be both, target or drafter, got {role!r}")
@@ -84,6 +103,12 @@ class StepRunner:
         self.steps = 0
         self.threads = torch.get_num_threads()
         self.last_cpu_s = 0.0
+        self.last_compile_s = 0.0  # Triton compile/autotune seconds inside the last target step
+        # which Gated DeltaNet kernels run (train.kernels; a CUDA run on the torch fallback is refused)
+        self.kernels = select_kernels(params.train.kernels, device=self.device,
+                                      dtype=target_model.DTYPES[params.model.dtype])
+        self.meter = compile_meter()
+        self.warmup_compile_s = 0.0
         self.target = None
         if role in ("both", "target"):
             self.target = target_model.build_target(params.model, device=self.device)
@@ -101,19 +126,36 @@ class StepRunner:
             d = params.drafter
             self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=d.lr, weight_decay=d.weight_decay)
         self.last_output = None
+        if self.target is not None:
+            self.warm_kernels()
+
+    def warm_kernels(self) -> None:
+        """Compile fla's kernels before any timed step (CUDA + fla only): two one-row forwards whose
+        token counts fall in both of Triton's integer specialisations (a multiple of 16 and not), the
+        only shape keys left once every layout goes in as one row (lenbatch.models.kernels). Their
+        compile/autotune seconds are ``warmup_compile_s``. Cost: two forwards of ~150 tokens."""
+        if self.device.type != "cuda" or self.kernels["gated_delta_rule"] != "fla":
+            return
+        c0 = self.meter.seconds
+        for n in (128, 129):
+            ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
+            self.target.features(ids, cu_seqlens=torch.tensor([0, n // 2, n], dtype=torch.int64))
+        _sync(self.device)
+        self.warmup_compile_s = self.meter.seconds - c0
 
     def target_step(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """Features ``[B, T, F]`` of ``batch`` (padded or packed) and the seconds the forward took."""
         assert self.target is not None, "this StepRunner was built without the target (role='drafter')"
         batch = batch.to(self.device)
         _sync(self.device)
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, k0 = time.perf_counter(), time.process_time(), self.meter.seconds
         if batch.kind == "packed":
             feats = self.target.features(batch.input_ids, cu_seqlens=batch.cu_seqlens)
         else:
             feats = self.target.features(batch.input_ids, attention_mask=batch.attention_mask)
         _sync(self.device)
         self.last_cpu_s = time.process_time() - c0
+        self.last_compile_s = self.meter.seconds - k0
         return feats, time.perf_counter() - t0
 
     def drafter_step(self, batch: Batch, features: torch.Tensor, *, step: Optional[int] = None,
@@ -123,6 +165,7 @@ class StepRunner:
         p = self.params
         step = self.steps if step is None else step
         batch = batch.to(self.device)
+        features = features.to(self.device)  # every tensor this role is handed runs on its device
         if features.is_inference():  # produced under inference_mode: make it a normal tensor for autograd
             features = features.clone()
         _sync(self.device)
@@ -169,5 +212,5 @@ def torchrun_world() -> tuple[bool, int, int]:
                                                                             if under else 0)
 
 
-__all__ = ["SHARE_GPU_ENV", "StepRunner", "configure_process", "init_process_group", "ranks_per_device",
-           "resolve_device", "torchrun_world"]
+__all__ = ["ALLOC_CONF", "SHARE_GPU_ENV", "StepRunner", "configure_process", "init_process_group",
+           "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world"]

@@ -39,8 +39,12 @@ calling thread is stricter than NCCL's stream-blocking (the caller can post noth
 meanwhile), so a protocol that completes in this mode completes under NCCL's semantics.
 
 Timing (finding 5 of issue 15): on NCCL ``recv()``/``wait()`` return once the copy is enqueued,
-not done; :func:`settle` synchronizes the device at the measured boundaries (a no-op on CPU,
-where gloo's calls return when the bytes are there).
+not done (``wait()`` makes the current stream wait for NCCL's); :func:`settle` synchronizes the
+current (compute) stream at the measured boundaries -- never the whole device, whose NCCL streams
+hold sends that cannot finish before the peer posts its receive (issue 18, finding 4) -- and is a
+no-op on CPU, where gloo's calls return when the bytes are there. A target rank's staging of the
+tensors onto the data group's device (the device-to-host copy when ranks share a GPU over gloo) is
+timed by :meth:`TargetLink.send` and travels in the batch's header (``stage_s`` of the step).
 
 Cost: per batch one 96-byte header and one 16-byte credit on gloo, five tensors on the data
 group (``B*T*(8+1) + 2*S*8 + B*T*F*itemsize`` bytes; the features dominate: 2.5 GB per step at
@@ -59,7 +63,7 @@ import torch
 from lenbatch.loading.collate import Batch, batch_from_parts
 
 RENDEZVOUS_ENV = "LENBATCH_RENDEZVOUS_P2P"
-HEADER_LEN = 12
+HEADER_LEN = 6 + 8  # kind, B, T, S, F, dtype code + the caller's meta (7 ints) + the staging nanoseconds
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
 
@@ -73,11 +77,11 @@ def rendezvous_requested() -> bool:
 
 
 def settle(device: torch.device) -> None:
-    """Wait until the device finished the work queued so far (transfers included): a measured
-    boundary. CUDA: ``torch.cuda.synchronize`` (NCCL's recv/wait return before the copy is done);
-    CPU: nothing to wait for."""
+    """Wait until this process's compute stream finished the work queued so far (received copies
+    included, after their works' ``wait()``): a measured boundary. CUDA: the current stream's
+    ``synchronize`` (not the device's: see the module doc); CPU: nothing to wait for."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 class Channel:
@@ -159,17 +163,23 @@ class TargetLink:
         return time.perf_counter() - t0
 
     def send(self, batch: Batch, features: torch.Tensor, *, meta: list[int]) -> None:
+        """Post ``batch`` and its ``features`` (``meta``: 7 ints for the header; the seconds spent staging
+        the tensors onto the data group's device are appended, in nanoseconds)."""
+        import time
+
         assert len(self.pending) < self.queue_size, "call wait_for_room() first: the queue is full"
         B, T = batch.input_ids.shape
+        t0 = time.perf_counter()
+        tensors = [batch.input_ids, batch.loss_mask.to(torch.uint8), batch.lengths, batch.indices, features]
+        tensors = [t.to(self.comm_device).contiguous() for t in tensors]  # a GPU -> host copy under gloo
+        stage_ns = int((time.perf_counter() - t0) * 1e9)
         header = torch.tensor([1 if batch.kind == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
-                               DTYPE_CODES[features.dtype], *meta], dtype=torch.int64)
-        assert header.numel() == HEADER_LEN, f"meta must hold {HEADER_LEN - 6} ints"
+                               DTYPE_CODES[features.dtype], *meta, stage_ns], dtype=torch.int64)
+        assert header.numel() == HEADER_LEN, f"meta must hold {HEADER_LEN - 7} ints"
         credit = torch.zeros(2, dtype=torch.float64)
         # posted before the header: the drafter's credit send never waits for this rank (docstring, 2.)
         credit_work = self.channel.irecv(credit, self.dst, group="control")
         works = [self.channel.isend(header, self.dst, group="control")]
-        tensors = [batch.input_ids, batch.loss_mask.to(torch.uint8), batch.lengths, batch.indices, features]
-        tensors = [t.to(self.comm_device).contiguous() for t in tensors]
         works += [self.channel.isend(t, self.dst, group="data") for t in tensors]
         self.pending.append((credit_work, credit, works, [header, *tensors]))
 

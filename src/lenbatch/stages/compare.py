@@ -61,7 +61,7 @@ RUN_KEYS: dict[str, tuple[str, ...] | None] = {
 PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
     "model": None,
     "drafter": None,
-    "train": ("nproc", "threads", "reuse_host_memory"),
+    "train": ("nproc", "threads", "kernels", "reuse_host_memory"),
 }
 
 
@@ -491,12 +491,14 @@ def recommend(rows: dict[str, StrategyRow], ksweep: list[dict], *, params: Param
 
 
 def run(*, params: Params, stats: Path, boundaries: Path, plans: Path, profile: Path, train: Path, data: Path,
-        quality: Path, out: Path) -> int:
+        quality: Path | None, out: Path) -> int:
     """``lenbatch compare``: predict from the stage outputs in the given folders and write every output
-    into ``out`` (:func:`lenbatch.analysis.report.write_outputs`). Returns the exit code."""
+    into ``out`` (:func:`lenbatch.analysis.report.write_outputs`); ``quality`` None leaves the held-out
+    loss out. Returns the exit code."""
     result = compare(params=params, stats_dir=Path(stats), boundaries_dir=Path(boundaries),
                      plans_dir=Path(plans), profile_dir=Path(profile), train_dir=Path(train),
-                     data_dir=Path(data), quality_dir=Path(quality), study_replay=True)
+                     data_dir=Path(data), quality_dir=Path(quality) if quality is not None else None,
+                     study_replay=True)
     metrics = write_outputs(result, Path(out), params=params)
     for s, r in result.rows.items():
         log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%  calibrated %8.0f tok/s "

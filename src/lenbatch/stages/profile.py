@@ -39,6 +39,7 @@ about 90 s for the CPU default's 20 points, plus the reference step's few second
 from __future__ import annotations
 
 import json
+import os
 import queue as _queue
 import time
 from pathlib import Path
@@ -150,7 +151,39 @@ def _passes(params: Params) -> list[bool]:
     return [False] * params.profile.warmup + [True] * params.profile.repeats
 
 
-def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_points, spent) -> None:
+def role_devices(params: Params, device: str) -> dict[str, str]:
+    """Where each role steps: the target on the first local device, the drafter on the last
+    (``train.nproc - 1``), resolved as a training run resolves its ranks (so ``LENBATCH_SHARE_GPU=1``
+    puts both on the one GPU of a one-GPU check)."""
+    from lenbatch.runtime.runner import resolve_device
+
+    return {"target": str(resolve_device(device, 0)),
+            "drafter": str(resolve_device(device, max(params.train.nproc - 1, 0)))}
+
+
+def role_batches(role: str, params: Params, device) -> list[tuple]:
+    """(batch, features) of every grid point for ``role``: the batch as collated on the host (the
+    runner moves it, as training does); the drafter's stand-in features made on ``device`` itself --
+    its cost does not depend on their values, and a runner must never be handed host features
+    against device weights."""
+    import torch
+
+    fdim = len(params.model.target_layers) * params.model.hidden_size
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
+    gen = torch.Generator().manual_seed(params.batching.seed)
+    out = []
+    for i, (kind, n, m) in enumerate(grid_points(params, quiet=True)):
+        batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
+                           seed=params.batching.seed + i)
+        feats = None
+        if role == "drafter":
+            feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(device=device, dtype=dtype)
+        out.append((batch, feats))
+    return out
+
+
+def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_points, spent,
+                 parent: int | None = None) -> None:
     """One role's timings over the whole grid, in its own process (spawned by :func:`profile`).
 
     Lockstep with the other role, pass by pass (:func:`_passes`), point by point: (1) the
@@ -162,27 +195,17 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     role r has stepped on point i, warm-up included (both roles read both, so they skip
     points alike).
     """
-    import torch
-
     from lenbatch.runtime import reference
+    from lenbatch.runtime.lifetime import die_with_parent
     from lenbatch.runtime.runner import StepRunner, configure_process
 
+    die_with_parent(parent)  # a profile killed by a timeout must not leave this worker holding the GPU
     configure_process(params)
     runner = StepRunner(params, device=device, role=role)
     me, other = (0, 1) if role == "target" else (1, 0)
     pts = grid_points(params, quiet=True)
-    fdim = len(params.model.target_layers) * params.model.hidden_size
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
-    gen = torch.Generator().manual_seed(params.batching.seed)
-    batches = []
-    for i, (kind, n, m) in enumerate(pts):
-        batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
-                           seed=params.batching.seed + i)
-        feats = None
-        if role == "drafter":  # the drafter's cost does not depend on the feature values
-            feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(dtype)
-        batches.append((batch, feats))
-    out = [{"alone": [], "alone_cpu": [], "busy": [], "busy_cpu": [], "steps": []} for _ in pts]
+    batches = role_batches(role, params, runner.device)
+    out = [{"alone": [], "alone_cpu": [], "busy": [], "busy_cpu": [], "steps": [], "compile": []} for _ in pts]
     passes = _passes(params)
     # the reference step, each role alone in turn (lenbatch.runtime.reference)
     ref_start, ref_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
@@ -205,6 +228,8 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
                     row[key].append(float(secs))
                     row[key + "_cpu"].append(float(runner.last_cpu_s))
                     row["steps"].append(runner.steps - 1)
+                    if role == "target":
+                        row["compile"].append(float(runner.last_compile_s))
             pair += 1
             if not skip:
                 with timed_points.get_lock():
@@ -216,7 +241,8 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
                      "timed" if timed else "warm-up", len(pts), time.perf_counter() - t0)
     ref_end, end_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
     ref = (ref_start, ref_end, ref_s + end_s)
-    queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out], ref))
+    queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out], ref,
+               runner.kernels))
 
 
 def profile(params: Params, *, device: str = "cpu") -> dict:
@@ -236,6 +262,7 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
 
     pts = grid_points(params)
     on_cpu = resolve_device(device, 0).type == "cpu"
+    kernels: dict = {}
     t_start = time.perf_counter()
     if params.profile.concurrent and params.train.nproc > 1:
         import multiprocessing as mp
@@ -245,10 +272,9 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         barrier = ctx.Barrier(2, timeout=BARRIER_TIMEOUT_S)
         timed_points = ctx.Array("i", 2)
         spent = ctx.Array("d", 2 * len(pts))
-        where = {"target": str(resolve_device(device, 0)),
-                 "drafter": str(resolve_device(device, params.train.nproc - 1))}
+        where = role_devices(params, device)
         procs = {r: ctx.Process(target=_role_worker, args=(r, params, where[r], queue, barrier, timed_points,
-                                                                    spent))
+                                                                    spent, os.getpid()))
                  for r in ("target", "drafter")}
         for proc in procs.values():
             proc.start()
@@ -256,7 +282,7 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         refs: dict = {}
         while len(got) < 2:
             try:
-                role, out, refs[role] = queue.get(timeout=1.0)
+                role, out, refs[role], kernels[role] = queue.get(timeout=1.0)
                 got[role] = out
             except _queue.Empty:
                 dead = [r for r, proc in procs.items() if r not in got and proc.exitcode not in (None, 0)]
@@ -273,11 +299,15 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         ref = reference.record(params, {**refs["target"][0], **refs["drafter"][0]},
                                {**refs["target"][1], **refs["drafter"][1]},
                                seconds=max(refs["target"][2], refs["drafter"][2]))
+        compiles = [sum(a["compile"]) for a in t]
+        kernels = kernels["target"]
     else:
         from lenbatch.runtime.runner import StepRunner, configure_process
 
         configure_process(params)
         runner = StepRunner(params, device=resolve_device(device, 0))
+        kernels = runner.kernels
+        compiles = [0.0] * len(pts)
         batches = [make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
                               seed=params.batching.seed + i) for i, (kind, n, m) in enumerate(pts)]
         acc = [([], [], [], [], []) for _ in pts]  # target s, drafter s, their CPU s, drafter steps
@@ -292,6 +322,7 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
                 t_s, d_s, t_c, d_c = time_point(runner, batch, warmup=0, repeats=1, max_seconds=float("inf"))
                 spent[i] += t_s[0] + d_s[0]
                 if timed:
+                    compiles[i] += runner.last_compile_s
                     for lst, x in zip(acc[i], (t_s[0], d_s[0], t_c[0], d_c[0], runner.steps - 1)):
                         lst.append(x)
             log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
@@ -314,7 +345,10 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
                "drafter_seconds_median": float(np.median(d_all)), "drafter_seconds_all": d_all,
                "seconds_median": float(np.median(tot)), "seconds_all": tot,
                # process CPU seconds: cpu / (seconds x threads) well below 1 = a busy machine
-               "target_cpu_seconds_all": t_cpu, "drafter_cpu_seconds_all": d_cpu}
+               "target_cpu_seconds_all": t_cpu, "drafter_cpu_seconds_all": d_cpu,
+               # which kernels ran, and Triton compile/autotune seconds that fell inside timed target steps
+               "kernel_backend": kernels["gated_delta_rule"], "conv_backend": kernels["conv"],
+               "target_compile_seconds_timed": compiles[i]}
         if busy is not None:  # the same step with the other role working at the same time
             tb, db, tbc, dbc = busy
             row.update({"target_busy_seconds_median": float(np.median(tb)), "target_busy_seconds_all": tb,

@@ -81,6 +81,7 @@ from lenbatch.runtime.runner import (
     StepRunner,
     configure_process,
     init_process_group,
+    peak_memory_bytes,
     ranks_per_device,
     resolve_device,
     torchrun_world,
@@ -135,8 +136,22 @@ def _reference_point(setup: RunSetup, runner: StepRunner, *, role: str) -> tuple
                              wait=lambda: dist.barrier(group=setup.reference_group))
 
 
+def _device_report(setup: RunSetup, runner: StepRunner, target_peak: Optional[int]) -> dict[str, Any]:
+    """What ran and what it held: the kernels, Triton's compile seconds, peak device memory per role
+    against :mod:`lenbatch.models.memory`'s estimate (bytes; None on CPU)."""
+    from lenbatch.models.memory import plan_memory_shape, rank_memory
+
+    est_t, est_d = rank_memory(setup.params, **plan_memory_shape(setup.params, setup.lengths,
+                                                                 [s.indices for s in setup.schedule]))
+    return {"kernel_backend": dict(runner.kernels, warmup_compile_s=runner.warmup_compile_s,
+                                   compile_meter=runner.meter.active),
+            "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(setup.device)},
+            "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
+
+
 def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *,
-            resumed_from: Optional[int], ref: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+            resumed_from: Optional[int], ref: Optional[dict[str, Any]] = None,
+            target_peak: Optional[int] = None) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
     if resumed_from == done and (setup.out / "summary.json").exists():
@@ -151,7 +166,7 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
                           total_steps=len(setup.schedule), machine=fingerprint_machine(threads=p.train.threads),
-                          reference=ref)
+                          reference=ref, device=_device_report(setup, runner, target_peak))
     rec.close()
     (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_resolved(p, setup.out)
@@ -184,7 +199,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         useful_done += batch.useful_tokens
         t = time.perf_counter() - t_start
         rec.add(step_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
-                     runner=runner, target_cpu_s=t_cpu))
+                          runner=runner, target_cpu_s=t_cpu, compile_s=runner.last_compile_s))
         _progress(step, len(setup.schedule), loss, useful_done, t)
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
@@ -195,7 +210,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         ref_end, end_s = _reference_point(setup, runner, role="both")
         ref = reference.record(p, ref_start, ref_end, seconds=ref_s + end_s)
     return _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
-                   ref=ref)
+                   ref=ref, target_peak=peak_memory_bytes(setup.device))
 
 
 def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
@@ -250,7 +265,8 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
         batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
         feats, t_s = runner.target_step(batch)
         credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
-        meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9), 0]
+        meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9),
+                int(runner.last_compile_s * 1e9), peak_memory_bytes(setup.device) or 0]
         link.send(batch, feats, meta=meta)
         useful_done += batch.useful_tokens
         if setup.rank == 0:
@@ -277,6 +293,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
     timed = start < len(setup.schedule)
     # outside the measured steps: before the first and after the last
     ref_start, ref_s = _reference_point(setup, runner, role="drafter") if timed else ({}, 0.0)
+    target_peak = 0  # the largest peak device memory any target rank reported (bytes; 0 on CPU)
     t_start = time.perf_counter()
     for step in setup.schedule[start:]:
         t0 = time.perf_counter()
@@ -285,7 +302,8 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
             feats = feats.to(setup.device)
             settle(setup.device)
         wait_s = time.perf_counter() - t0
-        epoch, gstep, t_ns, credit_ns, t_cpu_ns = meta[:5]
+        epoch, gstep, t_ns, credit_ns, t_cpu_ns, compile_ns, peak, stage_ns = meta
+        target_peak = max(target_peak, peak)
         assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
         if not np.array_equal(batch.indices.cpu().numpy(), step.indices):
             raise AssertionError(f"step {step.step}: received a batch other than the planned one")
@@ -293,7 +311,8 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         last_loss = loss
         t = time.perf_counter() - t_start
         rec.add(step_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s, drafter_s=d_s,
-                     loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9))
+                     loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9, compile_s=compile_ns / 1e9,
+                     stage_s=stage_ns / 1e9))
         if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
@@ -308,7 +327,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
         target_start, target_end = got[0]
         ref = reference.record(p, {**target_start, **ref_start}, {**target_end, **ref_end}, seconds=ref_s + end_s)
     summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
-                      ref=ref)
+                      ref=ref, target_peak=target_peak or None)
     link.close()
     return summary
 
@@ -363,13 +382,14 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
                          "raise the budget or lower data.max_len and re-tokenize")
     target_ranks = max(1, world - 1)
     device = resolve_device(params.train.device, int(os.environ.get("LOCAL_RANK", "0")))
-    if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
-        from lenbatch.models.memory import check_fits
-
-        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
-                   ranks_per_device=ranks_per_device(world), single_process=world == 1)
     schedule = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
                               useful_tokens=params.train.useful_tokens, max_steps=max_steps)
+    if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
+        from lenbatch.models.memory import check_fits, plan_memory_shape
+
+        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
+                   ranks_per_device=ranks_per_device(world), single_process=world == 1,
+                   **plan_memory_shape(params, lengths, [s.indices for s in schedule]))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if rank == world - 1:  # the drafter rank (or the single process) writes OUT: one such run at a time

@@ -61,6 +61,13 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
         raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu")
     relative = atol is None and cfg.dtype != "float32"
     tol = rtol if relative else (atol if atol is not None else 1e-4)
+    solve = None
+    if backend == "fla" and device == "cuda" and cfg.dtype == "float32":
+        from lenbatch.models import fla_cpu
+
+        # fla's triangular solve passes tf32 explicitly on sm >= 80, past TRITON_F32_DEFAULT: an fp32
+        # check held to 1e-4 must be IEEE there too (lenbatch.models.fla_cpu)
+        solve = fla_cpu.force_ieee_solve()
     log.info("building the target: %d layers, hidden %d, %s on %s", cfg.num_hidden_layers, cfg.hidden_size,
              cfg.dtype, device)
     target = build_target(cfg, device=device)
@@ -70,6 +77,8 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
           f"gated-delta-rule backend {result['backend']}, conv backend {result['conv_backend']}, boundaries "
           f"{'given' if result['boundaries'] else 'WITHHELD'}")
     print(f"  target weights: {target.weights}")
+    if solve is not None:
+        print(f"  fla triangular solve: ieee (forced; fla chose {solve})")
     print(f"  packed forward {result['packed_seconds']:.3f} s, per-sequence forwards "
           f"{result['reference_seconds']:.3f} s")
     ok = True

@@ -4,7 +4,7 @@
   :func:`lenbatch.corpus.tokenizing.write_outputs`; read by :func:`read_lengths`.
 * ``dataset/``: a ``datasets.save_to_disk`` folder with columns ``input_ids`` (token ids) and
   ``loss_mask`` (1 where a token is trained), one row per sample, row ``i`` holding ``lengths[i]``
-  tokens; read by :class:`TokenizedDataset` (:func:`read_dataset`), which checks the columns and the
+  tokens; read by :class:`TokenizedDataset` (:func:`read_dataset`, pyarrow only), which checks the columns and the
   row count against ``lengths.npy`` once, and every row's length as it is read.
 * ``stats.json``: what tokenizing read, kept and dropped (for people; no stage reads it).
 
@@ -15,6 +15,7 @@ on demand.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -71,59 +72,73 @@ def _checked(path: Path, hint: str) -> np.ndarray:
 
 class TokenizedDataset:
     """``dataset/`` of a tokenize output folder, checked against its ``lengths.npy``: the ``columns``
-    exist and there is one row per length (at open), each row read has its length (on read)."""
+    exist and there is one row per length (at open), each row read has its length (on read).
+
+    Read with pyarrow alone: the Arrow stream files the folder's ``state.json`` lists are memory-mapped
+    (``datasets`` writes them; training needs no ``datasets`` package, and the GPU check's machine has
+    none). Cost: O(files) at open; a read of k rows is one ``take`` of O(k + their tokens)."""
 
     def __init__(self, data: str | Path, lengths: np.ndarray, *, columns: tuple[str, ...] = COLUMNS) -> None:
-        import datasets
+        import pyarrow as pa
 
         self.data = Path(data)
         self.path = self.data / DATASET
         self.hint = rerun(self.data)
-        if not self.path.exists():
-            raise refuse(self.path, "does not exist", rerun=self.hint)
-        ds = datasets.load_from_disk(str(self.path))
-        missing = sorted(set(columns) - set(ds.column_names))
+        state = self.path / "state.json"
+        if not state.exists():
+            what = "does not exist" if not self.path.exists() else "is not a saved dataset (no state.json)"
+            raise refuse(self.path, what, rerun=self.hint)
+        try:
+            files = [self.path / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+            tables = [pa.ipc.open_stream(pa.memory_map(str(f))).read_all() for f in files]
+        except (OSError, KeyError, TypeError, ValueError, pa.ArrowException) as err:
+            raise refuse(self.path, f"could not be read as a saved dataset ({err})", rerun=self.hint) from None
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        missing = sorted(set(columns) - set(table.column_names))
         if missing:
             raise refuse(self.path, f"lacks columns {missing}", rerun=self.hint)
-        if len(ds) != len(lengths):
-            raise refuse(self.path, f"has {len(ds)} rows but {self.data / LENGTHS} has {len(lengths)} (not from "
-                         "the same run)", rerun=self.hint)
-        self.ds = ds.select_columns(list(columns))
+        if table.num_rows != len(lengths):
+            raise refuse(self.path, f"has {table.num_rows} rows but {self.data / LENGTHS} has {len(lengths)} (not "
+                         "from the same run)", rerun=self.hint)
+        self.table = table.select(list(columns))
         self.lengths = lengths
-        self._numpy: Any = None
+
+    def __len__(self) -> int:
+        return self.table.num_rows
 
     def _check(self, i: int, n: int) -> None:
         if n != self.lengths[i]:
             raise refuse(self.path, f"row {i} has {n} tokens but {LENGTHS} says {self.lengths[i]} (not from the "
                          "same run)", rerun=self.hint)
 
+    def _column(self, idx: list[int], name: str) -> list[np.ndarray]:
+        """Rows ``idx`` of list column ``name`` as numpy arrays, each checked against ``lengths``."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        arr = self.table.column(name).take(pa.array(idx, type=pa.int64())).combine_chunks()
+        sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+        values = arr.flatten().to_numpy(zero_copy_only=False)
+        out = np.split(values, np.cumsum(sizes)[:-1]) if len(idx) else []
+        for i, n in zip(idx, sizes):
+            self._check(i, int(n))
+        return out
+
     def samples(self, indices: Iterable[int]) -> list[dict[str, Any]]:
         """Rows ``indices`` as ``{"input_ids": list, "loss_mask": list}`` (what collate takes), in order."""
         idx = [int(i) for i in indices]
-        rows = self.ds[idx]
-        out = []
-        for i, ids, mask in zip(idx, rows["input_ids"], rows["loss_mask"]):
-            self._check(i, len(ids))
-            out.append({"input_ids": ids, "loss_mask": mask})
-        return out
+        ids, masks = self._column(idx, "input_ids"), self._column(idx, "loss_mask")
+        return [{"input_ids": a.tolist(), "loss_mask": m.tolist()} for a, m in zip(ids, masks)]
 
     def arrays(self, indices: Iterable[int]) -> dict[int, dict[str, np.ndarray]]:
         """Rows ``indices`` as ``{i: {"input_ids": int64 array, "loss_mask": bool array}}``."""
         idx = [int(i) for i in indices]
-        return {i: {"input_ids": np.asarray(s["input_ids"], dtype=np.int64),
-                    "loss_mask": np.asarray(s["loss_mask"], dtype=bool)}
-                for i, s in zip(idx, self.samples(idx))}
+        return {i: {"input_ids": a.astype(np.int64), "loss_mask": m.astype(bool)}
+                for i, a, m in zip(idx, self._column(idx, "input_ids"), self._column(idx, "loss_mask"))}
 
     def loss_masks(self, indices: Iterable[int]) -> list[np.ndarray]:
         """The ``loss_mask`` rows of ``indices`` (bool arrays), in order."""
-        if self._numpy is None:
-            self._numpy = self.ds.select_columns(["loss_mask"]).with_format("numpy")
-        idx = [int(i) for i in indices]
-        out = []
-        for i, m in zip(idx, self._numpy[idx]["loss_mask"]):
-            self._check(i, len(m))
-            out.append(np.asarray(m, dtype=bool))
-        return out
+        return [m.astype(bool) for m in self._column([int(i) for i in indices], "loss_mask")]
 
 
 def read_dataset(data: str | Path, lengths: np.ndarray, *, columns: tuple[str, ...] = COLUMNS) -> TokenizedDataset:
