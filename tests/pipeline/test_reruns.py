@@ -74,6 +74,7 @@ RERUNS: dict[str, set[str]] = {
     "models/memory.py": {"train"},
     "models/target.py": MODEL,
     "models/varlen.py": MODEL,
+    "models/kernels.py": MODEL,
     "models/verify.py": set(),  # verify-packing is a tool, not a stage
     # pipeline: an artifact module is its readers' dependency, never its writer's
     "pipeline/artifacts/bucket_edges.py": {"plans", "train", "quality", "compare"},
@@ -92,7 +93,7 @@ RERUNS: dict[str, set[str]] = {
     # runtime: train's, and profile times the same step runner
     "runtime/checkpoint.py": {"train"},
     "runtime/hostmem.py": {"profile", "train"},
-    "runtime/lifetime.py": {"train"},
+    "runtime/lifetime.py": {"profile", "train"},  # the profile's workers die with it too
     "runtime/records.py": {"train"},
     "runtime/reference.py": {"profile", "train"},  # the drift-calibration step
     "runtime/runner.py": {"profile", "train"},
