@@ -57,6 +57,14 @@ def test_a_save_to_disk_folder_with_input_ids_and_loss_mask_skips_the_tokenizer(
     assert rc == 0 and _outputs(tmp_path / "drop")[2]["dropped"]["too_long"] == 1
     rc, err = _tokenize(capsys, tmp_path / "src", tmp_path / "err", "--max-len", "16", "--overflow", "error")
     assert rc != 0 and "row 0 has 20 tokens > data.max_len=16" in err
+    # deterministic bytes (issue 19): a second run into another folder gives the same files, the dataset's
+    # fingerprint is its content hash, and the seconds are in timings.json, not stats.json
+    rc, _ = _tokenize(capsys, tmp_path / "src", tmp_path / "again", "--max-len", "16")
+    assert rc == 0
+    for a in sorted(p for p in (tmp_path / "out").rglob("*") if p.is_file() and p.name != "timings.json"):
+        assert a.read_bytes() == (tmp_path / "again" / a.relative_to(tmp_path / "out")).read_bytes(), a
+    state = json.loads((tmp_path / "out" / "dataset" / "state.json").read_text())
+    assert state["_fingerprint"] == stats["content_sha256"][:16] and "seconds" not in stats
 
 
 def test_parquet_without_a_mask_trains_every_token_and_labels_work_as_a_mask(tmp_path, capsys):

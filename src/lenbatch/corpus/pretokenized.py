@@ -99,7 +99,7 @@ def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_
     """The :class:`lenbatch.corpus.tokenizing.Tokenized` of a pre-tokenized source (rules: module doc)."""
     import pyarrow as pa
 
-    from lenbatch.corpus.tokenizing import ARROW_SCHEMA, Tokenized
+    from lenbatch.corpus.tokenizing import ARROW_SCHEMA, ContentHash, Tokenized
 
     if overflow not in ("truncate", "drop", "error"):
         raise ValueError(f"data.overflow is {overflow!r}; choose truncate, drop or error")
@@ -119,6 +119,7 @@ def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_
     lengths_parts: list[np.ndarray] = []
     truncated = tokens_before = kept_tokens = trained_tokens = 0
     row0 = 0
+    content = ContentHash()  # the same digest tokenizing gives the same rows (state.json's fingerprint)
     failed = True
     try:
         for batch in _batches(path, fmt, columns):
@@ -174,6 +175,7 @@ def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_
                 pa.array(new_len.astype(np.int32)),
                 pa.array((row0 + rows).astype(np.int64)),
             ], schema=ARROW_SCHEMA)
+            content.update({"ids": ids[pos], "mask": mask[pos], "lengths": new_len, "source_index": row0 + rows})
             (writer.write_batch(rb) if writer is not None else kept_batches.append(rb))
             lengths_parts.append(new_len.astype(np.int32))
             kept_tokens += int(new_len.sum())
@@ -223,6 +225,8 @@ def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_
         "assistant_tokens": trained_tokens,
         "length": {"min": int(lengths.min()), "max": int(lengths.max()), "mean": float(lengths.mean())},
         "workers": 1,
-        "seconds": {"read_and_encode": round(time.perf_counter() - t0, 3)},
+        "content_sha256": content.hexdigest(),
     }
-    return Tokenized(lengths=lengths, stats=stats, batches=kept_batches, arrow_path=spill)
+    # seconds go to timings.json (write_outputs), not stats.json: the same rows give the same bytes
+    return Tokenized(lengths=lengths, stats=stats, batches=kept_batches, arrow_path=spill,
+                     seconds={"read_and_encode": round(time.perf_counter() - t0, 3)})
