@@ -31,7 +31,7 @@ def _directive(block: str, name: str) -> str:
 
 def test_registry_deps_rules_dvc_and_cli_name_the_same_stages():
     stages = list(registry.STAGES)
-    assert stages == ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"]
+    assert stages == ["machine", "tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"]
     assert list(deps.STAGES) == stages
     assert set(_rule_blocks()) == set(stages), "a rule in workflow/rules/*.smk that the stage table lacks (or back)"
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
@@ -71,7 +71,7 @@ def test_the_table_declares_what_the_stages_read():
     shared = {"lenbatch.pipeline.artifacts.reading", "lenbatch.pipeline.artifacts.writing"}
     for stage, st in registry.STAGES.items():
         read = {m for m in deps.stage_modules(stage) if m.startswith("lenbatch.pipeline.artifacts.")} - shared
-        declared = {i.stage for i in st.inputs}
+        declared = {i.stage for i in st.inputs if not i.trigger_only}  # the machine: a dependency, never read
         assert {producer[m] for m in read} == declared, (stage, sorted(read), sorted(declared))
         assert stage not in {producer[m] for m in read}, f"{stage} imports the reader of its own outputs"
 
@@ -79,10 +79,10 @@ def test_the_table_declares_what_the_stages_read():
 def test_outputs_come_from_the_artifact_modules():
     """Every output another stage reads has its file name from its artifact module (one owner of the path)."""
     from lenbatch.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result
-    from lenbatch.pipeline.artifacts import tokenized, train_runs
+    from lenbatch.pipeline.artifacts import machine_file, tokenized, train_runs
 
     read = {(i.stage, i.output) for st in registry.STAGES.values() for i in st.inputs}
-    owner = {"tokenize": tokenized, "stats": length_stats, "boundaries": bucket_edges, "plans": plan_metrics,
+    owner = {"machine": machine_file, "tokenize": tokenized, "stats": length_stats, "boundaries": bucket_edges, "plans": plan_metrics,
              "profile": profile_grid, "train": train_runs, "quality": quality_result}
     for stage, name in read:
         file = registry.STAGES[stage].outputs[name].file

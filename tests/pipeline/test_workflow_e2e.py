@@ -21,15 +21,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lenbatch.stages.sync import changed_stages
 from test_reruns import RERUNS, dvc_stages
-from test_workflow import BIN, ENV, job_counts, run
+from test_workflow import BIN, ENV, ROOT, job_counts, run
 
 pytestmark = pytest.mark.slow
 
 
-def dry_run_stages(work: Path, *extra: str) -> set[str]:
+def dry_run_stages(work: Path, *extra: str, snakemake: tuple[str, ...] = ("snakemake",)) -> set[str]:
     """Jobs `snakemake -n` would run, named as DVC names its stages (train-<strategy>)."""
-    out = run(["snakemake", "-n", *extra], cwd=work).stdout
+    out = run([*snakemake, "-n", *extra], cwd=work).stdout
     stages = set()
     for block in re.split(r"\n(?=rule \w+:)", out):
         m = re.match(r"rule (\w+):", block)
@@ -41,7 +42,7 @@ def dry_run_stages(work: Path, *extra: str) -> set[str]:
 
 def dvc_changed(work: Path) -> set[str]:
     status = json.loads(run(["dvc", "status", "--json"], cwd=work).stdout or "{}")
-    return {name.split(":")[-1] for name in status}
+    return set(changed_stages(status))  # the rule lenbatch sync uses: "machine: always changed" is no change
 
 
 def dvc_downstream(work: Path, changed: set[str]) -> set[str]:
@@ -82,6 +83,31 @@ def test_every_stage_wrote_its_outputs(finished):
 def test_both_tools_agree_after_make_run(finished):
     assert dvc_changed(finished) == set(), run(["dvc", "status"], cwd=finished).stdout
     assert "Nothing to be done" in run(["snakemake", "-n"], cwd=finished).stdout
+
+
+def test_another_machine_reruns_the_measuring_stages_in_both_tools(finished):
+    """The machine fingerprint is a dependency (issue 19): a Python with other library versions (the fla venv:
+    flash-linear-attention and another triton) is another machine; after `lenbatch machine` there (what
+    `dvc repro` runs first) `dvc status` names profile, every training and quality, and `snakemake -n` run by
+    that Python (which writes the fingerprint as it parses) plans those and compare. The same machine: nothing."""
+    other = ROOT / ".venv-fla" / "bin" / "python"
+    if not other.exists():
+        pytest.skip(f"{other} is absent (make .venv-fla/.lenbatch-fla-installed builds it; make test does)")
+    path = finished / "results/machine/machine.json"
+    saved, st = path.read_bytes(), path.stat()
+    strategies = yaml.safe_load((finished / "params.yaml").read_text())["train"]["strategies"]
+    measuring = {"profile", "quality", *(f"train-{s}" for s in strategies)}
+    try:
+        run([str(other), "-m", "lenbatch", "machine", "--out", "results/machine"], cwd=finished)
+        assert path.read_bytes() != saved
+        assert dvc_changed(finished) == measuring
+        assert dry_run_stages(finished, snakemake=(str(other), "-m", "snakemake")) == measuring | {"compare"}
+    finally:
+        path.write_bytes(saved)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    run(["lenbatch", "machine", "--out", "results/machine"], cwd=finished)  # this machine: the file is left as it is
+    assert path.read_bytes() == saved and path.stat().st_mtime_ns == st.st_mtime_ns
+    assert dvc_changed(finished) == set() and dry_run_stages(finished) == set()
 
 
 @pytest.mark.parametrize("edit", [

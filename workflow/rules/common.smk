@@ -22,6 +22,16 @@ except ValueError as err:
     raise WorkflowError(f"invalid params: {err}")
 validate(config, "../schemas/params.schema.yaml")
 
+# The machine the measuring stages run on (profile, train, quality depend on its fingerprint): rewritten
+# here, only when it changed (same machine: same bytes, same file time, nothing reruns; another machine or
+# another torch: a newer file, so they rerun). Only in the main process: a cluster job's process parses
+# this file again on its node. On a cluster this is the submitting node's fingerprint; every run records
+# its own node's, and compare refuses a mix.
+if workflow.is_main_process:
+    from lenbatch.core.machine import write_if_changed
+
+    write_if_changed(registry.output_path("machine", "machine", results=R))
+
 LOGS = f"{R}/logs" if R != "results" else "logs"
 BENCH = f"{LOGS}/benchmarks"
 STRATEGIES = deps.strategies(config)
@@ -85,7 +95,8 @@ def inputs(stage):
             out[i.output] = up(paths[0] if len(paths) == 1 else paths)
     if stage in deps.PRETRAINED_STAGES:
         out["pretrained"] = pretrained()
-    out["code"] = code(stage)
+    if not st.always_changed:  # the machine rule has no inputs: only a missing file reruns it
+        out["code"] = code(stage)
     return out
 
 

@@ -1,3 +1,22 @@
+# The machine's fingerprint (lenbatch.core.machine): a dependency of the measuring stages. common.smk
+# rewrites it as the workflow is parsed, only when it changed, so this rule runs only when the file is
+# missing; it has no inputs, so a checkout's file times never rerun it (or what follows).
+rule machine:
+    input:
+        **inputs("machine"),
+    output:
+        **outputs("machine"),
+    params:
+        cfg=cfg("machine"),
+        out=f"{R}/machine",
+    log:
+        f"{LOGS}/machine.log",
+    benchmark:
+        f"{BENCH}/machine.tsv"
+    shell:
+        "lenbatch machine --out {params.out} > {log} 2>&1"
+
+
 rule tokenize:
     input:
         **inputs("tokenize"),

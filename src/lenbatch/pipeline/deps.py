@@ -207,6 +207,10 @@ def dvc_target(stage: str, *, results: str = "results", strategy: str | None = N
 def _dvc_stage(stage: str, *, results: str, strategy: str | None,
                pretrained: str | None = None) -> dict[str, typing.Any]:
     st = STAGES[stage]
+    if st.always_changed:  # the machine: its command runs every time and rewrites only a changed fingerprint
+        (name, o), = st.outputs.items()
+        return {"cmd": f"lenbatch {stage} --out {results}/{stage}", "always_changed": True,
+                "outs": [{output_path(stage, name, results=results): {"cache": o.cache, "persist": True}}]}
     ins = input_paths(stage, results=results, strategies=strategies(), strategy=strategy)
     checkpoint = pretrained_files(pretrained) if stage in PRETRAINED_STAGES else []
     entry: dict[str, typing.Any] = {

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from lenbatch.pipeline.artifacts import (
     bucket_edges,
     length_stats,
+    machine_file,
     plan_metrics,
     profile_grid,
     quality_result,
@@ -60,6 +61,7 @@ class Input:
     stage: str
     output: str
     only_for: str | None = None
+    trigger_only: bool = False  # a dependency the stage never reads (the machine fingerprint): reruns it only
 
 
 @dataclass(frozen=True)
@@ -67,13 +69,16 @@ class Stage:
     """A stage of the DAG. ``params``: the params keys its code reads, whole sections (``"model"``) or
     single keys (``"data.max_len"``), ``exclude`` dropping keys of whole sections; ``per_strategy``: one
     job per strategy of ``train.strategies`` (Snakemake's ``{strategy}`` wildcard, DVC's
-    ``<stage>-<strategy>`` stages)."""
+    ``<stage>-<strategy>`` stages); ``always_changed``: DVC runs it on every ``dvc repro`` (its command
+    itself leaves its output's bytes alone unless they change) and the Snakefile writes its output as it
+    is parsed: the machine fingerprint, which no file the workflow knows can tell has changed."""
 
     params: tuple[str, ...]
     inputs: tuple[Input, ...] = ()
     outputs: Mapping[str, Output] = field(default_factory=dict)
     exclude: tuple[str, ...] = ()
     per_strategy: bool = False
+    always_changed: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,10 +102,14 @@ class Command:
 _IN_LENGTHS = Input("tokenize", "lengths")
 _IN_DATASET = Input("tokenize", "dataset")
 _IN_EDGES = Input("boundaries", "boundaries")
+# The measuring stages depend on the machine: another machine (or another torch) reruns them
+_IN_MACHINE = Input("machine", "machine", trigger_only=True)
 _MODEL_RUN = ("model", "drafter", "batching")  # what a stage that runs the model reads besides its own section
 
 # Order is the order of the DAG, then the tools.
 _ALL = (
+    Command("machine", "write this machine's fingerprint to machine.json (only when it changed)", stage=Stage(
+        params=(), always_changed=True, outputs={"machine": Output(machine_file.MACHINE)})),
     Command("tokenize", "tokenize chat data into an Arrow dataset and lengths.npy", staged=True, stage=Stage(
         params=("data",),
         outputs={"dataset": Output(tokenized.DATASET, cache=True, directory=True),
@@ -123,12 +132,12 @@ _ALL = (
     # warmup_steps, queue_size, checkpoint_every, useful_tokens or strategies.
     Command("profile", "time the target + drafter step on a grid of batch shapes", staged=True, stage=Stage(
         params=(*_MODEL_RUN, "profile", "data.max_len", "train.nproc", "train.threads", "train.device",
-                "train.kernels", "train.reuse_host_memory"),
+                "train.kernels", "train.reuse_host_memory"), inputs=(_IN_MACHINE,),
         outputs={"grid": Output(profile_grid.GRID)})),
     # one job per strategy; only bucketed reads the edges, so boundaries.* never reruns the others
     Command("train", "train the drafter with one batching strategy and measure throughput", stage=Stage(
         params=(*_MODEL_RUN, "train", "data.max_len"), exclude=("train.strategies",), per_strategy=True,
-        inputs=(_IN_DATASET, _IN_LENGTHS, Input("boundaries", "boundaries", only_for="bucketed")),
+        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, Input("boundaries", "boundaries", only_for="bucketed")),
         outputs={"summary": Output(train_runs.SUMMARY), "steps": Output(train_runs.STEPS, declared=False)})),
     Command("verify-packing", "check that a packed forward equals the per-sequence forwards"),
     # quality has its own lr and anchors: the train stage's drafter.lr / anchors_per_seq never rerun it;
@@ -136,7 +145,7 @@ _ALL = (
     Command("quality", "held-out loss over seeds and gradient quality of every strategy", stage=Stage(
         params=("quality", *_MODEL_RUN, "train.strategies", "train.device", "data.max_len"),
         exclude=("drafter.lr", "drafter.anchors_per_seq"),
-        inputs=(_IN_DATASET, _IN_LENGTHS, Input("boundaries", "boundaries", only_for="bucketed")),
+        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, Input("boundaries", "boundaries", only_for="bucketed")),
         outputs={"quality": Output(quality_result.QUALITY), "metrics": Output(quality_result.METRICS),
                  "curves": Output(quality_result.CURVES), "gradients": Output(quality_result.GRADIENTS)})),
     # compare's files are for people (no stage reads them): metrics users compare, the plots, the rest
@@ -156,7 +165,6 @@ _ALL = (
                  "throughput_plot": Output("throughput.png", kind="plots")})),
     Command("study-replay", "the study's own setting replayed (seed profile, budget 49,152, 7 ranks, its edges)",
             staged=True),
-    Command("machine", "write this machine's fingerprint to machine.json (only when it changed)"),
     Command("params", "validate a params file, or print its resolved values or JSON schema"),
     Command("plots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
     Command("dvc-yaml", "write dvc.yaml from the stages' derived code and params dependencies"),

@@ -34,9 +34,14 @@ from pathlib import Path
 from typing import Any
 
 
+ALWAYS_CHANGED = "always changed"
+
+
 def changed_stages(status: dict[str, Any]) -> list[str]:
-    """Stage names in ``dvc status --json`` output (keys may carry ``dvc.yaml:``), in DVC's order."""
-    return [name.split(":")[-1] for name in status]
+    """Stage names in ``dvc status --json`` output (keys may carry ``dvc.yaml:``), in DVC's order; a stage
+    DVC names only because it is ``always_changed`` (the machine fingerprint: its command leaves the file
+    as it is unless the machine changed) is not changed."""
+    return [name.split(":")[-1] for name, what in status.items() if what != [ALWAYS_CHANGED]]
 
 
 def stage_outputs(dvc_yaml: dict[str, Any], stages: list[str]) -> list[str]:
