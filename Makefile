@@ -40,8 +40,11 @@ sync: install
 plots: install
 	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch plots
 
+# Two pytest-xdist workers (tests/conftest.py groups and orders them): ~2x on the 2-core CI machine.
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: install
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf results logs .snakemake

@@ -18,7 +18,8 @@ from _e2e import git_commit, make
 from test_workflow import run
 from test_workflow_e2e import dry_run_stages, dvc_changed, dvc_downstream
 
-pytestmark = pytest.mark.slow
+# one worker builds and uses the shared finished run (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("finished")]
 
 
 def _git_status(work: Path) -> str:

@@ -25,7 +25,8 @@ from lenbatch.stages.sync import changed_stages
 from test_reruns import RERUNS, dvc_stages
 from test_workflow import BIN, ENV, ROOT, job_counts, run
 
-pytestmark = pytest.mark.slow
+# one worker builds and uses the shared finished run (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("finished")]
 
 
 def dry_run_stages(work: Path, *extra: str, snakemake: tuple[str, ...] = ("snakemake",)) -> set[str]:
