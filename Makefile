@@ -40,11 +40,11 @@ sync: install
 plots: install
 	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch plots
 
-# Two pytest-xdist workers (tests/conftest.py groups and orders them): ~2x on the 2-core CI machine.
+# Two pytest-xdist workers, by file (tests/conftest.py says why and orders them).
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 test: install
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf results logs .snakemake

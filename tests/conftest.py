@@ -15,12 +15,12 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup). The tests that share the one
-# finished workflow run (tests/pipeline/conftest.py, ~90 s to build) form one group on one worker, so it is
-# built once; the longest groups go first so that no worker is left with a long tail (on 2 cores: the
-# finished-run group ~9 min, the GPU check's rehearsal ~4 min, everything else spread around them).
-FIRST = ("tests/pipeline/test_fresh_clone.py", "tests/pipeline/test_workflow_e2e.py",
-         "tests/benchmarks/test_gpu_check.py::test_rehearsal")
+# `make test` runs the suite on two pytest-xdist workers, by file (--dist loadfile): the tests that share
+# the one finished workflow run (tests/pipeline/conftest.py, ~90 s to build) are one file, so it is built
+# once. (--dist loadgroup would group across files, but pytest 9.2 no longer lets xdist 3.8 rename the
+# test ids it groups by.) The longest files go first so that no worker is left with a long tail.
+FIRST = ("tests/pipeline/test_workflow_e2e.py", "tests/benchmarks/test_gpu_check.py",
+         "tests/runtime/test_transport.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -111,7 +111,9 @@ def _train(setup, strategy: str, rendezvous: bool) -> list[dict]:
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("strategy", ["sorted", "random", "bucketed", "sortish", "packed"])
+# a padded layout (with the edges path) and the packed one: the transport sees only shapes, and each run is
+# ~30 s on 2 cores (every strategy runs under torchrun in tests/stages/test_train.py and the e2e run)
+@pytest.mark.parametrize("strategy", ["bucketed", "packed"])
 def test_two_target_ranks_train_the_same_batches_and_losses_under_rendezvous(setup, strategy):
     normal = _train(setup, strategy, rendezvous=False)
     rdv = _train(setup, strategy, rendezvous=True)

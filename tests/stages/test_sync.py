@@ -1,5 +1,5 @@
 """`lenbatch sync`'s reading of `dvc status` and dvc.yaml, and the plots template `.dvc/config` names (issue 19).
-The real runs (a fresh clone, a checkout) are in tests/pipeline/test_fresh_clone.py. (<1 s)"""
+The real runs (a fresh clone, a checkout) are in tests/pipeline/test_workflow_e2e.py (its end). (<1 s)"""
 
 from __future__ import annotations
 
