@@ -21,7 +21,7 @@ from lenbatch.analysis import shapes as shp
 from lenbatch.analysis import stepmodel as sm
 from lenbatch.stages.compare import ACK_EVERY, compare
 from lenbatch.core.config import load_params
-from lenbatch.analysis.report import busy_machine, write_outputs
+from lenbatch.analysis.report import busy_machine, unsteady_machine, write_outputs
 from lenbatch.core import machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -318,6 +318,16 @@ def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):
     assert busy_machine(quiet) == []
     write_outputs(quiet, tmp_path / "quiet" / "compare", params=params)
     assert "The machine was quiet" in (tmp_path / "quiet" / "compare" / "report.md").read_text()
+    # full CPU shares, but a run's reference step 30% slower at its end than at its start: not quiet
+    assert unsteady_machine(quiet) == []
+    rows = dict(quiet.rows)
+    rows["bucketed"] = dataclasses.replace(rows["bucketed"], target_reference_drift=0.30)
+    moved = dataclasses.replace(quiet, rows=rows, profile_reference_drift={"target": -0.15, "drafter": 0.02})
+    assert unsteady_machine(moved) == ["profile target -15.0%", "bucketed run target +30.0%"]
+    write_outputs(moved, tmp_path / "quiet" / "moved", params=params)
+    text = (tmp_path / "quiet" / "moved" / "report.md").read_text()
+    assert "speed changed during the measurements" in text and "bucketed run target +30.0%" in text
+    assert "The machine was quiet" not in text
 
 
 def _runs_variant(root: Path, tmp_path: Path, params, **run_kwargs) -> Path:

@@ -384,6 +384,25 @@ def busy_machine(result: CompareResult) -> list[str]:
     return low
 
 
+# A reference step that moved more than this between a measurement's start and end: the machine's speed
+# changed under it (a VM's CPU steal does not show in the process's CPU shares; the reference does).
+DRIFT_WARN = 0.10
+
+
+def unsteady_machine(result: CompareResult) -> list[str]:
+    """Measurements whose reference step (lenbatch.runtime.reference) moved by more than ``DRIFT_WARN``
+    between their start and end: the machine ran at another speed at the end than at the start, whatever
+    the CPU shares say (a virtual machine's stolen time is invisible to the process)."""
+    out = [f"profile {role} {_signed(v)}" for role, v in (result.profile_reference_drift or {}).items()
+           if not math.isnan(v) and abs(v) > DRIFT_WARN]
+    for s, r in result.rows.items():
+        for role in ("target", "drafter"):
+            v = getattr(r, f"{role}_reference_drift")
+            if not math.isnan(v) and abs(v) > DRIFT_WARN:
+                out.append(f"{s} run {role} {_signed(v)}")
+    return out
+
+
 def noise_paragraph(result: CompareResult) -> str:
     """Where it was measured, and was the machine quiet while profiling and training? (Tells noise from
     model error.)"""
@@ -403,9 +422,18 @@ def _quiet_paragraph(result: CompareResult) -> str:
                 "of its cores takes about 1/s as long, so the errors above mix other work on the machine with model "
                 "error. Rerun what was slowed on a quiet machine (`snakemake --forcerun profile` for the profile, "
                 "`--forcerun train` for the runs).")
-    return (f"The machine was quiet: the profile's steps got {_pct(prof['target'])} (target) and "
-            f"{_pct(prof['drafter'])} (drafter) of their cores, the runs' steps at least {_pct(min(runs))}, so "
-            "the errors above are the step-time model's and the run-to-run noise's, not other work's.")
+    shares = (f"the profile's steps got {_pct(prof['target'])} (target) and {_pct(prof['drafter'])} (drafter) "
+              f"of their cores, the runs' steps at least {_pct(min(runs))}")
+    moved = unsteady_machine(result)
+    if moved:
+        return (f"**The machine's speed changed during the measurements**: {shares}, but the reference step moved "
+                f"by more than {100 * DRIFT_WARN:.0f}% between start and end ({', '.join(moved)}; a virtual "
+                "machine's stolen CPU time does not show in CPU shares). The errors above mix that drift with "
+                "model error, and a start/end reference cannot calibrate a drift that is not linear in time. Rerun "
+                "on a steadier machine: `snakemake --forcerun profile train`.")
+    return (f"The machine was quiet: {shares}, and the reference step moved by at most {100 * DRIFT_WARN:.0f}% "
+            "within the profile and every run, so the errors above are the step-time model's and the run-to-run "
+            "noise's, not other work's.")
 
 
 def _signed(x: float) -> str:
@@ -540,5 +568,5 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
     return metrics
 
 
-__all__ = ["CompareResult", "Recommendation", "StrategyRow", "busy_machine", "flat_metrics", "frontier_points",
+__all__ = ["CompareResult", "Recommendation", "StrategyRow", "busy_machine", "unsteady_machine", "flat_metrics", "frontier_points",
            "write_outputs"]
