@@ -106,14 +106,3 @@ def test_differences_and_describe_name_the_fields():
     assert machine.differences(fp, fp) == []
     text = machine.describe(fp)
     assert fp["id"] in text and f"torch {fp['versions']['torch']}" in text and str(fp["cpu"]["model"]) in text
-
-
-def test_changed_fields_names_every_differing_leaf_lists_included():
-    """The one comparison the machine check and the checkpoint's params check share."""
-    from lenbatch.core.machine import changed_fields
-
-    a = {"model": {"dtype": "float32", "layers": [1, 2]}, "edges": None}
-    b = {"model": {"dtype": "bfloat16", "layers": [1, 3, 4]}, "edges": None}
-    assert changed_fields(a, b) == ["model.dtype: 'float32' -> 'bfloat16'", "model.layers.1: 2 -> 3",
-                                    "model.layers.2: None -> 4"]
-    assert changed_fields(a, a) == []

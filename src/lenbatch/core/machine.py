@@ -212,17 +212,11 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): d}
 
 
-def changed_fields(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """``field: a -> b`` for every leaf of two nested mappings that differs (``versions.torch: '2.11.0' ->
-    '2.13.0'``, a list item as ``edges.3``), sorted. Kept here, standard library only, because this module
-    is also loaded by path (benchmarks/gpu_check.py); the checkpoint's params check uses it too."""
-    fa, fb = _flatten(a), _flatten(b)
-    return [f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}" for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
-
-
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """``field: a -> b`` for every identity field that differs (:func:`changed_fields`)."""
-    return changed_fields({k: a.get(k) for k in IDENTITY_KEYS}, {k: b.get(k) for k in IDENTITY_KEYS})
+    """``field: a -> b`` for every identity field that differs (``versions.torch: '2.11.0' -> '2.13.0'``)."""
+    fa = _flatten({k: a.get(k) for k in IDENTITY_KEYS})
+    fb = _flatten({k: b.get(k) for k in IDENTITY_KEYS})
+    return [f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}" for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 
 def describe(fp: dict[str, Any]) -> str:
@@ -250,6 +244,5 @@ def describe(fp: dict[str, Any]) -> str:
     return text + f"; machine id {fp.get('id')}"
 
 
-__all__ = ["IDENTITY_KEYS", "MACHINE_FILE", "VERSION_PACKAGES", "accelerator_info", "canonical_bytes", "changed_fields",
-           "cpu_info",
+__all__ = ["IDENTITY_KEYS", "MACHINE_FILE", "VERSION_PACKAGES", "accelerator_info", "canonical_bytes", "cpu_info",
            "describe", "differences", "fingerprint", "machine_id", "versions", "write_if_changed"]
