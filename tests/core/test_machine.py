@@ -37,6 +37,16 @@ def test_the_fingerprint_describes_this_machine_and_another_process_gets_the_sam
     assert len(fp["id"]) == machine.ID_LENGTH and fp["id"] == machine.machine_id(fp)
     # threads are the process's own (a params key), not the machine's: the id leaves them out
     assert machine.fingerprint(threads=1)["id"] == fp["id"]
+    # the vector ISA torch chose its kernels by is part of the CPU's identity (two "AMD EPYC" hosts,
+    # one with AVX-512, gave losses 1 ulp apart): it agrees with what torch reports
+    isa, cap = fp["cpu"]["vector_isa"], torch.backends.cpu.get_cpu_capability()
+    if sys.platform.startswith("linux") and cap.startswith("AVX"):
+        assert ("avx512f" in isa) == cap.startswith("AVX512") and ("avx2" in isa) == (cap != "DEFAULT"), (isa, cap)
+    changed = {**fp, "cpu": {**fp["cpu"], "vector_isa": sorted(set(isa or []) | {"avx512f"})}}
+    if changed["cpu"] != fp["cpu"]:
+        assert machine.machine_id(changed) != fp["id"]
+        assert machine.differences(fp, changed) and all(d.startswith("cpu.vector_isa.")
+                                                         for d in machine.differences(fp, changed))
     other = subprocess.run([sys.executable, "-c", PRINT_ID], capture_output=True, text=True, env=_env(), timeout=120)
     assert other.returncode == 0, other.stderr
     assert other.stdout.strip() == fp["id"]
@@ -106,3 +116,14 @@ def test_differences_and_describe_name_the_fields():
     assert machine.differences(fp, fp) == []
     text = machine.describe(fp)
     assert fp["id"] in text and f"torch {fp['versions']['torch']}" in text and str(fp["cpu"]["model"]) in text
+
+
+def test_changed_fields_names_every_differing_leaf_lists_included():
+    """The one comparison the machine check and the checkpoint's params check share."""
+    from lenbatch.core.machine import changed_fields
+
+    a = {"model": {"dtype": "float32", "layers": [1, 2]}, "edges": None}
+    b = {"model": {"dtype": "bfloat16", "layers": [1, 3, 4]}, "edges": None}
+    assert changed_fields(a, b) == ["model.dtype: 'float32' -> 'bfloat16'", "model.layers.1: 2 -> 3",
+                                    "model.layers.2: None -> 4"]
+    assert changed_fields(a, a) == []

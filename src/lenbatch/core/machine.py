@@ -10,7 +10,10 @@ Fields (``None`` where this machine does not tell; nothing is guessed):
 
 - ``cpu``: ``model`` (``/proc/cpuinfo``'s model name, macOS ``sysctl``, else ``platform.processor()``),
   ``arch`` (``platform.machine()``), ``logical_cores`` (``os.cpu_count()``), ``usable_cores`` (the
-  CPU affinity of this process), ``quota_cores`` (a cgroup CPU quota in cores; ``None``: unlimited);
+  CPU affinity of this process), ``quota_cores`` (a cgroup CPU quota in cores; ``None``: unlimited),
+  ``vector_isa`` (the vector extensions the CPU reports, sorted: ``avx2``, ``avx512f``, ``amx_tile``, ARM's
+  ``sve``...: torch picks its CPU kernels by them, so two hosts that both call themselves "AMD EPYC" but
+  differ in AVX-512 give different step times and losses that differ in the last bits);
 - ``memory_gib``: physical memory (GiB, one decimal: the same VM keeps it across reboots);
 - ``accelerator``: ``None`` without a usable CUDA (or ROCm) device, else ``kind``, ``count``,
   ``devices`` (``model``, ``memory_gib``, ``capability`` of each visible device), ``driver`` (the
@@ -76,6 +79,23 @@ def cpu_model() -> Optional[str]:
     return platform.processor() or None
 
 
+# The /proc/cpuinfo flags that choose torch's CPU kernels (x86 "flags", ARM "Features").
+_VECTOR_FLAG = re.compile(r"^(sse4_2|avx|avx2|fma|f16c|avx512\w*|avx_vnni\w*|amx\w*|asimd\w*|sve\d*|sme\d*|i8mm|bf16)$")
+
+
+def vector_isa() -> Optional[list[str]]:
+    """The vector extensions of the first CPU in ``/proc/cpuinfo`` (module doc), sorted; None where the
+    system does not list flags (macOS, Windows)."""
+    info = _read("/proc/cpuinfo")
+    if not info:
+        return None
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return sorted({f for f in value.split() if _VECTOR_FLAG.match(f)})
+    return None
+
+
 def cpu_quota() -> Optional[float]:
     """Cores a cgroup CPU quota allows (``cpu.max`` of cgroup v2, ``cfs_quota_us`` of v1); None: no quota."""
     v2 = _read("/sys/fs/cgroup/cpu.max")
@@ -92,13 +112,13 @@ def cpu_quota() -> Optional[float]:
 
 
 def cpu_info() -> dict[str, Any]:
-    """``model``, ``arch``, ``logical_cores``, ``usable_cores``, ``quota_cores`` (module doc)."""
+    """``model``, ``arch``, ``logical_cores``, ``usable_cores``, ``quota_cores``, ``vector_isa`` (module doc)."""
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows: no affinity
         usable = os.cpu_count()
     return {"model": cpu_model(), "arch": platform.machine() or None, "logical_cores": os.cpu_count(),
-            "usable_cores": usable, "quota_cores": cpu_quota()}
+            "usable_cores": usable, "quota_cores": cpu_quota(), "vector_isa": vector_isa()}
 
 
 def memory_gib() -> Optional[float]:
@@ -212,11 +232,17 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): d}
 
 
-def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """``field: a -> b`` for every identity field that differs (``versions.torch: '2.11.0' -> '2.13.0'``)."""
-    fa = _flatten({k: a.get(k) for k in IDENTITY_KEYS})
-    fb = _flatten({k: b.get(k) for k in IDENTITY_KEYS})
+def changed_fields(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """``field: a -> b`` for every leaf of two nested mappings that differs (``versions.torch: '2.11.0' ->
+    '2.13.0'``, a list item as ``edges.3``), sorted. Kept here, standard library only, because this module
+    is also loaded by path (benchmarks/gpu_check.py); the checkpoint's params check uses it too."""
+    fa, fb = _flatten(a), _flatten(b)
     return [f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}" for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """``field: a -> b`` for every identity field that differs (:func:`changed_fields`)."""
+    return changed_fields({k: a.get(k) for k in IDENTITY_KEYS}, {k: b.get(k) for k in IDENTITY_KEYS})
 
 
 def describe(fp: dict[str, Any]) -> str:
@@ -244,5 +270,6 @@ def describe(fp: dict[str, Any]) -> str:
     return text + f"; machine id {fp.get('id')}"
 
 
-__all__ = ["IDENTITY_KEYS", "MACHINE_FILE", "VERSION_PACKAGES", "accelerator_info", "canonical_bytes", "cpu_info",
+__all__ = ["IDENTITY_KEYS", "MACHINE_FILE", "VERSION_PACKAGES", "accelerator_info", "canonical_bytes", "changed_fields",
+           "cpu_info",
            "describe", "differences", "fingerprint", "machine_id", "versions", "write_if_changed"]

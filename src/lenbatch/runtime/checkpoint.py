@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from lenbatch.core.config import Params
+from lenbatch.core.machine import changed_fields
 
 FORMAT = 3  # 2: log_sha256 ties the checkpoint to its steps.jsonl; 3: tensors and plain values only (weights_only)
 RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "summary.json", "params.json", "steps.jsonl")
@@ -53,20 +54,10 @@ def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...
             "model": p["model"], "drafter": p["drafter"], "batching": p["batching"]}
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
-
-
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
-    a, b = _flat(saved), _flat(current)
-    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    diff = changed_fields(saved, current)
     if diff:
-        shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:6])
+        shown = ", ".join(diff[:6])
         raise ValueError(f"checkpoint {path} was written with other params ({shown}); resume with the params it "
                          "was written with, or start afresh without --resume (or with another --out)")
 
