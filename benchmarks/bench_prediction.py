@@ -51,6 +51,28 @@ def sh(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
+def reference_noise(work: Path, repeats: int, strategies: list[str]) -> dict:
+    """How steady the machine is, from the reference step (the same work every time): per role, the
+    median of each timed point (start and end of every profile and run) and the spread of the repeats
+    within a point. Between points the machine's speed is all that changes, so their coefficient of
+    variation ``cv`` bounds a two-point calibration: a run's (or profile's) speed estimated from k
+    points is off by about cv / sqrt(k), and the ratio of two such by cv x sqrt(2 / k) (k = 2: cv
+    itself); reaching 3% takes k >= 2 (cv / 0.03)^2 points per profile and per run."""
+    recs = [json.loads((work / f"profile_{i}" / "grid.json").read_text())["reference"] for i in range(repeats)]
+    recs += [json.loads((work / f"train_rep{j}" / s / "summary.json").read_text())["reference"]
+             for j in range(repeats) for s in strategies]
+    out = {}
+    for role in ("target", "drafter"):
+        points = [np.asarray(r[role][k], dtype=float) for r in recs if r and role in r for k in ("start", "end")]
+        med = np.array([np.median(p) for p in points])
+        within = float(np.median([np.median(np.abs(p - np.median(p))) / np.median(p) for p in points]))
+        cv = float(med.std() / med.mean())
+        out[role] = {"points": int(med.size), "min_s": float(med.min()), "max_s": float(med.max()),
+                     "mean_s": float(med.mean()), "cv": cv, "within_point_mad": within,
+                     "two_point_ratio_error": cv, "points_for_3pct": int(np.ceil(2 * (cv / 0.03) ** 2))}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", nargs="+", default=[str(REPO / "params.yaml")])
@@ -59,7 +81,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="rounds: one profile and one run of every strategy each")
     ap.add_argument("--useful-tokens", type=int, default=None, help="override train.useful_tokens")
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
-    ap.add_argument("--skip-profile", action="store_true", help="reuse the profiles and runs already in WORK")
+    ap.add_argument("--skip-profile", action="store_true",
+                    help="reuse the profiles, runs, stats and plans already in WORK: re-score them only")
     args = ap.parse_args()
 
     work = Path(args.work).resolve()
@@ -84,12 +107,15 @@ def main() -> int:
     if not (data / "lengths.npy").exists():
         timings["tokenize"] = sh([*lb, "tokenize", *P, "--out", str(data)], work / "logs" / "tokenize.log")
     L = str(data / "lengths.npy")
-    timings["stats"] = sh([*lb, "stats", *P, "--lengths", L, "--out", str(work / "stats")], work / "logs" / "stats.log")
-    timings["boundaries"] = sh([*lb, "boundaries", *P, "--lengths", L, "--out", str(work / "boundaries")],
-                               work / "logs" / "boundaries.log")
     bfile = str(work / "boundaries" / "boundaries.json")
-    timings["plans"] = sh([*lb, "plans", *P, "--lengths", L, "--boundaries", bfile,
-                           "--out", str(work / "plans")], work / "logs" / "plans.log")
+    reuse = args.skip_profile and (work / "plans").is_dir() and (work / "stats").is_dir()  # re-score only
+    if not reuse:
+        timings["stats"] = sh([*lb, "stats", *P, "--lengths", L, "--out", str(work / "stats")],
+                              work / "logs" / "stats.log")
+        timings["boundaries"] = sh([*lb, "boundaries", *P, "--lengths", L, "--out", str(work / "boundaries")],
+                                   work / "logs" / "boundaries.log")
+        timings["plans"] = sh([*lb, "plans", *P, "--lengths", L, "--boundaries", bfile,
+                               "--out", str(work / "plans")], work / "logs" / "plans.log")
     from lenbatch.stages.compare import compare
     from lenbatch.core.config import load_params
     from lenbatch.core.cpu import grid_cpu_share
@@ -232,6 +258,14 @@ def main() -> int:
     print(f"reference step cost: {min(ref_costs):.1f}-{max(ref_costs):.1f} s per profile, {min(run_refs):.1f}-"
           f"{max(run_refs):.1f} s per run; load average after: {load_after[0]:.2f} (1 min), {load_after[1]:.2f} "
           f"(5 min), {load_after[2]:.2f} (15 min)")
+    noise = reference_noise(work, R, list(args.strategies))
+    print("what limits a reference calibration: the reference step (identical work) per timed point, every "
+          "profile and run: median seconds [min, max], spread between points (cv), within a point (MAD)")
+    for role, v in noise.items():
+        print(f"{role:<8} {v['points']} points: mean {v['mean_s']:.3f} s [{v['min_s']:.3f}, {v['max_s']:.3f}], cv "
+              f"{100 * v['cv']:.1f}% between points, {100 * v['within_point_mad']:.1f}% within; a start/end "
+              f"reference ratio is off by ~{100 * v['two_point_ratio_error']:.1f}%, 3% would take "
+              f">= {v['points_for_3pct']} points per profile and per run")
     from lenbatch.core.machine import describe, fingerprint
 
     here = fingerprint(threads=params.train.threads)
@@ -239,6 +273,7 @@ def main() -> int:
     (work / "bench_prediction.json").write_text(json.dumps({
         "machine": here, "table": table, "fits": fits, "profile_cpu_share": shares, "modes": modes_out, "timings": timings,
         "repeats": R, "load_before": load_before, "load_after": load_after, "profile_reference_seconds": ref_costs,
+        "reference_noise": noise,
         "targets": {"calibrated_worst_matched": cal_matched, "calibrated_worst_mean": cal_mean, "met": ok}},
         indent=2))
     return 0
