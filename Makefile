@@ -12,9 +12,13 @@ PLOTS_TEMPLATE := .dvc/offline-plots.html
 
 install: $(STAMP) $(PLOTS_TEMPLATE)
 
-$(STAMP): pyproject.toml
+# The bare venv is its own target: the fla venv needs only it (its .pth names this venv's site-packages),
+# so `make -j` (.ci/run) downloads fla's triton while this venv installs.
+$(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
 	# torch first, pinned: the CPU build; a bare "torch" would pull a multi-GB CUDA build.
 	# The package itself asks only torch>=2.4 (a library must not replace its users' torch);
 	# the exact pin lives here, and is repeated so no extra's resolution can move it.
@@ -59,7 +63,7 @@ FLA_PINS := flash-linear-attention==0.6.0 fla-core==0.6.0 triton==3.9.0 einops==
 .PHONY: fla-test gpu-check gpu-wheels gpu-rehearse
 test: $(FLA_STAMP)
 
-$(FLA_STAMP): $(STAMP)
+$(FLA_STAMP): | $(PY)
 	python3 -m venv $(FLA_VENV)
 	$(FLA_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/lenbatch-main-venv.pth', 'w').write('import site; site.addsitedir(%r)\n' % sys.argv[1])" "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
 	$(FLA_VENV)/bin/python -m pip install -q --no-deps $(FLA_PINS)

@@ -22,12 +22,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from lenbatch.stages.sync import changed_stages
 from test_reruns import RERUNS, dvc_stages
 from _e2e import git_commit, make
+from _runs import check_pipelined_run
 from test_workflow import BIN, ENV, ROOT, job_counts, run
 
 pytestmark = pytest.mark.slow
@@ -84,6 +86,87 @@ def test_every_stage_wrote_its_outputs(finished):
     assert not (finished / "results/quality/report.md").exists() and not (finished / "results/quality/quality.png").exists()
     assert (finished / "logs/tokenize.log").exists() and (finished / "logs/benchmarks/train/packed.tsv").exists()
 
+
+
+def _planned_hashes(lengths, params, strategy, edges, epochs):
+    """crc32 of every planned batch of one target rank (train.nproc 2) over ``epochs``, in order."""
+    import zlib
+
+    import lenbatch as lb
+
+    b = params.batching
+    hashes = []
+    for epoch in epochs:
+        hashes += [zlib.crc32(np.asarray(x, dtype=np.int64).tobytes()) for x in lb.plan_epoch(
+            lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
+            max_batch_size=b.max_batch_size, edges=edges if strategy == "bucketed" else None, rank=0, world_size=1)]
+    return hashes
+
+
+def test_every_training_ran_pipelined_and_trained_exactly_its_planned_batches(finished):
+    """The workflow's five torchrun runs (1 target rank -> 1 drafter rank; tests/stages/test_train.py runs
+    sorted and random outside the workflow): the drafter trained the planned batches in order, within the
+    budget, stopping at train.useful_tokens; the summary agrees with the steps; the machine and the
+    reference step are recorded; compare's reader takes the run."""
+    from lenbatch.core import machine
+    from lenbatch.core.config import load_params
+    from lenbatch.pipeline.artifacts import train_runs
+    from lenbatch.runtime import reference
+
+    lengths = np.load(finished / "results/tokenize/lengths.npy")
+    edges = json.loads((finished / "results/boundaries/boundaries.json").read_text())["edges"]
+    for strategy in load_params(finished / "params.yaml").train.strategies:
+        out = finished / "results/train" / strategy
+        params = load_params(out / "params.json")  # the run's own (later tests here may rerun one)
+        assert params.train.nproc == 2
+        steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+        summary = json.loads((out / "summary.json").read_text())
+        planned = _planned_hashes(lengths, params, strategy, edges, sorted({s["epoch"] for s in steps}))
+        check_pipelined_run(steps, summary, strategy=strategy, token_budget=params.batching.token_budget,
+                            useful_tokens=params.train.useful_tokens, warmup_steps=params.train.warmup_steps,
+                            planned=planned)
+        assert summary["machine"]["id"] == machine.fingerprint()["id"]
+        ref = summary["reference"]
+        assert ref["shape"] == reference.reference_shape(params)
+        for role in ("target", "drafter"):  # target rank 0's and the drafter rank's, before and after the steps
+            assert len(ref[role]["start"]) == len(ref[role]["end"]) == reference.REPEATS
+            assert min(ref[role]["start"] + ref[role]["end"]) > 0
+        assert train_runs.read_run(finished / "results/train", strategy) == {"summary": summary, "steps": steps}
+
+
+def test_the_profile_timed_each_role_alone_and_busy_in_two_processes(finished):
+    """profile.concurrent (train.nproc 2): every grid point timed alone and while the other role steps, in
+    two role workers; the reference step of both roles; compare's readers take the grid (the one-process
+    profile: tests/stages/test_profile.py)."""
+    from lenbatch.core import machine
+    from lenbatch.core.config import load_params
+    from lenbatch.core.cpu import grid_cpu_share
+    from lenbatch.pipeline.artifacts import profile_grid
+    from lenbatch.runtime import reference
+    from lenbatch.stages.profile import grid_points
+
+    params = load_params(finished / "params.yaml")
+    assert params.profile.concurrent and params.train.nproc == 2
+    out = finished / "results/profile"
+    grid = json.loads((out / "grid.json").read_text())
+    rows = grid["points"]
+    assert grid["machine"]["id"] == machine.fingerprint()["id"]
+    ref = grid["reference"]
+    assert ref["shape"] == reference.reference_shape(params)
+    for role in ("target", "drafter"):
+        assert len(ref[role]["start"]) == len(ref[role]["end"]) == reference.REPEATS
+    assert [(r["kind"], r["sequences"], r["length"]) for r in rows] == grid_points(params)
+    n = params.profile.repeats
+    for r in rows:
+        for role in ("target", "drafter"):
+            assert len(r[f"{role}_seconds_all"]) == len(r[f"{role}_busy_seconds_all"]) == n
+            assert len(r[f"{role}_busy_cpu_seconds_all"]) == n
+            assert all(x > 0 for x in r[f"{role}_seconds_all"] + r[f"{role}_busy_seconds_all"])
+            assert r[f"{role}_busy_seconds_median"] == pytest.approx(float(np.median(r[f"{role}_busy_seconds_all"])))
+        assert 0 < r["positions"] <= r["sequences"] * params.drafter.anchors_per_seq * (params.drafter.block_size - 1)
+    share = grid_cpu_share(rows, threads=params.train.threads)
+    assert 0 < share["target"] < 1.5 and 0 < share["drafter"] < 1.5
+    assert profile_grid.read_grid(out) == rows
 
 def test_both_tools_agree_after_make_run(finished):
     assert dvc_changed(finished) == set(), run(["dvc", "status"], cwd=finished).stdout
