@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lenbatch-installed
 
-.PHONY: run sync plots test install clean
+.PHONY: run sync plots test test-deps install clean
 
 # DVC's own `dvc plots show/diff` use this template (.dvc/config: plots.html_template): Vega inlined from
 # Snakemake's bundled copies, so the page renders offline. Written here, not committed (2.2 MB of third-party code).
@@ -46,8 +46,11 @@ plots: install
 
 # Two pytest-xdist workers, by file (tests/conftest.py says why and orders them).
 # TEST_WORKERS=0 runs the suite in one process.
+# test-deps: everything the suite needs installed (its parts are added below, next to their rules);
+# `make -j3 test-deps` (.ci/run) builds the independent ones side by side.
 TEST_WORKERS ?= 2
-test: install
+test-deps: install
+test: test-deps
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
@@ -61,7 +64,7 @@ FLA_VENV ?= .venv-fla
 FLA_STAMP := $(FLA_VENV)/.lenbatch-fla-installed
 FLA_PINS := flash-linear-attention==0.6.0 fla-core==0.6.0 triton==3.9.0 einops==0.8.2
 .PHONY: fla-test gpu-check gpu-wheels gpu-rehearse
-test: $(FLA_STAMP)
+test-deps: $(FLA_STAMP)
 
 $(FLA_STAMP): | $(PY)
 	python3 -m venv $(FLA_VENV)
@@ -69,7 +72,7 @@ $(FLA_STAMP): | $(PY)
 	$(FLA_VENV)/bin/python -m pip install -q --no-deps $(FLA_PINS)
 	touch $(FLA_STAMP)
 
-fla-test: $(FLA_STAMP)
+fla-test-deps: $(FLA_STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests/models/test_fla_cpu.py
 
 # The GPU check (issue 18) runs on a GPU machine as it is: its own python3, no venv, no package index.
@@ -84,7 +87,7 @@ GPU_KIT ?= .whl
 KIT_STAMP := $(GPU_KIT)/.built
 GPU_VENV ?= .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.lenbatch-gpu-env
-test: $(GPU_STAMP) $(KIT_STAMP)
+test-deps: $(GPU_STAMP) $(KIT_STAMP)
 
 gpu-wheels: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --build-kit --kit $(GPU_KIT)

@@ -29,7 +29,7 @@ import yaml
 from lenbatch.stages.sync import changed_stages
 from test_reruns import RERUNS, dvc_stages
 from _e2e import git_commit, make
-from _runs import check_pipelined_run
+from _runs import check_pipelined_run, planned_hashes
 from test_workflow import BIN, ENV, ROOT, job_counts, run
 
 pytestmark = pytest.mark.slow
@@ -88,21 +88,6 @@ def test_every_stage_wrote_its_outputs(finished):
 
 
 
-def _planned_hashes(lengths, params, strategy, edges, epochs):
-    """crc32 of every planned batch of one target rank (train.nproc 2) over ``epochs``, in order."""
-    import zlib
-
-    import lenbatch as lb
-
-    b = params.batching
-    hashes = []
-    for epoch in epochs:
-        hashes += [zlib.crc32(np.asarray(x, dtype=np.int64).tobytes()) for x in lb.plan_epoch(
-            lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
-            max_batch_size=b.max_batch_size, edges=edges if strategy == "bucketed" else None, rank=0, world_size=1)]
-    return hashes
-
-
 def test_every_training_ran_pipelined_and_trained_exactly_its_planned_batches(finished):
     """The workflow's five torchrun runs (1 target rank -> 1 drafter rank; tests/stages/test_train.py runs
     sorted and random outside the workflow): the drafter trained the planned batches in order, within the
@@ -121,10 +106,9 @@ def test_every_training_ran_pipelined_and_trained_exactly_its_planned_batches(fi
         assert params.train.nproc == 2
         steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
         summary = json.loads((out / "summary.json").read_text())
-        planned = _planned_hashes(lengths, params, strategy, edges, sorted({s["epoch"] for s in steps}))
         check_pipelined_run(steps, summary, strategy=strategy, token_budget=params.batching.token_budget,
                             useful_tokens=params.train.useful_tokens, warmup_steps=params.train.warmup_steps,
-                            planned=planned)
+                            planned=planned_hashes(lengths, params, strategy, edges, steps))
         assert summary["machine"]["id"] == machine.fingerprint()["id"]
         ref = summary["reference"]
         assert ref["shape"] == reference.reference_shape(params)

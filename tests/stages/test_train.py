@@ -8,14 +8,12 @@ import os
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-import lenbatch as lb
 from lenbatch.cli import main
 from lenbatch.core import machine
 from lenbatch.core.config import load_params
@@ -23,7 +21,7 @@ from lenbatch.batching.schedule import build_schedule
 from lenbatch.pipeline.artifacts import train_runs
 from lenbatch.runtime import reference
 
-from _runs import check_pipelined_run
+from _runs import check_pipelined_run, planned_hashes
 from _tiny import ENV, TINY_DATA, TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -85,16 +83,8 @@ def _run(setup, strategy):
 
 
 def _planned_hashes(setup, strategy, steps):
-    params = load_params("params.yaml", str(setup["params"]))
-    b = params.batching
     edges = json.loads((setup["root"] / "boundaries.json").read_text())["edges"]
-    hashes = []
-    for epoch in sorted({s["epoch"] for s in steps}):
-        batches = lb.plan_epoch(setup["lengths"], strategy=strategy, epoch=epoch, seed=b.seed,
-                                token_budget=b.token_budget, max_batch_size=b.max_batch_size,
-                                edges=edges if strategy == "bucketed" else None, rank=0, world_size=1)
-        hashes += [zlib.crc32(np.asarray(x, dtype=np.int64).tobytes()) for x in batches]
-    return hashes[:len(steps)]
+    return planned_hashes(setup["lengths"], load_params("params.yaml", str(setup["params"])), strategy, edges, steps)
 
 
 # sorted and random: the runs the tests below share (no extra torchrun). The workflow's own torchrun runs
