@@ -19,19 +19,26 @@ install: $(STAMP) $(PLOTS_TEMPLATE)
 # with pip alone: `make INSTALLER=pip`. uv compiles no byte-code at install: Python writes it at the first
 # import, for the modules a run imports, not for all ~16,000 files.
 INSTALLER ?= uv
+UV := $(VENV)/bin/uv
 ifeq ($(INSTALLER),pip)
 pip_install = $(1) -m pip install -q
+INSTALL_TOOL :=
 else
-pip_install = UV_FIND_LINKS="$$($(PY) -m pip config get global.find-links 2>/dev/null)" $(VENV)/bin/uv pip install -q --python $(1)
+pip_install = UV_FIND_LINKS="$$($(PY) -m pip config get global.find-links 2>/dev/null)" $(UV) pip install -q --python $(1)
+INSTALL_TOOL := $(UV)
 endif
 
 # The bare venv is its own target: the fla venv needs only it (its .pth names this venv's site-packages),
 # so `make -j` (.ci/run) downloads fla's triton while this venv installs.
 $(PY):
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip $(if $(filter pip,$(INSTALLER)),,uv)
+	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(PY)
+# its own target too, so a venv made before uv was used gets it
+$(UV): | $(PY)
+	$(PY) -m pip install -q uv
+
+$(STAMP): pyproject.toml | $(PY) $(INSTALL_TOOL)
 	# torch first, pinned: the CPU build; a bare "torch" would pull a multi-GB CUDA build.
 	# The package itself asks only torch>=2.4 (a library must not replace its users' torch);
 	# the exact pin lives here, and is repeated so no extra's resolution can move it.
@@ -79,7 +86,7 @@ FLA_PINS := flash-linear-attention==0.6.0 fla-core==0.6.0 triton==3.9.0 einops==
 .PHONY: fla-test gpu-check gpu-wheels gpu-rehearse
 test-deps: $(FLA_STAMP)
 
-$(FLA_STAMP): | $(PY)
+$(FLA_STAMP): | $(PY) $(INSTALL_TOOL)
 	python3 -m venv $(FLA_VENV)
 	$(FLA_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/lenbatch-main-venv.pth', 'w').write('import site; site.addsitedir(%r)\n' % sys.argv[1])" "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
 	$(call pip_install,$(FLA_VENV)/bin/python) --no-deps $(FLA_PINS)
@@ -110,7 +117,7 @@ $(KIT_STAMP): $(STAMP) benchmarks/gpu_check.py
 	$(PY) benchmarks/gpu_check.py --build-kit --kit $(GPU_KIT)
 	touch $(KIT_STAMP)
 
-$(GPU_STAMP): $(STAMP) benchmarks/gpu_env.py
+$(GPU_STAMP): $(STAMP) benchmarks/gpu_env.py | $(INSTALL_TOOL)
 	$(PY) benchmarks/gpu_env.py --venv $(GPU_VENV) --installer $(INSTALLER)
 
 gpu-check:
