@@ -13,18 +13,19 @@ PLOTS_TEMPLATE := .dvc/offline-plots.html
 install: $(STAMP) $(PLOTS_TEMPLATE)
 
 # Packages go in with uv (pip-compatible; pip puts it into the venv first): on a fresh clone of this 2-core
-# VM with no cache, the ~170 dev packages took 11 s where pip took 104 s, and the CPU torch wheel 5 s where
-# pip took 33-39 s. uv reads no pip.conf, so the find-links pip is configured with (where a machine keeps its
-# own torch wheel, as this one does) are passed on; behind a private index set UV_INDEX_URL, or install
-# with pip alone: `make INSTALLER=pip`. uv compiles no byte-code at install: Python writes it at the first
-# import, for the modules a run imports, not for all ~16,000 files.
+# VM with no cache, the ~170 dev packages took 46 s where pip took 104 s, and the CPU torch wheel 25 s where
+# pip took 33-39 s, byte-code included. uv reads no pip.conf, so the find-links pip is configured with (where
+# a machine keeps its own torch wheel, as this one does) are passed on; behind a private index set
+# UV_INDEX_URL, or install with pip alone: `make INSTALLER=pip`. Byte-code is compiled at install, as pip
+# does: where PYTHONDONTWRITEBYTECODE=1 is set (this VM and CI set it) Python never writes it, and every
+# process of the suite and the workflow would compile torch's imports from source again.
 INSTALLER ?= uv
 UV := $(VENV)/bin/uv
 ifeq ($(INSTALLER),pip)
 pip_install = $(1) -m pip install -q
 INSTALL_TOOL :=
 else
-pip_install = UV_FIND_LINKS="$$($(PY) -m pip config get global.find-links 2>/dev/null)" $(UV) pip install -q --python $(1)
+pip_install = UV_FIND_LINKS="$$($(PY) -m pip config get global.find-links 2>/dev/null)" $(UV) pip install -q --compile-bytecode --python $(1)
 INSTALL_TOOL := $(UV)
 endif
 

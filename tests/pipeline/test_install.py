@@ -1,10 +1,14 @@
 """lenbatch installs as a library: numpy and a torch range only; the workflow's packages are extras."""
 
+import importlib
+import importlib.util
 import subprocess
 import sys
 import textwrap
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # packages of the extras (data, model, workflow, plots, hf, trl, dev): none may be needed by the library
@@ -33,8 +37,9 @@ def test_base_requirements_are_numpy_and_a_torch_range():
         assert pkg in flat, pkg
     assert any("transformers>=5.24,<5.30" in r for r in extras["model"])
     assert "lenbatch[data,model,workflow,plots,hf,trl]" in extras["dev"]  # CI tests the SFTTrainer integration
-    # the exact CPU build stays pinned where CI installs it
-    assert "pip install -q torch==2.13.0" in (ROOT / "Makefile").read_text()
+    # the exact CPU build stays pinned where CI installs it (uv, or pip with INSTALLER=pip)
+    installs = [line for line in (ROOT / "Makefile").read_text().splitlines() if "$(call pip_install,$(PY))" in line]
+    assert installs and all("torch==2.13.0" in line for line in installs), installs
 
 
 BLOCKED_RUN = textwrap.dedent("""
@@ -87,3 +92,28 @@ def test_import_lenbatch_is_lazy():
     code = ("import sys, lenbatch; heavy = [m for m in ('torch', 'transformers', 'datasets', 'matplotlib', 'yaml', "
             "'pyarrow', 'tiktoken') if m in sys.modules]; assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# The venv the suite runs in is byte-compiled: where PYTHONDONTWRITEBYTECODE=1 is set (this VM and CI set it)
+# Python writes no .pyc at import, so an install without them makes every one of the suite's processes
+# compile torch's imports from source (a fresh-clone suite took 29:54 instead of ~17 min when uv installed
+# without --compile-bytecode).
+
+@pytest.mark.parametrize("module", ["torch", "transformers", "snakemake", "dvc", "numpy"])
+def test_the_installed_packages_carry_their_byte_code(module):
+    source = Path(importlib.import_module(module).__file__)
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    assert cached.exists(), (f"{module} has no byte-code ({cached}): install with byte-code compiled "
+                             "(pip does; uv needs --compile-bytecode, as the Makefile passes)")
+
+
+def test_the_suites_longest_first_order_names_files_that_exist():
+    """tests/conftest.py's FIRST (the files sent to the workers first): a renamed file would silently fall
+    back to collection order and leave a worker with a long tail."""
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / "conftest.py").read_text())
+    first = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and any(getattr(t, "id", None) == "FIRST" for t in n.targets))
+    missing = [f for f in first if not (ROOT / f).is_file()]
+    assert len(first) > 5 and not missing and len(set(first)) == len(first), missing
