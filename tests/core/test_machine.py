@@ -127,3 +127,12 @@ def test_changed_fields_names_every_differing_leaf_lists_included():
     assert changed_fields(a, b) == ["model.dtype: 'float32' -> 'bfloat16'", "model.layers.1: 2 -> 3",
                                     "model.layers.2: None -> 4"]
     assert changed_fields(a, a) == []
+
+
+def test_cpu_info_reads_cpuinfo_once_and_matches_the_one_field_readers(monkeypatch):
+    reads = []
+    real = machine._read
+    monkeypatch.setattr(machine, "_read", lambda path: (reads.append(path), real(path))[1])
+    info = machine.cpu_info()
+    assert reads.count("/proc/cpuinfo") == 1
+    assert info["model"] == machine.cpu_model() and info["vector_isa"] == machine.vector_isa()

@@ -379,3 +379,15 @@ def test_killing_the_torchrun_launcher_stops_its_workers(setup):
         for w in workers:
             if _alive(w):
                 os.kill(w, 9)
+
+
+def test_the_progress_line_says_pending_before_a_loss_and_marks_a_scaled_rate():
+    from lenbatch.batching.schedule import ScheduledStep
+    from lenbatch.stages.train import progress_line
+
+    step = ScheduledStep(step=2, epoch=0, rank=0, local=1, indices=np.arange(2), useful=128)
+    # a pipelined run's target rank 0 before the drafter's first loss came back: no "nan" shown
+    line = progress_line(step, 3, float("nan"), 256, 2.0, target_ranks=2)
+    assert line == "step 3/3 (epoch 0): loss pending, 256 useful tokens on target rank 0 of 2, 2.0 s, ~256 useful tok/s"
+    one = progress_line(step, 3, 12.44859, 384, 2.0)
+    assert one == "step 3/3 (epoch 0): loss 12.4486, 384 useful tokens, 2.0 s, 192 useful tok/s"

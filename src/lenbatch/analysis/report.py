@@ -387,6 +387,8 @@ def busy_machine(result: CompareResult) -> list[str]:
 # A reference step that moved more than this between a measurement's start and end: the machine's speed
 # changed under it (a VM's CPU steal does not show in the process's CPU shares; the reference does).
 DRIFT_WARN = 0.10
+# what reruns the measurements of a busy or unsteady machine (the report and compare's warnings say it)
+QUIET_RERUN = "snakemake --forcerun profile train"
 
 
 def unsteady_machine(result: CompareResult) -> list[str]:
@@ -415,7 +417,7 @@ def _quiet_paragraph(result: CompareResult) -> str:
     runs = [x for x in runs if not math.isnan(x)]
     if math.isnan(prof["target"]) or not runs:
         return ("CPU shares were not recorded (a profile grid or runs from an older version), so a busy machine "
-                "cannot be told from model error; rerun: snakemake --forcerun profile train")
+                f"cannot be told from model error; rerun: {QUIET_RERUN}")
     low = busy_machine(result)
     if low:
         return (f"**The machine was busy**: share of their cores {', '.join(low)}. A step that gets a share s "
@@ -430,7 +432,7 @@ def _quiet_paragraph(result: CompareResult) -> str:
                 f"by more than {100 * DRIFT_WARN:.0f}% between start and end ({', '.join(moved)}; a virtual "
                 "machine's stolen CPU time does not show in CPU shares). The errors above mix that drift with "
                 "model error, and a start/end reference cannot calibrate a drift that is not linear in time. Rerun "
-                "on a steadier machine: `snakemake --forcerun profile train`.")
+                f"on a steadier machine: `{QUIET_RERUN}`.")
     return (f"The machine was quiet: {shares}, and the reference step moved by at most {100 * DRIFT_WARN:.0f}% "
             "within the profile and every run, so the errors above are the step-time model's and the run-to-run "
             "noise's, not other work's.")
@@ -568,5 +570,5 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
     return metrics
 
 
-__all__ = ["CompareResult", "Recommendation", "StrategyRow", "busy_machine", "unsteady_machine", "flat_metrics", "frontier_points",
-           "write_outputs"]
+__all__ = ["QUIET_RERUN", "CompareResult", "Recommendation", "StrategyRow", "busy_machine", "flat_metrics",
+           "frontier_points", "unsteady_machine", "write_outputs"]

@@ -60,9 +60,10 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def cpu_model() -> Optional[str]:
-    """The CPU's model name: ``/proc/cpuinfo`` (Linux), ``sysctl`` (macOS), else ``platform.processor()``."""
-    info = _read("/proc/cpuinfo")
+def cpu_model(cpuinfo: Optional[str] = None) -> Optional[str]:
+    """The CPU's model name: ``/proc/cpuinfo`` (Linux; ``cpuinfo``: its text, read here when None), ``sysctl``
+    (macOS), else ``platform.processor()``."""
+    info = cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo")
     if info:
         for key in ("model name", "Model", "Hardware", "cpu model"):
             m = re.search(rf"^{key}\s*:\s*(.+)$", info, flags=re.MULTILINE)
@@ -83,10 +84,10 @@ def cpu_model() -> Optional[str]:
 _VECTOR_FLAG = re.compile(r"^(sse4_2|avx|avx2|fma|f16c|avx512\w*|avx_vnni\w*|amx\w*|asimd\w*|sve\d*|sme\d*|i8mm|bf16)$")
 
 
-def vector_isa() -> Optional[list[str]]:
-    """The vector extensions of the first CPU in ``/proc/cpuinfo`` (module doc), sorted; None where the
-    system does not list flags (macOS, Windows)."""
-    info = _read("/proc/cpuinfo")
+def vector_isa(cpuinfo: Optional[str] = None) -> Optional[list[str]]:
+    """The vector extensions of the first CPU in ``/proc/cpuinfo`` (module doc; ``cpuinfo``: its text, read
+    here when None), sorted; None where the system does not list flags (macOS, Windows)."""
+    info = cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo")
     if not info:
         return None
     for line in info.splitlines():
@@ -117,8 +118,9 @@ def cpu_info() -> dict[str, Any]:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows: no affinity
         usable = os.cpu_count()
-    return {"model": cpu_model(), "arch": platform.machine() or None, "logical_cores": os.cpu_count(),
-            "usable_cores": usable, "quota_cores": cpu_quota(), "vector_isa": vector_isa()}
+    cpuinfo = _read("/proc/cpuinfo") or ""  # read once for the model and the flags ("": none, as on macOS)
+    return {"model": cpu_model(cpuinfo), "arch": platform.machine() or None, "logical_cores": os.cpu_count(),
+            "usable_cores": usable, "quota_cores": cpu_quota(), "vector_isa": vector_isa(cpuinfo)}
 
 
 def memory_gib() -> Optional[float]:

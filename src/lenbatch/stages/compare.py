@@ -35,8 +35,8 @@ from lenbatch.analysis import stepmodel as sm
 from lenbatch.core import cpu
 from lenbatch.core.config import Params
 from lenbatch.core.log import get_logger
-from lenbatch.analysis.report import CompareResult, Recommendation, StrategyRow, busy_machine, unsteady_machine, \
-    write_outputs
+from lenbatch.analysis.report import QUIET_RERUN, CompareResult, Recommendation, StrategyRow, busy_machine, \
+    unsteady_machine, write_outputs
 from lenbatch.batching.schedule import build_schedule, epoch_steps
 from lenbatch.batching.layouts import layout_of
 from lenbatch.batching.spec import BatchSpec
@@ -513,10 +513,10 @@ def run(*, params: Params, stats: Path, boundaries: Path, plans: Path, profile: 
     low = busy_machine(result)
     if low:
         log.warning("busy machine: %s of its cores; prediction errors mix other work with model error. Rerun on a "
-                    "quiet machine: snakemake --forcerun profile train", ", ".join(low))
+                    "quiet machine: %s", ", ".join(low), QUIET_RERUN)
     moved = unsteady_machine(result)
     if moved:
         log.warning("the machine's speed changed during the measurements: the reference step moved by %s between "
                     "start and end; prediction errors mix that drift with model error. Rerun on a steadier machine: "
-                    "snakemake --forcerun profile train", ", ".join(moved))
+                    "%s", ", ".join(moved), QUIET_RERUN)
     return 0

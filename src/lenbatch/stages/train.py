@@ -116,11 +116,24 @@ class RunSetup:
 
 
 
-def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float) -> None:
+def progress_line(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float, *,
+                  target_ranks: int = 1) -> str:
+    """The progress line of ``step`` (of ``total``), ``t`` seconds in. ``loss`` NaN: none known yet ("pending":
+    in a pipelined run target rank 0 shows the drafter's last loss, which comes back a few steps late).
+    ``target_ranks`` > 1: ``useful_done`` counts rank 0's own batches, and the rate scales them by the target
+    ranks, an estimate marked ``~`` (``summary.json`` has the exact numbers)."""
+    shown = "pending" if np.isnan(loss) else f"{loss:.4f}"
+    where = "" if target_ranks == 1 else f" on target rank 0 of {target_ranks}"
+    rate = f"{'~' if target_ranks > 1 else ''}{useful_done * target_ranks / max(t, 1e-9):.0f}"
+    return (f"step {step.step + 1}/{total} (epoch {step.epoch}): loss {shown}, {useful_done:,} useful tokens{where}, "
+            f"{t:.1f} s, {rate} useful tok/s")
+
+
+def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float, *,
+              target_ranks: int = 1) -> None:
     every = max(1, total // 20)
     if step.step % every == 0 or step.step == total - 1:
-        log.info("step %d/%d (epoch %d): loss %.4f, %s useful tokens, %.1f s, %.0f useful tok/s", step.step + 1,
-                 total, step.epoch, loss, f"{useful_done:,}", t, useful_done / max(t, 1e-9))
+        log.info("%s", progress_line(step, total, loss, useful_done, t, target_ranks=target_ranks))
 
 
 def _reference_point(setup: RunSetup, runner: StepRunner, *, role: str) -> tuple[dict[str, Any], float]:
@@ -270,8 +283,8 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
         link.send(batch, feats, meta=meta)
         useful_done += batch.useful_tokens
         if setup.rank == 0:
-            _progress(step, len(setup.schedule), link.last_loss, useful_done * setup.target_ranks,
-                      time.perf_counter() - t_start)
+            _progress(step, len(setup.schedule), link.last_loss, useful_done, time.perf_counter() - t_start,
+                      target_ranks=setup.target_ranks)
     link.drain()
     if timed:  # the drafter rank records target rank 0's reference times with its own
         ref_end = _reference_point(setup, runner, role="target")[0]
@@ -424,4 +437,4 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     return 0
 
 
-__all__ = ["check_request", "launcher_processes", "train"]
+__all__ = ["check_request", "launcher_processes", "progress_line", "train"]
