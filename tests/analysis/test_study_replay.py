@@ -98,3 +98,11 @@ def test_lenbatch_plans_study_replay_writes_the_replay(tmp_path):
 def test_plans_without_lengths_or_the_replay_names_the_flags(capsys):
     assert main(["plans", "--params", "params.yaml", "--out", "/tmp/never-written"]) == 2
     assert "--lengths FILE.npy or --seed-profile (or --study-replay)" in capsys.readouterr().err
+
+
+def test_the_replays_exponent_is_the_bisections():
+    """study_replay.STUDY_LAMBDA spares every compare the 3.3 s bisection: it must be its value exactly."""
+    from lenbatch.analysis import study_replay
+    from lenbatch.batching.lengths import SEED_COUNT, seed_profile_lambda
+
+    assert seed_profile_lambda(SEED_COUNT, 0) == study_replay.STUDY_LAMBDA
