@@ -33,7 +33,7 @@ endif
 # so `make -j` (.ci/run) downloads fla's triton while this venv installs.
 $(PY):
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(if $(INSTALL_TOOL),,$(PY) -m pip install -q --upgrade pip)
 
 # its own target too, so a venv made before uv was used gets it
 $(UV): | $(PY)
@@ -88,7 +88,7 @@ FLA_PINS := flash-linear-attention==0.6.0 fla-core==0.6.0 triton==3.9.0 einops==
 test-deps: $(FLA_STAMP)
 
 $(FLA_STAMP): | $(PY) $(INSTALL_TOOL)
-	python3 -m venv $(FLA_VENV)
+	python3 -m venv $(if $(INSTALL_TOOL),--without-pip) $(FLA_VENV)
 	$(FLA_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/lenbatch-main-venv.pth', 'w').write('import site; site.addsitedir(%r)\n' % sys.argv[1])" "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
 	$(call pip_install,$(FLA_VENV)/bin/python) --no-deps $(FLA_PINS)
 	touch $(FLA_STAMP)
