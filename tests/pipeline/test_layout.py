@@ -267,14 +267,16 @@ def test_the_import_scan_cache_is_keyed_by_content_and_survives_a_bad_file(tmp_p
 
     def fresh(cache):
         monkeypatch.setattr(deps, "SCAN_CACHE", cache)
-        monkeypatch.setattr(deps, "_scan", {"entries": None, "dirty": False})
+        monkeypatch.setattr(deps, "_scan", {"entries": None, "dirty": False, "used": set()})
         deps.direct_imports.cache_clear()
 
     cache = tmp_path / "scan.json"
+    cache.write_text(json.dumps({"0" * 64: [["import", ["lenbatch.gone"]]]}))  # an old version's entry
     fresh(cache)
     closures = {s: deps.stage_code(s) for s in STAGES}
     deps._save_scan_cache()
-    assert len(json.loads(cache.read_text())) >= 40
+    saved = json.loads(cache.read_text())
+    assert len(saved) >= 40 and "0" * 64 not in saved  # what no file has any more is dropped
     fresh(cache)
     parse = ast.parse
     monkeypatch.setattr(ast, "parse", lambda *a, **k: pytest.fail("parsed although the cache holds every file"))

@@ -81,7 +81,7 @@ def _module_file(name: str) -> Path | None:
 # starts Snakemake once per stage. Keyed by content, so no edit, checkout or copy can make an entry stale;
 # a cache that cannot be read or written is only slower (an installed, read-only package).
 SCAN_CACHE = SRC / "__pycache__" / "lenbatch-import-scan.json"
-_scan: dict[str, Any] = {"entries": None, "dirty": False}
+_scan: dict[str, Any] = {"entries": None, "dirty": False, "used": set()}  # used: keys looked up here
 
 
 def _import_statements(path: Path) -> list[list[Any]]:
@@ -94,6 +94,7 @@ def _import_statements(path: Path) -> list[list[Any]]:
             _scan["entries"] = json.loads(SCAN_CACHE.read_text())
         except (OSError, ValueError):
             _scan["entries"] = {}
+    _scan["used"].add(key)
     hit = _scan["entries"].get(key)
     if isinstance(hit, list):
         return hit
@@ -113,11 +114,12 @@ def _import_statements(path: Path) -> list[list[Any]]:
 
 
 def _save_scan_cache() -> None:
-    """Write the scan cache (atomically: a concurrent Snakemake reads the old or the new file, never half)."""
+    """Write the scan cache (atomically: a concurrent Snakemake reads the old or the new file, never half),
+    keeping only the contents this process looked up, so old versions of edited files do not pile up."""
     try:
         SCAN_CACHE.parent.mkdir(exist_ok=True)
         tmp = SCAN_CACHE.with_name(f".{SCAN_CACHE.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(_scan["entries"]))
+        tmp.write_text(json.dumps({k: v for k, v in _scan["entries"].items() if k in _scan["used"]}))
         os.replace(tmp, SCAN_CACHE)
     except OSError:
         pass
