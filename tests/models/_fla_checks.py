@@ -109,11 +109,29 @@ def model() -> dict:
     return {"model_" + k: v for k, v in res["max_abs_diff"].items()} | {"model_backend": res["backend"]}
 
 
+def runner_roles() -> dict:
+    """Which roles of a run import fla (first, while nothing has): the drafter runs no Gated DeltaNet
+    and must not pay fla's import (~11 CPU-s per process); the target must, and say so."""
+    from pathlib import Path
+
+    from lenbatch.core.config import load_params
+    from lenbatch.runtime.runner import StepRunner
+
+    root = Path(__file__).resolve().parents[2]
+    params = load_params(root / "params.yaml", root / "configs/tiny.yaml", overrides={"train": {"kernels": "fla"}})
+    out = {"roles_fla_before": "fla" in sys.modules}
+    drafter = StepRunner(params, role="drafter")
+    out |= {"drafter_kernels": drafter.kernels, "drafter_imported_fla": "fla" in sys.modules}
+    target = StepRunner(params, role="target")
+    out |= {"target_imported_fla": "fla" in sys.modules, "target_report": target.kernel_report()}
+    return out
+
+
 def main() -> int:
     torch.set_num_threads(1)
     times = {}
     out: dict = {}
-    for name, fn in (("delta_rule", delta_rule), ("conv", conv), ("model", model)):
+    for name, fn in (("roles", runner_roles), ("delta_rule", delta_rule), ("conv", conv), ("model", model)):
         t0 = time.perf_counter()
         out |= fn()
         times[name] = round(time.perf_counter() - t0, 2)

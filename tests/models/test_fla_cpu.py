@@ -130,6 +130,16 @@ def test_packed_model_forward_with_fla_equals_per_sequence_forwards(fla_results)
         assert r[f"model_{kind}"] < 1e-5, (kind, r)
 
 
+@needs_fla
+def test_the_drafter_role_never_imports_fla_and_the_target_reports_its_kernels(fla_results):
+    r = fla_results
+    assert not r["roles_fla_before"] and r["drafter_kernels"] is None and not r["drafter_imported_fla"]
+    assert r["target_imported_fla"]  # the same process, once the target is built: the check can fail
+    kb = r["target_report"]
+    assert (kb["requested"], kb["gated_delta_rule"], kb["conv"], kb["fla_version"]) == ("fla", "fla", "fla", "0.6.0")
+    assert kb["warmup_compile_s"] == 0.0 and kb["compile_meter"] is False  # interpreted: nothing compiles
+
+
 def _verify(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [FLA_PYTHON, "-m", "lenbatch", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
            "--lengths", "5,17,30", *args]
@@ -152,3 +162,4 @@ def test_reference_stays_torch_where_fla_is_installed_and_no_gpu():
     assert ok.returncode == 0 and "backend torch" in ok.stdout and "PASS" in ok.stdout, ok.stderr[-2000:]
     bf16 = _verify("--backend", "fla", "--dtype", "bfloat16")
     assert bf16.returncode == 2 and "--dtype float32" in bf16.stderr
+    assert "building the target" not in bf16.stderr + bf16.stdout  # refused first: no model, no fla import

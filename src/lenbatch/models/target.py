@@ -145,10 +145,11 @@ def _init_param(param: torch.Tensor, name: str, kind: str, init_seed: int) -> No
 
 
 def _init_kind(module: nn.Module, pname: str) -> str:
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
-
     if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv1d)) and pname == "weight":
         return "normal"
+    # only now: build_heads (the drafter rank) never imports transformers' model, which imports fla
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+
     if isinstance(module, mq.Qwen3_5RMSNorm):
         return "zeros"  # this RMSNorm multiplies by (1 + weight)
     if isinstance(module, mq.Qwen3_5RMSNormGated):

@@ -104,10 +104,16 @@ class StepRunner:
         self.threads = torch.get_num_threads()
         self.last_cpu_s = 0.0
         self.last_compile_s = 0.0  # Triton compile/autotune seconds inside the last target step
-        # which Gated DeltaNet kernels run (train.kernels; a CUDA run on the torch fallback is refused)
-        self.kernels = select_kernels(params.train.kernels, device=self.device,
-                                      dtype=target_model.DTYPES[params.model.dtype])
-        self.meter = compile_meter()
+        # which Gated DeltaNet kernels run (train.kernels; a CUDA run on the torch fallback is refused).
+        # The drafter alone runs none, so it takes no decision and never imports fla (~11 CPU-s per
+        # process: fla's package imports every layer and model it has); a pipelined run reports the
+        # target ranks' decision (kernel_report on target rank 0, sent to the drafter rank).
+        self.kernels: Optional[dict] = None
+        self.meter = None
+        if role != "drafter":
+            self.kernels = select_kernels(params.train.kernels, device=self.device,
+                                          dtype=target_model.DTYPES[params.model.dtype])
+            self.meter = compile_meter()
         self.warmup_compile_s = 0.0
         self.target = None
         if role in ("both", "target"):
@@ -142,6 +148,13 @@ class StepRunner:
             self.target.features(ids, cu_seqlens=torch.tensor([0, n // 2, n], dtype=torch.int64))
         _sync(self.device)
         self.warmup_compile_s = self.meter.seconds - c0
+
+    def kernel_report(self) -> dict:
+        """The kernels this target ran (:func:`lenbatch.models.kernels.select_kernels`' record), the
+        Triton compile seconds of :meth:`warm_kernels` and whether the compile meter was on: the run
+        summary's ``device.kernel_backend``."""
+        assert self.kernels is not None, "built as the drafter alone (role='drafter'): no kernels of its own"
+        return dict(self.kernels, warmup_compile_s=self.warmup_compile_s, compile_meter=self.meter.active)
 
     def target_step(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """Features ``[B, T, F]`` of ``batch`` (padded or packed) and the seconds the forward took."""

@@ -149,21 +149,21 @@ def _reference_point(setup: RunSetup, runner: StepRunner, *, role: str) -> tuple
                              wait=lambda: dist.barrier(group=setup.reference_group))
 
 
-def _device_report(setup: RunSetup, runner: StepRunner, target_peak: Optional[int]) -> dict[str, Any]:
-    """What ran and what it held: the kernels, Triton's compile seconds, peak device memory per role
-    against :mod:`lenbatch.models.memory`'s estimate (bytes; None on CPU)."""
+def _device_report(setup: RunSetup, kernels: dict[str, Any], target_peak: Optional[int]) -> dict[str, Any]:
+    """What ran and what it held: the target's kernels and Triton compile seconds (``kernels``:
+    :meth:`StepRunner.kernel_report`), peak device memory per role against
+    :mod:`lenbatch.models.memory`'s estimate (bytes; None on CPU)."""
     from lenbatch.models.memory import plan_memory_shape, rank_memory
 
     est_t, est_d = rank_memory(setup.params, **plan_memory_shape(setup.params, setup.lengths,
                                                                  [s.indices for s in setup.schedule]))
-    return {"kernel_backend": dict(runner.kernels, warmup_compile_s=runner.warmup_compile_s,
-                                   compile_meter=runner.meter.active),
+    return {"kernel_backend": kernels,
             "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(setup.device)},
             "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
 
 
 def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *,
-            resumed_from: Optional[int], ref: Optional[dict[str, Any]] = None,
+            resumed_from: Optional[int], kernels: dict[str, Any], ref: Optional[dict[str, Any]] = None,
             target_peak: Optional[int] = None) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
@@ -179,7 +179,7 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
                           total_steps=len(setup.schedule), machine=fingerprint_machine(threads=p.train.threads),
-                          reference=ref, device=_device_report(setup, runner, target_peak))
+                          reference=ref, device=_device_report(setup, kernels, target_peak))
     rec.close()
     (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_resolved(p, setup.out)
@@ -223,7 +223,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         ref_end, end_s = _reference_point(setup, runner, role="both")
         ref = reference.record(p, ref_start, ref_end, seconds=ref_s + end_s)
     return _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
-                   ref=ref, target_peak=peak_memory_bytes(setup.device))
+                   kernels=runner.kernel_report(), ref=ref, target_peak=peak_memory_bytes(setup.device))
 
 
 def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
@@ -286,11 +286,13 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
             _progress(step, len(setup.schedule), link.last_loss, useful_done, time.perf_counter() - t_start,
                       target_ranks=setup.target_ranks)
     link.drain()
+    ref_points = None
     if timed:  # the drafter rank records target rank 0's reference times with its own
-        ref_end = _reference_point(setup, runner, role="target")[0]
-        import torch.distributed as dist
+        ref_points = (ref_start, _reference_point(setup, runner, role="target")[0])
+    import torch.distributed as dist
 
-        dist.broadcast_object_list([(ref_start, ref_end)], src=0, group=setup.reference_group)
+    # and target rank 0's kernels: the drafter rank, which writes the summary, runs none of its own
+    dist.broadcast_object_list([(ref_points, runner.kernel_report())], src=0, group=setup.reference_group)
 
 
 def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, Any]:
@@ -330,17 +332,19 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
             save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
                             sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
                             log_sha256=rec.log_sha256())
+    import torch.distributed as dist
+
     ref = None
     if timed:
-        import torch.distributed as dist
-
         ref_end, end_s = _reference_point(setup, runner, role="drafter")
-        got: list[Any] = [None]
-        dist.broadcast_object_list(got, src=0, group=setup.reference_group)
-        target_start, target_end = got[0]
+    got: list[Any] = [None]
+    dist.broadcast_object_list(got, src=0, group=setup.reference_group)  # every rank, timed or not
+    target_points, kernels = got[0]
+    if timed:
+        target_start, target_end = target_points
         ref = reference.record(p, {**target_start, **ref_start}, {**target_end, **ref_end}, seconds=ref_s + end_s)
     summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
-                      ref=ref, target_peak=target_peak or None)
+                      kernels=kernels, ref=ref, target_peak=target_peak or None)
     link.close()
     return summary
 

@@ -59,6 +59,11 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
         cfg = dataclasses.replace(cfg, dtype=dtype)
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu")
+    if backend == "fla" and device == "cpu":
+        from lenbatch.models import fla_cpu
+        from lenbatch.models.target import DTYPES
+
+        fla_cpu.require_interpreter(DTYPES[cfg.dtype])  # refused before the target is built (and fla imported)
     relative = atol is None and cfg.dtype != "float32"
     tol = rtol if relative else (atol if atol is not None else 1e-4)
     solve = None
