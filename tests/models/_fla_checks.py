@@ -111,7 +111,7 @@ def model() -> dict:
 
 def runner_roles() -> dict:
     """Which roles of a run import fla (first, while nothing has): the drafter runs no Gated DeltaNet
-    and must not pay fla's import (~11 CPU-s per process); the target must, and say so."""
+    and must not pay for importing fla and transformers' Qwen3.5 model (~7 CPU-s per process); the target must, and say so."""
     from pathlib import Path
 
     from lenbatch.core.config import load_params

@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from lenbatch.models import fla_cpu
 from lenbatch.models.varlen import LAYER_TYPES, set_kernel_backend
 from lenbatch.models.verify import verify_packing
 
@@ -44,8 +45,6 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
     log = get_logger("lenbatch.verify-packing")
     sizes = parse_lengths(lengths)
     if backend == "fla":
-        from lenbatch.models import fla_cpu
-
         # before fla is imported: the interpreter on CPU; full fp32 (not TF32) tl.dot on a GPU
         fla_cpu.prepare_environment(device=device)
     set_kernel_backend(backend)
@@ -60,7 +59,6 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu")
     if backend == "fla" and device == "cpu":
-        from lenbatch.models import fla_cpu
         from lenbatch.models.target import DTYPES
 
         fla_cpu.require_interpreter(DTYPES[cfg.dtype])  # refused before the target is built (and fla imported)
@@ -68,8 +66,6 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
     tol = rtol if relative else (atol if atol is not None else 1e-4)
     solve = None
     if backend == "fla" and device == "cuda" and cfg.dtype == "float32":
-        from lenbatch.models import fla_cpu
-
         # fla's triangular solve passes tf32 explicitly on sm >= 80, past TRITON_F32_DEFAULT: an fp32
         # check held to 1e-4 must be IEEE there too (lenbatch.models.fla_cpu)
         solve = fla_cpu.force_ieee_solve()
