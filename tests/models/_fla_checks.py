@@ -111,16 +111,19 @@ def model() -> dict:
 
 def runner_roles() -> dict:
     """Which roles of a run import fla (first, while nothing has): the drafter runs no Gated DeltaNet
-    and must not pay for importing fla and transformers' Qwen3.5 model (~7 CPU-s per process); the target must, and say so."""
+    and must not pay for importing fla and transformers' Qwen3.5 model (~7 CPU-s per process), neither
+    for its step nor for the memory estimate it reports; the target must, and say so."""
     from pathlib import Path
 
     from lenbatch.core.config import load_params
+    from lenbatch.models import memory
     from lenbatch.runtime.runner import StepRunner
 
     root = Path(__file__).resolve().parents[2]
     params = load_params(root / "params.yaml", root / "configs/tiny.yaml", overrides={"train": {"kernels": "fla"}})
     out = {"roles_fla_before": "fla" in sys.modules}
     drafter = StepRunner(params, role="drafter")
+    memory.rank_memory(params)  # the estimate the drafter rank writes into the summary
     out |= {"drafter_kernels": drafter.kernels, "drafter_imported_fla": "fla" in sys.modules}
     target = StepRunner(params, role="target")
     out |= {"target_imported_fla": "fla" in sys.modules, "target_report": target.kernel_report()}

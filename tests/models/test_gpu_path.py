@@ -41,6 +41,37 @@ def test_the_27b_setting_fits_an_h200_and_is_refused_on_an_80_gb_card():
         memory.check_fits(_study(queue_size=3), device_bytes=80 * GB)  # and is the largest that does
 
 
+@pytest.mark.parametrize("config", ["params.yaml", "configs/tiny.yaml", STUDY, "mixed"])
+def test_the_closed_form_target_count_is_the_models_and_needs_no_transformers_model(config):
+    """memory.target_parameters (what the drafter rank reports without importing transformers' model,
+    which imports fla) equals the Hugging Face decoder built on the meta device, + the lm_head."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
+    from lenbatch.models.target import hf_text_config
+
+    files = ["params.yaml"] if config in ("params.yaml", "mixed") else ["params.yaml", config]
+    m = load_params(*files).model
+    if config == "mixed":  # every shape key away from the others, attention first, conv width 3
+        m = dataclasses.replace(m, vocab_size=1000, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                                layer_types=("full_attention", "linear_attention", "linear_attention"),
+                                num_attention_heads=6, num_key_value_heads=3, head_dim=24, linear_num_key_heads=2,
+                                linear_num_value_heads=4, linear_key_head_dim=10, linear_value_head_dim=14,
+                                linear_conv_kernel_dim=3, target_layers=(0, 2))
+    with torch.device("meta"):
+        decoder = Qwen3_5TextModel(hf_text_config(m))
+    assert memory.target_parameters(m) == sum(p.numel() for p in decoder.parameters()) + m.vocab_size * m.hidden_size
+    if config == "configs/tiny.yaml":  # the estimate a drafter rank writes imports no model (nor fla)
+        code = ("import sys; from lenbatch.core.config import load_params; from lenbatch.models import memory; "
+                "memory.rank_memory(load_params('params.yaml', 'configs/tiny.yaml')); "
+                "print(sorted(n for n in sys.modules if n.startswith(('fla', 'transformers.models'))))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+
+
 def test_ranks_sharing_a_device_add_up():
     p = load_params("params.yaml", "configs/tiny.yaml")
     target, drafter = memory.rank_memory(p)

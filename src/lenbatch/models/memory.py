@@ -3,8 +3,8 @@
 A target rank holds (``b`` = bytes of ``model.dtype``, ``T`` = ``batching.token_budget``,
 ``H`` hidden, ``I`` MLP width, ``L_t`` = ``len(model.target_layers)``, ``q`` = ``train.queue_size``):
 
-* weights: ``P_target * b`` (parameters counted exactly on the meta device: decoder + embedding
-  + the untied lm_head, which the target rank also builds);
+* weights: ``P_target * b`` (parameters counted exactly, in closed form: decoder + embedding
+  + the untied lm_head, which the target rank also builds; :func:`target_parameters`);
 * activations at the budget (inference, one layer alive at a time):
   ``T * b * (4 H + 3 I + W)``: residual, normed input, layer output, the MLP's gate/up/product,
   and ``W`` the widest mixer projection (gated-attention ``q``/``k``/``v`` or the Gated
@@ -33,8 +33,9 @@ largest ``S * (longest + N)`` over its batches) or, before there is one, from th
 
 A rank fits when its peak is at most ``USABLE_FRACTION`` of the device memory minus
 ``RESERVED_BYTES`` (CUDA context, NCCL buffers, allocator fragmentation). Coarse by design:
-it refuses settings that cannot fit, it does not promise that the others do. Cost: building
-two models on the meta device (milliseconds, no memory).
+it refuses settings that cannot fit, it does not promise that the others do. Cost: the drafter
+built on the meta device (milliseconds, no memory) and the target's closed-form count; nothing
+imports transformers' model.
 """
 
 from __future__ import annotations
@@ -61,15 +62,27 @@ class RankMemory:
         return self.weights + self.activations + self.features + self.optimizer
 
 
-def _target_parameters(params) -> int:
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+def target_parameters(model) -> int:
+    """Parameters of the target rank's model for ``model`` (a ``ModelConfig``): the Qwen3.5 text
+    decoder (``transformers``' ``Qwen3_5TextModel``) plus the untied ``lm_head``, counted in closed
+    form so that the drafter rank, which reports this estimate, never imports transformers' model
+    (which imports fla: ~7 CPU-s per process). With ``V`` vocab, ``H`` hidden, ``I`` MLP width:
 
-    from lenbatch.models.target import hf_text_config
-
-    m = params.model
-    with torch.device("meta"):
-        decoder = Qwen3_5TextModel(hf_text_config(m))
-    return sum(p.numel() for p in decoder.parameters()) + m.vocab_size * m.hidden_size  # + lm_head
+    ``2 V H + H`` (embedding, lm_head, final norm) and per layer ``2 H + 3 H I`` (two norms, MLP) plus
+    its mixer: gated attention ``H (2 n_q d + 2 n_kv d) + n_q d H + 2 d`` (``q_proj`` carries the gate;
+    ``q_norm``/``k_norm`` per head dim) or Gated DeltaNet with ``K = n_k d_k``, ``C = 2 K + n_v d_v``:
+    ``H (C + n_v d_v + 2 n_v) + C k + 2 n_v + d_v + n_v d_v H`` (``in_proj_qkv``/``z``/``b``/``a``, the
+    depthwise conv of width ``k``, ``dt_bias``, ``A_log``, the gated norm, ``out_proj``).
+    tests/models/test_gpu_path.py checks it equals the meta-device model's count. O(layers)."""
+    m = model
+    V, H, I = m.vocab_size, m.hidden_size, m.intermediate_size
+    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    attn = H * (2 * q + 2 * kv) + q * H + 2 * m.head_dim
+    k, v = m.linear_num_key_heads * m.linear_key_head_dim, m.linear_num_value_heads * m.linear_value_head_dim
+    conv, nv = 2 * k + v, m.linear_num_value_heads
+    gdn = H * (conv + v + 2 * nv) + conv * m.linear_conv_kernel_dim + 2 * nv + m.linear_value_head_dim + v * H
+    mixers = sum(attn if t == "full_attention" else gdn for t in m.layer_types)
+    return 2 * V * H + H + m.num_hidden_layers * (2 * H + 3 * H * I) + mixers
 
 
 def _drafter_parameters(params) -> int:
@@ -152,7 +165,7 @@ def rank_memory(params, *, window_tokens: int | None = None,
     attn = m.num_attention_heads * m.head_dim * 2 + 2 * m.num_key_value_heads * m.head_dim  # gated q, k, v
     gdn = 2 * m.linear_num_key_heads * m.linear_key_head_dim + 2 * m.linear_num_value_heads * m.linear_value_head_dim
     step_features = T * Lt * H * b
-    target = RankMemory("target", weights=_target_parameters(params) * b, activations=T * b * (4 * H + 3 * I +
+    target = RankMemory("target", weights=target_parameters(params.model) * b, activations=T * b * (4 * H + 3 * I +
                         max(attn, gdn)), features=(params.train.queue_size + 1) * step_features, optimizer=0)
     drafter = RankMemory("drafter", weights=2 * V * H * b,
                          activations=T * H * 4 * (2 + 8 * params.drafter.num_layers) + 3 * CE_CHUNK_ROWS * V * 4

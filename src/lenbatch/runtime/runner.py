@@ -105,9 +105,10 @@ class StepRunner:
         self.last_cpu_s = 0.0
         self.last_compile_s = 0.0  # Triton compile/autotune seconds inside the last target step
         # which Gated DeltaNet kernels run (train.kernels; a CUDA run on the torch fallback is refused).
-        # The drafter alone runs none, so it takes no decision and never imports fla (~11 CPU-s per
-        # process: fla's package imports every layer and model it has); a pipelined run reports the
-        # target ranks' decision (kernel_report on target rank 0, sent to the drafter rank).
+        # The drafter alone runs none, so it takes no decision and never imports fla (~7 CPU-s per
+        # process, measured: fla's kernels with transformers' Qwen3.5 model, which imports them too);
+        # a pipelined run reports the target ranks' decision (kernel_report on target rank 0, sent to
+        # the drafter rank).
         self.kernels: Optional[dict] = None
         self.meter = None
         if role != "drafter":
