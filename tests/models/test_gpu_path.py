@@ -42,12 +42,11 @@ def test_the_27b_setting_fits_an_h200_and_is_refused_on_an_80_gb_card():
 
 
 @pytest.mark.parametrize("config", ["params.yaml", "configs/tiny.yaml", STUDY, "mixed"])
-def test_the_closed_form_target_count_is_the_models_and_needs_no_transformers_model(config):
+def test_the_closed_form_target_count_is_the_models(config):
     """memory.target_parameters (what the drafter rank reports without importing transformers' model,
-    which imports fla) equals the Hugging Face decoder built on the meta device, + the lm_head."""
+    which imports fla) equals the Hugging Face decoder built on the meta device, + the lm_head. That
+    rank_memory imports neither: tests/models/_fla_checks.py (runner_roles, in a process that has not)."""
     import dataclasses
-    import subprocess
-    import sys
 
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
 
@@ -64,12 +63,6 @@ def test_the_closed_form_target_count_is_the_models_and_needs_no_transformers_mo
     with torch.device("meta"):
         decoder = Qwen3_5TextModel(hf_text_config(m))
     assert memory.target_parameters(m) == sum(p.numel() for p in decoder.parameters()) + m.vocab_size * m.hidden_size
-    if config == "configs/tiny.yaml":  # the estimate a drafter rank writes imports no model (nor fla)
-        code = ("import sys; from lenbatch.core.config import load_params; from lenbatch.models import memory; "
-                "memory.rank_memory(load_params('params.yaml', 'configs/tiny.yaml')); "
-                "print(sorted(n for n in sys.modules if n.startswith(('fla', 'transformers.models'))))")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
 
 
 def test_ranks_sharing_a_device_add_up():
