@@ -39,12 +39,13 @@ $(PY):
 $(UV): | $(PY)
 	$(PY) -m pip install -q uv
 
-$(STAMP): pyproject.toml | $(PY) $(INSTALL_TOOL)
+$(STAMP): pyproject.toml study/pyproject.toml | $(PY) $(INSTALL_TOOL)
 	# torch first, pinned: the CPU build; a bare "torch" would pull a multi-GB CUDA build.
 	# The package itself asks only torch>=2.4 (a library must not replace its users' torch);
 	# the exact pin lives here, and is repeated so no extra's resolution can move it.
 	$(call pip_install,$(PY)) torch==2.13.0
-	$(call pip_install,$(PY)) -e '.[dev]' torch==2.13.0
+	# the library and the study side by side, in one resolution (so the study's "lenbatch" is this tree's)
+	$(call pip_install,$(PY)) -e . -e './study[dev]' torch==2.13.0
 	touch $(STAMP)
 
 $(PLOTS_TEMPLATE): $(STAMP)

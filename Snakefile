@@ -4,7 +4,7 @@
 #   (configs/*.yaml set results_dir: their results go to results/<name>/, never over results/)
 # `make run` runs `dvc repro`, whose stages each run one rule here, so DVC's dvc.lock and
 # Snakemake's records agree; dvc.yaml is generated from the same stage table (lenbatch dvc-yaml).
-# Rules are thin: inputs, outputs and params from that table (src/lenbatch/pipeline/registry.py, read by
+# Rules are thin: inputs, outputs and params from that table (src/lenbatch_study/pipeline/registry.py, read by
 # workflow/rules/common.smk), then log, benchmark and the shell line; every stage is `lenbatch <stage>`.
 from snakemake.utils import min_version, validate
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import lenbatch as lb
+from lenbatch_study.corpus.seed_profile import seed_profile
 from lenbatch.batching.padding import budget_fill, composition_repeat, length_mixing, padding_efficiency, predict_bucketed
 from lenbatch.batching.strategies import plan_epoch_all
 
@@ -133,7 +134,7 @@ def main() -> int:
     ap.add_argument("--real", default="results/tokenize/lengths.npy", help="real lengths .npy (tokens)")
     ap.add_argument("--real-count", type=int, default=4000, help="conversations tokenized when --real is absent")
     args = ap.parse_args()
-    x, wall, cpu = timed(lb.seed_profile)
+    x, wall, cpu = timed(seed_profile)
     print(f"seed profile generated in {wall:.2f} s: mean {x.mean():.3f} (published 2,068), percentiles "
           f"{np.percentile(x, [0, 10, 25, 50, 75, 90, 95, 99, 100]).astype(int).tolist()}")
     ok = all(bench("seed profile", x.astype(np.int64), STUDY_EDGES).values())

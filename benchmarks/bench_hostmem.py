@@ -24,11 +24,11 @@ from pathlib import Path
 WORKER = r"""
 import json, resource, statistics, sys
 from pathlib import Path
-from lenbatch.core.config import load_params
-from lenbatch.runtime.hostmem import minor_faults
-from lenbatch.stages.profile import make_batch
-from lenbatch.analysis.shapes import grid_shape
-from lenbatch.runtime.runner import StepRunner, configure_process
+from lenbatch_study.core.config import load_params
+from lenbatch.hostmem import minor_faults
+from lenbatch_study.stages.profile import make_batch
+from lenbatch_study.analysis.shapes import grid_shape
+from lenbatch_study.runtime.runner import StepRunner, configure_process
 
 params_path, reuse, steps, warmup = sys.argv[1], sys.argv[2] == "true", int(sys.argv[3]), int(sys.argv[4])
 params = load_params(Path(params_path), overrides={"train": {"reuse_host_memory": reuse}})

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from lenbatch_study.corpus.seed_profile import SEED_COUNT, seed_profile
 
 
 def best_of(fn, reps: int = 3) -> tuple[float, object]:
@@ -43,8 +44,8 @@ def build(rows: int, divide: int, folder: Path) -> np.ndarray:
 
     import lenbatch as lb
 
-    reps = -(-rows // lb.batching.lengths.SEED_COUNT)
-    lengths = np.maximum(np.tile(lb.seed_profile(), reps)[:rows] // divide, 1).astype(np.int32)
+    reps = -(-rows // SEED_COUNT)
+    lengths = np.maximum(np.tile(seed_profile(), reps)[:rows] // divide, 1).astype(np.int32)
     offsets = np.zeros(rows + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     values = pa.array(np.arange(offsets[-1], dtype=np.int32) % 151_000)

@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lenbatch.core.config import load_params
-from lenbatch.models.target import build_target
-from lenbatch.batching.lengths import seed_profile
+from lenbatch_study.core.config import load_params
+from lenbatch_study.models.target import build_target
+from lenbatch_study.corpus.seed_profile import seed_profile
 
 
 def draw_lengths(path: str | None, n: int, max_len: int, seed: int) -> tuple[np.ndarray, str]:
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         target.features(x["input_ids"], attention_mask=x.get("attention_mask"), cu_seqlens=x.get("cu_seqlens"))
 
     def hf(x: dict) -> None:
-        from lenbatch.models.varlen import torch_reference_kernels
+        from lenbatch_study.models.varlen import torch_reference_kernels
 
         # transformers' torch kernels, as on a CPU box without fla (fla, if installed, needs a GPU)
         with torch.inference_mode(), torch_reference_kernels():

@@ -7,11 +7,11 @@ compares every profile's prediction (fitted on its grid only) with every round's
 Matched pairs (profile r vs runs r) are what the workflow reports. The other pairs tell
 the two noises apart: how much the prediction moves with another profile of the same
 code (profile spread) and how much the measurement moves with another run (runs spread).
-The mean error over all pairs is the model's own bias. CPU shares (lenbatch.core.cpu.cpu_share)
+The mean error over all pairs is the model's own bias. CPU shares (lenbatch_study.core.cpu.cpu_share)
 show whether other work on the machine slowed a profile or a run.
 
 Every pair is scored twice: raw (the profile's step times as they are) and calibrated (each
-role's step times x the run's reference-step time over the profile's, lenbatch.analysis.calibration):
+role's step times x the run's reference-step time over the profile's, lenbatch_study.analysis.calibration):
 the calibrated prediction of pair (i, j) rescales profile i by runs j's own reference ratios.
 
 Targets (issue 19): every matched calibrated error within 3% for every strategy and the calibrated
@@ -100,7 +100,7 @@ def main() -> int:
         override["train"]["useful_tokens"] = args.useful_tokens
     (work / "override.yaml").write_text(yaml.safe_dump(override))
     P = ["--params", *params_files, str(work / "override.yaml")]
-    lb = [sys.executable, "-m", "lenbatch"]
+    lb = [sys.executable, "-m", "lenbatch_study"]
     timings: dict[str, float] = {}
 
     data = Path(args.data).resolve() if args.data else work / "tokenize"
@@ -116,9 +116,9 @@ def main() -> int:
                                    work / "logs" / "boundaries.log")
         timings["plans"] = sh([*lb, "plans", *P, "--lengths", L, "--boundaries", bfile,
                                "--out", str(work / "plans")], work / "logs" / "plans.log")
-    from lenbatch.stages.compare import compare
-    from lenbatch.core.config import load_params
-    from lenbatch.core.cpu import grid_cpu_share
+    from lenbatch_study.stages.compare import compare
+    from lenbatch_study.core.config import load_params
+    from lenbatch_study.core.cpu import grid_cpu_share
 
     params = load_params(*params_files, work / "override.yaml")
     # rounds: profile r, then every strategy once (round r's runs); interleaving spreads slow drifts
@@ -134,7 +134,7 @@ def main() -> int:
             if args.skip_profile and (out / "summary.json").exists():
                 continue
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                   str(params.train.nproc), "-m", "lenbatch", "train", *P, "--strategy", s, "--data", str(data),
+                   str(params.train.nproc), "-m", "lenbatch_study", "train", *P, "--strategy", s, "--data", str(data),
                    "--out", str(out)]
             if s == "bucketed":
                 cmd += ["--boundaries", str(work / "boundaries" / "boundaries.json")]
@@ -266,7 +266,7 @@ def main() -> int:
               f"{100 * v['cv']:.1f}% between points, {100 * v['within_point_mad']:.1f}% within; a start/end "
               f"reference ratio is off by ~{100 * v['cv']:.1f}%, 3% would take "
               f">= {v['points_for_3pct']} points per profile and per run")
-    from lenbatch.core.machine import describe, fingerprint
+    from lenbatch_study.core.machine import describe, fingerprint
 
     here = fingerprint(threads=params.train.threads)
     print(f"machine: {describe(here)}")

@@ -19,9 +19,9 @@ import sys
 import time
 
 try:  # the layout of issue 20 (subpackages)
-    from lenbatch.core.config import load_params
-    from lenbatch.runtime.runner import StepRunner, configure_process
-    from lenbatch.stages import profile
+    from lenbatch_study.core.config import load_params
+    from lenbatch_study.runtime.runner import StepRunner, configure_process
+    from lenbatch_study.stages import profile
 except ImportError:  # flat source trees before it
     from lenbatch import profile  # type: ignore[no-redef]
     from lenbatch.config import load_params  # type: ignore[no-redef]

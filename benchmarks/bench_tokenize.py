@@ -8,7 +8,7 @@ Prints, per worker count: wall seconds of read+encode and of writing (dataset/, 
 stats.json), conversations, tokens and throughput; then the time of the parse phase alone
 (stream-parse + record validation, no tokenizer) and checks the target: the whole corpus in
 under 60 s. ``--compare-whole-string`` also counts the conversations whose segment-wise ids
-differ from encoding the whole ChatML string, by cause (see lenbatch.corpus.chat).
+differ from encoding the whole ChatML string, by cause (see lenbatch_study.corpus.chat).
 Outputs go to benchmarks/out/ (git-ignored).
 """
 
@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from lenbatch.corpus.chat import ChatEncoder, QwenTiktoken, chatml_text, conversation_from_record
-from lenbatch.corpus.tokenizing import tokenize, write_outputs
-from lenbatch.corpus.sources import SourceReport, iter_records, resolve_source
+from lenbatch_study.corpus.chat import ChatEncoder, QwenTiktoken, chatml_text, conversation_from_record
+from lenbatch_study.corpus.tokenizing import tokenize, write_outputs
+from lenbatch_study.corpus.sources import SourceReport, iter_records, resolve_source
 
 TARGET_S = 60.0
 

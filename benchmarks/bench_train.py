@@ -5,7 +5,7 @@ Usage (the CPU default; a few minutes on 2 cores)::
     python benchmarks/bench_train.py [--params params.yaml] [--useful-tokens N] [--nproc 2]
                                      [--strategies sorted random ...] [--out-root /tmp/lenbatch-bench-train]
 
-Runs ``python -m torch.distributed.run --standalone --nproc_per_node NPROC -m lenbatch train`` once per
+Runs ``python -m torch.distributed.run --standalone --nproc_per_node NPROC -m lenbatch_study train`` once per
 strategy on ``results/tokenize`` (made with ``lenbatch tokenize`` if missing) with the bucket edges of
 ``results/boundaries/boundaries.json`` (made with ``lenbatch boundaries`` if missing), then prints one
 table: measured padding efficiency, useful and computed tokens/s (post-warm-up pipeline throughput,
@@ -49,9 +49,9 @@ def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
     import lenbatch as lb
     from lenbatch.batching.layouts import layout_of
     from lenbatch.loading.collate import collate
-    from lenbatch.core.config import load_params
-    from lenbatch.runtime.runner import StepRunner
-    from lenbatch.pipeline.artifacts.tokenized import read_dataset
+    from lenbatch_study.core.config import load_params
+    from lenbatch_study.runtime.runner import StepRunner
+    from lenbatch_study.pipeline.artifacts.tokenized import read_dataset
 
     params = load_params(*args.params)
     torch.set_num_threads(params.train.threads)
@@ -118,11 +118,11 @@ def main() -> None:
     data, bounds = Path(args.data), Path(args.boundaries)
     if not (data / "lengths.npy").exists():
         print(f"{data} missing: tokenizing", flush=True)
-        _run([py, "-m", "lenbatch", "tokenize", "--params", *args.params, "--no-progress", "--out", str(data)],
+        _run([py, "-m", "lenbatch_study", "tokenize", "--params", *args.params, "--no-progress", "--out", str(data)],
              root / "tokenize.log")
     if not bounds.exists():
         print(f"{bounds} missing: computing boundaries", flush=True)
-        _run([py, "-m", "lenbatch", "boundaries", "--params", *args.params, "--lengths", str(data / "lengths.npy"),
+        _run([py, "-m", "lenbatch_study", "boundaries", "--params", *args.params, "--lengths", str(data / "lengths.npy"),
               "--out", str(bounds.parent)], root / "boundaries.log")
     extra = ["--useful-tokens", str(args.useful_tokens)] if args.useful_tokens else []
     nproc_json = json.dumps({"train": {"nproc": args.nproc}})
@@ -133,7 +133,7 @@ def main() -> None:
         for s in order:
             out = root / (s if args.repeats == 1 else f"{s}_{rep}")
             cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc), "-m",
-                   "lenbatch", "train", "--params", *args.params, "--params-json", nproc_json, "--strategy", s,
+                   "lenbatch_study", "train", "--params", *args.params, "--params-json", nproc_json, "--strategy", s,
                    "--data", str(data), "--boundaries", str(bounds), "--out", str(out), *extra]
             print(f"{s} (repeat {rep + 1}/{args.repeats}): running ({' '.join(cmd[1:])})", flush=True)
             wall = _run(cmd, root / f"{out.name}.log")

@@ -21,14 +21,14 @@ stops at the first failure):
    layer shapes (3 Gated DeltaNet + 1 attention layer, 16 key / 48 value heads) against the
    per-sequence Hugging Face forwards; bf16 by relative tolerance 3e-2, fp32 by 1e-4 absolute with
    ``TRITON_F32_DEFAULT=ieee`` and fla's explicit-TF32 triangular solve forced to IEEE
-   (:func:`lenbatch.models.fla_cpu.force_ieee_solve`);
+   (:func:`lenbatch_study.models.fla_cpu.force_ieee_solve`);
 4. ``stats``, ``boundaries``, ``plans`` on the kit's lengths; ``profile`` on the mid-size model
    (:data:`MID`); ``train-<strategy>`` for every strategy under torchrun (2 target ranks + 1 drafter
    rank sharing the GPU: ``LENBATCH_SHARE_GPU=1`` in every step's environment, gloo through host
    memory, since NCCL refuses two ranks on one GPU); ``compare`` (predicted vs measured);
 5. ``OUT/summary.json`` + one printed table (:func:`summarize`, :func:`render`): verify results,
    per strategy measured and predicted tok/s, ratio to sorted, kernel backend, compile seconds,
-   peak memory per rank against :mod:`lenbatch.models.memory`'s estimate, queue/credit waits.
+   peak memory per rank against :mod:`lenbatch_study.models.memory`'s estimate, queue/credit waits.
 
 Time on one H200 (:data:`ESTIMATE_S`, about 6 1/2 minutes of the 8 planned; how each number was
 made is written beside it). ``--rehearse`` runs the same steps, commands, environments and file
@@ -119,7 +119,7 @@ def layer_shapes_config() -> dict[str, Any]:
 def plan(out: Path, *, kit: Path, rehearse: bool, python: str = sys.executable) -> list[dict[str, Any]]:
     """Every step: ``{"name", "cmd", "env", "timeout"}`` (pure: writes nothing). ``env`` is what the
     step adds to the check's environment (:func:`step_environment`)."""
-    lb = [python, "-m", "lenbatch"]
+    lb = [python, "-m", "lenbatch_study"]
     size = "tiny" if rehearse else "mid"
     data = kit / "data" / size / "tokenize"
     lengths = str(data / "lengths.npy")
@@ -151,7 +151,7 @@ def plan(out: Path, *, kit: Path, rehearse: bool, python: str = sys.executable) 
     for s in STRATEGIES:
         steps.append({"name": f"train-{s}", "timeout": 180,
                       "cmd": [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-                              "-m", "lenbatch", "train", *cfg, "--strategy", s, "--data", str(data),
+                              "-m", "lenbatch_study", "train", *cfg, "--strategy", s, "--data", str(data),
                               "--boundaries", f"{r}/boundaries/boundaries.json", "--out", f"{r}/train/{s}"]})
     steps.append({"name": "compare", "cmd": lb + ["compare", *cfg, "--stats", f"{r}/stats", "--boundaries",
                                                   f"{r}/boundaries", "--plans", f"{r}/plans", "--profile",
@@ -186,7 +186,7 @@ def probe(out: Path, *, rehearse: bool) -> int:
     import torch
 
     import lenbatch
-    from lenbatch.models import kernels
+    from lenbatch_study.models import kernels
 
     info: dict[str, Any] = {"python": platform.python_version(), "lenbatch": lenbatch.__file__,
                             "cuda_available": torch.cuda.is_available()}
@@ -276,7 +276,7 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehea
         for key, src in (("ratio_to_sorted", "useful_tokens_per_s"), ("predicted_ratio_to_sorted", "predicted_tok_s")):
             a, b = t.get(src), ref.get(src)
             t[key] = a / b if a and b else None
-    # grid.json is {machine, reference, points} (lenbatch.pipeline.artifacts.profile_grid)
+    # grid.json is {machine, reference, points} (lenbatch_study.pipeline.artifacts.profile_grid)
     grid_doc = _load(out / "profile" / "grid.json")
     grid = grid_doc.get("points", []) if isinstance(grid_doc, dict) else (grid_doc or [])
     profile = {"points": len(grid), "kernel_backend": sorted({r.get("kernel_backend") for r in grid} - {None}),
@@ -290,11 +290,11 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehea
 
 
 def machine_fingerprint() -> dict[str, Any]:
-    """This machine's fingerprint (lenbatch.core.machine), loaded from the tree by path: it needs only the
+    """This machine's fingerprint (lenbatch_study.core.machine), loaded from the tree by path: it needs only the
     standard library, so the summary records it even when the install step failed."""
     import importlib.util
 
-    path = ROOT / "src" / "lenbatch" / "core" / "machine.py"
+    path = ROOT / "src" / "lenbatch_study" / "core" / "machine.py"
     spec = importlib.util.spec_from_file_location("_lenbatch_machine", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -360,7 +360,7 @@ def build_kit(kit: Path) -> int:
     for name, data in DATA.items():
         dest = kit / "data" / name / "tokenize"
         if not (dest / "lengths.npy").exists():
-            subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", "params.yaml", "--params-json",
+            subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", "--params-json",
                             json.dumps({"data": {**data, "workers": 1}}), "--no-progress", "--out", str(dest)],
                            check=True)
     files = [f for f in kit.rglob("*") if f.is_file()]

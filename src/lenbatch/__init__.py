@@ -1,6 +1,6 @@
-"""lenbatch: choose how to batch variable-length samples for LLM training.
+"""lenbatch: batch variable-length samples for LLM training.
 
-Public API (stable, DESIGN.md)::
+Public API (stable)::
 
     import lenbatch as lb
     b = lb.optimize_boundaries(lengths, num_buckets=6, token_budget=49152, max_batch_size=64, method="dp")
@@ -14,8 +14,8 @@ Public API (stable, DESIGN.md)::
     model(**batch.model_inputs())                                       # any HF causal LM
 
 ``import lenbatch`` stays light (numpy only): ``LengthBatchSampler``, ``collate_padded`` and
-``collate_packed`` import torch on first access; transformers, datasets, yaml and matplotlib are
-imported only by the modules that need them (``lenbatch.hf``, the workflow stages).
+``collate_packed`` import torch on first access, ``lengths_of`` pyarrow on its first call; transformers
+only in :mod:`lenbatch.hf`. The library never imports the study (``lenbatch_study``) that measures it.
 """
 
 from __future__ import annotations
@@ -23,30 +23,26 @@ from __future__ import annotations
 from typing import Any
 
 from lenbatch.batching.boundaries import METHODS, Boundaries, optimize_boundaries, sweep_num_buckets
-from lenbatch.batching.lengths import bucket_counts, histogram, length_stats, seed_profile
+from lenbatch.batching.lengths import bucket_counts, histogram, length_stats
 from lenbatch.batching.padding import (
     budget_fill,
     composition_repeat,
-    expected_max,
     greedy_bucket_computed,
-    greedy_starts,
     length_mixing,
     padding_efficiency,
     predict_bucketed,
-    study_bucket_computed,
 )
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import STRATEGIES, Plan, plan_epoch, plan_epoch_all
-from lenbatch.corpus.arrow import lengths_of
+from lenbatch.loading.arrow import lengths_of
 
 __version__ = "0.1.0"
 
 __all__ = [
     "METHODS", "STRATEGIES", "BatchSpec", "Boundaries", "LengthBatchSampler", "Plan", "bucket_counts", "budget_fill",
-    "collate_packed", "collate_padded",
-    "composition_repeat", "expected_max", "greedy_bucket_computed", "greedy_starts", "histogram",
-    "length_mixing", "length_stats", "lengths_of", "optimize_boundaries", "padding_efficiency", "plan_epoch", "plan_epoch_all",
-    "predict_bucketed", "seed_profile", "study_bucket_computed", "sweep_num_buckets",
+    "collate_packed", "collate_padded", "composition_repeat", "greedy_bucket_computed", "histogram",
+    "length_mixing", "length_stats", "lengths_of", "optimize_boundaries", "padding_efficiency", "plan_epoch",
+    "plan_epoch_all", "predict_bucketed", "sweep_num_buckets",
 ]
 
 

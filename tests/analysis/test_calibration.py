@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lenbatch.analysis import calibration, provenance
+from lenbatch_study.analysis import calibration, provenance
 
 SHAPE = {"kind": "padded", "sequences": 8, "length": 512}
 

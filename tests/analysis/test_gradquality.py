@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from lenbatch.analysis import gradquality as gq
+from lenbatch_study.analysis import gradquality as gq
 
 
 # --------------------------------------------------------------------------- Student t and intervals

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lenbatch.analysis import shapes as shp
-from lenbatch.analysis import stepmodel as sm
-from lenbatch.core import cpu
+from lenbatch_study.analysis import shapes as shp
+from lenbatch_study.analysis import stepmodel as sm
+from lenbatch_study.core import cpu
 
 
 def _grid_columns():

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import lenbatch as lb
-from lenbatch.analysis import study_replay as sr
+from lenbatch_study.corpus.seed_profile import seed_profile
+from lenbatch_study.analysis import study_replay as sr
 from lenbatch.batching.padding import predict_bucketed
-from lenbatch.cli import main
+from lenbatch_study.cli import main
 
 N = 60_000
 
@@ -24,7 +25,7 @@ def rep():
 
 
 def test_every_number_is_what_the_planning_api_gives(rep):
-    x = lb.seed_profile(N).astype(np.int64)
+    x = seed_profile(N).astype(np.int64)
     st = rep["setting"]
     assert (st["samples"], st["token_budget"], st["max_batch_size"], st["target_ranks"]) == (N, 49152, 64, 7)
     assert st["study_edges"] == [0, 770, 1216, 1728, 2432, 3296, 8192]
@@ -102,7 +103,7 @@ def test_plans_without_lengths_or_the_replay_names_the_flags(capsys):
 
 def test_the_replays_exponent_is_the_bisections():
     """study_replay.STUDY_LAMBDA spares every compare the 3.3 s bisection: it must be its value exactly."""
-    from lenbatch.analysis import study_replay
-    from lenbatch.batching.lengths import SEED_COUNT, seed_profile_lambda
+    from lenbatch_study.analysis import study_replay
+    from lenbatch_study.corpus.seed_profile import SEED_COUNT, seed_profile_lambda
 
     assert seed_profile_lambda(SEED_COUNT, 0) == study_replay.STUDY_LAMBDA

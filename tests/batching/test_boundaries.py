@@ -12,7 +12,7 @@ from lenbatch import optimize_boundaries, sweep_num_buckets
 from lenbatch.batching.boundaries import candidate_values, cost_matrix, coordinate_path, dp_partition, geometric_path
 from lenbatch.batching.padding import bucket_computed, padding_efficiency, predict_bucketed, value_counts
 from lenbatch.batching.strategies import plan_epoch_all
-from lenbatch.batching.lengths import seed_profile
+from lenbatch_study.corpus.seed_profile import seed_profile
 
 
 def _brute_force(cost, k):

@@ -8,7 +8,7 @@ from _core_real import real_lengths
 
 from lenbatch.batching.padding import (budget_fill, composition_repeat, expected_max, greedy_batches, greedy_bucket_computed,
                               greedy_starts, length_mixing, padding_efficiency, predict_bucketed, value_counts)
-from lenbatch.batching.lengths import seed_profile
+from lenbatch_study.corpus.seed_profile import seed_profile
 
 STUDY_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
 

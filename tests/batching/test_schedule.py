@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import lenbatch as lb
+from lenbatch.batching.scan import greedy_starts
 from lenbatch.batching.padding import batch_tokens
 from lenbatch.loading.sampler import LengthBatchSampler
 from lenbatch.batching.schedule import build_schedule
@@ -86,7 +87,7 @@ def test_fits_is_the_greedy_packers_rule():
     """A greedy batch of the sorted plan fits, and adding the sample that opened the next batch would not."""
     spec = spec_for("sorted")
     order = np.argsort(X, kind="stable")
-    batches = np.split(order, lb.greedy_starts(X[order], spec.token_budget, spec.max_batch_size)[1:])
+    batches = np.split(order, greedy_starts(X[order], spec.token_budget, spec.max_batch_size)[1:])
     for cur, nxt in zip(batches[:-1], batches[1:]):
         assert spec.fits(len(cur), int(X[cur].max()))
         assert not spec.fits(len(cur) + 1, int(max(X[cur].max(), X[nxt[0]])))

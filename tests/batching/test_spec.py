@@ -85,7 +85,7 @@ def test_a_keyword_at_its_default_beside_a_spec_is_no_conflict():
 
 
 def test_build_schedule_and_collate_follow_the_same_rule():
-    from lenbatch.core.config import load_params
+    from lenbatch_study.core.config import load_params
 
     params = load_params("params.yaml", '{"batching": {"token_budget": 512, "max_batch_size": 8}, '
                                         '"data": {"max_len": 512}}')

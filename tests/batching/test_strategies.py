@@ -115,7 +115,7 @@ def test_sortish_is_transformers_order(n, high, mbs):
 
 def test_packed_fills_the_budget():
     from lenbatch.batching.padding import budget_fill
-    from lenbatch.batching.lengths import seed_profile
+    from lenbatch_study.corpus.seed_profile import seed_profile
 
     x = seed_profile(100_000)
     rows = plan_epoch(x, strategy="packed", token_budget=49152, max_batch_size=64, packed_window=8)

@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from lenbatch.core.config import load_params
-from lenbatch.models import memory
+from lenbatch_study.core.config import load_params
+from lenbatch_study.models import memory
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -75,8 +75,8 @@ def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
 def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypatch):
     """Finding 2. CUDA cannot exist here: torch.cuda reports one device (is_available, device_count);
     each step's device resolution then runs for real, in that step's environment."""
-    from lenbatch.runtime.runner import resolve_device
-    from lenbatch.stages import profile
+    from lenbatch_study.runtime.runner import resolve_device
+    from lenbatch_study.stages import profile
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -176,7 +176,7 @@ def test_a_killed_profile_takes_its_workers_with_it(tmp_path):
     cfg["profile"].update(concurrent=True, repeats=50, warmup=50)  # runs far longer than the test waits
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", "profile", "--params", str(ROOT / "params.yaml"),
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "profile", "--params", str(ROOT / "params.yaml"),
                              str(tmp_path / "p.yaml"), "--out", str(tmp_path / "prof")], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from lenbatch.core.config import (
+from lenbatch_study.core.config import (
     Params,
     SECTIONS,
     deep_merge,
@@ -108,11 +108,11 @@ def test_params_cli_reports_a_bad_file(tmp_path):
     raw["stats"]["bins"] = 3
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "lenbatch", "params", "--params", str(bad)],
+    proc = subprocess.run([sys.executable, "-m", "lenbatch_study", "params", "--params", str(bad)],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "stats.bins" in proc.stderr and "histogram_bins" in proc.stderr
-    ok = subprocess.run([sys.executable, "-m", "lenbatch", "params", "--params", str(ROOT / "params.yaml")],
+    ok = subprocess.run([sys.executable, "-m", "lenbatch_study", "params", "--params", str(ROOT / "params.yaml")],
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
 
@@ -154,7 +154,7 @@ def test_one_loader_refuses_duplicates_missing_keys_ranges_and_non_finite_number
         load_params(bad)
     for word in words:
         assert word in str(err.value)
-    from lenbatch.cli import main
+    from lenbatch_study.cli import main
 
     assert main(["params", "--params", str(bad)]) == 2  # a stage run directly: one line, exit 2
     lines = capsys.readouterr().err.strip().splitlines()

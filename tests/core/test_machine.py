@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from lenbatch.core import machine
+from lenbatch_study.core import machine
 
 REPO = Path(__file__).resolve().parents[2]
 FLA_PYTHON = REPO / ".venv-fla" / "bin" / "python"  # the Makefile's second venv: the same torch, plus fla + triton
-PRINT_ID = "from lenbatch.core import machine; print(machine.fingerprint()['id'])"
+PRINT_ID = "from lenbatch_study.core import machine; print(machine.fingerprint()['id'])"
 
 
 def _env() -> dict[str, str]:
@@ -57,7 +57,7 @@ def test_the_fingerprint_describes_this_machine_and_another_process_gets_the_sam
 def test_only_a_library_version_changing_gives_another_id():
     """The Makefile's .venv-fla runs on this machine with the same torch and transformers, plus triton and
     flash-linear-attention: the hardware fields agree, the versions do not, and so does not the id."""
-    code = "import json; from lenbatch.core import machine; print(json.dumps(machine.fingerprint()))"
+    code = "import json; from lenbatch_study.core import machine; print(json.dumps(machine.fingerprint()))"
     proc = subprocess.run([str(FLA_PYTHON), "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
     there, here = json.loads(proc.stdout), machine.fingerprint()
@@ -86,7 +86,7 @@ def test_machine_json_is_rewritten_only_when_its_content_changes(tmp_path):
 
 
 def test_lenbatch_machine_writes_once_then_leaves_the_file_alone(tmp_path):
-    cmd = [sys.executable, "-m", "lenbatch", "machine", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "lenbatch_study", "machine", "--out", str(tmp_path)]
     first = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
     assert first.returncode == 0, first.stderr
     mtime = (tmp_path / "machine.json").stat().st_mtime_ns
@@ -99,7 +99,7 @@ def test_lenbatch_machine_writes_once_then_leaves_the_file_alone(tmp_path):
 @pytest.mark.skipif(Path("/proc/driver/nvidia").exists() or Path("/dev/kfd").exists(),
                     reason="a GPU driver is present: the fingerprint asks torch there")
 def test_on_a_machine_without_a_gpu_driver_the_fingerprint_imports_no_torch():
-    code = ("import sys; from lenbatch.core import machine; fp = machine.fingerprint(); "
+    code = ("import sys; from lenbatch_study.core import machine; fp = machine.fingerprint(); "
             "print(fp['accelerator'], 'torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -120,7 +120,7 @@ def test_differences_and_describe_name_the_fields():
 
 def test_changed_fields_names_every_differing_leaf_lists_included():
     """The one comparison the machine check and the checkpoint's params check share."""
-    from lenbatch.core.machine import changed_fields
+    from lenbatch_study.core.machine import changed_fields
 
     a = {"model": {"dtype": "float32", "layers": [1, 2]}, "edges": None}
     b = {"model": {"dtype": "bfloat16", "layers": [1, 3, 4]}, "edges": None}

@@ -1,4 +1,4 @@
-"""ChatML formatting, loss mask and tokenizers (lenbatch.corpus.chat) with the real Qwen3.6 tokenizer and
+"""ChatML formatting, loss mask and tokenizers (lenbatch_study.corpus.chat) with the real Qwen3.6 tokenizer and
 real ShareGPT conversations, plus a tiny local Hugging Face tokenizer directory built here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from lenbatch.corpus.chat import (
+from lenbatch_study.corpus.chat import (
     IM_END,
     ROLE_MAP,
     BadRecord,
@@ -21,7 +21,7 @@ from lenbatch.corpus.chat import (
     load_tokenizer,
     nfc,
 )
-from lenbatch.corpus.sources import SourceReport, iter_records, resolve_source
+from lenbatch_study.corpus.sources import SourceReport, iter_records, resolve_source
 from _tiny import tiny_hf_tokenizer as _tiny_hf_tokenizer
 
 
@@ -82,7 +82,7 @@ def test_segment_wise_encoding_equals_whole_string_encoding_on_real_conversation
     compared = 0
     for turns in real_conversations:
         if any(c[:1] in ("\n", "\r") or "<|" in c for _, c in turns):
-            continue  # the two documented exceptions (see lenbatch.corpus.chat)
+            continue  # the two documented exceptions (see lenbatch_study.corpus.chat)
         ids, _ = enc.encode(turns)
         assert ids == qwen.encode_chatml(chatml_text(turns))
         compared += 1

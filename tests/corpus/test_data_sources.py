@@ -1,4 +1,4 @@
-"""Record readers (lenbatch.corpus.sources): the cut-off tolerant JSON/JSONL stream parser, Parquet and
+"""Record readers (lenbatch_study.corpus.sources): the cut-off tolerant JSON/JSONL stream parser, Parquet and
 save_to_disk directories, and the errors for input that cannot be read."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lenbatch.corpus.sources import SourceReport, iter_json_records, iter_records, resolve_source
+from lenbatch_study.corpus.sources import SourceReport, iter_json_records, iter_records, resolve_source
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -156,7 +156,7 @@ def test_a_closed_file_whose_last_record_breaks_at_its_end_is_an_error_naming_re
                                rf"'\{closing}', so this is a malformed record, not a cut"):
                 _read(path, chunk_bytes, allow_truncated=allow)
     # through the command line with the flag: exit 2 with the same words, nothing written
-    from lenbatch.cli import main as cli_main
+    from lenbatch_study.cli import main as cli_main
 
     out = tmp_path / "out"
     assert cli_main(["tokenize", "--params", str(REPO / "params.yaml"), "--source", str(path), "--allow-truncated",
@@ -236,7 +236,7 @@ def test_invalid_utf8_survives_to_the_record_as_undecodable_text(tmp_path):
     (record,), report = _read(path, 3)
     value = record["conversations"][0]["value"]
     with pytest.raises(UnicodeEncodeError):
-        value.encode("utf-8")  # lenbatch.corpus.chat reports this record as bad_text
+        value.encode("utf-8")  # lenbatch_study.corpus.chat reports this record as bad_text
     assert not report.cut_off
 
 

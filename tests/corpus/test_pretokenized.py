@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lenbatch.cli import main as cli_main
+from lenbatch_study.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = str(REPO / "params.yaml")

@@ -17,7 +17,7 @@ datasets = pytest.importorskip("datasets")
 
 import lenbatch as lb  # noqa: E402
 from lenbatch.hf import LengthBatchCollator, LengthBatchMixin, LengthBatchTrainer  # noqa: E402
-from lenbatch.loading.trainer import _dataset_lengths  # noqa: E402
+from lenbatch.hf import _dataset_lengths  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
 

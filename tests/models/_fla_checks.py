@@ -19,7 +19,7 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from lenbatch.models import varlen, verify  # noqa: E402
+from lenbatch_study.models import varlen, verify  # noqa: E402
 
 LENGTHS = [37, 64, 20]
 
@@ -95,8 +95,8 @@ def conv() -> dict:
 
 
 def model() -> dict:
-    from lenbatch.core.config import ModelConfig
-    from lenbatch.models.target import build_target
+    from lenbatch_study.core.config import ModelConfig
+    from lenbatch_study.models.target import build_target
 
     cfg = ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       layer_types=("linear_attention", "full_attention"), num_attention_heads=2,
@@ -115,9 +115,9 @@ def runner_roles() -> dict:
     for its step nor for the memory estimate it reports; the target must, and say so."""
     from pathlib import Path
 
-    from lenbatch.core.config import load_params
-    from lenbatch.models import memory
-    from lenbatch.runtime.runner import StepRunner
+    from lenbatch_study.core.config import load_params
+    from lenbatch_study.models import memory
+    from lenbatch_study.runtime.runner import StepRunner
 
     root = Path(__file__).resolve().parents[2]
     params = load_params(root / "params.yaml", root / "configs/tiny.yaml", overrides={"train": {"kernels": "fla"}})

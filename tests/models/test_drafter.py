@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from lenbatch.loading.collate import collate_packed, collate_padded, synthetic_sequences
-from lenbatch.core.config import load_params
-from lenbatch.batching.anchors import draw_anchors
-from lenbatch.models.drafter import ChunkedLinearCrossEntropy, block_attention_mask, build_drafter
-from lenbatch.runtime.runner import StepRunner
+from lenbatch_study.core.config import load_params
+from lenbatch_study.models.anchors import draw_anchors
+from lenbatch_study.models.drafter import ChunkedLinearCrossEntropy, block_attention_mask, build_drafter
+from lenbatch_study.runtime.runner import StepRunner
 
 # A small target (the real Qwen3.5 classes): 3 Gated DeltaNet layers + 1 full attention, small vocab.
 SMALL = {

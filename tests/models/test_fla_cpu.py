@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lenbatch.models import fla_cpu, varlen
+from lenbatch_study.models import fla_cpu, varlen
 
 HERE = Path(__file__).parent
 
@@ -141,7 +141,7 @@ def test_the_drafter_role_never_imports_fla_and_the_target_reports_its_kernels(f
 
 
 def _verify(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [FLA_PYTHON, "-m", "lenbatch", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
+    cmd = [FLA_PYTHON, "-m", "lenbatch_study", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
            "--lengths", "5,17,30", *args]
     return subprocess.run(cmd, env=env or ENV, capture_output=True, text=True, timeout=300)
 

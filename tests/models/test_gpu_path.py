@@ -9,10 +9,10 @@ import pytest
 import torch
 import yaml
 
-from lenbatch.models import memory
+from lenbatch_study.models import memory
 from lenbatch.loading.collate import collate, synthetic_sequences
-from lenbatch.core.config import load_params
-from lenbatch.runtime.runner import StepRunner
+from lenbatch_study.core.config import load_params
+from lenbatch_study.runtime.runner import StepRunner
 
 GB = 10**9
 STUDY = "configs/qwen3.6-27b-8gpu.yaml"
@@ -50,7 +50,7 @@ def test_the_closed_form_target_count_is_the_models(config):
 
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
 
-    from lenbatch.models.target import hf_text_config
+    from lenbatch_study.models.target import hf_text_config
 
     files = ["params.yaml"] if config in ("params.yaml", "mixed") else ["params.yaml", config]
     m = load_params(*files).model
@@ -113,10 +113,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from lenbatch_study.corpus.seed_profile import seed_profile
 
-from lenbatch.models import kernels
-from lenbatch.runtime import runner as runner_mod
-from lenbatch.runtime import transport
+from lenbatch_study.models import kernels
+from lenbatch_study.runtime import runner as runner_mod
+from lenbatch_study.runtime import transport
 
 ROOT = Path(__file__).parents[2]
 FLA_PYTHON = next((str(p) for p in (Path(os.environ.get("LENBATCH_FLA_PYTHON", "/nonexistent")),
@@ -134,7 +135,7 @@ def _tiny(**sections):
 def test_drafter_features_are_made_on_the_drafter_role_device():
     """Finding 3: the profile's drafter got host features against device weights. ``meta`` is a real
     torch device other than the host: the stand-in features must be made there."""
-    from lenbatch.stages import profile
+    from lenbatch_study.stages import profile
 
     p = _tiny()
     fdim = len(p.model.target_layers) * p.model.hidden_size
@@ -171,7 +172,7 @@ def test_step_boundaries_wait_on_the_compute_stream_never_the_device(monkeypatch
 
 
 def test_no_device_wide_synchronize_anywhere_in_the_package():
-    src = ROOT / "src" / "lenbatch"
+    src = ROOT / "src"
     calls = []
     for path in src.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -208,7 +209,7 @@ def test_an_installed_but_broken_fla_is_reported_as_broken(tmp_path):
     """Finding 5: the real fla 0.6.0 package on the path of a Python without triton (this venv's)."""
     site = next((ROOT / ".venv-fla" / "lib").glob("python3*/site-packages"))
     (tmp_path / "fla").symlink_to(site / "fla")
-    code = ("from lenbatch.models import kernels; print(kernels.fla_problem())")
+    code = ("from lenbatch_study.models import kernels; print(kernels.fla_problem())")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tmp_path)])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -217,7 +218,7 @@ def test_an_installed_but_broken_fla_is_reported_as_broken(tmp_path):
 
 _FLA_LAYOUT = r'''
 import json, torch
-from lenbatch.models import kernels, varlen, fla_cpu
+from lenbatch_study.models import kernels, varlen, fla_cpu
 calls = []
 real = kernels._fla_chunk()
 def recording(**kw):
@@ -290,7 +291,7 @@ def test_drafter_windows_are_sequences_times_context_and_counted():
     import lenbatch as lb
 
     p = _study()
-    lengths = lb.seed_profile(40_000, seed=0).astype(np.int64)
+    lengths = seed_profile(40_000, seed=0).astype(np.int64)
     T = p.batching.token_budget
     ratios = {}
     for strategy in ("packed", "sorted", "random"):
@@ -308,7 +309,7 @@ def test_drafter_windows_are_sequences_times_context_and_counted():
 def test_the_window_term_covers_what_a_drafter_step_keeps(one_thread):
     """Finding 8, measured on CPU: the bytes autograd keeps during a drafter forward on a packed row of
     many sequences exceed the old per-token estimate and stay within the new one."""
-    from lenbatch.models.drafter import CE_CHUNK_ROWS
+    from lenbatch_study.models.drafter import CE_CHUNK_ROWS
 
     p = _tiny(batching={"token_budget": 2048, "max_batch_size": 16}, drafter={"anchors_per_seq": 4})
     run = StepRunner(p)
@@ -343,7 +344,7 @@ def test_processes_ask_for_expandable_segments_and_a_users_choice_wins(monkeypat
 
 def test_summary_keeps_compile_seconds_of_measured_steps_apart(tmp_path):
     """Finding 6: a compile inside a measured step is counted against that run, apart from warm-up."""
-    from lenbatch.runtime.records import Recorder
+    from lenbatch_study.runtime.records import Recorder
 
     rec = Recorder(tmp_path, kept=None)
     for i, c in enumerate([2.0, 0.5, 0.0, 0.25, 0.0]):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet, Qwen3_5TextModel
 
-from lenbatch.core.config import ModelConfig, load_params
-from lenbatch.models.target import build_heads, build_target, hf_text_config, model_config_from_file
+from lenbatch_study.core.config import ModelConfig, load_params
+from lenbatch_study.models.target import build_heads, build_target, hf_text_config, model_config_from_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ModelConfig(vocab_size=1000)

@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
-from lenbatch.models import varlen, verify
-from lenbatch.cli import main
-from lenbatch.core.config import ModelConfig
-from lenbatch.models.target import build_target
-from lenbatch.stages.verify_packing import parse_lengths
+from lenbatch_study.models import varlen, verify
+from lenbatch_study.cli import main
+from lenbatch_study.core.config import ModelConfig
+from lenbatch_study.models.target import build_target
+from lenbatch_study.stages.verify_packing import parse_lengths
 
 # transformers' own token-by-token torch kernel (unwrapped: where fla is installed the name calls fla)
 torch_recurrent_gated_delta_rule = inspect.unwrap(modeling_qwen3_5.torch_recurrent_gated_delta_rule)

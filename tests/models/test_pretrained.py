@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from lenbatch.core.config import ModelConfig, load_params
+from lenbatch_study.core.config import ModelConfig, load_params
 from lenbatch.loading.collate import collate_padded, synthetic_sequences
-from lenbatch.models.target import build_heads, build_target, hf_text_config
+from lenbatch_study.models.target import build_heads, build_target, hf_text_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
@@ -127,7 +127,7 @@ def _params(ckpt: Path, **model):
 def test_step_runner_trains_behind_the_checkpoint(ckpt, one_thread):
     """The train/profile path: StepRunner's target step gives the checkpoint's features (padded batch, padding
     zeroed); the drafter rank's heads are the checkpoint's; a drafter step runs on them."""
-    from lenbatch.runtime.runner import StepRunner
+    from lenbatch_study.runtime.runner import StepRunner
 
     params = _params(ckpt)
     seqs = synthetic_sequences([9, 14, 5], vocab_size=512, seed=2)
@@ -147,7 +147,7 @@ def test_step_runner_trains_behind_the_checkpoint(ckpt, one_thread):
 
 def test_verify_packing_runs_on_the_checkpoint(ckpt, capsys, one_thread):
     """lenbatch verify-packing with model.pretrained: passes on the loaded weights and says where they came from."""
-    from lenbatch.stages import verify_packing
+    from lenbatch_study.stages import verify_packing
 
     model = {**SHAPES, "target_layers": [0, 1], "pretrained": str(ckpt)}
     rc = verify_packing.run(params=[str(ROOT / "params.yaml"), json.dumps({"model": model})], lengths="5,17,30")

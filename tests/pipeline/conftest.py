@@ -7,7 +7,7 @@ import shutil
 import pytest
 import yaml
 
-from lenbatch.core.config import deep_merge
+from lenbatch_study.core.config import deep_merge
 from _e2e import git_commit, make
 from test_workflow import ROOT, copy_workflow, run
 

@@ -1,4 +1,4 @@
-"""One reader per artifact (lenbatch.pipeline.artifacts): each accepts what its writer writes, and refuses a
+"""One reader per artifact (lenbatch_study.pipeline.artifacts): each accepts what its writer writes, and refuses a
 missing, malformed or mismatched file with the one error, naming the file and the rerun.
 
 Real writers for the cheap stages (tokenize on 12 conversations, stats, boundaries, plans: ~7 s, the
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import yaml
 
-from lenbatch.cli import main
-from lenbatch.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result
-from lenbatch.pipeline.artifacts import tokenized, train_runs
-from lenbatch.pipeline.artifacts.reading import ArtifactError
+from lenbatch_study.cli import main
+from lenbatch_study.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result
+from lenbatch_study.pipeline.artifacts import tokenized, train_runs
+from lenbatch_study.pipeline.artifacts.reading import ArtifactError
 
 from _tiny import ENV
 
@@ -39,7 +39,7 @@ def real(tmp_path_factory):
                                     "boundaries": {"num_buckets": 2, "sweep_max_buckets": 2, "num_candidates": 16},
                                     "plans": {"epochs": 2}}))
     params = ["--params", str(REPO / "params.yaml"), str(over)]
-    subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", *params, "--no-progress", "--out",
+    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", *params, "--no-progress", "--out",
                     str(root / "tokenize")], check=True, env=ENV, capture_output=True, cwd=root)
     lengths = root / "tokenize" / "lengths.npy"
     assert main(["stats", *params, "--lengths", str(lengths), "--out", str(root / "stats")]) == 0
@@ -89,7 +89,7 @@ def test_the_dataset_reader_needs_no_datasets_package_and_agrees_with_it(real):
     order = list(range(len(ref)))[::-1]
     want = [{"input_ids": ref[i]["input_ids"], "loss_mask": [bool(m) for m in ref[i]["loss_mask"]]} for i in order]
     code = ("import sys, json, numpy as np; sys.modules['datasets'] = None\n"
-            "from lenbatch.pipeline.artifacts import tokenized\n"
+            "from lenbatch_study.pipeline.artifacts import tokenized\n"
             f"d = {str(real / 'tokenize')!r}\n"
             "ds = tokenized.read_dataset(d, tokenized.read_lengths(d))\n"
             f"rows = ds.samples({order!r})\n"

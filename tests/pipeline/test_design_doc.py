@@ -8,8 +8,8 @@ import importlib
 import re
 from pathlib import Path
 
-from lenbatch.pipeline import registry
-from test_layout import LAYERS
+from lenbatch_study.pipeline import registry
+from test_layout import LIBRARY_LAYERS, STUDY_LAYERS
 
 DESIGN = Path(__file__).resolve().parents[2] / "DESIGN.md"
 
@@ -28,9 +28,11 @@ def _table(heading: str) -> list[list[str]]:
 
 
 def test_the_layer_table_is_the_import_rule():
-    rows = _table("## Layers and the import rule")
-    doc = {r[0]: set() if r[1] == "—" else {x.strip() for x in r[1].split(",")} for r in rows}
-    assert doc == LAYERS
+    for heading, layers in (("### lenbatch (the library)", LIBRARY_LAYERS),
+                            ("### lenbatch_study (the study)", STUDY_LAYERS)):
+        rows = _table(heading)
+        doc = {r[0]: set() if r[1] == "—" else {x.strip() for x in r[1].split(",")} for r in rows}
+        assert doc == layers, heading
 
 
 def test_the_artifact_table_names_every_handed_file_its_writer_readers_and_reader():
@@ -47,4 +49,4 @@ def test_the_artifact_table_names_every_handed_file_its_writer_readers_and_reade
         names = re.findall(r"`(\w+)\.(\w+)`", readers)
         assert names, path
         for module, func in names:
-            assert hasattr(importlib.import_module(f"lenbatch.pipeline.artifacts.{module}"), func), (path, func)
+            assert hasattr(importlib.import_module(f"lenbatch_study.pipeline.artifacts.{module}"), func), (path, func)

@@ -30,13 +30,21 @@ def test_base_requirements_are_numpy_and_a_torch_range():
     torch_req = next(d for d in deps if _name(d) == "torch")
     assert "==" not in torch_req and ">=" in torch_req, "a library must not pin its users' torch exactly"
     extras = meta["optional-dependencies"]
-    assert {"data", "model", "workflow", "plots", "gpu", "hf", "trl", "dev"} <= set(extras)
-    flat = {_name(r) for reqs in extras.values() for r in reqs}
-    for pkg in ("transformers", "datasets", "tiktoken", "pyyaml", "matplotlib", "snakemake", "dvc", "accelerate",
-                "torchdata", "pytest", "hypothesis", "jsonschema", "trl"):
+    assert {"arrow", "hf", "trl", "fast"} == set(extras)  # the library's own; the study's are the study's
+    assert {_name(r) for reqs in extras.values() for r in reqs} <= {"pyarrow", "transformers", "accelerate", "trl",
+                                                                    "numba", "lenbatch"}
+    assert meta["name"] == "lenbatch" and "lenbatch" not in meta.get("scripts", {})
+    study = tomllib.loads((ROOT / "study" / "pyproject.toml").read_text())
+    assert "lenbatch" in [_name(d) for d in study["project"]["dependencies"]]
+    assert study["project"]["scripts"]["lenbatch"] == "lenbatch_study.cli:main"
+    sextras = study["project"]["optional-dependencies"]
+    assert {"data", "model", "workflow", "plots", "gpu", "dev"} <= set(sextras)
+    flat = {_name(r) for reqs in sextras.values() for r in reqs}
+    for pkg in ("transformers", "datasets", "tiktoken", "pyyaml", "matplotlib", "snakemake", "dvc",
+                "torchdata", "pytest", "hypothesis", "jsonschema"):
         assert pkg in flat, pkg
-    assert any("transformers>=5.24,<5.30" in r for r in extras["model"])
-    assert "lenbatch[data,model,workflow,plots,hf,trl]" in extras["dev"]  # CI tests the SFTTrainer integration
+    assert any("transformers>=5.24,<5.30" in r for r in sextras["model"])
+    assert "lenbatch[arrow,hf,trl,fast]" in sextras["dev"]  # CI tests the Trainer and SFTTrainer integrations
     # the exact CPU build stays pinned where CI installs it (uv, or pip with INSTALLER=pip)
     installs = [line for line in (ROOT / "Makefile").read_text().splitlines() if "$(call pip_install,$(PY))" in line]
     assert installs and all("torch==2.13.0" in line for line in installs), installs
@@ -71,7 +79,7 @@ BLOCKED_RUN = textwrap.dedent("""
     rows = [{"input_ids": list(range(1, n + 1))} for n in (5, 3)]
     assert lb.collate_padded(rows).model_inputs()["input_ids"].shape == (2, 5)
     assert lb.collate_packed(rows).model_inputs()["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
-    from lenbatch.cli import main
+    from lenbatch_study.cli import main
     assert main(["params"]) == 2  # a stage needing an extra: one clear line, exit 2
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
     assert not loaded, loaded
@@ -85,7 +93,7 @@ def test_library_works_with_only_numpy_and_torch():
     proc = subprocess.run([sys.executable, "-c", BLOCKED_RUN, ",".join(EXTRA_MODULES)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
-    assert "needs the package 'yaml'" in proc.stderr and "lenbatch[data,model,workflow,plots]" in proc.stderr
+    assert "needs the package 'yaml'" in proc.stderr and "study[data,model,workflow,plots]" in proc.stderr
 
 
 def test_import_lenbatch_is_lazy():

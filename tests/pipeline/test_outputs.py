@@ -1,4 +1,4 @@
-"""lenbatch.pipeline.outputs: one writer per output directory, and outputs replaced whole (issue 11.3, 11.4)."""
+"""lenbatch_study.pipeline.outputs: one writer per output directory, and outputs replaced whole (issue 11.3, 11.4)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lenbatch.cli import main
-from lenbatch.pipeline.outputs import staged_output, writer_lock
+from lenbatch_study.cli import main
+from lenbatch_study.pipeline.outputs import staged_output, writer_lock
 
 REPO = Path(__file__).resolve().parents[2]
-HOLD = ("import sys; from lenbatch.pipeline.outputs import writer_lock\n"
+HOLD = ("import sys; from lenbatch_study.pipeline.outputs import writer_lock\n"
         "with writer_lock(sys.argv[1], stage='test'):\n"
         "    print('locked', flush=True); sys.stdin.read()\n")
 

@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from lenbatch.pipeline import deps
+from lenbatch_study.pipeline import deps
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_workflow import copy_workflow, run  # noqa: E402

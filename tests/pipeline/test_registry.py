@@ -1,4 +1,4 @@
-"""One list each: the stages live in one table (lenbatch.pipeline.registry) and the strategies in one
+"""One list each: the stages live in one table (lenbatch_study.pipeline.registry) and the strategies in one
 (lenbatch.batching.layouts); everything else reads them. These tests fail when a second list appears:
 a rule the table lacks, a hand-written input or output path in a rule, a literal list of stage or
 strategy names in the package, or a stage that reads an artifact it does not declare. No tool runs here
@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from lenbatch.batching.layouts import STRATEGIES
-from lenbatch.pipeline import deps, registry
+from lenbatch_study.pipeline import deps, registry
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "workflow" / "rules"
@@ -37,7 +37,7 @@ def test_registry_deps_rules_dvc_and_cli_name_the_same_stages():
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     assert list(dvc) == [n for s in stages for n in ([f"{s}-{x}" for x in STRATEGIES] if s == "train" else [s])]
     assert set(stages) <= set(registry.COMMANDS)
-    from lenbatch.cli.flags import FLAGS
+    from lenbatch_study.cli.flags import FLAGS
 
     assert list(FLAGS) == list(registry.COMMANDS)
     snakefile = (ROOT / "Snakefile").read_text()
@@ -66,11 +66,11 @@ def test_the_table_declares_what_the_stages_read():
         tree = ast.parse(p.read_text())
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "WRITER" for t in node.targets):
-                producer[f"lenbatch.pipeline.artifacts.{p.stem}"] = node.value.value
+                producer[f"lenbatch_study.pipeline.artifacts.{p.stem}"] = node.value.value
     assert set(producer.values()) == set(registry.STAGES) - {"compare"}
-    shared = {"lenbatch.pipeline.artifacts.reading", "lenbatch.pipeline.artifacts.writing"}
+    shared = {"lenbatch_study.pipeline.artifacts.reading", "lenbatch_study.pipeline.artifacts.writing"}
     for stage, st in registry.STAGES.items():
-        read = {m for m in deps.stage_modules(stage) if m.startswith("lenbatch.pipeline.artifacts.")} - shared
+        read = {m for m in deps.stage_modules(stage) if m.startswith("lenbatch_study.pipeline.artifacts.")} - shared
         declared = {i.stage for i in st.inputs if not i.trigger_only}  # the machine: a dependency, never read
         assert {producer[m] for m in read} == declared, (stage, sorted(read), sorted(declared))
         assert stage not in {producer[m] for m in read}, f"{stage} imports the reader of its own outputs"
@@ -78,8 +78,8 @@ def test_the_table_declares_what_the_stages_read():
 
 def test_outputs_come_from_the_artifact_modules():
     """Every output another stage reads has its file name from its artifact module (one owner of the path)."""
-    from lenbatch.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result
-    from lenbatch.pipeline.artifacts import machine_file, tokenized, train_runs
+    from lenbatch_study.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result
+    from lenbatch_study.pipeline.artifacts import machine_file, tokenized, train_runs
 
     read = {(i.stage, i.output) for st in registry.STAGES.values() for i in st.inputs}
     owner = {"machine": machine_file, "tokenize": tokenized, "stats": length_stats, "boundaries": bucket_edges, "plans": plan_metrics,

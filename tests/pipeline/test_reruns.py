@@ -1,5 +1,5 @@
-"""What reruns when a module is edited: for every module under src/lenbatch, the workflow stages whose code
-dependencies hold it (:func:`lenbatch.pipeline.deps.stage_code`, the import closure of each stage module),
+"""What reruns when a module is edited: for every module under src/ (library and study), the workflow stages whose code
+dependencies hold it (:func:`lenbatch_study.pipeline.deps.stage_code`, the import closure of each stage module),
 against a table written by hand here. A change of structure (a new import, a moved function) shows up as
 a diff of this table, which a reviewer reads as "editing M now reruns these stages too".
 
@@ -13,109 +13,108 @@ profile, the five trainings and compare; editing ``cli_stages.py`` (help strings
 
 from __future__ import annotations
 
-from lenbatch.pipeline import deps
+from lenbatch_study.pipeline import deps
 
 ALL = {"tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"}
 PLANNING = {"boundaries", "plans", "train", "quality", "compare"}  # every stage that plans batches
 MODEL = {"profile", "train", "quality"}  # every stage that runs the target and the drafter
 
-# module (under src/lenbatch) -> the stages that rerun when it is edited
+# module (under src/: the library lenbatch/ and the study lenbatch_study/) -> the stages that rerun when it is edited
 RERUNS: dict[str, set[str]] = {
-    # the public face and the entry point: no stage imports them
-    "__init__.py": set(),
-    "__main__.py": set(),
-    "hf.py": set(),
-    "hostmem.py": set(),
-    "model.py": set(),
+    # the public faces and the entry point: no stage imports them
+    "lenbatch_study/__init__.py": set(),
+    "lenbatch/__init__.py": set(),
+    "lenbatch_study/__main__.py": set(),
+    "lenbatch/hf.py": set(),
+    "lenbatch/hostmem.py": {"profile", "train"},
     # analysis: prediction and reports are compare's; the quality numbers are quality's (and compare reads them)
-    "analysis/gradquality.py": {"quality", "compare"},
-    "analysis/calibration.py": {"compare"},  # the reference-step rescaling of the prediction
-    "analysis/provenance.py": {"compare"},  # the machine check of profile vs runs
-    "analysis/quality_report.py": {"compare"},  # rendering of the quality result: compare draws it
-    "analysis/quality_stats.py": {"quality", "compare"},
-    "analysis/report.py": {"compare"},
-    "analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table
-    "analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
-    "analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
+    "lenbatch_study/analysis/gradquality.py": {"quality", "compare"},
+    "lenbatch_study/analysis/calibration.py": {"compare"},  # the reference-step rescaling of the prediction
+    "lenbatch_study/analysis/provenance.py": {"compare"},  # the machine check of profile vs runs
+    "lenbatch_study/analysis/quality_report.py": {"compare"},  # rendering of the quality result: compare draws it
+    "lenbatch_study/analysis/quality_stats.py": {"quality", "compare"},
+    "lenbatch_study/analysis/report.py": {"compare"},
+    "lenbatch_study/analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table
+    "lenbatch_study/analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
+    "lenbatch_study/analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
     # batching: the numpy planning library
-    "batching/_jit.py": PLANNING,  # the compiled scans (imported lazily by scan.py: still a code dep)
-    "batching/anchors.py": {"profile", "train", "quality", "compare"},  # the drafter's anchors (compare: its work)
-    "batching/boundaries.py": {"boundaries", "compare"},  # compare replays the study with dp edges
-    "batching/epoch.py": PLANNING,
-    "batching/layouts.py": ALL,  # the strategy list: the params loader validates train.strategies with it
-    "batching/lengths.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},  # checks every lengths read
-    "batching/padding.py": PLANNING,
-    "batching/scan.py": PLANNING,
-    "batching/schedule.py": {"train", "compare"},  # compare rebuilds the trained batches
-    "batching/simulate.py": {"plans"},
-    "batching/spec.py": PLANNING | {"profile"},
-    "batching/strategies.py": PLANNING,
+    "lenbatch/batching/_jit.py": PLANNING,  # the compiled scans (imported lazily by scan.py: still a code dep)
+    "lenbatch_study/models/anchors.py": {"profile", "train", "quality", "compare"},  # the drafter's anchors (compare: its work)
+    "lenbatch/batching/boundaries.py": {"boundaries", "compare"},  # compare replays the study with dp edges
+    "lenbatch/batching/epoch.py": PLANNING,
+    "lenbatch/batching/layouts.py": ALL,  # the strategy list: the params loader validates train.strategies with it
+    "lenbatch/batching/lengths.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},  # checks every lengths read
+    "lenbatch/batching/padding.py": PLANNING,
+    "lenbatch/batching/scan.py": PLANNING,
+    "lenbatch/batching/schedule.py": {"train", "compare"},  # compare rebuilds the trained batches
+    "lenbatch/batching/simulate.py": {"plans"},
+    "lenbatch/batching/spec.py": PLANNING | {"profile"},
+    "lenbatch/batching/strategies.py": PLANNING,
     # the command line: nobody's dependency (help strings rerun nothing)
-    "cli/__init__.py": set(),
-    "cli/flags.py": set(),
+    "lenbatch_study/cli/__init__.py": set(),
+    "lenbatch_study/cli/flags.py": set(),
     # core
-    "core/config.py": ALL,  # the params every stage reads
-    "core/cpu.py": {"profile", "train", "compare"},
-    "core/log.py": ALL,
-    "core/machine.py": {"profile", "train", "quality", "compare"},  # the fingerprint every measurement records
+    "lenbatch_study/core/config.py": ALL,  # the params every stage reads
+    "lenbatch_study/core/cpu.py": {"profile", "train", "compare"},
+    "lenbatch/log.py": ALL,
+    "lenbatch_study/core/machine.py": {"profile", "train", "quality", "compare"},  # the fingerprint every measurement records
     # corpus: tokenize's alone
-    "corpus/arrow.py": {"tokenize"},  # pre-tokenized input reads Arrow files with it
-    "corpus/chat.py": {"tokenize"},
-    "corpus/pretokenized.py": {"tokenize"},
-    "corpus/sources.py": {"tokenize"},
-    "corpus/tokenizing.py": {"tokenize"},
+    "lenbatch/loading/arrow.py": {"tokenize"},  # pre-tokenized input reads Arrow files with it
+    "lenbatch_study/corpus/chat.py": {"tokenize"},
+    "lenbatch_study/corpus/pretokenized.py": {"tokenize"},
+    "lenbatch_study/corpus/sources.py": {"tokenize"},
+    "lenbatch_study/corpus/tokenizing.py": {"tokenize"},
     # loading: the sampler and the Trainer integration are for users' loops, no stage runs them
-    "loading/collate.py": MODEL,
-    "loading/sampler.py": set(),
-    "loading/trainer.py": set(),
+    "lenbatch/loading/collate.py": MODEL,
+    "lenbatch/loading/sampler.py": set(),
     # models
-    "models/drafter.py": MODEL,
-    "models/fla_cpu.py": MODEL,
-    "models/memory.py": {"train"},
-    "models/target.py": MODEL,
-    "models/varlen.py": MODEL,
-    "models/kernels.py": MODEL,
-    "models/verify.py": set(),  # verify-packing is a tool, not a stage
+    "lenbatch_study/models/drafter.py": MODEL,
+    "lenbatch_study/models/fla_cpu.py": MODEL,
+    "lenbatch_study/models/memory.py": {"train"},
+    "lenbatch_study/models/target.py": MODEL,
+    "lenbatch_study/models/varlen.py": MODEL,
+    "lenbatch_study/models/kernels.py": MODEL,
+    "lenbatch_study/models/verify.py": set(),  # verify-packing is a tool, not a stage
     # pipeline: an artifact module is its readers' dependency, never its writer's
-    "pipeline/artifacts/bucket_edges.py": {"plans", "train", "quality", "compare"},
-    "pipeline/artifacts/length_stats.py": {"compare"},
-    "pipeline/artifacts/machine_file.py": set(),  # its file name, for the table: a dependency nobody reads
-    "pipeline/artifacts/plan_metrics.py": {"compare"},
-    "pipeline/artifacts/profile_grid.py": {"compare"},
-    "pipeline/artifacts/quality_result.py": {"compare"},
-    "pipeline/artifacts/reading.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},
-    "pipeline/artifacts/tokenized.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},
-    "pipeline/artifacts/train_runs.py": {"compare"},
-    "pipeline/artifacts/writing.py": {"stats", "boundaries", "plans"},
-    "pipeline/deps.py": set(),
-    "pipeline/dvcplots.py": set(),
-    "pipeline/outputs.py": {"train"},  # train takes its own writer lock
-    "pipeline/registry.py": set(),  # the stage table: its help strings and declarations are no code
+    "lenbatch_study/pipeline/artifacts/bucket_edges.py": {"plans", "train", "quality", "compare"},
+    "lenbatch_study/pipeline/artifacts/length_stats.py": {"compare"},
+    "lenbatch_study/pipeline/artifacts/machine_file.py": set(),  # its file name, for the table: a dependency nobody reads
+    "lenbatch_study/pipeline/artifacts/plan_metrics.py": {"compare"},
+    "lenbatch_study/pipeline/artifacts/profile_grid.py": {"compare"},
+    "lenbatch_study/pipeline/artifacts/quality_result.py": {"compare"},
+    "lenbatch_study/pipeline/artifacts/reading.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},
+    "lenbatch_study/pipeline/artifacts/tokenized.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},
+    "lenbatch_study/pipeline/artifacts/train_runs.py": {"compare"},
+    "lenbatch_study/pipeline/artifacts/writing.py": {"stats", "boundaries", "plans"},
+    "lenbatch_study/pipeline/deps.py": set(),
+    "lenbatch_study/pipeline/dvcplots.py": set(),
+    "lenbatch_study/pipeline/outputs.py": {"train"},  # train takes its own writer lock
+    "lenbatch_study/pipeline/registry.py": set(),  # the stage table: its help strings and declarations are no code
     # runtime: train's, and profile times the same step runner
-    "runtime/checkpoint.py": {"train"},
-    "runtime/hostmem.py": {"profile", "train"},
-    "runtime/lifetime.py": {"profile", "train"},  # the profile's workers die with it too
-    "runtime/records.py": {"train"},
-    "runtime/reference.py": {"profile", "train"},  # the drift-calibration step
-    "runtime/runner.py": {"profile", "train"},
-    "runtime/transport.py": {"train"},
+    "lenbatch_study/runtime/checkpoint.py": {"train"},
+    "lenbatch_study/runtime/lifetime.py": {"profile", "train"},  # the profile's workers die with it too
+    "lenbatch_study/runtime/records.py": {"train"},
+    "lenbatch_study/runtime/reference.py": {"profile", "train"},  # the drift-calibration step
+    "lenbatch_study/runtime/runner.py": {"profile", "train"},
+    "lenbatch_study/runtime/transport.py": {"train"},
     # stages: each its own
-    "stages/boundaries.py": {"boundaries"},
-    "stages/compare.py": {"compare"},
-    "stages/dvc_yaml.py": set(),
-    "stages/machine.py": set(),  # lenbatch machine: not a workflow stage (yet)
-    "stages/params.py": set(),
-    "stages/plan.py": set(),
-    "stages/plans.py": {"plans"},
-    "stages/plots.py": set(),
-    "stages/sync.py": set(),  # lenbatch sync: a tool, no stage of the DAG
-    "stages/profile.py": {"profile"},
-    "stages/quality.py": {"quality"},
-    "stages/stats.py": {"stats"},
-    "stages/study_replay.py": set(),  # lenbatch study-replay (plans --study-replay): no workflow stage
-    "stages/tokenize.py": {"tokenize"},
-    "stages/train.py": {"train"},
-    "stages/verify_packing.py": set(),
+    "lenbatch_study/stages/boundaries.py": {"boundaries"},
+    "lenbatch_study/stages/compare.py": {"compare"},
+    "lenbatch_study/stages/dvc_yaml.py": set(),
+    "lenbatch_study/stages/machine.py": set(),  # lenbatch machine: not a workflow stage (yet)
+    "lenbatch_study/stages/params.py": set(),
+    "lenbatch_study/stages/plan.py": set(),
+    "lenbatch_study/stages/plans.py": {"plans"},
+    "lenbatch_study/stages/plots.py": set(),
+    "lenbatch_study/stages/sync.py": set(),  # lenbatch sync: a tool, no stage of the DAG
+    "lenbatch_study/stages/profile.py": {"profile"},
+    "lenbatch_study/stages/quality.py": {"quality"},
+    "lenbatch_study/stages/stats.py": {"stats"},
+    "lenbatch_study/stages/study_replay.py": set(),  # lenbatch study-replay (plans --study-replay): no workflow stage
+    "lenbatch_study/stages/tokenize.py": {"tokenize"},
+    "lenbatch_study/stages/train.py": {"train"},
+    "lenbatch_study/stages/verify_packing.py": set(),
+    "lenbatch_study/corpus/seed_profile.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},
 }
 
 
@@ -123,8 +122,9 @@ def derived() -> dict[str, set[str]]:
     """module -> stages, from the code (every module, the subpackages' docstring-only __init__.py included)."""
     # the machine stage runs on every dvc repro (always_changed): its code is nobody's dependency
     code = {s: set(deps.stage_code(s)) for s, st in deps.STAGES.items() if not st.always_changed}
-    mods = sorted(p.relative_to(deps.SRC).as_posix() for p in deps.SRC.rglob("*.py"))
-    return {m: {s for s, files in code.items() if f"src/lenbatch/{m}" in files} for m in mods}
+    mods = sorted(p.relative_to(deps.SRC_ROOT).as_posix() for package in deps.PACKAGES
+                  for p in (deps.SRC_ROOT / package).rglob("*.py"))
+    return {m: {s for s, files in code.items() if f"src/{m}" in files} for m in mods}
 
 
 def dvc_stages(stages: set[str], strategies: list[str]) -> set[str]:
@@ -134,7 +134,7 @@ def dvc_stages(stages: set[str], strategies: list[str]) -> set[str]:
 
 def test_the_table_names_every_module_and_every_stage():
     found = derived()
-    inits = {m for m in found if m.endswith("__init__.py") and m != "__init__.py" and m != "cli/__init__.py"}
+    inits = {m for m in found if m.endswith("__init__.py") and m.count("/") >= 2 and m != "lenbatch_study/cli/__init__.py"}
     assert set(RERUNS) | inits == set(found), (
         f"modules missing from RERUNS: {sorted(set(found) - set(RERUNS) - inits)}; "
         f"in RERUNS but gone: {sorted(set(RERUNS) - set(found))}")
@@ -153,15 +153,15 @@ def test_editing_a_module_reruns_exactly_the_stages_of_the_table():
 def test_the_edits_issue_20_named():
     """The prediction fit and the report rerun compare alone (no training, no profile); a help string
     reruns nothing; the planner reruns what plans batches; the chat format only tokenize."""
-    assert RERUNS["analysis/stepmodel.py"] == RERUNS["analysis/report.py"] == {"compare"}
-    assert RERUNS["cli/flags.py"] == RERUNS["cli/__init__.py"] == RERUNS["pipeline/registry.py"] == set()
-    assert RERUNS["batching/strategies.py"] == {"boundaries", "plans", "train", "quality", "compare"}
-    assert RERUNS["corpus/chat.py"] == {"tokenize"}
-    assert dvc_stages(RERUNS["batching/strategies.py"], ["sorted", "packed"]) == {
+    assert RERUNS["lenbatch_study/analysis/stepmodel.py"] == RERUNS["lenbatch_study/analysis/report.py"] == {"compare"}
+    assert RERUNS["lenbatch_study/cli/flags.py"] == RERUNS["lenbatch_study/cli/__init__.py"] == RERUNS["lenbatch_study/pipeline/registry.py"] == set()
+    assert RERUNS["lenbatch/batching/strategies.py"] == {"boundaries", "plans", "train", "quality", "compare"}
+    assert RERUNS["lenbatch_study/corpus/chat.py"] == {"tokenize"}
+    assert dvc_stages(RERUNS["lenbatch/batching/strategies.py"], ["sorted", "packed"]) == {
         "boundaries", "plans", "train-sorted", "train-packed", "quality", "compare"}
     # the measuring stages (profile, train) rerun for no reader of their outputs and no rendering
     for m, stages in RERUNS.items():
-        if m.startswith(("analysis/", "pipeline/artifacts/")) and m not in (
-                "analysis/shapes.py", "pipeline/artifacts/tokenized.py", "pipeline/artifacts/reading.py",
-                "pipeline/artifacts/bucket_edges.py"):
+        if m.startswith(("lenbatch_study/analysis/", "lenbatch_study/pipeline/artifacts/")) and m not in (
+                "lenbatch_study/analysis/shapes.py", "lenbatch_study/pipeline/artifacts/tokenized.py",
+                "lenbatch_study/pipeline/artifacts/reading.py", "lenbatch_study/pipeline/artifacts/bucket_edges.py"):
             assert not stages & {"profile", "train"}, m

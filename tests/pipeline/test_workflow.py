@@ -148,7 +148,7 @@ def _import_targets(path: Path) -> set[str]:
 def test_code_deps_follow_every_import():
     """Every lenbatch module a stage's modules import (anywhere, lazily too) is one of its code deps,
     in the Snakemake rule and in dvc.yaml alike."""
-    from lenbatch.pipeline import deps
+    from lenbatch_study.pipeline import deps
 
     src = ROOT / "src/lenbatch"
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
@@ -158,7 +158,7 @@ def test_code_deps_follow_every_import():
             continue
         files = set(deps.stage_code(stage))
         entry = "src/" + deps.stage_module(stage).replace(".", "/") + ".py"
-        assert entry in files and not any(f.startswith("src/lenbatch/cli/") for f in files), stage
+        assert entry in files and not any(f.startswith("src/lenbatch_study/cli/") for f in files), stage
         for f in files:
             for name in _import_targets(ROOT / f):
                 target = src.joinpath(*name.split(".")[1:]).with_suffix(".py")
@@ -169,9 +169,9 @@ def test_code_deps_follow_every_import():
     # the issue's drift: train imports hostmem and the CPU-share helper (not the prediction fit), and
     # plans through the package (padding)
     train = set(deps.stage_code("train"))
-    assert {"src/lenbatch/runtime/hostmem.py", "src/lenbatch/core/cpu.py", "src/lenbatch/batching/padding.py"} <= train
-    assert "src/lenbatch/analysis/stepmodel.py" not in train
-    assert {"src/lenbatch/corpus/sources.py", "src/lenbatch/corpus/chat.py"} <= set(deps.stage_code("tokenize"))
+    assert {"src/lenbatch/hostmem.py", "src/lenbatch_study/core/cpu.py", "src/lenbatch/batching/padding.py"} <= train
+    assert "src/lenbatch_study/analysis/stepmodel.py" not in train
+    assert {"src/lenbatch_study/corpus/sources.py", "src/lenbatch_study/corpus/chat.py"} <= set(deps.stage_code("tokenize"))
 
 
 def _param_reads(path: Path) -> set[str]:
@@ -179,7 +179,7 @@ def _param_reads(path: Path) -> set[str]:
     import ast
     import dataclasses
 
-    from lenbatch.core.config import SECTIONS
+    from lenbatch_study.core.config import SECTIONS
 
     fields = {s: {f.name for f in dataclasses.fields(c)} for s, c in SECTIONS.items()}
     found = set()
@@ -194,15 +194,15 @@ def test_each_stage_declares_every_params_key_its_own_code_reads():
     """A stage's declared params cover every ``params.<section>.<key>`` read in its modules (its import
     closure minus other stages' entry modules, whose keys it declares by hand: profile uses train's
     StepRunner but not its schedule), and profile does not depend on keys only training reads."""
-    from lenbatch.pipeline import deps
+    from lenbatch_study.pipeline import deps
 
     entries = {deps.stage_module(s) for s in deps.STAGES}
     for stage in deps.STAGES:
         declared = set(deps.stage_param_keys(stage))
         for mod in deps.stage_modules(stage):
-            if (mod in entries and mod != deps.stage_module(stage)) or mod == "lenbatch.core.config":  # config: the loader's checks
+            if (mod in entries and mod != deps.stage_module(stage)) or mod == "lenbatch_study.core.config":  # config: the loader's checks
                 continue
-            path = ROOT / "src" / (mod.replace(".", "/") + (".py" if mod != "lenbatch" else "/__init__.py"))
+            path = ROOT / "src" / (mod.replace(".", "/") + (".py" if mod not in ("lenbatch", "lenbatch_study") else "/__init__.py"))
             missing = _param_reads(path) - declared
             assert not missing, f"stage {stage}: {mod} reads {sorted(missing)}, not declared in the stage table (pipeline/registry.py)"
     profile = set(deps.stage_param_keys("profile"))
@@ -213,7 +213,7 @@ def test_each_stage_declares_every_params_key_its_own_code_reads():
 
 def test_rules_get_the_same_params_as_dvc(work):
     """The params each rule passes (its --params-json) are the keys dvc.yaml tracks for its stage."""
-    from lenbatch.pipeline import deps
+    from lenbatch_study.pipeline import deps
 
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     out = run(["snakemake", "-n", "-p", "--forceall"], cwd=work).stdout
@@ -221,7 +221,7 @@ def test_rules_get_the_same_params_as_dvc(work):
         if deps.STAGES[stage].always_changed:  # reads no params
             assert deps.stage_param_keys(stage) == [] and "params" not in dvc[stage], stage
             continue
-        m = re.search(rf"lenbatch {stage} --params params.yaml --params-json '([^']*)'", out)
+        m = re.search(rf"(?:lenbatch|-m lenbatch_study) {stage} --params params.yaml --params-json '([^']*)'", out)
         assert m, f"no {stage} command in the dry-run"
         payload = json.loads(m.group(1))
         keys = {f"{s}.{k}" for s, kv in payload.items() for k in kv}
@@ -251,18 +251,18 @@ def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
     """Add an import to a stage's module: the committed dvc.yaml is then stale (the check fails), and
     regenerating it lists the new module for that stage and for no stage that does not import it."""
     work = copy_workflow(tmp_path)
-    stats = work / "src/lenbatch/stages/stats.py"
-    stats.write_text(stats.read_text() + "\n\ndef _late():\n    from lenbatch.runtime.hostmem import reuse_freed_memory\n"
+    stats = work / "src/lenbatch_study/stages/stats.py"
+    stats.write_text(stats.read_text() + "\n\ndef _late():\n    from lenbatch.hostmem import reuse_freed_memory\n"
                      "    return reuse_freed_memory\n")
     env = {**ENV, "PYTHONPATH": str(work / "src")}
-    lenbatch = [sys.executable, "-m", "lenbatch", "dvc-yaml"]
+    lenbatch = [sys.executable, "-m", "lenbatch_study", "dvc-yaml"]
     check = subprocess.run([*lenbatch, "--check"], cwd=work, env=env, capture_output=True, text=True)
     assert check.returncode == 1 and "lenbatch dvc-yaml" in check.stderr
     subprocess.run(lenbatch, cwd=work, env=env, check=True)
     stages = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
-    assert "src/lenbatch/runtime/hostmem.py" in stages["stats"]["deps"]
-    assert "src/lenbatch/runtime/hostmem.py" not in stages["tokenize"]["deps"]
+    assert "src/lenbatch/hostmem.py" in stages["stats"]["deps"]
+    assert "src/lenbatch/hostmem.py" not in stages["tokenize"]["deps"]
     # and Snakemake's rule follows the same edit (its code inputs come from the same function)
     out = subprocess.run(["snakemake", "-n", "--forceall", "results/stats/stats.json"], cwd=work, env=env,
                          capture_output=True, text=True, check=True).stdout
-    assert re.search(r"rule stats:\n\s+input: .*src/lenbatch/runtime/hostmem\.py", out)
+    assert re.search(r"rule stats:\n\s+input: .*src/lenbatch/hostmem\.py", out)

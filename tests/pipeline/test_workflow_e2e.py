@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import yaml
 
-from lenbatch.stages.sync import changed_stages
+from lenbatch_study.stages.sync import changed_stages
 from test_reruns import RERUNS, dvc_stages
 from _e2e import git_commit, make
 from _runs import check_pipelined_run, planned_hashes
@@ -93,10 +93,10 @@ def test_every_training_ran_pipelined_and_trained_exactly_its_planned_batches(fi
     sorted and random outside the workflow): the drafter trained the planned batches in order, within the
     budget, stopping at train.useful_tokens; the summary agrees with the steps; the machine and the
     reference step are recorded; compare's reader takes the run."""
-    from lenbatch.core import machine
-    from lenbatch.core.config import load_params
-    from lenbatch.pipeline.artifacts import train_runs
-    from lenbatch.runtime import reference
+    from lenbatch_study.core import machine
+    from lenbatch_study.core.config import load_params
+    from lenbatch_study.pipeline.artifacts import train_runs
+    from lenbatch_study.runtime import reference
 
     lengths = np.load(finished / "results/tokenize/lengths.npy")
     edges = json.loads((finished / "results/boundaries/boundaries.json").read_text())["edges"]
@@ -122,12 +122,12 @@ def test_the_profile_timed_each_role_alone_and_busy_in_two_processes(finished):
     """profile.concurrent (train.nproc 2): every grid point timed alone and while the other role steps, in
     two role workers; the reference step of both roles; compare's readers take the grid (the one-process
     profile: tests/stages/test_profile.py)."""
-    from lenbatch.core import machine
-    from lenbatch.core.config import load_params
-    from lenbatch.core.cpu import grid_cpu_share
-    from lenbatch.pipeline.artifacts import profile_grid
-    from lenbatch.runtime import reference
-    from lenbatch.stages.profile import grid_points
+    from lenbatch_study.core import machine
+    from lenbatch_study.core.config import load_params
+    from lenbatch_study.core.cpu import grid_cpu_share
+    from lenbatch_study.pipeline.artifacts import profile_grid
+    from lenbatch_study.runtime import reference
+    from lenbatch_study.stages.profile import grid_points
 
     params = load_params(finished / "params.yaml")
     assert params.profile.concurrent and params.train.nproc == 2
@@ -170,7 +170,7 @@ def test_another_machine_reruns_the_measuring_stages_in_both_tools(finished):
     strategies = yaml.safe_load((finished / "params.yaml").read_text())["train"]["strategies"]
     measuring = {"profile", "quality", *(f"train-{s}" for s in strategies)}
     try:
-        run([str(other), "-m", "lenbatch", "machine", "--out", "results/machine"], cwd=finished)
+        run([str(other), "-m", "lenbatch_study", "machine", "--out", "results/machine"], cwd=finished)
         assert path.read_bytes() != saved
         assert dvc_changed(finished) == measuring | {"machine"}  # its output differs from dvc.lock's
         assert dry_run_stages(finished, snakemake=(str(other), "-m", "snakemake")) == measuring | {"compare"}
@@ -286,7 +286,7 @@ const vega = require('vega'); const vl = require('vega-lite'); const specs = req
 
 
 def _render_specs_with_node(page: str, where: Path) -> None:
-    from lenbatch.pipeline.dvcplots import _assets
+    from lenbatch_study.pipeline.dvcplots import _assets
 
     body = page.rsplit("</head>", 1)[1]
     specs = [json.loads(s) for s in re.findall(r"var spec = (\{.*?\});\s*vegaEmbed", body, re.S)]

@@ -3,7 +3,7 @@
     python -m torch.distributed.run --nproc_per_node 3 tests/_p2p_protocols.py {old,new} STEPS QUEUE
 
 Ranks 0..N-2 are target ranks, N-1 the drafter; step g comes from target rank g mod (N-1).
-``new``: lenbatch.runtime.transport (tensors on the data group, header and credits on gloo control).
+``new``: lenbatch_study.runtime.transport (tensors on the data group, header and credits on gloo control).
 ``old``: the protocol train.py used before issue 15, rebuilt on the same Channel primitives: every
 message on one group, the drafter's ack posted right after it received a batch, the target's ack
 receive only when ``queue`` batches are in flight. The process group timeout is 15 s, so a hang
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from lenbatch.loading.collate import batch_from_parts
-from lenbatch.runtime.transport import Channel, DrafterLink, TargetLink
+from lenbatch_study.runtime.transport import Channel, DrafterLink, TargetLink
 
 TIMEOUT = datetime.timedelta(seconds=15)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from lenbatch.runtime.checkpoint import FORMAT, load_checkpoint, restore, save_checkpoint
+from lenbatch_study.runtime.checkpoint import FORMAT, load_checkpoint, restore, save_checkpoint
 
 FP = {"strategy": "packed", "target_ranks": 1, "edges": None, "lengths_sha256": "ab" * 32,
       "model": {"hidden_size": 8, "layer_types": ["linear_attention"]}, "drafter": {"lr": 0.001},

@@ -11,9 +11,9 @@ import yaml
 
 from _tiny import TINY_DATA, TINY_MODEL
 from lenbatch.batching.spec import BatchSpec
-from lenbatch.core.config import load_params
-from lenbatch.runtime import reference
-from lenbatch.runtime.runner import StepRunner
+from lenbatch_study.core.config import load_params
+from lenbatch_study.runtime import reference
+from lenbatch_study.runtime.runner import StepRunner
 
 from pathlib import Path
 

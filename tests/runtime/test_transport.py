@@ -15,8 +15,8 @@ import torch
 import yaml
 
 import lenbatch as lb
-from lenbatch.runtime import transport
-from lenbatch.core.config import load_params
+from lenbatch_study.runtime import transport
+from lenbatch_study.core.config import load_params
 
 from _tiny import ENV, TINY_DATA, TINY_MODEL
 
@@ -91,7 +91,7 @@ def setup(tmp_path_factory):
     params = root / "tiny3.yaml"
     params.write_text(yaml.safe_dump(TINY3))
     data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", "params.yaml", str(params),
+    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", str(params),
                     "--limit", "30", "--no-progress", "--out", str(data)], check=True, env=ENV, capture_output=True)
     lengths = np.load(data / "lengths.npy")
     inner = np.quantile(lengths, [0.25, 0.5, 0.75]).astype(int)
@@ -102,7 +102,7 @@ def setup(tmp_path_factory):
 
 def _train(setup, strategy: str, rendezvous: bool) -> list[dict]:
     out = setup["root"] / f"{strategy}_{'rdv' if rendezvous else 'normal'}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", "-m", "lenbatch",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", "-m", "lenbatch_study",
            "train", "--params", "params.yaml", str(setup["params"]), "--strategy", strategy, "--data",
            str(setup["data"]), "--boundaries", str(setup["root"] / "boundaries.json"), "--out", str(out)]
     env = {**ENV, transport.RENDEZVOUS_ENV: "1" if rendezvous else "0"}
@@ -132,6 +132,6 @@ def test_two_target_ranks_train_the_same_batches_and_losses_under_rendezvous(set
 
 
 def lb_hash(indices) -> int:
-    from lenbatch.runtime.records import batch_hash
+    from lenbatch_study.runtime.records import batch_hash
 
     return batch_hash(np.asarray(indices, dtype=np.int64))

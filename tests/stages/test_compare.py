@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import yaml
 
-from lenbatch.analysis import shapes as shp
-from lenbatch.analysis import stepmodel as sm
-from lenbatch.stages.compare import ACK_EVERY, compare
-from lenbatch.core.config import load_params
-from lenbatch.analysis.report import busy_machine, unsteady_machine, write_outputs
-from lenbatch.core import machine
+from lenbatch_study.analysis import shapes as shp
+from lenbatch_study.analysis import stepmodel as sm
+from lenbatch_study.stages.compare import ACK_EVERY, compare
+from lenbatch_study.core.config import load_params
+from lenbatch_study.analysis.report import busy_machine, unsteady_machine, write_outputs
+from lenbatch_study.core import machine
 
 REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
@@ -30,7 +30,7 @@ MACHINE = machine.fingerprint(threads=1)  # this machine: the fixture's profile 
 
 
 def _reference(target: float, drafter: float, *, drift: float = 0.0) -> dict:
-    """A reference-step record (lenbatch.runtime.reference) whose start/end medians average to these seconds;
+    """A reference-step record (lenbatch_study.runtime.reference) whose start/end medians average to these seconds;
     ``drift``: end / start - 1."""
     def pts(x: float) -> dict:
         s, e = 2 * x / (2 + drift), 2 * x * (1 + drift) / (2 + drift)
@@ -53,7 +53,7 @@ DRAFTER = {"const": 0.006, "ctx_tokens": 1e-6, "positions": 1.5e-5}
 
 
 def _cli(*args: str, cwd: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "lenbatch", *args], cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "lenbatch_study", *args], cwd=cwd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -99,7 +99,7 @@ def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: 
     (``busy``: a step costs the law x busy while the other role works, blended by the overlap;
     ``slower``: the machine's (target, drafter) speed against the profile's: every step and the run's
     reference step take that much longer; ``drift``: the reference's end / start - 1)."""
-    from lenbatch.stages.compare import LossMasks, planned_batches, step_columns, step_kind
+    from lenbatch_study.stages.compare import LossMasks, planned_batches, step_columns, step_kind
 
     steps = planned_batches(lengths, params, strategy, edges, useful_tokens=params.train.useful_tokens,
                             target_ranks=1)
@@ -426,7 +426,7 @@ def test_a_run_without_a_reference_step_is_refused(stage_inputs, tmp_path):
 
 def test_the_report_carries_the_study_replay(stage_inputs, tmp_path):
     """The section is rendered from the replay's numbers (a 20,000-length seed profile here: ~1 s)."""
-    from lenbatch.analysis import study_replay as sr
+    from lenbatch_study.analysis import study_replay as sr
 
     root, params = stage_inputs
     result = dataclasses.replace(_run(root, params), study_replay=sr.replay(samples=20_000))

@@ -1,4 +1,4 @@
-"""The tokenize stage end to end (lenbatch.corpus.tokenizing): the real CLI on a slice of the real default corpus,
+"""The tokenize stage end to end (lenbatch_study.corpus.tokenizing): the real CLI on a slice of the real default corpus,
 every source schema, every max_len policy, bad input, and byte-identical reruns."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lenbatch.cli import main as cli_main
-from lenbatch.corpus.chat import ChatEncoder, QwenTiktoken, conversation_from_record
-from lenbatch.corpus.tokenizing import tokenize, write_outputs
-from lenbatch.corpus.sources import SourceReport, iter_records, resolve_source
+from lenbatch_study.cli import main as cli_main
+from lenbatch_study.corpus.chat import ChatEncoder, QwenTiktoken, conversation_from_record
+from lenbatch_study.corpus.tokenizing import tokenize, write_outputs
+from lenbatch_study.corpus.sources import SourceReport, iter_records, resolve_source
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = str(REPO / "params.yaml")
@@ -46,7 +46,7 @@ def _openai(record):
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     """The installed command line in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", PARAMS, "--no-progress", *args],
+    return subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", PARAMS, "--no-progress", *args],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
@@ -272,7 +272,7 @@ def test_flags_override_params(tmp_path, capsys):
 def test_local_hf_tokenizer_directory_through_the_stage(tmp_path, capsys):
     from _tiny import tiny_hf_tokenizer as _tiny_hf_tokenizer
 
-    from lenbatch.corpus.chat import IM_END, chatml_text, load_tokenizer
+    from lenbatch_study.corpus.chat import IM_END, chatml_text, load_tokenizer
 
     tok_dir = _tiny_hf_tokenizer(tmp_path / "tok")
     path = tmp_path / "s.jsonl"
@@ -346,7 +346,7 @@ def test_a_kill_while_writing_leaves_the_old_or_the_new_output_never_a_mix(tmp_p
     out = tmp_path / "o"
     assert _main(capsys, "--source", str(good), "--workers", "1", "--out", str(out)).returncode == 0
     before = _snapshot(out)
-    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", "tokenize", "--params", PARAMS, "--no-progress",
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", PARAMS, "--no-progress",
                              "--limit", "1000", "--workers", "1", "--out", str(out)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed = False
@@ -376,7 +376,7 @@ def test_two_tokenize_runs_into_one_directory_the_second_is_refused(tmp_path, ca
     import time
 
     out = tmp_path / "o"
-    first = subprocess.Popen([sys.executable, "-m", "lenbatch", "tokenize", "--params", PARAMS, "--no-progress",
+    first = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", PARAMS, "--no-progress",
                               "--limit", "600", "--workers", "1", "--out", str(out)], cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

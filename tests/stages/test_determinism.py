@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 # One interpreter runs the three stages the way the workflow's rules do (relative paths from the run folder).
 SCRIPT = """
 import sys
-from lenbatch.cli import main
+from lenbatch_study.cli import main
 P = ["--params", sys.argv[1]]
 for args in (["stats", "--lengths", "lengths.npy", "--out", "stats"],
              ["boundaries", "--lengths", "lengths.npy", "--num-buckets", "3", "--sweep-max-buckets", "4",

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from lenbatch.cli import main
+from lenbatch_study.cli import main
 
 STRATEGY_KEYS = {"padding_efficiency", "budget_fill", "steps", "useful_tokens", "computed_tokens",
                  "composition_repeat", "length_mixing"}
@@ -87,7 +87,7 @@ def test_bad_input_is_one_line_exit_2(lengths, tmp_path, capsys):
 def test_every_flag_has_help(stage, capsys):
     import argparse
 
-    from lenbatch.cli import FLAGS
+    from lenbatch_study.cli import FLAGS
 
     parser = argparse.ArgumentParser()
     FLAGS[stage](parser)

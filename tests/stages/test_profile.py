@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from lenbatch.core.config import load_params
-from lenbatch.core import machine
-from lenbatch.core.cpu import grid_cpu_share
-from lenbatch.pipeline.artifacts import profile_grid
-from lenbatch.runtime import reference
-from lenbatch.stages.profile import grid_points, time_point
+from lenbatch_study.core.config import load_params
+from lenbatch_study.core import machine
+from lenbatch_study.core.cpu import grid_cpu_share
+from lenbatch_study.pipeline.artifacts import profile_grid
+from lenbatch_study.runtime import reference
+from lenbatch_study.stages.profile import grid_points, time_point
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,8 +46,8 @@ def test_grid_points_stay_within_budget_batch_size_and_max_len(tmp_path):
 
 
 def test_time_point_repeats_and_caps_long_points(tmp_path):
-    from lenbatch.stages.profile import make_batch
-    from lenbatch.runtime.runner import StepRunner
+    from lenbatch_study.stages.profile import make_batch
+    from lenbatch_study.runtime.runner import StepRunner
 
     over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
                    model={"vocab_size": 1024})
@@ -77,7 +77,7 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
                             "packed_lengths": [128], "repeats": 2, "warmup": 1, "max_point_seconds": 5.0,
                             "concurrent": False})
     out = tmp_path / "profile"
-    proc = subprocess.run([sys.executable, "-m", "lenbatch", "profile", "--params", str(REPO / "params.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "lenbatch_study", "profile", "--params", str(REPO / "params.yaml"),
                            str(over), "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     grid = json.loads((out / "grid.json").read_text())
@@ -119,7 +119,7 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
 
 def test_profile_skips_repeating_points_that_took_long_enough(tmp_path):
     """max_point_seconds: a point whose warm-up already took that long is timed exactly once."""
-    from lenbatch.stages.profile import profile
+    from lenbatch_study.stages.profile import profile
 
     over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
                    model={"vocab_size": 1024}, train={"nproc": 1},

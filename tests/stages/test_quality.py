@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
-from lenbatch.analysis import quality_report as qr
-from lenbatch.cli import main
-from lenbatch.pipeline.artifacts import quality_result
-from lenbatch.pipeline.artifacts.reading import ArtifactError
-from lenbatch.stages.quality import split_samples
+from lenbatch_study.analysis import quality_report as qr
+from lenbatch_study.cli import main
+from lenbatch_study.pipeline.artifacts import quality_result
+from lenbatch_study.pipeline.artifacts.reading import ArtifactError
+from lenbatch_study.stages.quality import split_samples
 
 from _tiny import ENV, TINY_DATA, TINY_MODEL
 
@@ -40,7 +40,7 @@ def stage(tmp_path_factory, one_thread):
     params = root / "tiny.yaml"
     params.write_text(yaml.safe_dump(TINY))
     data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", "params.yaml", str(params),
+    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", str(params),
                     "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV, capture_output=True)
     lengths = np.load(data / "lengths.npy")
     inner = np.quantile(lengths, [0.25, 0.5, 0.75]).astype(int)
@@ -64,8 +64,8 @@ def test_every_output_is_written_and_sane(stage):
     assert quality_result.read_quality(out, STRATEGIES) == result  # compare's reader takes the real output
     png = qr.write_plot(result, stage["root"] / "quality.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    # the machine its timings were taken on (lenbatch.core.machine), with the stage's own threads
-    from lenbatch.core.machine import fingerprint
+    # the machine its timings were taken on (lenbatch_study.core.machine), with the stage's own threads
+    from lenbatch_study.core.machine import fingerprint
 
     assert result["machine"]["id"] == fingerprint()["id"] and result["machine"]["threads"] == result["timing"]["threads"]
     assert result["strategies"] == STRATEGIES

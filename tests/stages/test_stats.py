@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from lenbatch.cli import main
-from lenbatch.batching.lengths import (SEED_COUNT, SEED_PERCENTILES, SEED_VALUES, bucket_counts, check_lengths, histogram,
-                            length_stats, seed_profile)
+from lenbatch_study.cli import main
+from lenbatch.batching.lengths import bucket_counts, check_lengths, histogram, length_stats
+from lenbatch_study.corpus.seed_profile import SEED_COUNT, SEED_PERCENTILES, SEED_VALUES, seed_profile
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import yaml
 
-from lenbatch.cli import main
-from lenbatch.core import machine
-from lenbatch.core.config import load_params
+from lenbatch_study.cli import main
+from lenbatch_study.core import machine
+from lenbatch_study.core.config import load_params
 from lenbatch.batching.schedule import build_schedule
-from lenbatch.pipeline.artifacts import train_runs
-from lenbatch.runtime import reference
+from lenbatch_study.pipeline.artifacts import train_runs
+from lenbatch_study.runtime import reference
 
 from _runs import check_pipelined_run, planned_hashes
 from _tiny import ENV, TINY_DATA, TINY_MODEL
@@ -47,7 +47,7 @@ def setup(tmp_path_factory):
     params.write_text(yaml.safe_dump(TINY))
     TINY_PATH[:] = [params]
     data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch", "tokenize", "--params", "params.yaml", str(params),
+    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", str(params),
                     "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
                    capture_output=True)
     lengths = np.load(data / "lengths.npy")
@@ -63,7 +63,7 @@ def _train_args(setup, strategy, out, *extra):
 
 
 def _torchrun(setup, strategy, out, *extra):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch_study",
            *_train_args(setup, strategy, out, *extra)]
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
 
@@ -151,13 +151,13 @@ def test_resume_after_a_real_kill_mid_run(setup):
     """SIGKILL a single-process run after a few periodic checkpoints; --resume finishes it like an uninterrupted run."""
     cfg = '{"train": {"nproc": 1, "checkpoint_every": 2, "useful_tokens": 20000}}'
     ref_out = setup["root"] / "kill_ref"
-    ref = subprocess.run([sys.executable, "-m", "lenbatch", *_train_args(setup, "packed", ref_out, "--params-json",
+    ref = subprocess.run([sys.executable, "-m", "lenbatch_study", *_train_args(setup, "packed", ref_out, "--params-json",
                                                                           cfg)], env=ENV, capture_output=True)
     assert ref.returncode == 0, ref.stderr[-2000:]
     ref_steps = _steps(ref_out)
     assert len(ref_steps) >= 8
     out = setup["root"] / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", *_train_args(setup, "packed", out, "--params-json",
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", *_train_args(setup, "packed", out, "--params-json",
                                                                              cfg)], env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = out / "steps.jsonl"
@@ -262,7 +262,7 @@ def test_resume_with_a_smaller_target_is_refused_and_rewrites_nothing(setup, cap
 
 def _start_and_kill(setup, strategy, out, cfg, *, rows, capsys):
     """Start a fresh run in a subprocess, act on it after it logged ``rows`` steps, then SIGKILL it."""
-    proc = subprocess.Popen([sys.executable, "-m", "lenbatch", *_train_args(setup, strategy, out, "--params-json",
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", *_train_args(setup, strategy, out, "--params-json",
                                                                              cfg)],
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = out / "steps.jsonl"
@@ -355,7 +355,7 @@ def _alive(pid):
 def test_killing_the_torchrun_launcher_stops_its_workers(setup):
     """Issue 11.9: SIGKILL of torchrun used to leave both workers training (and writing OUT)."""
     out = setup["root"] / "orphans"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch_study",
            *_train_args(setup, "random", out, "--useful-tokens", "10000000")]
     launcher = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers = []
@@ -383,7 +383,7 @@ def test_killing_the_torchrun_launcher_stops_its_workers(setup):
 
 def test_the_progress_line_says_pending_before_a_loss_and_marks_a_scaled_rate():
     from lenbatch.batching.schedule import ScheduledStep
-    from lenbatch.stages.train import progress_line
+    from lenbatch_study.stages.train import progress_line
 
     step = ScheduledStep(step=2, epoch=0, rank=0, local=1, indices=np.arange(2), useful=128)
     # a pipelined run's target rank 0 before the drafter's first loss came back: no "nan" shown

@@ -1,14 +1,14 @@
 # Shared helpers: params validation (before any rule runs), the results root, and each rule's inputs,
 # outputs, code inputs and params, all read from the one table of stages
-# (src/lenbatch/pipeline/registry.py, through src/lenbatch/pipeline/deps.py, which also writes dvc.yaml).
+# (src/lenbatch_study/pipeline/registry.py, through src/lenbatch_study/pipeline/deps.py, which also writes dvc.yaml).
 import json
 import os
 import shlex
 import signal
 
 from lenbatch.batching.layouts import STRATEGIES as KNOWN_STRATEGIES
-from lenbatch.core.config import params_from_dict
-from lenbatch.pipeline import deps, registry
+from lenbatch_study.core.config import params_from_dict
+from lenbatch_study.pipeline import deps, registry
 
 # Where this config's results go. params.yaml leaves it at results/ (what DVC tracks and git commits);
 # configs/*.yaml set their own (results/tiny, results/qwen3.6-27b-8gpu) so they never overwrite it.
@@ -28,7 +28,7 @@ validate(config, "../schemas/params.schema.yaml")
 # this file again on its node. On a cluster this is the submitting node's fingerprint; every run records
 # its own node's, and compare refuses a mix.
 if workflow.is_main_process:
-    from lenbatch.core.machine import write_if_changed
+    from lenbatch_study.core.machine import write_if_changed
 
     write_if_changed(registry.output_path("machine", "machine", results=R))
 

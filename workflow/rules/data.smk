@@ -1,4 +1,4 @@
-# The machine's fingerprint (lenbatch.core.machine): a dependency of the measuring stages. common.smk
+# The machine's fingerprint (lenbatch_study.core.machine): a dependency of the measuring stages. common.smk
 # rewrites it as the workflow is parsed, only when it changed, so this rule runs only when the file is
 # missing; it has no inputs, so a checkout's file times never rerun it (or what follows).
 rule machine:

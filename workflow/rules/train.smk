@@ -58,7 +58,7 @@ rule train:
         "out={params.out}; resume=; "
         "if [ -f $out/checkpoint.pt ] && [ ! -f $out/.finished ]; then resume=--resume; else rm -f $out/checkpoint.pt; fi; "
         "rm -f $out/.finished; "
-        "torchrun --standalone --nnodes 1 --nproc_per_node {params.nproc} -m lenbatch train "
+        "torchrun --standalone --nnodes 1 --nproc_per_node {params.nproc} -m lenbatch_study train "
         "--params params.yaml --params-json {params.cfg} --strategy {wildcards.strategy} "
         "--data {params.data} {params.boundaries} --out $out $resume > {log} 2>&1; "
         "touch $out/.finished"

@@ -18,7 +18,7 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
   ``state_dict(batches_consumed=n)``, or use torchdata's ``StatefulDataLoader``, whose
   ``state_dict()`` snapshots this sampler's state as of each batch it yields (exact with workers).
 * ``min_batches`` (default off) pads every epoch to at least that many batches by splitting the
-  costliest ones, for trainers that fix the steps per epoch (``lenbatch.loading.trainer`` sets it).
+  costliest ones, for trainers that fix the steps per epoch (``lenbatch.hf`` sets it).
 """
 
 from __future__ import annotations

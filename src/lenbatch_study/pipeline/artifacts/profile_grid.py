@@ -1,0 +1,63 @@
+"""The profile stage's output: ``grid.json``, the step times of the target and the drafter on a grid of
+batch shapes, and ``params.json``, the params it was timed with. Written by :mod:`lenbatch_study.stages.profile`
+(which does not import this module: editing how the grid is *read* reruns compare only); read by compare
+(:func:`read_grid`, :func:`read_profile_params`).
+
+``grid.json``: a mapping ``{"machine", "reference", "points"}`` — the machine fingerprint
+(:mod:`lenbatch_study.core.machine`), the reference step timed before and after the grid
+(:mod:`lenbatch_study.runtime.reference`) and the rows (an older grid is the bare list of rows) —, one row per shape: ``kind``
+(padded/packed), ``sequence_lengths`` (the lengths timed), ``target_seconds_median``,
+``drafter_seconds_median`` and, from a lockstep profile, ``*_busy_seconds_median``; ``positions`` and
+``ctx_tokens`` (the drafter's work) when known. Cost: one file read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
+
+WRITER = "profile"
+GRID = "grid.json"
+PARAMS = "params.json"
+ROW_KEYS = ("kind", "sequence_lengths", "target_seconds_median", "drafter_seconds_median")
+
+
+def rerun(profile_dir: Path) -> str:
+    return rerun_hint(WRITER, f"results/{WRITER}/{GRID}", profile_dir)
+
+
+def read_grid(profile_dir: str | Path) -> list[dict[str, Any]]:
+    """The grid rows of ``grid.json`` in the profile output folder ``profile_dir``, each checked."""
+    return read_grid_document(profile_dir)["points"]
+
+
+def read_grid_document(profile_dir: str | Path) -> dict[str, Any]:
+    """``grid.json`` whole: ``{"machine", "reference", "points"}`` (None for the machine and reference of a
+    grid written before they were recorded), every row checked."""
+    d = Path(profile_dir)
+    p = d / GRID
+    doc = read_json(p, rerun=rerun(d))
+    rows = doc.get("points") if isinstance(doc, dict) else doc
+    if not isinstance(rows, list) or not rows:
+        raise refuse(p, "holds no grid rows", rerun=rerun(d))
+    for k, row in enumerate(rows):
+        require_keys(p, row, ROW_KEYS, rerun=rerun(d), what=f" in row {k}")
+    whole = doc if isinstance(doc, dict) else {}
+    return {"machine": whole.get("machine"), "reference": whole.get("reference"), "points": rows}
+
+
+def read_profile_params(profile_dir: str | Path) -> dict[str, Any] | None:
+    """The resolved params the grid was timed with (``params.json``), None when the folder has none."""
+    d = Path(profile_dir)
+    p = d / PARAMS
+    if not p.exists():
+        return None
+    doc = read_json(p, rerun=rerun(d))
+    if not isinstance(doc, dict):
+        raise refuse(p, "holds no params mapping", rerun=rerun(d))
+    return doc
+
+
+__all__ = ["GRID", "PARAMS", "read_grid", "read_grid_document", "read_profile_params"]

@@ -1,0 +1,328 @@
+"""What each workflow stage depends on: its code files and its params keys, for Snakemake and DVC alike.
+
+The stages, their params keys, inputs and outputs are one table (:data:`lenbatch_study.pipeline.registry.STAGES`);
+this module derives the rest from it. A stage's **code files are derived**: the import closure of its
+module ``lenbatch_study.stages.<stage>`` inside ``src/`` (every import of the library ``lenbatch`` or of
+the study ``lenbatch_study`` (``import lenbatch.x``, ``from lenbatch_study.x import y``, ``from lenbatch import
+x``), top-level or lazy inside a function, followed
+transitively with :mod:`ast`, no import executed). A stage module imports only what it runs (DESIGN.md,
+"What reruns on an edit"), so the closure is the code it runs. ``workflow/rules/common.smk`` asks this
+module for each rule's inputs, outputs, ``input.code`` and ``params``, and ``lenbatch dvc-yaml`` writes
+``dvc.yaml`` from the same table, so the two tools cannot drift: a new import adds a file to both, and a
+test fails if the committed ``dvc.yaml`` is stale.
+
+The only hand-made choices, documented here:
+
+- ``lenbatch/__init__.py`` (a facade that re-exports the public API) is followed only where a
+  module uses it (``import lenbatch as lb``; ``from lenbatch import name`` of a non-module name):
+  every ``lenbatch.x`` import executes it, but a stage that reads nothing through it does not
+  depend on what it re-exports (else editing ``boundaries.py`` would retokenize the dataset). No
+  module inside the package uses it (``tests/pipeline/test_layout.py``).
+- The subpackages' ``__init__.py`` (``lenbatch/batching/__init__.py`` ...) hold a docstring and
+  nothing else (``tests/pipeline/test_layout.py`` checks it), so they are no code dependency.
+- The CLI layer (``lenbatch_study/cli/``) and the command table (:mod:`lenbatch_study.pipeline.registry`) are no
+  stage's dependency: the CLI parses flags into the stage's keyword arguments and dispatches; no stage
+  imports either, so editing a help string reruns nothing.
+- Params are declared, not derived: a module several stages share (profile and train both run
+  ``runner.StepRunner``) may read keys only one of them needs. The declaration is checked by
+  ``tests/pipeline/test_workflow.py``: every ``<x>.<section>.<key>`` read in a stage's own modules
+  (its closure minus other stages' modules) must be declared.
+
+A new module imported by an existing stage needs only ``lenbatch dvc-yaml``; a new stage, a
+:class:`~lenbatch_study.pipeline.registry.Command` in the table (its docstring says what else).
+
+Cost: parsing the ~90 modules, ~0.8 s, once per content (:data:`SCAN_CACHE`); then a hash per file read, ~10 ms in all.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+from lenbatch.batching.layouts import STRATEGIES as ALL_STRATEGIES
+from lenbatch_study.core.config import SECTIONS
+from lenbatch_study.pipeline.registry import COMMANDS, STAGES, input_paths, output_path
+
+# The two packages whose modules are code: the library and the study beside it (both under src/).
+LIBRARY = "lenbatch"
+STUDY = "lenbatch_study"
+PACKAGES = (LIBRARY, STUDY)
+SRC_ROOT = Path(__file__).resolve().parents[2]  # src/
+SRC = SRC_ROOT / STUDY
+NOT_FOLLOWED = ("lenbatch_study.__main__",)  # `python -m lenbatch_study` entry: only imports cli
+
+
+def strategies(config: typing.Mapping[str, typing.Any] | None = None) -> list[str]:
+    """The strategies trained: ``train.strategies`` of ``config``, or every known strategy."""
+    if config is None:
+        return list(ALL_STRATEGIES)
+    return list(config["train"]["strategies"])
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of module ``name`` (a package's ``__init__.py``), None outside :data:`PACKAGES`."""
+    top, *parts = name.split(".")
+    if top not in PACKAGES:
+        return None
+    base = SRC_ROOT / top
+    if not parts:
+        return base / "__init__.py"
+    path = base.joinpath(*parts[:-1], parts[-1] + ".py")
+    if path.exists():
+        return path
+    init = base.joinpath(*parts, "__init__.py")
+    return init if init.exists() else None
+
+
+# The import statements of each source file, by the sha256 of its bytes: parsing the ~60 files of the
+# stages' closures took ~0.7 s of every Snakemake start (the Snakefile asks for every rule's code), and DVC
+# starts Snakemake once per stage. Keyed by content, so no edit, checkout or copy can make an entry stale;
+# a cache that cannot be read or written is only slower (an installed, read-only package).
+SCAN_CACHE = SRC / "__pycache__" / "lenbatch-import-scan.json"
+_scan: dict[str, Any] = {"entries": None, "dirty": False, "used": set()}  # used: keys looked up here
+
+
+def _import_statements(path: Path) -> list[list[Any]]:
+    """``[["import", [names]] | ["from", module, [names]]]`` of every import in ``path`` (top level or inside
+    a function), from the cache or by :mod:`ast`; ``AssertionError`` on a relative import."""
+    source = path.read_bytes()
+    key = hashlib.sha256(source).hexdigest()
+    if _scan["entries"] is None:
+        try:
+            _scan["entries"] = json.loads(SCAN_CACHE.read_text())
+        except (OSError, ValueError):
+            _scan["entries"] = {}
+    _scan["used"].add(key)
+    hit = _scan["entries"].get(key)
+    if isinstance(hit, list):
+        return hit
+    out: list[list[Any]] = []
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.append(["import", [a.name for a in node.names]])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(["from", node.module, [a.name for a in node.names]])
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import; use absolute lenbatch.* imports so deps can follow them")
+    _scan["entries"][key] = out
+    if not _scan["dirty"]:
+        _scan["dirty"] = True
+        atexit.register(_save_scan_cache)
+    return out
+
+
+def _save_scan_cache() -> None:
+    """Write the scan cache (atomically: a concurrent Snakemake reads the old or the new file, never half),
+    keeping only the contents this process looked up, so old versions of edited files do not pile up."""
+    try:
+        SCAN_CACHE.parent.mkdir(exist_ok=True)
+        tmp = SCAN_CACHE.with_name(f".{SCAN_CACHE.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({k: v for k, v in _scan["entries"].items() if k in _scan["used"]}))
+        os.replace(tmp, SCAN_CACHE)
+    except OSError:
+        pass
+
+
+@functools.lru_cache(maxsize=None)
+def direct_imports(module: str) -> tuple[str, ...]:
+    """The ``lenbatch`` modules ``module`` imports anywhere in its source (sorted), by :mod:`ast` (statements
+    cached by content: :data:`SCAN_CACHE`; which names are modules is looked up each time)."""
+    path = _module_file(module)
+    assert path is not None, f"no source file for {module}"
+    found: set[str] = set()
+    for statement in _import_statements(path):
+        if statement[0] == "import":
+            found.update(statement[1])  # ``import lenbatch`` uses the facade: followed
+        else:
+            _, mod, names = statement
+            subs = {name for name in names if _module_file(f"{mod}.{name}") is not None}
+            # ``from lenbatch import stepmodel`` imports the submodule lenbatch_study.analysis.stepmodel (not the facade)
+            found.update(f"{mod}.{name}" for name in subs)
+            if mod not in PACKAGES or len(subs) < len(names):
+                found.add(mod)
+    return tuple(sorted(m for m in found if _module_file(m) is not None))
+
+
+def is_subpackage(name: str) -> bool:
+    """``lenbatch.<pkg>`` / ``lenbatch_study.<pkg>`` of a subpackage (its ``__init__.py`` holds only a docstring)."""
+    path = _module_file(name)
+    return name not in PACKAGES and path is not None and path.name == "__init__.py"
+
+
+def import_closure(module: str) -> list[str]:
+    """``module`` plus every ``lenbatch`` module it imports, transitively (sorted)."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in NOT_FOLLOWED or is_subpackage(name):
+            continue
+        seen.add(name)
+        todo.extend(direct_imports(name))
+    return sorted(seen)
+
+
+def stage_module(stage: str) -> str:
+    """The module ``lenbatch <stage>`` runs (:attr:`lenbatch_study.pipeline.registry.Command.module`)."""
+    return COMMANDS[stage].module
+
+
+def stage_modules(stage: str) -> list[str]:
+    """The modules ``stage`` runs: the import closure of its stage module."""
+    return import_closure(stage_module(stage))
+
+
+def stage_code(stage: str, *, root: str = "src") -> list[str]:
+    """The source files ``stage`` runs, library's and study's, as paths under ``root`` (sorted)."""
+    files = []
+    for mod in stage_modules(stage):
+        path = _module_file(mod)
+        assert path is not None
+        files.append(f"{root}/{path.relative_to(SRC_ROOT).as_posix()}")
+    return sorted(files)
+
+
+def section_keys(section: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(SECTIONS[section])]
+
+
+def stage_param_keys(stage: str) -> list[str]:
+    """Every ``section.key`` the stage reads, expanded from its declaration (in params order)."""
+    spec = STAGES[stage]
+    keys: list[str] = []
+    for item in spec.params:
+        section, _, key = item.partition(".")
+        assert section in SECTIONS, f"stage {stage}: unknown params section {section!r}"
+        if key:
+            assert key in section_keys(section), f"stage {stage}: unknown params key {item!r}"
+            keys.append(item)
+        else:
+            keys.extend(f"{section}.{k}" for k in section_keys(section) if f"{section}.{k}" not in spec.exclude)
+    order = [f"{s}.{k}" for s in SECTIONS for k in section_keys(s)]
+    return sorted(set(keys), key=order.index)
+
+
+def stage_params_compact(stage: str) -> list[str]:
+    """:func:`stage_param_keys` with whole sections written as the section name (DVC's ``params:``)."""
+    keys = stage_param_keys(stage)
+    out: list[str] = []
+    for section in SECTIONS:
+        mine = [k for k in keys if k.split(".", 1)[0] == section]
+        if mine and len(mine) == len(section_keys(section)):
+            out.append(section)
+        else:
+            out.extend(mine)
+    return out
+
+
+def stage_payload(stage: str, config: typing.Mapping[str, typing.Any]) -> dict[str, dict[str, typing.Any]]:
+    """The values of the keys ``stage`` reads, as ``{section: {key: value}}`` (its ``--params-json``)."""
+    payload: dict[str, dict[str, typing.Any]] = {}
+    for item in stage_param_keys(stage):
+        section, key = item.split(".", 1)
+        payload.setdefault(section, {})[key] = config[section][key]
+    return payload
+
+
+# --------------------------------------------------------------------------- dvc.yaml
+
+
+HEADER = """\
+# GENERATED by `lenbatch dvc-yaml` from src/lenbatch_study/pipeline/registry.py (the stages, their params,
+# inputs and outputs) and src/lenbatch_study/pipeline/deps.py (their code): do not edit by hand
+# (tests/pipeline/test_workflow.py fails when this file differs from what the command writes).
+#
+# DVC decides what to rerun and records it; Snakemake executes. Each stage's command runs its one
+# Snakemake rule (--forcerun: DVC already judged it stale; LENBATCH_STAGE_ONLY=1 makes every input
+# ancient(), so Snakemake reruns nothing upstream even where file times are fresh-clone noise), so
+# `dvc repro`, `dvc exp run` and `dvc exp run --temp/--queue` run exactly the stages DVC names,
+# and Snakemake records the same jobs (params, code, mtimes), so `snakemake -n` agrees afterwards.
+# Code deps are the import closure of each stage's module; params are the keys its code reads
+# (both from the same table as workflow/rules/common.smk uses).
+# The tokenized dataset is in DVC's cache (restored in `--temp` workspaces); everything else under
+# results/ is small and committed to git (cache: false). persist: DVC never deletes an output before a
+# stage runs (the train rule resumes from its checkpoint after an interruption).
+"""
+
+
+def _snakemake(targets: list[str], rule: str) -> str:
+    return (f"LENBATCH_STAGE_ONLY=1 snakemake --cores all --forcerun {rule} --rerun-triggers mtime -- "
+            + " ".join(targets))
+
+
+def dvc_target(stage: str, *, results: str = "results", strategy: str | None = None) -> str:
+    """The file DVC's command for ``stage`` asks Snakemake for: its first declared output that is a file."""
+    name = next(n for n, o in STAGES[stage].outputs.items() if o.declared and not o.directory)
+    return output_path(stage, name, results=results, strategy=strategy)
+
+
+def _dvc_stage(stage: str, *, results: str, strategy: str | None,
+               pretrained: str | None = None) -> dict[str, typing.Any]:
+    st = STAGES[stage]
+    if st.always_changed:  # the machine: its command runs every time and rewrites only a changed fingerprint
+        (name, o), = st.outputs.items()
+        return {"cmd": f"lenbatch {stage} --out {results}/{stage}", "always_changed": True,
+                "outs": [{output_path(stage, name, results=results): {"cache": o.cache, "persist": True}}]}
+    ins = input_paths(stage, results=results, strategies=strategies(), strategy=strategy)
+    checkpoint = pretrained_files(pretrained) if stage in PRETRAINED_STAGES else []
+    entry: dict[str, typing.Any] = {
+        "cmd": _snakemake([dvc_target(stage, results=results, strategy=strategy)], stage),
+        "params": stage_params_compact(stage),
+        "deps": [p for paths in ins.values() for p in paths] + checkpoint + stage_code(stage)}
+    for kind in ("outs", "metrics", "plots"):
+        listed = [{output_path(stage, name, results=results, strategy=strategy):
+                   {"cache": o.cache, "persist": True, **dict(o.plot or {})}}
+                  for name, o in st.outputs.items() if o.kind == kind]
+        if listed:
+            entry[kind] = listed
+    return entry
+
+
+def dvc_stages(results: str = "results", *, pretrained: str | None = None) -> dict[str, typing.Any]:
+    """The ``stages:`` mapping of ``dvc.yaml``, from the table: one DVC stage per stage (per strategy for a
+    per-strategy stage, ``<stage>-<strategy>``), its deps its inputs (and, with ``pretrained`` =
+    ``model.pretrained``, the checkpoint's files for the stages that load it: :func:`pretrained_files`)
+    then its code, its outputs by kind."""
+    out: dict[str, typing.Any] = {}
+    for stage, st in STAGES.items():
+        if st.per_strategy:
+            for s in strategies():
+                out[f"{stage}-{s}"] = _dvc_stage(stage, results=results, strategy=s, pretrained=pretrained)
+        else:
+            out[stage] = _dvc_stage(stage, results=results, strategy=None, pretrained=pretrained)
+    return out
+
+
+def dvc_yaml(results: str = "results", *, pretrained: str | None = None) -> str:
+    import yaml
+
+    body = yaml.safe_dump({"stages": dvc_stages(results, pretrained=pretrained)}, sort_keys=False, width=120)
+    return HEADER + "\n" + body
+
+
+# --------------------------------------------------------------------------- the target's checkpoint
+
+
+# The stages that load the target or its heads (lenbatch_study.models.target): with model.pretrained set, the
+# checkpoint's files are inputs of their Snakemake rules and deps of their DVC stages, so a changed
+# checkpoint reruns them (and compare, through their outputs), and nothing else.
+PRETRAINED_STAGES = ("profile", "train", "quality")
+
+
+def pretrained_files(pretrained: str | None) -> list[str]:
+    """The files of the checkpoint folder ``model.pretrained`` that the target reads: ``config.json``,
+    ``*.safetensors`` and a shard index, sorted; ``[]`` when null. ``config.json`` is listed even when
+    absent, so both tools report the missing input by name."""
+    if not pretrained:
+        return []
+    root = Path(pretrained)
+    files = {root / "config.json", *root.glob("*.safetensors"), *root.glob("*.safetensors.index.json")}
+    return sorted(f.as_posix() for f in files)

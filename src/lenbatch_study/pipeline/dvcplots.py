@@ -1,0 +1,67 @@
+"""DVC's plots page, rendered without network: the HTML template ``.dvc/config`` names.
+
+``dvc plots show/diff`` writes an HTML page whose Vega plots load vega, vega-lite and vega-embed
+from a CDN, so on an offline machine (a cluster node, a train) the frontier and throughput data
+plots stay blank. :func:`offline_template` is a DVC HTML template with those three libraries
+inlined from the copies Snakemake ships for its own reports (``snakemake/assets/data``: vega 5,
+vega-lite 5, vega-embed 6; BSD-3 licensed). The repo's ``.dvc/config`` sets DVC's own
+``plots.html_template`` to it (:data:`TEMPLATE`, relative to ``.dvc/``), so the commands DVC
+users type, ``dvc plots show`` and ``dvc plots diff``, render offline too. The file is written by
+:func:`write_template` (``make install``, ``lenbatch plots [--write-template]``), not committed:
+it is 2.2 MB of third-party code, rebuilt from the installed Snakemake. Without it DVC stops with
+"HTML template has to contain '{plot_divs}'". The PNG image plots (frontier.png, throughput.png,
+histogram.png) need no script and render either way.
+
+    lenbatch plots                 # the workspace against HEAD, into dvc_plots/index.html
+    lenbatch plots HEAD k8-exp     # any revisions or experiments ``dvc plots diff`` accepts
+    dvc plots show                 # DVC's own command, offline once the template is written
+
+Cost: one ~2.2 MB template write plus DVC's own rendering.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# DVC's plots.html_template, relative to the repo's .dvc/ folder (as .dvc/config has it; a test checks both agree)
+TEMPLATE = "offline-plots.html"
+LIBRARIES = ("vega/vega.js", "vega-lite/vega-lite.js", "vega-embed/vega-embed.js")
+
+
+def _assets() -> Path:
+    try:
+        import snakemake
+    except ImportError as err:  # pragma: no cover - snakemake is a workflow dependency
+        raise ValueError("lenbatch plots inlines the Vega libraries Snakemake ships; install 'lenbatch-study[workflow]' (make install)"
+                         ) from err
+    return Path(snakemake.__file__).parent / "assets" / "data"
+
+
+def offline_template() -> str:
+    """A DVC plots HTML template (``{plot_divs}``) with vega, vega-lite and vega-embed inlined."""
+    root = _assets()
+    scripts = []
+    for rel in LIBRARIES:
+        path = root / rel
+        if not path.is_file():
+            raise ValueError(f"{path} is missing: the installed snakemake lacks its bundled Vega; reinstall "
+                             "snakemake (pip install --force-reinstall 'snakemake>=9') or use `dvc plots diff`")
+        js = path.read_text(encoding="utf8")
+        assert "</script" not in js, f"{rel} cannot be inlined"
+        scripts.append(f"<script type=\"text/javascript\">\n{js}\n</script>")
+    return ("<!DOCTYPE html>\n<html>\n<head>\n<meta charset=\"utf-8\">\n<title>lenbatch plots</title>\n"
+            + "\n".join(scripts)
+            + "\n<style>table { border-spacing: 15px; }</style>\n</head>\n<body>\n{plot_divs}\n</body>\n</html>\n")
+
+
+def write_template(root: str | Path = ".") -> Path:
+    """Write :func:`offline_template` where ``.dvc/config`` points DVC (``<root>/.dvc/`` + :data:`TEMPLATE`),
+    only when its bytes change; the path. ``ValueError`` when ``root`` is not a DVC repo."""
+    dvc_dir = Path(root) / ".dvc"
+    if not dvc_dir.is_dir():
+        raise ValueError(f"{Path(root).absolute()} has no .dvc/ folder: run this in the lenbatch repo root")
+    path = dvc_dir / TEMPLATE
+    text = offline_template()
+    if not path.is_file() or path.read_text(encoding="utf8") != text:
+        path.write_text(text, encoding="utf8")
+    return path

@@ -1,0 +1,207 @@
+"""The one table of commands and workflow stages: every ``lenbatch <name>`` (its help, whether its
+``--out`` is written whole) and, for the stages of the DAG, what the workflow needs to know of them:
+the params keys their code reads, their inputs (other stages' outputs) and their outputs.
+
+Everything else is derived from it: the CLI's command list (:mod:`lenbatch_study.cli`), ``dvc.yaml``
+(:func:`lenbatch_study.pipeline.deps.dvc_stages`), the Snakemake rules' inputs, outputs and params
+(``workflow/rules/common.smk``: ``inputs()``, ``outputs()``, ``cfg()``, ``code()``), ``rule all``, and
+each stage's code dependencies (the import closure of its module, :mod:`lenbatch_study.pipeline.deps`).
+``tests/pipeline/test_registry.py`` fails when a second list of stages appears.
+
+To add a stage ``x``: a :class:`Command` here with its :class:`Stage`; its module
+``lenbatch_study/stages/x.py`` exposing ``run(**kwargs)``; its flags in :mod:`lenbatch_study.cli.flags`; a rule in
+``workflow/rules/*.smk`` whose ``input``/``output``/``params`` are ``inputs("x")``, ``outputs("x")``,
+``cfg("x")`` and whose shell line is ``lenbatch x ...``; the reader of any file it hands another stage in
+:mod:`lenbatch_study.pipeline.artifacts`; then ``lenbatch dvc-yaml``.
+
+No stage imports this module (its help strings are nobody's code dependency); it imports the artifact
+modules only for their file names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from lenbatch_study.pipeline.artifacts import (
+    bucket_edges,
+    length_stats,
+    machine_file,
+    plan_metrics,
+    profile_grid,
+    quality_result,
+    tokenized,
+    train_runs,
+)
+
+
+@dataclass(frozen=True)
+class Output:
+    """One file (or folder) a stage writes, under ``<results>/<stage>/`` (a per-strategy stage: under
+    ``<results>/<stage>/<strategy>/``).
+
+    ``kind``: how DVC lists it (``outs``, ``metrics`` or ``plots``, ``plot`` its axes); ``cache``: kept
+    in DVC's cache (the large tokenized dataset) instead of git; ``declared``: a Snakemake output too
+    (Snakemake deletes declared outputs before a job runs, so a file a resumed job appends to is not).
+    """
+
+    file: str
+    kind: str = "outs"
+    cache: bool = False
+    directory: bool = False
+    plot: Mapping[str, str] | None = None
+    declared: bool = True
+
+
+@dataclass(frozen=True)
+class Input:
+    """Output ``output`` of stage ``stage``; ``only_for``: needed only when that strategy runs (a
+    per-strategy stage: its own strategy; any other stage: when ``train.strategies`` holds it)."""
+
+    stage: str
+    output: str
+    only_for: str | None = None
+    trigger_only: bool = False  # a dependency the stage never reads (the machine fingerprint): reruns it only
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage of the DAG. ``params``: the params keys its code reads, whole sections (``"model"``) or
+    single keys (``"data.max_len"``), ``exclude`` dropping keys of whole sections; ``per_strategy``: one
+    job per strategy of ``train.strategies`` (Snakemake's ``{strategy}`` wildcard, DVC's
+    ``<stage>-<strategy>`` stages); ``always_changed``: DVC runs it on every ``dvc repro`` (its command
+    itself leaves its output's bytes alone unless they change) and the Snakefile writes its output as it
+    is parsed: the machine fingerprint, which no file the workflow knows can tell has changed."""
+
+    params: tuple[str, ...]
+    inputs: tuple[Input, ...] = ()
+    outputs: Mapping[str, Output] = field(default_factory=dict)
+    exclude: tuple[str, ...] = ()
+    per_strategy: bool = False
+    always_changed: bool = False
+
+
+@dataclass(frozen=True)
+class Command:
+    """``lenbatch <name>``: ``help`` its one line; ``staged``: its ``--out`` directory is written whole or
+    not at all (:func:`lenbatch_study.pipeline.outputs.staged_output`: the stage writes into a staging directory
+    that replaces ``--out`` only when it succeeds, under a one-writer lock; train appends across
+    ``--resume`` and takes its own lock on the rank that writes); ``stage``: set for a stage of the DAG."""
+
+    name: str
+    help: str
+    staged: bool = False
+    stage: Stage | None = None
+
+    @property
+    def module(self) -> str:
+        """The stage module, named after the command: ``lenbatch_study.stages.<name>`` (``-`` read as ``_``)."""
+        return "lenbatch_study.stages." + self.name.replace("-", "_")
+
+
+_IN_LENGTHS = Input("tokenize", "lengths")
+_IN_DATASET = Input("tokenize", "dataset")
+_IN_EDGES = Input("boundaries", "boundaries")
+# The measuring stages depend on the machine: another machine (or another torch) reruns them
+_IN_MACHINE = Input("machine", "machine", trigger_only=True)
+_MODEL_RUN = ("model", "drafter", "batching")  # what a stage that runs the model reads besides its own section
+
+# Order is the order of the DAG, then the tools.
+_ALL = (
+    Command("machine", "write this machine's fingerprint to machine.json (only when it changed)", stage=Stage(
+        params=(), always_changed=True, outputs={"machine": Output(machine_file.MACHINE)})),
+    Command("tokenize", "tokenize chat data into an Arrow dataset and lengths.npy", staged=True, stage=Stage(
+        params=("data",),
+        outputs={"dataset": Output(tokenized.DATASET, cache=True, directory=True),
+                 "lengths": Output(tokenized.LENGTHS), "stats": Output(tokenized.STATS)})),
+    Command("stats", "length percentiles, histogram and counts per bucket", staged=True, stage=Stage(
+        params=("stats", "batching.seed"),  # seed: lengths drawn from a profile
+        inputs=(_IN_LENGTHS,),
+        outputs={"stats": Output(length_stats.STATS),
+                 "histogram": Output(length_stats.HISTOGRAM, kind="plots", plot={"x": "lo", "y": "count"}),
+                 "plot": Output(length_stats.PLOT)})),
+    Command("boundaries", "optimal length-bucket edges (geometric, coordinate, dp) and a K sweep", staged=True,
+            stage=Stage(params=("boundaries", "batching", "plans", "data.max_len"), inputs=(_IN_LENGTHS,),
+                        outputs={"boundaries": Output(bucket_edges.BOUNDARIES),
+                                 "sweep": Output(bucket_edges.SWEEP)})),
+    Command("plan", "plan one epoch of one strategy and write its batches as JSON", staged=True),
+    Command("plans", "simulate every strategy: padding efficiency, budget fill, diversity", staged=True, stage=Stage(
+        params=("batching", "plans", "data.max_len"), inputs=(_IN_LENGTHS, _IN_EDGES),
+        outputs={"metrics": Output(plan_metrics.METRICS)})),
+    # profile times the StepRunner (lenbatch_study.runtime.runner) that train runs, but never trains: no
+    # warmup_steps, queue_size, checkpoint_every, useful_tokens or strategies.
+    Command("profile", "time the target + drafter step on a grid of batch shapes", staged=True, stage=Stage(
+        params=(*_MODEL_RUN, "profile", "data.max_len", "train.nproc", "train.threads", "train.device",
+                "train.kernels", "train.reuse_host_memory"), inputs=(_IN_MACHINE,),
+        outputs={"grid": Output(profile_grid.GRID)})),
+    # one job per strategy; only bucketed reads the edges, so boundaries.* never reruns the others
+    Command("train", "train the drafter with one batching strategy and measure throughput", stage=Stage(
+        params=(*_MODEL_RUN, "train", "data.max_len"), exclude=("train.strategies",), per_strategy=True,
+        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, Input("boundaries", "boundaries", only_for="bucketed")),
+        outputs={"summary": Output(train_runs.SUMMARY), "steps": Output(train_runs.STEPS, declared=False)})),
+    Command("verify-packing", "check that a packed forward equals the per-sequence forwards"),
+    # quality has its own lr and anchors: the train stage's drafter.lr / anchors_per_seq never rerun it;
+    # it reads no training run, so train.* keys other than the strategy list and device never rerun it
+    Command("quality", "held-out loss over seeds and gradient quality of every strategy", stage=Stage(
+        params=("quality", *_MODEL_RUN, "train.strategies", "train.device", "data.max_len"),
+        exclude=("drafter.lr", "drafter.anchors_per_seq"),
+        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, Input("boundaries", "boundaries", only_for="bucketed")),
+        outputs={"quality": Output(quality_result.QUALITY), "metrics": Output(quality_result.METRICS),
+                 "curves": Output(quality_result.CURVES), "gradients": Output(quality_result.GRADIENTS)})),
+    # compare's files are for people (no stage reads them): metrics users compare, the plots, the rest
+    Command("compare", "predicted vs measured throughput, frontier plot and report", staged=True, stage=Stage(
+        params=(*_MODEL_RUN, "train", "plans", "boundaries", "compare", "data.max_len"),
+        inputs=(Input("stats", "stats"), Input("stats", "histogram"), _IN_DATASET, _IN_LENGTHS, _IN_EDGES,
+                Input("boundaries", "sweep"), Input("plans", "metrics"), Input("profile", "grid"),
+                Input("train", "summary"), Input("train", "steps"), Input("quality", "quality")),
+        outputs={"metrics": Output("metrics.json", kind="metrics"), "diagnostics": Output("diagnostics.json"),
+                 "report": Output("report.md"), "stepmodel": Output("stepmodel.json"),
+                 "histogram": Output("histogram.png"), "quality_plot": Output("quality.png"),
+                 "params": Output("params.json"),
+                 "frontier": Output("frontier.json", kind="plots", plot={"x": "length_mixing", "y": "efficiency"}),
+                 "throughput": Output("throughput.json", kind="plots",
+                                      plot={"x": "strategy", "y": "measured_tok_s"}),
+                 "frontier_plot": Output("frontier.png", kind="plots"),
+                 "throughput_plot": Output("throughput.png", kind="plots")})),
+    Command("study-replay", "the study's own setting replayed (seed profile, budget 49,152, 7 ranks, its edges)",
+            staged=True),
+    Command("params", "validate a params file, or print its resolved values or JSON schema"),
+    Command("plots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
+    Command("dvc-yaml", "write dvc.yaml from the stages' derived code and params dependencies"),
+    Command("sync", "record in Snakemake's metadata the results DVC verified (after dvc repro/checkout), so "
+                    "snakemake -n agrees with dvc status"),
+)
+
+COMMANDS: dict[str, Command] = {c.name: c for c in _ALL}
+# The stages of the DAG, in DAG order.
+STAGES: dict[str, Stage] = {c.name: c.stage for c in _ALL if c.stage is not None}
+
+
+def output_path(stage: str, name: str, *, results: str = "results", strategy: str | None = None) -> str:
+    """Where output ``name`` of ``stage`` lives: ``<results>/<stage>/[<strategy>/]<file>`` (a per-strategy
+    stage without ``strategy``: the ``{strategy}`` wildcard)."""
+    st = STAGES[stage]
+    sub = (f"{strategy if strategy is not None else '{strategy}'}/" if st.per_strategy else "")
+    return f"{results}/{stage}/{sub}{st.outputs[name].file}"
+
+
+def input_paths(stage: str, *, results: str = "results", strategies: Any, strategy: str | None = None
+                ) -> dict[str, list[str]]:
+    """``stage``'s inputs as ``{output name: [paths]}`` for a run of ``strategies`` (a per-strategy
+    stage's job: its ``strategy``). An input from a per-strategy stage is its output for every
+    strategy; one ``only_for`` a strategy that does not run is left out."""
+    st = STAGES[stage]
+    running = [strategy] if st.per_strategy else list(strategies)
+    out: dict[str, list[str]] = {}
+    for i in st.inputs:
+        if i.only_for is not None and i.only_for not in running:
+            continue
+        assert i.output not in out, f"stage {stage}: two inputs named {i.output!r}; rename an output"
+        if STAGES[i.stage].per_strategy:
+            out[i.output] = [output_path(i.stage, i.output, results=results, strategy=s) for s in strategies]
+        else:
+            out[i.output] = [output_path(i.stage, i.output, results=results)]
+    return out
+
+
+__all__ = ["COMMANDS", "STAGES", "Command", "Input", "Output", "Stage", "input_paths", "output_path"]

@@ -1,0 +1,160 @@
+"""Train checkpoints and the run that owns a train output directory.
+
+``checkpoint.pt`` (written temp-then-rename, so a kill leaves the previous one) holds the drafter,
+the optimizer, every target rank's sampler state, the step counter, RNG states, a fingerprint of
+the params (:func:`fingerprint`: what a resumed run must share with the run that wrote it) and
+``log_sha256``: the SHA-256 of the ``steps.jsonl`` lines of the steps it covers. That digest ties a
+checkpoint to the log it extends: ``--resume`` continues only when ``steps.jsonl`` holds exactly the
+rows ``0 .. step-1`` that were written beside that checkpoint (so an older run's checkpoint is never
+resumed under a newer run's log, which used to lose the steps in between with exit code 0).
+
+It holds only tensors and plain values (dicts, lists, tuples, str, int, float, bool, None: numpy's RNG
+state is stored as a tensor), so it is read with ``torch.load(..., weights_only=True)``: a
+``checkpoint.pt`` someone else wrote (a shared results folder, a copied experiment) cannot run code
+on ``--resume``. A file holding anything else -- a crafted pickle, or a checkpoint of format 2
+(lenbatch before issue 19, with numpy's RNG state pickled as an ndarray) -- is refused with an error
+naming it, before any object but those is built. Format 2 could be loaded by allow-listing numpy's array
+reconstruction, but a checkpoint only resumes the run that wrote it: rerunning that run afresh costs
+less than widening what ``--resume`` unpickles.
+
+A fresh run (no ``--resume``) owns its directory from its first step: :func:`start_fresh` removes
+the previous run's ``checkpoint.pt``, ``summary.json``, ``params.json`` and ``steps.jsonl`` before
+it trains, so a killed fresh run never leaves an older complete-looking summary beside it, and a later
+``--resume`` cannot pick up the older checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from lenbatch_study.core.config import Params
+from lenbatch_study.core.machine import changed_fields
+
+FORMAT = 3  # 2: log_sha256 ties the checkpoint to its steps.jsonl; 3: tensors and plain values only (weights_only)
+RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "summary.json", "params.json", "steps.jsonl")
+
+
+def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...]], lengths: np.ndarray,
+                target_ranks: int) -> dict[str, Any]:
+    """What a resumed run must share with the run that wrote the checkpoint (plan, model, drafter).
+
+    train.useful_tokens, --max-steps, queue_size, threads and checkpoint_every may change on resume.
+    """
+    p = params.to_dict()
+    return {"strategy": strategy, "target_ranks": target_ranks, "edges": list(edges) if edges else None,
+            "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
+            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"]}
+
+
+def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    diff = changed_fields(saved, current)
+    if diff:
+        shown = ", ".join(diff[:6])
+        raise ValueError(f"checkpoint {path} was written with other params ({shown}); resume with the params it "
+                         "was written with, or start afresh without --resume (or with another --out)")
+
+
+def start_fresh(out: Path) -> None:
+    """A new run takes ``out`` over: the previous run's checkpoint, summary, params and log go first."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+
+
+def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[Any], fp: dict[str, Any],
+                    log_sha256: str) -> None:
+    """Atomic write (tmp + rename) so a kill during the save leaves the previous checkpoint.
+
+    ``runner``: a :class:`lenbatch_study.runtime.runner.StepRunner` with its drafter and optimizer; ``log_sha256``: the
+    digest of the ``steps.jsonl`` lines of steps ``0 .. step-1``.
+    """
+    assert runner.drafter is not None and runner.optimizer is not None
+    state = {"format": FORMAT, "fingerprint": fp, "step": step, "log_sha256": log_sha256,
+             "drafter": runner.drafter.state_dict(), "optimizer": runner.optimizer.state_dict(),
+             "samplers": sampler_states, "torch_rng": torch.random.get_rng_state(),
+             "numpy_rng": _numpy_rng_state(), "python_rng": random.getstate()}
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, fp: dict[str, Any], *, total_steps: int, checkpoint_every: int) -> dict[str, Any]:
+    """The checkpoint at ``path``, checked: readable, this format, these params, inside this schedule.
+
+    ``total_steps``: the steps this run plans (``train.useful_tokens`` / ``--max-steps``); a checkpoint
+    past them is refused rather than rewritten as an earlier step.
+    """
+    if not path.exists():
+        why = (" train.checkpoint_every is 0, so a run saves its checkpoint only when it finishes: a run killed "
+               "before that cannot be resumed; set train.checkpoint_every > 0 for that." if checkpoint_every == 0
+               else "")
+        raise ValueError(f"--resume: no checkpoint at {path}.{why} Run without --resume to start afresh")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():
+            raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err)[:80]}); delete it "
+                             "and run without --resume to start afresh") from None
+        found = next((line.strip().split(" was not an allowed")[0] for line in str(err).splitlines()
+                      if "Unsupported global" in line), "")
+        raise ValueError(f"checkpoint {path} holds more than tensors and plain values ({found or 'see torch.load'}): "
+                         "it was written by another program or by lenbatch before checkpoint format 3, and lenbatch "
+                         "does not unpickle it (that could run code); delete it and run without --resume to start "
+                         "afresh") from None
+    except Exception as err:  # truncated or corrupt file: torch/pickle raise many types
+        raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err)[:80]}); delete it and "
+                         "run without --resume to start afresh") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"checkpoint {path} has format {got!r}, this lenbatch writes {FORMAT}; run without "
+                         "--resume to start afresh")
+    check_fingerprint(state["fingerprint"], fp, path)
+    step = int(state["step"])
+    if step > total_steps:
+        raise ValueError(f"checkpoint {path} is at step {step} but this run plans only {total_steps} steps "
+                         "(train.useful_tokens / --useful-tokens / --max-steps): resuming would rewrite it as an "
+                         f"earlier step; resume with a target of at least {step} steps, or start afresh without "
+                         "--resume (or with another --out)")
+    return state
+
+
+def check_log(path: Path, state: dict[str, Any], steps: list[int], digest: str) -> None:
+    """``steps.jsonl`` must hold exactly the rows the checkpoint covers, as written beside it."""
+    step = int(state["step"])
+    if steps != list(range(step)) or digest != state["log_sha256"]:
+        raise ValueError(f"{path} does not belong to the checkpoint beside it (checkpoint at step {step}, log with "
+                         f"{len(steps)} rows up to there): another run wrote one of them; run without --resume to "
+                         "start afresh")
+
+
+def restore(runner: Any, state: dict[str, Any]) -> None:
+    assert runner.drafter is not None and runner.optimizer is not None
+    runner.drafter.load_state_dict(state["drafter"])
+    runner.optimizer.load_state_dict(state["optimizer"])
+    runner.steps = int(state["step"])
+    torch.random.set_rng_state(state["torch_rng"])
+    _set_numpy_rng_state(state["numpy_rng"])
+    random.setstate(state["python_rng"])
+
+
+def _numpy_rng_state() -> dict[str, Any]:
+    """numpy's global RNG state with its key array as an int64 tensor (an ndarray needs unpickling code)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"bit_generator": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _set_numpy_rng_state(state: dict[str, Any]) -> None:
+    np.random.set_state((state["bit_generator"], state["keys"].numpy().astype(np.uint32), state["pos"],
+                         state["has_gauss"], state["cached_gaussian"]))
+
+
+__all__ = ["check_fingerprint", "check_log", "fingerprint", "load_checkpoint", "restore", "save_checkpoint",
+           "start_fresh"]

@@ -1,0 +1,201 @@
+"""Step records of a training run: ``steps.jsonl`` (one line per step) and ``summary.json``.
+
+:class:`Recorder` writes the lines (flushed per step, digested for the checkpoint) and the summary
+(post-warm-up pipeline throughput, padding efficiency, loss curve) on the measuring rank;
+:func:`resumed_log` keeps a resumed run's earlier lines; :func:`step_row` is one line's fields and
+:func:`batch_hash` the hash that ties a line to the planned batch. Used by :mod:`lenbatch_study.stages.train`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import sys
+import zlib
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+import numpy as np
+
+from lenbatch_study.runtime.checkpoint import check_log
+from lenbatch.loading.collate import Batch
+from lenbatch_study.core.config import Params
+from lenbatch.log import get_logger
+from lenbatch_study.runtime.runner import StepRunner
+from lenbatch_study.core.cpu import steps_cpu_share
+
+log = get_logger("train")
+LOSS_CURVE_POINTS = 500  # loss curve in summary.json is downsampled to at most this many points
+
+
+class StepLike(Protocol):
+    """What a step record reads of a scheduled step (the schedule's own type lives with the schedule)."""
+
+    step: int
+    epoch: int
+    rank: int
+    indices: np.ndarray
+
+
+def batch_hash(indices: np.ndarray) -> int:
+    """CRC-32 of the batch's dataset indices (int64): the ``batch_hash`` of a ``steps.jsonl`` line. O(batch)."""
+    return zlib.crc32(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
+
+
+def resumed_log(out: Path, state: dict[str, Any]) -> list[str]:
+    """The ``steps.jsonl`` lines a resume keeps: those of the steps the checkpoint covers (a killed run
+    may have logged steps past it, and cut its last line short), checked to be the ones written beside
+    that checkpoint (:func:`lenbatch_study.runtime.checkpoint.check_log`). Reads only; O(log size)."""
+    path = out / "steps.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    kept, steps, sha = [], [], hashlib.sha256()
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # the line a kill cut short
+            continue
+        if row["step"] < int(state["step"]):
+            kept.append(line)
+            steps.append(row["step"])
+            sha.update((line + "\n").encode())
+    check_log(path, state, steps, sha.hexdigest())
+    return kept
+
+
+class Recorder:
+    """``steps.jsonl`` lines (flushed per step) and ``summary.json`` on the measuring rank.
+
+    ``kept``: the lines of a resumed run's earlier steps (:func:`resumed_log`), rewritten first.
+    ``log_sha256()``: the digest of every line written so far, which each checkpoint records.
+    """
+
+    def __init__(self, out: Path, *, kept: Optional[list[str]]) -> None:
+        self.path = out / "steps.jsonl"
+        kept = kept or []
+        self.rows: list[dict[str, Any]] = [json.loads(line) for line in kept]
+        self.sha = hashlib.sha256()
+        self.session_start = len(self.rows)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w") as fh:
+            for line in kept:
+                fh.write(line + "\n")
+                self.sha.update((line + "\n").encode())
+        self.fh = self.path.open("a")
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        line = json.dumps(row) + "\n"
+        self.fh.write(line)
+        self.fh.flush()
+        self.sha.update(line.encode())
+
+    def log_sha256(self) -> str:
+        return self.sha.hexdigest()
+
+    def summary(self, *, params: Params, strategy: str, warmup: int, world_size: int,
+                target_ranks: int, resumed_from: Optional[int], total_steps: int,
+                machine: Optional[dict[str, Any]] = None, reference: Optional[dict[str, Any]] = None,
+                device: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """Post-warm-up pipeline throughput of this session + whole-run padding efficiency and loss curve.
+
+        ``machine``: the fingerprint of the measuring machine (:mod:`lenbatch_study.core.machine`); ``reference``:
+        this session's reference step (:mod:`lenbatch_study.runtime.reference`), both recorded as given.
+        ``device``: what ran (``kernel_backend``: the kernels, lenbatch_study.models.kernels) and what it held
+        (peak memory per role against the estimate), merged in as given. Triton compile/autotune seconds
+        of the target steps are summed apart for the warm-up and the measured steps: a compile inside a
+        measured step slows the throughput of that strategy alone (issue 18, finding 6)."""
+        rows, session = self.rows, self.rows[self.session_start:]
+        measured = session[warmup:]
+        t0 = session[warmup - 1]["t"] if 0 < warmup <= len(session) else 0.0  # "t": seconds since session start
+        wall = (measured[-1]["t"] - t0) if measured else None
+        useful_m = sum(r["useful_tokens"] for r in measured)
+        computed_m = sum(r["computed_tokens"] for r in measured)
+        useful = sum(r["useful_tokens"] for r in rows)
+        computed = sum(r["computed_tokens"] for r in rows)
+        stride = max(1, -(-len(rows) // LOSS_CURVE_POINTS))
+        tail = rows[-max(1, min(20, len(rows) // 10)):] if rows else []
+
+        def mean(key: str, src: list[dict[str, Any]]) -> Optional[float]:
+            return float(np.mean([r[key] for r in src])) if src else None
+
+        return {
+            "strategy": strategy, "world_size": world_size, "target_ranks": target_ranks,
+            "steps": len(rows), "planned_steps": total_steps, "epochs": (rows[-1]["epoch"] + 1) if rows else 0,
+            "useful_tokens": useful, "computed_tokens": computed,
+            "padding_efficiency": useful / computed if computed else None,
+            "warmup_steps_excluded": min(warmup, len(session)), "measured_steps": len(measured),
+            "measured_wall_s": wall, "measured_useful_tokens": useful_m, "measured_computed_tokens": computed_m,
+            "useful_tokens_per_s": useful_m / wall if wall else None,
+            "computed_tokens_per_s": computed_m / wall if wall else None,
+            "measured_padding_efficiency": useful_m / computed_m if computed_m else None,
+            "session_wall_s": session[-1]["t"] if session else 0.0,  # "t" counts from the session start
+            "target_s_mean": mean("target_s", measured), "drafter_s_mean": mean("drafter_s", measured),
+            "queue_wait_s_mean": mean("queue_wait_s", measured), "credit_wait_s_mean": mean("credit_wait_s", measured),
+            "target_s_total": float(sum(r["target_s"] for r in measured)),
+            "drafter_s_total": float(sum(r["drafter_s"] for r in measured)),
+            "threads": params.train.threads,
+            **{f"{role}_cpu_share": _none_if_nan(steps_cpu_share(measured, role, threads=params.train.threads))
+               for role in ("target", "drafter")},
+            "loss_curve": [[r["step"], r["loss"]] for r in rows[::stride]],
+            "loss_curve_stride": stride,
+            "first_loss": rows[0]["loss"] if rows else None,
+            "final_loss": float(np.mean([r["loss"] for r in tail])) if tail else None,
+            "final_loss_steps": len(tail),
+            "sequences_without_anchor": int(sum(r.get("sequences_without_anchor", 0) for r in rows)),
+            "resumed_from_step": resumed_from,
+            "machine": machine,
+            "reference": reference,
+            "compile_s_warmup": float(sum(r.get("compile_s", 0.0) for r in session[:warmup])),
+            "compile_s_measured": float(sum(r.get("compile_s", 0.0) for r in measured)),
+            "measured_steps_with_compile": int(sum(r.get("compile_s", 0.0) > 0 for r in measured)),
+            "stage_s_mean": mean("stage_s", measured) if measured and "stage_s" in measured[0] else None,
+            **(device or {}),
+            "params": params.to_dict(),
+        }
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _none_if_nan(x: float) -> Optional[float]:
+    return None if math.isnan(x) else x
+
+
+def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
+         loss: float, t: float, runner: StepRunner, target_cpu_s: float, compile_s: float = 0.0,
+         stage_s: Optional[float] = None) -> dict[str, Any]:
+    """One ``steps.jsonl`` line. ``compile_s``: Triton compile/autotune seconds inside the target step;
+    ``stage_s``: the target rank's copy of the batch onto the data group's device (pipelined runs)."""
+    out = runner.last_output
+    extra = {} if stage_s is None else {"stage_s": round(stage_s, 6)}
+    return {"rank": step.rank, "step": step.step, "epoch": step.epoch, "sequences": batch.num_sequences,
+            "length": batch.shape_length, "useful_tokens": batch.useful_tokens,
+            "computed_tokens": batch.computed_tokens, "target_s": round(target_s, 6),
+            "credit_wait_s": round(credit_s, 6), "queue_wait_s": round(wait_s, 6), "drafter_s": round(drafter_s, 6),
+            "loss": loss, "t": round(t, 6), "batch_hash": batch_hash(step.indices),
+            "target_cpu_s": round(target_cpu_s, 6), "drafter_cpu_s": round(runner.last_cpu_s, 6),
+            "positions": out.positions if out else 0, "blocks": out.blocks if out else 0,
+            "sequences_without_anchor": out.sequences_without_anchor if out else 0,
+            "compile_s": round(compile_s, 6), **extra}
+
+
+def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:
+    logger = log
+    if force:  # the drafter rank measures; let it speak even though it is not rank 0
+        logger = logging.getLogger("train.drafter")
+        if not logger.handlers:
+            h = logging.StreamHandler(sys.stderr)
+            h.setFormatter(logging.Formatter("%(asctime)s train %(message)s", datefmt="%H:%M:%S"))
+            logger.addHandler(h)
+            logger.propagate = False
+        logger.setLevel(logging.INFO)
+    tps = summary["useful_tokens_per_s"]
+    logger.info("%s: %d steps, %s useful tokens, padding efficiency %.3f, %s useful tok/s (post-warm-up), "
+                "final loss %.4f -> %s", summary["strategy"], summary["steps"], f"{summary['useful_tokens']:,}",
+                summary["padding_efficiency"] or float("nan"), f"{tps:,.0f}" if tps else "n/a",
+                summary["final_loss"] or float("nan"), out / "summary.json")
+
+
+__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "log_summary", "resumed_log", "step_row"]

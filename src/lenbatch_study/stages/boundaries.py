@@ -1,0 +1,58 @@
+"""``lenbatch boundaries``: optimal length-bucket edges for the lengths input, and the K sweep.
+
+The optimizers are :mod:`lenbatch.batching.boundaries` (pure functions lengths -> edges); this
+stage runs the ``boundaries`` section's method on the lengths input and writes
+``boundaries.json`` (edges, predicted and simulated efficiency, per-bucket counts) and
+``sweep.json`` (K = 1..``boundaries.sweep_max_buckets``), both byte-identical for the same lengths,
+params and code; the optimizer's seconds go to ``timings.json``, which no stage reads and no tool
+tracks (a timing measures the machine, not the data). Cost: one dp solve per K.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lenbatch.batching.boundaries import optimize_boundaries, simulate_bucketed, sweep_num_buckets
+from lenbatch.batching.lengths import bucket_counts
+from lenbatch_study.corpus.seed_profile import SEED_COUNT
+from lenbatch.batching.padding import predict_bucketed
+from lenbatch.batching.spec import BatchSpec
+from lenbatch_study.core.config import Params, write_resolved
+from lenbatch.log import get_logger
+from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
+from lenbatch_study.pipeline.artifacts.writing import write_json
+
+
+def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
+        seed_profile_size: int = SEED_COUNT, sweep: bool = True) -> int:
+    """``lenbatch boundaries``: boundaries.json (the ``boundaries`` section's edges for the lengths at
+    ``lengths`` or the generated ``seed_profile``, predicted and simulated) and sweep.json (the K sweep;
+    ``[]`` without ``sweep``)."""
+    log = get_logger("lenbatch.boundaries")
+    p, bt = params.boundaries, params.batching
+    x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
+                                   seed=bt.seed)
+    log.info("%s: %d samples; %s boundaries, K=%d, budget %d tokens, at most %d per batch", source, x.size,
+             p.method, p.num_buckets, bt.token_budget, bt.max_batch_size)
+    spec = BatchSpec.from_params(params, strategy="bucketed")
+    res = optimize_boundaries(x, p.num_buckets, method=p.method, objective=p.objective,
+                              num_candidates=p.num_candidates, spec=spec)
+    sim = simulate_bucketed(x, res.edges, spec=spec)
+    pred = predict_bucketed(x, res.edges, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
+               objective=p.objective)
+    out = Path(out)
+    doc = res.to_dict()
+    seconds = doc.pop("seconds")
+    doc.update(sim)
+    doc["lengths"] = source
+    doc["buckets"] = [dict(row, predicted_efficiency=pr["efficiency"])
+                      for row, pr in zip(bucket_counts(x, res.edges), pred["buckets"])]
+    write_json(out / "boundaries.json", doc)
+    log.info("%s edges %s: predicted %.4f, simulated %.4f padding efficiency (%.2f s)", p.method, list(res.edges),
+             res.predicted_efficiency, sim["simulated_efficiency"], res.seconds)
+    swept = [] if not sweep else sweep_num_buckets(
+        x, p.sweep_max_buckets, method=p.method, objective=p.objective, num_candidates=p.num_candidates, spec=spec)
+    write_json(out / "sweep.json", swept)
+    write_json(out / "timings.json", {"seconds": {"optimize": seconds}})
+    write_resolved(params, out, sections=("boundaries", "batching"))
+    return 0

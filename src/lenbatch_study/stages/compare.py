@@ -1,0 +1,522 @@
+"""Compare stage: predicted vs measured throughput, the gap explained, the efficiency-diversity frontier.
+
+For every strategy the stage reports the padding model's efficiency, the simulated
+plan's efficiency, the throughput predicted by the step-time model (fitted on the
+profile grid, never on the run it predicts) and the measured one, the prediction
+error, the calibrated prediction and its error (the profile rescaled by the run's own
+reference-step ratio, :mod:`lenbatch_study.analysis.calibration`), the ratio to ``sorted``, both
+diversity measures and, from the quality stage, the drafter's held-out loss at equal useful
+tokens and per second (95% intervals over seeds; rendered by :mod:`lenbatch_study.analysis.quality_report`).
+It also predicts ``bucketed`` for every K of the boundary sweep, recommends a strategy and K, and
+replays the study's own setting (:mod:`lenbatch_study.analysis.study_replay`). The profile and every run
+must come from one machine (:func:`lenbatch_study.analysis.provenance.check_one_machine`): results
+without a machine fingerprint, or from two machines, are refused with the rerun that fixes them.
+
+Outputs (``--out``): ``metrics.json`` (what users compare, flat keys for ``dvc metrics diff``),
+``diagnostics.json`` (every flat key, fit errors and CPU shares included),
+``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, ``quality.png`` (the quality
+stage's plot, drawn here beside its report section), and DVC plot
+data ``frontier.json``, ``throughput.json``. This module predicts and builds a typed
+:class:`lenbatch_study.analysis.report.CompareResult`; :mod:`lenbatch_study.analysis.report` renders every output from it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lenbatch_study.analysis import calibration, provenance
+from lenbatch_study.analysis import shapes
+from lenbatch_study.analysis import study_replay as sr
+from lenbatch_study.analysis import stepmodel as sm
+from lenbatch_study.core import cpu
+from lenbatch_study.core.config import Params
+from lenbatch.log import get_logger
+from lenbatch_study.analysis.report import QUIET_RERUN, CompareResult, Recommendation, StrategyRow, busy_machine, \
+    unsteady_machine, write_outputs
+from lenbatch.batching.schedule import build_schedule, epoch_steps
+from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.spec import BatchSpec
+from lenbatch_study.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result, \
+    tokenized, train_runs
+
+log = get_logger("compare")
+
+# The train stage's drafter rank used to wait for its outstanding acknowledgements once more
+# than 4 x queue_size were pending (a stall worth up to 6% of a 20-step run, which
+# stepmodel.pipeline_ends(ack_every=...) simulates); since train 987302c it never waits on
+# them, and replaying measured step times without the stall matches the runs within 0.8%.
+ACK_EVERY: int | None = None
+
+# Params a training run must share with the current params to be compared (section -> keys; None: all).
+RUN_KEYS: dict[str, tuple[str, ...] | None] = {
+    "batching": None,
+    "model": None,
+    "drafter": None,
+    "train": ("nproc", "useful_tokens", "warmup_steps", "queue_size", "threads"),
+}
+# Params the profile grid must share with the current params (the shapes are timed on this model).
+PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
+    "model": None,
+    "drafter": None,
+    "train": ("nproc", "threads", "kernels", "reuse_host_memory"),
+}
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def params_mismatch(resolved: dict, current: dict, keys: dict[str, tuple[str, ...] | None]) -> list[str]:
+    """``section.key: was -> now`` for every compared key whose value differs (lists == tuples)."""
+    out = []
+    for section, names in keys.items():
+        was_sec, now_sec = resolved.get(section, {}), current.get(section, {})
+        for key in names or sorted(set(was_sec) | set(now_sec)):
+            was, now = was_sec.get(key), now_sec.get(key)
+            if json.dumps(was) != json.dumps(now):
+                out.append(f"{section}.{key}: {was!r} -> {now!r}")
+    return out
+
+
+def load_run(train_dir: Path, strategy: str, params: Params) -> dict:
+    """summary.json + steps.jsonl of one strategy (:func:`lenbatch_study.pipeline.artifacts.train_runs.read_run`),
+    checked against the current params."""
+    run = train_runs.read_run(train_dir, strategy)
+    diff = params_mismatch(run["summary"]["params"], params.to_dict(), RUN_KEYS)
+    if diff:
+        raise ValueError(f"strategy {strategy} was measured with other params than the current ones "
+                         f"({'; '.join(diff)}); rerun: {train_runs.rerun(Path(train_dir) / strategy, strategy)}")
+    return run
+
+
+def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
+    """Shape table of the profile grid rows (from each row's sequence lengths)."""
+    lengths, batches, kinds = [], [], []
+    start = 0
+    for r in rows:
+        if not r.get("sequence_lengths"):
+            raise ValueError("the profile grid rows lack sequence_lengths (an older grid.json); rerun: "
+                             "snakemake results/profile/grid.json")
+        ls = r["sequence_lengths"]
+        lengths.extend(int(x) for x in ls)
+        batches.append(np.arange(start, start + len(ls)))
+        kinds.append(r["kind"])
+        start += len(ls)
+    arr = np.asarray(lengths, dtype=np.int64)
+    per = [shapes.batch_columns(arr, [b], kind=k, drafter=(np.array([float(r["positions"])]),
+                                                        np.array([float(r["ctx_tokens"])]))
+                            if "positions" in r else None)
+           for b, k, r in zip(batches, kinds, rows)]
+    return {key: np.concatenate([c[key] for c in per]) for key in per[0]} if per else {}
+
+
+def fit_profile(profile_dir: Path, params: Params) -> dict:
+    """Fit target and drafter step-time models on the profile grid (held-out model choice)."""
+    grid = profile_grid.read_grid_document(profile_dir)
+    rows = grid["points"]
+    resolved = profile_grid.read_profile_params(profile_dir)
+    if resolved is not None:
+        diff = params_mismatch(resolved, params.to_dict(), PROFILE_KEYS)
+        if diff:
+            raise ValueError(f"the profile grid was timed with other params ({'; '.join(diff)}); rerun: "
+                             f"{profile_grid.rerun(Path(profile_dir))}")
+    cols = grid_columns(rows)
+    fits = {}
+    # "<role>" fits the step timed alone; "<role>_busy" (lockstep profile) the step timed while the
+    # other role works; compare.contention picks which of them predict a pipelined run
+    busy = bool(rows) and all("target_busy_seconds_median" in r and "drafter_busy_seconds_median" in r
+                              for r in rows)
+    for role in ("target", "drafter") + (("target_busy", "drafter_busy") if busy else ()):
+        base = role.removesuffix("_busy")
+        key = f"{base}_busy_seconds_median" if role.endswith("_busy") else f"{base}_seconds_median"
+        secs = np.array([float(r[key]) for r in rows])
+        best, cands = sm.select_model(cols, secs, role=role, candidates=sm.CANDIDATES[base],
+                                      holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
+        fits[role] = {"best": best, "candidates": cands}
+    return {"rows": rows, "fits": fits, "machine": grid["machine"], "reference": grid["reference"]}
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+def step_kind(strategy: str) -> str:
+    return layout_of(strategy)
+
+
+def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int,
+                target_ranks: int) -> list[np.ndarray]:
+    """One epoch's global step order, as the train stage runs it (:func:`lenbatch.batching.schedule.epoch_steps`)."""
+    spec = BatchSpec.from_params(params, strategy=strategy, edges=edges)
+    return [idx for _, _, idx in epoch_steps(lengths, strategy=strategy, spec=spec, target_ranks=target_ranks,
+                                             epoch=epoch)]
+
+
+def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int | None = None,
+                    useful_tokens: int | None = None, target_ranks: int) -> list[tuple[int, np.ndarray]]:
+    """(epoch, indices) of a run's global steps, in order: the train stage's schedule
+    (:func:`lenbatch.batching.schedule.build_schedule`) up to ``steps`` steps or to its stop rule at ``useful_tokens``."""
+    assert (steps is None) != (useful_tokens is None)
+    sched = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
+                           useful_tokens=useful_tokens, max_steps=steps)
+    return [(s.epoch, s.indices) for s in sched]
+
+
+class LossMasks:
+    """Loss masks of the tokenized dataset, read on demand (the drafter's anchors depend on them); none when
+    ``data_dir`` has no dataset (then the drafter's work is estimated)."""
+
+    def __init__(self, data_dir: Path | None, lengths: np.ndarray | None = None) -> None:
+        self.ds = None
+        self.cache: dict[int, np.ndarray] = {}
+        if data_dir is not None and (Path(data_dir) / tokenized.DATASET).exists():
+            if lengths is None:
+                lengths = tokenized.read_lengths(data_dir)
+            self.ds = tokenized.read_dataset(data_dir, lengths, columns=("loss_mask",))
+
+    @property
+    def available(self) -> bool:
+        return self.ds is not None
+
+    def get(self, indices: np.ndarray) -> list[np.ndarray]:
+        missing = sorted({int(i) for i in indices} - set(self.cache))
+        if missing:
+            for i, m in zip(missing, self.ds.loss_masks(missing)):
+                self.cache[i] = m
+        return [self.cache[int(i)] for i in indices]
+
+
+def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, kind: str, params: Params,
+                 masks: LossMasks) -> dict[str, np.ndarray]:
+    """Shape table of a run's steps, with the drafter's exact work when the loss masks are available."""
+    batches = [b for _, b in steps]
+    d = params.drafter
+    if not masks.available:
+        return shapes.batch_columns(lengths, batches, kind=kind, positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
+    work = [shapes.drafter_work(lengths[b], masks.get(b), b, anchors_per_seq=d.anchors_per_seq, block_size=d.block_size,
+                            seed=params.batching.seed, epoch=epoch, step=i) for i, (epoch, b) in enumerate(steps)]
+    return shapes.batch_columns(lengths, batches, kind=kind, drafter=(np.array([w[0] for w in work], dtype=float),
+                                                                  np.array([w[1] for w in work], dtype=float)))
+
+
+def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int,
+                  scale: dict[str, float] | None = None) -> dict:
+    """Predicted step times, pipelined run time and useful tokens/s of a run's shape table.
+
+    One process: the target and drafter steps add up (timed alone). Pipelined, by
+    ``compare.contention`` when the grid has busy timings (else alone): busy times, alone
+    times, or each step blended between the two by how much the other role works during it
+    (:func:`lenbatch_study.analysis.stepmodel.blended_pipeline`). ``scale``: each role's step times
+    (alone and busy) multiplied by its reference ratio (the calibrated prediction,
+    :mod:`lenbatch_study.analysis.calibration`); None: the raw prediction.
+    """
+    def predict(role: str) -> np.ndarray:
+        return fits[role]["best"].predict(cols) * (scale or {}).get(role.removesuffix("_busy"), 1.0)
+
+    target = predict("target")
+    drafter = predict("drafter")
+    mode = params.compare.contention if "target_busy" in fits else "alone"
+    if params.train.nproc == 1:
+        ends = sm.pipeline_ends(target + drafter)
+    elif mode == "blend":
+        tl = sm.blended_pipeline(target, predict("target_busy"), drafter,
+                                 predict("drafter_busy"), queue_size=params.train.queue_size,
+                                 target_ranks=target_ranks, ack_every=ACK_EVERY)
+        target, drafter, ends = tl["target_s"], tl["drafter_s"], tl["end"]
+    else:
+        if mode == "busy":
+            target, drafter = (predict(f"{r}_busy") for r in ("target", "drafter"))
+        ends = sm.pipeline_ends(target, drafter, queue_size=params.train.queue_size, target_ranks=target_ranks,
+                                ack_every=ACK_EVERY)
+    tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
+    w = params.train.warmup_steps
+    return {"columns": cols, "target_s": target, "drafter_s": drafter, "ends": ends,
+            "tok_s": tput, "seconds": float(ends[-1] - (ends[w - 1] if w > 0 else 0.0))}
+
+
+def components(pred: dict, fits: dict, *, warmup_steps: int) -> dict[str, float]:
+    """Seconds each (role, feature) term of the step-time model adds over the counted steps."""
+    out = {}
+    for role in ("target", "drafter"):
+        fit = fits[role]["best"]
+        X = sm.design_matrix(pred["columns"], fit.features)[warmup_steps:]
+        for f, c, total in zip(fit.features, fit.coef, X.sum(axis=0)):
+            out[f"{role}.{f}"] = float(c * total)
+    return out
+
+
+def loss_curve(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(useful tokens trained so far, loss) after every step of a run, from its steps.jsonl rows."""
+    rows = sorted(steps, key=lambda r: int(r["step"]))
+    toks = np.cumsum([float(r["useful_tokens"]) for r in rows])
+    return toks, np.array([float(r["loss"]) for r in rows])
+
+
+def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], tok_s: dict[str, float],
+                 measured: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Throughput relative to sorted as the step-time model's terms are added one at a time.
+
+    padding: only the per-token terms (the study's model: time proportional to computed tokens);
+    +step: plus the fixed cost per step; +attention: plus the sum of length^2 terms;
+    +sequences: plus the per-sequence terms (all terms, target and drafter run one after the other);
+    pipelined: the full prediction (target and drafter overlap through the queue); measured.
+    """
+    levels = {"padding": ("computed_tokens", "useful_tokens"),
+              "+step": ("computed_tokens", "useful_tokens", "const"),
+              "+attention": ("computed_tokens", "useful_tokens", "const", "sum_len_sq"),
+              "+sequences": ("computed_tokens", "useful_tokens", "const", "sum_len_sq", "sequences")}
+    out: dict[str, dict[str, float]] = {}
+    for s in comp:
+        out[s] = {}
+        for level, feats in levels.items():
+            t = sum(v for k, v in comp[s].items() if k.split(".", 1)[1] in feats)
+            t0 = sum(v for k, v in comp["sorted"].items() if k.split(".", 1)[1] in feats)
+            out[s][level] = (useful[s] / t) / (useful["sorted"] / t0) if t > 0 and t0 > 0 else float("nan")
+        out[s]["pipelined"] = tok_s[s] / tok_s["sorted"]
+        out[s]["measured"] = measured[s] / measured["sorted"]
+    return out
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir: Path, profile_dir: Path,
+            train_dir: Path, data_dir: Path, quality_dir: Path | None = None,
+            study_replay: bool = False) -> CompareResult:
+    """Everything the report, metrics and plots show (pure function of the stage inputs).
+
+    ``quality_dir``: the quality stage's output (held-out loss intervals); None leaves it out.
+    ``study_replay``: also replay the study's setting (:mod:`lenbatch_study.analysis.study_replay`, ~8 s; the
+    stage always does)."""
+    strategies = list(params.train.strategies)
+    if "sorted" not in strategies:
+        raise ValueError("train.strategies lacks 'sorted', the baseline every ratio is taken to; add it and rerun: "
+                         "snakemake results/train/sorted/summary.json")
+    histogram = length_stats.read_histogram(stats_dir)
+    stats = length_stats.read_stats(stats_dir)
+    bounds = bucket_edges.read_boundaries(Path(boundaries_dir) / bucket_edges.BOUNDARIES)
+    sweep = bucket_edges.read_sweep(Path(boundaries_dir) / bucket_edges.SWEEP)
+    plans = plan_metrics.read_plans(plans_dir, strategies)
+    lengths = tokenized.read_lengths(data_dir)
+    masks = LossMasks(data_dir, lengths)
+    if not masks.available:
+        log.info("no dataset under %s: the drafter's positions are estimated (anchors x (block - 1) per sequence)",
+                 data_dir)
+    profile = fit_profile(profile_dir, params)
+    fits = profile["fits"]
+    target_ranks = max(params.train.nproc - 1, 1)
+    edges = tuple(int(e) for e in bounds["edges"])
+    runs = {s: load_run(train_dir, s, params) for s in strategies}
+    where = provenance.check_one_machine(profile["machine"], {s: r["summary"].get("machine") for s, r in runs.items()})
+
+    rows: dict[str, StrategyRow] = {}
+    comp: dict[str, dict[str, float]] = {}
+    # the fits whose terms the gap ladder adds up: busy ones when the prediction uses busy times
+    busy_terms = params.train.nproc > 1 and params.compare.contention == "busy" and "target_busy" in fits
+    term_fits = {r: fits[f"{r}_busy" if busy_terms else r] for r in ("target", "drafter")}
+    for s in strategies:
+        run = runs[s]
+        summary, steps = run["summary"], run["steps"]
+        trained = _trained_useful_per_step(steps)
+        steps_plan = planned_batches(lengths, params, s, edges, steps=len(trained), target_ranks=target_ranks)
+        batches = [b for _, b in steps_plan]
+        planned = np.array([int(lengths[b].sum()) for b in batches])
+        if not np.array_equal(planned, trained):
+            bad = int(np.argmax(planned != trained))
+            raise ValueError(f"strategy {s}: step {bad} trained {trained[bad]} useful tokens but the current plan "
+                             f"gives {planned[bad]} (the run was planned with other data or params); rerun: "
+                             f"snakemake results/train/{s}/summary.json")
+        cols = step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks)
+        pred = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks)
+        ratio = provenance.reference_ratios(summary.get("reference"), profile["reference"], strategy=s)
+        calibrated = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, scale=ratio)
+        comp[s] = components(pred, term_fits, warmup_steps=params.train.warmup_steps)
+        measured = float(summary["useful_tokens_per_s"])
+        pm = plans[s]
+        rows[s] = StrategyRow(
+            padding_model_efficiency=float(bounds["predicted_efficiency"]) if s == "bucketed"
+            else float(pm["padding_efficiency"]),
+            simulated_efficiency=float(pm["padding_efficiency"]),
+            measured_efficiency=float(summary.get("padding_efficiency", float("nan"))),
+            budget_fill=float(pm.get("budget_fill", float("nan"))),
+            predicted_tok_s=pred["tok_s"],
+            measured_tok_s=measured,
+            prediction_error=pred["tok_s"] / measured - 1.0,
+            composition_repeat=float(pm["composition_repeat"]),
+            length_mixing=float(pm["length_mixing"]),
+            steps=len(batches),
+            useful_tokens=float(planned[params.train.warmup_steps:].sum()),
+            predicted_seconds=pred["seconds"],
+            mean_target_s=float(pred["target_s"].mean()),
+            mean_drafter_s=float(pred["drafter_s"].mean()),
+            loss_curve=loss_curve(steps),
+            **diagnose(steps, pred, params=params, target_ranks=target_ranks, measured=measured),
+            calibrated_tok_s=calibrated["tok_s"],
+            calibrated_prediction_error=calibrated["tok_s"] / measured - 1.0,
+            target_reference_ratio=ratio["target"], drafter_reference_ratio=ratio["drafter"],
+            target_reference_drift=calibration.drift(summary["reference"], "target"),
+            drafter_reference_drift=calibration.drift(summary["reference"], "drafter"),
+            reference_seconds=float(summary["reference"].get("seconds", float("nan"))),
+        )
+    ref = rows["sorted"]
+    for s, r in rows.items():
+        r.ratio_to_sorted_measured = r.measured_tok_s / ref.measured_tok_s
+        r.ratio_to_sorted_predicted = r.predicted_tok_s / ref.predicted_tok_s
+        r.ratio_to_sorted_padding = r.padding_model_efficiency / ref.padding_model_efficiency
+    quality = quality_result.read_quality(quality_dir, strategies) if quality_dir is not None else None
+    ladder = ratio_ladder(comp, {s: r.useful_tokens for s, r in rows.items()},
+                          {s: r.predicted_tok_s for s, r in rows.items()},
+                          {s: r.measured_tok_s for s, r in rows.items()})
+    ksweep = predict_sweep(lengths, sweep, params=params, fits=fits, target_ranks=target_ranks)
+    for s, r in rows.items():  # steady state: a whole epoch, ratio to sorted's whole epoch
+        r.predicted_epoch_ratio_to_sorted = (
+            epoch_tok_s(lengths, params, s, edges, fits=fits, target_ranks=target_ranks)
+            / epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks))
+    pref = profile["reference"]
+    return CompareResult(rows=rows, components=comp, ladder=ladder, sweep=ksweep, fits=fits,
+                         exact_drafter_work=masks.available, grid_points=len(profile["rows"]), edges=edges,
+                         profile_cpu_share=cpu.grid_cpu_share(profile["rows"], threads=params.train.threads),
+                         threads=params.train.threads, num_buckets=int(bounds["num_buckets"]),
+                         histogram=histogram, stats=stats, quality=quality,
+                         recommendation=recommend(rows, ksweep, params=params), machine=where,
+                         reference_shape=pref["shape"],
+                         profile_reference_drift={r: calibration.drift(pref, r) for r in ("target", "drafter")},
+                         profile_reference_seconds=float(pref.get("seconds", float("nan"))),
+                         study_replay=sr.replay(log=log) if study_replay else None)
+
+
+def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int, measured: float) -> dict:
+    """Where a prediction error comes from: step times or the pipeline.
+
+    target/drafter_step_ratio: measured over predicted seconds of the post-warm-up steps
+    (1 = the profile grid timed the steps right; > 1 = the run's steps were slower, e.g.
+    a busier machine than while profiling). pipeline_error: the measured step times
+    replayed through the pipeline model, against the measured throughput (0 = the
+    pipeline model and the per-step overheads it ignores are right). target/drafter_cpu_share:
+    the share of its cores each role got in the run (:func:`lenbatch_study.core.cpu.cpu_share`).
+    """
+    rows = sorted(steps, key=lambda r: int(r["step"]))
+    if not all("target_s" in r and "drafter_s" in r for r in rows):
+        return {"target_step_ratio": float("nan"), "drafter_step_ratio": float("nan"), "pipeline_error": float("nan"),
+                "target_cpu_share": float("nan"), "drafter_cpu_share": float("nan")}
+    w = params.train.warmup_steps
+    t = np.array([float(r["target_s"]) for r in rows])
+    d = np.array([float(r["drafter_s"]) for r in rows])
+    useful = np.array([float(r["useful_tokens"]) for r in rows])
+    if params.train.nproc == 1:
+        ends = sm.pipeline_ends(t + d)
+    else:
+        ends = sm.pipeline_ends(t, d, queue_size=params.train.queue_size, target_ranks=target_ranks,
+                                ack_every=ACK_EVERY)
+    replay = sm.throughput(useful, ends, warmup_steps=w)
+    share = {role: cpu.steps_cpu_share(rows[w:], role, threads=params.train.threads) for role in ("target", "drafter")}
+    return {"target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
+            "drafter_step_ratio": float(d[w:].sum() / pred["drafter_s"][w:].sum()),
+            "pipeline_error": replay / measured - 1.0,
+            "target_cpu_share": share["target"], "drafter_cpu_share": share["drafter"]}
+
+
+def _trained_useful_per_step(steps: list[dict]) -> np.ndarray:
+    """Useful tokens of each trained step in step order (one row per step: the drafter rank's)."""
+    by_step: dict[int, int] = {}
+    for row in steps:
+        by_step.setdefault(int(row["step"]), int(row["useful_tokens"]))
+    order = sorted(by_step)
+    return np.array([by_step[i] for i in order], dtype=np.int64)
+
+
+def epoch_tok_s(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, fits: dict,
+                target_ranks: int) -> float:
+    """Predicted useful tokens/s over a whole epoch (epoch 0), the steady state of a long run.
+
+    A run of train.useful_tokens covers only its first batches, which vary a lot from one
+    plan to the next; comparing K over a whole epoch does not. The drafter's work is
+    estimated from lengths here (anchors x (block - 1) positions per sequence, context =
+    sequences x longest), the same way for every plan, so ratios stay comparable.
+    Cost: one plan and O(steps) prediction.
+    """
+    d = params.drafter
+    steps = [(0, b) for b in _epoch_plan(lengths, params, strategy, edges, epoch=0, target_ranks=target_ranks)]
+    cols = shapes.batch_columns(lengths, [b for _, b in steps], kind=step_kind(strategy),
+                            positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
+    return predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks)["tok_s"]
+
+
+def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fits: dict,
+                  target_ranks: int) -> list[dict]:
+    """Predicted steady-state (whole-epoch) useful tokens/s of ``bucketed`` for every K of the sweep,
+    and its ratio to sorted's, predicted the same way."""
+    ref = epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks)
+    out = []
+    for entry in sweep:
+        tok_s = epoch_tok_s(lengths, params, "bucketed", tuple(int(e) for e in entry["edges"]), fits=fits,
+                            target_ranks=target_ranks)
+        out.append({"num_buckets": int(entry["num_buckets"]),
+                    "simulated_efficiency": float(entry["simulated_efficiency"]),
+                    "predicted_efficiency": float(entry["predicted_efficiency"]),
+                    "composition_repeat": float(entry["composition_repeat"]),
+                    "length_mixing": float(entry["length_mixing"]),
+                    "predicted_tok_s": tok_s,
+                    "predicted_ratio_to_sorted": tok_s / ref})
+    return out
+
+
+def recommend(rows: dict[str, StrategyRow], ksweep: list[dict], *, params: Params) -> Recommendation:
+    """The strategy to use and the K for bucketed.
+
+    Strategy: the highest measured useful tokens/s among strategies whose batches change
+    between epochs (composition_repeat <= compare.max_composition_repeat); sorted keeps
+    its batches forever and is the baseline, not a candidate. K: the smallest K whose
+    predicted throughput is within compare.k_tolerance of the best K (fewer buckets mix
+    lengths more, so ties go to the smaller K).
+    """
+    limit = params.compare.max_composition_repeat
+    ok = {s: r for s, r in rows.items() if r.composition_repeat <= limit}
+    if not ok:
+        raise ValueError(f"no strategy has composition_repeat <= compare.max_composition_repeat ({limit}); "
+                         "raise compare.max_composition_repeat or train a shuffling strategy")
+    best = max(ok, key=lambda s: ok[s].measured_tok_s)
+    k_best = max(ksweep, key=lambda e: e["predicted_tok_s"]) if ksweep else None
+    k_pick = None
+    if k_best is not None:
+        floor = (1 - params.compare.k_tolerance) * k_best["predicted_tok_s"]
+        good = [e for e in ksweep if e["predicted_tok_s"] >= floor]
+        k_pick = min(good, key=lambda e: e["num_buckets"])
+    return Recommendation(strategy=best, num_buckets=k_pick["num_buckets"] if k_pick else None,
+                          k_best_throughput=k_best["num_buckets"] if k_best else None)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def run(*, params: Params, stats: Path, boundaries: Path, plans: Path, profile: Path, train: Path, data: Path,
+        quality: Path | None, out: Path) -> int:
+    """``lenbatch compare``: predict from the stage outputs in the given folders and write every output
+    into ``out`` (:func:`lenbatch_study.analysis.report.write_outputs`); ``quality`` None leaves the held-out
+    loss out. Returns the exit code."""
+    result = compare(params=params, stats_dir=Path(stats), boundaries_dir=Path(boundaries),
+                     plans_dir=Path(plans), profile_dir=Path(profile), train_dir=Path(train),
+                     data_dir=Path(data), quality_dir=Path(quality) if quality is not None else None,
+                     study_replay=True)
+    metrics = write_outputs(result, Path(out), params=params)
+    for s, r in result.rows.items():
+        log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%  calibrated %8.0f tok/s "
+                 "error %+5.1f%% (reference ratio target %.3f, drafter %.3f)", s, r.predicted_tok_s,
+                 r.measured_tok_s, 100 * r.prediction_error, r.calibrated_tok_s, 100 * r.calibrated_prediction_error,
+                 r.target_reference_ratio, r.drafter_reference_ratio)
+    log.info("recommended: %s, K = %s; max |error| %.1f%% (calibrated %.1f%%) on machine %s; wrote %s",
+             metrics["recommended.strategy"], metrics["recommended.num_buckets"],
+             100 * metrics["max_abs_prediction_error"], 100 * metrics["max_abs_calibrated_prediction_error"],
+             metrics["machine.id"], out)
+    low = busy_machine(result)
+    if low:
+        log.warning("busy machine: %s of its cores; prediction errors mix other work with model error. Rerun on a "
+                    "quiet machine: %s", ", ".join(low), QUIET_RERUN)
+    moved = unsteady_machine(result)
+    if moved:
+        log.warning("the machine's speed changed during the measurements: the reference step moved by %s between "
+                    "start and end; prediction errors mix that drift with model error. Rerun on a steadier machine: "
+                    "%s", ", ".join(moved), QUIET_RERUN)
+    return 0

@@ -1,0 +1,385 @@
+"""Profile stage: time the target step and the drafter step on a grid of batch shapes.
+
+The step-time model (:mod:`lenbatch_study.analysis.stepmodel`) is fitted on these timings, never on
+the run it predicts. Shapes:
+
+- padded: ``sequences`` samples padded to ``length`` tokens (sequences x length
+  computed tokens), for every batch size and length of the ``profile`` section that
+  fits the token budget and max_batch_size, plus the largest batch that fills the
+  budget at each length (the shape greedy packing produces most);
+- packed: one row of ``length`` tokens holding ``sequences`` sequences, for every
+  row length of the grid that fits the budget, plus the budget itself.
+
+Timing goes in passes over the whole grid: ``profile.warmup`` untimed passes, then
+``profile.repeats`` timed ones, and the median per point is kept. Passes (rather than
+all repeats of one point in a row) spread a slow drift of the machine's speed over every
+shape alike. A point whose steps have taken ``profile.max_point_seconds`` is not repeated.
+Target and drafter are timed on the same model, threads and device as training
+(``StepRunner``):
+
+- alone (``<role>_seconds_*``): the step with nothing else running;
+- busy (``<role>_busy_seconds_*``, pipelined runs with ``profile.concurrent``): the
+  step while the other role steps at the same time in its own process, as happens in a
+  pipelined run whenever both are working. They share cores, caches and memory
+  bandwidth, so busy is slower on a CPU; the prediction blends the two by the run's
+  overlap (:func:`lenbatch_study.analysis.stepmodel.blended_pipeline`).
+
+Each row also keeps the process CPU seconds of every timed step: a step that got much less
+than its cores (:func:`lenbatch_study.core.cpu.cpu_share`) was slowed by other work on the machine.
+
+``grid.json`` is ``{"machine": the fingerprint of the machine that timed it
+(:mod:`lenbatch_study.core.machine`), "reference": the reference step timed before the first pass and after
+the last, each role alone (:mod:`lenbatch_study.runtime.reference`; compare rescales the grid by it), "points":
+one row per grid point}``.
+
+Cost: (warmup + repeats) passes x grid points x (target + drafter + max of the two);
+about 90 s for the CPU default's 20 points, plus the reference step's few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue as _queue
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lenbatch_study.core.config import Params, write_resolved
+from lenbatch.log import get_logger
+from lenbatch.batching.spec import BatchSpec
+from lenbatch_study.analysis.shapes import batch_columns, drafter_work, grid_shape
+from lenbatch_study.core.cpu import CPU_SHARE_WARN, grid_cpu_share
+from lenbatch_study.core.machine import fingerprint
+
+log = get_logger("profile")
+
+# A lockstep profile worker waits this long for the other at each phase before giving up.
+BARRIER_TIMEOUT_S = 1800.0
+
+
+def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, int]]:
+    """(kind, sequences, length) of every grid point, smallest shapes first.
+
+    Points above the token budget, above max_batch_size or longer than data.max_len are
+    skipped (they can never occur in a plan); the number skipped is logged.
+    """
+    pr, spec = params.profile, BatchSpec.from_params(params, strategy="sorted")  # padded shapes
+    budget, max_bs, max_len = spec.token_budget, spec.max_batch_size, params.data.max_len
+    lengths = sorted({int(m) for m in pr.lengths})
+    pts: set[tuple[str, int, int]] = set()
+    skipped = 0
+    for m in lengths:
+        if m > max_len:
+            skipped += len(pr.batch_sizes)
+            continue
+        for n in pr.batch_sizes:
+            if spec.fits(n, m):
+                pts.add(("padded", int(n), m))
+            else:
+                skipped += 1
+        fill = min(max_bs, budget // m)  # the batch that fills the budget at this length
+        if fill >= 1:
+            pts.add(("padded", fill, m))
+    for L in sorted({int(x) for x in pr.packed_lengths} | {budget}):
+        if L > budget:
+            continue
+        for k in pr.packed_seqs:
+            if k <= L and k * max_len >= L:  # k parts of at most max_len tokens fill the row
+                pts.add(("packed", int(k), L))
+            else:
+                skipped += 1
+    if skipped and not quiet:
+        log.info("grid: skipped %d shapes outside token_budget=%d, max_batch_size=%d, max_len=%d",
+                 skipped, budget, max_bs, max_len)
+    return sorted(pts, key=lambda p: (p[1] * p[2], p[0], p[1]))
+
+
+def make_batch(kind: str, lengths: list[int], params: Params, *, seed: int):
+    """A collated batch of synthetic token ids with these sequence lengths (what training feeds)."""
+    from lenbatch.loading import collate
+
+    seqs = collate.synthetic_sequences(np.asarray(lengths), vocab_size=params.model.vocab_size, seed=seed)
+    spec = BatchSpec.from_params(params, strategy="packed" if kind == "packed" else "sorted")
+    return collate.collate(seqs, spec=spec)
+
+
+def time_point(runner, batch, *, warmup: int, repeats: int,
+               max_seconds: float) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Target and drafter seconds, then their process CPU seconds, of ``repeats`` timed steps
+    after ``warmup`` untimed ones.
+
+    Stops early once this point has taken ``max_seconds`` (a 10 s step is timed once:
+    its run-to-run noise is small next to its length, and the grid must stay short).
+    At least one step is always kept: if the budget ran out during warm-up, the last
+    warm-up step is the timing.
+    """
+    runs: list[tuple[float, float, float, float]] = []
+    spent = 0.0
+    for _ in range(warmup + repeats):
+        feats, t_s = runner.target_step(batch)
+        t_cpu = runner.last_cpu_s
+        _, d_s = runner.drafter_step(batch, feats)
+        runs.append((float(t_s), float(d_s), float(t_cpu), float(runner.last_cpu_s)))
+        spent += float(t_s) + float(d_s)
+        if spent >= max_seconds:
+            break
+    timed = runs[warmup:] if len(runs) > warmup else runs[-1:]
+    return [r[0] for r in timed], [r[1] for r in timed], [r[2] for r in timed], [r[3] for r in timed]
+
+
+def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean (positions, context tokens) the drafter worked on over the timed steps of a grid point."""
+    lengths = batch.lengths.numpy()
+    rows, starts = (t.numpy() for t in batch.seq_rows_starts())
+    lm = batch.loss_mask.numpy()
+    masks = [lm[r, s:s + n] for r, s, n in zip(rows, starts, lengths)]
+    work = [drafter_work(lengths, masks, batch.indices.numpy(), anchors_per_seq=params.drafter.anchors_per_seq,
+                         block_size=params.drafter.block_size, seed=params.batching.seed, epoch=0, step=st)
+            for st in steps]
+    return np.array([np.mean([w[0] for w in work])]), np.array([np.mean([w[1] for w in work])])
+
+
+def _passes(params: Params) -> list[bool]:
+    """Pass schedule over the whole grid: False = an untimed warm-up pass, True = a timed one.
+
+    Passes go over every point before any point is repeated, so a slow drift of the
+    machine's speed (other tenants, clocks) spreads over all shapes alike instead of
+    biasing the shapes timed last; the median over passes is kept.
+    """
+    return [False] * params.profile.warmup + [True] * params.profile.repeats
+
+
+def role_devices(params: Params, device: str) -> dict[str, str]:
+    """Where each role steps: the target on the first local device, the drafter on the last
+    (``train.nproc - 1``), resolved as a training run resolves its ranks (so ``LENBATCH_SHARE_GPU=1``
+    puts both on the one GPU of a one-GPU check)."""
+    from lenbatch_study.runtime.runner import resolve_device
+
+    return {"target": str(resolve_device(device, 0)),
+            "drafter": str(resolve_device(device, max(params.train.nproc - 1, 0)))}
+
+
+def role_batches(role: str, params: Params, device) -> list[tuple]:
+    """(batch, features) of every grid point for ``role``: the batch as collated on the host (the
+    runner moves it, as training does); the drafter's stand-in features made on ``device`` itself --
+    its cost does not depend on their values, and a runner must never be handed host features
+    against device weights."""
+    import torch
+
+    fdim = len(params.model.target_layers) * params.model.hidden_size
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
+    gen = torch.Generator().manual_seed(params.batching.seed)
+    out = []
+    for i, (kind, n, m) in enumerate(grid_points(params, quiet=True)):
+        batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
+                           seed=params.batching.seed + i)
+        feats = None
+        if role == "drafter":
+            feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(device=device, dtype=dtype)
+        out.append((batch, feats))
+    return out
+
+
+def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_points, spent,
+                 parent: int | None = None) -> None:
+    """One role's timings over the whole grid, in its own process (spawned by :func:`profile`).
+
+    Lockstep with the other role, pass by pass (:func:`_passes`), point by point: (1) the
+    target steps alone while the drafter waits, (2) the drafter alone while the target
+    waits, (3) both step at once on the same shape, the one that finishes first stepping
+    on, untimed, until the other is done too, so every "busy" timing is taken with the
+    other role working, as in the pipelined run. ``timed_points[r]`` counts the (pass,
+    point) pairs role r has finished phase (3) of; ``spent[r * points + i]`` is the seconds
+    role r has stepped on point i, warm-up included (both roles read both, so they skip
+    points alike).
+    """
+    from lenbatch_study.runtime import reference
+    from lenbatch_study.runtime.lifetime import die_with_parent
+    from lenbatch_study.runtime.runner import StepRunner, configure_process
+
+    die_with_parent(parent)  # a profile killed by a timeout must not leave this worker holding the GPU
+    configure_process(params)
+    runner = StepRunner(params, device=device, role=role)
+    me, other = (0, 1) if role == "target" else (1, 0)
+    pts = grid_points(params, quiet=True)
+    batches = role_batches(role, params, runner.device)
+    out = [{"alone": [], "alone_cpu": [], "busy": [], "busy_cpu": [], "steps": [], "compile": []} for _ in pts]
+    passes = _passes(params)
+    # the reference step, each role alone in turn (lenbatch_study.runtime.reference)
+    ref_start, ref_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
+    t0, pair = time.perf_counter(), 0
+    for p, timed in enumerate(passes):
+        for i, (batch, feats) in enumerate(batches):
+            row = out[i]
+            # a point whose steps have taken max_point_seconds (both roles) is not repeated once timed
+            skip = bool(timed and row["alone"]
+                        and spent[i] + spent[len(pts) + i] >= params.profile.max_point_seconds)
+            # a warm-up pass only needs each role to have run the shape once: both at once
+            for phase in ("target", "drafter", "busy") if timed else ("busy",):
+                barrier.wait()
+                if skip or (phase != "busy" and phase != role):
+                    continue
+                _, secs = (runner.target_step(batch) if role == "target" else runner.drafter_step(batch, feats))
+                spent[me * len(pts) + i] += float(secs)
+                if timed:
+                    key = "alone" if phase == role else "busy"
+                    row[key].append(float(secs))
+                    row[key + "_cpu"].append(float(runner.last_cpu_s))
+                    row["steps"].append(runner.steps - 1)
+                    if role == "target":
+                        row["compile"].append(float(runner.last_compile_s))
+            pair += 1
+            if not skip:
+                with timed_points.get_lock():
+                    timed_points[me] = pair
+                while timed_points[other] < pair:  # keep the other role's busy step company
+                    runner.target_step(batch) if role == "target" else runner.drafter_step(batch, feats)
+        if role == "drafter":
+            log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
+                     "timed" if timed else "warm-up", len(pts), time.perf_counter() - t0)
+    ref_end, end_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
+    ref = (ref_start, ref_end, ref_s + end_s)
+    queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out], ref,
+               runner.kernels))
+
+
+def profile(params: Params, *, device: str = "cpu") -> dict:
+    """Time every grid point: ``{"machine": fingerprint, "reference": the reference step's record
+    (:mod:`lenbatch_study.runtime.reference`), "points": one dict per point (see module docstring)}``.
+    Cost: see module docstring.
+
+    ``device`` is a ``train.device`` name (auto, cpu, cuda), resolved as the run resolves it:
+    the target on the first local device, the drafter on the last (``train.nproc - 1``).
+
+    With ``profile.concurrent`` and ``train.nproc > 1`` the target and the drafter run in two
+    processes (each with ``train.threads`` threads) in lockstep (:func:`_role_worker`): each
+    role is timed alone and busy. Otherwise one process times both, alone, one after the other.
+    """
+    from lenbatch_study.runtime import reference
+    from lenbatch_study.runtime.runner import resolve_device
+
+    pts = grid_points(params)
+    on_cpu = resolve_device(device, 0).type == "cpu"
+    kernels: dict = {}
+    t_start = time.perf_counter()
+    if params.profile.concurrent and params.train.nproc > 1:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        barrier = ctx.Barrier(2, timeout=BARRIER_TIMEOUT_S)
+        timed_points = ctx.Array("i", 2)
+        spent = ctx.Array("d", 2 * len(pts))
+        where = role_devices(params, device)
+        procs = {r: ctx.Process(target=_role_worker, args=(r, params, where[r], queue, barrier, timed_points,
+                                                                    spent, os.getpid()))
+                 for r in ("target", "drafter")}
+        for proc in procs.values():
+            proc.start()
+        got: dict = {}
+        refs: dict = {}
+        while len(got) < 2:
+            try:
+                role, out, refs[role], kernels[role] = queue.get(timeout=1.0)
+                got[role] = out
+            except _queue.Empty:
+                dead = [r for r, proc in procs.items() if r not in got and proc.exitcode not in (None, 0)]
+                if dead:
+                    for proc in procs.values():
+                        proc.kill()
+                    raise RuntimeError(f"profile {dead[0]} worker exited with code {procs[dead[0]].exitcode}; "
+                                       "its error is printed above")
+        for proc in procs.values():
+            proc.join()
+        t, d = got["target"], got["drafter"]
+        timings = [(a["alone"], b["alone"], a["alone_cpu"], b["alone_cpu"], b["steps"],
+                    (a["busy"], b["busy"], a["busy_cpu"], b["busy_cpu"])) for a, b in zip(t, d)]
+        ref = reference.record(params, {**refs["target"][0], **refs["drafter"][0]},
+                               {**refs["target"][1], **refs["drafter"][1]},
+                               seconds=max(refs["target"][2], refs["drafter"][2]))
+        compiles = [sum(a["compile"]) for a in t]
+        kernels = kernels["target"]
+    else:
+        from lenbatch_study.runtime.runner import StepRunner, configure_process
+
+        configure_process(params)
+        runner = StepRunner(params, device=resolve_device(device, 0))
+        kernels = runner.kernels
+        compiles = [0.0] * len(pts)
+        batches = [make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
+                              seed=params.batching.seed + i) for i, (kind, n, m) in enumerate(pts)]
+        acc = [([], [], [], [], []) for _ in pts]  # target s, drafter s, their CPU s, drafter steps
+        spent = [0.0] * len(pts)
+        passes = _passes(params)
+        # the reference step (lenbatch_study.runtime.reference), both roles in turn
+        ref_start, ref_s = reference.measure(runner, params, roles=reference.ROLES)
+        for p, timed in enumerate(passes):
+            for i, batch in enumerate(batches):
+                if timed and acc[i][0] and spent[i] >= params.profile.max_point_seconds:
+                    continue  # long enough: not repeated once timed
+                t_s, d_s, t_c, d_c = time_point(runner, batch, warmup=0, repeats=1, max_seconds=float("inf"))
+                spent[i] += t_s[0] + d_s[0]
+                if timed:
+                    compiles[i] += runner.last_compile_s
+                    for lst, x in zip(acc[i], (t_s[0], d_s[0], t_c[0], d_c[0], runner.steps - 1)):
+                        lst.append(x)
+            log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
+                     "timed" if timed else "warm-up", len(pts), time.perf_counter() - t_start)
+        timings = [(t_all, d_all, t_cpu, d_cpu, steps, None) for t_all, d_all, t_cpu, d_cpu, steps in acc]
+        ref_end, end_s = reference.measure(runner, params, roles=reference.ROLES)
+        ref = reference.record(params, ref_start, ref_end, seconds=ref_s + end_s)
+    rows = []
+    for i, ((kind, n, m), (t_all, d_all, t_cpu, d_cpu, steps, busy)) in enumerate(zip(pts, timings)):
+        lengths = grid_shape(kind, n, m, max_len=params.data.max_len)
+        batch = make_batch(kind, lengths, params, seed=params.batching.seed + i)
+        cols = batch_columns(np.asarray(lengths), [np.arange(len(lengths))], kind=kind,
+                             drafter=_drafter_work(batch, params, steps=steps))
+        k = min(len(t_all), len(d_all))
+        tot = [a + b for a, b in zip(t_all[:k], d_all[:k])]
+        row = {"kind": kind, "sequences": n, "length": m, "sequence_lengths": lengths,
+               "computed_tokens": float(cols["computed_tokens"][0]), "sum_len_sq": float(cols["sum_len_sq"][0]),
+               "ctx_tokens": float(cols["ctx_tokens"][0]), "positions": float(cols["positions"][0]),
+               "target_seconds_median": float(np.median(t_all)), "target_seconds_all": t_all,
+               "drafter_seconds_median": float(np.median(d_all)), "drafter_seconds_all": d_all,
+               "seconds_median": float(np.median(tot)), "seconds_all": tot,
+               # process CPU seconds: cpu / (seconds x threads) well below 1 = a busy machine
+               "target_cpu_seconds_all": t_cpu, "drafter_cpu_seconds_all": d_cpu,
+               # which kernels ran, and Triton compile/autotune seconds that fell inside timed target steps
+               "kernel_backend": kernels["gated_delta_rule"], "conv_backend": kernels["conv"],
+               "target_compile_seconds_timed": compiles[i]}
+        if busy is not None:  # the same step with the other role working at the same time
+            tb, db, tbc, dbc = busy
+            row.update({"target_busy_seconds_median": float(np.median(tb)), "target_busy_seconds_all": tb,
+                        "drafter_busy_seconds_median": float(np.median(db)), "drafter_busy_seconds_all": db,
+                        "target_busy_cpu_seconds_all": tbc, "drafter_busy_cpu_seconds_all": dbc})
+        rows.append(row)
+    share = grid_cpu_share(rows, threads=params.train.threads)
+    # with more threads a step need not keep them all busy: a low share alone proves nothing then
+    if on_cpu and params.train.threads == 1 and rows and min(share.values()) < CPU_SHARE_WARN:
+        log.warning("the profile's steps got %s of their cores: other work was running, so the step-time "
+                    "model will over-predict step times. Rerun on a quiet machine: snakemake --forcerun profile",
+                    ", ".join(f"{role} {100 * v:.0f}%" for role, v in share.items()))
+    # where the grid was timed (lenbatch_study.core.machine) and the reference step compare calibrates with
+    return {"machine": fingerprint(threads=params.train.threads), "reference": ref, "points": rows}
+
+
+def run(*, params: Params, out: str | Path) -> int:
+    """``lenbatch profile``: time the grid on ``train.device`` and write ``out/grid.json`` (and the
+    resolved params). Returns the exit code."""
+    t0 = time.perf_counter()
+    grid = profile(params, device=params.train.device)
+    rows = grid["points"]
+    seconds = time.perf_counter() - t0
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grid.json").write_text(json.dumps(grid, indent=1) + "\n")
+    write_resolved(params, out)
+    share = grid_cpu_share(rows, threads=params.train.threads)
+    ref = grid["reference"]
+    log.info("profiled %d grid points in %.1f s (share of their cores: target %.0f%%, drafter %.0f%%; the "
+             "reference step %s took %.1f s of it) on machine %s; wrote %s", len(rows), seconds,
+             100 * share["target"], 100 * share["drafter"], ref["shape"], ref["seconds"], grid["machine"]["id"],
+             out / "grid.json")
+    return 0

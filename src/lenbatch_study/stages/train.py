@@ -1,0 +1,444 @@
+"""Train stage: the DFlash drafter behind the frozen target, one batching strategy, measured.
+
+Roles (``torchrun --nproc_per_node N -m lenbatch_study train ...``, env RANK/WORLD_SIZE):
+
+* ranks ``0 .. N-2`` are **target ranks**. Target rank ``r`` takes its steps of the schedule
+  (:mod:`lenbatch.batching.schedule`: the batches its ``LengthBatchSampler(rank=r, world_size=N-1)``
+  would yield), collates the batch
+  (:mod:`lenbatch.loading.collate`), runs the target forward and sends the batch and its features
+  to the drafter rank (:mod:`lenbatch_study.runtime.transport`: header and credits on a gloo control group,
+  tensors alone on the default group, deadlock-free under NCCL's rendezvous semantics). Credits
+  bound the queue: target rank ``r`` sends its ``k``-th batch only after the drafter took its
+  ``(k - queue_size)``-th, so at most ``train.queue_size`` batches per target rank are in flight.
+  On CUDA, each rank's peak memory is computed from the config first (:mod:`lenbatch_study.models.memory`) and a
+  setting that cannot fit is refused.
+* rank ``N-1`` is the **drafter rank**: it takes batches round-robin over the target ranks
+  (global step ``g`` comes from target rank ``g mod (N-1)``), trains the drafter
+  (AdamW, gradient clipping), and writes ``steps.jsonl``, ``summary.json`` and
+  ``checkpoint.pt`` (the drafter rank is the one that measures).
+* ``N = 1`` (or no torchrun with ``train.nproc: 1``): one process does both in turn; its plan
+  is the one of ``N = 2`` (one target rank), so its losses equal the 2-process run's.
+  Without torchrun and ``train.nproc > 1``, ``lenbatch train`` re-executes itself under
+  ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged).
+
+gloo on CPU, NCCL on GPU (``train.device``). The trained drafter keeps fp32 master weights (autocast
+to ``model.dtype``); the frozen target runs in ``model.dtype``.
+
+Stop rule (:mod:`lenbatch.batching.schedule`): the global schedule (pure: lengths, batch spec, target ranks)
+walks epochs 0, 1, ... and ends at the first step at which the useful tokens trained reach
+``train.useful_tokens`` (or at ``--max-steps``). Every rank computes the same schedule, so no
+rank ever waits for a batch that will not come.
+
+Measured (``steps.jsonl``, one line per step): rank, step, epoch, sequences, length (longest or
+packed row length), useful and computed tokens, target_s (forward on the target rank),
+credit_wait_s (target rank waiting for queue room: the drafter is the bottleneck),
+queue_wait_s (drafter waiting for the batch, transfer included -- on CUDA the device is synchronized
+at that boundary, as NCCL's recv returns before the copy is done: the target is the bottleneck),
+drafter_s, loss; target_cpu_s and drafter_cpu_s (process CPU seconds of each step: on a CPU
+device, cpu_s / (seconds x threads) below 1 means other work took the cores, see
+:func:`lenbatch_study.core.cpu.cpu_share`). ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
+drafter-side wall time of those steps (pipeline throughput), padding efficiency, loss curve..., ``machine``
+(the fingerprint of the machine, :mod:`lenbatch_study.core.machine`) and ``reference`` (the reference step, timed
+before the first step and after the last, outside the measured window: target rank 0 and the drafter rank in
+turn, :mod:`lenbatch_study.runtime.reference`; compare calibrates the prediction with it).
+
+Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end; see
+:mod:`lenbatch_study.runtime.checkpoint`) holds the drafter, the optimizer, every target rank's sampler state
+(the schedule's, :meth:`lenbatch.batching.schedule.Schedule.sampler_states`; checked against it on resume), the step
+counter, RNG states, a fingerprint of the params and the digest of the ``steps.jsonl`` lines it
+covers. One run owns OUT: the writing rank holds OUT's writer lock (:mod:`lenbatch_study.pipeline.outputs`), and a
+fresh run first removes the previous run's checkpoint, summary and log. Anchors are drawn from
+(seed, epoch, step, dataset index) and the target is deterministic, so ``--resume`` replays exactly
+the remaining batches and losses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from lenbatch_study.runtime.checkpoint import fingerprint, load_checkpoint, restore, save_checkpoint, start_fresh
+from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
+from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
+from lenbatch.loading.collate import collate
+from lenbatch.batching.layouts import STRATEGIES
+from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.core.machine import fingerprint as fingerprint_machine
+from lenbatch_study.runtime.lifetime import die_with_parent
+from lenbatch.log import get_logger
+from lenbatch_study.pipeline.outputs import writer_lock
+from lenbatch_study.runtime import reference
+from lenbatch_study.runtime.records import Recorder, log_summary, resumed_log, step_row
+from lenbatch_study.runtime.runner import (
+    StepRunner,
+    configure_process,
+    init_process_group,
+    peak_memory_bytes,
+    ranks_per_device,
+    resolve_device,
+    torchrun_world,
+)
+from lenbatch.batching.schedule import Schedule, ScheduledStep, build_schedule
+from lenbatch_study.runtime.transport import Channel, DrafterLink, TargetLink, settle
+
+log = get_logger("train")
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class RunSetup:
+    params: Params
+    strategy: str
+    data: Path
+    out: Path
+    edges: Optional[tuple[int, ...]]
+    lengths: np.ndarray
+    schedule: Schedule
+    target_ranks: int
+    world_size: int
+    rank: int
+    device: torch.device
+    resume: bool
+    fp: dict[str, Any]
+    channel: Any = None  # lenbatch_study.runtime.transport.Channel of a multi-process run
+    reference_group: Any = None  # gloo group of every rank: the reference step's barriers (multi-process run)
+
+
+
+
+def progress_line(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float, *,
+                  target_ranks: int = 1) -> str:
+    """The progress line of ``step`` (of ``total``), ``t`` seconds in. ``loss`` NaN: none known yet ("pending":
+    in a pipelined run target rank 0 shows the drafter's last loss, which comes back a few steps late).
+    ``target_ranks`` > 1: ``useful_done`` counts rank 0's own batches, and the rate scales them by the target
+    ranks, an estimate marked ``~`` (``summary.json`` has the exact numbers)."""
+    shown = "pending" if np.isnan(loss) else f"{loss:.4f}"
+    where = "" if target_ranks == 1 else f" on target rank 0 of {target_ranks}"
+    rate = f"{'~' if target_ranks > 1 else ''}{useful_done * target_ranks / max(t, 1e-9):.0f}"
+    return (f"step {step.step + 1}/{total} (epoch {step.epoch}): loss {shown}, {useful_done:,} useful tokens{where}, "
+            f"{t:.1f} s, {rate} useful tok/s")
+
+
+def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float, *,
+              target_ranks: int = 1) -> None:
+    every = max(1, total // 20)
+    if step.step % every == 0 or step.step == total - 1:
+        log.info("%s", progress_line(step, total, loss, useful_done, t, target_ranks=target_ranks))
+
+
+def _reference_point(setup: RunSetup, runner: StepRunner, *, role: str) -> tuple[dict[str, Any], float]:
+    """One reference point (:mod:`lenbatch_study.runtime.reference`) of this rank and the seconds it added: the
+    single process times both roles; in a pipelined run target rank 0 and the drafter rank time theirs in
+    turn while every rank waits at the reference group's barriers (``{}`` on the other target ranks)."""
+    if setup.world_size == 1:
+        return reference.measure(runner, setup.params, roles=reference.ROLES)
+    import torch.distributed as dist
+
+    mine = (role,) if role == "drafter" or setup.rank == 0 else ()
+    return reference.measure(runner, setup.params, roles=mine,
+                             wait=lambda: dist.barrier(group=setup.reference_group))
+
+
+def _device_report(setup: RunSetup, kernels: dict[str, Any], target_peak: Optional[int]) -> dict[str, Any]:
+    """What ran and what it held: the target's kernels and Triton compile seconds (``kernels``:
+    :meth:`StepRunner.kernel_report`), peak device memory per role against
+    :mod:`lenbatch_study.models.memory`'s estimate (bytes; None on CPU)."""
+    from lenbatch_study.models.memory import plan_memory_shape, rank_memory
+
+    est_t, est_d = rank_memory(setup.params, **plan_memory_shape(setup.params, setup.lengths,
+                                                                 [s.indices for s in setup.schedule]))
+    return {"kernel_backend": kernels,
+            "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(setup.device)},
+            "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
+
+
+def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *,
+            resumed_from: Optional[int], kernels: dict[str, Any], ref: Optional[dict[str, Any]] = None,
+            target_peak: Optional[int] = None) -> dict[str, Any]:
+    p = setup.params
+    done = setup.schedule[-1].step + 1 if setup.schedule else 0
+    if resumed_from == done and (setup.out / "summary.json").exists():
+        # resumed a run that had already finished: nothing trained, nothing to rewrite (its summary keeps
+        # the throughput its last session measured)
+        rec.close()
+        log.info("%s: the checkpoint is at the last planned step (%d): the run is complete, %s left as it is",
+                 setup.strategy, done, setup.out / "summary.json")
+        return json.loads((setup.out / "summary.json").read_text())
+    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done, sampler_states=states, fp=setup.fp,
+                    log_sha256=rec.log_sha256())
+    summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
+                          world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
+                          total_steps=len(setup.schedule), machine=fingerprint_machine(threads=p.train.threads),
+                          reference=ref, device=_device_report(setup, kernels, target_peak))
+    rec.close()
+    (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_resolved(p, setup.out)
+    return summary
+
+
+def run_single(setup: RunSetup) -> dict[str, Any]:
+    """One process: target forward then drafter step, batch after batch."""
+    p = setup.params
+    runner = StepRunner(p, device=setup.device)
+    data = read_dataset(setup.data, setup.lengths)
+    start, resumed_from, kept = 0, None, None
+    if setup.resume:
+        ck = _load_checkpoint(setup)
+        kept = resumed_log(setup.out, ck)
+        restore(runner, ck)
+        start = resumed_from = int(ck["step"])
+        setup.schedule.check_sampler_states(ck["samplers"], start)
+    rec = Recorder(setup.out, kept=kept)
+    useful_done = sum(r["useful_tokens"] for r in rec.rows)
+    # outside the measured steps: before the first and after the last
+    ref_start, ref_s = _reference_point(setup, runner, role="both") if start < len(setup.schedule) else (None, 0.0)
+    t_start = time.perf_counter()
+    for step in setup.schedule[start:]:
+        idx = step.indices
+        batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
+        feats, t_s = runner.target_step(batch)
+        t_cpu = runner.last_cpu_s
+        loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
+        useful_done += batch.useful_tokens
+        t = time.perf_counter() - t_start
+        rec.add(step_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
+                          runner=runner, target_cpu_s=t_cpu, compile_s=runner.last_compile_s))
+        _progress(step, len(setup.schedule), loss, useful_done, t)
+        if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
+            save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
+                            sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
+                            log_sha256=rec.log_sha256())
+    ref = None
+    if ref_start is not None:
+        ref_end, end_s = _reference_point(setup, runner, role="both")
+        ref = reference.record(p, ref_start, ref_end, seconds=ref_s + end_s)
+    return _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
+                   kernels=runner.kernel_report(), ref=ref, target_peak=peak_memory_bytes(setup.device))
+
+
+def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
+    return load_checkpoint(setup.out / "checkpoint.pt", setup.fp, total_steps=len(setup.schedule),
+                           checkpoint_every=setup.params.train.checkpoint_every)
+
+
+def _share_resume(setup: RunSetup, runner: Optional[StepRunner]
+                  ) -> tuple[int, Optional[list[Any]], Optional[list[str]]]:
+    """The drafter rank loads and checks the checkpoint and the log it extends, and tells every rank the
+    start step and sampler states; returns (start, sampler states, kept log lines on the drafter rank)."""
+    import torch.distributed as dist
+
+    drafter_rank = setup.world_size - 1
+    if not setup.resume:
+        return 0, None, None
+    payload: list[Any] = [None]
+    kept = None
+    if setup.rank == drafter_rank:
+        try:
+            ck = _load_checkpoint(setup)
+            kept = resumed_log(setup.out, ck)
+            assert runner is not None
+            restore(runner, ck)
+            setup.schedule.check_sampler_states(ck["samplers"], int(ck["step"]))
+            payload = [{"step": int(ck["step"]), "samplers": ck["samplers"]}]
+        except ValueError as err:
+            payload = [{"error": str(err)}]
+    dist.broadcast_object_list(payload, src=drafter_rank)
+    if "error" in payload[0]:
+        raise ValueError(payload[0]["error"])
+    return payload[0]["step"], payload[0]["samplers"], kept
+
+
+def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
+    """Compute features of this rank's batches and stream them to the drafter rank under credits
+    (:class:`lenbatch_study.runtime.transport.TargetLink`)."""
+    p = setup.params
+    q = p.train.queue_size
+    drafter_rank = setup.world_size - 1
+    runner = StepRunner(p, device=setup.device, role="target")
+    data = read_dataset(setup.data, setup.lengths)
+    start, _, _ = _share_resume(setup, None)
+    mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
+    link = TargetLink(setup.channel, dst=drafter_rank, queue_size=q, comm_device=comm_device)
+    timed = start < len(setup.schedule)  # every rank knows start: all skip the reference alike
+    ref_start = _reference_point(setup, runner, role="target")[0] if timed else {}
+    t_start = time.perf_counter()
+    useful_done = 0
+    for step in mine:
+        idx = step.indices
+        batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
+        feats, t_s = runner.target_step(batch)
+        credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
+        meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9),
+                int(runner.last_compile_s * 1e9), peak_memory_bytes(setup.device) or 0]
+        link.send(batch, feats, meta=meta)
+        useful_done += batch.useful_tokens
+        if setup.rank == 0:
+            _progress(step, len(setup.schedule), link.last_loss, useful_done, time.perf_counter() - t_start,
+                      target_ranks=setup.target_ranks)
+    link.drain()
+    ref_points = None
+    if timed:  # the drafter rank records target rank 0's reference times with its own
+        ref_points = (ref_start, _reference_point(setup, runner, role="target")[0])
+    import torch.distributed as dist
+
+    # and target rank 0's kernels: the drafter rank, which writes the summary, runs none of its own
+    dist.broadcast_object_list([(ref_points, runner.kernel_report())], src=0, group=setup.reference_group)
+
+
+def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, Any]:
+    """Receive batches round-robin, train, measure, checkpoint; credit each batch on receipt
+    (:class:`lenbatch_study.runtime.transport.DrafterLink`)."""
+    p = setup.params
+    runner = StepRunner(p, device=setup.device, role="drafter")
+    start, _, kept = _share_resume(setup, runner)
+    resumed_from = start if setup.resume else None
+    rec = Recorder(setup.out, kept=kept)
+    link = DrafterLink(setup.channel, comm_device=comm_device)
+    last_loss = float("nan")
+    timed = start < len(setup.schedule)
+    # outside the measured steps: before the first and after the last
+    ref_start, ref_s = _reference_point(setup, runner, role="drafter") if timed else ({}, 0.0)
+    target_peak = 0  # the largest peak device memory any target rank reported (bytes; 0 on CPU)
+    t_start = time.perf_counter()
+    for step in setup.schedule[start:]:
+        t0 = time.perf_counter()
+        batch, feats, meta = link.recv(step.rank, step=step.step, last_loss=last_loss)  # transfer included
+        if feats.device != setup.device:  # gloo on a GPU run (ranks sharing a GPU): staged through the host
+            feats = feats.to(setup.device)
+            settle(setup.device)
+        wait_s = time.perf_counter() - t0
+        epoch, gstep, t_ns, credit_ns, t_cpu_ns, compile_ns, peak, stage_ns = meta
+        target_peak = max(target_peak, peak)
+        assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
+        if not np.array_equal(batch.indices.cpu().numpy(), step.indices):
+            raise AssertionError(f"step {step.step}: received a batch other than the planned one")
+        loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
+        last_loss = loss
+        t = time.perf_counter() - t_start
+        rec.add(step_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s, drafter_s=d_s,
+                     loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9, compile_s=compile_ns / 1e9,
+                     stage_s=stage_ns / 1e9))
+        if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
+            save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
+                            sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
+                            log_sha256=rec.log_sha256())
+    import torch.distributed as dist
+
+    ref = None
+    if timed:
+        ref_end, end_s = _reference_point(setup, runner, role="drafter")
+    got: list[Any] = [None]
+    dist.broadcast_object_list(got, src=0, group=setup.reference_group)  # every rank, timed or not
+    target_points, kernels = got[0]
+    if timed:
+        target_start, target_end = target_points
+        ref = reference.record(p, {**target_start, **ref_start}, {**target_end, **ref_end}, seconds=ref_s + end_s)
+    summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
+                      kernels=kernels, ref=ref, target_peak=target_peak or None)
+    link.close()
+    return summary
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def check_request(*, strategy: str, max_steps: Optional[int]) -> None:
+    """Refuse a strategy or step limit that cannot run (``ValueError`` naming the fix)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {max_steps}")
+
+
+def launcher_processes(params: Params) -> Optional[int]:
+    """``train.nproc`` when this process must start torchrun with that many processes (not started by
+    torchrun, ``train.nproc > 1``); None when it trains itself."""
+    return params.train.nproc if not torchrun_world()[0] and params.train.nproc > 1 else None
+
+
+def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, boundaries: Optional[str] = None,
+          max_steps: Optional[int] = None, resume: bool = False) -> int:
+    """``lenbatch train`` in this process (one of torchrun's, or the only one with ``train.nproc: 1``):
+    trains ``strategy`` until ``train.useful_tokens`` (or ``max_steps`` global steps), writing ``out``
+    on the drafter rank, which holds ``out``'s writer lock until it returns. Returns the exit code."""
+    with contextlib.ExitStack() as stack:
+        return _train(stack, params=params, strategy=strategy, data=data, out=out, boundaries=boundaries,
+                      max_steps=max_steps, resume=resume)
+
+
+def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: str | Path, out: str | Path,
+           boundaries: Optional[str], max_steps: Optional[int], resume: bool) -> int:
+    check_request(strategy=strategy, max_steps=max_steps)
+    under_torchrun, world, rank = torchrun_world()
+    if not under_torchrun and params.train.nproc > 1:
+        raise ValueError(f"train.nproc is {params.train.nproc}: start this under torchrun (--nproc_per_node "
+                         f"{params.train.nproc}); 'lenbatch train' does that for you")
+    if under_torchrun and world != params.train.nproc:
+        raise ValueError(f"torchrun started {world} processes but train.nproc is {params.train.nproc}: the roles "
+                         f"({params.train.nproc - 1} target ranks + 1 drafter rank) do not fit; launch with "
+                         f"--nproc_per_node {params.train.nproc} or set train.nproc: {world}")
+    if under_torchrun:  # a killed launcher must not leave its workers training
+        die_with_parent()
+    configure_process(params)
+    data = Path(data)
+    lengths = read_lengths(data)
+    edges = edges_for(boundaries, [strategy])
+    too_long = int((lengths > params.batching.token_budget).sum())
+    if too_long:
+        raise ValueError(f"{too_long} samples are longer than batching.token_budget={params.batching.token_budget}; "
+                         "raise the budget or lower data.max_len and re-tokenize")
+    target_ranks = max(1, world - 1)
+    device = resolve_device(params.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+    schedule = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
+                              useful_tokens=params.train.useful_tokens, max_steps=max_steps)
+    if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
+        from lenbatch_study.models.memory import check_fits, plan_memory_shape
+
+        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
+                   ranks_per_device=ranks_per_device(world), single_process=world == 1,
+                   **plan_memory_shape(params, lengths, [s.indices for s in schedule]))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if rank == world - 1:  # the drafter rank (or the single process) writes OUT: one such run at a time
+        stack.enter_context(writer_lock(out, stage="train"))
+        if not resume:  # a fresh run owns OUT from its first step (lenbatch_study.runtime.checkpoint)
+            start_fresh(out)
+    fp = fingerprint(params, strategy=strategy, edges=edges, lengths=lengths, target_ranks=target_ranks)
+    setup = RunSetup(params, strategy, data, out, edges, lengths, schedule, target_ranks, world, rank, device,
+                     resume, fp)
+    log.info("%s: %d steps planned (%s useful tokens, %d target rank(s) + 1 drafter %s, %s)", strategy,
+             len(schedule), f"{sum(s.useful for s in schedule):,}", target_ranks,
+             "rank" if world > 1 else "in the same process", device)
+    if world == 1:
+        summary = run_single(setup)
+        log_summary(summary, out)
+        return 0
+    import torch.distributed as dist
+
+    comm_device = init_process_group(device, world)
+    setup.channel = Channel()  # every rank, same order: creates the gloo control group
+    setup.reference_group = dist.new_group(backend="gloo")  # the reference step's barriers, apart from the traffic
+    try:
+        if rank == world - 1:
+            summary = run_drafter_rank(setup, comm_device)
+            log_summary(summary, out, force=True)
+        else:
+            run_target_rank(setup, comm_device)
+        setup.channel.close()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+__all__ = ["check_request", "launcher_processes", "progress_line", "train"]
