@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lenbatch-installed
 
-.PHONY: run sync plots test test-deps install clean
+.PHONY: run sync plots test test-fast test-deps install clean
 
 # DVC's own `dvc plots show/diff` use this template (.dvc/config: plots.html_template): Vega inlined from
 # Snakemake's bundled copies, so the page renders offline. Written here, not committed (2.2 MB of third-party code).
@@ -58,6 +58,7 @@ $(PLOTS_TEMPLATE): $(STAMP)
 run: install
 	PATH=$(abspath $(VENV))/bin:$$PATH dvc repro
 	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch sync
+	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch readme
 
 sync: install
 	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch sync
@@ -75,17 +76,22 @@ test-deps: install
 test: test-deps
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
+# The contributors' inner loop: the suite without the tests marked slow (torchrun, the whole workflow, the
+# GPU-check rehearsal), on the main venv alone.
+test-fast: install
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+
 clean:
 	rm -rf results logs .snakemake
 
-# The GPU path (issue 15). flash-linear-attention's kernels run on CPU under Triton's interpreter in
+# The GPU path. flash-linear-attention's kernels run on CPU under Triton's interpreter in
 # a second venv layered on $(VENV) (a .pth adds its site-packages): importing fla changes transformers'
 # kernels and adds seconds to every process, so the main venv stays without it; tests/models/test_fla_cpu.py
 # runs its fla checks with $(FLA_VENV)/bin/python (skipped, with the reason, where it is absent).
 FLA_VENV ?= .venv-fla
 FLA_STAMP := $(FLA_VENV)/.lenbatch-fla-installed
 FLA_PINS := flash-linear-attention==0.6.0 fla-core==0.6.0 triton==3.9.0 einops==0.8.2
-.PHONY: fla-test gpu-check gpu-wheels gpu-rehearse
+.PHONY: fla-check gpu-check gpu-wheels gpu-rehearse
 test-deps: $(FLA_STAMP)
 
 $(FLA_STAMP): | $(PY) $(INSTALL_TOOL)
@@ -94,10 +100,11 @@ $(FLA_STAMP): | $(PY) $(INSTALL_TOOL)
 	$(call pip_install,$(FLA_VENV)/bin/python) --no-deps $(FLA_PINS)
 	touch $(FLA_STAMP)
 
-fla-test-deps: $(FLA_STAMP)
+# fla's CPU checks alone (they also run in make test)
+fla-check: $(FLA_STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests/models/test_fla_cpu.py
 
-# The GPU check (issue 18) runs on a GPU machine as it is: its own python3, no venv, no package index.
+# The GPU check runs on a GPU machine as it is: its own python3, no venv, no package index.
 # What it lacks travels in the kit $(GPU_KIT)/ (git-ignored; under 40 MiB): pure-Python wheels of
 # flash-linear-attention/fla-core/einops and the check's pre-tokenized data, built here by
 # `make gpu-wheels` (needs the index and the data extras). `make gpu-check` there installs the wheels

@@ -3,7 +3,7 @@
     python benchmarks/bench_plans.py [--sizes 0.9,9,90] [--strategies sorted,random,...] [--tree SRC]
                                      [--world-size 7] [--json out.json]
 
-Setting (issue 21): the seed profile's 902,087 lengths tiled 1x, 10x, 100x (N = 0.9, 9, 90 M), token
+Setting: the seed profile's 902,087 lengths tiled 1x, 10x, 100x (N = 0.9, 9, 90 M), token
 budget 49,152, at most 64 per batch, 7 ranks, one epoch (epoch 0, seed 0); ``bucketed`` uses the
 study's published edges. Each cell runs in a fresh subprocess (cells share no memory): it builds the
 lengths (int32), plans once at N = 50,000 (imports torch for ``sortish``, loads the numba kernels when

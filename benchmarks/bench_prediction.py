@@ -14,7 +14,7 @@ Every pair is scored twice: raw (the profile's step times as they are) and calib
 role's step times x the run's reference-step time over the profile's, lenbatch_study.analysis.calibration):
 the calibrated prediction of pair (i, j) rescales profile i by runs j's own reference ratios.
 
-Targets (issue 19): every matched calibrated error within 3% for every strategy and the calibrated
+Targets: every matched calibrated error within 3% for every strategy and the calibrated
 model's bias (the mean over all pairs, per strategy) within 1.5%; raw: 5% (goal 3%). The machine must
 be quiet: the 1-minute load average is printed before and after (above ~1.5 the numbers measure
 other work, not the model).

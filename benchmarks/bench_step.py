@@ -18,18 +18,23 @@ import statistics
 import sys
 import time
 
-try:  # the layout of issue 20 (subpackages)
+# Older source trees (for A/B runs against them): one package with subpackages, or flat modules.
+try:
     from lenbatch_study.core.config import load_params
     from lenbatch_study.runtime.runner import StepRunner, configure_process
     from lenbatch_study.stages import profile
-except ImportError:  # flat source trees before it
-    from lenbatch import profile  # type: ignore[no-redef]
-    from lenbatch.config import load_params  # type: ignore[no-redef]
+except ImportError:
     try:
-        from lenbatch.runner import StepRunner, configure_process  # type: ignore[no-redef]
-    except ImportError:  # before the runner/train split
-        from lenbatch.train import StepRunner, configure_process  # type: ignore[no-redef]
-
+        from lenbatch.core.config import load_params  # type: ignore[no-redef]
+        from lenbatch.runtime.runner import StepRunner, configure_process  # type: ignore[no-redef]
+        from lenbatch.stages import profile  # type: ignore[no-redef]
+    except ImportError:
+        from lenbatch import profile  # type: ignore[no-redef]
+        from lenbatch.config import load_params  # type: ignore[no-redef]
+        try:
+            from lenbatch.runner import StepRunner, configure_process  # type: ignore[no-redef]
+        except ImportError:
+            from lenbatch.train import StepRunner, configure_process  # type: ignore[no-redef]
 
 def main(label: str) -> None:
     params = load_params("params.yaml")

@@ -1,4 +1,4 @@
-"""Workflow benchmarks (issue 5): the whole default run, a no-op rerun, and what one key reruns.
+"""Workflow benchmarks: the whole default run, a no-op rerun, and what one key reruns.
 
     python benchmarks/bench_workflow.py [--dir CHECKOUT] [--no-full]
 

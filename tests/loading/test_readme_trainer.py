@@ -1,4 +1,4 @@
-"""README "Use it in your trainer": every python snippet of that section runs here, as written.
+"""docs/library.md "Use it in your trainer": every python snippet of that section runs here, as written.
 
 The blocks run in order in one interpreter (the first is the toy data); the DDP block runs under real
 torchrun with 2 processes. Checks between blocks assert what the prose claims.
@@ -18,7 +18,7 @@ pytest.importorskip("accelerate", reason="the Trainer snippet needs accelerate: 
 pytest.importorskip("torchdata", reason="the StatefulDataLoader snippet needs torchdata: pip install 'lenbatch[dev]'")
 pytest.importorskip("trl", reason="the SFTTrainer snippet needs trl: pip install 'lenbatch[trl]'")
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "library.md"
 sys.path.insert(0, str(Path(__file__).parent))
 from _sft_data import chat_tokenizer  # noqa: E402
 
@@ -26,7 +26,7 @@ from _sft_data import chat_tokenizer  # noqa: E402
 def section_blocks() -> list[str]:
     text = README.read_text()
     start = text.index("\n## Use it in your trainer\n")
-    end = text.index("\n## ", start + 5)
+    end = text.find("\n## ", start + 5) % (len(text) + 1)  # the next section, or the end of the file
     return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)
 
 

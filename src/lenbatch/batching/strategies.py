@@ -127,7 +127,7 @@ def planning_lengths(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndar
 # --------------------------------------------------------------------------- strategies (every batch of the epoch)
 # Each takes the planning lengths x (uint16/int32), the epoch's generator and the spec, and returns the
 # epoch's batches in the strategy's list order as EpochBatches, drawing from the generator exactly as
-# the list-of-arrays planner before issue 21 did (tests/batching/test_plan_reference.py compares them).
+# a straightforward list-of-arrays planner does (tests/batching/test_plan_reference.py compares them).
 
 
 def _sorted(x, rng, spec):

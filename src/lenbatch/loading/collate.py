@@ -41,7 +41,6 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from lenbatch.batching.layouts import layout_of as layout_for  # noqa: F401 (the one layout rule, by its old name)
 from lenbatch.batching.spec import refuse_both
 
 
@@ -226,7 +225,7 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
 
 def collate(samples: Sequence[Mapping[str, Any]], *, kind: str | None = None, token_budget: int | None = None,
             max_batch_size: int | None = None, indices: Sequence[int] | None = None, spec: Any = None) -> Batch:
-    """Collate in the layout ``kind`` (``"padded"`` or ``"packed"``, see :func:`layout_for`), checked
+    """Collate in the layout ``kind`` (``"padded"`` or ``"packed"``, see :func:`layout_of`), checked
     against ``token_budget``/``max_batch_size`` (None: not checked); or all three from ``spec``
     (a :class:`lenbatch.BatchSpec`: its layout, budget and max batch size)."""
     refuse_both(spec, kind=kind, token_budget=token_budget, max_batch_size=max_batch_size)

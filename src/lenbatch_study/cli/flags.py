@@ -97,6 +97,14 @@ def _sync_flags(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: _stage("sync").run(dry_run=args.dry_run))
 
 
+def _readme_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--readme", default="README.md", help="the README whose results table to write")
+    parser.add_argument("--report", default="results/compare/report.md", help="compare's report, the table's source")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the README's table differs from the report's")
+    parser.set_defaults(func=lambda args: _stage("readme").run(readme=args.readme, report=args.report,
+                                                                check=args.check))
+
+
 def _machine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/machine", help="output folder (machine.json)")
     parser.add_argument("--show", action="store_true", help="also print the fingerprint as JSON")
@@ -430,6 +438,12 @@ def _kernel_backends() -> tuple[str, ...]:
     return KERNEL_BACKENDS
 
 
-# command name -> the function adding its flags: ``_<name>_flags`` (``-`` read as ``_``) of every command
-# of the one table (lenbatch_study.pipeline.registry.COMMANDS); a command without one fails here, at import.
-FLAGS: dict[str, Any] = {name: globals()[f"_{name.replace('-', '_')}_flags"] for name in COMMANDS}
+# command name -> the function adding its flags, one entry per command of the one table
+# (lenbatch_study.pipeline.registry.COMMANDS; tests/pipeline/test_layout.py checks the two name the same commands).
+FLAGS: dict[str, Any] = {
+    "machine": _machine_flags, "tokenize": _tokenize_flags, "stats": _stats_flags, "boundaries": _boundaries_flags,
+    "plan": _plan_flags, "plans": _plans_flags, "profile": _profile_flags, "train": _train_flags,
+    "verify-packing": _verify_packing_flags, "quality": _quality_flags, "compare": _compare_flags,
+    "study-replay": _study_replay_flags, "params": _params_flags, "plots": _plots_flags, "dvc-yaml": _dvc_yaml_flags,
+    "sync": _sync_flags, "readme": _readme_flags,
+}

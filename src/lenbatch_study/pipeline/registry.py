@@ -170,6 +170,7 @@ _ALL = (
     Command("dvc-yaml", "write dvc.yaml from the stages' derived code and params dependencies"),
     Command("sync", "record in Snakemake's metadata the results DVC verified (after dvc repro/checkout), so "
                     "snakemake -n agrees with dvc status"),
+    Command("readme", "copy the committed report's results table into README.md (--check: fail if it differs)"),
 )
 
 COMMANDS: dict[str, Command] = {c.name: c for c in _ALL}

@@ -12,7 +12,7 @@ It holds only tensors and plain values (dicts, lists, tuples, str, int, float, b
 state is stored as a tensor), so it is read with ``torch.load(..., weights_only=True)``: a
 ``checkpoint.pt`` someone else wrote (a shared results folder, a copied experiment) cannot run code
 on ``--resume``. A file holding anything else -- a crafted pickle, or a checkpoint of format 2
-(lenbatch before issue 19, with numpy's RNG state pickled as an ndarray) -- is refused with an error
+(an older format, with numpy's RNG state pickled as an ndarray) -- is refused with an error
 naming it, before any object but those is built. Format 2 could be loaded by allow-listing numpy's array
 reconstruction, but a checkpoint only resumes the run that wrote it: rerunning that run afresh costs
 less than widening what ``--resume`` unpickles.

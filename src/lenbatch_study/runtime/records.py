@@ -105,7 +105,7 @@ class Recorder:
         ``device``: what ran (``kernel_backend``: the kernels, lenbatch_study.models.kernels) and what it held
         (peak memory per role against the estimate), merged in as given. Triton compile/autotune seconds
         of the target steps are summed apart for the warm-up and the measured steps: a compile inside a
-        measured step slows the throughput of that strategy alone (issue 18, finding 6)."""
+        measured step slows the throughput of that strategy alone."""
         rows, session = self.rows, self.rows[self.session_start:]
         measured = session[warmup:]
         t0 = session[warmup - 1]["t"] if 0 < warmup <= len(session) else 0.0  # "t": seconds since session start

@@ -38,10 +38,10 @@ per group, so readies match sends in order as NCCL matches per communicator). Bl
 calling thread is stricter than NCCL's stream-blocking (the caller can post nothing else
 meanwhile), so a protocol that completes in this mode completes under NCCL's semantics.
 
-Timing (finding 5 of issue 15): on NCCL ``recv()``/``wait()`` return once the copy is enqueued,
+Timing: on NCCL ``recv()``/``wait()`` return once the copy is enqueued,
 not done (``wait()`` makes the current stream wait for NCCL's); :func:`settle` synchronizes the
 current (compute) stream at the measured boundaries -- never the whole device, whose NCCL streams
-hold sends that cannot finish before the peer posts its receive (issue 18, finding 4) -- and is a
+hold sends that cannot finish before the peer posts its receive -- and is a
 no-op on CPU, where gloo's calls return when the bytes are there. A target rank's staging of the
 tensors onto the data group's device (the device-to-host copy when ranks share a GPU over gloo) is
 timed by :meth:`TargetLink.send` and travels in the batch's header (``stage_s`` of the step).

@@ -45,10 +45,10 @@ from lenbatch_study.pipeline.artifacts import bucket_edges, length_stats, plan_m
 
 log = get_logger("compare")
 
-# The train stage's drafter rank used to wait for its outstanding acknowledgements once more
-# than 4 x queue_size were pending (a stall worth up to 6% of a 20-step run, which
-# stepmodel.pipeline_ends(ack_every=...) simulates); since train 987302c it never waits on
-# them, and replaying measured step times without the stall matches the runs within 0.8%.
+# The train stage's drafter rank never waits on its outstanding acknowledgements, so the pipeline is
+# replayed without that stall (stepmodel.pipeline_ends(ack_every=...) can simulate one: waiting once
+# more than 4 x queue_size were pending cost up to 6% of a 20-step run); replaying measured step times
+# this way matches the runs within 0.8%.
 ACK_EVERY: int | None = None
 
 # Params a training run must share with the current params to be compared (section -> keys; None: all).

@@ -9,7 +9,7 @@ Setting (``params.quality``; the train stage and its results are untouched):
   weights, anchors) with a *trainable* output head over a draft vocabulary, the
   ``quality.draft_vocab`` most frequent trained tokens of the training subset plus one "other"
   class, instead of the target's frozen random 248,320-wide ``lm_head`` (through which the loss
-  barely moves: DESIGN.md, issue 13). A reduced, trainable draft vocabulary is what EAGLE-3-style
+  barely moves: DESIGN.md). A reduced, trainable draft vocabulary is what EAGLE-3-style
   drafters use; labels stay the dataset's tokens, so batch composition (long vs short
   conversations) changes the gradient exactly as in the train stage. Uniform = ln(V' + 1) nats.
 * **features**: the target is frozen and deterministic and a sequence's features do not depend on

@@ -1,0 +1,59 @@
+"""``lenbatch readme``: README.md's results table, copied from compare's report.
+
+The README states no result by hand: its one table is the "Every strategy" table of
+``results/compare/report.md`` (written by compare from the committed results), placed between two
+marker lines. ``--check`` (the test suite runs it) fails when the README's copy differs, so a results
+commit that forgets ``make run``'s last step is caught. Cost: two small text files read.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BEGIN = "<!-- results table: written by `lenbatch readme` from results/compare/report.md; do not edit -->"
+END = "<!-- end of results table -->"
+HEADING = "## Every strategy"
+
+
+def report_table(report: str) -> str:
+    """The first markdown table after :data:`HEADING` in ``report`` (its lines, ending in a newline)."""
+    if HEADING not in report:
+        raise ValueError(f"the report has no {HEADING!r} section; run compare (make run) to write it")
+    rows = []
+    for line in report[report.index(HEADING):].splitlines()[1:]:
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    if len(rows) < 3:
+        raise ValueError(f"the report's {HEADING!r} section holds no table; run compare (make run) to write it")
+    return "\n".join(rows) + "\n"
+
+
+def with_table(readme: str, table: str) -> str:
+    """``readme`` with ``table`` between the markers; ``ValueError`` naming them when either is missing."""
+    if BEGIN not in readme or END not in readme or readme.index(END) < readme.index(BEGIN):
+        raise ValueError(f"the README needs the two marker lines {BEGIN!r} and {END!r}, in that order")
+    head, rest = readme.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table}{END}{tail}"
+
+
+def run(*, readme: str = "README.md", report: str = "results/compare/report.md", check: bool = False) -> int:
+    """Write (or with ``check``, compare) the README's results table; 1 when ``check`` finds it stale."""
+    readme_path, report_path = Path(readme), Path(report)
+    if not report_path.is_file():
+        raise ValueError(f"{report_path} does not exist; run the workflow first (make run)")
+    current = readme_path.read_text()
+    wanted = with_table(current, report_table(report_path.read_text()))
+    if check:
+        if wanted != current:
+            print(f"{readme_path}: its results table differs from {report_path}'s; run `lenbatch readme`",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if wanted != current:
+        readme_path.write_text(wanted)
+        print(f"wrote the results table of {readme_path} from {report_path}", file=sys.stderr)
+    return 0
