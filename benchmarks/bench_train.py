@@ -47,7 +47,7 @@ def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
     import torch
 
     import lenbatch as lb
-    from lenbatch.batching.layouts import layout_of
+    from lenbatch.batching.strategy import layout_of
     from lenbatch.loading.collate import collate
     from lenbatch_study.core.config import load_params
     from lenbatch_study.runtime.runner import StepRunner

@@ -6,6 +6,7 @@ Public API (stable)::
     b = lb.optimize_boundaries(lengths, num_buckets=6, token_budget=49152, max_batch_size=64, method="dp")
     batches = lb.plan_epoch(lengths, strategy="bucketed", epoch=0, seed=0, token_budget=49152,
                             max_batch_size=64, edges=b.edges, rank=0, world_size=1)
+    # or strategy=lb.Strategy("bucketed", edges=b.edges): a strategy carries its own edges
     lb.padding_efficiency(lengths, batches, strategy="bucketed")
     lengths = lb.lengths_of(dataset, column="input_ids")   # from the Arrow offsets: no row loop
     sampler = lb.LengthBatchSampler(lengths, strategy="packed", token_budget=8192, max_batch_size=64, seed=0)
@@ -34,12 +35,13 @@ from lenbatch.batching.padding import (
 )
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import STRATEGIES, Plan, plan_epoch, plan_epoch_all
+from lenbatch.batching.strategy import Strategy
 from lenbatch.loading.arrow import lengths_of
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "METHODS", "STRATEGIES", "BatchSpec", "Boundaries", "LengthBatchSampler", "Plan", "bucket_counts", "budget_fill",
+    "METHODS", "STRATEGIES", "BatchSpec", "Boundaries", "LengthBatchSampler", "Plan", "Strategy", "bucket_counts", "budget_fill",
     "collate_packed", "collate_padded", "composition_repeat", "greedy_bucket_computed", "histogram",
     "length_mixing", "length_stats", "lengths_of", "optimize_boundaries", "padding_efficiency", "plan_epoch",
     "plan_epoch_all", "predict_bucketed", "sweep_num_buckets",

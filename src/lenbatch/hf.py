@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader
 from transformers import Trainer
 
 from lenbatch.batching.boundaries import optimize_boundaries
-from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.strategies import plan_epoch_all
 from lenbatch.log import get_logger
 from lenbatch.loading.collate import collate_packed, collate_padded

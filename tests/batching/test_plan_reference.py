@@ -14,7 +14,7 @@ import pytest
 import lenbatch as lb
 from lenbatch_study.corpus.seed_profile import seed_profile
 from lenbatch.batching import scan
-from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.spec import BatchSpec
 
 import _reference_planner as ref

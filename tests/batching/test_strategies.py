@@ -137,3 +137,34 @@ def test_bad_input(kwargs, words):
         plan_epoch(np.array([1, 7, 9, 3]), **args)
     with pytest.raises(ValueError, match="empty"):
         plan_epoch(np.array([], dtype=np.int64), strategy="random", token_budget=10, max_batch_size=2)
+
+
+def test_a_strategy_is_an_object_carrying_its_layout_and_edges():
+    """lb.Strategy states the strategies' rules once: bucketed needs edges, the others take none, edges are
+    K+1 strictly increasing non-negative ints; its layout is the one word for padded vs packed."""
+    import lenbatch as lb
+
+    s = lb.Strategy("bucketed", edges=[0, 100, 1000])
+    assert s.edges == (0, 100, 1000) and s.layout == "padded" and lb.Strategy("packed").layout == "packed"
+    for bad, match in ((dict(name="bucketed"), "needs edges"), (dict(name="sorted", edges=[0, 5]), "only used by"),
+                       (dict(name="shuffled"), "unknown"), (dict(name="bucketed", edges=[-5, 100, 2000]), "below 0"),
+                       (dict(name="bucketed", edges=[0, 100, 100]), "strictly increasing")):
+        with pytest.raises(ValueError, match=match):
+            lb.Strategy(**bad)
+    assert lb.Strategy.sharing("sorted", (0, 100)).edges is None  # one boundaries file handed to every strategy
+    assert lb.Strategy.sharing("bucketed", (0, 100)).edges == (0, 100)
+
+
+def test_the_planner_and_the_sampler_take_a_strategy_object():
+    import lenbatch as lb
+
+    x = np.random.default_rng(1).integers(1, 900, size=500)
+    edges = lb.optimize_boundaries(x, num_buckets=3, token_budget=2048, max_batch_size=16).edges
+    by_name = lb.plan_epoch(x, strategy="bucketed", edges=edges, epoch=2, token_budget=2048, max_batch_size=16)
+    s = lb.Strategy("bucketed", edges=edges)
+    assert lb.plan_epoch(x, strategy=s, epoch=2, token_budget=2048, max_batch_size=16) == by_name
+    sampler = lb.LengthBatchSampler(x, strategy=s, token_budget=2048, max_batch_size=16, rank=0, world_size=1)
+    sampler.set_epoch(2)
+    assert [list(b) for b in sampler] == [list(b) for b in by_name]
+    with pytest.raises(ValueError, match="carries its own edges"):
+        lb.plan_epoch(x, strategy=s, edges=edges, token_budget=2048, max_batch_size=16)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.strategy import layout_of
 from lenbatch.loading.collate import batch_from_parts, collate, collate_packed, collate_padded, synthetic_sequences
 
 

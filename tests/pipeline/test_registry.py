@@ -1,5 +1,5 @@
 """One list each: the stages live in one table (lenbatch_study.pipeline.registry) and the strategies in one
-(lenbatch.batching.layouts); everything else reads them. These tests fail when a second list appears:
+(lenbatch.batching.strategy); everything else reads them. These tests fail when a second list appears:
 a rule the table lacks, a hand-written input or output path in a rule, a literal list of stage or
 strategy names in the package, or a stage that reads an artifact it does not declare. No tool runs here
 (parsing only, under a second)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from lenbatch.batching.layouts import STRATEGIES
+from lenbatch.batching.strategy import STRATEGIES
 from lenbatch_study.pipeline import deps, registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ def test_no_second_list_of_stages_or_strategies_in_the_package():
     """No literal list, tuple, set or dict of stage names (4 or more) or of strategy names (3 or more)
     outside their table; the planner's name -> function map is checked equal to the list at import."""
     # the list itself; the planner's _FUNCS; the study's measurements, keyed by the three strategies it ran
-    allowed = {("batching/layouts.py", "strategies"), ("batching/strategies.py", "strategies"),
+    allowed = {("batching/strategy.py", "strategies"), ("batching/strategies.py", "strategies"),
                ("analysis/study_replay.py", "strategies")}
     stage_names = set(registry.COMMANDS)
     bad = []

@@ -42,7 +42,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/models/anchors.py": {"profile", "train", "quality", "compare"},  # the drafter's anchors (compare: its work)
     "lenbatch/batching/boundaries.py": {"boundaries", "compare"},  # compare replays the study with dp edges
     "lenbatch/batching/epoch.py": PLANNING,
-    "lenbatch/batching/layouts.py": ALL,  # the strategy list: the params loader validates train.strategies with it
+    "lenbatch/batching/strategy.py": ALL,  # the strategy list: the params loader validates train.strategies with it
     "lenbatch/batching/lengths.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},  # checks every lengths read
     "lenbatch/batching/padding.py": PLANNING,
     "lenbatch/batching/scan.py": PLANNING,

@@ -6,7 +6,7 @@ import os
 import shlex
 import signal
 
-from lenbatch.batching.layouts import STRATEGIES as KNOWN_STRATEGIES
+from lenbatch.batching.strategy import STRATEGIES as KNOWN_STRATEGIES
 from lenbatch_study.core.config import params_from_dict
 from lenbatch_study.pipeline import deps, registry
 

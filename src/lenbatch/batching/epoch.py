@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from lenbatch.batching.scan import gather_segments, permutation, stable_order
-from lenbatch.batching.layouts import check_strategy, layout_of
+from lenbatch.batching.strategy import check_strategy, layout_of
 
 
 class Plan(Sequence):

@@ -15,7 +15,7 @@ import numpy as np
 
 from lenbatch.batching import scan
 from lenbatch.batching.lengths import check_edges, check_lengths
-from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.strategy import layout_of
 
 # --------------------------------------------------------------------------- exact order statistics
 

@@ -19,6 +19,7 @@ import numpy as np
 from lenbatch.batching.padding import batch_tokens, composition_repeat, length_mixing, predict_bucketed
 from lenbatch.batching.spec import BatchSpec, spec_or_keywords
 from lenbatch.batching.strategies import STRATEGIES, plan_epoch_all
+from lenbatch.batching.strategy import WITH_EDGES
 
 
 def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, epochs: int = 3, seed: int = 0,
@@ -38,7 +39,7 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
     if "sortish" in strategies:  # import torch + transformers before timing, so plan_seconds is planning only
         from transformers.trainer_pt_utils import get_length_grouped_indices  # noqa: F401
     for strategy in strategies:
-        if strategy == "bucketed" and edges is None:
+        if strategy in WITH_EDGES and edges is None:
             if log:
                 log.info("bucketed skipped: no --boundaries given")
             continue

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.batching.layouts import LAYOUTS, layout_of
+from lenbatch.batching.strategy import LAYOUTS, Strategy, edges_tuple, layout_of
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> int:
@@ -43,22 +43,6 @@ def check_int(name: str, value: Any, *, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
-
-
-def _edges_tuple(edges: Any) -> tuple[int, ...] | None:
-    if edges is None:
-        return None
-    e = np.asarray(edges)
-    if e.ndim != 1 or e.size < 2:
-        raise ValueError(f"edges must be a list of at least 2 bucket edges, got {edges!r}; "
-                         "pass K+1 increasing ints (Boundaries.edges)")
-    if not np.issubdtype(e.dtype, np.integer):
-        if not np.all(e == np.round(e)):
-            raise ValueError(f"edges must be integers (tokens), got {edges!r}")
-    e = e.astype(np.int64)
-    if np.any(np.diff(e) <= 0):
-        raise ValueError(f"edges {e.tolist()} must be strictly increasing; sort them and remove duplicates")
-    return tuple(int(v) for v in e)
 
 
 @dataclass(frozen=True)
@@ -87,21 +71,21 @@ class BatchSpec:
         fix(self, "min_batches", check_int("min_batches", self.min_batches, minimum=0))
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout {self.layout!r} unknown; choose one of {list(LAYOUTS)}")
-        fix(self, "edges", _edges_tuple(self.edges))
+        fix(self, "edges", edges_tuple(self.edges))
 
     @classmethod
     def from_params(cls, params: Any, *, strategy: str, edges: Any = None, min_batches: int = 0) -> "BatchSpec":
         """The spec of ``params.batching`` for ``strategy``. ``edges`` are kept for ``bucketed`` only
         (the workflow hands every strategy the same boundaries file)."""
         b = params.batching
-        return cls(token_budget=b.token_budget, max_batch_size=b.max_batch_size, layout=layout_of(strategy),
-                   seed=b.seed, packed_window=b.packed_window, edges=edges if strategy == "bucketed" else None,
-                   min_batches=min_batches)
+        s = Strategy.sharing(strategy, edges)
+        return cls(token_budget=b.token_budget, max_batch_size=b.max_batch_size, layout=s.layout,
+                   seed=b.seed, packed_window=b.packed_window, edges=s.edges, min_batches=min_batches)
 
     def for_strategy(self, strategy: str) -> "BatchSpec":
         """This spec with ``strategy``'s layout, its edges kept for ``bucketed`` only."""
-        return dataclasses.replace(self, layout=layout_of(strategy),
-                                   edges=self.edges if strategy == "bucketed" else None)
+        s = Strategy.sharing(strategy, self.edges)
+        return dataclasses.replace(self, layout=s.layout, edges=s.edges)
 
     @property
     def packed(self) -> bool:

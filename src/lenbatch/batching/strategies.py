@@ -30,6 +30,7 @@ With ``world_size == 1`` the strategy's own order is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -41,10 +42,10 @@ from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
 from lenbatch.batching.scan import (first_fit_rows, greedy_batches, histogram_too_wide, kernels, permutation,
                                    segment_sums, shuffle, stable_order, take, torch_randperm, value_counts)
-from lenbatch.batching.layouts import STRATEGIES, check_strategy, layout_of
+from lenbatch.batching.strategy import STRATEGIES, Strategy, layout_of
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 
-__all__ = ["Plan", "check_plan", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
+__all__ = ["Plan", "check_plan", "named_strategy", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
            "sortish_order", "validate"]
 
 
@@ -97,17 +98,11 @@ def check_plan(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:
 
 
 def _check_strategy_spec(strategy: str, spec: BatchSpec) -> None:
-    check_strategy(strategy)
-    if spec.layout != layout_of(strategy):
-        raise ValueError(f"strategy {strategy!r} makes {layout_of(strategy)} batches but the BatchSpec has layout "
-                         f"{spec.layout!r}; build it with layout={layout_of(strategy)!r} "
+    s = Strategy(strategy, spec.edges)  # the strategy's own rules (lenbatch.batching.strategy)
+    if spec.layout != s.layout:
+        raise ValueError(f"strategy {strategy!r} makes {s.layout} batches but the BatchSpec has layout "
+                         f"{spec.layout!r}; build it with layout={s.layout!r} "
                          "(BatchSpec.from_params(params, strategy=...) does)")
-    if strategy == "bucketed" and spec.edges is None:
-        raise ValueError("strategy 'bucketed' needs edges (bucket boundaries in tokens); pass "
-                         "edges=lenbatch.optimize_boundaries(lengths, ...).edges")
-    if strategy != "bucketed" and spec.edges is not None:
-        raise ValueError(f"edges are only used by strategy 'bucketed', not {strategy!r}; drop edges= or use "
-                         "strategy='bucketed'")
 
 
 def planning_lengths(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:
@@ -261,11 +256,25 @@ def _packed(x, rng, spec):
     return EpochBatches(members, offsets[:-1], offsets[1:], cost)
 
 
+def named_strategy(strategy: "str | Strategy", edges: Any, spec: BatchSpec | None) -> tuple[str, Any, BatchSpec | None]:
+    """(name, edges keyword, spec) from ``strategy`` given as a name or as a :class:`Strategy` (which
+    carries its own edges: then ``edges=`` must be None, and a ``spec`` gets the strategy's edges)."""
+    if not isinstance(strategy, Strategy):
+        return strategy, edges, spec
+    if edges is not None:
+        raise ValueError(f"{strategy!r} carries its own edges; drop edges=")
+    if spec is None:
+        return strategy.name, strategy.edges, None
+    if spec.edges is not None and spec.edges != strategy.edges:
+        raise ValueError(f"the BatchSpec's edges {list(spec.edges)} differ from {strategy!r}'s; give them once")
+    return strategy.name, None, dataclasses.replace(spec, layout=strategy.layout, edges=strategy.edges)
+
+
 _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish": _sortish, "packed": _packed}
-assert tuple(_FUNCS) == STRATEGIES, "every strategy of lenbatch.batching.layouts.STRATEGIES has a planner"
+assert tuple(_FUNCS) == STRATEGIES, "every strategy of lenbatch.batching.strategy.STRATEGIES has a planner"
 
 
-def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int | None = None,
+def plan_epoch_all(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, seed: int = 0, token_budget: int | None = None,
                    max_batch_size: int | None = None, edges: Any = None, world_size: int = 1,
                    packed_window: int = 8, min_batches: int = 0, spec: BatchSpec | None = None) -> list[Plan]:
     """Every rank's batches for one epoch: ``out[r]`` is rank r's list of int64 index arrays, in order.
@@ -274,8 +283,10 @@ def plan_epoch_all(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0
     ``min_batches`` (default 0: off) splits the costliest batches until the epoch has at least that
     many batches (over all ranks): trainers that fix the steps per epoch from the first epoch
     (transformers' ``Trainer``) need every epoch to have the same count; see
-    :func:`equal_epoch_batches`.
+    :func:`equal_epoch_batches`. ``strategy`` is a name (``edges=`` beside it for ``bucketed``) or a
+    :class:`lenbatch.Strategy`.
     """
+    strategy, edges, spec = named_strategy(strategy, edges, spec)
     spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
                             seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
     eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size)
@@ -296,7 +307,7 @@ def epoch_batches(lengths: Any, *, strategy: str, spec: BatchSpec, epoch: int,
     return eb, assign_ranks(eb, world_size, rng)
 
 
-def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, token_budget: int | None = None,
+def plan_epoch(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, seed: int = 0, token_budget: int | None = None,
                max_batch_size: int | None = None, edges: Any = None, rank: int | None = None,
                world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
                spec: BatchSpec | None = None) -> Plan:
@@ -304,8 +315,10 @@ def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, to
 
     ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
     Only this rank's batches are gathered (the epoch's batches are planned, then dropped). Cost: see
-    :func:`epoch_batches` (benchmarks/bench_plans.py: 0.9, 9 and 90 M samples).
+    :func:`epoch_batches` (benchmarks/bench_plans.py: 0.9, 9 and 90 M samples). ``strategy`` is a name
+    (``edges=`` beside it for ``bucketed``) or a :class:`lenbatch.Strategy`.
     """
+    strategy, edges, spec = named_strategy(strategy, edges, spec)
     rank, world_size = resolve_rank(rank, world_size)
     spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
                             seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
@@ -313,13 +326,14 @@ def plan_epoch(lengths: Any, *, strategy: str, epoch: int = 0, seed: int = 0, to
     return rank_plan(eb, ranks[rank], strategy)  # only this rank's batches are gathered
 
 
-def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: str, seed: int = 0, token_budget: int | None = None,
+def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: "str | Strategy", seed: int = 0, token_budget: int | None = None,
                         max_batch_size: int | None = None, edges: Any = None, world_size: int = 1,
                         packed_window: int = 8, spec: BatchSpec | None = None) -> int:
     """The ``min_batches`` that gives epochs 0..epochs-1 the same number of batches: the most any of
     them plans (over all ranks, a multiple of ``world_size``). Strategies other than ``sorted`` plan
     a different count each epoch (greedy packing of a new order). Cost: ``epochs`` plans."""
     epochs = check_int("epochs", epochs, minimum=1)
+    strategy, edges, spec = named_strategy(strategy, edges, spec)
     spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
                             seed=seed, edges=edges, packed_window=packed_window)
     return max(len(epoch_batches(lengths, strategy=strategy, spec=spec, epoch=e, world_size=world_size)[0])

@@ -28,20 +28,21 @@ from typing import Any
 
 import torch.utils.data
 
-from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.strategy import Strategy, layout_of
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
-from lenbatch.batching.strategies import Plan, check_plan, plan_epoch, resolve_rank
+from lenbatch.batching.strategies import Plan, check_plan, named_strategy, plan_epoch, resolve_rank
 
 
 class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yield this rank's batches of one epoch; ``set_epoch`` before each epoch (like DistributedSampler)."""
 
-    def __init__(self, lengths: Any, *, strategy: str, token_budget: int | None = None,
+    def __init__(self, lengths: Any, *, strategy: "str | Strategy", token_budget: int | None = None,
                  max_batch_size: int | None = None, seed: int = 0, edges: Any = None, rank: int | None = None,
                  world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
                  spec: BatchSpec | None = None) -> None:
         super().__init__()
+        strategy, edges, spec = named_strategy(strategy, edges, spec)  # a name, or a Strategy with its edges
         spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget,
                                 max_batch_size=max_batch_size, seed=seed, edges=edges, packed_window=packed_window,
                                 min_batches=min_batches)

@@ -35,7 +35,7 @@ import numpy as np
 from lenbatch.batching.boundaries import optimize_boundaries
 from lenbatch_study.corpus.seed_profile import SEED_COUNT, SEED_VALUES, seed_profile
 from lenbatch.batching.padding import predict_bucketed
-from lenbatch.batching.layouts import STRATEGIES
+from lenbatch.batching.strategy import STRATEGIES
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import plan_epoch_all
 

@@ -338,7 +338,7 @@ def _verify_packing(args: argparse.Namespace) -> int:
 
 
 def _train_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.batching.layouts import STRATEGIES
+    from lenbatch.batching.strategy import STRATEGIES
 
     add_params_argument(parser)
     parser.add_argument("--strategy", required=True, help=f"batching strategy: one of {', '.join(STRATEGIES)}")
@@ -427,7 +427,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _strategies() -> tuple[str, ...]:
-    from lenbatch.batching.layouts import STRATEGIES
+    from lenbatch.batching.strategy import STRATEGIES
 
     return STRATEGIES
 

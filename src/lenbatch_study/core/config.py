@@ -25,7 +25,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from lenbatch.batching.layouts import STRATEGIES  # the one list of strategies
+from lenbatch.batching.strategy import STRATEGIES  # the one list of strategies
 
 SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
 

@@ -47,7 +47,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from lenbatch.batching.layouts import STRATEGIES as ALL_STRATEGIES
+from lenbatch.batching.strategy import STRATEGIES as ALL_STRATEGIES
 from lenbatch_study.core.config import SECTIONS
 from lenbatch_study.pipeline.registry import COMMANDS, STAGES, input_paths, output_path
 

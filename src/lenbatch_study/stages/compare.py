@@ -38,7 +38,7 @@ from lenbatch.log import get_logger
 from lenbatch_study.analysis.report import QUIET_RERUN, CompareResult, Recommendation, StrategyRow, busy_machine, \
     unsteady_machine, write_outputs
 from lenbatch.batching.schedule import build_schedule, epoch_steps
-from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.spec import BatchSpec
 from lenbatch_study.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result, \
     tokenized, train_runs

@@ -11,6 +11,7 @@ from pathlib import Path
 from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.padding import budget_fill, padding_efficiency
 from lenbatch.batching.strategies import plan_epoch
+from lenbatch.batching.strategy import WITH_EDGES, Strategy
 from lenbatch_study.core.config import Params, write_resolved
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.artifacts.bucket_edges import NEEDS_EDGES, read_edges
@@ -28,12 +29,12 @@ def run(*, params: Params, strategy: str, lengths: str | None, out: str | Path, 
     x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
                                    seed=bt.seed)
     edges = read_edges(boundaries)
-    if strategy == "bucketed" and edges is None:
+    if strategy in WITH_EDGES and edges is None:
         raise ValueError(NEEDS_EDGES)
     t0 = time.perf_counter()
-    batches = plan_epoch(x, strategy=strategy, epoch=epoch, seed=bt.seed, token_budget=bt.token_budget,
-                         max_batch_size=bt.max_batch_size, edges=edges if strategy == "bucketed" else None, rank=rank, world_size=world_size,
-                         packed_window=bt.packed_window)
+    batches = plan_epoch(x, strategy=Strategy.sharing(strategy, edges), epoch=epoch, seed=bt.seed,
+                         token_budget=bt.token_budget, max_batch_size=bt.max_batch_size, rank=rank,
+                         world_size=world_size, packed_window=bt.packed_window)
     secs = time.perf_counter() - t0
     out = Path(out)
     write_json(out / "plan.json", {

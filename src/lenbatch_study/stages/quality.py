@@ -55,7 +55,7 @@ from torch import nn
 from lenbatch_study.analysis import gradquality as gq
 from lenbatch_study.analysis import quality_stats
 from lenbatch.batching.strategies import plan_epoch
-from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.strategy import Strategy, layout_of
 from lenbatch.loading.collate import Batch, collate
 from lenbatch_study.core.config import Params, write_resolved
 from lenbatch.log import get_logger
@@ -248,9 +248,9 @@ class Experiment:
         """One epoch of ``strategy`` over the training subset, as dataset indices."""
         b = self.params.batching
         sub = self.lengths[self.train_idx]
-        plan = plan_epoch(sub, strategy=strategy, epoch=epoch, seed=seed, token_budget=b.token_budget,
-                             max_batch_size=b.max_batch_size, edges=self.edges if strategy == "bucketed" else None,
-                             rank=0, world_size=1, packed_window=b.packed_window)
+        plan = plan_epoch(sub, strategy=Strategy.sharing(strategy, self.edges), epoch=epoch, seed=seed,
+                          token_budget=b.token_budget, max_batch_size=b.max_batch_size, rank=0, world_size=1,
+                          packed_window=b.packed_window)
         return [self.train_idx[np.asarray(p, dtype=np.int64)] for p in plan]
 
     def train_run(self, strategy: str, *, seed_index: int) -> tuple[dict[str, Any], Drafter]:

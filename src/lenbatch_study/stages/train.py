@@ -69,7 +69,7 @@ from lenbatch_study.runtime.checkpoint import fingerprint, load_checkpoint, rest
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
 from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
 from lenbatch.loading.collate import collate
-from lenbatch.batching.layouts import STRATEGIES
+from lenbatch.batching.strategy import STRATEGIES
 from lenbatch_study.core.config import Params, write_resolved
 from lenbatch_study.core.machine import fingerprint as fingerprint_machine
 from lenbatch_study.runtime.lifetime import die_with_parent
