@@ -20,7 +20,7 @@ from lenbatch_study.models import varlen, verify
 from lenbatch_study.cli import main
 from lenbatch_study.core.config import ModelConfig
 from lenbatch_study.models.target import build_target
-from lenbatch_study.stages.verify_packing import parse_lengths
+from lenbatch_study.tools.verify_packing import parse_lengths
 
 # transformers' own token-by-token torch kernel (unwrapped: where fla is installed the name calls fla)
 torch_recurrent_gated_delta_rule = inspect.unwrap(modeling_qwen3_5.torch_recurrent_gated_delta_rule)

@@ -147,7 +147,7 @@ def test_step_runner_trains_behind_the_checkpoint(ckpt, one_thread):
 
 def test_verify_packing_runs_on_the_checkpoint(ckpt, capsys, one_thread):
     """lenbatch verify-packing with model.pretrained: passes on the loaded weights and says where they came from."""
-    from lenbatch_study.stages import verify_packing
+    from lenbatch_study.tools import verify_packing
 
     model = {**SHAPES, "target_layers": [0, 1], "pretrained": str(ckpt)}
     rc = verify_packing.run(params=[str(ROOT / "params.yaml"), json.dumps({"model": model})], lengths="5,17,30")

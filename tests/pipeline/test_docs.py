@@ -59,7 +59,7 @@ def test_readme_links_lead_to_files():
 
 
 def test_the_readme_writer_refuses_a_readme_without_markers(tmp_path):
-    from lenbatch_study.stages import readme
+    from lenbatch_study.tools import readme
 
     (tmp_path / "R.md").write_text("# no markers\n")
     try:

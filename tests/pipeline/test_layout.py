@@ -42,6 +42,8 @@ STUDY_LAYERS: dict[str, set[str]] = {
     "analysis": {"core", "corpus", "models"},
     "pipeline": {"core", "corpus"},                         # deps, outputs, artifacts, registry
     "stages": {"runtime", "models", "core", "corpus", "analysis", "pipeline"},
+    # the commands beside the stages (plan, study-replay, verify-packing, params, plots, dvc-yaml, sync, readme)
+    "tools": {"models", "core", "corpus", "analysis", "pipeline"},
     # flags; stages reached by importlib only; runtime: train's relaunch under torchrun dies with its parent
     "cli": {"pipeline", "core", "corpus", "models", "runtime"},
     "(top)": {"cli"},                                       # python -m lenbatch_study
@@ -178,8 +180,9 @@ def test_importing_the_library_loads_nothing_of_the_study():
 
 
 def test_no_stage_module_imports_another_stage_or_the_cli():
-    stages = [m for m in _modules() if package_of(m) == STUDY and layer_of(m) == "stages" and not deps.is_subpackage(m)]
-    assert len(stages) >= 10
+    stages = [m for m in _modules() if package_of(m) == STUDY and layer_of(m) in ("stages", "tools")
+              and not deps.is_subpackage(m)]
+    assert len(stages) >= 16
     for module in stages:
         imported = set(deps.direct_imports(module))
         others = sorted(m for m in imported if m in stages and m != module)
@@ -264,10 +267,13 @@ def test_only_the_cli_layer_parses_arguments():
     flags = importlib.import_module("lenbatch_study.cli.flags")
     assert "import argparse" in (deps.SRC / "cli" / "flags.py").read_text()
     assert set(flags.FLAGS) == set(cli.COMMANDS), sorted(set(cli.COMMANDS) ^ set(flags.FLAGS))
-    # every command's module is the stage module named after it
+    # every command's module is named after it: a stage of the DAG in stages/, any other command in tools/
     for name, cmd in cli.COMMANDS.items():
-        assert cmd.module == "lenbatch_study.stages." + name.replace("-", "_"), (name, cmd.module)
-        assert (deps.SRC / "stages" / f"{name.replace('-', '_')}.py").exists()
+        home = "stages" if cmd.stage else "tools"
+        assert cmd.module == f"lenbatch_study.{home}." + name.replace("-", "_"), (name, cmd.module)
+        assert (deps.SRC / home / f"{name.replace('-', '_')}.py").exists()
+    assert {p.stem for p in (deps.SRC / "stages").glob("[a-z]*.py")} == {
+        n.replace("-", "_") for n, c in cli.COMMANDS.items() if c.stage}, "stages/ holds the DAG's stages only"
 
 
 @pytest.mark.parametrize("module", ["lenbatch_study.stages.stats", "lenbatch_study.stages.compare"])

@@ -97,23 +97,25 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/runtime/reference.py": {"profile", "train"},  # the drift-calibration step
     "lenbatch_study/runtime/runner.py": {"profile", "train"},
     "lenbatch_study/runtime/transport.py": {"train"},
+    # the commands beside the stages: no stage of the DAG
+    "lenbatch_study/tools/readme.py": set(),
     # stages: each its own
     "lenbatch_study/stages/boundaries.py": {"boundaries"},
     "lenbatch_study/stages/compare.py": {"compare"},
-    "lenbatch_study/stages/dvc_yaml.py": set(),
+    "lenbatch_study/tools/dvc_yaml.py": set(),
     "lenbatch_study/stages/machine.py": set(),  # lenbatch machine: not a workflow stage (yet)
-    "lenbatch_study/stages/params.py": set(),
-    "lenbatch_study/stages/plan.py": set(),
+    "lenbatch_study/tools/params.py": set(),
+    "lenbatch_study/tools/plan.py": set(),
     "lenbatch_study/stages/plans.py": {"plans"},
-    "lenbatch_study/stages/plots.py": set(),
-    "lenbatch_study/stages/sync.py": set(),  # lenbatch sync: a tool, no stage of the DAG
+    "lenbatch_study/tools/plots.py": set(),
+    "lenbatch_study/tools/sync.py": set(),  # lenbatch sync: a tool, no stage of the DAG
     "lenbatch_study/stages/profile.py": {"profile"},
     "lenbatch_study/stages/quality.py": {"quality"},
     "lenbatch_study/stages/stats.py": {"stats"},
-    "lenbatch_study/stages/study_replay.py": set(),  # lenbatch study-replay (plans --study-replay): no workflow stage
+    "lenbatch_study/tools/study_replay.py": set(),  # lenbatch study-replay (plans --study-replay): no workflow stage
     "lenbatch_study/stages/tokenize.py": {"tokenize"},
     "lenbatch_study/stages/train.py": {"train"},
-    "lenbatch_study/stages/verify_packing.py": set(),
+    "lenbatch_study/tools/verify_packing.py": set(),
     "lenbatch_study/corpus/seed_profile.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},
 }
 

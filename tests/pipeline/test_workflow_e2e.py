@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import yaml
 
-from lenbatch_study.stages.sync import changed_stages
+from lenbatch_study.tools.sync import changed_stages
 from test_reruns import RERUNS, dvc_stages
 from _e2e import git_commit, make
 from _runs import check_pipelined_run, planned_hashes

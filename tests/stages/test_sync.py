@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lenbatch_study.pipeline.dvcplots import TEMPLATE, write_template
-from lenbatch_study.stages.sync import _touched_jobs, changed_stages, stage_outputs
+from lenbatch_study.tools.sync import _touched_jobs, changed_stages, stage_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -44,14 +44,18 @@ def _missing_extra(name: str, err: ModuleNotFoundError) -> int:
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    epilog = "stages:\n" + "\n".join(f"  {name:<16}{help_}" for name, cmd in COMMANDS.items() for help_ in [cmd.help])
+    def group(title: str, stage: bool) -> str:
+        return title + ":\n" + "\n".join(f"  {name:<16}{cmd.help}" for name, cmd in COMMANDS.items()
+                                         if (cmd.stage is not None) == stage)
+
+    epilog = group("stages of the workflow", True) + "\n\n" + group("tools", False)
     parser = argparse.ArgumentParser(
         prog="lenbatch",
         description="Choose how to batch variable-length data when training LLMs.",
-        epilog=epilog + "\n\nRun 'lenbatch <stage> --help' for the flags of one stage.",
+        epilog=epilog + "\n\nRun 'lenbatch <command> --help' for the flags of one command.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("stage", choices=list(COMMANDS), metavar="stage", help="one of: " + ", ".join(COMMANDS))
+    parser.add_argument("command", choices=list(COMMANDS), metavar="command", help="one of: " + ", ".join(COMMANDS))
     return parser
 
 
@@ -63,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name = argv[0]
     if name not in COMMANDS:
-        top.error(f"unknown stage {name!r}; choose one of: {', '.join(COMMANDS)}")
+        top.error(f"unknown command {name!r}; choose one of: {', '.join(COMMANDS)}")
     module_name, help_ = COMMANDS[name].module, COMMANDS[name].help
     try:
         importlib.import_module(module_name)  # a missing extra is named before any flag is parsed

@@ -25,6 +25,21 @@ def _stage(name: str) -> Any:
     return importlib.import_module(COMMANDS[name].module)
 
 
+# command name -> the function adding its flags: each ``_<name>_flags`` registers itself with
+# :func:`_flags_of`; tests/pipeline/test_layout.py checks that every command of the one table
+# (lenbatch_study.pipeline.registry.COMMANDS) has one and no other name does.
+FLAGS: dict[str, Any] = {}
+
+
+def _flags_of(command: str) -> Any:
+    """Register the decorated function as the flags of ``lenbatch <command>``."""
+    def register(func: Any) -> Any:
+        assert command in COMMANDS and command not in FLAGS, command
+        FLAGS[command] = func
+        return func
+    return register
+
+
 class _AppendInline(argparse.Action):
     """``--params-json X`` appends the inline mapping to ``--params`` (after the files given before it)."""
 
@@ -77,12 +92,14 @@ def _lengths_input(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- dvc-yaml, plots, params
 
 
+@_flags_of("dvc-yaml")
 def _dvc_yaml_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="dvc.yaml", help="where to write dvc.yaml ('-': stdout)")
     parser.add_argument("--check", action="store_true", help="exit 1 if OUT differs from what would be written")
     parser.set_defaults(func=lambda args: _stage("dvc-yaml").run(out=args.out, check=args.check))
 
 
+@_flags_of("plots")
 def _plots_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("revisions", nargs="*", help="revisions or experiments to compare (dvc plots diff)")
     parser.add_argument("--out", default="dvc_plots", help="output folder (index.html)")
@@ -92,11 +109,13 @@ def _plots_flags(parser: argparse.ArgumentParser) -> None:
                                                                write_only=args.write_template))
 
 
+@_flags_of("sync")
 def _sync_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--dry-run", action="store_true", help="print what would be recorded, record nothing")
     parser.set_defaults(func=lambda args: _stage("sync").run(dry_run=args.dry_run))
 
 
+@_flags_of("readme")
 def _readme_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--readme", default="README.md", help="the README whose results table to write")
     parser.add_argument("--report", default="results/compare/report.md", help="compare's report, the table's source")
@@ -105,12 +124,14 @@ def _readme_flags(parser: argparse.ArgumentParser) -> None:
                                                                 check=args.check))
 
 
+@_flags_of("machine")
 def _machine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/machine", help="output folder (machine.json)")
     parser.add_argument("--show", action="store_true", help="also print the fingerprint as JSON")
     parser.set_defaults(func=lambda args: _stage("machine").run(out=args.out, show=args.show))
 
 
+@_flags_of("params")
 def _params_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     what = parser.add_mutually_exclusive_group()
@@ -123,6 +144,7 @@ def _params_flags(parser: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- stats
 
 
+@_flags_of("stats")
 def _stats_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     add_lengths_arguments(parser)
@@ -162,6 +184,7 @@ def batching_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"batching": sec} if sec else {}
 
 
+@_flags_of("boundaries")
 def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
     from lenbatch.batching.boundaries import METHODS as methods
     from lenbatch.batching.padding import OBJECTIVES as objectives
@@ -191,6 +214,7 @@ def _boundaries(args: argparse.Namespace) -> int:
                                     **_lengths_input(args))
 
 
+@_flags_of("plan")
 def _plan_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     add_lengths_arguments(parser)
@@ -214,6 +238,7 @@ def _plan(args: argparse.Namespace) -> int:
                                     **_lengths_input(args))
 
 
+@_flags_of("plans")
 def _plans_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     add_lengths_arguments(parser, required=False)
@@ -247,6 +272,7 @@ def _plans(args: argparse.Namespace) -> int:
                                world_size=args.world_size, **_lengths_input(args))
 
 
+@_flags_of("study-replay")
 def _study_replay_flags(parser: argparse.ArgumentParser) -> None:
     from lenbatch_study.corpus.seed_profile import SEED_COUNT
 
@@ -259,6 +285,7 @@ def _study_replay_flags(parser: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- tokenize, quality
 
 
+@_flags_of("tokenize")
 def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     parser.add_argument("--source", help="overrides data.source: 'sharegpt', a JSON/JSONL/Parquet file or a "
@@ -287,6 +314,7 @@ def _tokenize(args: argparse.Namespace) -> int:
     return stage.run(params=params, out=args.out, progress=not args.no_progress, allow_truncated=args.allow_truncated)
 
 
+@_flags_of("quality")
 def _quality_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
@@ -303,6 +331,7 @@ def _quality(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- verify-packing
 
 
+@_flags_of("verify-packing")
 def _verify_packing_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     parser.add_argument("--model-config", default=None, metavar="FILE",
@@ -337,6 +366,7 @@ def _verify_packing(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- train, profile, compare
 
 
+@_flags_of("train")
 def _train_flags(parser: argparse.ArgumentParser) -> None:
     from lenbatch.batching.strategy import STRATEGIES
 
@@ -390,6 +420,7 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
     return subprocess.call(cmd, preexec_fn=parent_death_signal)
 
 
+@_flags_of("profile")
 def _profile_flags(parser: argparse.ArgumentParser) -> None:
     add_params_argument(parser)
     parser.add_argument("--repeats", type=int, default=None, help="override profile.repeats")
@@ -402,6 +433,7 @@ def _profile(args: argparse.Namespace) -> int:
     return _stage("profile").run(params=params_from_args(args, overrides), out=args.out)
 
 
+@_flags_of("compare")
 def _compare_flags(parser: argparse.ArgumentParser) -> None:
     add_params_argument(parser)
     parser.add_argument("--stats", default="results/stats", help="stats stage output folder")
@@ -436,14 +468,3 @@ def _kernel_backends() -> tuple[str, ...]:
     from lenbatch_study.models.varlen import KERNEL_BACKENDS
 
     return KERNEL_BACKENDS
-
-
-# command name -> the function adding its flags, one entry per command of the one table
-# (lenbatch_study.pipeline.registry.COMMANDS; tests/pipeline/test_layout.py checks the two name the same commands).
-FLAGS: dict[str, Any] = {
-    "machine": _machine_flags, "tokenize": _tokenize_flags, "stats": _stats_flags, "boundaries": _boundaries_flags,
-    "plan": _plan_flags, "plans": _plans_flags, "profile": _profile_flags, "train": _train_flags,
-    "verify-packing": _verify_packing_flags, "quality": _quality_flags, "compare": _compare_flags,
-    "study-replay": _study_replay_flags, "params": _params_flags, "plots": _plots_flags, "dvc-yaml": _dvc_yaml_flags,
-    "sync": _sync_flags, "readme": _readme_flags,
-}

@@ -95,8 +95,9 @@ class Command:
 
     @property
     def module(self) -> str:
-        """The stage module, named after the command: ``lenbatch_study.stages.<name>`` (``-`` read as ``_``)."""
-        return "lenbatch_study.stages." + self.name.replace("-", "_")
+        """The command's module, named after it (``-`` read as ``_``): ``lenbatch_study.stages.<name>`` for a
+        stage of the DAG, ``lenbatch_study.tools.<name>`` for the other commands."""
+        return f"lenbatch_study.{'stages' if self.stage else 'tools'}." + self.name.replace("-", "_")
 
 
 _IN_LENGTHS = Input("tokenize", "lengths")

@@ -23,7 +23,7 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
         world_size: int = 1) -> int:
     """``lenbatch plans``: metrics.json, :func:`simulate` of ``strategies`` (default: all) over the lengths
     at ``lengths`` (or the generated ``seed_profile``), bucketed with the edges of ``boundaries``.
-    (``lenbatch plans --study-replay`` runs :mod:`lenbatch_study.stages.study_replay` instead.)"""
+    (``lenbatch plans --study-replay`` runs :mod:`lenbatch_study.tools.study_replay` instead.)"""
     log = get_logger("lenbatch.plans")
     bt = params.batching
     x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
