@@ -19,10 +19,20 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
   ``state_dict()`` snapshots this sampler's state as of each batch it yields (exact with workers).
 * ``min_batches`` (default off) pads every epoch to at least that many batches by splitting the
   costliest ones, for trainers that fix the steps per epoch (``lenbatch.loading.trainer`` sets it).
+* accelerate: ``accelerator.prepare(loader)`` wraps the batch sampler in ``BatchSamplerShard``, which
+  keeps every ``num_processes``-th batch for its process. The sampler notices that it is being iterated
+  (or measured) by that wrapper and then yields, per step, ``world_size`` slots with this rank's batch in
+  slot ``rank`` (the others empty and never loaded), and reports ``len`` = ``world_size`` x its batches,
+  so the wrapper hands each process exactly its own batches. A wrapper whose ``num_processes`` /
+  ``process_index`` differ from the sampler's ``world_size``/``rank``, or ``split_batches=True``, is refused.
+* ``sampler.sampler.set_epoch(e)`` is ``sampler.set_epoch(e)``: Lightning and accelerate call
+  ``set_epoch`` on ``loader.batch_sampler.sampler``, never on the batch sampler itself.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -32,6 +42,45 @@ from lenbatch.batching.layouts import layout_of
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
 from lenbatch.batching.strategies import Plan, check_plan, plan_epoch, resolve_rank
+
+log = logging.getLogger("lenbatch.sampler")
+
+
+class _EpochForward:
+    """``LengthBatchSampler.sampler``: Lightning's fit loop and accelerate's ``DataLoaderShard`` call
+    ``set_epoch`` on ``loader.batch_sampler.sampler`` (the element sampler of torch's ``BatchSampler``),
+    never on a custom batch sampler; forwarding it here makes their natural loops plan every epoch.
+    Deliberately nothing else (no ``generator``, no ``__iter__``), so nobody mistakes it for a sampler to
+    replace or re-seed."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: "LengthBatchSampler") -> None:
+        self._owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self._owner.set_epoch(epoch)
+
+    def __reduce__(self):
+        return (_EpochForward, (self._owner,))
+
+
+def _accelerate_shard(depth: int) -> Any:
+    """The accelerate ``BatchSamplerShard`` whose method is the frame ``depth`` levels up, else None.
+
+    Why a frame: ``accelerator.prepare(loader)`` builds ``BatchSamplerShard(our_sampler)`` without telling
+    the sampler, and it is the only code that iterates or measures it that way. Cost: one frame lookup
+    per ``__iter__``/``__len__`` call; nothing when accelerate is not imported."""
+    mod = sys.modules.get("accelerate.data_loader")
+    if mod is None:
+        return None
+    shard_type = getattr(mod, "BatchSamplerShard", None)
+    try:
+        frame = sys._getframe(depth + 1)
+    except ValueError:
+        return None
+    caller = frame.f_locals.get("self")
+    return caller if shard_type is not None and isinstance(caller, shard_type) else None
 
 
 class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
@@ -56,6 +105,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._consumed: int | None = None  # batches the loop received, while iterating consumed()
         self._cache: tuple[int, Plan] | None = None
         self.fingerprint = spec.fingerprint(x, strategy)
+        self.sampler = _EpochForward(self)
 
     # the batching values, read from the spec (kept as attributes: callers read them)
     token_budget = property(lambda self: self.spec.token_budget)
@@ -84,21 +134,49 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         epoch = check_int("epoch", epoch, minimum=0)
         if self._resume is not None and epoch == self.epoch:
             return  # a restored position not yet iterated: keep it
+        if self._resume:
+            # e.g. accelerate's loader calls set_epoch(its own counter), 0 in a new process, on iteration
+            log.warning("set_epoch(%d) discards the restored position (epoch %d, %d batches done); call "
+                        "set_epoch(%d) (or loader.set_epoch(%d)) before iterating to resume", epoch, self.epoch,
+                        self._resume, self.epoch, self.epoch)
         self.epoch = epoch
         self._position = 0
         self._resume = None
 
     def __len__(self) -> int:
-        return len(self.plan())
+        shard = _accelerate_shard(1)
+        n = len(self.plan())
+        return n * self._check_shard(shard) if shard is not None else n
+
+    def _check_shard(self, shard: Any) -> int:
+        """Slots per step under accelerate's ``BatchSamplerShard`` (= world_size), or ``ValueError``."""
+        if getattr(shard, "split_batches", False):
+            raise ValueError("accelerate's split_batches=True splits every batch across processes, which breaks "
+                             "the plan's batches; use DataLoaderConfiguration(split_batches=False) (the default)")
+        procs, index = int(shard.num_processes), int(shard.process_index)
+        if (procs, index) != (self.world_size, self.rank):
+            raise ValueError(f"accelerate shards the loader over {procs} processes (this one is {index}) but the "
+                             f"sampler plans for world_size={self.world_size}, rank={self.rank}; build the sampler "
+                             "after Accelerator() without rank=/world_size= (or pass accelerator.num_processes and "
+                             "accelerator.process_index)")
+        return procs
 
     def __iter__(self) -> Iterator[list[int]]:
+        # generator body: frame 1 is whoever calls next() on it (accelerate's BatchSamplerShard if wrapped)
+        shard = _accelerate_shard(1)
         batches = self.plan()
+        slots = self._check_shard(shard) if shard is not None else 1
         start = self._resume if self._resume is not None else 0
         self._resume = None
         self._position = start
         for i in range(start, len(batches)):
-            self._position = i + 1
-            yield batches[i].tolist()
+            for slot in range(slots):
+                if slot == self.rank % slots:
+                    self._position = i + 1
+                    yield batches[i].tolist()
+                else:
+                    # another process's slot: the shard of this process drops it unloaded
+                    yield []
 
     def consumed(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Iterate ``loader`` (a DataLoader over this sampler) counting the batches the loop received.
