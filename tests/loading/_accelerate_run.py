@@ -27,8 +27,8 @@ seen = []
 
 
 def recording_step(batch):
-    firsts = batch.input_ids[0, batch.cu_seqlens[:-1].long()]
-    seen.append([sampler.epoch, firsts.tolist()])
+    rows, starts = batch.seq_rows_starts()
+    seen.append([sampler.epoch, batch.input_ids[rows, starts].tolist()])
     step(batch)
     if crash_after is not None and len(seen) == crash_after:
         raise Crash

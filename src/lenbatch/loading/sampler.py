@@ -27,10 +27,18 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
   ``process_index`` differ from the sampler's ``world_size``/``rank``, or ``split_batches=True``, is refused.
 * ``sampler.sampler.set_epoch(e)`` is ``sampler.set_epoch(e)``: Lightning and accelerate call
   ``set_epoch`` on ``loader.batch_sampler.sampler``, never on the batch sampler itself.
+* ``epochs=N`` gives epochs 0..N-1 the same number of batches (``min_batches`` = the most any of them
+  plans, by splitting the costliest batches of the others), for loops that fix an epoch's length once.
+  Lightning does (it reads ``len(loader)`` at setup and stops every epoch there, dropping the rest): when
+  Lightning's fit loop asks the length and ``epochs`` was not given, the sampler equalises epochs
+  0..``trainer.max_epochs``-1 itself (refused when ``max_epochs`` is unbounded). Lightning resuming
+  mid-epoch through a loader that cannot restore the sampler (a plain ``DataLoader``) is refused: use
+  torchdata's ``StatefulDataLoader``, whose state Lightning saves and restores.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Iterable, Iterator
@@ -41,7 +49,7 @@ import torch.utils.data
 from lenbatch.batching.layouts import layout_of
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
-from lenbatch.batching.strategies import Plan, check_plan, plan_epoch, resolve_rank
+from lenbatch.batching.strategies import Plan, check_plan, equal_epoch_batches, plan_epoch, resolve_rank
 
 log = logging.getLogger("lenbatch.sampler")
 
@@ -59,10 +67,38 @@ class _EpochForward:
         self._owner = owner
 
     def set_epoch(self, epoch: int) -> None:
+        loop = _lightning_fit_loop()
+        if loop is not None and getattr(loop, "restarted_mid_epoch", False) and self._owner._resume is None:
+            raise ValueError("Lightning resumes this run in the middle of epoch "
+                             f"{epoch}, but the DataLoader cannot restore the sampler's position (a plain "
+                             "torch DataLoader has no state_dict), so the epoch would restart and skip or repeat "
+                             "samples; build the loader as torchdata.stateful_dataloader.StatefulDataLoader("
+                             "dataset, batch_sampler=sampler, ...), whose state Lightning checkpoints")
         self._owner.set_epoch(epoch)
 
     def __reduce__(self):
         return (_EpochForward, (self._owner,))
+
+
+def _lightning_fit_loop(max_depth: int = 12) -> Any:
+    """Lightning's fit loop if one of the ``max_depth`` calling frames is its method, else None.
+
+    Why frames: Lightning measures ``len(loader)`` once in ``_FitLoop.setup_data`` and calls
+    ``set_epoch`` from ``_FitLoop.on_advance_start`` without telling the sampler who it is; the fit loop
+    carries what the sampler needs (``max_epochs``, whether it restarts mid-epoch). Nothing when
+    Lightning is not imported; else at most ``max_depth`` frame lookups per call."""
+    if "lightning.pytorch" not in sys.modules and "pytorch_lightning" not in sys.modules:
+        return None
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            return None
+        obj = frame.f_locals.get("self")
+        mod = type(obj).__module__ if obj is not None else ""
+        if mod.startswith(("lightning.pytorch.loops", "pytorch_lightning.loops")) and hasattr(obj, "epoch_progress"):
+            return obj
+        frame = frame.f_back
+    return None
 
 
 def _accelerate_shard(depth: int) -> Any:
@@ -89,7 +125,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     def __init__(self, lengths: Any, *, strategy: str, token_budget: int | None = None,
                  max_batch_size: int | None = None, seed: int = 0, edges: Any = None, rank: int | None = None,
                  world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
-                 spec: BatchSpec | None = None) -> None:
+                 epochs: int | None = None, spec: BatchSpec | None = None) -> None:
         super().__init__()
         spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget,
                                 max_batch_size=max_batch_size, seed=seed, edges=edges, packed_window=packed_window,
@@ -106,6 +142,26 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._cache: tuple[int, Plan] | None = None
         self.fingerprint = spec.fingerprint(x, strategy)
         self.sampler = _EpochForward(self)
+        self.epochs: int | None = None
+        if epochs is not None:
+            self.equalize_epochs(epochs)
+
+    def equalize_epochs(self, epochs: int) -> int:
+        """Give epochs 0..``epochs``-1 the same number of batches: ``min_batches`` becomes the most any of
+        them plans (over all ranks), the others split their costliest batches up to it (no sample dropped
+        or repeated). Returns this rank's batches per epoch. Only before the first batch is drawn (the
+        plans change). Cost: ``epochs`` full plans, once."""
+        epochs = check_int("epochs", epochs, minimum=1)
+        if self._position or self._resume:
+            raise ValueError("epochs= changes every epoch's plan, so it must be set before the first batch is "
+                             "drawn or a state restored; build the sampler with epochs=")
+        most = equal_epoch_batches(self.lengths, epochs=epochs, strategy=self.strategy, world_size=self.world_size,
+                                   spec=dataclasses.replace(self.spec, min_batches=0))
+        self.spec = dataclasses.replace(self.spec, min_batches=max(self.spec.min_batches, most))
+        self.fingerprint = self.spec.fingerprint(self.lengths, self.strategy)
+        self.epochs = epochs
+        self._cache = None
+        return len(self.plan())
 
     # the batching values, read from the spec (kept as attributes: callers read them)
     token_budget = property(lambda self: self.spec.token_budget)
@@ -145,8 +201,27 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __len__(self) -> int:
         shard = _accelerate_shard(1)
+        if self.epochs is None:
+            loop = _lightning_fit_loop()
+            if loop is not None:
+                self._equalize_for_lightning(loop)
         n = len(self.plan())
         return n * self._check_shard(shard) if shard is not None else n
+
+    def _equalize_for_lightning(self, loop: Any) -> None:
+        """Lightning fixes every epoch's batch count at the length it reads now: plan epochs
+        0..max_epochs-1 to one count, or refuse when the epochs are unbounded."""
+        max_epochs = getattr(loop, "max_epochs", None)
+        if not isinstance(max_epochs, int) or max_epochs < 1:
+            raise ValueError(f"Lightning reads len(loader) once and stops every epoch there, but max_epochs="
+                             f"{max_epochs} leaves the number of epochs open, and lenbatch plans a different number "
+                             "of batches each epoch; pass LengthBatchSampler(..., epochs=N) (every epoch 0..N-1 then "
+                             "has the same number of batches) or Trainer(max_epochs=N)")
+        before = len(self.plan(0))
+        n = self.equalize_epochs(max_epochs)
+        log.info("Lightning: epochs 0..%d planned to %d batches each on this rank (epoch 0 had %d; min_batches=%d) "
+                 "so that Lightning's fixed epoch length runs every batch", max_epochs - 1, n, before,
+                 self.spec.min_batches)
 
     def _check_shard(self, shard: Any) -> int:
         """Slots per step under accelerate's ``BatchSamplerShard`` (= world_size), or ``ValueError``."""
