@@ -34,6 +34,12 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
   0..``trainer.max_epochs``-1 itself (refused when ``max_epochs`` is unbounded). Lightning resuming
   mid-epoch through a loader that cannot restore the sampler (a plain ``DataLoader``) is refused: use
   torchdata's ``StatefulDataLoader``, whose state Lightning saves and restores.
+* ``overflow`` (samples longer than ``token_budget``): ``"error"`` (default) refuses them;
+  ``"truncate"`` cuts them to the budget; ``"split"`` cuts them into budget-sized pieces, each planned
+  as a sample of its own. The plan is then over pieces (:mod:`lenbatch.batching.overflow`): a batch
+  holds the row index (``int``) of a whole sample and ``(row, start, end)`` for a piece, which
+  ``sampler.view(dataset)`` serves (per-token fields cut, positions restarting). The counts are in
+  ``sampler.overflow_counts`` and logged once at WARNING when any sample is over the budget.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from typing import Any
 import torch.utils.data
 
 from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.overflow import Pieces, overflow_pieces
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
 from lenbatch.batching.strategies import Plan, check_plan, equal_epoch_batches, plan_epoch, resolve_rank
@@ -125,12 +132,17 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     def __init__(self, lengths: Any, *, strategy: str, token_budget: int | None = None,
                  max_batch_size: int | None = None, seed: int = 0, edges: Any = None, rank: int | None = None,
                  world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
-                 epochs: int | None = None, spec: BatchSpec | None = None) -> None:
+                 epochs: int | None = None, overflow: str = "error", spec: BatchSpec | None = None) -> None:
         super().__init__()
         spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget,
                                 max_batch_size=max_batch_size, seed=seed, edges=edges, packed_window=packed_window,
                                 min_batches=min_batches)
-        x = check_plan(lengths, strategy=strategy, spec=spec)
+        # the plan is over pieces; with "error" (and nothing over budget) they are the samples themselves
+        self.pieces: Pieces = overflow_pieces(lengths, token_budget=spec.token_budget, overflow=overflow)
+        self.overflow = overflow
+        if self.pieces.samples_over_budget:
+            log.warning("%s", self.pieces.report())
+        x = check_plan(self.pieces.lengths, strategy=strategy, spec=spec)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.lengths = x
         self.strategy = strategy
@@ -145,6 +157,20 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.epochs: int | None = None
         if epochs is not None:
             self.equalize_epochs(epochs)
+
+    @property
+    def overflow_counts(self) -> dict[str, int]:
+        """``samples_over_budget``, ``tokens_dropped`` (truncate), ``pieces_added`` (split)."""
+        return self.pieces.counts()
+
+    def view(self, dataset: Any) -> Any:
+        """``dataset`` as the loader must see it: itself when every batch holds whole samples, else a
+        :class:`lenbatch.loading.overflow.PieceDataset` serving the ``(row, start, end)`` pieces."""
+        if not self.pieces.samples_over_budget:
+            return dataset
+        from lenbatch.loading.overflow import PieceDataset
+
+        return PieceDataset(dataset, self.pieces)
 
     def equalize_epochs(self, epochs: int) -> int:
         """Give epochs 0..``epochs``-1 the same number of batches: ``min_batches`` becomes the most any of
@@ -248,7 +274,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             for slot in range(slots):
                 if slot == self.rank % slots:
                     self._position = i + 1
-                    yield batches[i].tolist()
+                    yield self.pieces.items(batches[i])
                 else:
                     # another process's slot: the shard of this process drops it unloaded
                     yield []

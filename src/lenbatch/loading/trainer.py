@@ -59,6 +59,7 @@ from transformers import Trainer
 
 from lenbatch.batching.boundaries import optimize_boundaries
 from lenbatch.batching.layouts import layout_of
+from lenbatch.batching.overflow import overflow_pieces
 from lenbatch.batching.strategies import plan_epoch_all
 from lenbatch.core.log import get_logger
 from lenbatch.loading.collate import collate_packed, collate_padded
@@ -171,12 +172,17 @@ class LengthBatchMixin:
     Trainer settings that would change the batches behind the plan's back are refused: TRL's
     ``packing``/``padding_free`` (use ``strategy="packed"``), ``pad_to_multiple_of``,
     ``train_sampling_strategy`` other than ``"random"``.
+
+    ``overflow`` (samples longer than ``token_budget``): ``"error"`` (default) refuses them when the
+    trainer is built; ``"truncate"`` cuts them to the budget; ``"split"`` trains the rest of each as
+    samples of their own (positions restarting), see :class:`LengthBatchSampler`. The counts are logged
+    and kept in ``trainer.pieces.counts()``.
     """
 
     def __init__(self, *args: Any, strategy: str, token_budget: int, max_batch_size: int, lengths: Any = None,
                  length_column: str | None = None, edges: Any = None, num_buckets: int = 6,
                  packed_window: int = 8, seed: int | None = None, pad_id: int | None = None,
-                 **kwargs: Any) -> None:
+                 overflow: str = "error", **kwargs: Any) -> None:
         if lengths is not None and length_column is not None:
             raise ValueError("pass at most one of lengths= (one int per training sample) or length_column= "
                              "(the dataset column holding the tokens or the lengths)")
@@ -198,12 +204,18 @@ class LengthBatchMixin:
             raise ValueError(f"lengths has {lengths.size} entries but train_dataset has {len(dataset)} samples "
                              "(after the trainer prepared it); pass one length per sample, or length_column=")
         seed = self.args.seed if seed is None else seed
+        # the plan is over pieces: samples, cut or split at the budget as overflow= says (counted, logged)
+        self.pieces = overflow_pieces(lengths, token_budget=token_budget, overflow=overflow)
+        self.overflow = overflow
+        if self.pieces.samples_over_budget:
+            log.warning("%s", self.pieces.report())
+        self.plan_lengths = self.pieces.lengths
         if strategy == "bucketed" and edges is None:
-            b = optimize_boundaries(lengths, num_buckets, token_budget=token_budget, max_batch_size=max_batch_size,
+            b = optimize_boundaries(self.plan_lengths, num_buckets, token_budget=token_budget, max_batch_size=max_batch_size,
                                     method="dp")
             edges = b.edges
             log.info("bucketed: %d buckets, dp edges %s (predicted padding efficiency %.1f%%) from %d lengths",
-                     num_buckets, list(edges), 100 * b.predicted_efficiency, len(lengths))
+                     num_buckets, list(edges), 100 * b.predicted_efficiency, len(self.plan_lengths))
         self.plan_args = dict(strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
                               edges=edges, packed_window=packed_window, seed=seed)
         self.lengths = lengths
@@ -222,6 +234,7 @@ class LengthBatchMixin:
         world = self.args.world_size
         x = np.ascontiguousarray(self.lengths, dtype=np.int64)
         plan = {k: ([int(e) for e in v] if k == "edges" and v is not None else v) for k, v in self.plan_args.items()}
+        plan["overflow"] = self.overflow
         return {"world_size": world, "num_samples": int(x.size), "lengths_sha256": hashlib.sha256(x.tobytes()).hexdigest(),
                 "plan": plan, "min_batches": self._equal_epoch_batches(world)}
 
@@ -310,8 +323,10 @@ class LengthBatchMixin:
         # explicit rank/world size from the Trainer's accelerate state (torchrun, accelerate launch)
         world = self.args.world_size
         sampler = LengthBatchSampler(self.lengths, rank=self.args.process_index, world_size=world,
-                                     min_batches=self._equal_epoch_batches(world), **self.plan_args)
+                                     min_batches=self._equal_epoch_batches(world), overflow=self.overflow,
+                                     **self.plan_args)
         self.length_sampler = sampler
+        dataset = sampler.view(dataset)  # serves the (row, start, end) pieces of truncate/split
         workers = self.args.dataloader_num_workers
         # not accelerator.prepare(): that would shard this rank's batches again across ranks
         return EpochDataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator,
@@ -333,7 +348,7 @@ class LengthBatchMixin:
     def _count_equal_epoch_batches(self, world_size: int) -> int:
         args, counts = self.args, []
         while True:
-            counts.append(sum(len(r) for r in plan_epoch_all(self.lengths, epoch=len(counts),
+            counts.append(sum(len(r) for r in plan_epoch_all(self.plan_lengths, epoch=len(counts),
                                                              world_size=world_size, **self.plan_args)))
             steps = math.ceil(max(counts) / world_size / args.gradient_accumulation_steps)
             epochs = math.ceil(args.num_train_epochs) if args.max_steps <= 0 else math.ceil(args.max_steps / steps)
