@@ -84,16 +84,28 @@ def test_discarding_a_restored_position_is_logged(caplog):
     assert "discards the restored position (epoch 1, 2 batches done)" in caplog.text
 
 
-def _launch(blocks_json, cwd, prefix, *extra):
+def _accelerate_launch(script, cwd, *args):
     cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
-           str(Path(__file__).parent / "_accelerate_run.py"), str(blocks_json), prefix, *map(str, extra)]
+           str(Path(__file__).parent / script), *map(str, args)]
     # no GPU here: ACCELERATE_USE_CPU=1 makes Accelerator() a 2-process CPU (gloo) group, as the doc says
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(cwd / "hf"), ACCELERATE_USE_CPU="1")
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def _launch(blocks_json, cwd, prefix, *extra):
+    proc = _accelerate_launch("_accelerate_run.py", cwd, blocks_json, prefix, *extra)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((cwd / f"{prefix}{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_dispatch_batches_under_two_processes_is_refused(tmp_path):
+    proc = _accelerate_launch("_accelerate_dispatch.py", tmp_path)
+    assert "TRAINED" not in proc.stdout
+    assert "REFUSED 0 accelerate's dispatch_batches=True" in proc.stdout, proc.stderr[-3000:]
+    assert "DataLoaderConfiguration(dispatch_batches=False)" in proc.stdout
 
 
 @pytest.mark.slow

@@ -108,6 +108,31 @@ def _lightning_fit_loop(max_depth: int = 12) -> Any:
     return None
 
 
+def _refuse_accelerate_dispatch(max_depth: int = 8) -> None:
+    """``ValueError`` when accelerate's ``DataLoaderDispatcher`` (``dispatch_batches=True``) iterates the
+    sampler for several processes: process 0 alone draws every batch, concatenates ``num_processes`` of
+    them and slices the result, so no process would train the plan's batches. Frames, as above: the
+    dispatcher is the caller of the DataLoader iterator that draws from the sampler."""
+    mod = sys.modules.get("accelerate.data_loader")
+    dispatcher = getattr(mod, "DataLoaderDispatcher", None) if mod is not None else None
+    if dispatcher is None:
+        return
+    frame = sys._getframe(2)
+    for _ in range(max_depth):
+        if frame is None:
+            return
+        obj = frame.f_locals.get("self")
+        if obj is not None and type(obj).__name__ == "DataLoaderDispatcher" and isinstance(obj, dispatcher):
+            procs = getattr(getattr(obj, "state", None), "num_processes", 1)
+            if procs > 1:
+                raise ValueError(f"accelerate's dispatch_batches=True makes process 0 draw every batch and split "
+                                 f"{procs} of them concatenated across the processes, which breaks the plan's "
+                                 "per-rank batches; use DataLoaderConfiguration(dispatch_batches=False) (the "
+                                 "default for map-style datasets)")
+            return
+        frame = frame.f_back
+
+
 def _accelerate_shard(depth: int) -> Any:
     """The accelerate ``BatchSamplerShard`` whose method is the frame ``depth`` levels up, else None.
 
@@ -265,6 +290,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         # generator body: frame 1 is whoever calls next() on it (accelerate's BatchSamplerShard if wrapped)
         shard = _accelerate_shard(1)
+        _refuse_accelerate_dispatch()
         batches = self.plan()
         slots = self._check_shard(shard) if shard is not None else 1
         start = self._resume if self._resume is not None else 0
