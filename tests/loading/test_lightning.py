@@ -142,3 +142,28 @@ def test_epochs_keyword_gives_every_epoch_the_same_count():
     next(iter(t))
     with pytest.raises(ValueError, match="before the first batch"):
         t.equalize_epochs(3)
+
+
+@pytest.mark.slow
+def test_worker_processes_get_each_epochs_plan(tmp_path):
+    """num_workers=2: Lightning creates the loader's iterator before it calls set_epoch; every epoch still
+    trains its own plan, whole (the sampler reads the epoch when the first batch is drawn)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    lengths = np.random.default_rng(0).integers(8, 200, size=600)   # _module's
+    seen = []
+    model = _module(lambda *a, **k: StatefulDataLoader(*a, num_workers=2, **k))
+    real_step = type(model).training_step
+
+    def recording_step(self, batch, batch_idx):
+        seen.append((self.current_epoch, batch.input_ids[:, 0].tolist()))
+        return real_step(self, batch, batch_idx)
+
+    type(model).training_step = recording_step
+    trainer = _trainer(tmp_path, max_epochs=3, enable_checkpointing=False)
+    trainer.fit(model)
+    mb = trainer.train_dataloader.batch_sampler.min_batches
+    plans = [[p.tolist() for p in lb.plan_epoch(lengths, epoch=e, min_batches=mb, **PLAN)] for e in range(3)]
+    assert [[b for e, b in seen if e == k] for k in range(3)] == plans
+    assert plans[0] != plans[1] != plans[2]
+    assert all(sorted(i for b in p for i in b) == list(range(600)) for p in plans)

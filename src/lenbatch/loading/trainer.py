@@ -211,8 +211,8 @@ class LengthBatchMixin:
             log.warning("%s", self.pieces.report())
         self.plan_lengths = self.pieces.lengths
         if strategy == "bucketed" and edges is None:
-            b = optimize_boundaries(self.plan_lengths, num_buckets, token_budget=token_budget, max_batch_size=max_batch_size,
-                                    method="dp")
+            b = optimize_boundaries(self.plan_lengths, num_buckets, token_budget=token_budget,
+                                    max_batch_size=max_batch_size, method="dp")
             edges = b.edges
             log.info("bucketed: %d buckets, dp edges %s (predicted padding efficiency %.1f%%) from %d lengths",
                      num_buckets, list(edges), 100 * b.predicted_efficiency, len(self.plan_lengths))
@@ -235,7 +235,8 @@ class LengthBatchMixin:
         x = np.ascontiguousarray(self.lengths, dtype=np.int64)
         plan = {k: ([int(e) for e in v] if k == "edges" and v is not None else v) for k, v in self.plan_args.items()}
         plan["overflow"] = self.overflow
-        return {"world_size": world, "num_samples": int(x.size), "lengths_sha256": hashlib.sha256(x.tobytes()).hexdigest(),
+        return {"world_size": world, "num_samples": int(x.size),
+                "lengths_sha256": hashlib.sha256(x.tobytes()).hexdigest(),
                 "plan": plan, "min_batches": self._equal_epoch_batches(world)}
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -265,7 +266,8 @@ class LengthBatchMixin:
             changes.append(f"world size {saved['world_size']} -> {now['world_size']} processes (each rank's batches "
                            f"depend on it: resume with {saved['world_size']} processes)")
         if (saved["num_samples"], saved["lengths_sha256"]) != (now["num_samples"], now["lengths_sha256"]):
-            what = (f"{saved['num_samples']} -> {now['num_samples']} samples" if saved["num_samples"] != now["num_samples"]
+            what = (f"{saved['num_samples']} -> {now['num_samples']} samples"
+                    if saved["num_samples"] != now["num_samples"]
                     else f"same {now['num_samples']} samples, other lengths")
             changes.append(f"training lengths ({what}: resume with the same prepared dataset)")
         for key in sorted(set(saved["plan"]) | set(now["plan"])):
@@ -273,8 +275,9 @@ class LengthBatchMixin:
             if a != b:
                 changes.append(f"{key} {a!r} -> {b!r}")
         if saved["min_batches"] != now["min_batches"] and saved["world_size"] == now["world_size"]:
-            changes.append(f"min_batches {saved['min_batches']} -> {now['min_batches']} (num_train_epochs, max_steps or "
-                           "gradient_accumulation_steps changed, so every epoch plans another number of batches)")
+            changes.append(f"min_batches {saved['min_batches']} -> {now['min_batches']} (num_train_epochs, "
+                           "max_steps or gradient_accumulation_steps changed, so every epoch plans another "
+                           "number of batches)")
         if changes:
             raise ValueError(f"cannot resume from {checkpoint}: its plan differs from this run's: " + "; ".join(changes)
                              + ". Resume with the checkpoint's settings, or start a fresh run")
@@ -284,7 +287,8 @@ class LengthBatchMixin:
         if self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            folder = os.path.join(self._get_output_dir(trial=trial),
+                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             with open(os.path.join(folder, PLAN_FILE), "w") as f:
                 json.dump(self.plan_identity(), f, indent=1)
 
