@@ -141,3 +141,19 @@ def test_documented_accelerate_loop_under_accelerate_launch(tmp_path):
     for h, t, f in zip(head, tail, full):
         assert h["seen"][:saved] + t["seen"] == f["seen"]
         assert np.allclose(t["weights"], f["weights"], atol=1e-6)
+
+
+def test_prepare_data_loader_without_set_epoch_runs_each_epochs_own_batches():
+    """What ``accelerator.prepare(loader)`` builds for process 1 of 2 (accelerate's own
+    ``prepare_data_loader``): ``len`` is this rank's batch count, and the loop that never calls
+    ``set_epoch`` still gets a new plan each epoch (accelerate's loader calls it with its own counter,
+    which reaches the sampler through ``.sampler``)."""
+    import torch
+
+    s = LengthBatchSampler(X, strategy="packed", rank=1, world_size=2, **KW)
+    dl = torch.utils.data.DataLoader(list(range(len(X))), batch_sampler=s, collate_fn=list)
+    prepared = accelerate_data_loader.prepare_data_loader(dl, num_processes=2, process_index=1, put_on_device=False)
+    assert len(prepared) == len(s)
+    for epoch in (0, 1):
+        want = [b.tolist() for b in lb.plan_epoch(X, strategy="packed", epoch=epoch, rank=1, world_size=2, **KW)]
+        assert [b for b in prepared] == want and s.epoch == epoch

@@ -342,8 +342,9 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ValueError(f"sampler state lacks {missing}; pass a dict from LengthBatchSampler.state_dict()")
         if state["fingerprint"] != self.fingerprint:
             raise ValueError("sampler state is from another plan (lengths or batching params differ: strategy, "
-                             "token_budget, max_batch_size, seed, edges, packed_window); build the sampler with "
-                             "the same lengths and params as the run that saved it, or start a fresh run")
+                             "token_budget, max_batch_size, seed, edges, packed_window, min_batches or epochs, "
+                             "overflow); build the sampler with the same lengths and params as the run that saved "
+                             "it, or start a fresh run")
         if int(state["world_size"]) != self.world_size:
             raise ValueError(f"sampler state was saved with world_size={state['world_size']} but this run has "
                              f"world_size={self.world_size}; resume with the same number of ranks, or restart "
