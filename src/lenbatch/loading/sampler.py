@@ -74,7 +74,9 @@ class _EpochForward:
         self._owner = owner
 
     def set_epoch(self, epoch: int) -> None:
-        loop = _lightning_fit_loop()
+        # only the fit loop's own call (this <- _set_sampler_epoch <- _FitLoop.on_advance_start): a
+        # validation loader's sampler, whose epoch Lightning sets from its evaluation loop, has no position
+        loop = _lightning_fit_loop(max_depth=3)
         if loop is not None and getattr(loop, "restarted_mid_epoch", False) and self._owner._resume is None:
             raise ValueError("Lightning resumes this run in the middle of epoch "
                              f"{epoch}, but the DataLoader cannot restore the sampler's position (a plain "
