@@ -29,7 +29,11 @@ batches. What a plain ``DataLoader(batch_sampler=LengthBatchSampler(...))`` retu
   batches up to that count (no sample dropped or repeated; cost: one plan per epoch).
 * **Exact resume.** A plan is a function of (lengths, parameters, seed, epoch); the Trainer resumes
   by ``set_epoch(epoch)`` plus skipping the batches already trained (``skip_first_batches``), which
-  reproduces the uninterrupted order batch for batch.
+  reproduces the uninterrupted order batch for batch. That holds only for the same plan, and the
+  Trainer's checkpoint does not record it: every checkpoint gets ``lenbatch_plan.json`` (world size,
+  the lengths' count and hash, the plan parameters, ``min_batches``), and ``train(resume_from_checkpoint=)``
+  refuses a checkpoint whose plan differs, naming each change (another world size, other lengths, other
+  parameters, another number of epochs), or one without that file.
 * **Packed rows in the layout transformers uses** (:meth:`lenbatch.loading.collate.Batch.model_inputs`):
   ``position_ids`` restarting per sequence, ``cu_seq_lens_q/k``, ``max_length_q/k``, ``seq_idx``,
   labels -100 at each sequence start, as TRL's padding-free collator builds them; any causal LM whose
@@ -41,8 +45,11 @@ Importing this module imports transformers (``pip install 'lenbatch[hf]'``; TRL:
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import math
+import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -51,6 +58,7 @@ from torch.utils.data import DataLoader
 from transformers import Trainer
 
 from lenbatch.batching.boundaries import optimize_boundaries
+from lenbatch.batching.overflow import overflow_pieces
 from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.strategies import plan_epoch_all
 from lenbatch.log import get_logger
@@ -58,6 +66,9 @@ from lenbatch.loading.collate import collate_packed, collate_padded
 from lenbatch.loading.sampler import LengthBatchSampler
 
 log = get_logger("lenbatch.hf")
+
+# Written into every checkpoint folder: what the plan depended on, checked when resuming from it.
+PLAN_FILE = "lenbatch_plan.json"
 
 # Per-token masks a sample may carry for the loss: lenbatch's own, TRL's prompt/completion mask and
 # the chat template's assistant-token mask. Kept through Trainer's column removal and folded into labels.
@@ -161,12 +172,17 @@ class LengthBatchMixin:
     Trainer settings that would change the batches behind the plan's back are refused: TRL's
     ``packing``/``padding_free`` (use ``strategy="packed"``), ``pad_to_multiple_of``,
     ``train_sampling_strategy`` other than ``"random"``.
+
+    ``overflow`` (samples longer than ``token_budget``): ``"error"`` (default) refuses them when the
+    trainer is built; ``"truncate"`` cuts them to the budget; ``"split"`` trains the rest of each as
+    samples of their own (positions restarting), see :class:`LengthBatchSampler`. The counts are logged
+    and kept in ``trainer.pieces.counts()``.
     """
 
     def __init__(self, *args: Any, strategy: str, token_budget: int, max_batch_size: int, lengths: Any = None,
                  length_column: str | None = None, edges: Any = None, num_buckets: int = 6,
                  packed_window: int = 8, seed: int | None = None, pad_id: int | None = None,
-                 **kwargs: Any) -> None:
+                 overflow: str = "error", **kwargs: Any) -> None:
         if lengths is not None and length_column is not None:
             raise ValueError("pass at most one of lengths= (one int per training sample) or length_column= "
                              "(the dataset column holding the tokens or the lengths)")
@@ -188,12 +204,18 @@ class LengthBatchMixin:
             raise ValueError(f"lengths has {lengths.size} entries but train_dataset has {len(dataset)} samples "
                              "(after the trainer prepared it); pass one length per sample, or length_column=")
         seed = self.args.seed if seed is None else seed
+        # the plan is over pieces: samples, cut or split at the budget as overflow= says (counted, logged)
+        self.pieces = overflow_pieces(lengths, token_budget=token_budget, overflow=overflow)
+        self.overflow = overflow
+        if self.pieces.samples_over_budget:
+            log.warning("%s", self.pieces.report())
+        self.plan_lengths = self.pieces.lengths
         if strategy == "bucketed" and edges is None:
-            b = optimize_boundaries(lengths, num_buckets, token_budget=token_budget, max_batch_size=max_batch_size,
-                                    method="dp")
+            b = optimize_boundaries(self.plan_lengths, num_buckets, token_budget=token_budget,
+                                    max_batch_size=max_batch_size, method="dp")
             edges = b.edges
             log.info("bucketed: %d buckets, dp edges %s (predicted padding efficiency %.1f%%) from %d lengths",
-                     num_buckets, list(edges), 100 * b.predicted_efficiency, len(lengths))
+                     num_buckets, list(edges), 100 * b.predicted_efficiency, len(self.plan_lengths))
         self.plan_args = dict(strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
                               edges=edges, packed_window=packed_window, seed=seed)
         self.lengths = lengths
@@ -204,6 +226,71 @@ class LengthBatchMixin:
                 layout=layout, pad_id=self._pad_id(pad_id),
                 completion_only_loss=getattr(self, "completion_only_loss", None) is not False,
                 model_fields=self._signature_columns)
+
+    def plan_identity(self) -> dict[str, Any]:
+        """What this run's plans depend on: world size, the lengths (count and sha256 of their int64
+        bytes), the plan parameters and ``min_batches`` (from the epochs/steps the Trainer will run).
+        Cost: O(samples) for the hash, plus the epoch plans of ``min_batches`` (cached per world size)."""
+        world = self.args.world_size
+        x = np.ascontiguousarray(self.lengths, dtype=np.int64)
+        plan = {k: ([int(e) for e in v] if k == "edges" and v is not None else v) for k, v in self.plan_args.items()}
+        plan["overflow"] = self.overflow
+        return {"world_size": world, "num_samples": int(x.size),
+                "lengths_sha256": hashlib.sha256(x.tobytes()).hexdigest(),
+                "plan": plan, "min_batches": self._equal_epoch_batches(world)}
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; resuming first checks the checkpoint's plan (``lenbatch_plan.json``) against
+        this run's and refuses any difference by name (the Trainer would skip the wrong batches)."""
+        path = resume_from_checkpoint
+        if isinstance(path, bool):
+            from transformers.trainer_utils import get_last_checkpoint
+
+            path = get_last_checkpoint(self.args.output_dir) if path else None
+        if path is not None:
+            self.check_resume(str(path))
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def check_resume(self, checkpoint: str) -> None:
+        """``ValueError`` naming every way this run's plan differs from the one ``checkpoint`` was trained on."""
+        file = os.path.join(checkpoint, PLAN_FILE)
+        if not os.path.isfile(file):
+            raise ValueError(f"checkpoint {checkpoint} has no {PLAN_FILE}, so lenbatch cannot check that this run "
+                             "plans the same batches (it was not written by LengthBatchMixin); resume from a "
+                             "checkpoint this trainer wrote, or start a fresh run")
+        with open(file) as f:
+            saved = json.load(f)
+        now = self.plan_identity()
+        changes = []
+        if saved["world_size"] != now["world_size"]:
+            changes.append(f"world size {saved['world_size']} -> {now['world_size']} processes (each rank's batches "
+                           f"depend on it: resume with {saved['world_size']} processes)")
+        if (saved["num_samples"], saved["lengths_sha256"]) != (now["num_samples"], now["lengths_sha256"]):
+            what = (f"{saved['num_samples']} -> {now['num_samples']} samples"
+                    if saved["num_samples"] != now["num_samples"]
+                    else f"same {now['num_samples']} samples, other lengths")
+            changes.append(f"training lengths ({what}: resume with the same prepared dataset)")
+        for key in sorted(set(saved["plan"]) | set(now["plan"])):
+            a, b = saved["plan"].get(key), now["plan"].get(key)
+            if a != b:
+                changes.append(f"{key} {a!r} -> {b!r}")
+        if saved["min_batches"] != now["min_batches"] and saved["world_size"] == now["world_size"]:
+            changes.append(f"min_batches {saved['min_batches']} -> {now['min_batches']} (num_train_epochs, "
+                           "max_steps or gradient_accumulation_steps changed, so every epoch plans another "
+                           "number of batches)")
+        if changes:
+            raise ValueError(f"cannot resume from {checkpoint}: its plan differs from this run's: " + "; ".join(changes)
+                             + ". Resume with the checkpoint's settings, or start a fresh run")
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = os.path.join(self._get_output_dir(trial=trial),
+                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            with open(os.path.join(folder, PLAN_FILE), "w") as f:
+                json.dump(self.plan_identity(), f, indent=1)
 
     def _refuse_batch_changing_args(self) -> None:
         args = self.args
@@ -240,8 +327,10 @@ class LengthBatchMixin:
         # explicit rank/world size from the Trainer's accelerate state (torchrun, accelerate launch)
         world = self.args.world_size
         sampler = LengthBatchSampler(self.lengths, rank=self.args.process_index, world_size=world,
-                                     min_batches=self._equal_epoch_batches(world), **self.plan_args)
+                                     min_batches=self._equal_epoch_batches(world), overflow=self.overflow,
+                                     **self.plan_args)
         self.length_sampler = sampler
+        dataset = sampler.view(dataset)  # serves the (row, start, end) pieces of truncate/split
         workers = self.args.dataloader_num_workers
         # not accelerator.prepare(): that would shard this rank's batches again across ranks
         return EpochDataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator,
@@ -250,10 +339,20 @@ class LengthBatchMixin:
                                prefetch_factor=self.args.dataloader_prefetch_factor if workers > 0 else None)
 
     def _equal_epoch_batches(self, world_size: int) -> int:
-        """``min_batches`` giving every epoch the Trainer will run the same number of batches."""
+        """``min_batches`` giving every epoch the Trainer will run the same number of batches (cached: the
+        same arguments give the same count; cost: one plan per epoch)."""
+        args = self.args
+        key = (world_size, args.num_train_epochs, args.max_steps, args.gradient_accumulation_steps)
+        cache = self.__dict__.setdefault("_min_batches_cache", {})
+        if key in cache:
+            return cache[key]
+        cache[key] = self._count_equal_epoch_batches(world_size)
+        return cache[key]
+
+    def _count_equal_epoch_batches(self, world_size: int) -> int:
         args, counts = self.args, []
         while True:
-            counts.append(sum(len(r) for r in plan_epoch_all(self.lengths, epoch=len(counts),
+            counts.append(sum(len(r) for r in plan_epoch_all(self.plan_lengths, epoch=len(counts),
                                                              world_size=world_size, **self.plan_args)))
             steps = math.ceil(max(counts) / world_size / args.gradient_accumulation_steps)
             epochs = math.ceil(args.num_train_epochs) if args.max_steps <= 0 else math.ceil(args.max_steps / steps)

@@ -67,6 +67,8 @@ RERUNS: dict[str, set[str]] = {
     # loading: the sampler and the Trainer integration are for users' loops, no stage runs them
     "lenbatch/loading/collate.py": MODEL,
     "lenbatch/loading/sampler.py": set(),
+    "lenbatch/loading/overflow.py": set(),  # over-long samples in users' loops: no stage runs them
+    "lenbatch/batching/overflow.py": set(),
     # models
     "lenbatch_study/models/drafter.py": MODEL,
     "lenbatch_study/models/fla_cpu.py": MODEL,

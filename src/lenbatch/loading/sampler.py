@@ -19,19 +19,138 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
   ``state_dict()`` snapshots this sampler's state as of each batch it yields (exact with workers).
 * ``min_batches`` (default off) pads every epoch to at least that many batches by splitting the
   costliest ones, for trainers that fix the steps per epoch (``lenbatch.hf`` sets it).
+* accelerate: ``accelerator.prepare(loader)`` wraps the batch sampler in ``BatchSamplerShard``, which
+  keeps every ``num_processes``-th batch for its process. The sampler notices that it is being iterated
+  (or measured) by that wrapper and then yields, per step, ``world_size`` slots with this rank's batch in
+  slot ``rank`` (the others empty and never loaded), and reports ``len`` = ``world_size`` x its batches,
+  so the wrapper hands each process exactly its own batches. A wrapper whose ``num_processes`` /
+  ``process_index`` differ from the sampler's ``world_size``/``rank``, or ``split_batches=True``, is refused.
+* ``sampler.sampler.set_epoch(e)`` is ``sampler.set_epoch(e)``: Lightning and accelerate call
+  ``set_epoch`` on ``loader.batch_sampler.sampler``, never on the batch sampler itself.
+* ``epochs=N`` gives epochs 0..N-1 the same number of batches (``min_batches`` = the most any of them
+  plans, by splitting the costliest batches of the others), for loops that fix an epoch's length once.
+  Lightning does (it reads ``len(loader)`` at setup and stops every epoch there, dropping the rest): when
+  Lightning's fit loop asks the length and ``epochs`` was not given, the sampler equalises epochs
+  0..``trainer.max_epochs``-1 itself (refused when ``max_epochs`` is unbounded). Lightning resuming
+  mid-epoch through a loader that cannot restore the sampler (a plain ``DataLoader``) is refused: use
+  torchdata's ``StatefulDataLoader``, whose state Lightning saves and restores.
+* ``overflow`` (samples longer than ``token_budget``): ``"error"`` (default) refuses them;
+  ``"truncate"`` cuts them to the budget; ``"split"`` cuts them into budget-sized pieces, each planned
+  as a sample of its own. The plan is then over pieces (:mod:`lenbatch.batching.overflow`): a batch
+  holds the row index (``int``) of a whole sample and ``(row, start, end)`` for a piece, which
+  ``sampler.view(dataset)`` serves (per-token fields cut, positions restarting). The counts are in
+  ``sampler.overflow_counts`` and logged once at WARNING when any sample is over the budget.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch.utils.data
 
 from lenbatch.batching.strategy import Strategy, layout_of
+from lenbatch.batching.overflow import Pieces, overflow_pieces
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
-from lenbatch.batching.strategies import Plan, check_plan, named_strategy, plan_epoch, resolve_rank
+from lenbatch.batching.strategies import Plan, check_plan, equal_epoch_batches, named_strategy, plan_epoch, resolve_rank
+
+log = logging.getLogger("lenbatch.sampler")
+
+
+class _EpochForward:
+    """``LengthBatchSampler.sampler``: Lightning's fit loop and accelerate's ``DataLoaderShard`` call
+    ``set_epoch`` on ``loader.batch_sampler.sampler`` (the element sampler of torch's ``BatchSampler``),
+    never on a custom batch sampler; forwarding it here makes their natural loops plan every epoch.
+    Deliberately nothing else (no ``generator``, no ``__iter__``), so nobody mistakes it for a sampler to
+    replace or re-seed."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: "LengthBatchSampler") -> None:
+        self._owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        # only the fit loop's own call (this <- _set_sampler_epoch <- _FitLoop.on_advance_start): a
+        # validation loader's sampler, whose epoch Lightning sets from its evaluation loop, has no position
+        loop = _lightning_fit_loop(max_depth=3)
+        if loop is not None and getattr(loop, "restarted_mid_epoch", False) and self._owner._resume is None:
+            raise ValueError("Lightning resumes this run in the middle of epoch "
+                             f"{epoch}, but the DataLoader cannot restore the sampler's position (a plain "
+                             "torch DataLoader has no state_dict), so the epoch would restart and skip or repeat "
+                             "samples; build the loader as torchdata.stateful_dataloader.StatefulDataLoader("
+                             "dataset, batch_sampler=sampler, ...), whose state Lightning checkpoints")
+        self._owner.set_epoch(epoch)
+
+    def __reduce__(self):
+        return (_EpochForward, (self._owner,))
+
+
+def _lightning_fit_loop(max_depth: int = 12) -> Any:
+    """Lightning's fit loop if one of the ``max_depth`` calling frames is its method, else None.
+
+    Why frames: Lightning measures ``len(loader)`` once in ``_FitLoop.setup_data`` and calls
+    ``set_epoch`` from ``_FitLoop.on_advance_start`` without telling the sampler who it is; the fit loop
+    carries what the sampler needs (``max_epochs``, whether it restarts mid-epoch). Nothing when
+    Lightning is not imported; else at most ``max_depth`` frame lookups per call."""
+    if "lightning.pytorch" not in sys.modules and "pytorch_lightning" not in sys.modules:
+        return None
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            return None
+        obj = frame.f_locals.get("self")
+        mod = type(obj).__module__ if obj is not None else ""
+        if mod.startswith(("lightning.pytorch.loops", "pytorch_lightning.loops")) and hasattr(obj, "epoch_progress"):
+            return obj
+        frame = frame.f_back
+    return None
+
+
+def _refuse_accelerate_dispatch(max_depth: int = 8) -> None:
+    """``ValueError`` when accelerate's ``DataLoaderDispatcher`` (``dispatch_batches=True``) iterates the
+    sampler for several processes: process 0 alone draws every batch, concatenates ``num_processes`` of
+    them and slices the result, so no process would train the plan's batches. Frames, as above: the
+    dispatcher is the caller of the DataLoader iterator that draws from the sampler."""
+    mod = sys.modules.get("accelerate.data_loader")
+    dispatcher = getattr(mod, "DataLoaderDispatcher", None) if mod is not None else None
+    if dispatcher is None:
+        return
+    frame = sys._getframe(2)
+    for _ in range(max_depth):
+        if frame is None:
+            return
+        obj = frame.f_locals.get("self")
+        if obj is not None and type(obj).__name__ == "DataLoaderDispatcher" and isinstance(obj, dispatcher):
+            procs = getattr(getattr(obj, "state", None), "num_processes", 1)
+            if procs > 1:
+                raise ValueError(f"accelerate's dispatch_batches=True makes process 0 draw every batch and split "
+                                 f"{procs} of them concatenated across the processes, which breaks the plan's "
+                                 "per-rank batches; use DataLoaderConfiguration(dispatch_batches=False) (the "
+                                 "default for map-style datasets)")
+            return
+        frame = frame.f_back
+
+
+def _accelerate_shard(depth: int) -> Any:
+    """The accelerate ``BatchSamplerShard`` whose method is the frame ``depth`` levels up, else None.
+
+    Why a frame: ``accelerator.prepare(loader)`` builds ``BatchSamplerShard(our_sampler)`` without telling
+    the sampler, and it is the only code that iterates or measures it that way. Cost: one frame lookup
+    per ``__iter__``/``__len__`` call; nothing when accelerate is not imported."""
+    mod = sys.modules.get("accelerate.data_loader")
+    if mod is None:
+        return None
+    shard_type = getattr(mod, "BatchSamplerShard", None)
+    try:
+        frame = sys._getframe(depth + 1)
+    except ValueError:
+        return None
+    caller = frame.f_locals.get("self")
+    return caller if shard_type is not None and isinstance(caller, shard_type) else None
 
 
 class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
@@ -40,13 +159,18 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     def __init__(self, lengths: Any, *, strategy: "str | Strategy", token_budget: int | None = None,
                  max_batch_size: int | None = None, seed: int = 0, edges: Any = None, rank: int | None = None,
                  world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
-                 spec: BatchSpec | None = None) -> None:
+                 epochs: int | None = None, overflow: str = "error", spec: BatchSpec | None = None) -> None:
         super().__init__()
         strategy, edges, spec = named_strategy(strategy, edges, spec)  # a name, or a Strategy with its edges
         spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget,
                                 max_batch_size=max_batch_size, seed=seed, edges=edges, packed_window=packed_window,
                                 min_batches=min_batches)
-        x = check_plan(lengths, strategy=strategy, spec=spec)
+        # the plan is over pieces; with "error" (and nothing over budget) they are the samples themselves
+        self.pieces: Pieces = overflow_pieces(lengths, token_budget=spec.token_budget, overflow=overflow)
+        self.overflow = overflow
+        if self.pieces.samples_over_budget:
+            log.warning("%s", self.pieces.report())
+        x = check_plan(self.pieces.lengths, strategy=strategy, spec=spec)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.lengths = x
         self.strategy = strategy
@@ -57,6 +181,41 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._consumed: int | None = None  # batches the loop received, while iterating consumed()
         self._cache: tuple[int, Plan] | None = None
         self.fingerprint = spec.fingerprint(x, strategy)
+        self.sampler = _EpochForward(self)
+        self.epochs: int | None = None
+        if epochs is not None:
+            self.equalize_epochs(epochs)
+
+    @property
+    def overflow_counts(self) -> dict[str, int]:
+        """``samples_over_budget``, ``tokens_dropped`` (truncate), ``pieces_added`` (split)."""
+        return self.pieces.counts()
+
+    def view(self, dataset: Any) -> Any:
+        """``dataset`` as the loader must see it: itself when every batch holds whole samples, else a
+        :class:`lenbatch.loading.overflow.PieceDataset` serving the ``(row, start, end)`` pieces."""
+        if not self.pieces.samples_over_budget:
+            return dataset
+        from lenbatch.loading.overflow import PieceDataset
+
+        return PieceDataset(dataset, self.pieces)
+
+    def equalize_epochs(self, epochs: int) -> int:
+        """Give epochs 0..``epochs``-1 the same number of batches: ``min_batches`` becomes the most any of
+        them plans (over all ranks), the others split their costliest batches up to it (no sample dropped
+        or repeated). Returns this rank's batches per epoch. Only before the first batch is drawn (the
+        plans change). Cost: ``epochs`` full plans, once."""
+        epochs = check_int("epochs", epochs, minimum=1)
+        if self._position or self._resume:
+            raise ValueError("epochs= changes every epoch's plan, so it must be set before the first batch is "
+                             "drawn or a state restored; build the sampler with epochs=")
+        most = equal_epoch_batches(self.lengths, epochs=epochs, strategy=self.strategy, world_size=self.world_size,
+                                   spec=dataclasses.replace(self.spec, min_batches=0))
+        self.spec = dataclasses.replace(self.spec, min_batches=max(self.spec.min_batches, most))
+        self.fingerprint = self.spec.fingerprint(self.lengths, self.strategy)
+        self.epochs = epochs
+        self._cache = None
+        return len(self.plan())
 
     # the batching values, read from the spec (kept as attributes: callers read them)
     token_budget = property(lambda self: self.spec.token_budget)
@@ -85,21 +244,69 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         epoch = check_int("epoch", epoch, minimum=0)
         if self._resume is not None and epoch == self.epoch:
             return  # a restored position not yet iterated: keep it
+        if self._resume:
+            # e.g. accelerate's loader calls set_epoch(its own counter), 0 in a new process, on iteration
+            log.warning("set_epoch(%d) discards the restored position (epoch %d, %d batches done); call "
+                        "set_epoch(%d) (or loader.set_epoch(%d)) before iterating to resume", epoch, self.epoch,
+                        self._resume, self.epoch, self.epoch)
         self.epoch = epoch
         self._position = 0
         self._resume = None
 
     def __len__(self) -> int:
-        return len(self.plan())
+        shard = _accelerate_shard(1)
+        if self.epochs is None:
+            loop = _lightning_fit_loop()
+            if loop is not None:
+                self._equalize_for_lightning(loop)
+        n = len(self.plan())
+        return n * self._check_shard(shard) if shard is not None else n
+
+    def _equalize_for_lightning(self, loop: Any) -> None:
+        """Lightning fixes every epoch's batch count at the length it reads now: plan epochs
+        0..max_epochs-1 to one count, or refuse when the epochs are unbounded."""
+        max_epochs = getattr(loop, "max_epochs", None)
+        if not isinstance(max_epochs, int) or max_epochs < 1:
+            raise ValueError(f"Lightning reads len(loader) once and stops every epoch there, but max_epochs="
+                             f"{max_epochs} leaves the number of epochs open, and lenbatch plans a different number "
+                             "of batches each epoch; pass LengthBatchSampler(..., epochs=N) (every epoch 0..N-1 then "
+                             "has the same number of batches) or Trainer(max_epochs=N)")
+        before = len(self.plan(0))
+        n = self.equalize_epochs(max_epochs)
+        log.info("Lightning: epochs 0..%d planned to %d batches each on this rank (epoch 0 had %d; min_batches=%d) "
+                 "so that Lightning's fixed epoch length runs every batch", max_epochs - 1, n, before,
+                 self.spec.min_batches)
+
+    def _check_shard(self, shard: Any) -> int:
+        """Slots per step under accelerate's ``BatchSamplerShard`` (= world_size), or ``ValueError``."""
+        if getattr(shard, "split_batches", False):
+            raise ValueError("accelerate's split_batches=True splits every batch across processes, which breaks "
+                             "the plan's batches; use DataLoaderConfiguration(split_batches=False) (the default)")
+        procs, index = int(shard.num_processes), int(shard.process_index)
+        if (procs, index) != (self.world_size, self.rank):
+            raise ValueError(f"accelerate shards the loader over {procs} processes (this one is {index}) but the "
+                             f"sampler plans for world_size={self.world_size}, rank={self.rank}; build the sampler "
+                             "after Accelerator() without rank=/world_size= (or pass accelerator.num_processes and "
+                             "accelerator.process_index)")
+        return procs
 
     def __iter__(self) -> Iterator[list[int]]:
+        # generator body: frame 1 is whoever calls next() on it (accelerate's BatchSamplerShard if wrapped)
+        shard = _accelerate_shard(1)
+        _refuse_accelerate_dispatch()
         batches = self.plan()
+        slots = self._check_shard(shard) if shard is not None else 1
         start = self._resume if self._resume is not None else 0
         self._resume = None
         self._position = start
         for i in range(start, len(batches)):
-            self._position = i + 1
-            yield batches[i].tolist()
+            for slot in range(slots):
+                if slot == self.rank % slots:
+                    self._position = i + 1
+                    yield self.pieces.items(batches[i])
+                else:
+                    # another process's slot: the shard of this process drops it unloaded
+                    yield []
 
     def consumed(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Iterate ``loader`` (a DataLoader over this sampler) counting the batches the loop received.
@@ -138,8 +345,9 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ValueError(f"sampler state lacks {missing}; pass a dict from LengthBatchSampler.state_dict()")
         if state["fingerprint"] != self.fingerprint:
             raise ValueError("sampler state is from another plan (lengths or batching params differ: strategy, "
-                             "token_budget, max_batch_size, seed, edges, packed_window); build the sampler with "
-                             "the same lengths and params as the run that saved it, or start a fresh run")
+                             "token_budget, max_batch_size, seed, edges, packed_window, min_batches or epochs, "
+                             "overflow); build the sampler with the same lengths and params as the run that saved "
+                             "it, or start a fresh run")
         if int(state["world_size"]) != self.world_size:
             raise ValueError(f"sampler state was saved with world_size={state['world_size']} but this run has "
                              f"world_size={self.world_size}; resume with the same number of ranks, or restart "

@@ -1,0 +1,23 @@
+"""Run under ``accelerate launch --multi_gpu --num_processes 2`` (ACCELERATE_USE_CPU=1): a loader prepared
+with dispatch_batches=True must be refused by the sampler with a ValueError naming the setting."""
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
+
+import lenbatch as lb
+
+accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+lengths = np.random.default_rng(0).integers(8, 200, size=200)
+sampler = lb.LengthBatchSampler(lengths, strategy="packed", token_budget=1024, max_batch_size=16)
+loader = torch.utils.data.DataLoader([{"input_ids": [1] * int(n)} for n in lengths], batch_sampler=sampler,
+                                     collate_fn=lambda b: lb.collate_packed(b).model_inputs())
+loader = accelerator.prepare(loader)
+try:
+    for batch in loader:
+        pass
+    print("TRAINED", accelerator.process_index, flush=True)
+except ValueError as err:
+    print("REFUSED", accelerator.process_index, err, flush=True)
+    raise  # the other process, waiting in a broadcast, then fails too

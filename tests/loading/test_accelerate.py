@@ -1,0 +1,159 @@
+"""accelerate: ``accelerator.prepare(loader)`` re-shards a batch sampler with ``BatchSamplerShard``; the
+sampler must hand each process exactly its own batches (or refuse by name), and the documented
+``save_state``/``load_state`` loop must resume mid-epoch exactly."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lenbatch as lb
+from lenbatch.loading.sampler import LengthBatchSampler
+
+accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
+BatchSamplerShard = accelerate_data_loader.BatchSamplerShard
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _integrations_doc import free_port, section_blocks  # noqa: E402
+
+X = np.random.default_rng(0).integers(1, 300, size=400)
+KW = dict(token_budget=1024, max_batch_size=16, seed=2)
+
+
+@pytest.mark.parametrize("strategy", ["packed", "bucketed", "random"])
+def test_batch_sampler_shard_hands_each_process_its_own_batches(strategy):
+    kw = dict(KW, edges=(1, 100, 200, 300)) if strategy == "bucketed" else KW
+    got = []
+    for rank in range(2):
+        s = LengthBatchSampler(X, strategy=strategy, rank=rank, world_size=2, **kw)
+        shard = BatchSamplerShard(s, num_processes=2, process_index=rank)  # what prepare() builds
+        for epoch in (0, 1):
+            s.set_epoch(epoch)
+            want = [b.tolist() for b in lb.plan_epoch(X, strategy=strategy, epoch=epoch, rank=rank, world_size=2, **kw)]
+            assert len(shard) == len(want) == len(s)
+            assert list(shard) == want
+            got.append((epoch, rank, want))
+    for epoch in (0, 1):
+        idx = sorted(i for e, _, w in got if e == epoch for b in w for i in b)
+        assert idx == list(range(len(X)))
+
+
+def test_shard_position_counts_this_ranks_batches():
+    s = LengthBatchSampler(X, strategy="packed", rank=1, world_size=2, **KW)
+    it = iter(BatchSamplerShard(s, num_processes=2, process_index=1))
+    for _ in range(3):
+        next(it)
+    assert s.state_dict()["position"] == 3
+    r = LengthBatchSampler(X, strategy="packed", rank=1, world_size=2, **KW)
+    r.load_state_dict(s.state_dict())
+    rest = list(BatchSamplerShard(r, num_processes=2, process_index=1))
+    assert rest == [b.tolist() for b in lb.plan_epoch(X, strategy="packed", rank=1, world_size=2, **KW)][3:]
+
+
+def test_shard_of_another_world_size_or_split_batches_is_refused():
+    s = LengthBatchSampler(X, strategy="packed", rank=0, world_size=1, **KW)
+    with pytest.raises(ValueError, match="over 2 processes.*world_size=1.*accelerator.num_processes"):
+        list(BatchSamplerShard(s, num_processes=2, process_index=0))
+    with pytest.raises(ValueError, match="world_size=1"):
+        len(BatchSamplerShard(s, num_processes=2, process_index=0))
+    s2 = LengthBatchSampler(X, strategy="packed", rank=0, world_size=2, **KW)
+    s2.batch_size = 4  # accelerate's own check wants one before it will split
+    with pytest.raises(ValueError, match="split_batches=False"):
+        list(BatchSamplerShard(s2, num_processes=2, process_index=0, split_batches=True))
+
+
+def test_set_epoch_through_the_sampler_attribute():
+    s = LengthBatchSampler(X, strategy="random", **KW)
+    s.sampler.set_epoch(3)
+    assert s.epoch == 3 and list(s) == [b.tolist() for b in lb.plan_epoch(X, strategy="random", epoch=3, **KW)]
+
+
+def test_discarding_a_restored_position_is_logged(caplog):
+    s = LengthBatchSampler(X, strategy="random", **KW)
+    s.set_epoch(1)
+    it = iter(s)
+    next(it), next(it)
+    r = LengthBatchSampler(X, strategy="random", **KW)
+    r.load_state_dict(s.state_dict())
+    with caplog.at_level("WARNING", logger="lenbatch.sampler"):
+        r.set_epoch(0)
+    assert "discards the restored position (epoch 1, 2 batches done)" in caplog.text
+
+
+def _accelerate_launch(script, cwd, *args):
+    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
+           str(Path(__file__).parent / script), *map(str, args)]
+    # no GPU here: ACCELERATE_USE_CPU=1 makes Accelerator() a 2-process CPU (gloo) group, as the doc says
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(cwd / "hf"), ACCELERATE_USE_CPU="1")
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def _launch(blocks_json, cwd, prefix, *extra):
+    proc = _accelerate_launch("_accelerate_run.py", cwd, blocks_json, prefix, *extra)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((cwd / f"{prefix}{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_dispatch_batches_under_two_processes_is_refused(tmp_path):
+    proc = _accelerate_launch("_accelerate_dispatch.py", tmp_path)
+    assert "TRAINED" not in proc.stdout
+    assert "REFUSED 0 accelerate's dispatch_batches=True" in proc.stdout, proc.stderr[-3000:]
+    assert "DataLoaderConfiguration(dispatch_batches=False)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_documented_accelerate_loop_under_accelerate_launch(tmp_path):
+    blocks = section_blocks("accelerate")
+    assert len(blocks) == 2
+    (tmp_path / "blocks.json").write_text(json.dumps(blocks))
+    full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
+    full_dir.mkdir(), cut_dir.mkdir()
+    full = _launch(tmp_path / "blocks.json", full_dir, "full")
+    lengths = np.random.default_rng(0).integers(8, 200, size=1000)
+    n_steps = []
+    for r in full:
+        assert (r["world"], r["sampler_world"]) == (2, 2)
+        assert r["len_loader"] == r["len_plan"]                     # not half of it
+    for epoch in (0, 1):
+        per_rank = [[b for e, b in r["seen"] if e == epoch] for r in full]
+        assert len(per_rank[0]) == len(per_rank[1])                 # lock-step DDP
+        n_steps.append(len(per_rank[0]))
+        samples = sorted(i for steps in per_rank for b in steps for i in b)
+        assert samples == list(range(len(lengths))), f"epoch {epoch}: {len(set(samples))} unique of {len(samples)}"
+        want = [[b.tolist() for b in lb.plan_epoch(lengths, strategy="packed", epoch=epoch, rank=k, world_size=2,
+                                                   token_budget=2048, max_batch_size=32, seed=0)] for k in (0, 1)]
+        assert per_rank == want
+    assert [b for e, b in full[0]["seen"] if e == 0] != [b for e, b in full[0]["seen"] if e == 1]
+    print(f"accelerate 2 procs: steps per rank per epoch {n_steps}, 1000/1000 samples each epoch")
+
+    crash = n_steps[0] + 14                                          # mid epoch 1, 4 steps after a save
+    head = _launch(tmp_path / "blocks.json", cut_dir, "head", crash)
+    assert all(len(r["seen"]) == crash for r in head)
+    tail = _launch(tmp_path / "blocks.json", cut_dir, "tail")
+    saved = n_steps[0] + 10
+    for h, t, f in zip(head, tail, full):
+        assert h["seen"][:saved] + t["seen"] == f["seen"]
+        assert np.allclose(t["weights"], f["weights"], atol=1e-6)
+
+
+def test_prepare_data_loader_without_set_epoch_runs_each_epochs_own_batches():
+    """What ``accelerator.prepare(loader)`` builds for process 1 of 2 (accelerate's own
+    ``prepare_data_loader``): ``len`` is this rank's batch count, and the loop that never calls
+    ``set_epoch`` still gets a new plan each epoch (accelerate's loader calls it with its own counter,
+    which reaches the sampler through ``.sampler``)."""
+    import torch
+
+    s = LengthBatchSampler(X, strategy="packed", rank=1, world_size=2, **KW)
+    dl = torch.utils.data.DataLoader(list(range(len(X))), batch_sampler=s, collate_fn=list)
+    prepared = accelerate_data_loader.prepare_data_loader(dl, num_processes=2, process_index=1, put_on_device=False)
+    assert len(prepared) == len(s)
+    for epoch in (0, 1):
+        want = [b.tolist() for b in lb.plan_epoch(X, strategy="packed", epoch=epoch, rank=1, world_size=2, **KW)]
+        assert [b for b in prepared] == want and s.epoch == epoch
