@@ -100,3 +100,17 @@ def test_build_schedule_and_collate_follow_the_same_rule():
         _collate(spec=SPEC, kind="padded")
     assert _collate(spec=SPEC).input_ids.tolist() == _collate(kind="padded", token_budget=512,
                                                               max_batch_size=8).input_ids.tolist()
+
+
+def test_a_spec_for_bucketed_can_be_built_before_its_edges_are_known():
+    """The boundaries stage builds bucketed's spec from the params first and finds the edges after: the
+    spec keeps what it is handed (none yet), and planning without edges is what gets refused."""
+    from types import SimpleNamespace
+
+    params = SimpleNamespace(batching=SimpleNamespace(token_budget=2048, max_batch_size=16, seed=0, packed_window=8))
+    spec = lb.BatchSpec.from_params(params, strategy="bucketed")
+    assert spec.edges is None and spec.layout == "padded"
+    assert lb.BatchSpec.from_params(params, strategy="sorted", edges=(0, 100, 3000)).edges is None
+    assert lb.BatchSpec.from_params(params, strategy="bucketed", edges=(0, 100, 3000)).edges == (0, 100, 3000)
+    with pytest.raises(ValueError, match="needs edges"):
+        lb.plan_epoch(np.array([5, 50, 500]), strategy="bucketed", spec=spec)

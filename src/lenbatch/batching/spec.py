@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.batching.strategy import LAYOUTS, Strategy, edges_tuple, layout_of
+from lenbatch.batching.strategy import LAYOUTS, edges_tuple, kept_edges, layout_of
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> int:
@@ -78,14 +78,13 @@ class BatchSpec:
         """The spec of ``params.batching`` for ``strategy``. ``edges`` are kept for ``bucketed`` only
         (the workflow hands every strategy the same boundaries file)."""
         b = params.batching
-        s = Strategy.sharing(strategy, edges)
-        return cls(token_budget=b.token_budget, max_batch_size=b.max_batch_size, layout=s.layout,
-                   seed=b.seed, packed_window=b.packed_window, edges=s.edges, min_batches=min_batches)
+        return cls(token_budget=b.token_budget, max_batch_size=b.max_batch_size, layout=layout_of(strategy),
+                   seed=b.seed, packed_window=b.packed_window, edges=kept_edges(strategy, edges),
+                   min_batches=min_batches)
 
     def for_strategy(self, strategy: str) -> "BatchSpec":
         """This spec with ``strategy``'s layout, its edges kept for ``bucketed`` only."""
-        s = Strategy.sharing(strategy, self.edges)
-        return dataclasses.replace(self, layout=s.layout, edges=s.edges)
+        return dataclasses.replace(self, layout=layout_of(strategy), edges=kept_edges(strategy, self.edges))
 
     @property
     def packed(self) -> bool:

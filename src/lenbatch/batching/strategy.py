@@ -61,6 +61,13 @@ def edges_tuple(edges: Any) -> tuple[int, ...] | None:
     return tuple(int(v) for v in e)
 
 
+def kept_edges(strategy: str, edges: Any) -> Any:
+    """``edges`` if ``strategy`` plans with edges, else None: what a strategy keeps of the edges every
+    strategy of a run is handed (one boundaries file for all). Whether it has the edges it needs is
+    checked where it plans (:class:`Strategy`)."""
+    return edges if check_strategy(strategy) in WITH_EDGES else None
+
+
 @dataclass(frozen=True)
 class Strategy:
     """One batching strategy: ``name`` (one of :data:`STRATEGIES`) and, for ``bucketed`` only, its ``edges``.
@@ -101,8 +108,8 @@ class Strategy:
     def sharing(cls, name: str, edges: Any) -> "Strategy":
         """``name`` given the edges every strategy of a run is handed (one boundaries file for all):
         kept by the strategies that plan with edges, left out by the others."""
-        return cls(name, edges if check_strategy(name) in WITH_EDGES else None)
+        return cls(name, kept_edges(name, edges))
 
 
 __all__ = ["LAYOUTS", "STRATEGIES", "STRATEGY_LAYOUTS", "Strategy", "WITH_EDGES", "check_strategy", "edges_tuple",
-           "layout_of"]
+           "kept_edges", "layout_of"]
