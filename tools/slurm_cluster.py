@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A throwaway 2-node SLURM cluster with accounting on one Debian/Ubuntu machine, for checks and CI.
 
+    python3 tools/slurm_cluster.py install  # only install the packages (apt-get), when missing
     python3 tools/slurm_cluster.py up       # install (if missing) and start it
     python3 tools/slurm_cluster.py status   # what runs, sinfo
     python3 tools/slurm_cluster.py exec -- sinfo           # run a command inside its network namespace
@@ -384,10 +385,10 @@ def install() -> None:
     """Install the Debian packages whose programs are missing (one apt-get call); refuse without root/apt."""
     missing = sorted({pkg for binary, pkg in BINARIES.items() if not (shutil.which(binary) or
                                                                        Path("/usr/sbin", binary).exists())})
-    if os.geteuid() != 0:
-        raise Refused("needs root (it starts SLURM's daemons and writes /etc/slurm/slurm.conf): run it as root")
     if not missing:
         return
+    if os.geteuid() != 0:
+        raise Refused(f"needs root to install {' '.join(missing)} (and to start SLURM's daemons): run it as root")
     if shutil.which("apt-get") is None:
         raise Refused(f"needs apt-get to install {' '.join(missing)} (Debian/Ubuntu); install them by hand")
     print(f"slurm_cluster: installing {' '.join(PACKAGES)} with apt-get", file=sys.stderr)
@@ -416,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"state folder: pids, logs, sockets, the database (default {DEFAULT_DIR})")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("up", help="install if missing, start the cluster")
+    inst = sub.add_parser("install", help="install the Debian packages when missing")
+    inst.add_argument("--if-possible", action="store_true",
+                      help="without root or apt-get, say so in one line and exit 0 (make test-deps on a laptop)")
     sub.add_parser("down", help="stop what `up` started")
     sub.add_parser("status", help="the recorded daemons and sinfo")
     ex = sub.add_parser("exec", help="run a command inside the cluster's network namespace")
@@ -426,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() != 0:
             raise Refused("needs root (it starts SLURM's daemons and writes /etc/slurm/slurm.conf): run it as root")
         cluster.up()
+    elif args.cmd == "install":
+        try:
+            install()
+        except Refused:
+            if not args.if_possible:
+                raise
+            print("slurm_cluster: not installing SLURM here (see above); the SLURM check will be skipped", file=sys.stderr)
     elif args.cmd == "down":
         cluster.down()
     elif args.cmd == "status":
