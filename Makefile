@@ -140,7 +140,8 @@ gpu-rehearse: $(GPU_STAMP) $(KIT_STAMP)
 # The SLURM path for real (tools/slurm_check.py): a 2-node SLURM cluster with accounting started on this
 # machine (tools/slurm_cluster.py: Debian's slurm-wlm, munge, slurmdbd + MariaDB, in a private network
 # namespace; needs root, installs with apt-get when missing), the tiny workflow run on it with
-# profiles/slurm (every rule a SLURM job) and locally, compared (edges, plans, batch hashes, losses);
+# profiles/slurm (every rule a SLURM job; the packed training requeued while it runs, so that it resumes
+# from its checkpoint) and locally, compared (edges, plans, batch hashes, losses);
 # results/slurm-check/summary.json lists every job as sacct reported it. The cluster is stopped at the end
 # whatever happened. About 3-6 minutes on 2 cores. docs/slurm.md.
 .PHONY: slurm-check slurm-deps

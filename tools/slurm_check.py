@@ -5,11 +5,13 @@
    private network namespace);
 2. runs `snakemake --workflow-profile profiles/slurm --configfile configs/tiny.yaml configs/slurm-check.yaml`
    inside it, so that every rule is a SLURM job (sbatch, tracked with sacct), with the overrides below;
+   meanwhile it requeues the packed training once it has checkpointed a few steps (`scontrol requeue`,
+   what preemption with PreemptMode=REQUEUE does), so that the job starts again and resumes;
 3. runs the same config locally meanwhile (`--cores`, results under results/slurm-check/local) for the
    stages whose results must not depend on where they ran: tokenize, stats, boundaries, plans, train;
 4. writes <out>/summary.json: every SLURM job as `sacct` reported it (job id, rule, wildcards, nodes, state,
-   elapsed), and the comparison: edges, plan metrics, each training's batch hashes (also against the plan,
-   recomputed here) and losses (to float tolerance);
+   elapsed), the requeued job's attempts, and the comparison: edges, plan metrics, each training's batch
+   hashes (also against the plan, recomputed here) and losses (to float tolerance), the requeued one's too;
 5. stops the cluster, whatever happened; exits 1 on any mismatch or failed job.
 
 The SLURM profile is for real GPU clusters (partition gpu, tens of CPUs and GBs per job); the local cluster
@@ -144,11 +146,55 @@ def compare(slurm: Path, local: Path, strategies: list[str]) -> dict:
     return out
 
 
+REQUEUE_STRATEGY = "packed"  # the training requeued while it runs
+REQUEUE_AFTER_STEPS = 2  # steps it has logged (and checkpointed: train.checkpoint_every 1) when requeued
+
+
+def requeue_while_running(cluster: slurm_cluster.Cluster, run_dir: Path, done: threading.Event, result: dict) -> None:
+    """Requeue the ``REQUEUE_STRATEGY`` training once it has checkpointed ``REQUEUE_AFTER_STEPS`` steps, as
+    SLURM does on preemption with PreemptMode=REQUEUE: the job is stopped and starts its batch script again
+    on the same job id, and the train rule resumes from the checkpoint. Its results are then compared with
+    the uninterrupted local run's like every other training."""
+    comment = f"rule_train_wildcards_{REQUEUE_STRATEGY}"
+    steps = run_dir / "steps.jsonl"
+    while not done.is_set():
+        queue = cluster.run("squeue", "-h", "-o", "%i|%k|%T", check=False).stdout.split()
+        running = [q.split("|")[0] for q in queue if q.split("|")[1:] == [comment, "RUNNING"]]
+        n = len(steps.read_text().splitlines()) if steps.exists() else 0
+        if running and n >= REQUEUE_AFTER_STEPS and (run_dir / "checkpoint.pt").exists():
+            cluster.run("scontrol", "requeue", running[0])
+            result.update(job_id=running[0], requeued_after_steps=n)
+            return
+        time.sleep(0.3)
+
+
+def requeue_problems(cluster: slurm_cluster.Cluster, run_dir: Path, result: dict) -> list[str]:
+    """What sacct and the resumed run show of the requeue (into ``result``), and what is wrong with it."""
+    if "job_id" not in result:
+        return [f"the {REQUEUE_STRATEGY} training was never requeued (it ended before it had "
+                f"{REQUEUE_AFTER_STEPS} checkpointed steps: raise train.useful_tokens in {CONFIGS[1]})"]
+    fields = ["JobID", "State", "NodeList", "Elapsed", "Start"]
+    rows = cluster.run("sacct", "-D", "-X", "-P", "-n", "-j", result["job_id"], "-o", ",".join(fields)).stdout
+    result["attempts"] = [dict(zip(fields, r.split("|"))) for r in rows.splitlines()]
+    states = [a["State"] for a in result["attempts"]]
+    problems = []
+    if len(states) != 2 or states != ["REQUEUED", "COMPLETED"]:
+        problems.append(f"sacct shows job {result['job_id']}'s attempts as {states}, not REQUEUED then COMPLETED")
+    summary = run_dir / "summary.json"
+    result["resumed_from_step"] = json.loads(summary.read_text()).get("resumed_from_step") if summary.exists() else None
+    if not result["resumed_from_step"]:
+        problems.append(f"the requeued training did not resume from its checkpoint (resumed_from_step "
+                        f"{result['resumed_from_step']!r} in {summary})")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results/slurm-check",
                         help="where the two runs and summary.json go (default results/slurm-check)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds each Snakemake run may take")
+    parser.add_argument("--no-requeue", action="store_true",
+                        help=f"do not requeue the {REQUEUE_STRATEGY} training while it runs")
     parser.add_argument("--cluster-dir", type=Path, default=slurm_cluster.DEFAULT_DIR,
                         help="the cluster's state folder (tools/slurm_cluster.py --dir)")
     args = parser.parse_args(argv)
@@ -181,13 +227,23 @@ def main(argv: list[str] | None = None) -> int:
         summary["cluster_up_s"] = round(time.monotonic() - t0, 1)
         summary["daemons"] = cluster.pids()  # pid and start time of each: a test checks none outlives the check
         t1 = time.monotonic()
-        rc = snakemake(["--workflow-profile", "profiles/slurm", *configs, "--config", f"results_dir={rel}/slurm",
-                        *SLURM_OVERRIDES], timeout=args.timeout, log=out / "snakemake-slurm.log",
-                       prefix=cluster.ns()).wait()
+        run = snakemake(["--workflow-profile", "profiles/slurm", *configs, "--config", f"results_dir={rel}/slurm",
+                         *SLURM_OVERRIDES], timeout=args.timeout, log=out / "snakemake-slurm.log",
+                        prefix=cluster.ns())
+        done, requeue = threading.Event(), {"strategy": REQUEUE_STRATEGY}
+        if not args.no_requeue:
+            watcher = threading.Thread(target=requeue_while_running, daemon=True,
+                                       args=(cluster, slurm_dir / "train" / REQUEUE_STRATEGY, done, requeue))
+            watcher.start()
+        rc = run.wait()
+        done.set()
         summary["slurm_run"] = {"returncode": rc, "seconds": round(time.monotonic() - t1, 1),
                                 "log": str(out / "snakemake-slurm.log")}
         # sacct after the run: the executor has seen every job end, so its records are complete
         summary["jobs"] = sacct_jobs(cluster)
+        if not args.no_requeue:
+            requeue["problems"] = requeue_problems(cluster, slurm_dir / "train" / REQUEUE_STRATEGY, requeue)
+            summary["requeue"] = requeue
     finally:
         t2 = time.monotonic()
         cluster.down()
@@ -202,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     if rc_local != 0:
         problems.append(f"the local run failed (exit {rc_local}): see {out / 'snakemake-local.log'}")
     jobs = summary["jobs"]
+    if not args.no_requeue:
+        problems += [f"requeue: {p}" for p in summary.get("requeue", {}).get("problems", ["did not run"])]
     for j in jobs:
         if j["state"] != "COMPLETED":
             problems.append(f"SLURM job {j['job_id']} ({j['rule']}) ended {j['state']}")

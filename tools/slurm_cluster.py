@@ -202,7 +202,8 @@ SlurmctldHost={self.host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={self.munge_socket}
+# cred_expire also holds a requeued job back this long before it may start again (default 120 s)
+AuthInfo=socket={self.munge_socket},cred_expire=30
 CredType=cred/munge
 SlurmctldPort=6817
 StateSaveLocation={r}/state

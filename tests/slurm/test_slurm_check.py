@@ -1,8 +1,10 @@
 """The SLURM path for real: `tools/slurm_check.py` (`make slurm-check`) starts a 2-node SLURM cluster with
 accounting on this machine (tools/slurm_cluster.py), runs the tiny workflow on it with profiles/slurm, every
-rule a SLURM job, runs it locally too, and stops the cluster. Here: every rule ran as a SLURM job that
-`sacct` reports COMPLETED, the SLURM run trained exactly the planned batches with the local run's losses,
-and no daemon of the cluster outlives the check.
+rule a SLURM job, requeues the packed training while it runs (`scontrol requeue`, as preemption does),
+runs the config locally too, and stops the cluster. Here: every rule ran as a SLURM job that `sacct`
+reports COMPLETED, the requeued training came back on the same job id and resumed from its checkpoint,
+the SLURM run (the requeued training included) trained exactly the planned batches with the local run's
+losses, and no daemon of the cluster outlives the check.
 
 Needs root (the daemons, /etc/slurm) and the packages or apt-get to install them (`make test-deps`
 installs them where it can); skipped, with the reason, elsewhere."""
@@ -88,6 +90,22 @@ def test_every_rule_ran_as_a_slurm_job_that_sacct_reports_completed(check):
 
 
 @pytest.mark.slow
+def test_a_training_requeued_while_it_runs_comes_back_and_resumes_from_its_checkpoint(check):
+    requeue = check["summary"]["requeue"]
+    assert requeue["problems"] == [], requeue
+    assert requeue["requeued_after_steps"] >= 2
+    # sacct --duplicates: the stopped attempt, then the one that ran to the end, on the same job id
+    assert [a["State"] for a in requeue["attempts"]] == ["REQUEUED", "COMPLETED"]
+    assert {a["JobID"] for a in requeue["attempts"]} == {requeue["job_id"]}
+    train = json.loads((check["out"] / "slurm/train" / requeue["strategy"] / "summary.json").read_text())
+    # it resumed at a checkpoint of the stopped attempt (checkpoint_every 1; it may have stepped on while
+    # SLURM stopped it), not from scratch, and trained steps after it
+    assert 1 <= train["resumed_from_step"] < train["steps"]
+    # exactness after the resume is the next test's (the requeued strategy is one of those compared)
+    assert requeue["strategy"] in check["summary"]["strategies"]
+
+
+@pytest.mark.slow
 def test_the_slurm_run_trained_exactly_the_planned_batches_with_the_local_losses(check):
     """Read from the two runs' files (not from the summary's verdict): edges and plan metrics equal, each
     SLURM training passes every check of a pipelined run (its batches are the plan's, in order), and has
@@ -105,9 +123,20 @@ def test_the_slurm_run_trained_exactly_the_planned_batches_with_the_local_losses
         params = load_params(slurm / "train" / strategy / "params.json")
         steps = [json.loads(x) for x in (slurm / "train" / strategy / "steps.jsonl").read_text().splitlines()]
         summary = json.loads((slurm / "train" / strategy / "summary.json").read_text())
-        check_pipelined_run(steps, summary, strategy=strategy, token_budget=params.batching.token_budget,
-                            useful_tokens=params.train.useful_tokens, warmup_steps=params.train.warmup_steps,
-                            planned=planned_hashes(lengths, params, strategy, edges, steps))
+        planned = planned_hashes(lengths, params, strategy, edges, steps)
+        if summary.get("resumed_from_step") is None:
+            check_pipelined_run(steps, summary, strategy=strategy, token_budget=params.batching.token_budget,
+                                useful_tokens=params.train.useful_tokens, warmup_steps=params.train.warmup_steps,
+                                planned=planned)
+        else:
+            # the requeued training: its summary's throughput and CPU shares cover the steps after the
+            # resume only, so check_pipelined_run's sums over all steps do not apply; what the resume must
+            # keep does: every step once, in order, the planned batches, stopping at train.useful_tokens
+            assert strategy == check["summary"]["requeue"]["strategy"]
+            useful = np.cumsum([s["useful_tokens"] for s in steps])
+            assert useful[-1] >= params.train.useful_tokens > useful[-2]
+            assert [s["step"] for s in steps] == list(range(len(steps))) and summary["steps"] == len(steps)
+            assert [s["batch_hash"] for s in steps] == planned
         ref = [json.loads(x) for x in (local / "train" / strategy / "steps.jsonl").read_text().splitlines()]
         assert [s["batch_hash"] for s in steps] == [s["batch_hash"] for s in ref], strategy
         for a, b in zip(steps, ref, strict=True):
