@@ -136,3 +136,20 @@ gpu-check:
 
 gpu-rehearse: $(GPU_STAMP) $(KIT_STAMP)
 	env -u PYTHONPATH -u VIRTUAL_ENV $(GPU_VENV)/bin/python benchmarks/gpu_check.py --rehearse --kit $(GPU_KIT) --out build/gpu-rehearsal --budget-s 900
+
+# The SLURM path for real (tools/slurm_check.py): a 2-node SLURM cluster with accounting started on this
+# machine (tools/slurm_cluster.py: Debian's slurm-wlm, munge, slurmdbd + MariaDB, in a private network
+# namespace; needs root, installs with apt-get when missing), the tiny workflow run on it with
+# profiles/slurm (every rule a SLURM job; the packed training requeued while it runs, so that it resumes
+# from its checkpoint) and locally, compared (edges, plans, batch hashes, losses);
+# results/slurm-check/summary.json lists every job as sacct reported it. The cluster is stopped at the end
+# whatever happened. About 3-6 minutes on 2 cores. docs/slurm.md.
+.PHONY: slurm-check slurm-deps
+slurm-check: install
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) tools/slurm_check.py --out results/slurm-check
+
+# the packages, for the suite's SLURM check (tests/slurm/): installed where root and apt-get are, else a
+# one-line note and the test skips
+test-deps: slurm-deps
+slurm-deps:
+	python3 tools/slurm_cluster.py install --if-possible
