@@ -79,8 +79,14 @@ def test_fla_on_cpu_needs_the_interpreter_and_not_bfloat16(monkeypatch):
     with pytest.raises(ValueError, match="--dtype float32"):
         fla_cpu.require_interpreter(torch.bfloat16)
     monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
-    fla_cpu.prepare_environment(device="cuda")  # GPU fp32 checks: full-precision tl.dot, not TF32
+    # bf16 on a GPU: no TRITON_F32_DEFAULT, which Triton keys compiles on (the trainings run without it)
+    for dtype in ("bfloat16", "float16"):
+        fla_cpu.prepare_environment(device="cuda", dtype=dtype)
+        assert "TRITON_F32_DEFAULT" not in os.environ
+    fla_cpu.prepare_environment(device="cuda", dtype="float32")  # GPU fp32 checks: full-precision tl.dot, not TF32
     assert os.environ["TRITON_F32_DEFAULT"] == "ieee"
+    with pytest.raises(ValueError, match="dtype must be float32, bfloat16 or float16"):
+        fla_cpu.prepare_environment(device="cuda", dtype="fp8")
 
 
 def test_range_counters_become_triton_scalars_and_static_range_ones_do_not():
