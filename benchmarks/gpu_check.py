@@ -173,6 +173,9 @@ def step_environment(out: Path, step_env: dict[str, str], *, rehearse: bool,
                 "LENBATCH_SHARE_GPU": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"})
     if rehearse:
         env.update({"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"})
+    # only the fp32 verify sets it: Triton keys compiles and autotunes on it, so a caller's setting would
+    # split the bf16 steps' kernel cache from the trainings' (every kernel compiled once more)
+    env.pop("TRITON_F32_DEFAULT", None)
     env.update(step_env)
     return env
 
@@ -212,17 +215,71 @@ def probe(out: Path, *, rehearse: bool) -> int:
     return 1 if problems else 0
 
 
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids of every process now visible in /proc (Linux). Cost: one read per process."""
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # exited meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after the command name, which may hold ") "
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL ``pid`` and every process descended from it, whatever session or group it moved to
+    (torchrun starts each worker with ``start_new_session``, so killing the step's process group misses
+    them). The tree is stopped first (SIGSTOP, top down, until a walk finds no new process): a stopped
+    parent keeps its children's parent pid, so none is orphaned to init and lost, and none forks or
+    restarts a worker while the tree is collected. Returns the pids signalled. Cost: one /proc walk per
+    level of the tree."""
+    stopped: list[int] = []
+    for _ in range(64):  # a tree deeper than this is not a step's
+        kids = _children()
+        tree, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            tree.append(p)
+            todo += kids.get(p, [])
+        new = [p for p in tree if p not in stopped]
+        if not new:
+            break
+        for p in new:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            stopped.append(p)
+    for p in stopped:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return stopped
+
+
 def _run_step(st: dict[str, Any], env: dict[str, str], log_path: Path, timeout: float) -> int:
-    """Run one step in its own process group; at ``timeout`` the whole group (torchrun's workers, the
-    profile's role workers) is killed, so nothing keeps the GPU. Returns its exit code (124: timeout)."""
+    """Run one step in its own process group; at ``timeout`` the step's whole process tree (torchrun's
+    workers in their own sessions, the profile's role workers) is killed (:func:`kill_tree`), so
+    nothing keeps the GPU into the next step. Returns its exit code (124: timeout)."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(st["cmd"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             return proc.wait(timeout=max(timeout, 1.0))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            killed = kill_tree(proc.pid)
+            try:  # the group too: a member already reparented away from the tree
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait()
-            log.write(f"\ngpu-check: killed after {timeout:.0f} s (step timeout or the check's deadline)\n")
+            log.write(f"\ngpu-check: killed after {timeout:.0f} s (step timeout or the check's deadline): "
+                      f"{len(killed)} processes\n")
             return 124
 
 

@@ -70,6 +70,12 @@ def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
     env = gpu_check.step_environment(tmp_path, {}, rehearse=False, base={"PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str((tmp_path / "site").resolve()), str(ROOT.resolve() / "src")]
     assert env["LENBATCH_SHARE_GPU"] == "1" and "TRITON_INTERPRET" not in env
+    # Triton keys its compile and autotune caches on TRITON_F32_DEFAULT: the bf16 verify, the profile and
+    # the trainings share one key (none set, whatever the caller's), the fp32 verify alone sets it
+    assert [s["name"] for s in steps if "TRITON_F32_DEFAULT" in s["env"]] == ["verify-fla-float32"]
+    for s in steps:
+        env = gpu_check.step_environment(tmp_path, s["env"], rehearse=False, base={"TRITON_F32_DEFAULT": "tf32"})
+        assert env.get("TRITON_F32_DEFAULT") == ("ieee" if s["name"] == "verify-fla-float32" else None), s["name"]
 
 
 def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypatch):
@@ -196,6 +202,77 @@ def test_a_killed_profile_takes_its_workers_with_it(tmp_path):
     finally:
         for c in psutil.Process().children(recursive=True):
             c.kill()
+
+
+SLEEPER = """import os, sys, time
+with open(f"worker_{os.environ['RANK']}.tmp", "w") as f:
+    f.write(f"{os.getpid()} {os.getsid(0)}")
+os.rename(f"worker_{os.environ['RANK']}.tmp", f"worker_{os.environ['RANK']}")
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_timed_out_torchrun_step_takes_its_workers_with_it(tmp_path):
+    """A real torchrun step whose two workers sleep past the step's timeout: torchrun starts each worker in
+    its own session (so the step's process group does not hold them), and after the timeout none is left."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    st = {"cmd": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                  str(tmp_path / "sleeper.py")]}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # the workers write their pid files where they start
+    try:
+        # generous: the workers import nothing, torchrun's agent imports torch (seconds)
+        rc = gpu_check._run_step(st, env, tmp_path / "step.log", timeout=45)
+    finally:
+        os.chdir(cwd)
+    log = (tmp_path / "step.log").read_text()
+    assert rc == 124 and "killed after 45 s" in log, log[-2000:]
+    workers = [tuple(map(int, (tmp_path / f"worker_{r}").read_text().split())) for r in (0, 1)
+               if (tmp_path / f"worker_{r}").exists()]
+    assert len(workers) == 2, ("the workers had not started within the timeout", log[-2000:])
+    assert all(pid == sid for pid, sid in workers)  # own sessions: a killpg of the step's group misses them
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid, _ in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid, _ in workers if _alive(pid)], "torchrun workers outlived their timed-out step"
+
+
+def test_kill_tree_reaches_a_grandchild_in_another_session(tmp_path):
+    """kill_tree follows parent pids, not sessions: a child that moved to its own session (as torchrun's
+    workers do) and its own child both die with the root."""
+    code = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time; "
+            "subprocess.Popen([\"sleep\", \"600\"]); time.sleep(600)'], start_new_session=True)\n"
+            "print(p.pid, flush=True); time.sleep(600)\n")
+    root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(root.stdout.readline())
+        deadline = time.monotonic() + 60
+        grandchild = []
+        while not grandchild and time.monotonic() < deadline:
+            grandchild = gpu_check._children().get(child, [])
+            time.sleep(0.1)
+        assert grandchild and os.getsid(child) == child != os.getpgid(root.pid)
+        killed = gpu_check.kill_tree(root.pid)
+        assert {root.pid, child, *grandchild} <= set(killed)
+        root.wait(timeout=20)
+        deadline = time.monotonic() + 20
+        while (_alive(child) or _alive(grandchild[0])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child) and not _alive(grandchild[0])
+    finally:
+        if root.poll() is None:
+            root.kill()
 
 
 @pytest.mark.slow
