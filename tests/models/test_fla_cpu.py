@@ -146,6 +146,19 @@ def test_the_drafter_role_never_imports_fla_and_the_target_reports_its_kernels(f
     assert kb["warmup_compile_s"] == 0.0 and kb["compile_meter"] is False  # interpreted: nothing compiles
 
 
+@needs_fla
+def test_the_plans_batches_compile_and_autotune_nothing_the_warm_up_did_not(fla_results):
+    """Every Triton launch of a real plan's batches (padded and packed) has a compile and autotune key
+    the runner's warm-up already had; fla's l2norm (keyed on a token bucket) never runs in our forward,
+    and the recorder sees its second bucket when it does run (the negative control)."""
+    r = fla_results
+    assert len(r["plan_shapes"]) == 3 and r["keys_autotuned_warm"] >= 5
+    assert r["keys_new_in_plan"] == [], r["keys_new_in_plan"]
+    assert "chunk_local_cumsum_scalar_kernel" in r["warm_kernels"]
+    assert not any("l2norm" in k for k in r["warm_kernels"]), r["warm_kernels"]
+    assert len(r["l2norm_autotune_keys"]) == 2  # NB = 1 and NB = 2: seen, so a new bucket cannot hide
+
+
 def _verify(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [FLA_PYTHON, "-m", "lenbatch_study", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
            "--lengths", "5,17,30", *args]
