@@ -12,8 +12,9 @@ flash-linear-attention / fla-core / einops at the pinned versions (:data:`WHEELS
 data, pre-tokenized here (``data/mid/tokenize`` for the GPU, ``data/tiny/tokenize`` for the
 rehearsal: the tokenize stage's layout, read with pyarrow alone). lenbatch itself runs from the tree
 (``PYTHONPATH=OUT/site:src``). Steps (:func:`plan`; each a subprocess in its own process group, its
-output in ``OUT/<step>.log``, killed whole at its timeout or the ``--budget-s`` deadline; the run
-stops at the first failure):
+output in ``OUT/<step>.log``, its whole process tree killed at its timeout or the ``--budget-s``
+deadline; the run stops at the first failure, except a verify over its tolerance, which is recorded
+and the check goes on, exit 1 at the end: :func:`step_outcome`):
 
 1. ``install``: ``python3 -m pip install --no-index --no-deps --target OUT/site .whl/*.whl``;
 2. ``environment``: imports and versions (``OUT/env.json``); fla must be usable on the GPU;
@@ -283,6 +284,18 @@ def _run_step(st: dict[str, Any], env: dict[str, str], log_path: Path, timeout: 
             return 124
 
 
+def step_outcome(name: str, rc: int, log_path: Path) -> str:
+    """How the check goes on after a step: "ok"; "tolerance" (a verify step that ran and printed
+    ``verify-packing: FAIL``, exit 1: a measured difference over its tolerance, recorded in the summary
+    while the profile, trainings and compare still run: they measure speed, which a numerical miss
+    does not void); "failed" (anything else: the check stops)."""
+    if rc == 0:
+        return "ok"
+    if name.startswith("verify-") and rc == 1 and (_verify_result(log_path) or {}).get("result") == "FAIL":
+        return "tolerance"
+    return "failed"
+
+
 def _load(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -308,9 +321,10 @@ def _verify_result(log: Path) -> dict[str, Any] | None:
     return res
 
 
-def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehearse: bool = False
-              ) -> dict[str, Any]:
-    """What the check found, from the files the steps wrote (a missing file -> None)."""
+def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehearse: bool = False,
+              tolerance_missed: list[str] | None = None) -> dict[str, Any]:
+    """What the check found, from the files the steps wrote (a missing file -> None).
+    ``tolerance_missed``: the verify steps over their tolerance (the check went on past them)."""
     metrics = _load(out / "compare" / "metrics.json") or {}
     train: dict[str, Any] = {}
     for s in STRATEGIES:
@@ -339,6 +353,7 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehea
     profile = {"points": len(grid), "kernel_backend": sorted({r.get("kernel_backend") for r in grid} - {None}),
                "compile_s_timed": sum(r.get("target_compile_seconds_timed", 0.0) for r in grid)} if grid else None
     return {"failed_step": failed, "complete": failed is None, "rehearsal": rehearse,
+            "verify_tolerance_missed": list(tolerance_missed or []),
             "seconds": timings, "seconds_total": round(sum(timings.values()), 1),
             "estimated_seconds_h200": ESTIMATE_S, "environment": _load(out / "env.json"),
             "verify_packing_fla": {d: _verify_result(out / f"verify-fla-{d}.log") for d in ("bfloat16", "float32")},
@@ -365,6 +380,8 @@ def _gib(x: Any) -> str:
 def render(summary: dict[str, Any]) -> str:
     """One table: verify, then a row per strategy."""
     head = "complete" if summary["complete"] else f"FAILED at {summary['failed_step']}"
+    if summary.get("verify_tolerance_missed"):
+        head += f" (over tolerance: {', '.join(summary['verify_tolerance_missed'])})"
     lines = [f"gpu-check{' (CPU rehearsal)' if summary['rehearsal'] else ''}: {head} in "
              f"{summary['seconds_total']:.0f} s"]
     for d, v in summary["verify_packing_fla"].items():
@@ -469,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     write_configs(out, rehearse=args.rehearse)
     timings: dict[str, float] = {}
     failed = None
+    missed: list[str] = []  # verify steps over their tolerance
     deadline = time.monotonic() + args.budget_s
     for st in steps:
         t0 = time.perf_counter()
@@ -477,17 +495,21 @@ def main(argv: list[str] | None = None) -> int:
                        min(st["timeout"], left))
         timings[st["name"]] = round(time.perf_counter() - t0, 1)
         print(f"gpu-check: {st['name']} rc={rc} {timings[st['name']]} s", file=sys.stderr, flush=True)
-        if rc != 0:
+        outcome = step_outcome(st["name"], rc, out / f"{st['name']}.log")
+        if outcome == "tolerance":
+            missed.append(st["name"])
+            print(f"gpu-check: {st['name']} over its tolerance (recorded); the check goes on", file=sys.stderr)
+        elif outcome == "failed":
             failed = st["name"]
             tail = (out / f"{st['name']}.log").read_text().splitlines()[-25:]
             print("\n".join(f"  | {line}" for line in tail), file=sys.stderr)
             break
-    summary = summarize(out, timings, failed, rehearse=args.rehearse)
+    summary = summarize(out, timings, failed, rehearse=args.rehearse, tolerance_missed=missed)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = render(summary)
     (out / "summary.txt").write_text(text + "\n")
     print(text)
-    return 1 if failed else 0
+    return 1 if failed or missed else 0
 
 
 if __name__ == "__main__":

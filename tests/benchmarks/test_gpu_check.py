@@ -247,6 +247,27 @@ def test_a_timed_out_torchrun_step_takes_its_workers_with_it(tmp_path):
     assert not [pid for pid, _ in workers if _alive(pid)], "torchrun workers outlived their timed-out step"
 
 
+def test_a_verify_over_its_tolerance_is_recorded_and_the_check_goes_on(tmp_path):
+    """A real verify-packing that misses its tolerance (boundaries withheld: the packed forward leaks
+    across sequences) exits 1 with FAIL: the check records it and goes on; any other failure stops it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "lenbatch_study", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
+           "--lengths", "5,17,30"]
+    logs = {}
+    for name, extra in (("miss", ["--no-boundaries"]), ("pass", []), ("error", ["--lengths", "0"])):
+        proc = subprocess.run(cmd + extra, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        logs[name] = (proc.returncode, tmp_path / f"{name}.log")
+        logs[name][1].write_text(proc.stdout + proc.stderr)
+    assert logs["miss"][0] == 1 and logs["pass"][0] == 0 and logs["error"][0] == 2
+    assert gpu_check.step_outcome("verify-fla-float32", *logs["miss"]) == "tolerance"
+    assert gpu_check.step_outcome("verify-fla-float32", *logs["pass"]) == "ok"
+    assert gpu_check.step_outcome("verify-fla-float32", *logs["error"]) == "failed"
+    assert gpu_check.step_outcome("profile", 1, logs["miss"][1]) == "failed"  # only a verify may miss and go on
+    summary = gpu_check.summarize(tmp_path, {"verify-fla-float32": 1.0}, None, tolerance_missed=["verify-fla-float32"])
+    assert summary["complete"] and summary["verify_tolerance_missed"] == ["verify-fla-float32"]
+    assert "over tolerance: verify-fla-float32" in gpu_check.render(summary)
+
+
 def test_kill_tree_reaches_a_grandchild_in_another_session(tmp_path):
     """kill_tree follows parent pids, not sessions: a child that moved to its own session (as torchrun's
     workers do) and its own child both die with the root."""
