@@ -157,7 +157,8 @@ def _device_report(setup: RunSetup, kernels: dict[str, Any], target_peak: Option
     from lenbatch_study.models.memory import plan_memory_shape, rank_memory
 
     est_t, est_d = rank_memory(setup.params, **plan_memory_shape(setup.params, setup.lengths,
-                                                                 [s.indices for s in setup.schedule]))
+                                                                 [s.indices for s in setup.schedule]),
+                               host_queue=setup.device.type == "cuda" and ranks_per_device(setup.world_size) > 1)
     return {"kernel_backend": kernels,
             "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(setup.device)},
             "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
