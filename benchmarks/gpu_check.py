@@ -27,6 +27,8 @@ and the check goes on, exit 1 at the end: :func:`step_outcome`):
    (:data:`MID`); ``train-<strategy>`` for every strategy under torchrun (2 target ranks + 1 drafter
    rank sharing the GPU: ``LENBATCH_SHARE_GPU=1`` in every step's environment, gloo through host
    memory, since NCCL refuses two ranks on one GPU); ``compare`` (predicted vs measured);
+   ``nccl-2gpu`` where two or more GPUs are visible (skipped with a note otherwise): one target and
+   one drafter rank on a GPU each, so NCCL, :data:`NCCL_STEPS` steps of sorted;
 5. ``OUT/summary.json`` + one printed table (:func:`summarize`, :func:`render`): verify results,
    per strategy measured and predicted tok/s, ratio to sorted, kernel backend, compile seconds,
    peak memory per rank against :mod:`lenbatch_study.models.memory`'s estimate, queue/credit waits.
@@ -102,9 +104,11 @@ TINY = {  # the rehearsal: CPU, fla under the interpreter (seconds per forward),
 # per step ~25 ms, plus ~270 MB of features per step over gloo on loopback (~100 ms at ~3 GB/s):
 # ~0.15 s per pipelined step; steps per strategy = 800k useful tokens / (16k x efficiency):
 # sorted ~52, random ~110, bucketed ~60, sortish ~55, packed ~50; torchrun start ~20 s per run.
+# nccl-2gpu: torchrun ~20 s, two processes' imports and CUDA contexts, NCCL's init, NCCL_STEPS steps
 ESTIMATE_S = {"install": 3, "environment": 12, "verify-fla-bfloat16": 70, "verify-fla-float32": 60,
               "stats": 6, "boundaries": 8, "plans": 8, "profile": 45, "train-sorted": 28, "train-random": 37,
-              "train-bucketed": 29, "train-sortish": 28, "train-packed": 28, "compare": 15}
+              "train-bucketed": 29, "train-sortish": 28, "train-packed": 28, "compare": 15, "nccl-2gpu": 35}
+NCCL_STEPS = 12
 
 
 def layer_shapes_config() -> dict[str, Any]:
@@ -158,10 +162,24 @@ def plan(out: Path, *, kit: Path, rehearse: bool, python: str = sys.executable) 
                                                   f"{r}/boundaries", "--plans", f"{r}/plans", "--profile",
                                                   f"{r}/profile", "--train", f"{r}/train", "--data", str(data),
                                                   "--quality", "", "--out", f"{r}/compare"]})
+    # NCCL's first run, where two GPUs are visible (skipped with a note on one: :func:`skip_reason`): one
+    # target and one drafter rank, a GPU each (no LENBATCH_SHARE_GPU), a few steps of sorted. Last, so a
+    # tight deadline takes it and never compare.
+    steps.append({"name": "nccl-2gpu", "gpus": 2, "timeout": 150, "env": {"LENBATCH_SHARE_GPU": "0"},
+                  "cmd": [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "lenbatch_study", "train", *cfg, "--params-json", '{"train": {"nproc": 2}}',
+                          "--strategy", "sorted", "--max-steps", str(NCCL_STEPS), "--data", str(data),
+                          "--boundaries", f"{r}/boundaries/boundaries.json", "--out", f"{r}/nccl/sorted"]})
     for st in steps:
         st.setdefault("env", {})
         st.setdefault("timeout", 120)
     return steps
+
+
+def skip_reason(st: dict[str, Any], visible_gpus: int) -> str | None:
+    """Why a step does not run on this machine (it needs more GPUs than are visible), None when it runs."""
+    need = st.get("gpus", 0)
+    return f"needs {need} GPUs, {visible_gpus} visible" if need > visible_gpus else None
 
 
 def step_environment(out: Path, step_env: dict[str, str], *, rehearse: bool,
@@ -322,9 +340,10 @@ def _verify_result(log: Path) -> dict[str, Any] | None:
 
 
 def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehearse: bool = False,
-              tolerance_missed: list[str] | None = None) -> dict[str, Any]:
+              tolerance_missed: list[str] | None = None, skipped: dict[str, str] | None = None) -> dict[str, Any]:
     """What the check found, from the files the steps wrote (a missing file -> None).
-    ``tolerance_missed``: the verify steps over their tolerance (the check went on past them)."""
+    ``tolerance_missed``: the verify steps over their tolerance (the check went on past them);
+    ``skipped``: step -> why it did not run here (:func:`skip_reason`)."""
     metrics = _load(out / "compare" / "metrics.json") or {}
     train: dict[str, Any] = {}
     for s in STRATEGIES:
@@ -353,12 +372,22 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehea
     profile = {"points": len(grid), "kernel_backend": sorted({r.get("kernel_backend") for r in grid} - {None}),
                "compile_s_timed": sum(r.get("target_compile_seconds_timed", 0.0) for r in grid)} if grid else None
     return {"failed_step": failed, "complete": failed is None, "rehearsal": rehearse,
-            "verify_tolerance_missed": list(tolerance_missed or []),
+            "verify_tolerance_missed": list(tolerance_missed or []), "skipped": dict(skipped or {}),
+            "nccl_2gpu": _nccl_result(out),
             "seconds": timings, "seconds_total": round(sum(timings.values()), 1),
             "estimated_seconds_h200": ESTIMATE_S, "environment": _load(out / "env.json"),
             "verify_packing_fla": {d: _verify_result(out / f"verify-fla-{d}.log") for d in ("bfloat16", "float32")},
             "profile": profile, "train": train, "compare_written": bool(metrics),
             "machine": machine_fingerprint()}
+
+
+def _nccl_result(out: Path) -> dict[str, Any] | None:
+    """The two-GPU NCCL run's steps and timings (None when it did not run)."""
+    summ = _load(out / "nccl" / "sorted" / "summary.json")
+    if not summ:
+        return None
+    return {k: summ.get(k) for k in ("steps", "world_size", "useful_tokens_per_s", "target_s_mean", "drafter_s_mean",
+                                     "queue_wait_s_mean", "final_loss", "peak_memory_bytes")}
 
 
 def machine_fingerprint() -> dict[str, Any]:
@@ -380,6 +409,8 @@ def _gib(x: Any) -> str:
 def render(summary: dict[str, Any]) -> str:
     """One table: verify, then a row per strategy."""
     head = "complete" if summary["complete"] else f"FAILED at {summary['failed_step']}"
+    for name, why in (summary.get("skipped") or {}).items():
+        head += f"; {name} skipped ({why})"
     if summary.get("verify_tolerance_missed"):
         head += f" (over tolerance: {', '.join(summary['verify_tolerance_missed'])})"
     lines = [f"gpu-check{' (CPU rehearsal)' if summary['rehearsal'] else ''}: {head} in "
@@ -488,7 +519,19 @@ def main(argv: list[str] | None = None) -> int:
     failed = None
     missed: list[str] = []  # verify steps over their tolerance
     deadline = time.monotonic() + args.budget_s
+    visible = 0
+    if not args.rehearse:
+        import torch
+
+        visible = torch.cuda.device_count()
+    skipped: dict[str, str] = {}
     for st in steps:
+        why = skip_reason(st, visible)
+        if why:
+            skipped[st["name"]] = why
+            timings[st["name"]] = 0.0
+            print(f"gpu-check: {st['name']} skipped: {why}", file=sys.stderr, flush=True)
+            continue
         t0 = time.perf_counter()
         left = deadline - time.monotonic()
         rc = _run_step(st, step_environment(out, st["env"], rehearse=args.rehearse), out / f"{st['name']}.log",
@@ -504,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             tail = (out / f"{st['name']}.log").read_text().splitlines()[-25:]
             print("\n".join(f"  | {line}" for line in tail), file=sys.stderr)
             break
-    summary = summarize(out, timings, failed, rehearse=args.rehearse, tolerance_missed=missed)
+    summary = summarize(out, timings, failed, rehearse=args.rehearse, tolerance_missed=missed, skipped=skipped)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = render(summary)
     (out / "summary.txt").write_text(text + "\n")

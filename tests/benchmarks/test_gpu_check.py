@@ -54,10 +54,16 @@ def test_refuses_without_cuda_in_one_line(tmp_path):
 def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
     steps = gpu_check.plan(tmp_path, kit=KIT, rehearse=False, python="python3")
     names = [s["name"] for s in steps]
-    assert names[:2] == ["install", "environment"] and names[-1] == "compare"
+    assert names[:2] == ["install", "environment"] and names[-2:] == ["compare", "nccl-2gpu"]
+    nccl = steps[-1]
+    assert nccl["gpus"] == 2 and nccl["env"] == {"LENBATCH_SHARE_GPU": "0"}  # a GPU per rank: NCCL, not gloo
+    assert nccl["cmd"][nccl["cmd"].index("--nproc_per_node") + 1] == "2" and "--max-steps" in nccl["cmd"]
+    assert gpu_check.skip_reason(nccl, 1) == "needs 2 GPUs, 1 visible" and gpu_check.skip_reason(nccl, 2) is None
+    assert all(gpu_check.skip_reason(s, 1) is None for s in steps[:-1])
     assert {"verify-fla-bfloat16", "verify-fla-float32", "stats", "boundaries", "plans", "profile"} <= set(names)
     assert [n for n in names if n.startswith("train-")] == [f"train-{s}" for s in gpu_check.STRATEGIES]
-    assert not [s for s in steps if "lenbatch" in s["cmd"] and s["cmd"][s["cmd"].index("lenbatch") + 1] == "tokenize"]
+    assert not [s for s in steps if "lenbatch_study" in s["cmd"] and s["cmd"][s["cmd"].index("lenbatch_study") + 1] == "tokenize"]
+    assert sum("lenbatch_study" in s["cmd"] for s in steps) >= 10  # the check above sees the commands
     install = steps[0]["cmd"]
     assert install[:4] == ["python3", "-m", "pip", "install"] and "--no-index" in install and "--target" in install
     assert all(s["cmd"][0] == "python3" for s in steps)  # the machine's own interpreter, no venv
@@ -65,7 +71,7 @@ def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
     assert fp32["env"] == {"TRITON_F32_DEFAULT": "ieee", "FLA_TRIL_PRECISION": "ieee"} and fp32["cmd"][fp32["cmd"].index("--backend") + 1] == "fla"
     assert all(0 < s["timeout"] <= 240 for s in steps)
     assert sum(gpu_check.ESTIMATE_S[n] for n in names) <= 420  # 7 of the 8 planned minutes, at most
-    compare = steps[-1]["cmd"]
+    compare = steps[-2]["cmd"]
     assert compare[compare.index("--quality") + 1] == ""  # not the CPU run's committed quality results
     env = gpu_check.step_environment(tmp_path, {}, rehearse=False, base={"PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str((tmp_path / "site").resolve()), str(ROOT.resolve() / "src")]
@@ -90,8 +96,8 @@ def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypa
     checked = []
     for st in gpu_check.plan(tmp_path, kit=KIT, rehearse=False):
         cmd = st["cmd"]
-        stage = cmd[cmd.index("lenbatch") + 1] if "lenbatch" in cmd else None
-        if stage not in ("profile", "train"):
+        stage = cmd[cmd.index("lenbatch_study") + 1] if "lenbatch_study" in cmd else None
+        if stage not in ("profile", "train") or gpu_check.skip_reason(st, 1):
             continue
         env = gpu_check.step_environment(tmp_path, st["env"], rehearse=False, base={})
         monkeypatch.setenv("LENBATCH_SHARE_GPU", env.get("LENBATCH_SHARE_GPU", ""))
@@ -105,6 +111,22 @@ def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypa
             assert {str(resolve_device(p.train.device, r)) for r in range(nproc)} == {"cuda:0"}
         checked.append(st["name"])
     assert checked == ["profile"] + [f"train-{s}" for s in gpu_check.STRATEGIES]
+    # the NCCL step where two GPUs are visible: a GPU per rank, so NCCL (one rank per device)
+    from lenbatch_study.runtime.runner import ranks_per_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    nccl = gpu_check.plan(tmp_path, kit=KIT, rehearse=False)[-1]
+    env = gpu_check.step_environment(tmp_path, nccl["env"], rehearse=False, base={})
+    monkeypatch.setenv("LENBATCH_SHARE_GPU", env["LENBATCH_SHARE_GPU"])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    cmd = nccl["cmd"]
+    files = cmd[cmd.index("--params") + 1:cmd.index("--params") + 3]
+    p = load_params(*(str(ROOT / f) if not Path(f).is_absolute() else f for f in files),
+                    overrides=json.loads(cmd[cmd.index("--params-json") + 1]))
+    assert p.train.nproc == int(cmd[cmd.index("--nproc_per_node") + 1]) == 2
+    assert [str(resolve_device(p.train.device, r)) for r in range(2)] == ["cuda:0", "cuda:1"]
+    assert ranks_per_device(2) == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
     # the 8-GPU workflow: one rank per GPU, the profile's drafter on the last
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.delenv("LENBATCH_SHARE_GPU")
@@ -266,6 +288,10 @@ def test_a_verify_over_its_tolerance_is_recorded_and_the_check_goes_on(tmp_path)
     summary = gpu_check.summarize(tmp_path, {"verify-fla-float32": 1.0}, None, tolerance_missed=["verify-fla-float32"])
     assert summary["complete"] and summary["verify_tolerance_missed"] == ["verify-fla-float32"]
     assert "over tolerance: verify-fla-float32" in gpu_check.render(summary)
+    # a step that needs more GPUs than the machine has is skipped with its reason, not failed
+    summary = gpu_check.summarize(tmp_path, {"nccl-2gpu": 0.0}, None, skipped={"nccl-2gpu": "needs 2 GPUs, 1 visible"})
+    assert summary["complete"] and summary["nccl_2gpu"] is None
+    assert "nccl-2gpu skipped (needs 2 GPUs, 1 visible)" in gpu_check.render(summary)
 
 
 def test_kill_tree_reaches_a_grandchild_in_another_session(tmp_path):
