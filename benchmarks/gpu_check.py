@@ -345,6 +345,7 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehea
     ``tolerance_missed``: the verify steps over their tolerance (the check went on past them);
     ``skipped``: step -> why it did not run here (:func:`skip_reason`)."""
     metrics = _load(out / "compare" / "metrics.json") or {}
+    diagnostics = _load(out / "compare" / "diagnostics.json") or {}
     train: dict[str, Any] = {}
     for s in STRATEGIES:
         summ = _load(out / "train" / s / "summary.json")
@@ -361,6 +362,11 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehea
         train[s]["conv_backend"] = kb.get("conv")
         train[s]["warmup_compile_s"] = kb.get("warmup_compile_s")
         train[s]["predicted_tok_s"] = metrics.get(f"{s}.predicted_tok_s")
+        # per role, measured / predicted seconds of the measured steps: on one GPU the ranks share the
+        # device and the features cross the host, which the prediction does not model, so each role's
+        # ratio says where measured and predicted part
+        for role in ("target", "drafter"):
+            train[s][f"{role}_measured_over_predicted"] = diagnostics.get(f"{s}.{role}_step_ratio")
     ref = train.get("sorted", {})
     for s, t in train.items():
         for key, src in (("ratio_to_sorted", "useful_tokens_per_s"), ("predicted_ratio_to_sorted", "predicted_tok_s")):
@@ -424,7 +430,8 @@ def render(summary: dict[str, Any]) -> str:
         lines.append(f"  profile {p['points']} points, kernels {'/'.join(p['kernel_backend'])}, compile in timed "
                      f"steps {p['compile_s_timed']:.2f} s")
     lines.append(f"  {'strategy':<9} {'tok/s':>9} {'predicted':>9} {'/sorted':>7} {'pred/s':>6} {'kern':>5} "
-                 f"{'compile w/m s':>13} {'peak GiB t/d':>12} {'est GiB t/d':>11} {'queue s':>7} {'credit s':>8}")
+                 f"{'compile w/m s':>13} {'peak GiB t/d':>12} {'est GiB t/d':>11} {'queue s':>7} {'credit s':>8} "
+                 f"{'meas/pred t/d':>13}")
     for s, t in summary["train"].items():
         peak, est = t.get("peak_memory_bytes") or {}, t.get("memory_estimate_bytes") or {}
 
@@ -437,7 +444,8 @@ def render(summary: dict[str, Any]) -> str:
                      f"{num(t['compile_s_warmup'], '.1f') + '/' + num(t['compile_s_measured'], '.1f'):>13} "
                      f"{_gib(peak.get('target')) + '/' + _gib(peak.get('drafter')):>12} "
                      f"{_gib(est.get('target')) + '/' + _gib(est.get('drafter')):>11} "
-                     f"{num(t['queue_wait_s_mean'], '.3f'):>7} {num(t['credit_wait_s_mean'], '.3f'):>8}")
+                     f"{num(t['queue_wait_s_mean'], '.3f'):>7} {num(t['credit_wait_s_mean'], '.3f'):>8} "
+                     f"{num(t.get('target_measured_over_predicted'), '.2f') + '/' + num(t.get('drafter_measured_over_predicted'), '.2f'):>13}")
     return "\n".join(lines)
 
 

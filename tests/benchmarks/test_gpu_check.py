@@ -165,7 +165,13 @@ def test_summary_reads_the_steps_outputs(tmp_path):
     (tmp_path / "compare").mkdir()
     (tmp_path / "compare" / "metrics.json").write_text(json.dumps({"sorted.predicted_tok_s": 180000.0,
                                                                    "packed.predicted_tok_s": 120000.0}))
+    (tmp_path / "compare" / "diagnostics.json").write_text(json.dumps({"packed.target_step_ratio": 2.5,
+                                                                       "packed.drafter_step_ratio": 1.25}))
     s = gpu_check.summarize(tmp_path, {"train-packed": 30.0}, failed="train-sortish")
+    # per role, measured over predicted step seconds (compare's diagnostics): where they part on one GPU
+    assert (s["train"]["packed"]["target_measured_over_predicted"],
+            s["train"]["packed"]["drafter_measured_over_predicted"]) == (2.5, 1.25)
+    assert s["train"]["sorted"]["target_measured_over_predicted"] is None
     v = s["verify_packing_fla"]
     assert v["bfloat16"]["result"] == "PASS" and v["bfloat16"]["final_max_abs_diff"] == 0.02
     assert v["float32"]["result"] == "FAIL" and s["failed_step"] == "train-sortish" and not s["complete"]
@@ -174,6 +180,7 @@ def test_summary_reads_the_steps_outputs(tmp_path):
     assert s["train"]["packed"]["kernel_backend"] == "fla"
     text = gpu_check.render(s)
     assert text.startswith("gpu-check: FAILED at train-sortish") and "100,000" in text and "2.0/4.0" in text
+    assert "meas/pred t/d" in text and "2.50/1.25" in text
 
 
 def test_the_stand_in_has_the_gpu_machines_packages_and_none_of_the_extras():
