@@ -54,10 +54,16 @@ def test_refuses_without_cuda_in_one_line(tmp_path):
 def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
     steps = gpu_check.plan(tmp_path, kit=KIT, rehearse=False, python="python3")
     names = [s["name"] for s in steps]
-    assert names[:2] == ["install", "environment"] and names[-1] == "compare"
+    assert names[:2] == ["install", "environment"] and names[-2:] == ["compare", "nccl-2gpu"]
+    nccl = steps[-1]
+    assert nccl["gpus"] == 2 and nccl["env"] == {"LENBATCH_SHARE_GPU": "0"}  # a GPU per rank: NCCL, not gloo
+    assert nccl["cmd"][nccl["cmd"].index("--nproc_per_node") + 1] == "2" and "--max-steps" in nccl["cmd"]
+    assert gpu_check.skip_reason(nccl, 1) == "needs 2 GPUs, 1 visible" and gpu_check.skip_reason(nccl, 2) is None
+    assert all(gpu_check.skip_reason(s, 1) is None for s in steps[:-1])
     assert {"verify-fla-bfloat16", "verify-fla-float32", "stats", "boundaries", "plans", "profile"} <= set(names)
     assert [n for n in names if n.startswith("train-")] == [f"train-{s}" for s in gpu_check.STRATEGIES]
-    assert not [s for s in steps if "lenbatch" in s["cmd"] and s["cmd"][s["cmd"].index("lenbatch") + 1] == "tokenize"]
+    assert not [s for s in steps if "lenbatch_study" in s["cmd"] and s["cmd"][s["cmd"].index("lenbatch_study") + 1] == "tokenize"]
+    assert sum("lenbatch_study" in s["cmd"] for s in steps) >= 10  # the check above sees the commands
     install = steps[0]["cmd"]
     assert install[:4] == ["python3", "-m", "pip", "install"] and "--no-index" in install and "--target" in install
     assert all(s["cmd"][0] == "python3" for s in steps)  # the machine's own interpreter, no venv
@@ -65,11 +71,17 @@ def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
     assert fp32["env"] == {"TRITON_F32_DEFAULT": "ieee", "FLA_TRIL_PRECISION": "ieee"} and fp32["cmd"][fp32["cmd"].index("--backend") + 1] == "fla"
     assert all(0 < s["timeout"] <= 240 for s in steps)
     assert sum(gpu_check.ESTIMATE_S[n] for n in names) <= 420  # 7 of the 8 planned minutes, at most
-    compare = steps[-1]["cmd"]
+    compare = steps[-2]["cmd"]
     assert compare[compare.index("--quality") + 1] == ""  # not the CPU run's committed quality results
     env = gpu_check.step_environment(tmp_path, {}, rehearse=False, base={"PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str((tmp_path / "site").resolve()), str(ROOT.resolve() / "src")]
     assert env["LENBATCH_SHARE_GPU"] == "1" and "TRITON_INTERPRET" not in env
+    # Triton keys its compile and autotune caches on TRITON_F32_DEFAULT: the bf16 verify, the profile and
+    # the trainings share one key (none set, whatever the caller's), the fp32 verify alone sets it
+    assert [s["name"] for s in steps if "TRITON_F32_DEFAULT" in s["env"]] == ["verify-fla-float32"]
+    for s in steps:
+        env = gpu_check.step_environment(tmp_path, s["env"], rehearse=False, base={"TRITON_F32_DEFAULT": "tf32"})
+        assert env.get("TRITON_F32_DEFAULT") == ("ieee" if s["name"] == "verify-fla-float32" else None), s["name"]
 
 
 def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypatch):
@@ -84,8 +96,8 @@ def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypa
     checked = []
     for st in gpu_check.plan(tmp_path, kit=KIT, rehearse=False):
         cmd = st["cmd"]
-        stage = cmd[cmd.index("lenbatch") + 1] if "lenbatch" in cmd else None
-        if stage not in ("profile", "train"):
+        stage = cmd[cmd.index("lenbatch_study") + 1] if "lenbatch_study" in cmd else None
+        if stage not in ("profile", "train") or gpu_check.skip_reason(st, 1):
             continue
         env = gpu_check.step_environment(tmp_path, st["env"], rehearse=False, base={})
         monkeypatch.setenv("LENBATCH_SHARE_GPU", env.get("LENBATCH_SHARE_GPU", ""))
@@ -99,6 +111,22 @@ def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypa
             assert {str(resolve_device(p.train.device, r)) for r in range(nproc)} == {"cuda:0"}
         checked.append(st["name"])
     assert checked == ["profile"] + [f"train-{s}" for s in gpu_check.STRATEGIES]
+    # the NCCL step where two GPUs are visible: a GPU per rank, so NCCL (one rank per device)
+    from lenbatch_study.runtime.runner import ranks_per_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    nccl = gpu_check.plan(tmp_path, kit=KIT, rehearse=False)[-1]
+    env = gpu_check.step_environment(tmp_path, nccl["env"], rehearse=False, base={})
+    monkeypatch.setenv("LENBATCH_SHARE_GPU", env["LENBATCH_SHARE_GPU"])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    cmd = nccl["cmd"]
+    files = cmd[cmd.index("--params") + 1:cmd.index("--params") + 3]
+    p = load_params(*(str(ROOT / f) if not Path(f).is_absolute() else f for f in files),
+                    overrides=json.loads(cmd[cmd.index("--params-json") + 1]))
+    assert p.train.nproc == int(cmd[cmd.index("--nproc_per_node") + 1]) == 2
+    assert [str(resolve_device(p.train.device, r)) for r in range(2)] == ["cuda:0", "cuda:1"]
+    assert ranks_per_device(2) == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
     # the 8-GPU workflow: one rank per GPU, the profile's drafter on the last
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.delenv("LENBATCH_SHARE_GPU")
@@ -137,7 +165,13 @@ def test_summary_reads_the_steps_outputs(tmp_path):
     (tmp_path / "compare").mkdir()
     (tmp_path / "compare" / "metrics.json").write_text(json.dumps({"sorted.predicted_tok_s": 180000.0,
                                                                    "packed.predicted_tok_s": 120000.0}))
+    (tmp_path / "compare" / "diagnostics.json").write_text(json.dumps({"packed.target_step_ratio": 2.5,
+                                                                       "packed.drafter_step_ratio": 1.25}))
     s = gpu_check.summarize(tmp_path, {"train-packed": 30.0}, failed="train-sortish")
+    # per role, measured over predicted step seconds (compare's diagnostics): where they part on one GPU
+    assert (s["train"]["packed"]["target_measured_over_predicted"],
+            s["train"]["packed"]["drafter_measured_over_predicted"]) == (2.5, 1.25)
+    assert s["train"]["sorted"]["target_measured_over_predicted"] is None
     v = s["verify_packing_fla"]
     assert v["bfloat16"]["result"] == "PASS" and v["bfloat16"]["final_max_abs_diff"] == 0.02
     assert v["float32"]["result"] == "FAIL" and s["failed_step"] == "train-sortish" and not s["complete"]
@@ -146,6 +180,7 @@ def test_summary_reads_the_steps_outputs(tmp_path):
     assert s["train"]["packed"]["kernel_backend"] == "fla"
     text = gpu_check.render(s)
     assert text.startswith("gpu-check: FAILED at train-sortish") and "100,000" in text and "2.0/4.0" in text
+    assert "meas/pred t/d" in text and "2.50/1.25" in text
 
 
 def test_the_stand_in_has_the_gpu_machines_packages_and_none_of_the_extras():
@@ -196,6 +231,102 @@ def test_a_killed_profile_takes_its_workers_with_it(tmp_path):
     finally:
         for c in psutil.Process().children(recursive=True):
             c.kill()
+
+
+SLEEPER = """import os, sys, time
+with open(f"worker_{os.environ['RANK']}.tmp", "w") as f:
+    f.write(f"{os.getpid()} {os.getsid(0)}")
+os.rename(f"worker_{os.environ['RANK']}.tmp", f"worker_{os.environ['RANK']}")
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_timed_out_torchrun_step_takes_its_workers_with_it(tmp_path):
+    """A real torchrun step whose two workers sleep past the step's timeout: torchrun starts each worker in
+    its own session (so the step's process group does not hold them), and after the timeout none is left."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    st = {"cmd": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                  str(tmp_path / "sleeper.py")]}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # the workers write their pid files where they start
+    try:
+        # generous: the workers import nothing, torchrun's agent imports torch (seconds)
+        rc = gpu_check._run_step(st, env, tmp_path / "step.log", timeout=45)
+    finally:
+        os.chdir(cwd)
+    log = (tmp_path / "step.log").read_text()
+    assert rc == 124 and "killed after 45 s" in log, log[-2000:]
+    workers = [tuple(map(int, (tmp_path / f"worker_{r}").read_text().split())) for r in (0, 1)
+               if (tmp_path / f"worker_{r}").exists()]
+    assert len(workers) == 2, ("the workers had not started within the timeout", log[-2000:])
+    assert all(pid == sid for pid, sid in workers)  # own sessions: a killpg of the step's group misses them
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid, _ in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid, _ in workers if _alive(pid)], "torchrun workers outlived their timed-out step"
+
+
+def test_a_verify_over_its_tolerance_is_recorded_and_the_check_goes_on(tmp_path):
+    """A real verify-packing that misses its tolerance (boundaries withheld: the packed forward leaks
+    across sequences) exits 1 with FAIL: the check records it and goes on; any other failure stops it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "lenbatch_study", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
+           "--lengths", "5,17,30"]
+    logs = {}
+    for name, extra in (("miss", ["--no-boundaries"]), ("pass", []), ("error", ["--lengths", "0"])):
+        proc = subprocess.run(cmd + extra, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        logs[name] = (proc.returncode, tmp_path / f"{name}.log")
+        logs[name][1].write_text(proc.stdout + proc.stderr)
+    assert logs["miss"][0] == 1 and logs["pass"][0] == 0 and logs["error"][0] == 2
+    assert gpu_check.step_outcome("verify-fla-float32", *logs["miss"]) == "tolerance"
+    assert gpu_check.step_outcome("verify-fla-float32", *logs["pass"]) == "ok"
+    assert gpu_check.step_outcome("verify-fla-float32", *logs["error"]) == "failed"
+    assert gpu_check.step_outcome("profile", 1, logs["miss"][1]) == "failed"  # only a verify may miss and go on
+    summary = gpu_check.summarize(tmp_path, {"verify-fla-float32": 1.0}, None, tolerance_missed=["verify-fla-float32"])
+    assert summary["complete"] and summary["verify_tolerance_missed"] == ["verify-fla-float32"]
+    assert "over tolerance: verify-fla-float32" in gpu_check.render(summary)
+    # a step that needs more GPUs than the machine has is skipped with its reason, not failed
+    summary = gpu_check.summarize(tmp_path, {"nccl-2gpu": 0.0}, None, skipped={"nccl-2gpu": "needs 2 GPUs, 1 visible"})
+    assert summary["complete"] and summary["nccl_2gpu"] is None
+    assert "nccl-2gpu skipped (needs 2 GPUs, 1 visible)" in gpu_check.render(summary)
+
+
+def test_kill_tree_reaches_a_grandchild_in_another_session(tmp_path):
+    """kill_tree follows parent pids, not sessions: a child that moved to its own session (as torchrun's
+    workers do) and its own child both die with the root."""
+    code = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time; "
+            "subprocess.Popen([\"sleep\", \"600\"]); time.sleep(600)'], start_new_session=True)\n"
+            "print(p.pid, flush=True); time.sleep(600)\n")
+    root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(root.stdout.readline())
+        deadline = time.monotonic() + 60
+        grandchild = []
+        while not grandchild and time.monotonic() < deadline:
+            grandchild = gpu_check._children().get(child, [])
+            time.sleep(0.1)
+        assert grandchild and os.getsid(child) == child != os.getpgid(root.pid)
+        killed = gpu_check.kill_tree(root.pid)
+        assert {root.pid, child, *grandchild} <= set(killed)
+        root.wait(timeout=20)
+        deadline = time.monotonic() + 20
+        while (_alive(child) or _alive(grandchild[0])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child) and not _alive(grandchild[0])
+    finally:
+        if root.poll() is None:
+            root.kill()
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ kernel program as Python): 3 sequences of 37, 64 and 20 tokens (121 tokens; 64 =
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -130,11 +131,129 @@ def runner_roles() -> dict:
     return out
 
 
+class LaunchKeys:
+    """Every Triton launch's compile key (approximated as Triton forms it, which the interpreter does
+    not) while installed: (kernel, constexpr values, int specialisations (== 1, % 16 == 0) of the other
+    int arguments not in do_not_specialize, tensor dtypes), and every autotuned launch's autotune key
+    (the key arguments' values plus the tensors' dtypes, as Autotuner.run forms it)."""
+
+    def __init__(self) -> None:
+        import triton.language as tl
+        from triton.runtime import autotuner, interpreter
+
+        self.keys: set = set()
+        run, tune = interpreter.InterpretedFunction.run, autotuner.Autotuner.run
+        keys = self.keys
+
+        def constexpr(p) -> bool:
+            a = p.annotation
+            return a is tl.constexpr or "constexpr" in str(a)
+
+        def launch(fn_self, *args, **kwargs):
+            sig = inspect.signature(fn_self.fn).parameters
+            vals = dict(zip(sig, args)) | kwargs
+            skip = set(fn_self.kwargs.get("do_not_specialize") or ())
+            const = tuple((k, v) for k, v in vals.items() if k in sig and constexpr(sig[k]))
+            ints = tuple((k, v == 1, v % 16 == 0) for k, v in vals.items()
+                         if k in sig and not constexpr(sig[k]) and k not in skip and type(v) is int)
+            dtypes = tuple(str(v.dtype) for v in vals.values() if hasattr(v, "dtype"))
+            keys.add(("jit", fn_self.fn.__name__, const, ints, dtypes))
+            return run(fn_self, *args, **kwargs)
+
+        def tuned(tuner, *args, **kwargs):
+            named = dict(zip(tuner.arg_names, args)) | kwargs
+            key = tuple(named[k] for k in tuner.keys if k in named)
+            key += tuple(str(v.dtype) for k, v in named.items() if k in tuner.arg_names and hasattr(v, "dtype"))
+            keys.add(("autotune", getattr(tuner, "base_fn", tuner.fn).__name__, key))
+            return tune(tuner, *args, **kwargs)
+
+        interpreter.InterpretedFunction.run = launch
+        autotuner.Autotuner.run = tuned
+        for sub in autotuner.Autotuner.__subclasses__():  # fla's CachedAutotuner overrides run
+            if "run" in sub.__dict__:
+                own = sub.run
+
+                def sub_tuned(tuner, *args, _own=own, **kwargs):
+                    named = dict(zip(tuner.arg_names, args)) | kwargs
+                    key = tuple(named[k] for k in tuner.keys if k in named)
+                    key += tuple(str(v.dtype) for k, v in named.items() if k in tuner.arg_names and hasattr(v, "dtype"))
+                    keys.add(("autotune", getattr(tuner, "base_fn", tuner.fn).__name__, key))
+                    return _own(tuner, *args, **kwargs)
+
+                sub.run = sub_tuned
+
+    def take(self) -> set:
+        out = set(self.keys)
+        self.keys.clear()
+        return out
+
+
+def compile_keys() -> dict:
+    """Whether the plan's batches launch any kernel under a compile or autotune key that the runner's
+    warm-up did not (each such key compiles, and autotunes, inside a measured step on a GPU). A real
+    plan (lenbatch.plan_epoch, a padded and a packed strategy) over lengths up to 120 tokens; the tiny
+    model with fla's kernels in fp32. Negative control: fla's own l2norm kernel (what
+    use_qk_l2norm_in_kernel=True runs) at the key heads x tokens rows of 128 tokens and of 32,769 tokens
+    at 2 key heads, i.e. NB = 1 and 2: a second autotune key, which the recorder must see."""
+    import numpy as np
+
+    import lenbatch as lb
+    from lenbatch.loading.collate import collate_packed, collate_padded
+    from lenbatch_study.models.target import build_target
+    from lenbatch_study.runtime.runner import warm_target
+
+    target = build_target(_tiny_cfg())
+    varlen.set_kernel_backend("fla")
+    rec = LaunchKeys()
+    warm_target(target, torch.device("cpu"))
+    warm = rec.take()
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 120, size=40)
+    data = [{"input_ids": rng.integers(1, 500, size=int(n)).tolist()} for n in lengths]
+    shapes, new = [], set()
+    for strategy in ("sorted", "packed"):
+        plan = lb.plan_epoch(lengths, strategy=strategy, token_budget=256, max_batch_size=4, seed=0)
+        # the largest batch of each plan and the smallest padded one (the interpreter takes seconds
+        # per forward)
+        by_tokens = sorted(plan, key=lambda b: int(lengths[b].sum()))
+        for idx in ((by_tokens[0], by_tokens[-1]) if strategy == "sorted" else (by_tokens[-1],)):
+            rows = [data[i] for i in idx]
+            if strategy == "packed":
+                b = collate_packed(rows)
+                target.features(b.input_ids, cu_seqlens=b.cu_seqlens)
+            else:
+                b = collate_padded(rows)
+                target.features(b.input_ids, attention_mask=b.attention_mask)
+            shapes.append([strategy, list(b.input_ids.shape)])
+            new |= rec.take() - warm
+    from fla.modules.norm.l2norm import l2norm_fwd
+
+    hk, d = 2, 16
+    for tokens in (128, 32769):
+        l2norm_fwd(torch.randn(tokens * hk, d))
+    control = rec.take()
+    varlen.set_kernel_backend("auto")
+    return {"keys_warm": len(warm), "keys_autotuned_warm": sum(k[0] == "autotune" for k in warm),
+            "keys_new_in_plan": sorted(map(repr, new)), "plan_shapes": shapes,
+            "l2norm_autotune_keys": sorted(repr(k[2]) for k in control if k[0] == "autotune"),
+            "warm_kernels": sorted({k[1] for k in warm})}
+
+
+def _tiny_cfg():
+    from lenbatch_study.core.config import ModelConfig
+
+    return ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       layer_types=("linear_attention", "full_attention"), num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                       linear_key_head_dim=16, linear_value_head_dim=16, target_layers=(0, 1))
+
+
 def main() -> int:
     torch.set_num_threads(1)
     times = {}
     out: dict = {}
-    for name, fn in (("roles", runner_roles), ("delta_rule", delta_rule), ("conv", conv), ("model", model)):
+    for name, fn in (("roles", runner_roles), ("delta_rule", delta_rule), ("conv", conv), ("model", model),
+                     ("compile_keys", compile_keys)):
         t0 = time.perf_counter()
         out |= fn()
         times[name] = round(time.perf_counter() - t0, 2)

@@ -79,8 +79,14 @@ def test_fla_on_cpu_needs_the_interpreter_and_not_bfloat16(monkeypatch):
     with pytest.raises(ValueError, match="--dtype float32"):
         fla_cpu.require_interpreter(torch.bfloat16)
     monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
-    fla_cpu.prepare_environment(device="cuda")  # GPU fp32 checks: full-precision tl.dot, not TF32
+    # bf16 on a GPU: no TRITON_F32_DEFAULT, which Triton keys compiles on (the trainings run without it)
+    for dtype in ("bfloat16", "float16"):
+        fla_cpu.prepare_environment(device="cuda", dtype=dtype)
+        assert "TRITON_F32_DEFAULT" not in os.environ
+    fla_cpu.prepare_environment(device="cuda", dtype="float32")  # GPU fp32 checks: full-precision tl.dot, not TF32
     assert os.environ["TRITON_F32_DEFAULT"] == "ieee"
+    with pytest.raises(ValueError, match="dtype must be float32, bfloat16 or float16"):
+        fla_cpu.prepare_environment(device="cuda", dtype="fp8")
 
 
 def test_range_counters_become_triton_scalars_and_static_range_ones_do_not():
@@ -138,6 +144,34 @@ def test_the_drafter_role_never_imports_fla_and_the_target_reports_its_kernels(f
     kb = r["target_report"]
     assert (kb["requested"], kb["gated_delta_rule"], kb["conv"], kb["fla_version"]) == ("fla", "fla", "fla", "0.6.0")
     assert kb["warmup_compile_s"] == 0.0 and kb["compile_meter"] is False  # interpreted: nothing compiles
+
+
+@needs_fla
+def test_the_plans_batches_compile_and_autotune_nothing_the_warm_up_did_not(fla_results):
+    """Every Triton launch of a real plan's batches (padded and packed) has a compile and autotune key
+    the runner's warm-up already had; fla's l2norm (keyed on a token bucket) never runs in our forward,
+    and the recorder sees its second bucket when it does run (the negative control)."""
+    r = fla_results
+    assert len(r["plan_shapes"]) == 3 and r["keys_autotuned_warm"] >= 5
+    assert r["keys_new_in_plan"] == [], r["keys_new_in_plan"]
+    assert "chunk_local_cumsum_scalar_kernel" in r["warm_kernels"]
+    assert not any("l2norm" in k for k in r["warm_kernels"]), r["warm_kernels"]
+    assert len(r["l2norm_autotune_keys"]) == 2  # NB = 1 and NB = 2: seen, so a new bucket cannot hide
+
+
+@needs_fla
+def test_the_target_memory_estimate_is_within_15_percent_of_flas_allocations():
+    """At the GPU check's widths (hidden 2048, 16 key / 48 value heads of 128), the target rank's
+    activations per token (models.memory) against the peak live bytes per token that a Gated DeltaNet
+    layer's forward allocates through fla (tests/models/_fla_memory.py; kernels no-ops, allocations
+    real): within 15%. The estimate before fla's working set was counted (~86 KB of ~139) is not."""
+    proc = subprocess.run([FLA_PYTHON, str(HERE / "_fla_memory.py")], env={**ENV, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    measured = r["measured_bytes_per_token"]
+    assert abs(r["estimate_bytes_per_token"] / measured - 1) < 0.15, r
+    assert r["old_estimate_bytes_per_token"] / measured < 0.85, r  # the negative control: it would fail
 
 
 def _verify(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -67,9 +67,16 @@ def test_the_closed_form_target_count_is_the_models(config):
 
 def test_ranks_sharing_a_device_add_up():
     p = load_params("params.yaml", "configs/tiny.yaml")
-    target, drafter = memory.rank_memory(p)
+    # ranks sharing a device talk over gloo: a target rank's batches in flight are host copies, so its
+    # device holds the one batch being computed
+    target, drafter = memory.rank_memory(p, host_queue=True)
+    alone, _ = memory.rank_memory(p)
+    step = p.batching.token_budget * len(p.model.target_layers) * p.model.hidden_size * memory.BYTES[p.model.dtype]
+    assert target.features == step and alone.features == (p.train.queue_size + 1) * step
+    assert alone.total - target.total == p.train.queue_size * step > 0
     one = memory.check_fits(p, device_bytes=80 * GB, ranks_per_device=3)
     assert one == (target, drafter)
+    assert memory.check_fits(p, device_bytes=80 * GB) == (alone, drafter)  # one rank per device: NCCL, on device
     need = drafter.total + 2 * target.total  # the drafter rank and two target ranks on one device
     have = memory.RESERVED_BYTES + need
     with pytest.raises(ValueError, match="lower batching.token_budget|train.queue_size <="):

@@ -29,6 +29,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch/hostmem.py": {"profile", "train"},
     # analysis: prediction and reports are compare's; the quality numbers are quality's (and compare reads them)
     "lenbatch_study/analysis/gradquality.py": {"quality", "compare"},
+    "lenbatch_study/analysis/interleaved.py": set(),  # the interleaved measurement's ratios: no stage reads them yet
     "lenbatch_study/analysis/calibration.py": {"compare"},  # the reference-step rescaling of the prediction
     "lenbatch_study/analysis/provenance.py": {"compare"},  # the machine check of profile vs runs
     "lenbatch_study/analysis/quality_report.py": {"compare"},  # rendering of the quality result: compare draws it
@@ -94,6 +95,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/pipeline/registry.py": set(),  # the stage table: its help strings and declarations are no code
     # runtime: train's, and profile times the same step runner
     "lenbatch_study/runtime/checkpoint.py": {"train"},
+    "lenbatch_study/runtime/interleave.py": set(),  # the interleaved measurement: no stage runs it yet
     "lenbatch_study/runtime/lifetime.py": {"profile", "train"},  # the profile's workers die with it too
     "lenbatch_study/runtime/records.py": {"train"},
     "lenbatch_study/runtime/reference.py": {"profile", "train"},  # the drift-calibration step

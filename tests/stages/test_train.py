@@ -391,3 +391,36 @@ def test_the_progress_line_says_pending_before_a_loss_and_marks_a_scaled_rate():
     assert line == "step 3/3 (epoch 0): loss pending, 256 useful tokens on target rank 0 of 2, 2.0 s, ~256 useful tok/s"
     one = progress_line(step, 3, 12.44859, 384, 2.0)
     assert one == "step 3/3 (epoch 0): loss 12.4486, 384 useful tokens, 2.0 s, 192 useful tok/s"
+
+
+def test_periodic_checkpoints_stay_off_the_measured_clock(setup, monkeypatch):
+    """Checkpoints every 2 steps, inside the measured window, each made 3 s slower (the real checkpoint,
+    then a sleep): each row after one records its seconds as checkpoint_s, its gap on the clock "t" is
+    shorter than that (with the write on the clock it would be longer: the pause plus a step), and the
+    summary counts them apart from the measured wall time."""
+    from lenbatch_study.stages import train as train_stage
+
+    slow_s = 3.0
+    real = train_stage.save_checkpoint
+
+    def slow_checkpoint(*args, **kwargs):
+        real(*args, **kwargs)
+        time.sleep(slow_s)
+
+    monkeypatch.setattr(train_stage, "save_checkpoint", slow_checkpoint)
+    out = setup["root"] / "ck_clock"
+    assert main(_train_args(setup, "packed", out, "--params-json", _cfg(useful_tokens=12000, warmup_steps=1))) == 0
+    rows = _steps(out)
+    summary = json.loads((out / "summary.json").read_text())
+    after = [i for i in range(1, len(rows)) if rows[i - 1]["step"] % 2 == 1]  # a checkpoint after steps 1, 3, ...
+    assert len(after) >= 2, len(rows)
+    for i, r in enumerate(rows):
+        if i in after:
+            assert r["checkpoint_s"] >= slow_s
+            assert r["t"] - rows[i - 1]["t"] < r["checkpoint_s"], (i, r["t"], rows[i - 1]["t"], r["checkpoint_s"])
+        else:
+            assert r["checkpoint_s"] == 0.0
+    measured = rows[summary["warmup_steps_excluded"]:]
+    assert summary["checkpoints_measured"] == sum(r["checkpoint_s"] > 0 for r in measured) >= 2
+    assert summary["checkpoint_s_measured"] == pytest.approx(sum(r["checkpoint_s"] for r in measured))
+    assert summary["measured_wall_s"] == pytest.approx(rows[-1]["t"] - rows[summary["warmup_steps_excluded"] - 1]["t"])

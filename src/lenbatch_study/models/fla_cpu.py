@@ -47,15 +47,21 @@ def interpreting() -> bool:
     return os.environ.get(INTERPRET_ENV) == "1"
 
 
-def prepare_environment(*, device: str) -> None:
-    """Set what fla's kernels need before fla is imported: the interpreter on CPU; IEEE fp32
-    ``tl.dot`` (not TF32) on CUDA (``setdefault``: a user's own choice wins)."""
+def prepare_environment(*, device: str, dtype: str) -> None:
+    """Set what fla's kernels need before fla is imported: the interpreter on CPU; on CUDA, for a
+    float32 run only, IEEE fp32 ``tl.dot`` (not TF32; ``setdefault``: a user's own choice wins).
+
+    Not for bfloat16/float16: Triton puts ``TRITON_F32_DEFAULT`` in its compile and autotune keys, so
+    a bf16 check under it would compile every kernel again under a key the bf16 trainings never use
+    (about 75 autotune configs compiled a third time), and bf16 inputs gain nothing from it."""
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     if device == "cpu":
         if "fla" in sys.modules and not interpreting():
             raise ValueError("flash-linear-attention was imported before TRITON_INTERPRET=1 was set, so its "
                              "kernels need a GPU; start python with TRITON_INTERPRET=1 to run them on CPU")
         os.environ[INTERPRET_ENV] = "1"
-    else:
+    elif dtype == "float32":
         os.environ.setdefault(F32_ENV, "ieee")
 
 

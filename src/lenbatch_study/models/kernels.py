@@ -6,7 +6,8 @@
 * :func:`_fla_chunk` / :func:`_fla_conv` import fla's varlen kernels once, keeping *why* they are not
   usable (:func:`fla_problem`: absent vs. installed-but-broken);
 * :func:`_fla_gated_delta_rule` feeds every layout to fla as one row with ``cu_seqlens`` (no kernel
-  is autotuned per padded batch size);
+  is autotuned per padded batch size) and normalises q/k itself (:func:`qk_l2norm`: fla's l2norm
+  kernel is autotuned per token bucket), so no kernel's autotune key depends on a batch's shape;
 * :class:`CompileMeter` counts the seconds Triton spends compiling (``jit_cache_hook`` ->
   ``jit_post_compile_hook``), so a run can report compile time apart from its step times.
 
@@ -131,6 +132,20 @@ def _fla_conv() -> Any:
     return fn if params[:1] == ["x"] and {"weight", "residual", "activation", "cu_seqlens"} <= set(params) else None
 
 
+FLA_L2NORM_EPS = 1e-6  # fla's l2norm_fwd default, the one use_qk_l2norm_in_kernel=True applies
+
+
+def qk_l2norm(x: torch.Tensor, eps: float = FLA_L2NORM_EPS) -> torch.Tensor:
+    """fla's in-kernel q/k normalisation in torch: ``y = x / sqrt(sum_d x_d^2 + eps)`` over the last
+    dimension, computed in fp32 and rounded once to ``x``'s dtype (as ``fla.modules.norm.l2norm_fwd``).
+
+    Torch's elementwise kernels and reduction compile nothing, whatever the token count (fla's own
+    kernel keys its autotune on a token bucket). Cost: one read of ``x`` and one write, plus a
+    transient fp32 copy of ``x`` (4 bytes per element)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.square().sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def _fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                           beta: torch.Tensor, segs: Any) -> torch.Tensor:
     """fla's gated delta rule over the sequences of ``segs`` (a :class:`lenbatch_study.models.varlen.Segments`);
@@ -148,8 +163,13 @@ def _fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     def row(x: torch.Tensor) -> torch.Tensor:
         return x.reshape(1, batch * seq_len, *x.shape[2:]).contiguous()
 
-    out, _ = fn(q=row(q), k=row(k), v=row(v), g=row(g.float()), beta=row(beta.to(q.dtype)), initial_state=None,
-                output_final_state=False, use_qk_l2norm_in_kernel=True, cu_seqlens=segs.cu_seqlens())
+    # q and k are L2-normalised here, not by fla (use_qk_l2norm_in_kernel=False): fla's l2norm kernel is
+    # autotuned with NB = cdiv(tokens * key heads, 65536) as a key, so each new token bucket a plan reaches
+    # (NB 1..12 up to 49,152 tokens at 16 key heads) would compile and autotune 25 configs inside a
+    # measured step; no other forward kernel of fla keys on the token count (see qk_l2norm).
+    out, _ = fn(q=qk_l2norm(row(q)), k=qk_l2norm(row(k)), v=row(v), g=row(g.float()), beta=row(beta.to(q.dtype)),
+                initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+                cu_seqlens=segs.cu_seqlens())
     return out.reshape(batch, seq_len, *out.shape[2:]).to(v.dtype)
 
 

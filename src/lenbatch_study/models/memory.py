@@ -6,11 +6,14 @@ A target rank holds (``b`` = bytes of ``model.dtype``, ``T`` = ``batching.token_
 * weights: ``P_target * b`` (parameters counted exactly, in closed form: decoder + embedding
   + the untied lm_head, which the target rank also builds; :func:`target_parameters`);
 * activations at the budget (inference, one layer alive at a time):
-  ``T * b * (4 H + 3 I + W)``: residual, normed input, layer output, the MLP's gate/up/product,
+  ``T * b * max(4 H + 3 I + W, G)``: residual, normed input, layer output, the MLP's gate/up/product,
   and ``W`` the widest mixer projection (gated-attention ``q``/``k``/``v`` or the Gated
-  DeltaNet ``qkvz``);
+  DeltaNet ``qkvz``); or, with Gated DeltaNet layers, ``G`` the working set inside fla's chunked
+  kernel (:func:`gdn_working_elements`: ~138 KB per token at hidden 2048 with 16 key / 48 value
+  heads of 128, where the first sum gives 84);
 * features: ``(q + 1) * T * L_t * H * b``: ``q`` batches in flight to the drafter (kept alive
-  until credited) plus the one being computed.
+  until credited) plus the one being computed; ``T * L_t * H * b`` alone when ranks share a GPU
+  (gloo: a batch in flight is a host copy, ``host_queue``).
 
 The drafter rank holds the target's embedding and lm_head (``2 V H b``), the drafter's fp32
 master weights, gradients and AdamW moments (``16`` bytes per drafter parameter), one received
@@ -85,6 +88,27 @@ def target_parameters(model) -> int:
     return 2 * V * H + H + m.num_hidden_layers * (2 * H + 3 * H * I) + mixers
 
 
+GDN_CHUNK = 64  # fla's chunk size for the gated delta rule
+
+
+def gdn_working_elements(model) -> int:
+    """Elements per token alive at the peak of a Gated DeltaNet layer's forward on fla's kernels (the
+    layer's MLP is not yet alive): with ``K = n_k d_k``, ``V = n_v d_v``, ``C = 2 K + V``,
+    ``2 H + C + 2 V + 2 K + n_v (d_k + 3 d_v) + 64 n_v + n_v d_k d_v / 64``: the residual and normed
+    input; the conv output ``qkv``; ``z`` and ``v`` as one contiguous row; q and k normalised; fla's
+    ``w``, ``u``, ``v_new`` and output; the chunk's triangular solve ``A`` [64 per value head]; the
+    chunk states ``h`` [d_k x d_v per value head per 64 tokens]. Read off the live tensors at the peak
+    of fla 0.6.0's forward (tests/models/test_fla_cpu.py measures it: within 15%). Each sequence's last
+    chunk is partial, so ``h`` grows by up to one chunk per sequence; not counted. O(1)."""
+    m = model
+    if "linear_attention" not in m.layer_types:
+        return 0
+    k, v = m.linear_num_key_heads * m.linear_key_head_dim, m.linear_num_value_heads * m.linear_value_head_dim
+    nv, dk, dv = m.linear_num_value_heads, m.linear_key_head_dim, m.linear_value_head_dim
+    return (2 * m.hidden_size + (2 * k + v) + 2 * v + 2 * k + nv * (dk + 3 * dv) + GDN_CHUNK * nv
+            + nv * dk * dv // GDN_CHUNK)
+
+
 def _drafter_parameters(params) -> int:
     from lenbatch_study.models.drafter import Drafter
 
@@ -148,11 +172,13 @@ def plan_memory_shape(params, lengths, batches) -> dict[str, int]:
             "block_positions": plan_block_positions(params, batches)}
 
 
-def rank_memory(params, *, window_tokens: int | None = None,
-                block_positions: int | None = None) -> tuple[RankMemory, RankMemory]:
+def rank_memory(params, *, window_tokens: int | None = None, block_positions: int | None = None,
+                host_queue: bool = False) -> tuple[RankMemory, RankMemory]:
     """(target rank, drafter rank) peak bytes for ``params`` (formulas in the module doc);
     ``window_tokens`` / ``block_positions``: the plan's ``W`` and ``P`` (:func:`plan_memory_shape`), else
-    the config's bounds (``max_batch_size`` sequences)."""
+    the config's bounds (``max_batch_size`` sequences). ``host_queue``: the batches in flight are host
+    copies (gloo, when ranks share a GPU: :func:`lenbatch_study.runtime.runner.init_process_group`), so the
+    target rank's device holds only the batch being computed."""
     from lenbatch_study.models.drafter import CE_CHUNK_ROWS
 
     m, b = params.model, BYTES[params.model.dtype]
@@ -165,8 +191,9 @@ def rank_memory(params, *, window_tokens: int | None = None,
     attn = m.num_attention_heads * m.head_dim * 2 + 2 * m.num_key_value_heads * m.head_dim  # gated q, k, v
     gdn = 2 * m.linear_num_key_heads * m.linear_key_head_dim + 2 * m.linear_num_value_heads * m.linear_value_head_dim
     step_features = T * Lt * H * b
-    target = RankMemory("target", weights=target_parameters(params.model) * b, activations=T * b * (4 * H + 3 * I +
-                        max(attn, gdn)), features=(params.train.queue_size + 1) * step_features, optimizer=0)
+    per_token = max(4 * H + 3 * I + max(attn, gdn), gdn_working_elements(m))
+    target = RankMemory("target", weights=target_parameters(params.model) * b, activations=T * b * per_token,
+                        features=(1 if host_queue else params.train.queue_size + 1) * step_features, optimizer=0)
     drafter = RankMemory("drafter", weights=2 * V * H * b,
                          activations=T * H * 4 * (2 + 8 * params.drafter.num_layers) + 3 * CE_CHUNK_ROWS * V * 4
                          + windows,
@@ -183,8 +210,11 @@ def check_fits(params, *, device_bytes: int, ranks_per_device: int = 1, single_p
     """Refuse (``ValueError`` naming ``train.queue_size`` / ``batching.token_budget``) a setting whose
     rank peak (or, with ``ranks_per_device`` ranks sharing one device, the sum of the busiest
     device's ranks: the drafter and ``ranks_per_device - 1`` target ranks) exceeds the usable memory.
-    ``single_process``: one process holds both roles and one batch of features (no queue)."""
-    target, drafter = rank_memory(params, window_tokens=window_tokens, block_positions=block_positions)
+    ``single_process``: one process holds both roles and one batch of features (no queue). Ranks sharing
+    a device talk over gloo, so their batches in flight are in host memory (``host_queue``)."""
+    host_queue = ranks_per_device > 1 and not single_process
+    target, drafter = rank_memory(params, window_tokens=window_tokens, block_positions=block_positions,
+                                  host_queue=host_queue)
     others = max(ranks_per_device - 1, 0)
     need = max(target.total * ranks_per_device, drafter.total + target.total * others)
     if single_process:  # both models, one batch's features (the drafter's "received" copy is the same tensor)
@@ -196,7 +226,7 @@ def check_fits(params, *, device_bytes: int, ranks_per_device: int = 1, single_p
     per_batch = target.features // (params.train.queue_size + 1) * ranks_per_device
     spare = have - (need - target.features * ranks_per_device)  # room left for features
     fits_q = spare // per_batch - 1 if per_batch else -1
-    hint = (f"train.queue_size <= {fits_q} fits" if fits_q >= 1 and not single_process else
+    hint = (f"train.queue_size <= {fits_q} fits" if fits_q >= 1 and not single_process and not host_queue else
             "lower batching.token_budget" + (" (one process holds both models)" if single_process else
                                              "; even train.queue_size: 1 does not fit"))
     raise ValueError(

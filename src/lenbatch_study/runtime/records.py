@@ -150,6 +150,9 @@ class Recorder:
             "compile_s_warmup": float(sum(r.get("compile_s", 0.0) for r in session[:warmup])),
             "compile_s_measured": float(sum(r.get("compile_s", 0.0) for r in measured)),
             "measured_steps_with_compile": int(sum(r.get("compile_s", 0.0) > 0 for r in measured)),
+            # periodic checkpoints written inside the measured window, kept off its wall time ("t")
+            "checkpoint_s_measured": float(sum(r.get("checkpoint_s", 0.0) for r in measured)),
+            "checkpoints_measured": int(sum(r.get("checkpoint_s", 0.0) > 0 for r in measured)),
             "stage_s_mean": mean("stage_s", measured) if measured and "stage_s" in measured[0] else None,
             **(device or {}),
             "params": params.to_dict(),
@@ -165,9 +168,11 @@ def _none_if_nan(x: float) -> Optional[float]:
 
 def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
          loss: float, t: float, runner: StepRunner, target_cpu_s: float, compile_s: float = 0.0,
-         stage_s: Optional[float] = None) -> dict[str, Any]:
+         stage_s: Optional[float] = None, checkpoint_s: float = 0.0) -> dict[str, Any]:
     """One ``steps.jsonl`` line. ``compile_s``: Triton compile/autotune seconds inside the target step;
-    ``stage_s``: the target rank's copy of the batch onto the data group's device (pipelined runs)."""
+    ``stage_s``: the target rank's copy of the batch onto the data group's device (pipelined runs);
+    ``checkpoint_s``: seconds of the periodic checkpoint written between the previous row and this one,
+    kept off the clock ``t`` (so off every measured wall time)."""
     out = runner.last_output
     extra = {} if stage_s is None else {"stage_s": round(stage_s, 6)}
     return {"rank": step.rank, "step": step.step, "epoch": step.epoch, "sequences": batch.num_sequences,
@@ -178,7 +183,7 @@ def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, 
             "target_cpu_s": round(target_cpu_s, 6), "drafter_cpu_s": round(runner.last_cpu_s, 6),
             "positions": out.positions if out else 0, "blocks": out.blocks if out else 0,
             "sequences_without_anchor": out.sequences_without_anchor if out else 0,
-            "compile_s": round(compile_s, 6), **extra}
+            "compile_s": round(compile_s, 6), "checkpoint_s": round(checkpoint_s, 6), **extra}
 
 
 def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:

@@ -137,16 +137,12 @@ class StepRunner:
             self.warm_kernels()
 
     def warm_kernels(self) -> None:
-        """Compile fla's kernels before any timed step (CUDA + fla only): two one-row forwards whose
-        token counts fall in both of Triton's integer specialisations (a multiple of 16 and not), the
-        only shape keys left once every layout goes in as one row (lenbatch_study.models.kernels). Their
-        compile/autotune seconds are ``warmup_compile_s``. Cost: two forwards of ~150 tokens."""
+        """Compile fla's kernels before any timed step (CUDA + fla only): :func:`warm_target`. Their
+        compile/autotune seconds are ``warmup_compile_s``."""
         if self.device.type != "cuda" or self.kernels["gated_delta_rule"] != "fla":
             return
         c0 = self.meter.seconds
-        for n in (128, 129):
-            ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
-            self.target.features(ids, cu_seqlens=torch.tensor([0, n // 2, n], dtype=torch.int64))
+        warm_target(self.target, self.device)
         _sync(self.device)
         self.warmup_compile_s = self.meter.seconds - c0
 
@@ -202,6 +198,21 @@ class StepRunner:
         return loss, time.perf_counter() - t0
 
 
+# Token counts of the warm-up forwards: one a multiple of 16 and one not, Triton's two integer
+# specialisations of a token count. No other shape enters a compile key once every layout goes in as
+# one row and q/k are normalised outside fla (lenbatch_study.models.kernels: its l2norm kernel keys its
+# autotune on a token bucket); tests/models/_fla_checks.py records every launch's keys to hold this.
+WARMUP_TOKENS = (128, 129)
+
+
+def warm_target(target: torch.nn.Module, device: torch.device) -> None:
+    """One forward of each of :data:`WARMUP_TOKENS` tokens, as one row of two sequences (a packed
+    row, so the varlen paths compile too). Cost: two forwards of ~130 tokens plus whatever compiles."""
+    for n in WARMUP_TOKENS:
+        ids = torch.zeros(1, n, dtype=torch.long, device=device)
+        target.features(ids, cu_seqlens=torch.tensor([0, n // 2, n], dtype=torch.int64))
+
+
 def init_process_group(device: torch.device, world: int) -> torch.device:
     """Start torch.distributed for a ``world``-process run on ``device``; returns the device tensors
     travel on (the GPU under NCCL; the host under gloo). NCCL refuses two ranks on one GPU
@@ -226,5 +237,5 @@ def torchrun_world() -> tuple[bool, int, int]:
                                                                             if under else 0)
 
 
-__all__ = ["ALLOC_CONF", "SHARE_GPU_ENV", "StepRunner", "configure_process", "init_process_group",
-           "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world"]
+__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "StepRunner", "configure_process", "init_process_group",
+           "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target"]

@@ -36,7 +36,8 @@ queue_wait_s (drafter waiting for the batch, transfer included -- on CUDA the de
 at that boundary, as NCCL's recv returns before the copy is done: the target is the bottleneck),
 drafter_s, loss; target_cpu_s and drafter_cpu_s (process CPU seconds of each step: on a CPU
 device, cpu_s / (seconds x threads) below 1 means other work took the cores, see
-:func:`lenbatch_study.core.cpu.cpu_share`). ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
+:func:`lenbatch_study.core.cpu.cpu_share`); checkpoint_s (the periodic checkpoint written after the previous
+step, kept off the clock ``t`` and so off the measured wall time). ``summary.json``: throughput = useful tokens of the post-warm-up steps / the
 drafter-side wall time of those steps (pipeline throughput), padding efficiency, loss curve..., ``machine``
 (the fingerprint of the machine, :mod:`lenbatch_study.core.machine`) and ``reference`` (the reference step, timed
 before the first step and after the last, outside the measured window: target rank 0 and the drafter rank in
@@ -156,7 +157,8 @@ def _device_report(setup: RunSetup, kernels: dict[str, Any], target_peak: Option
     from lenbatch_study.models.memory import plan_memory_shape, rank_memory
 
     est_t, est_d = rank_memory(setup.params, **plan_memory_shape(setup.params, setup.lengths,
-                                                                 [s.indices for s in setup.schedule]))
+                                                                 [s.indices for s in setup.schedule]),
+                               host_queue=setup.device.type == "cuda" and ranks_per_device(setup.world_size) > 1)
     return {"kernel_backend": kernels,
             "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(setup.device)},
             "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
@@ -186,6 +188,20 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
     return summary
 
 
+def _periodic_checkpoint(setup: RunSetup, runner: StepRunner, rec: Recorder, step: ScheduledStep) -> float:
+    """Write the periodic checkpoint after ``step`` when one is due; returns the seconds it took (0.0 when
+    none was due). The caller takes them off its step clock: a checkpoint is not part of a step's cost
+    (~6 GB per write on the study's 8 GPUs: a 0.5-1% bias on the strategies that happen to cross one more)."""
+    every = setup.params.train.checkpoint_every
+    if not every or (step.step + 1) % every:
+        return 0.0
+    c0 = time.perf_counter()
+    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
+                    sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
+                    log_sha256=rec.log_sha256())
+    return time.perf_counter() - c0
+
+
 def run_single(setup: RunSetup) -> dict[str, Any]:
     """One process: target forward then drafter step, batch after batch."""
     p = setup.params
@@ -203,6 +219,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     # outside the measured steps: before the first and after the last
     ref_start, ref_s = _reference_point(setup, runner, role="both") if start < len(setup.schedule) else (None, 0.0)
     t_start = time.perf_counter()
+    paused = ck_s = 0.0  # checkpoint seconds: all so far (off the clock "t"), the last one (in the next row)
     for step in setup.schedule[start:]:
         idx = step.indices
         batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
@@ -210,14 +227,12 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         t_cpu = runner.last_cpu_s
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
         useful_done += batch.useful_tokens
-        t = time.perf_counter() - t_start
+        t = time.perf_counter() - t_start - paused
         rec.add(step_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
-                          runner=runner, target_cpu_s=t_cpu, compile_s=runner.last_compile_s))
+                          runner=runner, target_cpu_s=t_cpu, compile_s=runner.last_compile_s, checkpoint_s=ck_s))
         _progress(step, len(setup.schedule), loss, useful_done, t)
-        if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
-            save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
-                            sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
-                            log_sha256=rec.log_sha256())
+        ck_s = _periodic_checkpoint(setup, runner, rec, step)
+        paused += ck_s
     ref = None
     if ref_start is not None:
         ref_end, end_s = _reference_point(setup, runner, role="both")
@@ -310,6 +325,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
     ref_start, ref_s = _reference_point(setup, runner, role="drafter") if timed else ({}, 0.0)
     target_peak = 0  # the largest peak device memory any target rank reported (bytes; 0 on CPU)
     t_start = time.perf_counter()
+    paused = ck_s = 0.0  # checkpoint seconds: all so far (off the clock "t"), the last one (in the next row)
     for step in setup.schedule[start:]:
         t0 = time.perf_counter()
         batch, feats, meta = link.recv(step.rank, step=step.step, last_loss=last_loss)  # transfer included
@@ -324,14 +340,12 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
             raise AssertionError(f"step {step.step}: received a batch other than the planned one")
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
         last_loss = loss
-        t = time.perf_counter() - t_start
+        t = time.perf_counter() - t_start - paused
         rec.add(step_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s, drafter_s=d_s,
                      loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9, compile_s=compile_ns / 1e9,
-                     stage_s=stage_ns / 1e9))
-        if p.train.checkpoint_every and (step.step + 1) % p.train.checkpoint_every == 0:
-            save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
-                            sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
-                            log_sha256=rec.log_sha256())
+                     stage_s=stage_ns / 1e9, checkpoint_s=ck_s))
+        ck_s = _periodic_checkpoint(setup, runner, rec, step)
+        paused += ck_s
     import torch.distributed as dist
 
     ref = None

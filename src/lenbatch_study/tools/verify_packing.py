@@ -44,9 +44,6 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
 
     log = get_logger("lenbatch.verify-packing")
     sizes = parse_lengths(lengths)
-    if backend == "fla":
-        # before fla is imported: the interpreter on CPU; full fp32 (not TF32) tl.dot on a GPU
-        fla_cpu.prepare_environment(device=device)
     set_kernel_backend(backend)
     if model_config and params == ["params.yaml"] and not os.path.exists("params.yaml"):
         cfg = ModelConfig()  # a user's own setup: the HF config.json alone is enough
@@ -56,6 +53,10 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
         cfg = model_config_from_file(model_config, base=cfg)
     if dtype:
         cfg = dataclasses.replace(cfg, dtype=dtype)
+    if backend == "fla":
+        # before fla is imported (nothing above imports it): the interpreter on CPU; full fp32 (not
+        # TF32) tl.dot on a GPU for a float32 check only
+        fla_cpu.prepare_environment(device=device, dtype=cfg.dtype)
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu")
     if backend == "fla" and device == "cpu":
