@@ -410,7 +410,7 @@ def test_a_profile_from_another_machine_or_results_without_a_fingerprint_are_ref
     # runs of an older lenbatch: no fingerprint
     _runs_variant(root, tmp_path / "c", params, machine_fp=None)
     with pytest.raises(ValueError, match=r"the runs of sorted, random, bucketed, sortish, packed record no machine "
-                                         r"fingerprint.*dvc repro --force --single-item train-sorted train-random"):
+                                         r"fingerprint.*dvc repro --force --single-item train@sorted train@random"):
         _run(tmp_path / "c", params)
 
 
