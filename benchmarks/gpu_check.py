@@ -254,7 +254,7 @@ def _verify_result(log: Path) -> dict[str, Any] | None:
 def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehearse: bool = False
               ) -> dict[str, Any]:
     """What the check found, from the files the steps wrote (a missing file -> None)."""
-    metrics = _load(out / "compare" / "metrics.json") or {}
+    metrics = _load(out / "compare" / "diagnostics.json") or {}  # every flat key (metrics.json: the headline)
     train: dict[str, Any] = {}
     for s in STRATEGIES:
         summ = _load(out / "train" / s / "summary.json")

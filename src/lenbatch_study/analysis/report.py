@@ -137,17 +137,17 @@ def _num(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
 
 
-# What users compare between experiments (``metrics.json``, DVC's metrics): per strategy the measured
-# padding efficiency, predicted and measured throughput, the prediction error, diversity and loss; plus
-# the recommendation. Everything else (fit errors, CPU shares, step ratios, the K sweep) is a
-# diagnostic and goes to ``diagnostics.json``, so ``dvc exp show --only-changed`` stays readable.
-USER_METRIC_KEYS = ("measured_efficiency", "predicted_tok_s", "measured_tok_s", "prediction_error",
-                    "calibrated_prediction_error", "composition_repeat", "length_mixing",
-                    # the quality stage's held-out loss at equal useful tokens, mean and 95% interval over seeds
-                    "heldout_loss.mean", "heldout_loss.lo", "heldout_loss.hi")
-# (the largest calibrated error and the reference ratios stay diagnostics: a K experiment changes one strategy's
-# calibrated error, and `dvc exp show --only-changed` must stay a few columns wide)
-USER_SUMMARY_KEYS = ("max_abs_prediction_error", "recommended.num_buckets", "recommended.strategy", "machine.id")
+# What users compare between experiments (``metrics.json``, DVC's metrics, the columns of ``dvc exp show``):
+# the headline only. Per strategy: measured throughput, its ratio to sorted, the predicted ratio, the
+# prediction error, the measured padding efficiency and the held-out loss (the quality stage's, at equal
+# useful tokens); plus the recommendation. 6 per strategy + 1: at most 31 numbers for the five strategies,
+# so the params a user changed stay on screen. Everything else (absolute predictions, calibrated errors,
+# diversity, loss intervals, fit errors, CPU shares, the K sweep, the machine) is a diagnostic and goes to
+# ``diagnostics.json``, which no tool declares as metrics.
+USER_METRIC_KEYS = ("measured_tok_s", "ratio_to_sorted_measured", "ratio_to_sorted_predicted", "prediction_error",
+                    "measured_efficiency", "heldout_loss.mean")
+USER_SUMMARY_KEYS = ("recommended.strategy", "recommended.num_buckets")
+MAX_METRIC_NUMBERS = 40  # what `dvc exp show` can show beside the changed params
 
 
 def user_metrics(flat: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +211,22 @@ def frontier_points(result: CompareResult) -> list[dict]:
         p["pareto_repeat"] = bool(g)
         p["pareto_padded"] = bool(h) if isp else None
     return pts
+
+
+def histogram_points(result: CompareResult) -> list[dict]:
+    """DVC plot data of the length histogram with the bucket edges (``workflow/plots/histogram.json`` draws
+    it): one row per bin (``lo``, ``hi``, ``count``, ``bucket``: 1-based index of the bucket holding the
+    bin's midpoint), then one row per inner bucket edge (``edge``, and ``lo`` = ``hi`` = the edge). Every
+    row has every key (null where it does not apply): DVC renders a plot blank when rows differ in keys.
+    Cost: O(bins * log K)."""
+    edges = np.asarray(result.edges, dtype=float)
+    rows: list[dict] = []
+    for r in result.histogram:
+        mid = (float(r["lo"]) + float(r["hi"])) / 2
+        bucket = int(np.clip(np.searchsorted(edges, mid, side="right"), 1, max(len(edges) - 1, 1)))
+        rows.append({"lo": r["lo"], "hi": r["hi"], "count": r["count"], "bucket": bucket, "edge": None})
+    rows += [{"lo": int(e), "hi": int(e), "count": None, "bucket": None, "edge": int(e)} for e in result.edges[1:-1]]
+    return rows
 
 
 def write_plots(result: CompareResult, out: Path) -> list[Path]:
@@ -559,6 +575,7 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
            "padding_model_tok_s": r.ratio_to_sorted_padding * result.rows["sorted"].measured_tok_s}
           for s, r in result.rows.items()]
     (out / "throughput.json").write_text(json.dumps(tp, indent=2) + "\n")
+    (out / "histogram.json").write_text(json.dumps(histogram_points(result), indent=2) + "\n")
     fit = {role: {"chosen": f["best"].to_dict(), "candidates": [c.to_dict() for c in f["candidates"]]}
            for role, f in result.fits.items()}
     (out / "stepmodel.json").write_text(json.dumps(fit, indent=2) + "\n")
@@ -571,4 +588,4 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
 
 
 __all__ = ["QUIET_RERUN", "CompareResult", "Recommendation", "StrategyRow", "busy_machine", "flat_metrics",
-           "frontier_points", "unsteady_machine", "write_outputs"]
+           "frontier_points", "histogram_points", "unsteady_machine", "write_outputs"]
