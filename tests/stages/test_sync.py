@@ -45,4 +45,4 @@ def test_dvc_config_points_plots_at_the_template_lenbatch_writes(tmp_path):
         write_template(tmp_path)
     (tmp_path / ".dvc").mkdir()
     page = write_template(tmp_path).read_text()
-    assert "{plot_divs}" in page and "<script src=" not in page and page.count("<script") == 3
+    assert "{plot_divs}" in page and "<script src=" not in page and page.count("<script") == 4

@@ -124,7 +124,7 @@ _ALL = (
         params=("stats", "batching.seed"),  # seed: lengths drawn from a profile
         inputs=(_IN_LENGTHS,),
         outputs={"stats": Output(length_stats.STATS),
-                 "histogram": Output(length_stats.HISTOGRAM, kind="plots", plot={"x": "lo", "y": "count"}),
+                 "histogram": Output(length_stats.HISTOGRAM),  # compare's histogram.json is the plot (edges)
                  "plot": Output(length_stats.PLOT)})),
     Command("boundaries", "optimal length-bucket edges (geometric, coordinate, dp) and a K sweep", staged=True,
             stage=Stage(params=("boundaries", "batching", "plans", "data.max_len"), inputs=(_IN_LENGTHS,),
@@ -168,9 +168,20 @@ _ALL = (
                  "report": Output("report.md"), "stepmodel": Output("stepmodel.json"),
                  "histogram": Output("histogram.png"), "quality_plot": Output("quality.png"),
                  "params": Output("params.json"),
-                 "frontier": Output("frontier.json", kind="plots", plot={"x": "length_mixing", "y": "efficiency"}),
-                 "throughput": Output("throughput.json", kind="plots",
-                                      plot={"x": "strategy", "y": "measured_tok_s"}),
+                 # DVC's interactive plots, each with its Vega-Lite template in workflow/plots/
+                 # (DVC's default, a line over a quantitative x, draws strategies blank or joined)
+                 "frontier": Output("frontier.json", kind="plots", plot={
+                     "x": "length_mixing", "y": "efficiency", "template": "workflow/plots/labelled_points.json",
+                     "title": "padding efficiency vs length mixing (strategies and bucketed K)",
+                     "x_label": "length mixing", "y_label": "simulated padding efficiency"}),
+                 "throughput": Output("throughput.json", kind="plots", plot={
+                     "x": "measured_tok_s", "y": "strategy", "template": "workflow/plots/bars.json",
+                     "title": "measured throughput per strategy", "x_label": "useful tokens/s",
+                     "y_label": "strategy"}),
+                 "histogram_data": Output("histogram.json", kind="plots", plot={
+                     "x": "lo", "y": "count", "template": "workflow/plots/histogram.json",
+                     "title": "sample lengths and the bucket edges", "x_label": "length (tokens)",
+                     "y_label": "samples"}),
                  "frontier_plot": Output("frontier.png", kind="plots"),
                  "throughput_plot": Output("throughput.png", kind="plots")})),
     Command("study-replay", "the study's own setting replayed (seed profile, budget 49,152, 7 ranks, its edges)",
