@@ -109,6 +109,10 @@ def test_role_mapping_sharegpt_and_openai():
                                                              {"type": "text", "text": "b"}]}]}
     assert conversation_from_record(record) == [("system", "s"), ("user", "u"), ("assistant", "ab")]
     assert conversation_from_record({"conversations": []}) == []
+    assert conversation_from_record({"prompt": "p", "completion": "c"}) == [("user", "p"), ("assistant", "c")]
+    pair = {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+            "completion": [{"role": "assistant", "content": "a"}]}
+    assert conversation_from_record(pair) == [("system", "s"), ("user", "u"), ("assistant", "a")]
 
 
 TOOL_CHAT = {"messages": [
@@ -149,7 +153,8 @@ def test_tool_use_is_kept_in_the_context_and_left_out_of_the_loss(qwen):
      "bad_tool_call", "no function name"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]},
      "bad_tool_call", "only an assistant"),
-    ({"text": "hello"}, "no_schema", "neither"),
+    ({"text": "hello"}, "no_schema", "has none of"),
+    ({"prompt": "p", "completion": [{"role": "assistant", "content": "a"}]}, "no_schema", "must both be strings"),
     ([1, 2], "no_schema", "list"),
     ({"conversations": [{"from": "human"}]}, "no_schema", "conversations[0]"),
     ({"conversations": "hi"}, "no_schema", "not a list"),

@@ -106,11 +106,13 @@ def _text(value: Any, where: str) -> str:
 
 
 def conversation_from_record(record: Any) -> list[Turn]:
-    """Turns of one record in ShareGPT (``conversations``: ``from``/``value``) or OpenAI
-    (``messages``: ``role``/``content``) form, roles mapped by ``ROLE_MAP``. Cost O(turns).
+    """Turns of one record in ShareGPT (``conversations``: ``from``/``value``), OpenAI (``messages``:
+    ``role``/``content``) or prompt/completion form (two strings: a user turn and an assistant turn; or,
+    as TRL's conversational pairs, two lists of messages, concatenated), roles mapped by ``ROLE_MAP``
+    and tool use rendered as the module doc says. Cost O(turns).
 
-    Raises ``BadRecord`` (reason ``no_schema``, ``unknown_role``, ``non_text_content`` or
-    ``bad_text``) with a message that says which turn and what was found.
+    Raises ``BadRecord`` (reason ``no_schema``, ``unknown_role``, ``bad_tool_call``, ``non_text_content``
+    or ``bad_text``) with a message that says which turn and what was found.
     """
     if not isinstance(record, Mapping):
         raise BadRecord("no_schema", f"is a {type(record).__name__}, not an object with 'conversations' or "
@@ -119,9 +121,19 @@ def conversation_from_record(record: Any) -> list[Turn]:
         turns, role_key, text_key, field = record["conversations"], "from", "value", "conversations"
     elif "messages" in record:
         turns, role_key, text_key, field = record["messages"], "role", "content", "messages"
+    elif "prompt" in record and "completion" in record:
+        prompt, completion = record["prompt"], record["completion"]
+        if isinstance(prompt, str) and isinstance(completion, str):  # standard pair: one exchange
+            return [("user", _text(prompt, "prompt")), ("assistant", _text(completion, "completion"))]
+        if not isinstance(prompt, (list, tuple)) or not isinstance(completion, (list, tuple)):
+            raise BadRecord("no_schema", "'prompt' and 'completion' must both be strings or both lists of "
+                                         f"messages, got {type(prompt).__name__} and {type(completion).__name__}")
+        # conversational pair (TRL): the prompt's messages, then the completion's
+        turns, role_key, text_key, field = [*prompt, *completion], "role", "content", "prompt+completion"
     else:
         keys = ", ".join(sorted(map(str, record)))[:120]
-        raise BadRecord("no_schema", f"has neither 'conversations' (ShareGPT) nor 'messages' (OpenAI); keys: {keys}")
+        raise BadRecord("no_schema", "has none of 'conversations' (ShareGPT), 'messages' (OpenAI), "
+                                     f"'prompt' + 'completion'; keys: {keys}")
     if turns is None:
         turns = []
     if not isinstance(turns, (list, tuple)):
