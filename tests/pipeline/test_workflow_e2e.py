@@ -419,7 +419,7 @@ def clone(finished, tmp_path_factory):
 def test_make_run_in_a_fresh_clone_reruns_only_tokenize_and_both_tools_agree(clone):
     work, out = clone
     ran = set(re.findall(r"Running stage '([\w@-]+)'", out))
-    skipped = set(re.findall(r"Stage '([\w-]+)' didn't change, skipping", out))
+    skipped = set(re.findall(r"Stage '([\w@-]+)' didn't change, skipping", out))
     assert ran == {"machine", "tokenize"}, out  # machine: always run, its file left as it is
     assert {"stats", "boundaries", "plans", "profile", "train@packed", "quality", "compare"} <= skipped, out
     assert dvc_changed(work) == set(), run(["dvc", "status"], cwd=work).stdout
