@@ -21,7 +21,7 @@ from lenbatch_study.analysis import shapes as shp
 from lenbatch_study.analysis import stepmodel as sm
 from lenbatch_study.stages.compare import ACK_EVERY, compare
 from lenbatch_study.core.config import load_params
-from lenbatch_study.analysis.report import busy_machine, unsteady_machine, write_outputs
+from lenbatch_study.analysis.report import QUIET_RERUN, busy_machine, unsteady_machine, write_outputs
 from lenbatch_study.core import machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -315,7 +315,12 @@ def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):
     metrics = write_outputs(result, tmp_path / "busy" / "compare", params=params)
     assert metrics["profile.target_cpu_share"] == pytest.approx(0.5)
     assert metrics["sorted.target_cpu_share"] == pytest.approx(1.0)  # the runs got their cores
-    assert "**The machine was busy**" in (tmp_path / "busy" / "compare" / "report.md").read_text()
+    busy_report = (tmp_path / "busy" / "compare" / "report.md").read_text()
+    assert "**The machine was busy**" in busy_report
+    # the answer opens with it and names the rerun; no recommendation in bold
+    answer = busy_report.split("## Answer", 1)[1].split("##", 1)[0].strip()
+    assert answer.startswith("**Not settled: the machine was busy while measuring**") and QUIET_RERUN in answer
+    assert "**Use" not in answer and "**K =" not in answer
     (tmp_path / "quiet").mkdir()
     _variant(root, tmp_path / "quiet", _grid(params, cpu_share=1.0))
     (tmp_path / "quiet" / "train").symlink_to(root / "train")
@@ -333,6 +338,8 @@ def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):
     text = (tmp_path / "quiet" / "moved" / "report.md").read_text()
     assert "speed changed during the measurements" in text and "bucketed run target +30.0%" in text
     assert "The machine was quiet" not in text
+    assert "**Not settled: the machine was unsteady while measuring** (profile target -15.0%" in text
+    assert "**Use" not in text and "**Use `" in (tmp_path / "quiet" / "compare" / "report.md").read_text()
 
 
 def _runs_variant(root: Path, tmp_path: Path, params, **run_kwargs) -> Path:

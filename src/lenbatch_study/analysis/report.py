@@ -325,7 +325,15 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
     r, ref = rows[s], rows["sorted"]
     sweep = {e["num_buckets"]: e for e in result.sweep}
     pts = frontier_points(result)
-    text = (f"**Use `{s}`** for this data and model: it measured {r.measured_tok_s:,.0f} useful tokens/s, "
+    # A busy or unsteady machine mixes other work into every measurement: the answer says so first, names
+    # the rerun, and gives no recommendation in bold (the numbers cannot pick a strategy)
+    unsettled = busy_machine(result) or unsteady_machine(result)
+    lead = (f"**Not settled: the machine was {'busy' if busy_machine(result) else 'unsteady'} while measuring** "
+            f"({', '.join(unsettled[:3])}{', ...' if len(unsettled) > 3 else ''}; see \"Every strategy\" below), "
+            f"so these measurements cannot pick a strategy. Rerun them on a quiet machine: `{QUIET_RERUN}` "
+            f"(DVC: `dvc repro --force --single-item profile` and each `train@<strategy>`, then `dvc repro`). "
+            f"On these numbers `{s}` came out ahead" if unsettled else f"**Use `{s}`** for this data and model")
+    text = (f"{lead}: it measured {r.measured_tok_s:,.0f} useful tokens/s, "
             f"{_pct(r.ratio_to_sorted_measured)} of `sorted` ({ref.measured_tok_s:,.0f} tokens/s), "
             f"with padding efficiency {_pct(r.simulated_efficiency)}, composition repeat "
             f"{r.composition_repeat:.3f} (sorted: {ref.composition_repeat:.3f}) and length mixing "
@@ -336,7 +344,8 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
         e = sweep[k]
         kb = sweep[rec.k_best_throughput]
         lead = " Use it" if s == "bucketed" else " Where packing is not available, use `bucketed`"
-        text += (f"{lead} with **K = {k}** buckets: predicted over a whole epoch at "
+        kk = f"K = {k}" if unsettled else f"**K = {k}**"
+        text += (f"{lead} with {kk} buckets: predicted over a whole epoch at "
                  f"{_pct(e['predicted_ratio_to_sorted'])} of sorted at simulated efficiency "
                  f"{_pct(e['simulated_efficiency'])} and length mixing {e['length_mixing']:.3f}, the smallest K "
                  f"within {_pct(params.compare.k_tolerance)} of the best predicted K (K = {kb['num_buckets']}, "
