@@ -202,8 +202,9 @@ def test_another_machine_reruns_the_measuring_stages_in_both_tools(finished):
 # A sample (each ~6 s): one module per layer that reruns something different, and a key of every section
 # whose reruns differ; test_reruns checks the whole module table by structure, test_workflow the params keys.
 @pytest.mark.parametrize("edit", [
-    "code:corpus/chat.py", "code:cli/flags.py", "code:loading/collate.py", "code:analysis/stepmodel.py",
-    "code:batching/strategies.py", "code:pipeline/registry.py",
+    "code:lenbatch_study/corpus/chat.py", "code:lenbatch_study/cli/flags.py", "code:lenbatch/loading/collate.py",
+    "code:lenbatch_study/analysis/stepmodel.py", "code:lenbatch/batching/strategies.py",
+    "code:lenbatch_study/pipeline/registry.py",
     "train.warmup_steps=2", "train.reuse_host_memory=false", "boundaries.num_buckets=2", "data.max_len=1000",
     "profile.repeats=2", "drafter.lr=0.001", "stats.histogram_bins=32",
 ])
@@ -216,7 +217,7 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
     original = params.read_text()
     kind, _, what = edit.partition(":")
     if kind == "code":
-        path = finished / "src/lenbatch" / what
+        path = finished / "src" / what  # lenbatch/... (the library) or lenbatch_study/... (the study)
         saved = path.read_text()
         path.write_text(saved + "\n# edited\n")
     else:
@@ -236,10 +237,11 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
         strategies = yaml.safe_load(original)["train"]["strategies"]
         assert changed == dvc_stages(RERUNS[what], strategies), f"{edit}: dvc status {sorted(changed)}"
         assert smk == dvc_downstream(finished, dvc_stages(RERUNS[what], strategies)), f"{edit}: snakemake -n {smk}"
-    if edit in ("code:cli/flags.py", "code:pipeline/registry.py"):  # help strings, flags, the table: no code dep
+    if edit in ("code:lenbatch_study/cli/flags.py", "code:lenbatch_study/pipeline/registry.py"):  # no code dep
         assert smk == dvc == set(), (smk, dvc)
         return
-    if edit in ("code:analysis/stepmodel.py", "code:analysis/report.py", "code:analysis/quality_report.py"):
+    if edit in ("code:lenbatch_study/analysis/stepmodel.py", "code:lenbatch_study/analysis/report.py",
+                "code:lenbatch_study/analysis/quality_report.py"):
         assert smk == dvc == {"compare"}, (smk, dvc)  # the prediction fit and the reports rerun no measurement
     assert smk, f"{edit}: snakemake plans nothing"
     assert smk == dvc, f"{edit}: snakemake -n {sorted(smk)} but dvc status {sorted(dvc)}"
