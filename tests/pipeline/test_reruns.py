@@ -3,9 +3,9 @@ dependencies hold it (:func:`lenbatch_study.pipeline.deps.stage_code`, the impor
 against a table written by hand here. A change of structure (a new import, a moved function) shows up as
 a diff of this table, which a reviewer reads as "editing M now reruns these stages too".
 
-``train`` stands for its DVC stages (``train@<strategy>``, one per listed strategy: the same code). The real tools are checked
-on a sample of these edits in ``test_workflow_e2e.py`` (``dvc status`` and ``snakemake -n`` after a real
-edit); here the derivation alone, in well under a second.
+``train`` stands for its DVC stages (``train@<strategy>``, one per listed strategy: the same code). The
+real tools are checked on a sample of these edits in ``test_workflow_e2e.py`` (``dvc status`` and
+``snakemake -n`` after a real edit); here the derivation alone, in well under a second.
 
 Before this table (commit 3bb53bb, one flat folder): editing ``stepmodel.py`` (the prediction fit) reran
 profile, the five trainings and compare; editing ``cli_stages.py`` (help strings) reran every stage.
