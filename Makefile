@@ -153,3 +153,12 @@ slurm-check: install
 test-deps: slurm-deps
 slurm-deps:
 	python3 tools/slurm_cluster.py install --if-possible
+
+# Debian's Chromium for the plots page's browser test (tests/pipeline/_browser.py), where root and apt-get
+# are (elsewhere the test skips, naming the package). After slurm-deps: one apt-get at a time.
+.PHONY: browser-deps
+test-deps: browser-deps
+browser-deps: | slurm-deps
+	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	fi

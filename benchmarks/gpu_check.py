@@ -344,8 +344,8 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehea
     """What the check found, from the files the steps wrote (a missing file -> None).
     ``tolerance_missed``: the verify steps over their tolerance (the check went on past them);
     ``skipped``: step -> why it did not run here (:func:`skip_reason`)."""
-    metrics = _load(out / "compare" / "metrics.json") or {}
-    diagnostics = _load(out / "compare" / "diagnostics.json") or {}
+    diagnostics = _load(out / "compare" / "diagnostics.json") or {}  # every flat key (metrics.json: the headline)
+    metrics = diagnostics
     train: dict[str, Any] = {}
     for s in STRATEGIES:
         summ = _load(out / "train" / s / "summary.json")

@@ -109,12 +109,52 @@ def test_role_mapping_sharegpt_and_openai():
                                                              {"type": "text", "text": "b"}]}]}
     assert conversation_from_record(record) == [("system", "s"), ("user", "u"), ("assistant", "ab")]
     assert conversation_from_record({"conversations": []}) == []
+    assert conversation_from_record({"prompt": "p", "completion": "c"}) == [("user", "p"), ("assistant", "c")]
+    pair = {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+            "completion": [{"role": "assistant", "content": "a"}]}
+    assert conversation_from_record(pair) == [("system", "s"), ("user", "u"), ("assistant", "a")]
+
+
+TOOL_CHAT = {"messages": [
+    {"role": "system", "content": "You can look up the weather."},
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}},
+        {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": {"city": "Rome"}}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "18 C, sunny"},
+    {"role": "tool", "tool_call_id": "c2", "content": "24 C, clear"},
+    {"role": "assistant", "content": "Paris 18 C and sunny; Rome 24 C and clear."}]}
+
+
+def test_tool_use_is_kept_in_the_context_and_left_out_of_the_loss(qwen):
+    """OpenAI tool use as Qwen3's chat template renders it: the calls inside the assistant turn, the two tool
+    results in one user turn of <tool_response> blocks; only the final answer (and each assistant turn's
+    <|im_end|>) is learned."""
+    turns = conversation_from_record(TOOL_CHAT)
+    assert turns[2] == ("assistant", "", '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n'
+                        '</tool_call>\n<tool_call>\n{"name": "weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+    assert turns[3] == ("user", "<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n24 C, clear\n"
+                                "</tool_response>")
+    assert len(turns) == 5
+    ids, mask = ChatEncoder(qwen).encode(turns)
+    ids, mask = np.asarray(ids), np.asarray(mask)
+    text = qwen.decode(ids)
+    assert text == chatml_text(turns) and '"city": "Rome"' in text and "24 C, clear" in text
+    assert qwen.decode(ids[mask == 1]) == IM_END + "Paris 18 C and sunny; Rome 24 C and clear." + IM_END
+    sharegpt = {"conversations": [{"from": "human", "value": "hi"}, {"from": "observation", "value": "{}"},
+                                  {"from": "gpt", "value": "ok"}]}
+    assert conversation_from_record(sharegpt)[1] == ("user", "<tool_response>\n{}\n</tool_response>")
 
 
 @pytest.mark.parametrize("record, reason, words", [
     ({"conversations": [{"from": "robot", "value": "x"}]}, "unknown_role", "'robot'"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "unknown_role", "'tool'"),
-    ({"text": "hello"}, "no_schema", "neither"),
+    ({"messages": [{"role": "critic", "content": "x"}]}, "unknown_role", "'critic'"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}]},
+     "bad_tool_call", "no function name"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]},
+     "bad_tool_call", "only an assistant"),
+    ({"text": "hello"}, "no_schema", "has none of"),
+    ({"prompt": "p", "completion": [{"role": "assistant", "content": "a"}]}, "no_schema", "must both be strings"),
     ([1, 2], "no_schema", "list"),
     ({"conversations": [{"from": "human"}]}, "no_schema", "conversations[0]"),
     ({"conversations": "hi"}, "no_schema", "not a list"),

@@ -34,7 +34,7 @@ def test_a_second_writer_of_a_stage_directory_is_refused_and_the_first_output_su
     args = ["boundaries", "--params", str(REPO / "params.yaml"), "--lengths", str(lengths), "--sweep-max-buckets",
             "3", "--out", str(out)]
     assert main([*args, "--num-buckets", "3"]) == 0
-    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    first = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     holder = _holder(out)
     try:
         capsys.readouterr()
@@ -46,7 +46,8 @@ def test_a_second_writer_of_a_stage_directory_is_refused_and_the_first_output_su
     finally:
         holder.stdin.close()
         holder.wait()
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == first  # boundaries.json and params.json agree (K=3)
+    # boundaries.json, by-strategy/ and params.json agree (K=3)
+    assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == first
     assert json.loads((out / "params.json").read_text())["boundaries"]["num_buckets"] == 3
     assert main([*args, "--num-buckets", "5"]) == 0  # the lock went with its holder
     assert json.loads((out / "boundaries.json").read_text())["num_buckets"] == 5

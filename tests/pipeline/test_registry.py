@@ -35,7 +35,8 @@ def test_registry_deps_rules_dvc_and_cli_name_the_same_stages():
     assert list(deps.STAGES) == stages
     assert set(_rule_blocks()) == set(stages), "a rule in workflow/rules/*.smk that the stage table lacks (or back)"
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    assert list(dvc) == [n for s in stages for n in ([f"{s}-{x}" for x in STRATEGIES] if s == "train" else [s])]
+    assert list(dvc) == stages  # the trainings: one foreach stage over train.strategies
+    assert dvc["train"]["foreach"] == "${train.strategies}" and "foreach" not in dvc["compare"]
     assert set(stages) <= set(registry.COMMANDS)
     from lenbatch_study.cli.flags import FLAGS
 

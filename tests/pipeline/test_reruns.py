@@ -3,9 +3,9 @@ dependencies hold it (:func:`lenbatch_study.pipeline.deps.stage_code`, the impor
 against a table written by hand here. A change of structure (a new import, a moved function) shows up as
 a diff of this table, which a reviewer reads as "editing M now reruns these stages too".
 
-``train`` stands for its five DVC stages (``train-<strategy>``: the same code). The real tools are checked
-on a sample of these edits in ``test_workflow_e2e.py`` (``dvc status`` and ``snakemake -n`` after a real
-edit); here the derivation alone, in well under a second.
+``train`` stands for its DVC stages (``train@<strategy>``, one per listed strategy: the same code). The
+real tools are checked on a sample of these edits in ``test_workflow_e2e.py`` (``dvc status`` and
+``snakemake -n`` after a real edit); here the derivation alone, in well under a second.
 
 Before this table (commit 3bb53bb, one flat folder): editing ``stepmodel.py`` (the prediction fit) reran
 profile, the five trainings and compare; editing ``cli_stages.py`` (help strings) reran every stage.
@@ -134,8 +134,8 @@ def derived() -> dict[str, set[str]]:
 
 
 def dvc_stages(stages: set[str], strategies: list[str]) -> set[str]:
-    """Table names -> DVC's stage names (``train`` -> ``train-<strategy>``)."""
-    return {n for s in stages for n in ([f"train-{x}" for x in strategies] if s == "train" else [s])}
+    """Table names -> DVC's stage names (``train`` -> ``train@<strategy>``)."""
+    return {n for s in stages for n in ([f"train@{x}" for x in strategies] if s == "train" else [s])}
 
 
 def test_the_table_names_every_module_and_every_stage():
@@ -164,7 +164,7 @@ def test_the_edits_issue_20_named():
     assert RERUNS["lenbatch/batching/strategies.py"] == {"boundaries", "plans", "train", "quality", "compare"}
     assert RERUNS["lenbatch_study/corpus/chat.py"] == {"tokenize"}
     assert dvc_stages(RERUNS["lenbatch/batching/strategies.py"], ["sorted", "packed"]) == {
-        "boundaries", "plans", "train-sorted", "train-packed", "quality", "compare"}
+        "boundaries", "plans", "train@sorted", "train@packed", "quality", "compare"}
     # the measuring stages (profile, train) rerun for no reader of their outputs and no rendering
     for m, stages in RERUNS.items():
         if m.startswith(("lenbatch_study/analysis/", "lenbatch_study/pipeline/artifacts/")) and m not in (

@@ -115,11 +115,34 @@ def test_dvc_status_and_dry_repro_on_a_fresh_clone(tmp_path):
     # (not `dvc repro --dry`: it hashes the train stages' dataset dep, which a clone lacks until tokenize
     # runs or `dvc pull`/`dvc checkout` restores it from a cache)
     listed = run(["dvc", "stage", "list", "--name-only"], cwd=clone).stdout.split()
-    for stage in ["tokenize", "stats", "boundaries", "plans", "profile", "train-sorted", "train-packed", "quality",
+    for stage in ["tokenize", "stats", "boundaries", "plans", "profile", "train@sorted", "train@packed", "quality",
                   "compare"]:
         assert stage in listed, f"stage {stage} missing from dvc stage list: {listed}"
     dag = run(["dvc", "dag", "--dot"], cwd=clone).stdout
-    assert '"boundaries" -> "train-bucketed"' in dag and '"boundaries" -> "train-sorted"' not in dag, dag
+    assert '"train@bucketed" -> "compare"' in dag and '"train@sorted" -> "compare"' in dag, dag
+
+
+def test_dvc_trains_exactly_the_strategies_params_yaml_lists(work, tmp_path):
+    """dvc.yaml's trainings are a foreach over train.strategies: DVC resolves it from params.yaml (what
+    `dvc exp run -S` edits), so two listed strategies are two training stages; each training depends on its
+    own by-strategy file (bucketed's alone holds the edges), compare on the runs' folder, not on a list."""
+    from lenbatch_study.stages.sync import resolve_stage
+
+    repo = copy_workflow(tmp_path)
+    run(["git", "init", "-q"], cwd=repo)
+    run(["dvc", "init", "-q"], cwd=repo)
+    doc = yaml.safe_load((repo / "params.yaml").read_text())
+    doc["train"]["strategies"] = ["sorted", "packed"]
+    (repo / "params.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    listed = run(["dvc", "stage", "list", "--name-only"], cwd=repo).stdout.split()
+    assert [s for s in listed if s.startswith("train")] == ["train@sorted", "train@packed"], listed
+    dvc = yaml.safe_load((repo / "dvc.yaml").read_text())
+    for strategy in ("sorted", "bucketed"):
+        deps_ = resolve_stage(dvc, f"train@{strategy}")["deps"]
+        assert f"results/boundaries/by-strategy/{strategy}.json" in deps_
+        assert "results/boundaries/boundaries.json" not in deps_
+    compare = resolve_stage(dvc, "compare")["deps"]
+    assert "results/train" in compare and not any(d.startswith("results/train/") for d in compare), compare
 
 
 # --------------------------------------------------------------------------- one dependency table
@@ -164,8 +187,8 @@ def test_code_deps_follow_every_import():
                 target = src.joinpath(*name.split(".")[1:]).with_suffix(".py")
                 if name.startswith("lenbatch.") and target.exists():
                     assert f"src/{target.relative_to(ROOT / 'src').as_posix()}" in files, f"{stage}: {f} imports {name}"
-        dvc_name = "train-sorted" if stage == "train" else stage
-        assert files == {d for d in dvc[dvc_name]["deps"] if d.startswith("src/")}, stage
+        body = dvc[stage]["do"] if "foreach" in dvc[stage] else dvc[stage]
+        assert files == {d for d in body["deps"] if d.startswith("src/")}, stage
     # the issue's drift: train imports hostmem and the CPU-share helper (not the prediction fit), and
     # plans through the package (padding)
     train = set(deps.stage_code("train"))
@@ -226,7 +249,7 @@ def test_rules_get_the_same_params_as_dvc(work):
         payload = json.loads(m.group(1))
         keys = {f"{s}.{k}" for s, kv in payload.items() for k in kv}
         assert keys == set(deps.stage_param_keys(stage)), stage
-        tracked = dvc["train-bucketed" if stage == "train" else stage]["params"]
+        tracked = (dvc[stage]["do"] if "foreach" in dvc[stage] else dvc[stage])["params"]
         expanded = {k for item in tracked for k in ([item] if "." in item else
                                                      [f"{item}.{f}" for f in deps.section_keys(item)])}
         assert keys == expanded, stage

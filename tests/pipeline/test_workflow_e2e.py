@@ -36,14 +36,14 @@ pytestmark = pytest.mark.slow
 
 
 def dry_run_stages(work: Path, *extra: str, snakemake: tuple[str, ...] = ("snakemake",)) -> set[str]:
-    """Jobs `snakemake -n` would run, named as DVC names its stages (train-<strategy>)."""
+    """Jobs `snakemake -n` would run, named as DVC names its stages (train@<strategy>)."""
     out = run([*snakemake, "-n", *extra], cwd=work).stdout
     stages = set()
     for block in re.split(r"\n(?=rule \w+:)", out):
         m = re.match(r"rule (\w+):", block)
         if m and m.group(1) != "all":
             wc = re.search(r"wildcards: strategy=(\w+)", block)
-            stages.add(f"{m.group(1)}-{wc.group(1)}" if wc else m.group(1))
+            stages.add(f"{m.group(1)}@{wc.group(1)}" if wc else m.group(1))
     return stages
 
 
@@ -52,17 +52,34 @@ def dvc_changed(work: Path) -> set[str]:
     return set(changed_stages(status))  # the rule lenbatch sync uses: "machine: always changed" is no change
 
 
+def dvc_stage_table(work: Path) -> dict[str, dict]:
+    """dvc.yaml's stages as DVC resolves them for this params.yaml: the foreach over train.strategies
+    expanded to train@<strategy>."""
+    from lenbatch_study.stages.sync import resolve_stage
+
+    doc = yaml.safe_load((work / "dvc.yaml").read_text())
+    names = run(["dvc", "stage", "list", "--name-only"], cwd=work).stdout.split()
+    return {name: resolve_stage(doc, name) for name in names}
+
+
 def dvc_downstream(work: Path, changed: set[str]) -> set[str]:
     """``changed`` and every stage downstream of it in dvc.yaml (an output of one is a dep of the next):
     what `dvc repro` runs when each rerun stage rewrites its outputs (Snakemake always assumes so)."""
-    stages = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
+    stages = dvc_stage_table(work)
     outs = {name: {next(iter(o)) if isinstance(o, dict) else o
                    for kind in ("outs", "metrics", "plots") for o in st.get(kind, [])} for name, st in stages.items()}
+
+    def feeds(paths: set[str], deps: list[str]) -> bool:
+        # a dep is an output, a folder holding one (compare: results/train), or a file inside an output
+        # folder; of boundaries' by-strategy/ files only bucketed's bytes ever change (the others' are constant)
+        deps = [d for d in deps if "/by-strategy/" not in d or d.endswith("/bucketed.json")]
+        return any(p == d or p.startswith(d + "/") or d.startswith(p + "/") for p in paths for d in deps)
+
     found, todo = set(changed), list(changed)
     while todo:
         up = todo.pop()
         for name, st in stages.items():
-            if name not in found and outs[up] & set(st.get("deps", [])):
+            if name not in found and feeds(outs[up], st.get("deps", [])):
                 found.add(name)
                 todo.append(name)
     return found
@@ -168,7 +185,7 @@ def test_another_machine_reruns_the_measuring_stages_in_both_tools(finished):
     path = finished / "results/machine/machine.json"
     saved, st = path.read_bytes(), path.stat()
     strategies = yaml.safe_load((finished / "params.yaml").read_text())["train"]["strategies"]
-    measuring = {"profile", "quality", *(f"train-{s}" for s in strategies)}
+    measuring = {"profile", "quality", *(f"train@{s}" for s in strategies)}
     try:
         run([str(other), "-m", "lenbatch_study", "machine", "--out", "results/machine"], cwd=finished)
         assert path.read_bytes() != saved
@@ -200,7 +217,7 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
     original = params.read_text()
     kind, _, what = edit.partition(":")
     if kind == "code":
-        path = finished / "src" / what
+        path = finished / "src" / what  # lenbatch/... (the library) or lenbatch_study/... (the study)
         saved = path.read_text()
         path.write_text(saved + "\n# edited\n")
     else:
@@ -220,7 +237,7 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
         strategies = yaml.safe_load(original)["train"]["strategies"]
         assert changed == dvc_stages(RERUNS[what], strategies), f"{edit}: dvc status {sorted(changed)}"
         assert smk == dvc_downstream(finished, dvc_stages(RERUNS[what], strategies)), f"{edit}: snakemake -n {smk}"
-    if edit in ("code:lenbatch_study/cli/flags.py", "code:lenbatch_study/pipeline/registry.py"):  # help strings, flags, the table: no code dep
+    if edit in ("code:lenbatch_study/cli/flags.py", "code:lenbatch_study/pipeline/registry.py"):  # no code dep
         assert smk == dvc == set(), (smk, dvc)
         return
     if edit in ("code:lenbatch_study/analysis/stepmodel.py", "code:lenbatch_study/analysis/report.py",
@@ -232,7 +249,7 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
         assert "profile" not in smk  # profile never reads them
     if edit.startswith("boundaries.num_buckets"):
         # quality trains every strategy, bucketed included, so the edges rerun it too
-        assert changed == {"boundaries", "compare"} and smk == {"boundaries", "plans", "train-bucketed", "quality",
+        assert changed == {"boundaries", "compare"} and smk == {"boundaries", "plans", "train@bucketed", "quality",
                                                                  "compare"}
 
 
@@ -245,8 +262,8 @@ def test_temp_experiment_reruns_only_what_k_touches(finished):
     out = run(["dvc", "exp", "run", "--temp", "-n", "k2", "-S", "boundaries.num_buckets=2"], cwd=finished,
               timeout=900)
     text = out.stdout + out.stderr
-    ran = set(re.findall(r"Running stage '([\w-]+)'", text))
-    assert ran == {"machine", "boundaries", "plans", "train-bucketed", "quality", "compare"}, text
+    ran = set(re.findall(r"Running stage '([\w@-]+)'", text))
+    assert ran == {"machine", "boundaries", "plans", "train@bucketed", "quality", "compare"}, text
     shown = run(["dvc", "exp", "show", "--only-changed", "--csv"], cwd=finished).stdout
     columns = next(csv.reader(io.StringIO(shown)))
     print(f"\n--temp K experiment: {time.time() - t0:.0f} s; exp show --only-changed: {len(columns)} columns")
@@ -403,10 +420,10 @@ def clone(finished, tmp_path_factory):
 
 def test_make_run_in_a_fresh_clone_reruns_only_tokenize_and_both_tools_agree(clone):
     work, out = clone
-    ran = set(re.findall(r"Running stage '([\w-]+)'", out))
-    skipped = set(re.findall(r"Stage '([\w-]+)' didn't change, skipping", out))
+    ran = set(re.findall(r"Running stage '([\w@-]+)'", out))
+    skipped = set(re.findall(r"Stage '([\w@-]+)' didn't change, skipping", out))
     assert ran == {"machine", "tokenize"}, out  # machine: always run, its file left as it is
-    assert {"stats", "boundaries", "plans", "profile", "train-packed", "quality", "compare"} <= skipped, out
+    assert {"stats", "boundaries", "plans", "profile", "train@packed", "quality", "compare"} <= skipped, out
     assert dvc_changed(work) == set(), run(["dvc", "status"], cwd=work).stdout
     assert dry_run_stages(work) == set(), run(["snakemake", "-n"], cwd=work).stdout
     assert _git_status(work) == ""  # tokenize rewrote lengths.npy, stats.json, params.json: the same bytes
@@ -434,7 +451,7 @@ def test_checkout_of_another_commit_then_dvc_checkout_and_sync_agree(clone):
     assert "histogram_bins: 64" in text
     params.write_text(text.replace("histogram_bins: 64", "histogram_bins: 16"))
     out = run(["dvc", "repro"], cwd=work)
-    ran = set(re.findall(r"Running stage '([\w-]+)'", out.stdout + out.stderr))
+    ran = set(re.findall(r"Running stage '([\w@-]+)'", out.stdout + out.stderr))
     assert "stats" in ran and ran <= {"machine", "stats", "compare"}, ran
     git_commit(work, "16 histogram bins")
     run(["git", "checkout", "-q", "HEAD~1"], cwd=work)

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_stages_dvc_names_become_the_outputs_snakemake_omits():
     status = {"tokenize": [{"changed outs": {"results/tokenize/dataset": "not in cache"}}],
-              "dvc.yaml:train-sorted": [{"changed deps": {"results/tokenize/dataset": "deleted"}}]}
-    assert changed_stages(status) == ["tokenize", "train-sorted"]
+              "dvc.yaml:train@sorted": [{"changed deps": {"results/tokenize/dataset": "deleted"}}]}
+    assert changed_stages(status) == ["tokenize", "train@sorted"]
     dvc_yaml = yaml.safe_load((REPO / "dvc.yaml").read_text())
     omit = stage_outputs(dvc_yaml, changed_stages(status))
     assert {"results/tokenize/dataset", "results/tokenize/lengths.npy", "results/train/sorted/summary.json",
@@ -45,4 +45,4 @@ def test_dvc_config_points_plots_at_the_template_lenbatch_writes(tmp_path):
         write_template(tmp_path)
     (tmp_path / ".dvc").mkdir()
     page = write_template(tmp_path).read_text()
-    assert "{plot_divs}" in page and "<script src=" not in page and page.count("<script") == 3
+    assert "{plot_divs}" in page and "<script src=" not in page and page.count("<script") == 4

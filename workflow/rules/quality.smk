@@ -3,7 +3,8 @@ rule quality:
     # stage's own learnable setting (params.quality). It reads no training run, so train.* keys
     # other than the strategy list and device never rerun it; compare combines it with the runs' throughput.
     input:
-        # only bucketed reads the edges: without it in train.strategies, K never reruns this stage
+        # the edges whatever train.strategies holds (only bucketed plans with them): DVC's one quality stage
+        # cannot drop them when -S leaves bucketed out, so this rule keeps them too and the tools agree
         **inputs("quality"),
     output:
         **outputs("quality"),

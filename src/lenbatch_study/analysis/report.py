@@ -137,17 +137,17 @@ def _num(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
 
 
-# What users compare between experiments (``metrics.json``, DVC's metrics): per strategy the measured
-# padding efficiency, predicted and measured throughput, the prediction error, diversity and loss; plus
-# the recommendation. Everything else (fit errors, CPU shares, step ratios, the K sweep) is a
-# diagnostic and goes to ``diagnostics.json``, so ``dvc exp show --only-changed`` stays readable.
-USER_METRIC_KEYS = ("measured_efficiency", "predicted_tok_s", "measured_tok_s", "prediction_error",
-                    "calibrated_prediction_error", "composition_repeat", "length_mixing",
-                    # the quality stage's held-out loss at equal useful tokens, mean and 95% interval over seeds
-                    "heldout_loss.mean", "heldout_loss.lo", "heldout_loss.hi")
-# (the largest calibrated error and the reference ratios stay diagnostics: a K experiment changes one strategy's
-# calibrated error, and `dvc exp show --only-changed` must stay a few columns wide)
-USER_SUMMARY_KEYS = ("max_abs_prediction_error", "recommended.num_buckets", "recommended.strategy", "machine.id")
+# What users compare between experiments (``metrics.json``, DVC's metrics, the columns of ``dvc exp show``):
+# the headline only. Per strategy: measured throughput, its ratio to sorted, the predicted ratio, the
+# prediction error, the measured padding efficiency and the held-out loss (the quality stage's, at equal
+# useful tokens); plus the recommendation. 6 per strategy + 1: at most 31 numbers for the five strategies,
+# so the params a user changed stay on screen. Everything else (absolute predictions, calibrated errors,
+# diversity, loss intervals, fit errors, CPU shares, the K sweep, the machine) is a diagnostic and goes to
+# ``diagnostics.json``, which no tool declares as metrics.
+USER_METRIC_KEYS = ("measured_tok_s", "ratio_to_sorted_measured", "ratio_to_sorted_predicted", "prediction_error",
+                    "measured_efficiency", "heldout_loss.mean")
+USER_SUMMARY_KEYS = ("recommended.strategy", "recommended.num_buckets")
+MAX_METRIC_NUMBERS = 40  # what `dvc exp show` can show beside the changed params
 
 
 def user_metrics(flat: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +211,22 @@ def frontier_points(result: CompareResult) -> list[dict]:
         p["pareto_repeat"] = bool(g)
         p["pareto_padded"] = bool(h) if isp else None
     return pts
+
+
+def histogram_points(result: CompareResult) -> list[dict]:
+    """DVC plot data of the length histogram with the bucket edges (``workflow/plots/histogram.json`` draws
+    it): one row per bin (``lo``, ``hi``, ``count``, ``bucket``: 1-based index of the bucket holding the
+    bin's midpoint), then one row per inner bucket edge (``edge``, and ``lo`` = ``hi`` = the edge). Every
+    row has every key (null where it does not apply): DVC renders a plot blank when rows differ in keys.
+    Cost: O(bins * log K)."""
+    edges = np.asarray(result.edges, dtype=float)
+    rows: list[dict] = []
+    for r in result.histogram:
+        mid = (float(r["lo"]) + float(r["hi"])) / 2
+        bucket = int(np.clip(np.searchsorted(edges, mid, side="right"), 1, max(len(edges) - 1, 1)))
+        rows.append({"lo": r["lo"], "hi": r["hi"], "count": r["count"], "bucket": bucket, "edge": None})
+    rows += [{"lo": int(e), "hi": int(e), "count": None, "bucket": None, "edge": int(e)} for e in result.edges[1:-1]]
+    return rows
 
 
 def write_plots(result: CompareResult, out: Path) -> list[Path]:
@@ -309,7 +325,15 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
     r, ref = rows[s], rows["sorted"]
     sweep = {e["num_buckets"]: e for e in result.sweep}
     pts = frontier_points(result)
-    text = (f"**Use `{s}`** for this data and model: it measured {r.measured_tok_s:,.0f} useful tokens/s, "
+    # A busy or unsteady machine mixes other work into every measurement: the answer says so first, names
+    # the rerun, and gives no recommendation in bold (the numbers cannot pick a strategy)
+    unsettled = busy_machine(result) or unsteady_machine(result)
+    lead = (f"**Not settled: the machine was {'busy' if busy_machine(result) else 'unsteady'} while measuring** "
+            f"({', '.join(unsettled[:3])}{', ...' if len(unsettled) > 3 else ''}; see \"Every strategy\" below), "
+            f"so these measurements cannot pick a strategy. Rerun them on a quiet machine: `{QUIET_RERUN}` "
+            f"(DVC: `dvc repro --force --single-item profile` and each `train@<strategy>`, then `dvc repro`). "
+            f"On these numbers `{s}` came out ahead" if unsettled else f"**Use `{s}`** for this data and model")
+    text = (f"{lead}: it measured {r.measured_tok_s:,.0f} useful tokens/s, "
             f"{_pct(r.ratio_to_sorted_measured)} of `sorted` ({ref.measured_tok_s:,.0f} tokens/s), "
             f"with padding efficiency {_pct(r.simulated_efficiency)}, composition repeat "
             f"{r.composition_repeat:.3f} (sorted: {ref.composition_repeat:.3f}) and length mixing "
@@ -320,7 +344,8 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
         e = sweep[k]
         kb = sweep[rec.k_best_throughput]
         lead = " Use it" if s == "bucketed" else " Where packing is not available, use `bucketed`"
-        text += (f"{lead} with **K = {k}** buckets: predicted over a whole epoch at "
+        kk = f"K = {k}" if unsettled else f"**K = {k}**"
+        text += (f"{lead} with {kk} buckets: predicted over a whole epoch at "
                  f"{_pct(e['predicted_ratio_to_sorted'])} of sorted at simulated efficiency "
                  f"{_pct(e['simulated_efficiency'])} and length mixing {e['length_mixing']:.3f}, the smallest K "
                  f"within {_pct(params.compare.k_tolerance)} of the best predicted K (K = {kb['num_buckets']}, "
@@ -559,6 +584,7 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
            "padding_model_tok_s": r.ratio_to_sorted_padding * result.rows["sorted"].measured_tok_s}
           for s, r in result.rows.items()]
     (out / "throughput.json").write_text(json.dumps(tp, indent=2) + "\n")
+    (out / "histogram.json").write_text(json.dumps(histogram_points(result), indent=2) + "\n")
     fit = {role: {"chosen": f["best"].to_dict(), "candidates": [c.to_dict() for c in f["candidates"]]}
            for role, f in result.fits.items()}
     (out / "stepmodel.json").write_text(json.dumps(fit, indent=2) + "\n")
@@ -571,4 +597,4 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
 
 
 __all__ = ["QUIET_RERUN", "CompareResult", "Recommendation", "StrategyRow", "busy_machine", "flat_metrics",
-           "frontier_points", "unsteady_machine", "write_outputs"]
+           "frontier_points", "histogram_points", "unsteady_machine", "write_outputs"]

@@ -11,11 +11,19 @@ Role mapping (``ROLE_MAP``; anything else is an *unknown role*, see ``data.on_ba
                         system                               -> system
     OpenAI ``role``     user / assistant / system            -> themselves
 
+Tool use, rendered as Qwen3's chat template renders it, kept in the context and left out of the loss:
+
+    tool / function (OpenAI), observation (ShareGPT)  -> a ``user`` turn holding
+        ``<tool_response>\n{content}\n</tool_response>``; consecutive results share one turn, joined by ``\n``
+    an assistant's ``tool_calls`` (OpenAI; the older ``function_call`` too) -> after its content, each call
+        ``<tool_call>\n{"name": "<name>", "arguments": <arguments JSON>}\n</tool_call>`` (a ``\n`` before
+        each call but a first one with no content), inside the assistant turn with loss mask 0
+
 Loss mask (``loss_mask``): 1 exactly on the token ids of every assistant turn's *content* and
 on that turn's closing ``<|im_end|>`` (the model must learn to stop); 0 on every
 ``<|im_start|>``, role header ``{role}\\n``, the ``\\n`` after ``<|im_end|>``, and on all user and
-system tokens. So ``decode(ids[mask == 1])`` is the assistant contents, each followed by
-``<|im_end|>``.
+system tokens, tool results and tool calls. So ``decode(ids[mask == 1])`` is the assistant contents,
+each followed by ``<|im_end|>``.
 
 Why segment-wise encoding. Ids are built per segment: the special tokens by id, then
 ``encode(role + "\\n")``, ``encode(content)``, ``encode("\\n")``, concatenated. That makes the mask
@@ -54,9 +62,14 @@ ROLE_MAP: dict[str, str] = {
     "system": "system",
 }
 
+# Tool results: each becomes a <tool_response> block of a user turn (see the module doc)
+TOOL_ROLES = ("tool", "function", "observation")
+
 QWEN_NAMES = ("qwen3.6", "qwen3.5")
 
-Turn = tuple[str, str]  # (ChatML role, content)
+# (ChatML role, content) or, for an assistant turn that calls tools, (role, content, rendered calls): the
+# calls are context, never loss
+Turn = tuple[str, ...]
 
 
 class BadRecord(Exception):
@@ -93,11 +106,13 @@ def _text(value: Any, where: str) -> str:
 
 
 def conversation_from_record(record: Any) -> list[Turn]:
-    """Turns of one record in ShareGPT (``conversations``: ``from``/``value``) or OpenAI
-    (``messages``: ``role``/``content``) form, roles mapped by ``ROLE_MAP``. Cost O(turns).
+    """Turns of one record in ShareGPT (``conversations``: ``from``/``value``), OpenAI (``messages``:
+    ``role``/``content``) or prompt/completion form (two strings: a user turn and an assistant turn; or,
+    as TRL's conversational pairs, two lists of messages, concatenated), roles mapped by ``ROLE_MAP``
+    and tool use rendered as the module doc says. Cost O(turns).
 
-    Raises ``BadRecord`` (reason ``no_schema``, ``unknown_role``, ``non_text_content`` or
-    ``bad_text``) with a message that says which turn and what was found.
+    Raises ``BadRecord`` (reason ``no_schema``, ``unknown_role``, ``bad_tool_call``, ``non_text_content``
+    or ``bad_text``) with a message that says which turn and what was found.
     """
     if not isinstance(record, Mapping):
         raise BadRecord("no_schema", f"is a {type(record).__name__}, not an object with 'conversations' or "
@@ -106,29 +121,87 @@ def conversation_from_record(record: Any) -> list[Turn]:
         turns, role_key, text_key, field = record["conversations"], "from", "value", "conversations"
     elif "messages" in record:
         turns, role_key, text_key, field = record["messages"], "role", "content", "messages"
+    elif "prompt" in record and "completion" in record:
+        prompt, completion = record["prompt"], record["completion"]
+        if isinstance(prompt, str) and isinstance(completion, str):  # standard pair: one exchange
+            return [("user", _text(prompt, "prompt")), ("assistant", _text(completion, "completion"))]
+        if not isinstance(prompt, (list, tuple)) or not isinstance(completion, (list, tuple)):
+            raise BadRecord("no_schema", "'prompt' and 'completion' must both be strings or both lists of "
+                                         f"messages, got {type(prompt).__name__} and {type(completion).__name__}")
+        # conversational pair (TRL): the prompt's messages, then the completion's
+        turns, role_key, text_key, field = [*prompt, *completion], "role", "content", "prompt+completion"
     else:
         keys = ", ".join(sorted(map(str, record)))[:120]
-        raise BadRecord("no_schema", f"has neither 'conversations' (ShareGPT) nor 'messages' (OpenAI); keys: {keys}")
+        raise BadRecord("no_schema", "has none of 'conversations' (ShareGPT), 'messages' (OpenAI), "
+                                     f"'prompt' + 'completion'; keys: {keys}")
     if turns is None:
         turns = []
     if not isinstance(turns, (list, tuple)):
         raise BadRecord("no_schema", f"'{field}' is a {type(turns).__name__}, not a list of turns")
     out: list[Turn] = []
+    tool_run = False  # the previous turn was a tool result: the next one joins its user turn
     for i, turn in enumerate(turns):
         where = f"{field}[{i}]"
-        if not isinstance(turn, Mapping) or role_key not in turn or text_key not in turn:
+        calls = _tool_calls(turn, where) if isinstance(turn, Mapping) else None
+        if not isinstance(turn, Mapping) or role_key not in turn or (text_key not in turn and calls is None):
             raise BadRecord("no_schema", f"{where} is not an object with '{role_key}' and '{text_key}'")
         raw_role = turn[role_key]
+        if isinstance(raw_role, str) and raw_role in TOOL_ROLES:
+            block = f"<tool_response>\n{_text(turn[text_key], where)}\n</tool_response>"
+            if tool_run:
+                out[-1] = ("user", f"{out[-1][1]}\n{block}")
+            else:
+                out.append(("user", block))
+            tool_run = True
+            continue
+        tool_run = False
         role = ROLE_MAP.get(raw_role) if isinstance(raw_role, str) else None
         if role is None:
-            raise BadRecord("unknown_role", f"{where} has unknown role {raw_role!r}; known: {', '.join(ROLE_MAP)}")
-        out.append((role, _text(turn[text_key], where)))
+            raise BadRecord("unknown_role", f"{where} has unknown role {raw_role!r}; known: "
+                                            f"{', '.join([*ROLE_MAP, *TOOL_ROLES])}")
+        content = turn.get(text_key)
+        if calls is None:
+            out.append((role, _text(content, where)))
+            continue
+        if role != "assistant":
+            raise BadRecord("bad_tool_call", f"{where} is a {raw_role!r} turn with tool calls; only an assistant "
+                                             "calls tools")
+        text = "" if content is None else _text(content, where)
+        out.append((role, text, "".join(("\n" if text or k else "") + c for k, c in enumerate(calls))))
+    return out
+
+
+def _tool_calls(turn: Mapping, where: str) -> list[str] | None:
+    """The rendered ``<tool_call>`` blocks of a turn's ``tool_calls`` (or older ``function_call``), None when it
+    has none; ``BadRecord('bad_tool_call')`` naming what is wrong. Cost O(calls)."""
+    import json
+
+    raw = turn.get("tool_calls")
+    if raw is None and turn.get("function_call") is not None:
+        raw = [turn["function_call"]]
+    if raw is None or raw == []:
+        return None
+    if not isinstance(raw, (list, tuple)):
+        raise BadRecord("bad_tool_call", f"{where} tool_calls is a {type(raw).__name__}, not a list")
+    out = []
+    for k, call in enumerate(raw):
+        fn = call.get("function", call) if isinstance(call, Mapping) else None
+        name = fn.get("name") if isinstance(fn, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise BadRecord("bad_tool_call", f"{where} tool_calls[{k}] has no function name: {str(call)[:80]!r}")
+        args = fn.get("arguments", {})
+        try:
+            args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        except (TypeError, ValueError):
+            raise BadRecord("bad_tool_call", f"{where} tool_calls[{k}] arguments are not JSON: {str(args)[:80]!r}"
+                            ) from None
+        out.append(f'<tool_call>\n{{"name": "{name}", "arguments": {_text(args_text, where)}}}\n</tool_call>')
     return out
 
 
 def chatml_text(turns: Sequence[Turn]) -> str:
     """The ChatML string of a conversation (what decoding its ids gives back, up to NFC)."""
-    return "".join(f"{IM_START}{role}\n{content}{IM_END}\n" for role, content in turns)
+    return "".join(f"{IM_START}{t[0]}\n{''.join(t[1:])}{IM_END}\n" for t in turns)
 
 
 # --------------------------------------------------------------------------- tokenizers
@@ -245,15 +318,20 @@ class ChatEncoder:
         ids: list[int] = []
         mask: list[int] = []
         im_end, newline = self.tok.im_end_id, self._newline
-        for role, content in turns:
+        for role, content, *calls in turns:
             head = self.header(role)
             body = self.tok.encode(content)
+            context = self.tok.encode(calls[0]) if calls and calls[0] else []  # tool calls: context, no loss
+            learn = 1 if role == "assistant" else 0
             ids += head
             ids += body
+            ids += context
             ids.append(im_end)
             ids += newline
             mask += [0] * len(head)
-            mask += [1 if role == "assistant" else 0] * (len(body) + 1)
+            mask += [learn] * len(body)
+            mask += [0] * len(context)
+            mask.append(learn)
             mask += [0] * len(newline)
         return ids, mask
 

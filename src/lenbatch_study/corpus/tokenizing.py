@@ -181,10 +181,10 @@ def _conversations(records: Iterable[tuple[int, Any]], *, source_name: str, on_b
             if len(examples) < 20:
                 examples.append(f"{where} {bad.detail}")
             continue
-        if not turns or not any(content.strip() for _, content in turns):
+        if not turns or not any(''.join(t[1:]).strip() for t in turns):
             dropped["empty_conversation"] += 1
             continue
-        if not any(role == "assistant" for role, _ in turns):
+        if not any(t[0] == "assistant" for t in turns):
             dropped["no_assistant_turn"] += 1
             continue
         yield index, turns

@@ -240,6 +240,11 @@ HEADER = """\
 # inputs and outputs) and src/lenbatch_study/pipeline/deps.py (their code): do not edit by hand
 # (tests/pipeline/test_workflow.py fails when this file differs from what the command writes).
 #
+# The trainings are `foreach: ${train.strategies}` (stages train@<strategy>), so `dvc exp run -S
+# train.strategies=[...]` trains exactly the strategies listed. One body serves every strategy: a training
+# depends on results/boundaries/by-strategy/<strategy>.json (bucketed's: the edges file's bytes; the others':
+# a constant), and compare on the folder results/train (.dvcignore keeps checkpoints out of it).
+#
 # DVC decides what to rerun and records it; Snakemake executes. Each stage's command runs its one
 # Snakemake rule (--forcerun: DVC already judged it stale; LENBATCH_STAGE_ONLY=1 makes every input
 # ancient(), so Snakemake reruns nothing upstream even where file times are fresh-clone noise), so
@@ -264,6 +269,12 @@ def dvc_target(stage: str, *, results: str = "results", strategy: str | None = N
     return output_path(stage, name, results=results, strategy=strategy)
 
 
+# DVC's foreach over the param: `dvc exp run -S train.strategies=[...]` runs the trainings the list names
+# (DVC resolves ${...} from params.yaml on every run; no regeneration of dvc.yaml)
+FOREACH = "${train.strategies}"
+ITEM = "${item}"
+
+
 def _dvc_stage(stage: str, *, results: str, strategy: str | None,
                pretrained: str | None = None) -> dict[str, typing.Any]:
     st = STAGES[stage]
@@ -272,11 +283,23 @@ def _dvc_stage(stage: str, *, results: str, strategy: str | None,
         return {"cmd": f"lenbatch {stage} --out {results}/{stage}", "always_changed": True,
                 "outs": [{output_path(stage, name, results=results): {"cache": o.cache, "persist": True}}]}
     ins = input_paths(stage, results=results, strategies=strategies(), strategy=strategy)
+    deps: list[str] = []
+    for i in st.inputs:
+        if STAGES[i.stage].per_strategy and not st.per_strategy:
+            # a stage over every strategy's runs (compare): DVC cannot list the runs of a list param, so it
+            # depends on their folder (results/train); .dvcignore keeps checkpoints and marks out of it
+            folder = f"{results}/{i.stage}"
+            if folder not in deps:
+                deps.append(folder)
+        elif i.gate is not None:  # see Input.gate: one foreach body for every strategy
+            deps.append(f"{output_path(i.stage, i.gate, results=results)}/{strategy}.json")
+        else:
+            deps += ins.get(i.output, [])
     checkpoint = pretrained_files(pretrained) if stage in PRETRAINED_STAGES else []
     entry: dict[str, typing.Any] = {
         "cmd": _snakemake([dvc_target(stage, results=results, strategy=strategy)], stage),
         "params": stage_params_compact(stage),
-        "deps": [p for paths in ins.values() for p in paths] + checkpoint + stage_code(stage)}
+        "deps": deps + checkpoint + stage_code(stage)}
     for kind in ("outs", "metrics", "plots"):
         listed = [{output_path(stage, name, results=results, strategy=strategy):
                    {"cache": o.cache, "persist": True, **dict(o.plot or {})}}
@@ -287,15 +310,16 @@ def _dvc_stage(stage: str, *, results: str, strategy: str | None,
 
 
 def dvc_stages(results: str = "results", *, pretrained: str | None = None) -> dict[str, typing.Any]:
-    """The ``stages:`` mapping of ``dvc.yaml``, from the table: one DVC stage per stage (per strategy for a
-    per-strategy stage, ``<stage>-<strategy>``), its deps its inputs (and, with ``pretrained`` =
-    ``model.pretrained``, the checkpoint's files for the stages that load it: :func:`pretrained_files`)
-    then its code, its outputs by kind."""
+    """The ``stages:`` mapping of ``dvc.yaml``, from the table: one DVC stage per stage; a per-strategy stage
+    is ``foreach: ${train.strategies}`` over one body whose strategy is ``${item}`` (DVC names its stages
+    ``<stage>@<strategy>``), so the trainings are exactly those params.yaml lists, ``-S`` included. Deps: its
+    inputs (and, with ``pretrained`` = ``model.pretrained``, the checkpoint's files for the stages that load
+    it: :func:`pretrained_files`) then its code; outputs by kind."""
     out: dict[str, typing.Any] = {}
     for stage, st in STAGES.items():
         if st.per_strategy:
-            for s in strategies():
-                out[f"{stage}-{s}"] = _dvc_stage(stage, results=results, strategy=s, pretrained=pretrained)
+            out[stage] = {"foreach": FOREACH,
+                          "do": _dvc_stage(stage, results=results, strategy=ITEM, pretrained=pretrained)}
         else:
             out[stage] = _dvc_stage(stage, results=results, strategy=None, pretrained=pretrained)
     return out

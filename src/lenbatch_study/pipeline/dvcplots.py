@@ -26,6 +26,12 @@ from pathlib import Path
 # DVC's plots.html_template, relative to the repo's .dvc/ folder (as .dvc/config has it; a test checks both agree)
 TEMPLATE = "offline-plots.html"
 LIBRARIES = ("vega/vega.js", "vega-lite/vega-lite.js", "vega-embed/vega-embed.js")
+# DVC's page calls vegaEmbed(div, spec), which draws on a canvas; SVG puts every mark in the page (text that
+# can be searched and printed sharply, and that tests/pipeline/_browser.py counts per plot in Chromium)
+SVG_RENDERER = """(function () {
+  var embed = window.vegaEmbed;
+  window.vegaEmbed = function (el, spec, opt) { return embed(el, spec, Object.assign({renderer: "svg"}, opt || {})); };
+})();"""
 
 
 def _assets() -> Path:
@@ -38,7 +44,8 @@ def _assets() -> Path:
 
 
 def offline_template() -> str:
-    """A DVC plots HTML template (``{plot_divs}``) with vega, vega-lite and vega-embed inlined."""
+    """A DVC plots HTML template (``{plot_divs}``) with vega, vega-lite and vega-embed inlined, and
+    :data:`SVG_RENDERER`."""
     root = _assets()
     scripts = []
     for rel in LIBRARIES:
@@ -49,6 +56,7 @@ def offline_template() -> str:
         js = path.read_text(encoding="utf8")
         assert "</script" not in js, f"{rel} cannot be inlined"
         scripts.append(f"<script type=\"text/javascript\">\n{js}\n</script>")
+    scripts.append(f"<script type=\"text/javascript\">\n{SVG_RENDERER}\n</script>")
     return ("<!DOCTYPE html>\n<html>\n<head>\n<meta charset=\"utf-8\">\n<title>lenbatch plots</title>\n"
             + "\n".join(scripts)
             + "\n<style>table { border-spacing: 15px; }</style>\n</head>\n<body>\n{plot_divs}\n</body>\n</html>\n")

@@ -62,6 +62,12 @@ class Input:
     output: str
     only_for: str | None = None
     trigger_only: bool = False  # a dependency the stage never reads (the machine fingerprint): reruns it only
+    # A per-strategy stage's ``only_for`` input, as DVC sees it: DVC's ``foreach`` gives every strategy the
+    # same stage body, so it cannot leave the input out for the others. Instead every strategy's stage
+    # depends on ``<gate>/<strategy>.json``, an output of the same producing stage that holds this input's
+    # bytes for ``only_for`` and constant bytes for every other strategy (DVC compares content: only
+    # ``only_for``'s job reruns when the input changes, as in Snakemake, which passes the input itself).
+    gate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ class Stage:
     """A stage of the DAG. ``params``: the params keys its code reads, whole sections (``"model"``) or
     single keys (``"data.max_len"``), ``exclude`` dropping keys of whole sections; ``per_strategy``: one
     job per strategy of ``train.strategies`` (Snakemake's ``{strategy}`` wildcard, DVC's
-    ``<stage>-<strategy>`` stages); ``always_changed``: DVC runs it on every ``dvc repro`` (its command
+    ``foreach: ${train.strategies}`` stages ``<stage>@<strategy>``); ``always_changed``: DVC runs it on every ``dvc repro`` (its command
     itself leaves its output's bytes alone unless they change) and the Snakefile writes its output as it
     is parsed: the machine fingerprint, which no file the workflow knows can tell has changed."""
 
@@ -119,12 +125,13 @@ _ALL = (
         params=("stats", "batching.seed"),  # seed: lengths drawn from a profile
         inputs=(_IN_LENGTHS,),
         outputs={"stats": Output(length_stats.STATS),
-                 "histogram": Output(length_stats.HISTOGRAM, kind="plots", plot={"x": "lo", "y": "count"}),
+                 "histogram": Output(length_stats.HISTOGRAM),  # compare's histogram.json is the plot (edges)
                  "plot": Output(length_stats.PLOT)})),
     Command("boundaries", "optimal length-bucket edges (geometric, coordinate, dp) and a K sweep", staged=True,
             stage=Stage(params=("boundaries", "batching", "plans", "data.max_len"), inputs=(_IN_LENGTHS,),
                         outputs={"boundaries": Output(bucket_edges.BOUNDARIES),
-                                 "sweep": Output(bucket_edges.SWEEP)})),
+                                 "sweep": Output(bucket_edges.SWEEP),
+                                 "by_strategy": Output(bucket_edges.BY_STRATEGY, directory=True)})),
     Command("plan", "plan one epoch of one strategy and write its batches as JSON", staged=True),
     Command("plans", "simulate every strategy: padding efficiency, budget fill, diversity", staged=True, stage=Stage(
         params=("batching", "plans", "data.max_len"), inputs=(_IN_LENGTHS, _IN_EDGES),
@@ -138,15 +145,18 @@ _ALL = (
     # one job per strategy; only bucketed reads the edges, so boundaries.* never reruns the others
     Command("train", "train the drafter with one batching strategy and measure throughput", stage=Stage(
         params=(*_MODEL_RUN, "train", "data.max_len"), exclude=("train.strategies",), per_strategy=True,
-        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, Input("boundaries", "boundaries", only_for="bucketed")),
+        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS,
+                Input("boundaries", "boundaries", only_for="bucketed", gate="by_strategy")),
         outputs={"summary": Output(train_runs.SUMMARY), "steps": Output(train_runs.STEPS, declared=False)})),
     Command("verify-packing", "check that a packed forward equals the per-sequence forwards"),
     # quality has its own lr and anchors: the train stage's drafter.lr / anchors_per_seq never rerun it;
-    # it reads no training run, so train.* keys other than the strategy list and device never rerun it
+    # it reads no training run, so train.* keys other than the strategy list and device never rerun it;
+    # the edges are its input whatever the list holds: DVC's one quality stage cannot drop a dependency when
+    # -S train.strategies leaves bucketed out, so Snakemake keeps it too and the tools agree
     Command("quality", "held-out loss over seeds and gradient quality of every strategy", stage=Stage(
         params=("quality", *_MODEL_RUN, "train.strategies", "train.device", "data.max_len"),
         exclude=("drafter.lr", "drafter.anchors_per_seq"),
-        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, Input("boundaries", "boundaries", only_for="bucketed")),
+        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
         outputs={"quality": Output(quality_result.QUALITY), "metrics": Output(quality_result.METRICS),
                  "curves": Output(quality_result.CURVES), "gradients": Output(quality_result.GRADIENTS)})),
     # compare's files are for people (no stage reads them): metrics users compare, the plots, the rest
@@ -159,9 +169,20 @@ _ALL = (
                  "report": Output("report.md"), "stepmodel": Output("stepmodel.json"),
                  "histogram": Output("histogram.png"), "quality_plot": Output("quality.png"),
                  "params": Output("params.json"),
-                 "frontier": Output("frontier.json", kind="plots", plot={"x": "length_mixing", "y": "efficiency"}),
-                 "throughput": Output("throughput.json", kind="plots",
-                                      plot={"x": "strategy", "y": "measured_tok_s"}),
+                 # DVC's interactive plots, each with its Vega-Lite template in workflow/plots/
+                 # (DVC's default, a line over a quantitative x, draws strategies blank or joined)
+                 "frontier": Output("frontier.json", kind="plots", plot={
+                     "x": "length_mixing", "y": "efficiency", "template": "workflow/plots/labelled_points.json",
+                     "title": "padding efficiency vs length mixing (strategies and bucketed K)",
+                     "x_label": "length mixing", "y_label": "simulated padding efficiency"}),
+                 "throughput": Output("throughput.json", kind="plots", plot={
+                     "x": "measured_tok_s", "y": "strategy", "template": "workflow/plots/bars.json",
+                     "title": "measured throughput per strategy", "x_label": "useful tokens/s",
+                     "y_label": "strategy"}),
+                 "histogram_data": Output("histogram.json", kind="plots", plot={
+                     "x": "lo", "y": "count", "template": "workflow/plots/histogram.json",
+                     "title": "sample lengths and the bucket edges", "x_label": "length (tokens)",
+                     "y_label": "samples"}),
                  "frontier_plot": Output("frontier.png", kind="plots"),
                  "throughput_plot": Output("throughput.png", kind="plots")})),
     Command("study-replay", "the study's own setting replayed (seed profile, budget 49,152, 7 ranks, its edges)",

@@ -3,7 +3,8 @@
 The optimizers are :mod:`lenbatch.batching.boundaries` (pure functions lengths -> edges); this
 stage runs the ``boundaries`` section's method on the lengths input and writes
 ``boundaries.json`` (edges, predicted and simulated efficiency, per-bucket counts) and
-``sweep.json`` (K = 1..``boundaries.sweep_max_buckets``), both byte-identical for the same lengths,
+``sweep.json`` (K = 1..``boundaries.sweep_max_buckets``) and ``by-strategy/`` (what DVC's training
+stages depend on: :func:`by_strategy_files`), all byte-identical for the same lengths,
 params and code; the optimizer's seconds go to ``timings.json``, which no stage reads and no tool
 tracks (a timing measures the machine, not the data). Cost: one dp solve per K.
 """
@@ -11,16 +12,26 @@ tracks (a timing measures the machine, not the data). Cost: one dp solve per K.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
 from lenbatch.batching.boundaries import optimize_boundaries, simulate_bucketed, sweep_num_buckets
 from lenbatch.batching.lengths import bucket_counts
 from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.padding import predict_bucketed
+from lenbatch.batching.layouts import STRATEGIES
 from lenbatch.batching.spec import BatchSpec
 from lenbatch_study.core.config import Params, write_resolved
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
 from lenbatch_study.pipeline.artifacts.writing import write_json
+
+
+def by_strategy_files(boundaries_bytes: bytes, strategies: Iterable[str]) -> dict[str, bytes]:
+    """``{strategy: bytes of by-strategy/<strategy>.json}``: ``boundaries_bytes`` for ``bucketed`` (the only
+    strategy that plans with edges), a constant naming the strategy for the others, so DVC's training stage
+    of a strategy (one foreach body for all) reruns on new edges only for bucketed. Cost: O(#strategies)."""
+    return {s: boundaries_bytes if s == "bucketed"
+            else f'{{"strategy": "{s}", "plans_with_bucket_edges": false}}\n'.encode() for s in strategies}
 
 
 def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
@@ -48,6 +59,10 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
     doc["buckets"] = [dict(row, predicted_efficiency=pr["efficiency"])
                       for row, pr in zip(bucket_counts(x, res.edges), pred["buckets"])]
     write_json(out / "boundaries.json", doc)
+    # what DVC's training stages depend on (one foreach body for every strategy): only bucketed's changes
+    (out / "by-strategy").mkdir(parents=True, exist_ok=True)
+    for strategy, data in by_strategy_files((out / "boundaries.json").read_bytes(), STRATEGIES).items():
+        (out / "by-strategy" / f"{strategy}.json").write_bytes(data)
     log.info("%s edges %s: predicted %.4f, simulated %.4f padding efficiency (%.2f s)", p.method, list(res.edges),
              res.predicted_efficiency, sim["simulated_efficiency"], res.seconds)
     swept = [] if not sweep else sweep_num_buckets(

@@ -44,17 +44,41 @@ def changed_stages(status: dict[str, Any]) -> list[str]:
     return [name.split(":")[-1] for name, what in status.items() if what != [ALWAYS_CHANGED]]
 
 
-def stage_outputs(dvc_yaml: dict[str, Any], stages: list[str]) -> list[str]:
-    """Every output path (``outs``, ``metrics``, ``plots``) of ``stages`` in a parsed ``dvc.yaml``."""
+def resolve_stage(dvc_yaml: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """Stage ``name`` of a parsed ``dvc.yaml``: a plain stage as written, ``<stage>@<key>`` of a ``foreach``
+    stage its ``do:`` body with ``${item}`` replaced by ``key`` (the form ``lenbatch dvc-yaml`` writes:
+    ``${item}`` in paths only); None when not defined. Cost: one walk of the body."""
     defined = dvc_yaml.get("stages", {})
-    unknown = [s for s in stages if s not in defined]
-    if unknown:  # e.g. a foreach stage or another dvc.yaml: say so rather than record it
+    if name in defined and "do" not in defined[name]:
+        return defined[name]
+    base, at, key = name.partition("@")
+    if not at or "do" not in defined.get(base, {}):
+        return None
+
+    def sub(x: Any) -> Any:
+        if isinstance(x, str):
+            return x.replace("${item}", key)
+        if isinstance(x, list):
+            return [sub(v) for v in x]
+        if isinstance(x, dict):
+            return {sub(k): sub(v) for k, v in x.items()}
+        return x
+
+    return sub(defined[base]["do"])
+
+
+def stage_outputs(dvc_yaml: dict[str, Any], stages: list[str]) -> list[str]:
+    """Every output path (``outs``, ``metrics``, ``plots``) of ``stages`` (``train@sorted`` for a foreach
+    stage's) in a parsed ``dvc.yaml``."""
+    resolved = {s: resolve_stage(dvc_yaml, s) for s in stages}
+    unknown = [s for s, st in resolved.items() if st is None]
+    if unknown:  # e.g. another dvc.yaml: say so rather than record it
         raise ValueError(f"dvc status names stages {unknown} that dvc.yaml does not define; sync handles the "
                          "stages of ./dvc.yaml only (run `lenbatch dvc-yaml` if it is stale)")
     paths = []
     for name in stages:
         for kind in ("outs", "metrics", "plots"):
-            for out in defined[name].get(kind, []):
+            for out in resolved[name].get(kind, []):
                 paths.append(next(iter(out)) if isinstance(out, dict) else str(out))
     return paths
 

@@ -4,6 +4,10 @@
   reads (:func:`read_edges`: plans, plan, train and quality, for ``bucketed``; any file holding
   ``edges`` will do); compare also reads ``predicted_efficiency`` and ``num_buckets``
   (:func:`read_boundaries`). Written by :mod:`lenbatch_study.stages.boundaries`.
+* ``by-strategy/<strategy>.json``: one file per known strategy, what DVC's training stage of that
+  strategy depends on (:func:`lenbatch_study.stages.boundaries.by_strategy_files`): ``bucketed``'s holds
+  the bytes of ``boundaries.json``, every other strategy's a constant, so new edges rerun only the
+  bucketed training. No stage reads them.
 * ``sweep.json``: a list, one mapping per K with ``num_buckets``, ``edges``, ``predicted_efficiency``,
   ``simulated_efficiency``, ``composition_repeat``, ``length_mixing`` (:func:`read_sweep`: compare).
 
@@ -20,6 +24,7 @@ from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require
 WRITER = "boundaries"
 BOUNDARIES = "boundaries.json"
 SWEEP = "sweep.json"
+BY_STRATEGY = "by-strategy"
 SWEEP_KEYS = ("num_buckets", "edges", "predicted_efficiency", "simulated_efficiency", "composition_repeat",
               "length_mixing")
 # what a strategy list that holds 'bucketed' is told without edges
