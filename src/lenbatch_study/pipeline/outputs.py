@@ -210,6 +210,11 @@ def _replace_entries(tmp: Path, out: Path) -> None:
     tmp.rmdir()
 
 
+def commit_staged(tmp: Path, out: Path) -> None:
+    """Put the complete folder ``tmp`` in place of ``out`` as :func:`staged_output` does (caller holds the lock)."""
+    _commit(Path(tmp).absolute(), Path(out).absolute())
+
+
 def _commit(tmp: Path, out: Path) -> None:
     if not out.exists():
         os.rename(tmp, out)
@@ -237,4 +242,4 @@ def _commit(tmp: Path, out: Path) -> None:
     shutil.rmtree(old)
 
 
-__all__ = ["check_out", "lock_path", "staged_output", "writer_lock"]
+__all__ = ["check_out", "commit_staged", "lock_path", "staged_output", "writer_lock"]
