@@ -387,17 +387,19 @@ def _digests(folder: Path) -> dict[str, str]:
 
 def test_a_failing_snakemake_job_keeps_the_previous_output_and_its_record(finished, tmp_path):
     """K = 500 with 23 distinct lengths: the job fails with the stage's message (exit 1); boundaries.json and
-    sweep.json are the previous bytes (before: deleted); and Snakemake's record of them is put back (the
+    sweep.json are the previous bytes and file times (before: deleted); and Snakemake's record of them is put back (the
     Snakefile's onerror), so the same bad K plans the job again instead of "Nothing to be done", and the
     good params find everything up to date."""
     bad = tmp_path / "bad_k.yaml"
     bad.write_text(yaml.safe_dump({"boundaries": {"num_buckets": 500}}))
     target = ["--", "results/boundaries/boundaries.json"]
     before = _digests(finished / "results/boundaries")
+    times = {p: p.stat().st_mtime_ns for p in (finished / "results/boundaries").iterdir()}
     proc = run(["snakemake", "--cores", "2", "--configfile", str(bad), *target], cwd=finished, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "boundaries.num_buckets=500" in out, out
     assert _digests(finished / "results/boundaries") == before
+    assert {p: p.stat().st_mtime_ns for p in times} == times  # a restored copy gets the original's time back
     assert "rule boundaries:" in run(["snakemake", "-n", "--configfile", str(bad), *target], cwd=finished).stdout
     assert dry_run_stages(finished) == set(), run(["snakemake", "-n"], cwd=finished).stdout
     assert dvc_changed(finished) == set()

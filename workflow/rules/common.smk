@@ -153,6 +153,7 @@ def all_outputs():
 # The Snakefile's onstart keeps each output's record as it was; onerror puts back the records of the
 # outputs Snakemake restored (it logs each one), so they again say which params made those bytes.
 _RECORDS_BEFORE = {}
+_TIMES_BEFORE = {}  # and the file times: a restored copy is new, which would rerun what reads it
 
 
 def keep_records():
@@ -165,6 +166,8 @@ def keep_records():
     persistence = workflow.persistence
     for f in all_outputs():
         _RECORDS_BEFORE[f] = persistence._read_record(f)
+        if os.path.exists(f):
+            _TIMES_BEFORE[f] = os.stat(f).st_mtime_ns
         stale = persistence._get_backup_path(Path(f))
         if os.path.lexists(f) and os.path.lexists(stale):
             if stale.is_dir() and not stale.is_symlink():
@@ -174,7 +177,8 @@ def keep_records():
 
 
 def put_back_records(logfiles):
-    """onerror: the record of each output Snakemake restored after its job failed, as it was before the run."""
+    """onerror: the record and file time of each output Snakemake restored after its job failed, as they were
+    before the run (a restored folder's files keep their times: Snakemake copies them with copy2)."""
     import re
 
     persistence = workflow.persistence
@@ -193,6 +197,8 @@ def put_back_records(logfiles):
             persistence._delete_record(f)
         else:
             persistence._write_record(f, before)
+        if f in _TIMES_BEFORE and os.path.exists(f):
+            os.utime(f, ns=(_TIMES_BEFORE[f], _TIMES_BEFORE[f]))
 
 
 # Ctrl-C (SIGINT) to snakemake alone: Snakemake's local executor waits for running jobs to finish
