@@ -28,3 +28,12 @@ rule all:
     default_target: True
     input:
         all_outputs(),
+
+
+# A failing job leaves its previous outputs and Snakemake's record of them as they were (common.smk).
+onstart:
+    keep_records()
+
+
+onerror:
+    put_back_records(log)

@@ -177,3 +177,27 @@ def test_the_workflow_config_check_refuses_ranges_and_non_finite_numbers():
     del raw["train"]["device"]
     with pytest.raises(ValueError, match="missing key.*train.device"):
         params_from_dict(raw)
+
+
+@pytest.mark.parametrize("section, key, value, words", [
+    ("profile", "lengths", [128, 0], ["profile.lengths", "0 at [1]", ">= 1"]),
+    ("profile", "lengths", [-5], ["profile.lengths", "-5 at [0]"]),
+    ("profile", "batch_sizes", [0, 4], ["profile.batch_sizes", "0 at [0]"]),
+    ("profile", "packed_seqs", [0], ["profile.packed_seqs"]),
+    ("profile", "packed_lengths", [-1], ["profile.packed_lengths"]),
+    ("stats", "histogram_bins", 10**9, ["stats.histogram_bins", "<= 1000000"]),
+    ("batching", "max_batch_size", 10**12, ["batching.max_batch_size", "token_budget"]),
+    ("batching", "token_budget", 10**12, ["batching.token_budget", "<= 16777216"]),
+])
+def test_list_entries_and_huge_values_are_bounded_naming_the_setting(section, key, value, words):
+    """Each of these passed the loader before and ended in a traceback or the OOM killer in its stage; the
+    schema Snakemake checks states the same bounds."""
+    raw = _raw()
+    raw[section][key] = value
+    with pytest.raises(ValueError) as err:
+        params_from_dict(raw)
+    for word in words:
+        assert word in str(err.value)
+    if key != "max_batch_size":  # a bound across two keys is the loader's alone
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(raw, yaml.safe_load(SCHEMA.read_text()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from lenbatch_study.cli import main
-from lenbatch_study.pipeline.outputs import staged_output, writer_lock
+from lenbatch_study.pipeline.outputs import check_out, staged_output, writer_lock
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD = ("import sys; from lenbatch_study.pipeline.outputs import writer_lock\n"
@@ -55,22 +56,27 @@ def test_a_second_writer_of_a_stage_directory_is_refused_and_the_first_output_su
     assert sorted(p.name for p in tmp_path.iterdir()) == ["boundaries", "lengths.npy"]  # no lock or staging left
 
 
-def test_staged_output_replaces_whole_keeps_hidden_files_and_survives_failure(tmp_path):
+def test_staged_output_replaces_whole_keeps_only_hidden_files_and_survives_failure(tmp_path):
     out = tmp_path / "stage"
     with staged_output(out, stage="test") as tmp:
         (tmp / "a.json").write_text("1")
         (tmp / "b.json").write_text("1")
+        (tmp / "params.json").write_text("1")  # what every stage writes: a stage's output
     (out / ".gitignore").write_text("/big\n")  # e.g. written by dvc
     with pytest.raises(RuntimeError):
         with staged_output(out, stage="test") as tmp:
             (tmp / "a.json").write_text("2")
             raise RuntimeError("killed half-way")
-    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "1", "b.json": "1", ".gitignore": "/big\n"}
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "1", "b.json": "1", "params.json": "1",
+                                                              ".gitignore": "/big\n"}
     (tmp_path / ".stage.staging-1").mkdir()  # left by a killed writer
     with staged_output(out, stage="test") as tmp:
         (tmp / "a.json").write_text("3")
-    # what the new run did not write is carried over (hard links), not lost
-    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "3", "b.json": "1", ".gitignore": "/big\n"}
+        (tmp / "params.json").write_text("3")
+    # hidden files the new run did not write are carried over (hard links); the previous run's b.json is not:
+    # the output holds only this run's files
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "3", "params.json": "3",
+                                                              ".gitignore": "/big\n"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]
 
 
@@ -103,3 +109,83 @@ def test_writer_lock_is_exclusive_across_processes_and_released_on_death(tmp_pat
         holder.wait()
     with writer_lock(out, stage="train"):
         pass
+
+
+def _boundaries_args(tmp_path: Path, out) -> list[str]:
+    lengths = tmp_path / "lengths.npy"
+    if not lengths.exists():
+        np.save(lengths, np.random.default_rng(0).integers(10, 2000, size=300).astype(np.int32))
+    return ["boundaries", "--params", str(REPO / "params.yaml"), "--lengths", str(lengths), "--num-buckets", "3",
+            "--sweep-max-buckets", "2", "--out", str(out)]
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_out_that_is_contains_or_lies_inside_an_input_is_refused_and_changes_nothing(tmp_path, capsys):
+    tok = tmp_path / "tokenize"  # a tokenize output: its stats.json and params.json must survive
+    tok.mkdir()
+    np.save(tok / "lengths.npy", np.arange(10, 400, dtype=np.int32))
+    (tok / "stats.json").write_text('{"dropped": 3}')
+    (tok / "params.json").write_text("{}")
+    before = _snapshot(tmp_path)
+    params = ["--params", str(REPO / "params.yaml")]
+    for argv, how in ((["stats", *params, "--lengths", str(tok / "lengths.npy"), "--out", str(tok)], "contains"),
+                      (["train", *params, "--strategy", "random", "--data", str(tok), "--out", str(tok / "sub")],
+                       "lies inside"),
+                      (["train", *params, "--strategy", "random", "--data", str(tok), "--out", str(tok)], "is")):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{how} the input" in err and "another --out" in err and len(err.strip().splitlines()) == 1, err
+    assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["tokenize"]
+
+
+def test_empty_out_and_mount_points_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(_boundaries_args(tmp_path, "")) == 2
+    assert "--out is empty" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lengths.npy"]  # nothing written into the current folder
+    # /proc is a mount point on every Linux; / contains mount points (the swap would empty them)
+    for path, words in (("/proc", "is or contains the mount point /proc"), ("/", "is or contains the mount point")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            check_out(path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="lies under .*file, which is a file"):
+        check_out(tmp_path / "file" / "out")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="is a symlink to .*nowhere, which does not exist"):
+        check_out(tmp_path / "dangling")
+
+
+def test_stale_staging_clean_up_touches_only_its_exact_names(tmp_path):
+    """`--out 'run[1]'`: the glob .run[1].staging-* matched another output's live .run1.staging-<pid>."""
+    live = tmp_path / ".run1.staging-4242"
+    live.mkdir()
+    (live / "stats.json").write_text("being written")
+    stale = tmp_path / ".run[1].staging-4243"  # a killed writer of run[1]: removed
+    stale.mkdir()
+    assert main(_boundaries_args(tmp_path, tmp_path / "run[1]")) == 0
+    assert (live / "stats.json").read_text() == "being written"
+    assert not stale.exists() and (tmp_path / "run[1]" / "boundaries.json").exists()
+
+
+def test_symlinked_out_is_one_folder_one_lock_and_commits_cleanly(tmp_path, capsys):
+    real = tmp_path / "real"
+    assert main(_boundaries_args(tmp_path, real)) == 0
+    alias = tmp_path / "alias"
+    alias.symlink_to(real)
+    holder = _holder(real)  # a run writing real/: a second writer through the alias is refused
+    try:
+        capsys.readouterr()
+        assert main(_boundaries_args(tmp_path, alias)) == 2
+        assert "is being written by another run" in capsys.readouterr().err
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    args = _boundaries_args(tmp_path, alias)
+    args[args.index("--num-buckets") + 1] = "2"
+    assert main(args) == 0  # into a symlink to a previous output: the real folder gets the new output
+    assert alias.is_symlink() and json.loads((real / "boundaries.json").read_text())["num_buckets"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alias", "lengths.npy", "real"]  # no staging left

@@ -92,6 +92,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/pipeline/deps.py": set(),
     "lenbatch_study/pipeline/dvcplots.py": set(),
     "lenbatch_study/pipeline/outputs.py": {"train"},  # train takes its own writer lock
+    "lenbatch_study/pipeline/preflight.py": set(),  # the workflow's input check at parse time: no stage's code
     "lenbatch_study/pipeline/registry.py": set(),  # the stage table: its help strings and declarations are no code
     # runtime: train's, and profile times the same step runner
     "lenbatch_study/runtime/checkpoint.py": {"train"},

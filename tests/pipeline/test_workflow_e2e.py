@@ -12,6 +12,7 @@ finished run is built once, by the one worker that runs these tests."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -389,6 +390,75 @@ def test_sigint_to_snakemake_stops_training_promptly_and_resumes(finished, tmp_p
     assert lengths.stat().st_mtime_ns == before, "a finished output was redone"
     assert "Nothing to be done" in run(["snakemake", "-n", "--configfile", str(changed), *args[-2:]],
                                        cwd=finished).stdout
+
+
+# --------------------------------------------------------------------------- a failure keeps the results
+# A stage that fails or is interrupted leaves its previous complete output byte for byte, under both tools:
+# every declared output is update() in the rules (Snakemake neither deletes it before the job nor after a
+# failure) and the stage writes a staging folder it swaps in only on success (lenbatch_study.pipeline.outputs).
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` (hidden ones included), by relative path."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_failing_snakemake_job_keeps_the_previous_output_and_its_record(finished, tmp_path):
+    """K = 500 with 23 distinct lengths: the job fails with the stage's message (exit 1); boundaries.json and
+    sweep.json are the previous bytes and file times (before: deleted); and Snakemake's record of them is put back (the
+    Snakefile's onerror), so the same bad K plans the job again instead of "Nothing to be done", and the
+    good params find everything up to date."""
+    bad = tmp_path / "bad_k.yaml"
+    bad.write_text(yaml.safe_dump({"boundaries": {"num_buckets": 500}}))
+    target = ["--", "results/boundaries/boundaries.json"]
+    before = _digests(finished / "results/boundaries")
+    times = {p: p.stat().st_mtime_ns for p in (finished / "results/boundaries").iterdir()}
+    proc = run(["snakemake", "--cores", "2", "--configfile", str(bad), *target], cwd=finished, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "boundaries.num_buckets=500" in out, out
+    assert _digests(finished / "results/boundaries") == before
+    assert {p: p.stat().st_mtime_ns for p in times} == times  # a restored copy gets the original's time back
+    assert "rule boundaries:" in run(["snakemake", "-n", "--configfile", str(bad), *target], cwd=finished).stdout
+    assert dry_run_stages(finished) == set(), run(["snakemake", "-n"], cwd=finished).stdout
+    assert dvc_changed(finished) == set()
+
+
+def test_ctrl_c_of_dvc_repro_keeps_the_previous_tokenize_output(finished):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while `dvc repro -f -s tokenize`
+    runs the stage: non-zero exit, no process left, and every file of results/tokenize (the dataset
+    included) has its previous bytes (before: only params.json and timings.json were left)."""
+    tok = finished / "results/tokenize"
+    before = _digests(tok)
+    proc = subprocess.Popen(["dvc", "repro", "-f", "-s", "tokenize"], cwd=finished, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            cmdlines = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in _descendants(proc.pid)
+                        if Path(f"/proc/{p}/cmdline").exists()]
+            if any(b"lenbatch tokenize" in c for c in cmdlines):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "dvc repro ended before its tokenize stage started"
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+        assert proc.returncode != 0
+        time.sleep(1)
+        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert not left, f"processes of the interrupted run still alive: {left}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert _digests(tok) == before
+    assert dvc_changed(finished) == set()
+    # Snakemake marks the interrupted job incomplete (its rule: rerun it); the bytes are DVC's verified ones,
+    # so forget that mark for the tests after this one (check=False: it fails where there is no record)
+    run(["snakemake", "--cleanup-metadata", "results/tokenize/dataset", "results/tokenize/lengths.npy",
+         "results/tokenize/stats.json"], cwd=finished, check=False)
+    assert dry_run_stages(finished) == set(), run(["snakemake", "-n"], cwd=finished).stdout
 
 
 # --------------------------------------------------------------------------- fresh clones agree

@@ -449,3 +449,16 @@ def test_the_report_carries_the_study_replay(stage_inputs, tmp_path):
     b = rows["bucketed (study edges)"]
     assert f"| bucketed (study edges) | {b['steps_per_rank']:,} | {100 * b['padding_efficiency']:.1f}% |" in report
     assert report.index("## Drift calibration") < report.index("## The study's own table") < report.index("## Plots")
+
+
+def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_inputs, tmp_path):
+    """7.5 used to be reported as 750%: an efficiency is useful / computed tokens, in (0, 1]."""
+    root, params = stage_inputs
+    for name in ("stats", "boundaries", "profile", "train", "data"):
+        (tmp_path / name).symlink_to(root / name)
+    (tmp_path / "plans").mkdir()
+    doc = json.loads((root / "plans" / "metrics.json").read_text())
+    doc["sorted"]["padding_efficiency"] = 7.5
+    (tmp_path / "plans" / "metrics.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"plans metrics.json \(sorted\) padding_efficiency is 7.5.*\(0, 1\]"):
+        _run(tmp_path, params)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -392,3 +395,38 @@ def test_two_tokenize_runs_into_one_directory_the_second_is_refused(tmp_path, ca
     assert second.returncode == 2 and f"{out} is being written by another run (lenbatch tokenize, pid {first.pid})" \
         in second.stderr
     assert _consistent(out) and json.loads((out / "stats.json").read_text())["records_read"] == 600
+
+
+def _session(sid: int) -> list[str]:
+    """Command lines of the processes still in session ``sid``."""
+    out = subprocess.run(["ps", "-e", "-o", "sid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line.split(None, 2)[2] for line in out.splitlines() if int(line.split(None, 1)[0]) == sid]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_tokenize_leaves_no_worker_or_resource_tracker(tmp_path, sig):
+    """Its two encoding workers and multiprocessing's resource tracker used to stay alive (blocked on a
+    pipe, ~156 MB each) until killed by hand; they now die with the stage."""
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", PARAMS, "--no-progress",
+                             "--limit", "5000", "--workers", "2", "--out", str(tmp_path / "tok")],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if sum("multiprocessing.spawn" in c for c in _session(proc.pid)) >= 2:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "tokenize ended before its workers started"
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 60  # a bound on waiting, not a timing assert: they go within a second
+        while time.monotonic() < deadline and _session(proc.pid):
+            time.sleep(0.2)
+        assert _session(proc.pid) == []
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not (tmp_path / "tok").exists()  # nothing committed

@@ -75,3 +75,9 @@ def test_stats_cli_writes_the_contract(tmp_path):
     assert len(hist) == 8 and sum(r["count"] for r in hist) == 300
     assert (tmp_path / "out" / "histogram.png").stat().st_size > 1000
     assert (tmp_path / "out" / "params.json").exists()
+
+
+def test_negative_edges_are_refused():
+    """`lenbatch stats --edges -5 100 2000` was accepted: a bucket edge is a length in tokens."""
+    with pytest.raises(ValueError, match=r"edges \[-5, 100, 2000\] start below 0 tokens"):
+        bucket_counts([2, 4, 9], [-5, 100, 2000])

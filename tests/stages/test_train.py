@@ -20,6 +20,7 @@ from lenbatch_study.core.config import load_params
 from lenbatch.batching.schedule import build_schedule
 from lenbatch_study.pipeline.artifacts import train_runs
 from lenbatch_study.runtime import reference
+from lenbatch_study.stages.train import partial_dir
 
 from _runs import check_pipelined_run, planned_hashes
 from _tiny import ENV, TINY_DATA, TINY_MODEL
@@ -160,7 +161,7 @@ def test_resume_after_a_real_kill_mid_run(setup):
     proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", *_train_args(setup, "packed", out, "--params-json",
                                                                              cfg)], env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = out / "steps.jsonl"
+    log = partial_dir(out) / "steps.jsonl"  # a fresh run trains there until it is complete
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -172,8 +173,9 @@ def test_resume_after_a_real_kill_mid_run(setup):
         proc.wait()
     done = len(log.read_text().splitlines())
     assert proc.returncode != 0 and 5 <= done < len(ref_steps), "the run must die mid-way"
+    assert not (out / "summary.json").exists()  # nothing half-done in OUT
     rc = main(_train_args(setup, "packed", out, "--resume", "--params-json", cfg))
-    assert rc == 0
+    assert rc == 0 and not partial_dir(out).exists()
     resumed = _steps(out)
     summary = json.loads((out / "summary.json").read_text())
     start = summary["resumed_from_step"]
@@ -182,14 +184,33 @@ def test_resume_after_a_real_kill_mid_run(setup):
     assert np.abs(np.array([s["loss"] for s in resumed]) - [s["loss"] for s in ref_steps]).max() < 1e-6
 
 
-def test_resume_refuses_a_checkpoint_from_other_params(setup, capsys):
-    out = _run(setup, "sorted")
-    before = (out / "steps.jsonl").read_text()
+def _set_aside(out):
+    return sorted(out.parent.glob(f"{out.name}.set-aside-*.pt"))
+
+
+def _complete_fresh_summary(out):
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] is None and summary["useful_tokens_per_s"] is not None
+    assert summary["reference"] and len(_steps(out)) == summary["steps"]
+    return summary
+
+
+def test_resume_sets_aside_a_checkpoint_from_other_params_and_starts_afresh(setup, capsys, caplog):
+    """The workflow passes --resume after an interrupted run; with other params the resume used to be refused
+    on every rerun (a trap whose way out, deleting checkpoint.pt, no message named). Now the checkpoint is
+    renamed beside OUT, the log names it, and the run trains afresh to a complete summary."""
+    out = setup["root"] / "other_params"
+    assert main(_train_args(setup, "sorted", out, "--max-steps", "3", "--params-json", _cfg())) == 0
+    ck = (out / "checkpoint.pt").read_bytes()
+    capsys.readouterr()
+    caplog.clear()
     rc = main(_train_args(setup, "sorted", out, "--resume", "--params-json",
-                          '{"train": {"nproc": 1}, "drafter": {"gamma": 3.0}}'))
-    err = capsys.readouterr().err
-    assert rc == 2 and "drafter.gamma" in err and "without --resume" in err
-    assert (out / "steps.jsonl").read_text() == before  # nothing overwritten
+                          json.dumps({"train": SINGLE, "drafter": {"gamma": 3.0}})))
+    err = _warned(capsys, caplog)
+    aside = _set_aside(out)
+    assert rc == 0 and len(aside) == 1 and aside[0].read_bytes() == ck
+    assert "drafter.gamma" in err and str(aside[0]) in err and "training afresh" in err
+    assert _complete_fresh_summary(out)["steps"] > 3
 
 
 def test_schedule_continues_into_the_next_epoch(setup):
@@ -243,21 +264,43 @@ def _err(capsys):
     return err
 
 
-def test_resume_with_a_smaller_target_is_refused_and_rewrites_nothing(setup, capsys):
-    """Issue 11.1: it used to exit 0 and rewrite checkpoint.pt as an earlier step than its weights."""
+def _warned(capsys, caplog):
+    """What the run said (stderr and its log records), read once: a later call sees only what came after."""
+    text = _err(capsys) + "\n" + caplog.text
+    caplog.clear()
+    return text
+
+
+def test_resume_with_a_smaller_target_never_rewrites_the_checkpoint_as_an_earlier_step(setup, capsys, caplog):
+    """Issue 11.1: it used to exit 0 and rewrite checkpoint.pt as an earlier step than its weights. Now the
+    checkpoint past the planned steps is set aside and the smaller run trains afresh."""
     out = setup["root"] / "shrink"
     assert main(_train_args(setup, "sorted", out, "--params-json", _cfg())) == 0
     n = len(_steps(out))
     before = _files(out)
-    capsys.readouterr()
-    for extra in (["--useful-tokens", "3000"], ["--max-steps", str(n - 1)]):
-        assert main(_train_args(setup, "sorted", out, "--resume", "--params-json", _cfg(), *extra)) == 2
-        err = _err(capsys)
-        assert f"is at step {n} but this run plans only" in err and "train.useful_tokens" in err
-        assert "without --resume" in err and _files(out) == before
     # resuming a run that is already complete: exit 0 and nothing rewritten (its summary keeps its measurement)
     assert main(_train_args(setup, "sorted", out, "--resume", "--params-json", _cfg())) == 0
     assert _files(out) == before
+    capsys.readouterr()
+    caplog.clear()
+    assert main(_train_args(setup, "sorted", out, "--resume", "--params-json", _cfg(), "--max-steps", str(n - 1))) == 0
+    err = _warned(capsys, caplog)
+    assert f"is at step {n} but this run plans only" in err and len(_set_aside(out)) == 1
+    assert _set_aside(out)[0].read_bytes() == before["checkpoint.pt"]
+    assert _complete_fresh_summary(out)["steps"] == n - 1
+
+
+def test_a_resume_killed_before_its_summary_trains_afresh_instead_of_a_summary_without_throughput(setup, capsys, caplog):
+    """A kill between the final checkpoint and summary.json: --resume used to exit 0 with
+    useful_tokens_per_s null and no reference step, which compare refuses."""
+    out = setup["root"] / "no_summary"
+    assert main(_train_args(setup, "random", out, "--max-steps", "4", "--params-json", _cfg())) == 0
+    (out / "summary.json").unlink()
+    capsys.readouterr()
+    caplog.clear()
+    assert main(_train_args(setup, "random", out, "--max-steps", "4", "--resume", "--params-json", _cfg())) == 0
+    assert "summary.json is missing" in _warned(capsys, caplog) and len(_set_aside(out)) == 1
+    assert _complete_fresh_summary(out)["steps"] == 4
 
 
 def _start_and_kill(setup, strategy, out, cfg, *, rows, capsys):
@@ -265,14 +308,13 @@ def _start_and_kill(setup, strategy, out, cfg, *, rows, capsys):
     proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", *_train_args(setup, strategy, out, "--params-json",
                                                                              cfg)],
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = out / "steps.jsonl"
+    log = partial_dir(out) / "steps.jsonl"  # a fresh run trains there until it is complete
     seen = {}
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
             n = len(log.read_text().splitlines()) if log.exists() else 0
-            if rows <= n < 2 * rows:  # the fresh run's own rows (an older log has more)
-                seen["summary_while_running"] = (out / "summary.json").exists()
+            if n >= rows:
                 # a second writer of the same directory is refused while the first runs
                 seen["second_rc"] = main(_train_args(setup, strategy, out, "--params-json", cfg))
                 seen["second_err"] = _err(capsys)
@@ -286,38 +328,42 @@ def _start_and_kill(setup, strategy, out, cfg, *, rows, capsys):
 
 
 @pytest.mark.parametrize("older", ["stopped early", "finished"])
-def test_a_fresh_run_owns_its_directory_and_a_killed_one_never_resumes_an_older_checkpoint(setup, capsys, older):
+def test_a_killed_fresh_run_leaves_the_previous_complete_output_and_never_mixes_with_it(setup, capsys, older):
     """Issue 11.2 (older run stopped at step 12, a fresh run killed at ~4 resumed from 12: steps 4-11 missing),
-    11.8 (older run finished: a resume 'finished' with 4 of N steps) and 11.3 (two writers of one directory),
-    11.9 (the error names train.checkpoint_every)."""
+    11.8 (older run finished: a resume 'finished' with 4 of N steps), 11.3 (two writers of one directory). A
+    fresh run trains in .<OUT>.partial: killed, it leaves OUT byte for byte (it used to delete the previous
+    output first), and a later --resume of OUT continues the older run with its own log."""
     out = setup["root"] / f"owned_{older.replace(' ', '_')}"
     extra = ["--max-steps", "12"] if older == "stopped early" else []
     assert main(_train_args(setup, "packed", out, "--params-json", _cfg(useful_tokens=30000), *extra)) == 0
     assert len(_steps(out)) >= 12 and (out / "summary.json").exists()
+    before = _files(out)
     seen = _start_and_kill(setup, "packed", out, _cfg(useful_tokens=30000, checkpoint_every=0), rows=4,
                            capsys=capsys)
-    assert not seen["summary_while_running"], "the older run's summary.json sat beside the fresh run"
     assert seen["second_rc"] == 2 and "is being written by another run (lenbatch train, pid" in seen["second_err"]
-    rc = main(_train_args(setup, "packed", out, "--resume", "--params-json",
-                          _cfg(useful_tokens=30000, checkpoint_every=0)))
-    err = _err(capsys)
-    assert rc == 2 and "no checkpoint" in err and "train.checkpoint_every is 0" in err
+    assert _files(out) == before and (partial_dir(out) / "steps.jsonl").exists()
+    rc = main(_train_args(setup, "packed", out, "--resume", "--params-json", _cfg(useful_tokens=30000)))
+    assert rc == 0 and not partial_dir(out).exists()
+    steps = _steps(out)
+    assert [s["step"] for s in steps] == list(range(len(steps))) and len(steps) >= 12
 
 
-def test_resume_refuses_a_checkpoint_that_does_not_belong_to_the_log(setup, capsys):
-    """Issue 11.2: resume checks that the checkpoint belongs to the run whose log it continues."""
+def test_resume_sets_aside_a_checkpoint_that_does_not_belong_to_the_log(setup, capsys, caplog):
+    """Issue 11.2: resume checks that the checkpoint belongs to the run whose log it continues; one that does
+    not is set aside (never resumed under that log) and the run trains afresh."""
     a, b = setup["root"] / "belong_a", setup["root"] / "belong_b"
     for out in (a, b):
         assert main(_train_args(setup, "random", out, "--max-steps", "4", "--params-json", _cfg())) == 0
     (a / "checkpoint.pt").write_bytes((b / "checkpoint.pt").read_bytes())  # same params, another run
-    before = _files(a)
     capsys.readouterr()
-    assert main(_train_args(setup, "random", a, "--resume", "--params-json", _cfg())) == 2
-    err = _err(capsys)
-    assert "steps.jsonl does not belong to the checkpoint beside it" in err and _files(a) == before
+    caplog.clear()
+    assert main(_train_args(setup, "random", a, "--max-steps", "6", "--resume", "--params-json", _cfg())) == 0
+    err = _warned(capsys, caplog)
+    assert "steps.jsonl does not belong to the checkpoint beside it" in err and len(_set_aside(a)) == 1
+    assert _complete_fresh_summary(a)["steps"] == 6
 
 
-def test_a_corrupt_checkpoint_or_a_plan_mismatch_is_one_line_with_the_fix(setup, capsys):
+def test_a_corrupt_checkpoint_or_a_plan_mismatch_is_one_line_with_the_fix(setup, capsys, caplog):
     """Issue 11.7: these used to be tracebacks (UnpicklingError / AssertionError)."""
     import torch
 
@@ -326,15 +372,21 @@ def test_a_corrupt_checkpoint_or_a_plan_mismatch_is_one_line_with_the_fix(setup,
     good = (out / "checkpoint.pt").read_bytes()
     (out / "checkpoint.pt").write_bytes(good[:len(good) // 2])  # cut short
     capsys.readouterr()
-    assert main(_train_args(setup, "random", out, "--resume", "--params-json", _cfg())) == 2
-    err = _err(capsys)
-    assert "checkpoint.pt cannot be read" in err and "delete it and run without --resume" in err
-    state = torch.load(__import__("io").BytesIO(good), weights_only=False)
+    caplog.clear()
+    # set aside, named, and trained afresh (a refusal here would fail every rerun of the workflow's job)
+    assert main(_train_args(setup, "random", out, "--max-steps", "4", "--resume", "--params-json", _cfg())) == 0
+    err = _warned(capsys, caplog)
+    assert "checkpoint.pt cannot be read" in err and "training afresh" in err and len(_set_aside(out)) == 1
+    out = setup["root"] / "corrupt_plan"
+    assert main(_train_args(setup, "random", out, "--max-steps", "3", "--params-json", _cfg())) == 0
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
     state["samplers"][0]["position"] += 1  # a sampler state that no longer matches the plan
     torch.save(state, out / "checkpoint.pt")
-    assert main(_train_args(setup, "random", out, "--resume", "--params-json", _cfg())) == 2
-    err = _err(capsys)
-    assert "sampler state (rank 0) does not give the planned batch of step 3" in err and "without --resume" in err
+    capsys.readouterr()
+    caplog.clear()
+    assert main(_train_args(setup, "random", out, "--max-steps", "4", "--resume", "--params-json", _cfg())) == 0
+    err = _warned(capsys, caplog)
+    assert "sampler state (rank 0) does not give the planned batch of step 3" in err and len(_set_aside(out)) == 1
 
 
 def _children(pid):

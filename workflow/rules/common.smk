@@ -22,6 +22,17 @@ except ValueError as err:
     raise WorkflowError(f"invalid params: {err}")
 validate(config, "../schemas/params.schema.yaml")
 
+# ... and a missing or unreadable input (data source, tokenizer or checkpoint folder) too, in seconds:
+# otherwise it fails only when its stage starts, after the stages before it ran. Only in the main
+# process: a cluster job's process parses this file again on its node.
+if workflow.is_main_process:
+    from lenbatch_study.pipeline.preflight import check_inputs
+
+    try:
+        check_inputs(PARAMS)
+    except ValueError as err:
+        raise WorkflowError(f"invalid input: {err}")
+
 # The machine the measuring stages run on (profile, train, quality depend on its fingerprint): rewritten
 # here, only when it changed (same machine: same bytes, same file time, nothing reruns; another machine or
 # another torch: a newer file, so they rerun). Only in the main process: a cluster job's process parses
@@ -108,12 +119,18 @@ def pretrained():
 
 def outputs(stage):
     """``stage``'s declared outputs (the table's), for ``output: **outputs(stage)``; a per-strategy
-    stage's under ``{strategy}``."""
+    stage's under ``{strategy}``.
+
+    Every output is update(): Snakemake otherwise deletes a job's outputs before running it and again
+    when it fails, so a failing or interrupted job would lose the previous complete results. The stage
+    itself writes a staging folder and swaps it in only on success (lenbatch_study.pipeline.outputs),
+    so the previous output stays whole until then; Snakemake keeps a backup copy of update() outputs
+    and puts it back if the job fails (same bytes: the stage never touched them)."""
     out = {}
     for name, o in registry.STAGES[stage].outputs.items():
         if o.declared:
             path = registry.output_path(stage, name, results=R)
-            out[name] = directory(path) if o.directory else path
+            out[name] = update(directory(path) if o.directory else path)
     return out
 
 
@@ -129,6 +146,59 @@ def all_outputs():
                 else:
                     out.append(registry.output_path(stage, name, results=R))
     return out
+
+
+# Snakemake records a failed job's params and code for the update() outputs it has just put back, so
+# the same failing params would then look up to date ("Nothing to be done" over the previous results).
+# The Snakefile's onstart keeps each output's record as it was; onerror puts back the records of the
+# outputs Snakemake restored (it logs each one), so they again say which params made those bytes.
+_RECORDS_BEFORE = {}
+_TIMES_BEFORE = {}  # and the file times: a restored copy is new, which would rerun what reads it
+
+
+def keep_records():
+    """onstart: every declared output's metadata record (None: none yet), before any job runs; and drop the
+    backup copy a killed run left of an output that is there (Snakemake refuses to back up over it, and
+    the output itself is complete: a stage swaps in only whole outputs)."""
+    import shutil
+    from pathlib import Path
+
+    persistence = workflow.persistence
+    for f in all_outputs():
+        _RECORDS_BEFORE[f] = persistence._read_record(f)
+        if os.path.exists(f):
+            _TIMES_BEFORE[f] = os.stat(f).st_mtime_ns
+        stale = persistence._get_backup_path(Path(f))
+        if os.path.lexists(f) and os.path.lexists(stale):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink()
+
+
+def put_back_records(logfiles):
+    """onerror: the record and file time of each output Snakemake restored after its job failed, as they were
+    before the run (a restored folder's files keep their times: Snakemake copies them with copy2)."""
+    import re
+
+    persistence = workflow.persistence
+    restored = set()
+    for path in logfiles if isinstance(logfiles, (list, tuple)) else [logfiles]:
+        try:
+            text = open(path).read()
+        except (OSError, TypeError):
+            continue
+        restored |= set(re.findall(r"Restored previous version of (\S+) \(updating job failed\)", text))
+    for f in sorted(restored):
+        if f not in _RECORDS_BEFORE:
+            continue
+        before = _RECORDS_BEFORE[f]
+        if before is None:
+            persistence._delete_record(f)
+        else:
+            persistence._write_record(f, before)
+        if f in _TIMES_BEFORE and os.path.exists(f):
+            os.utime(f, ns=(_TIMES_BEFORE[f], _TIMES_BEFORE[f]))
 
 
 # Ctrl-C (SIGINT) to snakemake alone: Snakemake's local executor waits for running jobs to finish

@@ -34,8 +34,9 @@ rule train:
     # Only `bucketed` reads the boundaries, so the other strategies do not rerun when boundaries.* changes.
     # steps.jsonl is written by the job but not declared: Snakemake deletes declared outputs before a job
     # starts, and a resumed training keeps the steps before its checkpoint (DVC tracks steps.jsonl).
-    # --resume only after an interrupted run of this job: the rule marks a finished run (.finished), so a
-    # checkpoint without the mark is the interrupted run's; a rerun for new params or code starts afresh.
+    # --resume only after an interrupted run of this job: a fresh run trains in .<strategy>.partial beside
+    # its folder and swaps it in when complete, so a checkpoint there is an interrupted run's. One written
+    # with other params or code is set aside by the stage (named in the log), which then starts afresh.
     input:
         **inputs("train"),
     output:
@@ -56,9 +57,7 @@ rule train:
         f"{BENCH}/train/{{strategy}}.tsv"
     shell:
         "out={params.out}; resume=; "
-        "if [ -f $out/checkpoint.pt ] && [ ! -f $out/.finished ]; then resume=--resume; else rm -f $out/checkpoint.pt; fi; "
-        "rm -f $out/.finished; "
+        "if [ -f $(dirname $out)/.$(basename $out).partial/checkpoint.pt ]; then resume=--resume; fi; "
         "torchrun --standalone --nnodes 1 --nproc_per_node {params.nproc} -m lenbatch_study train "
         "--params params.yaml --params-json {params.cfg} --strategy {wildcards.strategy} "
-        "--data {params.data} {params.boundaries} --out $out $resume > {log} 2>&1; "
-        "touch $out/.finished"
+        "--data {params.data} {params.boundaries} --out $out $resume > {log} 2>&1"

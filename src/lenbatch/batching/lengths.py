@@ -85,6 +85,8 @@ def check_edges(edges: Any, lengths: np.ndarray) -> np.ndarray:
     e = e.astype(np.int64)
     if np.any(np.diff(e) <= 0):
         raise ValueError(f"edges {e.tolist()} must be strictly increasing; sort them and remove duplicates")
+    if e[0] < 0:
+        raise ValueError(f"edges {e.tolist()} start below 0 tokens; bucket edges are lengths (tokens >= 0)")
     if e[0] > lengths.min() or e[-1] <= lengths.max():
         raise ValueError(f"edges {e.tolist()} do not cover the lengths {int(lengths.min())}..{int(lengths.max())}: "
                          "need edges[0] <= min and edges[-1] > max; recompute boundaries for these lengths")

@@ -59,6 +59,22 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# flags that name a stage's input files or folders (--params is left out: a params file in the folder
+# --out names is read, never written, and `--out .` beside params.yaml is a supported use)
+INPUT_FLAGS = ("lengths", "data", "boundaries", "stats", "plans", "profile", "train", "quality", "source")
+
+
+def _input_paths(args: argparse.Namespace) -> list[str]:
+    found = []
+    for flag in INPUT_FLAGS:
+        value = getattr(args, flag, None)
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found += [v for v in value if isinstance(v, str)]
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
@@ -79,6 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     FLAGS[name](parser)
     args = parser.parse_args(argv[1:])
     try:
+        if (COMMANDS[name].staged or name == "train") and getattr(args, "out", None) is not None:
+            from lenbatch_study.pipeline.outputs import check_out
+
+            # the folder the stage really writes: symlinks resolved (one lock per real folder), and never
+            # one of its inputs, an empty path (the current folder) or a mount point
+            args.out = str(check_out(args.out, inputs=_input_paths(args)))
         if COMMANDS[name].staged and getattr(args, "out", None):
             from lenbatch_study.pipeline.outputs import staged_output
 

@@ -65,7 +65,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class StatsConfig:
-    histogram_bins: int = _f(64, "bins of the length histogram", minimum=1)
+    # bounded: the histogram holds one count per bin (1e9 bins took 22 GB before the kernel killed the run)
+    histogram_bins: int = _f(64, "bins of the length histogram", minimum=1, maximum=1_000_000)
 
     def __post_init__(self) -> None:
         _positive("stats", histogram_bins=self.histogram_bins)
@@ -89,8 +90,10 @@ class BoundariesConfig:
 
 @dataclass(frozen=True)
 class BatchingConfig:
+    # bounded: plans and training allocate rows of token_budget tokens (2**24 = 16.8M tokens per batch is
+    # far past any GPU's memory, and still allocatable here)
     token_budget: int = _f(16384, "padded tokens per batch (n * longest), or tokens per packed row",
-                           minimum=1)
+                           minimum=1, maximum=2**24)
     max_batch_size: int = _f(64, "samples per batch at most", minimum=1)
     seed: int = _f(0, "base seed; epoch e uses seed + e", minimum=0)
     packed_window: int = _f(8, "open rows kept by first-fit packing", minimum=1)
@@ -132,7 +135,8 @@ class ModelConfig:
     linear_conv_kernel_dim: int = _f(4, "short causal convolution width (tokens)", minimum=1)
     rope_theta: float = _f(10_000_000.0, "RoPE base of the full-attention layers (Qwen3.5/3.6: 1e7)",
                            exclusive_minimum=0)
-    target_layers: tuple[int, ...] = _f((1, 3), "layer ids whose hidden states feed the drafter (0-based)")
+    target_layers: tuple[int, ...] = _f((1, 3), "layer ids whose hidden states feed the drafter (0-based)",
+                                        item_minimum=0)
     dtype: Literal["float32", "bfloat16"] = _f("float32", "compute dtype of target and drafter")
     init_seed: int = _f(0, "seed of the random weights", minimum=0)
     pretrained: Optional[str] = _f(
@@ -203,12 +207,13 @@ class TrainConfig:
 @dataclass(frozen=True)
 class ProfileConfig:
     batch_sizes: tuple[int, ...] = _f((1, 4, 16, 64), "padded grid: sequences per batch (plus, at each length, "
-                                      "the batch that fills the token budget)")
+                                      "the batch that fills the token budget)", item_minimum=1)
     lengths: tuple[int, ...] = _f((128, 512, 2048, 4096), "padded grid: padded length (tokens); points above "
-                                  "batching.token_budget or data.max_len are skipped")
-    packed_seqs: tuple[int, ...] = _f((1, 4, 16, 32), "packed grid: sequences per row (lengths growing up to 1:8)")
+                                  "batching.token_budget or data.max_len are skipped", item_minimum=1)
+    packed_seqs: tuple[int, ...] = _f((1, 4, 16, 32), "packed grid: sequences per row (lengths growing up to 1:8)",
+                                      item_minimum=1)
     packed_lengths: tuple[int, ...] = _f((2048, 16384), "packed grid: row length (tokens); the token budget is "
-                                         "always added")
+                                         "always added", item_minimum=1)
     repeats: int = _f(3, "timed passes over the grid (the median per point is kept)", minimum=1)
     warmup: int = _f(1, "untimed passes over the grid before the timed ones", minimum=0)
     max_point_seconds: float = _f(8.0, "a grid point whose steps (both roles, warm-up included) have taken this "
@@ -278,6 +283,12 @@ class Params:
     quality: QualityConfig = field(default_factory=QualityConfig)
 
     def __post_init__(self) -> None:
+        if self.batching.max_batch_size > self.batching.token_budget:
+            # a batch of n samples holds at least n tokens, so a larger cap is never reached; bounding it
+            # keeps per-batch arrays sized by it (10**12 ended in a numpy MemoryError) within the budget
+            raise ValueError(f"batching.max_batch_size ({self.batching.max_batch_size}) exceeds "
+                             f"batching.token_budget ({self.batching.token_budget}): a batch holds at least one "
+                             "token per sample; set max_batch_size <= token_budget")
         if self.data.max_len > self.batching.token_budget:
             raise ValueError(f"data.max_len ({self.data.max_len}) exceeds batching.token_budget "
                              f"({self.batching.token_budget}): a longest sample could not fit any batch; "
@@ -319,7 +330,14 @@ def _to_plain(value: Any) -> Any:
 
 def _check_range(where: str, value: Any, meta: Any) -> None:
     """The field's ``minimum`` / ``maximum`` / ``exclusive_minimum`` (the same bounds the JSON schema states)."""
-    if value is None or isinstance(value, (tuple, str, bool)):
+    if isinstance(value, tuple):
+        if "item_minimum" in meta:
+            for i, item in enumerate(value):
+                if item < meta["item_minimum"]:
+                    raise ValueError(f"{where} has {item} at [{i}] but every entry must be >= {meta['item_minimum']}; "
+                                     "set it in range")
+        return
+    if value is None or isinstance(value, (str, bool)):
         return
     if "minimum" in meta and value < meta["minimum"]:
         raise ValueError(f"{where} is {value} but must be >= {meta['minimum']}; set it in range")
@@ -521,7 +539,10 @@ def _schema_for(hint: Any, meta: dict[str, Any]) -> dict[str, Any]:
     if origin is Literal:
         return {"type": "string", "enum": list(args)}
     if origin is tuple:
-        return {"type": "array", "items": _schema_for(args[0], {})}
+        items = _schema_for(args[0], {})
+        if "item_minimum" in meta:
+            items["minimum"] = meta["item_minimum"]
+        return {"type": "array", "items": items}
     out: dict[str, Any] = {"type": {int: "integer", float: "number", str: "string", bool: "boolean"}[hint]}
     for key in ("minimum", "maximum"):
         if key in meta:

@@ -12,11 +12,15 @@ Two mechanisms every stage shares:
   where the file system lacks it), so a reader sees either the previous complete output or the new
   one, never a mix (e.g. a new ``dataset/`` beside old ``lengths.npy``). On failure or a kill the
   previous output stays as it was, with the ``params.json`` that produced it; a staging directory
-  left by a kill is removed by the next writer. Entries of the previous directory that the new run
-  does not write (``.gitignore`` written by DVC, say) are carried over by hard links. Cost: one
+  left by a kill is removed by the next writer (by its exact name). Hidden entries of the previous
+  directory that the new run does not write (``.gitignore`` written by DVC, say) are carried over by
+  hard links; any other file of the previous run goes with it, so the output holds only this run's files. Cost: one
   directory rename; the old copy is deleted after. A directory that is not a previous stage output
   (no ``params.json`` but other files, or the current directory) is never swapped away: the new
   entries replace the old ones one by one instead.
+
+* :func:`check_out` -- what ``--out`` may be (not empty, not an input of the stage, no mount point at or
+  inside it), resolved through symlinks so the lock is one per real folder.
 
 The train stage appends to its directory across ``--resume`` and so takes only the lock
 (see :mod:`lenbatch_study.runtime.checkpoint` for how a run owns its directory).
@@ -29,8 +33,9 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 _RENAME_EXCHANGE = 2
@@ -91,7 +96,68 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _staging_dirs(out: Path) -> list[Path]:
-    return [p for p in out.parent.glob(f".{out.name}.staging-*")] + list(out.parent.glob(f".{out.name}.old-*"))
+    """Folders a killed writer of ``out`` left: exactly ``.<name>.staging-<pid>`` and ``.<name>.old-<pid>``.
+
+    Compared as strings, never as a glob: a name such as ``run[1]`` is a pattern that matches other
+    outputs' staging folders (``.run1.staging-*``), which may be live."""
+    found = []
+    for prefix in (f".{out.name}.staging-", f".{out.name}.old-"):
+        for entry in os.scandir(out.parent):
+            if entry.name.startswith(prefix) and entry.name[len(prefix):].isdigit():
+                found.append(out.parent / entry.name)
+    return found
+
+
+def _mount_points() -> list[Path]:
+    """Mount points of this process's mount namespace (/proc/self/mountinfo; [] where there is none)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    # field 5 is the mount point, with space, tab, newline and backslash written as octal escapes
+    return [Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])) for line in lines]
+
+
+def check_out(out: str | Path, *, inputs: Sequence[str | Path] = ()) -> Path:
+    """The real folder a stage may write for ``--out out``; ``ValueError`` naming the flag and the fix otherwise.
+
+    Refused: an empty value; a dangling symlink; a path under a file; a folder that is, lies inside or
+    contains one of ``inputs`` (the stage's input files and folders: replacing the folder would replace
+    them); a mount point, or a folder with a mount point inside (the previous output is deleted after the
+    swap, which would empty the mounted file system); a parent folder this process cannot write.
+    Symlinks are resolved, so the writer lock (keyed on the returned path) admits one writer per real
+    folder whatever names lead to it. Cost: one read of /proc/self/mountinfo and a few stats.
+    """
+    if not str(out).strip():
+        raise ValueError("--out is empty; give the output folder (e.g. results/stats)")
+    given = Path(out)
+    if given.is_symlink() and not given.exists():
+        raise ValueError(f"--out {out} is a symlink to {os.readlink(given)}, which does not exist; remove the link "
+                         "or create its target")
+    real = Path(os.path.realpath(given))
+    for parent in real.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"--out {out} lies under {parent}, which is a file; pass another --out")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ValueError(f"--out {out}: {parent} is not writable by this user; fix its permissions or "
+                                 "pass another --out")
+            break
+    if real.exists() and not real.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; remove it or pass another --out")
+    for item in inputs:
+        if not str(item).strip() or not Path(item).exists():
+            continue
+        inp = Path(os.path.realpath(item))
+        if inp == real or real in inp.parents or inp in real.parents:
+            how = "is" if inp == real else ("contains" if real in inp.parents else "lies inside")
+            raise ValueError(f"--out {out} {how} the input {item} of this stage: writing it would replace "
+                             "that input; pass another --out")
+    mounts = [m for m in _mount_points() if m == real or real in m.parents]
+    if mounts:
+        raise ValueError(f"--out {out} is or contains the mount point {mounts[0]}: replacing the folder would "
+                         "empty that file system; pass another --out")
+    return real
 
 
 @contextlib.contextmanager
@@ -144,6 +210,11 @@ def _replace_entries(tmp: Path, out: Path) -> None:
     tmp.rmdir()
 
 
+def commit_staged(tmp: Path, out: Path) -> None:
+    """Put the complete folder ``tmp`` in place of ``out`` as :func:`staged_output` does (caller holds the lock)."""
+    _commit(Path(tmp).absolute(), Path(out).absolute())
+
+
 def _commit(tmp: Path, out: Path) -> None:
     if not out.exists():
         os.rename(tmp, out)
@@ -157,8 +228,11 @@ def _commit(tmp: Path, out: Path) -> None:
         # not a previous output of a stage (e.g. --out .): never swap such a directory away
         _replace_entries(tmp, out)
         return
-    for entry in foreign:  # e.g. DVC's .gitignore, or files another tool keeps there: they stay
-        _link_copy(entry, tmp / entry.name)
+    for entry in foreign:
+        # hidden files (DVC's .gitignore) stay; anything else is the previous run's and goes with it, so
+        # the output holds only this run's files (no quality.png of a run that drew none)
+        if entry.name.startswith("."):
+            _link_copy(entry, tmp / entry.name)
     if _exchange(tmp, out):
         shutil.rmtree(tmp)  # now holds the previous output
         return
@@ -168,4 +242,4 @@ def _commit(tmp: Path, out: Path) -> None:
     shutil.rmtree(old)
 
 
-__all__ = ["lock_path", "staged_output", "writer_lock"]
+__all__ = ["check_out", "commit_staged", "lock_path", "staged_output", "writer_lock"]

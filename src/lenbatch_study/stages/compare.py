@@ -69,6 +69,13 @@ PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
 # --------------------------------------------------------------------------- inputs
 
 
+def _check_efficiency(where: str, value: object) -> None:
+    """A padding efficiency is useful / computed tokens: in (0, 1]; anything else is a corrupt input."""
+    v = float(value)  # type: ignore[arg-type]
+    if not 0 < v <= 1:
+        raise ValueError(f"{where} is {v}, but a padding efficiency lies in (0, 1]; rerun the stage that wrote it")
+
+
 def params_mismatch(resolved: dict, current: dict, keys: dict[str, tuple[str, ...] | None]) -> list[str]:
     """``section.key: was -> now`` for every compared key whose value differs (lists == tuples)."""
     out = []
@@ -335,6 +342,11 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         comp[s] = components(pred, term_fits, warmup_steps=params.train.warmup_steps)
         measured = float(summary["useful_tokens_per_s"])
         pm = plans[s]
+        for what, eff in ((f"plans metrics.json ({s}) padding_efficiency", pm["padding_efficiency"]),
+                          (f"train/{s}/summary.json padding_efficiency", summary.get("padding_efficiency", 1.0)),
+                          ("boundaries.json predicted_efficiency",
+                           bounds["predicted_efficiency"] if s == "bucketed" else 1.0)):
+            _check_efficiency(what, eff)
         rows[s] = StrategyRow(
             padding_model_efficiency=float(bounds["predicted_efficiency"]) if s == "bucketed"
             else float(pm["padding_efficiency"]),

@@ -47,8 +47,14 @@ Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end
 :mod:`lenbatch_study.runtime.checkpoint`) holds the drafter, the optimizer, every target rank's sampler state
 (the schedule's, :meth:`lenbatch.batching.schedule.Schedule.sampler_states`; checked against it on resume), the step
 counter, RNG states, a fingerprint of the params and the digest of the ``steps.jsonl`` lines it
-covers. One run owns OUT: the writing rank holds OUT's writer lock (:mod:`lenbatch_study.pipeline.outputs`), and a
-fresh run first removes the previous run's checkpoint, summary and log. Anchors are drawn from
+covers. One run owns OUT: the writing rank holds OUT's writer lock (:mod:`lenbatch_study.pipeline.outputs`). A fresh
+run trains in ``.<OUT>.partial`` beside OUT and swaps it in whole only when its summary is written, so a
+failed or killed run leaves the previous complete output as it was; ``--resume`` continues the run in
+``.<OUT>.partial`` when it holds a checkpoint (an interrupted run), else the one in OUT. A checkpoint that
+cannot be resumed (other params or code, another format, a log that is not its own, or a run that
+reached its last step but was killed before its summary) is set aside as ``<OUT>.set-aside-<time>.pt``
+beside OUT (named in the log) and the run starts afresh: a workflow never gets stuck on it, and a resume
+ends with a complete summary or a non-zero exit. Anchors are drawn from
 (seed, epoch, step, dataset index) and the target is deterministic, so ``--resume`` replays exactly
 the remaining batches and losses.
 """
@@ -58,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +82,7 @@ from lenbatch_study.core.config import Params, write_resolved
 from lenbatch_study.core.machine import fingerprint as fingerprint_machine
 from lenbatch_study.runtime.lifetime import die_with_parent
 from lenbatch.log import get_logger
-from lenbatch_study.pipeline.outputs import writer_lock
+from lenbatch_study.pipeline.outputs import commit_staged, writer_lock
 from lenbatch_study.runtime import reference
 from lenbatch_study.runtime.records import Recorder, log_summary, resumed_log, step_row
 from lenbatch_study.runtime.runner import (
@@ -113,6 +120,45 @@ class RunSetup:
     fp: dict[str, Any]
     channel: Any = None  # lenbatch_study.runtime.transport.Channel of a multi-process run
     reference_group: Any = None  # gloo group of every rank: the reference step's barriers (multi-process run)
+    final: Optional[Path] = None  # the --out folder; ``out`` is where this run writes (see the module doc)
+
+
+def partial_dir(out: Path) -> Path:
+    """Where a fresh run of ``--out out`` trains until it is complete (then swapped into ``out``)."""
+    return out.parent / f".{out.name}.partial"
+
+
+def _set_aside_and_start_afresh(setup: RunSetup, err: ValueError) -> None:
+    """Rename the checkpoint that cannot be resumed beside OUT (named in the log) and make ``setup`` a fresh
+    run in the partial folder: the previous complete output stays until the new one is whole."""
+    final = setup.final or setup.out
+    ck = setup.out / "checkpoint.pt"
+    aside = final.parent / f"{final.name}.set-aside-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.pt"
+    os.replace(ck, aside)
+    log.warning("%s: cannot resume: %s. Set %s aside as %s; training afresh", setup.strategy, err, ck, aside)
+    setup.out = partial_dir(final)
+    setup.out.mkdir(exist_ok=True)
+    start_fresh(setup.out)
+    setup.resume = False
+
+
+def _resume_point(setup: RunSetup, runner: StepRunner) -> tuple[int, Optional[list[Any]], Optional[list[str]]]:
+    """(start step, sampler states, kept log lines) of a resume on the writing rank, with ``runner`` restored;
+    (0, None, None) after setting aside a checkpoint it cannot resume. No checkpoint at all stays an error."""
+    try:
+        ck = _load_checkpoint(setup)
+        kept = resumed_log(setup.out, ck)
+        setup.schedule.check_sampler_states(ck["samplers"], int(ck["step"]))
+        if int(ck["step"]) >= len(setup.schedule) and not (setup.out / "summary.json").exists():
+            raise ValueError(f"it is at the last planned step but {setup.out / 'summary.json'} is missing (the run "
+                             "was killed before writing it), so its throughput was never recorded")
+    except ValueError as err:
+        if not (setup.out / "checkpoint.pt").exists():
+            raise
+        _set_aside_and_start_afresh(setup, err)
+        return 0, None, None
+    restore(runner, ck)
+    return int(ck["step"]), ck["samplers"], kept
 
 
 
@@ -209,11 +255,8 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     data = read_dataset(setup.data, setup.lengths)
     start, resumed_from, kept = 0, None, None
     if setup.resume:
-        ck = _load_checkpoint(setup)
-        kept = resumed_log(setup.out, ck)
-        restore(runner, ck)
-        start = resumed_from = int(ck["step"])
-        setup.schedule.check_sampler_states(ck["samplers"], start)
+        start, _, kept = _resume_point(setup, runner)
+        resumed_from = start if setup.resume else None
     rec = Recorder(setup.out, kept=kept)
     useful_done = sum(r["useful_tokens"] for r in rec.rows)
     # outside the measured steps: before the first and after the last
@@ -259,12 +302,9 @@ def _share_resume(setup: RunSetup, runner: Optional[StepRunner]
     kept = None
     if setup.rank == drafter_rank:
         try:
-            ck = _load_checkpoint(setup)
-            kept = resumed_log(setup.out, ck)
             assert runner is not None
-            restore(runner, ck)
-            setup.schedule.check_sampler_states(ck["samplers"], int(ck["step"]))
-            payload = [{"step": int(ck["step"]), "samplers": ck["samplers"]}]
+            step, samplers, kept = _resume_point(setup, runner)
+            payload = [{"step": step, "samplers": samplers}]
         except ValueError as err:
             payload = [{"error": str(err)}]
     dist.broadcast_object_list(payload, src=drafter_rank)
@@ -366,6 +406,13 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
 # --------------------------------------------------------------------------- the stage
 
 
+def _commit(setup: RunSetup) -> None:
+    """Swap the complete run in the partial folder into OUT (one rename; the previous output goes)."""
+    if setup.final is not None and setup.out != setup.final:
+        commit_staged(setup.out, setup.final)
+        setup.out = setup.final
+
+
 def check_request(*, strategy: str, max_steps: Optional[int]) -> None:
     """Refuse a strategy or step limit that cannot run (``ValueError`` naming the fix)."""
     if strategy not in STRATEGIES:
@@ -423,18 +470,27 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
                    **plan_memory_shape(params, lengths, [s.indices for s in schedule]))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    partial = partial_dir(out)
+    # a fresh run, or the resume of an interrupted one, writes the partial folder; OUT changes only when a
+    # run is complete (a resume of a finished run in OUT, to extend it, continues there)
+    work = partial if not resume or (partial / "checkpoint.pt").exists() else out
     if rank == world - 1:  # the drafter rank (or the single process) writes OUT: one such run at a time
         stack.enter_context(writer_lock(out, stage="train"))
-        if not resume:  # a fresh run owns OUT from its first step (lenbatch_study.runtime.checkpoint)
-            start_fresh(out)
+        if not resume:
+            if partial.exists():  # an interrupted run's, which this fresh run replaces
+                shutil.rmtree(partial)
+            partial.mkdir()
+        elif work == out and partial.exists():  # a killed fresh run that saved no checkpoint: nothing to resume
+            shutil.rmtree(partial)
     fp = fingerprint(params, strategy=strategy, edges=edges, lengths=lengths, target_ranks=target_ranks)
-    setup = RunSetup(params, strategy, data, out, edges, lengths, schedule, target_ranks, world, rank, device,
-                     resume, fp)
+    setup = RunSetup(params, strategy, data, work, edges, lengths, schedule, target_ranks, world, rank, device,
+                     resume, fp, final=out)
     log.info("%s: %d steps planned (%s useful tokens, %d target rank(s) + 1 drafter %s, %s)", strategy,
              len(schedule), f"{sum(s.useful for s in schedule):,}", target_ranks,
              "rank" if world > 1 else "in the same process", device)
     if world == 1:
         summary = run_single(setup)
+        _commit(setup)
         log_summary(summary, out)
         return 0
     import torch.distributed as dist
@@ -445,6 +501,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     try:
         if rank == world - 1:
             summary = run_drafter_rank(setup, comm_device)
+            _commit(setup)
             log_summary(summary, out, force=True)
         else:
             run_target_rank(setup, comm_device)

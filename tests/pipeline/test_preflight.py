@@ -1,0 +1,61 @@
+"""lenbatch_study.pipeline.preflight and the workflow's parse-time check: a bad input is refused before any job
+runs, naming the setting and the fix, in seconds and touching nothing (real Snakemake, dry run)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import yaml
+
+from lenbatch_study.core.config import load_params
+from lenbatch_study.pipeline.preflight import check_inputs
+from test_workflow import ROOT, copy_workflow, run
+
+PARAMS = load_params(ROOT / "params.yaml")
+
+
+def _with(section: str, **values):
+    return dataclasses.replace(PARAMS, **{section: dataclasses.replace(getattr(PARAMS, section), **values)})
+
+
+def test_the_shipped_inputs_pass():
+    check_inputs(PARAMS)
+
+
+def test_bad_inputs_are_named_with_the_fix(tmp_path):
+    (tmp_path / "garbage.parquet").write_bytes(b"PAR1 this is not parquet")
+    (tmp_path / "other.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    (tmp_path / "ckpt").mkdir()
+    for params, words in (
+        (_with("data", source=str(tmp_path / "chat.jsonl")), ["data.source", "chat.jsonl", "does not exist"]),
+        (_with("data", source=str(tmp_path / "garbage.parquet")), ["garbage.parquet", "not a readable Parquet"]),
+        (_with("data", source=str(tmp_path / "other.jsonl")), ["data.source", "record 0", "data.on_bad_record"]),
+        (_with("data", tokenizer=str(tmp_path / "tok")), ["data.tokenizer", "tok"]),
+        (_with("model", pretrained=str(tmp_path / "ckpt")), ["model.pretrained", "has no config.json"]),
+        (_with("model", pretrained=str(tmp_path / "none")), ["model.pretrained", "does not exist"]),
+    ):
+        with pytest.raises(ValueError) as err:
+            check_inputs(params)
+        for word in words:
+            assert word in str(err.value), str(err.value)
+    # skip: a record of another schema is skipped (and counted) by tokenize, so it is no reason to refuse
+    check_inputs(_with("data", source=str(tmp_path / "other.jsonl"), on_bad_record="skip"))
+
+
+@pytest.mark.parametrize("override, words", [
+    ({"data": {"source": "data/chat.jsonl"}}, ["invalid input", "data.source 'data/chat.jsonl' does not exist"]),
+    ({"profile": {"lengths": [128, 0]}}, ["invalid params", "profile.lengths", "0 at [1]"]),
+])
+def test_the_workflow_refuses_a_bad_input_or_param_before_any_job(tmp_path, override, words):
+    """`snakemake -n` with an overlay config: refused at parse time (exit 1, the setting named); no folder
+    under results/ is created and no job is listed."""
+    work = copy_workflow(tmp_path)
+    (work / "bad.yaml").write_text(yaml.safe_dump(override))
+    proc = run(["snakemake", "-n", "--configfile", "configs/tiny.yaml", "bad.yaml"], cwd=work, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    for word in words:
+        assert word in out, out
+    assert "rule tokenize" not in out and not (work / "results").exists()
