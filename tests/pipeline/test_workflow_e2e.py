@@ -56,7 +56,7 @@ def dvc_changed(work: Path) -> set[str]:
 def dvc_stage_table(work: Path) -> dict[str, dict]:
     """dvc.yaml's stages as DVC resolves them for this params.yaml: the foreach over train.strategies
     expanded to train@<strategy>."""
-    from lenbatch_study.stages.sync import resolve_stage
+    from lenbatch_study.tools.sync import resolve_stage
 
     doc = yaml.safe_load((work / "dvc.yaml").read_text())
     names = run(["dvc", "stage", "list", "--name-only"], cwd=work).stdout.split()

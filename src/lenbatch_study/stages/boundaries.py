@@ -18,7 +18,7 @@ from lenbatch.batching.boundaries import optimize_boundaries, simulate_bucketed,
 from lenbatch.batching.lengths import bucket_counts
 from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.padding import predict_bucketed
-from lenbatch.batching.layouts import STRATEGIES
+from lenbatch.batching.strategy import STRATEGIES
 from lenbatch.batching.spec import BatchSpec
 from lenbatch_study.core.config import Params, write_resolved
 from lenbatch.log import get_logger
