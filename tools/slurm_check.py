@@ -155,13 +155,16 @@ def requeue_while_running(cluster: slurm_cluster.Cluster, run_dir: Path, done: t
     SLURM does on preemption with PreemptMode=REQUEUE: the job is stopped and starts its batch script again
     on the same job id, and the train rule resumes from the checkpoint. Its results are then compared with
     the uninterrupted local run's like every other training."""
+    from lenbatch_study.stages.train import partial_dir
+
     comment = f"rule_train_wildcards_{REQUEUE_STRATEGY}"
-    steps = run_dir / "steps.jsonl"
+    work = partial_dir(run_dir)  # a training in progress writes here; run_dir gets it whole at the end
+    steps = work / "steps.jsonl"
     while not done.is_set():
         queue = cluster.run("squeue", "-h", "-o", "%i|%k|%T", check=False).stdout.split()
         running = [q.split("|")[0] for q in queue if q.split("|")[1:] == [comment, "RUNNING"]]
         n = len(steps.read_text().splitlines()) if steps.exists() else 0
-        if running and n >= REQUEUE_AFTER_STEPS and (run_dir / "checkpoint.pt").exists():
+        if running and n >= REQUEUE_AFTER_STEPS and (work / "checkpoint.pt").exists():
             cluster.run("scontrol", "requeue", running[0])
             result.update(job_id=running[0], requeued_after_steps=n)
             return

@@ -163,10 +163,9 @@ def test_summary_reads_the_steps_outputs(tmp_path):
             "peak_memory_bytes": {"target": 2**31, "drafter": 2**32},
             "memory_estimate_bytes": {"target": 3 * 2**30, "drafter": 5 * 2**30}}))
     (tmp_path / "compare").mkdir()
-    (tmp_path / "compare" / "diagnostics.json").write_text(json.dumps({"sorted.predicted_tok_s": 180000.0,
-                                                                   "packed.predicted_tok_s": 120000.0}))
-    (tmp_path / "compare" / "diagnostics.json").write_text(json.dumps({"packed.target_step_ratio": 2.5,
-                                                                       "packed.drafter_step_ratio": 1.25}))
+    (tmp_path / "compare" / "diagnostics.json").write_text(json.dumps({
+        "sorted.predicted_tok_s": 180000.0, "packed.predicted_tok_s": 120000.0,
+        "packed.target_step_ratio": 2.5, "packed.drafter_step_ratio": 1.25}))
     s = gpu_check.summarize(tmp_path, {"train-packed": 30.0}, failed="train-sortish")
     # per role, measured over predicted step seconds (compare's diagnostics): where they part on one GPU
     assert (s["train"]["packed"]["target_measured_over_predicted"],

@@ -412,6 +412,8 @@ def test_a_failing_snakemake_job_keeps_the_previous_output_and_its_record(finish
     bad = tmp_path / "bad_k.yaml"
     bad.write_text(yaml.safe_dump({"boundaries": {"num_buckets": 500}}))
     target = ["--", "results/boundaries/boundaries.json"]
+    # what both tools plan before (the shared run may hold earlier tests' changes): the failure adds nothing
+    smk_before, dvc_before = dry_run_stages(finished), dvc_changed(finished)
     before = _digests(finished / "results/boundaries")
     times = {p: p.stat().st_mtime_ns for p in (finished / "results/boundaries").iterdir()}
     proc = run(["snakemake", "--cores", "2", "--configfile", str(bad), *target], cwd=finished, check=False)
@@ -420,8 +422,9 @@ def test_a_failing_snakemake_job_keeps_the_previous_output_and_its_record(finish
     assert _digests(finished / "results/boundaries") == before
     assert {p: p.stat().st_mtime_ns for p in times} == times  # a restored copy gets the original's time back
     assert "rule boundaries:" in run(["snakemake", "-n", "--configfile", str(bad), *target], cwd=finished).stdout
-    assert dry_run_stages(finished) == set(), run(["snakemake", "-n"], cwd=finished).stdout
-    assert dvc_changed(finished) == set()
+    assert "boundaries" not in smk_before and "boundaries" not in dvc_before
+    assert dry_run_stages(finished) == smk_before, run(["snakemake", "-n"], cwd=finished).stdout
+    assert dvc_changed(finished) == dvc_before
 
 
 def test_ctrl_c_of_dvc_repro_keeps_the_previous_tokenize_output(finished):
@@ -430,6 +433,9 @@ def test_ctrl_c_of_dvc_repro_keeps_the_previous_tokenize_output(finished):
     included) has its previous bytes (before: only params.json and timings.json were left)."""
     tok = finished / "results/tokenize"
     before = _digests(tok)
+    # what both tools plan before (the shared run may hold earlier tests' changes): the interruption adds nothing
+    smk_before, dvc_before = dry_run_stages(finished), dvc_changed(finished)
+    assert "tokenize" not in smk_before and "tokenize" not in dvc_before
     proc = subprocess.Popen(["dvc", "repro", "-f", "-s", "tokenize"], cwd=finished, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -453,12 +459,12 @@ def test_ctrl_c_of_dvc_repro_keeps_the_previous_tokenize_output(finished):
         except ProcessLookupError:
             pass
     assert _digests(tok) == before
-    assert dvc_changed(finished) == set()
+    assert dvc_changed(finished) == dvc_before
     # Snakemake marks the interrupted job incomplete (its rule: rerun it); the bytes are DVC's verified ones,
     # so forget that mark for the tests after this one (check=False: it fails where there is no record)
     run(["snakemake", "--cleanup-metadata", "results/tokenize/dataset", "results/tokenize/lengths.npy",
          "results/tokenize/stats.json"], cwd=finished, check=False)
-    assert dry_run_stages(finished) == set(), run(["snakemake", "-n"], cwd=finished).stdout
+    assert dry_run_stages(finished) == smk_before, run(["snakemake", "-n"], cwd=finished).stdout
 
 
 # --------------------------------------------------------------------------- fresh clones agree

@@ -398,7 +398,7 @@ def test_a_run_from_another_machine_is_refused_naming_what_to_rerun(stage_inputs
     # this machine measured the profile and the other runs: rerun only random, here
     assert f"this machine is {MACHINE['id']}" in msg
     assert msg.endswith("snakemake --cores all --forcerun results/train/random/summary.json (DVC: dvc repro "
-                        "--force --single-item train-random, then dvc repro)")
+                        "--force --single-item train@random, then dvc repro)")
 
 
 def test_a_profile_from_another_machine_or_results_without_a_fingerprint_are_refused(stage_inputs, tmp_path):
