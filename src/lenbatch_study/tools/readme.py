@@ -1,8 +1,9 @@
-"""``lenbatch readme``: README.md's results table, copied from compare's report.
+"""``lenbatch readme``: README.md's results, copied from compare's report.
 
-The README states no result by hand: its one table is the "Every strategy" table of
-``results/compare/report.md`` (written by compare from the committed results), placed between two
-marker lines. ``--check`` (the test suite runs it) fails when the README's copy differs, so a results
+The README states no result by hand: between two marker lines it holds the first sentence of the
+report's answer (which says first when the machine was busy or unsteady, so the table never appears
+without its caveat) and the "Every strategy" table of ``results/compare/report.md`` (written by compare
+from the committed results). ``--check`` (the test suite runs it) fails when the README's copy differs, so a results
 commit that forgets ``make run``'s last step is caught. Cost: two small text files read.
 """
 
@@ -14,6 +15,16 @@ from pathlib import Path
 BEGIN = "<!-- results table: written by `lenbatch readme` from results/compare/report.md; do not edit -->"
 END = "<!-- end of results table -->"
 HEADING = "## Every strategy"
+ANSWER = "## Answer"
+
+
+def report_answer(report: str) -> str:
+    """The first sentence of the report's :data:`ANSWER` section (up to its first ". " or the paragraph's end)."""
+    if ANSWER not in report:
+        raise ValueError(f"the report has no {ANSWER!r} section; run compare (make run) to write it")
+    para = report[report.index(ANSWER) + len(ANSWER):].strip().split("\n\n")[0].replace("\n", " ")
+    cut = para.find(". ")
+    return (para if cut < 0 else para[:cut + 1]) + "\n"
 
 
 def report_table(report: str) -> str:
@@ -46,7 +57,8 @@ def run(*, readme: str = "README.md", report: str = "results/compare/report.md",
     if not report_path.is_file():
         raise ValueError(f"{report_path} does not exist; run the workflow first (make run)")
     current = readme_path.read_text()
-    wanted = with_table(current, report_table(report_path.read_text()))
+    text = report_path.read_text()
+    wanted = with_table(current, report_answer(text) + "\n" + report_table(text))
     if check:
         if wanted != current:
             print(f"{readme_path}: its results table differs from {report_path}'s; run `lenbatch readme`",
