@@ -219,7 +219,7 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
     kind, _, what = edit.partition(":")
     if kind == "code":
         path = finished / "src" / what  # lenbatch/... (the library) or lenbatch_study/... (the study)
-        saved = path.read_text()
+        saved, st = path.read_text(), path.stat()
         path.write_text(saved + "\n# edited\n")
     else:
         key, _, value = edit.partition("=")
@@ -232,8 +232,9 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
         dvc = dvc_downstream(finished, changed)
     finally:
         params.write_text(original)
-        if kind == "code":
+        if kind == "code":  # its bytes and its file time: a later test must not see a code file newer than it was
             path.write_text(saved)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     if kind == "code":
         strategies = yaml.safe_load(original)["train"]["strategies"]
         assert changed == dvc_stages(RERUNS[what], strategies), f"{edit}: dvc status {sorted(changed)}"
