@@ -26,7 +26,8 @@ from _sft_data import chat_tokenizer  # noqa: E402
 def section_blocks() -> list[str]:
     text = README.read_text()
     start = text.index("\n## Use it in your trainer\n")
-    end = text.find("\n## ", start + 5) % (len(text) + 1)  # the next section, or the end of the file
+    end = text.find("\n## ", start + 5)
+    end = len(text) if end < 0 else end  # the next section, or the end of the file
     return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)
 
 
