@@ -68,7 +68,9 @@ class Recorder:
     """``steps.jsonl`` lines (flushed per step) and ``summary.json`` on the measuring rank.
 
     ``kept``: the lines of a resumed run's earlier steps (:func:`resumed_log`), rewritten first.
-    ``log_sha256()``: the digest of every line written so far, which each checkpoint records.
+    ``log_sha256()``: the digest of every line written so far, which each checkpoint records. Each line
+    carries its ``session`` (0 for the first run, +1 per resume): a line's clock ``t`` counts from its
+    session's start, so the summary measures every session's post-warm-up steps on their own clock.
     """
 
     def __init__(self, out: Path, *, kept: Optional[list[str]]) -> None:
@@ -77,6 +79,7 @@ class Recorder:
         self.rows: list[dict[str, Any]] = [json.loads(line) for line in kept]
         self.sha = hashlib.sha256()
         self.session_start = len(self.rows)
+        self.session = 1 + max((int(r.get("session", 0)) for r in self.rows), default=-1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("w") as fh:
             for line in kept:
@@ -85,6 +88,7 @@ class Recorder:
         self.fh = self.path.open("a")
 
     def add(self, row: dict[str, Any]) -> None:
+        row = {**row, "session": self.session}
         self.rows.append(row)
         line = json.dumps(row) + "\n"
         self.fh.write(line)
@@ -98,7 +102,13 @@ class Recorder:
                 target_ranks: int, resumed_from: Optional[int], total_steps: int,
                 machine: Optional[dict[str, Any]] = None, reference: Optional[dict[str, Any]] = None,
                 device: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        """Post-warm-up pipeline throughput of this session + whole-run padding efficiency and loss curve.
+        """Post-warm-up pipeline throughput + whole-run padding efficiency and loss curve.
+
+        Throughput = useful tokens of the measured steps / their wall seconds, where the measured steps are
+        every session's steps after that session's first ``warmup`` (each resume warms up again: its first
+        steps pay the start-up) and a session's wall runs from the end of its last warm-up step to its last
+        step. A run resumed one step before its end thus keeps the throughput its first session measured
+        instead of ending with none. O(steps).
 
         ``machine``: the fingerprint of the measuring machine (:mod:`lenbatch_study.core.machine`); ``reference``:
         this session's reference step (:mod:`lenbatch_study.runtime.reference`), both recorded as given.
@@ -107,9 +117,13 @@ class Recorder:
         of the target steps are summed apart for the warm-up and the measured steps: a compile inside a
         measured step slows the throughput of that strategy alone."""
         rows, session = self.rows, self.rows[self.session_start:]
-        measured = session[warmup:]
-        t0 = session[warmup - 1]["t"] if 0 < warmup <= len(session) else 0.0  # "t": seconds since session start
-        wall = (measured[-1]["t"] - t0) if measured else None
+        measured, wall = [], 0.0
+        for part in _sessions(rows):
+            if len(part) > warmup:
+                t0 = part[warmup - 1]["t"] if warmup > 0 else 0.0  # "t": seconds since the session's start
+                measured += part[warmup:]
+                wall += part[-1]["t"] - t0
+        wall = wall if measured else None
         useful_m = sum(r["useful_tokens"] for r in measured)
         computed_m = sum(r["computed_tokens"] for r in measured)
         useful = sum(r["useful_tokens"] for r in rows)
@@ -125,7 +139,8 @@ class Recorder:
             "steps": len(rows), "planned_steps": total_steps, "epochs": (rows[-1]["epoch"] + 1) if rows else 0,
             "useful_tokens": useful, "computed_tokens": computed,
             "padding_efficiency": useful / computed if computed else None,
-            "warmup_steps_excluded": min(warmup, len(session)), "measured_steps": len(measured),
+            "warmup_steps_excluded": len(rows) - len(measured), "measured_steps": len(measured),
+            "sessions": len(_sessions(rows)),
             "measured_wall_s": wall, "measured_useful_tokens": useful_m, "measured_computed_tokens": computed_m,
             "useful_tokens_per_s": useful_m / wall if wall else None,
             "computed_tokens_per_s": computed_m / wall if wall else None,
@@ -147,7 +162,7 @@ class Recorder:
             "resumed_from_step": resumed_from,
             "machine": machine,
             "reference": reference,
-            "compile_s_warmup": float(sum(r.get("compile_s", 0.0) for r in session[:warmup])),
+            "compile_s_warmup": float(sum(r.get("compile_s", 0.0) for part in _sessions(rows) for r in part[:warmup])),
             "compile_s_measured": float(sum(r.get("compile_s", 0.0) for r in measured)),
             "measured_steps_with_compile": int(sum(r.get("compile_s", 0.0) > 0 for r in measured)),
             # periodic checkpoints written inside the measured window, kept off its wall time ("t")
@@ -160,6 +175,16 @@ class Recorder:
 
     def close(self) -> None:
         self.fh.close()
+
+
+def _sessions(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``rows`` split into runs of one session each (lines written before sessions were recorded: one session)."""
+    parts: list[list[dict[str, Any]]] = []
+    for r in rows:
+        if not parts or r.get("session", 0) != parts[-1][-1].get("session", 0):
+            parts.append([])
+        parts[-1].append(r)
+    return parts
 
 
 def _none_if_nan(x: float) -> Optional[float]:
