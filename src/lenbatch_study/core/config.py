@@ -66,7 +66,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class StatsConfig:
     # bounded: the histogram holds one count per bin (1e9 bins took 22 GB before the kernel killed the run)
-    histogram_bins: int = _f(64, "bins of the length histogram", minimum=1, maximum=1_000_000)
+    histogram_bins: int = _f(64, "bins of the length histogram (count)", minimum=1, maximum=1_000_000)
 
     def __post_init__(self) -> None:
         _positive("stats", histogram_bins=self.histogram_bins)
@@ -75,9 +75,9 @@ class StatsConfig:
 @dataclass(frozen=True)
 class BoundariesConfig:
     method: Literal["dp", "coordinate", "geometric"] = _f("dp", "bucket-edge optimizer")
-    num_buckets: int = _f(6, "K, the number of length buckets", minimum=1)
-    sweep_max_buckets: int = _f(16, "the K sweep covers K = 1..this", minimum=1)
-    num_candidates: int = _f(290, "candidate edge values (length quantiles) searched by dp and coordinate",
+    num_buckets: int = _f(6, "K, the number of length buckets (count)", minimum=1)
+    sweep_max_buckets: int = _f(16, "the K sweep covers K = 1..this (count)", minimum=1)
+    num_candidates: int = _f(290, "candidate edge values (length quantiles) searched by dp and coordinate (count)",
                              minimum=2)
     objective: Literal["greedy", "study"] = _f(
         "greedy", "what the optimizers minimise: 'greedy' = expected computed tokens of the real greedy bucketed "
@@ -94,9 +94,9 @@ class BatchingConfig:
     # far past any GPU's memory, and still allocatable here)
     token_budget: int = _f(16384, "padded tokens per batch (n * longest), or tokens per packed row",
                            minimum=1, maximum=2**24)
-    max_batch_size: int = _f(64, "samples per batch at most", minimum=1)
+    max_batch_size: int = _f(64, "samples per batch at most (count)", minimum=1)
     seed: int = _f(0, "base seed; epoch e uses seed + e", minimum=0)
-    packed_window: int = _f(8, "open rows kept by first-fit packing", minimum=1)
+    packed_window: int = _f(8, "open rows kept by first-fit packing (count)", minimum=1)
 
     def __post_init__(self) -> None:
         _positive("batching", token_budget=self.token_budget, max_batch_size=self.max_batch_size,
