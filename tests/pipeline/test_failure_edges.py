@@ -127,7 +127,7 @@ def test_a_refused_checkpoint_write_keeps_the_previous_checkpoint_and_the_run_re
     err = _error_line(proc, "train")
     assert proc.returncode == 2
     assert f"could not write the checkpoint of step 2 to {partial / 'checkpoint.pt.tmp'} (File too large)" in err
-    assert "no earlier checkpoint of this run" in err and "then rerun" in err
+    assert "no earlier checkpoint of this run" in err and "raise the file size limit (ulimit -f), then rerun" in err
     assert _files(out) == before and not (partial / "checkpoint.pt.tmp").exists()
 
     # a later checkpoint refused: the one before it is kept and --resume continues from it. The partial
@@ -143,7 +143,8 @@ def test_a_refused_checkpoint_write_keeps_the_previous_checkpoint_and_the_run_re
     err = _error_line(proc, "train")
     assert proc.returncode == 2
     assert f"could not write the checkpoint of step 4 to {partial / 'checkpoint.pt.tmp'} (File too large)" in err
-    assert f"the previous checkpoint {partial / 'checkpoint.pt'} is kept" in err and "rerun with --resume" in err
+    assert f"the previous checkpoint {partial / 'checkpoint.pt'} is kept: raise the file size limit" in err
+    assert "then rerun with --resume to continue from it" in err
     assert (partial / "checkpoint.pt").read_bytes() == kept and not (partial / "checkpoint.pt.tmp").exists()
     assert _files(out) == before
 
@@ -222,7 +223,8 @@ def test_a_full_disk_during_train_keeps_the_last_checkpoint_and_the_run_resumes(
     assert full["rc"] == 2 and "Traceback" not in full["stderr"], full["stderr"][-3000:]
     assert (f"could not write the checkpoint of step 4 to {partial / 'checkpoint.pt.tmp'} (No space left on device)"
             in full["stderr"])
-    assert f"the previous checkpoint {partial / 'checkpoint.pt'} is kept" in full["stderr"]
+    assert (f"the previous checkpoint {partial / 'checkpoint.pt'} is kept: free space, then rerun with --resume"
+            in full["stderr"])
     assert res["after"] == res["before"]  # the previous complete output, byte for byte
     assert sorted(res["partial"]) == ["checkpoint.pt", "steps.jsonl"]  # the step-2 checkpoint, no temp file
     assert res["resumed"]["rc"] == 0, res["resumed"]["stderr"][-3000:]
@@ -427,3 +429,23 @@ def test_a_read_only_folder_inside_the_previous_output_as_an_unprivileged_user(t
             if p.is_dir():
                 os.chmod(p, 0o755)
         shutil.rmtree(work)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def test_a_garbage_parquet_source_given_to_tokenize_names_the_file(tiny, tmp_path, capsys):
+    """The workflow refuses it when it starts (pipeline/preflight.py); ``lenbatch tokenize --source`` read its
+    schema first and said only pyarrow's "Parquet magic bytes not found in footer", naming no file."""
+    garbage = tmp_path / "chats.parquet"
+    garbage.write_bytes(b"PAR1 this is not parquet")
+    out = tmp_path / "tok"
+    shutil.copytree(tiny["data"], out)  # a previous tokenize output
+    before = _files(out)
+    capsys.readouterr()
+    assert main(["tokenize", *_params(tiny), "--source", str(garbage), "--limit", "4", "--no-progress",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert f"data.source {garbage} is not a readable Parquet file" in err and "give a Parquet, JSON or JSONL" in err
+    assert _files(out) == before

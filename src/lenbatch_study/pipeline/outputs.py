@@ -69,15 +69,27 @@ _WAY_OUT = {
 }
 
 
-def write_failure(err: BaseException) -> Optional[OSError]:
+# errnos only a write gets; the others (EACCES, EPERM, EIO) a read gets too
+_WRITE_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def write_failure(err: BaseException, *, written: Sequence[str | Path]) -> Optional[OSError]:
     """The ``OSError`` with one of the errnos above behind ``err`` (itself, or its cause or context: torch
-    wraps a failed ``write`` in a ``RuntimeError``), or None when ``err`` is not a refused write."""
+    wraps a failed ``write`` in a ``RuntimeError``), or None when ``err`` is not a refused write. An errno a
+    read gets too counts only when the error names a path at or under one of ``written`` (the folders the
+    caller writes): an unreadable input stays the error it is."""
+    roots = [os.path.abspath(w) for w in written]
     seen: set[int] = set()
     cur: Optional[BaseException] = err
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         if isinstance(cur, OSError) and cur.errno in _WAY_OUT:
-            return cur
+            if cur.errno in _WRITE_ONLY:
+                return cur
+            named = isinstance(cur.filename, (str, bytes, os.PathLike))
+            name = os.path.abspath(os.fsdecode(cur.filename)) if named else None
+            if name is not None and any(name == r or name.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+                return cur
         cur = cur.__cause__ or cur.__context__
     return None
 
@@ -255,7 +267,7 @@ def staged_output(out: str | Path, *, stage: str) -> Iterator[Path]:
             yield tmp
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
-            refused = write_failure(err)
+            refused = write_failure(err, written=(tmp,))
             if refused is not None:
                 raise write_error(refused, path=tmp, then=f"{out} keeps its previous output; rerun the "
                                   "stage after that") from None
@@ -302,7 +314,7 @@ def _replace_entries(tmp: Path, out: Path, *, keep: Optional[str] = None) -> Non
         except OSError as err:
             if keep is None:
                 shutil.rmtree(tmp, ignore_errors=True)
-            refused = write_failure(err)
+            refused = write_failure(err, written=(tmp, out))
             if refused is None:
                 raise
             now = f" ({', '.join(done)} already replaced: {out} is not a stage's output, so it is updated entry " \
@@ -342,7 +354,7 @@ def _refused_commit(err: OSError, tmp: Path, out: Path, keep: Optional[str]) -> 
     unless ``keep`` says how a rerun uses it."""
     if keep is None:
         shutil.rmtree(tmp, ignore_errors=True)
-    refused = write_failure(err)
+    refused = write_failure(err, written=(tmp, out, out.parent))
     if refused is None:
         raise err
     then = f"the new output stays in {tmp}; {keep}" if keep is not None else "rerun the stage after that"

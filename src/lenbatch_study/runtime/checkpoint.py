@@ -104,9 +104,11 @@ def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[
             raise
         with contextlib.suppress(OSError):
             tmp.unlink()
-        kept = (f"the previous checkpoint {path} is kept: free space, then rerun with --resume to continue "
-                "from it" if path.exists() else
-                f"no earlier checkpoint of this run exists at {path}: free space, then rerun")
+        fix = {errno.EFBIG: "raise the file size limit (ulimit -f)", errno.EIO: "check the disk",
+               errno.ENOSPC: "free space", errno.EDQUOT: "free space"}.get(refused.errno or 0,
+                                                                           f"make {path.parent} writable")
+        kept = (f"the previous checkpoint {path} is kept: {fix}, then rerun with --resume to continue from it"
+                if path.exists() else f"no earlier checkpoint of this run exists at {path}: {fix}, then rerun")
         raise ValueError(f"could not write the checkpoint of step {step} to {tmp} ({refused.strerror or refused}); "
                          f"{kept}") from None
     with contextlib.suppress(OSError):  # the rename durable too (some file systems refuse a folder fsync)

@@ -90,7 +90,14 @@ from lenbatch_study.core.machine import fingerprint as fingerprint_machine
 from lenbatch_study.runtime.lifetime import die_with_parent
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.artifacts.reading import read_json
-from lenbatch_study.pipeline.outputs import commit_staged, write_atomic, write_error, write_failure, writer_lock
+from lenbatch_study.pipeline.outputs import (
+    commit_staged,
+    lock_path,
+    write_atomic,
+    write_error,
+    write_failure,
+    writer_lock,
+)
 from lenbatch_study.runtime import reference
 from lenbatch_study.runtime.records import Recorder, log_summary, resumed_log, step_row
 from lenbatch_study.runtime.runner import (
@@ -447,10 +454,10 @@ def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, b
             return _train(stack, params=params, strategy=strategy, data=data, out=out, boundaries=boundaries,
                           max_steps=max_steps, resume=resume)
         except OSError as err:  # a full disk, a read-only folder: one line naming the file, never a traceback
-            refused = write_failure(err)
+            ck = partial_dir(Path(out)) / "checkpoint.pt"
+            refused = write_failure(err, written=(out, ck.parent, lock_path(out)))
             if refused is None:
                 raise
-            ck = partial_dir(Path(out)) / "checkpoint.pt"
             way = (f"rerun with --resume to continue from {ck}" if ck.exists() else
                    "rerun (this run saved no checkpoint to resume)")
             raise write_error(refused, path=ck.parent if ck.parent.exists() else out,
