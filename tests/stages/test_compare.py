@@ -467,7 +467,8 @@ def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_input
 
 
 def _compare_cli(root: Path, inputs: Path, out: Path) -> list[str]:
-    """``lenbatch compare`` on ``inputs`` (a folder with stats/ boundaries/ plans/ profile/ train/ data/), no quality."""
+    """``lenbatch compare`` on ``inputs`` (a folder holding stats/ boundaries/ plans/ profile/ train/ data/),
+    without quality."""
     return ["compare", "--params", str(REPO / "params.yaml"), str(root / "small.yaml"),
             *[a for name in ("stats", "boundaries", "plans", "profile", "train", "data")
               for a in (f"--{name}", str(inputs / name))], "--quality", "", "--out", str(out)]

@@ -195,9 +195,10 @@ def check_log(path: Path, state: dict[str, Any], steps: list[int], digest: str) 
 
 
 def restore(runner: Any, state: dict[str, Any], *, path: Optional[Path] = None) -> None:
-    """Load ``state`` (read from ``path``, named in the error) into ``runner`` after checking that every tensor fits: a checkpoint whose
-    fingerprint matches but whose tensors do not (a drafter built by other code) raises ``ValueError`` naming
-    ``path`` before anything is loaded, so a run that then starts afresh starts from untouched weights."""
+    """Load ``state`` (read from ``path``, named in the error) into ``runner`` after checking that every
+    tensor fits: a checkpoint whose fingerprint matches but whose tensors do not (a drafter built by other
+    code) raises ``ValueError`` before anything is loaded, so a run that then starts afresh starts from
+    untouched weights."""
     assert runner.drafter is not None and runner.optimizer is not None
     check_tensors(runner, state, path)
     runner.drafter.load_state_dict(state["drafter"])
