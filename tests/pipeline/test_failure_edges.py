@@ -155,6 +155,22 @@ def test_a_refused_checkpoint_write_keeps_the_previous_checkpoint_and_the_run_re
     assert [s["step"] for s in _steps(out)] == list(range(6)) and not partial.exists()
 
 
+@pytest.mark.slow
+def test_a_refused_log_write_is_one_line_and_keeps_the_previous_output(tiny):
+    """steps.jsonl grows past the file size limit before any checkpoint (train.checkpoint_every 0): the OSError
+    of the log's write used to be a traceback."""
+    out = tiny["root"] / "fsize_log"
+    assert main(_train(tiny, out, "--max-steps", "2")) == 0
+    before = _files(out)
+    proc = _cli(_train(tiny, out, "--max-steps", "6", "--params-json", '{"train": {"checkpoint_every": 0}}'),
+                fsize=1024)
+    err = _error_line(proc, "train")
+    assert proc.returncode == 2
+    assert f"could not write into {partial_dir(out)} (File too large)" in err
+    assert f"{out} is as it was; after that rerun (this run saved no checkpoint to resume)" in err
+    assert _files(out) == before
+
+
 DISK_FULL_DRIVER = r'''
 import json, os, subprocess, sys
 mnt, result, *train = sys.argv[1:]

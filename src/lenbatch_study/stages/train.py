@@ -461,7 +461,7 @@ def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, b
             way = (f"rerun with --resume to continue from {ck}" if ck.exists() else
                    "rerun (this run saved no checkpoint to resume)")
             raise write_error(refused, path=ck.parent if ck.parent.exists() else out,
-                              then=f"{out} keeps its previous complete output; after that {way}") from None
+                              then=f"{out} is as it was; after that {way}") from None
 
 
 def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: str | Path, out: str | Path,
