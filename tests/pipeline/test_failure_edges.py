@@ -10,6 +10,7 @@ with the flag), and a read-only folder written by an unprivileged user.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -258,8 +259,6 @@ def test_a_file_written_atomically_is_whole_or_as_it_was(tmp_path):
             "except OSError as err:\n    print(err.errno); raise SystemExit(3)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], env=ENV, capture_output=True, text=True,
                           preexec_fn=_limit_file_size(1024))
-    import errno
-
     assert proc.returncode == 3 and proc.stdout.strip() == str(errno.EFBIG), proc.stderr
     assert path.read_text() == "previous\n" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
 
