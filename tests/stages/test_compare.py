@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import yaml
 
 from lenbatch_study.analysis import shapes as shp
 from lenbatch_study.analysis import stepmodel as sm
+from lenbatch_study.cli import main
 from lenbatch_study.stages.compare import ACK_EVERY, compare
 from lenbatch_study.core.config import load_params
 from lenbatch_study.analysis.report import QUIET_RERUN, busy_machine, unsteady_machine, write_outputs
@@ -462,3 +464,68 @@ def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_input
     (tmp_path / "plans" / "metrics.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=r"plans metrics.json \(sorted\) padding_efficiency is 7.5.*\(0, 1\]"):
         _run(tmp_path, params)
+
+
+def _compare_cli(root: Path, inputs: Path, out: Path) -> list[str]:
+    """``lenbatch compare`` on ``inputs`` (a folder holding stats/ boundaries/ plans/ profile/ train/ data/),
+    without quality."""
+    return ["compare", "--params", str(REPO / "params.yaml"), str(root / "small.yaml"),
+            *[a for name in ("stats", "boundaries", "plans", "profile", "train", "data")
+              for a in (f"--{name}", str(inputs / name))], "--quality", "", "--out", str(out)]
+
+
+def _previous_output(out: Path) -> dict[str, bytes]:
+    """A previous compare output in ``out`` (what a failed run must leave byte for byte)."""
+    out.mkdir()
+    (out / "params.json").write_text("{}\n")
+    (out / "report.md").write_text("the previous report\n")
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    lines = [line for line in err.splitlines() if "lenbatch compare: error: " in line]
+    assert "Traceback" not in err and len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+def test_nan_profile_times_are_one_line_naming_the_grid_cells(stage_inputs, tmp_path, capsys):
+    """A NaN step time reached the step-model fit, where numpy's least squares failed with "SVD did not
+    converge", naming neither the file nor the cells."""
+    root, params = stage_inputs
+    rows = _grid(params)
+    rows[3]["target_seconds_median"] = float("nan")  # json writes NaN and Infinity, and reads them back
+    rows[5]["drafter_seconds_median"] = float("inf")
+    (tmp_path / "in").mkdir()
+    inputs = _variant(root, tmp_path / "in", rows)
+    (inputs / "train").symlink_to(root / "train")
+    out = tmp_path / "compare"
+    before = _previous_output(out)
+    capsys.readouterr()
+    assert main(_compare_cli(root, inputs, out)) == 2
+    err = _one_error_line(capsys)
+    grid = inputs / "profile" / "grid.json"
+    n3, n5 = len(rows[3]["sequence_lengths"]), len(rows[5]["sequence_lengths"])
+    assert f"{grid} holds step times that are not finite positive seconds: row 3 (padded, {n3} x" in err
+    assert "target_seconds_median=nan" in err and f"row 5 (padded, {n5} x" in err
+    assert "drafter_seconds_median=inf" in err and "rerun: snakemake results/profile/grid.json" in err
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before
+
+
+def test_a_torn_summary_is_one_line_naming_the_file(stage_inputs, tmp_path, capsys):
+    root, params = stage_inputs
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    shutil.copytree(root / "train", inputs / "train")
+    for name in ("stats", "boundaries", "plans", "profile", "data"):
+        (inputs / name).symlink_to(root / name)
+    summary = inputs / "train" / "packed" / "summary.json"
+    text = summary.read_text()
+    summary.write_text(text[:len(text) // 2])  # a copy or a write cut short
+    out = tmp_path / "compare"
+    before = _previous_output(out)
+    capsys.readouterr()
+    assert main(_compare_cli(root, inputs, out)) == 2
+    err = _one_error_line(capsys)
+    assert f"{summary} is not valid JSON" in err and "rerun: snakemake results/train/packed/summary.json" in err
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before

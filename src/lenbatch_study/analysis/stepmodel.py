@@ -109,11 +109,21 @@ def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best / scale
 
 
+def check_step_times(seconds: np.ndarray) -> np.ndarray:
+    """``seconds`` as float64 when every entry is a finite number > 0; ``ValueError`` naming the bad entries
+    otherwise (numpy's least squares fails on NaN with "SVD did not converge", and a weight 1/0 is inf). O(n)."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    bad = np.flatnonzero(~(np.isfinite(seconds) & (seconds > 0)))
+    if bad.size:
+        shown = ", ".join(f"point {i}: {seconds[i]}" for i in bad[:4])
+        raise ValueError(f"step times must be finite and > 0 seconds; the profile grid holds {bad.size} that are not "
+                         f"({shown}); rerun: snakemake results/profile/grid.json")
+    return seconds
+
+
 def fit_coefficients(X: np.ndarray, seconds: np.ndarray, *, relative: bool = True) -> np.ndarray:
     """NNLS fit of ``seconds ~ X b``; ``relative`` weights each row by 1 / seconds (minimises relative error)."""
-    seconds = np.asarray(seconds, dtype=np.float64)
-    if np.any(seconds <= 0):
-        raise ValueError("step times must be > 0 seconds; the profile grid holds a non-positive time")
+    seconds = check_step_times(seconds)
     w = 1.0 / seconds if relative else np.ones_like(seconds)
     return nnls(X * w[:, None], seconds * w)
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -81,10 +82,18 @@ class Recorder:
         self.session_start = len(self.rows)
         self.session = 1 + max((int(r.get("session", 0)) for r in self.rows), default=-1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("w") as fh:
-            for line in kept:
-                fh.write(line + "\n")
-                self.sha.update((line + "\n").encode())
+        # the kept lines replace the log whole (temp file, then rename): a failed write (a full disk) leaves the
+        # log the checkpoint was written beside, so the run stays resumable
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            with tmp.open("w") as fh:
+                for line in kept:
+                    fh.write(line + "\n")
+                    self.sha.update((line + "\n").encode())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         self.fh = self.path.open("a")
 
     def add(self, row: dict[str, Any]) -> None:

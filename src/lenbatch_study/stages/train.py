@@ -73,7 +73,14 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from lenbatch_study.runtime.checkpoint import fingerprint, load_checkpoint, restore, save_checkpoint, start_fresh
+from lenbatch_study.runtime.checkpoint import (
+    fingerprint,
+    load_checkpoint,
+    restore,
+    save_checkpoint,
+    start_fresh,
+    summary_problem,
+)
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
 from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
 from lenbatch.loading.collate import collate
@@ -82,7 +89,15 @@ from lenbatch_study.core.config import Params, write_resolved
 from lenbatch_study.core.machine import fingerprint as fingerprint_machine
 from lenbatch_study.runtime.lifetime import die_with_parent
 from lenbatch.log import get_logger
-from lenbatch_study.pipeline.outputs import commit_staged, writer_lock
+from lenbatch_study.pipeline.artifacts.reading import read_json
+from lenbatch_study.pipeline.outputs import (
+    commit_staged,
+    lock_path,
+    write_atomic,
+    write_error,
+    write_failure,
+    writer_lock,
+)
 from lenbatch_study.runtime import reference
 from lenbatch_study.runtime.records import Recorder, log_summary, resumed_log, step_row
 from lenbatch_study.runtime.runner import (
@@ -149,15 +164,16 @@ def _resume_point(setup: RunSetup, runner: StepRunner) -> tuple[int, Optional[li
         ck = _load_checkpoint(setup)
         kept = resumed_log(setup.out, ck)
         setup.schedule.check_sampler_states(ck["samplers"], int(ck["step"]))
-        if int(ck["step"]) >= len(setup.schedule) and not (setup.out / "summary.json").exists():
-            raise ValueError(f"it is at the last planned step but {setup.out / 'summary.json'} is missing (the run "
-                             "was killed before writing it), so its throughput was never recorded")
+        torn = summary_problem(setup.out) if int(ck["step"]) >= len(setup.schedule) else None
+        if torn:
+            raise ValueError(f"it is at the last planned step but {torn} (the run was killed before writing it), "
+                             "so its throughput was never recorded")
+        restore(runner, ck, path=setup.out / "checkpoint.pt")  # checks every tensor fits before loading one
     except ValueError as err:
         if not (setup.out / "checkpoint.pt").exists():
             raise
         _set_aside_and_start_afresh(setup, err)
         return 0, None, None
-    restore(runner, ck)
     return int(ck["step"]), ck["samplers"], kept
 
 
@@ -215,13 +231,13 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
             target_peak: Optional[int] = None) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
-    if resumed_from == done and (setup.out / "summary.json").exists():
+    if resumed_from == done and summary_problem(setup.out) is None:
         # resumed a run that had already finished: nothing trained, nothing to rewrite (its summary keeps
         # the throughput its last session measured)
         rec.close()
         log.info("%s: the checkpoint is at the last planned step (%d): the run is complete, %s left as it is",
                  setup.strategy, done, setup.out / "summary.json")
-        return json.loads((setup.out / "summary.json").read_text())
+        return read_json(setup.out / "summary.json", rerun=f"lenbatch train --out {setup.final or setup.out}")
     save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done, sampler_states=states, fp=setup.fp,
                     log_sha256=rec.log_sha256())
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
@@ -229,8 +245,9 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
                           total_steps=len(setup.schedule), machine=fingerprint_machine(threads=p.train.threads),
                           reference=ref, device=_device_report(setup, kernels, target_peak))
     rec.close()
-    (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_resolved(p, setup.out)
+    # last, whole or not at all: a summary marks a complete run (a failure before it leaves the checkpoint)
+    write_atomic(setup.out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -409,7 +426,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
 def _commit(setup: RunSetup) -> None:
     """Swap the complete run in the partial folder into OUT (one rename; the previous output goes)."""
     if setup.final is not None and setup.out != setup.final:
-        commit_staged(setup.out, setup.final)
+        commit_staged(setup.out, setup.final, then="after that rerun with --resume to move it in")
         setup.out = setup.final
 
 
@@ -433,8 +450,18 @@ def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, b
     trains ``strategy`` until ``train.useful_tokens`` (or ``max_steps`` global steps), writing ``out``
     on the drafter rank, which holds ``out``'s writer lock until it returns. Returns the exit code."""
     with contextlib.ExitStack() as stack:
-        return _train(stack, params=params, strategy=strategy, data=data, out=out, boundaries=boundaries,
-                      max_steps=max_steps, resume=resume)
+        try:
+            return _train(stack, params=params, strategy=strategy, data=data, out=out, boundaries=boundaries,
+                          max_steps=max_steps, resume=resume)
+        except OSError as err:  # a full disk, a read-only folder: one line naming the file, never a traceback
+            ck = partial_dir(Path(out)) / "checkpoint.pt"
+            refused = write_failure(err, written=(out, ck.parent, lock_path(out)))
+            if refused is None:
+                raise
+            way = (f"rerun with --resume to continue from {ck}" if ck.exists() else
+                   "rerun (this run saved no checkpoint to resume)")
+            raise write_error(refused, path=ck.parent if ck.parent.exists() else out,
+                              then=f"{out} is as it was; after that {way}") from None
 
 
 def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: str | Path, out: str | Path,
