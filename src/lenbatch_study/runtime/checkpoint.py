@@ -47,11 +47,14 @@ def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...
     """What a resumed run must share with the run that wrote the checkpoint (plan, model, drafter).
 
     train.useful_tokens, --max-steps, queue_size, threads and checkpoint_every may change on resume.
+    ``train.nodes`` may not (above 1 it groups the steps into the drafters' updates), and is recorded only
+    then, so a one-node checkpoint stays what it was.
     """
     p = params.to_dict()
+    nodes = {"nodes": p["train"]["nodes"]} if p["train"]["nodes"] > 1 else {}
     return {"strategy": strategy, "target_ranks": target_ranks, "edges": list(edges) if edges else None,
             "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
-            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"]}
+            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"], **nodes}
 
 
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -169,8 +169,13 @@ class StepRunner:
         return feats, time.perf_counter() - t0
 
     def drafter_step(self, batch: Batch, features: torch.Tensor, *, step: Optional[int] = None,
-                     epoch: int = 0) -> tuple[float, float]:
-        """One AdamW step of the drafter on ``batch``; returns (loss, seconds)."""
+                     epoch: int = 0, reduce: Optional[Callable[[float], Any]] = None) -> tuple[float, float]:
+        """One AdamW step of the drafter on ``batch``; returns (loss, seconds).
+
+        ``reduce`` (several drafters training one model): called after the backward with the loss's weight
+        sum (:class:`lenbatch_study.models.drafter.DrafterOutput`), it replaces every gradient by the
+        cluster's (:meth:`lenbatch_study.runtime.transport.DrafterGroup.reduce`); clipping and the update
+        follow. Its seconds are not in the returned ones (they are the group's ``last_*_s``)."""
         assert self.drafter is not None and self.optimizer is not None, "built without the drafter"
         p = self.params
         step = self.steps if step is None else step
@@ -188,6 +193,7 @@ class StepRunner:
                                lm_head=self.lm_head)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
+        reduce_s = self._reduce(reduce, out.weight_sum)
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), p.drafter.grad_clip)
         self.optimizer.step()
         loss = float(out.loss.detach())
@@ -195,7 +201,30 @@ class StepRunner:
         self.last_cpu_s = time.process_time() - c0
         self.steps = step + 1
         self.last_output = out
-        return loss, time.perf_counter() - t0
+        return loss, time.perf_counter() - t0 - reduce_s
+
+    def drafter_idle_step(self, *, reduce: Callable[[float], Any]) -> float:
+        """The update of a drafter without a batch in this step (its node's steps ran out while another
+        node's did not): no gradient of its own (weight 0), the cluster's through ``reduce``, then clipping
+        and the update, so its weights stay those of every other drafter. Returns the seconds (reduce
+        excluded)."""
+        assert self.drafter is not None and self.optimizer is not None, "built without the drafter"
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        reduce_s = self._reduce(reduce, 0.0)
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.params.drafter.grad_clip)
+        self.optimizer.step()
+        _sync(self.device)
+        self.last_output = None
+        return time.perf_counter() - t0 - reduce_s
+
+    @staticmethod
+    def _reduce(reduce: Optional[Callable[[float], Any]], weight: float) -> float:
+        if reduce is None:
+            return 0.0
+        t0 = time.perf_counter()
+        reduce(weight)
+        return time.perf_counter() - t0
 
 
 # Token counts of the warm-up forwards: one a multiple of 16 and one not, Triton's two integer
