@@ -8,6 +8,10 @@ checkpoint to the log it extends: ``--resume`` continues only when ``steps.jsonl
 rows ``0 .. step-1`` that were written beside that checkpoint (so an older run's checkpoint is never
 resumed under a newer run's log, which used to lose the steps in between with exit code 0).
 
+Across nodes (``train.nodes > 1``) node 0's drafter writes and reads it; on resume it sends the restored
+checkpoint to the other drafters (:meth:`lenbatch_study.runtime.transport.DrafterGroup.broadcast`), so every
+drafter continues from the same weights, optimizer and RNG state.
+
 It holds only tensors and plain values (dicts, lists, tuples, str, int, float, bool, None: numpy's RNG
 state is stored as a tensor), so it is read with ``torch.load(..., weights_only=True)``: a
 ``checkpoint.pt`` someone else wrote (a shared results folder, a copied experiment) cannot run code

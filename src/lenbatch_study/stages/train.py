@@ -21,6 +21,23 @@ Roles (``torchrun --nproc_per_node N -m lenbatch_study train ...``, env RANK/WOR
   Without torchrun and ``train.nproc > 1``, ``lenbatch train`` re-executes itself under
   ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged).
 
+Across nodes (``train.nodes`` = N > 1; ``N x train.nproc`` processes, one torchrun per node or one for all):
+roles come from the global rank (:class:`Roles`: node ``rank // nproc``, local index ``nproc - 1`` the node's
+drafter, the others target ranks), so one code path serves both. The schedule is sharded over all
+``N x (nproc - 1)`` target ranks and each node's drafter takes its own target ranks' steps in schedule order;
+cluster step ``c`` is every drafter's ``c``-th step (:func:`lenbatch.batching.schedule.cluster_steps`). The
+drafters train one model (:class:`lenbatch_study.runtime.transport.DrafterGroup`): token-weighted gradient
+all-reduce before clipping, so a cluster step is one big batch's update; a drafter whose node's steps ran out
+joins with weight 0; after every cluster step each drafter's row and weight checksum are all-gathered (a
+mismatch stops every drafter). Node 0's drafter (global rank ``nproc - 1``) writes OUT: the rows in global
+step order, each with ``node``, ``cluster_step``, ``allreduce_s`` (the gradient all-reduce alone) and
+``cluster_wait_s`` (waiting for the slowest node), and ``t`` the cluster step's end on its clock; the summary
+adds ``per_node`` throughput, ``allreduce_s_mean`` and ``weights_checksums``. Checkpoints are written only
+where the trained steps are a prefix of the schedule (whole rounds of the target ranks, or the end), and on
+resume node 0's drafter sends the restored state to the others. A run that stops inside a round (its last
+cluster step short) and is later extended pairs the steps after it anew: such an extension trains the same
+batches as one uninterrupted run but not the same updates.
+
 gloo on CPU, NCCL on GPU (``train.device``). The trained drafter keeps fp32 master weights (autocast
 to ``model.dtype``); the frozen target runs in ``model.dtype``.
 
@@ -433,7 +450,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
     t_start = time.perf_counter()
     paused = ck_s = 0.0  # checkpoint seconds: all so far (off the clock "t"), the last one (in the next row)
     pending: dict[int, dict[str, Any]] = {}  # rows waiting for an earlier global step's row (node 0)
-    done = start  # global steps written: the schedule's first ``done``
+    done = settled = start  # global steps written (the schedule's first ``done``); at the last prefix point
     # the cluster steps trained before ``start``: the most steps any node trained (a checkpoint's steps are a
     # prefix of the schedule, so the nodes' counts differ only in the last round, where some ran out)
     first_cluster = max(np.bincount([s.rank // roles.per_node for s in setup.schedule[:start]],
@@ -482,13 +499,13 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
         for r in rows:
             if r is not None:
                 pending[r["step"]] = r
-        before = done
         while done in pending:
             rec.add(pending.pop(done))
             done += 1
         if not pending:  # the steps trained are exactly the schedule's first ``done``
-            ck_s = _periodic_checkpoint(setup, runner, rec, done=done, before=before)
+            ck_s = _periodic_checkpoint(setup, runner, rec, done=done, before=settled)
             paused += ck_s
+            settled = done
     assert not pending, f"steps {sorted(pending)} were trained but an earlier one was not"
     import torch.distributed as dist
 
