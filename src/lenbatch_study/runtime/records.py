@@ -3,7 +3,8 @@
 :class:`Recorder` writes the lines (flushed per step, digested for the checkpoint) and the summary
 (post-warm-up pipeline throughput, padding efficiency, loss curve) on the measuring rank;
 :func:`resumed_log` keeps a resumed run's earlier lines; :func:`step_row` is one line's fields and
-:func:`batch_hash` the hash that ties a line to the planned batch. Used by :mod:`lenbatch_study.stages.train`.
+:func:`batch_hash` the hash that ties a line to the planned batch; :func:`progress_line` is a step's log line.
+Used by :mod:`lenbatch_study.stages.train`.
 """
 
 from __future__ import annotations
@@ -240,6 +241,26 @@ def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, 
             "compile_s": round(compile_s, 6), "checkpoint_s": round(checkpoint_s, 6), **extra}
 
 
+def progress_line(step: StepLike, total: int, loss: float, useful_done: int, t: float, *,
+                  target_ranks: int = 1) -> str:
+    """The progress line of ``step`` (of ``total``), ``t`` seconds in. ``loss`` NaN: none known yet ("pending":
+    in a pipelined run target rank 0 shows the drafter's last loss, which comes back a few steps late).
+    ``target_ranks`` > 1: ``useful_done`` counts rank 0's own batches, and the rate scales them by the target
+    ranks, an estimate marked ``~`` (``summary.json`` has the exact numbers)."""
+    shown = "pending" if np.isnan(loss) else f"{loss:.4f}"
+    where = "" if target_ranks == 1 else f" on target rank 0 of {target_ranks}"
+    rate = f"{'~' if target_ranks > 1 else ''}{useful_done * target_ranks / max(t, 1e-9):.0f}"
+    return (f"step {step.step + 1}/{total} (epoch {step.epoch}): loss {shown}, {useful_done:,} useful tokens{where}, "
+            f"{t:.1f} s, {rate} useful tok/s")
+
+
+def progress(step: StepLike, total: int, loss: float, useful_done: int, t: float, *,
+              target_ranks: int = 1) -> None:
+    every = max(1, total // 20)
+    if step.step % every == 0 or step.step == total - 1:
+        log.info("%s", progress_line(step, total, loss, useful_done, t, target_ranks=target_ranks))
+
+
 def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:
     logger = log
     if force:  # the drafter rank measures; let it speak even though it is not rank 0
@@ -257,4 +278,5 @@ def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> N
                 summary["final_loss"] or float("nan"), out / "summary.json")
 
 
-__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "log_summary", "resumed_log", "step_row"]
+__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "log_summary", "progress", "progress_line",
+           "resumed_log", "step_row"]

@@ -4,13 +4,15 @@ Shared by ``lenbatch train`` (every rank) and ``lenbatch profile`` (both roles),
 times exactly the steps training runs: :class:`StepRunner` (target forward, drafter AdamW step),
 :func:`resolve_device` (``train.device`` -> a torch device), :func:`configure_process` (threads,
 host allocator) and :func:`init_process_group` (NCCL on GPUs, gloo otherwise or when ranks share a
-GPU). Neither stage imports the other; both import this module.
+GPU), and :class:`Roles`: what a process of a (multi-node) training is, from its global rank. Neither stage
+imports the other; both import this module.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -79,6 +81,49 @@ def configure_process(params: Params) -> None:
     os.environ.setdefault(ALLOC_CONF_ENV, ALLOC_CONF)
     if params.train.reuse_host_memory:
         reuse_freed_memory()
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Who a process is, from its global rank (``nodes`` x ``nproc`` processes; module doc): node
+    ``rank // nproc``; local index ``nproc - 1`` is that node's drafter, the others its target ranks, whose
+    global target rank (the schedule's ``step.rank``) is ``node x (nproc - 1) + local``."""
+
+    rank: int
+    nproc: int
+    nodes: int
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.nproc
+
+    @property
+    def per_node(self) -> int:  # target ranks per node
+        return max(1, self.nproc - 1)
+
+    @property
+    def is_drafter(self) -> bool:
+        return self.rank % self.nproc == self.nproc - 1
+
+    @property
+    def writes(self) -> bool:  # node 0's drafter (or the single process) measures and writes OUT
+        return self.rank == self.nproc - 1
+
+    @property
+    def target_index(self) -> int:
+        return self.node * self.per_node + self.rank % self.nproc
+
+    @property
+    def drafter_process(self) -> int:  # the global rank of this node's drafter
+        return self.node * self.nproc + self.nproc - 1
+
+    def target_process(self, target_rank: int) -> int:
+        """The global rank of the process of global target rank ``target_rank``."""
+        return (target_rank // self.per_node) * self.nproc + target_rank % self.per_node
+
+    @property
+    def drafter_ranks(self) -> list[int]:
+        return [k * self.nproc + self.nproc - 1 for k in range(self.nodes)]
 
 
 class StepRunner:
@@ -266,5 +311,5 @@ def torchrun_world() -> tuple[bool, int, int]:
                                                                             if under else 0)
 
 
-__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "StepRunner", "configure_process", "init_process_group",
+__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "Roles", "StepRunner", "configure_process", "init_process_group",
            "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target"]

@@ -22,21 +22,13 @@ Roles (``torchrun --nproc_per_node N -m lenbatch_study train ...``, env RANK/WOR
   ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged).
 
 Across nodes (``train.nodes`` = N > 1; ``N x train.nproc`` processes, one torchrun per node or one for all):
-roles come from the global rank (:class:`Roles`: node ``rank // nproc``, local index ``nproc - 1`` the node's
-drafter, the others target ranks), so one code path serves both. The schedule is sharded over all
-``N x (nproc - 1)`` target ranks and each node's drafter takes its own target ranks' steps in schedule order;
-cluster step ``c`` is every drafter's ``c``-th step (:func:`lenbatch.batching.schedule.cluster_steps`). The
-drafters train one model (:class:`lenbatch_study.runtime.transport.DrafterGroup`): token-weighted gradient
-all-reduce before clipping, so a cluster step is one big batch's update; a drafter whose node's steps ran out
-joins with weight 0; after every cluster step each drafter's row and weight checksum are all-gathered (a
-mismatch stops every drafter). Node 0's drafter (global rank ``nproc - 1``) writes OUT: the rows in global
-step order, each with ``node``, ``cluster_step``, ``allreduce_s`` (the gradient all-reduce alone) and
-``cluster_wait_s`` (waiting for the slowest node), and ``t`` the cluster step's end on its clock; the summary
-adds ``per_node`` throughput, ``allreduce_s_mean`` and ``weights_checksums``. Checkpoints are written only
-where the trained steps are a prefix of the schedule (whole rounds of the target ranks, or the end), and on
-resume node 0's drafter sends the restored state to the others. A run that stops inside a round (its last
-cluster step short) and is later extended pairs the steps after it anew: such an extension trains the same
-batches as one uninterrupted run but not the same updates.
+roles come from the global rank (:class:`lenbatch_study.runtime.runner.Roles`); the schedule is sharded over
+all ``N x (nproc - 1)`` target ranks, each node's drafter takes its own target ranks' steps in schedule order,
+and the drafters train one model, cluster step by cluster step (:mod:`lenbatch.batching.schedule`,
+:class:`lenbatch_study.runtime.transport.DrafterGroup`). Node 0's drafter writes OUT: rows in global step
+order with ``node``, ``cluster_step``, ``allreduce_s``, ``cluster_wait_s`` and ``t`` the cluster step's end;
+checkpoints only where the steps trained are a prefix of the schedule (so a resume replays the batches and
+losses; a run stopped inside a round and later extended pairs its remaining steps anew).
 
 gloo on CPU, NCCL on GPU (``train.device``). The trained drafter keeps fp32 master weights (autocast
 to ``model.dtype``); the frozen target runs in ``model.dtype``.
@@ -101,8 +93,10 @@ from lenbatch_study.runtime.lifetime import die_with_parent
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.outputs import commit_staged, writer_lock
 from lenbatch_study.runtime import reference
-from lenbatch_study.runtime.records import Recorder, log_summary, resumed_log, step_row
+from lenbatch_study.runtime.records import (Recorder, log_summary, progress, progress_line,  # noqa: F401 (public)
+                                            resumed_log, step_row)
 from lenbatch_study.runtime.runner import (
+    Roles,
     StepRunner,
     configure_process,
     init_process_group,
@@ -111,56 +105,13 @@ from lenbatch_study.runtime.runner import (
     resolve_device,
     torchrun_world,
 )
-from lenbatch.batching.schedule import Schedule, ScheduledStep, build_schedule, cluster_steps
+from lenbatch.batching.schedule import Schedule, build_schedule, cluster_steps
 from lenbatch_study.runtime.transport import Channel, DrafterGroup, DrafterLink, TargetLink, settle, weights_checksum
 
 log = get_logger("train")
 
 
 # --------------------------------------------------------------------------- the run
-
-
-@dataclass(frozen=True)
-class Roles:
-    """Who a process is, from its global rank (``nodes`` x ``nproc`` processes; module doc): node
-    ``rank // nproc``; local index ``nproc - 1`` is that node's drafter, the others its target ranks, whose
-    global target rank (the schedule's ``step.rank``) is ``node x (nproc - 1) + local``."""
-
-    rank: int
-    nproc: int
-    nodes: int
-
-    @property
-    def node(self) -> int:
-        return self.rank // self.nproc
-
-    @property
-    def per_node(self) -> int:  # target ranks per node
-        return max(1, self.nproc - 1)
-
-    @property
-    def is_drafter(self) -> bool:
-        return self.rank % self.nproc == self.nproc - 1
-
-    @property
-    def writes(self) -> bool:  # node 0's drafter (or the single process) measures and writes OUT
-        return self.rank == self.nproc - 1
-
-    @property
-    def target_index(self) -> int:
-        return self.node * self.per_node + self.rank % self.nproc
-
-    @property
-    def drafter_process(self) -> int:  # the global rank of this node's drafter
-        return self.node * self.nproc + self.nproc - 1
-
-    def target_process(self, target_rank: int) -> int:
-        """The global rank of the process of global target rank ``target_rank``."""
-        return (target_rank // self.per_node) * self.nproc + target_rank % self.per_node
-
-    @property
-    def drafter_ranks(self) -> list[int]:
-        return [k * self.nproc + self.nproc - 1 for k in range(self.nodes)]
 
 
 @dataclass
@@ -225,26 +176,6 @@ def _resume_point(setup: RunSetup, runner: StepRunner
     return int(ck["step"]), ck["samplers"], kept, ck
 
 
-
-
-def progress_line(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float, *,
-                  target_ranks: int = 1) -> str:
-    """The progress line of ``step`` (of ``total``), ``t`` seconds in. ``loss`` NaN: none known yet ("pending":
-    in a pipelined run target rank 0 shows the drafter's last loss, which comes back a few steps late).
-    ``target_ranks`` > 1: ``useful_done`` counts rank 0's own batches, and the rate scales them by the target
-    ranks, an estimate marked ``~`` (``summary.json`` has the exact numbers)."""
-    shown = "pending" if np.isnan(loss) else f"{loss:.4f}"
-    where = "" if target_ranks == 1 else f" on target rank 0 of {target_ranks}"
-    rate = f"{'~' if target_ranks > 1 else ''}{useful_done * target_ranks / max(t, 1e-9):.0f}"
-    return (f"step {step.step + 1}/{total} (epoch {step.epoch}): loss {shown}, {useful_done:,} useful tokens{where}, "
-            f"{t:.1f} s, {rate} useful tok/s")
-
-
-def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float, *,
-              target_ranks: int = 1) -> None:
-    every = max(1, total // 20)
-    if step.step % every == 0 or step.step == total - 1:
-        log.info("%s", progress_line(step, total, loss, useful_done, t, target_ranks=target_ranks))
 
 
 def _reference_point(setup: RunSetup, runner: StepRunner, *, role: str) -> tuple[dict[str, Any], float]:
@@ -341,7 +272,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         t = time.perf_counter() - t_start - paused
         rec.add(step_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
                           runner=runner, target_cpu_s=t_cpu, compile_s=runner.last_compile_s, checkpoint_s=ck_s))
-        _progress(step, len(setup.schedule), loss, useful_done, t)
+        progress(step, len(setup.schedule), loss, useful_done, t)
         ck_s = _periodic_checkpoint(setup, runner, rec, done=step.step + 1, before=step.step)
         paused += ck_s
     ref = None
@@ -412,7 +343,7 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
         link.send(batch, feats, meta=meta)
         useful_done += batch.useful_tokens
         if setup.rank == 0:
-            _progress(step, len(setup.schedule), link.last_loss, useful_done, time.perf_counter() - t_start,
+            progress(step, len(setup.schedule), link.last_loss, useful_done, time.perf_counter() - t_start,
                       target_ranks=setup.target_ranks)
     link.drain()
     ref_points = None
