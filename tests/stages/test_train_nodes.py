@@ -83,7 +83,8 @@ def test_the_weight_checksum_sees_one_changed_weight():
 
 def test_the_token_weighted_all_reduce_gives_the_gradient_of_one_big_batch(tmp_path):
     """Two real gloo processes: drafter k's gradient of its own weighted-mean loss, reduced with weight
-    sum(w_k), equals the gradient of the loss of both batches as one batch (module doc of transport)."""
+    sum(w_k), equals the gradient of the loss of both batches as one batch (module doc of transport); and
+    differing weight checksums raise on both."""
     script = tmp_path / "worker.py"
     script.write_text(_REDUCE)
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path)], env=ENV,
@@ -95,6 +96,8 @@ def test_the_token_weighted_all_reduce_gives_the_gradient_of_one_big_batch(tmp_p
     for a, b, want in zip(got[0]["reduced"], got[1]["reduced"], got[0]["whole"]):
         assert torch.equal(a, b)  # every drafter holds the same gradient
         assert torch.allclose(a, want, rtol=1e-5, atol=1e-7)
+    for g in got:
+        assert "differ between the nodes after cluster step 5" in g["diverged"] and "[7, 8]" in g["diverged"]
 
 
 _REDUCE = r"""
@@ -113,8 +116,13 @@ group.module = model
 group.reduce(float(w[mine].sum()))
 reduced = [p.grad.clone() for p in model.parameters()]
 whole = (w * model(x).squeeze(-1) ** 2).sum() / w.sum()  # both batches as one
-torch.save({"reduced": reduced, "whole": list(torch.autograd.grad(whole, list(model.parameters())))},
-           f"{path}/grads{rank}.pt")
+try:  # weights that differ between the drafters stop every one of them, naming the step
+    group.share(None, 7 + rank, step=5)
+    diverged = ""
+except RuntimeError as err:
+    diverged = str(err)
+torch.save({"reduced": reduced, "whole": list(torch.autograd.grad(whole, list(model.parameters()))),
+            "diverged": diverged}, f"{path}/grads{rank}.pt")
 dist.destroy_process_group()
 """
 
