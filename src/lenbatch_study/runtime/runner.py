@@ -85,9 +85,9 @@ def configure_process(params: Params) -> None:
 
 @dataclass(frozen=True)
 class Roles:
-    """Who a process is, from its global rank (``nodes`` x ``nproc`` processes; module doc): node
-    ``rank // nproc``; local index ``nproc - 1`` is that node's drafter, the others its target ranks, whose
-    global target rank (the schedule's ``step.rank``) is ``node x (nproc - 1) + local``."""
+    """Who a process of a training is (``nodes`` x ``nproc`` processes, :mod:`lenbatch_study.stages.train`), from
+    its global rank: node ``rank // nproc``; local index ``nproc - 1`` is that node's drafter, the others its
+    target ranks, whose global target rank (the schedule's ``step.rank``) is ``node x (nproc - 1) + local``."""
 
     rank: int
     nproc: int
@@ -311,5 +311,5 @@ def torchrun_world() -> tuple[bool, int, int]:
                                                                             if under else 0)
 
 
-__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "Roles", "StepRunner", "configure_process", "init_process_group",
-           "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target"]
+__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "Roles", "StepRunner", "configure_process",
+           "init_process_group", "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target"]
