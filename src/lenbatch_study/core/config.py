@@ -181,6 +181,9 @@ class TrainConfig:
     strategies: tuple[str, ...] = _f(STRATEGIES, "strategies trained and compared")
     nproc: int = _f(2, "torchrun processes: nproc - 1 target ranks and 1 drafter rank (1 = single process)",
                     minimum=1)
+    nodes: int = _f(1, "machines training one drafter together: nproc processes per node (nproc - 1 target ranks "
+                    "and 1 drafter rank each), the plan sharded over every node's target ranks, the drafters' "
+                    "gradients all-reduced (nodes x nproc processes in all)", minimum=1)
     useful_tokens: int = _f(400_000, "each strategy trains until this many useful (non-padding) tokens",
                             minimum=1)
     warmup_steps: int = _f(3, "steps excluded from throughput", minimum=0)
@@ -200,8 +203,11 @@ class TrainConfig:
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
             raise ValueError(f"train.strategies has unknown {unknown}; choose from {list(STRATEGIES)}")
-        _positive("train", nproc=self.nproc, useful_tokens=self.useful_tokens, queue_size=self.queue_size,
-                  threads=self.threads)
+        _positive("train", nproc=self.nproc, nodes=self.nodes, useful_tokens=self.useful_tokens,
+                  queue_size=self.queue_size, threads=self.threads)
+        if self.nodes > 1 and self.nproc < 2:
+            raise ValueError(f"train.nodes is {self.nodes} but train.nproc is {self.nproc}: every node needs a target "
+                             "rank and a drafter rank; set train.nproc >= 2 (or train.nodes: 1)")
 
 
 @dataclass(frozen=True)

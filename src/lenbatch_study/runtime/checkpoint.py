@@ -10,6 +10,10 @@ checkpoint to the log it extends: ``--resume`` continues only when ``steps.jsonl
 rows ``0 .. step-1`` that were written beside that checkpoint (so an older run's checkpoint is never
 resumed under a newer run's log, which used to lose the steps in between with exit code 0).
 
+Across nodes (``train.nodes > 1``) node 0's drafter writes and reads it; on resume it sends the restored
+checkpoint to the other drafters (:meth:`lenbatch_study.runtime.transport.DrafterGroup.broadcast`), so every
+drafter continues from the same weights, optimizer and RNG state.
+
 It holds only tensors and plain values (dicts, lists, tuples, str, int, float, bool, None: numpy's RNG
 state is stored as a tensor), so it is read with ``torch.load(..., weights_only=True)``: a
 ``checkpoint.pt`` someone else wrote (a shared results folder, a copied experiment) cannot run code
@@ -55,11 +59,14 @@ def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...
     """What a resumed run must share with the run that wrote the checkpoint (plan, model, drafter).
 
     train.useful_tokens, --max-steps, queue_size, threads and checkpoint_every may change on resume.
+    ``train.nodes`` may not (above 1 it groups the steps into the drafters' updates), and is recorded only
+    then, so a one-node checkpoint stays what it was.
     """
     p = params.to_dict()
+    nodes = {"nodes": p["train"]["nodes"]} if p["train"]["nodes"] > 1 else {}
     return {"strategy": strategy, "target_ranks": target_ranks, "edges": list(edges) if edges else None,
             "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
-            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"]}
+            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"], **nodes}
 
 
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
