@@ -25,7 +25,7 @@ from lenbatch_study.runtime.checkpoint import check_log
 from lenbatch.loading.collate import Batch
 from lenbatch_study.core.config import Params
 from lenbatch.log import get_logger
-from lenbatch_study.runtime.runner import StepRunner
+from lenbatch_study.runtime.runner import StepRunner, peak_memory_bytes, ranks_per_device
 from lenbatch_study.core.cpu import steps_cpu_share
 
 log = get_logger("train")
@@ -270,6 +270,20 @@ def progress(step: StepLike, total: int, loss: float, useful_done: int, t: float
         log.info("%s", progress_line(step, total, loss, useful_done, t, target_ranks=target_ranks))
 
 
+def device_report(params: Params, *, lengths: Any, batches: list[Any], device: Any, world_size: int,
+                  kernels: dict[str, Any], target_peak: Optional[int]) -> dict[str, Any]:
+    """What a run ran and held: the target's kernels and Triton compile seconds (``kernels``:
+    :meth:`StepRunner.kernel_report`), peak device memory per role (bytes; None on CPU) against
+    :mod:`lenbatch_study.models.memory`'s estimate for the plan's ``batches`` (index arrays into ``lengths``)."""
+    from lenbatch_study.models.memory import plan_memory_shape, rank_memory
+
+    est_t, est_d = rank_memory(params, **plan_memory_shape(params, lengths, batches),
+                               host_queue=device.type == "cuda" and ranks_per_device(world_size) > 1)
+    return {"kernel_backend": kernels,
+            "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(device)},
+            "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
+
+
 def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:
     logger = log
     if force:  # the drafter rank measures; let it speak even though it is not rank 0
@@ -287,5 +301,5 @@ def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> N
                 summary["final_loss"] or float("nan"), out / "summary.json")
 
 
-__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "log_summary", "progress", "progress_line",
+__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "device_report", "log_summary", "progress", "progress_line",
            "resumed_log", "step_row"]

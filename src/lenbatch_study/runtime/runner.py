@@ -143,20 +143,6 @@ def check_world(params: Params, *, under_torchrun: bool, world: int) -> None:
                          f"of train.nodes={nodes} runs --nproc_per_node {nproc}")
 
 
-def device_report(params: Params, *, lengths: Any, batches: list[Any], device: torch.device, world_size: int,
-                  kernels: dict[str, Any], target_peak: Optional[int]) -> dict[str, Any]:
-    """What a run ran and held: the target's kernels and Triton compile seconds (``kernels``:
-    :meth:`StepRunner.kernel_report`), peak device memory per role (bytes; None on CPU) against
-    :mod:`lenbatch_study.models.memory`'s estimate for the plan's ``batches`` (index arrays into ``lengths``)."""
-    from lenbatch_study.models.memory import plan_memory_shape, rank_memory
-
-    est_t, est_d = rank_memory(params, **plan_memory_shape(params, lengths, batches),
-                               host_queue=device.type == "cuda" and ranks_per_device(world_size) > 1)
-    return {"kernel_backend": kernels,
-            "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(device)},
-            "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
-
-
 class StepRunner:
     """Target forward and drafter training step for one process (single-process mode, profile).
 
@@ -342,5 +328,5 @@ def torchrun_world() -> tuple[bool, int, int]:
                                                                             if under else 0)
 
 
-__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "Roles", "StepRunner", "check_world", "configure_process", "device_report",
+__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "Roles", "StepRunner", "check_world", "configure_process",
            "init_process_group", "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target"]

@@ -108,14 +108,13 @@ from lenbatch_study.pipeline.outputs import (
     writer_lock,
 )
 from lenbatch_study.runtime import reference
-from lenbatch_study.runtime.records import (Recorder, log_summary, progress, progress_line,  # noqa: F401 (public)
+from lenbatch_study.runtime.records import (Recorder, device_report, log_summary, progress, progress_line,  # noqa: F401 (public)
                                             resumed_log, step_row)
 from lenbatch_study.runtime.runner import (
     Roles,
     StepRunner,
     check_world,
     configure_process,
-    device_report,
     init_process_group,
     peak_memory_bytes,
     ranks_per_device,
