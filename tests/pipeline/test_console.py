@@ -127,7 +127,7 @@ def test_a_real_run_prints_two_lines_per_job_and_a_dry_run_reads_as_snakemake_s(
     dry = _snakemake(wf, "-n")
     assert dry.returncode == 0, dry.stderr
     assert "rule a:" in dry.stdout + dry.stderr and "Job stats:" in dry.stdout + dry.stderr
-    run = _snakemake(wf)
+    run = _snakemake(wf, "-p")  # the workflow profile prints shell commands: the console still leaves them out
     assert run.returncode == 0, run.stderr
     lines = (run.stdout + run.stderr).splitlines()
     jobs = [line for line in lines if ": started, log " in line or ": done in " in line]
@@ -140,8 +140,19 @@ def test_a_real_run_prints_two_lines_per_job_and_a_dry_run_reads_as_snakemake_s(
 
 
 def test_a_failed_job_is_reported_with_its_log_but_without_its_shell_command(tmp_path):
-    run = _snakemake(_workflow(tmp_path, fail=True), "--show-failed-logs")
+    run = _snakemake(_workflow(tmp_path, fail=True), "--show-failed-logs", "-p")
     text = run.stdout + run.stderr
     assert run.returncode != 0
     assert "Error in rule b" in text and "logs/b.log" in text and "it broke" in text
     assert "exit 3" not in text and "xxxxxxxxxx" not in text
+
+
+def test_under_a_dvc_stage_a_job_prints_one_line(monkeypatch, tmp_path):
+    """DVC's own 'Running stage' line names the stage: the job adds only its end, with its log."""
+    monkeypatch.setenv("LENBATCH_STAGE_ONLY", "1")
+    h = _handler()
+    h._emit(_record(LogEvent.RUN_INFO, stats={"tokenize": 1, "total": 1}))
+    h._emit(_record(LogEvent.JOB_INFO, jobid=1, rule_name="tokenize", wildcards={}, log=["logs/tokenize.log"]))
+    h._emit(_record(LogEvent.JOB_FINISHED, job_id=1))
+    (line,) = h.stream.getvalue().splitlines()
+    assert "tokenize: done in " in line and line.endswith(", log logs/tokenize.log")

@@ -12,8 +12,9 @@ package that imports :class:`LogHandler`). A run then prints, per job:
   line per :data:`PROGRESS_EVERY` seconds per job, none before :data:`PROGRESS_AFTER` seconds, so a short
   job stays at two lines.
 
-Warnings and errors print as Snakemake prints them, without the failed job's shell command (its params
-JSON runs to a few KB; the job's log starts with what it read). Dry runs (``-n``), ``--verbose`` and
+Shell commands are not printed (each carries its stage's params JSON, up to a few KB; Snakemake's own log,
+``.snakemake/log``, and a dry run have them). Warnings and errors print as Snakemake prints them, without
+the failed job's shell command (the job's log starts with what it read). Dry runs (``-n``), ``--verbose`` and
 ``--debug-dag`` print exactly Snakemake's default output, so ``snakemake -n`` reads as always. Snakemake's
 own log file (``.snakemake/log``) is written by its default file handler, which this does not replace.
 Cost: one regular-expression scan of each running job's new log bytes per :data:`POLL_SECONDS`.
@@ -177,9 +178,7 @@ class LogHandler(LogHandlerBase):
         if event == LogEvent.JOB_FINISHED:
             self._finish(getattr(record, "job_id", None), now)
             return
-        if event == LogEvent.SHELLCMD:
-            if self.common_settings.printshellcmds:
-                self.default.handle(record)
+        if event == LogEvent.SHELLCMD:  # the params JSON: Snakemake's log and a dry run show it
             return
         if event in (LogEvent.JOB_ERROR, LogEvent.GROUP_ERROR):
             quiet = copy.copy(record)
