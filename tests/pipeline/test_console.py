@@ -156,3 +156,32 @@ def test_under_a_dvc_stage_a_job_prints_one_line(monkeypatch, tmp_path):
     h._emit(_record(LogEvent.JOB_FINISHED, job_id=1))
     (line,) = h.stream.getvalue().splitlines()
     assert "tokenize: done in " in line and line.endswith(", log logs/tokenize.log")
+
+
+def test_the_stages_progress_lines_give_the_console_its_counts():
+    """What tokenize, profile and train write to their logs is what the console reads as k/N."""
+    import numpy as np
+
+    from lenbatch.batching.schedule import ScheduledStep
+    from lenbatch_study.corpus.sources import SourceReport
+    from lenbatch_study.corpus.tokenizing import _Progress as TokenizeProgress
+    from lenbatch_study.stages import profile
+    from lenbatch_study.stages.train import progress_line
+
+    report = SourceReport(path="x.jsonl", format="jsonl", bytes=2048 * 1024, bytes_read=512 * 1024)
+    assert console.parse_progress(TokenizeProgress(None, False, report).done_of(10))[1:] == (512, 2048)
+    assert console.parse_progress(TokenizeProgress(100, False, report).done_of(10))[1:] == (10, 100)
+    step = ScheduledStep(step=11, epoch=0, rank=0, local=11, indices=np.zeros(1, np.int64), useful=100)
+    assert console.parse_progress(progress_line(step, 40, float("nan"), 1200, 3.0))[1:] == (12, 40)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    profile.log.addHandler(handler)
+    try:
+        note = profile._Progress(2, 16, 0.0)
+        note.last = -100.0  # the next point is logged
+        note.point(0, 4)
+        note.pass_done(0, False)
+    finally:
+        profile.log.removeHandler(handler)
+    assert [console.parse_progress(m)[1:] for m in seen] == [(5, 32), (16, 32)]

@@ -115,6 +115,7 @@ class LogHandler(LogHandlerBase):
         self.stream = self.default.stream
         self.stage_only = os.environ.get("LENBATCH_STAGE_ONLY") == "1"  # under a DVC stage command
         self.jobs: dict[int, Job] = {}
+        self.failed = False
         self.done = 0
         self.total: Optional[int] = None
         self.lock = threading.RLock()
@@ -185,12 +186,15 @@ class LogHandler(LogHandlerBase):
             if hasattr(quiet, "shellcmd"):
                 quiet.shellcmd = None  # the params JSON; the job's log names what it read
             with self.lock:
+                self.failed = True
                 self.jobs.pop(getattr(record, "jobid", None), None)
                 self.default.handle(quiet)
             return
         msg = record.getMessage()
         if event is None and record.levelno < logging.WARNING and msg.lstrip().startswith(CHATTER):
             return
+        if self.stage_only and not self.failed and msg.startswith("Complete log(s)"):
+            return  # under DVC a stage that worked needs no pointer to Snakemake's log
         short = FAILED_COMMAND.sub(r"The job's shell command (in Snakemake's log) returned non-zero exit status \1.", msg)
         if short != msg:  # the failed command carries the stage's params JSON: the log file has it
             record = copy.copy(record)
