@@ -185,3 +185,14 @@ def test_the_stages_progress_lines_give_the_console_its_counts():
     finally:
         profile.log.removeHandler(handler)
     assert [console.parse_progress(m)[1:] for m in seen] == [(5, 32), (16, 32)]
+
+
+def test_with_one_count_seen_the_time_left_is_the_rate_since_the_job_started(tmp_path):
+    log = tmp_path / "random.log"
+    h = _handler()
+    h._emit(_record(LogEvent.JOB_INFO, jobid=3, rule_name="train", wildcards={"strategy": "random"}, log=[str(log)]))
+    job = h.jobs[3]
+    job.started = 1000.0
+    log.write_text("train step 3/5 (epoch 0)\n")
+    # 3 steps in 14 s since the start: 2 left take 9 s
+    assert [line[9:] for line in h.poll(1014.0)] == ["train[random]: step 3/5 (60%), 14 s so far, about 9 s left"]

@@ -7,10 +7,10 @@ package that imports :class:`LogHandler`). A run then prints, per job:
   already says it, only the end);
 - when it ends: how long it took and how many of the run's jobs are done;
 - while it runs, whenever its log reports progress as ``<word> k/N`` (a training's ``step k/N``, the
-  profile's ``pass k/N``, tokenize's ``read k/N records``): the latest such line, the elapsed time and
-  the time left, extrapolated from the rate since the first such line (:func:`eta_seconds`); at most one
-  line per :data:`PROGRESS_EVERY` seconds per job, none before :data:`PROGRESS_AFTER` seconds, so a short
-  job stays at two lines.
+  profile's ``point k/N``, tokenize's ``read k/N records`` or KiB): the latest such count, the elapsed time
+  and the time left, extrapolated from the rate since the first count seen, or since the job started
+  while only one has been seen (:func:`eta_seconds`); at most one line per :data:`PROGRESS_EVERY` seconds
+  per job, none before :data:`PROGRESS_AFTER` seconds, so a short job stays at two lines.
 
 Shell commands are not printed (each carries its stage's params JSON, up to a few KB; Snakemake's own log,
 ``.snakemake/log``, and a dry run have them). Warnings and errors print as Snakemake prints them, without
@@ -266,6 +266,8 @@ def progress_line(job: Job, now: float) -> Optional[str]:
     if k == job.printed_k or k == n:  # nothing new, or finished: the end line follows
         return None
     left = eta_seconds(job.first[0], job.first[1], k, now, n) if job.first else None
+    if left is None:  # one count seen so far: the rate since the job started (start-up included)
+        left = eta_seconds(0, job.started, k, now, n)
     tail = f", about {duration(left)} left" if left is not None else ""
     return f"{_clock()} {job.label}: {phrase} ({100 * k / n:.0f}%), {duration(now - job.started)} so far{tail}"
 
