@@ -23,7 +23,8 @@ from lenbatch_study.analysis import stepmodel as sm
 from lenbatch_study.cli import main
 from lenbatch_study.stages.compare import ACK_EVERY, compare
 from lenbatch_study.core.config import load_params
-from lenbatch_study.analysis.report import QUIET_RERUN, busy_machine, unsteady_machine, write_outputs
+from lenbatch_study.analysis.report import (QUIET_RERUN, REPLAY_PART, busy_machine, errors_beyond_noise, not_settled,
+                                           unsteady_machine, write_outputs)
 from lenbatch_study.core import machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -450,7 +451,34 @@ def test_the_report_carries_the_study_replay(stage_inputs, tmp_path):
     assert "## The study's own table, replayed" in report
     b = rows["bucketed (study edges)"]
     assert f"| bucketed (study edges) | {b['steps_per_rank']:,} | {100 * b['padding_efficiency']:.1f}% |" in report
-    assert report.index("## Drift calibration") < report.index("## The study's own table") < report.index("## Plots")
+    # the study's setting is its own part, after everything about this run's data; the answer never cites it
+    part = report.index(f"# {REPLAY_PART}")
+    assert report.index("## Drift calibration") < report.index("## Plots") < part < report.index("## The study's own table")
+    yours = report[:part]
+    assert not any(phrase in yours for phrase in ("The study predicted", "902,087", "study edges", "seed profile"))
+    assert REPLAY_PART in report.split("## Answer")[0]  # the opening line says where the replay is
+
+
+def test_predictions_that_miss_beyond_the_model_s_error_settle_nothing(stage_inputs, tmp_path):
+    """A quiet machine, but two strategies' predictions missed by more than the step-time model's own error (and
+    more than a steady machine's drift): the answer opens with that and the rerun, and recommends nothing in bold."""
+    root, params = stage_inputs
+    result = _run(root, params)
+    assert not_settled(result) == ""
+    rows = dict(result.rows)
+    for s, err in (("packed", -0.59), ("random", 0.39)):
+        rows[s] = dataclasses.replace(rows[s], prediction_error=err, calibrated_prediction_error=err)
+    missed = dataclasses.replace(result, rows=rows)
+    assert errors_beyond_noise(missed) == ["random +39.0%", "packed -59.0%"]
+    write_outputs(missed, tmp_path, params=params)
+    answer = (tmp_path / "report.md").read_text().split("## Answer")[1].split("\n## ")[0].strip()
+    assert answer.startswith("**Not settled: the predictions missed by more than the step-time model's own error** "
+                             "(random +39.0%, packed -59.0%, against the 10.0%")
+    assert QUIET_RERUN in answer and "**Use `" not in answer and "**K = " not in answer
+    # within the noise: settled again
+    rows["random"] = dataclasses.replace(rows["random"], prediction_error=0.09, calibrated_prediction_error=0.2)
+    rows["packed"] = dataclasses.replace(rows["packed"], prediction_error=-0.3, calibrated_prediction_error=0.05)
+    assert errors_beyond_noise(dataclasses.replace(result, rows=rows)) == []
 
 
 def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_inputs, tmp_path):
