@@ -69,7 +69,9 @@ rule train:
         # under SLURM with several nodes: one torchrun per node at the first node's address (its NodeAddr, which
         # may differ from its name), on a port of this job's own (trainings may share a node)
         "if [ {params.nodes} -gt 1 ] && [ -n \"${{SLURM_JOB_ID:-}}\" ]; then "
-        "head=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1); "
+        # (the SLURM executor hands the shell SLURM_JOB_ID alone of the job's variables: the nodes come from it)
+        "nodelist=$(scontrol show job \"$SLURM_JOB_ID\" | tr ' ' '\\n' | sed -n 's/^NodeList=//p' | head -n 1); "
+        "head=$(scontrol show hostnames \"$nodelist\" | head -n 1); "
         "addr=$(scontrol show node \"$head\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p'); "
         "launch=\"srun --nodes {params.nodes} --ntasks-per-node 1 torchrun --nnodes {params.nodes} "
         "--nproc_per_node {params.nproc} --rdzv-backend c10d --rdzv-endpoint ${{addr:-$head}}:$((29500 + SLURM_JOB_ID % 2000)) "
