@@ -2,7 +2,11 @@
 
 * :func:`ratio_intervals`: per strategy, the throughput ratio to sorted with its 95% interval, paired by
   round, so a drift common to a round cancels;
-* :func:`predicted_ratios`: the same ratio from the step model's predicted seconds of the same steps.
+* :func:`predicted_ratios`: the same ratio from the step model's predicted seconds of the same steps;
+* :func:`judge`: both side by side per strategy, with the prediction's error on the ratio and whether it
+  meets the targets (:data:`INTERVAL_TARGET`, :data:`PREDICTION_TARGET`);
+* :func:`flat_metrics`: the flat keys compare writes (``<strategy>.interleaved.*``);
+* :func:`section_lines`: the report's section (a table beside the other strategies' tables).
 """
 
 from __future__ import annotations
@@ -15,6 +19,14 @@ import numpy as np
 from lenbatch_study.analysis.gradquality import t_quantile
 
 BASELINE = "sorted"
+# What the interleaved measurement must reach to judge a prediction: every 95% interval within +-2% of
+# its ratio, and then every predicted ratio within 3% of the measured one.
+INTERVAL_TARGET = 0.02
+PREDICTION_TARGET = 0.03
+# The keys of metrics.json (DVC's headline, at most 40 numbers): the ratio and the predicted ratio of every
+# strategy but sorted, 8 for five strategies, beside the 31 of the trainings; the intervals go to
+# diagnostics.json (8 more numbers would overflow the 40).
+USER_METRIC_KEYS = ("interleaved.ratio_to_sorted", "interleaved.predicted_ratio")
 
 
 def ratio_intervals(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]], *,
@@ -56,4 +68,76 @@ def predicted_ratios(predicted_seconds: Mapping[str, Sequence[float]], useful_to
     return {s: thr(s) / b for s in predicted_seconds}
 
 
-__all__ = ["BASELINE", "predicted_ratios", "ratio_intervals"]
+def judge(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]],
+          predicted_seconds: Mapping[str, Sequence[float]], step_useful_tokens: Mapping[str, Sequence[float]], *,
+          baseline: str = BASELINE) -> dict[str, dict[str, object]]:
+    """Per strategy: the measured ratio to ``baseline`` and its 95% interval (:func:`ratio_intervals`, from
+    the per-round ``seconds`` and ``useful_tokens``), the predicted ratio of the same steps
+    (:func:`predicted_ratios`, from each timed step's ``predicted_seconds`` and ``step_useful_tokens``),
+    ``half_width`` = max(hi / ratio - 1, 1 - lo / ratio), ``prediction_error`` = predicted / measured - 1,
+    and ``interval_ok`` / ``prediction_ok`` against :data:`INTERVAL_TARGET` / :data:`PREDICTION_TARGET`.
+    Pure, O(S x (rounds + steps))."""
+    meas = ratio_intervals(seconds, useful_tokens, baseline=baseline)
+    pred = predicted_ratios(predicted_seconds, step_useful_tokens, baseline=baseline)
+    out: dict[str, dict[str, object]] = {}
+    for s, m in meas.items():
+        r = float(m["ratio_to_sorted"])  # type: ignore[arg-type]
+        lo, hi = m["ci95"]  # type: ignore[misc]
+        half = max(hi / r - 1.0, 1.0 - lo / r)
+        err = pred[s] / r - 1.0
+        out[s] = {"ratio_to_sorted": r, "ci95": [float(lo), float(hi)], "predicted_ratio": float(pred[s]),
+                  "rounds": m["rounds"], "half_width": half, "prediction_error": err,
+                  "interval_ok": half <= INTERVAL_TARGET, "prediction_ok": abs(err) <= PREDICTION_TARGET}
+    return out
+
+
+def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> dict[str, object]:
+    """Flat ``<strategy>.interleaved.<key>`` entries of :func:`judge`'s table (none without one) for every
+    strategy but the baseline (1, [1, 1] and 1 by definition): ``ratio_to_sorted``, ``ci95`` ([low, high]),
+    ``predicted_ratio`` and ``prediction_error`` (6 decimals). compare's ``metrics.json`` keeps the ratio and
+    the predicted ratio; ``diagnostics.json`` all four."""
+    out: dict[str, object] = {}
+    for s, r in (table or {}).items():
+        if s == baseline:
+            continue
+        p = f"{s}.interleaved."
+        out[p + "ratio_to_sorted"] = round(float(r["ratio_to_sorted"]), 6)  # type: ignore[arg-type]
+        out[p + "ci95"] = [round(float(x), 6) for x in r["ci95"]]  # type: ignore[union-attr]
+        out[p + "predicted_ratio"] = round(float(r["predicted_ratio"]), 6)  # type: ignore[arg-type]
+        out[p + "prediction_error"] = round(float(r["prediction_error"]), 6)  # type: ignore[arg-type]
+    return out
+
+
+def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> list[str]:
+    """The report's lines for :func:`judge`'s ``table`` (none without one): a blank line, the heading, what
+    was measured and the verdict on the targets, and one table row per strategy but the baseline."""
+    if not table:
+        return []
+    rows = [(s, r) for s, r in table.items() if s != baseline]
+    wide = [f"`{s}`" for s, r in rows if not r["interval_ok"]]
+    off = [f"`{s}`" for s, r in rows if not r["prediction_ok"]]
+    pct = f"{100 * INTERVAL_TARGET:g}%", f"{100 * PREDICTION_TARGET:g}%"
+    verdict = (f"The intervals of {', '.join(wide)} are wider than ±{pct[0]}: the machine's speed moved within "
+               f"rounds too much to judge a {pct[1]} prediction there (more `interleave.rounds` narrow them)."
+               if wide else f"Every interval is within ±{pct[0]}.")
+    verdict += (f" The predicted ratio is within {pct[1]} of the measured one for "
+                + ("every strategy." if not off else f"{len(rows) - len(off)} of {len(rows)} strategies (not "
+                                                     f"{', '.join(off)})."))
+    rounds = next(iter(table.values()))["rounds"]
+    lines = ["", "## Ratios measured in turns", "",
+             f"One process timed every strategy's steps in turns ({rounds} rounds, each strategy after its own "
+             "warm-up; `lenbatch interleave`), so the machine's drift fell on all alike, where the trainings above "
+             f"ran one after another. A ratio is the strategy's useful tokens/s over `{baseline}`'s, paired by round "
+             "(95% interval over rounds); the prediction is the step model's for the same steps, target and "
+             "drafter one after the other as the profile grid timed them alone. " + verdict, "",
+             f"| strategy | measured ratio to {baseline} | 95% interval | predicted ratio | predicted / measured |",
+             "|---|---|---|---|---|"]
+    for s, r in rows:
+        lo, hi = r["ci95"]  # type: ignore[misc]
+        lines.append(f"| {s} | {r['ratio_to_sorted']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['predicted_ratio']:.3f} | "
+                     f"{100 * float(r['prediction_error']):+.1f}% |")  # type: ignore[arg-type]
+    return lines
+
+
+__all__ = ["BASELINE", "INTERVAL_TARGET", "PREDICTION_TARGET", "USER_METRIC_KEYS", "flat_metrics", "judge",
+           "predicted_ratios", "ratio_intervals", "section_lines"]

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from lenbatch_study.analysis import quality_report as qr
+from lenbatch_study.analysis import interleaved as il, quality_report as qr
 from lenbatch_study.analysis import stepmodel as sm
 from lenbatch_study.analysis import study_replay
 from lenbatch_study.core import machine
@@ -110,6 +110,7 @@ class CompareResult:
     profile_reference_drift: Optional[dict[str, float]] = None
     profile_reference_seconds: float = math.nan
     study_replay: Optional[dict[str, Any]] = None  # lenbatch_study.analysis.study_replay.replay(), when computed
+    interleaved: Optional[dict[str, Any]] = None  # lenbatch_study.analysis.interleaved.judge(), when measured
 
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -120,8 +121,6 @@ def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         dominated = (x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))
         keep[i] = not dominated.any()
     return keep
-
-
 
 
 METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_efficiency", "predicted_tok_s",
@@ -145,7 +144,7 @@ def _num(x: float) -> float | None:
 # diversity, loss intervals, fit errors, CPU shares, the K sweep, the machine) is a diagnostic and goes to
 # ``diagnostics.json``, which no tool declares as metrics.
 USER_METRIC_KEYS = ("measured_tok_s", "ratio_to_sorted_measured", "ratio_to_sorted_predicted", "prediction_error",
-                    "measured_efficiency", "heldout_loss.mean")
+                    "measured_efficiency", "heldout_loss.mean", *il.USER_METRIC_KEYS)
 USER_SUMMARY_KEYS = ("recommended.strategy", "recommended.num_buckets")
 MAX_METRIC_NUMBERS = 40  # what `dvc exp show` can show beside the changed params
 
@@ -182,6 +181,7 @@ def flat_metrics(result: CompareResult) -> dict[str, Any]:
     out["recommended.num_buckets"] = rec.num_buckets
     out["recommended.strategy"] = rec.strategy
     out.update(qr.flat_metrics(result.quality, _tok_s(result)))
+    out.update(il.flat_metrics(result.interleaved))
     return out
 
 
@@ -535,7 +535,7 @@ def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
         lines.append(f"| {s} | {r.target_step_ratio:.2f} | {r.drafter_step_ratio:.2f} | "
                      f"{100 * r.pipeline_error:+.1f}% | {_pct(r.target_cpu_share)} | "
                      f"{_pct(r.drafter_cpu_share)} |")
-    lines += ["", noise_paragraph(result), "", calibration_section(result)]
+    lines += ["", noise_paragraph(result), "", calibration_section(result), *il.section_lines(result.interleaved)]
     if result.quality:
         lines += ["", qr.section(result.quality, tok_s=_tok_s(result))]
     lines += ["", "## Step-time model", "",

@@ -228,6 +228,19 @@ class ProfileConfig:
 
 
 @dataclass(frozen=True)
+class InterleaveConfig:
+    """The interleave stage (bounds checked on load; measure_interleaved refuses rounds < 2 itself)."""
+
+    rounds: int = _f(6, "timed segments per strategy, one per round; the ratio's interval is over rounds "
+                     "(Student t, rounds - 1 degrees of freedom), so at least 2", minimum=2, maximum=1000)
+    segment_steps: int = _f(1, "training steps per segment (steps): the same steps of the strategy's training "
+                            "plan, spread over its post-warm-up steps, are timed in every round", minimum=1,
+                            maximum=1000)
+    warmup: int = _f(1, "untimed passes over each strategy's own segment before the first round", minimum=0,
+                     maximum=100)
+
+
+@dataclass(frozen=True)
 class CompareConfig:
     holdout_fraction: float = _f(0.25, "share of profile grid points held out to score the step-time fit",
                                  minimum=0, maximum=0.9)
@@ -279,6 +292,7 @@ class Params:
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    interleave: InterleaveConfig = field(default_factory=InterleaveConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
 
@@ -315,6 +329,8 @@ SECTION_HELP = {
     "drafter": "the DFlash-style drafter that is trained",
     "train": "train stage: torchrun runs, one per strategy",
     "profile": "profile stage: the step-time grid",
+    "interleave": "interleave stage: every strategy's steps timed in turns in one process, for ratios a drifting "
+                  "machine cannot move",
     "compare": "compare stage: step-time fit, prediction and report",
     "quality": "quality stage: held-out loss over seeds and gradient quality per strategy (own learnable setting)",
 }
