@@ -55,6 +55,18 @@ def test_bad_input_names_the_fix():
 def test_rounds_rotate_so_no_strategy_always_follows_the_same_one():
     orders = round_orders(["a", "b", "c"], 4)
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    # a fake clock that advances 1 s per step: the warm-up is never timed, each round's hook comes after it
+    now, log = [0.0], []
+
+    def step(s: str, j: int) -> int:
+        now[0] += 1.0
+        log.append(s)
+        return 10 * (j + 1)
+
+    res = measure_interleaved(step, ["a", "b"], rounds=2, segment_steps=3, warmup=2, clock=lambda: now[0],
+                              on_round=lambda k: log.append(f"round {k}"))
+    assert log == ["a"] * 6 + ["b"] * 6 + ["a"] * 3 + ["b"] * 3 + ["round 0"] + ["b"] * 3 + ["a"] * 3 + ["round 1"]
+    assert res["a"] == {"seconds": [3.0, 3.0], "useful_tokens": [60, 60], "position": [0, 1]}
 
 
 def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):

@@ -28,7 +28,7 @@ Cost: ``(warmup + rounds) x segment_steps`` steps per strategy.
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 
 def round_orders(strategies: Sequence[str], rounds: int) -> list[list[str]]:
@@ -38,12 +38,13 @@ def round_orders(strategies: Sequence[str], rounds: int) -> list[list[str]]:
 
 
 def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[str], *, rounds: int,
-                        segment_steps: int, warmup: int, clock: Callable[[], float] = time.perf_counter
-                        ) -> dict[str, dict[str, list]]:
+                        segment_steps: int, warmup: int, clock: Callable[[], float] = time.perf_counter,
+                        on_round: Optional[Callable[[int], None]] = None) -> dict[str, dict[str, list]]:
     """Time every strategy in turns: ``step(strategy, j)`` runs step ``j`` (0 .. segment_steps - 1) of that
     strategy's segment and returns its useful tokens. First each strategy's ``warmup`` untimed passes over
     its segment (strategy by strategy), then ``rounds`` rounds (:func:`round_orders`), each timing one pass
-    over the segment of every strategy (``clock`` read before and after the pass).
+    over the segment of every strategy (``clock`` read before and after the pass; ``on_round(k)`` called
+    after round ``k``, outside the timing).
 
     Returns ``{strategy: {"seconds": [per round], "useful_tokens": [per round], "position": [its place in
     each round]}}`` plus the rounds as run under the key ``"_order"``. Cost: (warmup + rounds) x
@@ -60,13 +61,15 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
             for j in range(segment_steps):
                 step(s, j)
     orders = round_orders(strategies, rounds)
-    for order in orders:
+    for k, order in enumerate(orders):
         for pos, s in enumerate(order):
             t0 = clock()
             useful = sum(step(s, j) for j in range(segment_steps))
             out[s]["seconds"].append(clock() - t0)
             out[s]["useful_tokens"].append(int(useful))
             out[s]["position"].append(pos)
+        if on_round is not None:
+            on_round(k)
     out["_order"] = orders  # type: ignore[assignment]
     return out
 

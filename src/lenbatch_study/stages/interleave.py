@@ -112,7 +112,9 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
                  ", ".join(short), il.segment_steps)
     t0 = time.perf_counter()
     res = measure_interleaved(lambda s, j: step(s, j) if j < len(plan[s]["steps"]) else 0, strategies,
-                              rounds=il.rounds, segment_steps=longest, warmup=il.warmup, clock=lambda: timed[0])
+                              rounds=il.rounds, segment_steps=longest, warmup=il.warmup, clock=lambda: timed[0],
+                              on_round=lambda k: log.info("round %d/%d done, %.1f s elapsed", k + 1, il.rounds,
+                                                          time.perf_counter() - t0))
     seconds = time.perf_counter() - t0
     out: dict[str, Any] = {"machine": fingerprint(threads=params.train.threads), "rounds": il.rounds,
                            "segment_steps": il.segment_steps, "warmup": il.warmup, "order": res["_order"],
