@@ -17,7 +17,7 @@ from lenbatch.batching.schedule import build_schedule
 from lenbatch_study.cli import main
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.interleave import round_orders
-from lenbatch_study.stages.interleave import segment_steps
+from lenbatch_study.stages.interleave import resolve_clock, segment_steps
 
 from _tiny import ENV
 
@@ -54,6 +54,7 @@ def test_every_strategy_timed_in_turns_on_its_training_runs_own_steps(stage):
     doc, params, lengths = stage["doc"], stage["params"], stage["lengths"]
     assert sorted(p.name for p in stage["out"].iterdir()) == ["interleave.json", "params.json"]
     assert list(doc["strategies"]) == STRATEGIES and doc["rounds"] == 3 and doc["warmup"] == 1
+    assert doc["clock"] == "cpu"  # auto on a CPU device with one thread: the process's CPU seconds
     assert doc["order"] == round_orders(STRATEGIES, 3)
     assert doc["machine"]["id"]
     for s, rec in doc["strategies"].items():
@@ -67,7 +68,18 @@ def test_every_strategy_timed_in_turns_on_its_training_runs_own_steps(stage):
         # every round timed the same segment: its useful tokens every time, a positive time, each place once
         assert rec["useful_tokens"] == [sum(rec["step_useful_tokens"])] * 3
         assert len(rec["seconds"]) == 3 and min(rec["seconds"]) > 0
+        assert rec["seconds"] == rec["cpu_seconds"] and len(rec["wall_seconds"]) == 3 and min(rec["wall_seconds"]) > 0
         assert rec["position"] == [order.index(s) for order in doc["order"]]
+
+
+def test_the_clock_is_cpu_seconds_only_where_they_are_a_steps_time():
+    assert resolve_clock("auto", device_type="cpu", threads=1) == "cpu"
+    assert resolve_clock("auto", device_type="cpu", threads=4) == "wall"
+    assert resolve_clock("auto", device_type="cuda", threads=1) == "wall"
+    assert resolve_clock("wall", device_type="cpu", threads=1) == "wall"
+    with pytest.raises(ValueError, match="interleave.clock: cpu needs a CPU device and train.threads: 1.*set "
+                                         "interleave.clock: wall"):
+        resolve_clock("cpu", device_type="cuda", threads=1)
 
 
 def test_segment_steps_spread_over_the_post_warm_up_steps():
@@ -88,7 +100,7 @@ def test_compare_refuses_a_measurement_from_other_params_naming_the_rerun(stage,
     with pytest.raises(ValueError, match=r"other params \(interleave.rounds: 3 -> 4\); rerun: snakemake "
                                          r"results/interleave/interleave.json"):
         interleaved_table(stage["out"], params=params, lengths=stage["lengths"].astype(np.int64),
-                          masks=LossMasks(None), fits={}, edges=stage["edges"], target_ranks=1, profile_machine=None)
+                          masks=LossMasks(None), profile={}, edges=stage["edges"], target_ranks=1)
 
 
 def test_missing_sorted_or_edges_are_refused_with_the_fix(stage, tmp_path, capsys):
@@ -100,3 +112,23 @@ def test_missing_sorted_or_edges_are_refused_with_the_fix(stage, tmp_path, capsy
     rc = main(["interleave", "--params", *stage["files"], "--data", str(stage["data"]), "--out", str(tmp_path / "y")])
     assert rc == 2 and "needs bucket edges; pass --boundaries" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_the_reader_checks_the_real_output_and_refuses_a_broken_one(stage, tmp_path):
+    from lenbatch_study.pipeline.artifacts import interleave_timings
+    from lenbatch_study.pipeline.artifacts.reading import ArtifactError
+
+    doc = interleave_timings.read_timings(stage["out"])
+    assert doc == stage["doc"] and interleave_timings.read_params(stage["out"])["interleave"]["rounds"] == 3
+    assert interleave_timings.read_params(tmp_path) is None
+    with pytest.raises(ArtifactError, match="does not exist; rerun: snakemake results/interleave/interleave.json"):
+        interleave_timings.read_timings(tmp_path)
+    broken = json.loads(json.dumps(doc))
+    broken["strategies"]["packed"]["seconds"].pop()
+    (tmp_path / "interleave.json").write_text(json.dumps(broken))
+    with pytest.raises(ArtifactError, match="mismatched lists for strategy packed"):
+        interleave_timings.read_timings(tmp_path)
+    del broken["strategies"]["random"]["steps"]
+    (tmp_path / "interleave.json").write_text(json.dumps(broken))
+    with pytest.raises(ArtifactError, match="lacks 'steps' for strategy random"):
+        interleave_timings.read_timings(tmp_path)

@@ -229,15 +229,15 @@ class ProfileConfig:
 
 @dataclass(frozen=True)
 class InterleaveConfig:
-    """The interleave stage (bounds checked on load; measure_interleaved refuses rounds < 2 itself)."""
-
     rounds: int = _f(6, "timed segments per strategy, one per round; the ratio's interval is over rounds "
                      "(Student t, rounds - 1 degrees of freedom), so at least 2", minimum=2, maximum=1000)
     segment_steps: int = _f(1, "training steps per segment (steps): the same steps of the strategy's training "
-                            "plan, spread over its post-warm-up steps, are timed in every round", minimum=1,
-                            maximum=1000)
+                            "plan, spread over its post-warm-up steps, are timed in every round", minimum=1, maximum=99)
     warmup: int = _f(1, "untimed passes over each strategy's own segment before the first round", minimum=0,
-                     maximum=100)
+                     maximum=99)
+    clock: Literal["auto", "wall", "cpu"] = _f("auto", "what a segment's seconds are: wall (elapsed), cpu (the "
+                                               "process's CPU seconds: other tenants' time slices left out; CPU "
+                                               "device, 1 thread) or auto (cpu where it applies, else wall)")
 
 
 @dataclass(frozen=True)

@@ -205,14 +205,16 @@ class LossMasks:
 
 
 def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, kind: str, params: Params,
-                 masks: LossMasks) -> dict[str, np.ndarray]:
-    """Shape table of a run's steps, with the drafter's exact work when the loss masks are available."""
+                 masks: LossMasks, numbers: list[int] | None = None) -> dict[str, np.ndarray]:
+    """Shape table of a run's steps, with the drafter's exact work when the loss masks are available
+    (its anchors drawn for step ``numbers[i]``, default ``i``: the run's global step numbers)."""
     batches = [b for _, b in steps]
     d = params.drafter
     if not masks.available:
         return shapes.batch_columns(lengths, batches, kind=kind, positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
     work = [shapes.drafter_work(lengths[b], masks.get(b), b, anchors_per_seq=d.anchors_per_seq, block_size=d.block_size,
-                            seed=params.batching.seed, epoch=epoch, step=i) for i, (epoch, b) in enumerate(steps)]
+                            seed=params.batching.seed, epoch=epoch, step=i if numbers is None else numbers[i])
+            for i, (epoch, b) in enumerate(steps)]
     return shapes.batch_columns(lengths, batches, kind=kind, drafter=(np.array([w[0] for w in work], dtype=float),
                                                                   np.array([w[1] for w in work], dtype=float)))
 
@@ -295,11 +297,13 @@ def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], to
     return out
 
 
-def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarray, masks: LossMasks, fits: dict,
-                      edges: Any, target_ranks: int, profile_machine: dict | None) -> dict[str, dict[str, Any]]:
+def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarray, masks: LossMasks, profile: dict,
+                      edges: Any, target_ranks: int) -> dict[str, dict[str, Any]]:
     """The interleaved measurement judged (:func:`lenbatch_study.analysis.interleaved.judge`): per strategy
     the measured ratio to sorted with its 95% interval, and the ratio predicted for the same steps, one
-    process (target then drafter, each as timed alone on the profile grid).
+    process (target then drafter, each as timed alone on the profile grid, :func:`fit_profile`'s result
+    ``profile``; fitted on its CPU seconds, :func:`lenbatch_study.analysis.interleaved.cpu_fits`, for a
+    measurement on the CPU clock).
 
     The timed steps are rebuilt from the training plan (:func:`planned_batches`) and must give the useful
     tokens recorded; the measurement must come from the current params and the profile's machine.
@@ -310,13 +314,15 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
     diff = params_mismatch(resolved or {}, params.to_dict(), INTERLEAVE_KEYS)
     if diff:
         raise ValueError(f"the interleaved measurement was taken with other params ({'; '.join(diff)}); rerun: {fix}")
-    here = (doc.get("machine") or {}).get("id")
-    if profile_machine is not None and here != profile_machine.get("id"):
-        raise ValueError(f"the interleaved measurement ran on machine {here} but the profile on "
-                         f"{profile_machine.get('id')}: the step times of one do not predict the other's; rerun "
-                         f"both on one machine: {fix}; and {provenance.profile_rerun()}")
-    predicted, step_useful = {}, {}
-    d = params.drafter
+    here, there = (doc.get("machine") or {}).get("id"), (profile["machine"] or {}).get("id")
+    if here != there:
+        raise ValueError(f"the interleaved measurement ran on machine {here} but the profile on {there}: the step "
+                         f"times of one do not predict the other's; rerun both on one machine: {fix}; and "
+                         f"{provenance.profile_rerun()}")
+    fits = profile["fits"] if doc.get("clock") != "cpu" else il.cpu_fits(
+        profile["rows"], grid_columns(profile["rows"]), holdout_fraction=params.compare.holdout_fraction,
+        seed=params.batching.seed, rerun=provenance.profile_rerun())
+    predicted = {}
     for s, rec in doc["strategies"].items():
         plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens,
                                target_ranks=target_ranks)
@@ -325,22 +331,12 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
                for (e, i), u in zip(picked, rec["step_useful_tokens"])):
             raise ValueError(f"strategy {s}: the interleaved measurement's steps {rec['steps']} are not those of "
                              f"the current plan (other data or params); rerun: {fix}")
-        batches = [plan[i][1] for _, i in picked]
-        if masks.available:
-            work = [shapes.drafter_work(lengths[b], masks.get(b), b, anchors_per_seq=d.anchors_per_seq,
-                                        block_size=d.block_size, seed=params.batching.seed, epoch=e, step=i)
-                    for (e, i), b in zip(picked, batches)]
-            cols = shapes.batch_columns(lengths, batches, kind=step_kind(s),
-                                        drafter=(np.array([w[0] for w in work], dtype=float),
-                                                 np.array([w[1] for w in work], dtype=float)))
-        else:
-            cols = shapes.batch_columns(lengths, batches, kind=step_kind(s),
-                                        positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
+        cols = step_columns(lengths, [(e, plan[i][1]) for e, i in picked], kind=step_kind(s), params=params,
+                            masks=masks, numbers=[i for _, i in picked])
         predicted[s] = fits["target"]["best"].predict(cols) + fits["drafter"]["best"].predict(cols)
-        step_useful[s] = rec["step_useful_tokens"]
     st = doc["strategies"]
     return il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, predicted,
-                    step_useful)
+                    {s: st[s]["step_useful_tokens"] for s in st})
 
 
 # --------------------------------------------------------------------------- the stage
@@ -447,8 +443,8 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             / epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks))
     pref = profile["reference"]
     inter = None if interleave_dir is None else interleaved_table(
-        interleave_dir, params=params, lengths=lengths, masks=masks, fits=fits, edges=edges,
-        target_ranks=target_ranks, profile_machine=profile["machine"])
+        interleave_dir, params=params, lengths=lengths, masks=masks, profile=profile, edges=edges,
+        target_ranks=target_ranks)
     return CompareResult(rows=rows, components=comp, ladder=ladder, sweep=ksweep, fits=fits,
                          exact_drafter_work=masks.available, grid_points=len(profile["rows"]), edges=edges,
                          profile_cpu_share=cpu.grid_cpu_share(profile["rows"], threads=params.train.threads),

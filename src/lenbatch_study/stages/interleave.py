@@ -23,12 +23,18 @@ steps (:func:`segment_steps`). One :class:`lenbatch_study.runtime.runner.StepRun
 ``train.device``, single process (target forward then drafter step: the pipelined contention of the
 trainings is theirs), with the anchors of each step's own (epoch, step). A segment's seconds are the
 runner's timed target and drafter seconds, as the profile grid times them, so the step model predicts
-exactly what is measured. Batches are collated once, before any timing.
+exactly what is measured; batches are collated once, before any timing. Which seconds
+(``interleave.clock``, :func:`resolve_clock`): on a CPU device with one thread, by default the process's
+CPU seconds. A shared machine's other tenants take the cores in time slices of milliseconds to seconds,
+far shorter than a round (on this project's 2-core VM under a load of 7, one 1-step segment took 3.6 s in
+one round and 34 s in another), so no pairing by round cancels them from wall time; CPU seconds leave
+them out, and on a quiet machine they equal the wall seconds (the profile grid, which the prediction is
+fitted on, records both: its CPU share tells how far they differ). On a GPU, wall seconds.
 
-``interleave.json``: ``{"machine", "rounds", "segment_steps", "warmup", "order" (the rounds as run),
-"seconds" (the stage's wall time), "strategies": {strategy: {"steps", "epochs", "step_useful_tokens"
-(the segment's global steps, their epochs and useful tokens), "seconds", "useful_tokens", "position"
-(per round)}}}``, and ``params.json``.
+``interleave.json``: ``{"machine", "rounds", "segment_steps", "warmup", "clock" (resolved), "order" (the
+rounds as run), "seconds" (the stage's wall time), "strategies": {strategy: {"steps", "epochs",
+"step_useful_tokens" (the segment's global steps, their epochs and useful tokens), "seconds" (the
+clock's), "useful_tokens", "position", "wall_seconds", "cpu_seconds" (per round)}}}``, and ``params.json``.
 
 Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models; on the CPU
 default (6 rounds, 1-step segments, 1 warm-up pass, five strategies: 35 steps of ~3 s) about 2 minutes.
@@ -71,6 +77,18 @@ def segment_steps(total: int, *, skip: int, count: int) -> list[int]:
     return [lo + int((j + 0.5) * n / count) for j in range(count)]
 
 
+def resolve_clock(clock: str, *, device_type: str, threads: int) -> str:
+    """``interleave.clock`` resolved: ``auto`` is ``cpu`` on a CPU device with one thread per process (a
+    single-threaded step's process CPU seconds are its work, whatever other processes take of the cores)
+    and ``wall`` otherwise (a GPU step's CPU seconds are not its time; with more threads CPU seconds add
+    up over threads). ``ValueError`` for ``cpu`` where it does not apply."""
+    cpu_ok = device_type == "cpu" and threads == 1
+    if clock == "cpu" and not cpu_ok:
+        raise ValueError(f"interleave.clock: cpu needs a CPU device and train.threads: 1 (got {device_type}, "
+                         f"{threads} threads); set interleave.clock: wall (or auto)")
+    return clock if clock != "auto" else ("cpu" if cpu_ok else "wall")
+
+
 def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path] = None) -> dict[str, Any]:
     """Time every strategy of ``train.strategies`` in turns (module doc); returns ``interleave.json``'s
     document. ``ValueError`` when ``sorted`` (the baseline) is not among the strategies or ``bucketed`` runs
@@ -95,14 +113,19 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
         batches = [collate(dataset.samples(st.indices), spec=sched.spec, indices=st.indices) for st in picked]
         plan[s] = {"steps": picked, "batches": batches}
     configure_process(params)
-    runner = StepRunner(params, device=resolve_device(params.train.device, 0))
-    timed = [0.0]  # the runner's timed seconds so far: the clock the segments are read on
+    device = resolve_device(params.train.device, 0)
+    clock = resolve_clock(il.clock, device_type=device.type, threads=params.train.threads)
+    runner = StepRunner(params, device=device)
+    timed = [0.0]  # the chosen clock's seconds of the runner's timed steps so far: what segments are read on
+    both: dict[str, list[tuple[float, float]]] = {s: [] for s in strategies}  # every step's (wall, cpu) seconds
 
     def step(s: str, j: int) -> int:
         st, batch = plan[s]["steps"][j], plan[s]["batches"][j]
         feats, t_s = runner.target_step(batch)
+        t_cpu = runner.last_cpu_s
         _, d_s = runner.drafter_step(batch, feats, step=st.step, epoch=st.epoch)
-        timed[0] += t_s + d_s
+        both[s].append((t_s + d_s, t_cpu + runner.last_cpu_s))
+        timed[0] += both[s][-1][clock == "cpu"]
         return int(batch.useful_tokens)
 
     longest = max(len(p["steps"]) for p in plan.values())
@@ -117,12 +140,15 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
                                                           time.perf_counter() - t0))
     seconds = time.perf_counter() - t0
     out: dict[str, Any] = {"machine": fingerprint(threads=params.train.threads), "rounds": il.rounds,
-                           "segment_steps": il.segment_steps, "warmup": il.warmup, "order": res["_order"],
-                           "seconds": round(seconds, 3), "strategies": {}}
+                           "segment_steps": il.segment_steps, "warmup": il.warmup, "clock": clock,
+                           "order": res["_order"], "seconds": round(seconds, 3), "strategies": {}}
     for s in strategies:
         steps = plan[s]["steps"]
+        per_round = np.asarray(both[s][il.warmup * len(steps):], dtype=float).reshape(il.rounds, len(steps), 2)
         out["strategies"][s] = {"steps": [int(st.step) for st in steps], "epochs": [int(st.epoch) for st in steps],
-                                "step_useful_tokens": [int(st.useful) for st in steps], **res[s]}
+                                "step_useful_tokens": [int(st.useful) for st in steps], **res[s],
+                                "wall_seconds": per_round[:, :, 0].sum(axis=1).tolist(),
+                                "cpu_seconds": per_round[:, :, 1].sum(axis=1).tolist()}
     return out
 
 
