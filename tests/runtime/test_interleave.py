@@ -157,3 +157,9 @@ def test_metrics_keys_and_report_section():
     assert "| packed | 1.210 | [1.190, 1.230] | 1.180 | -2.5% |" in text
     assert "| random | 0.600 | [0.570, 0.630] | 0.640 | +6.7% |" in text and "| sorted |" not in text
     assert "intervals of `random` are wider than ±2%" in text and "for 1 of 2 strategies (not `random`)" in text
+    assert "on wall seconds" in text and "nonetheless" not in text  # 0.64 is above [0.57, 0.63]
+    table["random"].update(predicted_ratio=0.62, prediction_error=0.62 / 0.6 - 1)
+    for r in table.values():
+        r["clock"] = "cpu"
+    text = "\n".join(section_lines(table))
+    assert "Within the measured interval nonetheless: `random`" in text and "on the process's CPU seconds" in text

@@ -144,13 +144,20 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     verdict += (f" The predicted ratio is within {pct[1]} of the measured one for "
                 + ("every strategy." if not off else f"{len(rows) - len(off)} of {len(rows)} strategies (not "
                                                      f"{', '.join(off)})."))
-    rounds = next(iter(table.values()))["rounds"]
+    inside = [f"`{s}`" for s, r in rows if not r["prediction_ok"]
+              and r["ci95"][0] <= r["predicted_ratio"] <= r["ci95"][1]]  # type: ignore[index, operator]
+    if inside:
+        verdict += (f" Within the measured interval nonetheless: {', '.join(inside)} (a miss this measurement "
+                    "cannot show).")
+    first = next(iter(table.values()))
+    clock = ("the process's CPU seconds (other processes' time slices left out), predicted from the grid's CPU "
+             "seconds" if first.get("clock") == "cpu" else "wall seconds")
     lines = ["", "## Ratios measured in turns", "",
-             f"One process timed every strategy's steps in turns ({rounds} rounds, each strategy after its own "
-             "warm-up; `lenbatch interleave`), so the machine's drift fell on all alike, where the trainings above "
-             f"ran one after another. A ratio is the strategy's useful tokens/s over `{baseline}`'s, paired by round "
-             "(95% interval over rounds); the prediction is the step model's for the same steps, target and "
-             "drafter one after the other as the profile grid timed them alone. " + verdict, "",
+             f"One process timed every strategy's steps in turns ({first['rounds']} rounds, each strategy after its "
+             "own warm-up; `lenbatch interleave`), so the machine's drift fell on all alike, where the trainings "
+             f"above ran one after another. A ratio is the strategy's useful tokens/s over `{baseline}`'s, paired "
+             f"by round (95% interval over rounds), on {clock}; the prediction is the step model's for the same "
+             "steps, target and drafter one after the other as the profile grid timed them alone. " + verdict, "",
              f"| strategy | measured ratio to {baseline} | 95% interval | predicted ratio | predicted / measured |",
              "|---|---|---|---|---|"]
     for s, r in rows:

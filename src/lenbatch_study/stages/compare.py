@@ -335,8 +335,9 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
                             masks=masks, numbers=[i for _, i in picked])
         predicted[s] = fits["target"]["best"].predict(cols) + fits["drafter"]["best"].predict(cols)
     st = doc["strategies"]
-    return il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, predicted,
-                    {s: st[s]["step_useful_tokens"] for s in st})
+    table = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, predicted,
+                     {s: st[s]["step_useful_tokens"] for s in st})
+    return {s: {**r, "clock": doc.get("clock", "wall")} for s, r in table.items()}
 
 
 # --------------------------------------------------------------------------- the stage
