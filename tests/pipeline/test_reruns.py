@@ -73,7 +73,7 @@ RERUNS: dict[str, set[str]] = {
     # models
     "lenbatch_study/models/drafter.py": MODEL,
     "lenbatch_study/models/fla_cpu.py": MODEL,
-    "lenbatch_study/models/memory.py": {"train"},
+    "lenbatch_study/models/memory.py": {"train", "interleave"},  # the GPU memory check before loading
     "lenbatch_study/models/target.py": MODEL,
     "lenbatch_study/models/varlen.py": MODEL,
     "lenbatch_study/models/kernels.py": MODEL,

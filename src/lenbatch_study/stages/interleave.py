@@ -114,6 +114,13 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
         plan[s] = {"steps": picked, "batches": batches}
     configure_process(params)
     device = resolve_device(params.train.device, 0)
+    if device.type == "cuda":  # refuse before loading anything a setting whose one process cannot fit
+        import torch
+
+        from lenbatch_study.models.memory import check_fits, plan_memory_shape
+
+        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory, single_process=True,
+                   **plan_memory_shape(params, lengths, [st.indices for p in plan.values() for st in p["steps"]]))
     clock = resolve_clock(il.clock, device_type=device.type, threads=params.train.threads)
     runner = StepRunner(params, device=device)
     timed = [0.0]  # the chosen clock's seconds of the runner's timed steps so far: what segments are read on
