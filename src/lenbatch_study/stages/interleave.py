@@ -131,8 +131,9 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
         feats, t_s = runner.target_step(batch)
         t_cpu = runner.last_cpu_s
         _, d_s = runner.drafter_step(batch, feats, step=st.step, epoch=st.epoch)
-        both[s].append((t_s + d_s, t_cpu + runner.last_cpu_s))
-        timed[0] += both[s][-1][clock == "cpu"]
+        wall, cpu = t_s + d_s, t_cpu + runner.last_cpu_s
+        both[s].append((wall, cpu))
+        timed[0] += cpu if clock == "cpu" else wall
         return int(batch.useful_tokens)
 
     longest = max(len(p["steps"]) for p in plan.values())
