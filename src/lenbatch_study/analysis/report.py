@@ -139,9 +139,9 @@ def _num(x: float) -> float | None:
 # What users compare between experiments (``metrics.json``, DVC's metrics, the columns of ``dvc exp show``):
 # the headline only. Per strategy: measured throughput, its ratio to sorted, the predicted ratio, the
 # prediction error, the measured padding efficiency and the held-out loss (the quality stage's, at equal
-# useful tokens); plus the recommendation. 6 per strategy + 1: at most 31 numbers for the five strategies,
-# so the params a user changed stay on screen. Everything else (absolute predictions, calibrated errors,
-# diversity, loss intervals, fit errors, CPU shares, the K sweep, the machine) is a diagnostic and goes to
+# useful tokens), the interleaved ratios (2 per strategy but sorted); the recommendation. At most 39 numbers
+# for five strategies, so a user's changed params stay on screen. The rest (absolute predictions, calibrated
+# errors, diversity, loss intervals, fit errors, CPU shares, the K sweep, the machine) is a diagnostic in
 # ``diagnostics.json``, which no tool declares as metrics.
 USER_METRIC_KEYS = ("measured_tok_s", "ratio_to_sorted_measured", "ratio_to_sorted_predicted", "prediction_error",
                     "measured_efficiency", "heldout_loss.mean", *il.USER_METRIC_KEYS)
