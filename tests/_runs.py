@@ -12,25 +12,30 @@ import lenbatch as lb
 
 
 def planned_hashes(lengths: np.ndarray, params, strategy: str, edges, steps: list[dict]) -> list[int]:
-    """crc32 of the batches one target rank (``train.nproc`` 2) was planned to send, over the epochs that
-    ``steps`` span, cut to ``len(steps)``."""
-    b = params.batching
+    """crc32 of the batches the target ranks (``train.nodes x (train.nproc - 1)``) were planned to send, in the
+    order the drafters take them (round robin over the ranks: the k-th batch of rank 0, of rank 1, ...), over
+    the epochs that ``steps`` span, cut to ``len(steps)``. Each rank's plan is the library's public one."""
+    b, t = params.batching, params.train
+    ranks = max(1, t.nproc - 1) * getattr(t, "nodes", 1)
     hashes: list[int] = []
     for epoch in sorted({s["epoch"] for s in steps}):
-        hashes += [zlib.crc32(np.asarray(x, dtype=np.int64).tobytes()) for x in lb.plan_epoch(
-            lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
-            max_batch_size=b.max_batch_size, edges=edges if strategy == "bucketed" else None, rank=0, world_size=1)]
+        plans = [lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
+                               max_batch_size=b.max_batch_size, edges=edges if strategy == "bucketed" else None,
+                               rank=r, world_size=ranks) for r in range(ranks)]
+        for k in range(max(len(p) for p in plans)):
+            hashes += [zlib.crc32(np.asarray(p[k], dtype=np.int64).tobytes()) for p in plans if k < len(p)]
     return hashes[:len(steps)]
 
 
 def check_pipelined_run(steps: list[dict], summary: dict, *, strategy: str, token_budget: int,
-                        useful_tokens: int, warmup_steps: int, planned: list[int]) -> None:
-    """``planned``: the crc32 of every planned batch of the one target rank, in order (:func:`planned_hashes`)."""
+                        useful_tokens: int, warmup_steps: int, planned: list[int], target_ranks: int = 1) -> None:
+    """``planned``: the crc32 of every planned batch, in the order the drafters take them (:func:`planned_hashes`);
+    ``target_ranks``: of all nodes (step g comes from rank g mod target_ranks)."""
     useful = np.cumsum([s["useful_tokens"] for s in steps])
     # stops at the first step that reaches train.useful_tokens
     assert useful[-1] >= useful_tokens > (useful[-2] if len(useful) > 1 else 0), strategy
     assert [s["step"] for s in steps] == list(range(len(steps))) and len(steps) >= 3
-    assert all(s["rank"] == 0 for s in steps)  # one target rank feeds the drafter rank
+    assert all(s["rank"] == s["step"] % target_ranks for s in steps)  # round robin over the target ranks
     # the drafter trained exactly the planned batches, in order
     assert [s["batch_hash"] for s in steps] == planned, strategy
     for s in steps:

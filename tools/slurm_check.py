@@ -82,13 +82,21 @@ def sacct_jobs(cluster: slurm_cluster.Cluster) -> list[dict]:
     return jobs
 
 
+def check_config() -> dict:
+    """The check's own settings (configs/slurm-check.yaml: strategies, train.nodes)."""
+    import yaml  # the venv's (Snakemake needs it)
+
+    return yaml.safe_load((ROOT / CONFIGS[1]).read_text())
+
+
 def read_steps(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def planned_hashes(results: Path, strategy: str, steps: list[dict]) -> list[int]:
-    """crc32 of the batches the one target rank was planned to send (the plan recomputed from the run's
-    lengths, edges and params), over the epochs the steps span, cut to the number of steps."""
+    """crc32 of the batches the target ranks of every node were planned to send (each rank's plan recomputed
+    from the run's lengths, edges and params), in the order the drafters take them (round robin over the
+    ranks), over the epochs the steps span, cut to the number of steps."""
     import numpy as np
 
     import lenbatch as lb
@@ -98,13 +106,14 @@ def planned_hashes(results: Path, strategy: str, steps: list[dict]) -> list[int]
     lengths = np.load(results / "tokenize" / "lengths.npy")
     edges = json.loads((results / "boundaries" / "boundaries.json").read_text())["edges"]
     b = params.batching
-    targets = params.train.nproc - 1 if params.train.nproc > 1 else 1
+    targets = max(1, params.train.nproc - 1) * params.train.nodes
     hashes: list[int] = []
     for epoch in sorted({s["epoch"] for s in steps}):
-        hashes += [zlib.crc32(np.asarray(x, dtype=np.int64).tobytes()) for x in lb.plan_epoch(
-            lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
-            max_batch_size=b.max_batch_size, edges=edges if strategy == "bucketed" else None,
-            rank=0, world_size=targets)]
+        plans = [lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
+                               max_batch_size=b.max_batch_size, edges=edges if strategy == "bucketed" else None,
+                               rank=r, world_size=targets) for r in range(targets)]
+        for k in range(max(len(p) for p in plans)):
+            hashes += [zlib.crc32(np.asarray(p[k], dtype=np.int64).tobytes()) for p in plans if k < len(p)]
     return hashes[:len(steps)]
 
 
@@ -134,7 +143,10 @@ def compare(slurm: Path, local: Path, strategies: list[str]) -> dict:
         l_l = [x["loss"] for x in steps_l]
         worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(l_s, l_l)), default=0.0)
         losses_ok = len(l_s) == len(l_l) and all(math.isclose(a, b, rel_tol=LOSS_RTOL) for a, b in zip(l_s, l_l))
+        run = json.loads((slurm / "train" / s / "summary.json").read_text())
         out["train"][s] = {"steps": {"slurm": len(steps_s), "local": len(steps_l)},
+                           "nodes": run.get("nodes", 1), "useful_tokens_per_s": run["useful_tokens_per_s"],
+                           "per_node": run.get("per_node"),
                            "batch_hashes": {"slurm": h_s, "local": h_l, "planned": planned},
                            "hashes_equal": h_s == h_l == planned,
                            "losses": {"slurm": l_s, "local": l_l}, "loss_max_rel_diff": worst,
@@ -208,9 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     slurm_dir, local_dir = out / "slurm", out / "local"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    import yaml  # the venv's (Snakemake needs it): only to read the check's strategies
 
-    strategies = yaml.safe_load((ROOT / CONFIGS[1]).read_text())["train"]["strategies"]
+    strategies = check_config()["train"]["strategies"]
     configs = ["--configfile", *CONFIGS]
     cluster = slurm_cluster.Cluster(args.cluster_dir)
     summary: dict = {"config": CONFIGS, "overrides": SLURM_OVERRIDES, "strategies": strategies, "jobs": []}
@@ -272,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     trained = sorted(j["wildcards"] for j in jobs if j["rule"] == "train")
     if trained != sorted(strategies):
         problems.append(f"SLURM train jobs {trained}, expected one per strategy {sorted(strategies)}")
+    nodes = check_config()["train"]["nodes"]
+    for j in jobs:
+        if j["rule"] == "train" and j["nnodes"] != nodes:
+            problems.append(f"SLURM train job {j['job_id']} ({j['wildcards']}) ran on {j['nnodes']} node(s), "
+                            f"expected train.nodes={nodes}")
     if rc == 0 and rc_local == 0:
         summary["comparison"] = compare(slurm_dir, local_dir, strategies)
         problems += summary["comparison"]["mismatches"]

@@ -1,5 +1,6 @@
 """The padding model: exact E[max], the greedy plan, plan metrics, and the bucket predictors."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -8,6 +9,8 @@ from _core_real import real_lengths
 
 from lenbatch.batching.padding import (budget_fill, composition_repeat, expected_max, greedy_batches, greedy_bucket_computed,
                               greedy_starts, length_mixing, padding_efficiency, predict_bucketed, value_counts)
+from lenbatch.batching.spec import BatchSpec
+from lenbatch.batching.strategies import plan_epoch_all
 from lenbatch_study.corpus.seed_profile import seed_profile
 
 STUDY_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
@@ -67,10 +70,60 @@ def test_length_mixing_extremes():
     x = np.repeat(np.arange(1, 101), 10)
     srt = np.argsort(x, kind="stable")
     sorted_batches = np.split(srt, 100)  # equal lengths inside each batch
-    assert length_mixing(x, sorted_batches) == pytest.approx(0.0)
+    assert length_mixing(x, sorted_batches) == 0.0
+    assert length_mixing(x, sorted_batches, reference=np.split(np.arange(x.size), 100)) == 0.0
+    assert length_mixing(x, [np.arange(x.size)]) == pytest.approx(1.0)  # one batch: its variance is the data's
+
+
+def _mixing_data():
+    rng = np.random.default_rng(7)
+    return {"uniform": rng.integers(16, 4097, 3000),
+            "lognormal": np.clip(rng.lognormal(6.0, 1.2, 3000).astype(np.int64) + 1, 1, 4096),
+            "bimodal": np.clip(np.concatenate([rng.normal(200, 50, 2000), rng.normal(3000, 300, 1000)]),
+                               1, 4096).astype(np.int64)}
+
+
+def _tolerance(x, dof):
+    """4 standard errors of the ratio of two independent pooled variances over ``dof`` degrees of
+    freedom: one pooled variance has relative variance (kurtosis - 1) / dof (that of a sample variance),
+    so the ratio of two has about twice it."""
+    z = (x - x.mean()) / x.std()
+    return 4 * np.sqrt(2 * (np.mean(z ** 4) - 1) / dof)
+
+
+@pytest.mark.parametrize("name", ["uniform", "lognormal", "bimodal"])
+def test_length_mixing_without_reference_has_expectation_one_for_fixed_size_random_batches(name):
+    # E[sum_i (x_i - mean_b)^2] = (n_b - 1) s^2 for a batch drawn without replacement: the mean over
+    # many random equal-size partitions is 1 within its standard error
+    x = _mixing_data()[name]
     rng = np.random.default_rng(0)
-    mixes = [length_mixing(x, np.split(rng.permutation(x.size), 100)) for _ in range(5)]
-    assert 0.9 < np.mean(mixes) < 1.1
+    sizes = np.cumsum(rng.integers(1, 40, 200))
+    sizes = sizes[sizes < x.size]
+    vals = np.array([length_mixing(x, np.split(rng.permutation(x.size), sizes)) for _ in range(200)])
+    assert abs(vals.mean() - 1) < 4 * vals.std(ddof=1) / np.sqrt(vals.size)
+
+
+@pytest.mark.parametrize("name", ["uniform", "lognormal", "bimodal"])
+def test_length_mixing_is_zero_sorted_one_random_and_about_one_packed(name):
+    x = _mixing_data()[name]
+    spec = BatchSpec(token_budget=4 * 4096, max_batch_size=64, seed=0)
+    flat = lambda strategy, epoch, s=spec: [b for r in plan_epoch_all(x, strategy=strategy, epoch=epoch, spec=s) for b in r]
+    ref = flat("random", 0)
+    assert length_mixing(x, ref, reference=ref) == 1.0
+    other = flat("random", 1)
+    tol = _tolerance(x.astype(float), x.size - len(other))
+    assert abs(length_mixing(x, other, reference=ref) - 1) < tol
+    # a sorted batch spans a narrow length range: at most 64 neighbours among 3,000 sorted lengths
+    assert length_mixing(x, flat("sorted", 0), reference=ref) < 0.01
+    bucketed = flat("bucketed", 0, dataclasses.replace(spec, edges=(0, 500, 1000, 2000, 4097)))
+    assert 0.01 < length_mixing(x, bucketed, reference=ref) < 0.3
+    # packed rows are a shuffled order filled by tokens: about a random order's mixing (slightly more,
+    # since random padded batches keep long samples in small batches)
+    packed = flat("packed", 0, dataclasses.replace(spec, layout="packed"))
+    assert 1 - tol < length_mixing(x, packed, reference=ref) < 1.1
+    # without the reference a random padded plan scores below 1 on the heavy tail: the greedy bias
+    if name == "lognormal":
+        assert length_mixing(x, ref) < 0.95
 
 
 def _simulate_bucketed(x, edges, budget, mbs, reps, seed=0):

@@ -201,3 +201,26 @@ def test_list_entries_and_huge_values_are_bounded_naming_the_setting(section, ke
     if key != "max_batch_size":  # a bound across two keys is the loader's alone
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(raw, yaml.safe_load(SCHEMA.read_text()))
+
+
+def test_params_yaml_describes_each_setting_with_its_declared_help():
+    """A setting is described once, where it is declared (lenbatch_study.core.config): params.yaml's comment, the
+    JSON schema and the CLI flag overriding it all carry that text (the comment may add why this value, after it)."""
+    import re
+
+    from lenbatch_study.core.config import json_schema
+
+    schema, section, checked = json_schema()["properties"], None, 0
+    for line in (ROOT / "params.yaml").read_text().splitlines():
+        top = re.match(r"^(\w+):", line)
+        if top:
+            section = top.group(1)
+            continue
+        m = re.match(r"^  (\w+):.*?#\s*(.*)$", line)
+        if m and section in schema:
+            key, comment = m.groups()
+            declared = schema[section]["properties"][key]["description"]
+            assert comment == declared or comment.startswith((declared + ";", declared + ".")), \
+                f"params.yaml {section}.{key}: comment {comment!r} is not its declared help {declared!r}"
+            checked += 1
+    assert checked >= 70, checked

@@ -10,6 +10,7 @@ import pytest
 
 from lenbatch_study.corpus.chat import (
     IM_END,
+    IM_START,
     ROLE_MAP,
     BadRecord,
     ChatEncoder,
@@ -126,24 +127,46 @@ TOOL_CHAT = {"messages": [
     {"role": "assistant", "content": "Paris 18 C and sunny; Rome 24 C and clear."}]}
 
 
+# What the Qwen3.5/3.6 chat template writes for TOOL_CHAT's call turn and results (its tool-call and tool-result
+# branches; the embedded tokenizer carries no template to render them with, so they are written out here)
+QWEN35_CALLS = ("<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n"
+                "<tool_call>\n<function=weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>")
+QWEN35_RESULTS = "<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n24 C, clear\n</tool_response>"
+
+
 def test_tool_use_is_kept_in_the_context_and_left_out_of_the_loss(qwen):
-    """OpenAI tool use as Qwen3's chat template renders it: the calls inside the assistant turn, the two tool
-    results in one user turn of <tool_response> blocks; only the final answer (and each assistant turn's
-    <|im_end|>) is learned."""
+    """OpenAI tool use as the Qwen3.5/3.6 chat template renders it: the calls inside the assistant turn as
+    <function>/<parameter> elements (arguments given as a JSON string or an object alike), the two tool results
+    in one user turn of <tool_response> blocks; only the final answer (and each assistant turn's <|im_end|>) is
+    learned."""
     turns = conversation_from_record(TOOL_CHAT)
-    assert turns[2] == ("assistant", "", '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n'
-                        '</tool_call>\n<tool_call>\n{"name": "weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+    assert turns[2] == ("assistant", "", QWEN35_CALLS)
+    assert chatml_text(turns[2:4]) == (f"{IM_START}assistant\n{QWEN35_CALLS}{IM_END}\n"
+                                       f"{IM_START}user\n{QWEN35_RESULTS}{IM_END}\n")
     assert turns[3] == ("user", "<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n24 C, clear\n"
                                 "</tool_response>")
     assert len(turns) == 5
     ids, mask = ChatEncoder(qwen).encode(turns)
     ids, mask = np.asarray(ids), np.asarray(mask)
     text = qwen.decode(ids)
-    assert text == chatml_text(turns) and '"city": "Rome"' in text and "24 C, clear" in text
+    assert text == chatml_text(turns) and "<parameter=city>\nRome\n" in text and "24 C, clear" in text
     assert qwen.decode(ids[mask == 1]) == IM_END + "Paris 18 C and sunny; Rome 24 C and clear." + IM_END
     sharegpt = {"conversations": [{"from": "human", "value": "hi"}, {"from": "observation", "value": "{}"},
                                   {"from": "gpt", "value": "ok"}]}
     assert conversation_from_record(sharegpt)[1] == ("user", "<tool_response>\n{}\n</tool_response>")
+
+
+def test_a_call_after_content_and_every_kind_of_argument_value_are_written_as_the_template_writes_them():
+    """Content, then a blank line, then the call; a string argument as is, an object or list as JSON, a number or
+    boolean as Python writes it (the template's tojson and |string)."""
+    record = {"messages": [{"role": "assistant", "content": "Let me check.", "tool_calls": [
+        {"function": {"name": "f", "arguments": {"q": "a b", "opts": {"k": [1, "é"]}, "n": 3, "ok": True}}},
+        {"function": {"name": "g", "arguments": ""}}]}]}
+    (turn,) = conversation_from_record(record)
+    assert turn == ("assistant", "Let me check.",
+                    '\n\n<tool_call>\n<function=f>\n<parameter=q>\na b\n</parameter>\n<parameter=opts>\n'
+                    '{"k": [1, "é"]}\n</parameter>\n<parameter=n>\n3\n</parameter>\n<parameter=ok>\nTrue\n'
+                    '</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n</function>\n</tool_call>')
 
 
 @pytest.mark.parametrize("record, reason, words", [
@@ -153,6 +176,12 @@ def test_tool_use_is_kept_in_the_context_and_left_out_of_the_loss(qwen):
      "bad_tool_call", "no function name"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]},
      "bad_tool_call", "only an assistant"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
+                                                                                      "arguments": "{not json"}}]}]},
+     "bad_tool_call", "not JSON"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
+                                                                                      "arguments": "[1, 2]"}}]}]},
+     "bad_tool_call", "not an object of named arguments"),
     ({"text": "hello"}, "no_schema", "has none of"),
     ({"prompt": "p", "completion": [{"role": "assistant", "content": "a"}]}, "no_schema", "must both be strings"),
     ([1, 2], "no_schema", "list"),

@@ -35,6 +35,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/analysis/quality_report.py": {"compare"},  # rendering of the quality result: compare draws it
     "lenbatch_study/analysis/quality_stats.py": {"quality", "compare"},
     "lenbatch_study/analysis/report.py": {"compare"},
+    "lenbatch_study/analysis/settled.py": {"compare"},
     "lenbatch_study/analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table
     "lenbatch_study/analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
     "lenbatch_study/analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
@@ -92,6 +93,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/pipeline/artifacts/train_runs.py": {"compare"},
     "lenbatch_study/pipeline/artifacts/writing.py": {"stats", "boundaries", "plans"},
     "lenbatch_study/pipeline/deps.py": set(),
+    "lenbatch_study/pipeline/console.py": set(),  # Snakemake's console (its logger plugin): no stage runs it
     "lenbatch_study/pipeline/dvcplots.py": set(),
     "lenbatch_study/pipeline/outputs.py": {"train"},  # train takes its own writer lock
     "lenbatch_study/pipeline/preflight.py": set(),  # the workflow's input check at parse time: no stage's code

@@ -81,8 +81,9 @@ def test_every_rule_ran_as_a_slurm_job_that_sacct_reports_completed(check):
     assert {j["rule"] for j in jobs} == set(RULES), jobs
     assert sorted(j["wildcards"] for j in jobs if j["rule"] == "train") == sorted(summary["strategies"])
     assert sum(1 for j in jobs if j["rule"] != "train") == len(RULES) - 1  # each other rule exactly once
-    # the jobs ran on the cluster's nodes (n1, n2, or both: n[1-2])
+    # the jobs ran on the cluster's nodes (n1, n2, or both: n[1-2]); every training across both
     assert all(j["nodes"] in ("n1", "n2", "n[1-2]") for j in jobs), jobs
+    assert all((j["nnodes"], j["nodes"]) == (2, "n[1-2]") for j in jobs if j["rule"] == "train"), jobs
     assert summary["ok"] and not summary["problems"] and proc.returncode == 0, (summary["problems"], proc.stderr)
     # the check's own table, one line per job, is what `make slurm-check` prints
     for j in jobs:
@@ -124,10 +125,17 @@ def test_the_slurm_run_trained_exactly_the_planned_batches_with_the_local_losses
         steps = [json.loads(x) for x in (slurm / "train" / strategy / "steps.jsonl").read_text().splitlines()]
         summary = json.loads((slurm / "train" / strategy / "summary.json").read_text())
         planned = planned_hashes(lengths, params, strategy, edges, steps)
+        nodes = params.train.nodes
+        assert nodes == 2 and summary["nodes"] == nodes, (strategy, summary.get("nodes"))  # configs/slurm-check.yaml
         if summary.get("resumed_from_step") is None:
+            # the warm-up counts in cluster steps: one step of each node's drafter
             check_pipelined_run(steps, summary, strategy=strategy, token_budget=params.batching.token_budget,
-                                useful_tokens=params.train.useful_tokens, warmup_steps=params.train.warmup_steps,
-                                planned=planned)
+                                useful_tokens=params.train.useful_tokens, planned=planned,
+                                warmup_steps=params.train.warmup_steps * nodes,
+                                target_ranks=nodes * (params.train.nproc - 1))
+            # throughput per node and in total: the nodes' measured tokens add up to the run's
+            per_node = summary["per_node"]
+            assert len(per_node) == nodes and all(n["useful_tokens_per_s"] > 0 for n in per_node), per_node
         else:
             # the requeued training: its summary's throughput and CPU shares cover the steps after the
             # resume only, so check_pipelined_run's sums over all steps do not apply; what the resume must

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,11 @@ import yaml
 
 from lenbatch_study.analysis import shapes as shp
 from lenbatch_study.analysis import stepmodel as sm
+from lenbatch_study.cli import main
 from lenbatch_study.stages.compare import ACK_EVERY, compare
 from lenbatch_study.core.config import load_params
-from lenbatch_study.analysis.report import QUIET_RERUN, busy_machine, unsteady_machine, write_outputs
+from lenbatch_study.analysis.report import (QUIET_RERUN, REPLAY_PART, busy_machine, errors_beyond_noise, not_settled,
+                                           unsteady_machine, write_outputs)
 from lenbatch_study.core import machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -448,7 +451,34 @@ def test_the_report_carries_the_study_replay(stage_inputs, tmp_path):
     assert "## The study's own table, replayed" in report
     b = rows["bucketed (study edges)"]
     assert f"| bucketed (study edges) | {b['steps_per_rank']:,} | {100 * b['padding_efficiency']:.1f}% |" in report
-    assert report.index("## Drift calibration") < report.index("## The study's own table") < report.index("## Plots")
+    # the study's setting is its own part, after everything about this run's data; the answer never cites it
+    part = report.index(f"# {REPLAY_PART}")
+    assert report.index("## Drift calibration") < report.index("## Plots") < part < report.index("## The study's own table")
+    yours = report[:part]
+    assert not any(phrase in yours for phrase in ("The study predicted", "902,087", "study edges", "seed profile"))
+    assert REPLAY_PART in report.split("## Answer")[0]  # the opening line says where the replay is
+
+
+def test_predictions_that_miss_beyond_the_model_s_error_settle_nothing(stage_inputs, tmp_path):
+    """A quiet machine, but two strategies' predictions missed by more than the step-time model's own error (and
+    more than a steady machine's drift): the answer opens with that and the rerun, and recommends nothing in bold."""
+    root, params = stage_inputs
+    result = _run(root, params)
+    assert not_settled(result) == ""
+    rows = dict(result.rows)
+    for s, err in (("packed", -0.59), ("random", 0.39)):
+        rows[s] = dataclasses.replace(rows[s], prediction_error=err, calibrated_prediction_error=err)
+    missed = dataclasses.replace(result, rows=rows)
+    assert errors_beyond_noise(missed) == ["random +39.0%", "packed -59.0%"]
+    write_outputs(missed, tmp_path, params=params)
+    answer = (tmp_path / "report.md").read_text().split("## Answer")[1].split("\n## ")[0].strip()
+    assert answer.startswith("**Not settled: the predictions missed by more than the step-time model's own error** "
+                             "(random +39.0%, packed -59.0%, against the 10.0%")
+    assert QUIET_RERUN in answer and "**Use `" not in answer and "**K = " not in answer
+    # within the noise: settled again
+    rows["random"] = dataclasses.replace(rows["random"], prediction_error=0.09, calibrated_prediction_error=0.2)
+    rows["packed"] = dataclasses.replace(rows["packed"], prediction_error=-0.3, calibrated_prediction_error=0.05)
+    assert errors_beyond_noise(dataclasses.replace(result, rows=rows)) == []
 
 
 def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_inputs, tmp_path):
@@ -562,3 +592,68 @@ def test_interleaved_ratios_on_the_cpu_clock_are_predicted_from_the_grids_cpu_se
     (tmp_path / "interleave" / "interleave.json").write_text(json.dumps({**timings, "clock": "wall"}))
     wall = table()
     assert max(abs(r["prediction_error"]) for r in wall.values()) > 1e-3  # the wall fits predict another ratio
+
+
+def _compare_cli(root: Path, inputs: Path, out: Path) -> list[str]:
+    """``lenbatch compare`` on ``inputs`` (a folder holding stats/ boundaries/ plans/ profile/ train/ data/),
+    without quality."""
+    return ["compare", "--params", str(REPO / "params.yaml"), str(root / "small.yaml"),
+            *[a for name in ("stats", "boundaries", "plans", "profile", "train", "data")
+              for a in (f"--{name}", str(inputs / name))], "--quality", "", "--out", str(out)]
+
+
+def _previous_output(out: Path) -> dict[str, bytes]:
+    """A previous compare output in ``out`` (what a failed run must leave byte for byte)."""
+    out.mkdir()
+    (out / "params.json").write_text("{}\n")
+    (out / "report.md").write_text("the previous report\n")
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    lines = [line for line in err.splitlines() if "lenbatch compare: error: " in line]
+    assert "Traceback" not in err and len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+def test_nan_profile_times_are_one_line_naming_the_grid_cells(stage_inputs, tmp_path, capsys):
+    """A NaN step time reached the step-model fit, where numpy's least squares failed with "SVD did not
+    converge", naming neither the file nor the cells."""
+    root, params = stage_inputs
+    rows = _grid(params)
+    rows[3]["target_seconds_median"] = float("nan")  # json writes NaN and Infinity, and reads them back
+    rows[5]["drafter_seconds_median"] = float("inf")
+    (tmp_path / "in").mkdir()
+    inputs = _variant(root, tmp_path / "in", rows)
+    (inputs / "train").symlink_to(root / "train")
+    out = tmp_path / "compare"
+    before = _previous_output(out)
+    capsys.readouterr()
+    assert main(_compare_cli(root, inputs, out)) == 2
+    err = _one_error_line(capsys)
+    grid = inputs / "profile" / "grid.json"
+    n3, n5 = len(rows[3]["sequence_lengths"]), len(rows[5]["sequence_lengths"])
+    assert f"{grid} holds step times that are not finite positive seconds: row 3 (padded, {n3} x" in err
+    assert "target_seconds_median=nan" in err and f"row 5 (padded, {n5} x" in err
+    assert "drafter_seconds_median=inf" in err and "rerun: snakemake results/profile/grid.json" in err
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before
+
+
+def test_a_torn_summary_is_one_line_naming_the_file(stage_inputs, tmp_path, capsys):
+    root, params = stage_inputs
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    shutil.copytree(root / "train", inputs / "train")
+    for name in ("stats", "boundaries", "plans", "profile", "data"):
+        (inputs / name).symlink_to(root / name)
+    summary = inputs / "train" / "packed" / "summary.json"
+    text = summary.read_text()
+    summary.write_text(text[:len(text) // 2])  # a copy or a write cut short
+    out = tmp_path / "compare"
+    before = _previous_output(out)
+    capsys.readouterr()
+    assert main(_compare_cli(root, inputs, out)) == 2
+    err = _one_error_line(capsys)
+    assert f"{summary} is not valid JSON" in err and "rerun: snakemake results/train/packed/summary.json" in err
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before

@@ -140,3 +140,21 @@ def test_missing_inputs_are_refused_with_the_fix(stage, tmp_path, capsys):
     assert rc == 2 and "--boundaries" in capsys.readouterr().err
     with pytest.raises(ArtifactError, match="rerun: snakemake results/quality/quality.json"):
         quality_result.read_quality(tmp_path, STRATEGIES)
+
+
+def test_no_quality_conclusion_unless_the_runs_learned(stage):
+    """Below the learned criterion the losses say nothing about composition: the answer and the section say what
+    to change instead, and no loss is compared (no interval, no seed-noise verdict, no per-second table)."""
+    import copy
+
+    result = copy.deepcopy(stage["result"])
+    result["summary"]["learned"] = False
+    tok_s = {s: 1000.0 * (i + 1) for i, s in enumerate(STRATEGIES)}
+    sentence = qr.answer_sentence(result, "packed", tok_s)
+    assert "not met" in sentence and "`quality.epochs`" in sentence and "seed noise" not in sentence
+    text = qr.section(result, tok_s=tok_s)
+    assert "**not met**" in text and qr.TO_LEARN in text
+    assert "seed noise" not in text and "per second of training" not in text and "difference from sorted" not in text
+    assert qr.loss_cell(result, "packed") == "not learned"
+    # met: the comparison is back
+    assert stage["result"]["summary"]["learned"] and "seed noise" in qr.answer_sentence(stage["result"], "packed", tok_s)

@@ -3,8 +3,13 @@ def _gpus(n):
     return n if config["train"]["device"] == "cuda" else 0
 
 
-# Multi-node training is not supported: every GPU job runs `torchrun --standalone --nnodes 1` on one
-# node (resources nodes=1, SLURM --nodes=1), so train.nproc GPUs must fit one node.
+# A training of train.nodes > 1 asks for that many nodes, one task each (SLURM --nodes N --ntasks N).
+# mpi="srun": the SLURM executor then runs this shell once on the allocation (not under its own srun), and
+# the shell starts one torchrun per node with srun, all meeting at the first node's c10d rendezvous. Outside
+# SLURM the same N nodes are emulated by one torchrun of N x nproc processes on this machine: the roles come
+# from the global rank, so both run the same code (docs/slurm.md "Training across nodes").
+_NODES = config["train"]["nodes"]
+_MULTI_NODE = {"tasks": _NODES, "mpi": "srun"} if _NODES > 1 else {}
 
 
 rule profile:
@@ -54,7 +59,7 @@ rule interleave:
 
 
 rule train:
-    # One torchrun job per strategy: nproc - 1 target ranks feed 1 drafter rank, on one node.
+    # One job per strategy: on each of train.nodes nodes, nproc - 1 target ranks feed 1 drafter rank.
     # Only `bucketed` reads the boundaries, so the other strategies do not rerun when boundaries.* changes.
     # steps.jsonl is written by the job but not declared: Snakemake deletes declared outputs before a job
     # starts, and a resumed training keeps the steps before its checkpoint (DVC tracks steps.jsonl).
@@ -68,13 +73,15 @@ rule train:
     params:
         cfg=cfg("train"),
         nproc=config["train"]["nproc"],
+        nodes=_NODES,
         data=f"{R}/tokenize",
         out=lambda wc: f"{R}/train/{wc.strategy}",
         boundaries=lambda wc, input: f"--boundaries {input.boundaries}" if input.boundaries else "",
-    threads: config["train"]["nproc"] * config["train"]["threads"]
+    threads: _NODES * config["train"]["nproc"] * config["train"]["threads"]  # a SLURM job: cpus_per_task per node
     resources:
         gpu=_gpus(config["train"]["nproc"]),
-        nodes=1,
+        nodes=_NODES,
+        **_MULTI_NODE,
     log:
         f"{LOGS}/train/{{strategy}}.log",
     benchmark:
@@ -82,6 +89,15 @@ rule train:
     shell:
         "out={params.out}; resume=; "
         "if [ -f $(dirname $out)/.$(basename $out).partial/checkpoint.pt ]; then resume=--resume; fi; "
-        "torchrun --standalone --nnodes 1 --nproc_per_node {params.nproc} -m lenbatch_study train "
+        "launch=\"torchrun --standalone --nnodes 1 --nproc_per_node $(({params.nodes} * {params.nproc}))\"; "
+        # under SLURM with several nodes: one torchrun per node at the first node's address (its NodeAddr, which
+        # may differ from its name), on a port of this job's own (trainings may share a node)
+        "if [ {params.nodes} -gt 1 ] && [ -n \"${{SLURM_JOB_ID:-}}\" ]; then "
+        "head=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1); "
+        "addr=$(scontrol show node \"$head\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p'); "
+        "launch=\"srun --nodes {params.nodes} --ntasks-per-node 1 torchrun --nnodes {params.nodes} "
+        "--nproc_per_node {params.nproc} --rdzv-backend c10d --rdzv-endpoint ${{addr:-$head}}:$((29500 + SLURM_JOB_ID % 2000)) "
+        "--rdzv-id $SLURM_JOB_ID\"; fi; "
+        "$launch -m lenbatch_study train "
         "--params params.yaml --params-json {params.cfg} --strategy {wildcards.strategy} "
         "--data {params.data} {params.boundaries} --out $out $resume > {log} 2>&1"

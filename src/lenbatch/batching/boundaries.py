@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -431,18 +432,23 @@ def _solve_all(x: np.ndarray, ks: list[int], *, token_budget: int, max_batch_siz
 
 def simulate_bucketed(x: np.ndarray, edges: Any, *, token_budget: int | None = None,
                       max_batch_size: int | None = None, seed: int = 0,
-                      spec: BatchSpec | None = None) -> dict[str, float]:
+                      spec: BatchSpec | None = None,
+                      reference: Sequence[np.ndarray] | None = None) -> dict[str, float]:
     """Simulated epoch 0 of the bucketed plan: padding efficiency; diversity from epochs 0 and 1.
-    ``spec`` (its edges replaced by ``edges``) or the keywords give the batching."""
+    ``spec`` (its edges replaced by ``edges``) or the keywords give the batching. Length mixing is
+    against ``reference``, the ``random`` plan of epoch 0 under the same spec (made here when None;
+    :func:`sweep_num_buckets` makes it once for every K)."""
     from lenbatch.batching.padding import composition_repeat, length_mixing, padding_efficiency
     from lenbatch.batching.strategies import plan_epoch_all
 
     spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed)
     spec = dataclasses.replace(spec, layout="padded", edges=edges)
     plans = [plan_epoch_all(x, strategy="bucketed", epoch=e, spec=spec)[0] for e in (0, 1)]
+    if reference is None:
+        reference = plan_epoch_all(x, strategy="random", epoch=0, spec=dataclasses.replace(spec, edges=None))[0]
     return {"simulated_efficiency": padding_efficiency(x, plans[0]),
             "composition_repeat": composition_repeat(plans[0], plans[1], x.size),
-            "length_mixing": length_mixing(x, plans[0])}
+            "length_mixing": length_mixing(x, plans[0], reference=reference)}
 
 
 def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int | None = None,
@@ -464,6 +470,10 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
                         method=method, objective=objective, num_candidates=num_candidates)
     log.info("sweep: edges for K = 1..%d by %s in %.2f s", kmax, method, time.perf_counter() - t0)
     rows = []
+    from lenbatch.batching.strategies import plan_epoch_all
+
+    reference = (plan_epoch_all(x, strategy="random", epoch=0, spec=dataclasses.replace(spec, layout="padded", edges=None))[0]
+                 if simulate else None)
     for k in range(1, kmax + 1):
         edges = solved[k][0]
         pred = predict_bucketed(x, edges, token_budget=token_budget, max_batch_size=max_batch_size,
@@ -471,7 +481,7 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
         row: dict[str, Any] = {"num_buckets": k, "edges": list(edges), "predicted_efficiency": pred}
         if simulate:
             row.update(simulate_bucketed(x, edges, token_budget=token_budget, max_batch_size=max_batch_size,
-                                         seed=seed))
+                                         seed=seed, reference=reference))
             log.info("sweep K=%d: predicted %.4f, simulated %.4f, composition repeat %.5f, length mixing %.4f",
                      k, pred, row["simulated_efficiency"], row["composition_repeat"], row["length_mixing"])
         rows.append(row)

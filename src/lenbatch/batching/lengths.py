@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from lenbatch.batching.strategy import edges_tuple
+
 STAT_PERCENTILES = (10, 25, 50, 75, 90, 95, 99, 100)
 
 
@@ -73,20 +75,9 @@ def bucket_ids(lengths: Any, edges: Any) -> np.ndarray:
 
 
 def check_edges(edges: Any, lengths: np.ndarray) -> np.ndarray:
-    e = np.asarray(edges)
-    if e.ndim != 1 or e.size < 2:
-        raise ValueError(f"edges must be a list of at least 2 bucket edges, got {edges!r}; "
-                         "pass K+1 increasing ints (Boundaries.edges)")
-    if not np.issubdtype(e.dtype, np.integer):
-        if np.all(e == np.round(e)):
-            e = e.astype(np.int64)
-        else:
-            raise ValueError(f"edges must be integers (tokens), got {edges!r}")
-    e = e.astype(np.int64)
-    if np.any(np.diff(e) <= 0):
-        raise ValueError(f"edges {e.tolist()} must be strictly increasing; sort them and remove duplicates")
-    if e[0] < 0:
-        raise ValueError(f"edges {e.tolist()} start below 0 tokens; bucket edges are lengths (tokens >= 0)")
+    """``edges`` as an int64 array, checked as :func:`lenbatch.batching.strategy.edges_tuple` checks them (K+1 >= 2
+    strictly increasing non-negative ints) and covering ``lengths``: ``edges[0] <= min``, ``edges[-1] > max``."""
+    e = np.asarray(edges_tuple(edges), dtype=np.int64)
     if e[0] > lengths.min() or e[-1] <= lengths.max():
         raise ValueError(f"edges {e.tolist()} do not cover the lengths {int(lengths.min())}..{int(lengths.max())}: "
                          "need edges[0] <= min and edges[-1] > max; recompute boundaries for these lengths")

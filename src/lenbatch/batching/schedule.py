@@ -9,6 +9,13 @@ runs and the compare stage predicts, so both walk the same steps:
 * epochs 0, 1, ... follow one another; the run stops at the first step at which the useful tokens
   trained reach ``useful_tokens``, or after ``max_steps`` steps, whichever comes first.
 
+Across nodes (``nodes`` machines of ``ranks_per_node`` target ranks and one drafter each) the plan is
+sharded over all ``nodes x ranks_per_node`` target ranks; target rank ``r`` lives on node
+``r // ranks_per_node``, whose drafter takes that node's steps in schedule order. Cluster step ``c`` is
+every node's ``c``-th step (:func:`cluster_steps`): the drafters train one model on them at once. After
+whole rounds of ``R`` global steps every node has trained the same number of steps, so a checkpoint is
+taken only where the steps trained are a prefix of the schedule.
+
 Every step carries its batch's sample indices, so a target rank trains ``step.indices`` without
 planning again. The sampler state of every rank after any step is a function of the schedule
 (:meth:`Schedule.sampler_states`): a checkpoint stores the same dicts
@@ -20,7 +27,7 @@ Cost: one ``plan_epoch_all`` per epoch the run touches, O(steps) beyond that.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -102,6 +109,24 @@ class Schedule(list):
             raise ValueError(f"the checkpoint's sampler state (rank {r}) does not give the planned batch "
                              f"of step {step}: the data, the planning code or the checkpoint changed since it "
                              "was written; run without --resume to start afresh")
+
+
+def node_of(target_rank: int, *, ranks_per_node: int) -> int:
+    """The node of global target rank ``target_rank`` (``ranks_per_node`` target ranks per node)."""
+    return int(target_rank) // int(ranks_per_node)
+
+
+def cluster_steps(steps: Sequence[ScheduledStep], *, nodes: int,
+                  ranks_per_node: int) -> list[list[Optional[ScheduledStep]]]:
+    """The cluster steps of ``steps`` (a schedule or its tail from a round boundary): entry ``c`` holds, per
+    node, that node's ``c``-th step in schedule order (None for a node whose steps ran out: only in the last
+    ``ranks_per_node`` cluster steps, which a stop inside a round leaves short). ``nodes = 1``: one step each,
+    the schedule's order. Pure; O(steps)."""
+    per_node: list[list[ScheduledStep]] = [[] for _ in range(nodes)]
+    for s in steps:
+        per_node[node_of(s.rank, ranks_per_node=ranks_per_node)].append(s)
+    n = max((len(p) for p in per_node), default=0)
+    return [[p[c] if c < len(p) else None for p in per_node] for c in range(n)]
 
 
 def build_schedule(lengths: np.ndarray, *, strategy: str, target_ranks: int, spec: Optional[BatchSpec] = None,

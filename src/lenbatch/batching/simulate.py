@@ -3,7 +3,7 @@
 Per strategy, over ``epochs`` epochs (world size ``world_size``, all ranks' batches together):
 padding efficiency and budget fill (totals over the epochs), steps per rank per epoch, useful and
 computed tokens per epoch, composition repeat (mean over consecutive epoch pairs), length mixing
-(mean over epochs) and the seconds to plan one epoch (mean). ``bucketed`` also reports the
+(mean over epochs, each epoch against the ``random`` plan of the same epoch: random scores 1) and the seconds to plan one epoch (mean). ``bucketed`` also reports the
 boundary objective's predicted efficiency for the edges used. Pure numpy (``sortish`` draws its
 permutation with torch, as transformers does). Cost: ``epochs`` plans per strategy plus O(N log N)
 metrics.
@@ -36,6 +36,10 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
     if epochs < 2:
         raise ValueError(f"plans.epochs must be >= 2 to measure composition repeat, got {epochs}")
     out: dict[str, dict[str, Any]] = {}
+    # length mixing's reference: the random order's plan of each epoch under the same spec and ranks
+    random_spec = base.for_strategy("random")
+    reference = [[b for r in plan_epoch_all(lengths, strategy="random", epoch=e, world_size=world_size,
+                                            spec=random_spec) for b in r] for e in range(epochs)]
     if "sortish" in strategies:  # import torch + transformers before timing, so plan_seconds is planning only
         from transformers.trainer_pt_utils import get_length_grouped_indices  # noqa: F401
     for strategy in strategies:
@@ -66,7 +70,8 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
             "computed_tokens": computed / epochs,
             "composition_repeat": float(np.mean([composition_repeat(plans[e][1], plans[e + 1][1], lengths.size)
                                                  for e in range(epochs - 1)])),
-            "length_mixing": float(np.mean([length_mixing(lengths, flat) for _, flat in plans])),
+            "length_mixing": float(np.mean([length_mixing(lengths, flat, reference=reference[e])
+                                            for e, (_, flat) in enumerate(plans)])),
             "plan_seconds": float(np.mean(secs)),
             "world_size": world_size,
             "epochs": epochs,

@@ -57,7 +57,7 @@ def edges_tuple(edges: Any) -> tuple[int, ...] | None:
     if np.any(np.diff(e) <= 0):
         raise ValueError(f"edges {e.tolist()} must be strictly increasing; sort them and remove duplicates")
     if e[0] < 0:
-        raise ValueError(f"edges {e.tolist()} start below 0; a length is a count of tokens, so start at 0")
+        raise ValueError(f"edges {e.tolist()} start below 0 tokens; bucket edges are lengths (tokens >= 0), so start at 0")
     return tuple(int(v) for v in e)
 
 

@@ -28,6 +28,13 @@ PREDICTION_TARGET = 0.03
 # strategy but sorted, 8 for five strategies, beside the 31 of the trainings; the intervals go to
 # diagnostics.json (8 more numbers would overflow the 40).
 USER_METRIC_KEYS = ("interleaved.ratio_to_sorted", "interleaved.predicted_ratio")
+# Params the interleaved measurement must share with compare's (section -> keys; None: all): its plans,
+# model and segments.
+RUN_KEYS: dict[str, tuple[str, ...] | None] = {
+    "batching": None, "model": None, "drafter": None, "interleave": None,
+    "train": ("strategies", "nproc", "nodes", "useful_tokens", "warmup_steps", "threads", "kernels",
+              "reuse_host_memory"),
+}
 
 
 def ratio_intervals(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]], *,
@@ -167,5 +174,5 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     return lines
 
 
-__all__ = ["BASELINE", "INTERVAL_TARGET", "PREDICTION_TARGET", "USER_METRIC_KEYS", "cpu_fits", "flat_metrics", "judge",
-           "predicted_ratios", "ratio_intervals", "section_lines"]
+__all__ = ["BASELINE", "INTERVAL_TARGET", "PREDICTION_TARGET", "RUN_KEYS", "USER_METRIC_KEYS", "cpu_fits",
+           "flat_metrics", "judge", "predicted_ratios", "ratio_intervals", "section_lines"]

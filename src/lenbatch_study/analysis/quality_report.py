@@ -49,10 +49,34 @@ def _diff(d: dict[str, Any], digits: int = 3) -> str:
     return f"{d['diff']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}], {verdict}"
 
 
+# What to change when the quality runs did not learn enough for their losses to compare strategies
+TO_LEARN = ("To meet it, give the quality runs more to learn: more epochs (`quality.epochs`), more training tokens "
+            "(`quality.train_tokens`), a higher learning rate (`quality.lr`) or fewer head classes "
+            "(`quality.draft_vocab`); e.g. `dvc exp run -S quality.epochs=8`, or edit params.yaml and run "
+            "`snakemake --cores all` (quality and compare rerun)")
+
+
+def learned(result: Optional[dict[str, Any]]) -> bool:
+    """Whether the quality runs met the learned criterion (their losses can then compare strategies)."""
+    return bool(result) and bool(result["summary"]["learned"])
+
+
+def not_learned_sentence(result: dict[str, Any]) -> str:
+    """Why the report draws no quality conclusion, and what to change."""
+    st, summ = result["setting"], result["summary"]
+    return (f"The held-out losses do not compare strategies on this run: the learned criterion (every run's final "
+            f"held-out loss at least {st['min_drop_nats']:g} nat below uniform, {st['uniform_loss']:.3f}) was not met "
+            f"(worst run {summ['worst_final_loss']:.3f}), so the drafter learned too little for composition to show. "
+            + TO_LEARN + ".")
+
+
 def loss_cell(result: Optional[dict[str, Any]], strategy: str) -> str:
-    """The compare table's "held-out loss at equal tokens" cell: mean [95% interval]."""
+    """The compare table's "held-out loss at equal tokens" cell: mean [95% interval]; none when the runs did not
+    learn (the criterion is not met)."""
     if not result:
         return "n/a"
+    if not learned(result):
+        return "not learned"
     return _iv(result["summary"]["final"][strategy])
 
 
@@ -62,6 +86,8 @@ def answer_sentence(result: Optional[dict[str, Any]], strategy: str, tok_s: dict
     if not result:
         return ("Its held-out loss was not measured (no quality stage results; rerun: "
                 "snakemake results/quality/quality.json).")
+    if not learned(result):
+        return not_learned_sentence(result)
     summ = result["summary"]
     tokens = result["setting"]["useful_tokens_per_run"]
     f, ref = summ["final"][strategy], summ["final"]["sorted"]
@@ -103,12 +129,20 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
              f"{st['token_budget']:,} tokens, {st['anchors_per_seq']} anchors per sequence, lr {st['lr']:g}. "
              f"Learned criterion: every run's final held-out loss at least {st['min_drop_nats']:g} nat below "
              f"uniform: " + ("**met**" if summ["learned"] else "**not met**") +
-             f" (worst run {summ['worst_final_loss']:.3f})." + _unigram(st), "",
-             "Held-out loss at equal useful tokens (mean [95% t-interval] over seeds; difference from sorted "
-             "with Welch's 95% interval):", "",
-             "| strategy | held-out loss | difference from sorted | per-seed |", "|---|---|---|---|"]
+             f" (worst run {summ['worst_final_loss']:.3f})." + _unigram(st), ""]
     runs = by_strategy(result)
-    for s in strategies:
+    if not summ["learned"]:
+        # no loss comparison: with a drafter that learned too little, differences say nothing about composition
+        lines += [TO_LEARN + ".", "", "Final held-out loss of each run (not compared: the criterion is not met):", "",
+                  "| strategy | per-seed |", "|---|---|"]
+        lines += [f"| {s} | " + ", ".join(f"{r['final_heldout_loss']:.3f}" for r in runs[s]) + " |"
+                  for s in strategies]
+        tok_s = None
+    else:
+        lines += ["Held-out loss at equal useful tokens (mean [95% t-interval] over seeds; difference from sorted "
+                  "with Welch's 95% interval):", "",
+                  "| strategy | held-out loss | difference from sorted | per-seed |", "|---|---|---|---|"]
+    for s in (strategies if summ["learned"] else []):
         d = "(baseline)" if s == "sorted" else _diff(summ["vs_sorted"][s])
         seeds = ", ".join(f"{r['final_heldout_loss']:.3f}" for r in runs[s])
         lines.append(f"| {s} | {_iv(summ['final'][s])} | {d} | {seeds} |")
@@ -217,4 +251,5 @@ def write_plot(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
-__all__ = ["answer_sentence", "flat_metrics", "loss_cell", "per_second", "section", "write_plot"]
+__all__ = ["TO_LEARN", "answer_sentence", "flat_metrics", "learned", "loss_cell", "not_learned_sentence", "per_second",
+           "section", "write_plot"]

@@ -2,13 +2,16 @@
 ``frontier.json``, ``throughput.json`` and ``stepmodel.json``, rendered from a :class:`CompareResult`.
 
 :mod:`lenbatch_study.stages.compare` predicts (pure function of the stage inputs) and builds the result; this
-module only renders it, so a report change never touches a prediction. The study's own figures the
-prose compares with are named constants (:data:`STUDY_NUM_BUCKETS`, :data:`STUDY_PADDING_RATIO`,
-:data:`STUDY_MEASURED_RATIO`, defined in :mod:`lenbatch_study.analysis.study_replay`), and the model-selection
-rule's numbers come from :mod:`lenbatch_study.analysis.stepmodel`. The report states the machine profile and runs
+module only renders it, so a report change never touches a prediction. The report is about the data the
+run read; the study's own setting appears only in its last part, "The study's setting, replayed (not your
+data)" (:func:`lenbatch_study.analysis.study_replay.section`), and as the study's K on this data's K sweep
+(:data:`STUDY_NUM_BUCKETS`). The model-selection rule's numbers come from
+:mod:`lenbatch_study.analysis.stepmodel`. The report states the machine profile and runs
 were measured on (:mod:`lenbatch_study.core.machine`), the raw and the calibrated prediction side by side
-(:func:`calibration_section`) and, when the result carries it, the study's setting replayed
-(:func:`lenbatch_study.analysis.study_replay.section`). Cost: O(strategies + K sweep) plus three matplotlib figures.
+(:func:`calibration_section`). The answer opens with "Not settled" and the rerun, and recommends nothing in bold,
+when the machine was busy or unsteady or the predictions missed by more than the step-time model's own
+held-out error (:func:`not_settled`); it draws no quality conclusion unless the quality runs met their
+learned criterion (:mod:`lenbatch_study.analysis.quality_report`). Cost: O(strategies + K sweep) plus three matplotlib figures.
 """
 
 from __future__ import annotations
@@ -24,15 +27,13 @@ import numpy as np
 from lenbatch_study.analysis import interleaved as il, quality_report as qr
 from lenbatch_study.analysis import stepmodel as sm
 from lenbatch_study.analysis import study_replay
-from lenbatch_study.core import machine
+from lenbatch_study.analysis.settled import (DRIFT_WARN, QUIET_RERUN, busy_machine, calibration_section,  # noqa: F401
+                                            errors_beyond_noise, machine_sentence, noise_paragraph, not_settled,
+                                            prediction_noise, unsteady_machine, _signed)
 from lenbatch_study.core.config import Params, write_resolved
-from lenbatch_study.core.cpu import CPU_SHARE_WARN
 
-# The study this project re-examines: it used K = 6 length buckets, predicted bucketed at 86.8% of
-# sorted's throughput from padding efficiency alone, and measured 78% (one definition, with the replay's).
+# The study this project re-examines used K = 6 length buckets (one definition, with the replay's)
 STUDY_NUM_BUCKETS = study_replay.STUDY_NUM_BUCKETS
-STUDY_PADDING_RATIO = study_replay.STUDY_PREDICTED_EFFICIENCY
-STUDY_MEASURED_RATIO = study_replay.STUDY_MEASURED["bucketed"]["ratio"][0]
 
 
 @dataclass
@@ -324,13 +325,10 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
     s = rec.strategy
     r, ref = rows[s], rows["sorted"]
     sweep = {e["num_buckets"]: e for e in result.sweep}
-    pts = frontier_points(result)
     # A busy or unsteady machine mixes other work into every measurement: the answer says so first, names
     # the rerun, and gives no recommendation in bold (the numbers cannot pick a strategy)
-    unsettled = busy_machine(result) or unsteady_machine(result)
-    lead = (f"**Not settled: the machine was {'busy' if busy_machine(result) else 'unsteady'} while measuring** "
-            f"({', '.join(unsettled[:3])}{', ...' if len(unsettled) > 3 else ''}; see \"Every strategy\" below), "
-            f"so these measurements cannot pick a strategy. Rerun them on a quiet machine: `{QUIET_RERUN}` "
+    unsettled = not_settled(result)
+    lead = (f"{unsettled} Rerun them on a quiet machine: `{QUIET_RERUN}` "
             f"(DVC: `dvc repro --force --single-item profile` and each `train@<strategy>`, then `dvc repro`). "
             f"On these numbers `{s}` came out ahead" if unsettled else f"**Use `{s}`** for this data and model")
     text = (f"{lead}: it measured {r.measured_tok_s:,.0f} useful tokens/s, "
@@ -350,6 +348,14 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
                  f"{_pct(e['simulated_efficiency'])} and length mixing {e['length_mixing']:.3f}, the smallest K "
                  f"within {_pct(params.compare.k_tolerance)} of the best predicted K (K = {kb['num_buckets']}, "
                  f"{_pct(kb['predicted_ratio_to_sorted'])}).")
+    return text
+
+
+def study_k_paragraph(result: CompareResult) -> str:
+    """Where the study's K sits on this data's K sweep and frontier ('' when the sweep does not reach it)."""
+    sweep = {e["num_buckets"]: e for e in result.sweep}
+    pts = frontier_points(result)
+    text = ""
     study = STUDY_NUM_BUCKETS
     if study in sweep:
         e = sweep[study]
@@ -359,7 +365,7 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
                         and (p["length_mixing"] > on["length_mixing"] or p["efficiency"] > on["efficiency"])]
         where = ("on the Pareto front of efficiency vs length mixing" if on["pareto_mixing"]
                  else f"behind the Pareto front (dominated by {', '.join(dominated_by[:3])})")
-        text += (f" The study's choice, K = {study}, sits {where}: simulated efficiency "
+        text += (f"The study's choice, K = {study}, sits {where}: simulated efficiency "
                  f"{_pct(e['simulated_efficiency'])}, "
                  f"length mixing {e['length_mixing']:.3f}, predicted {_pct(e['predicted_ratio_to_sorted'])} "
                  "of sorted")
@@ -379,9 +385,7 @@ def gap_paragraph(result: CompareResult) -> str:
     const = {k: sum(v for n, v in comp[k].items() if n.endswith(".const")) for k in (s, "sorted")}
     attn = {k: sum(v for n, v in comp[k].items() if n.endswith(".sum_len_sq")) for k in (s, "sorted")}
     total = {k: sum(comp[k].values()) for k in (s, "sorted")}
-    return (f"The study predicted `bucketed` at {_pct(STUDY_PADDING_RATIO)} of sorted from padding alone and measured "
-            f"{STUDY_MEASURED_RATIO:.0%}. Here the "
-            f"padding model predicts `{s}` at {_pct(L['padding'])} of sorted and the run measured "
+    return (f"The padding model predicts `{s}` at {_pct(L['padding'])} of sorted and the run measured "
             f"{_pct(L['measured'])}. Adding the step-time model's terms one at a time: the fixed cost per step "
             f"gives {_pct(L['+step'])} (`{s}` takes {steps_s} steps to sorted's {steps_ref}; the fixed terms are "
             f"{const[s]:.1f} s of {total[s]:.1f} s modelled, sorted {const['sorted']:.1f} s of "
@@ -390,122 +394,23 @@ def gap_paragraph(result: CompareResult) -> str:
             f"and overlapping target and drafter through the queue (the full prediction) {_pct(L['pipelined'])}.")
 
 
-def busy_machine(result: CompareResult) -> list[str]:
-    """Signs that other work slowed the profile or the runs, from the share of their cores they got.
-
-    - a run's role got a share differing from the profile's by more than ``1 - CPU_SHARE_WARN``
-      (relative): profile and run ran under different loads, whatever the threads or device;
-    - with one thread per process, anything below ``CPU_SHARE_WARN`` (with more threads a step
-      need not keep every thread busy, so a low share alone proves nothing).
-    """
-    prof = result.profile_cpu_share
-    one_thread = result.threads == 1
-    low = [f"profile {role} {_pct(v)}" for role, v in prof.items() if one_thread and v < CPU_SHARE_WARN]
-    for s, r in result.rows.items():
-        for role in ("target", "drafter"):
-            x, p = getattr(r, f"{role}_cpu_share"), prof[role]
-            if (one_thread and x < CPU_SHARE_WARN) or min(x, p) < CPU_SHARE_WARN * max(x, p):
-                low.append(f"{s} run {role} {_pct(x)} (profile {_pct(p)})")
-    return low
+REPLAY_PART = "The study's setting, replayed (not your data)"
 
 
-# A reference step that moved more than this between a measurement's start and end: the machine's speed
-# changed under it (a VM's CPU steal does not show in the process's CPU shares; the reference does).
-DRIFT_WARN = 0.10
-# what reruns the measurements of a busy or unsteady machine (the report and compare's warnings say it)
-QUIET_RERUN = "snakemake --forcerun profile train"
-
-
-def unsteady_machine(result: CompareResult) -> list[str]:
-    """Measurements whose reference step (lenbatch_study.runtime.reference) moved by more than ``DRIFT_WARN``
-    between their start and end: the machine ran at another speed at the end than at the start, whatever
-    the CPU shares say (a virtual machine's stolen time is invisible to the process)."""
-    out = [f"profile {role} {_signed(v)}" for role, v in (result.profile_reference_drift or {}).items()
-           if not math.isnan(v) and abs(v) > DRIFT_WARN]
-    for s, r in result.rows.items():
-        for role in ("target", "drafter"):
-            v = getattr(r, f"{role}_reference_drift")
-            if not math.isnan(v) and abs(v) > DRIFT_WARN:
-                out.append(f"{s} run {role} {_signed(v)}")
-    return out
-
-
-def noise_paragraph(result: CompareResult) -> str:
-    """Where it was measured, and was the machine quiet while profiling and training? (Tells noise from
-    model error.)"""
-    return machine_sentence(result) + " " + _quiet_paragraph(result)
-
-
-def _quiet_paragraph(result: CompareResult) -> str:
-    prof = result.profile_cpu_share
-    runs = [getattr(r, f"{role}_cpu_share") for r in result.rows.values() for role in ("target", "drafter")]
-    runs = [x for x in runs if not math.isnan(x)]
-    if math.isnan(prof["target"]) or not runs:
-        return ("CPU shares were not recorded (a profile grid or runs from an older version), so a busy machine "
-                f"cannot be told from model error; rerun: {QUIET_RERUN}")
-    low = busy_machine(result)
-    if low:
-        return (f"**The machine was busy**: share of their cores {', '.join(low)}. A step that gets a share s "
-                "of its cores takes about 1/s as long, so the errors above mix other work on the machine with model "
-                "error. Rerun what was slowed on a quiet machine (`snakemake --forcerun profile` for the profile, "
-                "`--forcerun train` for the runs).")
-    shares = (f"the profile's steps got {_pct(prof['target'])} (target) and {_pct(prof['drafter'])} (drafter) "
-              f"of their cores, the runs' steps at least {_pct(min(runs))}")
-    moved = unsteady_machine(result)
-    if moved:
-        return (f"**The machine's speed changed during the measurements**: {shares}, but the reference step moved "
-                f"by more than {100 * DRIFT_WARN:.0f}% between start and end ({', '.join(moved)}; a virtual "
-                "machine's stolen CPU time does not show in CPU shares). The errors above mix that drift with "
-                "model error, and a start/end reference cannot calibrate a drift that is not linear in time. Rerun "
-                f"on a steadier machine: `{QUIET_RERUN}`.")
-    return (f"The machine was quiet: {shares}, and the reference step moved by at most {100 * DRIFT_WARN:.0f}% "
-            "within the profile and every run, so the errors above are the step-time model's and the run-to-run "
-            "noise's, not other work's.")
-
-
-def _signed(x: float) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:+.1f}%"
-
-
-def machine_sentence(result: CompareResult) -> str:
-    """Where the profile and the runs were measured (compare refuses them unless it is one machine)."""
-    if not result.machine:
-        return "The machine the profile and the runs were measured on is not recorded."
-    return (f"The profile and all {len(result.rows)} runs were measured on one machine: "
-            f"{machine.describe(result.machine)}.")
-
-
-def calibration_section(result: CompareResult) -> str:
-    """Raw and calibrated prediction side by side, with the reference ratios they differ by."""
-    rows = result.rows
-    shape = result.reference_shape or {}
-    drift = result.profile_reference_drift or {}
-    run_s = [r.reference_seconds for r in rows.values() if not math.isnan(r.reference_seconds)]
-    lines = ["## Drift calibration", "",
-             f"The profile and every run timed one reference step ({shape.get('sequences')} x {shape.get('length')} "
-             "padded tokens: the target's forward and the drafter's forward and backward, each alone) at their "
-             "start and end. The calibrated prediction multiplies each role's predicted step times by the run's "
-             "reference ratio (run / profile, the mean of the start and end medians): above 1 the machine was "
-             "slower during the run than during the profile. Where the reference ratio is close to the measured / "
-             "predicted step ratio, the drift explains the raw error. Within the profile the reference moved by "
-             f"{_signed(drift.get('target'))} (target) and {_signed(drift.get('drafter'))} (drafter), end against "
-             "start.", "",
-             "| strategy | predicted tok/s | error | calibrated tok/s | calibrated error | target reference ratio | "
-             "target step ratio | drafter reference ratio | drafter step ratio | reference drift in the run "
-             "(target, drafter) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for s, r in rows.items():
-        lines.append(f"| {s} | {r.predicted_tok_s:,.0f} | {_signed(r.prediction_error)} | {r.calibrated_tok_s:,.0f} | "
-                     f"{_signed(r.calibrated_prediction_error)} | {r.target_reference_ratio:.3f} | "
-                     f"{r.target_step_ratio:.3f} | {r.drafter_reference_ratio:.3f} | {r.drafter_step_ratio:.3f} | "
-                     f"{_signed(r.target_reference_drift)}, {_signed(r.drafter_reference_drift)} |")
-    cost = (f"The reference step took {result.profile_reference_seconds:.1f} s of the profile and "
-            f"{min(run_s):.1f}-{max(run_s):.1f} s of each run, outside the measured steps." if run_s else "")
-    return "\n".join(lines + ["", cost])
+def data_sentence(result: CompareResult) -> str:
+    """What the report is about: the run's own data, and where the study's replay is."""
+    st = result.stats or {}
+    n, tokens = st.get("count"), st.get("total_tokens")
+    what = (f"{int(n):,} samples, {int(tokens):,} tokens" if n is not None and tokens is not None
+            else "its samples")
+    tail = (f"; the study's own setting, replayed for comparison, is the last part (\"{REPLAY_PART}\")"
+            if result.study_replay is not None else "")
+    return f"About the data this run read ({what}; results/tokenize/stats.json names the source){tail}."
 
 
 def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
     rows = result.rows
-    lines = ["# Batching strategies: predicted vs measured", "", "## Answer", "",
+    lines = ["# Batching strategies: predicted vs measured", "", data_sentence(result), "", "## Answer", "",
              answer_paragraph(result, params=params),
              "", "## Why the padding-only prediction misses", "", gap_paragraph(result), "",
              "| strategy | padding only | +step cost | +attention | +sequences | pipelined (prediction) | measured |",
@@ -565,10 +470,20 @@ def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
         lines.append(f"| {e['num_buckets']} | {_pct(e['simulated_efficiency'])} | "
                      f"{_pct(e['predicted_ratio_to_sorted'])} | {e['composition_repeat']:.3f} | "
                      f"{e['length_mixing']:.3f} |")
-    if result.study_replay is not None:
-        lines += ["", study_replay.section(result.study_replay)]
+    lines += ["", "Length mixing: the pooled within-batch length variance over that of the `random` plan under the "
+              "same batch spec, seed and epoch (0: every batch one length; 1: a random order; "
+              "`lenbatch.length_mixing`)."]
+    study_k = study_k_paragraph(result)
+    if study_k:
+        lines += ["", study_k]
     lines += ["", "## Plots", "", "![length histogram](histogram.png)", "",
               "![predicted vs measured](throughput.png)", "", "![frontier](frontier.png)", ""]
+    if result.study_replay is not None:
+        # the study's setting, on a stand-in of its lengths: its own part, after everything about this data
+        lines += ["---", "", f"# {REPLAY_PART}", "",
+                  "Everything above is about the data this run read. This part replays the study this project "
+                  "re-examines (902,087 chats on 8 GPUs) on a stand-in of its lengths, for comparison only; its "
+                  "numbers are not your data's.", "", study_replay.section(result.study_replay)]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
@@ -596,5 +511,6 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
     return metrics
 
 
-__all__ = ["QUIET_RERUN", "CompareResult", "Recommendation", "StrategyRow", "busy_machine", "flat_metrics",
-           "frontier_points", "histogram_points", "unsteady_machine", "write_outputs"]
+__all__ = ["QUIET_RERUN", "REPLAY_PART", "CompareResult", "Recommendation", "StrategyRow", "busy_machine",
+           "data_sentence", "errors_beyond_noise", "flat_metrics", "frontier_points", "histogram_points", "not_settled",
+           "prediction_noise", "unsteady_machine", "write_outputs"]

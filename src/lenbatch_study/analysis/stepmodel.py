@@ -17,6 +17,13 @@ A pipelined run (target rank -> bounded queue -> drafter rank) is then
 simulated step by step (:func:`pipeline_ends`), so a step costs about
 ``max(target, drafter)`` in steady state, not the sum.
 
+Across ``nodes`` nodes (``train.nodes``) each node runs that pipeline on its own target ranks' steps, and
+the drafters meet once per cluster step (every node's c-th step) to all-reduce their gradients: cluster
+step ``c`` ends at ``max over nodes (take + drafter step) + allreduce_s`` for every node, and the next
+one starts no earlier (:func:`pipeline_timeline`). ``allreduce_s`` is a measured term: the mean
+``allreduce_s`` of the run's steps (the all-reduce alone, the wait for the slowest node excluded: that
+wait is what the max models).
+
 Everything here is a pure function on numpy arrays; cost is O(steps) for
 prediction and O(2^p * n * p^2) for a fit with p <= 6 features.
 """
@@ -109,11 +116,21 @@ def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best / scale
 
 
+def check_step_times(seconds: np.ndarray) -> np.ndarray:
+    """``seconds`` as float64 when every entry is a finite number > 0; ``ValueError`` naming the bad entries
+    otherwise (numpy's least squares fails on NaN with "SVD did not converge", and a weight 1/0 is inf). O(n)."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    bad = np.flatnonzero(~(np.isfinite(seconds) & (seconds > 0)))
+    if bad.size:
+        shown = ", ".join(f"point {i}: {seconds[i]}" for i in bad[:4])
+        raise ValueError(f"step times must be finite and > 0 seconds; the profile grid holds {bad.size} that are not "
+                         f"({shown}); rerun: snakemake results/profile/grid.json")
+    return seconds
+
+
 def fit_coefficients(X: np.ndarray, seconds: np.ndarray, *, relative: bool = True) -> np.ndarray:
     """NNLS fit of ``seconds ~ X b``; ``relative`` weights each row by 1 / seconds (minimises relative error)."""
-    seconds = np.asarray(seconds, dtype=np.float64)
-    if np.any(seconds <= 0):
-        raise ValueError("step times must be > 0 seconds; the profile grid holds a non-positive time")
+    seconds = check_step_times(seconds)
     w = 1.0 / seconds if relative else np.ones_like(seconds)
     return nnls(X * w[:, None], seconds * w)
 
@@ -196,7 +213,8 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
 
 
 def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, queue_size: int = 1,
-                  target_ranks: int = 1, ack_every: int | None = None, overhead_s: float = 0.0) -> np.ndarray:
+                  target_ranks: int = 1, ack_every: int | None = None, overhead_s: float = 0.0, nodes: int = 1,
+                  allreduce_s: float = 0.0) -> np.ndarray:
     """Time at which the run finishes each step, for target ranks feeding one drafter rank.
 
     Step i is computed by target rank ``i mod R`` (round-robin, R = ``target_ranks``); a
@@ -212,6 +230,9 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
     credit, right after computing the features of its step i + qR (or, past its last step,
     when it drains), so after step i the drafter resumes at max(end_i, done_{i+qR}).
 
+    ``nodes`` > 1: ``target_ranks`` counts every node's (``target_ranks / nodes`` per node), and the
+    drafters step together (:func:`pipeline_timeline`), each cluster step plus ``allreduce_s``.
+
     Without ``drafter_s`` (one process does both) the steps simply add up:
     end_i = sum_{j<=i} t_j + overhead. Cost O(steps).
     """
@@ -219,20 +240,33 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
     if drafter_s is None:
         return np.cumsum(t + overhead_s)
     return pipeline_timeline(t, drafter_s, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
-                             overhead_s=overhead_s)["end"]
+                             overhead_s=overhead_s, nodes=nodes, allreduce_s=allreduce_s)["end"]
 
 
 def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
-                      ack_every: int | None = None, overhead_s: float = 0.0) -> dict[str, np.ndarray]:
+                      ack_every: int | None = None, overhead_s: float = 0.0, nodes: int = 1,
+                      allreduce_s: float = 0.0) -> dict[str, np.ndarray]:
     """The pipelined run's timeline (see :func:`pipeline_ends`): per step, when its target
     forward starts and ends (``target_start``, ``target_end``), when the drafter takes it
-    (``drafter_start``) and when the step ends (``end``). Cost O(steps)."""
+    (``drafter_start``) and when the step ends (``end``).
+
+    ``nodes`` > 1 (``m = target_ranks / nodes`` target ranks per node; step ``i``'s target rank
+    ``r = i mod R`` is on node ``r // m``): the targets' timeline and credits are as above, and cluster step
+    ``c`` = the steps ``S_c`` that are the c-th of their node (one per node, fewer once a node's steps ran out):
+
+        take_i = max(put_i, resume)  for i in S_c;   end_c = max_{i in S_c} (take_i + d_i) + allreduce_s + overhead
+        end_i = end_c  for i in S_c;   resume = end_c
+
+    Cost O(steps)."""
     t = np.asarray(target_s, dtype=np.float64)
     d = np.asarray(drafter_s, dtype=np.float64)
     assert t.shape == d.shape
     q, R = int(queue_size), int(target_ranks)
     if q < 1 or R < 1:
         raise ValueError(f"queue_size and target_ranks must be >= 1, got {queue_size}, {target_ranks}")
+    if nodes > 1:
+        return _cluster_timeline(t, d, queue_size=q, target_ranks=R, nodes=int(nodes), overhead_s=overhead_s,
+                                 allreduce_s=allreduce_s, ack_every=ack_every)
     n, qR = t.size, q * R
     done, put, take, end = (np.zeros(n) for _ in range(4))
     free = np.zeros(R)  # when each target rank can start its next forward
@@ -268,6 +302,37 @@ def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size
     return {"target_start": done - t, "target_end": done, "drafter_start": take, "end": end}
 
 
+def _cluster_timeline(t: np.ndarray, d: np.ndarray, *, queue_size: int, target_ranks: int, nodes: int,
+                      overhead_s: float, allreduce_s: float, ack_every: int | None) -> dict[str, np.ndarray]:
+    """:func:`pipeline_timeline` of ``nodes`` > 1 nodes (its docstring). Cost O(steps)."""
+    q, R = queue_size, target_ranks
+    if R % nodes:
+        raise ValueError(f"target_ranks={R} is not a multiple of nodes={nodes}: each node has train.nproc - 1")
+    if ack_every is not None:
+        raise ValueError("ack_every is not modelled across nodes; pass ack_every=None")
+    m, n, qR = R // nodes, t.size, q * R
+    done, put, take, end = (np.zeros(n) for _ in range(4))
+    free = np.zeros(R)
+    per_node: list[list[int]] = [[] for _ in range(nodes)]
+    for i in range(n):
+        per_node[(i % R) // m].append(i)
+    scheduled = 0
+    resume = 0.0
+    for c in range(max(len(p) for p in per_node) if n else 0):
+        steps = [p[c] for p in per_node if c < len(p)]
+        # every credit the targets need up to here is a take of an earlier cluster step (q >= 1)
+        while scheduled <= max(steps):
+            k, r = scheduled, scheduled % R
+            done[k] = free[r] + t[k]
+            put[k] = max(done[k], take[k - qR]) if k >= qR else done[k]
+            free[r] = put[k]
+            scheduled += 1
+        take[steps] = np.maximum(put[steps], resume)
+        resume = float(np.max(take[steps] + d[steps])) + allreduce_s + overhead_s
+        end[steps] = resume
+    return {"target_start": done - t, "target_end": done, "drafter_start": take, "end": end}
+
+
 def busy_share(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, busy_ends: np.ndarray) -> np.ndarray:
     """Share of each interval [starts_k, ends_k] during which at least one busy interval runs.
 
@@ -300,7 +365,7 @@ def busy_share(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, bu
 def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_alone: np.ndarray,
                      drafter_busy: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
                      ack_every: int | None = None, overhead_s: float = 0.0, iterations: int = 30,
-                     tol: float = 1e-6) -> dict[str, np.ndarray]:
+                     tol: float = 1e-6, nodes: int = 1, allreduce_s: float = 0.0) -> dict[str, np.ndarray]:
     """Pipelined run whose step times depend on whether the other role is working meanwhile.
 
     On one machine the target and the drafter share cores, caches and memory bandwidth: a
@@ -323,7 +388,7 @@ def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_
     def timeline(t: np.ndarray, d: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """The timeline of these step times and each step's overlap with the other role's work."""
         tl = pipeline_timeline(t, d, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
-                               overhead_s=overhead_s)
+                               overhead_s=overhead_s, nodes=nodes, allreduce_s=allreduce_s)
         d_end = tl["drafter_start"] + d
         return (tl, busy_share(tl["target_start"], tl["target_end"], tl["drafter_start"], d_end),
                 busy_share(tl["drafter_start"], d_end, tl["target_start"], tl["target_end"]))

@@ -89,6 +89,45 @@ def _lengths_input(args: argparse.Namespace) -> dict[str, Any]:
     return {"lengths": args.lengths, "seed_profile": args.seed_profile, "seed_profile_size": args.seed_profile_size}
 
 
+def _setting(name: str) -> tuple[Any, tuple[Any, ...] | None, str]:
+    """(type, choices, help) of the params setting ``name`` (``section.key``), read from its declaration in
+    :mod:`lenbatch_study.core.config`: a flag overriding a setting is described where the setting is."""
+    import dataclasses
+    import typing
+
+    from lenbatch_study.core.config import Params
+
+    section, key = name.split(".")
+    cls = typing.get_type_hints(Params)[section]
+    field_ = {f.name: f for f in dataclasses.fields(cls)}[key]
+    hint = typing.get_type_hints(cls)[key]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]  # Optional[X] -> X
+    if typing.get_origin(hint) is typing.Literal:
+        return str, typing.get_args(hint), field_.metadata["help"]
+    kind = args[0] if typing.get_origin(hint) is typing.Union else hint
+    assert kind in (int, float, str), f"{name}: a flag can override only a scalar setting, not {hint}"
+    return kind, None, field_.metadata["help"]
+
+
+def add_override(parser: argparse.ArgumentParser, name: str, *, flag: str | None = None, note: str = "") -> None:
+    """``--<key>`` (or ``flag``) overriding the params setting ``name`` (``section.key``): its type, choices and
+    help come from the setting's declaration (:func:`_setting`); read back by :func:`overrides_of`."""
+    kind, choices, help_ = _setting(name)
+    section, key = name.split(".")
+    parser.add_argument(flag or "--" + key.replace("_", "-"), dest=key, type=kind, choices=choices,
+                        help=f"{help_} (overrides {name}{'; ' + note if note else ''})")
+
+
+def overrides_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The settings of ``names`` (``section.key``) whose flags were given, as a params overrides mapping."""
+    out: dict[str, Any] = {}
+    for name in names:
+        section, key = name.split(".")
+        if getattr(args, key, None) is not None:
+            out.setdefault(section, {})[key] = getattr(args, key)
+    return out
+
+
 # --------------------------------------------------------------------------- dvc-yaml, plots, params
 
 
@@ -148,7 +187,7 @@ def _params_flags(parser: argparse.ArgumentParser) -> None:
 def _stats_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
     add_lengths_arguments(parser)
-    parser.add_argument("--bins", type=int, default=None, help="histogram bins (count; overrides stats.histogram_bins)")
+    add_override(parser, "stats.histogram_bins", flag="--bins")
     parser.add_argument("--edges", type=int, nargs="+", default=None, metavar="TOKENS",
                         help="optional bucket edges (tokens) for counts per bucket")
     parser.add_argument("--out", required=True, help="output directory (stats.json, histogram.json, histogram.png)")
@@ -158,30 +197,28 @@ def _stats_flags(parser: argparse.ArgumentParser) -> None:
 def _stats(args: argparse.Namespace) -> int:
     from lenbatch_study.core.config import load_params
 
-    overrides = {"stats": {"histogram_bins": args.bins}} if args.bins is not None else None
+    overrides = overrides_of(args, "stats.histogram_bins") or None
     return _stage("stats").run(params=load_params(*args.params, overrides=overrides), out=args.out,
                                edges=args.edges, **_lengths_input(args))
 
 
 # --------------------------------------------------------------------------- boundaries, plan, plans
 
-BATCHING_FLAGS = {
-    "token_budget": "padded tokens per batch (tokens; overrides batching.token_budget)",
-    "max_batch_size": "samples per batch at most (count; overrides batching.max_batch_size)",
-    "seed": "base seed (epoch e uses seed + e; overrides batching.seed)",
-    "packed_window": "open rows of first-fit packing (count; overrides batching.packed_window)",
-}
+BATCHING_FLAGS = ("batching.token_budget", "batching.max_batch_size", "batching.seed", "batching.packed_window")
 
 
-def add_batching_arguments(parser: argparse.ArgumentParser, keys: tuple[str, ...] = tuple(BATCHING_FLAGS)) -> None:
+def add_batching_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] = BATCHING_FLAGS) -> None:
     """``--token-budget`` etc.: flags overriding single ``batching`` keys (read back by :func:`batching_overrides`)."""
-    for key in keys:
-        parser.add_argument("--" + key.replace("_", "-"), type=int, help=BATCHING_FLAGS[key])
+    for name in names:
+        add_override(parser, name)
 
 
 def batching_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    sec = {k: getattr(args, k) for k in BATCHING_FLAGS if getattr(args, k, None) is not None}
-    return {"batching": sec} if sec else {}
+    return overrides_of(args, *BATCHING_FLAGS)
+
+
+BOUNDARIES_FLAGS = ("boundaries.method", "boundaries.num_buckets", "boundaries.sweep_max_buckets",
+                    "boundaries.num_candidates", "boundaries.objective")
 
 
 @_flags_of("boundaries")
@@ -191,12 +228,11 @@ def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
 
     _params_flag(parser)
     add_lengths_arguments(parser)
-    parser.add_argument("--method", choices=methods, help="optimizer (overrides boundaries.method)")
-    parser.add_argument("--num-buckets", type=int, help="K, the number of buckets (count)")
-    parser.add_argument("--sweep-max-buckets", type=int, help="the K sweep covers K = 1..this (count; 0: no sweep)")
-    parser.add_argument("--num-candidates", type=int, help="candidate edge values searched (count)")
-    parser.add_argument("--objective", choices=objectives, help="what is minimised (overrides boundaries.objective)")
-    add_batching_arguments(parser, ("token_budget", "max_batch_size"))
+    for name in BOUNDARIES_FLAGS:
+        add_override(parser, name, note="0: no sweep" if name == "boundaries.sweep_max_buckets" else "")
+    assert set(_setting("boundaries.method")[1]) == set(methods), "boundaries.method's choices are the optimizers"
+    assert set(_setting("boundaries.objective")[1]) == set(objectives), "boundaries.objective's choices"
+    add_batching_arguments(parser, ("batching.token_budget", "batching.max_batch_size"))
     parser.add_argument("--out", required=True, help="output directory: boundaries.json, sweep.json, params.json")
     parser.set_defaults(func=_boundaries)
 
@@ -204,11 +240,9 @@ def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
 def _boundaries(args: argparse.Namespace) -> int:
     from lenbatch_study.core.config import load_params
 
-    bo = {k: getattr(args, k) for k in ("method", "num_buckets", "num_candidates", "objective")
-          if getattr(args, k) is not None}
-    if args.sweep_max_buckets:
-        bo["sweep_max_buckets"] = args.sweep_max_buckets
-    overrides = {**batching_overrides(args), **({"boundaries": bo} if bo else {})}
+    # --sweep-max-buckets 0 means "no sweep" here, which the setting itself does not allow
+    names = [n for n in BOUNDARIES_FLAGS if n != "boundaries.sweep_max_buckets" or args.sweep_max_buckets]
+    overrides = {**batching_overrides(args), **overrides_of(args, *names)}
     params = load_params(*args.params, overrides=overrides or None)
     return _stage("boundaries").run(params=params, out=args.out, sweep=args.sweep_max_buckets != 0,
                                     **_lengths_input(args))
@@ -249,7 +283,7 @@ def _plans_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
     parser.add_argument("--strategies", nargs="+", choices=_strategies(), default=None,
                         help="strategies to simulate (default: all; bucketed only with --boundaries)")
-    parser.add_argument("--epochs", type=int, help="epochs simulated per strategy (count; overrides plans.epochs)")
+    add_override(parser, "plans.epochs")
     parser.add_argument("--world-size", type=int, default=1,
                         help="data-parallel ranks the plans are split over (count)")
     add_batching_arguments(parser)
@@ -260,9 +294,7 @@ def _plans_flags(parser: argparse.ArgumentParser) -> None:
 def _plans(args: argparse.Namespace) -> int:
     from lenbatch_study.core.config import load_params
 
-    overrides = batching_overrides(args)
-    if args.epochs is not None:
-        overrides["plans"] = {"epochs": args.epochs}
+    overrides = {**batching_overrides(args), **overrides_of(args, "plans.epochs")}
     params = load_params(*args.params, overrides=overrides or None)
     if not (args.study_replay or args.lengths or args.seed_profile):
         raise ValueError("give the lengths to plan: --lengths FILE.npy or --seed-profile (or --study-replay)")
@@ -285,17 +317,15 @@ def _study_replay_flags(parser: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- tokenize, quality
 
 
+DATA_FLAGS = ("data.source", "data.tokenizer", "data.max_len", "data.overflow", "data.limit", "data.workers",
+              "data.on_bad_record")
+
+
 @_flags_of("tokenize")
 def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)
-    parser.add_argument("--source", help="overrides data.source: 'sharegpt', a JSON/JSONL/Parquet file or a "
-                                          "save_to_disk directory")
-    parser.add_argument("--tokenizer", help="overrides data.tokenizer: 'qwen3.6' or a local HF tokenizer directory")
-    parser.add_argument("--max-len", type=int, help="overrides data.max_len (tokens)")
-    parser.add_argument("--overflow", choices=("truncate", "drop", "error"), help="overrides data.overflow")
-    parser.add_argument("--limit", type=int, help="overrides data.limit: read at most N conversations")
-    parser.add_argument("--workers", type=int, help="overrides data.workers (processes)")
-    parser.add_argument("--on-bad-record", choices=("error", "skip"), help="overrides data.on_bad_record")
+    for name in DATA_FLAGS:
+        add_override(parser, name)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress log lines")
     parser.add_argument("--allow-truncated", action="store_true", default=None,
                         help="keep the complete records of a cut-off JSON/JSONL source (counted in stats.json) "
@@ -306,11 +336,7 @@ def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
 
 def _tokenize(args: argparse.Namespace) -> int:
     stage = _stage("tokenize")
-    flags = {"source": args.source, "tokenizer": args.tokenizer, "max_len": args.max_len,
-             "overflow": args.overflow, "limit": args.limit, "workers": args.workers,
-             "on_bad_record": args.on_bad_record}
-    overrides = {k: v for k, v in flags.items() if v is not None}
-    params = params_from_args(args, overrides={"data": overrides} if overrides else None)
+    params = params_from_args(args, overrides=overrides_of(args, *DATA_FLAGS) or None)
     return stage.run(params=params, out=args.out, progress=not args.no_progress, allow_truncated=args.allow_truncated)
 
 

@@ -66,7 +66,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class StatsConfig:
     # bounded: the histogram holds one count per bin (1e9 bins took 22 GB before the kernel killed the run)
-    histogram_bins: int = _f(64, "bins of the length histogram", minimum=1, maximum=1_000_000)
+    histogram_bins: int = _f(64, "bins of the length histogram (count)", minimum=1, maximum=1_000_000)
 
     def __post_init__(self) -> None:
         _positive("stats", histogram_bins=self.histogram_bins)
@@ -75,9 +75,9 @@ class StatsConfig:
 @dataclass(frozen=True)
 class BoundariesConfig:
     method: Literal["dp", "coordinate", "geometric"] = _f("dp", "bucket-edge optimizer")
-    num_buckets: int = _f(6, "K, the number of length buckets", minimum=1)
-    sweep_max_buckets: int = _f(16, "the K sweep covers K = 1..this", minimum=1)
-    num_candidates: int = _f(290, "candidate edge values (length quantiles) searched by dp and coordinate",
+    num_buckets: int = _f(6, "K, the number of length buckets (count)", minimum=1)
+    sweep_max_buckets: int = _f(16, "the K sweep covers K = 1..this (count)", minimum=1)
+    num_candidates: int = _f(290, "candidate edge values (length quantiles) searched by dp and coordinate (count)",
                              minimum=2)
     objective: Literal["greedy", "study"] = _f(
         "greedy", "what the optimizers minimise: 'greedy' = expected computed tokens of the real greedy bucketed "
@@ -94,9 +94,9 @@ class BatchingConfig:
     # far past any GPU's memory, and still allocatable here)
     token_budget: int = _f(16384, "padded tokens per batch (n * longest), or tokens per packed row",
                            minimum=1, maximum=2**24)
-    max_batch_size: int = _f(64, "samples per batch at most", minimum=1)
+    max_batch_size: int = _f(64, "samples per batch at most (count)", minimum=1)
     seed: int = _f(0, "base seed; epoch e uses seed + e", minimum=0)
-    packed_window: int = _f(8, "open rows kept by first-fit packing", minimum=1)
+    packed_window: int = _f(8, "open rows kept by first-fit packing (count)", minimum=1)
 
     def __post_init__(self) -> None:
         _positive("batching", token_budget=self.token_budget, max_batch_size=self.max_batch_size,
@@ -181,6 +181,9 @@ class TrainConfig:
     strategies: tuple[str, ...] = _f(STRATEGIES, "strategies trained and compared")
     nproc: int = _f(2, "torchrun processes: nproc - 1 target ranks and 1 drafter rank (1 = single process)",
                     minimum=1)
+    nodes: int = _f(1, "machines training one drafter together: nproc processes per node (nproc - 1 target ranks "
+                    "and 1 drafter rank each), the plan sharded over every node's target ranks, the drafters' "
+                    "gradients all-reduced (nodes x nproc processes in all)", minimum=1)
     useful_tokens: int = _f(400_000, "each strategy trains until this many useful (non-padding) tokens",
                             minimum=1)
     warmup_steps: int = _f(3, "steps excluded from throughput", minimum=0)
@@ -200,8 +203,11 @@ class TrainConfig:
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
             raise ValueError(f"train.strategies has unknown {unknown}; choose from {list(STRATEGIES)}")
-        _positive("train", nproc=self.nproc, useful_tokens=self.useful_tokens, queue_size=self.queue_size,
-                  threads=self.threads)
+        _positive("train", nproc=self.nproc, nodes=self.nodes, useful_tokens=self.useful_tokens,
+                  queue_size=self.queue_size, threads=self.threads)
+        if self.nodes > 1 and self.nproc < 2:
+            raise ValueError(f"train.nodes is {self.nodes} but train.nproc is {self.nproc}: every node needs a target "
+                             "rank and a drafter rank; set train.nproc >= 2 (or train.nodes: 1)")
 
 
 @dataclass(frozen=True)
@@ -229,15 +235,10 @@ class ProfileConfig:
 
 @dataclass(frozen=True)
 class InterleaveConfig:
-    rounds: int = _f(6, "timed segments per strategy, one per round; the ratio's interval is over rounds "
-                     "(Student t, rounds - 1 degrees of freedom), so at least 2", minimum=2, maximum=1000)
-    segment_steps: int = _f(1, "training steps per segment (steps): the same steps of the strategy's training "
-                            "plan, spread over its post-warm-up steps, are timed in every round", minimum=1, maximum=99)
-    warmup: int = _f(1, "untimed passes over each strategy's own segment before the first round", minimum=0,
-                     maximum=99)
-    clock: Literal["auto", "wall", "cpu"] = _f("auto", "what a segment's seconds are: wall (elapsed), cpu (the "
-                                               "process's CPU seconds: other tenants' time slices left out; CPU "
-                                               "device, 1 thread) or auto (cpu where it applies, else wall)")
+    rounds: int = _f(6, "timed segments per strategy, one per round (its interval's sample)", minimum=2, maximum=999)
+    segment_steps: int = _f(1, "steps per segment: the same plan steps in every round", minimum=1, maximum=99)
+    warmup: int = _f(1, "untimed passes over each strategy's own segment before the rounds", minimum=0, maximum=99)
+    clock: Literal["auto", "wall", "cpu"] = _f("auto", "wall, cpu (process CPU seconds; CPU device, 1 thread) or auto")
 
 
 @dataclass(frozen=True)
@@ -329,8 +330,7 @@ SECTION_HELP = {
     "drafter": "the DFlash-style drafter that is trained",
     "train": "train stage: torchrun runs, one per strategy",
     "profile": "profile stage: the step-time grid",
-    "interleave": "interleave stage: every strategy's steps timed in turns in one process, for ratios a drifting "
-                  "machine cannot move",
+    "interleave": "interleave stage: every strategy's steps timed in turns in one process (drift falls on all alike)",
     "compare": "compare stage: step-time fit, prediction and report",
     "quality": "quality stage: held-out loss over seeds and gradient quality per strategy (own learnable setting)",
 }

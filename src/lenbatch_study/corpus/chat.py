@@ -11,13 +11,23 @@ Role mapping (``ROLE_MAP``; anything else is an *unknown role*, see ``data.on_ba
                         system                               -> system
     OpenAI ``role``     user / assistant / system            -> themselves
 
-Tool use, rendered as Qwen3's chat template renders it, kept in the context and left out of the loss:
+Tool use, rendered as the Qwen3.5/3.6 chat template renders it, kept in the context and left out of the loss:
 
     tool / function (OpenAI), observation (ShareGPT)  -> a ``user`` turn holding
         ``<tool_response>\n{content}\n</tool_response>``; consecutive results share one turn, joined by ``\n``
     an assistant's ``tool_calls`` (OpenAI; the older ``function_call`` too) -> after its content, each call
-        ``<tool_call>\n{"name": "<name>", "arguments": <arguments JSON>}\n</tool_call>`` (a ``\n`` before
-        each call but a first one with no content), inside the assistant turn with loss mask 0
+        ``<tool_call>\n<function={name}>\n`` + per argument ``<parameter={key}>\n{value}\n</parameter>\n``
+        + ``</function>\n</tool_call>``, the first after ``\n\n`` when the turn has content, the others after
+        ``\n``; inside the assistant turn with loss mask 0. A value is written as the template writes it: a
+        string as is, an object or list as JSON, anything else as Python's ``str`` (``True``, ``3``). Arguments
+        given as a JSON string (OpenAI's wire format) are parsed first: the template writes the parameters of a
+        mapping only. (Qwen3's template wrote a call as JSON, ``{"name": ..., "arguments": ...}``; Qwen3.5 and
+        3.6 use these elements.)
+
+Where the Qwen3.5/3.6 template differs and this does not follow it: the template trims every message's
+content and writes an empty ``<think>\n\n</think>\n\n`` before the content of the assistant turns after
+the last user query; here contents are kept as they are and no think block is added (the corpus has no
+reasoning to put in one).
 
 Loss mask (``loss_mask``): 1 exactly on the token ids of every assistant turn's *content* and
 on that turn's closing ``<|im_end|>`` (the model must learn to stop); 0 on every
@@ -167,13 +177,16 @@ def conversation_from_record(record: Any) -> list[Turn]:
             raise BadRecord("bad_tool_call", f"{where} is a {raw_role!r} turn with tool calls; only an assistant "
                                              "calls tools")
         text = "" if content is None else _text(content, where)
-        out.append((role, text, "".join(("\n" if text or k else "") + c for k, c in enumerate(calls))))
+        # the template: "\n\n" before the first call when the turn has content, "\n" between calls
+        out.append((role, text, "".join(("\n" if k else "\n\n" if text.strip() else "") + c
+                                        for k, c in enumerate(calls))))
     return out
 
 
 def _tool_calls(turn: Mapping, where: str) -> list[str] | None:
-    """The rendered ``<tool_call>`` blocks of a turn's ``tool_calls`` (or older ``function_call``), None when it
-    has none; ``BadRecord('bad_tool_call')`` naming what is wrong. Cost O(calls)."""
+    """The rendered ``<tool_call>`` blocks of a turn's ``tool_calls`` (or older ``function_call``), as the
+    Qwen3.5/3.6 template writes them (module doc), None when it has none; ``BadRecord('bad_tool_call')`` naming
+    what is wrong. Cost O(calls + argument text)."""
     import json
 
     raw = turn.get("tool_calls")
@@ -190,13 +203,31 @@ def _tool_calls(turn: Mapping, where: str) -> list[str] | None:
         if not isinstance(name, str) or not name:
             raise BadRecord("bad_tool_call", f"{where} tool_calls[{k}] has no function name: {str(call)[:80]!r}")
         args = fn.get("arguments", {})
-        try:
-            args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-        except (TypeError, ValueError):
-            raise BadRecord("bad_tool_call", f"{where} tool_calls[{k}] arguments are not JSON: {str(args)[:80]!r}"
-                            ) from None
-        out.append(f'<tool_call>\n{{"name": "{name}", "arguments": {_text(args_text, where)}}}\n</tool_call>')
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise BadRecord("bad_tool_call", f"{where} tool_calls[{k}] arguments are not JSON: {args[:80]!r}"
+                                ) from None
+        if not isinstance(args, Mapping):
+            raise BadRecord("bad_tool_call", f"{where} tool_calls[{k}] arguments are a {type(args).__name__}, not "
+                                             f"an object of named arguments: {str(args)[:80]!r}")
+        params = "".join(f"<parameter={key}>\n{_text(_argument_text(value), where)}\n</parameter>\n"
+                         for key, value in args.items())
+        out.append(f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
     return out
+
+
+def _argument_text(value: Any) -> str:
+    """One argument as the template writes it: a string as is, an object or list as JSON (its ``tojson``),
+    anything else as Python's ``str`` (its ``|string``: ``True``, ``3``, ``None``)."""
+    import json
+
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (Mapping, list, tuple)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
 
 
 def chatml_text(turns: Sequence[Turn]) -> str:

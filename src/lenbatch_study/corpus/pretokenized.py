@@ -45,9 +45,14 @@ BATCH_ROWS = 8192
 
 def _schema_names(path: Path, fmt: str) -> list[str]:
     if fmt == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return list(pq.read_schema(str(path)).names)
+        try:
+            return list(pq.read_schema(str(path)).names)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ValueError(f"data.source {path} is not a readable Parquet file ({err}); give a Parquet, JSON or "
+                             "JSONL file") from None
     return list(open_arrow_file(arrow_dir_files(path)[0]).schema.names)
 
 

@@ -43,6 +43,8 @@ class SourceReport:
     format: str
     bytes: int | None = None
     records_read: int = 0
+    bytes_read: int = 0  # of a JSON/JSONL file, so far (progress; a chunk ahead of the records)
+    total_records: int | None = None  # of a Parquet file or save_to_disk folder (known before reading)
     read_to_end: bool = False
     cut_off: bool = False
     bytes_left_over: int | None = None  # after the last complete record (JSON only; None: not read to the end)
@@ -285,6 +287,7 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
             if cut:
                 break
             s.pos = s.last_end = end
+            report.bytes_read = fh.tell()
             yield index, record
             index += 1
         report.cut_off = cut
@@ -314,6 +317,7 @@ def iter_parquet_records(path: Path, report: SourceReport) -> Iterator[tuple[int
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as err:
         raise ValueError(f"{path} is not a readable Parquet file ({err}); give a Parquet, JSON or JSONL file") from None
+    report.total_records = pf.metadata.num_rows
     batches = (b.to_pydict() for b in pf.iter_batches(batch_size=1024))
     yield from enumerate(_records_from_batches(batches))
     report.read_to_end = True
@@ -330,6 +334,7 @@ def iter_arrow_dir_records(path: Path, report: SourceReport) -> Iterator[tuple[i
         raise ValueError(f"{path} could not be loaded with datasets.load_from_disk ({err})") from None
     if not isinstance(ds, datasets.Dataset):
         raise ValueError(f"{path} holds a {type(ds).__name__}; point data.source at one split directory")
+    report.total_records = len(ds)
     yield from enumerate(_records_from_batches(ds.iter(batch_size=1024)))
     report.read_to_end = True
     report.bytes_left_over = 0

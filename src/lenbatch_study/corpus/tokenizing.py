@@ -249,16 +249,31 @@ def _ordered_parallel(jobs: Iterable[Any], *, workers: int, tokenizer: str) -> I
 
 
 class _Progress:
-    """tqdm on a terminal; a log line every 10 s otherwise (Snakemake log files)."""
+    """tqdm on a terminal; a log line every 10 s otherwise (Snakemake log files, whose ``read k/N`` the
+    workflow's console turns into a progress line with the time left: lenbatch_study.pipeline.console).
+    N is the records to read when known (``data.limit``, a Parquet file's or save_to_disk folder's rows),
+    else the source's KiB."""
 
-    def __init__(self, total: int | None, enabled: bool) -> None:
+    def __init__(self, total: int | None, enabled: bool, report: SourceReport | None = None) -> None:
         self.enabled = enabled
         self.bar = None
+        self.total = total
+        self.report = report
         self.t0 = self.last = time.perf_counter()
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, unit="rec", desc="tokenize", mininterval=0.5)
+
+    def done_of(self, records: int) -> str:
+        """``read k/N records`` or ``read k/N KiB`` (N known), else ``read k records``."""
+        rep = self.report
+        total = self.total if self.total is not None else (rep.total_records if rep is not None else None)
+        if total:
+            return f"read {min(records, total):,}/{total:,} records"
+        if rep is not None and rep.bytes and rep.bytes_read:
+            return f"read {rep.bytes_read // 1024:,}/{rep.bytes // 1024:,} KiB ({records:,} records)"
+        return f"read {records:,} records"
 
     def update(self, records: int, tokens: int) -> None:
         """``records`` read so far (the parser runs a few chunks ahead of the encoders)."""
@@ -267,7 +282,7 @@ class _Progress:
             self.bar.set_postfix_str(f"{tokens / 1e6:.1f} M tokens", refresh=False)
         elif self.enabled and time.perf_counter() - self.last > 10:
             self.last = time.perf_counter()
-            log.info("%d records read, %.1f M tokens kept, %.1f s", records, tokens / 1e6, self.last - self.t0)
+            log.info("%s, %.1f M tokens kept, %.1f s", self.done_of(records), tokens / 1e6, self.last - self.t0)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -317,7 +332,7 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
     assistant_tokens = 0
     kept_tokens = 0
     content = ContentHash()
-    bar = _Progress(limit, progress)
+    bar = _Progress(limit, progress, report)
     failed = True
     try:
         for res in _ordered_parallel(jobs, workers=workers, tokenizer=tokenizer):

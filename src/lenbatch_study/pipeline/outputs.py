@@ -21,6 +21,14 @@ Two mechanisms every stage shares:
 
 * :func:`check_out` -- what ``--out`` may be (not empty, not an input of the stage, no mount point at or
   inside it), resolved through symlinks so the lock is one per real folder.
+* :func:`write_atomic` -- one file whole or not at all (temp file, fsync, rename), for the files a stage
+  writes outside a staging folder (train's ``summary.json``).
+
+A write the file system refuses (no space, quota, file too large, read-only, not permitted, I/O error) ends
+as one :func:`write_error` line naming the file and the way out, never a traceback: inside
+:func:`staged_output` the previous output stays as it was; a commit that cannot swap the folders leaves the
+previous output in place and says which path refused; a commit that swapped them but cannot delete the
+previous copy (an immutable file in it, a read-only folder) keeps the new output and logs the copy's path.
 
 The train stage appends to its directory across ``--resume`` and so takes only the lock
 (see :mod:`lenbatch_study.runtime.checkpoint` for how a run owns its directory).
@@ -37,9 +45,92 @@ import re
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Optional
+
+from lenbatch.log import get_logger
+
+log = get_logger("outputs")
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
+
+
+# errno -> what the user does about it (a write the file system refused, as opposed to a bug)
+_WAY_OUT = {
+    errno.ENOSPC: "the file system is full: free space on it",
+    errno.EDQUOT: "the disk quota is used up: free space or raise the quota",
+    errno.EFBIG: "the file is larger than the file system or this process's file size limit (ulimit -f) allows: "
+                 "raise the limit or write elsewhere",
+    errno.EROFS: "the file system is read-only: pass another --out",
+    errno.EACCES: "this user may not write there: fix the permissions or pass another --out",
+    errno.EPERM: "the file system does not permit it (an immutable file or folder? lsattr shows it, chattr -i "
+                 "lifts it): fix that or pass another --out",
+    errno.EIO: "the device reported an I/O error: check the disk",
+}
+
+
+# errnos only a write gets; the others (EACCES, EPERM, EIO) a read gets too
+_WRITE_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def write_failure(err: BaseException, *, written: Sequence[str | Path]) -> Optional[OSError]:
+    """The ``OSError`` with one of the errnos above behind ``err`` (itself, or its cause or context: torch
+    wraps a failed ``write`` in a ``RuntimeError``), or None when ``err`` is not a refused write. An errno a
+    read gets too counts only when the error names a path at or under one of ``written`` (the folders the
+    caller writes): an unreadable input stays the error it is."""
+    roots = [os.path.abspath(w) for w in written]
+    seen: set[int] = set()
+    cur: Optional[BaseException] = err
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in _WAY_OUT:
+            if cur.errno in _WRITE_ONLY:
+                return cur
+            named = isinstance(cur.filename, (str, bytes, os.PathLike))
+            name = os.path.abspath(os.fsdecode(cur.filename)) if named else None
+            if name is not None and any(name == r or name.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+                return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def write_error(err: OSError, *, then: str, path: str | Path | None = None) -> ValueError:
+    """One line for a refused write: ``could not write <file> (<strerror>): <what to do>; <then>``.
+
+    ``path``: the folder written into, named when ``err`` carries no file name (a failed ``write`` on an
+    open file carries none); ``then``: what is kept and the rerun."""
+    where = err.filename if err.filename is not None else f"into {path}"
+    how = _WAY_OUT.get(err.errno if err.errno is not None else -1, "see the error")
+    return ValueError(f"could not write {where} ({err.strerror or err}): {how}; {then}")
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """``text`` at ``path`` whole or not at all: written to ``<path>.tmp``, fsynced, renamed over ``path``
+    (then the folder fsynced). On any failure the temp file is removed, ``path`` is as it was and the
+    error propagates. O(size) plus two fsyncs."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make a rename in ``folder`` durable (best effort: some file systems refuse to fsync a folder)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def lock_path(out: str | Path) -> Path:
@@ -174,8 +265,12 @@ def staged_output(out: str | Path, *, stage: str) -> Iterator[Path]:
         tmp.mkdir()
         try:
             yield tmp
-        except BaseException:
+        except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
+            refused = write_failure(err, written=(tmp,))
+            if refused is not None:
+                raise write_error(refused, path=tmp, then=f"{out} keeps its previous output; rerun the "
+                                  "stage after that") from None
             raise
         _commit(tmp, out)
 
@@ -196,50 +291,114 @@ def _link_copy(src: Path, dst: Path) -> None:
         link(str(src), str(dst))
 
 
-def _replace_entries(tmp: Path, out: Path) -> None:
-    """Fallback for a directory that is not a stage's output: move each new entry over the old one."""
+def _replace_entries(tmp: Path, out: Path, *, keep: Optional[str] = None) -> None:
+    """Fallback for a directory that is not a stage's output: move each new entry over the old one.
+
+    An entry the file system refuses to replace stops the commit with :func:`write_error` naming it; the
+    entries before it (in name order) are already the new ones, those from it on the previous ones."""
+    done: list[str] = []
     for entry in sorted(tmp.iterdir()):
         dst = out / entry.name
-        if dst.is_dir() and not dst.is_symlink():
-            aside = out / f".{entry.name}.old-{os.getpid()}"
-            os.rename(dst, aside)
-            os.rename(entry, dst)
-            shutil.rmtree(aside)
-        else:
-            os.replace(entry, dst)
+        try:
+            if dst.is_dir() and not dst.is_symlink():
+                aside = out / f".{entry.name}.old-{os.getpid()}"
+                os.rename(dst, aside)
+                try:
+                    os.rename(entry, dst)
+                except OSError:
+                    os.rename(aside, dst)
+                    raise
+                _remove_previous(aside)
+            else:
+                os.replace(entry, dst)
+        except OSError as err:
+            if keep is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            refused = write_failure(err, written=(tmp, out))
+            if refused is None:
+                raise
+            now = f" ({', '.join(done)} already replaced: {out} is not a stage's output, so it is updated entry " \
+                  "by entry)" if done else ""
+            raise write_error(refused, path=dst, then=f"{dst} and the rest of {out} are as they were{now}; "
+                              "rerun the stage after that") from None
+        done.append(entry.name)
     tmp.rmdir()
 
 
-def commit_staged(tmp: Path, out: Path) -> None:
-    """Put the complete folder ``tmp`` in place of ``out`` as :func:`staged_output` does (caller holds the lock)."""
-    _commit(Path(tmp).absolute(), Path(out).absolute())
+def _remove_previous(old: Path) -> None:
+    """Delete the previous output's copy after a commit; what cannot be deleted (an immutable file, a
+    read-only folder) stays, named in a warning: the new output is in place either way."""
+    failed: list[str] = []
+
+    def note(_fn: object, path: str, exc: tuple) -> None:
+        if getattr(exc[1], "errno", None) != errno.ENOTEMPTY:  # a folder that kept what could not go
+            failed.append(f"{path} ({getattr(exc[1], 'strerror', None) or exc[1]})")
+
+    shutil.rmtree(old, onerror=note)
+    if failed:
+        log.warning("the new output is in place, but the previous one's copy %s could not be deleted: %s; "
+                    "remove it by hand (lsattr/chattr -i for an immutable file, chmod u+w for a read-only folder)",
+                    old, "; ".join(failed[:3]))
 
 
-def _commit(tmp: Path, out: Path) -> None:
+def commit_staged(tmp: Path, out: Path, *, then: str = "rerun the stage after that") -> None:
+    """Put the complete folder ``tmp`` in place of ``out`` as :func:`staged_output` does (caller holds the lock).
+
+    A commit the file system refuses keeps ``tmp`` (it holds a complete run) and raises :func:`write_error`
+    ending in ``then`` (how the caller's rerun picks ``tmp`` up)."""
+    _commit(Path(tmp).absolute(), Path(out).absolute(), keep=then)
+
+
+def _refused_commit(err: OSError, tmp: Path, out: Path, keep: Optional[str]) -> ValueError:
+    """The error of a commit that could not swap the folders (``out`` is as it was); ``tmp`` is removed
+    unless ``keep`` says how a rerun uses it."""
+    if keep is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    refused = write_failure(err, written=(tmp, out, out.parent))
+    if refused is None:
+        raise err
+    then = f"the new output stays in {tmp}; {keep}" if keep is not None else "rerun the stage after that"
+    return write_error(refused, path=out, then=f"{out} keeps its previous output; {then}")
+
+
+def _commit(tmp: Path, out: Path, *, keep: Optional[str] = None) -> None:
+    """Swap ``tmp`` in for ``out`` (module doc); ``keep``: see :func:`_refused_commit`."""
     if not out.exists():
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except OSError as err:
+            raise _refused_commit(err, tmp, out, keep) from None
         return
     if not out.is_dir():
-        shutil.rmtree(tmp, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(f"--out {out} is a file, not a directory; remove it or pass another --out")
     foreign = [e for e in out.iterdir() if not (tmp / e.name).exists()]
     cwd = Path.cwd().absolute()
     if (foreign and not (out / "params.json").exists()) or cwd == out or out in cwd.parents:
         # not a previous output of a stage (e.g. --out .): never swap such a directory away
-        _replace_entries(tmp, out)
+        _replace_entries(tmp, out, keep=keep)
         return
-    for entry in foreign:
-        # hidden files (DVC's .gitignore) stay; anything else is the previous run's and goes with it, so
-        # the output holds only this run's files (no quality.png of a run that drew none)
-        if entry.name.startswith("."):
-            _link_copy(entry, tmp / entry.name)
-    if _exchange(tmp, out):
-        shutil.rmtree(tmp)  # now holds the previous output
-        return
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old)
+    try:
+        for entry in foreign:
+            # hidden files (DVC's .gitignore) stay; anything else is the previous run's and goes with it, so
+            # the output holds only this run's files (no quality.png of a run that drew none)
+            if entry.name.startswith("."):
+                _link_copy(entry, tmp / entry.name)
+        if _exchange(tmp, out):
+            _remove_previous(tmp)  # now holds the previous output
+            return
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            os.rename(old, out)  # the previous output back in its place
+            raise
+    except OSError as err:
+        raise _refused_commit(err, tmp, out, keep) from None
+    _remove_previous(old)
 
 
-__all__ = ["check_out", "commit_staged", "lock_path", "staged_output", "writer_lock"]
+__all__ = ["check_out", "commit_staged", "fsync_dir", "lock_path", "staged_output", "write_atomic", "write_error",
+           "write_failure", "writer_lock"]

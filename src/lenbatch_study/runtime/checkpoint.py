@@ -1,12 +1,18 @@
 """Train checkpoints and the run that owns a train output directory.
 
-``checkpoint.pt`` (written temp-then-rename, so a kill leaves the previous one) holds the drafter,
+``checkpoint.pt`` (written to ``checkpoint.pt.tmp``, fsynced, then renamed over it, so a kill or a full
+disk during the save leaves the previous one; a refused write removes the temp file and raises a
+``ValueError`` naming the path and the rerun) holds the drafter,
 the optimizer, every target rank's sampler state, the step counter, RNG states, a fingerprint of
 the params (:func:`fingerprint`: what a resumed run must share with the run that wrote it) and
 ``log_sha256``: the SHA-256 of the ``steps.jsonl`` lines of the steps it covers. That digest ties a
 checkpoint to the log it extends: ``--resume`` continues only when ``steps.jsonl`` holds exactly the
 rows ``0 .. step-1`` that were written beside that checkpoint (so an older run's checkpoint is never
 resumed under a newer run's log, which used to lose the steps in between with exit code 0).
+
+Across nodes (``train.nodes > 1``) node 0's drafter writes and reads it; on resume it sends the restored
+checkpoint to the other drafters (:meth:`lenbatch_study.runtime.transport.DrafterGroup.broadcast`), so every
+drafter continues from the same weights, optimizer and RNG state.
 
 It holds only tensors and plain values (dicts, lists, tuples, str, int, float, bool, None: numpy's RNG
 state is stored as a tensor), so it is read with ``torch.load(..., weights_only=True)``: a
@@ -25,7 +31,10 @@ it trains, so a killed fresh run never leaves an older complete-looking summary 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import json
 import os
 import pickle
 import random
@@ -39,7 +48,10 @@ from lenbatch_study.core.config import Params
 from lenbatch_study.core.machine import changed_fields
 
 FORMAT = 3  # 2: log_sha256 ties the checkpoint to its steps.jsonl; 3: tensors and plain values only (weights_only)
-RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "summary.json", "params.json", "steps.jsonl")
+RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "summary.json", "summary.json.tmp", "params.json", "steps.jsonl",
+             "steps.jsonl.tmp")
+# a write the file system refused (full, over quota, file too large, read-only, not permitted, I/O error)
+REFUSED_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
 
 def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...]], lengths: np.ndarray,
@@ -47,11 +59,14 @@ def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...
     """What a resumed run must share with the run that wrote the checkpoint (plan, model, drafter).
 
     train.useful_tokens, --max-steps, queue_size, threads and checkpoint_every may change on resume.
+    ``train.nodes`` may not (above 1 it groups the steps into the drafters' updates), and is recorded only
+    then, so a one-node checkpoint stays what it was.
     """
     p = params.to_dict()
+    nodes = {"nodes": p["train"]["nodes"]} if p["train"]["nodes"] > 1 else {}
     return {"strategy": strategy, "target_ranks": target_ranks, "edges": list(edges) if edges else None,
             "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
-            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"]}
+            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"], **nodes}
 
 
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
@@ -70,7 +85,10 @@ def start_fresh(out: Path) -> None:
 
 def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[Any], fp: dict[str, Any],
                     log_sha256: str) -> None:
-    """Atomic write (tmp + rename) so a kill during the save leaves the previous checkpoint.
+    """Durable atomic write: ``checkpoint.pt.tmp``, fsynced, renamed over ``path``, the folder fsynced. A kill
+    during the save leaves the previous checkpoint; so does a write the file system refuses (a full disk,
+    ``ulimit -f``): the temp file is removed and a ``ValueError`` names ``path``, what is kept and the
+    rerun. Cost: one serialisation of the state and two fsyncs.
 
     ``runner``: a :class:`lenbatch_study.runtime.runner.StepRunner` with its drafter and optimizer; ``log_sha256``: the
     digest of the ``steps.jsonl`` lines of steps ``0 .. step-1``.
@@ -81,8 +99,57 @@ def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[
              "samplers": sampler_states, "torch_rng": torch.random.get_rng_state(),
              "numpy_rng": _numpy_rng_state(), "python_rng": random.getstate()}
     tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:  # a file object, so a failed write surfaces as its OSError
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        refused = _refused_write(err)
+        if refused is None:
+            raise
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        fix = {errno.EFBIG: "raise the file size limit (ulimit -f)", errno.EIO: "check the disk",
+               errno.ENOSPC: "free space", errno.EDQUOT: "free space"}.get(refused.errno or 0,
+                                                                           f"make {path.parent} writable")
+        kept = (f"the previous checkpoint {path} is kept: {fix}, then rerun with --resume to continue from it"
+                if path.exists() else f"no earlier checkpoint of this run exists at {path}: {fix}, then rerun")
+        raise ValueError(f"could not write the checkpoint of step {step} to {tmp} ({refused.strerror or refused}); "
+                         f"{kept}") from None
+    with contextlib.suppress(OSError):  # the rename durable too (some file systems refuse a folder fsync)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _refused_write(err: BaseException) -> Optional[OSError]:
+    """The refused-write ``OSError`` behind ``err`` (itself, or its cause or context: torch.save wraps the
+    file object's failed ``write`` in a ``RuntimeError``), None when ``err`` is something else (a bug)."""
+    seen: set[int] = set()
+    cur: Optional[BaseException] = err
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in REFUSED_WRITE:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def summary_problem(out: Path) -> Optional[str]:
+    """Why ``out/summary.json`` is not a finished run's summary (``"<path> is missing"``, ``"<path> is not
+    valid JSON ..."``), None when it is a JSON mapping. O(file size)."""
+    path = out / "summary.json"
+    if not path.exists():
+        return f"{path} is missing"
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        return f"{path} is not valid JSON (torn: {err})"
+    return None if isinstance(doc, dict) else f"{path} holds {type(doc).__name__}, not a summary"
 
 
 def load_checkpoint(path: Path, fp: dict[str, Any], *, total_steps: int, checkpoint_every: int) -> dict[str, Any]:
@@ -134,14 +201,61 @@ def check_log(path: Path, state: dict[str, Any], steps: list[int], digest: str) 
                          "start afresh")
 
 
-def restore(runner: Any, state: dict[str, Any]) -> None:
+def restore(runner: Any, state: dict[str, Any], *, path: Optional[Path] = None) -> None:
+    """Load ``state`` (read from ``path``, named in the error) into ``runner`` after checking that every
+    tensor fits: a checkpoint whose fingerprint matches but whose tensors do not (a drafter built by other
+    code) raises ``ValueError`` before anything is loaded, so a run that then starts afresh starts from
+    untouched weights."""
     assert runner.drafter is not None and runner.optimizer is not None
+    check_tensors(runner, state, path)
     runner.drafter.load_state_dict(state["drafter"])
     runner.optimizer.load_state_dict(state["optimizer"])
     runner.steps = int(state["step"])
     torch.random.set_rng_state(state["torch_rng"])
     _set_numpy_rng_state(state["numpy_rng"])
     random.setstate(state["python_rng"])
+
+
+def check_tensors(runner: Any, state: dict[str, Any], path: Optional[Path]) -> None:
+    """``ValueError`` naming ``path`` unless the checkpoint's drafter tensors have this drafter's names and
+    shapes and its optimizer state matches this optimizer's parameters (groups, sizes, per-parameter
+    state shapes). Reads only; O(parameters)."""
+    mine = runner.drafter.state_dict()
+    saved = state.get("drafter")
+    problems: list[str] = []
+    if not isinstance(saved, dict):
+        problems.append("no drafter tensors")
+    else:
+        missing = sorted(set(mine) - set(saved))
+        extra = sorted(set(saved) - set(mine))
+        if missing:
+            problems.append(f"lacks {', '.join(missing[:3])}")
+        if extra:
+            problems.append(f"has unknown {', '.join(extra[:3])}")
+        for name in sorted(set(mine) & set(saved)):
+            theirs = saved[name]
+            if not isinstance(theirs, torch.Tensor) or tuple(theirs.shape) != tuple(mine[name].shape):
+                got = tuple(theirs.shape) if isinstance(theirs, torch.Tensor) else type(theirs).__name__
+                problems.append(f"{name} is {got}, this drafter's is {tuple(mine[name].shape)}")
+                break
+    opt = state.get("optimizer")
+    groups = runner.optimizer.param_groups
+    if not isinstance(opt, dict) or [len(g.get("params", ())) for g in opt.get("param_groups", ())] != \
+            [len(g["params"]) for g in groups]:
+        problems.append("its optimizer has other parameter groups")
+    else:
+        params = [p for g in groups for p in g["params"]]
+        ids = [i for g in opt["param_groups"] for i in g["params"]]
+        for i, p in zip(ids, params):
+            for key, value in (opt.get("state", {}).get(i) or {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != tuple(p.shape):
+                    problems.append(f"optimizer state {key!r} is {tuple(value.shape)} for a parameter of "
+                                    f"{tuple(p.shape)}")
+                    break
+    if problems:
+        named = f"checkpoint {path}" if path is not None else "the checkpoint"
+        raise ValueError(f"{named} does not fit this drafter ({'; '.join(problems[:3])}): it was written by other "
+                         "code with the same params; run without --resume to start afresh")
 
 
 def _numpy_rng_state() -> dict[str, Any]:
@@ -156,5 +270,5 @@ def _set_numpy_rng_state(state: dict[str, Any]) -> None:
                          state["has_gauss"], state["cached_gaussian"]))
 
 
-__all__ = ["check_fingerprint", "check_log", "fingerprint", "load_checkpoint", "restore", "save_checkpoint",
-           "start_fresh"]
+__all__ = ["check_fingerprint", "check_log", "check_tensors", "fingerprint", "load_checkpoint", "restore",
+           "save_checkpoint", "start_fresh", "summary_problem"]

@@ -3,7 +3,8 @@
 :class:`Recorder` writes the lines (flushed per step, digested for the checkpoint) and the summary
 (post-warm-up pipeline throughput, padding efficiency, loss curve) on the measuring rank;
 :func:`resumed_log` keeps a resumed run's earlier lines; :func:`step_row` is one line's fields and
-:func:`batch_hash` the hash that ties a line to the planned batch. Used by :mod:`lenbatch_study.stages.train`.
+:func:`batch_hash` the hash that ties a line to the planned batch; :func:`progress_line` is a step's log line.
+Used by :mod:`lenbatch_study.stages.train`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -23,7 +25,7 @@ from lenbatch_study.runtime.checkpoint import check_log
 from lenbatch.loading.collate import Batch
 from lenbatch_study.core.config import Params
 from lenbatch.log import get_logger
-from lenbatch_study.runtime.runner import StepRunner
+from lenbatch_study.runtime.runner import StepRunner, peak_memory_bytes, ranks_per_device
 from lenbatch_study.core.cpu import steps_cpu_share
 
 log = get_logger("train")
@@ -81,10 +83,18 @@ class Recorder:
         self.session_start = len(self.rows)
         self.session = 1 + max((int(r.get("session", 0)) for r in self.rows), default=-1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("w") as fh:
-            for line in kept:
-                fh.write(line + "\n")
-                self.sha.update((line + "\n").encode())
+        # the kept lines replace the log whole (temp file, then rename): a failed write (a full disk) leaves the
+        # log the checkpoint was written beside, so the run stays resumable
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            with tmp.open("w") as fh:
+                for line in kept:
+                    fh.write(line + "\n")
+                    self.sha.update((line + "\n").encode())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         self.fh = self.path.open("a")
 
     def add(self, row: dict[str, Any]) -> None:
@@ -101,7 +111,8 @@ class Recorder:
     def summary(self, *, params: Params, strategy: str, warmup: int, world_size: int,
                 target_ranks: int, resumed_from: Optional[int], total_steps: int,
                 machine: Optional[dict[str, Any]] = None, reference: Optional[dict[str, Any]] = None,
-                device: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                device: Optional[dict[str, Any]] = None, nodes: int = 1,
+                weights_checksums: Optional[list[int]] = None) -> dict[str, Any]:
         """Post-warm-up pipeline throughput + whole-run padding efficiency and loss curve.
 
         Throughput = useful tokens of the measured steps / their wall seconds, where the measured steps are
@@ -115,11 +126,24 @@ class Recorder:
         ``device``: what ran (``kernel_backend``: the kernels, lenbatch_study.models.kernels) and what it held
         (peak memory per role against the estimate), merged in as given. Triton compile/autotune seconds
         of the target steps are summed apart for the warm-up and the measured steps: a compile inside a
-        measured step slows the throughput of that strategy alone."""
+        measured step slows the throughput of that strategy alone.
+
+        ``nodes`` > 1 (rows with ``node``, ``cluster_step``; a cluster step's rows share its end ``t``): the
+        warm-up is each session's first ``warmup`` cluster steps, and the summary adds ``nodes``,
+        ``per_node`` (each node's measured useful tokens and their rate over the common wall time: the
+        useful_tokens_per_s of the run is their sum), ``allreduce_s_mean`` / ``cluster_wait_s_mean`` and
+        ``weights_checksums`` (each drafter's after the last step: equal, or the run would have stopped)."""
         rows, session = self.rows, self.rows[self.session_start:]
         measured, wall = [], 0.0
         for part in _sessions(rows):
-            if len(part) > warmup:
+            if nodes > 1:
+                c0 = part[0]["cluster_step"]
+                warm = [r for r in part if r["cluster_step"] < c0 + warmup]
+                meas = [r for r in part if r["cluster_step"] >= c0 + warmup]
+                if meas:
+                    measured += meas
+                    wall += max(r["t"] for r in part) - (max(r["t"] for r in warm) if warm else 0.0)
+            elif len(part) > warmup:
                 t0 = part[warmup - 1]["t"] if warmup > 0 else 0.0  # "t": seconds since the session's start
                 measured += part[warmup:]
                 wall += part[-1]["t"] - t0
@@ -145,7 +169,7 @@ class Recorder:
             "useful_tokens_per_s": useful_m / wall if wall else None,
             "computed_tokens_per_s": computed_m / wall if wall else None,
             "measured_padding_efficiency": useful_m / computed_m if computed_m else None,
-            "session_wall_s": session[-1]["t"] if session else 0.0,  # "t" counts from the session start
+            "session_wall_s": max(r["t"] for r in session) if session else 0.0,  # "t": from the session start
             "target_s_mean": mean("target_s", measured), "drafter_s_mean": mean("drafter_s", measured),
             "queue_wait_s_mean": mean("queue_wait_s", measured), "credit_wait_s_mean": mean("credit_wait_s", measured),
             "target_s_total": float(sum(r["target_s"] for r in measured)),
@@ -169,12 +193,27 @@ class Recorder:
             "checkpoint_s_measured": float(sum(r.get("checkpoint_s", 0.0) for r in measured)),
             "checkpoints_measured": int(sum(r.get("checkpoint_s", 0.0) > 0 for r in measured)),
             "stage_s_mean": mean("stage_s", measured) if measured and "stage_s" in measured[0] else None,
+            **(_nodes_summary(measured, wall, nodes, weights_checksums, mean) if nodes > 1 else {}),
             **(device or {}),
             "params": params.to_dict(),
         }
 
     def close(self) -> None:
         self.fh.close()
+
+
+def _nodes_summary(measured: list[dict[str, Any]], wall: Optional[float], nodes: int,
+                   checksums: Optional[list[int]], mean: Any) -> dict[str, Any]:
+    """The multi-node part of the summary (:meth:`Recorder.summary`)."""
+    per_node = []
+    for k in range(nodes):
+        mine = [r for r in measured if r["node"] == k]
+        useful = sum(r["useful_tokens"] for r in mine)
+        per_node.append({"node": k, "measured_steps": len(mine), "measured_useful_tokens": useful,
+                         "useful_tokens_per_s": useful / wall if wall else None,
+                         "drafter_s_mean": mean("drafter_s", mine), "target_s_mean": mean("target_s", mine)})
+    return {"nodes": nodes, "per_node": per_node, "allreduce_s_mean": mean("allreduce_s", measured),
+            "cluster_wait_s_mean": mean("cluster_wait_s", measured), "weights_checksums": checksums}
 
 
 def _sessions(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -211,6 +250,40 @@ def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, 
             "compile_s": round(compile_s, 6), "checkpoint_s": round(checkpoint_s, 6), **extra}
 
 
+def progress_line(step: StepLike, total: int, loss: float, useful_done: int, t: float, *,
+                  target_ranks: int = 1) -> str:
+    """The progress line of ``step`` (of ``total``), ``t`` seconds in. ``loss`` NaN: none known yet ("pending":
+    in a pipelined run target rank 0 shows the drafter's last loss, which comes back a few steps late).
+    ``target_ranks`` > 1: ``useful_done`` counts rank 0's own batches, and the rate scales them by the target
+    ranks, an estimate marked ``~`` (``summary.json`` has the exact numbers)."""
+    shown = "pending" if np.isnan(loss) else f"{loss:.4f}"
+    where = "" if target_ranks == 1 else f" on target rank 0 of {target_ranks}"
+    rate = f"{'~' if target_ranks > 1 else ''}{useful_done * target_ranks / max(t, 1e-9):.0f}"
+    return (f"step {step.step + 1}/{total} (epoch {step.epoch}): loss {shown}, {useful_done:,} useful tokens{where}, "
+            f"{t:.1f} s, {rate} useful tok/s")
+
+
+def progress(step: StepLike, total: int, loss: float, useful_done: int, t: float, *,
+              target_ranks: int = 1) -> None:
+    every = max(1, total // 20)
+    if step.step % every == 0 or step.step == total - 1:
+        log.info("%s", progress_line(step, total, loss, useful_done, t, target_ranks=target_ranks))
+
+
+def device_report(params: Params, *, lengths: Any, batches: list[Any], device: Any, world_size: int,
+                  kernels: dict[str, Any], target_peak: Optional[int]) -> dict[str, Any]:
+    """What a run ran and held: the target's kernels and Triton compile seconds (``kernels``:
+    :meth:`StepRunner.kernel_report`), peak device memory per role (bytes; None on CPU) against
+    :mod:`lenbatch_study.models.memory`'s estimate for the plan's ``batches`` (index arrays into ``lengths``)."""
+    from lenbatch_study.models.memory import plan_memory_shape, rank_memory
+
+    est_t, est_d = rank_memory(params, **plan_memory_shape(params, lengths, batches),
+                               host_queue=device.type == "cuda" and ranks_per_device(world_size) > 1)
+    return {"kernel_backend": kernels,
+            "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(device)},
+            "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
+
+
 def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:
     logger = log
     if force:  # the drafter rank measures; let it speak even though it is not rank 0
@@ -228,4 +301,5 @@ def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> N
                 summary["final_loss"] or float("nan"), out / "summary.json")
 
 
-__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "log_summary", "resumed_log", "step_row"]
+__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "device_report", "log_summary", "progress", "progress_line",
+           "resumed_log", "step_row"]

@@ -4,14 +4,16 @@ Shared by ``lenbatch train`` (every rank) and ``lenbatch profile`` (both roles),
 times exactly the steps training runs: :class:`StepRunner` (target forward, drafter AdamW step),
 :func:`resolve_device` (``train.device`` -> a torch device), :func:`configure_process` (threads,
 host allocator) and :func:`init_process_group` (NCCL on GPUs, gloo otherwise or when ranks share a
-GPU). Neither stage imports the other; both import this module.
+GPU), and :class:`Roles`: what a process of a (multi-node) training is, from its global rank. Neither stage
+imports the other; both import this module.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -79,6 +81,66 @@ def configure_process(params: Params) -> None:
     os.environ.setdefault(ALLOC_CONF_ENV, ALLOC_CONF)
     if params.train.reuse_host_memory:
         reuse_freed_memory()
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Who a process of a training is (``nodes`` x ``nproc`` processes, :mod:`lenbatch_study.stages.train`), from
+    its global rank: node ``rank // nproc``; local index ``nproc - 1`` is that node's drafter, the others its
+    target ranks, whose global target rank (the schedule's ``step.rank``) is ``node x (nproc - 1) + local``."""
+
+    rank: int
+    nproc: int
+    nodes: int
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.nproc
+
+    @property
+    def per_node(self) -> int:  # target ranks per node
+        return max(1, self.nproc - 1)
+
+    @property
+    def is_drafter(self) -> bool:
+        return self.rank % self.nproc == self.nproc - 1
+
+    @property
+    def writes(self) -> bool:  # node 0's drafter (or the single process) measures and writes OUT
+        return self.rank == self.nproc - 1
+
+    @property
+    def target_index(self) -> int:
+        return self.node * self.per_node + self.rank % self.nproc
+
+    @property
+    def drafter_process(self) -> int:  # the global rank of this node's drafter
+        return self.node * self.nproc + self.nproc - 1
+
+    def target_process(self, target_rank: int) -> int:
+        """The global rank of the process of global target rank ``target_rank``."""
+        return (target_rank // self.per_node) * self.nproc + target_rank % self.per_node
+
+    @property
+    def drafter_ranks(self) -> list[int]:
+        return [k * self.nproc + self.nproc - 1 for k in range(self.nodes)]
+
+
+def check_world(params: Params, *, under_torchrun: bool, world: int) -> None:
+    """Refuse a process count the roles of ``train.nproc`` x ``train.nodes`` do not fit (``ValueError`` naming
+    the launch that does): ``world`` is torchrun's WORLD_SIZE, LOCAL_WORLD_SIZE this node's processes."""
+    nproc, nodes = params.train.nproc, params.train.nodes
+    if not under_torchrun and nproc * nodes > 1:
+        raise ValueError(f"train.nproc is {nproc} and train.nodes {nodes}: start this under torchrun "
+                         f"(--nproc_per_node {nproc} --nnodes {nodes}); 'lenbatch train' does that for you")
+    if under_torchrun and world != nproc * nodes:
+        raise ValueError(f"torchrun started {world} processes but train.nproc is {nproc} and train.nodes {nodes}: "
+                         f"the roles ({nproc - 1} target ranks + 1 drafter rank per node) do not fit; launch with "
+                         f"--nproc_per_node {nproc} --nnodes {nodes} or set train.nproc x train.nodes to {world}")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if under_torchrun and nodes > 1 and local_world not in (nproc, world):
+        raise ValueError(f"torchrun started {local_world} processes on this node but train.nproc is {nproc}: a node "
+                         f"of train.nodes={nodes} runs --nproc_per_node {nproc}")
 
 
 class StepRunner:
@@ -169,8 +231,13 @@ class StepRunner:
         return feats, time.perf_counter() - t0
 
     def drafter_step(self, batch: Batch, features: torch.Tensor, *, step: Optional[int] = None,
-                     epoch: int = 0) -> tuple[float, float]:
-        """One AdamW step of the drafter on ``batch``; returns (loss, seconds)."""
+                     epoch: int = 0, reduce: Optional[Callable[[float], Any]] = None) -> tuple[float, float]:
+        """One AdamW step of the drafter on ``batch``; returns (loss, seconds).
+
+        ``reduce`` (several drafters training one model): called after the backward with the loss's weight
+        sum (:class:`lenbatch_study.models.drafter.DrafterOutput`), it replaces every gradient by the
+        cluster's (:meth:`lenbatch_study.runtime.transport.DrafterGroup.reduce`); clipping and the update
+        follow. Its seconds are not in the returned ones (they are the group's ``last_*_s``)."""
         assert self.drafter is not None and self.optimizer is not None, "built without the drafter"
         p = self.params
         step = self.steps if step is None else step
@@ -188,6 +255,7 @@ class StepRunner:
                                lm_head=self.lm_head)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
+        reduce_s = self._reduce(reduce, out.weight_sum)
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), p.drafter.grad_clip)
         self.optimizer.step()
         loss = float(out.loss.detach())
@@ -195,7 +263,30 @@ class StepRunner:
         self.last_cpu_s = time.process_time() - c0
         self.steps = step + 1
         self.last_output = out
-        return loss, time.perf_counter() - t0
+        return loss, time.perf_counter() - t0 - reduce_s
+
+    def drafter_idle_step(self, *, reduce: Callable[[float], Any]) -> float:
+        """The update of a drafter without a batch in this step (its node's steps ran out while another
+        node's did not): no gradient of its own (weight 0), the cluster's through ``reduce``, then clipping
+        and the update, so its weights stay those of every other drafter. Returns the seconds (reduce
+        excluded)."""
+        assert self.drafter is not None and self.optimizer is not None, "built without the drafter"
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        reduce_s = self._reduce(reduce, 0.0)
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.params.drafter.grad_clip)
+        self.optimizer.step()
+        _sync(self.device)
+        self.last_output = None
+        return time.perf_counter() - t0 - reduce_s
+
+    @staticmethod
+    def _reduce(reduce: Optional[Callable[[float], Any]], weight: float) -> float:
+        if reduce is None:
+            return 0.0
+        t0 = time.perf_counter()
+        reduce(weight)
+        return time.perf_counter() - t0
 
 
 # Token counts of the warm-up forwards: one a multiple of 16 and one not, Triton's two integer
@@ -237,5 +328,5 @@ def torchrun_world() -> tuple[bool, int, int]:
                                                                             if under else 0)
 
 
-__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "StepRunner", "configure_process", "init_process_group",
-           "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target"]
+__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "Roles", "StepRunner", "check_world", "configure_process",
+           "init_process_group", "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target"]

@@ -46,6 +46,19 @@ no-op on CPU, where gloo's calls return when the bytes are there. A target rank'
 tensors onto the data group's device (the device-to-host copy when ranks share a GPU over gloo) is
 timed by :meth:`TargetLink.send` and travels in the batch's header (``stage_s`` of the step).
 
+The drafters of several nodes (:class:`DrafterGroup`, ``train.nodes > 1``) train one model
+data-parallel on two groups of the drafter ranks only: after each backward a gloo all-reduce of the
+small float64 vector ``[weight, has-gradient flag per parameter]`` (every drafter arrives here, so
+the waiting for the slowest node lands in it: ``cluster_wait_s``), then one all-reduce of all
+gradients flattened, each scaled by its drafter's loss weight ``w_k`` (on the data group's backend:
+NCCL on GPUs; ``allreduce_s``), divided by ``W = sum_k w_k``. The drafter loss is
+``sum(w ce) / sum(w)``, so ``sum_k w_k grad_k / W`` is exactly the gradient of the loss of all the
+nodes' batches as one batch. A parameter no drafter has a gradient for keeps none (AdamW skips it,
+as it would in one process). After the update every drafter all-gathers its row of the step and a
+checksum of its weights (:func:`weights_checksum`) on the gloo group; a mismatch raises on every
+drafter (:meth:`DrafterGroup.share`). Cost per step: one all-reduce of the drafter's parameter count
+in fp32 (ring: ``2 (n-1)/n`` of it sent per drafter) plus two small gloo collectives.
+
 Cost: per batch one 96-byte header and one 16-byte credit on gloo, five tensors on the data
 group (``B*T*(8+1) + 2*S*8 + B*T*F*itemsize`` bytes; the features dominate: 2.5 GB per step at
 49,152 tokens x 5 layers x 5,120 x 2 bytes).
@@ -221,3 +234,85 @@ class DrafterLink:
         for w, _ in self._credits:
             w.wait()
         self._credits = []
+
+
+def weights_checksum(module: torch.nn.Module) -> int:
+    """The sum of every parameter's bit patterns, as integers (fp32 -> int32, 16-bit -> int16): any one
+    changed weight changes it, and equal weights give equal sums on any device. One pass over the
+    parameters on their device; O(parameters)."""
+    total = None
+    for p in module.parameters():
+        bits = {4: torch.int32, 2: torch.int16, 1: torch.int8, 8: torch.int64}[p.element_size()]
+        part = p.detach().contiguous().view(bits).sum(dtype=torch.int64)
+        total = part if total is None else total + part
+    return int(total) if total is not None else 0
+
+
+class DrafterGroup:
+    """The drafter ranks of a multi-node run (module doc): ``DrafterGroup(ranks, rank=, comm_device=)`` must be
+    built by every rank in the same order (it creates two process groups of ``ranks``).
+
+    ``reduce(weight)`` replaces the drafter's gradients by the cluster's (set ``module`` first);
+    ``share(row, checksum, extra)`` all-gathers each drafter's step row (None for a drafter without a batch)
+    and weight checksum, raising ``RuntimeError`` when the checksums differ; ``broadcast(obj)`` sends
+    node 0's object to every drafter. ``last_wait_s`` / ``last_allreduce_s``: the seconds of the last
+    reduce's two collectives.
+    """
+
+    def __init__(self, ranks: list[int], *, rank: int, comm_device: torch.device) -> None:
+        import torch.distributed as dist
+
+        self.ranks, self.comm_device = list(ranks), comm_device
+        self.data = dist.new_group(ranks=self.ranks)  # the default backend: NCCL on GPUs
+        self.control = dist.new_group(ranks=self.ranks, backend="gloo")
+        self.member = rank in self.ranks
+        self.module: Optional[torch.nn.Module] = None
+        self.last_wait_s = self.last_allreduce_s = 0.0
+
+    def reduce(self, weight: float) -> None:
+        import time
+
+        import torch.distributed as dist
+
+        assert self.module is not None, "set DrafterGroup.module to the trained drafter first"
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        t0 = time.perf_counter()
+        meta = torch.tensor([float(weight)] + [1.0 if p.grad is not None else 0.0 for p in params],
+                            dtype=torch.float64)
+        dist.all_reduce(meta, group=self.control)  # every drafter is here: the wait for the slowest node ends
+        t1 = time.perf_counter()
+        total = float(meta[0])
+        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
+        flat = (torch.cat(grads) * float(weight)).to(self.comm_device)
+        dist.all_reduce(flat, group=self.data)
+        flat = flat.to(params[0].device) / (total if total > 0 else 1.0)
+        settle(params[0].device)
+        self.last_wait_s, self.last_allreduce_s = t1 - t0, time.perf_counter() - t1
+        offset = 0
+        for p, has in zip(params, meta[1:].tolist()):
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone() if has > 0 else None
+            offset += n
+
+    def share(self, row: Optional[dict[str, Any]], checksum: int, extra: Any = None, *,
+              step: int) -> list[tuple[Optional[dict[str, Any]], int, Any]]:
+        """Every drafter's ``(row, checksum, extra)`` of cluster step ``step``, in node order; raises
+        ``RuntimeError`` on every drafter when the weight checksums differ (the drafters no longer train
+        one model)."""
+        import torch.distributed as dist
+
+        got: list[Any] = [None] * len(self.ranks)
+        dist.all_gather_object(got, (row, int(checksum), extra), group=self.control)
+        sums = [g[1] for g in got]
+        if len(set(sums)) > 1:
+            raise RuntimeError(f"the drafter weights differ between the nodes after cluster step {step} "
+                               f"(checksums by node: {sums}): the data-parallel update diverged")
+        return got
+
+    def broadcast(self, obj: Any) -> Any:
+        """Node 0's drafter's ``obj``, on every drafter (pickled over the gloo group)."""
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.ranks[0], group=self.control)
+        return box[0]

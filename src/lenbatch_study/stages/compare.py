@@ -57,15 +57,7 @@ RUN_KEYS: dict[str, tuple[str, ...] | None] = {
     "batching": None,
     "model": None,
     "drafter": None,
-    "train": ("nproc", "useful_tokens", "warmup_steps", "queue_size", "threads"),
-}
-# Params the interleaved measurement must share with the current params (its plans, model and segments).
-INTERLEAVE_KEYS: dict[str, tuple[str, ...] | None] = {
-    "batching": None,
-    "model": None,
-    "drafter": None,
-    "interleave": None,
-    "train": ("strategies", "nproc", "useful_tokens", "warmup_steps", "threads", "kernels", "reuse_host_memory"),
+    "train": ("nproc", "nodes", "useful_tokens", "warmup_steps", "queue_size", "threads"),
 }
 # Params the profile grid must share with the current params (the shapes are timed on this model).
 PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
@@ -220,7 +212,7 @@ def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, ki
 
 
 def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int,
-                  scale: dict[str, float] | None = None) -> dict:
+                  scale: dict[str, float] | None = None, allreduce_s: float = 0.0) -> dict:
     """Predicted step times, pipelined run time and useful tokens/s of a run's shape table.
 
     One process: the target and drafter steps add up (timed alone). Pipelined, by
@@ -228,8 +220,12 @@ def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, ta
     times, or each step blended between the two by how much the other role works during it
     (:func:`lenbatch_study.analysis.stepmodel.blended_pipeline`). ``scale``: each role's step times
     (alone and busy) multiplied by its reference ratio (the calibrated prediction,
-    :mod:`lenbatch_study.analysis.calibration`); None: the raw prediction.
+    :mod:`lenbatch_study.analysis.calibration`); None: the raw prediction. ``train.nodes`` > 1: the nodes'
+    drafters step together, each cluster step ending ``allreduce_s`` (the measured all-reduce) after the
+    slowest node's drafter step (:func:`lenbatch_study.analysis.stepmodel.pipeline_timeline`).
     """
+    nodes = {"nodes": params.train.nodes, "allreduce_s": allreduce_s}
+
     def predict(role: str) -> np.ndarray:
         return fits[role]["best"].predict(cols) * (scale or {}).get(role.removesuffix("_busy"), 1.0)
 
@@ -241,13 +237,13 @@ def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, ta
     elif mode == "blend":
         tl = sm.blended_pipeline(target, predict("target_busy"), drafter,
                                  predict("drafter_busy"), queue_size=params.train.queue_size,
-                                 target_ranks=target_ranks, ack_every=ACK_EVERY)
+                                 target_ranks=target_ranks, ack_every=ACK_EVERY, **nodes)
         target, drafter, ends = tl["target_s"], tl["drafter_s"], tl["end"]
     else:
         if mode == "busy":
             target, drafter = (predict(f"{r}_busy") for r in ("target", "drafter"))
         ends = sm.pipeline_ends(target, drafter, queue_size=params.train.queue_size, target_ranks=target_ranks,
-                                ack_every=ACK_EVERY)
+                                ack_every=ACK_EVERY, **nodes)
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
     w = params.train.warmup_steps
     return {"columns": cols, "target_s": target, "drafter_s": drafter, "ends": ends,
@@ -311,7 +307,7 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
     doc = interleave_timings.read_timings(interleave_dir)
     fix = interleave_timings.rerun(Path(interleave_dir))
     resolved = interleave_timings.read_params(interleave_dir)
-    diff = params_mismatch(resolved or {}, params.to_dict(), INTERLEAVE_KEYS)
+    diff = params_mismatch(resolved or {}, params.to_dict(), il.RUN_KEYS)
     if diff:
         raise ValueError(f"the interleaved measurement was taken with other params ({'; '.join(diff)}); rerun: {fix}")
     here, there = (doc.get("machine") or {}).get("id"), (profile["machine"] or {}).get("id")
@@ -369,9 +365,12 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                  data_dir)
     profile = fit_profile(profile_dir, params)
     fits = profile["fits"]
-    target_ranks = max(params.train.nproc - 1, 1)
+    target_ranks = max(params.train.nproc - 1, 1) * params.train.nodes
     edges = tuple(int(e) for e in bounds["edges"])
     runs = {s: load_run(train_dir, s, params) for s in strategies}
+    # the drafters' all-reduce (train.nodes > 1): its cost is the drafter's size, the same for every plan
+    allreduce = {s: float(r["summary"].get("allreduce_s_mean") or 0.0) for s, r in runs.items()}
+    allreduce_s = float(np.mean(list(allreduce.values())))
     where = provenance.check_one_machine(profile["machine"], {s: r["summary"].get("machine") for s, r in runs.items()})
 
     rows: dict[str, StrategyRow] = {}
@@ -392,9 +391,10 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                              f"gives {planned[bad]} (the run was planned with other data or params); rerun: "
                              f"snakemake results/train/{s}/summary.json")
         cols = step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks)
-        pred = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks)
+        pred = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, allreduce_s=allreduce[s])
         ratio = provenance.reference_ratios(summary.get("reference"), profile["reference"], strategy=s)
-        calibrated = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, scale=ratio)
+        calibrated = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, scale=ratio,
+                                   allreduce_s=allreduce[s])
         comp[s] = components(pred, term_fits, warmup_steps=params.train.warmup_steps)
         measured = float(summary["useful_tokens_per_s"])
         pm = plans[s]
@@ -437,11 +437,13 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
     ladder = ratio_ladder(comp, {s: r.useful_tokens for s, r in rows.items()},
                           {s: r.predicted_tok_s for s, r in rows.items()},
                           {s: r.measured_tok_s for s, r in rows.items()})
-    ksweep = predict_sweep(lengths, sweep, params=params, fits=fits, target_ranks=target_ranks)
+    ksweep = predict_sweep(lengths, sweep, params=params, fits=fits, target_ranks=target_ranks,
+                           allreduce_s=allreduce_s)
     for s, r in rows.items():  # steady state: a whole epoch, ratio to sorted's whole epoch
         r.predicted_epoch_ratio_to_sorted = (
-            epoch_tok_s(lengths, params, s, edges, fits=fits, target_ranks=target_ranks)
-            / epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks))
+            epoch_tok_s(lengths, params, s, edges, fits=fits, target_ranks=target_ranks, allreduce_s=allreduce_s)
+            / epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks,
+                          allreduce_s=allreduce_s))
     pref = profile["reference"]
     inter = None if interleave_dir is None else interleaved_table(
         interleave_dir, params=params, lengths=lengths, masks=masks, profile=profile, edges=edges,
@@ -480,7 +482,8 @@ def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int
         ends = sm.pipeline_ends(t + d)
     else:
         ends = sm.pipeline_ends(t, d, queue_size=params.train.queue_size, target_ranks=target_ranks,
-                                ack_every=ACK_EVERY)
+                                ack_every=ACK_EVERY, nodes=params.train.nodes,
+                                allreduce_s=float(np.mean([r.get("allreduce_s", 0.0) for r in rows])))
     replay = sm.throughput(useful, ends, warmup_steps=w)
     share = {role: cpu.steps_cpu_share(rows[w:], role, threads=params.train.threads) for role in ("target", "drafter")}
     return {"target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
@@ -499,7 +502,7 @@ def _trained_useful_per_step(steps: list[dict]) -> np.ndarray:
 
 
 def epoch_tok_s(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, fits: dict,
-                target_ranks: int) -> float:
+                target_ranks: int, allreduce_s: float = 0.0) -> float:
     """Predicted useful tokens/s over a whole epoch (epoch 0), the steady state of a long run.
 
     A run of train.useful_tokens covers only its first batches, which vary a lot from one
@@ -512,18 +515,18 @@ def epoch_tok_s(lengths: np.ndarray, params: Params, strategy: str, edges: Any, 
     steps = [(0, b) for b in _epoch_plan(lengths, params, strategy, edges, epoch=0, target_ranks=target_ranks)]
     cols = shapes.batch_columns(lengths, [b for _, b in steps], kind=step_kind(strategy),
                             positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
-    return predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks)["tok_s"]
+    return predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, allreduce_s=allreduce_s)["tok_s"]
 
 
 def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fits: dict,
-                  target_ranks: int) -> list[dict]:
+                  target_ranks: int, allreduce_s: float = 0.0) -> list[dict]:
     """Predicted steady-state (whole-epoch) useful tokens/s of ``bucketed`` for every K of the sweep,
     and its ratio to sorted's, predicted the same way."""
-    ref = epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks)
+    ref = epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks, allreduce_s=allreduce_s)
     out = []
     for entry in sweep:
         tok_s = epoch_tok_s(lengths, params, "bucketed", tuple(int(e) for e in entry["edges"]), fits=fits,
-                            target_ranks=target_ranks)
+                            target_ranks=target_ranks, allreduce_s=allreduce_s)
         out.append({"num_buckets": int(entry["num_buckets"]),
                     "simulated_efficiency": float(entry["simulated_efficiency"]),
                     "predicted_efficiency": float(entry["predicted_efficiency"]),

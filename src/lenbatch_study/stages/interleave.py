@@ -17,9 +17,9 @@ As a stage it reruns only when what it measures changes: the model, the batching
 own ``interleave`` section, the machine.
 
 What is timed: each strategy's segment is ``interleave.segment_steps`` steps of its training plan (the
-train stage's schedule, :func:`lenbatch.batching.schedule.build_schedule`, with ``train.nproc - 1``
-target ranks, so they are batches its training run trains), spread evenly over that run's post-warm-up
-steps (:func:`segment_steps`). One :class:`lenbatch_study.runtime.runner.StepRunner` on
+train stage's schedule, :func:`lenbatch.batching.schedule.build_schedule`, with (``train.nproc - 1``) x
+``train.nodes`` target ranks, so they are batches its training run trains), spread evenly over that run's
+post-warm-up steps (:func:`segment_steps`). One :class:`lenbatch_study.runtime.runner.StepRunner` on
 ``train.device``, single process (target forward then drafter step: the pipelined contention of the
 trainings is theirs), with the anchors of each step's own (epoch, step). A segment's seconds are the
 runner's timed target and drafter seconds, as the profile grid times them, so the step model predicts
@@ -102,7 +102,8 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
     il = params.interleave
     lengths = read_lengths(data)
     edges = edges_for(boundaries, strategies)
-    target_ranks = max(params.train.nproc - 1, 1)  # the training runs' plan (one target rank when nproc is 1)
+    # the training runs' plan: sharded over every node's target ranks (one target rank when nproc is 1)
+    target_ranks = max(params.train.nproc - 1, 1) * params.train.nodes
     dataset = read_dataset(data, lengths)
     plan: dict[str, dict[str, Any]] = {}
     for s in strategies:

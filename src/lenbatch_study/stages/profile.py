@@ -59,6 +59,27 @@ log = get_logger("profile")
 BARRIER_TIMEOUT_S = 1800.0
 
 
+
+class _Progress:
+    """The log's progress lines: ``point k/N`` over all passes' grid points (at most one line per 10 s) and one
+    line per pass; the workflow's console turns the last ``k/N`` of a line into the time left
+    (lenbatch_study.pipeline.console). Logging between points, never inside a timed step."""
+
+    def __init__(self, passes: int, points: int, t0: float) -> None:
+        self.passes, self.points, self.t0, self.last = passes, points, t0, t0
+
+    def point(self, p: int, i: int) -> None:
+        now = time.perf_counter()
+        if now - self.last >= 10:
+            self.last = now
+            log.info("pass %d/%d, point %d/%d, %.1f s elapsed", p + 1, self.passes, p * self.points + i + 1,
+                     self.passes * self.points, now - self.t0)
+
+    def pass_done(self, p: int, timed: bool) -> None:
+        log.info("pass %d/%d (%s) over %d grid points done, point %d/%d, %.1f s elapsed", p + 1, self.passes,
+                 "timed" if timed else "warm-up", self.points, (p + 1) * self.points, self.passes * self.points,
+                 time.perf_counter() - self.t0)
+
 def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, int]]:
     """(kind, sequences, length) of every grid point, smallest shapes first.
 
@@ -210,6 +231,7 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     # the reference step, each role alone in turn (lenbatch_study.runtime.reference)
     ref_start, ref_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
     t0, pair = time.perf_counter(), 0
+    note = _Progress(len(passes), len(pts), t0)
     for p, timed in enumerate(passes):
         for i, (batch, feats) in enumerate(batches):
             row = out[i]
@@ -236,9 +258,10 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
                     timed_points[me] = pair
                 while timed_points[other] < pair:  # keep the other role's busy step company
                     runner.target_step(batch) if role == "target" else runner.drafter_step(batch, feats)
+            if role == "drafter":
+                note.point(p, i)
         if role == "drafter":
-            log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
-                     "timed" if timed else "warm-up", len(pts), time.perf_counter() - t0)
+            note.pass_done(p, timed)
     ref_end, end_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
     ref = (ref_start, ref_end, ref_s + end_s)
     queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out], ref,
@@ -313,6 +336,7 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         acc = [([], [], [], [], []) for _ in pts]  # target s, drafter s, their CPU s, drafter steps
         spent = [0.0] * len(pts)
         passes = _passes(params)
+        note = _Progress(len(passes), len(pts), t_start)
         # the reference step (lenbatch_study.runtime.reference), both roles in turn
         ref_start, ref_s = reference.measure(runner, params, roles=reference.ROLES)
         for p, timed in enumerate(passes):
@@ -325,8 +349,8 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
                     compiles[i] += runner.last_compile_s
                     for lst, x in zip(acc[i], (t_s[0], d_s[0], t_c[0], d_c[0], runner.steps - 1)):
                         lst.append(x)
-            log.info("pass %d/%d (%s) over %d grid points done, %.1f s elapsed", p + 1, len(passes),
-                     "timed" if timed else "warm-up", len(pts), time.perf_counter() - t_start)
+                note.point(p, i)
+            note.pass_done(p, timed)
         timings = [(t_all, d_all, t_cpu, d_cpu, steps, None) for t_all, d_all, t_cpu, d_cpu, steps in acc]
         ref_end, end_s = reference.measure(runner, params, roles=reference.ROLES)
         ref = reference.record(params, ref_start, ref_end, seconds=ref_s + end_s)

@@ -21,6 +21,15 @@ Roles (``torchrun --nproc_per_node N -m lenbatch_study train ...``, env RANK/WOR
   Without torchrun and ``train.nproc > 1``, ``lenbatch train`` re-executes itself under
   ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged).
 
+Across nodes (``train.nodes`` = N > 1; ``N x train.nproc`` processes, one torchrun per node or one for all):
+roles come from the global rank (:class:`lenbatch_study.runtime.runner.Roles`); the schedule is sharded over
+all ``N x (nproc - 1)`` target ranks, each node's drafter takes its own target ranks' steps in schedule order,
+and the drafters train one model, cluster step by cluster step (:mod:`lenbatch.batching.schedule`,
+:class:`lenbatch_study.runtime.transport.DrafterGroup`). Node 0's drafter writes OUT: rows in global step
+order with ``node``, ``cluster_step``, ``allreduce_s``, ``cluster_wait_s`` and ``t`` the cluster step's end;
+checkpoints only where the steps trained are a prefix of the schedule (so a resume replays the batches and
+losses; a run stopped inside a round and later extended pairs its remaining steps anew).
+
 gloo on CPU, NCCL on GPU (``train.device``). The trained drafter keeps fp32 master weights (autocast
 to ``model.dtype``); the frozen target runs in ``model.dtype``.
 
@@ -73,7 +82,14 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from lenbatch_study.runtime.checkpoint import fingerprint, load_checkpoint, restore, save_checkpoint, start_fresh
+from lenbatch_study.runtime.checkpoint import (
+    fingerprint,
+    load_checkpoint,
+    restore,
+    save_checkpoint,
+    start_fresh,
+    summary_problem,
+)
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
 from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
 from lenbatch.loading.collate import collate
@@ -82,11 +98,22 @@ from lenbatch_study.core.config import Params, write_resolved
 from lenbatch_study.core.machine import fingerprint as fingerprint_machine
 from lenbatch_study.runtime.lifetime import die_with_parent
 from lenbatch.log import get_logger
-from lenbatch_study.pipeline.outputs import commit_staged, writer_lock
+from lenbatch_study.pipeline.artifacts.reading import read_json
+from lenbatch_study.pipeline.outputs import (
+    commit_staged,
+    lock_path,
+    write_atomic,
+    write_error,
+    write_failure,
+    writer_lock,
+)
 from lenbatch_study.runtime import reference
-from lenbatch_study.runtime.records import Recorder, log_summary, resumed_log, step_row
+from lenbatch_study.runtime.records import (Recorder, device_report, log_summary, progress, progress_line,  # noqa: F401 (public)
+                                            resumed_log, step_row)
 from lenbatch_study.runtime.runner import (
+    Roles,
     StepRunner,
+    check_world,
     configure_process,
     init_process_group,
     peak_memory_bytes,
@@ -94,8 +121,8 @@ from lenbatch_study.runtime.runner import (
     resolve_device,
     torchrun_world,
 )
-from lenbatch.batching.schedule import Schedule, ScheduledStep, build_schedule
-from lenbatch_study.runtime.transport import Channel, DrafterLink, TargetLink, settle
+from lenbatch.batching.schedule import Schedule, build_schedule, cluster_steps
+from lenbatch_study.runtime.transport import Channel, DrafterGroup, DrafterLink, TargetLink, settle, weights_checksum
 
 log = get_logger("train")
 
@@ -121,6 +148,8 @@ class RunSetup:
     channel: Any = None  # lenbatch_study.runtime.transport.Channel of a multi-process run
     reference_group: Any = None  # gloo group of every rank: the reference step's barriers (multi-process run)
     final: Optional[Path] = None  # the --out folder; ``out`` is where this run writes (see the module doc)
+    roles: Optional[Roles] = None  # this process's role (multi-process run)
+    drafters: Optional[DrafterGroup] = None  # the drafter ranks of a multi-node run (train.nodes > 1)
 
 
 def partial_dir(out: Path) -> Path:
@@ -142,45 +171,26 @@ def _set_aside_and_start_afresh(setup: RunSetup, err: ValueError) -> None:
     setup.resume = False
 
 
-def _resume_point(setup: RunSetup, runner: StepRunner) -> tuple[int, Optional[list[Any]], Optional[list[str]]]:
-    """(start step, sampler states, kept log lines) of a resume on the writing rank, with ``runner`` restored;
-    (0, None, None) after setting aside a checkpoint it cannot resume. No checkpoint at all stays an error."""
+def _resume_point(setup: RunSetup, runner: StepRunner
+                  ) -> tuple[int, Optional[list[Any]], Optional[list[str]], Optional[dict[str, Any]]]:
+    """(start step, sampler states, kept log lines, checkpoint) of a resume on the writing rank, with ``runner``
+    restored; (0, None, None, None) after setting aside a checkpoint it cannot resume. No checkpoint at all
+    stays an error."""
     try:
         ck = _load_checkpoint(setup)
         kept = resumed_log(setup.out, ck)
         setup.schedule.check_sampler_states(ck["samplers"], int(ck["step"]))
-        if int(ck["step"]) >= len(setup.schedule) and not (setup.out / "summary.json").exists():
-            raise ValueError(f"it is at the last planned step but {setup.out / 'summary.json'} is missing (the run "
-                             "was killed before writing it), so its throughput was never recorded")
+        torn = summary_problem(setup.out) if int(ck["step"]) >= len(setup.schedule) else None
+        if torn:
+            raise ValueError(f"it is at the last planned step but {torn} (the run was killed before writing it), "
+                             "so its throughput was never recorded")
+        restore(runner, ck, path=setup.out / "checkpoint.pt")  # checks every tensor fits before loading one
     except ValueError as err:
         if not (setup.out / "checkpoint.pt").exists():
             raise
         _set_aside_and_start_afresh(setup, err)
-        return 0, None, None
-    restore(runner, ck)
-    return int(ck["step"]), ck["samplers"], kept
-
-
-
-
-def progress_line(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float, *,
-                  target_ranks: int = 1) -> str:
-    """The progress line of ``step`` (of ``total``), ``t`` seconds in. ``loss`` NaN: none known yet ("pending":
-    in a pipelined run target rank 0 shows the drafter's last loss, which comes back a few steps late).
-    ``target_ranks`` > 1: ``useful_done`` counts rank 0's own batches, and the rate scales them by the target
-    ranks, an estimate marked ``~`` (``summary.json`` has the exact numbers)."""
-    shown = "pending" if np.isnan(loss) else f"{loss:.4f}"
-    where = "" if target_ranks == 1 else f" on target rank 0 of {target_ranks}"
-    rate = f"{'~' if target_ranks > 1 else ''}{useful_done * target_ranks / max(t, 1e-9):.0f}"
-    return (f"step {step.step + 1}/{total} (epoch {step.epoch}): loss {shown}, {useful_done:,} useful tokens{where}, "
-            f"{t:.1f} s, {rate} useful tok/s")
-
-
-def _progress(step: ScheduledStep, total: int, loss: float, useful_done: int, t: float, *,
-              target_ranks: int = 1) -> None:
-    every = max(1, total // 20)
-    if step.step % every == 0 or step.step == total - 1:
-        log.info("%s", progress_line(step, total, loss, useful_done, t, target_ranks=target_ranks))
+        return 0, None, None, None
+    return int(ck["step"]), ck["samplers"], kept, ck
 
 
 def _reference_point(setup: RunSetup, runner: StepRunner, *, role: str) -> tuple[dict[str, Any], float]:
@@ -191,59 +201,52 @@ def _reference_point(setup: RunSetup, runner: StepRunner, *, role: str) -> tuple
         return reference.measure(runner, setup.params, roles=reference.ROLES)
     import torch.distributed as dist
 
-    mine = (role,) if role == "drafter" or setup.rank == 0 else ()
+    # node 0's drafter and target rank 0 time theirs (the other nodes' drafters only wait)
+    mine = (role,) if (role == "drafter" and setup.rank == setup.params.train.nproc - 1) or setup.rank == 0 else ()
     return reference.measure(runner, setup.params, roles=mine,
                              wait=lambda: dist.barrier(group=setup.reference_group))
 
 
-def _device_report(setup: RunSetup, kernels: dict[str, Any], target_peak: Optional[int]) -> dict[str, Any]:
-    """What ran and what it held: the target's kernels and Triton compile seconds (``kernels``:
-    :meth:`StepRunner.kernel_report`), peak device memory per role against
-    :mod:`lenbatch_study.models.memory`'s estimate (bytes; None on CPU)."""
-    from lenbatch_study.models.memory import plan_memory_shape, rank_memory
-
-    est_t, est_d = rank_memory(setup.params, **plan_memory_shape(setup.params, setup.lengths,
-                                                                 [s.indices for s in setup.schedule]),
-                               host_queue=setup.device.type == "cuda" and ranks_per_device(setup.world_size) > 1)
-    return {"kernel_backend": kernels,
-            "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(setup.device)},
-            "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
-
-
 def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *,
             resumed_from: Optional[int], kernels: dict[str, Any], ref: Optional[dict[str, Any]] = None,
-            target_peak: Optional[int] = None) -> dict[str, Any]:
+            target_peak: Optional[int] = None, checksums: Optional[list[int]] = None) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
-    if resumed_from == done and (setup.out / "summary.json").exists():
+    if resumed_from == done and summary_problem(setup.out) is None:
         # resumed a run that had already finished: nothing trained, nothing to rewrite (its summary keeps
         # the throughput its last session measured)
         rec.close()
         log.info("%s: the checkpoint is at the last planned step (%d): the run is complete, %s left as it is",
                  setup.strategy, done, setup.out / "summary.json")
-        return json.loads((setup.out / "summary.json").read_text())
+        return read_json(setup.out / "summary.json", rerun=f"lenbatch train --out {setup.final or setup.out}")
     save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done, sampler_states=states, fp=setup.fp,
                     log_sha256=rec.log_sha256())
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
                           total_steps=len(setup.schedule), machine=fingerprint_machine(threads=p.train.threads),
-                          reference=ref, device=_device_report(setup, kernels, target_peak))
+                          reference=ref, device=device_report(setup.params, lengths=setup.lengths, batches=[s.indices for s in setup.schedule],
+                                                 device=setup.device, world_size=setup.world_size, kernels=kernels,
+                                                 target_peak=target_peak),
+                          nodes=p.train.nodes, weights_checksums=checksums)
     rec.close()
-    (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_resolved(p, setup.out)
+    # last, whole or not at all: a summary marks a complete run (a failure before it leaves the checkpoint)
+    write_atomic(setup.out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def _periodic_checkpoint(setup: RunSetup, runner: StepRunner, rec: Recorder, step: ScheduledStep) -> float:
-    """Write the periodic checkpoint after ``step`` when one is due; returns the seconds it took (0.0 when
-    none was due). The caller takes them off its step clock: a checkpoint is not part of a step's cost
-    (~6 GB per write on the study's 8 GPUs: a 0.5-1% bias on the strategies that happen to cross one more)."""
+def _periodic_checkpoint(setup: RunSetup, runner: StepRunner, rec: Recorder, *, done: int, before: int) -> float:
+    """Write the periodic checkpoint at ``done`` trained global steps (the schedule's first ``done``, and no
+    other) when a multiple of ``train.checkpoint_every`` lies in ``(before, done]``; returns the seconds it
+    took (0.0 when none was due). The caller takes them off its step clock: a checkpoint is not part of a
+    step's cost (~6 GB per write on the study's 8 GPUs: a 0.5-1% bias on the strategies that happen to
+    cross one more)."""
     every = setup.params.train.checkpoint_every
-    if not every or (step.step + 1) % every:
+    if not every or done // every == before // every:
         return 0.0
     c0 = time.perf_counter()
-    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=step.step + 1,
-                    sampler_states=setup.schedule.sampler_states(step.step + 1), fp=setup.fp,
+    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done,
+                    sampler_states=setup.schedule.sampler_states(done), fp=setup.fp,
                     log_sha256=rec.log_sha256())
     return time.perf_counter() - c0
 
@@ -255,7 +258,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     data = read_dataset(setup.data, setup.lengths)
     start, resumed_from, kept = 0, None, None
     if setup.resume:
-        start, _, kept = _resume_point(setup, runner)
+        start, _, kept, _ = _resume_point(setup, runner)
         resumed_from = start if setup.resume else None
     rec = Recorder(setup.out, kept=kept)
     useful_done = sum(r["useful_tokens"] for r in rec.rows)
@@ -273,8 +276,8 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         t = time.perf_counter() - t_start - paused
         rec.add(step_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
                           runner=runner, target_cpu_s=t_cpu, compile_s=runner.last_compile_s, checkpoint_s=ck_s))
-        _progress(step, len(setup.schedule), loss, useful_done, t)
-        ck_s = _periodic_checkpoint(setup, runner, rec, step)
+        progress(step, len(setup.schedule), loss, useful_done, t)
+        ck_s = _periodic_checkpoint(setup, runner, rec, done=step.step + 1, before=step.step)
         paused += ck_s
     ref = None
     if ref_start is not None:
@@ -291,25 +294,31 @@ def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
 
 def _share_resume(setup: RunSetup, runner: Optional[StepRunner]
                   ) -> tuple[int, Optional[list[Any]], Optional[list[str]]]:
-    """The drafter rank loads and checks the checkpoint and the log it extends, and tells every rank the
-    start step and sampler states; returns (start, sampler states, kept log lines on the drafter rank)."""
+    """The writing drafter rank (node 0's) loads and checks the checkpoint and the log it extends, and tells
+    every rank the start step and sampler states; on several nodes it sends the restored state to the other
+    drafters, so every drafter resumes the same weights. Returns (start, sampler states, kept log lines on
+    the writing rank)."""
     import torch.distributed as dist
 
-    drafter_rank = setup.world_size - 1
+    drafter_rank = setup.params.train.nproc - 1  # node 0's drafter (the only one with one node)
     if not setup.resume:
         return 0, None, None
     payload: list[Any] = [None]
-    kept = None
+    kept, ck = None, None
     if setup.rank == drafter_rank:
         try:
             assert runner is not None
-            step, samplers, kept = _resume_point(setup, runner)
+            step, samplers, kept, ck = _resume_point(setup, runner)
             payload = [{"step": step, "samplers": samplers}]
         except ValueError as err:
             payload = [{"error": str(err)}]
     dist.broadcast_object_list(payload, src=drafter_rank)
     if "error" in payload[0]:
         raise ValueError(payload[0]["error"])
+    if setup.drafters is not None and runner is not None:  # the drafters: node 0's restored state to all
+        ck = setup.drafters.broadcast(ck)
+        if ck is not None and setup.rank != drafter_rank:
+            restore(runner, ck)
     return payload[0]["step"], payload[0]["samplers"], kept
 
 
@@ -318,12 +327,12 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     (:class:`lenbatch_study.runtime.transport.TargetLink`)."""
     p = setup.params
     q = p.train.queue_size
-    drafter_rank = setup.world_size - 1
+    assert setup.roles is not None
     runner = StepRunner(p, device=setup.device, role="target")
     data = read_dataset(setup.data, setup.lengths)
     start, _, _ = _share_resume(setup, None)
-    mine = [s for s in setup.schedule[start:] if s.rank == setup.rank]
-    link = TargetLink(setup.channel, dst=drafter_rank, queue_size=q, comm_device=comm_device)
+    mine = [s for s in setup.schedule[start:] if s.rank == setup.roles.target_index]
+    link = TargetLink(setup.channel, dst=setup.roles.drafter_process, queue_size=q, comm_device=comm_device)
     timed = start < len(setup.schedule)  # every rank knows start: all skip the reference alike
     ref_start = _reference_point(setup, runner, role="target")[0] if timed else {}
     t_start = time.perf_counter()
@@ -338,7 +347,7 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
         link.send(batch, feats, meta=meta)
         useful_done += batch.useful_tokens
         if setup.rank == 0:
-            _progress(step, len(setup.schedule), link.last_loss, useful_done, time.perf_counter() - t_start,
+            progress(step, len(setup.schedule), link.last_loss, useful_done, time.perf_counter() - t_start,
                       target_ranks=setup.target_ranks)
     link.drain()
     ref_points = None
@@ -350,42 +359,89 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     dist.broadcast_object_list([(ref_points, runner.kernel_report())], src=0, group=setup.reference_group)
 
 
-def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, Any]:
-    """Receive batches round-robin, train, measure, checkpoint; credit each batch on receipt
-    (:class:`lenbatch_study.runtime.transport.DrafterLink`)."""
+def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dict[str, Any]]:
+    """Receive this node's batches in schedule order, train, measure, checkpoint; credit each batch on receipt
+    (:class:`lenbatch_study.runtime.transport.DrafterLink`). On several nodes each step is a cluster step
+    (:func:`lenbatch.batching.schedule.cluster_steps`): the drafters reduce their gradients
+    (:class:`lenbatch_study.runtime.transport.DrafterGroup`), then share their rows and weight checksums;
+    node 0's drafter writes the rows in global step order and returns the summary (the others None)."""
     p = setup.params
+    roles, group = setup.roles, setup.drafters
+    assert roles is not None
     runner = StepRunner(p, device=setup.device, role="drafter")
+    if group is not None:
+        group.module = runner.drafter
     start, _, kept = _share_resume(setup, runner)
     resumed_from = start if setup.resume else None
-    rec = Recorder(setup.out, kept=kept)
+    rec = Recorder(setup.out, kept=kept) if roles.writes else None
     link = DrafterLink(setup.channel, comm_device=comm_device)
     last_loss = float("nan")
     timed = start < len(setup.schedule)
+    if group is not None:  # built from one seed, or restored from node 0's checkpoint: the same weights
+        group.share(None, weights_checksum(runner.drafter), step=-1)
     # outside the measured steps: before the first and after the last
     ref_start, ref_s = _reference_point(setup, runner, role="drafter") if timed else ({}, 0.0)
     target_peak = 0  # the largest peak device memory any target rank reported (bytes; 0 on CPU)
     t_start = time.perf_counter()
     paused = ck_s = 0.0  # checkpoint seconds: all so far (off the clock "t"), the last one (in the next row)
-    for step in setup.schedule[start:]:
-        t0 = time.perf_counter()
-        batch, feats, meta = link.recv(step.rank, step=step.step, last_loss=last_loss)  # transfer included
-        if feats.device != setup.device:  # gloo on a GPU run (ranks sharing a GPU): staged through the host
-            feats = feats.to(setup.device)
-            settle(setup.device)
-        wait_s = time.perf_counter() - t0
-        epoch, gstep, t_ns, credit_ns, t_cpu_ns, compile_ns, peak, stage_ns = meta
+    pending: dict[int, dict[str, Any]] = {}  # rows waiting for an earlier global step's row (node 0)
+    done = settled = start  # global steps written (the schedule's first ``done``); at the last prefix point
+    # the cluster steps trained before ``start``: the most steps any node trained (a checkpoint's steps are a
+    # prefix of the schedule, so the nodes' counts differ only in the last round, where some ran out)
+    first_cluster = max(np.bincount([s.rank // roles.per_node for s in setup.schedule[:start]],
+                                    minlength=roles.nodes), default=0)
+    checksums: list[int] = []
+    for c, cluster in enumerate(cluster_steps(setup.schedule[start:], nodes=roles.nodes,
+                                              ranks_per_node=roles.per_node), start=first_cluster):
+        step = cluster[roles.node]
+        row = None
+        reduce = group.reduce if group is not None else None
+        peak = 0
+        if step is not None:
+            t0 = time.perf_counter()
+            batch, feats, meta = link.recv(roles.target_process(step.rank), step=step.step, last_loss=last_loss)
+            if feats.device != setup.device:  # gloo on a GPU run (ranks sharing a GPU): staged through the host
+                feats = feats.to(setup.device)
+                settle(setup.device)
+            wait_s = time.perf_counter() - t0
+            epoch, gstep, t_ns, credit_ns, t_cpu_ns, compile_ns, peak, stage_ns = meta
+            assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
+            if not np.array_equal(batch.indices.cpu().numpy(), step.indices):
+                raise AssertionError(f"step {step.step}: received a batch other than the planned one")
+            loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch, reduce=reduce)
+            last_loss = loss
+            t = time.perf_counter() - t_start - paused
+            row = step_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s,
+                           drafter_s=d_s, loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9,
+                           compile_s=compile_ns / 1e9, stage_s=stage_ns / 1e9, checkpoint_s=ck_s)
+        else:
+            assert reduce is not None, "one node: every step has its batch"
+            runner.drafter_idle_step(reduce=reduce)
+        rows = [row]
+        if group is not None:
+            if row is not None:
+                row.update(node=roles.node, cluster_step=c, allreduce_s=round(group.last_allreduce_s, 6),
+                           cluster_wait_s=round(group.last_wait_s, 6))
+            shared = group.share(row, weights_checksum(runner.drafter), peak, step=c)
+            t = time.perf_counter() - t_start - paused  # the cluster step ends for every node here
+            rows = [None if r is None else dict(r, t=round(t, 6)) for r, _, _ in shared]
+            peak = max(x for _, _, x in shared)
+            checksums = [x for _, x, _ in shared]
         target_peak = max(target_peak, peak)
-        assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
-        if not np.array_equal(batch.indices.cpu().numpy(), step.indices):
-            raise AssertionError(f"step {step.step}: received a batch other than the planned one")
-        loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
-        last_loss = loss
-        t = time.perf_counter() - t_start - paused
-        rec.add(step_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s, drafter_s=d_s,
-                     loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9, compile_s=compile_ns / 1e9,
-                     stage_s=stage_ns / 1e9, checkpoint_s=ck_s))
-        ck_s = _periodic_checkpoint(setup, runner, rec, step)
-        paused += ck_s
+        ck_s = 0.0
+        if rec is None:
+            continue
+        for r in rows:
+            if r is not None:
+                pending[r["step"]] = r
+        while done in pending:
+            rec.add(pending.pop(done))
+            done += 1
+        if not pending:  # the steps trained are exactly the schedule's first ``done``
+            ck_s = _periodic_checkpoint(setup, runner, rec, done=done, before=settled)
+            paused += ck_s
+            settled = done
+    assert not pending, f"steps {sorted(pending)} were trained but an earlier one was not"
     import torch.distributed as dist
 
     ref = None
@@ -394,11 +450,15 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
     got: list[Any] = [None]
     dist.broadcast_object_list(got, src=0, group=setup.reference_group)  # every rank, timed or not
     target_points, kernels = got[0]
-    if timed:
-        target_start, target_end = target_points
-        ref = reference.record(p, {**target_start, **ref_start}, {**target_end, **ref_end}, seconds=ref_s + end_s)
-    summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
-                      kernels=kernels, ref=ref, target_peak=target_peak or None)
+    summary = None
+    if rec is not None:
+        if timed:
+            target_start, target_end = target_points
+            ref = reference.record(p, {**target_start, **ref_start}, {**target_end, **ref_end},
+                                   seconds=ref_s + end_s)
+        summary = _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)),
+                          resumed_from=resumed_from, kernels=kernels, ref=ref, target_peak=target_peak or None,
+                          checksums=checksums or None)
     link.close()
     return summary
 
@@ -409,7 +469,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> dict[str, An
 def _commit(setup: RunSetup) -> None:
     """Swap the complete run in the partial folder into OUT (one rename; the previous output goes)."""
     if setup.final is not None and setup.out != setup.final:
-        commit_staged(setup.out, setup.final)
+        commit_staged(setup.out, setup.final, then="after that rerun with --resume to move it in")
         setup.out = setup.final
 
 
@@ -422,9 +482,17 @@ def check_request(*, strategy: str, max_steps: Optional[int]) -> None:
 
 
 def launcher_processes(params: Params) -> Optional[int]:
-    """``train.nproc`` when this process must start torchrun with that many processes (not started by
-    torchrun, ``train.nproc > 1``); None when it trains itself."""
-    return params.train.nproc if not torchrun_world()[0] and params.train.nproc > 1 else None
+    """``train.nodes x train.nproc`` when this process must start torchrun with that many processes (not
+    started by torchrun, more than one process); None when it trains itself. Several nodes are then emulated
+    on this machine by one torchrun (logged): the roles come from the global rank, so it is the code path of
+    one torchrun per node."""
+    world = params.train.nodes * params.train.nproc
+    if torchrun_world()[0] or world == 1:
+        return None
+    if params.train.nodes > 1:
+        log.info("train.nodes=%d: emulating %d nodes of %d processes on this machine with one torchrun of %d "
+                 "processes", params.train.nodes, params.train.nodes, params.train.nproc, world)
+    return world
 
 
 def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, boundaries: Optional[str] = None,
@@ -433,21 +501,26 @@ def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, b
     trains ``strategy`` until ``train.useful_tokens`` (or ``max_steps`` global steps), writing ``out``
     on the drafter rank, which holds ``out``'s writer lock until it returns. Returns the exit code."""
     with contextlib.ExitStack() as stack:
-        return _train(stack, params=params, strategy=strategy, data=data, out=out, boundaries=boundaries,
-                      max_steps=max_steps, resume=resume)
+        try:
+            return _train(stack, params=params, strategy=strategy, data=data, out=out, boundaries=boundaries,
+                          max_steps=max_steps, resume=resume)
+        except OSError as err:  # a full disk, a read-only folder: one line naming the file, never a traceback
+            ck = partial_dir(Path(out)) / "checkpoint.pt"
+            refused = write_failure(err, written=(out, ck.parent, lock_path(out)))
+            if refused is None:
+                raise
+            way = (f"rerun with --resume to continue from {ck}" if ck.exists() else
+                   "rerun (this run saved no checkpoint to resume)")
+            raise write_error(refused, path=ck.parent if ck.parent.exists() else out,
+                              then=f"{out} is as it was; after that {way}") from None
 
 
 def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: str | Path, out: str | Path,
            boundaries: Optional[str], max_steps: Optional[int], resume: bool) -> int:
     check_request(strategy=strategy, max_steps=max_steps)
     under_torchrun, world, rank = torchrun_world()
-    if not under_torchrun and params.train.nproc > 1:
-        raise ValueError(f"train.nproc is {params.train.nproc}: start this under torchrun (--nproc_per_node "
-                         f"{params.train.nproc}); 'lenbatch train' does that for you")
-    if under_torchrun and world != params.train.nproc:
-        raise ValueError(f"torchrun started {world} processes but train.nproc is {params.train.nproc}: the roles "
-                         f"({params.train.nproc - 1} target ranks + 1 drafter rank) do not fit; launch with "
-                         f"--nproc_per_node {params.train.nproc} or set train.nproc: {world}")
+    nproc, nodes = params.train.nproc, params.train.nodes
+    check_world(params, under_torchrun=under_torchrun, world=world)
     if under_torchrun:  # a killed launcher must not leave its workers training
         die_with_parent()
     configure_process(params)
@@ -458,7 +531,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     if too_long:
         raise ValueError(f"{too_long} samples are longer than batching.token_budget={params.batching.token_budget}; "
                          "raise the budget or lower data.max_len and re-tokenize")
-    target_ranks = max(1, world - 1)
+    target_ranks = max(1, nproc - 1) * nodes  # the plan is sharded over every node's target ranks
     device = resolve_device(params.train.device, int(os.environ.get("LOCAL_RANK", "0")))
     schedule = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
                               useful_tokens=params.train.useful_tokens, max_steps=max_steps)
@@ -474,7 +547,8 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     # a fresh run, or the resume of an interrupted one, writes the partial folder; OUT changes only when a
     # run is complete (a resume of a finished run in OUT, to extend it, continues there)
     work = partial if not resume or (partial / "checkpoint.pt").exists() else out
-    if rank == world - 1:  # the drafter rank (or the single process) writes OUT: one such run at a time
+    roles = Roles(rank=rank, nproc=nproc, nodes=nodes)
+    if world == 1 or roles.writes:  # node 0's drafter (or the single process) writes OUT: one such run at a time
         stack.enter_context(writer_lock(out, stage="train"))
         if not resume:
             if partial.exists():  # an interrupted run's, which this fresh run replaces
@@ -484,10 +558,13 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
             shutil.rmtree(partial)
     fp = fingerprint(params, strategy=strategy, edges=edges, lengths=lengths, target_ranks=target_ranks)
     setup = RunSetup(params, strategy, data, work, edges, lengths, schedule, target_ranks, world, rank, device,
-                     resume, fp, final=out)
+                     resume, fp, final=out, roles=roles)
     log.info("%s: %d steps planned (%s useful tokens, %d target rank(s) + 1 drafter %s, %s)", strategy,
              len(schedule), f"{sum(s.useful for s in schedule):,}", target_ranks,
              "rank" if world > 1 else "in the same process", device)
+    if nodes > 1:
+        log.info("%d nodes: node %d of this process (rank %d: %s); the %d drafters train one model", nodes,
+                 roles.node, rank, "drafter" if roles.is_drafter else f"target rank {roles.target_index}", nodes)
     if world == 1:
         summary = run_single(setup)
         _commit(setup)
@@ -498,11 +575,14 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     comm_device = init_process_group(device, world)
     setup.channel = Channel()  # every rank, same order: creates the gloo control group
     setup.reference_group = dist.new_group(backend="gloo")  # the reference step's barriers, apart from the traffic
+    if nodes > 1:  # every rank, same order: the drafters' groups
+        setup.drafters = DrafterGroup(roles.drafter_ranks, rank=rank, comm_device=comm_device)
     try:
-        if rank == world - 1:
+        if roles.is_drafter:
             summary = run_drafter_rank(setup, comm_device)
-            _commit(setup)
-            log_summary(summary, out, force=True)
+            if summary is not None:
+                _commit(setup)
+                log_summary(summary, out, force=True)
         else:
             run_target_rank(setup, comm_device)
         setup.channel.close()

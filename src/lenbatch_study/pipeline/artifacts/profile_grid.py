@@ -13,6 +13,7 @@ batch shapes, and ``params.json``, the params it was timed with. Written by :mod
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,27 @@ def read_grid_document(profile_dir: str | Path) -> dict[str, Any]:
         raise refuse(p, "holds no grid rows", rerun=rerun(d))
     for k, row in enumerate(rows):
         require_keys(p, row, ROW_KEYS, rerun=rerun(d), what=f" in row {k}")
+    check_times(p, rows, rerun=rerun(d))
     whole = doc if isinstance(doc, dict) else {}
     return {"machine": whole.get("machine"), "reference": whole.get("reference"), "points": rows}
+
+
+def check_times(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> None:
+    """:func:`refuse` naming every cell whose step time is not a finite number > 0 (NaN, inf, 0, a string):
+    the step-model fit cannot use it (numpy's least squares fails with "SVD did not converge" on NaN). O(rows)."""
+    bad = []
+    for k, row in enumerate(rows):
+        for key in sorted(x for x in row if x.endswith("seconds_median")):
+            value = row[key]
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+            if not ok:
+                lengths = row.get("sequence_lengths") or []
+                shape = f"{row.get('kind')}, {len(lengths)} x {max(lengths) if lengths else '?'} tokens"
+                bad.append(f"row {k} ({shape}) {key}={value!r}")
+    if bad:
+        more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+        raise refuse(path, f"holds step times that are not finite positive seconds: {'; '.join(bad[:4])}{more} "
+                     "(a step that failed or was interrupted while it was timed)", rerun=rerun)
 
 
 def read_profile_params(profile_dir: str | Path) -> dict[str, Any] | None:
@@ -60,4 +80,4 @@ def read_profile_params(profile_dir: str | Path) -> dict[str, Any] | None:
     return doc
 
 
-__all__ = ["GRID", "PARAMS", "read_grid", "read_grid_document", "read_profile_params"]
+__all__ = ["GRID", "PARAMS", "check_times", "read_grid", "read_grid_document", "read_profile_params"]

@@ -1,0 +1,42 @@
+"""A flag that overrides a params setting is described by the setting's own declaration (one text, one type)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from lenbatch_study.cli import flags
+from lenbatch_study.core.config import json_schema
+
+OVERRIDES = {"stats": ("stats.histogram_bins",), "boundaries": flags.BOUNDARIES_FLAGS + flags.BATCHING_FLAGS[:2],
+             "plans": ("plans.epochs",) + flags.BATCHING_FLAGS, "plan": flags.BATCHING_FLAGS,
+             "tokenize": flags.DATA_FLAGS}
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+@pytest.mark.parametrize("command", sorted(OVERRIDES))
+def test_every_override_flag_carries_its_settings_help_and_names_the_setting(command):
+    out = subprocess.run([sys.executable, "-m", "lenbatch_study", command, "--help"], capture_output=True, text=True,
+                         check=True, env={"COLUMNS": "400", "PATH": ""}).stdout
+    schema = json_schema()["properties"]
+    for name in OVERRIDES[command]:
+        section, key = name.split(".")
+        described = _flat(schema[section]["properties"][key]["description"])
+        assert f"{described} (overrides {name}" in _flat(out), (name, out)
+
+
+def test_an_override_flag_takes_the_settings_type_and_choices():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    flags.add_override(parser, "data.overflow")
+    flags.add_override(parser, "batching.token_budget")
+    args = parser.parse_args(["--overflow", "drop", "--token-budget", "4096"])
+    assert flags.overrides_of(args, "data.overflow", "batching.token_budget", "data.limit") == \
+        {"data": {"overflow": "drop"}, "batching": {"token_budget": 4096}}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--overflow", "wrap"])  # not one of the setting's choices
