@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import slurm_cluster  # noqa: E402
 
 CONFIGS = ["configs/tiny.yaml", "configs/slurm-check.yaml"]
-RULES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"]
+RULES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "interleave", "compare"]
 # What the local cluster needs instead of profiles/slurm's GPU-cluster values: its partition, and
 # requests that fit a node of this machine (its CPUs, half its memory). cpus_per_task of train and
 # profile is their threads (train.nproc * train.threads). The executor polls sacct first after 40 s,

@@ -1,5 +1,5 @@
 """model.pretrained: the checkpoint's files are inputs of exactly the rules that load the target (profile, train,
-quality) in Snakemake and deps of the same stages in dvc.yaml, so a changed checkpoint reruns them."""
+quality, interleave) in Snakemake and deps of the same stages in dvc.yaml, so a changed checkpoint reruns them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lenbatch_study.pipeline import deps
 sys.path.insert(0, str(Path(__file__).parent))
 from test_workflow import copy_workflow, run  # noqa: E402
 
-LOADERS = {"profile", "train", "quality"}
+LOADERS = {"profile", "train", "quality", "interleave"}
 
 
 def _checkpoint(root: Path) -> Path:
@@ -27,6 +27,7 @@ def _checkpoint(root: Path) -> Path:
 def test_dvc_stages_depend_on_the_checkpoint_files(tmp_path):
     ck = _checkpoint(tmp_path)
     files = deps.pretrained_files(str(ck))
+    assert set(deps.pretrained_stages()) == LOADERS  # derived from the code: the stages importing the target
     assert [Path(f).name for f in files] == ["config.json", "model-00001-of-00002.safetensors",
                                              "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
     assert deps.pretrained_files(None) == []

@@ -31,7 +31,8 @@ def _directive(block: str, name: str) -> str:
 
 def test_registry_deps_rules_dvc_and_cli_name_the_same_stages():
     stages = list(registry.STAGES)
-    assert stages == ["machine", "tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"]
+    assert stages == ["machine", "tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "interleave",
+                      "compare"]
     assert list(deps.STAGES) == stages
     assert set(_rule_blocks()) == set(stages), "a rule in workflow/rules/*.smk that the stage table lacks (or back)"
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
@@ -80,11 +81,11 @@ def test_the_table_declares_what_the_stages_read():
 def test_outputs_come_from_the_artifact_modules():
     """Every output another stage reads has its file name from its artifact module (one owner of the path)."""
     from lenbatch_study.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result
-    from lenbatch_study.pipeline.artifacts import machine_file, tokenized, train_runs
+    from lenbatch_study.pipeline.artifacts import interleave_timings, machine_file, tokenized, train_runs
 
     read = {(i.stage, i.output) for st in registry.STAGES.values() for i in st.inputs}
     owner = {"machine": machine_file, "tokenize": tokenized, "stats": length_stats, "boundaries": bucket_edges, "plans": plan_metrics,
-             "profile": profile_grid, "train": train_runs, "quality": quality_result}
+             "profile": profile_grid, "train": train_runs, "quality": quality_result, "interleave": interleave_timings}
     for stage, name in read:
         file = registry.STAGES[stage].outputs[name].file
         mod = owner[stage]

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from lenbatch_study.pipeline import deps
 
-ALL = {"tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"}
-PLANNING = {"boundaries", "plans", "train", "quality", "compare"}  # every stage that plans batches
-MODEL = {"profile", "train", "quality"}  # every stage that runs the target and the drafter
+ALL = {"tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "interleave", "compare"}
+PLANNING = {"boundaries", "plans", "train", "quality", "interleave", "compare"}  # every stage that plans batches
+MODEL = {"profile", "train", "quality", "interleave"}  # every stage that runs the target and the drafter
 
 # module (under src/: the library lenbatch/ and the study lenbatch_study/) -> the stages that rerun when it is edited
 RERUNS: dict[str, set[str]] = {
@@ -26,10 +26,10 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch/__init__.py": set(),
     "lenbatch_study/__main__.py": set(),
     "lenbatch/hf.py": set(),
-    "lenbatch/hostmem.py": {"profile", "train"},
+    "lenbatch/hostmem.py": {"profile", "train", "interleave"},
     # analysis: prediction and reports are compare's; the quality numbers are quality's (and compare reads them)
     "lenbatch_study/analysis/gradquality.py": {"quality", "compare"},
-    "lenbatch_study/analysis/interleaved.py": set(),  # the interleaved measurement's ratios: no stage reads them yet
+    "lenbatch_study/analysis/interleaved.py": {"compare"},  # the interleaved measurement's ratios: compare's
     "lenbatch_study/analysis/calibration.py": {"compare"},  # the reference-step rescaling of the prediction
     "lenbatch_study/analysis/provenance.py": {"compare"},  # the machine check of profile vs runs
     "lenbatch_study/analysis/quality_report.py": {"compare"},  # rendering of the quality result: compare draws it
@@ -41,14 +41,14 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
     # batching: the numpy planning library
     "lenbatch/batching/_jit.py": PLANNING,  # the compiled scans (imported lazily by scan.py: still a code dep)
-    "lenbatch_study/models/anchors.py": {"profile", "train", "quality", "compare"},  # the drafter's anchors (compare: its work)
+    "lenbatch_study/models/anchors.py": {"profile", "train", "quality", "interleave", "compare"},  # the drafter's anchors (compare: its work)
     "lenbatch/batching/boundaries.py": {"boundaries", "compare"},  # compare replays the study with dp edges
     "lenbatch/batching/epoch.py": PLANNING,
     "lenbatch/batching/strategy.py": ALL,  # the strategy list: the params loader validates train.strategies with it
-    "lenbatch/batching/lengths.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},  # checks every lengths read
+    "lenbatch/batching/lengths.py": {"stats", "boundaries", "plans", "train", "quality", "interleave", "compare"},  # checks every lengths read
     "lenbatch/batching/padding.py": PLANNING,
     "lenbatch/batching/scan.py": PLANNING,
-    "lenbatch/batching/schedule.py": {"train", "compare"},  # compare rebuilds the trained batches
+    "lenbatch/batching/schedule.py": {"train", "interleave", "compare"},  # compare rebuilds the trained batches
     "lenbatch/batching/simulate.py": {"plans"},
     "lenbatch/batching/spec.py": PLANNING | {"profile"},
     "lenbatch/batching/strategies.py": PLANNING,
@@ -59,7 +59,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/core/config.py": ALL,  # the params every stage reads
     "lenbatch_study/core/cpu.py": {"profile", "train", "compare"},
     "lenbatch/log.py": ALL,
-    "lenbatch_study/core/machine.py": {"profile", "train", "quality", "compare"},  # the fingerprint every measurement records
+    "lenbatch_study/core/machine.py": {"profile", "train", "quality", "interleave", "compare"},  # the fingerprint every measurement records
     # corpus: tokenize's alone
     "lenbatch/loading/arrow.py": {"tokenize"},  # pre-tokenized input reads Arrow files with it
     "lenbatch_study/corpus/chat.py": {"tokenize"},
@@ -74,20 +74,22 @@ RERUNS: dict[str, set[str]] = {
     # models
     "lenbatch_study/models/drafter.py": MODEL,
     "lenbatch_study/models/fla_cpu.py": MODEL,
-    "lenbatch_study/models/memory.py": {"train"},
+    "lenbatch_study/models/memory.py": {"train", "interleave"},  # the GPU memory check before loading
     "lenbatch_study/models/target.py": MODEL,
     "lenbatch_study/models/varlen.py": MODEL,
     "lenbatch_study/models/kernels.py": MODEL,
     "lenbatch_study/models/verify.py": set(),  # verify-packing is a tool, not a stage
     # pipeline: an artifact module is its readers' dependency, never its writer's
-    "lenbatch_study/pipeline/artifacts/bucket_edges.py": {"plans", "train", "quality", "compare"},
+    "lenbatch_study/pipeline/artifacts/bucket_edges.py": {"plans", "train", "quality", "interleave", "compare"},
     "lenbatch_study/pipeline/artifacts/length_stats.py": {"compare"},
     "lenbatch_study/pipeline/artifacts/machine_file.py": set(),  # its file name, for the table: a dependency nobody reads
     "lenbatch_study/pipeline/artifacts/plan_metrics.py": {"compare"},
     "lenbatch_study/pipeline/artifacts/profile_grid.py": {"compare"},
+    "lenbatch_study/pipeline/artifacts/interleave_timings.py": {"compare"},
     "lenbatch_study/pipeline/artifacts/quality_result.py": {"compare"},
-    "lenbatch_study/pipeline/artifacts/reading.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},
-    "lenbatch_study/pipeline/artifacts/tokenized.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},
+    "lenbatch_study/pipeline/artifacts/reading.py": {"stats", "boundaries", "plans", "train", "quality", "interleave", "compare"},
+    "lenbatch_study/pipeline/artifacts/tokenized.py": {"stats", "boundaries", "plans", "train", "quality", "interleave",
+                                                       "compare"},
     "lenbatch_study/pipeline/artifacts/train_runs.py": {"compare"},
     "lenbatch_study/pipeline/artifacts/writing.py": {"stats", "boundaries", "plans"},
     "lenbatch_study/pipeline/deps.py": set(),
@@ -98,11 +100,11 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/pipeline/registry.py": set(),  # the stage table: its help strings and declarations are no code
     # runtime: train's, and profile times the same step runner
     "lenbatch_study/runtime/checkpoint.py": {"train"},
-    "lenbatch_study/runtime/interleave.py": set(),  # the interleaved measurement: no stage runs it yet
+    "lenbatch_study/runtime/interleave.py": {"interleave"},  # the interleaved measurement's schedule of turns
     "lenbatch_study/runtime/lifetime.py": {"profile", "train"},  # the profile's workers die with it too
     "lenbatch_study/runtime/records.py": {"train"},
     "lenbatch_study/runtime/reference.py": {"profile", "train"},  # the drift-calibration step
-    "lenbatch_study/runtime/runner.py": {"profile", "train"},
+    "lenbatch_study/runtime/runner.py": {"profile", "train", "interleave"},
     "lenbatch_study/runtime/transport.py": {"train"},
     # the commands beside the stages: no stage of the DAG
     "lenbatch_study/tools/readme.py": set(),
@@ -117,13 +119,14 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/tools/plots.py": set(),
     "lenbatch_study/tools/sync.py": set(),  # lenbatch sync: a tool, no stage of the DAG
     "lenbatch_study/stages/profile.py": {"profile"},
+    "lenbatch_study/stages/interleave.py": {"interleave"},
     "lenbatch_study/stages/quality.py": {"quality"},
     "lenbatch_study/stages/stats.py": {"stats"},
     "lenbatch_study/tools/study_replay.py": set(),  # lenbatch study-replay (plans --study-replay): no workflow stage
     "lenbatch_study/stages/tokenize.py": {"tokenize"},
     "lenbatch_study/stages/train.py": {"train"},
     "lenbatch_study/tools/verify_packing.py": set(),
-    "lenbatch_study/corpus/seed_profile.py": {"stats", "boundaries", "plans", "train", "quality", "compare"},
+    "lenbatch_study/corpus/seed_profile.py": {"stats", "boundaries", "plans", "train", "quality", "interleave", "compare"},
 }
 
 
@@ -164,13 +167,14 @@ def test_the_edits_issue_20_named():
     reruns nothing; the planner reruns what plans batches; the chat format only tokenize."""
     assert RERUNS["lenbatch_study/analysis/stepmodel.py"] == RERUNS["lenbatch_study/analysis/report.py"] == {"compare"}
     assert RERUNS["lenbatch_study/cli/flags.py"] == RERUNS["lenbatch_study/cli/__init__.py"] == RERUNS["lenbatch_study/pipeline/registry.py"] == set()
-    assert RERUNS["lenbatch/batching/strategies.py"] == {"boundaries", "plans", "train", "quality", "compare"}
+    assert RERUNS["lenbatch/batching/strategies.py"] == {"boundaries", "plans", "train", "quality", "interleave",
+                                                         "compare"}
     assert RERUNS["lenbatch_study/corpus/chat.py"] == {"tokenize"}
     assert dvc_stages(RERUNS["lenbatch/batching/strategies.py"], ["sorted", "packed"]) == {
-        "boundaries", "plans", "train@sorted", "train@packed", "quality", "compare"}
-    # the measuring stages (profile, train) rerun for no reader of their outputs and no rendering
+        "boundaries", "plans", "train@sorted", "train@packed", "quality", "interleave", "compare"}
+    # the measuring stages (profile, train, interleave) rerun for no reader of their outputs and no rendering
     for m, stages in RERUNS.items():
         if m.startswith(("lenbatch_study/analysis/", "lenbatch_study/pipeline/artifacts/")) and m not in (
                 "lenbatch_study/analysis/shapes.py", "lenbatch_study/pipeline/artifacts/tokenized.py",
                 "lenbatch_study/pipeline/artifacts/reading.py", "lenbatch_study/pipeline/artifacts/bucket_edges.py"):
-            assert not stages & {"profile", "train"}, m
+            assert not stages & {"profile", "train", "interleave"}, m

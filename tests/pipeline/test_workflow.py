@@ -16,7 +16,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-STAGES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"]
+STAGES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "interleave", "compare"]
 
 
 def run(args, cwd=ROOT, timeout=300, check=True):
@@ -116,7 +116,7 @@ def test_dvc_status_and_dry_repro_on_a_fresh_clone(tmp_path):
     # runs or `dvc pull`/`dvc checkout` restores it from a cache)
     listed = run(["dvc", "stage", "list", "--name-only"], cwd=clone).stdout.split()
     for stage in ["tokenize", "stats", "boundaries", "plans", "profile", "train@sorted", "train@packed", "quality",
-                  "compare"]:
+                  "interleave", "compare"]:
         assert stage in listed, f"stage {stage} missing from dvc stage list: {listed}"
     dag = run(["dvc", "dag", "--dot"], cwd=clone).stdout
     assert '"train@bucketed" -> "compare"' in dag and '"train@sorted" -> "compare"' in dag, dag

@@ -178,15 +178,16 @@ def test_both_tools_agree_after_make_run(finished):
 def test_another_machine_reruns_the_measuring_stages_in_both_tools(finished):
     """The machine fingerprint is a dependency (issue 19): a Python with other library versions (the fla venv:
     flash-linear-attention and another triton) is another machine; after `lenbatch machine` there (what
-    `dvc repro` runs first) `dvc status` names profile, every training and quality, and `snakemake -n` run by
-    that Python (which writes the fingerprint as it parses) plans those and compare. The same machine: nothing."""
+    `dvc repro` runs first) `dvc status` names profile, every training, quality and interleave, and
+    `snakemake -n` run by that Python (which writes the fingerprint as it parses) plans those and compare.
+    The same machine: nothing."""
     other = ROOT / ".venv-fla" / "bin" / "python"
     if not other.exists():
         pytest.skip(f"{other} is absent (make .venv-fla/.lenbatch-fla-installed builds it; make test does)")
     path = finished / "results/machine/machine.json"
     saved, st = path.read_bytes(), path.stat()
     strategies = yaml.safe_load((finished / "params.yaml").read_text())["train"]["strategies"]
-    measuring = {"profile", "quality", *(f"train@{s}" for s in strategies)}
+    measuring = {"profile", "quality", "interleave", *(f"train@{s}" for s in strategies)}
     try:
         run([str(other), "-m", "lenbatch_study", "machine", "--out", "results/machine"], cwd=finished)
         assert path.read_bytes() != saved
@@ -250,22 +251,22 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
     if edit.startswith(("train.warmup_steps", "train.queue_size", "train.checkpoint_every")):
         assert "profile" not in smk  # profile never reads them
     if edit.startswith("boundaries.num_buckets"):
-        # quality trains every strategy, bucketed included, so the edges rerun it too
+        # quality trains every strategy and interleave times every one, bucketed included: the edges rerun both
         assert changed == {"boundaries", "compare"} and smk == {"boundaries", "plans", "train@bucketed", "quality",
-                                                                 "compare"}
+                                                                 "interleave", "compare"}
 
 
 def test_temp_experiment_reruns_only_what_k_touches(finished):
     """`dvc exp run --temp` (what --queue uses): the dataset comes from DVC's cache, the other results
-    from git, so a K change reruns boundaries, plans, train-bucketed, quality (it trains bucketed too) and
-    compare only; the experiment
+    from git, so a K change reruns boundaries, plans, train-bucketed, quality (it trains bucketed too),
+    interleave (it times bucketed too) and compare only; the experiment
     shows at most ~20 changed columns."""
     t0 = time.time()
     out = run(["dvc", "exp", "run", "--temp", "-n", "k2", "-S", "boundaries.num_buckets=2"], cwd=finished,
               timeout=900)
     text = out.stdout + out.stderr
     ran = set(re.findall(r"Running stage '([\w@-]+)'", text))
-    assert ran == {"machine", "boundaries", "plans", "train@bucketed", "quality", "compare"}, text
+    assert ran == {"machine", "boundaries", "plans", "train@bucketed", "quality", "interleave", "compare"}, text
     shown = run(["dvc", "exp", "show", "--only-changed", "--csv"], cwd=finished).stdout
     columns = next(csv.reader(io.StringIO(shown)))
     print(f"\n--temp K experiment: {time.time() - t0:.0f} s; exp show --only-changed: {len(columns)} columns")
@@ -500,7 +501,8 @@ def test_make_run_in_a_fresh_clone_reruns_only_tokenize_and_both_tools_agree(clo
     ran = set(re.findall(r"Running stage '([\w@-]+)'", out))
     skipped = set(re.findall(r"Stage '([\w@-]+)' didn't change, skipping", out))
     assert ran == {"machine", "tokenize"}, out  # machine: always run, its file left as it is
-    assert {"stats", "boundaries", "plans", "profile", "train@packed", "quality", "compare"} <= skipped, out
+    assert {"stats", "boundaries", "plans", "profile", "train@packed", "quality", "interleave",
+            "compare"} <= skipped, out
     assert dvc_changed(work) == set(), run(["dvc", "status"], cwd=work).stdout
     assert dry_run_stages(work) == set(), run(["snakemake", "-n"], cwd=work).stdout
     assert _git_status(work) == ""  # tokenize rewrote lengths.npy, stats.json, params.json: the same bytes

@@ -12,7 +12,8 @@ import yaml
 import lenbatch as lb
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.loading import collate
-from lenbatch_study.analysis.interleaved import predicted_ratios, ratio_intervals
+from lenbatch_study.analysis.interleaved import (USER_METRIC_KEYS, flat_metrics, judge, predicted_ratios,
+                                                 ratio_intervals, section_lines)
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.interleave import measure_interleaved, round_orders
 
@@ -47,19 +48,31 @@ def test_bad_input_names_the_fix():
         ratio_intervals({"packed": [1.0, 1.0]}, {"packed": [1, 1]})
     with pytest.raises(ValueError, match="same number"):
         ratio_intervals({"sorted": [1.0, 1.0], "packed": [1.0]}, {"sorted": [1, 1], "packed": [1]})
-    with pytest.raises(ValueError, match="rounds must be >= 2"):
+    with pytest.raises(ValueError, match="interleave.rounds must be >= 2"):
         measure_interleaved(lambda s, i: 1, ["sorted"], rounds=1, segment_steps=1, warmup=0)
 
 
 def test_rounds_rotate_so_no_strategy_always_follows_the_same_one():
     orders = round_orders(["a", "b", "c"], 4)
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    # a fake clock that advances 1 s per step: the warm-up is never timed, each round's hook comes after it
+    now, log = [0.0], []
+
+    def step(s: str, j: int) -> int:
+        now[0] += 1.0
+        log.append(s)
+        return 10 * (j + 1)
+
+    res = measure_interleaved(step, ["a", "b"], rounds=2, segment_steps=3, warmup=2, clock=lambda: now[0],
+                              on_round=lambda k: log.append(f"round {k}"))
+    assert log == ["a"] * 6 + ["b"] * 6 + ["a"] * 3 + ["b"] * 3 + ["round 0"] + ["b"] * 3 + ["a"] * 3 + ["round 1"]
+    assert res["a"] == {"seconds": [3.0, 3.0], "useful_tokens": [60, 60], "position": [0, 1]}
 
 
 def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):
     """A tiny target and drafter on CPU (StepRunner, as train.nproc: 1 runs them), three strategies' real
-    plans: every strategy warms up on its own first batches, then each round times the next segment of
-    every strategy; the useful tokens timed are exactly those of the plan's segment."""
+    plans: every strategy first warms up on its own segment, then each round times that same segment of
+    every strategy, in rotated order; the useful tokens timed are exactly those of the segment's batches."""
     from lenbatch_study.runtime.runner import StepRunner
 
     over = tmp_path / "small.yaml"
@@ -71,26 +84,82 @@ def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):
     seqs = collate.synthetic_sequences(lengths, vocab_size=params.model.vocab_size, seed=0)
     strategies = ["sorted", "packed", "random"]
     plans = {s: lb.plan_epoch(lengths, strategy=s, token_budget=128, max_batch_size=4, seed=0) for s in strategies}
+    segment = {s: [3, 7] for s in strategies}  # the plan steps each strategy's segment holds
     calls = []
 
-    def step(s: str, i: int) -> int:
+    def step(s: str, j: int) -> int:
+        i = segment[s][j]
         calls.append((s, i))
         idx = plans[s][i]
-        batch = collate.collate([seqs[j] for j in idx], spec=BatchSpec.from_params(params, strategy=s))
+        batch = collate.collate([seqs[k] for k in idx], spec=BatchSpec.from_params(params, strategy=s))
         feats, _ = runner.target_step(batch)
         runner.drafter_step(batch, feats, step=i)
         return batch.useful_tokens
 
     res = measure_interleaved(step, strategies, rounds=3, segment_steps=2, warmup=1)
-    assert calls[:3] == [("sorted", 0), ("packed", 0), ("random", 0)]  # each one's own warm-up first
-    timed = calls[3:]
+    # each one's own warm-up first, on its own segment
+    assert calls[:6] == [("sorted", 3), ("sorted", 7), ("packed", 3), ("packed", 7), ("random", 3), ("random", 7)]
+    timed = calls[6:]
     assert [s for s, _ in timed[::2]] == [s for order in round_orders(strategies, 3) for s in order]
+    assert [i for _, i in timed] == [3, 7] * 9  # the same segment in every round
     for s in strategies:
-        assert [i for t, i in timed if t == s] == list(range(1, 7))  # segments 1-2, 3-4, 5-6 in turn
-        want = [int(sum(lengths[plans[s][i]].sum() for i in range(1 + 2 * k, 3 + 2 * k))) for k in range(3)]
-        assert res[s]["useful_tokens"] == want and all(x > 0 for x in res[s]["seconds"])
+        want = int(lengths[plans[s][3]].sum() + lengths[plans[s][7]].sum())
+        assert res[s]["useful_tokens"] == [want] * 3 and all(x > 0 for x in res[s]["seconds"])
         assert sorted(res[s]["position"]) == [0, 1, 2]
     table = ratio_intervals({s: res[s]["seconds"] for s in strategies}, {s: res[s]["useful_tokens"] for s in strategies})
     for s in strategies:
         lo, hi = table[s]["ci95"]
         assert 0 < lo <= table[s]["ratio_to_sorted"] <= hi
+
+
+def test_the_interval_on_known_rounds():
+    """Three rounds whose log throughput ratios to sorted are 0, 0.1 and 0.2 (mean 0.1, sd 0.1): the ratio is
+    e^0.1 and the interval e^(0.1 +- t(0.975, 2) 0.1 / sqrt 3), t(0.975, 2) = 4.302653; the segments' useful
+    tokens differ between strategies and enter through the throughput."""
+    seconds = {"sorted": [1.0, 2.0, 4.0], "packed": [2.0 / np.exp(0.0), 4.0 / np.exp(0.1), 8.0 / np.exp(0.2)]}
+    useful = {"sorted": [100, 200, 400], "packed": [200, 400, 800]}
+    r = ratio_intervals(seconds, useful)["packed"]
+    half = 4.302653 * 0.1 / np.sqrt(3)
+    assert r["ratio_to_sorted"] == pytest.approx(np.exp(0.1), rel=1e-12)
+    assert r["ci95"] == pytest.approx([np.exp(0.1 - half), np.exp(0.1 + half)], rel=1e-6)
+    # the prediction of the same steps, judged on ratios: 1.2 predicted against e^0.1 = 1.105 measured
+    table = judge(seconds, useful, {"sorted": [1.0, 1.0], "packed": [1.0]}, {"sorted": [50, 50], "packed": [60]})
+    p = table["packed"]
+    assert p["predicted_ratio"] == pytest.approx(1.2) and p["prediction_error"] == pytest.approx(1.2 / np.exp(0.1) - 1)
+    assert p["half_width"] == pytest.approx(np.exp(half) - 1) and not p["interval_ok"] and not p["prediction_ok"]
+    assert table["sorted"]["interval_ok"] and table["sorted"]["prediction_ok"]
+    close = judge({"sorted": [1.0, 1.0], "packed": [0.5, 0.5 * 1.001]}, {"sorted": [1, 1], "packed": [1, 1]},
+                  {"sorted": [1.0], "packed": [0.51]}, {"sorted": [1], "packed": [1]})["packed"]
+    assert close["interval_ok"] and close["prediction_ok"]  # 2.0 +- 0.6% measured, 1.96 predicted (-2%)
+
+
+def test_metrics_keys_and_report_section():
+    """metrics.json's keys: ratio and predicted ratio of every strategy but sorted (1 by definition), the
+    interval beside them in diagnostics; the report's table names each strategy with its three numbers."""
+    table = {"sorted": {"ratio_to_sorted": 1.0, "ci95": [1.0, 1.0], "predicted_ratio": 1.0, "rounds": 6,
+                        "half_width": 0.0, "prediction_error": 0.0, "interval_ok": True, "prediction_ok": True},
+             "packed": {"ratio_to_sorted": 1.21, "ci95": [1.19, 1.23], "predicted_ratio": 1.18, "rounds": 6,
+                        "half_width": 0.0165, "prediction_error": 1.18 / 1.21 - 1, "interval_ok": True,
+                        "prediction_ok": True},
+             "random": {"ratio_to_sorted": 0.6, "ci95": [0.57, 0.63], "predicted_ratio": 0.64, "rounds": 6,
+                        "half_width": 0.05, "prediction_error": 0.64 / 0.6 - 1, "interval_ok": False,
+                        "prediction_ok": False}}
+    flat = flat_metrics(table)
+    assert set(flat) == {f"{s}.interleaved.{k}" for s in ("packed", "random")
+                         for k in ("ratio_to_sorted", "ci95", "predicted_ratio", "prediction_error")}
+    assert flat["packed.interleaved.ci95"] == [1.19, 1.23] and flat["random.interleaved.predicted_ratio"] == 0.64
+    assert {k for k in flat if k.partition(".")[2] in USER_METRIC_KEYS} == {
+        "packed.interleaved.ratio_to_sorted", "packed.interleaved.predicted_ratio",
+        "random.interleaved.ratio_to_sorted", "random.interleaved.predicted_ratio"}
+    assert flat_metrics(None) == {} and section_lines(None) == []
+    text = "\n".join(section_lines(table))
+    assert "## Ratios measured in turns" in text and "6 rounds" in text
+    assert "| packed | 1.210 | [1.190, 1.230] | 1.180 | -2.5% |" in text
+    assert "| random | 0.600 | [0.570, 0.630] | 0.640 | +6.7% |" in text and "| sorted |" not in text
+    assert "intervals of `random` are wider than ±2%" in text and "for 1 of 2 strategies (not `random`)" in text
+    assert "on wall seconds" in text and "nonetheless" not in text  # 0.64 is above [0.57, 0.63]
+    table["random"].update(predicted_ratio=0.62, prediction_error=0.62 / 0.6 - 1)
+    for r in table.values():
+        r["clock"] = "cpu"
+    text = "\n".join(section_lines(table))
+    assert "Within the measured interval nonetheless: `random`" in text and "on the process's CPU seconds" in text

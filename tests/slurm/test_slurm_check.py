@@ -30,7 +30,7 @@ from _runs import check_pipelined_run, planned_hashes  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-RULES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "compare"]
+RULES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "interleave", "compare"]
 
 
 def why_not() -> str | None:

@@ -494,6 +494,106 @@ def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_input
         _run(tmp_path, params)
 
 
+def _interleave_file(root: Path, params, out: Path, *, drift: list[float], drafter_law: dict = DRAFTER) -> None:
+    """An interleave stage output timed by the known law: each strategy's segment (two steps of its training
+    plan) takes the law's target + drafter seconds times round k's ``drift[k]``, the same for every strategy."""
+    from lenbatch_study.stages.compare import LossMasks, planned_batches, step_columns, step_kind
+    from lenbatch_study.stages.interleave import segment_steps
+
+    lengths = np.load(root / "data" / "lengths.npy").astype(np.int64)
+    edges = tuple(json.loads((root / "boundaries" / "boundaries.json").read_text())["edges"])
+    doc = {"machine": MACHINE, "rounds": len(drift), "strategies": {}}
+    for s in STRATEGIES:
+        plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens, target_ranks=1)
+        cols = step_columns(lengths, plan, kind=step_kind(s), params=params, masks=LossMasks(root / "data"))
+        steps = segment_steps(len(plan), skip=params.train.warmup_steps, count=2)
+        secs = float(sum(_law(cols, TARGET)[i] + _law(cols, drafter_law)[i] for i in steps))
+        useful = [int(cols["useful_tokens"][i]) for i in steps]
+        doc["strategies"][s] = {"steps": steps, "epochs": [plan[i][0] for i in steps], "step_useful_tokens": useful,
+                                "seconds": [secs * f for f in drift], "useful_tokens": [sum(useful)] * len(drift)}
+    out.mkdir(parents=True)
+    (out / "interleave.json").write_text(json.dumps(doc))
+    (out / "params.json").write_text(json.dumps(params.to_dict()))
+
+
+def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metrics_key(stage_inputs, tmp_path):
+    """Segments timed by the grid's law, every round slowed alike by -30%..+40%: the measured ratios equal the
+    predicted ones exactly, with zero-width intervals; metrics.json gets each strategy's interleaved ratio
+    and predicted ratio (sorted's is 1 by definition) within 40 numbers, diagnostics the intervals, the
+    report the table."""
+    root, params = stage_inputs
+    _interleave_file(root, params, tmp_path / "interleave", drift=[1.0, 0.7, 1.4, 1.1])
+    result = compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries",
+                     plans_dir=root / "plans", profile_dir=root / "profile", train_dir=root / "train",
+                     data_dir=root / "data", interleave_dir=tmp_path / "interleave")
+    for s, r in result.interleaved.items():
+        assert r["ratio_to_sorted"] == pytest.approx(r["predicted_ratio"], rel=1e-6), s
+        assert r["ci95"] == pytest.approx([r["ratio_to_sorted"]] * 2, rel=1e-9) and r["rounds"] == 4
+        assert r["interval_ok"] and r["prediction_ok"]
+    assert result.interleaved["sorted"]["ratio_to_sorted"] == 1.0
+    assert result.interleaved["packed"]["ratio_to_sorted"] != pytest.approx(1.0, abs=0.01)  # a real ratio
+    out = tmp_path / "compare"
+    write_outputs(result, out, params=params)
+    metrics = json.loads((out / "metrics.json").read_text())
+    others = [s for s in STRATEGIES if s != "sorted"]
+    assert {k for k in metrics if ".interleaved." in k} == {f"{s}.interleaved.{k}" for s in others
+                                                             for k in ("ratio_to_sorted", "predicted_ratio")}
+    numbers = [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    assert len(numbers) == len(metrics) - 1 and len(numbers) + len(STRATEGIES) <= 40  # + held-out loss with quality
+    diagnostics = json.loads((out / "diagnostics.json").read_text())
+    for s in others:
+        lo, hi = diagnostics[f"{s}.interleaved.ci95"]
+        assert lo == pytest.approx(metrics[f"{s}.interleaved.ratio_to_sorted"], abs=2e-6) == hi
+    report = (out / "report.md").read_text()
+    assert "## Ratios measured in turns" in report and "Every interval is within ±2%" in report
+    r = result.interleaved["packed"]
+    assert f"| packed | {r['ratio_to_sorted']:.3f} | [" in report
+    # on the CPU clock: predicted from the grid's CPU seconds, which this grid lacks: refused, naming the rerun
+    doc = json.loads((tmp_path / "interleave" / "interleave.json").read_text())
+    (tmp_path / "interleave" / "interleave.json").write_text(json.dumps({**doc, "clock": "cpu"}))
+    with pytest.raises(ValueError, match="records no CPU seconds.*rerun: snakemake --cores all --forcerun profile"):
+        compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries", plans_dir=root / "plans",
+                profile_dir=root / "profile", train_dir=root / "train", data_dir=root / "data",
+                interleave_dir=tmp_path / "interleave")
+    # from another machine than the profile's: refused, naming both reruns
+    doc["machine"] = {**MACHINE, "id": "elsewhere"}
+    (tmp_path / "interleave" / "interleave.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="ran on machine elsewhere.*rerun both on one machine"):
+        compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries", plans_dir=root / "plans",
+                profile_dir=root / "profile", train_dir=root / "train", data_dir=root / "data",
+                interleave_dir=tmp_path / "interleave")
+
+
+def test_interleaved_ratios_on_the_cpu_clock_are_predicted_from_the_grids_cpu_seconds(stage_inputs, tmp_path):
+    """A measurement on the CPU clock is predicted by step models fitted on the grid's CPU seconds: a grid whose
+    wall seconds are the law but whose CPU seconds are the law with a 4x dearer drafter predicts the CPU-clock
+    segments (timed by that second law) exactly, where the wall fits would not."""
+    root, params = stage_inputs
+    (tmp_path / "in").mkdir()
+    var = _variant(root, tmp_path / "in", _grid(params, cpu_share=1.0))
+    (var / "train").symlink_to(root / "train")
+    doc = json.loads((var / "profile" / "grid.json").read_text())
+    for r in doc["points"]:
+        r["drafter_cpu_seconds_all"] = [4 * x for x in r["drafter_cpu_seconds_all"]]
+    (var / "profile" / "grid.json").write_text(json.dumps(doc))
+    _interleave_file(root, params, tmp_path / "interleave", drift=[1.0, 1.3, 0.8],
+                     drafter_law={k: 4 * v for k, v in DRAFTER.items()})
+    timings = json.loads((tmp_path / "interleave" / "interleave.json").read_text())
+    (tmp_path / "interleave" / "interleave.json").write_text(json.dumps({**timings, "clock": "cpu"}))
+
+    def table():
+        return compare(params=params, stats_dir=var / "stats", boundaries_dir=var / "boundaries",
+                       plans_dir=var / "plans", profile_dir=var / "profile", train_dir=var / "train",
+                       data_dir=var / "data", interleave_dir=tmp_path / "interleave").interleaved
+
+    got = table()
+    for s, r in got.items():
+        assert r["predicted_ratio"] == pytest.approx(r["ratio_to_sorted"], rel=1e-4), s
+    (tmp_path / "interleave" / "interleave.json").write_text(json.dumps({**timings, "clock": "wall"}))
+    wall = table()
+    assert max(abs(r["prediction_error"]) for r in wall.values()) > 1e-3  # the wall fits predict another ratio
+
+
 def _compare_cli(root: Path, inputs: Path, out: Path) -> list[str]:
     """``lenbatch compare`` on ``inputs`` (a folder holding stats/ boundaries/ plans/ profile/ train/ data/),
     without quality."""

@@ -104,7 +104,7 @@ def inputs(stage):
         else:
             paths = registry.input_paths(stage, results=R, strategies=STRATEGIES).get(i.output, [])
             out[i.output] = up(paths[0] if len(paths) == 1 else paths)
-    if stage in deps.PRETRAINED_STAGES:
+    if stage in deps.pretrained_stages():
         out["pretrained"] = pretrained()
     if not st.always_changed:  # the machine rule has no inputs: only a missing file reruns it
         out["code"] = code(stage)
@@ -113,7 +113,7 @@ def inputs(stage):
 
 def pretrained():
     """The target checkpoint's files (model.pretrained; none when null): inputs of the rules that load it
-    (deps.PRETRAINED_STAGES), so a changed checkpoint reruns them. dvc.yaml lists the same files."""
+    (deps.pretrained_stages()), so a changed checkpoint reruns them. dvc.yaml lists the same files."""
     return up(deps.pretrained_files(config["model"]["pretrained"]))
 
 

@@ -13,4 +13,4 @@ rule compare:
     shell:
         "lenbatch compare --params params.yaml --params-json {params.cfg} --stats {params.r}/stats "
         "--boundaries {params.r}/boundaries --plans {params.r}/plans --profile {params.r}/profile "
-        "--train {params.r}/train --data {params.r}/tokenize --quality {params.r}/quality --out {params.r}/compare > {log} 2>&1"
+        "--train {params.r}/train --data {params.r}/tokenize --quality {params.r}/quality --interleave {params.r}/interleave --out {params.r}/compare > {log} 2>&1"

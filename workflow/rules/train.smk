@@ -34,6 +34,30 @@ rule profile:
         "lenbatch profile --params params.yaml --params-json {params.cfg} --out {params.out} > {log} 2>&1"
 
 
+rule interleave:
+    # One process times every strategy's steps in turns (train.strategies, its own warm-up first), so the
+    # machine's drift falls on all alike: compare's ratios to sorted and their intervals come from it.
+    input:
+        **inputs("interleave"),
+    output:
+        **outputs("interleave"),
+    params:
+        cfg=cfg("interleave"),
+        data=f"{R}/tokenize",
+        out=f"{R}/interleave",
+    threads: config["train"]["threads"]
+    resources:
+        gpu=_gpus(1),
+        nodes=1,
+    log:
+        f"{LOGS}/interleave.log",
+    benchmark:
+        f"{BENCH}/interleave.tsv"
+    shell:
+        "lenbatch interleave --params params.yaml --params-json {params.cfg} --data {params.data} "
+        "--boundaries {input.boundaries} --out {params.out} > {log} 2>&1"
+
+
 rule train:
     # One job per strategy: on each of train.nodes nodes, nproc - 1 target ranks feed 1 drafter rank.
     # Only `bucketed` reads the boundaries, so the other strategies do not rerun when boundaries.* changes.

@@ -2,7 +2,12 @@
 
 * :func:`ratio_intervals`: per strategy, the throughput ratio to sorted with its 95% interval, paired by
   round, so a drift common to a round cancels;
-* :func:`predicted_ratios`: the same ratio from the step model's predicted seconds of the same steps.
+* :func:`predicted_ratios`: the same ratio from the step model's predicted seconds of the same steps;
+* :func:`cpu_fits`: the step model fitted on the profile grid's CPU seconds (a measurement on the CPU clock);
+* :func:`judge`: both side by side per strategy, with the prediction's error on the ratio and whether it
+  meets the targets (:data:`INTERVAL_TARGET`, :data:`PREDICTION_TARGET`);
+* :func:`flat_metrics`: the flat keys compare writes (``<strategy>.interleaved.*``);
+* :func:`section_lines`: the report's section (a table beside the other strategies' tables).
 """
 
 from __future__ import annotations
@@ -15,6 +20,21 @@ import numpy as np
 from lenbatch_study.analysis.gradquality import t_quantile
 
 BASELINE = "sorted"
+# What the interleaved measurement must reach to judge a prediction: every 95% interval within +-2% of
+# its ratio, and then every predicted ratio within 3% of the measured one.
+INTERVAL_TARGET = 0.02
+PREDICTION_TARGET = 0.03
+# The keys of metrics.json (DVC's headline, at most 40 numbers): the ratio and the predicted ratio of every
+# strategy but sorted, 8 for five strategies, beside the 31 of the trainings; the intervals go to
+# diagnostics.json (8 more numbers would overflow the 40).
+USER_METRIC_KEYS = ("interleaved.ratio_to_sorted", "interleaved.predicted_ratio")
+# Params the interleaved measurement must share with compare's (section -> keys; None: all): its plans,
+# model and segments.
+RUN_KEYS: dict[str, tuple[str, ...] | None] = {
+    "batching": None, "model": None, "drafter": None, "interleave": None,
+    "train": ("strategies", "nproc", "nodes", "useful_tokens", "warmup_steps", "threads", "kernels",
+              "reuse_host_memory"),
+}
 
 
 def ratio_intervals(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]], *,
@@ -56,4 +76,103 @@ def predicted_ratios(predicted_seconds: Mapping[str, Sequence[float]], useful_to
     return {s: thr(s) / b for s in predicted_seconds}
 
 
-__all__ = ["BASELINE", "predicted_ratios", "ratio_intervals"]
+def judge(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]],
+          predicted_seconds: Mapping[str, Sequence[float]], step_useful_tokens: Mapping[str, Sequence[float]], *,
+          baseline: str = BASELINE) -> dict[str, dict[str, object]]:
+    """Per strategy: the measured ratio to ``baseline`` and its 95% interval (:func:`ratio_intervals`, from
+    the per-round ``seconds`` and ``useful_tokens``), the predicted ratio of the same steps
+    (:func:`predicted_ratios`, from each timed step's ``predicted_seconds`` and ``step_useful_tokens``),
+    ``half_width`` = max(hi / ratio - 1, 1 - lo / ratio), ``prediction_error`` = predicted / measured - 1,
+    and ``interval_ok`` / ``prediction_ok`` against :data:`INTERVAL_TARGET` / :data:`PREDICTION_TARGET`.
+    Pure, O(S x (rounds + steps))."""
+    meas = ratio_intervals(seconds, useful_tokens, baseline=baseline)
+    pred = predicted_ratios(predicted_seconds, step_useful_tokens, baseline=baseline)
+    out: dict[str, dict[str, object]] = {}
+    for s, m in meas.items():
+        r = float(m["ratio_to_sorted"])  # type: ignore[arg-type]
+        lo, hi = m["ci95"]  # type: ignore[misc]
+        half = max(hi / r - 1.0, 1.0 - lo / r)
+        err = pred[s] / r - 1.0
+        out[s] = {"ratio_to_sorted": r, "ci95": [float(lo), float(hi)], "predicted_ratio": float(pred[s]),
+                  "rounds": m["rounds"], "half_width": half, "prediction_error": err,
+                  "interval_ok": half <= INTERVAL_TARGET, "prediction_ok": abs(err) <= PREDICTION_TARGET}
+    return out
+
+
+def cpu_fits(rows: Sequence[Mapping[str, object]], cols: Mapping[str, np.ndarray], *, holdout_fraction: float,
+             seed: int, rerun: str) -> dict[str, dict[str, object]]:
+    """Target and drafter step models fitted on the profile grid's process CPU seconds (the median per point
+    of ``<role>_cpu_seconds_all``; ``cols``: the grid's shape table) as compare fits its wall seconds
+    (:func:`lenbatch_study.analysis.stepmodel.select_model`): what predicts a measurement on the CPU clock.
+    ``ValueError`` naming ``rerun`` for a grid without CPU seconds. Cost: the fits' held-out splits."""
+    from lenbatch_study.analysis import stepmodel as sm
+
+    if not all(r.get("target_cpu_seconds_all") and r.get("drafter_cpu_seconds_all") for r in rows):
+        raise ValueError("the profile grid records no CPU seconds (an older grid.json), so a measurement on the CPU "
+                         f"clock cannot be predicted; rerun: {rerun}")
+    fits: dict[str, dict[str, object]] = {}
+    for role in ("target", "drafter"):
+        secs = np.array([float(np.median(r[f"{role}_cpu_seconds_all"])) for r in rows])  # type: ignore[arg-type]
+        best, cands = sm.select_model(cols, secs, role=role, candidates=sm.CANDIDATES[role],
+                                      holdout_fraction=holdout_fraction, seed=seed)
+        fits[role] = {"best": best, "candidates": cands}
+    return fits
+
+
+def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> dict[str, object]:
+    """Flat ``<strategy>.interleaved.<key>`` entries of :func:`judge`'s table (none without one) for every
+    strategy but the baseline (1, [1, 1] and 1 by definition): ``ratio_to_sorted``, ``ci95`` ([low, high]),
+    ``predicted_ratio`` and ``prediction_error`` (6 decimals). compare's ``metrics.json`` keeps the ratio and
+    the predicted ratio; ``diagnostics.json`` all four."""
+    out: dict[str, object] = {}
+    for s, r in (table or {}).items():
+        if s == baseline:
+            continue
+        p = f"{s}.interleaved."
+        out[p + "ratio_to_sorted"] = round(float(r["ratio_to_sorted"]), 6)  # type: ignore[arg-type]
+        out[p + "ci95"] = [round(float(x), 6) for x in r["ci95"]]  # type: ignore[union-attr]
+        out[p + "predicted_ratio"] = round(float(r["predicted_ratio"]), 6)  # type: ignore[arg-type]
+        out[p + "prediction_error"] = round(float(r["prediction_error"]), 6)  # type: ignore[arg-type]
+    return out
+
+
+def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> list[str]:
+    """The report's lines for :func:`judge`'s ``table`` (none without one): a blank line, the heading, what
+    was measured and the verdict on the targets, and one table row per strategy but the baseline."""
+    if not table:
+        return []
+    rows = [(s, r) for s, r in table.items() if s != baseline]
+    wide = [f"`{s}`" for s, r in rows if not r["interval_ok"]]
+    off = [f"`{s}`" for s, r in rows if not r["prediction_ok"]]
+    pct = f"{100 * INTERVAL_TARGET:g}%", f"{100 * PREDICTION_TARGET:g}%"
+    verdict = (f"The intervals of {', '.join(wide)} are wider than ±{pct[0]}: the machine's speed moved within "
+               f"rounds too much to judge a {pct[1]} prediction there (more `interleave.rounds` narrow them)."
+               if wide else f"Every interval is within ±{pct[0]}.")
+    verdict += (f" The predicted ratio is within {pct[1]} of the measured one for "
+                + ("every strategy." if not off else f"{len(rows) - len(off)} of {len(rows)} strategies (not "
+                                                     f"{', '.join(off)})."))
+    inside = [f"`{s}`" for s, r in rows if not r["prediction_ok"]
+              and r["ci95"][0] <= r["predicted_ratio"] <= r["ci95"][1]]  # type: ignore[index, operator]
+    if inside:
+        verdict += (f" Within the measured interval nonetheless: {', '.join(inside)} (a miss this measurement "
+                    "cannot show).")
+    first = next(iter(table.values()))
+    clock = ("the process's CPU seconds (other processes' time slices left out), predicted from the grid's CPU "
+             "seconds" if first.get("clock") == "cpu" else "wall seconds")
+    lines = ["", "## Ratios measured in turns", "",
+             f"One process timed every strategy's steps in turns ({first['rounds']} rounds, each strategy after its "
+             "own warm-up; `lenbatch interleave`), so the machine's drift fell on all alike, where the trainings "
+             f"above ran one after another. A ratio is the strategy's useful tokens/s over `{baseline}`'s, paired "
+             f"by round (95% interval over rounds), on {clock}; the prediction is the step model's for the same "
+             "steps, target and drafter one after the other as the profile grid timed them alone. " + verdict, "",
+             f"| strategy | measured ratio to {baseline} | 95% interval | predicted ratio | predicted / measured |",
+             "|---|---|---|---|---|"]
+    for s, r in rows:
+        lo, hi = r["ci95"]  # type: ignore[misc]
+        lines.append(f"| {s} | {r['ratio_to_sorted']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['predicted_ratio']:.3f} | "
+                     f"{100 * float(r['prediction_error']):+.1f}% |")  # type: ignore[arg-type]
+    return lines
+
+
+__all__ = ["BASELINE", "INTERVAL_TARGET", "PREDICTION_TARGET", "RUN_KEYS", "USER_METRIC_KEYS", "cpu_fits",
+           "flat_metrics", "judge", "predicted_ratios", "ratio_intervals", "section_lines"]

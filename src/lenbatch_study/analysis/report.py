@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from lenbatch_study.analysis import quality_report as qr
+from lenbatch_study.analysis import interleaved as il, quality_report as qr
 from lenbatch_study.analysis import stepmodel as sm
 from lenbatch_study.analysis import study_replay
 from lenbatch_study.analysis.settled import (DRIFT_WARN, QUIET_RERUN, busy_machine, calibration_section,  # noqa: F401
@@ -111,6 +111,7 @@ class CompareResult:
     profile_reference_drift: Optional[dict[str, float]] = None
     profile_reference_seconds: float = math.nan
     study_replay: Optional[dict[str, Any]] = None  # lenbatch_study.analysis.study_replay.replay(), when computed
+    interleaved: Optional[dict[str, Any]] = None  # lenbatch_study.analysis.interleaved.judge(), when measured
 
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -121,8 +122,6 @@ def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         dominated = (x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))
         keep[i] = not dominated.any()
     return keep
-
-
 
 
 METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_efficiency", "predicted_tok_s",
@@ -141,12 +140,12 @@ def _num(x: float) -> float | None:
 # What users compare between experiments (``metrics.json``, DVC's metrics, the columns of ``dvc exp show``):
 # the headline only. Per strategy: measured throughput, its ratio to sorted, the predicted ratio, the
 # prediction error, the measured padding efficiency and the held-out loss (the quality stage's, at equal
-# useful tokens); plus the recommendation. 6 per strategy + 1: at most 31 numbers for the five strategies,
-# so the params a user changed stay on screen. Everything else (absolute predictions, calibrated errors,
-# diversity, loss intervals, fit errors, CPU shares, the K sweep, the machine) is a diagnostic and goes to
+# useful tokens), the interleaved ratios (2 per strategy but sorted); the recommendation. At most 39 numbers
+# for five strategies, so a user's changed params stay on screen. The rest (absolute predictions, calibrated
+# errors, diversity, loss intervals, fit errors, CPU shares, the K sweep, the machine) is a diagnostic in
 # ``diagnostics.json``, which no tool declares as metrics.
 USER_METRIC_KEYS = ("measured_tok_s", "ratio_to_sorted_measured", "ratio_to_sorted_predicted", "prediction_error",
-                    "measured_efficiency", "heldout_loss.mean")
+                    "measured_efficiency", "heldout_loss.mean", *il.USER_METRIC_KEYS)
 USER_SUMMARY_KEYS = ("recommended.strategy", "recommended.num_buckets")
 MAX_METRIC_NUMBERS = 40  # what `dvc exp show` can show beside the changed params
 
@@ -183,6 +182,7 @@ def flat_metrics(result: CompareResult) -> dict[str, Any]:
     out["recommended.num_buckets"] = rec.num_buckets
     out["recommended.strategy"] = rec.strategy
     out.update(qr.flat_metrics(result.quality, _tok_s(result)))
+    out.update(il.flat_metrics(result.interleaved))
     return out
 
 
@@ -440,7 +440,7 @@ def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
         lines.append(f"| {s} | {r.target_step_ratio:.2f} | {r.drafter_step_ratio:.2f} | "
                      f"{100 * r.pipeline_error:+.1f}% | {_pct(r.target_cpu_share)} | "
                      f"{_pct(r.drafter_cpu_share)} |")
-    lines += ["", noise_paragraph(result), "", calibration_section(result)]
+    lines += ["", noise_paragraph(result), "", calibration_section(result), *il.section_lines(result.interleaved)]
     if result.quality:
         lines += ["", qr.section(result.quality, tok_s=_tok_s(result))]
     lines += ["", "## Step-time model", "",

@@ -459,6 +459,17 @@ def _profile(args: argparse.Namespace) -> int:
     return _stage("profile").run(params=params_from_args(args, overrides), out=args.out)
 
 
+@_flags_of("interleave")
+def _interleave_flags(parser: argparse.ArgumentParser) -> None:
+    add_params_argument(parser)
+    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
+    parser.add_argument("--boundaries", default=None, help="boundaries.json (needed when train.strategies holds "
+                        "bucketed)")
+    parser.add_argument("--out", default="results/interleave", help="output folder")
+    parser.set_defaults(func=lambda args: _stage("interleave").run(params=params_from_args(args), data=args.data,
+                                                                   boundaries=args.boundaries, out=args.out))
+
+
 @_flags_of("compare")
 def _compare_flags(parser: argparse.ArgumentParser) -> None:
     add_params_argument(parser)
@@ -472,6 +483,9 @@ def _compare_flags(parser: argparse.ArgumentParser) -> None:
                         "batches) and dataset/ (loss masks: the drafter's exact anchors; estimated without it)")
     parser.add_argument("--quality", default="results/quality", help="quality stage output folder (quality.json); "
                         "'' leaves the held-out loss out (a check that runs no quality stage)")
+    parser.add_argument("--interleave", default="", help="interleave stage output folder (interleave.json): the "
+                        "ratios to sorted measured in turns; '' (the default) leaves them out (a check that "
+                        "runs no interleave stage never reads another machine's)")
     parser.add_argument("--out", default="results/compare", help="output folder")
     parser.set_defaults(func=_compare)
 
@@ -480,7 +494,8 @@ def _compare(args: argparse.Namespace) -> int:
     return _stage("compare").run(params=params_from_args(args), stats=Path(args.stats),
                                  boundaries=Path(args.boundaries), plans=Path(args.plans),
                                  profile=Path(args.profile), train=Path(args.train), data=Path(args.data),
-                                 quality=Path(args.quality) if args.quality else None, out=Path(args.out))
+                                 quality=Path(args.quality) if args.quality else None,
+                                 interleave=Path(args.interleave) if args.interleave else None, out=Path(args.out))
 
 
 

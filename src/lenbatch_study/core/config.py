@@ -234,6 +234,14 @@ class ProfileConfig:
 
 
 @dataclass(frozen=True)
+class InterleaveConfig:
+    rounds: int = _f(6, "timed segments per strategy, one per round (its interval's sample)", minimum=2, maximum=999)
+    segment_steps: int = _f(1, "steps per segment: the same plan steps in every round", minimum=1, maximum=99)
+    warmup: int = _f(1, "untimed passes over each strategy's own segment before the rounds", minimum=0, maximum=99)
+    clock: Literal["auto", "wall", "cpu"] = _f("auto", "wall, cpu (process CPU seconds; CPU device, 1 thread) or auto")
+
+
+@dataclass(frozen=True)
 class CompareConfig:
     holdout_fraction: float = _f(0.25, "share of profile grid points held out to score the step-time fit",
                                  minimum=0, maximum=0.9)
@@ -285,6 +293,7 @@ class Params:
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    interleave: InterleaveConfig = field(default_factory=InterleaveConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
 
@@ -321,6 +330,7 @@ SECTION_HELP = {
     "drafter": "the DFlash-style drafter that is trained",
     "train": "train stage: torchrun runs, one per strategy",
     "profile": "profile stage: the step-time grid",
+    "interleave": "interleave stage: every strategy's steps timed in turns in one process (drift falls on all alike)",
     "compare": "compare stage: step-time fit, prediction and report",
     "quality": "quality stage: held-out loss over seeds and gradient quality per strategy (own learnable setting)",
 }

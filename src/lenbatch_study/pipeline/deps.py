@@ -295,7 +295,7 @@ def _dvc_stage(stage: str, *, results: str, strategy: str | None,
             deps.append(f"{output_path(i.stage, i.gate, results=results)}/{strategy}.json")
         else:
             deps += ins.get(i.output, [])
-    checkpoint = pretrained_files(pretrained) if stage in PRETRAINED_STAGES else []
+    checkpoint = pretrained_files(pretrained) if stage in pretrained_stages() else []
     entry: dict[str, typing.Any] = {
         "cmd": _snakemake([dvc_target(stage, results=results, strategy=strategy)], stage),
         "params": stage_params_compact(stage),
@@ -335,10 +335,15 @@ def dvc_yaml(results: str = "results", *, pretrained: str | None = None) -> str:
 # --------------------------------------------------------------------------- the target's checkpoint
 
 
-# The stages that load the target or its heads (lenbatch_study.models.target): with model.pretrained set, the
-# checkpoint's files are inputs of their Snakemake rules and deps of their DVC stages, so a changed
-# checkpoint reruns them (and compare, through their outputs), and nothing else.
-PRETRAINED_STAGES = ("profile", "train", "quality")
+TARGET_MODULE = "lenbatch_study.models.target"
+
+
+def pretrained_stages() -> tuple[str, ...]:
+    """The stages that load the target or its heads: those whose code imports :data:`TARGET_MODULE`
+    (derived, so a new measuring stage is never left out). With model.pretrained set, the checkpoint's
+    files are inputs of their Snakemake rules and deps of their DVC stages, so a changed checkpoint reruns
+    them (and compare, through their outputs), and nothing else. Cost: the stages' import closures (cached)."""
+    return tuple(s for s in STAGES if TARGET_MODULE in stage_modules(s))
 
 
 def pretrained_files(pretrained: str | None) -> list[str]:

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from lenbatch_study.pipeline.artifacts import (
     bucket_edges,
+    interleave_timings,
     length_stats,
     machine_file,
     plan_metrics,
@@ -159,12 +160,21 @@ _ALL = (
         inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
         outputs={"quality": Output(quality_result.QUALITY), "metrics": Output(quality_result.METRICS),
                  "curves": Output(quality_result.CURVES), "gradients": Output(quality_result.GRADIENTS)})),
+    # every strategy's steps timed in turns in one process (ratios a drifting machine cannot move); the edges
+    # are its input whatever the list holds, as quality's (DVC's one stage cannot drop a dependency)
+    Command("interleave", "time every strategy's training steps in turns, in one process", staged=True,
+            stage=Stage(params=(*_MODEL_RUN, "interleave", "train.strategies", "train.nproc", "train.nodes",
+                                "train.useful_tokens", "train.warmup_steps", "train.threads", "train.device",
+                                "train.kernels", "train.reuse_host_memory", "data.max_len"),
+                        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
+                        outputs={"timings": Output(interleave_timings.TIMINGS)})),
     # compare's files are for people (no stage reads them): metrics users compare, the plots, the rest
     Command("compare", "predicted vs measured throughput, frontier plot and report", staged=True, stage=Stage(
-        params=(*_MODEL_RUN, "train", "plans", "boundaries", "compare", "data.max_len"),
+        params=(*_MODEL_RUN, "train", "plans", "boundaries", "interleave", "compare", "data.max_len"),
         inputs=(Input("stats", "stats"), Input("stats", "histogram"), _IN_DATASET, _IN_LENGTHS, _IN_EDGES,
                 Input("boundaries", "sweep"), Input("plans", "metrics"), Input("profile", "grid"),
-                Input("train", "summary"), Input("train", "steps"), Input("quality", "quality")),
+                Input("train", "summary"), Input("train", "steps"), Input("quality", "quality"),
+                Input("interleave", "timings")),
         outputs={"metrics": Output("metrics.json", kind="metrics"), "diagnostics": Output("diagnostics.json"),
                  "report": Output("report.md"), "stepmodel": Output("stepmodel.json"),
                  "histogram": Output("histogram.png"), "quality_plot": Output("quality.png"),

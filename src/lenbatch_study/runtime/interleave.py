@@ -2,23 +2,33 @@
 
 Separate trainings run one after another; on a shared machine the reference step moves ~13% minute to
 minute, so their throughput ratios cannot test a 3% prediction. Here one process steps every strategy's
-own batches in short segments, round robin: each strategy first runs ``warmup`` untimed steps of its own,
-then round ``k`` times segment ``k`` of every strategy (``segment_steps`` consecutive batches of its plan),
-the order rotated by one each round so no strategy always follows the same one. A slow minute then slows
-one round of every strategy, and the ratio of a round's throughputs cancels it.
+own batches in short segments, round robin. Each strategy has one segment: ``segment_steps`` steps of its
+plan. First every strategy runs ``warmup`` untimed passes over its own segment (its shapes allocated, and
+on a GPU its kernels compiled and autotuned, on exactly the shapes that are then timed); then in each of
+``rounds`` rounds every strategy times its segment once, the order rotated by one each round so no
+strategy always follows the same one. A slow minute then slows one round of every strategy, and the ratio
+of a round's throughputs cancels it.
 
-* :func:`measure_interleaved`: the measurement (single process: target forward then drafter step, as
-  :class:`lenbatch_study.runtime.runner.StepRunner` runs them in ``train.nproc: 1``);
+The segment is the same steps in every round, not the next steps of the plan: a round's ratio then
+varies only with the timing (the machine), not with which batches fell in it. Distinct batches would fold
+the batch-to-batch spread of a plan (a random plan's padding efficiency moves by tens of percent from one
+batch to the next) into an interval meant to say how well the machine let the ratio be measured; the
+prediction is taken over the same steps (:func:`lenbatch_study.analysis.interleaved.predicted_ratios`), so
+how representative the steps are is a question of which steps, answered by the stage
+(:mod:`lenbatch_study.stages.interleave` spreads them over the training run's post-warm-up steps).
+
+* :func:`measure_interleaved`: the measurement (``step`` runs one step: single process, target forward
+  then drafter step, as :class:`lenbatch_study.runtime.runner.StepRunner` runs them in ``train.nproc: 1``);
 * :func:`lenbatch_study.analysis.interleaved.ratio_intervals` turns it into ratios to sorted with their
   95% intervals, paired by round.
 
-Cost: ``rounds x segment_steps`` timed steps per strategy plus its warm-up.
+Cost: ``(warmup + rounds) x segment_steps`` steps per strategy.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 
 def round_orders(strategies: Sequence[str], rounds: int) -> list[list[str]]:
@@ -28,33 +38,38 @@ def round_orders(strategies: Sequence[str], rounds: int) -> list[list[str]]:
 
 
 def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[str], *, rounds: int,
-                        segment_steps: int, warmup: int, clock: Callable[[], float] = time.perf_counter
-                        ) -> dict[str, dict[str, list]]:
-    """Time every strategy in turns: ``step(strategy, i)`` runs step ``i`` of that strategy's plan and
-    returns its useful tokens. First each strategy's ``warmup`` steps (untimed, in strategy order), then
-    ``rounds`` rounds (:func:`round_orders`), each timing segment ``k`` (steps ``warmup + k *
-    segment_steps ...``) of every strategy.
+                        segment_steps: int, warmup: int, clock: Callable[[], float] = time.perf_counter,
+                        on_round: Optional[Callable[[int], None]] = None) -> dict[str, dict[str, list]]:
+    """Time every strategy in turns: ``step(strategy, j)`` runs step ``j`` (0 .. segment_steps - 1) of that
+    strategy's segment and returns its useful tokens. First each strategy's ``warmup`` untimed passes over
+    its segment (strategy by strategy), then ``rounds`` rounds (:func:`round_orders`), each timing one pass
+    over the segment of every strategy (``clock`` read before and after the pass; ``on_round(k)`` called
+    after round ``k``, outside the timing).
 
-    Returns ``{strategy: {"seconds": [per round], "useful_tokens": [per round], "position": [its place
-    in each round]}}`` plus ``"order"`` under the key ``"_order"`` (the rounds as run).
-    ``ValueError`` for rounds < 2 (no interval) or segment_steps < 1."""
+    Returns ``{strategy: {"seconds": [per round], "useful_tokens": [per round], "position": [its place in
+    each round]}}`` plus the rounds as run under the key ``"_order"``. Cost: (warmup + rounds) x
+    segment_steps x S calls of ``step``. ``ValueError`` for rounds < 2 (no interval), segment_steps < 1 or
+    warmup < 0."""
     if rounds < 2:
-        raise ValueError(f"interleaved rounds must be >= 2 (an interval needs two rounds), got {rounds}")
+        raise ValueError(f"interleave.rounds must be >= 2 (an interval needs two rounds), got {rounds}")
     if segment_steps < 1 or warmup < 0:
-        raise ValueError(f"interleaved segment_steps must be >= 1 and warmup >= 0, got {segment_steps}, {warmup}")
+        raise ValueError(f"interleave.segment_steps must be >= 1 and interleave.warmup >= 0, got {segment_steps}, "
+                         f"{warmup}")
     out: dict[str, dict[str, list]] = {s: {"seconds": [], "useful_tokens": [], "position": []} for s in strategies}
-    for s in strategies:  # each strategy's own warm-up (its shapes compiled, its allocator warmed)
-        for i in range(warmup):
-            step(s, i)
+    for s in strategies:  # each strategy's own warm-up, on the very steps it then times
+        for _ in range(warmup):
+            for j in range(segment_steps):
+                step(s, j)
     orders = round_orders(strategies, rounds)
     for k, order in enumerate(orders):
         for pos, s in enumerate(order):
-            first = warmup + k * segment_steps
             t0 = clock()
-            useful = sum(step(s, first + j) for j in range(segment_steps))
+            useful = sum(step(s, j) for j in range(segment_steps))
             out[s]["seconds"].append(clock() - t0)
             out[s]["useful_tokens"].append(int(useful))
             out[s]["position"].append(pos)
+        if on_round is not None:
+            on_round(k)
     out["_order"] = orders  # type: ignore[assignment]
     return out
 

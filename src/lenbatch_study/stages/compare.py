@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from lenbatch_study.analysis import calibration, provenance
+from lenbatch_study.analysis import interleaved as il
 from lenbatch_study.analysis import shapes
 from lenbatch_study.analysis import study_replay as sr
 from lenbatch_study.analysis import stepmodel as sm
@@ -40,8 +41,8 @@ from lenbatch_study.analysis.report import QUIET_RERUN, CompareResult, Recommend
 from lenbatch.batching.schedule import build_schedule, epoch_steps
 from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.spec import BatchSpec
-from lenbatch_study.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result, \
-    tokenized, train_runs
+from lenbatch_study.pipeline.artifacts import bucket_edges, interleave_timings, length_stats, plan_metrics, \
+    profile_grid, quality_result, tokenized, train_runs
 
 log = get_logger("compare")
 
@@ -196,14 +197,16 @@ class LossMasks:
 
 
 def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, kind: str, params: Params,
-                 masks: LossMasks) -> dict[str, np.ndarray]:
-    """Shape table of a run's steps, with the drafter's exact work when the loss masks are available."""
+                 masks: LossMasks, numbers: list[int] | None = None) -> dict[str, np.ndarray]:
+    """Shape table of a run's steps, with the drafter's exact work when the loss masks are available
+    (its anchors drawn for step ``numbers[i]``, default ``i``: the run's global step numbers)."""
     batches = [b for _, b in steps]
     d = params.drafter
     if not masks.available:
         return shapes.batch_columns(lengths, batches, kind=kind, positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
     work = [shapes.drafter_work(lengths[b], masks.get(b), b, anchors_per_seq=d.anchors_per_seq, block_size=d.block_size,
-                            seed=params.batching.seed, epoch=epoch, step=i) for i, (epoch, b) in enumerate(steps)]
+                            seed=params.batching.seed, epoch=epoch, step=i if numbers is None else numbers[i])
+            for i, (epoch, b) in enumerate(steps)]
     return shapes.batch_columns(lengths, batches, kind=kind, drafter=(np.array([w[0] for w in work], dtype=float),
                                                                   np.array([w[1] for w in work], dtype=float)))
 
@@ -290,15 +293,60 @@ def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], to
     return out
 
 
+def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarray, masks: LossMasks, profile: dict,
+                      edges: Any, target_ranks: int) -> dict[str, dict[str, Any]]:
+    """The interleaved measurement judged (:func:`lenbatch_study.analysis.interleaved.judge`): per strategy
+    the measured ratio to sorted with its 95% interval, and the ratio predicted for the same steps, one
+    process (target then drafter, each as timed alone on the profile grid, :func:`fit_profile`'s result
+    ``profile``; fitted on its CPU seconds, :func:`lenbatch_study.analysis.interleaved.cpu_fits`, for a
+    measurement on the CPU clock).
+
+    The timed steps are rebuilt from the training plan (:func:`planned_batches`) and must give the useful
+    tokens recorded; the measurement must come from the current params and the profile's machine.
+    ``ValueError`` naming the rerun otherwise. Cost: one plan per strategy and O(steps) prediction."""
+    doc = interleave_timings.read_timings(interleave_dir)
+    fix = interleave_timings.rerun(Path(interleave_dir))
+    resolved = interleave_timings.read_params(interleave_dir)
+    diff = params_mismatch(resolved or {}, params.to_dict(), il.RUN_KEYS)
+    if diff:
+        raise ValueError(f"the interleaved measurement was taken with other params ({'; '.join(diff)}); rerun: {fix}")
+    here, there = (doc.get("machine") or {}).get("id"), (profile["machine"] or {}).get("id")
+    if here != there:
+        raise ValueError(f"the interleaved measurement ran on machine {here} but the profile on {there}: the step "
+                         f"times of one do not predict the other's; rerun both on one machine: {fix}; and "
+                         f"{provenance.profile_rerun()}")
+    fits = profile["fits"] if doc.get("clock") != "cpu" else il.cpu_fits(
+        profile["rows"], grid_columns(profile["rows"]), holdout_fraction=params.compare.holdout_fraction,
+        seed=params.batching.seed, rerun=provenance.profile_rerun())
+    predicted = {}
+    for s, rec in doc["strategies"].items():
+        plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens,
+                               target_ranks=target_ranks)
+        picked = [(int(e), int(i)) for e, i in zip(rec["epochs"], rec["steps"])]
+        if any(i >= len(plan) or plan[i][0] != e or int(lengths[plan[i][1]].sum()) != u
+               for (e, i), u in zip(picked, rec["step_useful_tokens"])):
+            raise ValueError(f"strategy {s}: the interleaved measurement's steps {rec['steps']} are not those of "
+                             f"the current plan (other data or params); rerun: {fix}")
+        cols = step_columns(lengths, [(e, plan[i][1]) for e, i in picked], kind=step_kind(s), params=params,
+                            masks=masks, numbers=[i for _, i in picked])
+        predicted[s] = fits["target"]["best"].predict(cols) + fits["drafter"]["best"].predict(cols)
+    st = doc["strategies"]
+    table = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, predicted,
+                     {s: st[s]["step_useful_tokens"] for s in st})
+    return {s: {**r, "clock": doc.get("clock", "wall")} for s, r in table.items()}
+
+
 # --------------------------------------------------------------------------- the stage
 
 
 def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir: Path, profile_dir: Path,
             train_dir: Path, data_dir: Path, quality_dir: Path | None = None,
-            study_replay: bool = False) -> CompareResult:
+            interleave_dir: Path | None = None, study_replay: bool = False) -> CompareResult:
     """Everything the report, metrics and plots show (pure function of the stage inputs).
 
     ``quality_dir``: the quality stage's output (held-out loss intervals); None leaves it out.
+    ``interleave_dir``: the interleave stage's output (ratios measured in turns, :func:`interleaved_table`);
+    None leaves it out.
     ``study_replay``: also replay the study's setting (:mod:`lenbatch_study.analysis.study_replay`, ~8 s; the
     stage always does)."""
     strategies = list(params.train.strategies)
@@ -397,6 +445,9 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             / epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks,
                           allreduce_s=allreduce_s))
     pref = profile["reference"]
+    inter = None if interleave_dir is None else interleaved_table(
+        interleave_dir, params=params, lengths=lengths, masks=masks, profile=profile, edges=edges,
+        target_ranks=target_ranks)
     return CompareResult(rows=rows, components=comp, ladder=ladder, sweep=ksweep, fits=fits,
                          exact_drafter_work=masks.available, grid_points=len(profile["rows"]), edges=edges,
                          profile_cpu_share=cpu.grid_cpu_share(profile["rows"], threads=params.train.threads),
@@ -406,7 +457,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                          reference_shape=pref["shape"],
                          profile_reference_drift={r: calibration.drift(pref, r) for r in ("target", "drafter")},
                          profile_reference_seconds=float(pref.get("seconds", float("nan"))),
-                         study_replay=sr.replay(log=log) if study_replay else None)
+                         study_replay=sr.replay(log=log) if study_replay else None, interleaved=inter)
 
 
 def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int, measured: float) -> dict:
@@ -515,14 +566,14 @@ def recommend(rows: dict[str, StrategyRow], ksweep: list[dict], *, params: Param
 
 
 def run(*, params: Params, stats: Path, boundaries: Path, plans: Path, profile: Path, train: Path, data: Path,
-        quality: Path | None, out: Path) -> int:
+        quality: Path | None, out: Path, interleave: Path | None = None) -> int:
     """``lenbatch compare``: predict from the stage outputs in the given folders and write every output
     into ``out`` (:func:`lenbatch_study.analysis.report.write_outputs`); ``quality`` None leaves the held-out
-    loss out. Returns the exit code."""
+    loss out, ``interleave`` None the interleaved ratios. Returns the exit code."""
     result = compare(params=params, stats_dir=Path(stats), boundaries_dir=Path(boundaries),
                      plans_dir=Path(plans), profile_dir=Path(profile), train_dir=Path(train),
                      data_dir=Path(data), quality_dir=Path(quality) if quality is not None else None,
-                     study_replay=True)
+                     interleave_dir=Path(interleave) if interleave is not None else None, study_replay=True)
     metrics = write_outputs(result, Path(out), params=params)
     for s, r in result.rows.items():
         log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%  calibrated %8.0f tok/s "
@@ -533,6 +584,9 @@ def run(*, params: Params, stats: Path, boundaries: Path, plans: Path, profile: 
              metrics["recommended.strategy"], metrics["recommended.num_buckets"],
              100 * metrics["max_abs_prediction_error"], 100 * metrics["max_abs_calibrated_prediction_error"],
              metrics["machine.id"], out)
+    for s, r in (result.interleaved or {}).items():
+        log.info("%-9s interleaved ratio to sorted %.3f [%.3f, %.3f], predicted %.3f (error %+.1f%%)", s,
+                 r["ratio_to_sorted"], *r["ci95"], r["predicted_ratio"], 100 * r["prediction_error"])
     low = busy_machine(result)
     if low:
         log.warning("busy machine: %s of its cores; prediction errors mix other work with model error. Rerun on a "

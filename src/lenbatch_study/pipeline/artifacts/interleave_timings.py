@@ -1,0 +1,57 @@
+"""The interleave stage's output: ``interleave.json``, every strategy's segment timed in turns, round by
+round, and ``params.json``, the params it was measured with. Written by :mod:`lenbatch_study.stages.interleave`
+(which does not import this module: editing how the file is *read* reruns compare only); read by compare
+(:func:`read_timings`, :func:`read_params`).
+
+``interleave.json``: ``{"machine", "rounds", "strategies": {strategy: {"steps", "epochs",
+"step_useful_tokens", "seconds", "useful_tokens", "position"}}, ...}`` (see the stage's module doc).
+Cost: one file read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
+
+WRITER = "interleave"
+TIMINGS = "interleave.json"
+PARAMS = "params.json"
+STRATEGY_KEYS = ("steps", "epochs", "step_useful_tokens", "seconds", "useful_tokens")
+
+
+def rerun(folder: Path) -> str:
+    return rerun_hint(WRITER, f"results/{WRITER}/{TIMINGS}", folder)
+
+
+def read_timings(folder: str | Path) -> dict[str, Any]:
+    """``interleave.json`` of the interleave output folder ``folder``, every strategy's record checked: the
+    keys present, as many steps as epochs and useful tokens, as many seconds as useful tokens (one per round)."""
+    d = Path(folder)
+    p = d / TIMINGS
+    doc = read_json(p, rerun=rerun(d))
+    require_keys(p, doc, ("machine", "rounds", "strategies"), rerun=rerun(d))
+    if not isinstance(doc["strategies"], dict) or not doc["strategies"]:
+        raise refuse(p, "holds no strategies", rerun=rerun(d))
+    for s, rec in doc["strategies"].items():
+        require_keys(p, rec, STRATEGY_KEYS, rerun=rerun(d), what=f" for strategy {s}")
+        if not len(rec["steps"]) == len(rec["epochs"]) == len(rec["step_useful_tokens"]) >= 1 or \
+                len(rec["seconds"]) != len(rec["useful_tokens"]):
+            raise refuse(p, f"holds mismatched lists for strategy {s} (a partial write?)", rerun=rerun(d))
+    return doc
+
+
+def read_params(folder: str | Path) -> dict[str, Any] | None:
+    """The resolved params the segments were timed with (``params.json``), None when the folder has none."""
+    d = Path(folder)
+    p = d / PARAMS
+    if not p.exists():
+        return None
+    doc = read_json(p, rerun=rerun(d))
+    if not isinstance(doc, dict):
+        raise refuse(p, "holds no params mapping", rerun=rerun(d))
+    return doc
+
+
+__all__ = ["PARAMS", "TIMINGS", "read_params", "read_timings"]

@@ -1,0 +1,179 @@
+"""Interleave stage: every strategy's training steps timed in turns in one process, for ratios to sorted
+that a drifting machine cannot move.
+
+The trainings run one after another, each minutes long; on a shared machine the speed moves by ~13%
+from one minute to the next, more than the few percent a prediction of their throughput ratios must
+be judged by. This stage times every strategy in one process, in short segments, round robin
+(:func:`lenbatch_study.runtime.interleave.measure_interleaved`), so a slow minute slows one round of
+every strategy alike; compare turns the rounds into each strategy's throughput ratio to sorted with a
+95% interval and sets the step model's predicted ratio of the same steps beside it
+(:mod:`lenbatch_study.analysis.interleaved`). The separate trainings stay: loss, quality and absolute
+tokens/s are theirs.
+
+Why a stage of its own: it needs the tokenized dataset, the training plans and the bucket edges, which
+the profile does not read (profile would rerun on every data or boundaries change); and compare must
+stay a pure function of measurements (it measures nothing, so a report edit never re-times anything).
+As a stage it reruns only when what it measures changes: the model, the batching, the strategies, its
+own ``interleave`` section, the machine.
+
+What is timed: each strategy's segment is ``interleave.segment_steps`` steps of its training plan (the
+train stage's schedule, :func:`lenbatch.batching.schedule.build_schedule`, with (``train.nproc - 1``) x
+``train.nodes`` target ranks, so they are batches its training run trains), spread evenly over that run's
+post-warm-up steps (:func:`segment_steps`). One :class:`lenbatch_study.runtime.runner.StepRunner` on
+``train.device``, single process (target forward then drafter step: the pipelined contention of the
+trainings is theirs), with the anchors of each step's own (epoch, step). A segment's seconds are the
+runner's timed target and drafter seconds, as the profile grid times them, so the step model predicts
+exactly what is measured; batches are collated once, before any timing. Which seconds
+(``interleave.clock``, :func:`resolve_clock`): on a CPU device with one thread, by default the process's
+CPU seconds. A shared machine's other tenants take the cores in time slices of milliseconds to seconds,
+far shorter than a round (on this project's 2-core VM under a load of 7, one 1-step segment took 3.6 s in
+one round and 34 s in another), so no pairing by round cancels them from wall time; CPU seconds leave
+them out, and on a quiet machine they equal the wall seconds (the profile grid, which the prediction is
+fitted on, records both: its CPU share tells how far they differ). On a GPU, wall seconds.
+
+``interleave.json``: ``{"machine", "rounds", "segment_steps", "warmup", "clock" (resolved), "order" (the
+rounds as run), "seconds" (the stage's wall time), "strategies": {strategy: {"steps", "epochs",
+"step_useful_tokens" (the segment's global steps, their epochs and useful tokens), "seconds" (the
+clock's), "useful_tokens", "position", "wall_seconds", "cpu_seconds" (per round)}}}``, and ``params.json``.
+
+Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models; on the CPU
+default (6 rounds, 1-step segments, 1 warm-up pass, five strategies: 35 steps of ~3 s) about 2 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from lenbatch.batching.schedule import build_schedule
+from lenbatch.loading.collate import collate
+from lenbatch.log import get_logger
+from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.core.machine import fingerprint
+from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
+from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
+from lenbatch_study.runtime.interleave import measure_interleaved
+
+log = get_logger("interleave")
+
+FILE = "interleave.json"
+
+
+def segment_steps(total: int, *, skip: int, count: int) -> list[int]:
+    """The global steps of a segment: the middles of ``count`` equal parts of steps ``skip .. total - 1``
+    (a run's post-warm-up steps), i.e. ``skip + floor((j + 1/2) (total - skip) / count)`` for j < count;
+    every step of that range when it holds fewer than ``count``; steps ``0 .. total - 1`` likewise when
+    the run has no step after its warm-up. Pure, O(count)."""
+    if total < 1 or count < 1:
+        raise ValueError(f"a segment needs a plan of >= 1 step and >= 1 step to time, got {total}, {count}")
+    lo = skip if total > skip else 0
+    n = total - lo
+    if n <= count:
+        return list(range(lo, total))
+    return [lo + int((j + 0.5) * n / count) for j in range(count)]
+
+
+def resolve_clock(clock: str, *, device_type: str, threads: int) -> str:
+    """``interleave.clock`` resolved: ``auto`` is ``cpu`` on a CPU device with one thread per process (a
+    single-threaded step's process CPU seconds are its work, whatever other processes take of the cores)
+    and ``wall`` otherwise (a GPU step's CPU seconds are not its time; with more threads CPU seconds add
+    up over threads). ``ValueError`` for ``cpu`` where it does not apply."""
+    cpu_ok = device_type == "cpu" and threads == 1
+    if clock == "cpu" and not cpu_ok:
+        raise ValueError(f"interleave.clock: cpu needs a CPU device and train.threads: 1 (got {device_type}, "
+                         f"{threads} threads); set interleave.clock: wall (or auto)")
+    return clock if clock != "auto" else ("cpu" if cpu_ok else "wall")
+
+
+def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path] = None) -> dict[str, Any]:
+    """Time every strategy of ``train.strategies`` in turns (module doc); returns ``interleave.json``'s
+    document. ``ValueError`` when ``sorted`` (the baseline) is not among the strategies or ``bucketed`` runs
+    without its edges."""
+    from lenbatch_study.runtime.runner import StepRunner, configure_process, resolve_device
+
+    strategies = list(params.train.strategies)
+    if "sorted" not in strategies:
+        raise ValueError("train.strategies lacks 'sorted', the baseline every interleaved ratio is taken to; "
+                         "add it to train.strategies")
+    il = params.interleave
+    lengths = read_lengths(data)
+    edges = edges_for(boundaries, strategies)
+    # the training runs' plan: sharded over every node's target ranks (one target rank when nproc is 1)
+    target_ranks = max(params.train.nproc - 1, 1) * params.train.nodes
+    dataset = read_dataset(data, lengths)
+    plan: dict[str, dict[str, Any]] = {}
+    for s in strategies:
+        sched = build_schedule(lengths, strategy=s, params=params, edges=edges if s == "bucketed" else None,
+                               target_ranks=target_ranks, useful_tokens=params.train.useful_tokens)
+        picked = [sched[i] for i in segment_steps(len(sched), skip=params.train.warmup_steps,
+                                                  count=il.segment_steps)]
+        batches = [collate(dataset.samples(st.indices), spec=sched.spec, indices=st.indices) for st in picked]
+        plan[s] = {"steps": picked, "batches": batches}
+    configure_process(params)
+    device = resolve_device(params.train.device, 0)
+    if device.type == "cuda":  # refuse before loading anything a setting whose one process cannot fit
+        import torch
+
+        from lenbatch_study.models.memory import check_fits, plan_memory_shape
+
+        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory, single_process=True,
+                   **plan_memory_shape(params, lengths, [st.indices for p in plan.values() for st in p["steps"]]))
+    clock = resolve_clock(il.clock, device_type=device.type, threads=params.train.threads)
+    runner = StepRunner(params, device=device)
+    timed = [0.0]  # the chosen clock's seconds of the runner's timed steps so far: what segments are read on
+    both: dict[str, list[tuple[float, float]]] = {s: [] for s in strategies}  # every step's (wall, cpu) seconds
+
+    def step(s: str, j: int) -> int:
+        st, batch = plan[s]["steps"][j], plan[s]["batches"][j]
+        feats, t_s = runner.target_step(batch)
+        t_cpu = runner.last_cpu_s
+        _, d_s = runner.drafter_step(batch, feats, step=st.step, epoch=st.epoch)
+        wall, cpu = t_s + d_s, t_cpu + runner.last_cpu_s
+        both[s].append((wall, cpu))
+        timed[0] += cpu if clock == "cpu" else wall
+        return int(batch.useful_tokens)
+
+    longest = max(len(p["steps"]) for p in plan.values())
+    short = [s for s in strategies if len(plan[s]["steps"]) < longest]
+    if short:  # a plan shorter than the segment: all its steps are timed, the rest of its segment is empty
+        log.info("%s plan(s) fewer steps than interleave.segment_steps=%d: all of them are timed",
+                 ", ".join(short), il.segment_steps)
+    t0 = time.perf_counter()
+    res = measure_interleaved(lambda s, j: step(s, j) if j < len(plan[s]["steps"]) else 0, strategies,
+                              rounds=il.rounds, segment_steps=longest, warmup=il.warmup, clock=lambda: timed[0],
+                              on_round=lambda k: log.info("round %d/%d done, %.1f s elapsed", k + 1, il.rounds,
+                                                          time.perf_counter() - t0))
+    seconds = time.perf_counter() - t0
+    out: dict[str, Any] = {"machine": fingerprint(threads=params.train.threads), "rounds": il.rounds,
+                           "segment_steps": il.segment_steps, "warmup": il.warmup, "clock": clock,
+                           "order": res["_order"], "seconds": round(seconds, 3), "strategies": {}}
+    for s in strategies:
+        steps = plan[s]["steps"]
+        per_round = np.asarray(both[s][il.warmup * len(steps):], dtype=float).reshape(il.rounds, len(steps), 2)
+        out["strategies"][s] = {"steps": [int(st.step) for st in steps], "epochs": [int(st.epoch) for st in steps],
+                                "step_useful_tokens": [int(st.useful) for st in steps], **res[s],
+                                "wall_seconds": per_round[:, :, 0].sum(axis=1).tolist(),
+                                "cpu_seconds": per_round[:, :, 1].sum(axis=1).tolist()}
+    return out
+
+
+def run(*, params: Params, data: str | Path, boundaries: Optional[str | Path], out: str | Path) -> int:
+    """``lenbatch interleave``: measure (:func:`measure`) and write ``out/interleave.json`` and the resolved
+    params. Returns the exit code."""
+    doc = measure(params, data=data, boundaries=boundaries)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FILE).write_text(json.dumps(doc, indent=1) + "\n")
+    write_resolved(params, out)
+    st = doc["strategies"]
+    for s, v in st.items():  # the ratios and their intervals are compare's (analysis.interleaved)
+        log.info("%-9s steps %s: %d rounds, %.2f s per segment (median), %.0f useful tokens/s (median)", s,
+                 v["steps"], len(v["seconds"]), float(np.median(v["seconds"])),
+                 float(np.median(np.asarray(v["useful_tokens"]) / np.asarray(v["seconds"]))))
+    log.info("timed %d strategies in %d rounds in %.1f s; wrote %s", len(st), doc["rounds"], doc["seconds"],
+             out / FILE)
+    return 0

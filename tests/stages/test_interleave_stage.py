@@ -1,0 +1,134 @@
+"""The interleave stage end to end on tiny real data and real models (configs/tiny.yaml's shapes): every
+strategy of the training plan timed in turns, its segment the training run's own steps, and compare's
+refusal of a measurement from other params."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from lenbatch.batching.schedule import build_schedule
+from lenbatch_study.cli import main
+from lenbatch_study.core.config import load_params
+from lenbatch_study.runtime.interleave import round_orders
+from lenbatch_study.stages.interleave import resolve_clock, segment_steps
+
+from _tiny import ENV
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+STRATEGIES = ["sorted", "random", "bucketed", "sortish", "packed"]
+OVERRIDE = {"train": {"strategies": STRATEGIES, "nproc": 2, "threads": 1},
+            "interleave": {"rounds": 3, "segment_steps": 2, "warmup": 1}}
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory, one_thread):
+    root = tmp_path_factory.mktemp("interleave")
+    over = root / "over.yaml"
+    over.write_text(yaml.safe_dump(OVERRIDE))
+    files = [str(REPO / "params.yaml"), str(REPO / "configs" / "tiny.yaml"), str(over)]
+    data = root / "tok"
+    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", *files, "--limit", "40",
+                    "--no-progress", "--out", str(data)], check=True, env=ENV, capture_output=True, cwd=REPO)
+    lengths = np.load(data / "lengths.npy")
+    inner = np.quantile(lengths, [0.25, 0.5, 0.75]).astype(int)
+    edges = sorted({int(lengths.min()), *inner.tolist(), int(lengths.max()) + 1})
+    (root / "boundaries.json").write_text(json.dumps({"edges": edges}))
+    out = root / "interleave"
+    rc = main(["interleave", "--params", *files, "--data", str(data), "--boundaries", str(root / "boundaries.json"),
+               "--out", str(out)])
+    assert rc == 0
+    return {"root": root, "files": files, "data": data, "out": out, "lengths": lengths, "edges": tuple(edges),
+            "params": load_params(*files), "doc": json.loads((out / "interleave.json").read_text())}
+
+
+def test_every_strategy_timed_in_turns_on_its_training_runs_own_steps(stage):
+    doc, params, lengths = stage["doc"], stage["params"], stage["lengths"]
+    assert sorted(p.name for p in stage["out"].iterdir()) == ["interleave.json", "params.json"]
+    assert list(doc["strategies"]) == STRATEGIES and doc["rounds"] == 3 and doc["warmup"] == 1
+    assert doc["clock"] == "cpu"  # auto on a CPU device with one thread: the process's CPU seconds
+    assert doc["order"] == round_orders(STRATEGIES, 3)
+    assert doc["machine"]["id"]
+    for s, rec in doc["strategies"].items():
+        sched = build_schedule(lengths, strategy=s, params=params, edges=stage["edges"] if s == "bucketed" else None,
+                               target_ranks=1, useful_tokens=params.train.useful_tokens)
+        # two steps spread over the run's post-warm-up steps, exactly the run's batches
+        assert rec["steps"] == segment_steps(len(sched), skip=params.train.warmup_steps, count=2), s
+        assert all(i >= params.train.warmup_steps for i in rec["steps"])
+        assert rec["epochs"] == [sched[i].epoch for i in rec["steps"]]
+        assert rec["step_useful_tokens"] == [int(lengths[sched[i].indices].sum()) for i in rec["steps"]]
+        # every round timed the same segment: its useful tokens every time, a positive time, each place once
+        assert rec["useful_tokens"] == [sum(rec["step_useful_tokens"])] * 3
+        assert len(rec["seconds"]) == 3 and min(rec["seconds"]) > 0
+        assert rec["seconds"] == rec["cpu_seconds"] and len(rec["wall_seconds"]) == 3 and min(rec["wall_seconds"]) > 0
+        assert rec["position"] == [order.index(s) for order in doc["order"]]
+
+
+def test_the_clock_is_cpu_seconds_only_where_they_are_a_steps_time():
+    assert resolve_clock("auto", device_type="cpu", threads=1) == "cpu"
+    assert resolve_clock("auto", device_type="cpu", threads=4) == "wall"
+    assert resolve_clock("auto", device_type="cuda", threads=1) == "wall"
+    assert resolve_clock("wall", device_type="cpu", threads=1) == "wall"
+    with pytest.raises(ValueError, match="interleave.clock: cpu needs a CPU device and train.threads: 1.*set "
+                                         "interleave.clock: wall"):
+        resolve_clock("cpu", device_type="cuda", threads=1)
+
+
+def test_segment_steps_spread_over_the_post_warm_up_steps():
+    assert segment_steps(23, skip=3, count=1) == [13]
+    assert segment_steps(23, skip=3, count=4) == [5, 10, 15, 20]
+    assert segment_steps(5, skip=3, count=4) == [3, 4]  # fewer steps than asked: all after the warm-up
+    assert segment_steps(2, skip=3, count=1) == [1]  # no step after the warm-up: from the start
+    with pytest.raises(ValueError, match="plan of >= 1 step"):
+        segment_steps(0, skip=0, count=1)
+
+
+def test_compare_refuses_a_measurement_from_other_params_naming_the_rerun(stage, tmp_path):
+    from lenbatch_study.stages.compare import LossMasks, interleaved_table
+
+    over = tmp_path / "more.yaml"
+    over.write_text(yaml.safe_dump({"interleave": {"rounds": 4}}))
+    params = load_params(*stage["files"], over)
+    with pytest.raises(ValueError, match=r"other params \(interleave.rounds: 3 -> 4\); rerun: snakemake "
+                                         r"results/interleave/interleave.json"):
+        interleaved_table(stage["out"], params=params, lengths=stage["lengths"].astype(np.int64),
+                          masks=LossMasks(None), profile={}, edges=stage["edges"], target_ranks=1)
+
+
+def test_missing_sorted_or_edges_are_refused_with_the_fix(stage, tmp_path, capsys):
+    over = tmp_path / "no_sorted.yaml"
+    over.write_text(yaml.safe_dump({"train": {"strategies": ["random", "packed"]}}))
+    rc = main(["interleave", "--params", *stage["files"], str(over), "--data", str(stage["data"]),
+               "--out", str(tmp_path / "x")])
+    assert rc == 2 and "lacks 'sorted'" in capsys.readouterr().err
+    rc = main(["interleave", "--params", *stage["files"], "--data", str(stage["data"]), "--out", str(tmp_path / "y")])
+    assert rc == 2 and "needs bucket edges; pass --boundaries" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_the_reader_checks_the_real_output_and_refuses_a_broken_one(stage, tmp_path):
+    from lenbatch_study.pipeline.artifacts import interleave_timings
+    from lenbatch_study.pipeline.artifacts.reading import ArtifactError
+
+    doc = interleave_timings.read_timings(stage["out"])
+    assert doc == stage["doc"] and interleave_timings.read_params(stage["out"])["interleave"]["rounds"] == 3
+    assert interleave_timings.read_params(tmp_path) is None
+    with pytest.raises(ArtifactError, match="does not exist; rerun: snakemake results/interleave/interleave.json"):
+        interleave_timings.read_timings(tmp_path)
+    broken = json.loads(json.dumps(doc))
+    broken["strategies"]["packed"]["seconds"].pop()
+    (tmp_path / "interleave.json").write_text(json.dumps(broken))
+    with pytest.raises(ArtifactError, match="mismatched lists for strategy packed"):
+        interleave_timings.read_timings(tmp_path)
+    del broken["strategies"]["random"]["steps"]
+    (tmp_path / "interleave.json").write_text(json.dumps(broken))
+    with pytest.raises(ArtifactError, match="lacks 'steps' for strategy random"):
+        interleave_timings.read_timings(tmp_path)
