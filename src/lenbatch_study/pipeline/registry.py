@@ -164,7 +164,7 @@ _ALL = (
     # are its input whatever the list holds, as quality's (DVC's one stage cannot drop a dependency)
     Command("interleave", "time every strategy's training steps in turns, in one process", staged=True,
             stage=Stage(params=(*_MODEL_RUN, "interleave", "train.strategies", "train.nproc", "train.nodes",
-                                "train.useful_tokens", "train.warmup_steps", "train.threads", "train.device",
+                                "train.queue_size", "train.useful_tokens", "train.warmup_steps", "train.threads", "train.device",
                                 "train.kernels", "train.reuse_host_memory", "data.max_len"),
                         inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
                         outputs={"timings": Output(interleave_timings.TIMINGS)})),

@@ -126,10 +126,11 @@ class Roles:
         return [k * self.nproc + self.nproc - 1 for k in range(self.nodes)]
 
 
-def check_world(params: Params, *, under_torchrun: bool, world: int) -> None:
-    """Refuse a process count the roles of ``train.nproc`` x ``train.nodes`` do not fit (``ValueError`` naming
-    the launch that does): ``world`` is torchrun's WORLD_SIZE, LOCAL_WORLD_SIZE this node's processes."""
-    nproc, nodes = params.train.nproc, params.train.nodes
+def check_world(*, nproc: int, nodes: int, under_torchrun: bool, world: int) -> None:
+    """Refuse a process count the roles of ``nproc`` x ``nodes`` (``train.nproc``, ``train.nodes``) do not fit
+    (``ValueError`` naming the launch that does): ``world`` is torchrun's WORLD_SIZE, LOCAL_WORLD_SIZE this
+    node's processes. Handed the two numbers, not the params: the profile, which imports this module, reads
+    neither."""
     if not under_torchrun and nproc * nodes > 1:
         raise ValueError(f"train.nproc is {nproc} and train.nodes {nodes}: start this under torchrun "
                          f"(--nproc_per_node {nproc} --nnodes {nodes}); 'lenbatch train' does that for you")

@@ -520,7 +520,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     check_request(strategy=strategy, max_steps=max_steps)
     under_torchrun, world, rank = torchrun_world()
     nproc, nodes = params.train.nproc, params.train.nodes
-    check_world(params, under_torchrun=under_torchrun, world=world)
+    check_world(nproc=nproc, nodes=nodes, under_torchrun=under_torchrun, world=world)
     if under_torchrun:  # a killed launcher must not leave its workers training
         die_with_parent()
     configure_process(params)
