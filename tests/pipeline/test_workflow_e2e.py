@@ -260,7 +260,9 @@ def test_temp_experiment_reruns_only_what_k_touches(finished):
     """`dvc exp run --temp` (what --queue uses): the dataset comes from DVC's cache, the other results
     from git, so a K change reruns boundaries, plans, train-bucketed, quality (it trains bucketed too),
     interleave (it times bucketed too) and compare only; the experiment
-    shows at most ~20 changed columns."""
+    shows at most ~26 changed columns: ~20, plus the interleaved ratios of the three strategies other
+    than sorted and bucketed, which the one interleave job measures again beside bucketed's (the machine's
+    drift cancels only between steps timed in turns, so no ratio is kept from an earlier job)."""
     t0 = time.time()
     out = run(["dvc", "exp", "run", "--temp", "-n", "k2", "-S", "boundaries.num_buckets=2"], cwd=finished,
               timeout=900)
@@ -271,7 +273,7 @@ def test_temp_experiment_reruns_only_what_k_touches(finished):
     columns = next(csv.reader(io.StringIO(shown)))
     print(f"\n--temp K experiment: {time.time() - t0:.0f} s; exp show --only-changed: {len(columns)} columns")
     print(run(["dvc", "exp", "show", "--only-changed", "--md"], cwd=finished).stdout)
-    assert len(columns) <= 22, columns  # ~20 plus the Experiment and rev columns
+    assert len(columns) <= 28, columns  # ~26 plus the Experiment and rev columns
     diff = json.loads(run(["dvc", "metrics", "diff", "--json", "HEAD", "k2"], cwd=finished).stdout)
     changed = diff["results/compare/metrics.json"]
     assert any(k.startswith("bucketed.") for k in changed) and not any(k.startswith("sorted.") for k in changed)
