@@ -12,4 +12,5 @@ from test_hf_resume import make_trainer  # noqa: E402
 
 tr = make_trainer(Path(sys.argv[1]), max_steps=4)
 tr.train()
-print("WORLD", tr.args.world_size, flush=True)
+# One file per rank: two ranks printing to one pipe can interleave their lines.
+(Path(sys.argv[1]) / f"world-{tr.args.process_index}.txt").write_text(str(tr.args.world_size))
