@@ -1,6 +1,8 @@
 """Run under ``accelerate launch --multi_gpu --num_processes 2`` (ACCELERATE_USE_CPU=1): a loader prepared
 with dispatch_batches=True must be refused by the sampler with a ValueError naming the setting."""
 
+import os
+
 import numpy as np
 import torch
 from accelerate import Accelerator
@@ -17,7 +19,8 @@ loader = accelerator.prepare(loader)
 try:
     for batch in loader:
         pass
-    print("TRAINED", accelerator.process_index, flush=True)
+    os.write(1, f"TRAINED {accelerator.process_index}\n".encode())
 except ValueError as err:
-    print("REFUSED", accelerator.process_index, err, flush=True)
+    # one write per line: the two processes share the pipe, and unbuffered prints interleave word by word
+    os.write(1, f"REFUSED {accelerator.process_index} {err}\n".encode())
     raise  # the other process, waiting in a broadcast, then fails too
