@@ -40,3 +40,15 @@ def test_an_override_flag_takes_the_settings_type_and_choices():
         {"data": {"overflow": "drop"}, "batching": {"token_budget": 4096}}
     with pytest.raises(SystemExit):
         parser.parse_args(["--overflow", "wrap"])  # not one of the setting's choices
+
+
+def test_a_bad_flag_value_is_blamed_on_the_flag_not_the_params_file(tmp_path):
+    from lenbatch_study.core.config import load_params
+
+    params = "params.yaml"
+    with pytest.raises(ValueError, match=r"batching\.token_budget given on the command line \(--token-budget\) "
+                                         r"is -3 but must be >= 1"):
+        load_params(params, overrides={"batching": {"token_budget": -3}})
+    (tmp_path / "bad.yaml").write_text("batching:\n  token_budget: -3\n")
+    with pytest.raises(ValueError, match=r"batching\.token_budget in params\.yaml \+ .*bad\.yaml is -3"):
+        load_params(params, tmp_path / "bad.yaml")     # from a file: the files are named

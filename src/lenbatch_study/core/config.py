@@ -462,6 +462,20 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+def _check_overrides(overrides: dict[str, Any]) -> None:
+    """Each setting a command-line flag gives, checked on its own first, so that a bad value is blamed on the
+    flag that gave it rather than on the params file underneath."""
+    for section, keys in overrides.items():
+        cls = SECTIONS.get(section)
+        if cls is None or not isinstance(keys, dict):
+            continue  # reported with the merged params
+        hints, fields_ = typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+        for key, value in keys.items():
+            if key in fields_:
+                where = f"{section}.{key} given on the command line (--{key.replace('_', '-')})"
+                _check_range(where, _check_type(where, value, hints[key]), fields_[key].metadata)
+
+
 def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> Params:
     """Load ``params.yaml`` (and override files on top, in order) into :class:`Params`.
 
@@ -489,6 +503,7 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
             raise ValueError(f"{path} must be a YAML mapping of sections, got {type(raw).__name__}")
         merged = deep_merge(merged, raw)
     if overrides:
+        _check_overrides(overrides)
         merged = deep_merge(merged, overrides)
     names = ["--params-json" if str(p).lstrip().startswith("{") else str(p) for p in paths]
     return params_from_dict(merged, source=" + ".join(names))
