@@ -18,8 +18,8 @@ from lenbatch_study.core.config import (
     deep_merge,
     load_params,
     params_from_dict,
-    schema_yaml,
 )
+from lenbatch_study.core.schema import schema_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "workflow/schemas/params.schema.yaml"
@@ -208,7 +208,7 @@ def test_params_yaml_describes_each_setting_with_its_declared_help():
     JSON schema and the CLI flag overriding it all carry that text (the comment may add why this value, after it)."""
     import re
 
-    from lenbatch_study.core.config import json_schema
+    from lenbatch_study.core.schema import json_schema
 
     schema, section, checked = json_schema()["properties"], None, 0
     for line in (ROOT / "params.yaml").read_text().splitlines():
@@ -224,3 +224,11 @@ def test_params_yaml_describes_each_setting_with_its_declared_help():
                 f"params.yaml {section}.{key}: comment {comment!r} is not its declared help {declared!r}"
             checked += 1
     assert checked >= 70, checked
+
+
+def test_interleave_max_rounds_below_rounds_is_refused_by_name():
+    from lenbatch_study.core.config import load_params
+
+    with pytest.raises(ValueError, match=r"interleave.max_rounds \(4\) is below interleave.rounds \(6\); set "
+                                         r"max_rounds >= rounds"):
+        load_params("params.yaml", '{"interleave": {"rounds": 6, "max_rounds": 4}}')

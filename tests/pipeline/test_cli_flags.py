@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from lenbatch_study.cli import flags
-from lenbatch_study.core.config import json_schema
+from lenbatch_study.core.schema import json_schema
 
 OVERRIDES = {"stats": ("stats.histogram_bins",), "boundaries": flags.BOUNDARIES_FLAGS + flags.BATCHING_FLAGS[:2],
              "plans": ("plans.epochs",) + flags.BATCHING_FLAGS, "plan": flags.BATCHING_FLAGS,

@@ -52,6 +52,30 @@ def test_bad_input_names_the_fix():
         measure_interleaved(lambda s, i: 1, ["sorted"], rounds=1, segment_steps=1, warmup=0)
 
 
+def test_rounds_go_on_until_enough_within_the_bounds():
+    """After the minimum ``rounds``, one round at a time until ``enough`` says so or ``max_rounds`` ran;
+    ``enough`` is never asked before the minimum."""
+    asked = []
+
+    def enough_after(n):
+        def enough(so_far):
+            asked.append(len(so_far["a"]["seconds"]))
+            return len(so_far["a"]["seconds"]) >= n
+        return enough
+
+    def rounds_run(**kw):
+        res = measure_interleaved(lambda s, j: 1, ["a", "b"], rounds=3, segment_steps=1, warmup=0, **kw)
+        assert len(res["a"]["seconds"]) == len(res["b"]["seconds"]) == len(res["_order"])
+        return len(res["_order"])
+
+    assert rounds_run(max_rounds=10, enough=enough_after(5)) == 5 and asked == [3, 4, 5]
+    assert rounds_run(max_rounds=10, enough=enough_after(1)) == 3      # the minimum holds
+    assert rounds_run(max_rounds=7, enough=enough_after(99)) == 7      # never enough: the maximum
+    assert rounds_run(max_rounds=7) == 3                               # no rule: exactly `rounds`
+    with pytest.raises(ValueError, match=r"interleave.max_rounds \(2\) is below interleave.rounds \(3\)"):
+        rounds_run(max_rounds=2, enough=enough_after(1))
+
+
 def test_rounds_rotate_so_no_strategy_always_follows_the_same_one():
     orders = round_orders(["a", "b", "c"], 4)
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
@@ -64,7 +88,7 @@ def test_rounds_rotate_so_no_strategy_always_follows_the_same_one():
         return 10 * (j + 1)
 
     res = measure_interleaved(step, ["a", "b"], rounds=2, segment_steps=3, warmup=2, clock=lambda: now[0],
-                              on_round=lambda k: log.append(f"round {k}"))
+                              on_round=lambda k, so_far: log.append(f"round {k}"))
     assert log == ["a"] * 6 + ["b"] * 6 + ["a"] * 3 + ["b"] * 3 + ["round 0"] + ["b"] * 3 + ["a"] * 3 + ["round 1"]
     assert res["a"] == {"seconds": [3.0, 3.0], "useful_tokens": [60, 60], "position": [0, 1]}
 

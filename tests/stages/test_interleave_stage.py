@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = ["sorted", "random", "bucketed", "sortish", "packed"]
 OVERRIDE = {"train": {"strategies": STRATEGIES, "nproc": 2, "threads": 1},
-            "interleave": {"rounds": 3, "segment_steps": 2, "warmup": 1}}
+            "interleave": {"rounds": 3, "max_rounds": 3, "segment_steps": 2, "warmup": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,7 @@ def test_every_strategy_timed_in_turns_on_its_training_runs_own_steps(stage):
     assert list(doc["strategies"]) == STRATEGIES and doc["rounds"] == 3 and doc["warmup"] == 1
     assert doc["clock"] == "cpu"  # auto on a CPU device with one thread: the process's CPU seconds
     assert doc["order"] == round_orders(STRATEGIES, 3)
+    assert (doc["min_rounds"], doc["max_rounds"], doc["stopped"]) == (3, 3, "interleave.rounds reached")
     assert doc["machine"]["id"]
     for s, rec in doc["strategies"].items():
         sched = build_schedule(lengths, strategy=s, params=params, edges=stage["edges"] if s == "bucketed" else None,
@@ -95,9 +96,9 @@ def test_compare_refuses_a_measurement_from_other_params_naming_the_rerun(stage,
     from lenbatch_study.stages.compare import LossMasks, interleaved_table
 
     over = tmp_path / "more.yaml"
-    over.write_text(yaml.safe_dump({"interleave": {"rounds": 4}}))
+    over.write_text(yaml.safe_dump({"interleave": {"warmup": 2}}))
     params = load_params(*stage["files"], over)
-    with pytest.raises(ValueError, match=r"other params \(interleave.rounds: 3 -> 4\); rerun: snakemake "
+    with pytest.raises(ValueError, match=r"other params \(interleave.warmup: 1 -> 2\); rerun: snakemake "
                                          r"results/interleave/interleave.json"):
         interleaved_table(stage["out"], params=params, lengths=stage["lengths"].astype(np.int64),
                           masks=LossMasks(None), profile={}, edges=stage["edges"], target_ranks=1)

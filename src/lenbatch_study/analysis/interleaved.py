@@ -3,7 +3,6 @@
 * :func:`ratio_intervals`: per strategy, the throughput ratio to sorted with its 95% interval, paired by
   round, so a drift common to a round cancels;
 * :func:`predicted_ratios`: the same ratio from the step model's predicted seconds of the same steps;
-* :func:`cpu_fits`: the step model fitted on the profile grid's CPU seconds (a measurement on the CPU clock);
 * :func:`judge`: both side by side per strategy, with the prediction's error on the ratio and whether it
   meets the targets (:data:`INTERVAL_TARGET`, :data:`PREDICTION_TARGET`);
 * :func:`flat_metrics`: the flat keys compare writes (``<strategy>.interleaved.*``);
@@ -65,6 +64,11 @@ def ratio_intervals(seconds: Mapping[str, Sequence[float]], useful_tokens: Mappi
     return out
 
 
+def half_width(ratio: float, ci95: Sequence[float]) -> float:
+    """The interval's larger side relative to its ratio: max(hi / ratio - 1, 1 - lo / ratio)."""
+    return max(ci95[1] / ratio - 1.0, 1.0 - ci95[0] / ratio)
+
+
 def predicted_ratios(predicted_seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]],
                      *, baseline: str = BASELINE) -> dict[str, float]:
     """Predicted throughput ratio to ``baseline`` over the same timed steps: (sum u / sum predicted t) of
@@ -91,32 +95,12 @@ def judge(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Se
     for s, m in meas.items():
         r = float(m["ratio_to_sorted"])  # type: ignore[arg-type]
         lo, hi = m["ci95"]  # type: ignore[misc]
-        half = max(hi / r - 1.0, 1.0 - lo / r)
+        half = half_width(r, (lo, hi))
         err = pred[s] / r - 1.0
         out[s] = {"ratio_to_sorted": r, "ci95": [float(lo), float(hi)], "predicted_ratio": float(pred[s]),
                   "rounds": m["rounds"], "half_width": half, "prediction_error": err,
                   "interval_ok": half <= INTERVAL_TARGET, "prediction_ok": abs(err) <= PREDICTION_TARGET}
     return out
-
-
-def cpu_fits(rows: Sequence[Mapping[str, object]], cols: Mapping[str, np.ndarray], *, holdout_fraction: float,
-             seed: int, rerun: str) -> dict[str, dict[str, object]]:
-    """Target and drafter step models fitted on the profile grid's process CPU seconds (the median per point
-    of ``<role>_cpu_seconds_all``; ``cols``: the grid's shape table) as compare fits its wall seconds
-    (:func:`lenbatch_study.analysis.stepmodel.select_model`): what predicts a measurement on the CPU clock.
-    ``ValueError`` naming ``rerun`` for a grid without CPU seconds. Cost: the fits' held-out splits."""
-    from lenbatch_study.analysis import stepmodel as sm
-
-    if not all(r.get("target_cpu_seconds_all") and r.get("drafter_cpu_seconds_all") for r in rows):
-        raise ValueError("the profile grid records no CPU seconds (an older grid.json), so a measurement on the CPU "
-                         f"clock cannot be predicted; rerun: {rerun}")
-    fits: dict[str, dict[str, object]] = {}
-    for role in ("target", "drafter"):
-        secs = np.array([float(np.median(r[f"{role}_cpu_seconds_all"])) for r in rows])  # type: ignore[arg-type]
-        best, cands = sm.select_model(cols, secs, role=role, candidates=sm.CANDIDATES[role],
-                                      holdout_fraction=holdout_fraction, seed=seed)
-        fits[role] = {"best": best, "candidates": cands}
-    return fits
 
 
 def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> dict[str, object]:
@@ -174,5 +158,5 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     return lines
 
 
-__all__ = ["BASELINE", "INTERVAL_TARGET", "PREDICTION_TARGET", "RUN_KEYS", "USER_METRIC_KEYS", "cpu_fits",
-           "flat_metrics", "judge", "predicted_ratios", "ratio_intervals", "section_lines"]
+__all__ = ["BASELINE", "INTERVAL_TARGET", "PREDICTION_TARGET", "RUN_KEYS", "USER_METRIC_KEYS",
+           "flat_metrics", "half_width", "judge", "predicted_ratios", "ratio_intervals", "section_lines"]

@@ -422,3 +422,21 @@ def throughput(useful_tokens: np.ndarray, ends: np.ndarray, *, warmup_steps: int
 
 # Below this share of its cores a timed step was slowed by other work on the machine (profile warns,
 # the report names the runs).
+
+
+def cpu_fits(rows: Sequence[Mapping[str, object]], cols: Mapping[str, np.ndarray], *, holdout_fraction: float,
+             seed: int, rerun: str) -> dict[str, dict[str, object]]:
+    """Target and drafter step models fitted on the profile grid's process CPU seconds (the median per point
+    of ``<role>_cpu_seconds_all``; ``cols``: the grid's shape table) as compare fits its wall seconds
+    (:func:`select_model`): what predicts a measurement on the CPU clock.
+    ``ValueError`` naming ``rerun`` for a grid without CPU seconds. Cost: the fits' held-out splits."""
+    if not all(r.get("target_cpu_seconds_all") and r.get("drafter_cpu_seconds_all") for r in rows):
+        raise ValueError("the profile grid records no CPU seconds (an older grid.json), so a measurement on the CPU "
+                         f"clock cannot be predicted; rerun: {rerun}")
+    fits: dict[str, dict[str, object]] = {}
+    for role in ("target", "drafter"):
+        secs = np.array([float(np.median(r[f"{role}_cpu_seconds_all"])) for r in rows])  # type: ignore[arg-type]
+        best, cands = select_model(cols, secs, role=role, candidates=CANDIDATES[role],
+                                      holdout_fraction=holdout_fraction, seed=seed)
+        fits[role] = {"best": best, "candidates": cands}
+    return fits

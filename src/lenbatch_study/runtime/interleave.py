@@ -39,12 +39,17 @@ def round_orders(strategies: Sequence[str], rounds: int) -> list[list[str]]:
 
 def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[str], *, rounds: int,
                         segment_steps: int, warmup: int, clock: Callable[[], float] = time.perf_counter,
-                        on_round: Optional[Callable[[int], None]] = None) -> dict[str, dict[str, list]]:
+                        on_round: Optional[Callable[[int, dict[str, dict[str, list]]], None]] = None,
+                        max_rounds: Optional[int] = None,
+                        enough: Optional[Callable[[dict[str, dict[str, list]]], bool]] = None
+                        ) -> dict[str, dict[str, list]]:
     """Time every strategy in turns: ``step(strategy, j)`` runs step ``j`` (0 .. segment_steps - 1) of that
     strategy's segment and returns its useful tokens. First each strategy's ``warmup`` untimed passes over
     its segment (strategy by strategy), then ``rounds`` rounds (:func:`round_orders`), each timing one pass
-    over the segment of every strategy (``clock`` read before and after the pass; ``on_round(k)`` called
-    after round ``k``, outside the timing).
+    over the segment of every strategy (``clock`` read before and after the pass; ``on_round(k, so_far)``
+    called after round ``k``, outside the timing, with the measurement so far). With ``max_rounds`` (>= ``rounds``) and ``enough``, rounds go on
+    after the first ``rounds`` one at a time until ``enough(measured so far)`` is true or ``max_rounds`` have
+    run (a sequential stop: the minimum ``rounds`` keeps an early lucky streak from ending it).
 
     Returns ``{strategy: {"seconds": [per round], "useful_tokens": [per round], "position": [its place in
     each round]}}`` plus the rounds as run under the key ``"_order"``. Cost: (warmup + rounds) x
@@ -55,13 +60,20 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
     if segment_steps < 1 or warmup < 0:
         raise ValueError(f"interleave.segment_steps must be >= 1 and interleave.warmup >= 0, got {segment_steps}, "
                          f"{warmup}")
+    if max_rounds is not None and max_rounds < rounds:
+        raise ValueError(f"interleave.max_rounds ({max_rounds}) is below interleave.rounds ({rounds}); set "
+                         "max_rounds >= rounds")
     out: dict[str, dict[str, list]] = {s: {"seconds": [], "useful_tokens": [], "position": []} for s in strategies}
     for s in strategies:  # each strategy's own warm-up, on the very steps it then times
         for _ in range(warmup):
             for j in range(segment_steps):
                 step(s, j)
-    orders = round_orders(strategies, rounds)
-    for k, order in enumerate(orders):
+    last = rounds if max_rounds is None or enough is None else max_rounds
+    orders = []
+    for k, order in enumerate(round_orders(strategies, last)):
+        if k >= rounds and enough(out):  # type: ignore[misc]
+            break
+        orders.append(order)
         for pos, s in enumerate(order):
             t0 = clock()
             useful = sum(step(s, j) for j in range(segment_steps))
@@ -69,7 +81,7 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
             out[s]["useful_tokens"].append(int(useful))
             out[s]["position"].append(pos)
         if on_round is not None:
-            on_round(k)
+            on_round(k, out)
     out["_order"] = orders  # type: ignore[assignment]
     return out
 

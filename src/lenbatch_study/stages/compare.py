@@ -298,7 +298,7 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
     """The interleaved measurement judged (:func:`lenbatch_study.analysis.interleaved.judge`): per strategy
     the measured ratio to sorted with its 95% interval, and the ratio predicted for the same steps, one
     process (target then drafter, each as timed alone on the profile grid, :func:`fit_profile`'s result
-    ``profile``; fitted on its CPU seconds, :func:`lenbatch_study.analysis.interleaved.cpu_fits`, for a
+    ``profile``; fitted on its CPU seconds, :func:`lenbatch_study.analysis.stepmodel.cpu_fits`, for a
     measurement on the CPU clock).
 
     The timed steps are rebuilt from the training plan (:func:`planned_batches`) and must give the useful
@@ -315,7 +315,7 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
         raise ValueError(f"the interleaved measurement ran on machine {here} but the profile on {there}: the step "
                          f"times of one do not predict the other's; rerun both on one machine: {fix}; and "
                          f"{provenance.profile_rerun()}")
-    fits = profile["fits"] if doc.get("clock") != "cpu" else il.cpu_fits(
+    fits = profile["fits"] if doc.get("clock") != "cpu" else sm.cpu_fits(
         profile["rows"], grid_columns(profile["rows"]), holdout_fraction=params.compare.holdout_fraction,
         seed=params.batching.seed, rerun=provenance.profile_rerun())
     predicted = {}

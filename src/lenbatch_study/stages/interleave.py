@@ -31,13 +31,20 @@ one round and 34 s in another), so no pairing by round cancels them from wall ti
 them out, and on a quiet machine they equal the wall seconds (the profile grid, which the prediction is
 fitted on, records both: its CPU share tells how far they differ). On a GPU, wall seconds.
 
-``interleave.json``: ``{"machine", "rounds", "segment_steps", "warmup", "clock" (resolved), "order" (the
+How many rounds: at least ``interleave.rounds``; then one more at a time while some strategy's 95%
+interval is wider than +-2% of its ratio (the target compare judges,
+:data:`lenbatch_study.analysis.interleaved.INTERVAL_TARGET`), up to ``interleave.max_rounds``. A quiet
+machine stops early; a busy one spends the rounds it is allowed and the report shows the width it reached.
+
+``interleave.json``: ``{"machine", "rounds" (as run), "min_rounds", "max_rounds", "stopped" (why),
+"segment_steps", "warmup", "clock" (resolved), "order" (the
 rounds as run), "seconds" (the stage's wall time), "strategies": {strategy: {"steps", "epochs",
 "step_useful_tokens" (the segment's global steps, their epochs and useful tokens), "seconds" (the
 clock's), "useful_tokens", "position", "wall_seconds", "cpu_seconds" (per round)}}}``, and ``params.json``.
 
-Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models; on the CPU
-default (6 rounds, 1-step segments, 1 warm-up pass, five strategies: 35 steps of ~3 s) about 2 minutes.
+Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models, rounds between
+``interleave.rounds`` and ``max_rounds``; on the CPU default (1-step segments of ~3 s, 1 warm-up pass, five
+strategies) about 40 s per round: 4 minutes at 6 rounds, 11 at 16.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from lenbatch.batching.schedule import build_schedule
 from lenbatch.loading.collate import collate
 from lenbatch.log import get_logger
 from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.analysis.interleaved import INTERVAL_TARGET, half_width, ratio_intervals
 from lenbatch_study.core.machine import fingerprint
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
 from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
@@ -143,17 +151,36 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
         log.info("%s plan(s) fewer steps than interleave.segment_steps=%d: all of them are timed",
                  ", ".join(short), il.segment_steps)
     t0 = time.perf_counter()
+    widest: list[tuple[float, str]] = []  # after each round from the second: the widest interval and whose
+
+    def enough(res: dict[str, dict[str, list]]) -> bool:
+        return bool(widest) and widest[-1][0] <= INTERVAL_TARGET
+
+    def on_round(k: int, res: dict[str, dict[str, list]]) -> None:
+        if k >= 1:
+            iv = ratio_intervals({s: res[s]["seconds"] for s in strategies},
+                                 {s: res[s]["useful_tokens"] for s in strategies})
+            widest.append(max((half_width(v["ratio_to_sorted"], v["ci95"]), s) for s, v in iv.items()))
+        log.info("round %d (%d..%d) done, %.1f s elapsed%s", k + 1, il.rounds, il.max_rounds,
+                 time.perf_counter() - t0,
+                 f"; widest 95% interval +-{widest[-1][0]:.1%} ({widest[-1][1]})" if widest else "")
+
     res = measure_interleaved(lambda s, j: step(s, j) if j < len(plan[s]["steps"]) else 0, strategies,
-                              rounds=il.rounds, segment_steps=longest, warmup=il.warmup, clock=lambda: timed[0],
-                              on_round=lambda k: log.info("round %d/%d done, %.1f s elapsed", k + 1, il.rounds,
-                                                          time.perf_counter() - t0))
+                              rounds=il.rounds, max_rounds=il.max_rounds, enough=enough, segment_steps=longest,
+                              warmup=il.warmup, clock=lambda: timed[0], on_round=on_round)
     seconds = time.perf_counter() - t0
-    out: dict[str, Any] = {"machine": fingerprint(threads=params.train.threads), "rounds": il.rounds,
+    rounds = len(res["_order"])
+    out: dict[str, Any] = {"machine": fingerprint(threads=params.train.threads), "rounds": rounds,
+                           "min_rounds": il.rounds, "max_rounds": il.max_rounds,
+                           "stopped": ("every interval within +-%g%%" % (100 * INTERVAL_TARGET)
+                                       if widest and widest[-1][0] <= INTERVAL_TARGET else
+                                       "interleave.max_rounds reached" if rounds == il.max_rounds > il.rounds
+                                       else "interleave.rounds reached"),
                            "segment_steps": il.segment_steps, "warmup": il.warmup, "clock": clock,
                            "order": res["_order"], "seconds": round(seconds, 3), "strategies": {}}
     for s in strategies:
         steps = plan[s]["steps"]
-        per_round = np.asarray(both[s][il.warmup * len(steps):], dtype=float).reshape(il.rounds, len(steps), 2)
+        per_round = np.asarray(both[s][il.warmup * len(steps):], dtype=float).reshape(rounds, len(steps), 2)
         out["strategies"][s] = {"steps": [int(st.step) for st in steps], "epochs": [int(st.epoch) for st in steps],
                                 "step_useful_tokens": [int(st.useful) for st in steps], **res[s],
                                 "wall_seconds": per_round[:, :, 0].sum(axis=1).tolist(),

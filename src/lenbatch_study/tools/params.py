@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from lenbatch_study.core.config import SECTIONS, load_params, schema_yaml
+from lenbatch_study.core.config import SECTIONS, load_params
+from lenbatch_study.core.schema import schema_yaml
 
 
 def run(*, params: list[str], schema: bool = False, show: bool = False) -> int:
