@@ -129,9 +129,11 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     wide = [f"`{s}`" for s, r in rows if not r["interval_ok"]]
     off = [f"`{s}`" for s, r in rows if not r["prediction_ok"]]
     pct = f"{100 * INTERVAL_TARGET:g}%", f"{100 * PREDICTION_TARGET:g}%"
-    verdict = (f"The intervals of {', '.join(wide)} are wider than ±{pct[0]}: the machine's speed moved within "
-               f"rounds too much to judge a {pct[1]} prediction there (more `interleave.rounds` narrow them)."
-               if wide else f"Every interval is within ±{pct[0]}.")
+    first = next(iter(table.values()))
+    verdict = (f"The intervals of {', '.join(wide)} are wider than ±{pct[0]} after {first['rounds']} rounds "
+               f"(`interleave.max_rounds`: {first.get('max_rounds', first['rounds'])}): the machine's speed moved "
+               f"within rounds too much to judge a {pct[1]} prediction there (a quieter machine, or more rounds, "
+               "narrows them)." if wide else f"Every interval is within ±{pct[0]}.")
     verdict += (f" The predicted ratio is within {pct[1]} of the measured one for "
                 + ("every strategy." if not off else f"{len(rows) - len(off)} of {len(rows)} strategies (not "
                                                      f"{', '.join(off)})."))
@@ -140,7 +142,6 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     if inside:
         verdict += (f" Within the measured interval nonetheless: {', '.join(inside)} (a miss this measurement "
                     "cannot show).")
-    first = next(iter(table.values()))
     clock = ("the process's CPU seconds (other processes' time slices left out), predicted from the grid's CPU "
              "seconds" if first.get("clock") == "cpu" else "wall seconds")
     lines = ["", "## Ratios measured in turns", "",

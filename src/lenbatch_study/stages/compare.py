@@ -333,7 +333,8 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
     st = doc["strategies"]
     table = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, predicted,
                      {s: st[s]["step_useful_tokens"] for s in st})
-    return {s: {**r, "clock": doc.get("clock", "wall")} for s, r in table.items()}
+    return {s: {**r, "clock": doc.get("clock", "wall"), "max_rounds": doc.get("max_rounds", doc["rounds"])}
+            for s, r in table.items()}
 
 
 # --------------------------------------------------------------------------- the stage
