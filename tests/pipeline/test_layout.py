@@ -167,7 +167,8 @@ ANALYSIS_FROM_PIPELINE = "lenbatch_study.pipeline.artifacts."
 
 def test_analysis_takes_only_file_names_from_the_pipeline_layer():
     found = {dep for m in _modules() if package_of(m) == STUDY and layer_of(m) == "analysis"
-             for dep in deps.direct_imports(m) if dep.startswith("lenbatch_study.pipeline") and not deps.is_subpackage(dep)}
+             for dep in deps.direct_imports(m)
+             if dep.startswith("lenbatch_study.pipeline") and not deps.is_subpackage(dep)}
     assert "lenbatch_study.pipeline.artifacts.compare_report" in found  # the report's files
     assert all(dep.startswith(ANALYSIS_FROM_PIPELINE) for dep in found), sorted(found)
 

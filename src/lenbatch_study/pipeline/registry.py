@@ -180,7 +180,8 @@ _ALL = (
         outputs={"metrics": Output(compare_report.METRICS, kind="metrics"),
                  "diagnostics": Output(compare_report.DIAGNOSTICS),
                  "report": Output(compare_report.REPORT), "stepmodel": Output(compare_report.STEPMODEL),
-                 "histogram": Output(compare_report.HISTOGRAM_PLOT), "quality_plot": Output(compare_report.QUALITY_PLOT),
+                 "histogram": Output(compare_report.HISTOGRAM_PLOT),
+                 "quality_plot": Output(compare_report.QUALITY_PLOT),
                  "params": Output(writing.PARAMS),
                  # DVC's interactive plots, each with its Vega-Lite template in workflow/plots/
                  # (DVC's default, a line over a quantitative x, draws strategies blank or joined)

@@ -93,4 +93,5 @@ def read_sweep(path: str | Path) -> list[dict[str, Any]]:
     return doc
 
 
-__all__ = ["BOUNDARIES", "BOUNDARIES_PATH", "BY_STRATEGY", "NEEDS_EDGES", "SWEEP", "TIMINGS", "by_strategy_path", "edges_for", "read_boundaries", "read_edges", "read_sweep"]
+__all__ = ["BOUNDARIES", "BOUNDARIES_PATH", "BY_STRATEGY", "NEEDS_EDGES", "SWEEP", "TIMINGS", "by_strategy_path",
+           "edges_for", "read_boundaries", "read_edges", "read_sweep"]

@@ -160,5 +160,6 @@ def read_dataset(data: str | Path, lengths: np.ndarray, *, columns: tuple[str, .
     return TokenizedDataset(data, lengths, columns=columns)
 
 
-__all__ = ["COLUMNS", "DATASET", "LENGTHS", "LENGTHS_PATH", "STATS", "TIMINGS", "TokenizedDataset", "output_paths", "read_dataset", "read_lengths",
+__all__ = ["COLUMNS", "DATASET", "LENGTHS", "LENGTHS_PATH", "STATS", "TIMINGS", "TokenizedDataset", "output_paths",
+           "read_dataset", "read_lengths",
            "read_lengths_input"]
