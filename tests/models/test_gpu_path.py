@@ -353,7 +353,7 @@ def test_summary_keeps_compile_seconds_of_measured_steps_apart(tmp_path):
     """Finding 6: a compile inside a measured step is counted against that run, apart from warm-up."""
     from lenbatch_study.runtime.records import Recorder
 
-    rec = Recorder(tmp_path, kept=None)
+    rec = Recorder(tmp_path / "steps.jsonl", kept=None)
     for i, c in enumerate([2.0, 0.5, 0.0, 0.25, 0.0]):
         rec.add({"step": i, "epoch": 0, "t": float(i + 1), "useful_tokens": 10, "computed_tokens": 10,
                  "target_s": 0.1, "drafter_s": 0.1, "queue_wait_s": 0.0, "credit_wait_s": 0.0, "loss": 1.0,

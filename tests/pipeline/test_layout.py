@@ -38,8 +38,10 @@ STUDY_LAYERS: dict[str, set[str]] = {
     "corpus": {"core"},                                     # sources, chat, tokenizing, the seed profile
     "models": {"core"},                                     # target, drafter, kernels, memory, verify
     "runtime": {"models", "core"},                          # step runner, transport, checkpoints, records
-    # step-time model, gradient quality, reports (models: the drafter's anchor draw, numpy, for step shapes)
-    "analysis": {"core", "corpus", "models"},
+    # step-time model, gradient quality, reports (models: the drafter's anchor draw, numpy, for step shapes;
+    # pipeline: its artifact modules only, which name the files the report writes and its rerun hints name:
+    # each file's name is spelled in one module, the one that reads it; ANALYSIS_FROM_PIPELINE checks "only")
+    "analysis": {"core", "corpus", "models", "pipeline"},
     "pipeline": {"core", "corpus"},                         # deps, outputs, artifacts, registry
     "stages": {"runtime", "models", "core", "corpus", "analysis", "pipeline"},
     # the commands beside the stages (plan, study-replay, verify-packing, params, plots, dvc-yaml, sync, readme)
@@ -156,6 +158,19 @@ def test_every_module_lives_in_a_layer_and_imports_only_what_its_layer_may():
             if theirs != mine and theirs not in LAYERS[home][mine]:
                 bad.append(f"{m} ({home}.{mine}) imports {dep} ({theirs})")
     assert not bad, "imports against the layer rule:\n" + "\n".join(bad)
+
+
+# What the analysis layer may import of the pipeline layer: the artifact modules (file names and readers),
+# never the stage table, the code dependencies or the output plumbing.
+ANALYSIS_FROM_PIPELINE = "lenbatch_study.pipeline.artifacts."
+
+
+def test_analysis_takes_only_file_names_from_the_pipeline_layer():
+    found = {dep for m in _modules() if package_of(m) == STUDY and layer_of(m) == "analysis"
+             for dep in deps.direct_imports(m)
+             if dep.startswith("lenbatch_study.pipeline") and not deps.is_subpackage(dep)}
+    assert "lenbatch_study.pipeline.artifacts.compare_report" in found  # the report's files
+    assert all(dep.startswith(ANALYSIS_FROM_PIPELINE) for dep in found), sorted(found)
 
 
 def test_the_layer_checker_can_fail():

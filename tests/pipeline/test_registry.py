@@ -59,37 +59,123 @@ def test_every_rule_reads_its_inputs_outputs_and_params_from_the_table():
     assert "rules." not in text, "a rule reads another rule's output by name: take it from the table"
 
 
-def test_the_table_declares_what_the_stages_read():
-    """A stage imports the artifact module of each input it declares, and no other artifact module but
-    the shared wording and writer: the reads in the code and the table's inputs are one list. (Writers
-    never import their outputs' module: editing a reader must not rerun the stage that writes the file.)"""
+def _producers() -> dict[str, str]:
+    """``{artifact module: the stage that writes its files}`` (each module's ``WRITER``)."""
     producer = {}
     for p in (deps.SRC / "pipeline" / "artifacts").glob("*.py"):
         tree = ast.parse(p.read_text())
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "WRITER" for t in node.targets):
                 producer[f"lenbatch_study.pipeline.artifacts.{p.stem}"] = node.value.value
-    assert set(producer.values()) == set(registry.STAGES) - {"compare"}
-    shared = {"lenbatch_study.pipeline.artifacts.reading", "lenbatch_study.pipeline.artifacts.writing"}
+    return producer
+
+
+# the shared wording, the JSON writer and every output folder's params.json
+SHARED = {"lenbatch_study.pipeline.artifacts.reading", "lenbatch_study.pipeline.artifacts.writing"}
+
+
+def test_the_table_declares_what_the_stages_read():
+    """A stage's code reaches the artifact module of each input it declares and of its own outputs (it
+    writes them with that module's names), and no other artifact module but the shared wording and
+    writer: the reads in the code and the table's inputs are one list."""
+    producer = _producers()
+    assert sorted(producer.values()) == sorted(registry.STAGES), "one artifact module per stage"
     for stage, st in registry.STAGES.items():
-        read = {m for m in deps.stage_modules(stage) if m.startswith("lenbatch_study.pipeline.artifacts.")} - shared
+        used = {m for m in deps.stage_modules(stage) if m.startswith("lenbatch_study.pipeline.artifacts.")} - SHARED
         declared = {i.stage for i in st.inputs if not i.trigger_only}  # the machine: a dependency, never read
-        assert {producer[m] for m in read} == declared, (stage, sorted(read), sorted(declared))
-        assert stage not in {producer[m] for m in read}, f"{stage} imports the reader of its own outputs"
+        assert {producer[m] for m in used} == declared | {stage}, (stage, sorted(used), sorted(declared))
+
+
+def _artifact_modules() -> dict[str, object]:
+    import importlib
+
+    return {m: importlib.import_module(m) for m in [*_producers(), *sorted(SHARED)]}
+
+
+def _file_names(module: object) -> set[str]:
+    """The file and folder names an artifact module defines: its upper-case string constants that name a
+    file (``x.json``) or, for a name in the stage table's outputs, a folder (``dataset``)."""
+    declared = {o.file for st in registry.STAGES.values() for o in st.outputs.values()}
+    return {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)
+            and (v in declared or re.fullmatch(r"[\w-]+\.\w+", v))}
 
 
 def test_outputs_come_from_the_artifact_modules():
-    """Every output another stage reads has its file name from its artifact module (one owner of the path)."""
-    from lenbatch_study.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result
-    from lenbatch_study.pipeline.artifacts import interleave_timings, machine_file, tokenized, train_runs
+    """Every output in the table has its file name from its stage's artifact module (``params.json``,
+    which every output folder holds, from the shared writer), and the table spells no file name itself."""
+    from lenbatch_study.pipeline.artifacts import writing
 
-    read = {(i.stage, i.output) for st in registry.STAGES.values() for i in st.inputs}
-    owner = {"machine": machine_file, "tokenize": tokenized, "stats": length_stats, "boundaries": bucket_edges, "plans": plan_metrics,
-             "profile": profile_grid, "train": train_runs, "quality": quality_result, "interleave": interleave_timings}
-    for stage, name in read:
-        file = registry.STAGES[stage].outputs[name].file
-        mod = owner[stage]
-        assert mod.WRITER == stage and file in {v for k, v in vars(mod).items() if k.isupper() and isinstance(v, str)}
+    owner = {mod.WRITER: mod for m, mod in _artifact_modules().items() if m not in SHARED}
+    for stage, st in registry.STAGES.items():
+        for name, out in st.outputs.items():
+            assert out.file in _file_names(owner[stage]) | {writing.PARAMS}, (stage, name, out.file)
+    calls = [n for n in ast.walk(ast.parse((deps.SRC / "pipeline" / "registry.py").read_text()))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "Output"]
+    assert len(calls) == sum(len(st.outputs) for st in registry.STAGES.values())
+    spelled = [ast.unparse(c) for c in calls if isinstance(c.args[0], ast.Constant)]
+    assert not spelled, f"a file name written in the table, not taken from its artifact module: {spelled}"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+def _spelled_names(path: Path, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every string literal in ``path`` (docstrings aside; an f-string's literal parts
+    included) that spells a name of ``names`` as a path: the name itself, a path ending in ``/<name>``
+    or one starting ``<name>/``. A name inside a sentence (an error's wording, a help string) is prose."""
+    tree = ast.parse(path.read_text())
+    docs = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            text = node.value.strip()
+            found += [(node.lineno, n) for n in sorted(names)
+                      if text == n or text.endswith("/" + n) or text.startswith(n + "/")]
+    return sorted(found)
+
+
+def test_each_file_name_is_spelled_only_in_its_artifact_module():
+    """Every file name of the stage table's outputs and of the artifact modules (``timings.json``,
+    ``checkpoint.pt`` ...) is spelled as a path only in the artifact module(s) that define it: the stages,
+    corpus, runtime and analysis take the names (or the paths) from there. The table names its files by
+    these modules' constants (:func:`test_outputs_come_from_the_artifact_modules`)."""
+    owners: dict[str, set[Path]] = {}
+    for mod in _artifact_modules().values():
+        for name in _file_names(mod):
+            owners.setdefault(name, set()).add(Path(mod.__file__).resolve())
+    declared = {o.file for st in registry.STAGES.values() for o in st.outputs.values()}
+    assert declared <= set(owners), sorted(declared - set(owners))
+    assert {"timings.json", "checkpoint.pt", "params.json"} <= set(owners)
+    registry_file = (deps.SRC / "pipeline" / "registry.py").resolve()
+    bad = []
+    for p in sorted(deps.SRC.rglob("*.py")):
+        if p.resolve() != registry_file:
+            bad += [f"{p.relative_to(deps.SRC)}:{line} {name}" for line, name in _spelled_names(p, set(owners))
+                    if p.resolve() not in owners[name]]
+    assert not bad, f"a file name spelled outside its artifact module: {bad}"
+
+
+def test_the_file_name_scan_finds_a_spelled_name(tmp_path):
+    """The scan above can fail: a name as a literal, at the end of a path and of an f-string, and a folder
+    at the start of one are found; a docstring and a sentence that mention a name are not."""
+    p = tmp_path / "writer.py"
+    p.write_text('''"""Writes ``summary.json``."""
+import os
+A = os.path.join("out", "summary.json")
+B = f"{A}/grid.json"
+C = "results/train/sorted/steps.jsonl"
+D = "by-strategy/bucketed.json"
+E = "the grid (an older grid.json) lacks it"
+
+
+def f():
+    """grid.json"""
+''')
+    names = {"summary.json", "grid.json", "steps.jsonl", "by-strategy"}
+    assert _spelled_names(p, names) == [(3, "summary.json"), (4, "grid.json"), (5, "steps.jsonl"), (6, "by-strategy")]
 
 
 def _literals(path: Path) -> list[tuple[int, list]]:

@@ -45,7 +45,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch/batching/boundaries.py": {"boundaries", "compare"},  # compare replays the study with dp edges
     "lenbatch/batching/epoch.py": PLANNING,
     "lenbatch/batching/strategy.py": ALL,  # the strategy list: the params loader validates train.strategies with it
-    "lenbatch/batching/lengths.py": {"stats", "boundaries", "plans", "train", "quality", "interleave", "compare"},  # checks every lengths read
+    "lenbatch/batching/lengths.py": ALL - {"profile"},  # checks every lengths read (tokenize: its reader's module)
     "lenbatch/batching/padding.py": PLANNING,
     "lenbatch/batching/scan.py": PLANNING,
     "lenbatch/batching/schedule.py": {"train", "interleave", "compare"},  # compare rebuilds the trained batches
@@ -79,19 +79,21 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/models/varlen.py": MODEL,
     "lenbatch_study/models/kernels.py": MODEL,
     "lenbatch_study/models/verify.py": set(),  # verify-packing is a tool, not a stage
-    # pipeline: an artifact module is its readers' dependency, never its writer's
-    "lenbatch_study/pipeline/artifacts/bucket_edges.py": {"plans", "train", "quality", "interleave", "compare"},
-    "lenbatch_study/pipeline/artifacts/length_stats.py": {"compare"},
+    # pipeline: an artifact module (its files' names and reader) is the dependency of the stage that writes
+    # the files and of those that read them
+    "lenbatch_study/pipeline/artifacts/bucket_edges.py": {"boundaries", "plans", "train", "quality", "interleave",
+                                                          "compare"},
+    "lenbatch_study/pipeline/artifacts/compare_report.py": {"compare"},
+    "lenbatch_study/pipeline/artifacts/length_stats.py": {"stats", "compare"},
     "lenbatch_study/pipeline/artifacts/machine_file.py": set(),  # its file name, for the table: a dependency nobody reads
-    "lenbatch_study/pipeline/artifacts/plan_metrics.py": {"compare"},
-    "lenbatch_study/pipeline/artifacts/profile_grid.py": {"compare"},
-    "lenbatch_study/pipeline/artifacts/interleave_timings.py": {"compare"},
-    "lenbatch_study/pipeline/artifacts/quality_result.py": {"compare"},
-    "lenbatch_study/pipeline/artifacts/reading.py": {"stats", "boundaries", "plans", "train", "quality", "interleave", "compare"},
-    "lenbatch_study/pipeline/artifacts/tokenized.py": {"stats", "boundaries", "plans", "train", "quality", "interleave",
-                                                       "compare"},
-    "lenbatch_study/pipeline/artifacts/train_runs.py": {"compare"},
-    "lenbatch_study/pipeline/artifacts/writing.py": {"stats", "boundaries", "plans"},
+    "lenbatch_study/pipeline/artifacts/plan_metrics.py": {"plans", "compare"},
+    "lenbatch_study/pipeline/artifacts/profile_grid.py": {"profile", "compare"},
+    "lenbatch_study/pipeline/artifacts/interleave_timings.py": {"interleave", "compare"},
+    "lenbatch_study/pipeline/artifacts/quality_result.py": {"quality", "compare"},
+    "lenbatch_study/pipeline/artifacts/reading.py": ALL,  # the one wording of every reader
+    "lenbatch_study/pipeline/artifacts/tokenized.py": ALL - {"profile"},
+    "lenbatch_study/pipeline/artifacts/train_runs.py": {"train", "compare"},
+    "lenbatch_study/pipeline/artifacts/writing.py": ALL,  # every output folder's params.json
     "lenbatch_study/pipeline/deps.py": set(),
     "lenbatch_study/pipeline/console.py": set(),  # Snakemake's console (its logger plugin): no stage runs it
     "lenbatch_study/pipeline/dvcplots.py": set(),
@@ -126,7 +128,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/stages/tokenize.py": {"tokenize"},
     "lenbatch_study/stages/train.py": {"train"},
     "lenbatch_study/tools/verify_packing.py": set(),
-    "lenbatch_study/corpus/seed_profile.py": {"stats", "boundaries", "plans", "train", "quality", "interleave", "compare"},
+    "lenbatch_study/corpus/seed_profile.py": ALL - {"profile"},  # tokenize: its reader's module draws it
 }
 
 
@@ -172,9 +174,7 @@ def test_the_edits_issue_20_named():
     assert RERUNS["lenbatch_study/corpus/chat.py"] == {"tokenize"}
     assert dvc_stages(RERUNS["lenbatch/batching/strategies.py"], ["sorted", "packed"]) == {
         "boundaries", "plans", "train@sorted", "train@packed", "quality", "interleave", "compare"}
-    # the measuring stages (profile, train, interleave) rerun for no reader of their outputs and no rendering
+    # the measuring stages (profile, train, interleave) rerun for no prediction and no rendering
     for m, stages in RERUNS.items():
-        if m.startswith(("lenbatch_study/analysis/", "lenbatch_study/pipeline/artifacts/")) and m not in (
-                "lenbatch_study/analysis/shapes.py", "lenbatch_study/pipeline/artifacts/tokenized.py",
-                "lenbatch_study/pipeline/artifacts/reading.py", "lenbatch_study/pipeline/artifacts/bucket_edges.py"):
+        if m.startswith("lenbatch_study/analysis/") and m != "lenbatch_study/analysis/shapes.py":
             assert not stages & {"profile", "train", "interleave"}, m

@@ -6,6 +6,7 @@ from pathlib import Path
 import yaml
 
 from lenbatch_study.core.config import load_params
+from lenbatch_study.pipeline.artifacts.train_runs import STEPS
 from lenbatch_study.runtime.records import Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,26 +32,26 @@ def _summary(rec: Recorder, warmup: int = 1) -> dict:
 def test_a_resume_one_step_before_the_end_keeps_the_first_sessions_throughput(tmp_path):
     """The SLURM check requeues a training; requeued at step 4 of 5, the resumed session's single step is its
     warm-up, and the summary used to say useful_tokens_per_s: null (compare then refused the run)."""
-    first = Recorder(tmp_path, kept=None)
+    first = Recorder(tmp_path / STEPS, kept=None)
     for i, t in enumerate([1.0, 2.0, 3.0, 5.0]):  # warm-up step 0, then 3 measured steps in 4 s
         first.add(_row(i, t))
     first.close()
-    kept = (tmp_path / "steps.jsonl").read_text().splitlines()
-    resumed = Recorder(tmp_path, kept=kept)
+    kept = (tmp_path / STEPS).read_text().splitlines()
+    resumed = Recorder(tmp_path / STEPS, kept=kept)
     resumed.add(_row(4, 0.5))
     s = _summary(resumed)
-    assert [json.loads(line)["session"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == \
+    assert [json.loads(line)["session"] for line in (tmp_path / STEPS).read_text().splitlines()] == \
         [0, 0, 0, 0, 1]
     assert (s["sessions"], s["measured_steps"], s["warmup_steps_excluded"]) == (2, 3, 2)
     assert s["measured_wall_s"] == 4.0 and s["useful_tokens_per_s"] == 300 / 4.0
 
 
 def test_every_session_contributes_its_own_post_warm_up_steps_on_its_own_clock(tmp_path):
-    first = Recorder(tmp_path, kept=None)
+    first = Recorder(tmp_path / STEPS, kept=None)
     for i, t in enumerate([1.0, 2.0, 4.0]):  # measured: steps 1-2, 3 s after the warm-up's end
         first.add(_row(i, t))
     first.close()
-    resumed = Recorder(tmp_path, kept=(tmp_path / "steps.jsonl").read_text().splitlines())
+    resumed = Recorder(tmp_path / STEPS, kept=(tmp_path / STEPS).read_text().splitlines())
     for i, t in enumerate([10.0, 11.0, 13.0], start=3):  # its own clock: measured steps 4-5, 3 s after its warm-up
         resumed.add(_row(i, t, useful=200))
     s = _summary(resumed)
@@ -59,7 +60,7 @@ def test_every_session_contributes_its_own_post_warm_up_steps_on_its_own_clock(t
 
 
 def test_a_run_too_short_for_its_warm_up_has_no_throughput(tmp_path):
-    rec = Recorder(tmp_path, kept=None)
+    rec = Recorder(tmp_path / STEPS, kept=None)
     rec.add(_row(0, 1.0))
     s = _summary(rec)
     assert s["useful_tokens_per_s"] is None and s["measured_steps"] == 0 and s["sessions"] == 1

@@ -22,6 +22,7 @@ import pytest
 from lenbatch_study.cli import main as cli_main
 from lenbatch_study.corpus.chat import ChatEncoder, QwenTiktoken, conversation_from_record
 from lenbatch_study.corpus.tokenizing import tokenize, write_outputs
+from lenbatch_study.pipeline.artifacts import tokenized
 from lenbatch_study.corpus.sources import SourceReport, iter_records, resolve_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,7 +209,7 @@ def test_cut_off_file_through_the_stage(tmp_path):
     assert res.stats["cut_off"] and res.stats["records_recovered_from_cut_off_file"] == 3
     assert res.stats["bytes_left_over"] == cut - end_of_s2
     assert res.stats["samples"] == 3
-    stats = write_outputs(res, tmp_path / "out")
+    stats = write_outputs(res, **tokenized.output_paths(tmp_path / "out"))
     assert json.loads((tmp_path / "out" / "stats.json").read_text())["bytes_left_over"] == cut - end_of_s2
     assert "seconds" not in stats and res.seconds["total"] >= res.seconds["write"]  # timings.json, not stats
     assert json.loads((tmp_path / "out" / "timings.json").read_text())["seconds"] == res.seconds

@@ -13,6 +13,7 @@ from typing import Any
 
 from lenbatch_study.analysis import calibration
 from lenbatch_study.core import machine
+from lenbatch_study.pipeline.artifacts.train_runs import summary_path
 
 
 def profile_rerun() -> str:
@@ -23,7 +24,7 @@ def profile_rerun() -> str:
 
 def runs_rerun(strategies: list[str]) -> str:
     """The commands that remeasure the training runs of ``strategies`` (and then compare)."""
-    files = " ".join(f"results/train/{s}/summary.json" for s in strategies)
+    files = " ".join(summary_path(s) for s in strategies)
     stages = " ".join(f"train@{s}" for s in strategies)
     return (f"snakemake --cores all --forcerun {files} (DVC: dvc repro --force --single-item {stages}, "
             "then dvc repro)")

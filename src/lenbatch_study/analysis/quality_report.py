@@ -23,6 +23,8 @@ import numpy as np
 
 from lenbatch_study.analysis import gradquality as gq
 from lenbatch_study.analysis.quality_stats import by_strategy, metric_number, stage_metrics, strategy_metrics
+from lenbatch_study.pipeline.artifacts.compare_report import QUALITY_PLOT
+from lenbatch_study.pipeline.artifacts.quality_result import QUALITY_PATH
 
 CHECKPOINTS = ("init", "trained")  # the weights the gradients were taken at (the quality stage's)
 
@@ -84,8 +86,7 @@ def answer_sentence(result: Optional[dict[str, Any]], strategy: str, tok_s: dict
     """One sentence for compare's answer: the recommended strategy's held-out loss vs sorted's, per token and
     per second, and the strategy with the best held-out loss per second."""
     if not result:
-        return ("Its held-out loss was not measured (no quality stage results; rerun: "
-                "snakemake results/quality/quality.json).")
+        return f"Its held-out loss was not measured (no quality stage results; rerun: snakemake {QUALITY_PATH})."
     if not learned(result):
         return not_learned_sentence(result)
     summ = result["summary"]
@@ -177,7 +178,7 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
     lines += ["", f"(trained weights: {st['trained_checkpoint']}. Stage time {t['total_s']:.0f} s wall, "
               f"{t['total_cpu_s']:.0f} CPU s on {t['threads']} thread(s): target features {t['features_s']:.0f} s, "
               f"runs {t['runs_s']:.0f} s, gradients {t['gradients_s']:.0f} s.)", "",
-              "![quality](quality.png)", ""]
+              f"![quality]({QUALITY_PLOT})", ""]
     return "\n".join(lines)
 
 

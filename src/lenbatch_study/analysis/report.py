@@ -30,7 +30,9 @@ from lenbatch_study.analysis import study_replay
 from lenbatch_study.analysis.settled import (DRIFT_WARN, QUIET_RERUN, busy_machine, calibration_section,  # noqa: F401
                                             errors_beyond_noise, machine_sentence, noise_paragraph, not_settled,
                                             prediction_noise, unsteady_machine, _signed)
-from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.core.config import Params
+from lenbatch_study.pipeline.artifacts import compare_report as files
+from lenbatch_study.pipeline.artifacts.writing import write_resolved
 
 # The study this project re-examines used K = 6 length buckets (one definition, with the replay's)
 STUDY_NUM_BUCKETS = study_replay.STUDY_NUM_BUCKETS
@@ -248,7 +250,7 @@ def write_plots(result: CompareResult, out: Path) -> list[Path]:
     ax.set_xlabel("length (tokens)")
     ax.set_ylabel("samples")
     ax.set_title(f"length histogram and the {result.num_buckets} bucket edges (red)")
-    paths.append(_save(fig, out / "histogram.png"))
+    paths.append(_save(fig, out / files.HISTOGRAM_PLOT))
     # 2. predicted vs measured throughput
     fig, ax = plt.subplots(figsize=(5.5, 5))
     rows = result.rows
@@ -266,7 +268,7 @@ def write_plots(result: CompareResult, out: Path) -> list[Path]:
     ax.set_xlabel("measured useful tokens/s")
     ax.set_ylabel("predicted useful tokens/s")
     ax.legend(fontsize=8, loc="upper left")
-    paths.append(_save(fig, out / "throughput.png"))
+    paths.append(_save(fig, out / files.THROUGHPUT_PLOT))
     # 3. efficiency-diversity frontier
     pts = frontier_points(result)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
@@ -298,7 +300,7 @@ def write_plots(result: CompareResult, out: Path) -> list[Path]:
     axes[0].set_ylabel("padding efficiency (simulated plan)")
     axes[0].legend(fontsize=8, loc="lower left")
     fig.suptitle("efficiency vs diversity: every strategy, and bucketed for each K")
-    paths.append(_save(fig, out / "frontier.png"))
+    paths.append(_save(fig, out / files.FRONTIER_PLOT))
     return paths
 
 
@@ -476,15 +478,15 @@ def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
     study_k = study_k_paragraph(result)
     if study_k:
         lines += ["", study_k]
-    lines += ["", "## Plots", "", "![length histogram](histogram.png)", "",
-              "![predicted vs measured](throughput.png)", "", "![frontier](frontier.png)", ""]
+    lines += ["", "## Plots", "", f"![length histogram]({files.HISTOGRAM_PLOT})", "",
+              f"![predicted vs measured]({files.THROUGHPUT_PLOT})", "", f"![frontier]({files.FRONTIER_PLOT})", ""]
     if result.study_replay is not None:
         # the study's setting, on a stand-in of its lengths: its own part, after everything about this data
         lines += ["---", "", f"# {REPLAY_PART}", "",
                   "Everything above is about the data this run read. This part replays the study this project "
                   "re-examines (902,087 chats on 8 GPUs) on a stand-in of its lengths, for comparison only; its "
                   "numbers are not your data's.", "", study_replay.section(result.study_replay)]
-    path = out / "report.md"
+    path = out / files.REPORT
     path.write_text("\n".join(lines))
     return path
 
@@ -492,21 +494,21 @@ def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
 def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     metrics = flat_metrics(result)
-    (out / "metrics.json").write_text(json.dumps(user_metrics(metrics), indent=2) + "\n")
-    (out / "diagnostics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    (out / "frontier.json").write_text(json.dumps(frontier_points(result), indent=2) + "\n")
+    (out / files.METRICS).write_text(json.dumps(user_metrics(metrics), indent=2) + "\n")
+    (out / files.DIAGNOSTICS).write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / files.FRONTIER).write_text(json.dumps(frontier_points(result), indent=2) + "\n")
     tp = [{"strategy": s, "predicted_tok_s": r.predicted_tok_s, "measured_tok_s": r.measured_tok_s,
            "padding_model_tok_s": r.ratio_to_sorted_padding * result.rows["sorted"].measured_tok_s}
           for s, r in result.rows.items()]
-    (out / "throughput.json").write_text(json.dumps(tp, indent=2) + "\n")
-    (out / "histogram.json").write_text(json.dumps(histogram_points(result), indent=2) + "\n")
+    (out / files.THROUGHPUT).write_text(json.dumps(tp, indent=2) + "\n")
+    (out / files.HISTOGRAM).write_text(json.dumps(histogram_points(result), indent=2) + "\n")
     fit = {role: {"chosen": f["best"].to_dict(), "candidates": [c.to_dict() for c in f["candidates"]]}
            for role, f in result.fits.items()}
-    (out / "stepmodel.json").write_text(json.dumps(fit, indent=2) + "\n")
+    (out / files.STEPMODEL).write_text(json.dumps(fit, indent=2) + "\n")
     write_report(result, out, params=params)
     write_plots(result, out)
     if result.quality:  # the quality stage writes data only; its plot is drawn here, beside the report
-        qr.write_plot(result.quality, out / "quality.png")
+        qr.write_plot(result.quality, out / files.QUALITY_PLOT)
     write_resolved(params, out)
     return metrics
 

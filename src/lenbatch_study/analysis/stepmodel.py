@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lenbatch_study.pipeline.artifacts.profile_grid import GRID_PATH
+
 # Shape features a step's time may depend on (columns of a shape table).
 # Model selection (select_model): held-out error over this many random splits; a larger feature set
 # must lower the best held-out error by this share of it, and by at least this much (absolute).
@@ -124,7 +126,7 @@ def check_step_times(seconds: np.ndarray) -> np.ndarray:
     if bad.size:
         shown = ", ".join(f"point {i}: {seconds[i]}" for i in bad[:4])
         raise ValueError(f"step times must be finite and > 0 seconds; the profile grid holds {bad.size} that are not "
-                         f"({shown}); rerun: snakemake results/profile/grid.json")
+                         f"({shown}); rerun: snakemake {GRID_PATH}")
     return seconds
 
 
@@ -165,7 +167,7 @@ def holdout_errors(columns: Mapping[str, np.ndarray], seconds: np.ndarray, featu
     if n - n_out < p + 1:
         raise ValueError(f"profile grid has {n} points; fitting {p} coefficients with {n_out} held out needs at "
                          f"least {p + 1 + n_out}. Add profile.batch_sizes / profile.lengths and rerun: "
-                         "snakemake results/profile/grid.json")
+                         f"snakemake {GRID_PATH}")
     X = design_matrix(columns, features)
     rng = np.random.default_rng(seed)
     errs = []

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lenbatch_study.pipeline.artifacts.compare_report import REPORT_PATH
+from lenbatch_study.pipeline.artifacts.train_runs import CHECKPOINT
 from lenbatch_study.pipeline.registry import COMMANDS
 
 if TYPE_CHECKING:
@@ -157,7 +159,7 @@ def _sync_flags(parser: argparse.ArgumentParser) -> None:
 @_flags_of("readme")
 def _readme_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--readme", default="README.md", help="the README whose results table to write")
-    parser.add_argument("--report", default="results/compare/report.md", help="compare's report, the table's source")
+    parser.add_argument("--report", default=REPORT_PATH, help="compare's report, the table's source")
     parser.add_argument("--check", action="store_true", help="exit 1 if the README's table differs from the report's")
     parser.set_defaults(func=lambda args: _stage("readme").run(readme=args.readme, report=args.report,
                                                                 check=args.check))
@@ -404,7 +406,7 @@ def _train_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--useful-tokens", type=int, default=None, help="override train.useful_tokens (tokens)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many global steps (total, "
                         "counting steps before a resume)")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    parser.add_argument("--resume", action="store_true", help=f"continue from OUT/{CHECKPOINT}")
     parser.set_defaults(func=_train)
 
 

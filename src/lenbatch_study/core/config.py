@@ -550,15 +550,3 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ValueError(f"{path} is not valid YAML{where}: {problem}; fix the syntax there") from None
     return raw
-
-
-def write_resolved(params: Params, out_dir: str | Path, sections: tuple[str, ...] | None = None) -> Path:
-    """Write the resolved params (or some sections) as ``params.json`` next to a stage's results."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data = params.to_dict()
-    if sections is not None:
-        data = {k: data[k] for k in sections}
-    path = out_dir / "params.json"
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    return path

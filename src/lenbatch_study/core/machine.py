@@ -50,7 +50,6 @@ VERSION_PACKAGES = ("torch", "transformers", "triton", "flash-linear-attention",
 # The fields the id covers (everything but the id itself and a process's own threads).
 IDENTITY_KEYS = ("cpu", "memory_gib", "accelerator", "versions")
 ID_LENGTH = 12
-MACHINE_FILE = "machine.json"
 
 
 def _read(path: str) -> Optional[str]:
@@ -272,6 +271,6 @@ def describe(fp: dict[str, Any]) -> str:
     return text + f"; machine id {fp.get('id')}"
 
 
-__all__ = ["IDENTITY_KEYS", "MACHINE_FILE", "VERSION_PACKAGES", "accelerator_info", "canonical_bytes", "changed_fields",
+__all__ = ["IDENTITY_KEYS", "VERSION_PACKAGES", "accelerator_info", "canonical_bytes", "changed_fields",
            "cpu_info",
            "describe", "differences", "fingerprint", "machine_id", "versions", "write_if_changed"]

@@ -2,7 +2,7 @@
 
 ``lenbatch tokenize --params params.yaml [--source S] [--tokenizer T] [--max-len N]
 [--overflow truncate|drop|error] [--limit N] [--workers W] [--on-bad-record error|skip] --out DIR``
-writes into DIR:
+writes into DIR (the names: :mod:`lenbatch_study.pipeline.artifacts.tokenized`):
 
 - ``dataset/``: ``datasets.Dataset.save_to_disk``; columns ``input_ids`` (list<int32>),
   ``loss_mask`` (list<int8>, 1 on assistant content + its ``<|im_end|>``, see
@@ -10,7 +10,7 @@ writes into DIR:
   record's position in the source, so every row can be traced back);
 - ``lengths.npy``: int32, one per row, in row order;
 - ``stats.json``: what was read, recovered, dropped, skipped and truncated, and ``content_sha256``;
-- ``params.json``: the resolved ``data`` section;
+- ``params.json``: the resolved ``data`` section (written by the stage);
 - ``timings.json``: the seconds it took (read and encode, write). A timing measures the machine, not
   the data, so it lives in a file no stage reads and no tool tracks (DVC, Snakemake, git).
 
@@ -73,7 +73,6 @@ from lenbatch_study.corpus.chat import (
     encode_chunk_in_worker,
     init_worker,
 )
-from lenbatch_study.core.config import Params, write_resolved
 from lenbatch.log import get_logger
 from lenbatch_study.corpus.sources import SourceReport, iter_records, resolve_source
 
@@ -405,16 +404,18 @@ def _record_batch(res: dict[str, np.ndarray]) -> Any:
     ], schema=ARROW_SCHEMA)
 
 
-def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None = None) -> dict[str, Any]:
-    """``dataset/``, ``lengths.npy``, ``stats.json``, ``timings.json`` (and ``params.json`` when params
-    are given); returns the stats. All but ``timings.json`` are byte-identical for the same rows and params."""
+def write_outputs(result: Tokenized, *, dataset: Path, lengths: Path, stats: Path, timings: Path) -> dict[str, Any]:
+    """The tokenize output files at the paths given (their names and folder are
+    :func:`lenbatch_study.pipeline.artifacts.tokenized.output_paths`): the ``dataset`` folder, the ``lengths``
+    array, the ``stats`` and ``timings`` JSON; returns the stats. All but ``timings`` are byte-identical for the
+    same rows."""
     import datasets
     from datasets.table import InMemoryTable, MemoryMappedTable
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    for path in (dataset, lengths, stats, timings):
+        path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    ds_dir = out / "dataset"
+    ds_dir = dataset
     if ds_dir.exists():
         shutil.rmtree(ds_dir)
     # the fingerprint from the content: datasets would otherwise hash the temporary file's path (or draw one)
@@ -435,15 +436,14 @@ def write_outputs(result: Tokenized, out_dir: str | Path, params: Params | None 
     if result.arrow_path is not None:
         result.arrow_path.unlink(missing_ok=True)
         result.arrow_path = None
-    np.save(out / "lengths.npy", result.lengths)
+    with lengths.open("wb") as fh:  # np.save would append ".npy" to a path without it
+        np.save(fh, result.lengths)
     t_write = time.perf_counter() - t0
-    stats = dict(result.stats)
-    (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    if params is not None:
-        write_resolved(params, out, sections=("data",))
+    counts = dict(result.stats)
+    stats.write_text(json.dumps(counts, indent=2) + "\n")
     secs = dict(result.seconds or {})
     secs["write"] = round(t_write, 3)
     secs["total"] = round(secs.get("read_and_encode", 0.0) + t_write, 3)
     result.seconds = secs
-    (out / "timings.json").write_text(json.dumps({"seconds": secs}, indent=2) + "\n")
-    return stats
+    timings.write_text(json.dumps({"seconds": secs}, indent=2) + "\n")
+    return counts

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Optional
 
 from lenbatch.log import get_logger
+from lenbatch_study.pipeline.artifacts.writing import PARAMS
 
 log = get_logger("outputs")
 
@@ -375,7 +376,7 @@ def _commit(tmp: Path, out: Path, *, keep: Optional[str] = None) -> None:
         raise ValueError(f"--out {out} is a file, not a directory; remove it or pass another --out")
     foreign = [e for e in out.iterdir() if not (tmp / e.name).exists()]
     cwd = Path.cwd().absolute()
-    if (foreign and not (out / "params.json").exists()) or cwd == out or out in cwd.parents:
+    if (foreign and not (out / PARAMS).exists()) or cwd == out or out in cwd.parents:
         # not a previous output of a stage (e.g. --out .): never swap such a directory away
         _replace_entries(tmp, out, keep=keep)
         return

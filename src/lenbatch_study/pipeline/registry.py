@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from lenbatch_study.pipeline.artifacts import (
     bucket_edges,
+    compare_report,
     interleave_timings,
     length_stats,
     machine_file,
@@ -33,6 +34,7 @@ from lenbatch_study.pipeline.artifacts import (
     quality_result,
     tokenized,
     train_runs,
+    writing,
 )
 
 
@@ -175,26 +177,28 @@ _ALL = (
                 Input("boundaries", "sweep"), Input("plans", "metrics"), Input("profile", "grid"),
                 Input("train", "summary"), Input("train", "steps"), Input("quality", "quality"),
                 Input("interleave", "timings")),
-        outputs={"metrics": Output("metrics.json", kind="metrics"), "diagnostics": Output("diagnostics.json"),
-                 "report": Output("report.md"), "stepmodel": Output("stepmodel.json"),
-                 "histogram": Output("histogram.png"), "quality_plot": Output("quality.png"),
-                 "params": Output("params.json"),
+        outputs={"metrics": Output(compare_report.METRICS, kind="metrics"),
+                 "diagnostics": Output(compare_report.DIAGNOSTICS),
+                 "report": Output(compare_report.REPORT), "stepmodel": Output(compare_report.STEPMODEL),
+                 "histogram": Output(compare_report.HISTOGRAM_PLOT),
+                 "quality_plot": Output(compare_report.QUALITY_PLOT),
+                 "params": Output(writing.PARAMS),
                  # DVC's interactive plots, each with its Vega-Lite template in workflow/plots/
                  # (DVC's default, a line over a quantitative x, draws strategies blank or joined)
-                 "frontier": Output("frontier.json", kind="plots", plot={
+                 "frontier": Output(compare_report.FRONTIER, kind="plots", plot={
                      "x": "length_mixing", "y": "efficiency", "template": "workflow/plots/labelled_points.json",
                      "title": "padding efficiency vs length mixing (strategies and bucketed K)",
                      "x_label": "length mixing", "y_label": "simulated padding efficiency"}),
-                 "throughput": Output("throughput.json", kind="plots", plot={
+                 "throughput": Output(compare_report.THROUGHPUT, kind="plots", plot={
                      "x": "measured_tok_s", "y": "strategy", "template": "workflow/plots/bars.json",
                      "title": "measured throughput per strategy", "x_label": "useful tokens/s",
                      "y_label": "strategy"}),
-                 "histogram_data": Output("histogram.json", kind="plots", plot={
+                 "histogram_data": Output(compare_report.HISTOGRAM, kind="plots", plot={
                      "x": "lo", "y": "count", "template": "workflow/plots/histogram.json",
                      "title": "sample lengths and the bucket edges", "x_label": "length (tokens)",
                      "y_label": "samples"}),
-                 "frontier_plot": Output("frontier.png", kind="plots"),
-                 "throughput_plot": Output("throughput.png", kind="plots")})),
+                 "frontier_plot": Output(compare_report.FRONTIER_PLOT, kind="plots"),
+                 "throughput_plot": Output(compare_report.THROUGHPUT_PLOT, kind="plots")})),
     Command("study-replay", "the study's own setting replayed (seed profile, budget 49,152, 7 ranks, its edges)",
             staged=True),
     Command("params", "validate a params file, or print its resolved values or JSON schema"),

@@ -39,7 +39,7 @@ import os
 import pickle
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import torch
@@ -48,8 +48,6 @@ from lenbatch_study.core.config import Params
 from lenbatch_study.core.machine import changed_fields
 
 FORMAT = 3  # 2: log_sha256 ties the checkpoint to its steps.jsonl; 3: tensors and plain values only (weights_only)
-RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "summary.json", "summary.json.tmp", "params.json", "steps.jsonl",
-             "steps.jsonl.tmp")
 # a write the file system refused (full, over quota, file too large, read-only, not permitted, I/O error)
 REFUSED_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
@@ -77,9 +75,10 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path
                          "was written with, or start afresh without --resume (or with another --out)")
 
 
-def start_fresh(out: Path) -> None:
-    """A new run takes ``out`` over: the previous run's checkpoint, summary, params and log go first."""
-    for name in RUN_FILES:
+def start_fresh(out: Path, files: Iterable[str]) -> None:
+    """A new run takes ``out`` over: the previous run's ``files`` (checkpoint, summary, params and log:
+    :data:`lenbatch_study.pipeline.artifacts.train_runs.RUN_FILES`) go first."""
+    for name in files:
         (out / name).unlink(missing_ok=True)
 
 
@@ -139,10 +138,9 @@ def _refused_write(err: BaseException) -> Optional[OSError]:
     return None
 
 
-def summary_problem(out: Path) -> Optional[str]:
-    """Why ``out/summary.json`` is not a finished run's summary (``"<path> is missing"``, ``"<path> is not
+def summary_problem(path: Path) -> Optional[str]:
+    """Why the run summary at ``path`` is not a finished run's (``"<path> is missing"``, ``"<path> is not
     valid JSON ..."``), None when it is a JSON mapping. O(file size)."""
-    path = out / "summary.json"
     if not path.exists():
         return f"{path} is missing"
     try:

@@ -4,7 +4,7 @@
 (post-warm-up pipeline throughput, padding efficiency, loss curve) on the measuring rank;
 :func:`resumed_log` keeps a resumed run's earlier lines; :func:`step_row` is one line's fields and
 :func:`batch_hash` the hash that ties a line to the planned batch; :func:`progress_line` is a step's log line.
-Used by :mod:`lenbatch_study.stages.train`.
+Used by :mod:`lenbatch_study.stages.train`, which names the files (:mod:`lenbatch_study.pipeline.artifacts.train_runs`).
 """
 
 from __future__ import annotations
@@ -46,11 +46,10 @@ def batch_hash(indices: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
 
 
-def resumed_log(out: Path, state: dict[str, Any]) -> list[str]:
-    """The ``steps.jsonl`` lines a resume keeps: those of the steps the checkpoint covers (a killed run
-    may have logged steps past it, and cut its last line short), checked to be the ones written beside
+def resumed_log(path: Path, state: dict[str, Any]) -> list[str]:
+    """The lines of the step log at ``path`` a resume keeps: those of the steps the checkpoint covers (a killed
+    run may have logged steps past it, and cut its last line short), checked to be the ones written beside
     that checkpoint (:func:`lenbatch_study.runtime.checkpoint.check_log`). Reads only; O(log size)."""
-    path = out / "steps.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     kept, steps, sha = [], [], hashlib.sha256()
     for line in lines:
@@ -67,7 +66,8 @@ def resumed_log(out: Path, state: dict[str, Any]) -> list[str]:
 
 
 class Recorder:
-    """``steps.jsonl`` lines (flushed per step) and ``summary.json`` on the measuring rank.
+    """The step log at ``path``, one line per step (flushed per step), and the run's summary
+    (:meth:`summary`) on the measuring rank.
 
     ``kept``: the lines of a resumed run's earlier steps (:func:`resumed_log`), rewritten first.
     ``log_sha256()``: the digest of every line written so far, which each checkpoint records. Each line
@@ -75,8 +75,8 @@ class Recorder:
     session's start, so the summary measures every session's post-warm-up steps on their own clock.
     """
 
-    def __init__(self, out: Path, *, kept: Optional[list[str]]) -> None:
-        self.path = out / "steps.jsonl"
+    def __init__(self, path: Path, *, kept: Optional[list[str]]) -> None:
+        self.path = path
         kept = kept or []
         self.rows: list[dict[str, Any]] = [json.loads(line) for line in kept]
         self.sha = hashlib.sha256()
@@ -284,7 +284,8 @@ def device_report(params: Params, *, lengths: Any, batches: list[Any], device: A
             "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
 
 
-def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> None:
+def log_summary(summary: dict[str, Any], path: Path, *, force: bool = False) -> None:
+    """One line of the run ``summary`` written at ``path``."""
     logger = log
     if force:  # the drafter rank measures; let it speak even though it is not rank 0
         logger = logging.getLogger("train.drafter")
@@ -298,7 +299,7 @@ def log_summary(summary: dict[str, Any], out: Path, *, force: bool = False) -> N
     logger.info("%s: %d steps, %s useful tokens, padding efficiency %.3f, %s useful tok/s (post-warm-up), "
                 "final loss %.4f -> %s", summary["strategy"], summary["steps"], f"{summary['useful_tokens']:,}",
                 summary["padding_efficiency"] or float("nan"), f"{tps:,.0f}" if tps else "n/a",
-                summary["final_loss"] or float("nan"), out / "summary.json")
+                summary["final_loss"] or float("nan"), path)
 
 
 __all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "device_report", "log_summary", "progress", "progress_line",

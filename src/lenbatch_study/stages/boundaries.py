@@ -20,10 +20,11 @@ from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.padding import predict_bucketed
 from lenbatch.batching.strategy import STRATEGIES
 from lenbatch.batching.spec import BatchSpec
-from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.core.config import Params
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
-from lenbatch_study.pipeline.artifacts.writing import write_json
+from lenbatch_study.pipeline.artifacts.bucket_edges import BOUNDARIES, SWEEP, TIMINGS, by_strategy_path
+from lenbatch_study.pipeline.artifacts.writing import write_json, write_resolved
 
 
 def by_strategy_files(boundaries_bytes: bytes, strategies: Iterable[str]) -> dict[str, bytes]:
@@ -58,16 +59,17 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
     doc["lengths"] = source
     doc["buckets"] = [dict(row, predicted_efficiency=pr["efficiency"])
                       for row, pr in zip(bucket_counts(x, res.edges), pred["buckets"])]
-    write_json(out / "boundaries.json", doc)
+    write_json(out / BOUNDARIES, doc)
     # what DVC's training stages depend on (one foreach body for every strategy): only bucketed's changes
-    (out / "by-strategy").mkdir(parents=True, exist_ok=True)
-    for strategy, data in by_strategy_files((out / "boundaries.json").read_bytes(), STRATEGIES).items():
-        (out / "by-strategy" / f"{strategy}.json").write_bytes(data)
+    for strategy, data in by_strategy_files((out / BOUNDARIES).read_bytes(), STRATEGIES).items():
+        path = by_strategy_path(out, strategy)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
     log.info("%s edges %s: predicted %.4f, simulated %.4f padding efficiency (%.2f s)", p.method, list(res.edges),
              res.predicted_efficiency, sim["simulated_efficiency"], res.seconds)
     swept = [] if not sweep else sweep_num_buckets(
         x, p.sweep_max_buckets, method=p.method, objective=p.objective, num_candidates=p.num_candidates, spec=spec)
-    write_json(out / "sweep.json", swept)
-    write_json(out / "timings.json", {"seconds": {"optimize": seconds}})
+    write_json(out / SWEEP, swept)
+    write_json(out / TIMINGS, {"seconds": {"optimize": seconds}})
     write_resolved(params, out, sections=("boundaries", "batching"))
     return 0

@@ -107,7 +107,7 @@ def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
     for r in rows:
         if not r.get("sequence_lengths"):
             raise ValueError("the profile grid rows lack sequence_lengths (an older grid.json); rerun: "
-                             "snakemake results/profile/grid.json")
+                             f"snakemake {profile_grid.GRID_PATH}")
         ls = r["sequence_lengths"]
         lengths.extend(int(x) for x in ls)
         batches.append(np.arange(start, start + len(ls)))
@@ -353,7 +353,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
     strategies = list(params.train.strategies)
     if "sorted" not in strategies:
         raise ValueError("train.strategies lacks 'sorted', the baseline every ratio is taken to; add it and rerun: "
-                         "snakemake results/train/sorted/summary.json")
+                         f"snakemake {train_runs.summary_path('sorted')}")
     histogram = length_stats.read_histogram(stats_dir)
     stats = length_stats.read_stats(stats_dir)
     bounds = bucket_edges.read_boundaries(Path(boundaries_dir) / bucket_edges.BOUNDARIES)
@@ -390,7 +390,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             bad = int(np.argmax(planned != trained))
             raise ValueError(f"strategy {s}: step {bad} trained {trained[bad]} useful tokens but the current plan "
                              f"gives {planned[bad]} (the run was planned with other data or params); rerun: "
-                             f"snakemake results/train/{s}/summary.json")
+                             f"snakemake {train_runs.summary_path(s)}")
         cols = step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks)
         pred = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, allreduce_s=allreduce[s])
         ratio = provenance.reference_ratios(summary.get("reference"), profile["reference"], strategy=s)
@@ -399,9 +399,9 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         comp[s] = components(pred, term_fits, warmup_steps=params.train.warmup_steps)
         measured = float(summary["useful_tokens_per_s"])
         pm = plans[s]
-        for what, eff in ((f"plans metrics.json ({s}) padding_efficiency", pm["padding_efficiency"]),
-                          (f"train/{s}/summary.json padding_efficiency", summary.get("padding_efficiency", 1.0)),
-                          ("boundaries.json predicted_efficiency",
+        for what, eff in ((f"plans {plan_metrics.METRICS} ({s}) padding_efficiency", pm["padding_efficiency"]),
+                          (f"{train_runs.summary_path(s)} padding_efficiency", summary.get("padding_efficiency", 1.0)),
+                          (f"{bucket_edges.BOUNDARIES} predicted_efficiency",
                            bounds["predicted_efficiency"] if s == "bucketed" else 1.0)):
             _check_efficiency(what, eff)
         rows[s] = StrategyRow(

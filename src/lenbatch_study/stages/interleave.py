@@ -59,16 +59,16 @@ import numpy as np
 from lenbatch.batching.schedule import build_schedule
 from lenbatch.loading.collate import collate
 from lenbatch.log import get_logger
-from lenbatch_study.core.config import Params, write_resolved
 from lenbatch_study.analysis.interleaved import INTERVAL_TARGET, half_width, ratio_intervals
+from lenbatch_study.core.config import Params
 from lenbatch_study.core.machine import fingerprint
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
+from lenbatch_study.pipeline.artifacts.interleave_timings import TIMINGS
+from lenbatch_study.pipeline.artifacts.writing import write_resolved
 from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
 from lenbatch_study.runtime.interleave import measure_interleaved
 
 log = get_logger("interleave")
-
-FILE = "interleave.json"
 
 
 def segment_steps(total: int, *, skip: int, count: int) -> list[int]:
@@ -194,7 +194,7 @@ def run(*, params: Params, data: str | Path, boundaries: Optional[str | Path], o
     doc = measure(params, data=data, boundaries=boundaries)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / FILE).write_text(json.dumps(doc, indent=1) + "\n")
+    (out / TIMINGS).write_text(json.dumps(doc, indent=1) + "\n")
     write_resolved(params, out)
     st = doc["strategies"]
     for s, v in st.items():  # the ratios and their intervals are compare's (analysis.interleaved)
@@ -202,5 +202,5 @@ def run(*, params: Params, data: str | Path, boundaries: Optional[str | Path], o
                  v["steps"], len(v["seconds"]), float(np.median(v["seconds"])),
                  float(np.median(np.asarray(v["useful_tokens"]) / np.asarray(v["seconds"]))))
     log.info("timed %d strategies in %d rounds in %.1f s; wrote %s", len(st), doc["rounds"], doc["seconds"],
-             out / FILE)
+             out / TIMINGS)
     return 0

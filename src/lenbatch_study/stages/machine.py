@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 from lenbatch.log import get_logger
-from lenbatch_study.core.machine import MACHINE_FILE, describe, fingerprint, write_if_changed
+from lenbatch_study.core.machine import describe, fingerprint, write_if_changed
+from lenbatch_study.pipeline.artifacts.machine_file import MACHINE
 
 
 def run(*, out: str | Path, show: bool = False) -> int:
@@ -22,7 +23,7 @@ def run(*, out: str | Path, show: bool = False) -> int:
     from what it holds; ``show`` also prints the fingerprint as JSON. Returns the exit code (0)."""
     log = get_logger("machine")
     fp = fingerprint()
-    path = Path(out) / MACHINE_FILE
+    path = Path(out) / MACHINE
     old = None
     if path.exists():
         try:

@@ -11,11 +11,12 @@ from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.simulate import simulate
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import STRATEGIES
-from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.core.config import Params
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.artifacts.bucket_edges import NEEDS_EDGES, read_edges
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
-from lenbatch_study.pipeline.artifacts.writing import write_json
+from lenbatch_study.pipeline.artifacts.plan_metrics import METRICS, TIMINGS
+from lenbatch_study.pipeline.artifacts.writing import write_json, write_resolved
 
 
 def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
@@ -39,7 +40,7 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
                        spec=spec)
     out = Path(out)
     timings = {s: row.pop("plan_seconds") for s, row in metrics.items()}
-    write_json(out / "metrics.json", metrics)
-    write_json(out / "timings.json", {"plan_seconds": timings})
+    write_json(out / METRICS, metrics)
+    write_json(out / TIMINGS, {"plan_seconds": timings})
     write_resolved(params, out, sections=("batching", "plans"))
     return 0

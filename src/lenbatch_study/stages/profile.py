@@ -46,7 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.core.config import Params
+from lenbatch_study.pipeline.artifacts.profile_grid import GRID
+from lenbatch_study.pipeline.artifacts.writing import write_resolved
 from lenbatch.log import get_logger
 from lenbatch.batching.spec import BatchSpec
 from lenbatch_study.analysis.shapes import batch_columns, drafter_work, grid_shape
@@ -398,12 +400,12 @@ def run(*, params: Params, out: str | Path) -> int:
     seconds = time.perf_counter() - t0
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "grid.json").write_text(json.dumps(grid, indent=1) + "\n")
+    (out / GRID).write_text(json.dumps(grid, indent=1) + "\n")
     write_resolved(params, out)
     share = grid_cpu_share(rows, threads=params.train.threads)
     ref = grid["reference"]
     log.info("profiled %d grid points in %.1f s (share of their cores: target %.0f%%, drafter %.0f%%; the "
              "reference step %s took %.1f s of it) on machine %s; wrote %s", len(rows), seconds,
              100 * share["target"], 100 * share["drafter"], ref["shape"], ref["seconds"], grid["machine"]["id"],
-             out / "grid.json")
+             out / GRID)
     return 0

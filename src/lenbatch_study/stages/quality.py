@@ -57,7 +57,9 @@ from lenbatch_study.analysis import quality_stats
 from lenbatch.batching.strategies import plan_epoch
 from lenbatch.batching.strategy import Strategy, layout_of
 from lenbatch.loading.collate import Batch, collate
-from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.core.config import Params
+from lenbatch_study.pipeline.artifacts.quality_result import CURVES, GRADIENTS, METRICS, QUALITY
+from lenbatch_study.pipeline.artifacts.writing import write_resolved
 from lenbatch.log import get_logger
 from lenbatch_study.core.machine import fingerprint
 from lenbatch_study.models.drafter import Drafter, build_drafter
@@ -411,16 +413,16 @@ def write_outputs(result: dict[str, Any], out: Path, *, params: Params) -> dict[
     """``quality.json``, ``metrics.json``, ``curves.json``, ``gradients.json`` and ``params.json`` in ``out``
     (the files of :mod:`lenbatch_study.pipeline.artifacts.quality_result`); returns the metrics."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "quality.json").write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    (out / QUALITY).write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
     metrics = {**quality_stats.strategy_metrics(result), **quality_stats.stage_metrics(result)}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
     curves = [{"strategy": r["strategy"], "seed": r["seed"], "useful_tokens": t, "heldout_loss": round(v, 6)}
               for r in result["runs"] for t, v in zip(r["curve_tokens"], r["curve_loss"])]
-    (out / "curves.json").write_text(json.dumps(curves, indent=1) + "\n")
+    (out / CURVES).write_text(json.dumps(curves, indent=1) + "\n")
     rows = [{"checkpoint": g["checkpoint"], "strategy": g["strategy"],
              **{k: g[k] for k in ("cosine_mean", "variance_per_token", "noise_scale", "length_loss_r")}}
             for g in result["gradients"].values()]
-    (out / "gradients.json").write_text(json.dumps(rows, indent=1, default=_json_default) + "\n")
+    (out / GRADIENTS).write_text(json.dumps(rows, indent=1, default=_json_default) + "\n")
     write_resolved(params, out, sections=("batching", "model", "drafter", "quality"))
     return metrics
 

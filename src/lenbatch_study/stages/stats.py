@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from lenbatch.batching.lengths import bucket_counts, histogram, length_stats
 from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
-from lenbatch_study.pipeline.artifacts.writing import write_json
+from lenbatch_study.pipeline.artifacts.length_stats import HISTOGRAM, PLOT, STATS
+from lenbatch_study.pipeline.artifacts.writing import write_json, write_resolved
 
 if TYPE_CHECKING:
     from lenbatch_study.core.config import Params
@@ -22,7 +23,6 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
         seed_profile_size: int = SEED_COUNT, edges: list[int] | None = None) -> int:
     """``lenbatch stats``: stats.json, histogram.json and histogram.png of the lengths at ``lengths`` (or
     the generated ``seed_profile``), counts per bucket of ``edges`` (tokens) when given."""
-    from lenbatch_study.core.config import write_resolved
     from lenbatch.log import get_logger
 
     log = get_logger("lenbatch.stats")
@@ -34,9 +34,9 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
     if edges:
         st["buckets"] = bucket_counts(x, edges)
     hist = histogram(x, bins=params.stats.histogram_bins)
-    write_json(out / "stats.json", st)
-    write_json(out / "histogram.json", hist)
-    _plot_histogram(hist, out / "histogram.png", st)
+    write_json(out / STATS, st)
+    write_json(out / HISTOGRAM, hist)
+    _plot_histogram(hist, out / PLOT, st)
     write_resolved(params, out, sections=("stats",))
     log.info("%s: %d samples, %d tokens, mean %.1f tokens, p50 %.0f, max %d tokens -> %s", source, st["count"],
              st["total_tokens"], st["mean"], st["percentiles"]["p50"], st["max"], out)

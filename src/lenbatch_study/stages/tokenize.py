@@ -16,6 +16,8 @@ from lenbatch_study.core.config import Params
 from lenbatch.log import get_logger
 from lenbatch_study.corpus.pretokenized import detect, tokenize_pretokenized
 from lenbatch_study.corpus.tokenizing import tokenize, write_outputs
+from lenbatch_study.pipeline.artifacts.tokenized import output_paths
+from lenbatch_study.pipeline.artifacts.writing import write_resolved
 
 log = get_logger("tokenize")
 
@@ -39,7 +41,9 @@ def run(*, params: Params, out: str | Path, progress: bool = True, allow_truncat
                           limit=d.limit, workers=d.workers, on_bad_record=d.on_bad_record, progress=progress,
                           spill_path=Path(out) / "tokens.arrow.tmp", allow_truncated=allow_truncated)
         result.stats = {"input": "chat records", **result.stats}  # which path stats.json came from
-    stats = write_outputs(result, out, params)
+    files = output_paths(out)
+    stats = write_outputs(result, **files)
+    written = [*files.values(), write_resolved(params, out, sections=("data",))]
     src = stats["source"]
     log.info("%d records read%s; %d samples, %.2f M tokens (%d truncated at %d), dropped %s, skipped %s",
              stats["records_read"],
@@ -48,7 +52,7 @@ def run(*, params: Params, out: str | Path, progress: bool = True, allow_truncat
              stats["samples"], stats["total_tokens"] / 1e6, stats["truncated"], d.max_len, stats["dropped"],
              stats["skipped"] or "nothing")
     secs = result.seconds
-    log.info("wrote %s/{dataset/, lengths.npy, stats.json, params.json, timings.json} in %.1f s (encode %.1f s, "
-             "write %.1f s); content sha256 %s", out, secs["total"], secs["read_and_encode"], secs["write"],
+    log.info("wrote %s/{%s} in %.1f s (encode %.1f s, write %.1f s); content sha256 %s", out,
+             ", ".join(p.name for p in written), secs["total"], secs["read_and_encode"], secs["write"],
              stats["content_sha256"])
     return 0

@@ -94,11 +94,13 @@ from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
 from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
 from lenbatch.loading.collate import collate
 from lenbatch.batching.strategy import STRATEGIES
-from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.core.config import Params
 from lenbatch_study.core.machine import fingerprint as fingerprint_machine
 from lenbatch_study.runtime.lifetime import die_with_parent
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.artifacts.reading import read_json
+from lenbatch_study.pipeline.artifacts.train_runs import CHECKPOINT, RUN_FILES, STEPS, SUMMARY
+from lenbatch_study.pipeline.artifacts.writing import write_resolved
 from lenbatch_study.pipeline.outputs import (
     commit_staged,
     lock_path,
@@ -161,13 +163,13 @@ def _set_aside_and_start_afresh(setup: RunSetup, err: ValueError) -> None:
     """Rename the checkpoint that cannot be resumed beside OUT (named in the log) and make ``setup`` a fresh
     run in the partial folder: the previous complete output stays until the new one is whole."""
     final = setup.final or setup.out
-    ck = setup.out / "checkpoint.pt"
+    ck = setup.out / CHECKPOINT
     aside = final.parent / f"{final.name}.set-aside-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.pt"
     os.replace(ck, aside)
     log.warning("%s: cannot resume: %s. Set %s aside as %s; training afresh", setup.strategy, err, ck, aside)
     setup.out = partial_dir(final)
     setup.out.mkdir(exist_ok=True)
-    start_fresh(setup.out)
+    start_fresh(setup.out, RUN_FILES)
     setup.resume = False
 
 
@@ -178,15 +180,15 @@ def _resume_point(setup: RunSetup, runner: StepRunner
     stays an error."""
     try:
         ck = _load_checkpoint(setup)
-        kept = resumed_log(setup.out, ck)
+        kept = resumed_log(setup.out / STEPS, ck)
         setup.schedule.check_sampler_states(ck["samplers"], int(ck["step"]))
-        torn = summary_problem(setup.out) if int(ck["step"]) >= len(setup.schedule) else None
+        torn = summary_problem(setup.out / SUMMARY) if int(ck["step"]) >= len(setup.schedule) else None
         if torn:
             raise ValueError(f"it is at the last planned step but {torn} (the run was killed before writing it), "
                              "so its throughput was never recorded")
-        restore(runner, ck, path=setup.out / "checkpoint.pt")  # checks every tensor fits before loading one
+        restore(runner, ck, path=setup.out / CHECKPOINT)  # checks every tensor fits before loading one
     except ValueError as err:
-        if not (setup.out / "checkpoint.pt").exists():
+        if not (setup.out / CHECKPOINT).exists():
             raise
         _set_aside_and_start_afresh(setup, err)
         return 0, None, None, None
@@ -212,14 +214,14 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
             target_peak: Optional[int] = None, checksums: Optional[list[int]] = None) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
-    if resumed_from == done and summary_problem(setup.out) is None:
+    if resumed_from == done and summary_problem(setup.out / SUMMARY) is None:
         # resumed a run that had already finished: nothing trained, nothing to rewrite (its summary keeps
         # the throughput its last session measured)
         rec.close()
         log.info("%s: the checkpoint is at the last planned step (%d): the run is complete, %s left as it is",
-                 setup.strategy, done, setup.out / "summary.json")
-        return read_json(setup.out / "summary.json", rerun=f"lenbatch train --out {setup.final or setup.out}")
-    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done, sampler_states=states, fp=setup.fp,
+                 setup.strategy, done, setup.out / SUMMARY)
+        return read_json(setup.out / SUMMARY, rerun=f"lenbatch train --out {setup.final or setup.out}")
+    save_checkpoint(setup.out / CHECKPOINT, runner=runner, step=done, sampler_states=states, fp=setup.fp,
                     log_sha256=rec.log_sha256())
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
@@ -231,7 +233,7 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
     rec.close()
     write_resolved(p, setup.out)
     # last, whole or not at all: a summary marks a complete run (a failure before it leaves the checkpoint)
-    write_atomic(setup.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_atomic(setup.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -245,7 +247,7 @@ def _periodic_checkpoint(setup: RunSetup, runner: StepRunner, rec: Recorder, *, 
     if not every or done // every == before // every:
         return 0.0
     c0 = time.perf_counter()
-    save_checkpoint(setup.out / "checkpoint.pt", runner=runner, step=done,
+    save_checkpoint(setup.out / CHECKPOINT, runner=runner, step=done,
                     sampler_states=setup.schedule.sampler_states(done), fp=setup.fp,
                     log_sha256=rec.log_sha256())
     return time.perf_counter() - c0
@@ -260,7 +262,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
     if setup.resume:
         start, _, kept, _ = _resume_point(setup, runner)
         resumed_from = start if setup.resume else None
-    rec = Recorder(setup.out, kept=kept)
+    rec = Recorder(setup.out / STEPS, kept=kept)
     useful_done = sum(r["useful_tokens"] for r in rec.rows)
     # outside the measured steps: before the first and after the last
     ref_start, ref_s = _reference_point(setup, runner, role="both") if start < len(setup.schedule) else (None, 0.0)
@@ -288,7 +290,7 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
 
 
 def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
-    return load_checkpoint(setup.out / "checkpoint.pt", setup.fp, total_steps=len(setup.schedule),
+    return load_checkpoint(setup.out / CHECKPOINT, setup.fp, total_steps=len(setup.schedule),
                            checkpoint_every=setup.params.train.checkpoint_every)
 
 
@@ -373,7 +375,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
         group.module = runner.drafter
     start, _, kept = _share_resume(setup, runner)
     resumed_from = start if setup.resume else None
-    rec = Recorder(setup.out, kept=kept) if roles.writes else None
+    rec = Recorder(setup.out / STEPS, kept=kept) if roles.writes else None
     link = DrafterLink(setup.channel, comm_device=comm_device)
     last_loss = float("nan")
     timed = start < len(setup.schedule)
@@ -505,7 +507,7 @@ def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, b
             return _train(stack, params=params, strategy=strategy, data=data, out=out, boundaries=boundaries,
                           max_steps=max_steps, resume=resume)
         except OSError as err:  # a full disk, a read-only folder: one line naming the file, never a traceback
-            ck = partial_dir(Path(out)) / "checkpoint.pt"
+            ck = partial_dir(Path(out)) / CHECKPOINT
             refused = write_failure(err, written=(out, ck.parent, lock_path(out)))
             if refused is None:
                 raise
@@ -546,7 +548,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     partial = partial_dir(out)
     # a fresh run, or the resume of an interrupted one, writes the partial folder; OUT changes only when a
     # run is complete (a resume of a finished run in OUT, to extend it, continues there)
-    work = partial if not resume or (partial / "checkpoint.pt").exists() else out
+    work = partial if not resume or (partial / CHECKPOINT).exists() else out
     roles = Roles(rank=rank, nproc=nproc, nodes=nodes)
     if world == 1 or roles.writes:  # node 0's drafter (or the single process) writes OUT: one such run at a time
         stack.enter_context(writer_lock(out, stage="train"))
@@ -568,7 +570,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     if world == 1:
         summary = run_single(setup)
         _commit(setup)
-        log_summary(summary, out)
+        log_summary(summary, out / SUMMARY)
         return 0
     import torch.distributed as dist
 
@@ -582,7 +584,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
             summary = run_drafter_rank(setup, comm_device)
             if summary is not None:
                 _commit(setup)
-                log_summary(summary, out, force=True)
+                log_summary(summary, out / SUMMARY, force=True)
         else:
             run_target_rank(setup, comm_device)
         setup.channel.close()

@@ -12,7 +12,8 @@ from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.padding import budget_fill, padding_efficiency
 from lenbatch.batching.strategies import plan_epoch
 from lenbatch.batching.strategy import WITH_EDGES, Strategy
-from lenbatch_study.core.config import Params, write_resolved
+from lenbatch_study.core.config import Params
+from lenbatch_study.pipeline.artifacts.writing import write_resolved
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.artifacts.bucket_edges import NEEDS_EDGES, read_edges
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input

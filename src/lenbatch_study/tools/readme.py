@@ -12,7 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-BEGIN = "<!-- results table: written by `lenbatch readme` from results/compare/report.md; do not edit -->"
+from lenbatch_study.pipeline.artifacts.compare_report import REPORT_PATH
+
+BEGIN = f"<!-- results table: written by `lenbatch readme` from {REPORT_PATH}; do not edit -->"
 END = "<!-- end of results table -->"
 HEADING = "## Every strategy"
 ANSWER = "## Answer"
@@ -51,7 +53,7 @@ def with_table(readme: str, table: str) -> str:
     return f"{head}{BEGIN}\n{table}{END}{tail}"
 
 
-def run(*, readme: str = "README.md", report: str = "results/compare/report.md", check: bool = False) -> int:
+def run(*, readme: str = "README.md", report: str = REPORT_PATH, check: bool = False) -> int:
     """Write (or with ``check``, compare) the README's results table; 1 when ``check`` finds it stale."""
     readme_path, report_path = Path(readme), Path(report)
     if not report_path.is_file():

@@ -20,21 +20,29 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
+from lenbatch_study.pipeline.artifacts.tokenized import LENGTHS_PATH
 
 WRITER = "boundaries"
 BOUNDARIES = "boundaries.json"
+BOUNDARIES_PATH = f"results/{WRITER}/{BOUNDARIES}"  # under the default results folder: what a hint names
 SWEEP = "sweep.json"
 BY_STRATEGY = "by-strategy"
+TIMINGS = "timings.json"  # the optimizer's seconds: no stage reads it, no tool tracks it
 SWEEP_KEYS = ("num_buckets", "edges", "predicted_efficiency", "simulated_efficiency", "composition_repeat",
               "length_mixing")
 # what a strategy list that holds 'bucketed' is told without edges
-NEEDS_EDGES = ("strategy 'bucketed' needs bucket edges; pass --boundaries results/boundaries/boundaries.json "
+NEEDS_EDGES = (f"strategy 'bucketed' needs bucket edges; pass --boundaries {BOUNDARIES_PATH} "
                "(written by 'lenbatch boundaries')")
+
+
+def by_strategy_path(out: str | Path, strategy: str) -> Path:
+    """``by-strategy/<strategy>.json`` of the boundaries output folder ``out`` (module doc)."""
+    return Path(out) / BY_STRATEGY / f"{strategy}.json"
 
 
 def rerun(path: str | Path) -> str:
     return rerun_hint(WRITER, f"results/{WRITER}/{Path(path).name}", Path(path).parent,
-                      flags="--lengths results/tokenize/lengths.npy")
+                      flags=f"--lengths {LENGTHS_PATH}")
 
 
 def _edges(path: Path, doc: Any) -> tuple[int, ...]:
@@ -85,4 +93,5 @@ def read_sweep(path: str | Path) -> list[dict[str, Any]]:
     return doc
 
 
-__all__ = ["BOUNDARIES", "NEEDS_EDGES", "SWEEP", "edges_for", "read_boundaries", "read_edges", "read_sweep"]
+__all__ = ["BOUNDARIES", "BOUNDARIES_PATH", "BY_STRATEGY", "NEEDS_EDGES", "SWEEP", "TIMINGS", "by_strategy_path",
+           "edges_for", "read_boundaries", "read_edges", "read_sweep"]

@@ -1,6 +1,6 @@
 """The interleave stage's output: ``interleave.json``, every strategy's segment timed in turns, round by
 round, and ``params.json``, the params it was measured with. Written by :mod:`lenbatch_study.stages.interleave`
-(which does not import this module: editing how the file is *read* reruns compare only); read by compare
+(with the names here); read by compare
 (:func:`read_timings`, :func:`read_params`).
 
 ``interleave.json``: ``{"machine", "rounds", "strategies": {strategy: {"steps", "epochs",
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
+from lenbatch_study.pipeline.artifacts.reading import read_params as read_params_of
 
 WRITER = "interleave"
 TIMINGS = "interleave.json"
-PARAMS = "params.json"
 STRATEGY_KEYS = ("steps", "epochs", "step_useful_tokens", "seconds", "useful_tokens")
 
 
@@ -44,14 +44,7 @@ def read_timings(folder: str | Path) -> dict[str, Any]:
 
 def read_params(folder: str | Path) -> dict[str, Any] | None:
     """The resolved params the segments were timed with (``params.json``), None when the folder has none."""
-    d = Path(folder)
-    p = d / PARAMS
-    if not p.exists():
-        return None
-    doc = read_json(p, rerun=rerun(d))
-    if not isinstance(doc, dict):
-        raise refuse(p, "holds no params mapping", rerun=rerun(d))
-    return doc
+    return read_params_of(folder, rerun=rerun(Path(folder)))
 
 
-__all__ = ["PARAMS", "TIMINGS", "read_params", "read_timings"]
+__all__ = ["TIMINGS", "read_params", "read_timings"]

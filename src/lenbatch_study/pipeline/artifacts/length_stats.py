@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
+from lenbatch_study.pipeline.artifacts.tokenized import LENGTHS_PATH
 
 WRITER = "stats"
 STATS = "stats.json"
@@ -21,7 +22,7 @@ PLOT = "histogram.png"
 
 
 def rerun(path: Path) -> str:
-    return rerun_hint(WRITER, f"results/{WRITER}/{path.name}", path.parent, flags="--lengths results/tokenize/lengths.npy")
+    return rerun_hint(WRITER, f"results/{WRITER}/{path.name}", path.parent, flags=f"--lengths {LENGTHS_PATH}")
 
 
 def read_stats(stats_dir: str | Path) -> dict[str, Any]:

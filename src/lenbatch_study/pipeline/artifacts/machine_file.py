@@ -13,9 +13,7 @@ so ``snakemake`` sees the change of machine by the file's time. Cost: ~20 ms (no
 
 from __future__ import annotations
 
-from lenbatch_study.core.machine import MACHINE_FILE
-
 WRITER = "machine"
-MACHINE = MACHINE_FILE
+MACHINE = "machine.json"
 
 __all__ = ["MACHINE", "WRITER"]

@@ -8,16 +8,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from lenbatch_study.pipeline.artifacts.bucket_edges import BOUNDARIES_PATH
 from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
+from lenbatch_study.pipeline.artifacts.tokenized import LENGTHS_PATH
 
 WRITER = "plans"
 METRICS = "metrics.json"
+TIMINGS = "timings.json"  # seconds to plan an epoch: no stage reads it, no tool tracks it
 KEYS = ("padding_efficiency", "composition_repeat", "length_mixing")
 
 
 def rerun(path: Path) -> str:
     return rerun_hint(WRITER, f"results/{WRITER}/{METRICS}", path.parent,
-                      flags="--lengths results/tokenize/lengths.npy --boundaries results/boundaries/boundaries.json")
+                      flags=f"--lengths {LENGTHS_PATH} --boundaries {BOUNDARIES_PATH}")
 
 
 def read_plans(plans_dir: str | Path, strategies: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -35,4 +38,4 @@ def read_plans(plans_dir: str | Path, strategies: Iterable[str]) -> dict[str, di
     return doc
 
 
-__all__ = ["METRICS", "read_plans"]
+__all__ = ["METRICS", "TIMINGS", "read_plans"]

@@ -1,6 +1,6 @@
 """The profile stage's output: ``grid.json``, the step times of the target and the drafter on a grid of
 batch shapes, and ``params.json``, the params it was timed with. Written by :mod:`lenbatch_study.stages.profile`
-(which does not import this module: editing how the grid is *read* reruns compare only); read by compare
+(with the names here); read by compare
 (:func:`read_grid`, :func:`read_profile_params`).
 
 ``grid.json``: a mapping ``{"machine", "reference", "points"}`` — the machine fingerprint
@@ -17,16 +17,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
+from lenbatch_study.pipeline.artifacts.reading import read_json, read_params, refuse, require_keys, rerun_hint
 
 WRITER = "profile"
 GRID = "grid.json"
-PARAMS = "params.json"
+GRID_PATH = f"results/{WRITER}/{GRID}"  # under the default results folder: what a rerun hint names
 ROW_KEYS = ("kind", "sequence_lengths", "target_seconds_median", "drafter_seconds_median")
 
 
 def rerun(profile_dir: Path) -> str:
-    return rerun_hint(WRITER, f"results/{WRITER}/{GRID}", profile_dir)
+    return rerun_hint(WRITER, GRID_PATH, profile_dir)
 
 
 def read_grid(profile_dir: str | Path) -> list[dict[str, Any]]:
@@ -70,14 +70,7 @@ def check_times(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> None:
 
 def read_profile_params(profile_dir: str | Path) -> dict[str, Any] | None:
     """The resolved params the grid was timed with (``params.json``), None when the folder has none."""
-    d = Path(profile_dir)
-    p = d / PARAMS
-    if not p.exists():
-        return None
-    doc = read_json(p, rerun=rerun(d))
-    if not isinstance(doc, dict):
-        raise refuse(p, "holds no params mapping", rerun=rerun(d))
-    return doc
+    return read_params(profile_dir, rerun=rerun(Path(profile_dir)))
 
 
-__all__ = ["GRID", "PARAMS", "check_times", "read_grid", "read_grid_document", "read_profile_params"]
+__all__ = ["GRID", "GRID_PATH", "check_times", "read_grid", "read_grid_document", "read_profile_params"]

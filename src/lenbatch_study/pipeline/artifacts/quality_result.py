@@ -12,10 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from lenbatch_study.pipeline.artifacts.bucket_edges import BOUNDARIES_PATH
 from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
 
 WRITER = "quality"
 QUALITY = "quality.json"
+QUALITY_PATH = f"results/{WRITER}/{QUALITY}"  # under the default results folder: what a rerun hint names
 METRICS = "metrics.json"
 CURVES = "curves.json"
 GRADIENTS = "gradients.json"
@@ -23,8 +25,8 @@ KEYS = ("strategies", "setting", "runs", "gradients", "summary", "timing")
 
 
 def rerun(quality_dir: Path) -> str:
-    return rerun_hint(WRITER, f"results/{WRITER}/{QUALITY}", quality_dir,
-                      flags="--data results/tokenize --boundaries results/boundaries/boundaries.json")
+    return rerun_hint(WRITER, QUALITY_PATH, quality_dir,
+                      flags=f"--data results/tokenize --boundaries {BOUNDARIES_PATH}")
 
 
 def read_quality(quality_dir: str | Path, strategies: Iterable[str]) -> dict[str, Any]:
@@ -39,4 +41,4 @@ def read_quality(quality_dir: str | Path, strategies: Iterable[str]) -> dict[str
     return result
 
 
-__all__ = ["CURVES", "GRADIENTS", "METRICS", "QUALITY", "read_quality"]
+__all__ = ["CURVES", "GRADIENTS", "METRICS", "QUALITY", "QUALITY_PATH", "read_quality"]

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lenbatch_study.pipeline.artifacts.writing import PARAMS
+
 
 class ArtifactError(ValueError):
     """A stage's input file is missing, malformed, or from another run than its neighbours."""
@@ -49,4 +51,17 @@ def require_keys(path: Path, doc: Any, keys: tuple[str, ...], *, rerun: str, wha
                      rerun=rerun)
 
 
-__all__ = ["ArtifactError", "read_json", "refuse", "require_keys", "rerun_hint"]
+def read_params(folder: str | Path, *, rerun: str) -> dict[str, Any] | None:
+    """The resolved params an output folder was made with (its ``params.json``,
+    :func:`lenbatch_study.pipeline.artifacts.writing.write_resolved`), None when the folder has none;
+    :func:`refuse` when it is not a JSON mapping."""
+    p = Path(folder) / PARAMS
+    if not p.exists():
+        return None
+    doc = read_json(p, rerun=rerun)
+    if not isinstance(doc, dict):
+        raise refuse(p, "holds no params mapping", rerun=rerun)
+    return doc
+
+
+__all__ = ["ArtifactError", "read_json", "read_params", "refuse", "require_keys", "rerun_hint"]

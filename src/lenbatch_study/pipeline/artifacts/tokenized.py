@@ -1,12 +1,16 @@
 """The tokenize stage's output folder: ``lengths.npy`` and ``dataset/``, read by every later stage.
 
 * ``lengths.npy``: int64 tokens per sample (1-D, every length > 0), written by
-  :func:`lenbatch_study.corpus.tokenizing.write_outputs`; read by :func:`read_lengths`.
+  :func:`lenbatch_study.corpus.tokenizing.write_outputs` at :func:`output_paths`; read by :func:`read_lengths`.
 * ``dataset/``: a ``datasets.save_to_disk`` folder with columns ``input_ids`` (token ids) and
   ``loss_mask`` (1 where a token is trained), one row per sample, row ``i`` holding ``lengths[i]``
   tokens; read by :class:`TokenizedDataset` (:func:`read_dataset`, pyarrow only), which checks the columns and the
   row count against ``lengths.npy`` once, and every row's length as it is read.
 * ``stats.json``: what tokenizing read, kept and dropped (for people; no stage reads it).
+* ``timings.json``: the seconds it took (no stage reads it, no tool tracks it: it measures the machine).
+
+:func:`output_paths` names these paths for the writer (:func:`lenbatch_study.corpus.tokenizing.write_outputs`,
+which the stage hands them: the corpus layer sits below this one).
 
 The planning stages may read lengths from any ``.npy`` or generate the study's profile instead
 (:func:`read_lengths_input`). Cost: ``lengths.npy`` O(N); the dataset is memory-mapped, rows are read
@@ -27,13 +31,22 @@ from lenbatch_study.pipeline.artifacts.reading import refuse, rerun_hint
 
 WRITER = "tokenize"
 LENGTHS = "lengths.npy"
+LENGTHS_PATH = f"results/{WRITER}/{LENGTHS}"  # under the default results folder: what a rerun hint names
 DATASET = "dataset"
 STATS = "stats.json"
+TIMINGS = "timings.json"
 COLUMNS = ("input_ids", "loss_mask")
 
 
+def output_paths(out: str | Path) -> dict[str, Path]:
+    """Where the tokenize output folder ``out`` holds each file: ``{"dataset", "lengths", "stats", "timings"}``
+    (the keyword arguments of :func:`lenbatch_study.corpus.tokenizing.write_outputs`)."""
+    d = Path(out)
+    return {"dataset": d / DATASET, "lengths": d / LENGTHS, "stats": d / STATS, "timings": d / TIMINGS}
+
+
 def rerun(data: str | Path) -> str:
-    return rerun_hint(WRITER, f"results/{WRITER}/{LENGTHS}", data)
+    return rerun_hint(WRITER, LENGTHS_PATH, data)
 
 
 def read_lengths(data: str | Path) -> np.ndarray:
@@ -52,7 +65,7 @@ def read_lengths_input(*, lengths: str | Path | None, generate: bool = False, se
     if generate:
         return seed_profile(seed_profile_size, seed=seed).astype(np.int64), "seed-profile"
     if lengths is None:
-        raise ValueError("pass --lengths results/tokenize/lengths.npy or --seed-profile")
+        raise ValueError(f"pass --lengths {LENGTHS_PATH} or --seed-profile")
     path = Path(lengths)
     hint = rerun(path.parent) + " or pass --seed-profile"
     if not path.exists():
@@ -147,5 +160,6 @@ def read_dataset(data: str | Path, lengths: np.ndarray, *, columns: tuple[str, .
     return TokenizedDataset(data, lengths, columns=columns)
 
 
-__all__ = ["COLUMNS", "DATASET", "LENGTHS", "STATS", "TokenizedDataset", "read_dataset", "read_lengths",
+__all__ = ["COLUMNS", "DATASET", "LENGTHS", "LENGTHS_PATH", "STATS", "TIMINGS", "TokenizedDataset", "output_paths",
+           "read_dataset", "read_lengths",
            "read_lengths_input"]

@@ -1,8 +1,9 @@
-"""The train stage's output, one folder per strategy: ``summary.json`` and ``steps.jsonl``.
+"""The train stage's output, one folder per strategy: ``summary.json`` and ``steps.jsonl`` (and, for a
+resume, ``checkpoint.pt``; ``params.json`` as every output folder).
 
 Written by :mod:`lenbatch_study.stages.train` (``summary.json``) and :class:`lenbatch_study.runtime.records.Recorder`
-(``steps.jsonl``), neither of which imports this module: editing how a run is *read* reruns compare,
-never a training. Read by compare (:func:`read_run`).
+(``steps.jsonl``) and :func:`lenbatch_study.runtime.checkpoint.save_checkpoint` (``checkpoint.pt``) at the
+paths the stage names from here (the runtime layer sits below this one). Read by compare (:func:`read_run`).
 
 * ``summary.json``: a mapping with ``useful_tokens_per_s``, ``steps`` (equal to ``planned_steps``: a
   complete run) and ``params`` (the resolved params it trained with), among others.
@@ -19,14 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
+from lenbatch_study.pipeline.artifacts.writing import PARAMS
 
 WRITER = "train"
 SUMMARY = "summary.json"
 STEPS = "steps.jsonl"
+CHECKPOINT = "checkpoint.pt"
+# what a fresh run removes from its folder first (with the temp files their atomic writes leave when killed)
+RUN_FILES = (CHECKPOINT, f"{CHECKPOINT}.tmp", SUMMARY, f"{SUMMARY}.tmp", PARAMS, STEPS, f"{STEPS}.tmp")
+
+
+def summary_path(strategy: str) -> str:
+    """``strategy``'s ``summary.json`` under the default results folder: what a rerun hint names."""
+    return f"results/{WRITER}/{strategy}/{SUMMARY}"
 
 
 def rerun(run_dir: Path, strategy: str) -> str:
-    return rerun_hint(WRITER, f"results/{WRITER}/{strategy}/{SUMMARY}", run_dir, flags=f"--strategy {strategy}")
+    return rerun_hint(WRITER, summary_path(strategy), run_dir, flags=f"--strategy {strategy}")
 
 
 def read_steps(path: str | Path, *, rerun: str) -> list[dict[str, Any]]:
@@ -66,4 +76,4 @@ def read_run(train_dir: str | Path, strategy: str) -> dict[str, Any]:
     return {"summary": summary, "steps": steps}
 
 
-__all__ = ["STEPS", "SUMMARY", "read_run", "read_steps", "rerun"]
+__all__ = ["CHECKPOINT", "RUN_FILES", "STEPS", "SUMMARY", "read_run", "read_steps", "rerun", "summary_path"]

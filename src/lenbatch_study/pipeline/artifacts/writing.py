@@ -1,14 +1,18 @@
-"""How the cheap stages write their JSON files (stats, boundaries, plans, plan).
-
-Writers import this module, never a reader's: editing how a file is *read* must not rerun the stage
-that writes it (DESIGN.md, "what reruns on an edit"). Cost: O(size).
+"""How stages write the files every output folder shares: JSON (stats, boundaries, plans, plan) and
+``params.json``, the resolved params the folder was made with (its reader:
+:func:`lenbatch_study.pipeline.artifacts.reading.read_params`). Cost: O(size).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lenbatch_study.core.config import Params
+
+PARAMS = "params.json"
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -17,4 +21,16 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-__all__ = ["write_json"]
+def write_resolved(params: Params, out_dir: str | Path, sections: tuple[str, ...] | None = None) -> Path:
+    """Write the resolved params (or some sections) as ``params.json`` next to a stage's results."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = params.to_dict()
+    if sections is not None:
+        data = {k: data[k] for k in sections}
+    path = out_dir / PARAMS
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+__all__ = ["PARAMS", "write_json", "write_resolved"]

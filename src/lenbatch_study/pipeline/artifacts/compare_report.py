@@ -1,0 +1,31 @@
+"""The compare stage's output: files for people and for DVC's ``metrics``/``plots``; no stage reads them.
+
+Written by :func:`lenbatch_study.analysis.report.write_outputs` (the report links its plots by these names);
+``report.md`` is read by ``lenbatch readme`` (:mod:`lenbatch_study.tools.readme`), the plot data by
+``lenbatch plots`` through DVC.
+
+* ``metrics.json``: the numbers users compare (``dvc metrics diff``); ``diagnostics.json``: every number.
+* ``report.md``: the report; ``stepmodel.json``: the step-time fits, chosen and candidates.
+* ``frontier.json``, ``throughput.json``, ``histogram.json``: DVC plot data; ``frontier.png``,
+  ``throughput.png``, ``histogram.png`` and (with quality results) ``quality.png``: the report's figures.
+"""
+
+from __future__ import annotations
+
+WRITER = "compare"
+METRICS = "metrics.json"
+DIAGNOSTICS = "diagnostics.json"
+REPORT = "report.md"
+STEPMODEL = "stepmodel.json"
+FRONTIER = "frontier.json"
+THROUGHPUT = "throughput.json"
+HISTOGRAM = "histogram.json"
+FRONTIER_PLOT = "frontier.png"
+THROUGHPUT_PLOT = "throughput.png"
+HISTOGRAM_PLOT = "histogram.png"
+QUALITY_PLOT = "quality.png"
+# the report's path in the default results folder (``lenbatch readme`` reads it)
+REPORT_PATH = f"results/{WRITER}/{REPORT}"
+
+__all__ = ["DIAGNOSTICS", "FRONTIER", "FRONTIER_PLOT", "HISTOGRAM", "HISTOGRAM_PLOT", "METRICS", "QUALITY_PLOT",
+           "REPORT", "REPORT_PATH", "STEPMODEL", "THROUGHPUT", "THROUGHPUT_PLOT", "WRITER"]
