@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lenbatch_study.analysis import gradquality as gq
+from lenbatch_study.core import intervals
 
 
 # --------------------------------------------------------------------------- Student t and intervals
@@ -17,25 +18,25 @@ from lenbatch_study.analysis import gradquality as gq
 @pytest.mark.parametrize("df, q", [(1, 12.706204736), (2, 4.302652730), (4, 2.776445105), (30, 2.042272456),
                                    (1000, 1.962339081)])
 def test_t_quantile_matches_published_values(df, q):
-    assert gq.t_quantile(0.975, df) == pytest.approx(q, rel=1e-6)
-    assert gq.t_quantile(0.025, df) == pytest.approx(-q, rel=1e-6)
-    assert gq.t_cdf(q, df) == pytest.approx(0.975, abs=1e-9)
+    assert intervals.t_quantile(0.975, df) == pytest.approx(q, rel=1e-6)
+    assert intervals.t_quantile(0.025, df) == pytest.approx(-q, rel=1e-6)
+    assert intervals.t_cdf(q, df) == pytest.approx(0.975, abs=1e-9)
 
 
 def test_t_cdf_of_one_degree_is_the_cauchy_distribution():
     for x in (-3.0, -0.5, 0.0, 0.7, 10.0):
-        assert gq.t_cdf(x, 1) == pytest.approx(0.5 + math.atan(x) / math.pi, abs=1e-12)
+        assert intervals.t_cdf(x, 1) == pytest.approx(0.5 + math.atan(x) / math.pi, abs=1e-12)
 
 
 def test_mean_interval_by_hand():
-    iv = gq.mean_interval([1.0, 2.0, 3.0])
+    iv = intervals.mean_interval([1.0, 2.0, 3.0])
     half = 4.302652730 * 1.0 / math.sqrt(3)  # sd = 1
     assert iv["mean"] == 2.0 and iv["sd"] == pytest.approx(1.0)
     assert iv["half"] == pytest.approx(half, rel=1e-8)
     assert (iv["lo"], iv["hi"]) == pytest.approx((2 - half, 2 + half), rel=1e-8)
-    assert math.isnan(gq.mean_interval([5.0])["half"])
+    assert math.isnan(intervals.mean_interval([5.0])["half"])
     with pytest.raises(ValueError):
-        gq.mean_interval([1.0, float("nan")])
+        intervals.mean_interval([1.0, float("nan")])
 
 
 def test_mean_interval_covers_the_true_mean_95_percent_of_the_time():
@@ -43,32 +44,32 @@ def test_mean_interval_covers_the_true_mean_95_percent_of_the_time():
     trials = 4000
     hits = 0
     for _ in range(trials):
-        iv = gq.mean_interval(rng.normal(3.0, 0.2, size=3))
+        iv = intervals.mean_interval(rng.normal(3.0, 0.2, size=3))
         hits += iv["lo"] <= 3.0 <= iv["hi"]
     assert abs(hits / trials - 0.95) < 0.012, hits / trials
 
 
 def test_welch_difference_by_hand_and_its_verdict():
     a, b = np.array([5.0, 5.2, 5.4]), np.array([4.0, 4.3, 4.5, 4.4])
-    d = gq.difference_interval(a, b)
+    d = intervals.difference_interval(a, b)
     va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 4
     df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
-    half = gq.t_quantile(0.975, df) * math.sqrt(va + vb)
+    half = intervals.t_quantile(0.975, df) * math.sqrt(va + vb)
     assert d["diff"] == pytest.approx(a.mean() - b.mean())
     assert d["df"] == pytest.approx(df)
     assert d["half"] == pytest.approx(half)
     assert d["distinguishable"]  # 0.9 apart, seeds within 0.5: beyond noise
-    same = gq.difference_interval([5.0, 5.3, 4.8], [5.1, 4.9, 5.2])
+    same = intervals.difference_interval([5.0, 5.3, 4.8], [5.1, 4.9, 5.2])
     assert not same["distinguishable"] and same["lo"] < 0 < same["hi"]
     with pytest.raises(ValueError, match="quality.seeds"):
-        gq.difference_interval([1.0], [2.0, 3.0])
+        intervals.difference_interval([1.0], [2.0, 3.0])
 
 
 def test_welch_interval_covers_the_true_difference_and_rarely_flags_noise():
     rng = np.random.default_rng(1)
     trials, covered, flagged = 2000, 0, 0
     for _ in range(trials):
-        d = gq.difference_interval(rng.normal(1.0, 0.1, 3), rng.normal(1.0, 0.3, 3))
+        d = intervals.difference_interval(rng.normal(1.0, 0.1, 3), rng.normal(1.0, 0.3, 3))
         covered += d["lo"] <= 0.0 <= d["hi"]
         flagged += d["distinguishable"]
     assert covered + flagged == trials

@@ -12,8 +12,8 @@ import yaml
 import lenbatch as lb
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.loading import collate
-from lenbatch_study.analysis.interleaved import (USER_METRIC_KEYS, flat_metrics, judge, predicted_ratios,
-                                                 ratio_intervals, section_lines)
+from lenbatch_study.analysis.interleaved import USER_METRIC_KEYS, flat_metrics, judge, predicted_ratios, section_lines
+from lenbatch_study.core.intervals import ratio_intervals
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.interleave import measure_interleaved, round_orders
 

@@ -1,7 +1,7 @@
 """Ratios from an interleaved measurement (:mod:`lenbatch_study.runtime.interleave`): pure.
 
-* :func:`ratio_intervals`: per strategy, the throughput ratio to sorted with its 95% interval, paired by
-  round, so a drift common to a round cancels;
+* :func:`lenbatch_study.core.intervals.ratio_intervals`: per strategy, the throughput ratio to sorted with
+  its 95% interval, paired by round, so a drift common to a round cancels (the interleave stage's stop rule);
 * :func:`predicted_ratios`: the same ratio from the step model's predicted seconds of the same steps;
 * :func:`judge`: both side by side per strategy, with the prediction's error on the ratio and whether it
   meets the targets (:data:`INTERVAL_TARGET`, :data:`PREDICTION_TARGET`);
@@ -16,12 +16,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from lenbatch_study.analysis.gradquality import t_quantile
+from lenbatch_study.core.intervals import INTERVAL_TARGET, half_width, ratio_intervals
 
 BASELINE = "sorted"
-# What the interleaved measurement must reach to judge a prediction: every 95% interval within +-2% of
-# its ratio, and then every predicted ratio within 3% of the measured one.
-INTERVAL_TARGET = 0.02
+# What the interleaved measurement must reach to judge a prediction: every 95% interval within
+# INTERVAL_TARGET (+-2%) of its ratio, and then every predicted ratio within 3% of the measured one.
 PREDICTION_TARGET = 0.03
 # The keys of metrics.json (DVC's headline, at most 40 numbers): the ratio and the predicted ratio of every
 # strategy but sorted, 8 for five strategies, beside the 31 of the trainings; the intervals go to
@@ -34,39 +33,6 @@ RUN_KEYS: dict[str, tuple[str, ...] | None] = {
     "train": ("strategies", "nproc", "nodes", "useful_tokens", "warmup_steps", "threads", "kernels",
               "reuse_host_memory"),
 }
-
-
-def ratio_intervals(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]], *,
-                    baseline: str = BASELINE, level: float = 0.95) -> dict[str, dict[str, object]]:
-    """Per strategy: throughput ratio to ``baseline`` and its ``level`` interval, paired by round.
-
-    Round k's throughput of strategy s is u_sk / t_sk; d_k = log(thr_sk / thr_bk). The ratio is
-    exp(mean d) and the interval exp(mean d +- t_{level, K-1} sd(d) / sqrt(K)) (Student t over the K
-    rounds). A drift that scales every strategy's seconds of a round by the same factor leaves every
-    d_k unchanged. The baseline itself is 1 with [1, 1]. Cost O(S x K).
-    ``ValueError`` when the baseline is missing or the strategies' round counts differ or are < 2."""
-    if baseline not in seconds:
-        raise ValueError(f"the interleaved measurement lacks the baseline strategy {baseline!r}; add it to "
-                         "train.strategies")
-    k = len(seconds[baseline])
-    if k < 2 or any(len(seconds[s]) != k or len(useful_tokens[s]) != k for s in seconds):
-        raise ValueError(f"every strategy needs the same number (>= 2) of rounds, got "
-                         f"{ {s: len(v) for s, v in seconds.items()} }")
-    base = np.asarray(useful_tokens[baseline], float) / np.asarray(seconds[baseline], float)
-    q = t_quantile(0.5 + level / 2, k - 1)
-    out: dict[str, dict[str, object]] = {}
-    for s in seconds:
-        thr = np.asarray(useful_tokens[s], float) / np.asarray(seconds[s], float)
-        d = np.log(thr / base)
-        mean, half = float(d.mean()), q * float(d.std(ddof=1)) / math.sqrt(k)
-        out[s] = {"ratio_to_sorted": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)],
-                  "rounds": k}
-    return out
-
-
-def half_width(ratio: float, ci95: Sequence[float]) -> float:
-    """The interval's larger side relative to its ratio: max(hi / ratio - 1, 1 - lo / ratio)."""
-    return max(ci95[1] / ratio - 1.0, 1.0 - ci95[0] / ratio)
 
 
 def predicted_ratios(predicted_seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]],
@@ -159,5 +125,5 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     return lines
 
 
-__all__ = ["BASELINE", "INTERVAL_TARGET", "PREDICTION_TARGET", "RUN_KEYS", "USER_METRIC_KEYS",
-           "flat_metrics", "half_width", "judge", "predicted_ratios", "ratio_intervals", "section_lines"]
+__all__ = ["BASELINE", "PREDICTION_TARGET", "RUN_KEYS", "USER_METRIC_KEYS", "flat_metrics", "judge",
+           "predicted_ratios", "section_lines"]

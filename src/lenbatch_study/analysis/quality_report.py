@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from lenbatch_study.analysis import gradquality as gq
+from lenbatch_study.core import intervals
 from lenbatch_study.analysis.quality_stats import by_strategy, metric_number, stage_metrics, strategy_metrics
 from lenbatch_study.pipeline.artifacts.compare_report import QUALITY_PLOT
 from lenbatch_study.pipeline.artifacts.quality_result import QUALITY_PATH
@@ -38,8 +38,8 @@ def per_second(result: dict[str, Any], tok_s: dict[str, float]) -> dict[str, Any
     at = {s: [float(np.interp(tok_s[s] * t_star, r["curve_tokens"], r["curve_loss"])) for r in rs]
           for s, rs in runs.items()}
     return {"seconds": t_star, "tokens": {s: tok_s[s] * t_star for s in runs},
-            "loss": {s: gq.mean_interval(v) for s, v in at.items()},
-            "vs_sorted": {s: gq.difference_interval(v, at["sorted"]) for s, v in at.items() if s != "sorted"}}
+            "loss": {s: intervals.mean_interval(v) for s, v in at.items()},
+            "vs_sorted": {s: intervals.difference_interval(v, at["sorted"]) for s, v in at.items() if s != "sorted"}}
 
 
 def _iv(i: dict[str, float], digits: int = 3) -> str:

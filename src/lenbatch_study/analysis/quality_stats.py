@@ -6,7 +6,7 @@ report and the plot of that result are :mod:`lenbatch_study.analysis.quality_rep
 
 * **at equal useful tokens** (:func:`summarize`): each run's final held-out loss; per strategy the
   mean and the 95% Student-t interval over seeds; the difference from ``sorted`` with Welch's 95%
-  interval (:func:`lenbatch_study.analysis.gradquality.difference_interval`): "beyond seed noise" when it
+  interval (:func:`lenbatch_study.core.intervals.difference_interval`): "beyond seed noise" when it
   excludes 0; per eval point the curves' intervals; "learned" when every run's final loss is at least
   ``quality.min_drop_nats`` below uniform.
 * **flat metrics** (:func:`strategy_metrics`, :func:`stage_metrics`): ``strategy.key`` numbers for
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch_study.analysis import gradquality as gq
+from lenbatch_study.core import intervals
 
 
 def by_strategy(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -36,15 +36,15 @@ def by_strategy(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Intervals over seeds: final held-out loss, difference from sorted, curves, the learned criterion."""
     runs = by_strategy(result)
-    final = {s: gq.mean_interval([r["final_heldout_loss"] for r in rs]) for s, rs in runs.items()}
+    final = {s: intervals.mean_interval([r["final_heldout_loss"] for r in rs]) for s, rs in runs.items()}
     ref = [r["final_heldout_loss"] for r in runs["sorted"]]
-    vs = {s: gq.difference_interval([r["final_heldout_loss"] for r in rs], ref) for s, rs in runs.items()
+    vs = {s: intervals.difference_interval([r["final_heldout_loss"] for r in rs], ref) for s, rs in runs.items()
           if s != "sorted"}
     curves = {}
     for s, rs in runs.items():
         L = np.array([r["curve_loss"] for r in rs])
         T = np.array([r["curve_tokens"] for r in rs], dtype=float)
-        iv = [gq.mean_interval(L[:, k]) for k in range(L.shape[1])]
+        iv = [intervals.mean_interval(L[:, k]) for k in range(L.shape[1])]
         curves[s] = {"useful_tokens": T.mean(0).tolist(), "mean": [i["mean"] for i in iv],
                      "lo": [i["lo"] for i in iv], "hi": [i["hi"] for i in iv]}
     uniform, drop = result["setting"]["uniform_loss"], result["setting"]["min_drop_nats"]

@@ -19,7 +19,7 @@ how representative the steps are is a question of which steps, answered by the s
 
 * :func:`measure_interleaved`: the measurement (``step`` runs one step: single process, target forward
   then drafter step, as :class:`lenbatch_study.runtime.runner.StepRunner` runs them in ``train.nproc: 1``);
-* :func:`lenbatch_study.analysis.interleaved.ratio_intervals` turns it into ratios to sorted with their
+* :func:`lenbatch_study.core.intervals.ratio_intervals` turns it into ratios to sorted with their
   95% intervals, paired by round.
 
 Cost: ``(warmup + rounds) x segment_steps`` steps per strategy.

@@ -33,7 +33,7 @@ fitted on, records both: its CPU share tells how far they differ). On a GPU, wal
 
 How many rounds: at least ``interleave.rounds``; then one more at a time while some strategy's 95%
 interval is wider than +-2% of its ratio (the target compare judges,
-:data:`lenbatch_study.analysis.interleaved.INTERVAL_TARGET`), up to ``interleave.max_rounds``. A quiet
+:data:`lenbatch_study.core.intervals.INTERVAL_TARGET`), up to ``interleave.max_rounds``. A quiet
 machine stops early; a busy one spends the rounds it is allowed and the report shows the width it reached.
 
 ``interleave.json``: ``{"machine", "rounds" (as run), "min_rounds", "max_rounds", "stopped" (why),
@@ -59,7 +59,7 @@ import numpy as np
 from lenbatch.batching.schedule import build_schedule
 from lenbatch.loading.collate import collate
 from lenbatch.log import get_logger
-from lenbatch_study.analysis.interleaved import INTERVAL_TARGET, half_width, ratio_intervals
+from lenbatch_study.core.intervals import INTERVAL_TARGET, half_width, ratio_intervals
 from lenbatch_study.core.config import Params
 from lenbatch_study.core.machine import fingerprint
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
