@@ -97,8 +97,8 @@ def test_build_schedule_and_collate_follow_the_same_rule():
     b = build_schedule(X, strategy="sorted", target_ranks=1, spec=SPEC, max_steps=3)
     assert [s.indices.tolist() for s in a] == [s.indices.tolist() for s in b]
     with pytest.raises(ValueError, match=BOTH):
-        _collate(spec=SPEC, kind="padded")
-    assert _collate(spec=SPEC).input_ids.tolist() == _collate(kind="padded", token_budget=512,
+        _collate(spec=SPEC, layout="padded")
+    assert _collate(spec=SPEC).input_ids.tolist() == _collate(layout="padded", token_budget=512,
                                                               max_batch_size=8).input_ids.tolist()
 
 
