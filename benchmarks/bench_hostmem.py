@@ -38,8 +38,8 @@ budget = params.batching.token_budget
 shapes = [("padded", budget // 512, 512), ("padded", budget // 1024, 512), ("padded", budget // 4096, 4096),
           ("packed", 32, budget)]
 rows = []
-for i, (kind, n, m) in enumerate(shapes):
-    batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params, seed=i)
+for i, (layout, n, m) in enumerate(shapes):
+    batch = make_batch(layout, grid_shape(layout, n, m, max_len=params.data.max_len), params, seed=i)
     t, d, tf, df = [], [], [], []
     for k in range(warmup + steps):
         f0 = minor_faults()
@@ -49,7 +49,7 @@ for i, (kind, n, m) in enumerate(shapes):
         f2 = minor_faults()
         if k >= warmup:
             t.append(ts); d.append(ds); tf.append(f1 - f0); df.append(f2 - f1)
-    rows.append({"shape": f"{kind} {n} x {m}", "tokens": int(batch.input_ids.numel()),
+    rows.append({"shape": f"{layout} {n} x {m}", "tokens": int(batch.input_ids.numel()),
                  "target_s": statistics.median(t), "drafter_s": statistics.median(d),
                  "target_faults": statistics.median(tf), "drafter_faults": statistics.median(df)})
 rss = int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20

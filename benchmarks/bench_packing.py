@@ -79,10 +79,10 @@ def packed_rows(lengths: np.ndarray, budget: int) -> list[list[int]]:
     return rows
 
 
-def make_inputs(kind: str, groups: list[list[int]], seqs: list[torch.Tensor]) -> list[dict]:
+def make_inputs(layout: str, groups: list[list[int]], seqs: list[torch.Tensor]) -> list[dict]:
     out = []
     for g in groups:
-        if kind == "packed":
+        if layout == "packed":
             ids = torch.cat([seqs[i] for i in g]).unsqueeze(0)
             cu = torch.tensor([0, *np.cumsum([len(seqs[i]) for i in g]).tolist()], dtype=torch.int32)
             out.append({"input_ids": ids, "cu_seqlens": cu, "computed": ids.shape[1]})

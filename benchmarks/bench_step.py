@@ -41,15 +41,15 @@ def main(label: str) -> None:
     configure_process(params)
     runner = StepRunner(params, device="cpu", role="both")
     out = []
-    for kind, lens in (("padded", [512] * 32), ("padded", [128] * 4)):
-        batch = profile.make_batch(kind, lens, params, seed=0)
+    for layout, lens in (("padded", [512] * 32), ("padded", [128] * 4)):
+        batch = profile.make_batch(layout, lens, params, seed=0)
         target = []
         for _ in range(6):
             t0 = time.perf_counter()
             feats, _ = runner.target_step(batch)
             target.append(time.perf_counter() - t0)
         drafter = [runner.drafter_step(batch, feats, step=i, epoch=0)[1] for i in range(4)]
-        out.append(f"{kind} {len(lens)}x{lens[0]}: target {statistics.median(target[2:]):.3f} s, "
+        out.append(f"{layout} {len(lens)}x{lens[0]}: target {statistics.median(target[2:]):.3f} s, "
                    f"drafter {statistics.median(drafter[1:]):.3f} s")
     print(label, " | ".join(out), flush=True)
 

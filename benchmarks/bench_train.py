@@ -65,14 +65,14 @@ def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
                               max_batch_size=b.max_batch_size, edges=edges if s == "bucketed" else None,
                               packed_window=b.packed_window, rank=0, world_size=1)[:n] for s in args.strategies}
     acc = {s: {"target_s": 0.0, "drafter_s": 0.0, "computed": 0, "useful": 0} for s in plans}
-    warm = collate(data.samples(plans[args.strategies[0]][0]), kind=layout_of(args.strategies[0]),
+    warm = collate(data.samples(plans[args.strategies[0]][0]), layout=layout_of(args.strategies[0]),
                    token_budget=b.token_budget, max_batch_size=b.max_batch_size)
     runner.drafter_step(warm, runner.target_step(warm)[0])  # untimed warm-up
     for i in range(n):
         for s, batches in plans.items():
             if i >= len(batches):
                 continue
-            batch = collate(data.samples(batches[i]), kind=layout_of(s), token_budget=b.token_budget,
+            batch = collate(data.samples(batches[i]), layout=layout_of(s), token_budget=b.token_budget,
                             max_batch_size=b.max_batch_size, indices=batches[i])
             feats, t_s = runner.target_step(batch)
             _, d_s = runner.drafter_step(batch, feats)

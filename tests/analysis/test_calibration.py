@@ -8,7 +8,7 @@ import pytest
 
 from lenbatch_study.analysis import calibration, provenance
 
-SHAPE = {"kind": "padded", "sequences": 8, "length": 512}
+SHAPE = {"layout": "padded", "sequences": 8, "length": 512}
 
 
 def _ref(target_start, target_end, drafter_start, drafter_end, shape=SHAPE):

@@ -22,10 +22,10 @@ def _grid_columns():
     lengths = np.concatenate([np.asarray(ls) for _, ls in shapes])
     cols: dict[str, list] = {}
     start = 0
-    for kind, ls in shapes:
+    for layout, ls in shapes:
         batch = [np.arange(start, start + len(ls))]
         start += len(ls)
-        one = shp.batch_columns(lengths, batch, kind=kind)
+        one = shp.batch_columns(lengths, batch, layout=layout)
         for key, value in one.items():
             cols.setdefault(key, []).append(value[0])
     return {k: np.asarray(v) for k, v in cols.items()}
@@ -84,7 +84,7 @@ def test_prediction_on_timed_steps_matches_their_sum():
     lengths = rng.integers(20, 2000, size=300)
     order = rng.permutation(300)
     batches = [order[i:i + 10] for i in range(0, 300, 10)]
-    cols = shp.batch_columns(lengths, batches, kind="padded")
+    cols = shp.batch_columns(lengths, batches, layout="padded")
     truth = np.array([0.01, 1e-6, 2e-10, 1e-3])
     feats = ("const", "computed_tokens", "sum_len_sq", "sequences")
     timed = sm.design_matrix(cols, feats) @ truth  # "measured" step times
@@ -115,12 +115,12 @@ def test_pipeline_costs_the_slower_role_in_steady_state():
 
 def test_packed_columns_attention_modes():
     lengths = np.array([100, 300, 600])
-    seg = shp.batch_columns(lengths, [np.array([0, 1, 2])], kind="packed", attention="segment")
-    dense = shp.batch_columns(lengths, [np.array([0, 1, 2])], kind="packed", attention="dense")
+    seg = shp.batch_columns(lengths, [np.array([0, 1, 2])], layout="packed", attention="segment")
+    dense = shp.batch_columns(lengths, [np.array([0, 1, 2])], layout="packed", attention="dense")
     assert seg["computed_tokens"][0] == 1000 and seg["sequences"][0] == 3
     assert seg["sum_len_sq"][0] == 100**2 + 300**2 + 600**2
     assert dense["sum_len_sq"][0] == 1000**2
-    pad = shp.batch_columns(lengths, [np.array([0, 1, 2])], kind="padded")
+    pad = shp.batch_columns(lengths, [np.array([0, 1, 2])], layout="padded")
     assert pad["computed_tokens"][0] == 1800 and pad["sum_len_sq"][0] == 3 * 600**2
     assert pad["useful_tokens"][0] == 1000
     assert seg["ctx_tokens"][0] == 3 * 600 and pad["ctx_tokens"][0] == pad["computed_tokens"][0]

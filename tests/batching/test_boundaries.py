@@ -4,6 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
+from _chat_lengths import chat_lengths
 from _core_real import real_lengths
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,7 +13,6 @@ from lenbatch import optimize_boundaries, sweep_num_buckets
 from lenbatch.batching.boundaries import candidate_values, cost_matrix, coordinate_path, dp_partition, geometric_path
 from lenbatch.batching.padding import bucket_computed, padding_efficiency, predict_bucketed, value_counts
 from lenbatch.batching.strategies import plan_epoch_all
-from lenbatch_study.corpus.seed_profile import seed_profile
 
 
 def _brute_force(cost, k):
@@ -87,12 +87,12 @@ def test_bad_input(kwargs, words):
         optimize_boundaries([1, 2, 3, 60, 60, 7, 8, 9, 10], **args)
 
 
-def test_dp_on_seed_profile_beats_the_study_edges_and_predicts_the_plan():
-    x = seed_profile().astype(np.int64)
+def test_dp_on_a_chat_corpus_beats_the_study_edges_and_predicts_the_plan():
+    x = chat_lengths(900_000)
     kw = dict(token_budget=49152, max_batch_size=64)
     dp = optimize_boundaries(x, 6, method="dp", **kw)
     study = predict_bucketed(x, [0, 770, 1216, 1728, 2432, 3296, 8192], **kw)["efficiency"]
-    assert dp.predicted_efficiency >= study
+    assert dp.predicted_efficiency >= study + 0.03  # measured: 0.808 against 0.760
     plan = plan_epoch_all(x, strategy="bucketed", epoch=0, seed=0, edges=dp.edges, **kw)[0]
     assert abs(padding_efficiency(x, plan) - dp.predicted_efficiency) < 0.005
     cand = candidate_values(x, 290)

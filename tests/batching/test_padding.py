@@ -5,15 +5,16 @@ import itertools
 
 import numpy as np
 import pytest
+from _chat_lengths import chat_lengths
 from _core_real import real_lengths
 
 from lenbatch.batching.padding import (budget_fill, composition_repeat, expected_max, greedy_batches, greedy_bucket_computed,
                               greedy_starts, length_mixing, padding_efficiency, predict_bucketed, value_counts)
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import plan_epoch_all
-from lenbatch_study.corpus.seed_profile import seed_profile
 
 STUDY_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
+CORPUS = 900_000  # samples: one simulated epoch then matches the prediction within 0.1 pp
 
 
 def test_expected_max_hand_case():
@@ -34,9 +35,13 @@ def test_expected_max_equals_enumeration():
 
 
 def test_expected_max_large_is_stable():
-    x = seed_profile(100_000)
+    """On 100,000 lengths the exact formula agrees with the mean maximum of 4,000 random draws of 64."""
+    x = chat_lengths(100_000)
     e = expected_max(x, 64)
-    assert x.max() >= e > np.percentile(x, 98)
+    rng = np.random.default_rng(7)
+    maxima = np.array([x[rng.choice(x.size, 64, replace=False)].max() for _ in range(4000)], dtype=np.float64)
+    assert x.max() >= e > np.percentile(x, 95)
+    assert abs(e - maxima.mean()) < 4 * maxima.std(ddof=1) / np.sqrt(maxima.size)
 
 
 def test_greedy_plan_hand_case():
@@ -138,16 +143,16 @@ def _simulate_bucketed(x, edges, budget, mbs, reps, seed=0):
     return float(np.mean(effs))
 
 
-def test_greedy_model_predicts_the_seed_profile_within_half_a_point():
-    x = seed_profile().astype(np.int64)
+def test_greedy_model_predicts_a_chat_corpus_within_half_a_point():
+    x = chat_lengths(CORPUS)
     for edges in (STUDY_EDGES, [0, 8192], [0, 958, 1598, 2306, 3182, 4445, 8192]):
         pred = predict_bucketed(x, edges, token_budget=49152, max_batch_size=64)["efficiency"]
         sim = _simulate_bucketed(x, np.asarray(edges), 49152, 64, reps=1)
         assert abs(pred - sim) < 0.005, (edges, pred, sim)
-        assert abs(pred - sim) < 0.001  # measured: within 0.05 pp
+        assert abs(pred - sim) < 0.001  # measured: within 0.04 pp on seeds 0-2
     # the study's model misses the same plan by several points (it ignores adaptive batch sizes)
     study = predict_bucketed(x, STUDY_EDGES, token_budget=49152, max_batch_size=64, objective="study")["efficiency"]
-    assert _simulate_bucketed(x, np.asarray(STUDY_EDGES), 49152, 64, reps=1) - study > 0.015
+    assert _simulate_bucketed(x, np.asarray(STUDY_EDGES), 49152, 64, reps=1) - study > 0.015  # measured: 0.019
 
 
 @pytest.mark.parametrize("budget", [8192, 16384, 49152])

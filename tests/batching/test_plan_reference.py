@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import lenbatch as lb
-from lenbatch_study.corpus.seed_profile import seed_profile
 from lenbatch.batching import scan
 from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.spec import BatchSpec
 
 import _reference_planner as ref
+from _chat_lengths import chat_lengths
 
 PATHS = ["compiled", "pure"]
 
@@ -98,10 +98,10 @@ def test_small_random_cases_match_the_reference(strategy, path):
 
 @pytest.mark.parametrize("strategy", lb.STRATEGIES)
 def test_large_cases_match_the_reference(strategy, path):
-    """Cases above the gathers' size threshold (n = 70,000, seed-profile lengths) at the study's
+    """Cases above the gathers' size threshold (n = 70,000, chat-like lengths) at the study's
     setting: one rank, 7 ranks, and 8 ranks with min_batches: ~1-3 s per strategy and path (the
     reference's Python loops are most of it)."""
-    x = seed_profile(70_000, seed=3)
+    x = chat_lengths(70_000, seed=3)
     for world, mbs, mb in ((1, 64, 0), (7, 64, 0), (8, 64, 9000)):
         c = dict(x=x, token_budget=16384, max_batch_size=mbs, edges=(0, 770, 1216, 1728, 2432, 3296, 8192),
                  packed_window=8, world_size=world, min_batches=mb, seed=5)
@@ -110,7 +110,7 @@ def test_large_cases_match_the_reference(strategy, path):
 
 def test_the_comparison_can_fail():
     """A plan that differs in one index is caught by _same."""
-    x = seed_profile(500)
+    x = chat_lengths(500)
     spec = BatchSpec(token_budget=16384, max_batch_size=64)
     old = ref.reference_plan_all(x, strategy="random", spec=spec, epoch=0, world_size=1)
     new = [[b.copy() for b in old[0]]]

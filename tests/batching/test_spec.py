@@ -85,10 +85,10 @@ def test_a_keyword_at_its_default_beside_a_spec_is_no_conflict():
 
 
 def test_build_schedule_and_collate_follow_the_same_rule():
-    from lenbatch_study.core.config import load_params
+    from types import SimpleNamespace
 
-    params = load_params("params.yaml", '{"batching": {"token_budget": 512, "max_batch_size": 8}, '
-                                        '"data": {"max_len": 512}}')
+    # params= is any object with a .batching section (the study hands its Params: tests/core/test_config.py)
+    params = SimpleNamespace(batching=SimpleNamespace(**KW, seed=0, packed_window=8))
     with pytest.raises(ValueError, match=BOTH):
         build_schedule(X, strategy="sorted", target_ranks=1, spec=SPEC, params=params, max_steps=2)
     with pytest.raises(ValueError, match="build_schedule needs its batching"):
@@ -97,8 +97,8 @@ def test_build_schedule_and_collate_follow_the_same_rule():
     b = build_schedule(X, strategy="sorted", target_ranks=1, spec=SPEC, max_steps=3)
     assert [s.indices.tolist() for s in a] == [s.indices.tolist() for s in b]
     with pytest.raises(ValueError, match=BOTH):
-        _collate(spec=SPEC, kind="padded")
-    assert _collate(spec=SPEC).input_ids.tolist() == _collate(kind="padded", token_budget=512,
+        _collate(spec=SPEC, layout="padded")
+    assert _collate(spec=SPEC).input_ids.tolist() == _collate(layout="padded", token_budget=512,
                                                               max_batch_size=8).input_ids.tolist()
 
 

@@ -115,9 +115,9 @@ def test_sortish_is_transformers_order(n, high, mbs):
 
 def test_packed_fills_the_budget():
     from lenbatch.batching.padding import budget_fill
-    from lenbatch_study.corpus.seed_profile import seed_profile
+    from _chat_lengths import chat_lengths
 
-    x = seed_profile(100_000)
+    x = chat_lengths(100_000)
     rows = plan_epoch(x, strategy="packed", token_budget=49152, max_batch_size=64, packed_window=8)
     assert budget_fill(x, rows, 49152, strategy="packed") >= 0.998
 

@@ -17,7 +17,7 @@ def _seqs(lengths, seed=0):
 def test_padded_batch_right_pads_and_masks():
     seqs = _seqs([5, 9, 3])
     b = collate_padded(seqs, token_budget=27, max_batch_size=3, indices=[7, 8, 9])
-    assert b.kind == "padded" and b.input_ids.shape == (3, 9)
+    assert b.layout == "padded" and b.input_ids.shape == (3, 9)
     assert b.lengths.tolist() == [5, 9, 3] and b.indices.tolist() == [7, 8, 9]
     assert b.attention_mask.sum(1).tolist() == [5, 9, 3]
     for i, s in enumerate(seqs):
@@ -31,7 +31,7 @@ def test_padded_batch_right_pads_and_masks():
 def test_packed_row_restarts_positions_and_keeps_boundaries():
     seqs = _seqs([4, 1, 6])
     b = collate_packed(seqs, token_budget=11)
-    assert b.kind == "packed" and b.input_ids.shape == (1, 11)
+    assert b.layout == "packed" and b.input_ids.shape == (1, 11)
     assert b.cu_seqlens.dtype == torch.int32 and b.cu_seqlens.tolist() == [0, 4, 5, 11]
     assert b.position_ids[0].tolist() == [0, 1, 2, 3, 0, 0, 1, 2, 3, 4, 5]
     assert b.seq_index[0].tolist() == [0] * 4 + [1] + [2] * 6
@@ -41,11 +41,11 @@ def test_packed_row_restarts_positions_and_keeps_boundaries():
     assert rows.tolist() == [0, 0, 0] and starts.tolist() == [0, 4, 5]
 
 
-@pytest.mark.parametrize("kind", ["padded", "packed"])
-def test_parts_round_trip(kind):
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_parts_round_trip(layout):
     seqs = _seqs([7, 2, 12])
-    b = collate(seqs, kind=kind, token_budget=64, max_batch_size=8, indices=[1, 2, 3])
-    r = batch_from_parts(kind, b.input_ids, b.loss_mask.to(torch.uint8), b.lengths, b.indices)
+    b = collate(seqs, layout=layout, token_budget=64, max_batch_size=8, indices=[1, 2, 3])
+    r = batch_from_parts(layout, b.input_ids, b.loss_mask.to(torch.uint8), b.lengths, b.indices)
     for name in ("input_ids", "loss_mask", "position_ids", "lengths", "indices", "attention_mask", "cu_seqlens",
                  "seq_index"):
         x, y = getattr(b, name), getattr(r, name)
@@ -89,28 +89,28 @@ def test_synthetic_sequences_are_reproducible_with_a_completion_mask():
         synthetic_sequences([0], vocab_size=50, seed=0)
 
 
-@pytest.mark.parametrize("kind", ["padded", "packed"])
-def test_labels_path(kind):
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_labels_path(layout):
     """Samples with labels: a learned token needs loss_mask 1 and a label != -100, model_inputs scores the labels
     (padding -100, packed sequence starts -100); labels equal to input_ids give exactly the no-labels inputs, and
     a batch without labels has Batch.labels None."""
     seqs = _seqs([6, 3, 9], seed=2)
-    plain = collate(seqs, kind=kind)
+    plain = collate(seqs, layout=layout)
     assert plain.labels is None
-    same = collate([{**s, "labels": s["input_ids"]} for s in seqs], kind=kind)
+    same = collate([{**s, "labels": s["input_ids"]} for s in seqs], layout=layout)
     for key, value in plain.model_inputs().items():
         got = same.model_inputs()[key]
         assert torch.equal(got, value) if torch.is_tensor(value) else got == value, key
     labels = [np.where(np.arange(len(s["input_ids"])) % 2 == 0, -100, s["input_ids"] + 1) for s in seqs]
-    b = collate([{**s, "labels": y} for s, y in zip(seqs, labels)], kind=kind).to("cpu")
+    b = collate([{**s, "labels": y} for s, y in zip(seqs, labels)], layout=layout).to("cpu")
     got = b.model_inputs()["labels"]
     rows, starts = b.seq_rows_starts()
     for i, (s, y) in enumerate(zip(seqs, labels)):
         r, a = int(rows[i]), int(starts[i])
         want = np.where(np.asarray(s["loss_mask"]).astype(bool), y, -100)
-        if kind == "packed":
+        if layout == "packed":
             want[0] = -100  # no token predicts across a sequence boundary
         assert got[r, a:a + len(y)].tolist() == want.tolist()
         assert b.loss_mask[r, a:a + len(y)].tolist() == ((y != -100) & (np.asarray(s["loss_mask"]) == 1)).tolist()
-    if kind == "padded":
+    if layout == "padded":
         assert (got[2 - 1, 3:] == -100).all() and b.labels[1, 3:].eq(-100).all()

@@ -93,7 +93,7 @@ def test_bf16_drafter_keeps_fp32_master_weights_and_the_target_stays_bf16(tmp_pa
     runner = StepRunner(p)
     assert {w.dtype for w in runner.target.parameters()} == {torch.bfloat16}
     assert {w.dtype for w in runner.drafter.parameters()} == {torch.float32}
-    batch = collate(synthetic_sequences([40, 60, 30], vocab_size=p.model.vocab_size, seed=0), kind="padded",
+    batch = collate(synthetic_sequences([40, 60, 30], vocab_size=p.model.vocab_size, seed=0), layout="padded",
                     token_budget=1024, max_batch_size=8)
     before = [w.detach().clone() for w in runner.drafter.parameters()]
     feats, _ = runner.target_step(batch)
@@ -321,7 +321,7 @@ def test_the_window_term_covers_what_a_drafter_step_keeps(one_thread):
     p = _tiny(batching={"token_budget": 2048, "max_batch_size": 16}, drafter={"anchors_per_seq": 4})
     run = StepRunner(p)
     lengths = [128] * 16  # 16 sequences, 2,048 tokens, windows of up to 128 + 64 positions each
-    batch = collate(synthetic_sequences(lengths, vocab_size=p.model.vocab_size, seed=0), kind="packed",
+    batch = collate(synthetic_sequences(lengths, vocab_size=p.model.vocab_size, seed=0), layout="packed",
                     token_budget=2048, max_batch_size=16)
     feats, _ = run.target_step(batch)
     kept = []

@@ -203,7 +203,7 @@ def test_stats_and_plans_read_back_and_refused(real, tmp_path):
 
 # --------------------------------------------------------------------------- profile, train, quality (files as written)
 
-ROW = {"kind": "padded", "sequences": 1, "length": 16, "sequence_lengths": [16], "target_seconds_median": 0.01,
+ROW = {"layout": "padded", "sequences": 1, "length": 16, "sequence_lengths": [16], "target_seconds_median": 0.01,
        "drafter_seconds_median": 0.02}
 
 
@@ -216,6 +216,9 @@ def test_grid_refused(tmp_path):
     (d / "grid.json").write_text(json.dumps([ROW, {k: v for k, v in ROW.items() if k != "sequence_lengths"}]))
     refused(lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'sequence_lengths' in row 1",
             "profile/grid.json")
+    old = {("kind" if k == "layout" else k): v for k, v in ROW.items()}  # rows keyed 'kind' are refused, not read
+    (d / "grid.json").write_text(json.dumps({"points": [old]}))
+    refused(lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'layout' in row 0", "profile/grid.json")
     (d / "grid.json").write_text(json.dumps({"points": [ROW]}))  # the mapping form is read too
     assert profile_grid.read_grid(d) == [ROW] and profile_grid.read_profile_params(d) is None
     (d / "params.json").write_text("[1]")

@@ -10,8 +10,10 @@ import ast
 import json
 import os
 import importlib
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -331,3 +333,85 @@ def test_the_import_scan_cache_is_keyed_by_content_and_survives_a_bad_file(tmp_p
     assert first == [["from", "lenbatch", ["log"]]]
     assert deps._import_statements(mod) == [["import", ["lenbatch.hostmem"]]]
     deps.direct_imports.cache_clear()
+
+
+# The library's tests run where only the library is installed: they import nothing of the study.
+TESTS = Path(__file__).resolve().parents[1]
+LIBRARY_TESTS = ("batching", "loading")
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _top_imports(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def study_references(path: Path) -> list[str]:
+    """Where ``path`` reaches the study, as ``name:line module``: an import of ``lenbatch_study`` (top-level or
+    lazy in a function) or a string that is one of its module names (``importlib.import_module(...)``, a
+    subprocess's ``-m lenbatch_study``)."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+            names = [node.value]
+        else:
+            continue
+        hits += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] == STUDY]
+    return hits
+
+
+def library_test_files(tests: Path, dirs: tuple[str, ...]) -> list[Path]:
+    """Every ``.py`` under ``tests/<dirs>`` (tests, conftest, the ``_*.py`` scripts run in subprocesses) and the
+    test helpers they import by name from their own folder or from ``tests/`` (``_core_real``, ``_tiny``...),
+    followed to the end."""
+    todo = [p for d in dirs for p in sorted((tests / d).rglob("*.py"))]
+    seen: dict[Path, None] = {}
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen[p] = None
+        for name in _top_imports(ast.parse(p.read_text(), filename=str(p))):
+            todo += [f for f in (p.parent / f"{name}.py", tests / f"{name}.py") if f.is_file() and f not in seen]
+    return sorted(seen)
+
+
+def test_the_library_tests_import_nothing_of_the_study():
+    files = library_test_files(TESTS, LIBRARY_TESTS)
+    names = {str(p.relative_to(TESTS)) for p in files}
+    assert {"loading/_hf_trainer_run.py", "batching/_chat_lengths.py", "_core_real.py"} <= names, sorted(names)
+    assert len(files) >= 25, sorted(names)
+    bad = [hit for p in files for hit in study_references(p)]
+    assert not bad, ("the library's tests reach the study (give them their own data, or move the test to the "
+                     f"study's tests): {bad}")
+
+
+def test_the_library_tests_checker_can_fail(tmp_path):
+    """A top-level, a lazy and a subprocess reference to the study are each reported, also through a helper
+    the test imports; a library-only file is not."""
+    (tmp_path / "batching").mkdir()
+    (tmp_path / "batching" / "test_a.py").write_text(
+        "import numpy\nimport _shared\nfrom lenbatch import plan_epoch\n"
+        "def test_x():\n    from lenbatch_study.core.config import load_params\n")
+    (tmp_path / "batching" / "_run.py").write_text(
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'lenbatch_study', '--help'])\n")
+    (tmp_path / "_shared.py").write_text('"""Lengths from lenbatch_study? no: this docstring is prose."""\n'
+                                         "import lenbatch_study\n")
+    (tmp_path / "_unused.py").write_text("import lenbatch_study\n")  # imported by no library test
+    files = library_test_files(tmp_path, ("batching",))
+    assert [p.name for p in files] == ["_shared.py", "_run.py", "test_a.py"]
+    assert [h for p in files for h in study_references(p)] == [
+        "_shared.py:2 lenbatch_study", "_run.py:2 lenbatch_study", "test_a.py:5 lenbatch_study.core.config"]
+    (tmp_path / "batching" / "test_a.py").write_text("import numpy\nfrom lenbatch import plan_epoch\n")
+    (tmp_path / "batching" / "_run.py").write_text("import subprocess, sys\n"
+                                                   "subprocess.run([sys.executable, '-m', 'lenbatch'])\n")
+    assert not [h for p in library_test_files(tmp_path, ("batching",)) for h in study_references(p)]

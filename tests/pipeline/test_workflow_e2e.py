@@ -157,7 +157,7 @@ def test_the_profile_timed_each_role_alone_and_busy_in_two_processes(finished):
     assert ref["shape"] == reference.reference_shape(params)
     for role in ("target", "drafter"):
         assert len(ref[role]["start"]) == len(ref[role]["end"]) == reference.REPEATS
-    assert [(r["kind"], r["sequences"], r["length"]) for r in rows] == grid_points(params)
+    assert [(r["layout"], r["sequences"], r["length"]) for r in rows] == grid_points(params)
     n = params.profile.repeats
     for r in rows:
         for role in ("target", "drafter"):

@@ -29,7 +29,7 @@ def _params(tmp_path, max_len: int = TINY_DATA["max_len"], **batching):
 
 def test_the_reference_shape_is_an_eighth_of_the_budget_every_plan_can_hold(tmp_path):
     default = load_params(REPO / "params.yaml")
-    assert reference.reference_shape(default) == {"kind": "padded", "sequences": 4, "length": 512}
+    assert reference.reference_shape(default) == {"layout": "padded", "sequences": 4, "length": 512}
     for max_len, budget, max_bs, want in ((1024, 2048, 16, (1, 512)), (1024, 49152, 64, (12, 512)),
                                           (1024, 1024, 4, (1, 512)), (1024, 65536, 8, (8, 512)),
                                           (256, 4096, 16, (2, 256))):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from lenbatch.batching.strategy import layout_of
 from lenbatch_study.analysis import shapes as shp
 from lenbatch_study.analysis import stepmodel as sm
 from lenbatch_study.cli import main
@@ -40,7 +41,7 @@ def _reference(target: float, drafter: float, *, drift: float = 0.0) -> dict:
         return {"start": [s * 0.99, s, s * 1.02], "end": [e * 1.01, e, e * 0.98],
                 "start_cpu": [s] * 3, "end_cpu": [e] * 3}
 
-    return {"shape": {"kind": "padded", "sequences": 8, "length": 512}, "warmup": 1, "repeats": 3, "seconds": 2.0,
+    return {"shape": {"layout": "padded", "sequences": 8, "length": 512}, "warmup": 1, "repeats": 3, "seconds": 2.0,
             "target": pts(target), "drafter": pts(drafter)}
 
 
@@ -74,15 +75,15 @@ def _grid(params, *, busy: float | None = None, cpu_share: float | None = None) 
     from lenbatch.loading.collate import synthetic_sequences
 
     dr = params.drafter
-    for i, (kind, n, m) in enumerate(shapes):
-        ls = np.asarray(shp.grid_shape(kind, n, m, max_len=params.data.max_len))
+    for i, (layout, n, m) in enumerate(shapes):
+        ls = np.asarray(shp.grid_shape(layout, n, m, max_len=params.data.max_len))
         masks = [x["loss_mask"] for x in synthetic_sequences(ls, vocab_size=1000, seed=i)]
         work = shp.drafter_work(ls, masks, [-1] * n, anchors_per_seq=dr.anchors_per_seq, block_size=dr.block_size,
                                seed=0, epoch=0, step=i)
-        cols = shp.batch_columns(ls, [np.arange(ls.size)], kind=kind,
+        cols = shp.batch_columns(ls, [np.arange(ls.size)], layout=layout,
                                 drafter=(np.array([work[0]], float), np.array([work[1]], float)))
         t, d = float(_law(cols, TARGET)[0]), float(_law(cols, DRAFTER)[0])
-        rows.append({"kind": kind, "sequences": n, "length": m, "sequence_lengths": ls.tolist(),
+        rows.append({"layout": layout, "sequences": n, "length": m, "sequence_lengths": ls.tolist(),
                      "computed_tokens": float(cols["computed_tokens"][0]),
                      "sum_len_sq": float(cols["sum_len_sq"][0]), "ctx_tokens": float(cols["ctx_tokens"][0]),
                      "positions": float(cols["positions"][0]), "target_seconds_median": t,
@@ -102,11 +103,11 @@ def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: 
     (``busy``: a step costs the law x busy while the other role works, blended by the overlap;
     ``slower``: the machine's (target, drafter) speed against the profile's: every step and the run's
     reference step take that much longer; ``drift``: the reference's end / start - 1)."""
-    from lenbatch_study.stages.compare import LossMasks, planned_batches, step_columns, step_kind
+    from lenbatch_study.stages.compare import LossMasks, planned_batches, step_columns
 
     steps = planned_batches(lengths, params, strategy, edges, useful_tokens=params.train.useful_tokens,
                             target_ranks=1)
-    cols = step_columns(lengths, steps, kind=step_kind(strategy), params=params, masks=LossMasks(data))
+    cols = step_columns(lengths, steps, layout=layout_of(strategy), params=params, masks=LossMasks(data))
     t_s, d_s = slower[0] * _law(cols, TARGET), slower[1] * _law(cols, DRAFTER)
     if busy is None:
         ends = sm.pipeline_ends(t_s, d_s, queue_size=params.train.queue_size, ack_every=ACK_EVERY)
@@ -497,7 +498,7 @@ def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_input
 def _interleave_file(root: Path, params, out: Path, *, drift: list[float], drafter_law: dict = DRAFTER) -> None:
     """An interleave stage output timed by the known law: each strategy's segment (two steps of its training
     plan) takes the law's target + drafter seconds times round k's ``drift[k]``, the same for every strategy."""
-    from lenbatch_study.stages.compare import LossMasks, planned_batches, step_columns, step_kind
+    from lenbatch_study.stages.compare import LossMasks, planned_batches, step_columns
     from lenbatch_study.stages.interleave import segment_steps
 
     lengths = np.load(root / "data" / "lengths.npy").astype(np.int64)
@@ -505,7 +506,7 @@ def _interleave_file(root: Path, params, out: Path, *, drift: list[float], draft
     doc = {"machine": MACHINE, "rounds": len(drift), "strategies": {}}
     for s in STRATEGIES:
         plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens, target_ranks=1)
-        cols = step_columns(lengths, plan, kind=step_kind(s), params=params, masks=LossMasks(root / "data"))
+        cols = step_columns(lengths, plan, layout=layout_of(s), params=params, masks=LossMasks(root / "data"))
         steps = segment_steps(len(plan), skip=params.train.warmup_steps, count=2)
         secs = float(sum(_law(cols, TARGET)[i] + _law(cols, drafter_law)[i] for i in steps))
         useful = [int(cols["useful_tokens"][i]) for i in steps]

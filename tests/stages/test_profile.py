@@ -35,8 +35,8 @@ def test_grid_points_stay_within_budget_batch_size_and_max_len(tmp_path):
                             "packed_lengths": [1024]})
     params = load_params(REPO / "params.yaml", over)
     pts = grid_points(params)
-    for kind, n, m in pts:
-        if kind == "padded":
+    for layout, n, m in pts:
+        if layout == "padded":
             assert n * m <= 4096 and n <= 16 and m <= 1024
         else:
             assert m <= 4096 and n * 1024 >= m  # the row fits the budget and n parts of <= max_len fill it
@@ -89,15 +89,15 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
     # where it was timed, and the reference step (both roles, at the start and the end) compare calibrates by
     assert grid["machine"]["id"] == machine.fingerprint()["id"] and grid["machine"]["threads"] == 1
     ref = grid["reference"]
-    assert ref["shape"] == reference.reference_shape(params) == {"kind": "padded", "sequences": 1, "length": 128}
+    assert ref["shape"] == reference.reference_shape(params) == {"layout": "padded", "sequences": 1, "length": 128}
     for role in ("target", "drafter"):
         assert len(ref[role]["start"]) == len(ref[role]["end"]) == reference.REPEATS
         assert min(ref[role]["start"] + ref[role]["end"]) > 0
     assert ref["seconds"] >= sum(sum(ref[r]["start"]) + sum(ref[r]["end"]) for r in ("target", "drafter"))
-    assert [(r["kind"], r["sequences"], r["length"]) for r in rows] == grid_points(params)
-    assert {r["kind"] for r in rows} == {"padded", "packed"}
+    assert [(r["layout"], r["sequences"], r["length"]) for r in rows] == grid_points(params)
+    assert {r["layout"] for r in rows} == {"padded", "packed"}
     for r in rows:
-        assert sum(r["sequence_lengths"]) == (r["computed_tokens"] if r["kind"] == "packed" else r["sequences"] *
+        assert sum(r["sequence_lengths"]) == (r["computed_tokens"] if r["layout"] == "packed" else r["sequences"] *
                                               max(r["sequence_lengths"]))
         assert len(r["target_seconds_all"]) == 2 and len(r["drafter_seconds_all"]) == 2
         assert r["target_seconds_median"] == pytest.approx(float(np.median(r["target_seconds_all"])))
@@ -109,7 +109,7 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
         assert 0 < r["positions"] <= r["sequences"] * params.drafter.anchors_per_seq * (params.drafter.block_size - 1)
         assert 0 < r["ctx_tokens"] <= r["sequences"] * max(r["sequence_lengths"])
     # more tokens cost more target time: the largest padded shape is slower than the smallest
-    padded = sorted((r for r in rows if r["kind"] == "padded"), key=lambda r: r["computed_tokens"])
+    padded = sorted((r for r in rows if r["layout"] == "padded"), key=lambda r: r["computed_tokens"])
     assert padded[-1]["target_seconds_median"] > padded[0]["target_seconds_median"]
     share = grid_cpu_share(rows, threads=params.train.threads)
     # one intra-op thread per process; a little above 1 is other threads of the process (see above). No

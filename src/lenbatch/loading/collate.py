@@ -48,7 +48,7 @@ from lenbatch.batching.spec import refuse_both
 class Batch:
     """One step's tensors (CPU or device). ``S`` sequences in ``[B, T]`` (padded: B = S; packed: B = 1)."""
 
-    kind: str                       # "padded" | "packed"
+    layout: str                     # "padded" | "packed"
     input_ids: torch.Tensor         # [B, T] int64 (pad id 0 beyond a sequence)
     loss_mask: torch.Tensor         # [B, T] bool, False on padding
     position_ids: torch.Tensor      # [B, T] int64 (packed: restart per sequence)
@@ -78,7 +78,7 @@ class Batch:
 
     def seq_rows_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Where each sequence lives in ``[B, T]``: (row [S], start [S]) int64."""
-        if self.kind == "packed":
+        if self.layout == "packed":
             assert self.cu_seqlens is not None
             starts = self.cu_seqlens[:-1].to(torch.int64)
             return torch.zeros_like(starts), starts
@@ -103,7 +103,7 @@ class Batch:
         """
         target = self.input_ids if self.labels is None else self.labels
         labels = torch.where(self.loss_mask, target, torch.full_like(self.input_ids, -100))
-        if self.kind == "padded":
+        if self.layout == "padded":
             return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "labels": labels}
         assert self.cu_seqlens is not None
         labels[0, self.cu_seqlens[:-1].to(torch.int64)] = -100
@@ -119,7 +119,7 @@ class Batch:
     def to(self, device: torch.device | str) -> "Batch":
         def mv(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             return None if t is None else t.to(device, non_blocking=True)
-        return Batch(self.kind, mv(self.input_ids), mv(self.loss_mask), mv(self.position_ids), mv(self.lengths),
+        return Batch(self.layout, mv(self.input_ids), mv(self.loss_mask), mv(self.position_ids), mv(self.lengths),
                      mv(self.indices), mv(self.attention_mask), mv(self.cu_seqlens), mv(self.seq_index),
                      mv(self.labels))
 
@@ -223,22 +223,22 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
                  labels=labels)
 
 
-def collate(samples: Sequence[Mapping[str, Any]], *, kind: str | None = None, token_budget: int | None = None,
+def collate(samples: Sequence[Mapping[str, Any]], *, layout: str | None = None, token_budget: int | None = None,
             max_batch_size: int | None = None, indices: Sequence[int] | None = None, spec: Any = None) -> Batch:
-    """Collate in the layout ``kind`` (``"padded"`` or ``"packed"``, see :func:`layout_of`), checked
+    """Collate in ``layout`` (``"padded"`` or ``"packed"``, see :func:`layout_of`), checked
     against ``token_budget``/``max_batch_size`` (None: not checked); or all three from ``spec``
     (a :class:`lenbatch.BatchSpec`: its layout, budget and max batch size)."""
-    refuse_both(spec, kind=kind, token_budget=token_budget, max_batch_size=max_batch_size)
+    refuse_both(spec, layout=layout, token_budget=token_budget, max_batch_size=max_batch_size)
     if spec is not None:
-        kind, token_budget, max_batch_size = spec.layout, spec.token_budget, spec.max_batch_size
-    if kind == "padded":
+        layout, token_budget, max_batch_size = spec.layout, spec.token_budget, spec.max_batch_size
+    if layout == "padded":
         return collate_padded(samples, token_budget=token_budget, max_batch_size=max_batch_size, indices=indices)
-    if kind == "packed":
+    if layout == "packed":
         return collate_packed(samples, token_budget=token_budget, indices=indices)
-    raise ValueError(f"unknown batch layout {kind!r}; use 'padded' or 'packed'")
+    raise ValueError(f"unknown batch layout {layout!r}; use 'padded' or 'packed'")
 
 
-def batch_from_parts(kind: str, input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor,
+def batch_from_parts(layout: str, input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor,
                      indices: torch.Tensor) -> Batch:
     """Rebuild a :class:`Batch` from its essential tensors (what travels between ranks).
 
@@ -250,18 +250,18 @@ def batch_from_parts(kind: str, input_ids: torch.Tensor, loss_mask: torch.Tensor
     lengths = lengths.to(torch.int64)
     B, T = input_ids.shape
     loss_mask = loss_mask.to(torch.bool)
-    if kind == "padded":
+    if layout == "padded":
         pos = torch.arange(T, dtype=torch.int64, device=dev).expand(B, T).contiguous()
         attention = (pos < lengths[:, None]).to(torch.int64)
         return Batch("padded", input_ids, loss_mask, pos, lengths, indices, attention_mask=attention)
-    if kind == "packed":
+    if layout == "packed":
         cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=dev)
         cu[1:] = torch.cumsum(lengths, 0)
         seq_index = torch.repeat_interleave(torch.arange(lengths.numel(), device=dev), lengths)
         pos = torch.arange(T, dtype=torch.int64, device=dev) - cu[:-1][seq_index]
         return Batch("packed", input_ids, loss_mask, pos[None], lengths, indices, cu_seqlens=cu.to(torch.int32),
                      seq_index=seq_index[None])
-    raise ValueError(f"unknown batch layout {kind!r}; use 'padded' or 'packed'")
+    raise ValueError(f"unknown batch layout {layout!r}; use 'padded' or 'packed'")
 
 
 def synthetic_sequences(lengths: Sequence[int], *, vocab_size: int, seed: int,

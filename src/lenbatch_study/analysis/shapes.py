@@ -17,7 +17,7 @@ import numpy as np
 from lenbatch_study.models.anchors import draw_anchors
 
 
-def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: str, attention: str = "segment",
+def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, layout: str, attention: str = "segment",
                   drafter: tuple[np.ndarray, np.ndarray] | None = None,
                   positions_per_seq: float | None = None) -> dict[str, np.ndarray]:
     """Shape table of a list of batches (index arrays into ``lengths``).
@@ -31,8 +31,8 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: s
     n * max l_i and positions = n * ``positions_per_seq`` (NaN if not given): estimates.
     Cost O(total samples).
     """
-    if kind not in ("padded", "packed"):
-        raise ValueError(f"kind must be 'padded' or 'packed', got {kind!r}")
+    if layout not in ("padded", "packed"):
+        raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
     if attention not in ("segment", "dense"):
         raise ValueError(f"attention must be 'segment' or 'dense', got {attention!r}")
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -43,7 +43,7 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: s
         ls = lengths[np.asarray(idx, dtype=np.int64)]
         assert ls.size > 0, "empty batch in a plan"
         useful = float(ls.sum())
-        if kind == "padded":
+        if layout == "padded":
             m = float(ls.max())
             computed, sq = ls.size * m, ls.size * m * m
             length = m
@@ -64,7 +64,7 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, kind: s
     return cols
 
 
-def grid_shape(kind: str, sequences: int, length: int, *, max_len: int | None = None) -> list[int]:
+def grid_shape(layout: str, sequences: int, length: int, *, max_len: int | None = None) -> list[int]:
     """Sequence lengths of one profiling grid point.
 
     padded: ``sequences`` samples of exactly ``length`` tokens (padding costs as much as
@@ -76,7 +76,7 @@ def grid_shape(kind: str, sequences: int, length: int, *, max_len: int | None = 
     is flattened (down to an equal split); ``ValueError`` if even that does not fit.
     """
     k, L = int(sequences), int(length)
-    if kind == "padded":
+    if layout == "padded":
         return [L] * k
     if k < 1 or L < k:
         raise ValueError(f"packed grid point: row length {length} cannot hold {sequences} sequences; lower "

@@ -58,10 +58,10 @@ ROLES = ("target", "drafter")
 
 
 def reference_shape(params: Params) -> dict[str, Any]:
-    """``{"kind": "padded", "sequences": n, "length": m}`` of the reference batch (module doc)."""
+    """``{"layout": "padded", "sequences": n, "length": m}`` of the reference batch (module doc)."""
     m = min(REFERENCE_LENGTH, params.data.max_len, params.batching.token_budget)
     n = max(1, min(params.batching.max_batch_size, params.batching.token_budget // (BUDGET_SHARE * m)))
-    return {"kind": "padded", "sequences": int(n), "length": int(m)}
+    return {"layout": "padded", "sequences": int(n), "length": int(m)}
 
 
 def reference_batch(params: Params) -> Batch:

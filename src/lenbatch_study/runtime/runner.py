@@ -222,7 +222,7 @@ class StepRunner:
         batch = batch.to(self.device)
         _sync(self.device)
         t0, c0, k0 = time.perf_counter(), time.process_time(), self.meter.seconds
-        if batch.kind == "packed":
+        if batch.layout == "packed":
             feats = self.target.features(batch.input_ids, cu_seqlens=batch.cu_seqlens)
         else:
             feats = self.target.features(batch.input_ids, attention_mask=batch.attention_mask)

@@ -76,7 +76,7 @@ import torch
 from lenbatch.loading.collate import Batch, batch_from_parts
 
 RENDEZVOUS_ENV = "LENBATCH_RENDEZVOUS_P2P"
-HEADER_LEN = 6 + 8  # kind, B, T, S, F, dtype code + the caller's meta (7 ints) + the staging nanoseconds
+HEADER_LEN = 6 + 8  # layout, B, T, S, F, dtype code + the caller's meta (7 ints) + the staging nanoseconds
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
 
@@ -186,7 +186,7 @@ class TargetLink:
         tensors = [batch.input_ids, batch.loss_mask.to(torch.uint8), batch.lengths, batch.indices, features]
         tensors = [t.to(self.comm_device).contiguous() for t in tensors]  # a GPU -> host copy under gloo
         stage_ns = int((time.perf_counter() - t0) * 1e9)
-        header = torch.tensor([1 if batch.kind == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
+        header = torch.tensor([1 if batch.layout == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
                                DTYPE_CODES[features.dtype], *meta, stage_ns], dtype=torch.int64)
         assert header.numel() == HEADER_LEN, f"meta must hold {HEADER_LEN - 7} ints"
         credit = torch.zeros(2, dtype=torch.float64)
@@ -213,7 +213,7 @@ class DrafterLink:
     def recv(self, src: int, *, step: int, last_loss: float) -> tuple[Batch, torch.Tensor, list[int]]:
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
         self.channel.irecv(header, src, group="control").wait()
-        kind, B, T, S, Fdim, code, *meta = (int(x) for x in header.tolist())
+        packed, B, T, S, Fdim, code, *meta = (int(x) for x in header.tolist())
         dev = self.comm_device
         ids = torch.empty(B, T, dtype=torch.int64, device=dev)
         lm = torch.empty(B, T, dtype=torch.uint8, device=dev)
@@ -228,7 +228,7 @@ class DrafterLink:
         # the target posted this receive before sending the batch: completes without waiting on it
         self._credits.append((self.channel.isend(credit, src, group="control"), credit))
         self._credits = [(w, t) for w, t in self._credits if not w.is_completed()]
-        return batch_from_parts("packed" if kind else "padded", ids, lm, lengths, indices), feats, meta
+        return batch_from_parts("packed" if packed else "padded", ids, lm, lengths, indices), feats, meta
 
     def close(self) -> None:
         for w, _ in self._credits:

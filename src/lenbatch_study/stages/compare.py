@@ -102,7 +102,7 @@ def load_run(train_dir: Path, strategy: str, params: Params) -> dict:
 
 def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
     """Shape table of the profile grid rows (from each row's sequence lengths)."""
-    lengths, batches, kinds = [], [], []
+    lengths, batches, layouts = [], [], []
     start = 0
     for r in rows:
         if not r.get("sequence_lengths"):
@@ -111,13 +111,13 @@ def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
         ls = r["sequence_lengths"]
         lengths.extend(int(x) for x in ls)
         batches.append(np.arange(start, start + len(ls)))
-        kinds.append(r["kind"])
+        layouts.append(r["layout"])
         start += len(ls)
     arr = np.asarray(lengths, dtype=np.int64)
-    per = [shapes.batch_columns(arr, [b], kind=k, drafter=(np.array([float(r["positions"])]),
-                                                        np.array([float(r["ctx_tokens"])]))
-                            if "positions" in r else None)
-           for b, k, r in zip(batches, kinds, rows)]
+    per = [shapes.batch_columns(arr, [b], layout=k, drafter=(np.array([float(r["positions"])]),
+                                                          np.array([float(r["ctx_tokens"])]))
+                                if "positions" in r else None)
+           for b, k, r in zip(batches, layouts, rows)]
     return {key: np.concatenate([c[key] for c in per]) for key in per[0]} if per else {}
 
 
@@ -148,10 +148,6 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
 
 
 # --------------------------------------------------------------------------- prediction
-
-
-def step_kind(strategy: str) -> str:
-    return layout_of(strategy)
 
 
 def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int,
@@ -196,19 +192,20 @@ class LossMasks:
         return [self.cache[int(i)] for i in indices]
 
 
-def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, kind: str, params: Params,
+def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, layout: str, params: Params,
                  masks: LossMasks, numbers: list[int] | None = None) -> dict[str, np.ndarray]:
     """Shape table of a run's steps, with the drafter's exact work when the loss masks are available
     (its anchors drawn for step ``numbers[i]``, default ``i``: the run's global step numbers)."""
     batches = [b for _, b in steps]
     d = params.drafter
     if not masks.available:
-        return shapes.batch_columns(lengths, batches, kind=kind, positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
+        return shapes.batch_columns(lengths, batches, layout=layout,
+                                    positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
     work = [shapes.drafter_work(lengths[b], masks.get(b), b, anchors_per_seq=d.anchors_per_seq, block_size=d.block_size,
                             seed=params.batching.seed, epoch=epoch, step=i if numbers is None else numbers[i])
             for i, (epoch, b) in enumerate(steps)]
-    return shapes.batch_columns(lengths, batches, kind=kind, drafter=(np.array([w[0] for w in work], dtype=float),
-                                                                  np.array([w[1] for w in work], dtype=float)))
+    return shapes.batch_columns(lengths, batches, layout=layout, drafter=(np.array([w[0] for w in work], dtype=float),
+                                                                      np.array([w[1] for w in work], dtype=float)))
 
 
 def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int,
@@ -327,7 +324,7 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
                for (e, i), u in zip(picked, rec["step_useful_tokens"])):
             raise ValueError(f"strategy {s}: the interleaved measurement's steps {rec['steps']} are not those of "
                              f"the current plan (other data or params); rerun: {fix}")
-        cols = step_columns(lengths, [(e, plan[i][1]) for e, i in picked], kind=step_kind(s), params=params,
+        cols = step_columns(lengths, [(e, plan[i][1]) for e, i in picked], layout=layout_of(s), params=params,
                             masks=masks, numbers=[i for _, i in picked])
         predicted[s] = fits["target"]["best"].predict(cols) + fits["drafter"]["best"].predict(cols)
     st = doc["strategies"]
@@ -391,7 +388,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
             raise ValueError(f"strategy {s}: step {bad} trained {trained[bad]} useful tokens but the current plan "
                              f"gives {planned[bad]} (the run was planned with other data or params); rerun: "
                              f"snakemake {train_runs.summary_path(s)}")
-        cols = step_columns(lengths, steps_plan, kind=step_kind(s), params=params, masks=masks)
+        cols = step_columns(lengths, steps_plan, layout=layout_of(s), params=params, masks=masks)
         pred = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, allreduce_s=allreduce[s])
         ratio = provenance.reference_ratios(summary.get("reference"), profile["reference"], strategy=s)
         calibrated = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, scale=ratio,
@@ -514,8 +511,8 @@ def epoch_tok_s(lengths: np.ndarray, params: Params, strategy: str, edges: Any, 
     """
     d = params.drafter
     steps = [(0, b) for b in _epoch_plan(lengths, params, strategy, edges, epoch=0, target_ranks=target_ranks)]
-    cols = shapes.batch_columns(lengths, [b for _, b in steps], kind=step_kind(strategy),
-                            positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
+    cols = shapes.batch_columns(lengths, [b for _, b in steps], layout=layout_of(strategy),
+                                positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
     return predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, allreduce_s=allreduce_s)["tok_s"]
 
 

@@ -83,7 +83,7 @@ class _Progress:
                  time.perf_counter() - self.t0)
 
 def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, int]]:
-    """(kind, sequences, length) of every grid point, smallest shapes first.
+    """(layout, sequences, length) of every grid point, smallest shapes first.
 
     Points above the token budget, above max_batch_size or longer than data.max_len are
     skipped (they can never occur in a plan); the number skipped is logged.
@@ -119,12 +119,12 @@ def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, 
     return sorted(pts, key=lambda p: (p[1] * p[2], p[0], p[1]))
 
 
-def make_batch(kind: str, lengths: list[int], params: Params, *, seed: int):
+def make_batch(layout: str, lengths: list[int], params: Params, *, seed: int):
     """A collated batch of synthetic token ids with these sequence lengths (what training feeds)."""
     from lenbatch.loading import collate
 
     seqs = collate.synthetic_sequences(np.asarray(lengths), vocab_size=params.model.vocab_size, seed=seed)
-    spec = BatchSpec.from_params(params, strategy="packed" if kind == "packed" else "sorted")
+    spec = BatchSpec.from_params(params, strategy="packed" if layout == "packed" else "sorted")
     return collate.collate(seqs, spec=spec)
 
 
@@ -195,8 +195,8 @@ def role_batches(role: str, params: Params, device) -> list[tuple]:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
     gen = torch.Generator().manual_seed(params.batching.seed)
     out = []
-    for i, (kind, n, m) in enumerate(grid_points(params, quiet=True)):
-        batch = make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
+    for i, (layout, n, m) in enumerate(grid_points(params, quiet=True)):
+        batch = make_batch(layout, grid_shape(layout, n, m, max_len=params.data.max_len), params,
                            seed=params.batching.seed + i)
         feats = None
         if role == "drafter":
@@ -333,8 +333,8 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         runner = StepRunner(params, device=resolve_device(device, 0))
         kernels = runner.kernels
         compiles = [0.0] * len(pts)
-        batches = [make_batch(kind, grid_shape(kind, n, m, max_len=params.data.max_len), params,
-                              seed=params.batching.seed + i) for i, (kind, n, m) in enumerate(pts)]
+        batches = [make_batch(layout, grid_shape(layout, n, m, max_len=params.data.max_len), params,
+                              seed=params.batching.seed + i) for i, (layout, n, m) in enumerate(pts)]
         acc = [([], [], [], [], []) for _ in pts]  # target s, drafter s, their CPU s, drafter steps
         spent = [0.0] * len(pts)
         passes = _passes(params)
@@ -357,14 +357,14 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         ref_end, end_s = reference.measure(runner, params, roles=reference.ROLES)
         ref = reference.record(params, ref_start, ref_end, seconds=ref_s + end_s)
     rows = []
-    for i, ((kind, n, m), (t_all, d_all, t_cpu, d_cpu, steps, busy)) in enumerate(zip(pts, timings)):
-        lengths = grid_shape(kind, n, m, max_len=params.data.max_len)
-        batch = make_batch(kind, lengths, params, seed=params.batching.seed + i)
-        cols = batch_columns(np.asarray(lengths), [np.arange(len(lengths))], kind=kind,
+    for i, ((layout, n, m), (t_all, d_all, t_cpu, d_cpu, steps, busy)) in enumerate(zip(pts, timings)):
+        lengths = grid_shape(layout, n, m, max_len=params.data.max_len)
+        batch = make_batch(layout, lengths, params, seed=params.batching.seed + i)
+        cols = batch_columns(np.asarray(lengths), [np.arange(len(lengths))], layout=layout,
                              drafter=_drafter_work(batch, params, steps=steps))
         k = min(len(t_all), len(d_all))
         tot = [a + b for a, b in zip(t_all[:k], d_all[:k])]
-        row = {"kind": kind, "sequences": n, "length": m, "sequence_lengths": lengths,
+        row = {"layout": layout, "sequences": n, "length": m, "sequence_lengths": lengths,
                "computed_tokens": float(cols["computed_tokens"][0]), "sum_len_sq": float(cols["sum_len_sq"][0]),
                "ctx_tokens": float(cols["ctx_tokens"][0]), "positions": float(cols["positions"][0]),
                "target_seconds_median": float(np.median(t_all)), "target_seconds_all": t_all,

@@ -128,7 +128,7 @@ def target_features(target: Any, samples: dict[int, dict[str, np.ndarray]], indi
     def flush() -> None:
         if not row:
             return
-        b = collate([samples[i] for i in row], kind="packed", token_budget=None, max_batch_size=None, indices=row)
+        b = collate([samples[i] for i in row], layout="packed", token_budget=None, max_batch_size=None, indices=row)
         f = target.features(b.input_ids, cu_seqlens=b.cu_seqlens)[0].clone()
         cu = b.cu_seqlens.tolist()
         for k, i in enumerate(row):
@@ -148,14 +148,14 @@ def target_features(target: Any, samples: dict[int, dict[str, np.ndarray]], indi
 
 
 def assemble(samples: dict[int, dict[str, np.ndarray]], feats: dict[int, torch.Tensor], indices: np.ndarray, *,
-             kind: str) -> tuple[Batch, torch.Tensor]:
-    """The batch of ``indices`` in layout ``kind`` and its features in the same layout (zeros on padding),
+             layout: str) -> tuple[Batch, torch.Tensor]:
+    """The batch of ``indices`` in ``layout`` and its features in the same layout (zeros on padding),
     both on the features' device, features in float32 (the drafter's master precision)."""
     idx = [int(i) for i in indices]
     first = feats[idx[0]]
-    batch = collate([samples[i] for i in idx], kind=kind, token_budget=None, max_batch_size=None,
+    batch = collate([samples[i] for i in idx], layout=layout, token_budget=None, max_batch_size=None,
                     indices=idx).to(first.device)
-    if kind == "packed":
+    if layout == "packed":
         return batch, torch.cat([feats[i] for i in idx])[None].float()
     m = batch.shape_length
     out = torch.zeros(len(idx), m, first.shape[1], device=first.device)
@@ -230,7 +230,7 @@ class Experiment:
         # held-out batches and their fixed anchors (seed, epoch 0, step 0, dataset index): one evaluation set
         self.held_batches = []
         for rows in _rows(self.held_idx, lengths, b.token_budget):
-            batch, f = assemble(self.samples, self.feats, rows, kind="packed")
+            batch, f = assemble(self.samples, self.feats, rows, layout="packed")
             self.held_batches.append((batch, f))
 
     def heldout_loss(self, model: Drafter) -> float:
@@ -261,7 +261,7 @@ class Experiment:
         seed = p.batching.seed + seed_index
         model = draft_model(p, classes=self.classes, seed=seed_index).to(self.device)
         opt = torch.optim.AdamW(model.parameters(), lr=q.lr, weight_decay=p.drafter.weight_decay)
-        kind = layout_of(strategy)
+        layout = layout_of(strategy)
         total = q.epochs * int(self.lengths[self.train_idx].sum())
         marks = [total * k / q.eval_points for k in range(1, q.eval_points + 1)]
         curve = [(0, self.heldout_loss(model))]
@@ -270,7 +270,7 @@ class Experiment:
         t0, c0 = time.perf_counter(), time.process_time()
         for epoch in range(q.epochs):
             for idx in self.plan(strategy, seed=seed, epoch=epoch):
-                batch, f = assemble(self.samples, self.feats, idx, kind=kind)
+                batch, f = assemble(self.samples, self.feats, idx, layout=layout)
                 an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=seed, epoch=epoch,
                                                    step=step)
                 loss, _ = draft_loss(model, f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
@@ -297,10 +297,10 @@ class Experiment:
     def gradients(self, model: Drafter, strategy: str) -> dict[str, Any]:
         """Every batch gradient of one epoch of ``strategy`` at ``model``'s weights (anchors fixed per sample)."""
         p, q = self.params, self.params.quality
-        kind = layout_of(strategy)
+        layout = layout_of(strategy)
         grads, weights, sizes, mean_len, losses = [], [], [], [], []
         for idx in self.plan(strategy, seed=p.batching.seed, epoch=0):
-            batch, f = assemble(self.samples, self.feats, idx, kind=kind)
+            batch, f = assemble(self.samples, self.feats, idx, layout=layout)
             an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=p.batching.seed,
                                                epoch=0, step=0)
             model.zero_grad(set_to_none=True)

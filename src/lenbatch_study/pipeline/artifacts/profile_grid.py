@@ -5,7 +5,7 @@ batch shapes, and ``params.json``, the params it was timed with. Written by :mod
 
 ``grid.json``: a mapping ``{"machine", "reference", "points"}`` — the machine fingerprint
 (:mod:`lenbatch_study.core.machine`), the reference step timed before and after the grid
-(:mod:`lenbatch_study.runtime.reference`) and the rows (an older grid is the bare list of rows) —, one row per shape: ``kind``
+(:mod:`lenbatch_study.runtime.reference`) and the rows (an older grid is the bare list of rows) —, one row per shape: ``layout``
 (padded/packed), ``sequence_lengths`` (the lengths timed), ``target_seconds_median``,
 ``drafter_seconds_median`` and, from a lockstep profile, ``*_busy_seconds_median``; ``positions`` and
 ``ctx_tokens`` (the drafter's work) when known. Cost: one file read.
@@ -22,7 +22,7 @@ from lenbatch_study.pipeline.artifacts.reading import read_json, read_params, re
 WRITER = "profile"
 GRID = "grid.json"
 GRID_PATH = f"results/{WRITER}/{GRID}"  # under the default results folder: what a rerun hint names
-ROW_KEYS = ("kind", "sequence_lengths", "target_seconds_median", "drafter_seconds_median")
+ROW_KEYS = ("layout", "sequence_lengths", "target_seconds_median", "drafter_seconds_median")
 
 
 def rerun(profile_dir: Path) -> str:
@@ -60,7 +60,7 @@ def check_times(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> None:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
             if not ok:
                 lengths = row.get("sequence_lengths") or []
-                shape = f"{row.get('kind')}, {len(lengths)} x {max(lengths) if lengths else '?'} tokens"
+                shape = f"{row.get('layout')}, {len(lengths)} x {max(lengths) if lengths else '?'} tokens"
                 bad.append(f"row {k} ({shape}) {key}={value!r}")
     if bad:
         more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
