@@ -413,11 +413,12 @@ def test_killing_the_torchrun_launcher_stops_its_workers(setup):
     workers = []
     try:
         deadline = time.monotonic() + 180
+        log = partial_dir(out) / "steps.jsonl"  # a fresh run trains beside OUT until it is complete
         while time.monotonic() < deadline and launcher.poll() is None:
-            log = out / "steps.jsonl"
             if log.exists() and len(log.read_text().splitlines()) >= 2:
                 break
             time.sleep(0.05)
+        assert log.exists() and len(log.read_text().splitlines()) >= 2, "the run never logged two steps"
         workers = _children(launcher.pid)
         assert len(workers) == 2, workers
         launcher.kill()
