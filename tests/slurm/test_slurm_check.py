@@ -1,8 +1,10 @@
 """The SLURM path for real: `tools/slurm_check.py` (`make slurm-check`) starts a 2-node SLURM cluster with
 accounting on this machine (tools/slurm_cluster.py), runs the tiny workflow on it with profiles/slurm, every
 rule a SLURM job, requeues the packed training while it runs (`scontrol requeue`, as preemption does),
-runs the config locally too, and stops the cluster. Here: every rule ran as a SLURM job that `sacct`
-reports COMPLETED, the requeued training came back on the same job id and resumed from its checkpoint,
+signals the bucketed one with SIGUSR1 (`scancel --signal=USR1`, as `sbatch --signal=USR1@<secs>` does ahead of
+the time limit), runs the config locally too, and stops the cluster. Here: every rule ran as a SLURM job that `sacct`
+reports COMPLETED, the requeued training came back on the same job id and resumed from its checkpoint, the
+signalled one stopped at a step, requeued its own job and resumed from that step,
 the SLURM run (the requeued training included) trained exactly the planned batches with the local run's
 losses, and no daemon of the cluster outlives the check.
 
@@ -104,6 +106,22 @@ def test_a_training_requeued_while_it_runs_comes_back_and_resumes_from_its_check
     assert 1 <= train["resumed_from_step"] < train["steps"]
     # exactness after the resume is the next test's (the requeued strategy is one of those compared)
     assert requeue["strategy"] in check["summary"]["strategies"]
+
+
+@pytest.mark.slow
+def test_a_training_signalled_while_it_runs_stops_at_a_step_requeues_itself_and_resumes_there(check):
+    signalled = check["summary"]["signal"]
+    assert signalled["problems"] == [], signalled
+    assert signalled["strategy"] != check["summary"]["requeue"]["strategy"]
+    # it stopped on the signal at a step boundary at or after the steps logged when signalled, before its end
+    stop = signalled["stopped"]
+    train = json.loads((check["out"] / "slurm/train" / signalled["strategy"] / "summary.json").read_text())
+    assert stop["signal"] == "SIGUSR1" and signalled["signalled_after_steps"] <= stop["step"] < train["steps"]
+    # the train rule requeued its own job: the stopped attempt, then the one that ran to the end, one job id
+    assert [a["State"] for a in signalled["attempts"]] == ["REQUEUED", "COMPLETED"]
+    assert {a["JobID"] for a in signalled["attempts"]} == {signalled["job_id"]}
+    assert train["resumed_from_step"] == signalled["resumed_from_step"] == stop["step"]
+    assert signalled["hashes_equal"] and signalled["losses_equal"]
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ reconstruction, but a checkpoint only resumes the run that wrote it: rerunning t
 less than widening what ``--resume`` unpickles.
 
 A fresh run (no ``--resume``) owns its directory from its first step: :func:`start_fresh` removes
-the previous run's ``checkpoint.pt``, ``summary.json``, ``params.json`` and ``steps.jsonl`` before
+the previous run's ``checkpoint.pt``, ``summary.json``, ``params.json``, ``steps.jsonl`` and stop marker before
 it trains, so a killed fresh run never leaves an older complete-looking summary beside it, and a later
 ``--resume`` cannot pick up the older checkpoint.
 """
@@ -49,7 +49,7 @@ from lenbatch_study.core.machine import changed_fields
 
 FORMAT = 3  # 2: log_sha256 ties the checkpoint to its steps.jsonl; 3: tensors and plain values only (weights_only)
 RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "summary.json", "summary.json.tmp", "params.json", "steps.jsonl",
-             "steps.jsonl.tmp")
+             "steps.jsonl.tmp", "stopped.json")  # the last: a run stopped on a signal (runtime.stopping.MARKER)
 # a write the file system refused (full, over quota, file too large, read-only, not permitted, I/O error)
 REFUSED_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
