@@ -221,12 +221,14 @@ def signal_while_running(cluster: slurm_cluster.Cluster, run_dir: Path, done: th
     comment = f"rule_train_wildcards_{SIGNAL_STRATEGY}"
     work = partial_dir(run_dir)
     steps = work / "steps.jsonl"
+    running: list[str] = []
     while not done.is_set():
         if "job_id" not in result:
-            queue = cluster.run("squeue", "-h", "-o", "%i|%k|%T", check=False).stdout.split()
-            running = [q.split("|")[0] for q in queue if q.split("|")[1:] == [comment, "RUNNING"]]
+            if not running:  # the job id first, so that the signal follows the first logged step at once
+                queue = cluster.run("squeue", "-h", "-o", "%i|%k|%T", check=False).stdout.split()
+                running = [q.split("|")[0] for q in queue if q.split("|")[1:] == [comment, "RUNNING"]]
             n = len(steps.read_text().splitlines()) if steps.exists() else 0
-            # a step exists once srun started torchrun: the job's steps are there to be signalled
+            # a logged step: the workers handle the signal by now (before, they inherit torchrun's SIG_IGN)
             if running and n >= SIGNAL_AFTER_STEPS:
                 cluster.run("scancel", "--signal=USR1", running[0])
                 result.update(job_id=running[0], signalled_after_steps=n, signalled_at=time.monotonic())
@@ -235,7 +237,7 @@ def signal_while_running(cluster: slurm_cluster.Cluster, run_dir: Path, done: th
             if stop is not None:
                 result.update(stopped=stop, stopped_after_s=round(time.monotonic() - result.pop("signalled_at"), 1))
                 return
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def attempts(cluster: slurm_cluster.Cluster, job_id: str) -> list[dict]:
