@@ -155,10 +155,10 @@ def test_the_slurm_run_trained_exactly_the_planned_batches_with_the_local_losses
             per_node = summary["per_node"]
             assert len(per_node) == nodes and all(n["useful_tokens_per_s"] > 0 for n in per_node), per_node
         else:
-            # the requeued training: its summary's throughput and CPU shares cover the steps after the
-            # resume only, so check_pipelined_run's sums over all steps do not apply; what the resume must
-            # keep does: every step once, in order, the planned batches, stopping at train.useful_tokens
-            assert strategy == check["summary"]["requeue"]["strategy"]
+            # the requeued and the signalled training: its summary's throughput and CPU shares cover the steps
+            # after the resume only, so check_pipelined_run's sums over all steps do not apply; what the resume
+            # must keep does: every step once, in order, the planned batches, stopping at train.useful_tokens
+            assert strategy in (check["summary"]["requeue"]["strategy"], check["summary"]["signal"]["strategy"])
             useful = np.cumsum([s["useful_tokens"] for s in steps])
             assert useful[-1] >= params.train.useful_tokens > useful[-2]
             assert [s["step"] for s in steps] == list(range(len(steps))) and summary["steps"] == len(steps)
