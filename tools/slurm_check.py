@@ -6,12 +6,16 @@
 2. runs `snakemake --workflow-profile profiles/slurm --configfile configs/tiny.yaml configs/slurm-check.yaml`
    inside it, so that every rule is a SLURM job (sbatch, tracked with sacct), with the overrides below;
    meanwhile it requeues the packed training once it has checkpointed a few steps (`scontrol requeue`,
-   what preemption with PreemptMode=REQUEUE does), so that the job starts again and resumes;
+   what preemption with PreemptMode=REQUEUE does), so that the job starts again and resumes; and it sends
+   SIGUSR1 to the bucketed training's job steps once it has logged a step (`scancel --signal=USR1`, what
+   `sbatch --signal=USR1@<secs>` does ahead of the time limit): the training checkpoints at a step boundary
+   and stops, the train rule requeues its job, and the job starts again and resumes from that step;
 3. runs the same config locally meanwhile (`--cores`, results under results/slurm-check/local) for the
    stages whose results must not depend on where they ran: tokenize, stats, boundaries, plans, train;
 4. writes <out>/summary.json: every SLURM job as `sacct` reported it (job id, rule, wildcards, nodes, state,
    elapsed), the requeued job's attempts, and the comparison: edges, plan metrics, each training's batch
-   hashes (also against the plan, recomputed here) and losses (to float tolerance), the requeued one's too;
+   hashes (also against the plan, recomputed here) and losses (to float tolerance), the requeued and the
+   signalled ones' too (the signalled one's step at the signal, step stopped at and attempts under "signal");
 5. stops the cluster, whatever happened; exits 1 on any mismatch or failed job.
 
 The SLURM profile is for real GPU clusters (partition gpu, tens of CPUs and GBs per job); the local cluster
@@ -188,9 +192,7 @@ def requeue_problems(cluster: slurm_cluster.Cluster, run_dir: Path, result: dict
     if "job_id" not in result:
         return [f"the {REQUEUE_STRATEGY} training was never requeued (it ended before it had "
                 f"{REQUEUE_AFTER_STEPS} checkpointed steps: raise train.useful_tokens in {CONFIGS[1]})"]
-    fields = ["JobID", "State", "NodeList", "Elapsed", "Start"]
-    rows = cluster.run("sacct", "-D", "-X", "-P", "-n", "-j", result["job_id"], "-o", ",".join(fields)).stdout
-    result["attempts"] = [dict(zip(fields, r.split("|"))) for r in rows.splitlines()]
+    result["attempts"] = attempts(cluster, result["job_id"])
     states = [a["State"] for a in result["attempts"]]
     problems = []
     if len(states) != 2 or states != ["REQUEUED", "COMPLETED"]:
@@ -203,6 +205,72 @@ def requeue_problems(cluster: slurm_cluster.Cluster, run_dir: Path, result: dict
     return problems
 
 
+SIGNAL_STRATEGY = "bucketed"  # the training signalled while it runs
+SIGNAL_AFTER_STEPS = 1  # steps it has logged when it gets SIGUSR1
+
+
+def signal_while_running(cluster: slurm_cluster.Cluster, run_dir: Path, done: threading.Event, result: dict) -> None:
+    """Send SIGUSR1 to the ``SIGNAL_STRATEGY`` training's job steps once it has logged ``SIGNAL_AFTER_STEPS``
+    steps, as ``sbatch --signal=USR1@<secs>`` does ahead of the time limit. ``scancel --signal`` without
+    ``--full`` signals the job steps only (the srun of torchrun), not the batch step, where the job's own
+    Snakemake runs and would die of SIGUSR1. Then record the stop the training wrote (its marker, read before
+    the requeued job resumes and removes it)."""
+    from lenbatch_study.pipeline.artifacts.train_runs import STOPPED
+    from lenbatch_study.runtime.stopping import read_marker
+    from lenbatch_study.stages.train import partial_dir
+
+    comment = f"rule_train_wildcards_{SIGNAL_STRATEGY}"
+    work = partial_dir(run_dir)
+    steps = work / "steps.jsonl"
+    running: list[str] = []
+    while not done.is_set():
+        if "job_id" not in result:
+            if not running:  # the job id first, so that the signal follows the first logged step at once
+                queue = cluster.run("squeue", "-h", "-o", "%i|%k|%T", check=False).stdout.split()
+                running = [q.split("|")[0] for q in queue if q.split("|")[1:] == [comment, "RUNNING"]]
+            n = len(steps.read_text().splitlines()) if steps.exists() else 0
+            # a logged step: the workers handle the signal by now (before, they inherit torchrun's SIG_IGN)
+            if running and n >= SIGNAL_AFTER_STEPS:
+                cluster.run("scancel", "--signal=USR1", running[0])
+                result.update(job_id=running[0], signalled_after_steps=n, signalled_at=time.monotonic())
+        else:
+            stop = read_marker(work / STOPPED)
+            if stop is not None:
+                result.update(stopped=stop, stopped_after_s=round(time.monotonic() - result.pop("signalled_at"), 1))
+                return
+        time.sleep(0.05)
+
+
+def attempts(cluster: slurm_cluster.Cluster, job_id: str) -> list[dict]:
+    """Every attempt of ``job_id`` (sacct -D: a requeued job's earlier runs too), oldest first."""
+    fields = ["JobID", "State", "NodeList", "Elapsed", "Start"]
+    rows = cluster.run("sacct", "-D", "-X", "-P", "-n", "-j", job_id, "-o", ",".join(fields)).stdout
+    return [dict(zip(fields, r.split("|"))) for r in rows.splitlines()]
+
+
+def signal_problems(cluster: slurm_cluster.Cluster, run_dir: Path, result: dict) -> list[str]:
+    """What sacct and the resumed run show of the signalled training (into ``result``), and what is wrong."""
+    if "job_id" not in result:
+        return [f"the {SIGNAL_STRATEGY} training was never signalled (it ended before it had logged "
+                f"{SIGNAL_AFTER_STEPS} steps: raise train.useful_tokens in {CONFIGS[1]})"]
+    result.pop("signalled_at", None)
+    problems = []
+    stop = result.get("stopped")
+    if stop is None or stop.get("signal") != "SIGUSR1":
+        problems.append(f"the {SIGNAL_STRATEGY} training did not stop on SIGUSR1 (its stop marker: {stop!r})")
+    result["attempts"] = attempts(cluster, result["job_id"])
+    states = [a["State"] for a in result["attempts"]]
+    if states != ["REQUEUED", "COMPLETED"]:
+        problems.append(f"sacct shows job {result['job_id']}'s attempts as {states}, not REQUEUED then COMPLETED "
+                        "(the train rule requeues a job whose training stopped on SIGUSR1)")
+    summary = run_dir / "summary.json"
+    result["resumed_from_step"] = json.loads(summary.read_text()).get("resumed_from_step") if summary.exists() else None
+    if stop is not None and result["resumed_from_step"] != stop.get("step"):
+        problems.append(f"the signalled training stopped at step {stop.get('step')} but resumed from step "
+                        f"{result['resumed_from_step']!r} ({summary})")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results/slurm-check",
@@ -210,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds each Snakemake run may take")
     parser.add_argument("--no-requeue", action="store_true",
                         help=f"do not requeue the {REQUEUE_STRATEGY} training while it runs")
+    parser.add_argument("--no-signal", action="store_true",
+                        help=f"do not signal the {SIGNAL_STRATEGY} training while it runs")
     parser.add_argument("--cluster-dir", type=Path, default=slurm_cluster.DEFAULT_DIR,
                         help="the cluster's state folder (tools/slurm_cluster.py --dir)")
     args = parser.parse_args(argv)
@@ -249,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
             watcher = threading.Thread(target=requeue_while_running, daemon=True,
                                        args=(cluster, slurm_dir / "train" / REQUEUE_STRATEGY, done, requeue))
             watcher.start()
+        signalled = {"strategy": SIGNAL_STRATEGY, "signal": "SIGUSR1"}
+        if not args.no_signal:
+            threading.Thread(target=signal_while_running, daemon=True,
+                             args=(cluster, slurm_dir / "train" / SIGNAL_STRATEGY, done, signalled)).start()
         rc = run.wait()
         done.set()
         summary["slurm_run"] = {"returncode": rc, "seconds": round(time.monotonic() - t1, 1),
@@ -258,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_requeue:
             requeue["problems"] = requeue_problems(cluster, slurm_dir / "train" / REQUEUE_STRATEGY, requeue)
             summary["requeue"] = requeue
+        if not args.no_signal:
+            signalled["problems"] = signal_problems(cluster, slurm_dir / "train" / SIGNAL_STRATEGY, signalled)
+            summary["signal"] = signalled
     finally:
         t2 = time.monotonic()
         cluster.down()
@@ -274,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = summary["jobs"]
     if not args.no_requeue:
         problems += [f"requeue: {p}" for p in summary.get("requeue", {}).get("problems", ["did not run"])]
+    if not args.no_signal:
+        problems += [f"signal: {p}" for p in summary.get("signal", {}).get("problems", ["did not run"])]
     for j in jobs:
         if j["state"] != "COMPLETED":
             problems.append(f"SLURM job {j['job_id']} ({j['rule']}) ended {j['state']}")
@@ -291,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     if rc == 0 and rc_local == 0:
         summary["comparison"] = compare(slurm_dir, local_dir, strategies)
         problems += summary["comparison"]["mismatches"]
+        if "signal" in summary and SIGNAL_STRATEGY in summary["comparison"]["train"]:
+            trained = summary["comparison"]["train"][SIGNAL_STRATEGY]
+            summary["signal"].update(hashes_equal=trained["hashes_equal"], losses_equal=trained["losses_equal"])
     summary["problems"] = problems
     summary["ok"] = not problems
     summary["seconds"] = round(time.monotonic() - t0, 1)

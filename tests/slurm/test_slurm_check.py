@@ -1,8 +1,10 @@
 """The SLURM path for real: `tools/slurm_check.py` (`make slurm-check`) starts a 2-node SLURM cluster with
 accounting on this machine (tools/slurm_cluster.py), runs the tiny workflow on it with profiles/slurm, every
 rule a SLURM job, requeues the packed training while it runs (`scontrol requeue`, as preemption does),
-runs the config locally too, and stops the cluster. Here: every rule ran as a SLURM job that `sacct`
-reports COMPLETED, the requeued training came back on the same job id and resumed from its checkpoint,
+signals the bucketed one with SIGUSR1 (`scancel --signal=USR1`, as `sbatch --signal=USR1@<secs>` does ahead of
+the time limit), runs the config locally too, and stops the cluster. Here: every rule ran as a SLURM job that `sacct`
+reports COMPLETED, the requeued training came back on the same job id and resumed from its checkpoint, the
+signalled one stopped at a step, requeued its own job and resumed from that step,
 the SLURM run (the requeued training included) trained exactly the planned batches with the local run's
 losses, and no daemon of the cluster outlives the check.
 
@@ -107,6 +109,22 @@ def test_a_training_requeued_while_it_runs_comes_back_and_resumes_from_its_check
 
 
 @pytest.mark.slow
+def test_a_training_signalled_while_it_runs_stops_at_a_step_requeues_itself_and_resumes_there(check):
+    signalled = check["summary"]["signal"]
+    assert signalled["problems"] == [], signalled
+    assert signalled["strategy"] != check["summary"]["requeue"]["strategy"]
+    # it stopped on the signal at a step boundary at or after the steps logged when signalled, before its end
+    stop = signalled["stopped"]
+    train = json.loads((check["out"] / "slurm/train" / signalled["strategy"] / "summary.json").read_text())
+    assert stop["signal"] == "SIGUSR1" and signalled["signalled_after_steps"] <= stop["step"] < train["steps"]
+    # the train rule requeued its own job: the stopped attempt, then the one that ran to the end, one job id
+    assert [a["State"] for a in signalled["attempts"]] == ["REQUEUED", "COMPLETED"]
+    assert {a["JobID"] for a in signalled["attempts"]} == {signalled["job_id"]}
+    assert train["resumed_from_step"] == signalled["resumed_from_step"] == stop["step"]
+    assert signalled["hashes_equal"] and signalled["losses_equal"]
+
+
+@pytest.mark.slow
 def test_the_slurm_run_trained_exactly_the_planned_batches_with_the_local_losses(check):
     """Read from the two runs' files (not from the summary's verdict): edges and plan metrics equal, each
     SLURM training passes every check of a pipelined run (its batches are the plan's, in order), and has
@@ -137,10 +155,10 @@ def test_the_slurm_run_trained_exactly_the_planned_batches_with_the_local_losses
             per_node = summary["per_node"]
             assert len(per_node) == nodes and all(n["useful_tokens_per_s"] > 0 for n in per_node), per_node
         else:
-            # the requeued training: its summary's throughput and CPU shares cover the steps after the
-            # resume only, so check_pipelined_run's sums over all steps do not apply; what the resume must
-            # keep does: every step once, in order, the planned batches, stopping at train.useful_tokens
-            assert strategy == check["summary"]["requeue"]["strategy"]
+            # the requeued and the signalled training: its summary's throughput and CPU shares cover the steps
+            # after the resume only, so check_pipelined_run's sums over all steps do not apply; what the resume
+            # must keep does: every step once, in order, the planned batches, stopping at train.useful_tokens
+            assert strategy in (check["summary"]["requeue"]["strategy"], check["summary"]["signal"]["strategy"])
             useful = np.cumsum([s["useful_tokens"] for s in steps])
             assert useful[-1] >= params.train.useful_tokens > useful[-2]
             assert [s["step"] for s in steps] == list(range(len(steps))) and summary["steps"] == len(steps)

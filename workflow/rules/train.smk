@@ -87,9 +87,9 @@ rule train:
     benchmark:
         f"{BENCH}/train/{{strategy}}.tsv"
     shell:
-        "out={params.out}; resume=; "
-        "if [ -f $(dirname $out)/.$(basename $out).partial/checkpoint.pt ]; then resume=--resume; fi; "
-        "launch=\"torchrun --standalone --nnodes 1 --nproc_per_node $(({params.nodes} * {params.nproc}))\"; "
+        "out={params.out}; work=$(dirname $out)/.$(basename $out).partial; resume=; "
+        "if [ -f $work/checkpoint.pt ]; then resume=--resume; fi; "
+        "prefix=; rdzv=\"--standalone --nnodes 1 --nproc_per_node $(({params.nodes} * {params.nproc}))\"; "
         # under SLURM with several nodes: one torchrun per node at the first node's address (its NodeAddr, which
         # may differ from its name), on a port of this job's own (trainings may share a node)
         "if [ {params.nodes} -gt 1 ] && [ -n \"${{SLURM_JOB_ID:-}}\" ]; then "
@@ -97,9 +97,17 @@ rule train:
         "nodelist=$(scontrol show job \"$SLURM_JOB_ID\" | tr ' ' '\\n' | sed -n 's/^NodeList=//p' | head -n 1); "
         "head=$(scontrol show hostnames \"$nodelist\" | head -n 1); "
         "addr=$(scontrol show node \"$head\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p'); "
-        "launch=\"srun --nodes {params.nodes} --ntasks-per-node 1 torchrun --nnodes {params.nodes} "
-        "--nproc_per_node {params.nproc} --rdzv-backend c10d --rdzv-endpoint ${{addr:-$head}}:$((29500 + SLURM_JOB_ID % 2000)) "
-        "--rdzv-id $SLURM_JOB_ID\"; fi; "
-        "$launch -m lenbatch_study train "
+        "prefix=\"srun --nodes {params.nodes} --ntasks-per-node 1\"; "
+        "rdzv=\"--nnodes {params.nodes} --nproc_per_node {params.nproc} --rdzv-backend c10d --rdzv-endpoint "
+        "${{addr:-$head}}:$((29500 + SLURM_JOB_ID % 2000)) --rdzv-id $SLURM_JOB_ID\"; fi; "
+        # torchrun's agent ignores SIGUSR1 (it would die of it and take its workers along): a stop signal is the
+        # workers', which checkpoint at a step boundary and exit 75 (lenbatch_study.runtime.stopping)
+        "rc=0; $prefix sh -c 'trap \"\" USR1; exec \"$@\"' sh torchrun $rdzv -m lenbatch_study train "
         "--params params.yaml --params-json {params.cfg} --strategy {wildcards.strategy} "
-        "--data {params.data} {params.boundaries} --out $out $resume > {log} 2>&1"
+        "--data {params.data} {params.boundaries} --out $out $resume > {log} 2>&1 || rc=$?; "
+        # stopped on SIGUSR1 (sbatch --signal=USR1@<secs>, ahead of the time limit) under SLURM: the job requeues
+        # itself and, started again, resumes from that checkpoint (docs/slurm.md "Stopping ahead of the time
+        # limit"); it waits here to be ended by the requeue, so that Snakemake records no failed attempt
+        "if [ $rc -ne 0 ] && [ -n \"${{SLURM_JOB_ID:-}}\" ] && grep -qs SIGUSR1 $work/stopped.json; then "
+        "echo \"train: stopped on SIGUSR1: requeueing SLURM job $SLURM_JOB_ID\" >> {log}; "
+        "if scontrol requeue \"$SLURM_JOB_ID\" >> {log} 2>&1; then sleep 600; fi; fi; exit $rc"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -420,14 +422,14 @@ def _train(args: argparse.Namespace) -> int:
     stage.check_request(strategy=args.strategy, max_steps=args.max_steps)
     nproc = stage.launcher_processes(params)
     if nproc:
-        from lenbatch_study.runtime.lifetime import parent_death_signal
+        from lenbatch_study.runtime.lifetime import children, parent_death_signal
 
-        return _relaunch_train(args, nproc, parent_death_signal=parent_death_signal)
+        return _relaunch_train(args, nproc, parent_death_signal=parent_death_signal, children=children)
     return stage.train(params=params, strategy=args.strategy, data=args.data, out=args.out,
                        boundaries=args.boundaries, max_steps=args.max_steps, resume=args.resume)
 
 
-def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal: Any) -> int:
+def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal: Any, children: Any) -> int:
     import subprocess
 
     from lenbatch.log import get_logger
@@ -444,8 +446,34 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "lenbatch_study", *argv]
     get_logger("train").info("train.nproc=%d and no torchrun environment: running %s", nproc, " ".join(cmd))
-    # the launcher dies with us, and its workers with it (lenbatch_study.runtime.lifetime)
-    return subprocess.call(cmd, preexec_fn=parent_death_signal)
+
+    def start() -> None:
+        parent_death_signal()  # the launcher dies with us, and its workers with it (lenbatch_study.runtime.lifetime)
+        # a stop signal is the workers' to handle (lenbatch_study.runtime.stopping): torchrun's agent ignores
+        # SIGUSR1 (it would die of it, and take them with it); the workers install their own handler
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+    # while torchrun runs: SIGUSR1 ignored here too (a scheduler signals every process of the job), SIGTERM
+    # handed on to the workers, which stop at a step boundary with a checkpoint. Not to the agent: where every
+    # process got it (SLURM) the agent would get a second one, and a second SIGTERM during its shutdown kills
+    # it (and with it the workers, mid-checkpoint).
+    proc = None
+
+    def hand_on(*_: Any) -> None:
+        for worker in children(proc.pid) if proc is not None else ():
+            os.kill(worker, signal.SIGTERM)
+
+    previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, hand_on)}
+    try:
+        proc = subprocess.Popen(cmd, preexec_fn=start)
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    stage = _stage("train")
+    # torchrun reports a worker's non-zero exit as its own 1: the marker says the workers stopped on a signal
+    return stage.STOPPED_EXIT if rc != 0 and stage.stopped_on_signal(args.out) else rc
 
 
 @_flags_of("profile")

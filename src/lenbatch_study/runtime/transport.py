@@ -7,7 +7,15 @@ Two process groups carry a training run's traffic:
   ``indices``, ``features`` of each batch, in the order of the global schedule;
 * the **control group** (always gloo, CPU tensors) carries the small messages: the int64 header
   of each batch (target -> drafter: shapes, dtype, step, timings) and the credit of each batch
-  (drafter -> target: ``[step, latest loss]``, sent as soon as the batch has arrived).
+  (drafter -> target: ``[step, latest loss, stopping]``, sent as soon as the batch has arrived). After
+  its last batch a target rank sends an end header (no tensors follow it).
+
+Stopping early (a signal, :mod:`lenbatch_study.runtime.stopping`): a target rank's header carries the stop
+signal it received (0 for none), so its drafter learns of it with the next batch; a drafter that stopped
+credits every batch it still receives with ``stopping = 1`` and does not train it
+(:meth:`DrafterLink.drain`). A target rank stops computing at the first such credit it retires, sends its
+end header and drains its credits, so the drafter receives what was sent and nothing is left in flight:
+at most ``queue_size`` forwards per target rank are wasted. No message is added per step.
 
 Why it cannot deadlock under rendezvous semantics (NCCL: a send may block, on its
 communicator's stream, until the peer has posted the matching receive; both directions of a
@@ -59,7 +67,7 @@ checksum of its weights (:func:`weights_checksum`) on the gloo group; a mismatch
 drafter (:meth:`DrafterGroup.share`). Cost per step: one all-reduce of the drafter's parameter count
 in fp32 (ring: ``2 (n-1)/n`` of it sent per drafter) plus two small gloo collectives.
 
-Cost: per batch one 96-byte header and one 16-byte credit on gloo, five tensors on the data
+Cost: per batch one 120-byte header and one 24-byte credit on gloo, five tensors on the data
 group (``B*T*(8+1) + 2*S*8 + B*T*F*itemsize`` bytes; the features dominate: 2.5 GB per step at
 49,152 tokens x 5 layers x 5,120 x 2 bytes).
 """
@@ -76,7 +84,8 @@ import torch
 from lenbatch.loading.collate import Batch, batch_from_parts
 
 RENDEZVOUS_ENV = "LENBATCH_RENDEZVOUS_P2P"
-HEADER_LEN = 6 + 8  # layout, B, T, S, F, dtype code + the caller's meta (7 ints) + the staging nanoseconds
+HEADER_LEN = 7 + 8  # layout, B, T, S, F, dtype code, stop signal + the caller's meta (7 ints) + staging nanoseconds
+END = 2  # the header's layout code of a target rank's end of stream (0 padded, 1 packed)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
 
@@ -145,8 +154,9 @@ class TargetLink:
 
     ``wait_for_room() -> seconds`` blocks until a batch may be sent (the credit of the batch sent
     ``queue_size`` batches ago); ``send(batch, features, meta)`` posts it (non-blocking unless in
-    rendezvous mode); ``drain()`` waits for every credit. ``last_loss``: the drafter's latest loss
-    as of the last credit (nan before one). ``in_flight``: batches sent and not credited.
+    rendezvous mode); ``end()`` sends the end of stream; ``drain()`` waits for every credit. ``last_loss``: the
+    drafter's latest loss as of the last credit (nan before one). ``stopped``: a credit said the drafter
+    stopped (send nothing more: ``end()`` then ``drain()``). ``in_flight``: batches sent and not credited.
     """
 
     def __init__(self, channel: Channel, *, dst: int, queue_size: int, comm_device: torch.device) -> None:
@@ -155,6 +165,8 @@ class TargetLink:
         self.channel, self.dst, self.queue_size, self.comm_device = channel, dst, queue_size, comm_device
         self.pending: deque[tuple[Any, torch.Tensor, list[Any], list[torch.Tensor]]] = deque()
         self.last_loss = float("nan")
+        self.stopped = False
+        self.pending_end: Optional[tuple[Any, torch.Tensor]] = None  # the end header's send (kept alive)
 
     @property
     def in_flight(self) -> int:
@@ -166,6 +178,7 @@ class TargetLink:
         for w in works:  # the drafter holds the batch, so these are done (or about to be)
             w.wait()
         self.last_loss = float(credit[1])
+        self.stopped = self.stopped or bool(credit[2])
 
     def wait_for_room(self) -> float:
         import time
@@ -175,9 +188,10 @@ class TargetLink:
             self._retire_oldest()
         return time.perf_counter() - t0
 
-    def send(self, batch: Batch, features: torch.Tensor, *, meta: list[int]) -> None:
+    def send(self, batch: Batch, features: torch.Tensor, *, meta: list[int], stop: int = 0) -> None:
         """Post ``batch`` and its ``features`` (``meta``: 7 ints for the header; the seconds spent staging
-        the tensors onto the data group's device are appended, in nanoseconds)."""
+        the tensors onto the data group's device are appended, in nanoseconds; ``stop``: the stop signal this
+        rank received, 0 for none)."""
         import time
 
         assert len(self.pending) < self.queue_size, "call wait_for_room() first: the queue is full"
@@ -187,33 +201,49 @@ class TargetLink:
         tensors = [t.to(self.comm_device).contiguous() for t in tensors]  # a GPU -> host copy under gloo
         stage_ns = int((time.perf_counter() - t0) * 1e9)
         header = torch.tensor([1 if batch.layout == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
-                               DTYPE_CODES[features.dtype], *meta, stage_ns], dtype=torch.int64)
+                               DTYPE_CODES[features.dtype], int(stop), *meta, stage_ns], dtype=torch.int64)
         assert header.numel() == HEADER_LEN, f"meta must hold {HEADER_LEN - 7} ints"
-        credit = torch.zeros(2, dtype=torch.float64)
+        credit = torch.zeros(3, dtype=torch.float64)
         # posted before the header: the drafter's credit send never waits for this rank (docstring, 2.)
         credit_work = self.channel.irecv(credit, self.dst, group="control")
         works = [self.channel.isend(header, self.dst, group="control")]
         works += [self.channel.isend(t, self.dst, group="data") for t in tensors]
         self.pending.append((credit_work, credit, works, [header, *tensors]))
 
+    def end(self) -> None:
+        """Tell the drafter this rank sends no more batches (a header of kind :data:`END`; no credit)."""
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        header[0] = END
+        self.pending_end = self.channel.isend(header, self.dst, group="control"), header
+
     def drain(self) -> None:
         while self.pending:
             self._retire_oldest()
+        if self.pending_end is not None:
+            self.pending_end[0].wait()
+            self.pending_end = None
 
 
 class DrafterLink:
     """The drafter rank's end: ``recv(src) -> (batch, features, meta)`` receives the next batch of
     target rank ``src`` (settled on the device: the transfer is inside the caller's timer), then
-    credits it at once."""
+    credits it at once; None when ``src`` sent its end of stream instead. ``last_stop``: the stop signal
+    the last batch's sender had received (0 for none). ``stopping``: set it when this drafter stopped,
+    then :meth:`drain` each target rank."""
 
     def __init__(self, channel: Channel, *, comm_device: torch.device) -> None:
         self.channel, self.comm_device = channel, comm_device
         self._credits: list[tuple[Any, torch.Tensor]] = []
+        self.last_stop = 0
+        self.stopping = False
 
-    def recv(self, src: int, *, step: int, last_loss: float) -> tuple[Batch, torch.Tensor, list[int]]:
+    def recv(self, src: int, *, step: int, last_loss: float) -> Optional[tuple[Batch, torch.Tensor, list[int]]]:
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
         self.channel.irecv(header, src, group="control").wait()
-        packed, B, T, S, Fdim, code, *meta = (int(x) for x in header.tolist())
+        layout, B, T, S, Fdim, code, stop, *meta = (int(x) for x in header.tolist())
+        if layout == END:
+            return None
+        self.last_stop = stop
         dev = self.comm_device
         ids = torch.empty(B, T, dtype=torch.int64, device=dev)
         lm = torch.empty(B, T, dtype=torch.uint8, device=dev)
@@ -224,11 +254,19 @@ class DrafterLink:
         for w in works:
             w.wait()
         settle(dev)  # NCCL: wait() only enqueued the copy; time it here, not in the next step
-        credit = torch.tensor([float(step), last_loss], dtype=torch.float64)
+        credit = torch.tensor([float(step), last_loss, float(self.stopping)], dtype=torch.float64)
         # the target posted this receive before sending the batch: completes without waiting on it
         self._credits.append((self.channel.isend(credit, src, group="control"), credit))
         self._credits = [(w, t) for w, t in self._credits if not w.is_completed()]
-        return batch_from_parts("packed" if packed else "padded", ids, lm, lengths, indices), feats, meta
+        return batch_from_parts("packed" if layout else "padded", ids, lm, lengths, indices), feats, meta
+
+    def drain(self, src: int) -> int:
+        """Receive ``src``'s batches up to its end of stream, untrained (credited as ``stopping`` says);
+        returns how many there were (0 when the run ended at its last planned step)."""
+        n = 0
+        while self.recv(src, step=-1, last_loss=float("nan")) is not None:
+            n += 1
+        return n
 
     def close(self) -> None:
         for w, _ in self._credits:

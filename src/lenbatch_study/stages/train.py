@@ -63,7 +63,9 @@ failed or killed run leaves the previous complete output as it was; ``--resume``
 cannot be resumed (other params or code, another format, a log that is not its own, or a run that
 reached its last step but was killed before its summary) is set aside as ``<OUT>.set-aside-<time>.pt``
 beside OUT (named in the log) and the run starts afresh: a workflow never gets stuck on it, and a resume
-ends with a complete summary or a non-zero exit. Anchors are drawn from
+ends with a complete summary or a non-zero exit. A run that gets SIGUSR1 or SIGTERM (a scheduler's warning
+ahead of its time limit or of preemption) checkpoints at the next step boundary all ranks agree on, writes
+no summary and exits with 75 (:mod:`lenbatch_study.runtime.stopping`). Anchors are drawn from
 (seed, epoch, step, dataset index) and the target is deterministic, so ``--resume`` replays exactly
 the remaining batches and losses.
 """
@@ -74,8 +76,9 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -84,10 +87,7 @@ import torch
 
 from lenbatch_study.runtime.checkpoint import (
     fingerprint,
-    load_checkpoint,
-    restore,
     save_checkpoint,
-    start_fresh,
     summary_problem,
 )
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
@@ -97,9 +97,11 @@ from lenbatch.batching.strategy import STRATEGIES
 from lenbatch_study.core.config import Params
 from lenbatch_study.core.machine import fingerprint as fingerprint_machine
 from lenbatch_study.runtime.lifetime import die_with_parent
+from lenbatch_study.runtime.resume import partial_dir, resume_point, share_resume
+from lenbatch_study.runtime.stopping import STOPPED_EXIT, StopRequest, agree_stopped, read_marker, stop_here
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.artifacts.reading import read_json
-from lenbatch_study.pipeline.artifacts.train_runs import CHECKPOINT, RUN_FILES, STEPS, SUMMARY
+from lenbatch_study.pipeline.artifacts.train_runs import CHECKPOINT, RUN_FILES, STEPS, STOPPED, SUMMARY
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
 from lenbatch_study.pipeline.outputs import (
     commit_staged,
@@ -111,7 +113,7 @@ from lenbatch_study.pipeline.outputs import (
 )
 from lenbatch_study.runtime import reference
 from lenbatch_study.runtime.records import (Recorder, device_report, log_summary, progress, progress_line,  # noqa: F401 (public)
-                                            resumed_log, step_row)
+                                            step_row)
 from lenbatch_study.runtime.runner import (
     Roles,
     StepRunner,
@@ -152,47 +154,26 @@ class RunSetup:
     final: Optional[Path] = None  # the --out folder; ``out`` is where this run writes (see the module doc)
     roles: Optional[Roles] = None  # this process's role (multi-process run)
     drafters: Optional[DrafterGroup] = None  # the drafter ranks of a multi-node run (train.nodes > 1)
+    stop: StopRequest = field(default_factory=StopRequest)  # a stop signal this process received or was told of
+    stopped: bool = False  # the ranks stopped on a signal before the last planned step (no summary)
+    run_files: tuple[str, ...] = RUN_FILES  # what a fresh run in ``out`` removes first
 
+    # the run's files in ``out`` (their names: lenbatch_study.pipeline.artifacts.train_runs)
+    @property
+    def checkpoint(self) -> Path:
+        return self.out / CHECKPOINT
 
-def partial_dir(out: Path) -> Path:
-    """Where a fresh run of ``--out out`` trains until it is complete (then swapped into ``out``)."""
-    return out.parent / f".{out.name}.partial"
+    @property
+    def summary(self) -> Path:
+        return self.out / SUMMARY
 
+    @property
+    def steps_log(self) -> Path:
+        return self.out / STEPS
 
-def _set_aside_and_start_afresh(setup: RunSetup, err: ValueError) -> None:
-    """Rename the checkpoint that cannot be resumed beside OUT (named in the log) and make ``setup`` a fresh
-    run in the partial folder: the previous complete output stays until the new one is whole."""
-    final = setup.final or setup.out
-    ck = setup.out / CHECKPOINT
-    aside = final.parent / f"{final.name}.set-aside-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.pt"
-    os.replace(ck, aside)
-    log.warning("%s: cannot resume: %s. Set %s aside as %s; training afresh", setup.strategy, err, ck, aside)
-    setup.out = partial_dir(final)
-    setup.out.mkdir(exist_ok=True)
-    start_fresh(setup.out, RUN_FILES)
-    setup.resume = False
-
-
-def _resume_point(setup: RunSetup, runner: StepRunner
-                  ) -> tuple[int, Optional[list[Any]], Optional[list[str]], Optional[dict[str, Any]]]:
-    """(start step, sampler states, kept log lines, checkpoint) of a resume on the writing rank, with ``runner``
-    restored; (0, None, None, None) after setting aside a checkpoint it cannot resume. No checkpoint at all
-    stays an error."""
-    try:
-        ck = _load_checkpoint(setup)
-        kept = resumed_log(setup.out / STEPS, ck)
-        setup.schedule.check_sampler_states(ck["samplers"], int(ck["step"]))
-        torn = summary_problem(setup.out / SUMMARY) if int(ck["step"]) >= len(setup.schedule) else None
-        if torn:
-            raise ValueError(f"it is at the last planned step but {torn} (the run was killed before writing it), "
-                             "so its throughput was never recorded")
-        restore(runner, ck, path=setup.out / CHECKPOINT)  # checks every tensor fits before loading one
-    except ValueError as err:
-        if not (setup.out / CHECKPOINT).exists():
-            raise
-        _set_aside_and_start_afresh(setup, err)
-        return 0, None, None, None
-    return int(ck["step"]), ck["samplers"], kept, ck
+    @property
+    def stop_marker(self) -> Path:
+        return self.out / STOPPED
 
 
 def _reference_point(setup: RunSetup, runner: StepRunner, *, role: str) -> tuple[dict[str, Any], float]:
@@ -214,14 +195,14 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
             target_peak: Optional[int] = None, checksums: Optional[list[int]] = None) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
-    if resumed_from == done and summary_problem(setup.out / SUMMARY) is None:
+    if resumed_from == done and summary_problem(setup.summary) is None:
         # resumed a run that had already finished: nothing trained, nothing to rewrite (its summary keeps
         # the throughput its last session measured)
         rec.close()
         log.info("%s: the checkpoint is at the last planned step (%d): the run is complete, %s left as it is",
-                 setup.strategy, done, setup.out / SUMMARY)
-        return read_json(setup.out / SUMMARY, rerun=f"lenbatch train --out {setup.final or setup.out}")
-    save_checkpoint(setup.out / CHECKPOINT, runner=runner, step=done, sampler_states=states, fp=setup.fp,
+                 setup.strategy, done, setup.summary)
+        return read_json(setup.summary, rerun=f"lenbatch train --out {setup.final or setup.out}")
+    save_checkpoint(setup.checkpoint, runner=runner, step=done, sampler_states=states, fp=setup.fp,
                     log_sha256=rec.log_sha256())
     summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
                           world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
@@ -233,7 +214,7 @@ def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any
     rec.close()
     write_resolved(p, setup.out)
     # last, whole or not at all: a summary marks a complete run (a failure before it leaves the checkpoint)
-    write_atomic(setup.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    write_atomic(setup.summary, json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -247,22 +228,22 @@ def _periodic_checkpoint(setup: RunSetup, runner: StepRunner, rec: Recorder, *, 
     if not every or done // every == before // every:
         return 0.0
     c0 = time.perf_counter()
-    save_checkpoint(setup.out / CHECKPOINT, runner=runner, step=done,
+    save_checkpoint(setup.checkpoint, runner=runner, step=done,
                     sampler_states=setup.schedule.sampler_states(done), fp=setup.fp,
                     log_sha256=rec.log_sha256())
     return time.perf_counter() - c0
 
 
-def run_single(setup: RunSetup) -> dict[str, Any]:
-    """One process: target forward then drafter step, batch after batch."""
+def run_single(setup: RunSetup) -> Optional[dict[str, Any]]:
+    """One process: target forward then drafter step, batch after batch; None when it stopped on a signal."""
     p = setup.params
     runner = StepRunner(p, device=setup.device)
     data = read_dataset(setup.data, setup.lengths)
     start, resumed_from, kept = 0, None, None
     if setup.resume:
-        start, _, kept, _ = _resume_point(setup, runner)
+        start, _, kept, _ = resume_point(setup, runner)
         resumed_from = start if setup.resume else None
-    rec = Recorder(setup.out / STEPS, kept=kept)
+    rec = Recorder(setup.steps_log, kept=kept)
     useful_done = sum(r["useful_tokens"] for r in rec.rows)
     # outside the measured steps: before the first and after the last
     ref_start, ref_s = _reference_point(setup, runner, role="both") if start < len(setup.schedule) else (None, 0.0)
@@ -281,47 +262,15 @@ def run_single(setup: RunSetup) -> dict[str, Any]:
         progress(step, len(setup.schedule), loss, useful_done, t)
         ck_s = _periodic_checkpoint(setup, runner, rec, done=step.step + 1, before=step.step)
         paused += ck_s
+        if setup.stop.signum and step.step + 1 < len(setup.schedule):
+            stop_here(setup, runner, rec, done=step.step + 1, written=ck_s > 0)
+            return None
     ref = None
     if ref_start is not None:
         ref_end, end_s = _reference_point(setup, runner, role="both")
         ref = reference.record(p, ref_start, ref_end, seconds=ref_s + end_s)
     return _finish(setup, runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
                    kernels=runner.kernel_report(), ref=ref, target_peak=peak_memory_bytes(setup.device))
-
-
-def _load_checkpoint(setup: RunSetup) -> dict[str, Any]:
-    return load_checkpoint(setup.out / CHECKPOINT, setup.fp, total_steps=len(setup.schedule),
-                           checkpoint_every=setup.params.train.checkpoint_every)
-
-
-def _share_resume(setup: RunSetup, runner: Optional[StepRunner]
-                  ) -> tuple[int, Optional[list[Any]], Optional[list[str]]]:
-    """The writing drafter rank (node 0's) loads and checks the checkpoint and the log it extends, and tells
-    every rank the start step and sampler states; on several nodes it sends the restored state to the other
-    drafters, so every drafter resumes the same weights. Returns (start, sampler states, kept log lines on
-    the writing rank)."""
-    import torch.distributed as dist
-
-    drafter_rank = setup.params.train.nproc - 1  # node 0's drafter (the only one with one node)
-    if not setup.resume:
-        return 0, None, None
-    payload: list[Any] = [None]
-    kept, ck = None, None
-    if setup.rank == drafter_rank:
-        try:
-            assert runner is not None
-            step, samplers, kept, ck = _resume_point(setup, runner)
-            payload = [{"step": step, "samplers": samplers}]
-        except ValueError as err:
-            payload = [{"error": str(err)}]
-    dist.broadcast_object_list(payload, src=drafter_rank)
-    if "error" in payload[0]:
-        raise ValueError(payload[0]["error"])
-    if setup.drafters is not None and runner is not None:  # the drafters: node 0's restored state to all
-        ck = setup.drafters.broadcast(ck)
-        if ck is not None and setup.rank != drafter_rank:
-            restore(runner, ck)
-    return payload[0]["step"], payload[0]["samplers"], kept
 
 
 def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
@@ -332,7 +281,7 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     assert setup.roles is not None
     runner = StepRunner(p, device=setup.device, role="target")
     data = read_dataset(setup.data, setup.lengths)
-    start, _, _ = _share_resume(setup, None)
+    start, _, _ = share_resume(setup, None)
     mine = [s for s in setup.schedule[start:] if s.rank == setup.roles.target_index]
     link = TargetLink(setup.channel, dst=setup.roles.drafter_process, queue_size=q, comm_device=comm_device)
     timed = start < len(setup.schedule)  # every rank knows start: all skip the reference alike
@@ -340,18 +289,25 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
     t_start = time.perf_counter()
     useful_done = 0
     for step in mine:
+        if link.stopped:  # the drafter stopped on a signal (a credit said so): it trains no more batches
+            break
         idx = step.indices
         batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
         feats, t_s = runner.target_step(batch)
         credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
+        if link.stopped:
+            break
         meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9),
                 int(runner.last_compile_s * 1e9), peak_memory_bytes(setup.device) or 0]
-        link.send(batch, feats, meta=meta)
+        link.send(batch, feats, meta=meta, stop=setup.stop.signum)
         useful_done += batch.useful_tokens
         if setup.rank == 0:
             progress(step, len(setup.schedule), link.last_loss, useful_done, time.perf_counter() - t_start,
                       target_ranks=setup.target_ranks)
+    link.end()
     link.drain()
+    if agree_stopped(setup, False):
+        return
     ref_points = None
     if timed:  # the drafter rank records target rank 0's reference times with its own
         ref_points = (ref_start, _reference_point(setup, runner, role="target")[0])
@@ -373,9 +329,9 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
     runner = StepRunner(p, device=setup.device, role="drafter")
     if group is not None:
         group.module = runner.drafter
-    start, _, kept = _share_resume(setup, runner)
+    start, _, kept = share_resume(setup, runner)
     resumed_from = start if setup.resume else None
-    rec = Recorder(setup.out / STEPS, kept=kept) if roles.writes else None
+    rec = Recorder(setup.steps_log, kept=kept) if roles.writes else None
     link = DrafterLink(setup.channel, comm_device=comm_device)
     last_loss = float("nan")
     timed = start < len(setup.schedule)
@@ -393,6 +349,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
     first_cluster = max(np.bincount([s.rank // roles.per_node for s in setup.schedule[:start]],
                                     minlength=roles.nodes), default=0)
     checksums: list[int] = []
+    stopped = False
     for c, cluster in enumerate(cluster_steps(setup.schedule[start:], nodes=roles.nodes,
                                               ranks_per_node=roles.per_node), start=first_cluster):
         step = cluster[roles.node]
@@ -401,7 +358,10 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
         peak = 0
         if step is not None:
             t0 = time.perf_counter()
-            batch, feats, meta = link.recv(roles.target_process(step.rank), step=step.step, last_loss=last_loss)
+            got = link.recv(roles.target_process(step.rank), step=step.step, last_loss=last_loss)
+            assert got is not None, f"target rank {step.rank} ended its stream before step {step.step}"
+            batch, feats, meta = got
+            setup.stop.note(link.last_stop)  # a target rank's signal reaches its drafter with its batch
             if feats.device != setup.device:  # gloo on a GPU run (ranks sharing a GPU): staged through the host
                 feats = feats.to(setup.device)
                 settle(setup.device)
@@ -424,25 +384,46 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
             if row is not None:
                 row.update(node=roles.node, cluster_step=c, allreduce_s=round(group.last_allreduce_s, 6),
                            cluster_wait_s=round(group.last_wait_s, 6))
-            shared = group.share(row, weights_checksum(runner.drafter), peak, step=c)
+            # a stop signal of any drafter (or of its target ranks) travels with the rows: all stop alike
+            shared = group.share(row, weights_checksum(runner.drafter), (peak, setup.stop.signum), step=c)
             t = time.perf_counter() - t_start - paused  # the cluster step ends for every node here
             rows = [None if r is None else dict(r, t=round(t, 6)) for r, _, _ in shared]
-            peak = max(x for _, _, x in shared)
+            peak = max(x[0] for _, _, x in shared)
+            asked = max(x[1] for _, _, x in shared)
+            setup.stop.note(asked)
             checksums = [x for _, x, _ in shared]
+        else:
+            asked = setup.stop.signum
         target_peak = max(target_peak, peak)
         ck_s = 0.0
-        if rec is None:
-            continue
-        for r in rows:
+        for r in rows:  # every drafter follows the prefix (the rows are shared), node 0's writes it
             if r is not None:
                 pending[r["step"]] = r
         while done in pending:
-            rec.add(pending.pop(done))
+            r = pending.pop(done)
+            if rec is not None:
+                rec.add(r)
             done += 1
-        if not pending:  # the steps trained are exactly the schedule's first ``done``
+        if pending:
+            continue
+        # the steps trained are exactly the schedule's first ``done``: a checkpoint may be written here
+        if rec is not None:
             ck_s = _periodic_checkpoint(setup, runner, rec, done=done, before=settled)
             paused += ck_s
-            settled = done
+        settled = done
+        if asked and done < len(setup.schedule):  # every drafter decides it on the same shared values
+            stopped = True
+            if rec is not None:
+                stop_here(setup, runner, rec, done=done, written=ck_s > 0)
+            break
+    # what the target ranks still sent (none when the run ended at its last step), then their end of stream
+    link.stopping = stopped
+    for k in range(roles.per_node):
+        left = link.drain(roles.target_process(roles.node * roles.per_node + k))
+        assert stopped or left == 0, f"target rank {k} sent {left} batches past the last planned step"
+    if agree_stopped(setup, stopped):
+        link.close()
+        return None
     assert not pending, f"steps {sorted(pending)} were trained but an earlier one was not"
     import torch.distributed as dist
 
@@ -523,8 +504,9 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     under_torchrun, world, rank = torchrun_world()
     nproc, nodes = params.train.nproc, params.train.nodes
     check_world(nproc=nproc, nodes=nodes, under_torchrun=under_torchrun, world=world)
-    if under_torchrun:  # a killed launcher must not leave its workers training
-        die_with_parent()
+    if under_torchrun:  # a killed launcher must not leave its workers training (SIGTERM only asks them to stop)
+        die_with_parent(sig=signal.SIGKILL)
+    stop = stack.enter_context(StopRequest().installed(restore=not under_torchrun))
     configure_process(params)
     data = Path(data)
     lengths = read_lengths(data)
@@ -558,9 +540,10 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
             partial.mkdir()
         elif work == out and partial.exists():  # a killed fresh run that saved no checkpoint: nothing to resume
             shutil.rmtree(partial)
+        (work / STOPPED).unlink(missing_ok=True)  # a stopped run's: this one continues it
     fp = fingerprint(params, strategy=strategy, edges=edges, lengths=lengths, target_ranks=target_ranks)
     setup = RunSetup(params, strategy, data, work, edges, lengths, schedule, target_ranks, world, rank, device,
-                     resume, fp, final=out, roles=roles)
+                     resume, fp, final=out, roles=roles, stop=stop)
     log.info("%s: %d steps planned (%s useful tokens, %d target rank(s) + 1 drafter %s, %s)", strategy,
              len(schedule), f"{sum(s.useful for s in schedule):,}", target_ranks,
              "rank" if world > 1 else "in the same process", device)
@@ -569,6 +552,8 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
                  roles.node, rank, "drafter" if roles.is_drafter else f"target rank {roles.target_index}", nodes)
     if world == 1:
         summary = run_single(setup)
+        if summary is None:
+            return STOPPED_EXIT
         _commit(setup)
         log_summary(summary, out / SUMMARY)
         return 0
@@ -591,7 +576,14 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    return 0
+    return STOPPED_EXIT if setup.stopped else 0
 
 
-__all__ = ["check_request", "launcher_processes", "progress_line", "train"]
+def stopped_on_signal(out: str | Path) -> Optional[dict[str, Any]]:
+    """The stop (``{"signal", "step"}``) a run of ``--out out`` recorded beside its checkpoint when it stopped on a
+    signal (:mod:`lenbatch_study.runtime.stopping`), None otherwise."""
+    out = Path(out)
+    return read_marker(partial_dir(out) / STOPPED) or read_marker(out / STOPPED)
+
+
+__all__ = ["STOPPED_EXIT", "check_request", "launcher_processes", "progress_line", "stopped_on_signal", "train"]

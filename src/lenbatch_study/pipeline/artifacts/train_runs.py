@@ -26,8 +26,10 @@ WRITER = "train"
 SUMMARY = "summary.json"
 STEPS = "steps.jsonl"
 CHECKPOINT = "checkpoint.pt"
+STOPPED = "stopped.json"  # beside the checkpoint of a run stopped on a signal (lenbatch_study.runtime.stopping)
 # what a fresh run removes from its folder first (with the temp files their atomic writes leave when killed)
-RUN_FILES = (CHECKPOINT, f"{CHECKPOINT}.tmp", SUMMARY, f"{SUMMARY}.tmp", PARAMS, STEPS, f"{STEPS}.tmp")
+RUN_FILES = (CHECKPOINT, f"{CHECKPOINT}.tmp", SUMMARY, f"{SUMMARY}.tmp", PARAMS, STEPS, f"{STEPS}.tmp", STOPPED,
+             f"{STOPPED}.tmp")
 
 
 def summary_path(strategy: str) -> str:
