@@ -176,15 +176,19 @@ def requeue_while_running(cluster: slurm_cluster.Cluster, run_dir: Path, done: t
     comment = f"rule_train_wildcards_{REQUEUE_STRATEGY}"
     work = partial_dir(run_dir)  # a training in progress writes here; run_dir gets it whole at the end
     steps = work / "steps.jsonl"
+    running: list[str] = []
     while not done.is_set():
-        queue = cluster.run("squeue", "-h", "-o", "%i|%k|%T", check=False).stdout.split()
-        running = [q.split("|")[0] for q in queue if q.split("|")[1:] == [comment, "RUNNING"]]
+        # the job id first, once: then only the log is polled, so that the requeue follows the checkpointed
+        # steps at once (a squeue per poll took seconds on a loaded machine, and the run had ended meanwhile)
+        if not running:
+            queue = cluster.run("squeue", "-h", "-o", "%i|%k|%T", check=False).stdout.split()
+            running = [q.split("|")[0] for q in queue if q.split("|")[1:] == [comment, "RUNNING"]]
         n = len(steps.read_text().splitlines()) if steps.exists() else 0
         if running and n >= REQUEUE_AFTER_STEPS and (work / "checkpoint.pt").exists():
             cluster.run("scontrol", "requeue", running[0])
             result.update(job_id=running[0], requeued_after_steps=n)
             return
-        time.sleep(0.3)
+        time.sleep(0.05 if running else 0.3)
 
 
 def requeue_problems(cluster: slurm_cluster.Cluster, run_dir: Path, result: dict) -> list[str]:
