@@ -20,6 +20,7 @@ from lenbatch_study.core.config import load_params
 from lenbatch.batching.schedule import build_schedule
 from lenbatch_study.pipeline.artifacts import train_runs
 from lenbatch_study.runtime import reference
+from lenbatch_study.runtime.lifetime import children
 from lenbatch_study.stages.train import partial_dir
 
 from _runs import check_pipelined_run, planned_hashes
@@ -389,13 +390,6 @@ def test_a_corrupt_checkpoint_or_a_plan_mismatch_is_one_line_with_the_fix(setup,
     assert "sampler state (rank 0) does not give the planned batch of step 3" in err and len(_set_aside(out)) == 1
 
 
-def _children(pid):
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
-
-
 def _alive(pid):
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
@@ -419,7 +413,7 @@ def test_killing_the_torchrun_launcher_stops_its_workers(setup):
                 break
             time.sleep(0.05)
         assert log.exists() and len(log.read_text().splitlines()) >= 2, "the run never logged two steps"
-        workers = _children(launcher.pid)
+        workers = children(launcher.pid)
         assert len(workers) == 2, workers
         launcher.kill()
         launcher.wait()
