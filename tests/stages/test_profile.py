@@ -68,6 +68,20 @@ def test_time_point_repeats_and_caps_long_points(tmp_path):
     assert runner.steps == 5 and len(t) == 1 and len(d) == 1  # over the cap: one step is the timing
 
 
+def test_a_grid_batch_draws_each_sequences_anchors_apart_as_a_real_batch_does():
+    """A grid point's drafter work is the mean over its timed steps, set beside the median of their seconds;
+    that pairing holds only if the work hardly moves from step to step. With one id for every sequence
+    all anchors fell at one offset: 16 x 128 tokens trained 16 positions at one step and 240 at another."""
+    from lenbatch_study.stages.profile import _drafter_work, make_batch
+
+    params = load_params(REPO / "params.yaml")
+    for layout, lengths in (("padded", [128] * 16), ("packed", [64] * 32)):
+        batch = make_batch(layout, lengths, params, seed=0)
+        assert len(set(batch.indices.tolist())) == len(lengths)
+        pos = np.array([_drafter_work(batch, params, steps=[k])[0][0] for k in range(40)])
+        assert pos.min() >= 0.6 * pos.max(), (layout, pos.min(), pos.max())
+
+
 # One process here; the two-process lockstep profile (profile.concurrent, busy timings) is the workflow's
 # own, checked in tests/pipeline/test_workflow_e2e.py (test_the_profile_timed_each_role_alone_and_busy...).
 @pytest.mark.slow

@@ -125,7 +125,10 @@ def make_batch(layout: str, lengths: list[int], params: Params, *, seed: int):
 
     seqs = collate.synthetic_sequences(np.asarray(lengths), vocab_size=params.model.vocab_size, seed=seed)
     spec = BatchSpec.from_params(params, strategy="packed" if layout == "packed" else "sorted")
-    return collate.collate(seqs, spec=spec)
+    # distinct sequence ids, as a real batch's dataset indices are: the drafter draws each sequence's
+    # anchors from its id (models.anchors), so equal ids would put every anchor of the batch at one
+    # offset, and a step's trained positions and context would swing all-or-nothing from step to step
+    return collate.collate(seqs, spec=spec, indices=np.arange(len(lengths)))
 
 
 def time_point(runner, batch, *, warmup: int, repeats: int,
