@@ -213,3 +213,24 @@ def test_cpu_share_is_cpu_over_wall_times_threads():
     assert cpu.cpu_share([1.0, 3.0], [1.0, 2.0], threads=1) == pytest.approx(0.75)
     assert cpu.cpu_share([1.0, 3.0], [4.0, 4.0], threads=4) == pytest.approx(0.5)
     assert np.isnan(cpu.cpu_share([], [], threads=1))
+
+
+def test_pass_corrected_seconds_takes_the_drift_between_passes_out():
+    """A machine that ran 10% slower in the later passes: the long points, timed in the first passes only
+    (profile.max_point_seconds), came out fast next to the short ones under a plain median per point."""
+    rng = np.random.default_rng(0)
+    true = np.exp(rng.uniform(np.log(0.01), np.log(2.0), size=12))
+    drift = np.array([0.92, 1.0, 1.06, 1.1, 1.1])
+    noise = np.exp(rng.normal(0.0, 0.01, size=(12, 5)))
+    passes = [5] * 9 + [2, 2, 3]  # the three longest points capped after their first passes
+    runs = [list(true[i] * drift[:k] * noise[i, :k]) for i, k in enumerate(passes)]
+    per_point, per_pass = sm.pass_corrected_seconds(runs)
+    level = np.median(drift)  # the pass factors are centred on the median pass
+    assert np.allclose(per_pass, drift / level, rtol=0.03)
+    assert np.allclose(per_point, true * level, rtol=0.03)
+    plain = np.array([np.median(r) for r in runs]) / (true * level)
+    assert plain[9:].max() < 0.97 and np.allclose(plain[:9], 1.0, rtol=0.03)  # what the correction removes
+    with pytest.raises(ValueError, match="at least one timed step"):
+        sm.pass_corrected_seconds([[0.1, 0.2], []])
+    with pytest.raises(ValueError, match="finite and > 0"):
+        sm.pass_corrected_seconds([[0.1, float("nan")]])

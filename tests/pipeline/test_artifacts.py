@@ -204,7 +204,7 @@ def test_stats_and_plans_read_back_and_refused(real, tmp_path):
 # --------------------------------------------------------------------------- profile, train, quality (files as written)
 
 ROW = {"layout": "padded", "sequences": 1, "length": 16, "sequence_lengths": [16], "target_seconds_median": 0.01,
-       "drafter_seconds_median": 0.02}
+       "drafter_seconds_median": 0.02, "target_seconds_all": [0.01], "drafter_seconds_all": [0.02]}
 
 
 def test_grid_refused(tmp_path):
@@ -219,6 +219,10 @@ def test_grid_refused(tmp_path):
     old = {("kind" if k == "layout" else k): v for k, v in ROW.items()}  # rows keyed 'kind' are refused, not read
     (d / "grid.json").write_text(json.dumps({"points": [old]}))
     refused(lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'layout' in row 0", "profile/grid.json")
+    # compare fits every pass's seconds: a grid of medians only (an older one) is refused
+    (d / "grid.json").write_text(json.dumps({"points": [{k: v for k, v in ROW.items() if k != "drafter_seconds_all"}]}))
+    refused(lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'drafter_seconds_all' in row 0",
+            "profile/grid.json")
     (d / "grid.json").write_text(json.dumps({"points": [ROW]}))  # the mapping form is read too
     assert profile_grid.read_grid(d) == [ROW] and profile_grid.read_profile_params(d) is None
     (d / "params.json").write_text("[1]")

@@ -625,6 +625,7 @@ def test_nan_profile_times_are_one_line_naming_the_grid_cells(stage_inputs, tmp_
     rows = _grid(params)
     rows[3]["target_seconds_median"] = float("nan")  # json writes NaN and Infinity, and reads them back
     rows[5]["drafter_seconds_median"] = float("inf")
+    rows[6]["target_seconds_all"] = [rows[6]["target_seconds_all"][0], float("nan")]  # one pass's time
     (tmp_path / "in").mkdir()
     inputs = _variant(root, tmp_path / "in", rows)
     (inputs / "train").symlink_to(root / "train")
@@ -638,6 +639,7 @@ def test_nan_profile_times_are_one_line_naming_the_grid_cells(stage_inputs, tmp_
     assert f"{grid} holds step times that are not finite positive seconds: row 3 (padded, {n3} x" in err
     assert "target_seconds_median=nan" in err and f"row 5 (padded, {n5} x" in err
     assert "drafter_seconds_median=inf" in err and "rerun: snakemake results/profile/grid.json" in err
+    assert "row 6 (padded" in err and "target_seconds_all[1]=nan" in err and "more" not in err
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before
 
 

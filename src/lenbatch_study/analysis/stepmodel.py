@@ -75,6 +75,43 @@ CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
 # --------------------------------------------------------------------------- shapes
 
 
+# --------------------------------------------------------------------------- drift between passes
+
+
+def pass_corrected_seconds(runs: Sequence[Sequence[float]], *, iterations: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """Each grid point's step seconds with the machine's drift between profile passes taken out.
+
+    ``runs[i]``: point i's seconds in the timed passes, in order; a point that had taken
+    ``profile.max_point_seconds`` is not repeated, so it holds the first ``k_i`` passes only. The
+    profile goes over every point once per pass, and this VM's speed moved by 5-10% from one ~40 s
+    pass to the next (CPU seconds included): a plain median per point then favours the long,
+    capped points, whose few timings all fell in the early passes. Model, in logs (Tukey's median
+    polish over the points x passes table, missing cells skipped):
+
+        log t[i, p] = a_i + b_p + e[i, p];   b_p = median_i (log t[i, p] - a_i),   a_i = median_p (log t[i, p] - b_p)
+
+    alternated until nothing moves (``iterations`` at most), with the pass effects centred on
+    their median (median_p b_p = 0: the seconds of a typical pass). Returns (exp a_i: per point,
+    exp b_p: per pass, the factor that pass ran at). Pure, O(iterations x points x passes).
+    """
+    if not runs or any(len(r) == 0 for r in runs):
+        raise ValueError("every profile grid point needs at least one timed step; rerun: snakemake " + GRID_PATH)
+    width = max(len(r) for r in runs)
+    logs = np.full((len(runs), width), np.nan)
+    for i, r in enumerate(runs):
+        logs[i, :len(r)] = np.log(check_step_times(np.asarray(r, dtype=np.float64)))
+    a, b = np.nanmedian(logs, axis=1), np.zeros(width)
+    for _ in range(iterations):
+        b_new = np.nanmedian(logs - a[:, None], axis=0)
+        b_new -= np.median(b_new)
+        a_new = np.nanmedian(logs - b_new[None, :], axis=1)
+        moved = max(float(np.max(np.abs(a_new - a))), float(np.max(np.abs(b_new - b))))
+        a, b = a_new, b_new
+        if moved < 1e-12:
+            break
+    return np.exp(a), np.exp(b)
+
+
 # --------------------------------------------------------------------------- fit
 
 
@@ -422,14 +459,11 @@ def throughput(useful_tokens: np.ndarray, ends: np.ndarray, *, warmup_steps: int
     return float(useful_tokens[w:].sum() / (ends[-1] - start))
 
 
-# Below this share of its cores a timed step was slowed by other work on the machine (profile warns,
-# the report names the runs).
-
-
 def cpu_fits(rows: Sequence[Mapping[str, object]], cols: Mapping[str, np.ndarray], *, holdout_fraction: float,
              seed: int, rerun: str) -> dict[str, dict[str, object]]:
-    """Target and drafter step models fitted on the profile grid's process CPU seconds (the median per point
-    of ``<role>_cpu_seconds_all``; ``cols``: the grid's shape table) as compare fits its wall seconds
+    """Target and drafter step models fitted on the profile grid's process CPU seconds (per point, from
+    ``<role>_cpu_seconds_all`` with the drift between passes taken out, :func:`pass_corrected_seconds`;
+    ``cols``: the grid's shape table) as compare fits its wall seconds
     (:func:`select_model`): what predicts a measurement on the CPU clock.
     ``ValueError`` naming ``rerun`` for a grid without CPU seconds. Cost: the fits' held-out splits."""
     if not all(r.get("target_cpu_seconds_all") and r.get("drafter_cpu_seconds_all") for r in rows):
@@ -437,7 +471,7 @@ def cpu_fits(rows: Sequence[Mapping[str, object]], cols: Mapping[str, np.ndarray
                          f"clock cannot be predicted; rerun: {rerun}")
     fits: dict[str, dict[str, object]] = {}
     for role in ("target", "drafter"):
-        secs = np.array([float(np.median(r[f"{role}_cpu_seconds_all"])) for r in rows])  # type: ignore[arg-type]
+        secs, _ = pass_corrected_seconds([r[f"{role}_cpu_seconds_all"] for r in rows])  # type: ignore[misc]
         best, cands = select_model(cols, secs, role=role, candidates=CANDIDATES[role],
                                       holdout_fraction=holdout_fraction, seed=seed)
         fits[role] = {"best": best, "candidates": cands}

@@ -122,7 +122,9 @@ def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
 
 
 def fit_profile(profile_dir: Path, params: Params) -> dict:
-    """Fit target and drafter step-time models on the profile grid (held-out model choice)."""
+    """Fit target and drafter step-time models on the profile grid (held-out model choice), each point's
+    seconds taken from its timed passes with the machine's drift between passes taken out
+    (:func:`lenbatch_study.analysis.stepmodel.pass_corrected_seconds`)."""
     grid = profile_grid.read_grid_document(profile_dir)
     rows = grid["points"]
     resolved = profile_grid.read_profile_params(profile_dir)
@@ -139,8 +141,8 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
                               for r in rows)
     for role in ("target", "drafter") + (("target_busy", "drafter_busy") if busy else ()):
         base = role.removesuffix("_busy")
-        key = f"{base}_busy_seconds_median" if role.endswith("_busy") else f"{base}_seconds_median"
-        secs = np.array([float(r[key]) for r in rows])
+        key = f"{base}_busy_seconds_all" if role.endswith("_busy") else f"{base}_seconds_all"
+        secs, _ = sm.pass_corrected_seconds([r[key] for r in rows])
         best, cands = sm.select_model(cols, secs, role=role, candidates=sm.CANDIDATES[base],
                                       holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
         fits[role] = {"best": best, "candidates": cands}

@@ -7,7 +7,8 @@ batch shapes, and ``params.json``, the params it was timed with. Written by :mod
 (:mod:`lenbatch_study.core.machine`), the reference step timed before and after the grid
 (:mod:`lenbatch_study.runtime.reference`) and the rows (an older grid is the bare list of rows) —, one row per shape: ``layout``
 (padded/packed), ``sequence_lengths`` (the lengths timed), ``target_seconds_median``,
-``drafter_seconds_median`` and, from a lockstep profile, ``*_busy_seconds_median``; ``positions`` and
+``drafter_seconds_median``, ``target_seconds_all`` and ``drafter_seconds_all`` (every timed pass, in order: what
+compare fits) and, from a lockstep profile, ``*_busy_seconds_*``; ``positions`` and
 ``ctx_tokens`` (the drafter's work) when known. Cost: one file read.
 """
 
@@ -22,7 +23,8 @@ from lenbatch_study.pipeline.artifacts.reading import read_json, read_params, re
 WRITER = "profile"
 GRID = "grid.json"
 GRID_PATH = f"results/{WRITER}/{GRID}"  # under the default results folder: what a rerun hint names
-ROW_KEYS = ("layout", "sequence_lengths", "target_seconds_median", "drafter_seconds_median")
+ROW_KEYS = ("layout", "sequence_lengths", "target_seconds_median", "drafter_seconds_median", "target_seconds_all",
+            "drafter_seconds_all")
 
 
 def rerun(profile_dir: Path) -> str:
@@ -53,14 +55,20 @@ def read_grid_document(profile_dir: str | Path) -> dict[str, Any]:
 def check_times(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> None:
     """:func:`refuse` naming every cell whose step time is not a finite number > 0 (NaN, inf, 0, a string):
     the step-model fit cannot use it (numpy's least squares fails with "SVD did not converge" on NaN). O(rows)."""
+    def ok(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
     bad = []
     for k, row in enumerate(rows):
-        for key in sorted(x for x in row if x.endswith("seconds_median")):
+        lengths = row.get("sequence_lengths") or []
+        shape = f"{row.get('layout')}, {len(lengths)} x {max(lengths) if lengths else '?'} tokens"
+        for key in sorted(x for x in row if x.endswith(("seconds_median", "seconds_all"))):
             value = row[key]
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-            if not ok:
-                lengths = row.get("sequence_lengths") or []
-                shape = f"{row.get('layout')}, {len(lengths)} x {max(lengths) if lengths else '?'} tokens"
+            if key.endswith("_all"):  # every timed pass: a list of at least one time
+                if not isinstance(value, list) or not value:
+                    bad.append(f"row {k} ({shape}) {key}={value!r}")
+                bad.extend(f"row {k} ({shape}) {key}[{j}]={x!r}" for j, x in enumerate(value or []) if not ok(x))
+            elif not ok(value):
                 bad.append(f"row {k} ({shape}) {key}={value!r}")
     if bad:
         more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
