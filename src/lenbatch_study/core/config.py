@@ -408,12 +408,19 @@ def _check_type(where: str, value: Any, hint: Any) -> Any:
     raise AssertionError(f"unsupported type hint {hint} at {where}")
 
 
+def _check_value(where: str, value: Any, cls: type, key: str) -> Any:
+    """``value`` of ``cls``'s field ``key`` coerced to its type and checked against its bounds; ``ValueError``
+    naming ``where`` otherwise."""
+    field = next(f for f in dataclasses.fields(cls) if f.name == key)
+    value = _check_type(where, value, typing.get_type_hints(cls)[key])
+    _check_range(where, value, field.metadata)
+    return value
+
+
 def _section_from_dict(name: str, cls: type, raw: Any, source: str, *, complete: bool = True) -> Any:
     if not isinstance(raw, dict):
         raise ValueError(f"section '{name}' in {source} must be a mapping of keys, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields_ = {f.name: f for f in dataclasses.fields(cls)}
-    known = list(fields_)
+    known = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(f'{name}.{k}' for k in unknown)} in {source}; "
@@ -422,12 +429,7 @@ def _section_from_dict(name: str, cls: type, raw: Any, source: str, *, complete:
     if complete and missing:
         raise ValueError(f"missing key(s) {', '.join(f'{name}.{k}' for k in missing)} in {source}; every key is "
                          "set in the params file (no silent code defaults): copy them from the shipped params.yaml")
-    values = {}
-    for k, v in raw.items():
-        where = f"{name}.{k} in {source}"
-        values[k] = _check_type(where, v, hints[k])
-        _check_range(where, values[k], fields_[k].metadata)
-    return cls(**values)
+    return cls(**{k: _check_value(f"{name}.{k} in {source}", v, cls, k) for k, v in raw.items()})
 
 
 def params_from_dict(raw: Any, *, source: str = "params", require_all_sections: bool = True) -> Params:
@@ -476,11 +478,10 @@ def _check_overrides(overrides: dict[str, Any]) -> None:
         cls = SECTIONS.get(section)
         if cls is None or not isinstance(keys, dict):
             continue  # reported with the merged params
-        hints, fields_ = typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)}
         for key, value in keys.items():
-            if key in fields_:
-                where = f"{section}.{key} given on the command line (--{key.replace('_', '-')})"
-                _check_range(where, _check_type(where, value, hints[key]), fields_[key].metadata)
+            if key in known:
+                _check_value(f"{section}.{key} given on the command line (--{key.replace('_', '-')})", value, cls, key)
 
 
 def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> Params:
