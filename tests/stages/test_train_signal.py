@@ -99,16 +99,18 @@ def _signal_tree(pid: int, sig: int) -> None:
 
 def _signalled(setup, out, shape, sig) -> tuple[int, str, int]:
     """Start the run, send ``sig`` to each of its processes (as SLURM signals every process of a job step)
-    once it has logged SIGNAL_AFTER_ROWS steps; returns (exit code, its log, the rows logged when signalled)."""
+    once it has logged SIGNAL_AFTER_ROWS steps; returns (exit code, its log, the rows logged when signalled).
+    SIGINT goes to the run's process group, as Ctrl-C at a terminal sends it (torchrun's workers have
+    sessions of their own: it does not reach them)."""
     proc = subprocess.Popen(_args(setup, out, shape), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, start_new_session=True)
     seen = 0
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
         while time.monotonic() < deadline and proc.poll() is None:
             seen = len(_rows(partial_dir(out)))
             if seen >= SIGNAL_AFTER_ROWS:
-                _signal_tree(proc.pid, sig)
+                os.killpg(proc.pid, sig) if sig == signal.SIGINT else _signal_tree(proc.pid, sig)
                 break
             time.sleep(0.05)
         log = proc.communicate(timeout=RUN_TIMEOUT)[0]
@@ -119,16 +121,17 @@ def _signalled(setup, out, shape, sig) -> tuple[int, str, int]:
     return proc.returncode, log, seen
 
 
-@pytest.mark.parametrize("shape, sig", [((1, 1), signal.SIGTERM), ((2, 1), signal.SIGUSR1), ((2, 1), signal.SIGTERM),
-                                        ((2, 2), signal.SIGUSR1)],
-                         ids=["one-process-TERM", "torchrun-USR1", "torchrun-TERM", "two-nodes-USR1"])
+@pytest.mark.parametrize("shape, sig", [((1, 1), signal.SIGTERM), ((1, 1), signal.SIGINT), ((2, 1), signal.SIGUSR1),
+                                        ((2, 1), signal.SIGTERM), ((2, 1), signal.SIGINT), ((2, 2), signal.SIGUSR1)],
+                         ids=["one-process-TERM", "one-process-ctrl-c", "torchrun-USR1", "torchrun-TERM",
+                              "torchrun-ctrl-c", "two-nodes-USR1"])
 def test_a_signalled_run_checkpoints_stops_and_resumes_exactly(setup, shape, sig):
     whole = _uninterrupted(setup, shape)
     out = setup["root"] / f"run_{shape[0]}x{shape[1]}_{sig.name}"
     rc, log, seen = _signalled(setup, out, shape, sig)
     work = partial_dir(out)
     rows = _rows(work)
-    name = signal.Signals(sig).name
+    name = signal.Signals(sig).name  # Ctrl-C under torchrun: the agent hands the workers the SIGINT it got
     assert rc == STOPPED_EXIT, log[-3000:]
     # one line, from the rank that wrote the checkpoint, at the step the rows end at
     lines = [line for line in log.splitlines() if f"stopped on {name} at step" in line]

@@ -452,6 +452,7 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
         # a stop signal is the workers' to handle (lenbatch_study.runtime.stopping): torchrun's agent ignores
         # SIGUSR1 (it would die of it, and take them with it); the workers install their own handler
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C is the agent's: it hands the workers SIGTERM
 
     # while torchrun runs: SIGUSR1 ignored here too (a scheduler signals every process of the job), SIGTERM
     # handed on to the workers, which stop at a step boundary with a checkpoint. Not to the agent: where every
@@ -463,8 +464,12 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
         for worker in children(proc.pid) if proc is not None else ():
             os.kill(worker, signal.SIGTERM)
 
+    # Ctrl-C reaches this process and the agent alike (one process group): the agent stops the workers, and
+    # this one waits for its exit code rather than leaving with a traceback (its death would signal the agent
+    # a second time, mid-shutdown)
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
-                signal.SIGTERM: signal.signal(signal.SIGTERM, hand_on)}
+                signal.SIGTERM: signal.signal(signal.SIGTERM, hand_on),
+                signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
     try:
         proc = subprocess.Popen(cmd, preexec_fn=start)
         rc = proc.wait()

@@ -1,6 +1,6 @@
 """A training asked to stop by a signal: checkpoint at a step boundary, exit, resume later exactly.
 
-A batch scheduler warns a job before it ends it: SLURM sends the signal a job asked for ahead of its time
+A batch scheduler warns a job before it ends it, and a person at a terminal presses Ctrl-C (SIGINT): SLURM sends the signal a job asked for ahead of its time
 limit (``sbatch --signal=USR1@120``: SIGUSR1 120 s before) and SIGTERM on preemption, ``scontrol requeue`` and
 ``scancel`` (then SIGKILL after ``KillWait``). :class:`StopRequest` makes both set a flag in a training
 process (never anything more inside the handler: the step in flight finishes, a collective is never cut);
@@ -30,7 +30,8 @@ from lenbatch.log import get_logger
 
 log = get_logger("train")
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# SIGINT: Ctrl-C at a terminal (a second Ctrl-C aborts at once, :meth:`StopRequest._handler`)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 # EX_TEMPFAIL (sysexits.h): a temporary failure; rerunning (with --resume) continues the work
 STOPPED_EXIT = 75
 
@@ -45,6 +46,10 @@ class StopRequest:
         self.signum = 0
 
     def _handler(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT and self.signum:
+            # a second Ctrl-C: the user will not wait for the step boundary (the partial folder keeps the last
+            # periodic checkpoint; the previous output is untouched)
+            raise KeyboardInterrupt
         self.note(signum)
 
     def note(self, signum: int) -> None:

@@ -63,8 +63,8 @@ failed or killed run leaves the previous complete output as it was; ``--resume``
 cannot be resumed (other params or code, another format, a log that is not its own, or a run that
 reached its last step but was killed before its summary) is set aside as ``<OUT>.set-aside-<time>.pt``
 beside OUT (named in the log) and the run starts afresh: a workflow never gets stuck on it, and a resume
-ends with a complete summary or a non-zero exit. A run that gets SIGUSR1 or SIGTERM (a scheduler's warning
-ahead of its time limit or of preemption) checkpoints at the next step boundary all ranks agree on, writes
+ends with a complete summary or a non-zero exit. A run that gets SIGUSR1, SIGTERM or SIGINT (a scheduler's
+warning ahead of its time limit or of preemption; Ctrl-C) checkpoints at the next step boundary all ranks agree on, writes
 no summary and exits with 75 (:mod:`lenbatch_study.runtime.stopping`). Anchors are drawn from
 (seed, epoch, step, dataset index) and the target is deterministic, so ``--resume`` replays exactly
 the remaining batches and losses.
