@@ -78,7 +78,7 @@ MID = {  # the mid-size run on one H200: the study's kind of shapes, minutes
     "train": {"nproc": 3, "device": "cuda", "kernels": "auto", "useful_tokens": 800_000, "warmup_steps": 3,
               "queue_size": 2, "threads": 4, "checkpoint_every": 0},
     "profile": {"batch_sizes": [1, 4, 16], "lengths": [512, 1024, 4096], "packed_seqs": [1, 4, 16],
-                "packed_lengths": [16384], "repeats": 3, "warmup": 1},
+                "packed_lengths": [16384], "repeats": 3, "warmup": 1, "max_point_seconds": 8.0},
 }
 TINY = {  # the rehearsal: CPU, fla under the interpreter (seconds per forward), the same roles
     "boundaries": {"num_buckets": 3, "sweep_max_buckets": 4, "num_candidates": 32},

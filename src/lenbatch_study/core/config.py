@@ -219,9 +219,10 @@ class ProfileConfig:
                                       item_minimum=1)
     packed_lengths: tuple[int, ...] = _f((2048, 16384), "packed grid: row length (tokens); the token budget is "
                                          "always added", item_minimum=1)
-    repeats: int = _f(3, "timed passes over the grid (the median per point is kept)", minimum=1)
+    repeats: int = _f(5, "timed passes over the grid (compare takes each point's seconds over its passes, with "
+                      "the machine's drift from pass to pass taken out)", minimum=1)
     warmup: int = _f(1, "untimed passes over the grid before the timed ones", minimum=0)
-    max_point_seconds: float = _f(8.0, "a grid point whose steps (both roles, warm-up included) have taken this "
+    max_point_seconds: float = _f(16.0, "a grid point whose steps (both roles, warm-up included) have taken this "
                                   "long (seconds) is not repeated; every point is timed at least once",
                                   exclusive_minimum=0)
     concurrent: bool = _f(True, "pipelined runs (train.nproc > 1): time each role both alone and while the other "
@@ -235,7 +236,7 @@ class ProfileConfig:
 @dataclass(frozen=True)
 class InterleaveConfig:
     rounds: int = _f(6, "timed segments per strategy, one per round (its interval's sample)", minimum=2, maximum=999)
-    max_rounds: int = _f(16, "rounds at most: after `rounds`, one more at a time until every ratio's 95% interval "
+    max_rounds: int = _f(40, "rounds at most: after `rounds`, one more at a time until every ratio's 95% interval "
                          "is within +-2% (the target compare judges) or this many have run; = rounds: exactly "
                          "`rounds`", minimum=2, maximum=999)
     segment_steps: int = _f(1, "steps per segment: the same plan steps in every round", minimum=1, maximum=99)
