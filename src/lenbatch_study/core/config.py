@@ -213,7 +213,7 @@ class TrainConfig:
 class ProfileConfig:
     batch_sizes: tuple[int, ...] = _f((1, 4, 16, 64), "padded grid: sequences per batch (plus, at each length, "
                                       "the batch that fills the token budget)", item_minimum=1)
-    lengths: tuple[int, ...] = _f((128, 512, 2048, 4096), "padded grid: padded length (tokens); points above "
+    lengths: tuple[int, ...] = _f((128, 512, 1024, 2048, 3072, 4096), "padded grid: padded length (tokens); points above "
                                   "batching.token_budget or data.max_len are skipped", item_minimum=1)
     packed_seqs: tuple[int, ...] = _f((1, 4, 16, 32), "packed grid: sequences per row (lengths growing up to 1:8)",
                                       item_minimum=1)
