@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from lenbatch_study.runtime.stopping import STOP_SIGNALS, StopRequest, read_marker, stop_line, write_marker
 
 
@@ -50,3 +52,16 @@ def test_the_marker_round_trips_and_is_absent_otherwise(tmp_path):
     assert read_marker(marker) is None
     line = stop_line("SIGUSR1", 12, tmp_path / "checkpoint.pt")
     assert line.startswith("stopped on SIGUSR1 at step 12, checkpoint written") and "rerun with --resume" in line
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+    """The first SIGINT only asks for a stop at the next step boundary; a person who presses Ctrl-C again will
+    not wait for it."""
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    stop = StopRequest()
+    with stop.installed():
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.name == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert {s: signal.getsignal(s) for s in STOP_SIGNALS} == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,30 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
     assert resolved["profile"]["lengths"] == [32, 128] and resolved["model"]["vocab_size"] == 4096
     # compare's readers take the real output
     assert profile_grid.read_grid(out) == rows and profile_grid.read_profile_params(out) == resolved
+
+
+@pytest.mark.slow
+def test_ctrl_c_midway_is_one_line_and_keeps_the_previous_output(tmp_path):
+    """A stage interrupted by Ctrl-C (SIGINT to its one process) exits 130 with one line naming the folder
+    that keeps its previous output; nothing of the interrupted run is left beside it."""
+    over = _params(tmp_path, train={"nproc": 1}, profile={"concurrent": False})
+    out = tmp_path / "profile"
+    out.mkdir()
+    (out / "grid.json").write_text("previous\n")
+    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "profile", "--params", str(REPO / "params.yaml"),
+                             str(over), "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:  # the default grid skips shapes over the budget and says so; then it builds and times
+        lines.append(line)
+        if "profile grid:" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    log = "".join(lines) + proc.communicate(timeout=300)[0]
+    assert proc.returncode == 130, log[-3000:]
+    assert f"lenbatch profile: interrupted; {out} keeps its previous output" in log and "Traceback" not in log
+    assert (out / "grid.json").read_text() == "previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile", "small.yaml"]
 
 
 def test_profile_skips_repeating_points_that_took_long_enough(tmp_path):

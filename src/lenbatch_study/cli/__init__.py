@@ -94,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     FLAGS[name](parser)
     args = parser.parse_args(argv[1:])
+    final = None  # a staged command's output folder (args.out is its staging folder while it runs)
     try:
         if (COMMANDS[name].staged or name == "train") and getattr(args, "out", None) is not None:
             from lenbatch_study.pipeline.outputs import check_out
@@ -123,6 +124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ModuleNotFoundError as err:  # a library-only install (numpy + torch) running a stage
         return _missing_extra(name, err)
+    except KeyboardInterrupt:  # Ctrl-C (a training's second one: its first stops it at a step boundary)
+        out = final or getattr(args, "out", None)
+        kept = f"; {out} keeps its previous output" if out else ""
+        resume = "; rerun with --resume to continue from its last periodic checkpoint" if name == "train" else ""
+        print(f"lenbatch {name}: interrupted{kept}{resume}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
 
 
 if __name__ == "__main__":

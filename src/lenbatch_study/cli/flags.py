@@ -452,7 +452,7 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
         # a stop signal is the workers' to handle (lenbatch_study.runtime.stopping): torchrun's agent ignores
         # SIGUSR1 (it would die of it, and take them with it); the workers install their own handler
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C is the agent's: it hands the workers SIGTERM
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C is the agent's: it hands it on to the workers
 
     # while torchrun runs: SIGUSR1 ignored here too (a scheduler signals every process of the job), SIGTERM
     # handed on to the workers, which stop at a step boundary with a checkpoint. Not to the agent: where every
