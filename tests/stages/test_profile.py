@@ -151,9 +151,11 @@ def test_ctrl_c_midway_is_one_line_and_keeps_the_previous_output(tmp_path):
     out = tmp_path / "profile"
     out.mkdir()
     (out / "grid.json").write_text("previous\n")
+    # Ctrl-C as at a terminal's foreground job: SIGINT at its default. A shell without job control starts a
+    # background job (`make test &`) with SIGINT ignored, the stage inherits that and rightly keeps running.
     proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "profile", "--params", str(REPO / "params.yaml"),
                              str(over), "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=tmp_path)
+                            text=True, cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in proc.stdout:  # the default grid skips shapes over the budget and says so; then it builds and times
         lines.append(line)
