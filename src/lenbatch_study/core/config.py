@@ -15,6 +15,7 @@ add it to ``params.yaml`` with a comment, then regenerate the schema::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import types
@@ -236,7 +237,7 @@ class ProfileConfig:
 @dataclass(frozen=True)
 class InterleaveConfig:
     rounds: int = _f(6, "timed segments per strategy, one per round (its interval's sample)", minimum=2, maximum=999)
-    max_rounds: int = _f(40, "rounds at most: after `rounds`, one more at a time until every ratio's 95% interval "
+    max_rounds: int = _f(80, "rounds at most: after `rounds`, one more at a time until every ratio's 95% interval "
                          "is within +-2% (the target compare judges) or this many have run; = rounds: exactly "
                          "`rounds`", minimum=2, maximum=999)
     segment_steps: int = _f(1, "steps per segment: the same plan steps in every round", minimum=1, maximum=99)
@@ -409,12 +410,19 @@ def _check_type(where: str, value: Any, hint: Any) -> Any:
     raise AssertionError(f"unsupported type hint {hint} at {where}")
 
 
+@functools.lru_cache(maxsize=None)  # one lookup per section class, not one per key checked
+def _fields_of(cls: type) -> dict[str, tuple[Any, Any]]:
+    """``{field name: (type hint, field metadata)}`` of a section dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (hints[f.name], f.metadata) for f in dataclasses.fields(cls)}
+
+
 def _check_value(where: str, value: Any, cls: type, key: str) -> Any:
     """``value`` of ``cls``'s field ``key`` coerced to its type and checked against its bounds; ``ValueError``
     naming ``where`` otherwise."""
-    field = next(f for f in dataclasses.fields(cls) if f.name == key)
-    value = _check_type(where, value, typing.get_type_hints(cls)[key])
-    _check_range(where, value, field.metadata)
+    hint, metadata = _fields_of(cls)[key]
+    value = _check_type(where, value, hint)
+    _check_range(where, value, metadata)
     return value
 
 

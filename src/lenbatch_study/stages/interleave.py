@@ -44,7 +44,8 @@ clock's), "useful_tokens", "position", "wall_seconds", "cpu_seconds" (per round)
 
 Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models, rounds between
 ``interleave.rounds`` and ``max_rounds``; on the CPU default (1-step segments of ~2 s, 1 warm-up pass, five
-strategies) about 10 s per round on this project's 2-core VM: 1 minute at 6 rounds, 7 at 40.
+strategies) about 10 s per round on this project's 2-core VM: 1 minute at 6 rounds, 13 at 80; a quiet
+VM there reaches +-2% after ~40-60 rounds (a step's CPU seconds vary by 6-8% from round to round).
 """
 
 from __future__ import annotations
