@@ -22,12 +22,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 
 from lenbatch_study.cli import main
 from lenbatch_study.stages.train import partial_dir
 
-from _tiny import ENV, TINY_DATA, TINY_MODEL
+from _tiny import ENV, TINY_DATA, TINY_MODEL, tiny_tokenized
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {
@@ -46,12 +45,7 @@ STATS_LIMIT = 8 * 1024  # below stats' histogram.png (~22 KB)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("edges")
-    params = root / "tiny.yaml"
-    params.write_text(yaml.safe_dump(TINY))
-    data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", str(REPO / "params.yaml"),
-                    str(params), "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
-                   capture_output=True)
+    params, data = tiny_tokenized(root, TINY)
     return {"root": root, "params": params, "data": data}
 
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-import yaml
 
 from lenbatch_study.analysis import quality_report as qr
 from lenbatch_study.cli import main
@@ -18,7 +16,7 @@ from lenbatch_study.pipeline.artifacts import quality_result
 from lenbatch_study.pipeline.artifacts.reading import ArtifactError
 from lenbatch_study.stages.quality import split_samples
 
-from _tiny import ENV, TINY_DATA, TINY_MODEL
+from _tiny import TINY_DATA, TINY_MODEL, tiny_tokenized
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +35,7 @@ TINY = {
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory, one_thread):
     root = tmp_path_factory.mktemp("quality")
-    params = root / "tiny.yaml"
-    params.write_text(yaml.safe_dump(TINY))
-    data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", str(params),
-                    "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV, capture_output=True)
+    params, data = tiny_tokenized(root, TINY)
     lengths = np.load(data / "lengths.npy")
     inner = np.quantile(lengths, [0.25, 0.5, 0.75]).astype(int)
     edges = sorted({int(lengths.min()), *inner.tolist(), int(lengths.max()) + 1})

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from lenbatch_study.cli import main
 from lenbatch_study.core import machine
@@ -24,7 +23,7 @@ from lenbatch_study.runtime.lifetime import children
 from lenbatch_study.stages.train import partial_dir
 
 from _runs import check_pipelined_run, planned_hashes
-from _tiny import ENV, TINY_DATA, TINY_MODEL
+from _tiny import ENV, TINY_DATA, TINY_MODEL, tiny_tokenized
 
 pytestmark = pytest.mark.slow
 
@@ -45,13 +44,8 @@ TINY_PATH: list = []  # the module's params file (written by the setup fixture)
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
-    params = root / "tiny.yaml"
-    params.write_text(yaml.safe_dump(TINY))
+    params, data = tiny_tokenized(root, TINY)
     TINY_PATH[:] = [params]
-    data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", str(params),
-                    "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
-                   capture_output=True)
     lengths = np.load(data / "lengths.npy")
     inner = np.quantile(lengths, [0.25, 0.5, 0.75]).astype(int)
     edges = sorted({int(lengths.min()), *inner.tolist(), int(lengths.max()) + 1})

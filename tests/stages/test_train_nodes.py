@@ -21,7 +21,7 @@ from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.records import batch_hash
 from lenbatch_study.runtime.transport import weights_checksum
 
-from _tiny import ENV, TINY_DATA, TINY_MODEL
+from _tiny import ENV, TINY_DATA, TINY_MODEL, tiny_tokenized
 
 NODES, NPROC = 2, 2
 TINY = {
@@ -133,12 +133,7 @@ dist.destroy_process_group()
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("nodes")
-    data = root / "tok"
-    first = root / "first.yaml"
-    first.write_text(yaml.safe_dump(TINY))
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", str(first),
-                    "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV, capture_output=True,
-                   timeout=RUN_TIMEOUT)
+    first, data = tiny_tokenized(root, TINY, name="first.yaml", timeout=RUN_TIMEOUT)
     lengths = np.load(data / "lengths.npy")
     # into epoch 1: epoch 0 is complete, so every sample must have been trained exactly once in it
     cfg = {**TINY, "train": {**TINY["train"], "useful_tokens": int(lengths.sum()) + 2000}}

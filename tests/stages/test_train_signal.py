@@ -19,7 +19,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import yaml
 
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.lifetime import children
@@ -27,7 +26,7 @@ from lenbatch_study.runtime.stopping import STOPPED_EXIT
 from lenbatch_study.stages.train import partial_dir
 
 from _runs import planned_hashes
-from _tiny import ENV, TINY_DATA, TINY_MODEL
+from _tiny import ENV, TINY_DATA, TINY_MODEL, tiny_tokenized
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +46,7 @@ SIGNAL_AFTER_ROWS = 2  # steps.jsonl rows the run has written when it is signall
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("signal")
-    params = root / "tiny.yaml"
-    params.write_text(yaml.safe_dump(TINY))
-    data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", str(params),
-                    "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV, capture_output=True,
-                   timeout=RUN_TIMEOUT)
+    params, data = tiny_tokenized(root, TINY, timeout=RUN_TIMEOUT)
     return {"root": root, "params": params, "data": data, "lengths": np.load(data / "lengths.npy"), "runs": {}}
 
 
