@@ -1,5 +1,7 @@
-"""The checks every finished pipelined training run must pass (1 target rank -> 1 drafter rank), shared by
-tests/stages/test_train.py (its own torchrun runs) and tests/pipeline/test_workflow_e2e.py (the workflow's)."""
+"""The study's training-test helpers: the tiny tokenized data the training tests start from, and the checks
+every finished pipelined training run must pass (1 target rank -> 1 drafter rank), shared by
+tests/stages/test_train.py (its own torchrun runs) and tests/pipeline/test_workflow_e2e.py (the workflow's).
+The library's tests must not import this module: it runs the study."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 
 import lenbatch as lb
+from _tiny import ENV
 
 
 def planned_hashes(lengths: np.ndarray, params, strategy: str, edges, steps: list[dict]) -> list[int]:
@@ -54,3 +57,22 @@ def check_pipelined_run(steps: list[dict], summary: dict, *, strategy: str, toke
     assert summary["target_cpu_share"] == pytest.approx(
         sum(s["target_cpu_s"] for s in measured) / (sum(s["target_s"] for s in measured) * summary["threads"]))
     assert 0 < summary["target_cpu_share"] < 1.5 and 0 < summary["drafter_cpu_share"] < 1.5
+
+
+def tiny_tokenized(root, settings: dict, *, name: str = "tiny.yaml", timeout: float = 300):
+    """``settings`` written as the params file ``root/name`` over the shipped params.yaml, and the first 40
+    samples of the embedded data tokenized with it into ``root/tok``: ``(params file, tokenize output)``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    params = root / name
+    params.write_text(yaml.safe_dump(settings))
+    data = root / "tok"
+    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", str(repo / "params.yaml"),
+                    str(params), "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
+                   capture_output=True, timeout=timeout)
+    return params, data

@@ -27,22 +27,3 @@ def tiny_hf_tokenizer(path, special=("<|im_start|>", "<|im_end|>")):
     tok.train_from_iterator(["Hello world, how are you? I am fine. user assistant system\n"] * 20, trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(str(path))
     return path
-
-
-def tiny_tokenized(root, settings: dict, *, name: str = "tiny.yaml", timeout: float = 300):
-    """``settings`` written as the params file ``root/name`` over the shipped params.yaml, and the first 40
-    samples of the embedded data tokenized with it into ``root/tok``: ``(params file, tokenize output)``."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import yaml
-
-    repo = Path(__file__).resolve().parents[1]
-    params = root / name
-    params.write_text(yaml.safe_dump(settings))
-    data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", str(repo / "params.yaml"),
-                    str(params), "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
-                   capture_output=True, timeout=timeout)
-    return params, data

@@ -26,7 +26,8 @@ import pytest
 from lenbatch_study.cli import main
 from lenbatch_study.stages.train import partial_dir
 
-from _tiny import ENV, TINY_DATA, TINY_MODEL, tiny_tokenized
+from _runs import tiny_tokenized
+from _tiny import ENV, TINY_DATA, TINY_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {

@@ -16,7 +16,8 @@ from lenbatch_study.pipeline.artifacts import quality_result
 from lenbatch_study.pipeline.artifacts.reading import ArtifactError
 from lenbatch_study.stages.quality import split_samples
 
-from _tiny import TINY_DATA, TINY_MODEL, tiny_tokenized
+from _runs import tiny_tokenized
+from _tiny import TINY_DATA, TINY_MODEL
 
 pytestmark = pytest.mark.slow
 

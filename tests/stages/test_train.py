@@ -22,8 +22,8 @@ from lenbatch_study.runtime import reference
 from lenbatch_study.runtime.lifetime import children
 from lenbatch_study.stages.train import partial_dir
 
-from _runs import check_pipelined_run, planned_hashes
-from _tiny import ENV, TINY_DATA, TINY_MODEL, tiny_tokenized
+from _runs import check_pipelined_run, planned_hashes, tiny_tokenized
+from _tiny import ENV, TINY_DATA, TINY_MODEL
 
 pytestmark = pytest.mark.slow
 

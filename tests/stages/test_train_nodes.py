@@ -21,7 +21,8 @@ from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.records import batch_hash
 from lenbatch_study.runtime.transport import weights_checksum
 
-from _tiny import ENV, TINY_DATA, TINY_MODEL, tiny_tokenized
+from _runs import tiny_tokenized
+from _tiny import ENV, TINY_DATA, TINY_MODEL
 
 NODES, NPROC = 2, 2
 TINY = {

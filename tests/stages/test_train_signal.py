@@ -25,8 +25,8 @@ from lenbatch_study.runtime.lifetime import children
 from lenbatch_study.runtime.stopping import STOPPED_EXIT
 from lenbatch_study.stages.train import partial_dir
 
-from _runs import planned_hashes
-from _tiny import ENV, TINY_DATA, TINY_MODEL, tiny_tokenized
+from _runs import planned_hashes, tiny_tokenized
+from _tiny import ENV, TINY_DATA, TINY_MODEL
 
 pytestmark = pytest.mark.slow
 
