@@ -187,3 +187,35 @@ def test_metrics_keys_and_report_section():
         r["clock"] = "cpu"
     text = "\n".join(section_lines(table))
     assert "Within the measured interval nonetheless: `random`" in text and "on the process's CPU seconds" in text
+
+
+def test_a_missed_prediction_names_the_profiles_drift_and_the_rerun():
+    """A predicted ratio off by more than 3%: the report names how far the profile's timed passes moved (per role,
+    against the median pass), says which moved more than 10%, and gives the profile's rerun; a prediction
+    within 3% adds nothing about the profile."""
+    from lenbatch_study.analysis.provenance import profile_rerun
+
+    row = {"ratio_to_sorted": 1.105, "ci95": [1.087, 1.123], "predicted_ratio": 1.029, "rounds": 54,
+           "half_width": 0.016, "prediction_error": 1.029 / 1.105 - 1, "interval_ok": True, "prediction_ok": False,
+           "clock": "cpu", "profile_pass_factors": {"target": [1.0, 0.954, 0.974, 1.11, 1.267],
+                                                    "drafter": [1.0, 0.982, 0.95, 1.027, 1.09]}}
+    table = {"sorted": {**row, "ratio_to_sorted": 1.0, "ci95": [1.0, 1.0], "predicted_ratio": 1.0,
+                        "prediction_error": 0.0, "prediction_ok": True}, "packed": row}
+    text = "\n".join(section_lines(table))
+    assert "The profile's timed passes took 0.95-1.27x (target) and 0.95-1.09x (drafter) the seconds" in text
+    assert "more than 10% off the median (target) means the machine's speed moved" in text
+    assert profile_rerun() in text
+    # a steady profile: its passes are named, no drift is claimed
+    for r in table.values():  # one profile: every row carries the same factors
+        r["profile_pass_factors"] = {"target": [1.0, 0.97, 1.04], "drafter": [0.99, 1.0, 1.02]}
+    text = "\n".join(section_lines(table))
+    assert "0.97-1.04x (target)" in text and "more than 10%" not in text and profile_rerun() in text
+    # a slow pass counts as much as a fast one: 0.89 is 1/0.89 - 1 = 12% off
+    for r in table.values():
+        r["profile_pass_factors"] = {"target": [1.0, 0.89, 1.04], "drafter": [0.99, 1.0, 1.02]}
+    assert "more than 10% off the median (target)" in "\n".join(section_lines(table))
+    # within 3%: nothing about the profile
+    row.update(predicted_ratio=1.09, prediction_error=1.09 / 1.105 - 1, prediction_ok=True)
+    text = "\n".join(section_lines(table))
+    assert "timed passes" not in text and profile_rerun() not in text
+

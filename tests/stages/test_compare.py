@@ -533,6 +533,11 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
         assert r["interval_ok"] and r["prediction_ok"]
     assert result.interleaved["sorted"]["ratio_to_sorted"] == 1.0
     assert result.interleaved["packed"]["ratio_to_sorted"] != pytest.approx(1.0, abs=0.01)  # a real ratio
+    # each row names the profile's pass speeds (what the report gives beside a miss): the grid's own
+    grid = json.loads((root / "profile" / "grid.json").read_text())["points"]
+    for role in ("target", "drafter"):
+        _, factors = sm.pass_corrected_seconds([p[f"{role}_seconds_all"] for p in grid])
+        assert result.interleaved["packed"]["profile_pass_factors"][role] == pytest.approx(list(factors))
     out = tmp_path / "compare"
     write_outputs(result, out, params=params)
     metrics = json.loads((out / "metrics.json").read_text())

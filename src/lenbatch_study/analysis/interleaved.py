@@ -16,12 +16,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from lenbatch_study.analysis import provenance
 from lenbatch_study.core.intervals import INTERVAL_TARGET, half_width, ratio_intervals
 
 BASELINE = "sorted"
 # What the interleaved measurement must reach to judge a prediction: every 95% interval within
 # INTERVAL_TARGET (+-2%) of its ratio, and then every predicted ratio within 3% of the measured one.
 PREDICTION_TARGET = 0.03
+# a profile pass this far off the median pass (either way) is named as drift when a prediction misses
+PROFILE_DRIFT = 0.10
 # The keys of metrics.json (DVC's headline, at most 40 numbers): the ratio and the predicted ratio of every
 # strategy but sorted, 8 for five strategies, beside the 31 of the trainings; the intervals go to
 # diagnostics.json (8 more numbers would overflow the 40).
@@ -86,6 +89,23 @@ def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: 
     return out
 
 
+def _profile_drift_sentence(factors: Mapping[str, Sequence[float]] | None) -> str:
+    """What the report adds to a missed prediction: how far the profile's timed passes moved (per role, the
+    range of each pass's seconds against the median pass, :func:`lenbatch_study.analysis.stepmodel.
+    pass_corrected_seconds`), and the rerun that tells the profile's drift from the step model's error."""
+    if not factors:
+        return ""
+    spans = {role: (min(f), max(f)) for role, f in factors.items() if f}
+    said = " and ".join(f"{lo:.2f}-{hi:.2f}x ({role})" for role, (lo, hi) in spans.items())
+    moved = [role for role, (lo, hi) in spans.items() if max(hi, 1 / lo) - 1 > PROFILE_DRIFT]
+    why = (f"; a pass more than {100 * PROFILE_DRIFT:g}% off the median ({', '.join(moved)}) means the machine's "
+           "speed moved while the grid was timed, which alone can move a predicted ratio by several percent "
+           "(docs/prediction.md)" if moved else "")
+    return (f" The profile's timed passes took {said} the seconds of its median pass{why}. To tell the profile's "
+            f"drift from the step model's error, time the grid again on a quiet machine and compare: "
+            f"{provenance.profile_rerun()}.")
+
+
 def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> list[str]:
     """The report's lines for :func:`judge`'s ``table`` (none without one): a blank line, the heading, what
     was measured and the verdict on the targets, and one table row per strategy but the baseline."""
@@ -108,6 +128,8 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     if inside:
         verdict += (f" Within the measured interval nonetheless: {', '.join(inside)} (a miss this measurement "
                     "cannot show).")
+    if off:
+        verdict += _profile_drift_sentence(first.get("profile_pass_factors"))
     clock = ("the process's CPU seconds (other processes' time slices left out), predicted from the grid's CPU "
              "seconds" if first.get("clock") == "cpu" else "wall seconds")
     lines = ["", "## Ratios measured in turns", "",

@@ -464,15 +464,16 @@ def cpu_fits(rows: Sequence[Mapping[str, object]], cols: Mapping[str, np.ndarray
     """Target and drafter step models fitted on the profile grid's process CPU seconds (per point, from
     ``<role>_cpu_seconds_all`` with the drift between passes taken out, :func:`pass_corrected_seconds`;
     ``cols``: the grid's shape table) as compare fits its wall seconds
-    (:func:`select_model`): what predicts a measurement on the CPU clock.
+    (:func:`select_model`): what predicts a measurement on the CPU clock. Each role's entry: ``best``,
+    ``candidates`` and ``pass_factors`` (the speed each timed pass ran at, against the median pass).
     ``ValueError`` naming ``rerun`` for a grid without CPU seconds. Cost: the fits' held-out splits."""
     if not all(r.get("target_cpu_seconds_all") and r.get("drafter_cpu_seconds_all") for r in rows):
         raise ValueError("the profile grid records no CPU seconds (an older grid.json), so a measurement on the CPU "
                          f"clock cannot be predicted; rerun: {rerun}")
     fits: dict[str, dict[str, object]] = {}
     for role in ("target", "drafter"):
-        secs, _ = pass_corrected_seconds([r[f"{role}_cpu_seconds_all"] for r in rows])  # type: ignore[misc]
+        secs, factors = pass_corrected_seconds([r[f"{role}_cpu_seconds_all"] for r in rows])  # type: ignore[misc]
         best, cands = select_model(cols, secs, role=role, candidates=CANDIDATES[role],
                                       holdout_fraction=holdout_fraction, seed=seed)
-        fits[role] = {"best": best, "candidates": cands}
+        fits[role] = {"best": best, "candidates": cands, "pass_factors": [float(f) for f in factors]}
     return fits

@@ -142,10 +142,10 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
     for role in ("target", "drafter") + (("target_busy", "drafter_busy") if busy else ()):
         base = role.removesuffix("_busy")
         key = f"{base}_busy_seconds_all" if role.endswith("_busy") else f"{base}_seconds_all"
-        secs, _ = sm.pass_corrected_seconds([r[key] for r in rows])
+        secs, factors = sm.pass_corrected_seconds([r[key] for r in rows])
         best, cands = sm.select_model(cols, secs, role=role, candidates=sm.CANDIDATES[base],
                                       holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
-        fits[role] = {"best": best, "candidates": cands}
+        fits[role] = {"best": best, "candidates": cands, "pass_factors": [float(f) for f in factors]}
     return {"rows": rows, "fits": fits, "machine": grid["machine"], "reference": grid["reference"]}
 
 
@@ -302,7 +302,8 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
 
     The timed steps are rebuilt from the training plan (:func:`planned_batches`) and must give the useful
     tokens recorded; the measurement must come from the current params and the profile's machine.
-    ``ValueError`` naming the rerun otherwise. Cost: one plan per strategy and O(steps) prediction."""
+    ``ValueError`` naming the rerun otherwise. Rows carry ``profile_pass_factors`` (per role, each timed profile
+    pass's seconds / the median pass's). Cost: a plan per strategy, O(steps)."""
     doc = interleave_timings.read_timings(interleave_dir)
     fix = interleave_timings.rerun(Path(interleave_dir))
     resolved = interleave_timings.read_params(interleave_dir)
@@ -317,8 +318,8 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
     fits = profile["fits"] if doc.get("clock") != "cpu" else sm.cpu_fits(
         profile["rows"], grid_columns(profile["rows"]), holdout_fraction=params.compare.holdout_fraction,
         seed=params.batching.seed, rerun=provenance.profile_rerun())
-    predicted = {}
-    for s, rec in doc["strategies"].items():
+    predicted, st = {}, doc["strategies"]
+    for s, rec in st.items():
         plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens,
                                target_ranks=target_ranks)
         picked = [(int(e), int(i)) for e, i in zip(rec["epochs"], rec["steps"])]
@@ -329,11 +330,11 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
         cols = step_columns(lengths, [(e, plan[i][1]) for e, i in picked], layout=layout_of(s), params=params,
                             masks=masks, numbers=[i for _, i in picked])
         predicted[s] = fits["target"]["best"].predict(cols) + fits["drafter"]["best"].predict(cols)
-    st = doc["strategies"]
     table = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, predicted,
                      {s: st[s]["step_useful_tokens"] for s in st})
-    return {s: {**r, "clock": doc.get("clock", "wall"), "max_rounds": doc.get("max_rounds", doc["rounds"])}
-            for s, r in table.items()}
+    passes = {role: fits[role]["pass_factors"] for role in ("target", "drafter")}  # the report names them
+    return {s: {**r, "clock": doc.get("clock", "wall"), "max_rounds": doc.get("max_rounds", doc["rounds"]),
+                "profile_pass_factors": passes} for s, r in table.items()}
 
 
 # --------------------------------------------------------------------------- the stage
