@@ -219,3 +219,26 @@ def test_a_missed_prediction_names_the_profiles_drift_and_the_rerun():
     text = "\n".join(section_lines(table))
     assert "timed passes" not in text and profile_rerun() not in text
 
+
+def test_steps_beyond_the_grid_are_named_per_fitted_feature():
+    """beyond_grid: a fitted feature whose largest step value passes the grid's largest by more than 5% is named
+    with that ratio (const and features the model does not use never are); the report names the strategy."""
+    from lenbatch_study.analysis.interleaved import beyond_grid
+
+    grid = {"computed_tokens": np.array([512.0, 16384.0]), "ctx_tokens": np.array([300.0, 24000.0]),
+            "sequences": np.array([1.0, 32.0])}
+    steps = {"computed_tokens": np.array([16376.0, 16380.0]), "ctx_tokens": np.array([28294.0, 20000.0]),
+             "sequences": np.array([14.0, 40.0])}
+    assert beyond_grid(grid, steps, ("const", "ctx_tokens", "sequences")) == pytest.approx(
+        {"ctx_tokens": 28294 / 24000, "sequences": 40 / 32})
+    assert beyond_grid(grid, steps, ("const", "computed_tokens")) == {}  # within the grid
+    steps["ctx_tokens"] = np.array([25000.0])  # 4% past: inside the margin
+    assert beyond_grid(grid, steps, ("ctx_tokens",)) == {}
+    row = {"ratio_to_sorted": 1.1, "ci95": [1.09, 1.11], "predicted_ratio": 1.1, "rounds": 9, "half_width": 0.01,
+           "prediction_error": 0.0, "interval_ok": True, "prediction_ok": True}
+    table = {"sorted": {**row, "beyond_grid": {}}, "packed": {**row, "beyond_grid": {"drafter ctx_tokens": 1.2146}}}
+    text = "\n".join(section_lines(table))
+    assert "Beyond the profile grid (`packed`: drafter ctx_tokens 1.21x the grid's largest value)" in text
+    table["packed"]["beyond_grid"] = {}
+    assert "Beyond the profile grid" not in "\n".join(section_lines(table))
+

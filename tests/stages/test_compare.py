@@ -538,6 +538,11 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
     for role in ("target", "drafter"):
         _, factors = sm.pass_corrected_seconds([p[f"{role}_seconds_all"] for p in grid])
         assert result.interleaved["packed"]["profile_pass_factors"][role] == pytest.approx(list(factors))
+    # and the fitted features its steps reach past the grid by more than 5%: here packed's drafter context
+    # tensor (sequences x the step's largest anchor), larger than any grid row's
+    beyond = {s: r["beyond_grid"] for s, r in result.interleaved.items() if r["beyond_grid"]}
+    assert set(beyond) == {"packed"} and set(beyond["packed"]) == {"drafter ctx_tokens"}, beyond
+    assert beyond["packed"]["drafter ctx_tokens"] > 1.05
     out = tmp_path / "compare"
     write_outputs(result, out, params=params)
     metrics = json.loads((out / "metrics.json").read_text())
@@ -552,6 +557,7 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
         assert lo == pytest.approx(metrics[f"{s}.interleaved.ratio_to_sorted"], abs=2e-6) == hi
     report = (out / "report.md").read_text()
     assert "## Ratios measured in turns" in report and "Every interval is within ±2%" in report
+    assert "Beyond the profile grid (`packed`: drafter ctx_tokens " in report
     r = result.interleaved["packed"]
     assert f"| packed | {r['ratio_to_sorted']:.3f} | [" in report
     # on the CPU clock: predicted from the grid's CPU seconds, which this grid lacks: refused, naming the rerun

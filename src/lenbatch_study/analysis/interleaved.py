@@ -25,6 +25,8 @@ BASELINE = "sorted"
 PREDICTION_TARGET = 0.03
 # a profile pass this far off the median pass (either way) is named as drift when a prediction misses
 PROFILE_DRIFT = 0.10
+# a plan step's fitted feature this far above the grid's largest is named as extrapolated
+GRID_MARGIN = 0.05
 # The keys of metrics.json (DVC's headline, at most 40 numbers): the ratio and the predicted ratio of every
 # strategy but sorted, 8 for five strategies, beside the 31 of the trainings; the intervals go to
 # diagnostics.json (8 more numbers would overflow the 40).
@@ -89,6 +91,33 @@ def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: 
     return out
 
 
+def beyond_grid(grid: Mapping[str, np.ndarray], steps: Mapping[str, np.ndarray],
+                features: Sequence[str]) -> dict[str, float]:
+    """The fitted ``features`` on which ``steps`` (their shape columns) reach past the profile ``grid``'s largest
+    value by more than ``GRID_MARGIN``: ``{feature: max over steps / max over the grid}``. A model is linear in
+    its features, so beyond the grid it extrapolates a cost it never timed (the drafter's context tensor,
+    sequences x the largest anchor, of a packed row with one long part is such a case). Pure, O(steps)."""
+    out = {}
+    for f in features:
+        if f == "const" or not len(steps[f]):
+            continue
+        top, hi = float(np.max(grid[f])), float(np.max(steps[f]))
+        if top > 0 and hi > top * (1 + GRID_MARGIN):
+            out[f] = hi / top
+    return out
+
+
+def _beyond_grid_sentence(rows: Sequence[tuple[str, Mapping[str, object]]]) -> str:
+    """The report's note on strategies whose steps the fitted models reach only by extrapolating."""
+    far = [(s, r["beyond_grid"]) for s, r in rows if r.get("beyond_grid")]
+    if not far:
+        return ""
+    said = "; ".join(f"`{s}`: " + ", ".join(f"{k} {x:.2f}x" for k, x in b.items())  # type: ignore[union-attr]
+                     for s, b in far)
+    return (f" Beyond the profile grid ({said} the grid's largest value): those predictions extrapolate the step "
+            "model past every shape the profile timed, so a miss there can be the grid's reach, not the machine.")
+
+
 def _profile_drift_sentence(factors: Mapping[str, Sequence[float]] | None) -> str:
     """What the report adds to a missed prediction: how far the profile's timed passes moved (per role, the
     range of each pass's seconds against the median pass, :func:`lenbatch_study.analysis.stepmodel.
@@ -130,6 +159,7 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
                     "cannot show).")
     if off:
         verdict += _profile_drift_sentence(first.get("profile_pass_factors"))
+    verdict += _beyond_grid_sentence(rows)
     clock = ("the process's CPU seconds (other processes' time slices left out), predicted from the grid's CPU "
              "seconds" if first.get("clock") == "cpu" else "wall seconds")
     lines = ["", "## Ratios measured in turns", "",
@@ -147,5 +177,5 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     return lines
 
 
-__all__ = ["BASELINE", "PREDICTION_TARGET", "RUN_KEYS", "USER_METRIC_KEYS", "flat_metrics", "judge",
+__all__ = ["BASELINE", "PREDICTION_TARGET", "RUN_KEYS", "USER_METRIC_KEYS", "beyond_grid", "flat_metrics", "judge",
            "predicted_ratios", "section_lines"]

@@ -28,11 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch_study.analysis import calibration, provenance
-from lenbatch_study.analysis import interleaved as il
-from lenbatch_study.analysis import shapes
-from lenbatch_study.analysis import study_replay as sr
-from lenbatch_study.analysis import stepmodel as sm
+from lenbatch_study.analysis import calibration, provenance, shapes
+from lenbatch_study.analysis import interleaved as il, stepmodel as sm, study_replay as sr
 from lenbatch_study.core import cpu
 from lenbatch_study.core.config import Params
 from lenbatch.log import get_logger
@@ -302,8 +299,8 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
 
     The timed steps are rebuilt from the training plan (:func:`planned_batches`) and must give the useful
     tokens recorded; the measurement must come from the current params and the profile's machine.
-    ``ValueError`` naming the rerun otherwise. Rows carry ``profile_pass_factors`` (per role, each timed profile
-    pass's seconds / the median pass's). Cost: a plan per strategy, O(steps)."""
+    ``ValueError`` naming the rerun otherwise. Rows carry ``profile_pass_factors`` (per role, each profile pass's
+    seconds / the median pass's) and ``beyond_grid`` (:func:`il.beyond_grid`). Cost: a plan per strategy, O(steps)."""
     doc = interleave_timings.read_timings(interleave_dir)
     fix = interleave_timings.rerun(Path(interleave_dir))
     resolved = interleave_timings.read_params(interleave_dir)
@@ -315,10 +312,11 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
         raise ValueError(f"the interleaved measurement ran on machine {here} but the profile on {there}: the step "
                          f"times of one do not predict the other's; rerun both on one machine: {fix}; and "
                          f"{provenance.profile_rerun()}")
+    grid = grid_columns(profile["rows"])
     fits = profile["fits"] if doc.get("clock") != "cpu" else sm.cpu_fits(
-        profile["rows"], grid_columns(profile["rows"]), holdout_fraction=params.compare.holdout_fraction,
-        seed=params.batching.seed, rerun=provenance.profile_rerun())
-    predicted, st = {}, doc["strategies"]
+        profile["rows"], grid, holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed,
+        rerun=provenance.profile_rerun())
+    predicted, reach, st = {}, {}, doc["strategies"]
     for s, rec in st.items():
         plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens,
                                target_ranks=target_ranks)
@@ -330,11 +328,13 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
         cols = step_columns(lengths, [(e, plan[i][1]) for e, i in picked], layout=layout_of(s), params=params,
                             masks=masks, numbers=[i for _, i in picked])
         predicted[s] = fits["target"]["best"].predict(cols) + fits["drafter"]["best"].predict(cols)
+        reach[s] = {f"{role} {f}": x for role in ("target", "drafter")  # features the fits extrapolate
+                    for f, x in il.beyond_grid(grid, cols, fits[role]["best"].features).items()}
     table = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, predicted,
                      {s: st[s]["step_useful_tokens"] for s in st})
     passes = {role: fits[role]["pass_factors"] for role in ("target", "drafter")}  # the report names them
     return {s: {**r, "clock": doc.get("clock", "wall"), "max_rounds": doc.get("max_rounds", doc["rounds"]),
-                "profile_pass_factors": passes} for s, r in table.items()}
+                "profile_pass_factors": passes, "beyond_grid": reach[s]} for s, r in table.items()}
 
 
 # --------------------------------------------------------------------------- the stage
