@@ -115,7 +115,7 @@ def _beyond_grid_sentence(rows: Sequence[tuple[str, Mapping[str, object]]]) -> s
     said = "; ".join(f"`{s}`: " + ", ".join(f"{k} {x:.2f}x" for k, x in b.items())  # type: ignore[union-attr]
                      for s, b in far)
     return (f" Beyond the profile grid ({said} the grid's largest value): those predictions extrapolate the step "
-            "model past every shape the profile timed, so a miss there can be the grid's reach, not the machine.")
+            "model past every shape the profile timed.")
 
 
 def _profile_drift_sentence(factors: Mapping[str, Sequence[float]] | None) -> str:
