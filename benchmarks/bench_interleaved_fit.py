@@ -70,12 +70,14 @@ def main() -> int:
                 runs = [r[f"{role}_cpu_seconds_all"] for r in rows]
                 if mode == "median":
                     secs = np.array([float(np.median(x)) for x in runs])
-                else:
-                    secs, factors = sm.pass_corrected_seconds(runs)
-                    notes.append(f"{role} pass factors {np.round(factors, 3).tolist()}")
-                fits[role], _ = sm.select_model(grid, secs, role=role, candidates=sm.CANDIDATES[role],
-                                                holdout_fraction=params.compare.holdout_fraction,
-                                                seed=params.batching.seed)
+                    fits[role], _ = sm.select_model(grid, secs, role=role, candidates=sm.CANDIDATES[role],
+                                                    holdout_fraction=params.compare.holdout_fraction,
+                                                    seed=params.batching.seed)
+                else:  # as compare fits
+                    fit = sm.fit_role(grid, runs, role=role, holdout_fraction=params.compare.holdout_fraction,
+                                      seed=params.batching.seed)
+                    fits[role] = fit["best"]
+                    notes.append(f"{role} pass factors {np.round(fit['pass_factors'], 3).tolist()}")
                 notes.append(f"{role} {fits[role].name}, held-out error {fits[role].holdout_error:.1%}")
             pred = {s: fits["target"].predict(c) + fits["drafter"].predict(c) for s, c in cols.items()}
             table = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, pred,

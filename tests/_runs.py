@@ -5,10 +5,14 @@ The library's tests must not import this module: it runs the study."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 import lenbatch as lb
 from _tiny import ENV
@@ -62,12 +66,6 @@ def check_pipelined_run(steps: list[dict], summary: dict, *, strategy: str, toke
 def tiny_tokenized(root, settings: dict, *, name: str = "tiny.yaml", timeout: float = 300):
     """``settings`` written as the params file ``root/name`` over the shipped params.yaml, and the first 40
     samples of the embedded data tokenized with it into ``root/tok``: ``(params file, tokenize output)``."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import yaml
-
     repo = Path(__file__).resolve().parents[1]
     params = root / name
     params.write_text(yaml.safe_dump(settings))

@@ -470,10 +470,17 @@ def cpu_fits(rows: Sequence[Mapping[str, object]], cols: Mapping[str, np.ndarray
     if not all(r.get("target_cpu_seconds_all") and r.get("drafter_cpu_seconds_all") for r in rows):
         raise ValueError("the profile grid records no CPU seconds (an older grid.json), so a measurement on the CPU "
                          f"clock cannot be predicted; rerun: {rerun}")
-    fits: dict[str, dict[str, object]] = {}
-    for role in ("target", "drafter"):
-        secs, factors = pass_corrected_seconds([r[f"{role}_cpu_seconds_all"] for r in rows])  # type: ignore[misc]
-        best, cands = select_model(cols, secs, role=role, candidates=CANDIDATES[role],
-                                      holdout_fraction=holdout_fraction, seed=seed)
-        fits[role] = {"best": best, "candidates": cands, "pass_factors": [float(f) for f in factors]}
-    return fits
+    return {role: fit_role(cols, [r[f"{role}_cpu_seconds_all"] for r in rows], role=role,  # type: ignore[misc]
+                           holdout_fraction=holdout_fraction, seed=seed) for role in ("target", "drafter")}
+
+
+def fit_role(cols: Mapping[str, np.ndarray], runs: Sequence[Sequence[float]], *, role: str, holdout_fraction: float,
+             seed: int) -> dict[str, object]:
+    """One role's step model from the grid: each point's seconds over its timed passes (``runs``) with the drift
+    between passes taken out (:func:`pass_corrected_seconds`), the candidates of the role (``target_busy`` takes
+    the target's) scored by :func:`select_model`. ``{"best", "candidates", "pass_factors"}``, the last the
+    seconds each timed pass took against the median pass. Cost: the held-out splits."""
+    secs, factors = pass_corrected_seconds(runs)
+    best, cands = select_model(cols, secs, role=role, candidates=CANDIDATES[role.removesuffix("_busy")],
+                               holdout_fraction=holdout_fraction, seed=seed)
+    return {"best": best, "candidates": cands, "pass_factors": [float(f) for f in factors]}

@@ -137,12 +137,8 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
     busy = bool(rows) and all("target_busy_seconds_median" in r and "drafter_busy_seconds_median" in r
                               for r in rows)
     for role in ("target", "drafter") + (("target_busy", "drafter_busy") if busy else ()):
-        base = role.removesuffix("_busy")
-        key = f"{base}_busy_seconds_all" if role.endswith("_busy") else f"{base}_seconds_all"
-        secs, factors = sm.pass_corrected_seconds([r[key] for r in rows])
-        best, cands = sm.select_model(cols, secs, role=role, candidates=sm.CANDIDATES[base],
-                                      holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
-        fits[role] = {"best": best, "candidates": cands, "pass_factors": [float(f) for f in factors]}
+        fits[role] = sm.fit_role(cols, [r[f"{role}_seconds_all"] for r in rows], role=role,
+                                 holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
     return {"rows": rows, "fits": fits, "machine": grid["machine"], "reference": grid["reference"]}
 
 
