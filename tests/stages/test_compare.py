@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -652,6 +653,28 @@ def test_nan_profile_times_are_one_line_naming_the_grid_cells(stage_inputs, tmp_
     assert "drafter_seconds_median=inf" in err and "rerun: snakemake results/profile/grid.json" in err
     assert "row 6 (padded" in err and "target_seconds_all[1]=nan" in err and "more" not in err
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before
+
+
+def test_a_by_hand_compare_says_what_it_leaves_out(stage_inputs, tmp_path):
+    """``lenbatch compare`` without --quality and --interleave folders (the default leaves the interleaved
+    ratios out) writes its outputs and says which parts it left out, naming each flag."""
+    root, params = stage_inputs
+    (tmp_path / "in").mkdir()
+    inputs = _variant(root, tmp_path / "in", _grid(params))
+    (inputs / "train").symlink_to(root / "train")
+    out = tmp_path / "compare"
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # the stage's own logger: no propagation
+    logging.getLogger("compare").addHandler(handler)
+    try:
+        assert main(_compare_cli(root, inputs, out)) == 0
+    finally:
+        logging.getLogger("compare").removeHandler(handler)
+    logged = "\n".join(said)
+    assert "no --quality folder given: the report and metrics leave out the held-out loss" in logged
+    assert "no --interleave folder given: the report and metrics leave out the ratios in turns" in logged
+    assert "## Ratios measured in turns" not in (out / "report.md").read_text()
 
 
 def test_a_torn_summary_is_one_line_naming_the_file(stage_inputs, tmp_path, capsys):

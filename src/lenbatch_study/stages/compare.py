@@ -572,6 +572,9 @@ def run(*, params: Params, stats: Path, boundaries: Path, plans: Path, profile: 
                      data_dir=Path(data), quality_dir=Path(quality) if quality is not None else None,
                      interleave_dir=Path(interleave) if interleave is not None else None, study_replay=True)
     metrics = write_outputs(result, Path(out), params=params)
+    for flag, given, what in (("quality", quality, "held-out loss"), ("interleave", interleave, "ratios in turns")):
+        if given is None:  # said, never silent: the workflow gives both, a by-hand run may not
+            log.info("no --%s folder given: the report and metrics leave out the %s", flag, what)
     for s, r in result.rows.items():
         log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%  calibrated %8.0f tok/s "
                  "error %+5.1f%% (reference ratio target %.3f, drafter %.3f)", s, r.predicted_tok_s,
