@@ -10,7 +10,10 @@ held-out errors and the pass factors. Use it to compare profiles of other code o
 same measurement (a profile run apart from the measurement moves the predictions by its own noise).
 
     python benchmarks/bench_interleaved_fit.py --profile results/profile [other profile folders] \\
-        --interleave results/interleave --data results/tokenize
+        --interleave results/interleave --data results/tokenize [--candidates]
+
+``--candidates`` adds, per profile, every drafter model the fit scored (with the chosen target model): its
+held-out error on the grid and its predicted / measured - 1 per strategy.
 
 ``--data`` needs the tokenized dataset (the drafter's exact work comes from its loss masks). Cost: seconds
 (the fits' held-out splits); it times nothing.
@@ -43,6 +46,8 @@ def main() -> int:
     ap.add_argument("--data", default="results/tokenize", help="tokenize output (dataset/, lengths.npy)")
     ap.add_argument("--boundaries", default="results/boundaries/boundaries.json")
     ap.add_argument("--params", nargs="+", default=["params.yaml"])
+    ap.add_argument("--candidates", action="store_true",
+                    help="also every drafter candidate of the pass-corrected fit, beside the chosen target model")
     a = ap.parse_args()
     params = load_params(*a.params)
     lengths = tokenized.read_lengths(a.data)
@@ -65,7 +70,7 @@ def main() -> int:
         rows = profile_grid.read_grid(folder)
         grid = compare.grid_columns(rows)
         for mode in ("median", "pass-corrected"):
-            fits, notes = {}, []
+            fits, notes, cands = {}, [], {}
             for role in ("target", "drafter"):
                 runs = [r[f"{role}_cpu_seconds_all"] for r in rows]
                 if mode == "median":
@@ -76,7 +81,7 @@ def main() -> int:
                 else:  # as compare fits
                     fit = sm.fit_role(grid, runs, role=role, holdout_fraction=params.compare.holdout_fraction,
                                       seed=params.batching.seed)
-                    fits[role] = fit["best"]
+                    fits[role], cands[role] = fit["best"], fit["candidates"]
                     notes.append(f"{role} pass factors {np.round(fit['pass_factors'], 3).tolist()}")
                 notes.append(f"{role} {fits[role].name}, held-out error {fits[role].holdout_error:.1%}")
             pred = {s: fits["target"].predict(c) + fits["drafter"].predict(c) for s, c in cols.items()}
@@ -90,6 +95,18 @@ def main() -> int:
                     lo, hi = r["ci95"]
                     print(f"| {s} | {r['ratio_to_sorted']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['predicted_ratio']:.3f} | "
                           f"{100 * r['prediction_error']:+.1f}% |")
+            if a.candidates and cands:
+                names = [s for s in st if s != il.BASELINE]
+                print(f"\nevery drafter candidate beside target {fits['target'].name}: predicted / measured - 1")
+                print("| drafter model | held-out error | " + " | ".join(names) + " |")
+                print("|---|---|" + "---|" * len(names))
+                for c in cands["drafter"]:
+                    pred = {s: fits["target"].predict(x) + c.predict(x) for s, x in cols.items()}
+                    t = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, pred,
+                                 {s: st[s]["step_useful_tokens"] for s in st})
+                    chosen = " (chosen)" if c.name == fits["drafter"].name else ""
+                    print(f"| {c.name}{chosen} | {c.holdout_error:.1%} | "
+                          + " | ".join(f"{100 * t[s]['prediction_error']:+.1f}%" for s in names) + " |")
     return 0
 
 
