@@ -46,15 +46,20 @@ MIN_GAIN_RELATIVE = 0.1
 MIN_GAIN_ABSOLUTE = 0.002
 FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens", "ctx_tokens", "positions")
 
-# Candidate feature sets compared on held-out grid points (smallest first), per role.
+# Candidate feature sets compared on held-out grid points (smallest first; among sets of one size, the one
+# the cost formula names first), per role.
 # target: the forward runs over computed tokens (Gated DeltaNet: linear; full attention:
 #   sum of length^2, n*m^2 when padded; packed rows pad each sequence to a 64-token chunk:
 #   a per-sequence cost).
-# drafter: projects and attends over each sequence's context up to the batch's largest
-#   anchor, i.e. sequences x the largest anchor = ``ctx_tokens`` (about the computed tokens
-#   when padded, more than the row length when packed), and pushes up to anchors_per_seq x
-#   (block_size - 1) ``positions`` per sequence through the vocabulary-sized lm_head
-#   (fewer where the loss mask ends): :func:`drafter_work` gives both exactly.
+# drafter (lenbatch_study.models.drafter, "Cost"): projects the context once per token of the
+#   batch's layout (computed_tokens), pushes up to anchors_per_seq x (block_size - 1) ``positions``
+#   per sequence through the vocabulary-sized lm_head (fewer where the loss mask ends), and attends
+#   from each block to its sequence's context up to the batch's largest anchor (sequences x that
+#   anchor = ``ctx_tokens``); :func:`drafter_work` gives positions and ctx_tokens exactly.
+#   Every set keeps computed_tokens: a packed row's ctx_tokens exceed its length (1.7x in the CPU
+#   default's interleaved packed step), so a set that prices the projection through ctx_tokens
+#   over-charges packed steps (4-8% there, docs/prediction.md). ``sequences`` stands in for
+#   positions where a grid lacks them.
 CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
     "target": {
         "tokens": ("const", "computed_tokens"),
@@ -64,10 +69,9 @@ CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "drafter": {
         "tokens": ("const", "computed_tokens"),
+        "tokens+pos": ("const", "computed_tokens", "positions"),
         "tokens+seq": ("const", "computed_tokens", "sequences"),
-        "ctx+seq": ("const", "ctx_tokens", "sequences"),
-        "ctx+pos": ("const", "ctx_tokens", "positions"),
-        "ctx+pos+seq": ("const", "ctx_tokens", "positions", "sequences"),
+        "tokens+pos+ctx": ("const", "computed_tokens", "positions", "ctx_tokens"),
     },
 }
 
