@@ -496,9 +496,11 @@ def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_input
         _run(tmp_path, params)
 
 
-def _interleave_file(root: Path, params, out: Path, *, drift: list[float], drafter_law: dict = DRAFTER) -> None:
+def _interleave_file(root: Path, params, out: Path, *, drift: list[float], drafter_law: dict = DRAFTER,
+                     slower: dict[tuple[str, str], float] | None = None) -> None:
     """An interleave stage output timed by the known law: each strategy's segment (two steps of its training
-    plan) takes the law's target + drafter seconds times round k's ``drift[k]``, the same for every strategy."""
+    plan) takes the law's target + drafter seconds times round k's ``drift[k]``, the same for every strategy;
+    ``slower[(strategy, role)]`` multiplies that role's seconds of that strategy."""
     from lenbatch_study.stages.compare import LossMasks, planned_batches, step_columns
     from lenbatch_study.stages.interleave import segment_steps
 
@@ -509,10 +511,13 @@ def _interleave_file(root: Path, params, out: Path, *, drift: list[float], draft
         plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens, target_ranks=1)
         cols = step_columns(lengths, plan, layout=layout_of(s), params=params, masks=LossMasks(root / "data"))
         steps = segment_steps(len(plan), skip=params.train.warmup_steps, count=2)
-        secs = float(sum(_law(cols, TARGET)[i] + _law(cols, drafter_law)[i] for i in steps))
+        role = {r: float(sum(_law(cols, law)[i] for i in steps)) * (slower or {}).get((s, r), 1.0)
+                for r, law in (("target", TARGET), ("drafter", drafter_law))}
         useful = [int(cols["useful_tokens"][i]) for i in steps]
         doc["strategies"][s] = {"steps": steps, "epochs": [plan[i][0] for i in steps], "step_useful_tokens": useful,
-                                "seconds": [secs * f for f in drift], "useful_tokens": [sum(useful)] * len(drift)}
+                                "seconds": [(role["target"] + role["drafter"]) * f for f in drift],
+                                "useful_tokens": [sum(useful)] * len(drift),
+                                **{f"{r}_seconds": [x * f for f in drift] for r, x in role.items()}}
     out.mkdir(parents=True)
     (out / "interleave.json").write_text(json.dumps(doc))
     (out / "params.json").write_text(json.dumps(params.to_dict()))
@@ -575,6 +580,42 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
         compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries", plans_dir=root / "plans",
                 profile_dir=root / "profile", train_dir=root / "train", data_dir=root / "data",
                 interleave_dir=tmp_path / "interleave")
+
+
+def test_a_missed_interleaved_ratio_names_the_role_it_comes_from(stage_inputs, tmp_path):
+    """sortish's target steps 25% slower than the law, everything else by the law, every round drifting alike:
+    its per-role factors against sorted are 1.25 (target) and 1 (drafter), every other strategy's 1; sorted's
+    own measured / predicted seconds are the median drift; the predicted ratio misses by exactly the target's
+    share x 25%; the report names sortish's target and prints the per-role table; diagnostics.json keeps the
+    factors, metrics.json does not."""
+    root, params = stage_inputs
+    drift = [1.0, 0.7, 1.4, 1.1]
+    _interleave_file(root, params, tmp_path / "interleave", drift=drift, slower={("sortish", "target"): 1.25})
+    result = compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries",
+                     plans_dir=root / "plans", profile_dir=root / "profile", train_dir=root / "train",
+                     data_dir=root / "data", interleave_dir=tmp_path / "interleave")
+    table = result.interleaved
+    for s, r in table.items():
+        f = r["role_factors"]
+        want = 1.25 if s == "sortish" else 1.0
+        assert f["target"]["vs_sorted"] == pytest.approx(want, rel=1e-9), s
+        assert f["drafter"]["vs_sorted"] == pytest.approx(1.0, rel=1e-9), s
+        assert f["target"]["share"] + f["drafter"]["share"] == pytest.approx(1.0) and 0 < f["drafter"]["share"] < 1
+    for role in ("target", "drafter"):
+        assert table["sorted"]["role_factors"][role]["measured_over_predicted"] == pytest.approx(np.median(drift))
+    share = table["sortish"]["role_factors"]["target"]["share"]
+    assert table["sortish"]["prediction_error"] == pytest.approx(0.25 * share, rel=1e-6)
+    assert not table["sortish"]["prediction_ok"] and table["random"]["prediction_ok"]
+    out = tmp_path / "compare"
+    write_outputs(result, out, params=params)
+    report = (out / "report.md").read_text()
+    assert "Where the misses come from: `sortish`'s target step took 1.25x of its predicted seconds" in report
+    assert "| sortish | 1.250 | 1.000 |" in report and "| random | 1.000 | 1.000 |" in report
+    assert f"The machine ran `sorted`'s target at {np.median(drift):.2f}x" in report
+    diagnostics = json.loads((out / "diagnostics.json").read_text())
+    assert diagnostics["sortish.interleaved.target_vs_sorted"] == pytest.approx(1.25)
+    assert diagnostics["sortish.interleaved.drafter_measured_over_predicted"] == pytest.approx(np.median(drift))
+    assert not [k for k in json.loads((out / "metrics.json").read_text()) if "vs_sorted" in k]
 
 
 def test_interleaved_ratios_on_the_cpu_clock_are_predicted_from_the_grids_cpu_seconds(stage_inputs, tmp_path):

@@ -70,6 +70,9 @@ def test_every_strategy_timed_in_turns_on_its_training_runs_own_steps(stage):
         assert rec["useful_tokens"] == [sum(rec["step_useful_tokens"])] * 3
         assert len(rec["seconds"]) == 3 and min(rec["seconds"]) > 0
         assert rec["seconds"] == rec["cpu_seconds"] and len(rec["wall_seconds"]) == 3 and min(rec["wall_seconds"]) > 0
+        # each role's seconds on the same clock, adding up to the segment's (compare tells the roles apart)
+        assert min(rec["target_seconds"]) > 0 and min(rec["drafter_seconds"]) > 0
+        assert np.add(rec["target_seconds"], rec["drafter_seconds"]) == pytest.approx(rec["seconds"], rel=1e-9)
         assert rec["position"] == [order.index(s) for order in doc["order"]]
 
 
@@ -126,6 +129,11 @@ def test_the_reader_checks_the_real_output_and_refuses_a_broken_one(stage, tmp_p
         interleave_timings.read_timings(tmp_path)
     broken = json.loads(json.dumps(doc))
     broken["strategies"]["packed"]["seconds"].pop()
+    (tmp_path / "interleave.json").write_text(json.dumps(broken))
+    with pytest.raises(ArtifactError, match="mismatched lists for strategy packed"):
+        interleave_timings.read_timings(tmp_path)
+    broken["strategies"]["packed"]["seconds"].append(1.0)
+    broken["strategies"]["packed"]["drafter_seconds"].pop()  # one role's round missing
     (tmp_path / "interleave.json").write_text(json.dumps(broken))
     with pytest.raises(ArtifactError, match="mismatched lists for strategy packed"):
         interleave_timings.read_timings(tmp_path)

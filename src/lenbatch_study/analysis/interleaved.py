@@ -5,6 +5,8 @@
 * :func:`predicted_ratios`: the same ratio from the step model's predicted seconds of the same steps;
 * :func:`judge`: both side by side per strategy, with the prediction's error on the ratio and whether it
   meets the targets (:data:`INTERVAL_TARGET`, :data:`PREDICTION_TARGET`);
+* :func:`role_factors`: per strategy and role, measured over predicted seconds, against sorted's in the same
+  round: which role's prediction a missed ratio comes from;
 * :func:`flat_metrics`: the flat keys compare writes (``<strategy>.interleaved.*``);
 * :func:`section_lines`: the report's section (a table beside the other strategies' tables).
 """
@@ -20,6 +22,7 @@ from lenbatch_study.analysis import provenance
 from lenbatch_study.core.intervals import INTERVAL_TARGET, half_width, ratio_intervals
 
 BASELINE = "sorted"
+ROLES = ("target", "drafter")
 # What the interleaved measurement must reach to judge a prediction: every 95% interval within
 # INTERVAL_TARGET (+-2%) of its ratio, and then every predicted ratio within 3% of the measured one.
 PREDICTION_TARGET = 0.03
@@ -74,11 +77,39 @@ def judge(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Se
     return out
 
 
+def role_factors(role_seconds: Mapping[str, Mapping[str, Sequence[float]]],
+                 predicted: Mapping[str, Mapping[str, Sequence[float]]], *,
+                 baseline: str = BASELINE) -> dict[str, dict[str, dict[str, float]]]:
+    """Per strategy and role (:data:`ROLES`): ``measured_over_predicted``, the median over rounds of the role's
+    measured seconds of the segment over its predicted seconds (the machine at the measurement against the
+    profile's); ``vs_sorted``, the same over the baseline's in each round, then the median (a drift common to
+    a round cancels: 1 wherever the step model's dependence on shape held; a predicted ratio's error,
+    predicted / measured - 1, is about the ``share``-weighted mean of ``vs_sorted`` minus 1); ``share``, the
+    role's part of the strategy's predicted seconds. ``role_seconds[s][role]``: per round, as many rounds
+    for every strategy; ``predicted[s][role]``: per timed step. Pure, O(S x rounds)."""
+    def per_round(s: str, role: str) -> np.ndarray:
+        pred = float(np.sum(predicted[s][role]))
+        assert pred > 0, f"{s}: no predicted {role} seconds"
+        return np.asarray(role_seconds[s][role], dtype=np.float64) / pred
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for s in role_seconds:
+        total = sum(float(np.sum(predicted[s][r])) for r in ROLES)
+        out[s] = {}
+        for role in ROLES:
+            m, b = per_round(s, role), per_round(baseline, role)
+            assert m.shape == b.shape, "every strategy is timed once per round"
+            out[s][role] = {"measured_over_predicted": float(np.median(m)), "vs_sorted": float(np.median(m / b)),
+                            "share": float(np.sum(predicted[s][role])) / total}
+    return out
+
+
 def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> dict[str, object]:
     """Flat ``<strategy>.interleaved.<key>`` entries of :func:`judge`'s table (none without one) for every
     strategy but the baseline (1, [1, 1] and 1 by definition): ``ratio_to_sorted``, ``ci95`` ([low, high]),
-    ``predicted_ratio`` and ``prediction_error`` (6 decimals). compare's ``metrics.json`` keeps the ratio and
-    the predicted ratio; ``diagnostics.json`` all four."""
+    ``predicted_ratio`` and ``prediction_error`` (6 decimals), and per role of :func:`role_factors`
+    ``<role>_measured_over_predicted`` and ``<role>_vs_sorted`` where the row has them. compare's
+    ``metrics.json`` keeps the ratio and the predicted ratio; ``diagnostics.json`` all of them."""
     out: dict[str, object] = {}
     for s, r in (table or {}).items():
         if s == baseline:
@@ -88,6 +119,9 @@ def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: 
         out[p + "ci95"] = [round(float(x), 6) for x in r["ci95"]]  # type: ignore[union-attr]
         out[p + "predicted_ratio"] = round(float(r["predicted_ratio"]), 6)  # type: ignore[arg-type]
         out[p + "prediction_error"] = round(float(r["prediction_error"]), 6)  # type: ignore[arg-type]
+        for role, f in (r.get("role_factors") or {}).items():  # type: ignore[union-attr]
+            for k in ("measured_over_predicted", "vs_sorted"):
+                out[f"{p}{role}_{k}"] = round(float(f[k]), 6)
     return out
 
 
@@ -135,6 +169,40 @@ def _profile_drift_sentence(factors: Mapping[str, Sequence[float]] | None) -> st
             f"{provenance.profile_rerun()}.")
 
 
+def _missed_role_sentence(missed: Sequence[tuple[str, Mapping[str, object]]]) -> str:
+    """Per missed strategy, the role whose seconds moved most against ``sorted``'s (share-weighted)."""
+    said = []
+    for s, r in missed:
+        f = r.get("role_factors")
+        if f:
+            role = max(ROLES, key=lambda x: abs(f[x]["vs_sorted"] - 1) * f[x]["share"])  # type: ignore[index]
+            said.append(f"`{s}`'s {role} step took {f[role]['vs_sorted']:.2f}x"  # type: ignore[index]
+                        f" of its predicted seconds against `sorted`'s")
+    return (" Where the misses come from: " + "; ".join(said) + " (per role, the table after this one)."
+            if said else "")
+
+
+def _role_lines(table: Mapping[str, Mapping[str, object]], *, baseline: str) -> list[str]:
+    """The per-role table (:func:`role_factors`): none for a measurement without per-role seconds."""
+    base = table[baseline].get("role_factors")
+    if not base:
+        return []
+    mop = {role: base[role]["measured_over_predicted"] for role in ROLES}  # type: ignore[index]
+    lines = ["", f"Per role, each strategy's measured seconds over its predicted seconds, against `{baseline}`'s "
+             "in the same round (1.00 where the step model's dependence on shape held; a predicted ratio's error is "
+             "about the share-weighted mean of the two minus 1). The machine ran `"
+             f"{baseline}`'s target at {mop['target']:.2f}x and its drafter at {mop['drafter']:.2f}x the "
+             "predicted seconds: its speed at the measurement against the profile's.", "",
+             "| strategy | target, against sorted | drafter, against sorted | drafter's share of the step |",
+             "|---|---|---|---|"]
+    for s, r in table.items():
+        f = r.get("role_factors")
+        if s != baseline and f:
+            lines.append(f"| {s} | {f['target']['vs_sorted']:.3f} | {f['drafter']['vs_sorted']:.3f} | "  # type: ignore
+                         f"{f['drafter']['share']:.0%} |")  # type: ignore[index]
+    return lines
+
+
 def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> list[str]:
     """The report's lines for :func:`judge`'s ``table`` (none without one): a blank line, the heading, what
     was measured and the verdict on the targets, and one table row per strategy but the baseline."""
@@ -158,6 +226,7 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
         verdict += (f" Within the measured interval nonetheless: {', '.join(inside)} (a miss this measurement "
                     "cannot show).")
     if off:
+        verdict += _missed_role_sentence([(s, r) for s, r in rows if not r["prediction_ok"]])
         verdict += _profile_drift_sentence(first.get("profile_pass_factors"))
     verdict += _beyond_grid_sentence(rows)
     clock = ("the process's CPU seconds (other processes' time slices left out), predicted from the grid's CPU "
@@ -174,8 +243,8 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
         lo, hi = r["ci95"]  # type: ignore[misc]
         lines.append(f"| {s} | {r['ratio_to_sorted']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['predicted_ratio']:.3f} | "
                      f"{100 * float(r['prediction_error']):+.1f}% |")  # type: ignore[arg-type]
-    return lines
+    return lines + _role_lines(table, baseline=baseline)
 
 
-__all__ = ["BASELINE", "PREDICTION_TARGET", "RUN_KEYS", "USER_METRIC_KEYS", "beyond_grid", "flat_metrics", "judge",
-           "predicted_ratios", "section_lines"]
+__all__ = ["BASELINE", "PREDICTION_TARGET", "ROLES", "RUN_KEYS", "USER_METRIC_KEYS", "beyond_grid", "flat_metrics",
+           "judge", "predicted_ratios", "role_factors", "section_lines"]

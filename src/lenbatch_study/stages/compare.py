@@ -51,16 +51,12 @@ ACK_EVERY: int | None = None
 
 # Params a training run must share with the current params to be compared (section -> keys; None: all).
 RUN_KEYS: dict[str, tuple[str, ...] | None] = {
-    "batching": None,
-    "model": None,
-    "drafter": None,
+    "batching": None, "model": None, "drafter": None,
     "train": ("nproc", "nodes", "useful_tokens", "warmup_steps", "queue_size", "threads"),
 }
 # Params the profile grid must share with the current params (the shapes are timed on this model).
 PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
-    "model": None,
-    "drafter": None,
-    "train": ("nproc", "threads", "kernels", "reuse_host_memory"),
+    "model": None, "drafter": None, "train": ("nproc", "threads", "kernels", "reuse_host_memory"),
 }
 
 
@@ -296,7 +292,8 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
     The timed steps are rebuilt from the training plan (:func:`planned_batches`) and must give the useful
     tokens recorded; the measurement must come from the current params and the profile's machine.
     ``ValueError`` naming the rerun otherwise. Rows carry ``profile_pass_factors`` (per role, each profile pass's
-    seconds / the median pass's) and ``beyond_grid`` (:func:`il.beyond_grid`). Cost: a plan per strategy, O(steps)."""
+    seconds / the median pass's), ``beyond_grid`` (:func:`il.beyond_grid`) and ``role_factors``
+    (:func:`il.role_factors`). Cost: a plan per strategy, O(steps)."""
     doc = interleave_timings.read_timings(interleave_dir)
     fix = interleave_timings.rerun(Path(interleave_dir))
     resolved = interleave_timings.read_params(interleave_dir)
@@ -312,7 +309,7 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
     fits = profile["fits"] if doc.get("clock") != "cpu" else sm.cpu_fits(
         profile["rows"], grid, holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed,
         rerun=provenance.profile_rerun())
-    predicted, reach, st = {}, {}, doc["strategies"]
+    predicted, by_role, reach, st = {}, {}, {}, doc["strategies"]
     for s, rec in st.items():
         plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens,
                                target_ranks=target_ranks)
@@ -323,14 +320,17 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
                              f"the current plan (other data or params); rerun: {fix}")
         cols = step_columns(lengths, [(e, plan[i][1]) for e, i in picked], layout=layout_of(s), params=params,
                             masks=masks, numbers=[i for _, i in picked])
-        predicted[s] = fits["target"]["best"].predict(cols) + fits["drafter"]["best"].predict(cols)
-        reach[s] = {f"{role} {f}": x for role in ("target", "drafter")  # features the fits extrapolate
+        by_role[s] = {role: fits[role]["best"].predict(cols) for role in il.ROLES}
+        predicted[s] = by_role[s]["target"] + by_role[s]["drafter"]
+        reach[s] = {f"{role} {f}": x for role in il.ROLES  # features the fits extrapolate
                     for f, x in il.beyond_grid(grid, cols, fits[role]["best"].features).items()}
     table = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, predicted,
                      {s: st[s]["step_useful_tokens"] for s in st})
-    passes = {role: fits[role]["pass_factors"] for role in ("target", "drafter")}  # the report names them
+    passes = {role: fits[role]["pass_factors"] for role in il.ROLES}  # the report names them
+    roles = il.role_factors({s: {role: st[s][f"{role}_seconds"] for role in il.ROLES} for s in st}, by_role)
     return {s: {**r, "clock": doc.get("clock", "wall"), "max_rounds": doc.get("max_rounds", doc["rounds"]),
-                "profile_pass_factors": passes, "beyond_grid": reach[s]} for s, r in table.items()}
+                "profile_pass_factors": passes, "beyond_grid": reach[s], "role_factors": roles[s]}
+            for s, r in table.items()}
 
 
 # --------------------------------------------------------------------------- the stage

@@ -40,7 +40,9 @@ machine stops early; a busy one spends the rounds it is allowed and the report s
 "segment_steps", "warmup", "clock" (resolved), "order" (the
 rounds as run), "seconds" (the stage's wall time), "strategies": {strategy: {"steps", "epochs",
 "step_useful_tokens" (the segment's global steps, their epochs and useful tokens), "seconds" (the
-clock's), "useful_tokens", "position", "wall_seconds", "cpu_seconds" (per round)}}}``, and ``params.json``.
+clock's), "useful_tokens", "position", "wall_seconds", "cpu_seconds", "target_seconds", "drafter_seconds"
+(per round; the last two the clock's seconds of each role, which add up to "seconds")}}}``, and ``params.json``.
+Per-role seconds let compare tell which role's prediction a missed ratio comes from.
 
 Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models, rounds between
 ``interleave.rounds`` and ``max_rounds``; on the CPU default (1-step segments of ~2 s, 1 warm-up pass, five
@@ -134,16 +136,17 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
     clock = resolve_clock(il.clock, device_type=device.type, threads=params.train.threads)
     runner = StepRunner(params, device=device)
     timed = [0.0]  # the chosen clock's seconds of the runner's timed steps so far: what segments are read on
-    both: dict[str, list[tuple[float, float]]] = {s: [] for s in strategies}  # every step's (wall, cpu) seconds
+    # every step's (target wall, drafter wall, target cpu, drafter cpu) seconds
+    both: dict[str, list[tuple[float, float, float, float]]] = {s: [] for s in strategies}
 
     def step(s: str, j: int) -> int:
         st, batch = plan[s]["steps"][j], plan[s]["batches"][j]
         feats, t_s = runner.target_step(batch)
         t_cpu = runner.last_cpu_s
         _, d_s = runner.drafter_step(batch, feats, step=st.step, epoch=st.epoch)
-        wall, cpu = t_s + d_s, t_cpu + runner.last_cpu_s
-        both[s].append((wall, cpu))
-        timed[0] += cpu if clock == "cpu" else wall
+        d_cpu = runner.last_cpu_s
+        both[s].append((t_s, d_s, t_cpu, d_cpu))
+        timed[0] += t_cpu + d_cpu if clock == "cpu" else t_s + d_s
         return int(batch.useful_tokens)
 
     longest = max(len(p["steps"]) for p in plan.values())
@@ -181,11 +184,14 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
                            "order": res["_order"], "seconds": round(seconds, 3), "strategies": {}}
     for s in strategies:
         steps = plan[s]["steps"]
-        per_round = np.asarray(both[s][il.warmup * len(steps):], dtype=float).reshape(rounds, len(steps), 2)
+        per_round = np.asarray(both[s][il.warmup * len(steps):], dtype=float)
+        per_round = per_round.reshape(rounds, len(steps), 4).sum(axis=1)  # per round: the four seconds above
+        role = per_round[:, 2:] if clock == "cpu" else per_round[:, :2]
         out["strategies"][s] = {"steps": [int(st.step) for st in steps], "epochs": [int(st.epoch) for st in steps],
                                 "step_useful_tokens": [int(st.useful) for st in steps], **res[s],
-                                "wall_seconds": per_round[:, :, 0].sum(axis=1).tolist(),
-                                "cpu_seconds": per_round[:, :, 1].sum(axis=1).tolist()}
+                                "wall_seconds": (per_round[:, 0] + per_round[:, 1]).tolist(),
+                                "cpu_seconds": (per_round[:, 2] + per_round[:, 3]).tolist(),
+                                "target_seconds": role[:, 0].tolist(), "drafter_seconds": role[:, 1].tolist()}
     return out
 
 

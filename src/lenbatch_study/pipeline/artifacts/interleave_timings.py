@@ -4,7 +4,8 @@ round, and ``params.json``, the params it was measured with. Written by :mod:`le
 (:func:`read_timings`, :func:`read_params`).
 
 ``interleave.json``: ``{"machine", "rounds", "strategies": {strategy: {"steps", "epochs",
-"step_useful_tokens", "seconds", "useful_tokens", "position"}}, ...}`` (see the stage's module doc).
+"step_useful_tokens", "seconds", "useful_tokens", "position", "target_seconds", "drafter_seconds"}}, ...}``
+(see the stage's module doc).
 Cost: one file read.
 """
 
@@ -18,7 +19,8 @@ from lenbatch_study.pipeline.artifacts.reading import read_params as read_params
 
 WRITER = "interleave"
 TIMINGS = "interleave.json"
-STRATEGY_KEYS = ("steps", "epochs", "step_useful_tokens", "seconds", "useful_tokens")
+STRATEGY_KEYS = ("steps", "epochs", "step_useful_tokens", "seconds", "useful_tokens", "target_seconds",
+                 "drafter_seconds")
 
 
 def rerun(folder: Path) -> str:
@@ -27,7 +29,8 @@ def rerun(folder: Path) -> str:
 
 def read_timings(folder: str | Path) -> dict[str, Any]:
     """``interleave.json`` of the interleave output folder ``folder``, every strategy's record checked: the
-    keys present, as many steps as epochs and useful tokens, as many seconds as useful tokens (one per round)."""
+    keys present, as many steps as epochs and useful tokens, as many seconds (in all and per role) as useful
+    tokens (one per round)."""
     d = Path(folder)
     p = d / TIMINGS
     doc = read_json(p, rerun=rerun(d))
@@ -37,7 +40,8 @@ def read_timings(folder: str | Path) -> dict[str, Any]:
     for s, rec in doc["strategies"].items():
         require_keys(p, rec, STRATEGY_KEYS, rerun=rerun(d), what=f" for strategy {s}")
         if not len(rec["steps"]) == len(rec["epochs"]) == len(rec["step_useful_tokens"]) >= 1 or \
-                len(rec["seconds"]) != len(rec["useful_tokens"]):
+                not len(rec["seconds"]) == len(rec["useful_tokens"]) == len(rec["target_seconds"]) == \
+                len(rec["drafter_seconds"]):
             raise refuse(p, f"holds mismatched lists for strategy {s} (a partial write?)", rerun=rerun(d))
     return doc
 
