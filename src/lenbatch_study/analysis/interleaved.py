@@ -184,22 +184,21 @@ def _missed_role_sentence(missed: Sequence[tuple[str, Mapping[str, object]]]) ->
 
 def _role_lines(table: Mapping[str, Mapping[str, object]], *, baseline: str) -> list[str]:
     """The per-role table (:func:`role_factors`): none for a measurement without per-role seconds."""
-    base = table[baseline].get("role_factors")
-    if not base:
+    if not table[baseline].get("role_factors"):
         return []
-    mop = {role: base[role]["measured_over_predicted"] for role in ROLES}  # type: ignore[index]
-    lines = ["", f"Per role, each strategy's measured seconds over its predicted seconds, against `{baseline}`'s "
-             "in the same round (1.00 where the step model's dependence on shape held; a predicted ratio's error is "
-             "about the share-weighted mean of the two minus 1). The machine ran `"
-             f"{baseline}`'s target at {mop['target']:.2f}x and its drafter at {mop['drafter']:.2f}x the "
-             "predicted seconds: its speed at the measurement against the profile's.", "",
-             "| strategy | target, against sorted | drafter, against sorted | drafter's share of the step |",
-             "|---|---|---|---|"]
+    lines = ["", "Per role, each strategy's measured seconds over its predicted seconds (median over rounds), and the "
+             f"same against `{baseline}`'s in each round (1.000 where the step model's dependence on shape held). A "
+             "predicted ratio's error + 1 is about the strategy's drafter-share-weighted measured / predicted over "
+             f"`{baseline}`'s: it moves where a role's dependence on shape failed, and where the two roles' speeds "
+             "moved apart since the profile and the strategy's drafter share differs from "
+             f"`{baseline}`'s.", "",
+             f"| strategy | target: measured / predicted | against {baseline} | drafter: measured / predicted | "
+             f"against {baseline} | drafter's share of the predicted step |", "|---|---|---|---|---|---|"]
     for s, r in table.items():
-        f = r.get("role_factors")
-        if s != baseline and f:
-            lines.append(f"| {s} | {f['target']['vs_sorted']:.3f} | {f['drafter']['vs_sorted']:.3f} | "  # type: ignore
-                         f"{f['drafter']['share']:.0%} |")  # type: ignore[index]
+        f: Mapping[str, Mapping[str, float]] = r.get("role_factors") or {}  # type: ignore[assignment]
+        if f:
+            lines.append(f"| {s} | " + " | ".join(f"{f[x]['measured_over_predicted']:.3f} | {f[x]['vs_sorted']:.3f}"
+                                                   for x in ROLES) + f" | {f['drafter']['share']:.0%} |")
     return lines
 
 
