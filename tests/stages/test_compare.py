@@ -602,15 +602,20 @@ def test_a_missed_interleaved_ratio_names_the_role_it_comes_from(stage_inputs, t
         assert f["drafter"]["vs_sorted"] == pytest.approx(1.0, rel=1e-9), s
         assert f["target"]["share"] + f["drafter"]["share"] == pytest.approx(1.0) and 0 < f["drafter"]["share"] < 1
     for role in ("target", "drafter"):
-        assert table["sorted"]["role_factors"][role]["measured_over_predicted"] == pytest.approx(np.median(drift))
+        assert table["sorted"]["role_factors"][role]["measured_over_predicted"] == pytest.approx(np.mean(drift))
     share = table["sortish"]["role_factors"]["target"]["share"]
     assert table["sortish"]["prediction_error"] == pytest.approx(0.25 * share, rel=1e-6)
+
+    def weighted(s):  # the identity the report states: the share-weighted factors give predicted / measured
+        return sum(f["share"] * f["measured_over_predicted"] for f in table[s]["role_factors"].values())
+    for s, r in table.items():
+        assert weighted(s) / weighted("sorted") == pytest.approx(1 + r["prediction_error"], rel=1e-9), s
     assert not table["sortish"]["prediction_ok"] and table["random"]["prediction_ok"]
     out = tmp_path / "compare"
     write_outputs(result, out, params=params)
     report = (out / "report.md").read_text()
     assert "Where the misses come from: `sortish`'s target step took 1.25x of its predicted seconds" in report
-    m = np.median(drift)  # every role's measured / predicted, but sortish's target
+    m = np.mean(drift)  # every role's measured / predicted, but sortish's target
     f = table["sortish"]["role_factors"]
     assert f["target"]["measured_over_predicted"] == pytest.approx(1.25 * m)
     t = f["target"]["measured_over_predicted"]
@@ -618,7 +623,9 @@ def test_a_missed_interleaved_ratio_names_the_role_it_comes_from(stage_inputs, t
     assert f"| sorted | {m:.3f} | 1.000 | {m:.3f} | 1.000 | " in report
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     assert diagnostics["sortish.interleaved.target_vs_sorted"] == pytest.approx(1.25)
-    assert diagnostics["sortish.interleaved.drafter_measured_over_predicted"] == pytest.approx(np.median(drift))
+    assert diagnostics["sortish.interleaved.drafter_measured_over_predicted"] == pytest.approx(np.mean(drift))
+    assert diagnostics["sorted.interleaved.target_measured_over_predicted"] == pytest.approx(np.mean(drift))
+    assert "sorted.interleaved.ratio_to_sorted" not in diagnostics
     assert not [k for k in json.loads((out / "metrics.json").read_text()) if "vs_sorted" in k]
 
 

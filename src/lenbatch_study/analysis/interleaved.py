@@ -80,27 +80,27 @@ def judge(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Se
 def role_factors(role_seconds: Mapping[str, Mapping[str, Sequence[float]]],
                  predicted: Mapping[str, Mapping[str, Sequence[float]]], *,
                  baseline: str = BASELINE) -> dict[str, dict[str, dict[str, float]]]:
-    """Per strategy and role (:data:`ROLES`): ``measured_over_predicted``, the median over rounds of the role's
-    measured seconds of the segment over its predicted seconds (the machine at the measurement against the
-    profile's); ``vs_sorted``, the same over the baseline's in each round, then the median (a drift common to
-    a round cancels: 1 wherever the step model's dependence on shape held; a predicted ratio's error,
-    predicted / measured - 1, is about the ``share``-weighted mean of ``vs_sorted`` minus 1); ``share``, the
-    role's part of the strategy's predicted seconds. ``role_seconds[s][role]``: per round, as many rounds
-    for every strategy; ``predicted[s][role]``: per timed step. Pure, O(S x rounds)."""
-    def per_round(s: str, role: str) -> np.ndarray:
+    """Per strategy and role (:data:`ROLES`): ``measured_over_predicted`` (m), the role's measured seconds of
+    the segment, mean over rounds, over its predicted seconds (the machine at the measurement against the
+    profile's); ``vs_sorted``, m over the baseline's m (the same rounds: a drift common to them cancels; 1
+    wherever the step model's dependence on shape held); ``share`` (w), the role's part of the strategy's
+    predicted seconds. Then predicted / measured ratio = sum_r w_r m_r / (the baseline's sum_r w_r m_r), up
+    to the measured ratio being a geometric mean over rounds (0.1 points on the CPU default): a ratio misses
+    where a role's dependence on shape failed, or where the roles' speeds moved apart since the profile and
+    the strategy's shares differ from the baseline's. ``role_seconds[s][role]``: per round;
+    ``predicted[s][role]``: per timed step. Pure, O(S x rounds)."""
+    def mean_factor(s: str, role: str) -> float:
         pred = float(np.sum(predicted[s][role]))
         assert pred > 0, f"{s}: no predicted {role} seconds"
-        return np.asarray(role_seconds[s][role], dtype=np.float64) / pred
+        return float(np.mean(role_seconds[s][role])) / pred
 
     out: dict[str, dict[str, dict[str, float]]] = {}
     for s in role_seconds:
+        assert len(role_seconds[s]["target"]) == len(role_seconds[baseline]["target"]), "one segment per round"
         total = sum(float(np.sum(predicted[s][r])) for r in ROLES)
-        out[s] = {}
-        for role in ROLES:
-            m, b = per_round(s, role), per_round(baseline, role)
-            assert m.shape == b.shape, "every strategy is timed once per round"
-            out[s][role] = {"measured_over_predicted": float(np.median(m)), "vs_sorted": float(np.median(m / b)),
-                            "share": float(np.sum(predicted[s][role])) / total}
+        out[s] = {role: {"measured_over_predicted": mean_factor(s, role),
+                         "vs_sorted": mean_factor(s, role) / mean_factor(baseline, role),
+                         "share": float(np.sum(predicted[s][role])) / total} for role in ROLES}
     return out
 
 
@@ -108,20 +108,21 @@ def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: 
     """Flat ``<strategy>.interleaved.<key>`` entries of :func:`judge`'s table (none without one) for every
     strategy but the baseline (1, [1, 1] and 1 by definition): ``ratio_to_sorted``, ``ci95`` ([low, high]),
     ``predicted_ratio`` and ``prediction_error`` (6 decimals), and per role of :func:`role_factors`
-    ``<role>_measured_over_predicted`` and ``<role>_vs_sorted`` where the row has them. compare's
+    ``<role>_measured_over_predicted`` (the baseline's too) and ``<role>_vs_sorted`` where rows have them. compare's
     ``metrics.json`` keeps the ratio and the predicted ratio; ``diagnostics.json`` all of them."""
     out: dict[str, object] = {}
     for s, r in (table or {}).items():
+        p = f"{s}.interleaved."
+        for role, f in (r.get("role_factors") or {}).items():  # type: ignore[union-attr]
+            out[f"{p}{role}_measured_over_predicted"] = round(float(f["measured_over_predicted"]), 6)
+            if s != baseline:
+                out[f"{p}{role}_vs_sorted"] = round(float(f["vs_sorted"]), 6)
         if s == baseline:
             continue
-        p = f"{s}.interleaved."
         out[p + "ratio_to_sorted"] = round(float(r["ratio_to_sorted"]), 6)  # type: ignore[arg-type]
         out[p + "ci95"] = [round(float(x), 6) for x in r["ci95"]]  # type: ignore[union-attr]
         out[p + "predicted_ratio"] = round(float(r["predicted_ratio"]), 6)  # type: ignore[arg-type]
         out[p + "prediction_error"] = round(float(r["prediction_error"]), 6)  # type: ignore[arg-type]
-        for role, f in (r.get("role_factors") or {}).items():  # type: ignore[union-attr]
-            for k in ("measured_over_predicted", "vs_sorted"):
-                out[f"{p}{role}_{k}"] = round(float(f[k]), 6)
     return out
 
 
@@ -186,12 +187,12 @@ def _role_lines(table: Mapping[str, Mapping[str, object]], *, baseline: str) -> 
     """The per-role table (:func:`role_factors`): none for a measurement without per-role seconds."""
     if not table[baseline].get("role_factors"):
         return []
-    lines = ["", "Per role, each strategy's measured seconds over its predicted seconds (median over rounds), and the "
-             f"same against `{baseline}`'s in each round (1.000 where the step model's dependence on shape held). A "
-             "predicted ratio's error + 1 is about the strategy's drafter-share-weighted measured / predicted over "
-             f"`{baseline}`'s: it moves where a role's dependence on shape failed, and where the two roles' speeds "
-             "moved apart since the profile and the strategy's drafter share differs from "
-             f"`{baseline}`'s.", "",
+    lines = ["", "Per role, each strategy's measured seconds over its predicted seconds (mean over rounds), and the "
+             f"same against `{baseline}`'s (1.000 where the step model's dependence on shape held). With the drafter's "
+             "share of the predicted step as weight, the strategy's weighted mean of the two over "
+             f"`{baseline}`'s is its predicted / measured ratio (up to the ratio being a geometric mean over "
+             "rounds): a ratio misses where a role's dependence on shape failed, or where the two roles' speeds "
+             f"moved apart since the profile and the strategy's drafter share differs from `{baseline}`'s.", "",
              f"| strategy | target: measured / predicted | against {baseline} | drafter: measured / predicted | "
              f"against {baseline} | drafter's share of the predicted step |", "|---|---|---|---|---|---|"]
     for s, r in table.items():
