@@ -188,10 +188,10 @@ def _role_lines(table: Mapping[str, Mapping[str, object]], *, baseline: str) -> 
     if not table[baseline].get("role_factors"):
         return []
     lines = ["", "Per role, each strategy's measured seconds over its predicted seconds (mean over rounds), and the "
-             f"same against `{baseline}`'s (1.000 where the step model's dependence on shape held). With the drafter's "
-             "share of the predicted step as weight, the strategy's weighted mean of the two over "
-             f"`{baseline}`'s is its predicted / measured ratio (up to the ratio being a geometric mean over "
-             "rounds): a ratio misses where a role's dependence on shape failed, or where the two roles' speeds "
+             f"same against `{baseline}`'s (1.000 where the step model's dependence on shape held). A strategy's two "
+             "measured / predicted, weighted by each role's share of its predicted step, over the same for "
+             f"`{baseline}`, give its predicted / measured ratio (up to the measured ratio being a geometric mean "
+             "over rounds): a ratio misses where a role's dependence on shape failed, or where the two roles' speeds "
              f"moved apart since the profile and the strategy's drafter share differs from `{baseline}`'s.", "",
              f"| strategy | target: measured / predicted | against {baseline} | drafter: measured / predicted | "
              f"against {baseline} | drafter's share of the predicted step |", "|---|---|---|---|---|---|"]
