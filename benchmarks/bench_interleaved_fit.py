@@ -54,7 +54,7 @@ def main() -> int:
     masks = compare.LossMasks(Path(a.data), lengths)
     if not masks.available:
         raise SystemExit(f"{a.data} has no dataset: the drafter's work would be estimated; give the tokenize output")
-    doc = interleave_timings.read_timings(a.interleave)
+    doc = interleave_timings.read_timings(a.interleave, per_role=False)  # it scores totals: history reads too
     st = doc["strategies"]
     edges = edges_for(a.boundaries, list(st))
     target_ranks = max(params.train.nproc - 1, 1) * params.train.nodes

@@ -137,6 +137,14 @@ def test_the_reader_checks_the_real_output_and_refuses_a_broken_one(stage, tmp_p
     (tmp_path / "interleave.json").write_text(json.dumps(broken))
     with pytest.raises(ArtifactError, match="mismatched lists for strategy packed"):
         interleave_timings.read_timings(tmp_path)
+    # a measurement from before per-role seconds: refused where compare needs them, read for its totals
+    older = json.loads(json.dumps(doc))
+    for rec in older["strategies"].values():
+        del rec["target_seconds"], rec["drafter_seconds"]
+    (tmp_path / "interleave.json").write_text(json.dumps(older))
+    with pytest.raises(ArtifactError, match="lacks 'target_seconds', 'drafter_seconds' for strategy "):
+        interleave_timings.read_timings(tmp_path)
+    assert interleave_timings.read_timings(tmp_path, per_role=False)["strategies"]["packed"]["seconds"]
     del broken["strategies"]["random"]["steps"]
     (tmp_path / "interleave.json").write_text(json.dumps(broken))
     with pytest.raises(ArtifactError, match="lacks 'steps' for strategy random"):

@@ -19,18 +19,20 @@ from lenbatch_study.pipeline.artifacts.reading import read_params as read_params
 
 WRITER = "interleave"
 TIMINGS = "interleave.json"
-STRATEGY_KEYS = ("steps", "epochs", "step_useful_tokens", "seconds", "useful_tokens", "target_seconds",
-                 "drafter_seconds")
+STRATEGY_KEYS = ("steps", "epochs", "step_useful_tokens", "seconds", "useful_tokens")
+ROLE_KEYS = ("target_seconds", "drafter_seconds")
 
 
 def rerun(folder: Path) -> str:
     return rerun_hint(WRITER, f"results/{WRITER}/{TIMINGS}", folder)
 
 
-def read_timings(folder: str | Path) -> dict[str, Any]:
+def read_timings(folder: str | Path, *, per_role: bool = True) -> dict[str, Any]:
     """``interleave.json`` of the interleave output folder ``folder``, every strategy's record checked: the
-    keys present, as many steps as epochs and useful tokens, as many seconds (in all and per role) as useful
-    tokens (one per round)."""
+    keys present, as many steps as epochs and useful tokens, as many seconds (in all and, with ``per_role``,
+    per role) as useful tokens (one per round). ``per_role=False`` reads a measurement taken before the stage
+    recorded each role's seconds (``benchmarks/bench_interleaved_fit.py`` scores such history)."""
+    keys = STRATEGY_KEYS + (ROLE_KEYS if per_role else ())
     d = Path(folder)
     p = d / TIMINGS
     doc = read_json(p, rerun=rerun(d))
@@ -38,10 +40,9 @@ def read_timings(folder: str | Path) -> dict[str, Any]:
     if not isinstance(doc["strategies"], dict) or not doc["strategies"]:
         raise refuse(p, "holds no strategies", rerun=rerun(d))
     for s, rec in doc["strategies"].items():
-        require_keys(p, rec, STRATEGY_KEYS, rerun=rerun(d), what=f" for strategy {s}")
+        require_keys(p, rec, keys, rerun=rerun(d), what=f" for strategy {s}")
         if not len(rec["steps"]) == len(rec["epochs"]) == len(rec["step_useful_tokens"]) >= 1 or \
-                not len(rec["seconds"]) == len(rec["useful_tokens"]) == len(rec["target_seconds"]) == \
-                len(rec["drafter_seconds"]):
+                len({len(rec[k]) for k in keys if k.endswith("seconds")} | {len(rec["useful_tokens"])}) != 1:
             raise refuse(p, f"holds mismatched lists for strategy {s} (a partial write?)", rerun=rerun(d))
     return doc
 
