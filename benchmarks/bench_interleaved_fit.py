@@ -12,8 +12,9 @@ same measurement (a profile run apart from the measurement moves the predictions
     python benchmarks/bench_interleaved_fit.py --profile results/profile [other profile folders] \\
         --interleave results/interleave --data results/tokenize [--candidates]
 
-``--candidates`` adds, per profile, every drafter model the fit scored (with the chosen target model): its
-held-out error on the grid and its predicted / measured - 1 per strategy.
+``--candidates`` adds, per profile, every drafter model the fit scored (with the chosen target model), then
+every target model (with the chosen drafter model): its held-out error on the grid and its predicted /
+measured - 1 per strategy.
 
 ``--data`` needs the tokenized dataset (the drafter's exact work comes from its loss masks). Cost: seconds
 (the fits' held-out splits); it times nothing.
@@ -97,16 +98,17 @@ def main() -> int:
                           f"{100 * r['prediction_error']:+.1f}% |")
             if a.candidates and cands:
                 names = [s for s in st if s != il.BASELINE]
-                print(f"\nevery drafter candidate beside target {fits['target'].name}: predicted / measured - 1")
-                print("| drafter model | held-out error | " + " | ".join(names) + " |")
-                print("|---|---|" + "---|" * len(names))
-                for c in cands["drafter"]:
-                    pred = {s: fits["target"].predict(x) + c.predict(x) for s, x in cols.items()}
-                    t = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, pred,
-                                 {s: st[s]["step_useful_tokens"] for s in st})
-                    chosen = " (chosen)" if c.name == fits["drafter"].name else ""
-                    print(f"| {c.name}{chosen} | {c.holdout_error:.1%} | "
-                          + " | ".join(f"{100 * t[s]['prediction_error']:+.1f}%" for s in names) + " |")
+                for role, other in (("drafter", "target"), ("target", "drafter")):
+                    print(f"\nevery {role} candidate beside {other} {fits[other].name}: predicted / measured - 1")
+                    print(f"| {role} model | held-out error | " + " | ".join(names) + " |")
+                    print("|---|---|" + "---|" * len(names))
+                    for c in cands[role]:
+                        pred = {s: fits[other].predict(x) + c.predict(x) for s, x in cols.items()}
+                        t = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st},
+                                     pred, {s: st[s]["step_useful_tokens"] for s in st})
+                        chosen = " (chosen)" if c.name == fits[role].name else ""
+                        print(f"| {c.name}{chosen} | {c.holdout_error:.1%} | "
+                              + " | ".join(f"{100 * t[s]['prediction_error']:+.1f}%" for s in names) + " |")
     return 0
 
 
