@@ -48,7 +48,7 @@ def main() -> int:
     ap.add_argument("--boundaries", default="results/boundaries/boundaries.json")
     ap.add_argument("--params", nargs="+", default=["params.yaml"])
     ap.add_argument("--candidates", action="store_true",
-                    help="also every drafter candidate of the pass-corrected fit, beside the chosen target model")
+                    help="also every candidate model of the pass-corrected fit, each role beside the other's chosen one")
     a = ap.parse_args()
     params = load_params(*a.params)
     lengths = tokenized.read_lengths(a.data)

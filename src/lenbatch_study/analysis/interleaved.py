@@ -89,19 +89,12 @@ def role_factors(role_seconds: Mapping[str, Mapping[str, Sequence[float]]],
     where a role's dependence on shape failed, or where the roles' speeds moved apart since the profile and
     the strategy's shares differ from the baseline's. ``role_seconds[s][role]``: per round;
     ``predicted[s][role]``: per timed step. Pure, O(S x rounds)."""
-    def mean_factor(s: str, role: str) -> float:
-        pred = float(np.sum(predicted[s][role]))
-        assert pred > 0, f"{s}: no predicted {role} seconds"
-        return float(np.mean(role_seconds[s][role])) / pred
-
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for s in role_seconds:
-        assert len(role_seconds[s]["target"]) == len(role_seconds[baseline]["target"]), "one segment per round"
-        total = sum(float(np.sum(predicted[s][r])) for r in ROLES)
-        out[s] = {role: {"measured_over_predicted": mean_factor(s, role),
-                         "vs_sorted": mean_factor(s, role) / mean_factor(baseline, role),
-                         "share": float(np.sum(predicted[s][role])) / total} for role in ROLES}
-    return out
+    pred = {s: {r: float(np.sum(predicted[s][r])) for r in ROLES} for s in role_seconds}
+    assert all(p > 0 for per in pred.values() for p in per.values()), "a role without predicted seconds"
+    assert len({len(role_seconds[s][r]) for s in role_seconds for r in ROLES}) == 1, "one segment per round"
+    m = {s: {r: float(np.mean(role_seconds[s][r])) / pred[s][r] for r in ROLES} for s in role_seconds}
+    return {s: {r: {"measured_over_predicted": m[s][r], "vs_sorted": m[s][r] / m[baseline][r],
+                    "share": pred[s][r] / sum(pred[s].values())} for r in ROLES} for s in role_seconds}
 
 
 def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> dict[str, object]:
@@ -115,10 +108,10 @@ def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: 
         p = f"{s}.interleaved."
         for role, f in (r.get("role_factors") or {}).items():  # type: ignore[union-attr]
             out[f"{p}{role}_measured_over_predicted"] = round(float(f["measured_over_predicted"]), 6)
-            if s != baseline:
-                out[f"{p}{role}_vs_sorted"] = round(float(f["vs_sorted"]), 6)
-        if s == baseline:
+        if s == baseline:  # the rest is 1 (or [1, 1]) by definition
             continue
+        for role, f in (r.get("role_factors") or {}).items():  # type: ignore[union-attr]
+            out[f"{p}{role}_vs_sorted"] = round(float(f["vs_sorted"]), 6)
         out[p + "ratio_to_sorted"] = round(float(r["ratio_to_sorted"]), 6)  # type: ignore[arg-type]
         out[p + "ci95"] = [round(float(x), 6) for x in r["ci95"]]  # type: ignore[union-attr]
         out[p + "predicted_ratio"] = round(float(r["predicted_ratio"]), 6)  # type: ignore[arg-type]
