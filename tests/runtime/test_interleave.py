@@ -158,8 +158,9 @@ def test_the_interval_on_known_rounds():
 
 
 def test_metrics_keys_and_report_section():
-    """metrics.json's keys: ratio and predicted ratio of every strategy but sorted (1 by definition), the
-    interval beside them in diagnostics; the report's table names each strategy with its three numbers."""
+    """metrics.json's keys: ratio, interval (low and high: DVC shows no list) and predicted ratio of every
+    strategy but sorted (1 by definition), the error beside them in diagnostics; the report's table names each
+    strategy with its three numbers."""
     table = {"sorted": {"ratio_to_sorted": 1.0, "ci95": [1.0, 1.0], "predicted_ratio": 1.0, "rounds": 6,
                         "half_width": 0.0, "prediction_error": 0.0, "interval_ok": True, "prediction_ok": True},
              "packed": {"ratio_to_sorted": 1.21, "ci95": [1.19, 1.23], "predicted_ratio": 1.18, "rounds": 6,
@@ -170,11 +171,12 @@ def test_metrics_keys_and_report_section():
                         "prediction_ok": False}}
     flat = flat_metrics(table)
     assert set(flat) == {f"{s}.interleaved.{k}" for s in ("packed", "random")
-                         for k in ("ratio_to_sorted", "ci95", "predicted_ratio", "prediction_error")}
-    assert flat["packed.interleaved.ci95"] == [1.19, 1.23] and flat["random.interleaved.predicted_ratio"] == 0.64
+                         for k in ("ratio_to_sorted", "ci95.low", "ci95.high", "predicted_ratio", "prediction_error")}
+    assert (flat["packed.interleaved.ci95.low"], flat["packed.interleaved.ci95.high"]) == (1.19, 1.23)
+    assert flat["random.interleaved.predicted_ratio"] == 0.64
     assert {k for k in flat if k.partition(".")[2] in USER_METRIC_KEYS} == {
-        "packed.interleaved.ratio_to_sorted", "packed.interleaved.predicted_ratio",
-        "random.interleaved.ratio_to_sorted", "random.interleaved.predicted_ratio"}
+        f"{s}.interleaved.{k}" for s in ("packed", "random")
+        for k in ("ratio_to_sorted", "ci95.low", "ci95.high", "predicted_ratio")}
     assert flat_metrics(None) == {} and section_lines(None) == []
     text = "\n".join(section_lines(table))
     assert "## Ratios measured in turns" in text and "6 rounds" in text

@@ -30,10 +30,11 @@ PREDICTION_TARGET = 0.03
 PROFILE_DRIFT = 0.10
 # a plan step's fitted feature this far above the grid's largest is named as extrapolated
 GRID_MARGIN = 0.05
-# The keys of metrics.json (DVC's headline, at most 40 numbers): the ratio and the predicted ratio of every
-# strategy but sorted, 8 for five strategies, beside the 31 of the trainings; the intervals go to
-# diagnostics.json (8 more numbers would overflow the 40).
-USER_METRIC_KEYS = ("interleaved.ratio_to_sorted", "interleaved.predicted_ratio")
+# The keys of compare's metrics.json (DVC's headline, at most 40 numbers) for every strategy but sorted: 16
+# for five strategies, beside the trainings' 21. The interval is two numbers: DVC 3.67 leaves a list out of
+# `metrics show`, `metrics diff` and `exp show`, so ``[low, high]`` as one list would be recorded but never seen.
+USER_METRIC_KEYS = ("interleaved.ratio_to_sorted", "interleaved.ci95.low", "interleaved.ci95.high",
+                    "interleaved.predicted_ratio")
 # Params the interleaved measurement must share with compare's (section -> keys; None: all): its plans,
 # model and segments.
 RUN_KEYS: dict[str, tuple[str, ...] | None] = {
@@ -99,10 +100,10 @@ def role_factors(role_seconds: Mapping[str, Mapping[str, Sequence[float]]],
 
 def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> dict[str, object]:
     """Flat ``<strategy>.interleaved.<key>`` entries of :func:`judge`'s table (none without one) for every
-    strategy but the baseline (1, [1, 1] and 1 by definition): ``ratio_to_sorted``, ``ci95`` ([low, high]),
-    ``predicted_ratio`` and ``prediction_error`` (6 decimals), and per role of :func:`role_factors`
-    ``<role>_measured_over_predicted`` (the baseline's too) and ``<role>_vs_sorted`` where rows have them. compare's
-    ``metrics.json`` keeps the ratio and the predicted ratio; ``diagnostics.json`` all of them."""
+    strategy but the baseline (1, [1, 1] and 1 by definition): ``ratio_to_sorted``, ``ci95.low`` and
+    ``ci95.high`` (the 95% interval), ``predicted_ratio`` and ``prediction_error`` (6 decimals), and per role of
+    :func:`role_factors` ``<role>_measured_over_predicted`` (the baseline's too) and ``<role>_vs_sorted`` where
+    rows have them. compare's ``metrics.json`` keeps ``USER_METRIC_KEYS``; ``diagnostics.json`` all of them."""
     out: dict[str, object] = {}
     for s, r in (table or {}).items():
         p = f"{s}.interleaved."
@@ -113,7 +114,8 @@ def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: 
         for role, f in (r.get("role_factors") or {}).items():  # type: ignore[union-attr]
             out[f"{p}{role}_vs_sorted"] = round(float(f["vs_sorted"]), 6)
         out[p + "ratio_to_sorted"] = round(float(r["ratio_to_sorted"]), 6)  # type: ignore[arg-type]
-        out[p + "ci95"] = [round(float(x), 6) for x in r["ci95"]]  # type: ignore[union-attr]
+        lo, hi = r["ci95"]  # type: ignore[misc]
+        out[p + "ci95.low"], out[p + "ci95.high"] = round(float(lo), 6), round(float(hi), 6)
         out[p + "predicted_ratio"] = round(float(r["predicted_ratio"]), 6)  # type: ignore[arg-type]
         out[p + "prediction_error"] = round(float(r["prediction_error"]), 6)  # type: ignore[arg-type]
     return out
