@@ -191,11 +191,11 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     on_disk = json.loads((out / "metrics.json").read_text())
     assert json.loads((out / "diagnostics.json").read_text()) == json.loads(json.dumps(metrics))
     # metrics.json (DVC's metrics, `dvc exp show`'s columns) holds the headline only: per strategy measured
-    # tok/s, prediction error, padding efficiency (+ held-out loss with the quality stage), and the
-    # recommendation; at most 40 numbers. The ratios to sorted are the interleaved measurement's (none here:
-    # test_interleaved_ratios_... counts them); the trainings' are diagnostics, like the rest.
-    per_strategy = 3 + (1 if result.quality else 0)
-    assert len(on_disk) == per_strategy * len(STRATEGIES) + 2
+    # tok/s, padding efficiency (+ held-out loss with the quality stage), but sorted (1 by definition) the
+    # measured and predicted ratio to sorted, and the recommendation; at most 40 numbers with the interleaved
+    # ratios (test_interleaved_ratios_... counts them). The rest are diagnostics.
+    per_strategy = 2 + (1 if result.quality else 0)
+    assert len(on_disk) == per_strategy * len(STRATEGIES) + 2 * (len(STRATEGIES) - 1) + 2
     numbers = [v for v in on_disk.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     assert len(numbers) == len(on_disk) - 1 <= 40  # all but the recommended strategy's name
     assert on_disk == {k: v for k, v in json.loads(json.dumps(metrics)).items() if k in on_disk}
@@ -205,10 +205,11 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     assert diagnostics["machine.id"] == MACHINE["id"]
     report = (out / "report.md").read_text()
     for s in STRATEGIES:
-        for key in ("measured_efficiency", "measured_tok_s", "prediction_error"):
+        ratios = ("ratio_to_sorted_measured", "ratio_to_sorted_predicted")
+        for key in ("measured_efficiency", "measured_tok_s", *(ratios if s != "sorted" else ())):
             assert on_disk[f"{s}.{key}"] is not None, f"{s}.{key}"
-        for key in ("predicted_tok_s", "calibrated_prediction_error", "composition_repeat", "length_mixing",
-                    "ratio_to_sorted_measured", "ratio_to_sorted_predicted"):
+        for key in ("predicted_tok_s", "prediction_error", "calibrated_prediction_error", "composition_repeat",
+                    "length_mixing", *(ratios if s == "sorted" else ())):
             assert diagnostics[f"{s}.{key}"] is not None and f"{s}.{key}" not in on_disk, f"{s}.{key}"
             assert diagnostics[f"{s}.{key}"] is not None, f"{s}.{key}"
         assert f"| {s} |" in report
@@ -558,7 +559,7 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
     assert {k for k in metrics if ".interleaved." in k} == {
         f"{s}.interleaved.{k}" for s in others for k in ("ratio_to_sorted", "ci95.low", "ci95.high", "predicted_ratio")}
     numbers = [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    assert len(numbers) == len(metrics) - 1 and len(numbers) + len(STRATEGIES) <= 40  # + held-out loss with quality
+    assert len(numbers) == len(metrics) - 1 and len(numbers) + len(STRATEGIES) == 40  # + held-out loss with quality
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     assert metrics == {k: v for k, v in diagnostics.items() if k in metrics}
     for s in others:

@@ -31,7 +31,7 @@ PROFILE_DRIFT = 0.10
 # a plan step's fitted feature this far above the grid's largest is named as extrapolated
 GRID_MARGIN = 0.05
 # The keys of compare's metrics.json (DVC's headline, at most 40 numbers) for every strategy but sorted: 16
-# for five strategies, beside the trainings' 21. The interval is two numbers: DVC 3.67 leaves a list out of
+# for five strategies, beside the trainings' 24. The interval is two numbers: DVC 3.67 leaves a list out of
 # `metrics show`, `metrics diff` and `exp show`, so ``[low, high]`` as one list would be recorded but never seen.
 USER_METRIC_KEYS = ("interleaved.ratio_to_sorted", "interleaved.ci95.low", "interleaved.ci95.high",
                     "interleaved.predicted_ratio")

@@ -140,25 +140,32 @@ def _num(x: float) -> float | None:
 
 
 # What users compare between experiments (``metrics.json``, DVC's metrics, the columns of ``dvc exp show``):
-# the headline only. Per strategy, from its training: measured throughput, the prediction error, the measured
-# padding efficiency and the held-out loss (the quality stage's, at equal useful tokens). Per strategy but
-# sorted (1 by definition), from the interleaved measurement, which judges the step model on ratios a drift
-# cannot flip: the ratio to sorted, its 95% interval (low, high) and the predicted ratio. And the
-# recommendation. 37 numbers for five strategies, so a user's changed params stay on screen. The rest (the
-# separate trainings' ratios, absolute predictions, calibrated errors, diversity, loss intervals, fit errors,
-# CPU shares, the K sweep, the machine) is a diagnostic in ``diagnostics.json``, which no tool declares as
-# metrics.
-USER_METRIC_KEYS = ("measured_tok_s", "prediction_error", "measured_efficiency", "heldout_loss.mean",
-                    *il.USER_METRIC_KEYS)
+# the headline only, at most 40 numbers for five strategies so a user's changed params stay on screen.
+# * Per strategy, from its training: measured throughput, the measured padding efficiency and the held-out
+#   loss (the quality stage's, at equal useful tokens); for every strategy but sorted also the run's measured
+#   and predicted ratio to sorted (the whole plan, pipelined: what the strategy gives a training).
+# * Per strategy but sorted, from the interleaved measurement (its steps timed in turns with sorted's, so a
+#   drift cannot flip them; the test of the step model): the ratio to sorted, its 95% interval (low, high)
+#   and the predicted ratio.
+# * The recommendation.
+# Sorted's own ratios (1 by definition) and the rest (the absolute prediction error, which a machine's drift
+# between the profile and a training dominates, absolute predictions, calibrated errors, diversity, loss
+# intervals, fit errors, CPU shares, the K sweep, the machine) are diagnostics in ``diagnostics.json``, which
+# no tool declares as metrics.
+USER_METRIC_KEYS = ("measured_tok_s", "ratio_to_sorted_measured", "ratio_to_sorted_predicted", "measured_efficiency",
+                    "heldout_loss.mean", *il.USER_METRIC_KEYS)
 USER_SUMMARY_KEYS = ("recommended.strategy", "recommended.num_buckets")
 MAX_METRIC_NUMBERS = 40  # what `dvc exp show` can show beside the changed params
 
 
 def user_metrics(flat: dict[str, Any]) -> dict[str, Any]:
-    """The subset of :func:`flat_metrics` written to ``metrics.json`` (see ``USER_METRIC_KEYS``)."""
+    """The subset of :func:`flat_metrics` written to ``metrics.json`` (see ``USER_METRIC_KEYS``): 40 numbers
+    and the recommended strategy's name for five strategies with the quality stage and the interleaved
+    measurement."""
     keep = set(USER_SUMMARY_KEYS)
+    constant = {f"{il.BASELINE}.ratio_to_sorted_measured", f"{il.BASELINE}.ratio_to_sorted_predicted"}
     return {k: v for k, v in flat.items() if k in keep or k.partition(".")[2] in USER_METRIC_KEYS
-            and k.partition(".")[0] not in ("fit", "profile", "recommended", "machine")}
+            and k.partition(".")[0] not in ("fit", "profile", "recommended", "machine") and k not in constant}
 
 
 def flat_metrics(result: CompareResult) -> dict[str, Any]:
