@@ -519,9 +519,9 @@ def _compare_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quality", default="results/quality", help="quality stage output folder (quality.json); "
                         "'' leaves the held-out loss out (a check that runs no quality stage)")
     parser.add_argument("--interleave", default="", help="interleave stage output folder (interleave.json): the "
-                        "ratios to sorted measured in turns, metrics.json's ratios; '' (the default) leaves them out "
-                        "(a check that runs no interleave stage never reads another machine's; the report "
-                        "still gives the trainings' ratios)")
+                        "ratios to sorted measured in turns (metrics.json's <strategy>.interleaved keys); '' (the "
+                        "default) leaves them out (a check that runs no interleave stage never reads another "
+                        "machine's)")
     parser.add_argument("--out", default="results/compare", help="output folder")
     parser.set_defaults(func=_compare)
 
