@@ -89,14 +89,31 @@ def test_rounds_rotate_so_no_strategy_always_follows_the_same_one():
 
     res = measure_interleaved(step, ["a", "b"], rounds=2, segment_steps=3, warmup=2, clock=lambda: now[0],
                               on_round=lambda k, so_far: log.append(f"round {k}"))
-    assert log == ["a"] * 6 + ["b"] * 6 + ["a"] * 3 + ["b"] * 3 + ["round 0"] + ["b"] * 3 + ["a"] * 3 + ["round 1"]
+    # warm-up strategy by strategy; then turns of one step, each step's order the round's rotated by the step
+    assert log == ["a"] * 6 + ["b"] * 6 + ["a", "b", "b", "a", "a", "b", "round 0", "b", "a", "a", "b", "b", "a",
+                                          "round 1"]
     assert res["a"] == {"seconds": [3.0, 3.0], "useful_tokens": [60, 60], "position": [0, 1]}
+    # a drift within a round falls on every strategy alike: the clock runs 1 s per step in the first half of
+    # each round and 3 s per step in the second; a's steps take 1 s and b's 2 s at the drift's base speed
+    base = {"a": 1.0, "b": 2.0}
+    calls = [0]
+
+    def drifting(s: str, j: int) -> int:
+        calls[0] += 1
+        now[0] += base[s] * (1.0 if (calls[0] - 1) % 8 < 4 else 3.0)
+        return 1
+
+    res = measure_interleaved(drifting, ["a", "b"], rounds=2, segment_steps=4, warmup=0, clock=lambda: now[0])
+    # each strategy gets two steps in each half: b's seconds are exactly twice a's, as at a steady speed
+    # (segments one after another would give a 4 s, all in the slow half's start, and b 24 s: 6x)
+    assert res["a"]["seconds"] == [8.0, 8.0] and res["b"]["seconds"] == [16.0, 16.0], res
 
 
 def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):
     """A tiny target and drafter on CPU (StepRunner, as train.nproc: 1 runs them), three strategies' real
     plans: every strategy first warms up on its own segment, then each round times that same segment of
-    every strategy, in rotated order; the useful tokens timed are exactly those of the segment's batches."""
+    every strategy, in turns of one step in rotated order; the useful tokens timed are exactly those of the
+    segment's batches."""
     from lenbatch_study.runtime.runner import StepRunner
 
     over = tmp_path / "small.yaml"
@@ -124,8 +141,11 @@ def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):
     # each one's own warm-up first, on its own segment
     assert calls[:6] == [("sorted", 3), ("sorted", 7), ("packed", 3), ("packed", 7), ("random", 3), ("random", 7)]
     timed = calls[6:]
-    assert [s for s, _ in timed[::2]] == [s for order in round_orders(strategies, 3) for s in order]
-    assert [i for _, i in timed] == [3, 7] * 9  # the same segment in every round
+    # in turns of one step: each strategy's first step in the round's order, then its second in that order
+    # rotated by one
+    want = [c for order in round_orders(strategies, 3) for c in [(s, 3) for s in order]
+            + [(s, 7) for s in order[1:] + order[:1]]]
+    assert timed == want  # the same segment in every round
     for s in strategies:
         want = int(lengths[plans[s][3]].sum() + lengths[plans[s][7]].sum())
         assert res[s]["useful_tokens"] == [want] * 3 and all(x > 0 for x in res[s]["seconds"])

@@ -5,9 +5,11 @@ minute, so their throughput ratios cannot test a 3% prediction. Here one process
 own batches in short segments, round robin. Each strategy has one segment: ``segment_steps`` steps of its
 plan. First every strategy runs ``warmup`` untimed passes over its own segment (its shapes allocated, and
 on a GPU its kernels compiled and autotuned, on exactly the shapes that are then timed); then in each of
-``rounds`` rounds every strategy times its segment once, the order rotated by one each round so no
-strategy always follows the same one. A slow minute then slows one round of every strategy, and the ratio
-of a round's throughputs cancels it.
+``rounds`` rounds every strategy times its segment once, in turns of one step (step 0 of every strategy,
+then step 1 of every strategy, ...), the order rotated by one each round and each step so no strategy
+always follows the same one. A slow minute then slows one round of every strategy, and the ratio of a
+round's throughputs cancels it; a drift within the round falls on every strategy's steps alike, however
+many steps a segment holds (segments timed one after another would each take a different part of it).
 
 The segment is the same steps in every round, not the next steps of the plan: a round's ratio then
 varies only with the timing (the machine), not with which batches fell in it. Distinct batches would fold
@@ -46,10 +48,14 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
     """Time every strategy in turns: ``step(strategy, j)`` runs step ``j`` (0 .. segment_steps - 1) of that
     strategy's segment and returns its useful tokens. First each strategy's ``warmup`` untimed passes over
     its segment (strategy by strategy), then ``rounds`` rounds (:func:`round_orders`), each timing one pass
-    over the segment of every strategy (``clock`` read before and after the pass; ``on_round(k, so_far)``
-    called after round ``k``, outside the timing, with the measurement so far). With ``max_rounds`` (>= ``rounds``) and ``enough``, rounds go on
-    after the first ``rounds`` one at a time until ``enough(measured so far)`` is true or ``max_rounds`` have
-    run (a sequential stop: the minimum ``rounds`` keeps an early lucky streak from ending it).
+    over the segment of every strategy, in turns of one step: step 0 of every strategy in the round's order,
+    then step 1 in that order rotated by one, and so on (``clock`` read around each step; a strategy's
+    seconds in the round are the sum over its steps). A drift within the round then falls on every
+    strategy's steps alike however long the segment is. ``on_round(k, so_far)`` is called after round
+    ``k``, outside the timing, with the measurement so far. With ``max_rounds`` (>= ``rounds``) and
+    ``enough``, rounds go on after the first ``rounds`` one at a time until ``enough(measured so far)`` is
+    true or ``max_rounds`` have run (a sequential stop: the minimum ``rounds`` keeps an early lucky streak
+    from ending it).
 
     Returns ``{strategy: {"seconds": [per round], "useful_tokens": [per round], "position": [its place in
     each round]}}`` plus the rounds as run under the key ``"_order"``. Cost: (warmup + rounds) x
@@ -74,11 +80,15 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
         if k >= rounds and enough(out):  # type: ignore[misc]
             break
         orders.append(order)
+        seconds, useful = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0)
+        for j in range(segment_steps):  # step j of every strategy, then step j + 1: turns of one step each
+            for s in order[j % len(order):] + order[:j % len(order)]:
+                t0 = clock()
+                useful[s] += int(step(s, j))
+                seconds[s] += clock() - t0
         for pos, s in enumerate(order):
-            t0 = clock()
-            useful = sum(step(s, j) for j in range(segment_steps))
-            out[s]["seconds"].append(clock() - t0)
-            out[s]["useful_tokens"].append(int(useful))
+            out[s]["seconds"].append(seconds[s])
+            out[s]["useful_tokens"].append(useful[s])
             out[s]["position"].append(pos)
         if on_round is not None:
             on_round(k, out)

@@ -19,11 +19,15 @@ own ``interleave`` section, the machine.
 What is timed: each strategy's segment is ``interleave.segment_steps`` steps of its training plan (the
 train stage's schedule, :func:`lenbatch.batching.schedule.build_schedule`, with (``train.nproc - 1``) x
 ``train.nodes`` target ranks, so they are batches its training run trains), spread evenly over that run's
-post-warm-up steps (:func:`segment_steps`). One :class:`lenbatch_study.runtime.runner.StepRunner` on
-``train.device``, single process (target forward then drafter step: the pipelined contention of the
-trainings is theirs), with the anchors of each step's own (epoch, step). A segment's seconds are the
-runner's timed target and drafter seconds, as the profile grid times them, so the step model predicts
-exactly what is measured; batches are collated once, before any timing. Which seconds
+post-warm-up steps (:func:`segment_steps`), timed in turns of one step with the other strategies'
+(:func:`lenbatch_study.runtime.interleave.measure_interleaved`). Four steps (the default) sample a
+strategy's shapes across the run, where one step was one batch: one `bucketed` batch measured 0.57 of
+sorted's throughput and four 0.86, as its training's 0.89. One
+:class:`lenbatch_study.runtime.runner.StepRunner` on ``train.device``, single process (target forward then
+drafter step: the pipelined contention of the trainings is theirs), with the anchors of each step's own
+(epoch, step). A segment's seconds are the runner's timed target and drafter seconds, as the profile grid
+times them, so the step model predicts exactly what is measured; batches are collated once, before any
+timing. Which seconds
 (``interleave.clock``, :func:`resolve_clock`): on a CPU device with one thread, by default the process's
 CPU seconds. A shared machine's other tenants take the cores in time slices of milliseconds to seconds,
 far shorter than a round (on this project's 2-core VM under a load of 7, one 1-step segment took 3.6 s in
@@ -45,9 +49,9 @@ clock's), "useful_tokens", "position", "wall_seconds", "cpu_seconds", "target_se
 Per-role seconds let compare tell which role's prediction a missed ratio comes from.
 
 Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models, rounds between
-``interleave.rounds`` and ``max_rounds``; on the CPU default (1-step segments of ~2 s, 1 warm-up pass, five
-strategies) about 10 s per round on this project's 2-core VM: 1 minute at 6 rounds, 13 at 80; a quiet
-VM there reaches +-2% after ~40-60 rounds (a step's CPU seconds vary by 6-8% from round to round).
+``interleave.rounds`` and ``max_rounds``; on the CPU default (4-step segments of ~7 s, 1 warm-up pass, five
+strategies) about 34 s per round on this project's 2-core VM: 4 minutes at 6 rounds, 14 at 24; a quiet
+VM there reached +-2% after 10 rounds (6.5 minutes; with 1-step segments it took 40-60 rounds of 10 s).
 """
 
 from __future__ import annotations
