@@ -19,6 +19,7 @@ import shutil
 import pytest
 import yaml
 
+from lenbatch_study.analysis.report import MAX_METRIC_NUMBERS
 from lenbatch_study.core.config import deep_merge
 from _e2e import git_commit
 from test_workflow import ROOT, copy_workflow, run
@@ -88,7 +89,7 @@ def test_report_metrics_and_plots_cover_the_two(experiment):
     assert {k.split(".")[0] for k in metrics if k.endswith(".measured_tok_s")} == set(TRAINED), metrics
     assert not [k for k in metrics if k.split(".")[0] in ("random", "sortish", "bucketed")], metrics
     numbers = [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    assert len(numbers) <= 40 and metrics["recommended.strategy"] in TRAINED, metrics
+    assert len(numbers) <= MAX_METRIC_NUMBERS and metrics["recommended.strategy"] in TRAINED, metrics
     throughput = json.loads((compare / "throughput.json").read_text())
     assert sorted(r["strategy"] for r in throughput) == sorted(TRAINED)
     frontier = json.loads((compare / "frontier.json").read_text())
@@ -117,7 +118,8 @@ def test_exp_show_lists_the_changed_param_within_a_readable_table(experiment):
     columns = next(csv.reader(io.StringIO(shown)))
     print("\n" + run(["dvc", "exp", "show", "--only-changed", *drop, "--md"], cwd=work).stdout)
     metrics = json.loads((work / "results/compare/metrics.json").read_text())
-    assert set(metrics) <= set(columns) and len(metrics) <= 41, columns  # 40 numbers and the strategy's name
+    # the numbers and the strategy's name
+    assert set(metrics) <= set(columns) and len(metrics) <= MAX_METRIC_NUMBERS + 1, columns
     assert "train.strategies" in columns and len(columns) <= len(metrics) + 6, columns
 
 
