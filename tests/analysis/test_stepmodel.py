@@ -72,6 +72,50 @@ def test_select_model_prefers_the_true_feature_set_on_held_out_points():
     assert simple.holdout_error > best.holdout_error + 0.02
 
 
+def test_lm_chunks_count_the_lm_head_chunks_of_each_step():
+    from lenbatch_study.models.drafter import CE_CHUNK_ROWS
+
+    lengths = np.full(4, 600)
+    steps = [np.arange(4)] * 5
+    positions = np.array([1.0, CE_CHUNK_ROWS, CE_CHUNK_ROWS + 1, 2 * CE_CHUNK_ROWS, 2 * CE_CHUNK_ROWS + 1])
+    cols = shp.batch_columns(lengths, steps, layout="padded", drafter=(positions, np.full(5, 2400.0)))
+    assert cols["lm_chunks"].tolist() == [1, 1, 2, 2, 3]
+    est = shp.batch_columns(lengths, steps[:1], layout="padded", positions_per_seq=40.0)  # 160 positions
+    assert est["lm_chunks"].tolist() == [2]
+    assert np.isnan(shp.batch_columns(lengths, steps[:1], layout="padded")["lm_chunks"][0])
+    # a grid point's mean over steps of 100 and 200 positions: 1.5 chunks, where its mean positions make 2
+    grid = shp.batch_columns(lengths, steps[:1], layout="padded", drafter=(np.array([150.0]), np.array([2400.0])),
+                             lm_chunks=np.array([1.5]))
+    assert grid["lm_chunks"].tolist() == [1.5]
+
+
+def _drafter_grid() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    n = 40
+    positions = rng.integers(10, 600, n).astype(np.float64)
+    return {"const": np.ones(n), "computed_tokens": rng.integers(512, 16384, n).astype(np.float64),
+            "positions": positions, "lm_chunks": np.ceil(positions / 128),
+            "ctx_tokens": rng.integers(512, 24000, n).astype(np.float64),
+            "sequences": np.ceil(positions / 15)}
+
+
+def test_drafter_model_takes_the_chunk_term_when_chunks_cost_and_only_then():
+    cols = _drafter_grid()
+    rng = np.random.default_rng(6)
+    noise = 1 + 0.005 * rng.standard_normal(len(cols["const"]))
+    linear = (0.02 + 7e-6 * cols["computed_tokens"] + 2.2e-3 * cols["positions"]) * noise
+    best, _ = sm.select_model(cols, linear, role="drafter", holdout_fraction=0.25)
+    assert best.name == "tokens+pos"
+    stepped = linear + 0.02 * cols["lm_chunks"] * noise
+    best, fits = sm.select_model(cols, stepped, role="drafter", holdout_fraction=0.25)
+    assert best.name == "tokens+pos+chunks", [(f.name, f.holdout_error) for f in fits]
+    assert dict(zip(best.features, best.coef))["lm_chunks"] == pytest.approx(0.02, rel=0.15)
+    # a grid recorded before the chunks were (NaN): the candidate is left out, not fitted on guesses
+    old = {**cols, "lm_chunks": np.full(len(cols["const"]), np.nan)}
+    _, fits = sm.select_model(old, stepped, role="drafter", holdout_fraction=0.25)
+    assert {f.name for f in fits} == {"tokens", "tokens+pos", "tokens+seq", "tokens+pos+ctx"}
+
+
 def test_too_small_a_grid_names_the_rerun():
     cols = {k: v[:3] for k, v in _grid_columns().items()}
     with pytest.raises(ValueError, match="rerun: snakemake results/profile/grid.json"):

@@ -17,6 +17,7 @@ import yaml
 from lenbatch_study.core.config import load_params
 from lenbatch_study.core import machine
 from lenbatch_study.core.cpu import grid_cpu_share
+from lenbatch_study.models.anchors import CE_CHUNK_ROWS
 from lenbatch_study.pipeline.artifacts import profile_grid
 from lenbatch_study.runtime import reference
 from lenbatch_study.stages.profile import grid_points, time_point
@@ -123,6 +124,8 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
         # the drafter's exact work: at most anchors x (block - 1) trained positions per sequence
         assert 0 < r["positions"] <= r["sequences"] * params.drafter.anchors_per_seq * (params.drafter.block_size - 1)
         assert 0 < r["ctx_tokens"] <= r["sequences"] * max(r["sequence_lengths"])
+        # the lm_head chunks: a mean over the timed steps of ceil(p / 128), so within [p / 128, p / 128 + 1)
+        assert r["positions"] / CE_CHUNK_ROWS <= r["lm_chunks"] < r["positions"] / CE_CHUNK_ROWS + 1
     # more tokens cost more target time: the largest padded shape is slower than the smallest
     padded = sorted((r for r in rows if r["layout"] == "padded"), key=lambda r: r["computed_tokens"])
     assert padded[-1]["target_seconds_median"] > padded[0]["target_seconds_median"]

@@ -2,7 +2,8 @@
 
 A *shape table* has one row per step: sequences, length (longest, or the packed row's length),
 computed and useful tokens, the sum of squared lengths (attention), and the drafter's work
-(context tokens and trained positions, exactly as :mod:`lenbatch_study.models.anchors` draws them).
+(context tokens and trained positions, exactly as :mod:`lenbatch_study.models.anchors` draws them,
+and the lm_head chunks those positions make, ``ceil(positions / CE_CHUNK_ROWS)``).
 The profile stage records these for its grid points (:func:`grid_shape`), the compare stage for
 every planned step; :mod:`lenbatch_study.analysis.stepmodel` fits and predicts on them.
 Cost O(total samples).
@@ -14,12 +15,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lenbatch_study.models.anchors import draw_anchors
+from lenbatch_study.models.anchors import CE_CHUNK_ROWS, draw_anchors
 
 
 def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, layout: str, attention: str = "segment",
                   drafter: tuple[np.ndarray, np.ndarray] | None = None,
-                  positions_per_seq: float | None = None) -> dict[str, np.ndarray]:
+                  positions_per_seq: float | None = None,
+                  lm_chunks: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Shape table of a list of batches (index arrays into ``lengths``).
 
     padded: computed = n * m, sum_len_sq = n * m^2 (padding attends too), length = m.
@@ -29,7 +31,10 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, layout:
     (``attention='dense'``). Drafter work: ``drafter`` = (positions, ctx_tokens) per batch
     from :func:`drafter_work` when the loss masks are known; otherwise ctx_tokens =
     n * max l_i and positions = n * ``positions_per_seq`` (NaN if not given): estimates.
-    Cost O(total samples).
+    ``lm_chunks`` = ``ceil(positions / CE_CHUNK_ROWS)``, the row chunks the lm_head runs in (each
+    reads the whole ``[V, H]`` matrix), unless given: a profile grid point passes the mean over its
+    timed steps, whose positions vary with the anchors drawn (the chunks of the mean positions would
+    not be the mean chunks). Cost O(total samples).
     """
     if layout not in ("padded", "packed"):
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
@@ -61,6 +66,10 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, layout:
         cols["positions"] = np.asarray(drafter[0], dtype=np.float64)
         cols["ctx_tokens"] = np.asarray(drafter[1], dtype=np.float64)
         assert cols["positions"].shape == (n,) and cols["ctx_tokens"].shape == (n,)
+    cols["lm_chunks"] = np.ceil(cols["positions"] / CE_CHUNK_ROWS)
+    if lm_chunks is not None:
+        cols["lm_chunks"] = np.asarray(lm_chunks, dtype=np.float64)
+        assert cols["lm_chunks"].shape == (n,)
     return cols
 
 

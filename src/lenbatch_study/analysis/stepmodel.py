@@ -44,7 +44,8 @@ from lenbatch_study.pipeline.artifacts.profile_grid import GRID_PATH
 HOLDOUT_SPLITS = 50
 MIN_GAIN_RELATIVE = 0.1
 MIN_GAIN_ABSOLUTE = 0.002
-FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens", "ctx_tokens", "positions")
+FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens", "ctx_tokens", "positions",
+            "lm_chunks")
 
 # Candidate feature sets compared on held-out grid points (smallest first; among sets of one size, the one
 # the cost formula names first), per role.
@@ -53,7 +54,9 @@ FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_token
 #   a per-sequence cost).
 # drafter (lenbatch_study.models.drafter, "Cost"): projects the context once per token of the
 #   batch's layout (computed_tokens), pushes up to anchors_per_seq x (block_size - 1) ``positions``
-#   per sequence through the vocabulary-sized lm_head (fewer where the loss mask ends), and attends
+#   per sequence through the vocabulary-sized lm_head (fewer where the loss mask ends) in chunks of
+#   128 rows that each read the whole lm_head (``lm_chunks``: a step of 129 positions pays a chunk
+#   more than one of 128, which a cost linear in positions spreads over every step), and attends
 #   from each block to its sequence's context up to the batch's largest anchor (sequences x that
 #   anchor = ``ctx_tokens``); :func:`drafter_work` gives positions and ctx_tokens exactly.
 #   Every set keeps computed_tokens: a packed row's ctx_tokens exceed its length (1.7x in the CPU
@@ -71,7 +74,9 @@ CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
         "tokens": ("const", "computed_tokens"),
         "tokens+pos": ("const", "computed_tokens", "positions"),
         "tokens+seq": ("const", "computed_tokens", "sequences"),
+        "tokens+pos+chunks": ("const", "computed_tokens", "positions", "lm_chunks"),
         "tokens+pos+ctx": ("const", "computed_tokens", "positions", "ctx_tokens"),
+        "tokens+pos+chunks+ctx": ("const", "computed_tokens", "positions", "lm_chunks", "ctx_tokens"),
     },
 }
 

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
+# Trained positions go through the vocabulary-sized lm_head this many rows at a time
+# (:class:`lenbatch_study.models.drafter.ChunkedLinearCrossEntropy`): 128 x 248,320 fp32 logits
+# = 127 MB alive. Each chunk reads the whole lm_head, so a step costs per chunk as well as per
+# position; here, numpy only, because the step-time model counts the chunks as the drafter makes them.
+CE_CHUNK_ROWS = 128
+
 
 def draw_anchors(loss_mask: np.ndarray, length: int, *, num: int, seed: int, epoch: int, step: int,
                  seq_id: int) -> np.ndarray:

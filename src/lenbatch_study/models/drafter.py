@@ -33,8 +33,11 @@ layer, never ``(total tokens)^2`` for a packed row, and no context cap. lm_head:
 ``[V, H]`` matrix costs ``2 * N * H * V`` flops forward and the same again for its input
 gradient, ``N <= S * A * (b-1)`` trained positions; with V = 248,320 it dominates a small
 drafter (about 30 ms per block on one CPU core at H = 128), hence a moderate
-``anchors_per_seq``. The cross-entropy is computed in row chunks
-(:class:`ChunkedLinearCrossEntropy`) so the ``[N, V]`` logits never exist at once.
+``anchors_per_seq``. The cross-entropy is computed in chunks of ``CE_CHUNK_ROWS`` = 128 rows
+(:class:`ChunkedLinearCrossEntropy`) so the ``[N, V]`` logits never exist at once; each chunk
+reads the whole ``[V, H]`` matrix twice (logits, then the input gradient), a cost per chunk
+(``ceil(N / 128)`` of them) beside the cost per row: on one CPU core at H = 128, about 18 ms per
+chunk against 3 ms per row (``benchmarks/bench_lm_chunks.py``).
 """
 
 from __future__ import annotations
@@ -46,10 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lenbatch_study.models.anchors import draw_anchors
+from lenbatch_study.models.anchors import CE_CHUNK_ROWS, draw_anchors
 from lenbatch.loading.collate import Batch
-
-CE_CHUNK_ROWS = 128  # rows of logits alive at once: 128 x 248,320 fp32 = 127 MB
 
 
 class RMSNorm(nn.Module):

@@ -107,9 +107,10 @@ def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
         layouts.append(r["layout"])
         start += len(ls)
     arr = np.asarray(lengths, dtype=np.int64)
+    # a grid without lm_chunks (recorded since the chunk term) leaves them NaN: chunks of a mean would mislead
     per = [shapes.batch_columns(arr, [b], layout=k, drafter=(np.array([float(r["positions"])]),
                                                           np.array([float(r["ctx_tokens"])]))
-                                if "positions" in r else None)
+                                if "positions" in r else None, lm_chunks=np.array([float(r.get("lm_chunks", np.nan))]))
            for b, k, r in zip(batches, layouts, rows)]
     return {key: np.concatenate([c[key] for c in per]) for key in per[0]} if per else {}
 

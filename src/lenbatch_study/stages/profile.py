@@ -52,6 +52,7 @@ from lenbatch_study.pipeline.artifacts.writing import write_resolved
 from lenbatch.log import get_logger
 from lenbatch.batching.spec import BatchSpec
 from lenbatch_study.analysis.shapes import batch_columns, drafter_work, grid_shape
+from lenbatch_study.models.anchors import CE_CHUNK_ROWS
 from lenbatch_study.core.cpu import CPU_SHARE_WARN, grid_cpu_share
 from lenbatch_study.core.machine import fingerprint
 
@@ -155,8 +156,9 @@ def time_point(runner, batch, *, warmup: int, repeats: int,
     return [r[0] for r in timed], [r[1] for r in timed], [r[2] for r in timed], [r[3] for r in timed]
 
 
-def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Mean (positions, context tokens) the drafter worked on over the timed steps of a grid point."""
+def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean (positions, context tokens, lm_head chunks) the drafter worked on over the timed steps of a grid
+    point."""
     lengths = batch.lengths.numpy()
     rows, starts = (t.numpy() for t in batch.seq_rows_starts())
     lm = batch.loss_mask.numpy()
@@ -164,7 +166,9 @@ def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarra
     work = [drafter_work(lengths, masks, batch.indices.numpy(), anchors_per_seq=params.drafter.anchors_per_seq,
                          block_size=params.drafter.block_size, seed=params.batching.seed, epoch=0, step=st)
             for st in steps]
-    return np.array([np.mean([w[0] for w in work])]), np.array([np.mean([w[1] for w in work])])
+    positions = np.array([w[0] for w in work], dtype=np.float64)
+    return (np.array([positions.mean()]), np.array([np.mean([w[1] for w in work])]),
+            np.array([np.ceil(positions / CE_CHUNK_ROWS).mean()]))
 
 
 def _passes(params: Params) -> list[bool]:
@@ -363,13 +367,15 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
     for i, ((layout, n, m), (t_all, d_all, t_cpu, d_cpu, steps, busy)) in enumerate(zip(pts, timings)):
         lengths = grid_shape(layout, n, m, max_len=params.data.max_len)
         batch = make_batch(layout, lengths, params, seed=params.batching.seed + i)
+        positions, ctx, chunks = _drafter_work(batch, params, steps=steps)
         cols = batch_columns(np.asarray(lengths), [np.arange(len(lengths))], layout=layout,
-                             drafter=_drafter_work(batch, params, steps=steps))
+                             drafter=(positions, ctx), lm_chunks=chunks)
         k = min(len(t_all), len(d_all))
         tot = [a + b for a, b in zip(t_all[:k], d_all[:k])]
         row = {"layout": layout, "sequences": n, "length": m, "sequence_lengths": lengths,
                "computed_tokens": float(cols["computed_tokens"][0]), "sum_len_sq": float(cols["sum_len_sq"][0]),
                "ctx_tokens": float(cols["ctx_tokens"][0]), "positions": float(cols["positions"][0]),
+               "lm_chunks": float(cols["lm_chunks"][0]),
                "target_seconds_median": float(np.median(t_all)), "target_seconds_all": t_all,
                "drafter_seconds_median": float(np.median(d_all)), "drafter_seconds_all": d_all,
                "seconds_median": float(np.median(tot)), "seconds_all": tot,

@@ -8,8 +8,8 @@ batch shapes, and ``params.json``, the params it was timed with. Written by :mod
 (:mod:`lenbatch_study.runtime.reference`) and the rows (an older grid is the bare list of rows) —, one row per shape: ``layout``
 (padded/packed), ``sequence_lengths`` (the lengths timed), ``target_seconds_median``,
 ``drafter_seconds_median``, ``target_seconds_all`` and ``drafter_seconds_all`` (every timed pass, in order: what
-compare fits) and, from a lockstep profile, ``*_busy_seconds_*``; ``positions`` and
-``ctx_tokens`` (the drafter's work) when known. Cost: one file read.
+compare fits) and, from a lockstep profile, ``*_busy_seconds_*``; ``positions``, ``ctx_tokens`` and
+``lm_chunks`` (the drafter's work, means over the timed steps) when known. Cost: one file read.
 """
 
 from __future__ import annotations
