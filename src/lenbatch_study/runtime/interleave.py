@@ -81,8 +81,9 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
             break
         orders.append(order)
         seconds, useful = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0)
-        for j in range(segment_steps):  # step j of every strategy, then step j + 1: turns of one step each
-            for s in order[j % len(order):] + order[:j % len(order)]:
+        # step j of every strategy, in the round's order rotated by j: turns of one step each
+        for j, turn in enumerate(round_orders(order, segment_steps)):
+            for s in turn:
                 t0 = clock()
                 useful[s] += int(step(s, j))
                 seconds[s] += clock() - t0

@@ -50,7 +50,7 @@ Per-role seconds let compare tell which role's prediction a missed ratio comes f
 
 Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models, rounds between
 ``interleave.rounds`` and ``max_rounds``; on the CPU default (4-step segments of ~7 s, 1 warm-up pass, five
-strategies) about 34 s per round on this project's 2-core VM: 4 minutes at 6 rounds, 14 at 24; a quiet
+strategies) about 34 s per round on this project's 2-core VM: 4 minutes at 6 rounds, 23 at 40; a quiet
 VM there reached +-2% after 10 rounds (6.5 minutes; with 1-step segments it took 40-60 rounds of 10 s).
 """
 
