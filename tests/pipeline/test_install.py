@@ -43,7 +43,8 @@ def test_base_requirements_are_numpy_and_a_torch_range():
     for pkg in ("transformers", "datasets", "tiktoken", "pyyaml", "matplotlib", "snakemake", "dvc",
                 "torchdata", "pytest", "hypothesis", "jsonschema"):
         assert pkg in flat, pkg
-    assert any("transformers>=5.24,<5.30" in r for r in sextras["model"])
+    # the study hooks transformers' internals: its range stops below 5.25 (study/pyproject.toml says why)
+    assert any("transformers>=5.24,<5.25" in r for r in sextras["model"])
     assert "lenbatch[arrow,hf,trl,fast]" in sextras["dev"]  # CI tests the Trainer and SFTTrainer integrations
     # the exact CPU build stays pinned where CI installs it (uv, or pip with INSTALLER=pip)
     installs = [line for line in (ROOT / "Makefile").read_text().splitlines() if "$(call pip_install,$(PY))" in line]
