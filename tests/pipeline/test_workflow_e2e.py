@@ -349,6 +349,14 @@ def test_deleting_a_strategy_rebuilds_it(finished):
         shutil.move(finished / "random.bak", finished / "results/train/random")
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (exited, waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _descendants(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
     children: dict[int, list[int]] = {}
@@ -380,6 +388,7 @@ def test_sigint_to_snakemake_stops_training_promptly_and_resumes(finished, tmp_p
             break
         time.sleep(0.5)
     time.sleep(3)
+    run_pids = _descendants(proc.pid)  # the training's processes, torchrun's workers included
     t0 = time.time()
     os.kill(proc.pid, signal.SIGINT)  # snakemake only
     proc.wait(timeout=60)
@@ -389,7 +398,13 @@ def test_sigint_to_snakemake_stops_training_promptly_and_resumes(finished, tmp_p
         assert proc.returncode != 0, "the run finished before it could be interrupted"
         # measured: 1.7 s; without the Snakefile's forwarding, 25 s (the tiny training ran to its end)
         assert stopped < 10, f"snakemake took {stopped:.0f} s to stop after SIGINT"
-        time.sleep(2)
+        # snakemake returns once it has passed the interrupt on; the training's processes then stop at their
+        # step boundary, torchrun's workers in sessions of their own (outside the group below). Every one
+        # must end; the rerun would otherwise meet the output's writer lock.
+        deadline = time.time() + 60
+        while (alive := [p for p in run_pids if _running(p)]) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not alive, f"processes of the interrupted run still alive 60 s after snakemake stopped: {alive}"
         left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert not left, f"processes of the interrupted run still alive: {left}"
     finally:
