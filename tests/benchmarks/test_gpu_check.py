@@ -19,6 +19,8 @@ import yaml
 from lenbatch_study.core.config import load_params
 from lenbatch_study.models import memory
 
+from _procs import running
+
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_check  # noqa: E402
@@ -240,14 +242,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.slow
 def test_a_timed_out_torchrun_step_takes_its_workers_with_it(tmp_path):
     """A real torchrun step whose two workers sleep past the step's timeout: torchrun starts each worker in
@@ -270,9 +264,9 @@ def test_a_timed_out_torchrun_step_takes_its_workers_with_it(tmp_path):
     assert len(workers) == 2, ("the workers had not started within the timeout", log[-2000:])
     assert all(pid == sid for pid, sid in workers)  # own sessions: a killpg of the step's group misses them
     deadline = time.monotonic() + 20
-    while any(_alive(pid) for pid, _ in workers) and time.monotonic() < deadline:
+    while any(running(pid) for pid, _ in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid, _ in workers if _alive(pid)], "torchrun workers outlived their timed-out step"
+    assert not [pid for pid, _ in workers if running(pid)], "torchrun workers outlived their timed-out step"
 
 
 def test_a_verify_over_its_tolerance_is_recorded_and_the_check_goes_on(tmp_path):
@@ -320,9 +314,9 @@ def test_kill_tree_reaches_a_grandchild_in_another_session(tmp_path):
         assert {root.pid, child, *grandchild} <= set(killed)
         root.wait(timeout=20)
         deadline = time.monotonic() + 20
-        while (_alive(child) or _alive(grandchild[0])) and time.monotonic() < deadline:
+        while (running(child) or running(grandchild[0])) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(child) and not _alive(grandchild[0])
+        assert not running(child) and not running(grandchild[0])
     finally:
         if root.poll() is None:
             root.kill()

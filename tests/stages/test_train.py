@@ -22,6 +22,7 @@ from lenbatch_study.runtime import reference
 from lenbatch_study.runtime.lifetime import children
 from lenbatch_study.stages.train import partial_dir
 
+from _procs import running
 from _runs import check_pipelined_run, planned_hashes, tiny_tokenized
 from _tiny import ENV, TINY_DATA, TINY_MODEL
 
@@ -384,13 +385,6 @@ def test_a_corrupt_checkpoint_or_a_plan_mismatch_is_one_line_with_the_fix(setup,
     assert "sampler state (rank 0) does not give the planned batch of step 3" in err and len(_set_aside(out)) == 1
 
 
-def _alive(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 def test_killing_the_torchrun_launcher_stops_its_workers(setup):
     """Issue 11.9: SIGKILL of torchrun used to leave both workers training (and writing OUT)."""
@@ -412,13 +406,13 @@ def test_killing_the_torchrun_launcher_stops_its_workers(setup):
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(w) for w in workers):
+        while time.monotonic() < deadline and any(running(w) for w in workers):
             time.sleep(0.1)
-        assert not any(_alive(w) for w in workers), "workers kept training after their launcher was killed"
+        assert not any(running(w) for w in workers), "workers kept training after their launcher was killed"
     finally:
         launcher.kill()
         for w in workers:
-            if _alive(w):
+            if running(w):
                 os.kill(w, 9)
 
 
