@@ -4,13 +4,11 @@
 import json
 import os
 import shlex
-import signal
-import sys
-import time
 
 from lenbatch.batching.strategy import STRATEGIES as KNOWN_STRATEGIES
 from lenbatch_study.core.config import params_from_dict
 from lenbatch_study.pipeline import deps, registry
+from lenbatch_study.runtime.interrupt import install as install_sigint_forwarding
 
 # Where this config's results go. params.yaml leaves it at results/ (what DVC tracks and git commits);
 # configs/*.yaml set their own (results/tiny, results/qwen3.6-27b-8gpu) so they never overwrite it.
@@ -203,101 +201,6 @@ def put_back_records(logfiles):
             os.utime(f, ns=(_TIMES_BEFORE[f], _TIMES_BEFORE[f]))
 
 
-# Ctrl-C (SIGINT): Snakemake's local executor waits for running jobs to finish (a training would run
-# to its end and then be discarded as incomplete). Each job process must get the interrupt exactly once:
-# a training stops at its step boundary with a checkpoint of the steps it trained, but a second SIGINT
-# stops a worker at once, and a second one during torchrun's shutdown kills its agent (and with it the
-# workers, mid-checkpoint). So the interrupt goes to the jobs' shells and launchers in snakemake's own
-# process group (torchrun hands it on to its workers, which run in sessions of their own), and only
-# when it was not a terminal's Ctrl-C, which the terminal has already sent to that whole group. Then
-# wait until every process of the jobs has stopped, and let Snakemake handle the interrupt as usual:
-# it marks the jobs incomplete, and the next run resumes the training. Without the wait, snakemake
-# could return while a worker was still saving, and a rerun started at once met the writer lock.
-STOP_WAIT_S = 120  # the longest a job's processes get to stop; a second Ctrl-C stops waiting
-
-
-def _descendants(pid):
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _started(pid):
-    """The process's start time (/proc/<pid>/stat field 22): what tells it from a later process given
-    the same pid. None once it has exited (a zombie included: it only waits to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
-_previous_sigint = signal.getsignal(signal.SIGINT)
-_stopping = []  # non-empty while a first interrupt waits for the jobs' processes
-
-
-def _in_terminal_foreground():
-    """Whether snakemake's process group is its terminal's foreground group: a Ctrl-C there is the
-    terminal's, sent to every process of the group. False without a controlling terminal."""
-    try:
-        with open("/dev/tty") as tty:
-            return os.tcgetpgrp(tty.fileno()) == os.getpgrp()
-    except OSError:
-        return False
-
-
-def _forward_sigint(signum, frame):
-    procs = {pid: _started(pid) for pid in _descendants(os.getpid())}
-    if not _in_terminal_foreground():
-        group = os.getpgrp()
-        for pid in procs:
-            try:
-                if os.getpgid(pid) == group:
-                    os.kill(pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
-    if _stopping:  # a second Ctrl-C (it reaches the trainings as the first did: they stop at once): stop waiting
-        raise KeyboardInterrupt
-    _stopping.append(True)
-    try:
-        t0 = time.monotonic()
-        told = False
-        while left := [p for p, t in procs.items() if t is not None and _started(p) == t]:
-            waited = time.monotonic() - t0
-            if waited > STOP_WAIT_S:
-                print(f"snakemake: {len(left)} process(es) of the interrupted jobs still running after "
-                      f"{STOP_WAIT_S} s (pids {' '.join(map(str, left))}); not waiting longer",
-                      file=sys.stderr, flush=True)
-                break
-            if waited > 1 and not told:
-                print(f"snakemake: interrupted; waiting for {len(left)} process(es) of the running jobs to "
-                      f"stop (a training stops at its step boundary, up to {STOP_WAIT_S} s; Ctrl-C again "
-                      "to stop waiting)", file=sys.stderr, flush=True)
-                told = True
-            time.sleep(0.1)
-    finally:
-        _stopping.clear()
-    if callable(_previous_sigint):
-        _previous_sigint(signum, frame)
-    else:
-        raise KeyboardInterrupt
-
-
-if os.path.isdir("/proc") and signal.getsignal(signal.SIGINT) is not _forward_sigint:
-    try:
-        signal.signal(signal.SIGINT, _forward_sigint)
-    except ValueError:  # not the main thread (an API caller): nothing to forward from here
-        pass
+# Ctrl-C: each process of the running jobs gets the interrupt once, and snakemake goes on only when they
+# have all stopped (the next run resumes the training): lenbatch_study.runtime.interrupt says why and how.
+install_sigint_forwarding()
