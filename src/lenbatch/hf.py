@@ -62,7 +62,7 @@ from lenbatch.batching.overflow import overflow_pieces
 from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.strategies import plan_epoch_all
 from lenbatch.log import get_logger
-from lenbatch.loading.collate import collate_packed, collate_padded
+from lenbatch.loading.collate import check_token_ids, collate_packed, collate_padded
 from lenbatch.loading.sampler import LengthBatchSampler
 
 log = get_logger("lenbatch.hf")
@@ -121,7 +121,7 @@ class LengthBatchCollator:
     def row(self, i: int, sample: Mapping[str, Any]) -> dict[str, Any]:
         """One sample as collate's ``{"input_ids", "loss_mask", "labels"}`` (masks folded into ``loss_mask``)."""
         self._check_fields(i, sample)
-        ids = np.asarray(sample["input_ids"], dtype=np.int64)
+        ids = check_token_ids(i, "input_ids", sample["input_ids"])
         n = ids.shape[0] if ids.ndim == 1 else -1
         if sample.get("attention_mask") is not None and not _equals(sample["attention_mask"], np.ones(n)):
             raise ValueError(f"sample {i}: attention_mask has zeros (a padded or masked sample); lenbatch pads and "

@@ -1,8 +1,11 @@
 """Batch collation: a planned batch of samples -> the tensors one training step consumes.
 
 Public as ``lenbatch.collate_padded`` / ``lenbatch.collate_packed`` (DESIGN.md). A sample is a
-mapping with ``input_ids`` (1-D ints) and optionally ``loss_mask`` (same length; 1 = a token the
-loss predicts; absent = every token) and ``labels`` (same length; the token each position is
+mapping with ``input_ids`` (1-D ints) and optionally a loss mask (same length; 1 = a token the
+loss predicts; absent = every token) under any of the names ``loss_mask``, ``completion_mask``
+(TRL's prompt/completion data) or ``assistant_masks`` (transformers' chat template with
+``return_assistant_tokens_mask=True``): a sample carrying two of them must carry equal ones
+(``ValueError`` naming both otherwise); and ``labels`` (same length; the token each position is
 scored against, -100 = not learned, as Hugging Face and TRL datasets carry them; absent = the
 sample's ``input_ids``). Both return a :class:`Batch`; ``Batch.model_inputs()`` gives the keyword
 arguments a Hugging Face causal LM takes (``labels`` = -100 where nothing is learned).
@@ -127,25 +130,49 @@ class Batch:
 IGNORE_INDEX = -100  # the label Hugging Face losses skip
 
 
+# Per-token loss masks a sample may carry (1 = learned): lenbatch's own, TRL's prompt/completion mask
+# and transformers' chat-template assistant mask (``return_assistant_tokens_mask=True``). Any of them is
+# read; two present in one sample must agree, since dropping either would train tokens the data excludes.
+MASK_FIELDS = ("loss_mask", "completion_mask", "assistant_masks")
+
+
+def _sample_mask(i: int, sample: Mapping[str, Any], n: int) -> np.ndarray:
+    """The sample's loss mask (bool ``[n]``) from whichever of :data:`MASK_FIELDS` it carries (all ones
+    when none); ``ValueError`` for a mask of the wrong length or two masks that disagree."""
+    found: list[tuple[str, np.ndarray]] = []
+    for name in MASK_FIELDS:
+        if sample.get(name) is None:
+            continue
+        m = np.asarray(sample[name])
+        if m.shape != (n,):
+            raise ValueError(f"sample {i}: {name} has {m.size} entries but input_ids has {n}; "
+                             f"re-tokenize so that both have one entry per token")
+        m = m != 0
+        for other, mo in found:
+            if not np.array_equal(m, mo):
+                where = np.flatnonzero(m != mo)
+                raise ValueError(f"sample {i}: {other} and {name} disagree on {where.size} of {n} tokens (first at "
+                                 f"token {int(where[0])}); a token is learned by one and not the other, so keep one "
+                                 f"of the two fields (drop the other) or make them equal")
+        found.append((name, m))
+    return found[0][1] if found else np.ones(n, dtype=bool)
+
+
 def _as_lists(samples: Sequence[Mapping[str, Any]]
               ) -> tuple[list[np.ndarray], list[np.ndarray], Optional[list[np.ndarray]]]:
-    """Per sample: input_ids (int64), loss_mask (bool, folded with labels != -100) and labels (int64;
-    None for the whole batch when no sample has labels)."""
+    """Per sample: input_ids (int64), loss_mask (bool: the sample's mask, see :data:`MASK_FIELDS`, folded
+    with labels != -100) and labels (int64; None for the whole batch when no sample has labels)."""
     if len(samples) == 0:
         raise ValueError("a batch needs at least one sample; the plan produced an empty batch")
     with_labels = any(sample.get("labels") is not None for sample in samples)
     ids, masks, labels = [], [], []
     for i, sample in enumerate(samples):
-        x = np.asarray(sample["input_ids"], dtype=np.int64)
-        m = np.asarray(sample["loss_mask"]).astype(bool) if sample.get("loss_mask") is not None else \
-            np.ones(x.shape, dtype=bool)
+        x = check_token_ids(i, "input_ids", sample["input_ids"])
         if x.ndim != 1 or x.size == 0:
             raise ValueError(f"sample {i} has {x.size} tokens; every sample needs at least one token")
-        if m.shape != x.shape:
-            raise ValueError(f"sample {i}: loss_mask has {m.size} entries but input_ids has {x.size}; "
-                             "re-tokenize so that both have one entry per token")
+        m = _sample_mask(i, sample, x.size)
         if with_labels:
-            y = np.asarray(sample["labels"], dtype=np.int64) if sample.get("labels") is not None else x
+            y = check_token_ids(i, "labels", sample["labels"]) if sample.get("labels") is not None else x
             if y.shape != x.shape:
                 raise ValueError(f"sample {i}: labels has {y.size} entries but input_ids has {x.size}; "
                                  "labels must hold one entry per token (-100 where nothing is learned)")
@@ -154,6 +181,28 @@ def _as_lists(samples: Sequence[Mapping[str, Any]]
         ids.append(x)
         masks.append(m)
     return ids, masks, (labels if with_labels else None)
+
+
+def check_token_ids(i: int, name: str, values: Any) -> np.ndarray:
+    """``values`` as int64 token ids; ``ValueError`` naming the sample and field for ids that are not
+    integers or do not fit int64 (numpy would raise OverflowError, or wrap silently from uint64)."""
+    try:
+        arr = np.asarray(values)
+        if arr.dtype == object:  # Python ints beyond int64 stay objects until converted
+            arr = np.asarray(values, dtype=np.int64)
+    except (OverflowError, ValueError, TypeError) as err:
+        raise ValueError(f"sample {i}: {name} must be integer token ids within int64 ({err}); check the "
+                         "tokenizer's output") from None
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr))):
+            raise ValueError(f"sample {i}: {name} must be integer token ids, got dtype {arr.dtype}; check the "
+                             "tokenizer's output")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"sample {i}: {name} holds id {int(arr.max())}, beyond int64; check the tokenizer's output")
+    if np.issubdtype(arr.dtype, np.floating) and arr.size and float(np.abs(arr).max()) >= 2.0 ** 63:
+        raise ValueError(f"sample {i}: {name} holds id {float(np.abs(arr).max()):g}, beyond int64; check the "
+                         "tokenizer's output")
+    return arr.astype(np.int64)
 
 
 def collate_padded(samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None,
