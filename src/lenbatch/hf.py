@@ -173,6 +173,10 @@ class LengthBatchMixin:
     ``packing``/``padding_free`` (use ``strategy="packed"``), ``pad_to_multiple_of``,
     ``train_sampling_strategy`` other than ``"random"``.
 
+    ``strategy="packed"`` first runs :func:`lenbatch.check_packing` on the model (once, in ``__init__``:
+    1 + 4 small forwards) and refuses, with a ``ValueError`` naming the model class and the fix (a padded
+    strategy), a model that lets packed sequences attend to each other; ``packing_check=False`` skips it.
+
     ``overflow`` (samples longer than ``token_budget``): ``"error"`` (default) refuses them when the
     trainer is built; ``"truncate"`` cuts them to the budget; ``"split"`` trains the rest of each as
     samples of their own (positions restarting), see :class:`LengthBatchSampler`. The counts are logged
@@ -182,7 +186,7 @@ class LengthBatchMixin:
     def __init__(self, *args: Any, strategy: str, token_budget: int, max_batch_size: int, lengths: Any = None,
                  length_column: str | None = None, edges: Any = None, num_buckets: int = 6,
                  packed_window: int = 8, seed: int | None = None, pad_id: int | None = None,
-                 overflow: str = "error", **kwargs: Any) -> None:
+                 overflow: str = "error", packing_check: bool = True, **kwargs: Any) -> None:
         if lengths is not None and length_column is not None:
             raise ValueError("pass at most one of lengths= (one int per training sample) or length_column= "
                              "(the dataset column holding the tokens or the lengths)")
@@ -191,6 +195,15 @@ class LengthBatchMixin:
         user_collator = bound.get("data_collator")
         super().__init__(*args, **kwargs)
         self._refuse_batch_changing_args()
+        if layout == "packed" and packing_check and self.model is not None:
+            # once, before any step: a model that lets packed sequences attend to each other trains a wrong
+            # loss without any error, so it is refused here (the same row the collator builds, seq_idx included)
+            from lenbatch.packcheck import check_packing
+
+            result = check_packing(self.model, seq_idx=True)
+            if not result.ok:
+                raise ValueError(f"strategy='packed': {result.message()} (packing_check=False skips this check)")
+            log.info("%s", result.message())
         dataset = self.train_dataset
         if dataset is None:
             raise ValueError(f"{type(self).__name__} needs train_dataset=")
