@@ -21,6 +21,7 @@ def check_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
     Raises ``ValueError`` naming the problem and the fix (empty, not 1-D, not integer,
     zero or negative entries).
     """
+    _refuse_datasets(lengths, name)
     arr = np.asarray(lengths)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of token counts, got shape {arr.shape}; flatten it")
@@ -28,6 +29,10 @@ def check_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
         raise ValueError(f"{name} is empty; give at least one sample length (tokens)")
     if not np.issubdtype(arr.dtype, np.integer):
         if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            if np.any(np.abs(arr) > _MAX_LENGTH):  # the int64 cast would wrap, and a wrapped count looks negative
+                first = int(np.argmax(np.abs(arr) > _MAX_LENGTH))
+                raise ValueError(f"{name} has a length of {arr[first]:g} tokens at index {first}: too long to be a "
+                                 f"token count (at most {_MAX_LENGTH:,}); pass integer token counts")
             arr = arr.astype(np.int64)
         else:
             raise ValueError(f"{name} must hold integer token counts, got dtype {arr.dtype}; round or cast them")
@@ -37,6 +42,27 @@ def check_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
         raise ValueError(f"{name} has {bad} zero or negative length(s) (first at index "
                          f"{int(np.argmax(arr <= 0))}); drop empty samples before batching")
     return arr
+
+
+# The longest length accepted: 2**53, where floats stop holding every integer (a count past it is no
+# longer exact, and sums over an epoch would leave int64).
+_MAX_LENGTH = 2**53
+
+
+def _refuse_datasets(lengths: Any, name: str) -> None:
+    """``ValueError`` for a dataset given where lengths are expected: numpy would read a streaming
+    dataset as one object (shape ()) and a map-style one row by row, into an object array."""
+    if isinstance(lengths, (np.ndarray, list, tuple, range)):
+        return
+    if not hasattr(lengths, "__len__") and hasattr(lengths, "__iter__"):
+        raise ValueError(f"{name} must be one token count per sample, known up front, but got a "
+                         f"{type(lengths).__name__} with no len() (an IterableDataset or a stream): a plan places "
+                         "every sample of the epoch, so count the lengths in one pass (lengths = np.array([len(s["
+                         "'input_ids']) for s in dataset])) and index a map-style copy of the data, or batch the "
+                         "stream as it comes with lenbatch.StreamingBatcher")
+    if hasattr(lengths, "column_names") or hasattr(lengths, "features"):
+        raise ValueError(f"{name} must be one token count per sample, but got {type(lengths).__name__} (the "
+                         "dataset itself); pass lb.lengths_of(dataset) (read from the Arrow offsets)")
 
 
 def length_stats(lengths: Any) -> dict[str, Any]:

@@ -145,10 +145,25 @@ def batch_tokens(lengths: Any, batches: Sequence[np.ndarray], *, packed: bool = 
     idx, sizes, starts = _flat(x, batches)
     if idx.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    _check_indices(idx, x.size)
     lx = x[idx]
     useful = np.add.reduceat(lx, starts)
     computed = useful.copy() if packed else sizes * np.maximum.reduceat(lx, starts)
     return useful, computed
+
+
+def _check_indices(idx: np.ndarray, n: int) -> None:
+    """``ValueError`` naming ``batches`` for sample indices that are not integers in 0..n-1: numpy would
+    wrap -1 to the last sample silently, or raise a bare IndexError. Cost: O(indices)."""
+    idx = np.asarray(idx)
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"batches must hold integer sample indices (rows of lengths), got dtype {idx.dtype}; "
+                         "pass the index arrays a plan holds (lb.plan_epoch)")
+    bad = (idx < 0) | (idx >= n)
+    if np.any(bad):
+        first = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"batches holds sample index {int(idx[first])}, outside 0..{n - 1} (lengths has {n} "
+                         "samples); score a plan against the lengths it was made from")
 
 
 def plan_is_packed(batches: Sequence[np.ndarray], strategy: str | None) -> bool:

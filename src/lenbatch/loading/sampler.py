@@ -12,11 +12,17 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
   any other epoch starts that epoch fresh.
 * ``rank``/``world_size`` default to torch.distributed's; ``WORLD_SIZE`` > 1 without an initialised
   process group is refused (as ``DistributedSampler`` does) unless both are passed.
-* A DataLoader with ``num_workers`` > 0 draws batches ahead of the training loop, so the plain
-  ``state_dict()`` counts batches *handed to the loader*, not *trained on*. Either iterate
-  ``sampler.consumed(loader)`` (the state then counts the batches the loop received), pass
-  ``state_dict(batches_consumed=n)``, or use torchdata's ``StatefulDataLoader``, whose
-  ``state_dict()`` snapshots this sampler's state as of each batch it yields (exact with workers).
+* A DataLoader with ``num_workers`` > 0 draws batches ahead of the training loop. When torch's
+  ``DataLoader`` iterates the sampler itself, ``state_dict()`` counts the batches that loader has
+  returned to the loop (its iterator's count), not those prefetched, so it resumes at the first batch
+  not trained on. Behind a wrapper that iterates the sampler for the loader (accelerate's
+  ``BatchSamplerShard``) or prefetches itself, that count is not the loop's: ``state_dict()`` then warns
+  once with workers, naming ``consumed()``. Exact everywhere: iterate ``sampler.consumed(loader)``
+  (the state then counts the batches the loop received), pass ``state_dict(batches_consumed=n)``, or
+  use torchdata's ``StatefulDataLoader``, whose ``state_dict()`` snapshots this sampler's state as of
+  each batch it yields.
+* A second pass over the same epoch without ``set_epoch`` repeats its batches (every epoch would be
+  epoch 0); it warns once, naming ``set_epoch``.
 * ``min_batches`` (default off) pads every epoch to at least that many batches by splitting the
   costliest ones, for trainers that fix the steps per epoch (``lenbatch.hf`` sets it).
 * accelerate: ``accelerator.prepare(loader)`` wraps the batch sampler in ``BatchSamplerShard``, which
@@ -47,9 +53,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch.utils.data
 
 from lenbatch.batching.strategy import Strategy, layout_of
@@ -153,6 +161,25 @@ def _accelerate_shard(depth: int) -> Any:
     return caller if shard_type is not None and isinstance(caller, shard_type) else None
 
 
+def _loader_iterator(max_depth: int = 4) -> tuple[Any, bool]:
+    """torch's DataLoader iterator among the frames that drive the sampler's generator (None if none),
+    and whether it calls the generator itself (no wrapper such as accelerate's ``BatchSamplerShard``
+    between). Frames: the loader does not tell its batch sampler which iterator draws from it."""
+    mod = sys.modules.get("torch.utils.data.dataloader")
+    base = getattr(mod, "_BaseDataLoaderIter", None)
+    if base is None:
+        return None, False
+    frame = sys._getframe(2)  # 0: here, 1: the sampler's generator body, 2: whoever called next() on it
+    for depth in range(max_depth):
+        if frame is None:
+            break
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, base):
+            return obj, depth == 0
+        frame = frame.f_back
+    return None, False
+
+
 class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yield this rank's batches of one epoch; ``set_epoch`` before each epoch (like DistributedSampler)."""
 
@@ -180,6 +207,10 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._resume: int | None = None
         self._consumed: int | None = None  # batches the loop received, while iterating consumed()
         self._cache: tuple[int, Plan] | None = None
+        self._viewed = False  # view() was asked for: the loader can serve pieces
+        self._iterated_epoch: int | None = None  # the epoch a pass has started over, since set_epoch
+        self._warned: set[str] = set()
+        self._loader_iter: Any = None  # (weakref to torch's DataLoader iterator, it calls us directly, start)
         self.fingerprint = spec.fingerprint(x, strategy)
         self.sampler = _EpochForward(self)
         self.epochs: int | None = None
@@ -198,6 +229,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             return dataset
         from lenbatch.loading.overflow import PieceDataset
 
+        self._viewed = True
         return PieceDataset(dataset, self.pieces)
 
     def equalize_epochs(self, epochs: int) -> int:
@@ -252,6 +284,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.epoch = epoch
         self._position = 0
         self._resume = None
+        self._iterated_epoch = None
 
     def __len__(self) -> int:
         shard = _accelerate_shard(1)
@@ -296,9 +329,21 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         _refuse_accelerate_dispatch()
         batches = self.plan()
         slots = self._check_shard(shard) if shard is not None else 1
+        if not self._viewed and not bool(self.pieces.whole.all()):
+            raise ValueError(f"overflow={self.overflow!r} cut {self.pieces.samples_over_budget} samples longer than "
+                             f"token_budget={self.token_budget} into (row, start, end) pieces, which only the view "
+                             "serves; build the loader over sampler.view(dataset): DataLoader(sampler.view(dataset), "
+                             "batch_sampler=sampler, ...)")
         start = self._resume if self._resume is not None else 0
+        if self._resume is None and self._iterated_epoch == self.epoch:
+            self._warn_once("set_epoch", f"a second pass over epoch {self.epoch} without set_epoch repeats its "
+                            "batches (every epoch would train epoch 0's plan); call sampler.set_epoch(epoch) (or "
+                            "loader.set_epoch) before each epoch")
+        self._iterated_epoch = self.epoch
         self._resume = None
         self._position = start
+        found, direct = _loader_iterator()
+        self._loader_iter = None if found is None else (weakref.ref(found), direct, start)
         for i in range(start, len(batches)):
             for slot in range(slots):
                 if slot == self.rank % slots:
@@ -334,15 +379,61 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         """
         if batches_consumed is not None:
             pos = check_int("batches_consumed", batches_consumed, minimum=0)
+        elif self._consumed is not None:
+            pos = self._consumed
+        elif sys._getframe(1).f_globals.get("__name__", "").startswith("torchdata."):
+            pos = self._position  # StatefulDataLoader snapshots the state as each batch is drawn: exact
         else:
-            pos = self._position if self._consumed is None else self._consumed
+            pos = self._received()
         return sampler_state(epoch=self.epoch, position=pos, world_size=self.world_size, rank=self.rank,
                              fingerprint=self.fingerprint, strategy=self.strategy)
 
+    def _received(self) -> int:
+        """The batches of this epoch the loop has received, as far as the sampler can tell: the count of
+        torch's multi-process DataLoader iterator when it draws from this sampler directly (it returns
+        batches in order, ``_num_yielded`` of them so far), else the batches yielded (warning once when
+        workers prefetch behind a wrapper, where that count runs ahead of the loop)."""
+        if self._loader_iter is None:
+            return self._position
+        ref, direct, start = self._loader_iter
+        it = ref()
+        if it is None or getattr(it, "_num_workers", 0) == 0:
+            return self._position
+        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+        yielded = getattr(it, "_num_yielded", None)
+        if direct and type(it) is _MultiProcessingDataLoaderIter and isinstance(yielded, int):
+            return min(start + yielded, self._position)
+        if self._position < len(self.plan()):
+            self._warn_once("consumed", f"state_dict() while {it._num_workers} DataLoader workers prefetch behind "
+                            f"{type(it).__name__}: position {self._position} counts batches handed to the loader, "
+                            "possibly more than the loop trained on; iterate sampler.consumed(loader) (or pass "
+                            "state_dict(batches_consumed=n)) so that a resume skips none")
+        return self._position
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", message)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            raise ValueError(f"sampler state must be a dict from LengthBatchSampler.state_dict(), got "
+                             f"{type(state).__name__}")
         missing = [k for k in ("version", "epoch", "position", "world_size", "fingerprint") if k not in state]
         if missing:
             raise ValueError(f"sampler state lacks {missing}; pass a dict from LengthBatchSampler.state_dict()")
+        if type(state["version"]) is not int or state["version"] != STATE_VERSION:
+            raise ValueError(f"sampler state has version {state['version']!r}, but this lenbatch reads version "
+                             f"{STATE_VERSION}; resume with the lenbatch that saved it, or start a fresh run")
+        for key in ("epoch", "position", "world_size"):
+            value = state[key]
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"sampler state {key} must be an int, got {value!r} ({type(value).__name__}); "
+                                 "the state is corrupt: pass a dict from LengthBatchSampler.state_dict()")
+            if value < (1 if key == "world_size" else 0):
+                raise ValueError(f"sampler state {key} is {value}; the state is corrupt: pass a dict from "
+                                 "LengthBatchSampler.state_dict()")
         if state["fingerprint"] != self.fingerprint:
             raise ValueError("sampler state is from another plan (lengths or batching params differ: strategy, "
                              "token_budget, max_batch_size, seed, edges, packed_window, min_batches or epochs, "
@@ -360,3 +451,4 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
                              "the state is corrupt")
         self._position = pos
         self._resume = pos
+        self._iterated_epoch = None
