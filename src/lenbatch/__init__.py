@@ -14,6 +14,7 @@ Public API (stable)::
     batch = lb.collate_packed([{"input_ids": ids} for ids in samples])   # or collate_padded
     model(**batch.model_inputs())                                       # any HF causal LM
     lb.check_packing(model, strict=True)       # refuses a model that lets packed sequences mix
+    n = lb.learned_tokens(micro_batches)       # one step's learned tokens: num_items_in_batch=n
 
 ``import lenbatch`` stays light (numpy only): ``LengthBatchSampler``, ``collate_padded`` and
 ``collate_packed`` import torch on first access, ``lengths_of`` pyarrow on its first call; transformers
@@ -44,7 +45,7 @@ __version__ = "0.1.0"
 __all__ = [
     "METHODS", "STRATEGIES", "BatchSpec", "Boundaries", "LengthBatchSampler", "PackingCheck", "Plan", "Strategy",
     "bucket_counts", "budget_fill", "check_packing", "collate_packed", "collate_padded", "composition_repeat", "greedy_bucket_computed", "histogram",
-    "length_mixing", "length_stats", "lengths_of", "optimize_boundaries", "padding_efficiency", "plan_epoch",
+    "learned_tokens", "length_mixing", "length_stats", "lengths_of", "optimize_boundaries", "padding_efficiency", "plan_epoch",
     "plan_epoch_all", "predict_bucketed", "sweep_num_buckets",
 ]
 
@@ -58,6 +59,10 @@ def __getattr__(name: str) -> Any:
         from lenbatch import packcheck
 
         return getattr(packcheck, name)
+    if name == "learned_tokens":
+        from lenbatch.loss import learned_tokens
+
+        return learned_tokens
     if name in ("collate_padded", "collate_packed"):
         from lenbatch.loading import collate as _collate
 
