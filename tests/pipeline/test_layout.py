@@ -31,7 +31,7 @@ LIBRARY, STUDY = deps.LIBRARY, deps.STUDY
 LIBRARY_LAYERS: dict[str, set[str]] = {
     "batching": set(),                     # numpy: lengths, spec, padding, plans, boundaries
     "loading": {"batching"},               # sampler, collate, lengths from Arrow offsets
-    "(top)": {"batching", "loading"},      # the facade, lenbatch.hf (Trainer), lenbatch.hostmem, lenbatch.log
+    "(top)": {"batching", "loading"},      # the facade, hf (Trainer), packcheck, loss, hostmem, log
 }
 # The study may import any library module but its facade (a stage then depends on only the library
 # modules it uses: the facade re-exports all of them); among its own layers:
