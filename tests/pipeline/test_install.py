@@ -30,9 +30,10 @@ def test_base_requirements_are_numpy_and_a_torch_range():
     torch_req = next(d for d in deps if _name(d) == "torch")
     assert "==" not in torch_req and ">=" in torch_req, "a library must not pin its users' torch exactly"
     extras = meta["optional-dependencies"]
-    assert {"arrow", "hf", "trl", "fast"} == set(extras)  # the library's own; the study's are the study's
+    # the library's own (the loops of docs/integrations.md included); the study's are the study's
+    assert {"arrow", "hf", "trl", "fast", "lightning", "torchdata"} == set(extras)
     assert {_name(r) for reqs in extras.values() for r in reqs} <= {"pyarrow", "transformers", "accelerate", "trl",
-                                                                    "numba", "lenbatch"}
+                                                                    "numba", "lenbatch", "lightning", "torchdata"}
     assert meta["name"] == "lenbatch" and "lenbatch" not in meta.get("scripts", {})
     study = tomllib.loads((ROOT / "study" / "pyproject.toml").read_text())
     assert "lenbatch" in [_name(d) for d in study["project"]["dependencies"]]
