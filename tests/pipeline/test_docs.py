@@ -1,5 +1,8 @@
 """The README is a front door: small, its quickstart runs as written, its one results table is the
-committed report's, and every link it gives leads to a file."""
+committed report's, and every link it gives leads to a file. And every Python block of README.md and
+docs/*.md runs as written: here (each section's blocks in order, in one fresh interpreter, CPU, tiny
+models), or in the test that runs its section with checks of what the prose says (RUN_ELSEWHERE), or it
+carries the marker ``<!-- not run: why -->`` on the line before it (none today: keep them few)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -71,3 +76,59 @@ def test_the_readme_writer_refuses_a_readme_without_markers(tmp_path):
         assert "marker lines" in str(e)
     else:
         raise AssertionError("a README without markers was accepted")
+
+
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+NOT_RUN = "<!-- not run:"
+# Sections whose blocks a dedicated test runs (under torchrun, accelerate launch, 2 Lightning processes, or
+# with the prose's claims checked between blocks): (file, section) -> that test, which names the section.
+RUN_ELSEWHERE = {
+    ("README.md", "Quickstart"): "tests/pipeline/test_docs.py",
+    ("docs/library.md", "Use it in your trainer"): "tests/loading/test_readme_trainer.py",
+    ("docs/integrations.md", "accelerate"): "tests/loading/test_accelerate.py",
+    ("docs/integrations.md", "Lightning"): "tests/loading/test_lightning.py",
+    ("docs/integrations.md", "Samples longer than the token budget"): "tests/loading/test_integrations_doc.py",
+}
+
+
+def doc_blocks() -> dict[tuple[str, str], list[str]]:
+    """Every ```python block of the docs, by (file, its ## section), in order; marked ones left out."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for path in DOCS:
+        section, lines = "", path.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            if lines[i].startswith("## "):
+                section = lines[i][3:].strip()
+            if lines[i].strip() == "```python":
+                end = lines.index("```", i + 1)
+                marked = i > 0 and lines[i - 1].startswith(NOT_RUN)
+                if not marked:
+                    out.setdefault((str(path.relative_to(ROOT)), section), []).append("\n".join(lines[i + 1:end]))
+                i = end
+            i += 1
+    return out
+
+
+RUN_HERE = sorted(k for k in doc_blocks() if k not in RUN_ELSEWHERE)
+
+
+def test_every_doc_block_is_run_somewhere():
+    blocks = doc_blocks()
+    assert sum(map(len, blocks.values())) >= 18
+    for (doc, section), test in RUN_ELSEWHERE.items():
+        assert (doc, section) in blocks, (doc, section)  # a renamed section must be renamed here too
+        assert f'"{section}"' in (ROOT / test).read_text() or section == "Use it in your trainer", (section, test)
+    assert RUN_HERE, "no block left to run here"
+    marked = sum(p.read_text().count(NOT_RUN) for p in DOCS)
+    assert marked <= 3, f"{marked} blocks marked not run: keep such exceptions few"
+
+
+@pytest.mark.parametrize("doc, section", RUN_HERE, ids=[f"{d}:{s}" for d, s in RUN_HERE])
+def test_doc_section_runs_as_written(doc, section, tmp_path):
+    code = "\n".join(doc_blocks()[(doc, section)])
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
+    env.update(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", TOKENIZERS_PARALLELISM="false")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
