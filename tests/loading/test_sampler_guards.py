@@ -4,6 +4,7 @@ a dataset or stream given as lengths, a corrupt state and out-of-range plan indi
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import numpy as np
@@ -34,6 +35,7 @@ def test_state_with_prefetching_workers_resumes_at_the_first_batch_not_trained()
             break
     assert sampler._position > 10            # the workers were handed more than the loop received
     assert state["position"] == 10
+    assert copy.deepcopy(sampler).plan() == sampler.plan()   # the loader it watches is not copied
     again = lb.LengthBatchSampler(lengths, **KW)
     again.load_state_dict(state)
     rest = list(torch.utils.data.DataLoader(data, batch_sampler=again, num_workers=2, collate_fn=lb.collate_packed))

@@ -217,6 +217,12 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         if epochs is not None:
             self.equalize_epochs(epochs)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the loader iterator is held by a weakref (not picklable, and meaningless in a copy)
+        state = self.__dict__.copy()
+        state["_loader_iter"] = None
+        return state
+
     @property
     def overflow_counts(self) -> dict[str, int]:
         """``samples_over_budget``, ``tokens_dropped`` (truncate), ``pieces_added`` (split)."""
@@ -423,7 +429,8 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         missing = [k for k in ("version", "epoch", "position", "world_size", "fingerprint") if k not in state]
         if missing:
             raise ValueError(f"sampler state lacks {missing}; pass a dict from LengthBatchSampler.state_dict()")
-        if type(state["version"]) is not int or state["version"] != STATE_VERSION:
+        version = state["version"]
+        if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)) or version != STATE_VERSION:
             raise ValueError(f"sampler state has version {state['version']!r}, but this lenbatch reads version "
                              f"{STATE_VERSION}; resume with the lenbatch that saved it, or start a fresh run")
         for key in ("epoch", "position", "world_size"):
