@@ -27,6 +27,8 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/__main__.py": set(),
     "lenbatch/hf.py": set(),
     "lenbatch/hostmem.py": {"profile", "train", "interleave"},
+    "lenbatch/loss.py": set(),
+    "lenbatch/packcheck.py": set(),
     # analysis: prediction and reports are compare's; the quality numbers are quality's (and compare reads them)
     "lenbatch_study/analysis/gradquality.py": {"quality"},  # gradient quality: measured by quality alone
     "lenbatch_study/analysis/interleaved.py": {"compare"},  # the interleaved measurement's ratios: compare's
