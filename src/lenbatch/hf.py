@@ -209,7 +209,9 @@ class LengthBatchMixin:
             raise ValueError(f"{type(self).__name__} needs train_dataset=")
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise ValueError(f"{type(self).__name__} needs a map-style train_dataset (with len() and indexing) to "
-                             f"plan an epoch; got {type(dataset).__name__} (an IterableDataset has no lengths up front)")
+                             f"plan an epoch; got {type(dataset).__name__} (an IterableDataset has no lengths up front: "
+                             "materialise it in one pass, e.g. datasets.Dataset.from_generator, or batch the stream "
+                             "with lenbatch.StreamingBatcher)")
         if lengths is None:
             lengths = _dataset_lengths(dataset, length_column or "input_ids")
         lengths = np.asarray(lengths)

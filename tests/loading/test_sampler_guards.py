@@ -141,3 +141,20 @@ def test_padding_efficiency_refuses_indices_numpy_would_wrap(batches, message):
         lb.padding_efficiency(np.array([3, 4, 5]), batches)
     with pytest.raises(ValueError, match="batches"):
         lb.budget_fill(np.array([3, 4, 5]), batches, 10)
+
+
+def test_the_trainer_refuses_a_stream_pointing_to_the_way_out(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from lenbatch.hf import LengthBatchTrainer
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield {"input_ids": [1, 2, 3]}
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=1, use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match=r"map-style train_dataset.*lenbatch.StreamingBatcher"):
+        LengthBatchTrainer(model=model, args=args, train_dataset=Stream(), strategy="sortish", token_budget=64,
+                           max_batch_size=4)
