@@ -73,9 +73,9 @@ def by_hand(model, lengths=(7, 13, 5, 11)) -> dict[str, float]:
 
 def report_families(only: str | None = None) -> None:
     print(f"transformers {tf.__version__}, torch {torch.__version__}, CPU float32")
-    print("| family | attention | check_packing | max diff (model_inputs()) | without use_cache=False | "
-          "input_ids + position_ids | input_ids only |")
-    print("|---|---|---|---|---|---|---|")
+    print("| family | attention | check_packing | max diff vs alone (model_inputs()) | max cross diff | bfloat16: "
+          "check_packing (vs alone / cross) | without use_cache=False | input_ids + position_ids | input_ids only |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, config in families().items():
         if only is not None and name != only:
             continue
@@ -83,13 +83,18 @@ def report_families(only: str | None = None) -> None:
             try:
                 model = build(config, attn)
             except ValueError:  # BLOOM has no sdpa path in transformers
-                print(f"| {name} | {attn} | (not offered by transformers) | | | | |")
+                print(f"| {name} | {attn} | (not offered by transformers) | | | | | | |")
                 continue
             r = lb.check_packing(model)
             hand = by_hand(model)
+            half = lb.check_packing(build(config, attn).to(torch.bfloat16))
             cells = [f"{v:.2g}" if isinstance(v, float) else v for v in hand.values()]
-            verdict = "ok" if r.ok else "NOT ok" + (f" ({r.error})" if r.error else "")
-            print(f"| {name} ({type(model).__name__}) | {attn} | {verdict} | {r.max_abs_diff:.2g} | "
+
+            def verdict(c):
+                return "ok" if c.ok else "NOT ok" + (f" ({c.error})" if c.error else "")
+
+            print(f"| {name} ({type(model).__name__}) | {attn} | {verdict(r)} | {r.max_abs_diff:.2g} | "
+                  f"{r.max_cross_diff:.2g} | {verdict(half)} ({half.max_abs_diff:.2g} / {half.max_cross_diff:.2g}) | "
                   + " | ".join(cells) + " |")
 
 
