@@ -55,7 +55,8 @@ class PackingCheck:
         """One sentence: the model, the verdict, the numbers and (when not ok) the fix."""
         if self.ok:
             return (f"{self.model_class} keeps packed sequences apart: max |logit difference| "
-                    f"{self.max_abs_diff:.2g} <= {self.tolerance:g} ({self.compared})")
+                    f"{self.max_abs_diff:.2g} <= {self.tolerance:g} against each sequence alone, "
+                    f"{self.max_cross_diff:.2g} when the other sequences change ({self.compared})")
         why = (f"the packed forward failed ({self.error})" if self.error is not None else
                f"packed sequences attend to each other: max |logit difference| {self.max_abs_diff:.3g} against "
                f"each sequence alone (tolerance {self.tolerance:g}), {self.max_cross_diff:.3g} when the other "
