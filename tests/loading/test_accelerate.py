@@ -157,3 +157,31 @@ def test_prepare_data_loader_without_set_epoch_runs_each_epochs_own_batches():
     for epoch in (0, 1):
         want = [b.tolist() for b in lb.plan_epoch(X, strategy="packed", epoch=epoch, rank=1, world_size=2, **KW)]
         assert [b for b in prepared] == want and s.epoch == epoch
+
+
+@pytest.mark.slow
+def test_token_normalised_accumulation_block_under_two_processes(tmp_path):
+    """docs/integrations.md's packed + accumulation loop under accelerate launch with 2 processes: it runs
+    as written, both processes count the same step total (the all-reduce), and their weights stay equal."""
+    (block,) = section_blocks("Packed rows and gradient accumulation in your own loop")
+    head = ('import lenbatch as _lb\n'
+            'CALLS, _count = [], _lb.learned_tokens\n'
+            'def _recording(micro, **kw):  # (this process\'s count, the step total) of every step\n'
+            '    CALLS.append((_count(micro), _count(micro, **kw)))\n'
+            '    return CALLS[-1][1]\n'
+            '_lb.learned_tokens = _recording\n')
+    tail = ('\nimport json\n'
+            'json.dump({"calls": CALLS, "world": accelerator.num_processes,\n'
+            '           "weights": float(sum(p.double().sum() for p in model.parameters()))},\n'
+            '          open(f"acc{accelerator.process_index}.json", "w"))\n')
+    (tmp_path / "acc.py").write_text(head + block + tail)
+    proc = _accelerate_launch(tmp_path / "acc.py", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"acc{r}.json").read_text()) for r in range(2)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    steps = list(zip(ranks[0]["calls"], ranks[1]["calls"]))
+    assert len(steps) == len(ranks[0]["calls"]) == len(ranks[1]["calls"]) > 2
+    for (local0, total0), (local1, total1) in steps:
+        assert total0 == total1 == local0 + local1            # every step's total is both processes' sum
+    assert any(a[0] != b[0] for a, b in steps)                 # the processes' counts do differ
+    assert ranks[0]["weights"] == pytest.approx(ranks[1]["weights"], abs=1e-9)

@@ -110,6 +110,8 @@ def doc_blocks() -> dict[tuple[str, str], list[str]]:
     return out
 
 
+# (docs/integrations.md's "Packed rows and gradient accumulation in your own loop" runs here in one
+# process, and under 2 processes in tests/loading/test_accelerate.py)
 RUN_HERE = sorted(k for k in doc_blocks() if k not in RUN_ELSEWHERE)
 
 
