@@ -71,3 +71,37 @@ def test_the_readme_writer_refuses_a_readme_without_markers(tmp_path):
         assert "marker lines" in str(e)
     else:
         raise AssertionError("a README without markers was accepted")
+
+
+def test_the_results_block_is_the_answer_and_a_table_of_at_most_8_columns():
+    from lenbatch_study.tools import readme
+
+    text = README.read_text()
+    block = text[text.index(readme.BEGIN) + len(readme.BEGIN):text.index(readme.END)]
+    header = next(line for line in block.splitlines() if line.startswith("| strategy"))
+    assert 2 <= header.count("|") - 1 <= 8, header
+    assert block.strip().startswith(("**Use `", "**Tie: ", "**Not settled")), block[:80]
+    assert len((ROOT / "results/compare/report.md").read_bytes()) <= 10_000
+
+
+def test_the_readme_table_is_rewritten_only_from_the_default_params(tmp_path, capsys):
+    """A report made with other params (a user's data) leaves the README's embedded-default table alone, saying
+    why; the committed report (default params) rewrites it."""
+    import json
+    import shutil
+
+    from lenbatch_study.tools import readme
+
+    report = tmp_path / "compare" / "report.md"
+    shutil.copytree(ROOT / "results/compare", report.parent)
+    stale = readme.with_table(README.read_text(), "an old table\n")
+    (tmp_path / "R.md").write_text(stale)
+    resolved = json.loads((report.parent / "params.json").read_text())
+    resolved["data"]["source"] = "my_chats.jsonl"
+    (report.parent / "params.json").write_text(json.dumps(resolved))
+    assert readme.run(readme=str(tmp_path / "R.md"), report=str(report)) == 0
+    assert (tmp_path / "R.md").read_text() == stale
+    assert "data.source" in capsys.readouterr().err
+    shutil.copy(ROOT / "results/compare/params.json", report.parent / "params.json")
+    assert readme.run(readme=str(tmp_path / "R.md"), report=str(report)) == 0
+    assert (tmp_path / "R.md").read_text() != stale and "an old table" not in (tmp_path / "R.md").read_text()

@@ -35,7 +35,9 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/analysis/quality_report.py": {"compare"},  # rendering of the quality result: compare draws it
     "lenbatch_study/analysis/quality_stats.py": {"quality", "compare"},
     "lenbatch_study/analysis/report.py": {"compare"},
+    "lenbatch_study/analysis/report_details.py": {"compare"},
     "lenbatch_study/analysis/settled.py": {"compare"},
+    "lenbatch_study/analysis/verdict.py": {"compare"},
     "lenbatch_study/analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table
     "lenbatch_study/analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
     "lenbatch_study/analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
