@@ -366,8 +366,9 @@ def test_a_verify_over_its_tolerance_is_recorded_and_the_check_goes_on(tmp_path)
     assert bad.returncode == 2 and "--tf32 is a float32 check" in bad.stderr and "--dtype float32" in bad.stderr
     # a step that needs more GPUs than the machine has is skipped with its reason, not failed
     summary = gpu_check.summarize(tmp_path, {"nccl-2gpu": 0.0}, None, skipped={"nccl-2gpu": "needs 2 GPUs, 1 visible"})
-    assert summary["complete"] and summary["nccl_2gpu"] is None
+    assert summary["complete"] and summary["nccl_2gpu"] == {"exercised": False, "reason": "needs 2 GPUs, 1 visible"}
     assert "nccl-2gpu skipped (needs 2 GPUs, 1 visible)" in gpu_check.render(summary)
+    assert "nccl-2gpu not exercised: needs 2 GPUs, 1 visible" in gpu_check.render(summary)
 
 
 def test_kill_tree_reaches_a_grandchild_in_another_session(tmp_path):

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import weakref
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from _live_bytes import LiveBytes
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
@@ -28,35 +28,6 @@ from lenbatch_study.models import kernels, memory, varlen  # noqa: E402
 from lenbatch_study.models.target import build_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class LiveBytes(TorchDispatchMode):
-    """Bytes of tensor storage alive, and their peak, while the mode is on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self.seen: set[int] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            st = t.untyped_storage()
-            key, n = st.data_ptr(), st.nbytes()
-            if n == 0 or key in self.seen:  # a view of a storage already counted
-                continue
-            self.seen.add(key)
-            self.live += n
-            self.peak = max(self.peak, self.live)
-
-            def gone(n=n, key=key):
-                self.live -= n
-                self.seen.discard(key)
-
-            weakref.finalize(st, gone)
-        return out
 
 
 def main() -> int:
