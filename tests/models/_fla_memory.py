@@ -52,9 +52,10 @@ def main() -> int:
         with mode:
             target.features(torch.zeros(1, n, dtype=torch.long), cu_seqlens=torch.tensor([0, n // 2, n]))
         peaks[n] = mode.peak
-    est_t, _ = memory.rank_memory(params)
+    # the estimate for the model measured: one layer, its own output the one target layer (at the check's
+    # four target layers the estimate adds their retained outputs: tests/models/test_memory_capture.py)
     print(json.dumps({"measured_bytes_per_token": (peaks[1024] - peaks[512]) / 512,
-                      "estimate_bytes_per_token": est_t.activations / params.batching.token_budget,
+                      "estimate_bytes_per_token": memory.BYTES[m.dtype] * memory.target_activation_elements(one),
                       "old_estimate_bytes_per_token": memory.BYTES[m.dtype] * (
                           4 * m.hidden_size + 3 * m.intermediate_size
                           + 2 * m.linear_num_key_heads * m.linear_key_head_dim
