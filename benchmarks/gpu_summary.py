@@ -61,6 +61,9 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, strat
         train[s]["kernel_backend"] = kb.get("gated_delta_rule")
         train[s]["conv_backend"] = kb.get("conv")
         train[s]["warmup_compile_s"] = kb.get("warmup_compile_s")
+        # the token counts fla's kernels were warmed (and autotuned) at, and how many choices it made there
+        train[s]["warmup_tokens"] = kb.get("warmup_tokens")
+        train[s]["autotune_choices"] = sum(len(v) for v in (kb.get("autotune_choices") or {}).values()) or None
         train[s]["predicted_tok_s"] = metrics.get(f"{s}.predicted_tok_s")
         # per role, measured / predicted seconds of the measured steps: on one GPU the ranks share the
         # device and the features cross the host, which the prediction does not model, so each role's
