@@ -10,11 +10,13 @@ Public API (stable)::
     lb.padding_efficiency(lengths, batches, strategy="bucketed")
     lengths = lb.lengths_of(dataset, column="input_ids")   # from the Arrow offsets: no row loop
     sampler = lb.LengthBatchSampler(lengths, strategy="packed", token_budget=8192, max_batch_size=64, seed=0)
+    batcher = lb.StreamingBatcher(stream, strategy="bucketed", token_budget=8192, max_batch_size=64,
+                                  buffer_size=4096)                    # lengths not known up front
 
     batch = lb.collate_packed([{"input_ids": ids} for ids in samples])   # or collate_padded
     model(**batch.model_inputs())                                       # any HF causal LM
 
-``import lenbatch`` stays light (numpy only): ``LengthBatchSampler``, ``collate_padded`` and
+``import lenbatch`` stays light (numpy only): ``LengthBatchSampler``, ``StreamingBatcher``, ``collate_padded`` and
 ``collate_packed`` import torch on first access, ``lengths_of`` pyarrow on its first call; transformers
 only in :mod:`lenbatch.hf`. The library never imports the study (``lenbatch_study``) that measures it.
 """
@@ -41,7 +43,7 @@ from lenbatch.loading.arrow import lengths_of
 __version__ = "0.1.0"
 
 __all__ = [
-    "METHODS", "STRATEGIES", "BatchSpec", "Boundaries", "LengthBatchSampler", "Plan", "Strategy", "bucket_counts", "budget_fill",
+    "METHODS", "STRATEGIES", "BatchSpec", "Boundaries", "LengthBatchSampler", "Plan", "Strategy", "StreamingBatcher", "bucket_counts", "budget_fill",
     "collate_packed", "collate_padded", "composition_repeat", "greedy_bucket_computed", "histogram",
     "length_mixing", "length_stats", "lengths_of", "optimize_boundaries", "padding_efficiency", "plan_epoch",
     "plan_epoch_all", "predict_bucketed", "sweep_num_buckets",
@@ -53,6 +55,10 @@ def __getattr__(name: str) -> Any:
         from lenbatch.loading.sampler import LengthBatchSampler
 
         return LengthBatchSampler
+    if name == "StreamingBatcher":
+        from lenbatch.loading.streaming import StreamingBatcher
+
+        return StreamingBatcher
     if name in ("collate_padded", "collate_packed"):
         from lenbatch.loading import collate as _collate
 
