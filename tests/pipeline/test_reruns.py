@@ -73,6 +73,11 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch/loading/sampler.py": set(),
     "lenbatch/loading/overflow.py": set(),  # over-long samples in users' loops: no stage runs them
     "lenbatch/batching/overflow.py": set(),
+    # streams, the strategy comparison and its command: for users' loops and the README; no stage runs them
+    "lenbatch/batching/stream.py": set(),
+    "lenbatch/loading/streaming.py": set(),
+    "lenbatch/batching/compare.py": set(),
+    "lenbatch/__main__.py": set(),
     # models
     "lenbatch_study/models/drafter.py": MODEL,
     "lenbatch_study/models/fla_cpu.py": MODEL,
