@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from lenbatch.batching.boundaries import METHODS, Boundaries, optimize_boundaries, sweep_num_buckets
-from lenbatch.batching.compare import Cost, compare_strategies
+from lenbatch.batching.compare import compare_strategies
+from lenbatch.batching.cost import Cost
 from lenbatch.batching.lengths import bucket_counts, histogram, length_stats
 from lenbatch.batching.padding import (
     budget_fill,

@@ -133,3 +133,23 @@ def test_too_few_samples_for_the_ranks_is_refused():
     x = np.full(3, 90)  # three one-sample batches cannot become four
     with pytest.raises(ValueError, match="world_size=4 needs 4 batches"):
         plan_stream(x, strategy="random", spec=_spec("random", 100, 4), buffer_size=2, world_size=4)
+
+
+@pytest.mark.parametrize("strategy", STREAM_STRATEGIES)
+def test_a_cost_caps_every_streamed_batch_and_balances_each_step(strategy):
+    x = chat_lengths(20_000, seed=12)
+    cost = lb.Cost(per_token=1.0, per_token_squared=1 / 2048)
+    cap = float(cost.per_row(8191)) * 1.5
+    spec = _spec(strategy, 16384, 64)
+    kw = dict(strategy=strategy, spec=spec, buffer_size=2000, world_size=8)
+    ranks = plan_stream(x, cost=cost, cost_budget=cap, **kw)
+    _check_plan(x, ranks, strategy, 16384, 64)
+    imbalance = {}
+    for name, got in (("tokens", plan_stream(x, **kw)), ("cost", ranks)):
+        per = np.stack([cost.of_batches(x, r, packed=strategy == "packed") for r in got])
+        imbalance[name] = per.max(axis=0).sum() / per.mean(axis=0).sum() - 1
+        if name == "cost":
+            assert per.max() <= cap * (1 + 1e-9)
+    assert imbalance["cost"] < 0.04 and imbalance["cost"] < imbalance["tokens"] / 2, imbalance
+    again = plan_stream(x, cost=cost, cost_budget=cap, **kw)
+    assert all(len(a) == len(b) and all(np.array_equal(p, q) for p, q in zip(a, b)) for a, b in zip(ranks, again))

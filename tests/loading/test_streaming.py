@@ -129,3 +129,20 @@ def test_in_a_dataloader_with_collate_and_one_worker_at_most():
     two = torch.utils.data.DataLoader(_batcher("packed"), batch_size=None, num_workers=2, collate_fn=lambda s: s)
     with pytest.raises(ValueError, match="num_workers=2"):
         list(two)
+
+
+def test_a_cost_reaches_the_planner_and_the_state():
+    cost = lb.Cost(per_token=1.0, per_token_squared=1 / 2048)
+    cap = float(cost.per_row(8191)) * 1.5
+    b = _batcher("packed", rank=1, world_size=4, cost=cost, cost_budget=cap)
+    spec = BatchSpec(token_budget=16384, max_batch_size=64, layout="packed", seed=1)
+    want = plan_stream(X, strategy="packed", spec=spec, buffer_size=400, world_size=4, cost=cost, cost_budget=cap)[1]
+    assert _ids(b) == [a.tolist() for a in want]
+    it = iter(b)
+    next(it)
+    with pytest.raises(ValueError, match="other batching settings"):
+        _batcher("packed", rank=1, world_size=4).load_state_dict(b.state_dict())
+    with pytest.raises(ValueError, match="alone costs more than cost_budget=10"):
+        list(_batcher("packed", cost=cost, cost_budget=10.0))  # known when the first sample is read
+    with pytest.raises(ValueError, match="cost_budget needs cost="):
+        _batcher("packed", cost_budget=10.0)

@@ -52,6 +52,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch/batching/simulate.py": {"plans"},
     "lenbatch/batching/spec.py": PLANNING | {"profile"},
     "lenbatch/batching/strategies.py": PLANNING,
+    "lenbatch/batching/cost.py": PLANNING,  # the cost budget's limits: the planner imports them
     # the command line: nobody's dependency (help strings rerun nothing)
     "lenbatch_study/cli/__init__.py": set(),
     "lenbatch_study/cli/flags.py": set(),

@@ -1,10 +1,5 @@
-"""Which strategy for these lengths: every strategy planned and scored in one call, and the cost model
-that prices a batch by its attention as well as its tokens.
-
-:class:`Cost` (``per_token`` a, ``per_token_squared`` b): a padded batch of n samples padded to m tokens
-costs n·(a·m + b·m²) (every row computes m positions, attention over m), a packed row of sequences
-n_1..n_k costs Σ(a·n_i + b·n_i²) (attention never crosses a sequence). ``Cost()`` (a = 1, b = 0) is the
-computed tokens of DESIGN.md.
+"""Which strategy for these lengths: every strategy planned and scored in one call (with a
+:class:`lenbatch.Cost`, also priced by attention: :mod:`lenbatch.batching.cost`).
 
 :func:`compare_strategies` plans epochs 0 and 1 of every strategy with the in-memory planner and scores
 them with the plan metrics of :mod:`lenbatch.batching.padding`. Numpy only.
@@ -12,63 +7,17 @@ them with the plan metrics of :mod:`lenbatch.batching.padding`. Numpy only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from lenbatch.batching.lengths import check_lengths
+from lenbatch.batching.cost import Cost
 from lenbatch.batching.epoch import Plan, rank_plan
 from lenbatch.batching.padding import budget_fill, composition_repeat, length_mixing, padding_efficiency
 from lenbatch.batching.spec import BatchSpec, check_int
 from lenbatch.batching.strategies import epoch_batches
 from lenbatch.batching.strategy import STRATEGIES, layout_of
-
-
-@dataclass(frozen=True)
-class Cost:
-    """The cost of a batch: ``per_token`` a and ``per_token_squared`` b (module doc). ``ValueError`` for a
-    negative or non-finite coefficient, or both zero."""
-
-    per_token: float = 1.0
-    per_token_squared: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("per_token", "per_token_squared"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v) or v < 0:
-                raise ValueError(f"Cost({name}={v!r}): a coefficient must be a finite number >= 0 (a step's "
-                                 "seconds per token, per token squared)")
-            object.__setattr__(self, name, float(v))
-        if self.per_token == 0 and self.per_token_squared == 0:
-            raise ValueError("Cost(per_token=0, per_token_squared=0) prices every batch at 0; give at least one "
-                             "coefficient > 0")
-
-    def of_batches(self, lengths: Any, batches: Any, *, packed: bool) -> np.ndarray:
-        """float64 cost of each batch (a :class:`lenbatch.Plan` or a list of index arrays into ``lengths``),
-        in order. O(N)."""
-        if not len(batches):
-            return np.zeros(0)
-        idx, sizes, starts = flat_batches(batches)
-        x = np.asarray(lengths, dtype=np.float64)[idx]
-        if packed:
-            return np.add.reduceat(self.per_token * x + self.per_token_squared * x * x, starts)
-        m = np.maximum.reduceat(x, starts)
-        return sizes * (self.per_token * m + self.per_token_squared * m * m)
-
-
-def flat_batches(batches: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(indices concatenated, sizes, start offsets) of a Plan (no per-batch work) or a list of arrays."""
-    if isinstance(batches, Plan):
-        sizes = np.diff(batches.offsets)
-        idx, starts = batches.indices, batches.offsets[:-1]
-    else:
-        sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
-        idx = np.concatenate(batches)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    if np.any(sizes == 0):
-        raise ValueError("a batch is empty; plans never hold empty batches")
-    return idx, sizes, starts
 
 
 def _epoch(x: np.ndarray, strategy: str, spec: BatchSpec, epoch: int, world_size: int) -> tuple[int, Plan]:
@@ -140,4 +89,4 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Cost", "compare_strategies", "format_table"]
+__all__ = ["compare_strategies", "format_table"]

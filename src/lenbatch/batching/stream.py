@@ -33,9 +33,14 @@ talks to another: they agree because they read the same stream.
 seed, epoch, world_size) alone: one ``numpy.random.Generator`` seeded with ``seed + epoch`` draws the
 buffer's replacements (in blocks) and the final drain.
 
+**Cost** (``cost=lenbatch.Cost(...)``, ``cost_budget=``; :mod:`lenbatch.batching.cost`): the greedy and
+first-fit rules take the cost budget as one more bound (n·g(longest) padded, Σ g(n_i) packed, g(m) =
+a·m + b·m²), and batches go out ``BALANCE_STEPS`` steps at a time, sorted by cost, so that each step's
+ranks get batches of about equal cost (without a cost: step by step, in closing order).
+
 **Memory.** Samples read and not yet handed out: at most ``buffer_size`` in the buffer, plus the
 strategy's open batches (random: 1, bucketed: K, packed: ``packed_window`` rows, sortish: one megabatch;
-each at most ``max_batch_size`` samples) plus the held-back batches (usually about one step).
+each at most ``max_batch_size`` samples) plus the held-back batches (usually about one step; with a cost, ``BALANCE_STEPS`` steps).
 :attr:`StreamPlanner.peak_held` reports the most held at once. Cost: O(1) Python work per sample
 (O(``packed_window``) packed; O(megabatch log megabatch) per sortish megabatch).
 """
@@ -48,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from lenbatch.batching.cost import Cost, cost_limit
 from lenbatch.batching.epoch import EpochBatches, split_to_multiple
 from lenbatch.batching.scan import _first_fit_decreasing
 from lenbatch.batching.spec import BatchSpec, check_int
@@ -56,6 +62,7 @@ STREAM_STRATEGIES = ("random", "bucketed", "sortish", "packed")
 HASH_MOD = (1 << 61) - 1  # a running polynomial hash of the lengths read (the resume check)
 EDGE_CANDIDATES = 64  # candidate edges searched when bucketed edges are estimated from the first buffer
 DRAWS = 8192  # buffer replacement indices drawn per call to the generator
+BALANCE_STEPS = 32  # steps released together and balanced by cost when a Cost is given
 
 
 def check_stream_strategy(strategy: str) -> str:
@@ -76,8 +83,15 @@ class StreamPlanner:
     for a length over the budget or outside the edges."""
 
     def __init__(self, *, strategy: str, spec: BatchSpec, buffer_size: int, epoch: int = 0, world_size: int = 1,
-                 num_buckets: int = 6) -> None:
+                 num_buckets: int = 6, cost: Cost | None = None, cost_budget: float | None = None) -> None:
         self.strategy = check_stream_strategy(strategy)
+        # validated as the in-memory planner does (a length of 1 stands in for the stream's, unknown yet)
+        cost_limit(np.ones(1, dtype=np.int64), token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
+                   cost=cost, cost_budget=cost_budget)
+        self.cost = cost
+        self.cost_budget = None if cost_budget is None else float(cost_budget)
+        self._a = 0.0 if cost is None else cost.per_token
+        self._b = 0.0 if cost is None else cost.per_token_squared
         self.spec = spec
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.world_size = check_int("world_size", world_size, minimum=1)
@@ -111,6 +125,9 @@ class StreamPlanner:
             raise ValueError(f"sample {self.read} of the stream has {L} tokens, outside 1..token_budget="
                              f"{self.spec.token_budget}; raise token_budget, or truncate or drop such samples "
                              "before the batcher (a stream cannot hold a sample back to split it)")
+        if self.cost_budget is not None and self._a * L + self._b * L * L > self.cost_budget:
+            raise ValueError(f"sample {self.read} of the stream has {L} tokens and alone costs more than cost_budget="
+                             f"{self.cost_budget:g}; raise cost_budget, or truncate or drop such samples")
         pos = self.read
         self.read = pos + 1
         self.hash = (self.hash * 1_000_003 + L) % HASH_MOD
@@ -193,7 +210,8 @@ class StreamPlanner:
         pos = ob[0]
         m = ob[2]
         mm = L if L > m else m
-        if len(pos) < self.spec.max_batch_size and (len(pos) + 1) * mm <= self.spec.token_budget:
+        if len(pos) < self.spec.max_batch_size and (len(pos) + 1) * mm <= self.spec.token_budget and (
+                self.cost_budget is None or (len(pos) + 1) * (self._a * mm + self._b * mm * mm) <= self.cost_budget):
             pos.append(p)
             ob[1].append(L)
             ob[2] = mm
@@ -216,14 +234,18 @@ class StreamPlanner:
         self._open = [[[], [], 0]]
 
     def _first_fit(self, p: int, L: int) -> None:
-        rows = self._open  # each [positions, lengths, free tokens]
+        rows = self._open  # each [positions, lengths, free tokens, free cost]
         mbs = self.spec.max_batch_size
+        g = self._a * L + self._b * L * L
+        cb = self.cost_budget
+        gs = self._a * self.shortest + self._b * self.shortest * self.shortest
         for k, row in enumerate(rows):
-            if row[2] >= L:
+            if row[2] >= L and (cb is None or row[3] >= g):
                 row[0].append(p)
                 row[1].append(L)
                 row[2] -= L
-                if row[2] < self.shortest or len(row[0]) >= mbs:
+                row[3] -= g
+                if row[2] < self.shortest or len(row[0]) >= mbs or (cb is not None and row[3] < gs):
                     self._close(row[0], row[1])
                     rows.pop(k)
                 return
@@ -232,10 +254,11 @@ class StreamPlanner:
             self._close(rows[k][0], rows[k][1])
             rows.pop(k)
         free = self.spec.token_budget - L
-        if free < self.shortest or mbs == 1:
+        free_cost = 0.0 if cb is None else cb - g
+        if free < self.shortest or mbs == 1 or (cb is not None and free_cost < gs):
             self._close([p], [L])
         else:
-            rows.append([[p], [L], free])
+            rows.append([[p], [L], free, free_cost])
 
     def _flush(self) -> None:
         if self.strategy == "sortish":
@@ -244,8 +267,25 @@ class StreamPlanner:
             members = [p for row in self._open for p in row[0]]
             xs = {p: L for row in self._open for p, L in zip(row[0], row[1])}
             self._open = []
-            for row in _first_fit_decreasing(members, xs_of=xs, token_budget=self.spec.token_budget,
-                                             max_batch_size=self.spec.max_batch_size):
+            if self.cost_budget is None:
+                tail = _first_fit_decreasing(members, xs_of=xs, token_budget=self.spec.token_budget,
+                                             max_batch_size=self.spec.max_batch_size)
+            else:  # first-fit decreasing under both budgets (the in-memory planner's tail rule)
+                tail, free, free_cost = [], [], []
+                for p in sorted(members, key=lambda q: (-xs[q], q)):
+                    L = xs[p]
+                    g = self._a * L + self._b * L * L
+                    for k in range(len(free)):
+                        if free[k] >= L and free_cost[k] >= g and len(tail[k]) < self.spec.max_batch_size:
+                            tail[k].append(p)
+                            free[k] -= L
+                            free_cost[k] -= g
+                            break
+                    else:
+                        tail.append([p])
+                        free.append(self.spec.token_budget - L)
+                        free_cost.append(self.cost_budget - g)
+            for row in tail:
                 self._close(row, [xs[p] for p in row])
         else:
             for ob in self._open:
@@ -258,12 +298,32 @@ class StreamPlanner:
         self._pending.append((pos, lens))
         self._pending_extra += len(pos) - 1
         w = self.world_size
-        while len(self._pending) >= w:
-            first = sum(len(self._pending[i][0]) - 1 for i in range(w))
+        # with a cost, BALANCE_STEPS steps go out at once, their batches sorted by cost: a step's ranks then
+        # get batches of about equal cost (a DDP step waits for its costliest rank)
+        group = w if self.cost is None or w == 1 else w * BALANCE_STEPS
+        while len(self._pending) >= group:
+            first = sum(len(self._pending[i][0]) - 1 for i in range(group))
             if self._pending_extra - first < w - 1:
                 break
             self._pending_extra -= first
-            self._release([self._pending.popleft()[0] for _ in range(w)])
+            self._release_group([self._pending.popleft() for _ in range(group)])
+
+    def _batch_cost(self, lens: list[int]) -> float:
+        a, b = self._a, self._b
+        if self.spec.packed:
+            return sum(a * L + b * L * L for L in lens)
+        m = max(lens)
+        return len(lens) * (a * m + b * m * m)
+
+    def _release_group(self, batches: list[tuple[list[int], list[int]]]) -> None:
+        """Release ``batches`` (a multiple of world_size) as steps: in order, or sorted by cost (descending,
+        ties in order) when there is a cost."""
+        w = self.world_size
+        if self.cost is not None and w > 1:
+            costs = [self._batch_cost(lens) for _, lens in batches]
+            batches = [batches[i] for i in sorted(range(len(batches)), key=lambda i: -costs[i])]
+        for i in range(0, len(batches), w):
+            self._release([pos for pos, _ in batches[i:i + w]])
 
     def _release(self, step: list[list[int]]) -> None:
         self._steps.append(step)
@@ -289,18 +349,19 @@ class StreamPlanner:
                 raise ValueError(f"world_size={w} needs {len(pending) + (-len(pending)) % w} batches at the end "
                                  f"of the stream but its last batches hold only {lens.size} samples; use fewer "
                                  "ranks or more data") from None
-            pending = [(pos[eb.flat[s:e]].tolist(), []) for s, e in zip(eb.start.tolist(), eb.end.tolist())]
-        for i in range(0, len(pending), w):
-            self._release([b for b, _ in pending[i:i + w]])
+            pending = [(pos[eb.flat[s:e]].tolist(), lens[eb.flat[s:e]].tolist())
+                       for s, e in zip(eb.start.tolist(), eb.end.tolist())]
+        self._release_group(pending)
 
 
 def plan_stream(lengths: Any, *, strategy: str, spec: BatchSpec, buffer_size: int, epoch: int = 0,
-                world_size: int = 1, num_buckets: int = 6) -> list[list[np.ndarray]]:
+                world_size: int = 1, num_buckets: int = 6, cost: Cost | None = None,
+                cost_budget: float | None = None) -> list[list[np.ndarray]]:
     """Every rank's batches of one pass over a stream with these ``lengths`` (in stream order): ``out[r]``
     is rank r's list of int64 position arrays, in order. The same batches as :class:`StreamPlanner`
     (and :class:`lenbatch.StreamingBatcher`) give; for tests and benchmarks. Cost: see the module doc."""
     planner = StreamPlanner(strategy=strategy, spec=spec, buffer_size=buffer_size, epoch=epoch,
-                            world_size=world_size, num_buckets=num_buckets)
+                            world_size=world_size, num_buckets=num_buckets, cost=cost, cost_budget=cost_budget)
     push = planner.push
     for L in np.asarray(lengths).tolist():
         push(L)

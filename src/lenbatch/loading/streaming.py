@@ -24,6 +24,7 @@ from typing import Any
 
 import torch.utils.data
 
+from lenbatch.batching.cost import Cost
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.strategies import named_strategy, resolve_rank
 from lenbatch.batching.strategy import Strategy, layout_of
@@ -43,7 +44,9 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
     ``length(sample)`` gives a sample's tokens (default: ``len(sample["input_ids"])``). ``buffer_size``:
     samples held by the shuffle buffer (the strategy's open batches and the held-back batches come on
     top: :attr:`peak_held` reports the most held at once in the last pass). ``edges`` for ``bucketed``
-    (default: optimal edges of the first buffer's lengths, ``num_buckets`` of them). A sample longer than
+    (default: optimal edges of the first buffer's lengths, ``num_buckets`` of them). ``cost`` (a
+    :class:`lenbatch.Cost`) and ``cost_budget``: every batch within the cost budget too, each step's
+    batches balanced by cost (:mod:`lenbatch.batching.stream`). A sample longer than
     ``token_budget`` raises ``ValueError`` when it is read. Use it in the training process itself or in a
     DataLoader with at most one worker (``DataLoader(batcher, batch_size=None, collate_fn=...)``): more
     workers would each read the whole stream.
@@ -59,7 +62,7 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
                  strategy: "str | Strategy", token_budget: int | None = None, max_batch_size: int | None = None,
                  buffer_size: int = 4096, seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  edges: Any = None, packed_window: int = 8, num_buckets: int = 6,
-                 spec: BatchSpec | None = None) -> None:
+                 spec: BatchSpec | None = None, cost: Cost | None = None, cost_budget: float | None = None) -> None:
         super().__init__()
         name, edges, spec = named_strategy(strategy, edges, spec)
         check_stream_strategy(name)
@@ -79,6 +82,8 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.num_buckets = check_int("num_buckets", num_buckets, minimum=1)
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.cost, self.cost_budget = cost, cost_budget
+        self._planner()  # checks the settings now (cost included), not at the first batch
         self.epoch = 0
         self.peak_held = 0
         self._yielded = 0  # this rank's batches handed out in the current pass
@@ -100,8 +105,9 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
         self._yielded = 0
 
     def _planner(self) -> StreamPlanner:
-        return StreamPlanner(strategy=self.strategy, spec=self.spec, buffer_size=self.buffer_size, epoch=self.epoch,
-                             world_size=self.world_size, num_buckets=self.num_buckets)
+        return StreamPlanner(strategy=self.strategy, spec=self.spec, buffer_size=self.buffer_size,
+                             epoch=getattr(self, "epoch", 0), world_size=self.world_size, num_buckets=self.num_buckets,
+                             cost=self.cost, cost_budget=self.cost_budget)
 
     def __iter__(self) -> Iterator[list[Any]]:
         info = torch.utils.data.get_worker_info()
@@ -160,7 +166,9 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
                 "max_batch_size": self.spec.max_batch_size, "seed": self.spec.seed,
                 "edges": None if self.spec.edges is None else list(self.spec.edges),
                 "packed_window": self.spec.packed_window, "buffer_size": self.buffer_size,
-                "num_buckets": self.num_buckets}
+                "num_buckets": self.num_buckets,
+                "cost": None if self.cost is None else [self.cost.per_token, self.cost.per_token_squared],
+                "cost_budget": self.cost_budget}
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is in the pass: epoch, batches handed out, the stream read until then (count and
