@@ -124,6 +124,11 @@ def main() -> None:
                 print(f"| {name} | {method} | {strategy} | {r['steps']:,} | {'yes' if r['exact'] else 'no'} | "
                       f"{r['eff']:.1%} | {r['fill']:.1%} | {r['held']:,} | {r['s']:.2f} |", flush=True)
         if not a.skip_lhotse:
+            try:
+                import lhotse  # noqa: F401
+            except ImportError:
+                print(f"| {name} | lhotse: not installed (pip install lhotse) | | | | | | | |")
+                continue
             r = lhotse_run(x, a.world_size, a.buffer)
             print(f"| {name} | lhotse DynamicBucketing | bucketed (6) | {r['steps']:,} | {r['exact']} | {r['eff']:.1%} | "
                   f"{r['fill']:.1%} | {r['held']:,} | {r['s']:.2f} |", flush=True)
