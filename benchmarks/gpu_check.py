@@ -1,6 +1,7 @@
 """The prepared check of the GPU path on one GPU machine that has no package index (``make gpu-check``).
 
-    python3 benchmarks/gpu_check.py [--out results/gpu-check] [--kit .whl] [--budget-s 480] [--dry-run]
+    python3 benchmarks/gpu_check.py --out results/gpu-check --kit .whl [--collect DIR] [--budget-s 540]
+    python3 benchmarks/gpu_check.py --dry-run [--gpus N]       # the steps, estimates, critical path
     python3 benchmarks/gpu_check.py --rehearse --out DIR     # every step on CPU (CI: tests/benchmarks)
     python benchmarks/gpu_check.py --build-kit .whl           # make gpu-wheels: on a machine with an index
 
@@ -18,23 +19,30 @@ and the check goes on, exit 1 at the end: :func:`step_outcome`):
 
 1. ``install``: ``python3 -m pip install --no-index --no-deps --target OUT/site .whl/*.whl``;
 2. ``environment``: imports and versions (``OUT/env.json``); fla must be usable on the GPU;
-3. ``verify-fla-bfloat16`` / ``verify-fla-float32``: ``verify-packing --backend fla`` on Qwen3.6-27B
-   layer shapes (3 Gated DeltaNet + 1 attention layer, 16 key / 48 value heads) against the
-   per-sequence Hugging Face forwards; bf16 by relative tolerance 3e-2, fp32 by 1e-4 absolute with
-   ``TRITON_F32_DEFAULT=ieee`` and fla's explicit-TF32 triangular solve forced to IEEE
-   (:func:`lenbatch_study.models.fla_cpu.force_ieee_solve`);
-4. ``stats``, ``boundaries``, ``plans`` on the kit's lengths; ``profile`` on the mid-size model
-   (:data:`MID`); ``train-<strategy>`` for every strategy under torchrun (2 target ranks + 1 drafter
-   rank sharing the GPU: ``LENBATCH_SHARE_GPU=1`` in every step's environment, gloo through host
-   memory, since NCCL refuses two ranks on one GPU); ``compare`` (predicted vs measured);
-   ``nccl-2gpu`` where two or more GPUs are visible (skipped with a note otherwise): one target and
-   one drafter rank on a GPU each, so NCCL, :data:`NCCL_STEPS` steps of sorted;
-5. ``OUT/summary.json`` + one printed table (:func:`summarize`, :func:`render`): verify results,
-   per strategy measured and predicted tok/s, ratio to sorted, kernel backend, compile seconds,
-   peak memory per rank against :mod:`lenbatch_study.models.memory`'s estimate, queue/credit waits.
+3. the throughput steps, the critical path: ``stats``, ``boundaries``, ``plans`` on the kit's lengths;
+   ``profile`` on the mid-size model (:data:`MID`; the first process on fla's bf16 kernels, so it pays
+   their compile); ``interleave``: every strategy's steps timed in turns in one process (the ratios to
+   sorted, with 95% intervals, that the step model is judged on where the trainings share one GPU);
+   ``train-<strategy>`` for every strategy under torchrun (2 target ranks + 1 drafter rank sharing the
+   GPU: ``LENBATCH_SHARE_GPU=1`` in every step's environment, gloo through host memory, since NCCL
+   refuses two ranks on one GPU); ``compare`` (predicted vs measured, the interleaved ratios judged);
+4. after compare, each only if its estimate fits in what the deadline leaves (:func:`gate`; else recorded
+   as skipped with the reason), a failure recorded without stopping the others: ``verify-fla-bfloat16``
+   / ``verify-fla-float32``: ``verify-packing --backend fla`` on Qwen3.6-27B layer shapes (3 Gated
+   DeltaNet + 1 attention layer, 16 key / 48 value heads) against the per-sequence Hugging Face
+   forwards; bf16 by relative tolerance 3e-2, fp32 with TF32 dots (``--tf32``: 94 CPU-s of compile where
+   IEEE dots take 378) by relative 3.75e-3, bf16's scaled by TF32's unit roundoff over bf16's
+   (``lenbatch_study.tools.verify_packing.TF32_RTOL``); ``nccl-2gpu`` where two or more GPUs are visible
+   (on one, the summary says it was not exercised, and why): one target and one drafter rank on a GPU
+   each, so NCCL, :data:`NCCL_STEPS` steps of sorted;
+5. ``OUT/summary.json`` + one printed table (:func:`summarize`, :func:`render`): verify results, the
+   interleaved ratios and intervals against the predicted ratios, per strategy measured and predicted
+   tok/s, ratio to sorted, kernel backend, compile seconds, peak memory per rank against
+   :mod:`lenbatch_study.models.memory`'s estimate, queue/credit waits; with ``--collect DIR`` the summary,
+   every log and the stages' small files are copied into ``DIR`` (:func:`collect`).
 
-Time on one H200 (:data:`ESTIMATE_S`, about 6 1/2 minutes of the 8 planned; how each number was
-made is written beside it). ``--rehearse`` runs the same steps, commands, environments and file
+Time on one H200 (:data:`ESTIMATE_S`, how each number was made written beside it; ``--dry-run``
+prints the critical path against the deadline, :data:`BUDGET_S`). ``--rehearse`` runs the same steps, commands, environments and file
 layout on CPU with tiny shapes (:data:`TINY`) and fla under Triton's interpreter
 (``TRITON_INTERPRET=1``, ``train.kernels: fla``); the only command that differs is the bf16 verify,
 which runs the torch kernels there (the interpreter computes bf16 on raw bits).
@@ -54,6 +62,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import gpu_summary  # beside this file: the summary, its table and --collect
 
 ROOT = Path(__file__).resolve().parents[1]  # the tree: every step runs here (params.yaml, src/)
 STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
@@ -79,6 +89,8 @@ MID = {  # the mid-size run on one H200: the study's kind of shapes, minutes
               "queue_size": 2, "threads": 4, "checkpoint_every": 0},
     "profile": {"batch_sizes": [1, 4, 16], "lengths": [512, 1024, 4096], "packed_seqs": [1, 4, 16],
                 "packed_lengths": [16384], "repeats": 3, "warmup": 1, "max_point_seconds": 8.0},
+    # 4-step segments, 6..10 rounds: at most 5 x 11 x 4 steps of ~0.08 s (ESTIMATE_S["interleave"])
+    "interleave": {"rounds": 6, "max_rounds": 10, "segment_steps": 4, "warmup": 1},
 }
 TINY = {  # the rehearsal: CPU, fla under the interpreter (seconds per forward), the same roles
     "boundaries": {"num_buckets": 3, "sweep_max_buckets": 4, "num_candidates": 32},
@@ -94,20 +106,42 @@ TINY = {  # the rehearsal: CPU, fla under the interpreter (seconds per forward),
     # >= 7 points (compare fits 4 coefficients, 2 held out); every point <= 4 sequences (interpreted chunks)
     "profile": {"batch_sizes": [1, 2], "lengths": [16, 32, 64], "packed_seqs": [2], "packed_lengths": [128],
                 "repeats": 1, "warmup": 0},
+    # the fewest rounds an interval needs (3: two degrees of freedom), one step per segment
+    "interleave": {"rounds": 3, "max_rounds": 3, "segment_steps": 1, "warmup": 0},
 }
-# Seconds per step on one H200, estimated (no H200 was at hand; re-measure with the first run):
-# imports of torch + transformers + fla ~8 s per process and a CUDA context ~3 s (H100 experience);
-# fla's first-use autotune + compile of the bf16 kernels ~40 s, of the fp32/IEEE ones ~40 s (Triton
-# disk cache and fla's autotune cache then serve every later process with the same head shapes);
-# the 27B layers' weights (2.5 GB embedding) built on the GPU in ~5 s; step times from FLOPs at
-# ~300 TFLOP/s: target 0.9 GFLOP/token (16k tokens ~50 ms) + fla ~5 ms/layer, drafter ~6.5 TFLOP
-# per step ~25 ms, plus ~270 MB of features per step over gloo on loopback (~100 ms at ~3 GB/s):
-# ~0.15 s per pipelined step; steps per strategy = 800k useful tokens / (16k x efficiency):
-# sorted ~52, random ~110, bucketed ~60, sortish ~55, packed ~50; torchrun start ~20 s per run.
-# nccl-2gpu: torchrun ~20 s, two processes' imports and CUDA contexts, NCCL's init, NCCL_STEPS steps
-ESTIMATE_S = {"install": 3, "environment": 12, "verify-fla-bfloat16": 70, "verify-fla-float32": 60,
-              "stats": 6, "boundaries": 8, "plans": 8, "profile": 45, "train-sorted": 28, "train-random": 37,
-              "train-bucketed": 29, "train-sortish": 28, "train-packed": 28, "compare": 15, "nccl-2gpu": 35}
+# Seconds per step on one H200, estimated (no H200 was at hand; re-measure with the first run), in the
+# order the steps run. Per process: imports of torch + transformers + fla ~8 s, a CUDA context ~3 s
+# (H100 experience). Compiles, from kernels compiled ahead of time for sm_90 on a CPU (fla 0.6.0, Triton
+# 3.6): fla's 50 forward autotune configs take 39 CPU-s in bf16, 94 in fp32 with TF32 dots, 378 in fp32
+# with IEEE dots (chunk_delta_h's fwd_h alone 288 s, its worst config 76 s); fla's autotuner compiles
+# them serially, then benchmarks each (~0.125 s: Triton's 25 ms warm-up + 100 ms of repeats, ~6 s for
+# 50). The Triton disk cache and fla's autotune cache then serve every later process with the same
+# dtype, head shapes and TRITON_F32_DEFAULT (the check sets it in the fp32 verify alone).
+# * stats/boundaries/plans: numpy on the kit's lengths, imports ~4 s each + their work.
+# * profile: the first process on fla's bf16 kernels, so it pays their compile since the verifies moved
+#   behind compare: 8 + 3 + 39 compile + 6 autotune + ~34 s of grid points (the earlier 45 s, which
+#   assumed the bf16 verify had compiled) = 90.
+# * interleave: one process, 8 + 3 + ~5 s building the mid target and drafter + collating, then
+#   5 strategies x (1 warm-up + at most 10 rounds) x 4 steps x ~0.08 s (a target forward of 16k tokens
+#   ~55 ms + a drafter step ~25 ms, no transport: one process) = 18 s, cached kernels: 35.
+# * trainings: steps from FLOPs at ~300 TFLOP/s: target 0.9 GFLOP/token (16k tokens ~50 ms) + fla
+#   ~5 ms/layer, drafter ~6.5 TFLOP per step ~25 ms, plus ~270 MB of features per step over gloo on
+#   loopback (~100 ms at ~3 GB/s): ~0.15 s per pipelined step; steps per strategy = 800k useful tokens /
+#   (16k x efficiency): sorted ~52, random ~110, bucketed ~60, sortish ~55, packed ~50; torchrun ~20 s.
+# * verify-fla-bfloat16: after compare, its kernels cached by the profile: 8 + 3 + 5 (27B layer
+#   weights, a 2.5 GB embedding) + ~4 s of forwards (7,960 packed tokens and 5 per-sequence references)
+#   + ~10 s for what the profile did not compile (the reference's own kernel launches) = 30.
+# * verify-fla-float32 with TF32 dots: 8 + 3 + 5 GB of fp32 weights ~8 + 94 compile + 6 autotune + ~1 s
+#   of forwards = 120 (IEEE dots: 378 + 6 + 20 = ~404, over any budget the throughput steps leave).
+# * nccl-2gpu: torchrun ~20 s, two processes' imports and CUDA contexts, NCCL's init, NCCL_STEPS steps.
+ESTIMATE_S = {"install": 3, "environment": 12, "stats": 6, "boundaries": 8, "plans": 8, "profile": 90,
+              "interleave": 35, "train-sorted": 28, "train-random": 37, "train-bucketed": 29, "train-sortish": 28,
+              "train-packed": 28, "compare": 15, "verify-fla-bfloat16": 30, "verify-fla-float32": 120,
+              "nccl-2gpu": 35}
+# The check's deadline (--budget-s): the throughput steps' critical path (327 s on one GPU) within
+# CRITICAL_SHARE of it, the steps after compare (150 s with both verifies) in what is left (540 - 477 s).
+BUDGET_S = 540.0
+CRITICAL_SHARE = 0.8
 NCCL_STEPS = 12
 
 
@@ -139,41 +173,71 @@ def plan(out: Path, *, kit: Path, rehearse: bool, python: str = sys.executable) 
         {"name": "environment", "timeout": 120, "cmd": [python, str(Path(__file__).resolve()), "--probe",
                                                         "--out", r, *(["--rehearse"] if rehearse else [])]},
     ]
-    seqs = "40,30,20" if rehearse else "4096,1000,2500,64,300"  # GPU: 7,960 tokens in one row
-    shapes = [*cfg[:2], str(out / "shapes.yaml")]
-    for dtype, env in (("bfloat16", {}), ("float32", {"TRITON_F32_DEFAULT": "ieee", "FLA_TRIL_PRECISION": "ieee"})):
-        backend = "auto" if rehearse and dtype == "bfloat16" else "fla"  # CPU: bf16 fla is not interpretable
-        steps.append({"name": f"verify-fla-{dtype}", "env": env, "timeout": 240,
-                      "cmd": lb + ["verify-packing", *shapes, "--backend", backend, "--device", device,
-                                   "--dtype", dtype, "--lengths", seqs]})
+    boundaries = f"{r}/boundaries/boundaries.json"
     steps += [
         {"name": "stats", "cmd": lb + ["stats", *cfg, "--lengths", lengths, "--out", f"{r}/stats"]},
         {"name": "boundaries", "cmd": lb + ["boundaries", *cfg, "--lengths", lengths, "--out", f"{r}/boundaries"]},
-        {"name": "plans", "cmd": lb + ["plans", *cfg, "--lengths", lengths, "--boundaries",
-                                       f"{r}/boundaries/boundaries.json", "--out", f"{r}/plans"]},
+        {"name": "plans", "cmd": lb + ["plans", *cfg, "--lengths", lengths, "--boundaries", boundaries,
+                                       "--out", f"{r}/plans"]},
         {"name": "profile", "timeout": 240, "cmd": lb + ["profile", *cfg, "--out", f"{r}/profile"]},
+        # every strategy timed in turns in one process: the ratios the step model is judged on here, where
+        # the separate trainings share one GPU between three ranks
+        {"name": "interleave", "timeout": 180, "cmd": lb + ["interleave", *cfg, "--data", str(data),
+                                                           "--boundaries", boundaries, "--out", f"{r}/interleave"]},
     ]
     for s in STRATEGIES:
         steps.append({"name": f"train-{s}", "timeout": 180,
                       "cmd": [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
                               "-m", "lenbatch_study", "train", *cfg, "--strategy", s, "--data", str(data),
-                              "--boundaries", f"{r}/boundaries/boundaries.json", "--out", f"{r}/train/{s}"]})
+                              "--boundaries", boundaries, "--out", f"{r}/train/{s}"]})
     steps.append({"name": "compare", "cmd": lb + ["compare", *cfg, "--stats", f"{r}/stats", "--boundaries",
                                                   f"{r}/boundaries", "--plans", f"{r}/plans", "--profile",
-                                                  f"{r}/profile", "--train", f"{r}/train", "--data", str(data),
-                                                  "--quality", "", "--out", f"{r}/compare"]})
+                                                  f"{r}/profile", "--train", f"{r}/train", "--interleave",
+                                                  f"{r}/interleave", "--data", str(data), "--quality", "",
+                                                  "--out", f"{r}/compare"]})
+    # After compare, each only if its estimate fits in what the deadline leaves (:func:`gate`), so none can
+    # take the throughput steps' time: the numerics-only verifies, then NCCL.
+    seqs = "40,30,20" if rehearse else "4096,1000,2500,64,300"  # GPU: 7,960 tokens in one row
+    shapes = [*cfg[:2], str(out / "shapes.yaml")]
+    for dtype, env, extra in (("bfloat16", {}, []), ("float32", {"TRITON_F32_DEFAULT": "tf32"}, ["--tf32"])):
+        backend = "auto" if rehearse and dtype == "bfloat16" else "fla"  # CPU: bf16 fla is not interpretable
+        steps.append({"name": f"verify-fla-{dtype}", "env": env, "timeout": 240, "after_compare": True,
+                      "cmd": lb + ["verify-packing", *shapes, "--backend", backend, "--device", device,
+                                   "--dtype", dtype, "--lengths", seqs, *extra]})
     # NCCL's first run, where two GPUs are visible (skipped with a note on one: :func:`skip_reason`): one
-    # target and one drafter rank, a GPU each (no LENBATCH_SHARE_GPU), a few steps of sorted. Last, so a
-    # tight deadline takes it and never compare.
+    # target and one drafter rank, a GPU each (no LENBATCH_SHARE_GPU), a few steps of sorted.
     steps.append({"name": "nccl-2gpu", "gpus": 2, "timeout": 150, "env": {"LENBATCH_SHARE_GPU": "0"},
+                  "after_compare": True,
                   "cmd": [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", "lenbatch_study", "train", *cfg, "--params-json", '{"train": {"nproc": 2}}',
                           "--strategy", "sorted", "--max-steps", str(NCCL_STEPS), "--data", str(data),
-                          "--boundaries", f"{r}/boundaries/boundaries.json", "--out", f"{r}/nccl/sorted"]})
+                          "--boundaries", boundaries, "--out", f"{r}/nccl/sorted"]})
     for st in steps:
         st.setdefault("env", {})
         st.setdefault("timeout", 120)
+        st.setdefault("after_compare", False)
     return steps
+
+
+def budget(steps: list[dict[str, Any]], *, visible_gpus: int, deadline_s: float) -> dict[str, Any]:
+    """What the steps that run on this machine (:func:`skip_reason`) cost by :data:`ESTIMATE_S`: the
+    critical path (every step up to compare, which must all run), the steps after it, their total, and
+    the critical path's share of ``deadline_s`` (at most :data:`CRITICAL_SHARE` for a plan with margin)."""
+    runs = [st for st in steps if skip_reason(st, visible_gpus) is None]
+    critical = sum(ESTIMATE_S[st["name"]] for st in runs if not st["after_compare"])
+    after = sum(ESTIMATE_S[st["name"]] for st in runs if st["after_compare"])
+    return {"visible_gpus": visible_gpus, "critical_path_s": critical, "after_compare_s": after,
+            "total_s": critical + after, "deadline_s": deadline_s, "critical_share": critical / deadline_s,
+            "skipped": {st["name"]: skip_reason(st, visible_gpus) for st in steps if st not in runs}}
+
+
+def gate(st: dict[str, Any], left_s: float) -> str | None:
+    """Why a step after compare does not start with ``left_s`` seconds to the deadline (its H200 estimate
+    does not fit), None when it starts. Steps up to compare always start (the deadline cuts them)."""
+    need = ESTIMATE_S.get(st["name"], 0)
+    if st["after_compare"] and need > left_s:
+        return f"estimated {need} s, {max(left_s, 0):.0f} s left to the deadline"
+    return None
 
 
 def skip_reason(st: dict[str, Any], visible_gpus: int) -> str | None:
@@ -302,6 +366,9 @@ def _run_step(st: dict[str, Any], env: dict[str, str], log_path: Path, timeout: 
             return 124
 
 
+render, collect, _verify_result = gpu_summary.render, gpu_summary.collect, gpu_summary.verify_result
+
+
 def step_outcome(name: str, rc: int, log_path: Path) -> str:
     """How the check goes on after a step: "ok"; "tolerance" (a verify step that ran and printed
     ``verify-packing: FAIL``, exit 1: a measured difference over its tolerance, recorded in the summary
@@ -314,86 +381,10 @@ def step_outcome(name: str, rc: int, log_path: Path) -> str:
     return "failed"
 
 
-def _load(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _verify_result(log: Path) -> dict[str, Any] | None:
-    """PASS/FAIL, backends and the per-layer differences printed by verify-packing."""
-    if not log.exists():
-        return None
-    text = log.read_text()
-    res: dict[str, Any] = {"result": "PASS" if "verify-packing: PASS" in text else
-                           ("FAIL" if "verify-packing: FAIL" in text else None)}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("verify-packing:") and "backend" in line:
-            res["setting"] = line.removeprefix("verify-packing: ")
-        elif "max |packed - per-sequence|" in line:
-            kind = line.split()[0] if not line.startswith("final") else "final"
-            res[f"{kind}_max_abs_diff"] = float(line.split("=")[1].split()[0])
-        elif line.startswith("fla triangular solve"):
-            res["solve"] = line
-        elif line.startswith("verify-packing: PASS") or line.startswith("verify-packing: FAIL"):
-            res["tolerance"] = line.split("(", 1)[1].rstrip(")") if "(" in line else None
-    return res
-
-
-def summarize(out: Path, timings: dict[str, float], failed: str | None, *, rehearse: bool = False,
-              tolerance_missed: list[str] | None = None, skipped: dict[str, str] | None = None) -> dict[str, Any]:
-    """What the check found, from the files the steps wrote (a missing file -> None).
-    ``tolerance_missed``: the verify steps over their tolerance (the check went on past them);
-    ``skipped``: step -> why it did not run here (:func:`skip_reason`)."""
-    diagnostics = _load(out / "compare" / "diagnostics.json") or {}  # every flat key (metrics.json: the headline)
-    metrics = diagnostics
-    train: dict[str, Any] = {}
-    for s in STRATEGIES:
-        summ = _load(out / "train" / s / "summary.json")
-        if not summ:
-            continue
-        kb = summ.get("kernel_backend") or {}
-        train[s] = {k: summ.get(k) for k in ("steps", "measured_steps", "useful_tokens_per_s", "padding_efficiency",
-                                             "final_loss", "queue_wait_s_mean", "credit_wait_s_mean",
-                                             "stage_s_mean", "target_s_mean", "drafter_s_mean",
-                                             "compile_s_warmup", "compile_s_measured",
-                                             "measured_steps_with_compile", "peak_memory_bytes",
-                                             "memory_estimate_bytes")}
-        train[s]["kernel_backend"] = kb.get("gated_delta_rule")
-        train[s]["conv_backend"] = kb.get("conv")
-        train[s]["warmup_compile_s"] = kb.get("warmup_compile_s")
-        train[s]["predicted_tok_s"] = metrics.get(f"{s}.predicted_tok_s")
-        # per role, measured / predicted seconds of the measured steps: on one GPU the ranks share the
-        # device and the features cross the host, which the prediction does not model, so each role's
-        # ratio says where measured and predicted part
-        for role in ("target", "drafter"):
-            train[s][f"{role}_measured_over_predicted"] = diagnostics.get(f"{s}.{role}_step_ratio")
-    ref = train.get("sorted", {})
-    for s, t in train.items():
-        for key, src in (("ratio_to_sorted", "useful_tokens_per_s"), ("predicted_ratio_to_sorted", "predicted_tok_s")):
-            a, b = t.get(src), ref.get(src)
-            t[key] = a / b if a and b else None
-    # grid.json is {machine, reference, points} (lenbatch_study.pipeline.artifacts.profile_grid)
-    grid_doc = _load(out / "profile" / "grid.json")
-    grid = grid_doc.get("points", []) if isinstance(grid_doc, dict) else (grid_doc or [])
-    profile = {"points": len(grid), "kernel_backend": sorted({r.get("kernel_backend") for r in grid} - {None}),
-               "compile_s_timed": sum(r.get("target_compile_seconds_timed", 0.0) for r in grid)} if grid else None
-    return {"failed_step": failed, "complete": failed is None, "rehearsal": rehearse,
-            "verify_tolerance_missed": list(tolerance_missed or []), "skipped": dict(skipped or {}),
-            "nccl_2gpu": _nccl_result(out),
-            "seconds": timings, "seconds_total": round(sum(timings.values()), 1),
-            "estimated_seconds_h200": ESTIMATE_S, "environment": _load(out / "env.json"),
-            "verify_packing_fla": {d: _verify_result(out / f"verify-fla-{d}.log") for d in ("bfloat16", "float32")},
-            "profile": profile, "train": train, "compare_written": bool(metrics),
-            "machine": machine_fingerprint()}
-
-
-def _nccl_result(out: Path) -> dict[str, Any] | None:
-    """The two-GPU NCCL run's steps and timings (None when it did not run)."""
-    summ = _load(out / "nccl" / "sorted" / "summary.json")
-    if not summ:
-        return None
-    return {k: summ.get(k) for k in ("steps", "world_size", "useful_tokens_per_s", "target_s_mean", "drafter_s_mean",
-                                     "queue_wait_s_mean", "final_loss", "peak_memory_bytes")}
+def summarize(out: Path, timings: dict[str, float], failed: str | None, **kw: Any) -> dict[str, Any]:
+    """:func:`gpu_summary.summarize` with this check's strategies, estimates and machine."""
+    return gpu_summary.summarize(out, timings, failed, strategies=STRATEGIES, estimates=ESTIMATE_S,
+                                 machine=machine_fingerprint(), **kw)
 
 
 def machine_fingerprint() -> dict[str, Any]:
@@ -406,47 +397,6 @@ def machine_fingerprint() -> dict[str, Any]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.fingerprint()
-
-
-def _gib(x: Any) -> str:
-    return f"{x / 2**30:.1f}" if x else "-"
-
-
-def render(summary: dict[str, Any]) -> str:
-    """One table: verify, then a row per strategy."""
-    head = "complete" if summary["complete"] else f"FAILED at {summary['failed_step']}"
-    for name, why in (summary.get("skipped") or {}).items():
-        head += f"; {name} skipped ({why})"
-    if summary.get("verify_tolerance_missed"):
-        head += f" (over tolerance: {', '.join(summary['verify_tolerance_missed'])})"
-    lines = [f"gpu-check{' (CPU rehearsal)' if summary['rehearsal'] else ''}: {head} in "
-             f"{summary['seconds_total']:.0f} s"]
-    for d, v in summary["verify_packing_fla"].items():
-        if v:
-            diffs = ", ".join(f"{k.removesuffix('_max_abs_diff')} {x:.1e}" for k, x in v.items() if k.endswith("diff"))
-            lines.append(f"  verify {d:<9} {v['result']} ({v.get('tolerance')}): {diffs}")
-    if summary["profile"]:
-        p = summary["profile"]
-        lines.append(f"  profile {p['points']} points, kernels {'/'.join(p['kernel_backend'])}, compile in timed "
-                     f"steps {p['compile_s_timed']:.2f} s")
-    lines.append(f"  {'strategy':<9} {'tok/s':>9} {'predicted':>9} {'/sorted':>7} {'pred/s':>6} {'kern':>5} "
-                 f"{'compile w/m s':>13} {'peak GiB t/d':>12} {'est GiB t/d':>11} {'queue s':>7} {'credit s':>8} "
-                 f"{'meas/pred t/d':>13}")
-    for s, t in summary["train"].items():
-        peak, est = t.get("peak_memory_bytes") or {}, t.get("memory_estimate_bytes") or {}
-
-        def num(x: Any, fmt: str) -> str:
-            return format(x, fmt) if isinstance(x, (int, float)) else "-"
-
-        lines.append(f"  {s:<9} {num(t['useful_tokens_per_s'], ',.0f'):>9} {num(t['predicted_tok_s'], ',.0f'):>9} "
-                     f"{num(t['ratio_to_sorted'], '.2f'):>7} {num(t['predicted_ratio_to_sorted'], '.2f'):>6} "
-                     f"{t['kernel_backend'] or '-':>5} "
-                     f"{num(t['compile_s_warmup'], '.1f') + '/' + num(t['compile_s_measured'], '.1f'):>13} "
-                     f"{_gib(peak.get('target')) + '/' + _gib(peak.get('drafter')):>12} "
-                     f"{_gib(est.get('target')) + '/' + _gib(est.get('drafter')):>11} "
-                     f"{num(t['queue_wait_s_mean'], '.3f'):>7} {num(t['credit_wait_s_mean'], '.3f'):>8} "
-                     f"{num(t.get('target_measured_over_predicted'), '.2f') + '/' + num(t.get('drafter_measured_over_predicted'), '.2f'):>13}")
-    return "\n".join(lines)
 
 
 def write_configs(out: Path, *, rehearse: bool) -> None:
@@ -488,17 +438,49 @@ def build_kit(kit: Path) -> int:
     return 0
 
 
+def visible_gpus() -> int:
+    """CUDA devices torch sees here (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def dry_run(steps: list[dict[str, Any]], *, gpus: int, deadline_s: float) -> str:
+    """The steps, their estimates and the critical path against the deadline (``--dry-run``)."""
+    lines = []
+    for st in steps:
+        env = " ".join(f"{k}={v}" for k, v in st["env"].items())
+        why = skip_reason(st, gpus)
+        note = f"skipped: {why}" if why else (f"~{ESTIMATE_S.get(st['name'], '?')} s on an H200, timeout "
+                                              f"{st['timeout']} s{', if it fits' if st['after_compare'] else ''}")
+        lines.append(f"{st['name']} ({note}): {env + ' ' if env else ''}{' '.join(st['cmd'])}")
+    b = budget(steps, visible_gpus=gpus, deadline_s=deadline_s)
+    lines.append(f"critical path (every step to compare) on one H200 with {gpus} GPU(s) visible: "
+                 f"{b['critical_path_s']} s = {b['critical_share']:.0%} of the {deadline_s:.0f} s deadline "
+                 f"(at most {CRITICAL_SHARE:.0%}); after compare, each if it fits: {b['after_compare_s']} s; "
+                 f"estimated total {b['total_s']} s")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/gpu-check")
     ap.add_argument("--kit", default=".whl", help="wheelhouse + data folder (make gpu-wheels)")
     ap.add_argument("--rehearse", action="store_true", help="every step on CPU, tiny shapes, fla interpreted")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="deadline for the whole check (seconds)")
-    ap.add_argument("--dry-run", action="store_true", help="print the steps and their estimates, run nothing")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="deadline for the whole check (seconds)")
+    ap.add_argument("--dry-run", action="store_true", help="print the steps, their estimates and the critical "
+                    "path against the deadline; run nothing")
+    ap.add_argument("--gpus", type=int, default=None, help="--dry-run: GPUs to plan for (default: those visible "
+                    "here, at least 1: the check's machine)")
+    ap.add_argument("--collect", default=None, metavar="DIR", help="also copy the summary and every log into DIR "
+                    "(one folder to collect, e.g. a device machine's output folder)")
     ap.add_argument("--build-kit", action="store_true", help="build --kit (needs an index and the data extras)")
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the environment step
     args = ap.parse_args(argv)
     out, kit = Path(args.out).resolve(), Path(args.kit).resolve()
+    dest = Path(args.collect).resolve() if args.collect else None
     os.chdir(ROOT)  # the steps name params.yaml and configs/ relative to the tree
     if args.build_kit:
         return build_kit(kit)
@@ -506,42 +488,32 @@ def main(argv: list[str] | None = None) -> int:
         return probe(out, rehearse=args.rehearse)
     steps = plan(out, kit=kit, rehearse=args.rehearse)
     if args.dry_run:
-        for st in steps:
-            env = " ".join(f"{k}={v}" for k, v in st["env"].items())
-            print(f"{st['name']} (~{ESTIMATE_S.get(st['name'], '?')} s on an H200, timeout {st['timeout']} s): "
-                  f"{env + ' ' if env else ''}{' '.join(st['cmd'])}")
-        print(f"estimated total on one H200: {sum(ESTIMATE_S.values())} s; deadline {args.budget_s:.0f} s")
+        print(dry_run(steps, gpus=args.gpus if args.gpus is not None else max(visible_gpus(), 1),
+                      deadline_s=args.budget_s))
         return 0
     if not kit.is_dir() or not list(kit.glob("*.whl")):
         print(NO_KIT, file=sys.stderr)
         return 2
-    if not args.rehearse:
-        import torch
-
-        if not torch.cuda.is_available():
-            print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False); run it on a GPU "
-                  "machine, or --rehearse for the CPU rehearsal", file=sys.stderr)
-            return 3
+    visible = 0 if args.rehearse else visible_gpus()
+    if not args.rehearse and not visible:
+        print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False); run it on a GPU "
+              "machine, or --rehearse for the CPU rehearsal", file=sys.stderr)
+        return 3
     write_configs(out, rehearse=args.rehearse)
     timings: dict[str, float] = {}
-    failed = None
+    failed: list[str] = []  # steps that failed: the first up to compare stops the check
     missed: list[str] = []  # verify steps over their tolerance
-    deadline = time.monotonic() + args.budget_s
-    visible = 0
-    if not args.rehearse:
-        import torch
-
-        visible = torch.cuda.device_count()
     skipped: dict[str, str] = {}
+    deadline = time.monotonic() + args.budget_s
     for st in steps:
-        why = skip_reason(st, visible)
+        left = deadline - time.monotonic()
+        why = skip_reason(st, visible) or gate(st, left)
         if why:
             skipped[st["name"]] = why
             timings[st["name"]] = 0.0
             print(f"gpu-check: {st['name']} skipped: {why}", file=sys.stderr, flush=True)
             continue
         t0 = time.perf_counter()
-        left = deadline - time.monotonic()
         rc = _run_step(st, step_environment(out, st["env"], rehearse=args.rehearse), out / f"{st['name']}.log",
                        min(st["timeout"], left))
         timings[st["name"]] = round(time.perf_counter() - t0, 1)
@@ -551,15 +523,21 @@ def main(argv: list[str] | None = None) -> int:
             missed.append(st["name"])
             print(f"gpu-check: {st['name']} over its tolerance (recorded); the check goes on", file=sys.stderr)
         elif outcome == "failed":
-            failed = st["name"]
+            failed.append(st["name"])
             tail = (out / f"{st['name']}.log").read_text().splitlines()[-25:]
             print("\n".join(f"  | {line}" for line in tail), file=sys.stderr)
-            break
-    summary = summarize(out, timings, failed, rehearse=args.rehearse, tolerance_missed=missed, skipped=skipped)
+            if not st["after_compare"]:  # what follows reads its outputs; the steps after compare do not
+                break
+    summary = summarize(out, timings, failed[0] if failed else None, rehearse=args.rehearse,
+                        tolerance_missed=missed, skipped=skipped, failed_steps=failed,
+                        budget=budget(steps, visible_gpus=max(visible, 1), deadline_s=args.budget_s))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = render(summary)
     (out / "summary.txt").write_text(text + "\n")
     print(text)
+    if dest is not None:
+        copied = collect(out, dest)
+        print(f"gpu-check: {len(copied)} files collected in {dest}", file=sys.stderr)
     return 1 if failed or missed else 0
 
 

@@ -56,7 +56,11 @@ def test_refuses_without_cuda_in_one_line(tmp_path):
 def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
     steps = gpu_check.plan(tmp_path, kit=KIT, rehearse=False, python="python3")
     names = [s["name"] for s in steps]
-    assert names[:2] == ["install", "environment"] and names[-2:] == ["compare", "nccl-2gpu"]
+    # the throughput steps first, compare judging them; the numerics-only verifies and NCCL after it
+    assert names[:2] == ["install", "environment"]
+    assert names[names.index("compare"):] == ["compare", "verify-fla-bfloat16", "verify-fla-float32", "nccl-2gpu"]
+    assert names.index("profile") < names.index("interleave") < names.index("train-sorted")
+    assert [s["after_compare"] for s in steps] == [n in names[names.index("compare") + 1:] for n in names]
     nccl = steps[-1]
     assert nccl["gpus"] == 2 and nccl["env"] == {"LENBATCH_SHARE_GPU": "0"}  # a GPU per rank: NCCL, not gloo
     assert nccl["cmd"][nccl["cmd"].index("--nproc_per_node") + 1] == "2" and "--max-steps" in nccl["cmd"]
@@ -70,11 +74,16 @@ def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
     assert install[:4] == ["python3", "-m", "pip", "install"] and "--no-index" in install and "--target" in install
     assert all(s["cmd"][0] == "python3" for s in steps)  # the machine's own interpreter, no venv
     fp32 = steps[names.index("verify-fla-float32")]
-    assert fp32["env"] == {"TRITON_F32_DEFAULT": "ieee", "FLA_TRIL_PRECISION": "ieee"} and fp32["cmd"][fp32["cmd"].index("--backend") + 1] == "fla"
+    # TF32 dots: 94 CPU-s of compile where IEEE's 378 could not finish in the budget
+    assert fp32["env"] == {"TRITON_F32_DEFAULT": "tf32"} and "--tf32" in fp32["cmd"]
+    assert fp32["cmd"][fp32["cmd"].index("--backend") + 1] == "fla"
     assert all(0 < s["timeout"] <= 240 for s in steps)
-    assert sum(gpu_check.ESTIMATE_S[n] for n in names) <= 420  # 7 of the 8 planned minutes, at most
-    compare = steps[-2]["cmd"]
+    assert set(gpu_check.ESTIMATE_S) == set(names)
+    compare = steps[names.index("compare")]["cmd"]
     assert compare[compare.index("--quality") + 1] == ""  # not the CPU run's committed quality results
+    # compare judges the step model on the ratios timed in turns by the interleave step
+    interleave = steps[names.index("interleave")]["cmd"]
+    assert compare[compare.index("--interleave") + 1] == interleave[interleave.index("--out") + 1]
     env = gpu_check.step_environment(tmp_path, {}, rehearse=False, base={"PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str((tmp_path / "site").resolve()), str(ROOT.resolve() / "src")]
     assert env["LENBATCH_SHARE_GPU"] == "1" and "TRITON_INTERPRET" not in env
@@ -82,8 +91,46 @@ def test_the_plan_installs_offline_and_never_tokenizes(tmp_path):
     # the trainings share one key (none set, whatever the caller's), the fp32 verify alone sets it
     assert [s["name"] for s in steps if "TRITON_F32_DEFAULT" in s["env"]] == ["verify-fla-float32"]
     for s in steps:
-        env = gpu_check.step_environment(tmp_path, s["env"], rehearse=False, base={"TRITON_F32_DEFAULT": "tf32"})
-        assert env.get("TRITON_F32_DEFAULT") == ("ieee" if s["name"] == "verify-fla-float32" else None), s["name"]
+        env = gpu_check.step_environment(tmp_path, s["env"], rehearse=False, base={"TRITON_F32_DEFAULT": "ieee"})
+        assert env.get("TRITON_F32_DEFAULT") == ("tf32" if s["name"] == "verify-fla-float32" else None), s["name"]
+
+
+def test_the_critical_path_is_within_80_percent_of_the_deadline(tmp_path):
+    """--dry-run prints the estimate of the steps that run on the machine: every step up to compare (the
+    critical path) within 80% of the deadline, the steps after it in what is left; nccl-2gpu counts only
+    where two GPUs are visible."""
+    steps = gpu_check.plan(tmp_path, kit=KIT, rehearse=False, python="python3")
+    one = gpu_check.budget(steps, visible_gpus=1, deadline_s=gpu_check.BUDGET_S)
+    two = gpu_check.budget(steps, visible_gpus=2, deadline_s=gpu_check.BUDGET_S)
+    assert one["critical_share"] <= gpu_check.CRITICAL_SHARE == 0.8
+    assert one["total_s"] <= gpu_check.BUDGET_S and one["skipped"] == {"nccl-2gpu": "needs 2 GPUs, 1 visible"}
+    assert two["total_s"] - one["total_s"] == gpu_check.ESTIMATE_S["nccl-2gpu"] and two["skipped"] == {}
+    assert one["critical_path_s"] == sum(gpu_check.ESTIMATE_S[s["name"]] for s in steps[:[s["name"] for s in
+                                                                                          steps].index("compare") + 1])
+    proc = _run("--dry-run", "--gpus", "1", "--out", str(tmp_path / "g"))
+    assert proc.returncode == 0 and not (tmp_path / "g").exists(), proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"critical path (every step to compare) on one H200 with 1 GPU(s) visible: "
+                           f"{one['critical_path_s']} s = {one['critical_share']:.0%} of the 540 s deadline"), last
+    assert f"estimated total {one['total_s']} s" in last and "nccl-2gpu (skipped: needs 2 GPUs" in proc.stdout
+    # a numerics step starts only where its estimate fits in what is left; a throughput step always does
+    fp32 = steps[[s["name"] for s in steps].index("verify-fla-float32")]
+    assert gpu_check.gate(fp32, 119.0) == "estimated 120 s, 119 s left to the deadline"
+    assert gpu_check.gate(fp32, 120.0) is None
+    assert gpu_check.gate(steps[[s["name"] for s in steps].index("compare")], 0.0) is None
+
+
+def test_collect_gathers_the_summary_and_every_log_in_one_folder(tmp_path):
+    out, dest = tmp_path / "out", tmp_path / "collected"
+    files = ["summary.json", "summary.txt", "env.json", "profile.log", "train-sorted.log", "compare/metrics.json",
+             "compare/report.md", "interleave/interleave.json", "train/sorted/summary.json",
+             "train/sorted/steps.jsonl", "site/fla/__init__.py", "site/x.dist-info/x.json"]
+    for f in files:
+        (out / f).parent.mkdir(parents=True, exist_ok=True)
+        (out / f).write_text(f)
+    copied = gpu_check.collect(out, dest)
+    assert sorted(copied) == sorted(f for f in files if not f.startswith("site/"))  # not the installed kit
+    assert all((dest / f).read_text() == f for f in copied)
 
 
 def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypatch):
@@ -99,7 +146,7 @@ def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypa
     for st in gpu_check.plan(tmp_path, kit=KIT, rehearse=False):
         cmd = st["cmd"]
         stage = cmd[cmd.index("lenbatch_study") + 1] if "lenbatch_study" in cmd else None
-        if stage not in ("profile", "train") or gpu_check.skip_reason(st, 1):
+        if stage not in ("profile", "interleave", "train") or gpu_check.skip_reason(st, 1):
             continue
         env = gpu_check.step_environment(tmp_path, st["env"], rehearse=False, base={})
         monkeypatch.setenv("LENBATCH_SHARE_GPU", env.get("LENBATCH_SHARE_GPU", ""))
@@ -107,12 +154,14 @@ def test_every_step_resolves_its_devices_with_one_gpu_visible(tmp_path, monkeypa
         p = load_params(*(str(ROOT / f) if not Path(f).is_absolute() else f for f in files))
         if stage == "profile":
             assert profile.role_devices(p, p.train.device) == {"target": "cuda:0", "drafter": "cuda:0"}
+        elif stage == "interleave":  # one process, both roles
+            assert str(resolve_device(p.train.device, 0)) == "cuda:0"
         else:
             nproc = int(cmd[cmd.index("--nproc_per_node") + 1])
             assert nproc == p.train.nproc == 3
             assert {str(resolve_device(p.train.device, r)) for r in range(nproc)} == {"cuda:0"}
         checked.append(st["name"])
-    assert checked == ["profile"] + [f"train-{s}" for s in gpu_check.STRATEGIES]
+    assert checked == ["profile", "interleave"] + [f"train-{s}" for s in gpu_check.STRATEGIES]
     # the NCCL step where two GPUs are visible: a GPU per rank, so NCCL (one rank per device)
     from lenbatch_study.runtime.runner import ranks_per_device
 
@@ -141,6 +190,8 @@ def test_configs_load_and_fit_one_h200(tmp_path):
     mid = load_params(str(ROOT / "params.yaml"), str(tmp_path / "check.yaml"))
     assert mid.train.nproc == 3 and mid.train.kernels == "auto" and mid.model.dtype == "bfloat16"
     memory.check_fits(mid, device_bytes=141 * 10**9, ranks_per_device=3)  # 3 ranks on one GPU
+    memory.check_fits(mid, device_bytes=141 * 10**9, single_process=True)  # the interleave step: both roles
+    assert (mid.interleave.rounds, mid.interleave.max_rounds) == (6, 10)
     shapes = load_params(str(ROOT / "params.yaml"), str(tmp_path / "shapes.yaml")).model
     assert (shapes.hidden_size, shapes.linear_num_key_heads, shapes.linear_num_value_heads) == (5120, 16, 48)
     # the mid model's Gated DeltaNet heads are the 27B layer's: fla's kernels verify compiles serve it
@@ -167,8 +218,22 @@ def test_summary_reads_the_steps_outputs(tmp_path):
     (tmp_path / "compare").mkdir()
     (tmp_path / "compare" / "diagnostics.json").write_text(json.dumps({
         "sorted.predicted_tok_s": 180000.0, "packed.predicted_tok_s": 120000.0,
-        "packed.target_step_ratio": 2.5, "packed.drafter_step_ratio": 1.25}))
-    s = gpu_check.summarize(tmp_path, {"train-packed": 30.0}, failed="train-sortish")
+        "packed.target_step_ratio": 2.5, "packed.drafter_step_ratio": 1.25,
+        "packed.interleaved.ratio_to_sorted": 0.8, "packed.interleaved.ci95.low": 0.78,
+        "packed.interleaved.ci95.high": 0.82, "packed.interleaved.predicted_ratio": 0.84,
+        "packed.interleaved.prediction_error": 0.05}))
+    (tmp_path / "interleave").mkdir()
+    (tmp_path / "interleave" / "interleave.json").write_text(json.dumps({
+        "rounds": 7, "stopped": "interleave.max_rounds reached", "clock": "wall", "seconds": 20.0,
+        "strategies": {"sorted": {}, "packed": {}}}))
+    s = gpu_check.summarize(tmp_path, {"train-packed": 30.0}, failed="train-sortish",
+                            skipped={"nccl-2gpu": "needs 2 GPUs, 1 visible"})
+    # the ratios timed in turns, their 95% intervals and the predicted ratios: what the step model is judged on
+    il = s["interleaved"]
+    assert il["rounds"] == 7 and il["strategies"]["packed"] == {"ratio_to_sorted": 0.8, "ci95": [0.78, 0.82],
+                                                                "predicted_ratio": 0.84, "prediction_error": 0.05}
+    assert il["strategies"]["sorted"]["ratio_to_sorted"] == 1.0
+    assert s["nccl_2gpu"] == {"exercised": False, "reason": "needs 2 GPUs, 1 visible"}
     # per role, measured over predicted step seconds (compare's diagnostics): where they part on one GPU
     assert (s["train"]["packed"]["target_measured_over_predicted"],
             s["train"]["packed"]["drafter_measured_over_predicted"]) == (2.5, 1.25)
@@ -182,6 +247,9 @@ def test_summary_reads_the_steps_outputs(tmp_path):
     text = gpu_check.render(s)
     assert text.startswith("gpu-check: FAILED at train-sortish") and "100,000" in text and "2.0/4.0" in text
     assert "meas/pred t/d" in text and "2.50/1.25" in text
+    assert "interleaved (7 rounds, wall clock): ratio to sorted [95%] vs predicted: packed 0.800 [0.780, 0.820] " \
+           "vs 0.840" in text
+    assert "nccl-2gpu not exercised: needs 2 GPUs, 1 visible" in text
 
 
 def test_the_stand_in_has_the_gpu_machines_packages_and_none_of_the_extras():
@@ -288,10 +356,19 @@ def test_a_verify_over_its_tolerance_is_recorded_and_the_check_goes_on(tmp_path)
     summary = gpu_check.summarize(tmp_path, {"verify-fla-float32": 1.0}, None, tolerance_missed=["verify-fla-float32"])
     assert summary["complete"] and summary["verify_tolerance_missed"] == ["verify-fla-float32"]
     assert "over tolerance: verify-fla-float32" in gpu_check.render(summary)
+    # fp32 with TF32 dots: judged relative to bf16's tolerance scaled by the unit roundoffs (2**-11 / 2**-8)
+    tf32 = subprocess.run(cmd + ["--dtype", "float32", "--tf32"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert tf32.returncode == 0 and "float32 (TF32 dots) on cpu" in tf32.stdout, tf32.stdout + tf32.stderr[-2000:]
+    assert "verify-packing: PASS (relative tolerance 0.00375)" in tf32.stdout
+    bad = subprocess.run(cmd + ["--dtype", "bfloat16", "--tf32"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "--tf32 is a float32 check" in bad.stderr and "--dtype float32" in bad.stderr
     # a step that needs more GPUs than the machine has is skipped with its reason, not failed
     summary = gpu_check.summarize(tmp_path, {"nccl-2gpu": 0.0}, None, skipped={"nccl-2gpu": "needs 2 GPUs, 1 visible"})
-    assert summary["complete"] and summary["nccl_2gpu"] is None
+    assert summary["complete"] and summary["nccl_2gpu"] == {"exercised": False, "reason": "needs 2 GPUs, 1 visible"}
     assert "nccl-2gpu skipped (needs 2 GPUs, 1 visible)" in gpu_check.render(summary)
+    assert "nccl-2gpu not exercised: needs 2 GPUs, 1 visible" in gpu_check.render(summary)
 
 
 def test_kill_tree_reaches_a_grandchild_in_another_session(tmp_path):
@@ -334,8 +411,8 @@ def test_rehearsal_runs_every_step_of_the_check_on_cpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "TRITON_INTERPRET")}
     out = tmp_path / "check"
     proc = subprocess.run([str(GPU_PYTHON), "benchmarks/gpu_check.py", "--rehearse", "--kit", str(KIT), "--out",
-                           str(out), "--budget-s", "1500"], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=1600)
+                           str(out), "--budget-s", "1500", "--collect", str(tmp_path / "collected")],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=1600)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     s = json.loads((out / "summary.json").read_text())
@@ -346,7 +423,18 @@ def test_rehearsal_runs_every_step_of_the_check_on_cpu(tmp_path):
         ("3.6.0", "5.17.0", "0.6.0")
     assert env_info["datasets"] is None and env_info["lenbatch"].startswith(str(ROOT / "src"))
     assert s["verify_packing_fla"]["float32"]["result"] == "PASS" and "backend fla" in \
-        s["verify_packing_fla"]["float32"]["setting"]
+        s["verify_packing_fla"]["float32"]["setting"] and "(TF32 dots)" in s["verify_packing_fla"]["float32"]["setting"]
+    # the ratios timed in turns, judged by compare against the step model's, each with its 95% interval
+    il = s["interleaved"]
+    assert il["rounds"] == 3 and set(il["strategies"]) == set(gpu_check.STRATEGIES)
+    for name, v in il["strategies"].items():
+        lo, hi = v["ci95"]
+        assert lo <= v["ratio_to_sorted"] <= hi and v["predicted_ratio"] > 0, (name, v)
+    assert s["nccl_2gpu"] == {"exercised": False, "reason": "needs 2 GPUs, 0 visible"}
+    assert s["budget"]["critical_share"] <= gpu_check.CRITICAL_SHARE
+    collected = tmp_path / "collected"
+    assert json.loads((collected / "summary.json").read_text()) == s
+    assert {f"{st}.log" for st in s["seconds"] if st not in s["skipped"]} <= {f.name for f in collected.glob("*.log")}
     assert s["verify_packing_fla"]["bfloat16"]["result"] == "PASS"
     assert s["profile"]["kernel_backend"] == ["fla"] and s["profile"]["points"] > 0
     assert set(s["train"]) == set(gpu_check.STRATEGIES)

@@ -219,7 +219,7 @@ def test_encode_chunk_applies_each_overflow_policy(qwen):
     assert res["status"].tolist() == [0, 2, 2]
     assert res["source_index"].tolist() == [10]
 
-    with pytest.raises(ValueError, match=r"f\.json: record 11 has \d+ tokens > data.max_len 50"):
+    with pytest.raises(ValueError, match=r"f\.json: record 12 has \d+ tokens > data.max_len 50"):
         encode_chunk(enc, items, max_len=max_len, overflow="error", source_name="f.json")
 
 

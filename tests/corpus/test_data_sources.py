@@ -121,7 +121,7 @@ def test_a_typo_in_the_last_record_of_a_closed_file_is_an_error_not_a_cut(tmp_pa
     path = tmp_path / "typo.json"
     path.write_bytes(broken)
     for allow in (False, True):
-        with pytest.raises(ValueError, match=r"typo\.json: invalid JSON in record 2 \(starting at byte \d+\)"):
+        with pytest.raises(ValueError, match=r"typo\.json: invalid JSON in record 3 \(starting at byte \d+\)"):
             _read(path, 1 << 20, allow_truncated=allow)
     # a cut right after an inner ']' is still a cut (the text ends where the parser wanted more)
     inner = data.index(b"]", data.index(b'"c_0"')) + 1
@@ -151,7 +151,7 @@ def test_a_closed_file_whose_last_record_breaks_at_its_end_is_an_error_naming_re
     closing = "]" if kind == "array" else "}"
     for allow in (False, True):
         for chunk_bytes in (7, 1 << 20):  # tiny chunks: the buffer is rebased while the last record is decoded
-            with pytest.raises(ValueError, match=rf"closed\.json: invalid JSON in record 3 \(starting at byte "
+            with pytest.raises(ValueError, match=rf"closed\.json: invalid JSON in record 4 \(starting at byte "
                                rf"{record_start}\): .* at byte {breaks_at}; the file ends with its closing "
                                rf"'\{closing}', so this is a malformed record, not a cut"):
                 _read(path, chunk_bytes, allow_truncated=allow)
@@ -175,7 +175,7 @@ def test_unreadable_and_deeply_nested_sources_are_one_line_errors(tmp_path):
     """Issue 11.7: RecursionError and OSError used to escape as tracebacks."""
     path = tmp_path / "deep.json"
     path.write_text("[" + json.dumps(RECORDS[0]) + ", " + "[" * 100_000 + "]" * 100_000 + "]")
-    with pytest.raises(ValueError, match=r"deep\.json: record 1 \(starting at byte \d+\) is nested too deeply"):
+    with pytest.raises(ValueError, match=r"deep\.json: record 2 \(starting at byte \d+\) is nested too deeply"):
         _read(path, 1 << 20)
     folder = tmp_path / "folder.json"
     folder.mkdir()
@@ -205,12 +205,12 @@ def test_invalid_json_before_the_end_names_record_and_byte(tmp_path):
     assert broken != data
     path = tmp_path / "broken.json"
     path.write_bytes(broken)
-    with pytest.raises(ValueError, match=r"broken\.json: invalid JSON in record 1 \(starting at byte \d+\)"):
+    with pytest.raises(ValueError, match=r"broken\.json: invalid JSON in record 2 \(starting at byte \d+\)"):
         _read(path, 1 << 20)
-    with pytest.raises(ValueError, match=r"invalid JSON in record 1"):
+    with pytest.raises(ValueError, match=r"invalid JSON in record 2"):
         _read(path, 7)
     path.write_bytes(data.replace(b"},\n  {", b"}\n  {", 1))
-    with pytest.raises(ValueError, match=r"expected ',' or '\]' after record 0 at byte"):
+    with pytest.raises(ValueError, match=r"expected ',' or '\]' after record 1 at byte"):
         _read(path, 1 << 20)
     path.write_bytes(data + b"[]")
     with pytest.raises(ValueError, match=r"unexpected data after the closing '\]'"):

@@ -200,13 +200,15 @@ def compile_keys() -> dict:
     import lenbatch as lb
     from lenbatch.loading.collate import collate_packed, collate_padded
     from lenbatch_study.models.target import build_target
-    from lenbatch_study.runtime.runner import warm_target
+    from lenbatch_study.models.kernels import autotune_choices
+    from lenbatch_study.runtime.runner import warm_target, warmup_tokens
 
     target = build_target(_tiny_cfg())
     varlen.set_kernel_backend("fla")
     rec = LaunchKeys()
-    warm_target(target, torch.device("cpu"))
+    warm_target(target, torch.device("cpu"), warmup_tokens(256))  # the runner's warm-up at the plan's budget
     warm = rec.take()
+    chosen_warm = autotune_choices()
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 120, size=40)
     data = [{"input_ids": rng.integers(1, 500, size=int(n)).tolist()} for n in lengths]
@@ -226,6 +228,7 @@ def compile_keys() -> dict:
                 target.features(b.input_ids, attention_mask=b.attention_mask)
             shapes.append([strategy, list(b.input_ids.shape)])
             new |= rec.take() - warm
+    chosen_plan = autotune_choices()
     from fla.modules.norm.l2norm import l2norm_fwd
 
     hk, d = 2, 16
@@ -236,7 +239,8 @@ def compile_keys() -> dict:
     return {"keys_warm": len(warm), "keys_autotuned_warm": sum(k[0] == "autotune" for k in warm),
             "keys_new_in_plan": sorted(map(repr, new)), "plan_shapes": shapes,
             "l2norm_autotune_keys": sorted(repr(k[2]) for k in control if k[0] == "autotune"),
-            "warm_kernels": sorted({k[1] for k in warm})}
+            "warm_kernels": sorted({k[1] for k in warm}), "warmup_tokens": list(warmup_tokens(256)),
+            "autotune_choices_warm": chosen_warm, "autotune_choices_plan": chosen_plan}
 
 
 def _tiny_cfg():

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import weakref
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from _live_bytes import LiveBytes
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
@@ -28,35 +28,6 @@ from lenbatch_study.models import kernels, memory, varlen  # noqa: E402
 from lenbatch_study.models.target import build_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class LiveBytes(TorchDispatchMode):
-    """Bytes of tensor storage alive, and their peak, while the mode is on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self.seen: set[int] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            st = t.untyped_storage()
-            key, n = st.data_ptr(), st.nbytes()
-            if n == 0 or key in self.seen:  # a view of a storage already counted
-                continue
-            self.seen.add(key)
-            self.live += n
-            self.peak = max(self.peak, self.live)
-
-            def gone(n=n, key=key):
-                self.live -= n
-                self.seen.discard(key)
-
-            weakref.finalize(st, gone)
-        return out
 
 
 def main() -> int:
@@ -81,9 +52,10 @@ def main() -> int:
         with mode:
             target.features(torch.zeros(1, n, dtype=torch.long), cu_seqlens=torch.tensor([0, n // 2, n]))
         peaks[n] = mode.peak
-    est_t, _ = memory.rank_memory(params)
+    # the estimate for the model measured: one layer, its own output the one target layer (at the check's
+    # four target layers the estimate adds their retained outputs: tests/models/test_memory_capture.py)
     print(json.dumps({"measured_bytes_per_token": (peaks[1024] - peaks[512]) / 512,
-                      "estimate_bytes_per_token": est_t.activations / params.batching.token_budget,
+                      "estimate_bytes_per_token": memory.BYTES[m.dtype] * memory.target_activation_elements(one),
                       "old_estimate_bytes_per_token": memory.BYTES[m.dtype] * (
                           4 * m.hidden_size + 3 * m.intermediate_size
                           + 2 * m.linear_num_key_heads * m.linear_key_head_dim

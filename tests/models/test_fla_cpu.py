@@ -160,6 +160,21 @@ def test_the_plans_batches_compile_and_autotune_nothing_the_warm_up_did_not(fla_
 
 
 @needs_fla
+def test_fla_autotunes_at_the_budgets_token_counts_and_the_plan_reuses_those_choices(fla_results):
+    """The runner warms at the budget's token counts (256 and 255 at budget 256: a multiple of 16 and
+    not), not at a toy size; fla's autotuner chose a config for each key there, and the plan's batches
+    reuse exactly those choices (its keys hold no token count, so a choice made at 128 tokens would
+    have served every batch)."""
+    r = fla_results
+    assert r["warmup_tokens"] == [256, 255]
+    chosen = r["autotune_choices_warm"]
+    print(json.dumps(chosen, indent=1))  # the configs chosen, for the record
+    assert chosen and all(v for v in chosen.values())
+    assert any("chunk_local_cumsum" in k for k in chosen), sorted(chosen)
+    assert r["autotune_choices_plan"] == chosen  # nothing chosen anew in the plan's batches
+
+
+@needs_fla
 def test_the_target_memory_estimate_is_within_15_percent_of_flas_allocations():
     """At the GPU check's widths (hidden 2048, 16 key / 48 value heads of 128), the target rank's
     activations per token (models.memory) against the peak live bytes per token that a Gated DeltaNet

@@ -30,15 +30,17 @@ def test_the_27b_setting_fits_an_h200_and_is_refused_on_an_80_gb_card():
     assert target.features == (8 + 1) * step and drafter.features == step
     assert drafter.optimizer > 0 and drafter.total < target.total
     memory.check_fits(p, device_bytes=141 * GB)
+    # the retained target-layer outputs (4 of 5 at the last one's forward: ~2 GB at the budget) leave room
+    # for one batch in flight on an 80 GB card
     with pytest.raises(ValueError, match=r"train\.queue_size 8 in flight.*batching\.token_budget 49152"
-                                         r".*train\.queue_size <= 2 fits"):
+                                         r".*train\.queue_size <= 1 fits"):
         memory.check_fits(p, device_bytes=80 * GB)
-    memory.check_fits(_study(queue_size=2), device_bytes=80 * GB)  # the advice holds
+    memory.check_fits(_study(queue_size=1), device_bytes=80 * GB)  # the advice holds
     # one process with both roles: the drafter's memory on top, no queue of features
     both = memory.check_fits(p, device_bytes=141 * GB, single_process=True)
     assert both == (target, drafter)
     with pytest.raises(ValueError):
-        memory.check_fits(_study(queue_size=3), device_bytes=80 * GB)  # and is the largest that does
+        memory.check_fits(_study(queue_size=2), device_bytes=80 * GB)  # and is the largest that does
 
 
 @pytest.mark.parametrize("config", ["params.yaml", "configs/tiny.yaml", STUDY, "mixed"])

@@ -81,13 +81,16 @@ def test_the_readme_writer_refuses_a_readme_without_markers(tmp_path):
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = "<!-- not run:"
 # Sections whose blocks a dedicated test runs (under torchrun, accelerate launch, 2 Lightning processes, or
-# with the prose's claims checked between blocks): (file, section) -> that test, which names the section.
+# with the prose's claims checked between blocks): (file, section) -> that test, which names the section or
+# the file ("" = the part before the first ## heading).
 RUN_ELSEWHERE = {
     ("README.md", "Quickstart"): "tests/pipeline/test_docs.py",
     ("docs/library.md", "Use it in your trainer"): "tests/loading/test_readme_trainer.py",
     ("docs/integrations.md", "accelerate"): "tests/loading/test_accelerate.py",
     ("docs/integrations.md", "Lightning"): "tests/loading/test_lightning.py",
     ("docs/integrations.md", "Samples longer than the token budget"): "tests/loading/test_integrations_doc.py",
+    ("docs/streaming.md", ""): "tests/loading/test_streaming_doc.py",
+    ("docs/choosing.md", "Every strategy on your lengths, in one call"): "tests/batching/test_choosing_doc.py",
 }
 
 
@@ -117,10 +120,11 @@ RUN_HERE = sorted(k for k in doc_blocks() if k not in RUN_ELSEWHERE)
 
 def test_every_doc_block_is_run_somewhere():
     blocks = doc_blocks()
-    assert sum(map(len, blocks.values())) >= 18
+    assert sum(map(len, blocks.values())) >= 20
     for (doc, section), test in RUN_ELSEWHERE.items():
         assert (doc, section) in blocks, (doc, section)  # a renamed section must be renamed here too
-        assert f'"{section}"' in (ROOT / test).read_text() or section == "Use it in your trainer", (section, test)
+        text = (ROOT / test).read_text()
+        assert (section and f"{section}" in text) or Path(doc).name in text, (doc, section, test)
     assert RUN_HERE, "no block left to run here"
     marked = sum(p.read_text().count(NOT_RUN) for p in DOCS)
     assert marked <= 3, f"{marked} blocks marked not run: keep such exceptions few"
@@ -134,3 +138,37 @@ def test_doc_section_runs_as_written(doc, section, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env=env)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_the_results_block_is_the_answer_and_a_table_of_at_most_8_columns():
+    from lenbatch_study.tools import readme
+
+    text = README.read_text()
+    block = text[text.index(readme.BEGIN) + len(readme.BEGIN):text.index(readme.END)]
+    header = next(line for line in block.splitlines() if line.startswith("| strategy"))
+    assert 2 <= header.count("|") - 1 <= 8, header
+    assert block.strip().startswith(("**Use `", "**Tie: ", "**Not settled")), block[:80]
+    assert len((ROOT / "results/compare/report.md").read_bytes()) <= 10_000
+
+
+def test_the_readme_table_is_rewritten_only_from_the_default_params(tmp_path, capsys):
+    """A report made with other params (a user's data) leaves the README's embedded-default table alone, saying
+    why; the committed report (default params) rewrites it."""
+    import json
+    import shutil
+
+    from lenbatch_study.tools import readme
+
+    report = tmp_path / "compare" / "report.md"
+    shutil.copytree(ROOT / "results/compare", report.parent)
+    stale = readme.with_table(README.read_text(), "an old table\n")
+    (tmp_path / "R.md").write_text(stale)
+    resolved = json.loads((report.parent / "params.json").read_text())
+    resolved["data"]["source"] = "my_chats.jsonl"
+    (report.parent / "params.json").write_text(json.dumps(resolved))
+    assert readme.run(readme=str(tmp_path / "R.md"), report=str(report)) == 0
+    assert (tmp_path / "R.md").read_text() == stale
+    assert "data.source" in capsys.readouterr().err
+    shutil.copy(ROOT / "results/compare/params.json", report.parent / "params.json")
+    assert readme.run(readme=str(tmp_path / "R.md"), report=str(report)) == 0
+    assert (tmp_path / "R.md").read_text() != stale and "an old table" not in (tmp_path / "R.md").read_text()

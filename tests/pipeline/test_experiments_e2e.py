@@ -89,7 +89,15 @@ def test_report_metrics_and_plots_cover_the_two(experiment):
     assert {k.split(".")[0] for k in metrics if k.endswith(".measured_tok_s")} == set(TRAINED), metrics
     assert not [k for k in metrics if k.split(".")[0] in ("random", "sortish", "bucketed")], metrics
     numbers = [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    assert len(numbers) <= MAX_METRIC_NUMBERS and metrics["recommended.strategy"] in TRAINED, metrics
+    assert len(numbers) <= MAX_METRIC_NUMBERS, metrics
+    # the verdict always; a recommended strategy (or a tie of trained ones) only when the ratios in turns settle it
+    assert metrics["verdict"] in ("use", "tie", "not settled"), metrics
+    if metrics["verdict"] == "use":
+        assert metrics["recommended.strategy"] in TRAINED, metrics
+    elif metrics["verdict"] == "tie":
+        assert set(metrics["recommended.tie"].split(", ")) <= set(TRAINED), metrics
+    else:
+        assert not [k for k in metrics if k.startswith("recommended.")], metrics
     throughput = json.loads((compare / "throughput.json").read_text())
     assert sorted(r["strategy"] for r in throughput) == sorted(TRAINED)
     frontier = json.loads((compare / "frontier.json").read_text())

@@ -31,7 +31,7 @@ def test_bad_inputs_are_named_with_the_fix(tmp_path):
     for params, words in (
         (_with("data", source=str(tmp_path / "chat.jsonl")), ["data.source", "chat.jsonl", "does not exist"]),
         (_with("data", source=str(tmp_path / "garbage.parquet")), ["garbage.parquet", "not a readable Parquet"]),
-        (_with("data", source=str(tmp_path / "other.jsonl")), ["data.source", "record 0", "data.on_bad_record"]),
+        (_with("data", source=str(tmp_path / "other.jsonl")), ["data.source", "record 1", "data.on_bad_record"]),
         (_with("data", tokenizer=str(tmp_path / "tok")), ["data.tokenizer", "tok"]),
         (_with("model", pretrained=str(tmp_path / "ckpt")), ["model.pretrained", "has no config.json"]),
         (_with("model", pretrained=str(tmp_path / "none")), ["model.pretrained", "does not exist"]),

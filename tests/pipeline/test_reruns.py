@@ -37,7 +37,9 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/analysis/quality_report.py": {"compare"},  # rendering of the quality result: compare draws it
     "lenbatch_study/analysis/quality_stats.py": {"quality", "compare"},
     "lenbatch_study/analysis/report.py": {"compare"},
+    "lenbatch_study/analysis/report_details.py": {"compare"},
     "lenbatch_study/analysis/settled.py": {"compare"},
+    "lenbatch_study/analysis/verdict.py": {"compare"},
     "lenbatch_study/analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table
     "lenbatch_study/analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
     "lenbatch_study/analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
@@ -54,6 +56,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch/batching/simulate.py": {"plans"},
     "lenbatch/batching/spec.py": PLANNING | {"profile"},
     "lenbatch/batching/strategies.py": PLANNING,
+    "lenbatch/batching/cost.py": PLANNING,  # the cost budget's limits: the planner imports them
     # the command line: nobody's dependency (help strings rerun nothing)
     "lenbatch_study/cli/__init__.py": set(),
     "lenbatch_study/cli/flags.py": set(),
@@ -75,6 +78,11 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch/loading/sampler.py": set(),
     "lenbatch/loading/overflow.py": set(),  # over-long samples in users' loops: no stage runs them
     "lenbatch/batching/overflow.py": set(),
+    # streams, the strategy comparison and its command: for users' loops and the README; no stage runs them
+    "lenbatch/batching/stream.py": set(),
+    "lenbatch/loading/streaming.py": set(),
+    "lenbatch/batching/compare.py": set(),
+    "lenbatch/__main__.py": set(),
     # models
     "lenbatch_study/models/drafter.py": MODEL,
     "lenbatch_study/models/fla_cpu.py": MODEL,

@@ -277,11 +277,11 @@ def test_temp_experiment_reruns_only_what_k_touches(finished):
     print(run(["dvc", "exp", "show", "--only-changed", "--md"], cwd=finished).stdout)
     headline = set(json.loads((finished / "results/compare/metrics.json").read_text()))
     shown_metrics = [c for c in columns if c in headline]
-    assert shown_metrics and all(c.startswith(("bucketed.", "recommended.")) or ".interleaved." in c
+    assert shown_metrics and all(c.startswith(("bucketed.", "recommended.", "verdict")) or ".interleaved." in c
                                  for c in shown_metrics), shown_metrics
-    # Experiment, rev, typ, Created; bucketed's 5 headline numbers; 4 x 4 interleaved; the recommendation's 2;
-    # the param; the changed dependencies' hashes (~6)
-    assert len(columns) <= 4 + 5 + 16 + 2 + 1 + 6, columns
+    # Experiment, rev, typ, Created; bucketed's 5 headline numbers; 4 x 4 interleaved; the verdict and the
+    # recommendation's 2; the param; the changed dependencies' hashes (~6)
+    assert len(columns) <= 4 + 5 + 16 + 3 + 1 + 6, columns
     diff = json.loads(run(["dvc", "metrics", "diff", "--json", "HEAD", "k2"], cwd=finished).stdout)
     changed = diff["results/compare/metrics.json"]
     assert any(k.startswith("bucketed.") for k in changed) and not any(k.startswith("sorted.") for k in changed)

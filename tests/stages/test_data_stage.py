@@ -192,7 +192,7 @@ def test_each_max_len_policy(tmp_path, qwen):
     assert res.lengths.tolist() == [n for n in full if n <= max_len]
     assert np.asarray(res.table.column("source_index")).tolist() == [i for i, n in enumerate(full) if n <= max_len]
 
-    with pytest.raises(ValueError, match=rf"s\.json: record 1 has {full[1]} tokens > data.max_len {max_len}"):
+    with pytest.raises(ValueError, match=rf"s\.json: record 2 has {full[1]} tokens > data.max_len {max_len}"):
         tokenize(source=str(path), max_len=max_len, overflow="error", workers=2, progress=False)
 
 
@@ -235,7 +235,7 @@ def test_bad_input_is_named_or_counted(tmp_path, capsys):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     proc = _main(capsys, "--source", str(path), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2
-    assert "mixed.jsonl: record 1 (id 'odd') conversations[0] has unknown role 'narrator'" in proc.stderr
+    assert "mixed.jsonl: record 2 (id 'odd') conversations[0] has unknown role 'narrator'" in proc.stderr
     assert "data.on_bad_record: skip" in proc.stderr and "Traceback" not in proc.stderr
 
     proc = _main(capsys, "--source", str(path), "--on-bad-record", "skip", "--workers", "1",
@@ -243,7 +243,7 @@ def test_bad_input_is_named_or_counted(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     assert stats["skipped"] == {"no_schema": 1, "unknown_role": 1}
-    assert any("record 1 (id 'odd')" in e for e in stats["skipped_examples"])
+    assert any("record 2 (id 'odd')" in e for e in stats["skipped_examples"])
     assert stats["dropped"]["empty_conversation"] == 2 and stats["dropped"]["no_assistant_turn"] == 1
     assert stats["samples"] == 2 and stats["records_read"] == 7
     assert json.loads((tmp_path / "o" / "params.json").read_text())["data"]["on_bad_record"] == "skip"
@@ -256,7 +256,7 @@ def test_bad_input_is_named_or_counted(tmp_path, capsys):
     undecodable = tmp_path / "latin1.jsonl"
     undecodable.write_bytes(b'{"conversations": [{"from": "gpt", "value": "caf\xe9"}]}\n')
     proc = _main(capsys, "--source", str(undecodable), "--out", str(tmp_path / "o3"))
-    assert proc.returncode == 2 and "latin1.jsonl: record 0 conversations[0] text does not decode" in proc.stderr
+    assert proc.returncode == 2 and "latin1.jsonl: record 1 conversations[0] text does not decode" in proc.stderr
 
 
 def test_flags_override_params(tmp_path, capsys):

@@ -187,15 +187,18 @@ def split_to_multiple(eb: EpochBatches, x: np.ndarray, world_size: int, packed: 
 
 
 def assign_ranks(eb: EpochBatches, world_size: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Per rank, the positions (in ``eb``) of its batches in step order: batches sorted by computed
-    tokens (descending, stable), cut into consecutive groups of ``world_size`` (one per step), the
+    """Per rank, the positions (in ``eb``) of its batches in step order: batches sorted by ``eb.cost``
+    (computed tokens, or a :class:`lenbatch.Cost`'s price; descending, stable), cut into consecutive groups of ``world_size`` (one per step), the
     steps shuffled, rank r taking the r-th of every step. ``world_size == 1`` keeps the list order
     (and draws nothing). Requires len(eb) % world_size == 0. O(batches) (counting sort of the costs)."""
     if world_size == 1:
         return [np.arange(len(eb))]
     assert len(eb) % world_size == 0
-    top = int(eb.cost.max()) if len(eb) else 0
-    order = stable_order(top - eb.cost, top)  # descending cost, ties in list order
+    if eb.cost.dtype.kind == "f":  # priced by a lenbatch.Cost: a comparison sort, same order rule
+        order = np.argsort(-eb.cost, kind="stable")
+    else:
+        top = int(eb.cost.max()) if len(eb) else 0
+        order = stable_order(top - eb.cost, top)  # descending cost, ties in list order
     steps = order.reshape(-1, world_size)
     steps = steps[permutation(rng, len(steps))]
     return [steps[:, r] for r in range(world_size)]

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from lenbatch.batching.cost import Cost, CostLimit, cost_limit, first_fit_costed
 from lenbatch.batching.epoch import EpochBatches, Plan, assign_ranks, rank_plan, split_to_multiple
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
@@ -125,11 +126,14 @@ def planning_lengths(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndar
 # a straightforward list-of-arrays planner does (tests/batching/test_plan_reference.py compares them).
 
 
-def _sorted(x, rng, spec):
+def _sorted(x, rng, spec, limit=None):
     # ascending length, ties by index (a counting sort); the greedy batches along a sorted order depend
     # only on how many samples have each length, so their starts come from the histogram, O(distinct)
     top = int(x.max())
     order = stable_order(x, top)
+    if limit is not None and limit.effective is not None:  # a cost budget: the greedy scan along the order
+        eb = _greedy(order, take(x, order), spec, limit)
+        return eb.reorder(permutation(rng, len(eb)))
     if histogram_too_wide(top, x.size):
         values, counts = np.unique(x, return_counts=True)
     else:
@@ -143,18 +147,26 @@ def _sorted(x, rng, spec):
     return eb.reorder(permutation(rng, len(eb)))
 
 
-def _random(x, rng, spec):
+def _random(x, rng, spec, limit=None):
     order = permutation(rng, x.size)
-    return _greedy(order, take(x, order), spec)
+    return _greedy(order, take(x, order), spec, limit)
 
 
-def _greedy(order: np.ndarray, xo: np.ndarray, spec: BatchSpec) -> EpochBatches:
+def _greedy_starts(xo: np.ndarray, spec: BatchSpec, limit: CostLimit | None) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, computed tokens) of the greedy batches along ``xo``; with a cost budget the scan runs on
+    the effective lengths (:mod:`lenbatch.batching.cost`) and the costs are set later, by the cost model."""
+    if limit is None or limit.effective is None:
+        return greedy_batches(xo, spec.token_budget, spec.max_batch_size)
+    return greedy_batches(take(limit.effective, xo), limit.k, spec.max_batch_size)
+
+
+def _greedy(order: np.ndarray, xo: np.ndarray, spec: BatchSpec, limit: CostLimit | None = None) -> EpochBatches:
     """The greedy token-budget batches along ``order`` (``xo``: the lengths along it)."""
-    starts, cost = greedy_batches(xo, spec.token_budget, spec.max_batch_size)
+    starts, cost = _greedy_starts(xo, spec, limit)
     return EpochBatches(order, starts, np.append(starts[1:], order.size), cost)
 
 
-def _bucketed(x, rng, spec):
+def _bucketed(x, rng, spec, limit=None):
     edges = np.asarray(spec.edges, dtype=np.int64)
     top = int(x.max())
     if histogram_too_wide(top, x.size):
@@ -175,7 +187,7 @@ def _bucketed(x, rng, spec):
     for k in range(len(edges) - 1):
         a, b = int(bounds[k]), int(bounds[k + 1])
         if b > a:  # greedy inside the bucket: its first batch starts at the bucket's first sample
-            s, c = greedy_batches(xo[a:b], spec.token_budget, spec.max_batch_size)
+            s, c = _greedy_starts(xo[a:b], spec, limit)
             starts.append(a + s)
             costs.append(c)
     starts = np.concatenate(starts)
@@ -239,15 +251,23 @@ def _sort_megabatches(perm: np.ndarray, xo: np.ndarray, mega: int, top: int) -> 
             xo[lo:hi] = np.take_along_axis(xo[lo:hi].reshape(rows, width), srt, axis=1).ravel()
 
 
-def _sortish(x, rng, spec):
+def _sortish(x, rng, spec, limit=None):
     order, xo = _sortish_order(x, rng, spec.max_batch_size)
-    return _greedy(order, xo, spec)
+    return _greedy(order, xo, spec, limit)
 
 
-def _packed(x, rng, spec):
+def _packed(x, rng, spec, limit=None):
     # first-fit rows along a shuffled order (the rules: lenbatch.batching.scan.first_fit_rows); a row
     # whose free space is below the shortest length is closed at once
     order = permutation(rng, x.size)
+    if limit is not None and limit.effective is not None:  # and below the cost budget (pure Python)
+        rows, tail = first_fit_costed(order, x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
+                                      window=spec.packed_window, shortest=int(x.min()), limit=limit)
+        rows += tail
+        sizes = np.asarray([len(r) for r in rows], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        members = np.asarray([i for r in rows for i in r], dtype=order.dtype)
+        return EpochBatches(members, offsets[:-1], offsets[1:], segment_sums(take(x, members), offsets[:-1]))
     members, offsets, lengths = first_fit_rows(order, x, token_budget=spec.token_budget,
                                                max_batch_size=spec.max_batch_size, window=spec.packed_window,
                                                shortest=int(x.min()))
@@ -276,7 +296,8 @@ assert tuple(_FUNCS) == STRATEGIES, "every strategy of lenbatch.batching.strateg
 
 def plan_epoch_all(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, seed: int = 0, token_budget: int | None = None,
                    max_batch_size: int | None = None, edges: Any = None, world_size: int = 1,
-                   packed_window: int = 8, min_batches: int = 0, spec: BatchSpec | None = None) -> list[Plan]:
+                   packed_window: int = 8, min_batches: int = 0, spec: BatchSpec | None = None,
+                   cost: Cost | None = None, cost_budget: float | None = None) -> list[Plan]:
     """Every rank's batches for one epoch: ``out[r]`` is rank r's list of int64 index arrays, in order.
 
     The batching values come as keyword arguments or whole as ``spec=`` (a :class:`lenbatch.BatchSpec`).
@@ -284,17 +305,20 @@ def plan_epoch_all(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, 
     many batches (over all ranks): trainers that fix the steps per epoch from the first epoch
     (transformers' ``Trainer``) need every epoch to have the same count; see
     :func:`equal_epoch_batches`. ``strategy`` is a name (``edges=`` beside it for ``bucketed``) or a
-    :class:`lenbatch.Strategy`.
+    :class:`lenbatch.Strategy`. ``cost`` (a :class:`lenbatch.Cost`) balances each step's batches across
+    the ranks by that cost instead of computed tokens; ``cost_budget`` also caps every batch's cost
+    (:mod:`lenbatch.batching.cost`).
     """
     strategy, edges, spec = named_strategy(strategy, edges, spec)
     spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
                             seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
-    eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size)
+    eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size, cost=cost,
+                              cost_budget=cost_budget)
     return [rank_plan(eb, pos, strategy) for pos in ranks]
 
 
-def epoch_batches(lengths: Any, *, strategy: str, spec: BatchSpec, epoch: int,
-                  world_size: int) -> tuple[EpochBatches, list[np.ndarray]]:
+def epoch_batches(lengths: Any, *, strategy: str, spec: BatchSpec, epoch: int, world_size: int,
+                  cost: Cost | None = None, cost_budget: float | None = None) -> tuple[EpochBatches, list[np.ndarray]]:
     """The epoch's batches (compact) and, per rank, the positions of its batches in step order.
     O(N) with numba (``lenbatch[fast]``) for every strategy but ``sortish`` (torch's randperm) and
     the Python scans without it; memory O(N) in int32/uint16 (see benchmarks/bench_plans.py)."""
@@ -302,33 +326,54 @@ def epoch_batches(lengths: Any, *, strategy: str, spec: BatchSpec, epoch: int,
     world_size = check_int("world_size", world_size, minimum=1)
     epoch = check_int("epoch", epoch, minimum=0)
     rng = np.random.default_rng(spec.seed + epoch)
-    eb = _FUNCS[strategy](x, rng, spec)
-    eb = split_to_multiple(eb, x, world_size, spec.packed, spec.min_batches)
+    limit = cost_limit(x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size, cost=cost,
+                       cost_budget=cost_budget)
+    if limit is None:
+        eb = _FUNCS[strategy](x, rng, spec)
+        eb = split_to_multiple(eb, x, world_size, spec.packed, spec.min_batches)
+        return eb, assign_ranks(eb, world_size, rng)
+    # priced by the cost model: the costliest are split, and each step's batches cost alike
+    eb = _priced(_FUNCS[strategy](x, rng, spec, limit), x, limit.cost, spec.packed)
+    eb = _priced(split_to_multiple(eb, x, world_size, spec.packed, spec.min_batches), x, limit.cost, spec.packed)
     return eb, assign_ranks(eb, world_size, rng)
+
+
+def _priced(eb: EpochBatches, x: np.ndarray, cost: Cost, packed: bool) -> EpochBatches:
+    """``eb`` with ``cost`` = the cost model's price of each batch (float64). O(N)."""
+    if not len(eb):
+        return eb
+    pos = np.argsort(eb.start, kind="stable")  # the batches tile ``flat``: price them in that order
+    s = eb.start[pos]
+    priced = np.empty(len(eb))
+    priced[pos] = cost.of_segments(take(x, eb.flat), s, eb.end[pos] - s, packed=packed)
+    return EpochBatches(eb.flat, eb.start, eb.end, priced)
 
 
 def plan_epoch(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, seed: int = 0, token_budget: int | None = None,
                max_batch_size: int | None = None, edges: Any = None, rank: int | None = None,
                world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
-               spec: BatchSpec | None = None) -> Plan:
+               spec: BatchSpec | None = None, cost: Cost | None = None, cost_budget: float | None = None) -> Plan:
     """This rank's batches for one epoch (list of int64 index arrays, in order). See the module doc.
 
     ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
     Only this rank's batches are gathered (the epoch's batches are planned, then dropped). Cost: see
     :func:`epoch_batches` (benchmarks/bench_plans.py: 0.9, 9 and 90 M samples). ``strategy`` is a name
-    (``edges=`` beside it for ``bucketed``) or a :class:`lenbatch.Strategy`.
+    (``edges=`` beside it for ``bucketed``) or a :class:`lenbatch.Strategy`; ``cost``/``cost_budget`` as in
+    :func:`plan_epoch_all`.
     """
     strategy, edges, spec = named_strategy(strategy, edges, spec)
     rank, world_size = resolve_rank(rank, world_size)
     spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
                             seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
-    eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size)
+    eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size, cost=cost,
+                              cost_budget=cost_budget)
     return rank_plan(eb, ranks[rank], strategy)  # only this rank's batches are gathered
 
 
 def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: "str | Strategy", seed: int = 0, token_budget: int | None = None,
                         max_batch_size: int | None = None, edges: Any = None, world_size: int = 1,
-                        packed_window: int = 8, spec: BatchSpec | None = None) -> int:
+                        packed_window: int = 8, spec: BatchSpec | None = None, cost: Cost | None = None,
+                        cost_budget: float | None = None) -> int:
     """The ``min_batches`` that gives epochs 0..epochs-1 the same number of batches: the most any of
     them plans (over all ranks, a multiple of ``world_size``). Strategies other than ``sorted`` plan
     a different count each epoch (greedy packing of a new order). Cost: ``epochs`` plans."""
@@ -336,5 +381,6 @@ def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: "str | Strategy"
     strategy, edges, spec = named_strategy(strategy, edges, spec)
     spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
                             seed=seed, edges=edges, packed_window=packed_window)
-    return max(len(epoch_batches(lengths, strategy=strategy, spec=spec, epoch=e, world_size=world_size)[0])
+    return max(len(epoch_batches(lengths, strategy=strategy, spec=spec, epoch=e, world_size=world_size, cost=cost,
+                                 cost_budget=cost_budget)[0])
                for e in range(epochs))  # every rank's batches counted, none gathered

@@ -61,6 +61,7 @@ import numpy as np
 import torch.utils.data
 
 from lenbatch.batching.strategy import Strategy, layout_of
+from lenbatch.batching.cost import cost_fingerprint, cost_limit
 from lenbatch.batching.overflow import Pieces, overflow_pieces
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
@@ -186,7 +187,8 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     def __init__(self, lengths: Any, *, strategy: "str | Strategy", token_budget: int | None = None,
                  max_batch_size: int | None = None, seed: int = 0, edges: Any = None, rank: int | None = None,
                  world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
-                 epochs: int | None = None, overflow: str = "error", spec: BatchSpec | None = None) -> None:
+                 epochs: int | None = None, overflow: str = "error", spec: BatchSpec | None = None,
+                 cost: Any = None, cost_budget: float | None = None) -> None:
         super().__init__()
         strategy, edges, spec = named_strategy(strategy, edges, spec)  # a name, or a Strategy with its edges
         spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget,
@@ -211,7 +213,11 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._iterated_epoch: int | None = None  # the epoch a pass has started over, since set_epoch
         self._warned: set[str] = set()
         self._loader_iter: Any = None  # (weakref to torch's DataLoader iterator, it calls us directly, start)
-        self.fingerprint = spec.fingerprint(x, strategy)
+        # cost=/cost_budget=: passed to plan_epoch (lenbatch.batching.cost); checked here, once
+        cost_limit(x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size, cost=cost,
+                   cost_budget=cost_budget)
+        self.cost, self.cost_budget = cost, cost_budget
+        self.fingerprint = cost_fingerprint(spec.fingerprint(x, strategy), cost, cost_budget)
         self.sampler = _EpochForward(self)
         self.epochs: int | None = None
         if epochs is not None:
@@ -248,9 +254,11 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ValueError("epochs= changes every epoch's plan, so it must be set before the first batch is "
                              "drawn or a state restored; build the sampler with epochs=")
         most = equal_epoch_batches(self.lengths, epochs=epochs, strategy=self.strategy, world_size=self.world_size,
-                                   spec=dataclasses.replace(self.spec, min_batches=0))
+                                   spec=dataclasses.replace(self.spec, min_batches=0), cost=self.cost,
+                                   cost_budget=self.cost_budget)
         self.spec = dataclasses.replace(self.spec, min_batches=max(self.spec.min_batches, most))
-        self.fingerprint = self.spec.fingerprint(self.lengths, self.strategy)
+        self.fingerprint = cost_fingerprint(self.spec.fingerprint(self.lengths, self.strategy), self.cost,
+                                            self.cost_budget)
         self.epochs = epochs
         self._cache = None
         return len(self.plan())
@@ -270,7 +278,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             return self._cache[1]
         # only this rank's batches are kept (compact: one int64 index array + offsets)
         batches = plan_epoch(self.lengths, strategy=self.strategy, epoch=epoch, rank=self.rank,
-                             world_size=self.world_size, spec=self.spec)
+                             world_size=self.world_size, spec=self.spec, cost=self.cost, cost_budget=self.cost_budget)
         if epoch == self.epoch:
             self._cache = (epoch, batches)
         return batches

@@ -82,36 +82,67 @@ def loss_cell(result: Optional[dict[str, Any]], strategy: str) -> str:
     return _iv(result["summary"]["final"][strategy])
 
 
-def answer_sentence(result: Optional[dict[str, Any]], strategy: str, tok_s: dict[str, float]) -> str:
-    """One sentence for compare's answer: the recommended strategy's held-out loss vs sorted's, per token and
-    per second, and the strategy with the best held-out loss per second."""
+def _direction(d: dict[str, Any], *, than: str) -> str:
+    """'0.082 nats lower than sorted's (-0.082 [-0.340, +0.176], within seed noise)' for a Welch difference."""
+    word = "lower" if d["diff"] < 0 else "higher"
+    return f"{abs(d['diff']):.3f} nats {word} than {than} ({_diff(d)})"
+
+
+def answer_sentence(result: Optional[dict[str, Any]], strategy: str) -> str:
+    """One sentence for compare's answer: the recommended strategy's held-out loss at equal useful tokens against
+    sorted's, with its direction and interval."""
     if not result:
         return f"Its held-out loss was not measured (no quality stage results; rerun: snakemake {QUALITY_PATH})."
     if not learned(result):
         return not_learned_sentence(result)
     summ = result["summary"]
     tokens = result["setting"]["useful_tokens_per_run"]
-    f, ref = summ["final"][strategy], summ["final"]["sorted"]
-    text = (f"Its drafter's held-out loss after {tokens:,} useful tokens is {_iv(f)} "
-            f"(sorted: {_iv(ref)}; 95% intervals over {result['setting']['seeds']} seeds)")
+    text = (f"Its drafter's held-out loss after {tokens:,} useful tokens is {_iv(summ['final'][strategy])} "
+            f"(95% interval over {result['setting']['seeds']} seeds)")
     if strategy != "sorted":
-        d = summ["vs_sorted"][strategy]
-        text += f", a difference of {d['diff']:+.3f} that is " + (
-            "beyond seed noise" if d["distinguishable"] else "within seed noise")
-    ps = per_second(result, tok_s)
-    best = min(ps["loss"], key=lambda s: ps["loss"][s]["mean"])
-    text += (f". Per second of training (measured throughput x sample efficiency), the lowest mean held-out loss "
-             f"after {ps['seconds']:.1f} s is `{best}`'s, {_iv(ps['loss'][best])}")
-    if best != "sorted":
-        d = ps["vs_sorted"][best]
-        text += f" ({d['diff']:+.3f} vs sorted, " + ("beyond" if d["distinguishable"] else "within") + " seed noise)"
-    beyond = sorted({s for s, d in {**summ["vs_sorted"], **ps["vs_sorted"]}.items() if d["distinguishable"]})
-    if beyond:
-        text += f". Held-out loss differs from sorted's beyond seed noise for: {', '.join(beyond)}"
-    else:
-        text += (". No strategy's held-out loss differs from sorted's beyond seed noise, per token or per second "
-                 "(gradient quality per strategy: see the quality section)")
+        text += ", " + _direction(summ["vs_sorted"][strategy], than="sorted's")
     return text + "."
+
+
+def tie_sentence(result: Optional[dict[str, Any]], tied: tuple[str, ...]) -> str:
+    """What the held-out loss at equal useful tokens says between tied strategies (Welch's interval of the first
+    against each other, over seeds)."""
+    if not result:
+        return "held-out loss not measured (no quality stage results)."
+    if not learned(result):
+        return "held-out loss not compared (the quality runs did not meet their learned criterion)."
+    runs = by_strategy(result)
+    first = tied[0]
+    parts = []
+    for s in tied[1:]:
+        d = intervals.difference_interval([r["final_heldout_loss"] for r in runs[first]],
+                                          [r["final_heldout_loss"] for r in runs[s]])
+        parts.append(f"`{first}`'s held-out loss at equal useful tokens is " + _direction(d, than=f"`{s}`'s"))
+    return "; ".join(parts) + "."
+
+
+def summary_sentence(result: Optional[dict[str, Any]]) -> str:
+    """The quality finding in one sentence for the report: which strategies' held-out loss at equal useful tokens
+    differs from sorted's beyond seed noise, in which direction, with the interval (the tables, per second
+    included, are in details.md)."""
+    if not result:
+        return f"Not measured: no quality stage results (rerun: snakemake {QUALITY_PATH})."
+    if not learned(result):
+        return not_learned_sentence(result)
+    summ, st = result["summary"], result["setting"]
+    where = (f"at equal useful tokens ({st['useful_tokens_per_run']:,} per run, {st['seeds']} seeds, the quality "
+             "stage's drafter with a trainable head)")
+    vs = summ["vs_sorted"]
+    beyond = {s: d for s, d in vs.items() if d["distinguishable"]}
+    if beyond:
+        return ("Held-out loss " + where + " differs from sorted's beyond seed noise for " + "; ".join(
+            f"`{s}`: " + _direction(d, than="sorted's") for s, d in beyond.items()) + "; the others are within seed "
+            "noise (tables and gradient quality: details.md).")
+    lo = min(vs, key=lambda s: vs[s]["diff"])
+    hi = max(vs, key=lambda s: vs[s]["diff"])
+    return (f"No strategy's held-out loss {where} differs from sorted's beyond seed noise: the differences run from "
+            f"{vs[lo]['diff']:+.3f} (`{lo}`) to {vs[hi]['diff']:+.3f} (`{hi}`) nats, every 95% interval containing 0 "
+            "(tables and gradient quality: details.md).")
 
 
 def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level: int = 2) -> str:
@@ -149,16 +180,16 @@ def section(result: dict[str, Any], *, tok_s: Optional[dict[str, float]], level:
         lines.append(f"| {s} | {_iv(summ['final'][s])} | {d} | {seeds} |")
     if tok_s:
         ps = per_second(result, tok_s)
-        lines += ["", f"Held-out loss per second of training: after {ps['seconds']:.1f} s at each strategy's measured "
-                  "useful tokens/s (train stage), i.e. when the fastest has trained the run's tokens (lower is "
-                  "better):", "",
-                  "| strategy | measured tok/s | tokens by then | held-out loss | difference from sorted |",
+        lines += ["", f"Held-out loss per second of training: after {ps['seconds']:.1f} s at each strategy's useful "
+                  "tokens/s, i.e. when the fastest has trained the run's tokens (lower is better):", "",
+                  "| strategy | useful tok/s | tokens by then | held-out loss | difference from sorted |",
                   "|---|---|---|---|---|"]
         for s in strategies:
             d = "(baseline)" if s == "sorted" else _diff(ps["vs_sorted"][s])
             lines.append(f"| {s} | {tok_s[s]:,.0f} | {ps['tokens'][s]:,.0f} | {_iv(ps['loss'][s])} | {d} |")
-        lines += ["", "(throughput: the train stage's runs at the same `batching` budget and plans; its pipeline is "
-                  "bound by the target forward, which this setting does not change. The quality runs' own seconds are "
+        lines += ["", "(useful tokens/s: `sorted`'s training's, times each strategy's ratio to `sorted` measured in "
+                  "turns where it was measured (a drift between the trainings cannot move it), else each training's "
+                  "own; the train stage runs the same `batching` budget and plans. The quality runs' own seconds are "
                   "not used: they reuse precomputed target features in one process)"]
     grads = result["gradients"]
     lines += ["", "Gradient quality at fixed weights: every batch of one epoch of each strategy (anchors fixed per "
@@ -253,4 +284,4 @@ def write_plot(result: dict[str, Any], path: Path) -> Path:
 
 
 __all__ = ["TO_LEARN", "answer_sentence", "flat_metrics", "learned", "loss_cell", "not_learned_sentence", "per_second",
-           "section", "write_plot"]
+           "section", "summary_sentence", "tie_sentence", "write_plot"]

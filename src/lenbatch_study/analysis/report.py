@@ -1,17 +1,17 @@
-"""The compare stage's outputs: ``report.md``, the plots, ``metrics.json`` / ``diagnostics.json``,
-``frontier.json``, ``throughput.json`` and ``stepmodel.json``, rendered from a :class:`CompareResult`.
+"""The compare stage's outputs: ``report.md`` and ``details.md``, the plots, ``metrics.json`` /
+``diagnostics.json``, ``frontier.json``, ``throughput.json`` and ``stepmodel.json``, rendered from a
+:class:`CompareResult`.
 
 :mod:`lenbatch_study.stages.compare` predicts (pure function of the stage inputs) and builds the result; this
-module only renders it, so a report change never touches a prediction. The report is about the data the
-run read; the study's own setting appears only in its last part, "The study's setting, replayed (not your
-data)" (:func:`lenbatch_study.analysis.study_replay.section`), and as the study's K on this data's K sweep
-(:data:`STUDY_NUM_BUCKETS`). The model-selection rule's numbers come from
-:mod:`lenbatch_study.analysis.stepmodel`. The report states the machine profile and runs
-were measured on (:mod:`lenbatch_study.core.machine`), the raw and the calibrated prediction side by side
-(:func:`calibration_section`). The answer opens with "Not settled" and the rerun, and recommends nothing in bold,
-when the machine was busy or unsteady or the predictions missed by more than the step-time model's own
-held-out error (:func:`not_settled`); it draws no quality conclusion unless the quality runs met their
-learned criterion (:mod:`lenbatch_study.analysis.quality_report`). Cost: O(strategies + K sweep) plus three matplotlib figures.
+module only renders it, so a report change never touches a prediction. ``report.md`` (at most
+:data:`REPORT_MAX_BYTES`) is about the data the run read: its counts and percentiles, the answer decided on the
+ratios measured in turns (:mod:`lenbatch_study.analysis.verdict`: "Use X", a named tie, or "Not settled" with
+why and the rerun), one table per strategy, why the padding model misses, and the quality stage's finding in a
+sentence with its direction and interval. ``details.md`` (:mod:`lenbatch_study.analysis.report_details`) holds
+the evidence: the separate trainings and the machine's drift under them (reported, never a veto), the
+per-role ratios, the quality tables, the step-time model, the K sweep and the study's own setting replayed.
+``recommended.*`` reaches ``metrics.json`` only when the answer is settled. Cost: O(strategies + K sweep)
+plus three matplotlib figures.
 """
 
 from __future__ import annotations
@@ -20,22 +20,23 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from lenbatch_study.analysis import interleaved as il, quality_report as qr
-from lenbatch_study.analysis import stepmodel as sm
-from lenbatch_study.analysis import study_replay
-from lenbatch_study.analysis.settled import (DRIFT_WARN, QUIET_RERUN, busy_machine, calibration_section,  # noqa: F401
-                                            errors_beyond_noise, machine_sentence, noise_paragraph, not_settled,
-                                            prediction_noise, unsteady_machine, _signed)
+from lenbatch_study.analysis.interleaved import PREDICTION_TARGET
+from lenbatch_study.analysis import report_details
+from lenbatch_study.analysis.report_details import REPLAY_PART, STUDY_NUM_BUCKETS, details_text, pct  # noqa: F401
+from lenbatch_study.analysis.settled import QUIET_RERUN, busy_machine, unsteady_machine  # noqa: F401
+from lenbatch_study.analysis.verdict import TIE, USE, Verdict
 from lenbatch_study.core.config import Params
-from lenbatch_study.pipeline.artifacts import compare_report as files
+from lenbatch_study.core.intervals import INTERVAL_TARGET
+from lenbatch_study.pipeline.artifacts import compare_report as files, tokenized
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
 
-# The study this project re-examines used K = 6 length buckets (one definition, with the replay's)
-STUDY_NUM_BUCKETS = study_replay.STUDY_NUM_BUCKETS
+# report.md's bound: the answer and one table; everything else is details.md's
+REPORT_MAX_BYTES = 10_000
 
 
 @dataclass
@@ -66,8 +67,9 @@ class StrategyRow:
     ratio_to_sorted_predicted: float = math.nan
     ratio_to_sorted_padding: float = math.nan
     predicted_epoch_ratio_to_sorted: float = math.nan  # whole epoch 0, the steady state
-    # drift calibration (lenbatch_study.analysis.calibration): the prediction with each role's step times x its
-    # reference ratio (run's reference step / profile's), its error, and how far the run's reference moved
+    # how far the run's reference step moved (reported in details.md); the start/end calibration (the prediction
+    # with each role's step times x its reference ratio, lenbatch_study.analysis.calibration) is no longer
+    # reported: a drift within minutes is not linear in time. benchmarks/bench_prediction.py still scores it.
     calibrated_tok_s: float = math.nan
     calibrated_prediction_error: float = math.nan  # calibrated / measured - 1
     target_reference_ratio: float = math.nan
@@ -79,9 +81,14 @@ class StrategyRow:
 
 @dataclass(frozen=True)
 class Recommendation:
-    strategy: str                       # highest measured tokens/s among the shuffling strategies
+    verdict: Verdict                    # decided on the ratios measured in turns (analysis.verdict)
     num_buckets: Optional[int]          # smallest K within compare.k_tolerance of the best predicted K
     k_best_throughput: Optional[int]    # the best predicted K
+
+    @property
+    def strategy(self) -> Optional[str]:
+        """The strategy to use; None for a tie or when not settled."""
+        return self.verdict.strategy
 
 
 @dataclass
@@ -114,6 +121,8 @@ class CompareResult:
     profile_reference_seconds: float = math.nan
     study_replay: Optional[dict[str, Any]] = None  # lenbatch_study.analysis.study_replay.replay(), when computed
     interleaved: Optional[dict[str, Any]] = None  # lenbatch_study.analysis.interleaved.judge(), when measured
+    tokenize_stats: Optional[dict[str, Any]] = None  # the run's own tokenize stats.json (records, drops, source)
+    data_dir: str = "results/tokenize"  # the tokenize folder the run read (its parent: the run's results folder)
 
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -130,9 +139,7 @@ METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_eff
                "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
                "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "steps",
                "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted",
-               "target_cpu_share", "drafter_cpu_share", "calibrated_tok_s", "calibrated_prediction_error",
-               "target_reference_ratio", "drafter_reference_ratio", "target_reference_drift",
-               "drafter_reference_drift")
+               "target_cpu_share", "drafter_cpu_share", "target_reference_drift", "drafter_reference_drift")
 
 
 def _num(x: float) -> float | None:
@@ -154,7 +161,7 @@ def _num(x: float) -> float | None:
 # no tool declares as metrics.
 USER_METRIC_KEYS = ("measured_tok_s", "ratio_to_sorted_measured", "ratio_to_sorted_predicted", "measured_efficiency",
                     "heldout_loss.mean", *il.USER_METRIC_KEYS)
-USER_SUMMARY_KEYS = ("recommended.strategy", "recommended.num_buckets")
+USER_SUMMARY_KEYS = ("verdict", "recommended.strategy", "recommended.tie", "recommended.num_buckets")
 MAX_METRIC_NUMBERS = 40  # what `dvc exp show` can show beside the changed params
 
 
@@ -182,23 +189,27 @@ def flat_metrics(result: CompareResult) -> dict[str, Any]:
     for role, v in result.profile_cpu_share.items():
         out[f"profile.{role}_cpu_share"] = _num(v)
     out["max_abs_prediction_error"] = _num(max(abs(r.prediction_error) for r in result.rows.values()))
-    out["max_abs_calibrated_prediction_error"] = _num(max(abs(r.calibrated_prediction_error)
-                                                          for r in result.rows.values()))
     for role, v in (result.profile_reference_drift or {}).items():
         out[f"profile.{role}_reference_drift"] = _num(v)
     out["machine.id"] = (result.machine or {}).get("id")
     for e in result.sweep:
         out[f"bucketed_k{e['num_buckets']}.predicted_ratio_to_sorted"] = _num(e["predicted_ratio_to_sorted"])
     rec = result.recommendation
-    out["recommended.num_buckets"] = rec.num_buckets
-    out["recommended.strategy"] = rec.strategy
+    v = rec.verdict
+    out["verdict"] = v.kind
+    if v.settled:  # only a settled answer is a recommendation a diff can show changing
+        if v.kind == USE:
+            out["recommended.strategy"] = v.strategy
+        else:
+            out["recommended.tie"] = ", ".join(v.top)
+        out["recommended.num_buckets"] = rec.num_buckets
     out.update(qr.flat_metrics(result.quality, _tok_s(result)))
     out.update(il.flat_metrics(result.interleaved))
     return out
 
 
 def _tok_s(result: CompareResult) -> dict[str, float]:
-    return {s: r.measured_tok_s for s, r in result.rows.items()}
+    return report_details.tok_s(result)
 
 
 def frontier_points(result: CompareResult) -> list[dict]:
@@ -322,181 +333,171 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _share_words(x: float) -> str:
-    """0.1 -> 'a tenth' (the report's wording), else a percentage of it."""
-    return {0.1: "a tenth", 0.5: "half", 0.25: "a quarter"}.get(x, f"{100 * x:g}% of it")
+def _iv(r: Mapping[str, Any]) -> str:
+    lo, hi = r["ci95"]
+    return f"{r['ratio_to_sorted']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def _pct(x: float) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+DEFAULT_RESULTS = "results"
+
+
+def rerun_command(result: CompareResult, what: str) -> str:
+    """``snakemake ... --forcerun <what>`` for this run: as it is where the run's results are the default folder,
+    else naming the ``--configfile`` that put them elsewhere (without it, Snakemake would remeasure the embedded
+    default)."""
+    where = Path(result.data_dir).parent.as_posix()
+    config = "" if where == DEFAULT_RESULTS else f" --configfile <your config, results_dir: {where}>"
+    return f"snakemake --cores all{config} --forcerun {what}"
+
+
+def data_sentence(result: CompareResult, *, params: Params) -> str:
+    """What the report is about: the run's own data (its tokenize stage's counts, read from the run's own folder),
+    and its length percentiles."""
+    st, tk = result.stats or {}, result.tokenize_stats or {}
+    n, tokens = st.get("count"), st.get("total_tokens")
+    what = f"{int(n):,} samples, {int(tokens):,} tokens" if n is not None and tokens is not None else "its samples"
+    source = (tk.get("source") or {}).get("path") if isinstance(tk.get("source"), dict) else tk.get("source")
+    text = f"About the data this run read ({what}" + (f" from `{source}`" if source else "") + ")."
+    counts = []
+    skipped = sum(int(v) for v in (tk.get("skipped") or {}).values())
+    dropped = tk.get("dropped") or {}
+    if tk:
+        counts.append(f"{int(tk.get('records_read', 0)):,} records read, {skipped:,} skipped as malformed")
+        counts.append(f"{sum(int(v) for v in dropped.values()):,} dropped (" + (", ".join(
+            f"{k.replace('_', ' ')} {int(v):,}" for k, v in dropped.items() if int(v)) or "none") + ")")
+        counts.append(f"{int(tk.get('truncated', 0)):,} truncated to {tk.get('max_len', params.data.max_len):,} "
+                      f"tokens ({tk.get('overflow', 'truncate')})")
+        text += " Tokenize: " + ", ".join(counts) + "."
+    p = st.get("percentiles") or {}
+    if p:
+        text += (f" Lengths {int(st['min']):,}..{int(st['max']):,} tokens, mean {float(st['mean']):,.0f}; " + ", ".join(
+            f"{k.upper()} {float(v):,.0f}" for k, v in p.items() if k in ("p10", "p50", "p90", "p99")) + ".")
+    where = (Path(result.data_dir) / tokenized.STATS).as_posix()
+    return text + f" Counts by reason: `{where}`; the rest of the evidence: [{files.DETAILS}]({files.DETAILS})."
+
+
+def _k_sentence(result: CompareResult, *, params: Params, bold: bool) -> str:
+    rec = result.recommendation
+    sweep = {e["num_buckets"]: e for e in result.sweep}
+    k = rec.num_buckets
+    if k is None or k not in sweep:
+        return ""
+    e, kb = sweep[k], sweep[rec.k_best_throughput]
+    lead = "Use it" if rec.strategy == "bucketed" else "Where a padded layout with length buckets is wanted, use `bucketed`"
+    kk = f"**K = {k}**" if bold else f"K = {k}"
+    return (f" {lead} with {kk} buckets: predicted over a whole epoch at {pct(e['predicted_ratio_to_sorted'])} of "
+            f"sorted at simulated efficiency {pct(e['simulated_efficiency'])} and length mixing "
+            f"{e['length_mixing']:.3f}, the smallest K within {pct(params.compare.k_tolerance)} of the best predicted "
+            f"K (K = {kb['num_buckets']}, {pct(kb['predicted_ratio_to_sorted'])}).")
 
 
 def answer_paragraph(result: CompareResult, *, params: Params) -> str:
-    rows, rec = result.rows, result.recommendation
-    s = rec.strategy
-    r, ref = rows[s], rows["sorted"]
-    sweep = {e["num_buckets"]: e for e in result.sweep}
-    # A busy or unsteady machine mixes other work into every measurement: the answer says so first, names
-    # the rerun, and gives no recommendation in bold (the numbers cannot pick a strategy)
-    unsettled = not_settled(result)
-    lead = (f"{unsettled} Rerun them on a quiet machine: `{QUIET_RERUN}` "
-            f"(DVC: `dvc repro --force --single-item profile` and each `train@<strategy>`, then `dvc repro`). "
-            f"On these numbers `{s}` came out ahead" if unsettled else f"**Use `{s}`** for this data and model")
-    text = (f"{lead}: it measured {r.measured_tok_s:,.0f} useful tokens/s, "
-            f"{_pct(r.ratio_to_sorted_measured)} of `sorted` ({ref.measured_tok_s:,.0f} tokens/s), "
-            f"with padding efficiency {_pct(r.simulated_efficiency)}, composition repeat "
-            f"{r.composition_repeat:.3f} (sorted: {ref.composition_repeat:.3f}) and length mixing "
-            f"{r.length_mixing:.3f} (sorted: {ref.length_mixing:.3f}). "
-            + qr.answer_sentence(result.quality, s, _tok_s(result)))
-    k = rec.num_buckets
-    if k is not None and k in sweep:
-        e = sweep[k]
-        kb = sweep[rec.k_best_throughput]
-        lead = " Use it" if s == "bucketed" else " Where packing is not available, use `bucketed`"
-        kk = f"K = {k}" if unsettled else f"**K = {k}**"
-        text += (f"{lead} with {kk} buckets: predicted over a whole epoch at "
-                 f"{_pct(e['predicted_ratio_to_sorted'])} of sorted at simulated efficiency "
-                 f"{_pct(e['simulated_efficiency'])} and length mixing {e['length_mixing']:.3f}, the smallest K "
-                 f"within {_pct(params.compare.k_tolerance)} of the best predicted K (K = {kb['num_buckets']}, "
-                 f"{_pct(kb['predicted_ratio_to_sorted'])}).")
-    return text
+    """The answer (:mod:`lenbatch_study.analysis.verdict`): "Use X", a named tie, or "Not settled" with why and the
+    rerun; the trainings' drift is reported in details.md, never a veto."""
+    v: Verdict = result.recommendation.verdict
+    rows, table = result.rows, result.interleaved or {}
+    others = ", ".join(f"`{s}` {_iv(table[s])}" for s in v.candidates if s not in v.top and s in table)
+    if v.kind == USE:
+        s = v.strategy
+        r, m = rows[s], table[s]
+        text = (f"**Use `{s}`** for this data and model. Measured in turns, its useful tokens/s are {_iv(m)} of "
+                f"`sorted`'s (95% interval over {v.rounds} rounds), wholly above every other shuffling strategy's"
+                + (f" ({others})" if others else "") + f"; the step model predicted {m['predicted_ratio']:.3f}. "
+                f"Its batches change every epoch (composition repeat {r.composition_repeat:.3f}, sorted "
+                f"{rows['sorted'].composition_repeat:.3f}; length mixing {r.length_mixing:.3f}, random 1). "
+                + qr.answer_sentence(result.quality, s))
+        return text + _k_sentence(result, params=params, bold=True)
+    if v.kind == TIE:
+        names = " and ".join(f"`{s}`" for s in v.top)
+        text = (f"**Tie: {names}** for this data and model. Measured in turns, their useful tokens/s are "
+                + ", ".join(f"`{s}` {_iv(table[s])}" for s in v.top) + f" of `sorted`'s (95% intervals over "
+                f"{v.rounds} rounds, each within ±{100 * INTERVAL_TARGET:g}%): the intervals overlap, so their "
+                "throughput is the same within what this measurement resolves"
+                + (f"; below them: {others}" if others else "") + ". What else separates them: composition repeat "
+                + ", ".join(f"`{s}` {rows[s].composition_repeat:.3f}" for s in v.top)
+                + " (lower: batch-mates change more between epochs), length mixing "
+                + ", ".join(f"`{s}` {rows[s].length_mixing:.3f}" for s in v.top) + "; "
+                + qr.tie_sentence(result.quality, v.top))
+        return text + _k_sentence(result, params=params, bold=True)
+    if not v.measured:
+        return ("**Not settled: no ratios were measured in turns** (compare ran without the interleave stage's "
+                "results), and the trainings, run one after another, cannot separate strategies on a machine whose "
+                f"speed moves. Run `{rerun_command(result, 'interleave')}` (DVC: `dvc repro interleave`), then "
+                "compare.")
+    why = []
+    if v.wide:
+        why.append(", ".join(f"`{s}` {_iv(table[s])}" for s in v.top) + f" overlap, and the intervals of "
+                   + ", ".join(f"`{s}`" for s in v.wide) + f" are still wider than ±{100 * INTERVAL_TARGET:g}% after "
+                   f"{v.rounds} rounds (`interleave.max_rounds`): the machine's speed moved within rounds too much to "
+                   "separate them. Rerun the measurement in turns on a quieter machine or with more rounds: "
+                   f"`dvc exp run -S interleave.max_rounds={2 * v.rounds}` (Snakemake: set it in your config, then "
+                   f"`{rerun_command(result, 'interleave')}`)")
+    if v.missed:
+        why.append("the step model's predicted ratio missed the measured one beyond its 95% interval and by more "
+                   f"than {100 * PREDICTION_TARGET:g}% for " + ", ".join(
+                       f"`{s}` (predicted {table[s]['predicted_ratio']:.3f}, measured {_iv(table[s])})"
+                       for s in v.missed) + ": the profile does not describe what was measured (the machine changed "
+                   f"between them, or a shape the grid never timed). Remeasure the profile: "
+                   f"`{rerun_command(result, 'profile')}` (DVC: `dvc repro --force --single-item profile`, then "
+                   "`dvc repro`)")
+    best = v.candidates[0]
+    return (f"**Not settled**: {'; and '.join(why)}. On these numbers `{best}` measured highest, {_iv(table[best])} "
+            "of `sorted`'s.")
 
 
-def study_k_paragraph(result: CompareResult) -> str:
-    """Where the study's K sits on this data's K sweep and frontier ('' when the sweep does not reach it)."""
-    sweep = {e["num_buckets"]: e for e in result.sweep}
-    pts = frontier_points(result)
-    text = ""
-    study = STUDY_NUM_BUCKETS
-    if study in sweep:
-        e = sweep[study]
-        on = next(p for p in pts if p["kind"] == "sweep" and p["num_buckets"] == study)
-        dominated_by = [p["name"] for p in pts if p["length_mixing"] >= on["length_mixing"]
-                        and p["efficiency"] >= on["efficiency"] and p is not on
-                        and (p["length_mixing"] > on["length_mixing"] or p["efficiency"] > on["efficiency"])]
-        where = ("on the Pareto front of efficiency vs length mixing" if on["pareto_mixing"]
-                 else f"behind the Pareto front (dominated by {', '.join(dominated_by[:3])})")
-        text += (f"The study's choice, K = {study}, sits {where}: simulated efficiency "
-                 f"{_pct(e['simulated_efficiency'])}, "
-                 f"length mixing {e['length_mixing']:.3f}, predicted {_pct(e['predicted_ratio_to_sorted'])} "
-                 "of sorted")
-        if on.get("pareto_padded") is not None:
-            text += (", and " + ("on" if on["pareto_padded"] else "behind") +
-                     " the front of the padded strategies (packing left out)")
-        steps = [f"K = {kk}: {_pct(sweep[kk]['simulated_efficiency'])}" for kk in (study - 1, study + 1) if kk in sweep]
-        text += (f"; its neighbours give {', '.join(steps)}." if steps else ".")
-    return text
+MAIN_COLUMNS = ("strategy", "padding eff.", "ratio to sorted, in turns [95%]", "predicted ratio",
+                "composition repeat", "length mixing", "held-out loss [95%]")
 
 
-def gap_paragraph(result: CompareResult) -> str:
-    rows, lad, comp = result.rows, result.ladder, result.components
-    s = "bucketed" if "bucketed" in rows else next(k for k in rows if k != "sorted")
-    L = lad[s]
-    steps_s, steps_ref = rows[s].steps, rows["sorted"].steps
-    const = {k: sum(v for n, v in comp[k].items() if n.endswith(".const")) for k in (s, "sorted")}
-    attn = {k: sum(v for n, v in comp[k].items() if n.endswith(".sum_len_sq")) for k in (s, "sorted")}
-    total = {k: sum(comp[k].values()) for k in (s, "sorted")}
-    return (f"The padding model predicts `{s}` at {_pct(L['padding'])} of sorted and the run measured "
-            f"{_pct(L['measured'])}. Adding the step-time model's terms one at a time: the fixed cost per step "
-            f"gives {_pct(L['+step'])} (`{s}` takes {steps_s} steps to sorted's {steps_ref}; the fixed terms are "
-            f"{const[s]:.1f} s of {total[s]:.1f} s modelled, sorted {const['sorted']:.1f} s of "
-            f"{total['sorted']:.1f} s), the quadratic attention term gives {_pct(L['+attention'])} "
-            f"({attn[s]:.1f} s vs sorted {attn['sorted']:.1f} s), the per-sequence term {_pct(L['+sequences'])}, "
-            f"and overlapping target and drafter through the queue (the full prediction) {_pct(L['pipelined'])}.")
+def main_table(result: CompareResult) -> list[str]:
+    """The report's one table (``lenbatch readme`` copies it): per strategy the simulated padding efficiency, the
+    ratio to sorted measured in turns with its interval, the predicted ratio, both diversity measures and the
+    held-out loss at equal useful tokens."""
+    table = result.interleaved or {}
+    lines = ["| " + " | ".join(MAIN_COLUMNS) + " |", "|" + "---|" * len(MAIN_COLUMNS)]
+    for s, r in result.rows.items():
+        m = table.get(s)
+        measured = "1 (baseline)" if s == il.BASELINE else (_iv(m) if m else "n/a")
+        predicted = "1" if s == il.BASELINE else (f"{m['predicted_ratio']:.3f}" if m else "n/a")
+        lines.append(f"| {s} | {pct(r.simulated_efficiency)} | {measured} | {predicted} | "
+                     f"{r.composition_repeat:.3f} | {r.length_mixing:.3f} | {qr.loss_cell(result.quality, s)} |")
+    return lines
 
 
-REPLAY_PART = "The study's setting, replayed (not your data)"
-
-
-def data_sentence(result: CompareResult) -> str:
-    """What the report is about: the run's own data, and where the study's replay is."""
-    st = result.stats or {}
-    n, tokens = st.get("count"), st.get("total_tokens")
-    what = (f"{int(n):,} samples, {int(tokens):,} tokens" if n is not None and tokens is not None
-            else "its samples")
-    tail = (f"; the study's own setting, replayed for comparison, is the last part (\"{REPLAY_PART}\")"
-            if result.study_replay is not None else "")
-    return f"About the data this run read ({what}; results/tokenize/stats.json names the source){tail}."
+def padding_miss_sentence(result: CompareResult) -> str:
+    """Why the padding model (throughput proportional to padding efficiency) misses, in a sentence: its ratio
+    against the measured one, and the step model's terms that close the gap (details.md's table)."""
+    table = result.interleaved or {}
+    parts = []
+    for s, r in result.rows.items():
+        if s != il.BASELINE and s in table:
+            parts.append(f"`{s}` {r.ratio_to_sorted_padding:.3f} against {table[s]['ratio_to_sorted']:.3f} measured")
+    if not parts:
+        return ""
+    return ("The padding model (throughput in proportion to padding efficiency) gives " + ", ".join(parts) + ". It "
+            "misses what a step costs besides its padded tokens: a fixed cost per step (more, smaller batches cost "
+            "more), attention's quadratic term (long rows cost more per token), and the drafter's work, which "
+            "follows sequences and positions rather than padded tokens; the step model fitted on the profile grid "
+            f"adds them (term by term: [{files.DETAILS}]({files.DETAILS})).")
 
 
 def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
-    rows = result.rows
-    lines = ["# Batching strategies: predicted vs measured", "", data_sentence(result), "", "## Answer", "",
-             answer_paragraph(result, params=params),
-             "", "## Why the padding-only prediction misses", "", gap_paragraph(result), "",
-             "| strategy | padding only | +step cost | +attention | +sequences | pipelined (prediction) | measured |",
-             "|---|---|---|---|---|---|---|"]
-    for s, L in result.ladder.items():
-        lines.append(f"| {s} | " + " | ".join(_pct(L[k]) for k in
-                                             ("padding", "+step", "+attention", "+sequences", "pipelined",
-                                              "measured")) + " |")
-    lines += ["", "(throughput relative to sorted as each term of the step-time model is added)", "",
-              "## Every strategy", "",
-              "| strategy | padding model eff. | simulated eff. | predicted tok/s | measured tok/s | error | "
-              "calibrated error | ratio to sorted (meas.) | composition repeat | length mixing | "
-              "held-out loss at equal tokens [95%] |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for s, r in rows.items():
-        lines.append(f"| {s} | {_pct(r.padding_model_efficiency)} | {_pct(r.simulated_efficiency)} | "
-                     f"{r.predicted_tok_s:,.0f} | {r.measured_tok_s:,.0f} | "
-                     f"{100 * r.prediction_error:+.1f}% | {_signed(r.calibrated_prediction_error)} | "
-                     f"{_pct(r.ratio_to_sorted_measured)} | {r.composition_repeat:.3f} | "
-                     f"{r.length_mixing:.3f} | {qr.loss_cell(result.quality, s)} |")
-    lines += ["", "Where the prediction error comes from: measured / predicted step seconds of each role "
-              "(1.00 = the profile timed the run's steps right), and the measured step times replayed through "
-              "the pipeline model against the measured throughput (0% = the pipeline model is right).", "",
-              "| strategy | target step ratio | drafter step ratio | pipeline replay error | "
-              "target CPU share | drafter CPU share |", "|---|---|---|---|---|---|"]
-    for s, r in rows.items():
-        lines.append(f"| {s} | {r.target_step_ratio:.2f} | {r.drafter_step_ratio:.2f} | "
-                     f"{100 * r.pipeline_error:+.1f}% | {_pct(r.target_cpu_share)} | "
-                     f"{_pct(r.drafter_cpu_share)} |")
-    lines += ["", noise_paragraph(result), "", calibration_section(result), *il.section_lines(result.interleaved)]
-    if result.quality:
-        lines += ["", qr.section(result.quality, tok_s=_tok_s(result))]
-    lines += ["", "## Step-time model", "",
-              f"Fitted by non-negative least squares on relative error over {result.grid_points} profile grid "
-              f"points (never on the runs it predicts); each candidate feature set scored on "
-              f"{_pct(params.compare.holdout_fraction)} held-out points over {sm.HOLDOUT_SPLITS} random splits. A "
-              f"larger set must lower the best held-out error by {_share_words(sm.MIN_GAIN_RELATIVE)} (and at least "
-              f"{100 * sm.MIN_GAIN_ABSOLUTE:g} points) to be chosen.", "",
-              "| role | features | held-out mean error | held-out worst | fit error | chosen |",
-              "|---|---|---|---|---|---|"]
-    for role, f in result.fits.items():
-        for c in f["candidates"]:
-            lines.append(f"| {role} | {c.name} | {_pct(c.holdout_error)} | {_pct(c.holdout_max_error)} | "
-                         f"{_pct(c.train_error)} | {'yes' if c is f['best'] else ''} |")
-    lines += [""]
-    for role, f in result.fits.items():
-        b = f["best"]
-        terms = " + ".join(f"{c:.3g}·{n}" for n, c in zip(b.features, b.coef))
-        lines.append(f"- {role}: t = {terms} seconds")
-    lines += ["", f"## bucketed for K = 1..{len(result.sweep)}", "",
-              "Predicted over a whole epoch (the steady state; a run's first batches vary too much to rank K), "
-              "relative to sorted predicted the same way. Every strategy the same way: " + ", ".join(
-                  f"{s} {_pct(r.predicted_epoch_ratio_to_sorted)}" for s, r in rows.items()) + ".", "",
-              "| K | simulated eff. | predicted ratio to sorted | composition repeat | length mixing |",
-              "|---|---|---|---|---|"]
-    for e in result.sweep:
-        lines.append(f"| {e['num_buckets']} | {_pct(e['simulated_efficiency'])} | "
-                     f"{_pct(e['predicted_ratio_to_sorted'])} | {e['composition_repeat']:.3f} | "
-                     f"{e['length_mixing']:.3f} |")
-    lines += ["", "Length mixing: the pooled within-batch length variance over that of the `random` plan under the "
-              "same batch spec, seed and epoch (0: every batch one length; 1: a random order; "
-              "`lenbatch.length_mixing`)."]
-    study_k = study_k_paragraph(result)
-    if study_k:
-        lines += ["", study_k]
-    lines += ["", "## Plots", "", f"![length histogram]({files.HISTOGRAM_PLOT})", "",
-              f"![predicted vs measured]({files.THROUGHPUT_PLOT})", "", f"![frontier]({files.FRONTIER_PLOT})", ""]
-    if result.study_replay is not None:
-        # the study's setting, on a stand-in of its lengths: its own part, after everything about this data
-        lines += ["---", "", f"# {REPLAY_PART}", "",
-                  "Everything above is about the data this run read. This part replays the study this project "
-                  "re-examines (902,087 chats on 8 GPUs) on a stand-in of its lengths, for comparison only; its "
-                  "numbers are not your data's.", "", study_replay.section(result.study_replay)]
+    """``report.md`` (at most 10 KB): the data, the answer, one table per strategy, why the padding model misses
+    and the quality sentence; ``details.md`` holds the rest (:mod:`lenbatch_study.analysis.report_details`)."""
+    lines = ["# Batching strategies: which to use", "", data_sentence(result, params=params), "", "## Answer", "",
+             answer_paragraph(result, params=params), "", "## Every strategy", "", *main_table(result), "",
+             "Ratios are useful tokens/s over `sorted`'s, every strategy's steps timed in turns in one process "
+             "(`lenbatch interleave`), so the machine's drift falls on all alike; the predicted ratio is the step "
+             "model's for the same steps. Padding efficiency: the simulated plan's useful / computed tokens. "
+             "Composition repeat: the share of batch-mate pairs batched together again the next epoch (sorted 1). "
+             "Length mixing: within-batch length variance over a random plan's (sorted 0, random 1)."]
+    miss = padding_miss_sentence(result)
+    if miss:
+        lines += ["", "## Why the padding model misses", "", miss]
+    lines += ["", "## Does composition change what is learned?", "", qr.summary_sentence(result.quality), ""]
     path = out / files.REPORT
     path.write_text("\n".join(lines))
+    (out / files.DETAILS).write_text(details_text(result, params=params, frontier=frontier_points(result)))
     return path
 
 
@@ -522,6 +523,6 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
     return metrics
 
 
-__all__ = ["QUIET_RERUN", "REPLAY_PART", "CompareResult", "Recommendation", "StrategyRow", "busy_machine",
-           "data_sentence", "errors_beyond_noise", "flat_metrics", "frontier_points", "histogram_points", "not_settled",
-           "prediction_noise", "unsteady_machine", "write_outputs"]
+__all__ = ["MAIN_COLUMNS", "QUIET_RERUN", "REPLAY_PART", "REPORT_MAX_BYTES", "CompareResult", "Recommendation",
+           "StrategyRow", "answer_paragraph", "busy_machine", "data_sentence", "flat_metrics", "frontier_points",
+           "histogram_points", "main_table", "rerun_command", "unsteady_machine", "write_outputs"]

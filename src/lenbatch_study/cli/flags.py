@@ -379,9 +379,13 @@ def _verify_packing_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--atol", type=float, default=None,
                         help="largest allowed |difference| (default 1e-4 for float32; bfloat16 is judged by "
                              "--rtol instead)")
-    parser.add_argument("--rtol", type=float, default=3e-2,
-                        help="bfloat16 only: largest allowed |difference| / largest |reference value| per layer "
-                             "type (two bf16 kernels round differently)")
+    parser.add_argument("--rtol", type=float, default=None,
+                        help="bfloat16 and --tf32 only: largest allowed |difference| / largest |reference value| "
+                             "per layer type (two kernels round differently; default 3e-2 for bfloat16, 3.75e-3 "
+                             "for --tf32)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="float32 with TF32 dots in fla's kernels on a GPU (TRITON_F32_DEFAULT=tf32), judged by "
+                             "--rtol: compiles in about a quarter of the IEEE fp32 check's time")
     parser.add_argument("--no-boundaries", action="store_true",
                         help="withhold the sequence boundaries on purpose (positions still restart): must fail")
     parser.set_defaults(func=_verify_packing)
@@ -390,7 +394,8 @@ def _verify_packing_flags(parser: argparse.ArgumentParser) -> None:
 def _verify_packing(args: argparse.Namespace) -> int:
     return _stage("verify-packing").run(params=args.params, lengths=args.lengths, model_config=args.model_config,
                                 device=args.device, backend=args.backend, dtype=args.dtype, seed=args.seed,
-                                atol=args.atol, rtol=args.rtol, boundaries=not args.no_boundaries)
+                                atol=args.atol, rtol=args.rtol, boundaries=not args.no_boundaries,
+                                tf32=args.tf32)
 
 
 # --------------------------------------------------------------------------- train, profile, compare

@@ -395,7 +395,7 @@ def encode_chunk(encoder: ChatEncoder, items: Sequence[tuple[int, Sequence[Turn]
         full_lengths[k] = len(ids)
         action = apply_overflow(len(ids), max_len=max_len, overflow=overflow)
         if action == "error":
-            raise ValueError(f"{source_name}: record {index} has {len(ids)} tokens > data.max_len {max_len} and "
+            raise ValueError(f"{source_name}: record {index + 1} has {len(ids)} tokens > data.max_len {max_len} and "
                              "data.overflow is 'error'; raise max_len or set overflow to truncate or drop")
         if action == "drop":
             status[k] = 2

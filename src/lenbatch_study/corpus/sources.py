@@ -14,7 +14,9 @@ before the cut is kept and the bytes after the last complete record are reported
 file that does end with its closing bracket (``]``, or ``}`` for JSONL) is never a cut: it is an
 error naming the file, the record and its byte offset, like invalid JSON anywhere else (there is no
 safe way to resynchronise).
-Cost: one pass over the file, O(chunk + largest record) memory.
+Messages number records from 1, as a person counts them (record N of a JSONL file is its line N); the
+``source_index`` a reader yields, and the dataset keeps, counts from 0. Cost: one pass over the file,
+O(chunk + largest record) memory.
 """
 
 from __future__ import annotations
@@ -203,12 +205,12 @@ def _ends_a_prefix(buf: str, err: json.JSONDecodeError) -> bool:
 def _invalid_record(path: Path, s: _JsonStream, err: json.JSONDecodeError, index: int, array: bool) -> str:
     """The error for a malformed record: the file, the record, where it starts and where it breaks."""
     msg = err.msg if err.msg.endswith(" at") else f"{err.msg} at"  # "Unterminated string starting at"
-    where = (f"{path}: invalid JSON in record {index} (starting at byte {s.offset(s.pos)}): {msg} byte "
+    where = (f"{path}: invalid JSON in record {index + 1} (starting at byte {s.offset(s.pos)}): {msg} byte "
              f"{s.offset(err.pos)}")
     if _closed(path, array):
         return (f"{where}; the file ends with its closing '{']' if array else '}'}', so this is a malformed record, "
                 "not a cut (--allow-truncated recovers only a file cut off before its end): fix or remove record "
-                f"{index}")
+                f"{index + 1}")
     return f"{where}; only a cut at the very end of a file is recovered: fix or remove this record"
 
 
@@ -258,7 +260,7 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
                     break
                 if index > 0:
                     if c != ",":
-                        raise ValueError(f"{path}: expected ',' or ']' after record {index - 1} at byte "
+                        raise ValueError(f"{path}: expected ',' or ']' after record {index} at byte "
                                          f"{s.offset(s.pos)}, found {s.buf[s.pos:s.pos + 40]!r}; the file is "
                                          "not valid JSON")
                     s.pos += 1
@@ -269,7 +271,7 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
                 try:
                     record, end = raw_decode(s.buf, s.pos)
                 except RecursionError:
-                    raise ValueError(f"{path}: record {index} (starting at byte {s.offset(s.pos)}) is nested too "
+                    raise ValueError(f"{path}: record {index + 1} (starting at byte {s.offset(s.pos)}) is nested too "
                                      "deeply for Python's JSON parser; flatten or remove that record") from None
                 except json.JSONDecodeError as err:
                     needs_more = err.msg.startswith("Unterminated string") or err.pos >= len(s.buf) - _TAIL
@@ -294,7 +296,8 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
         report.read_to_end = True
         report.bytes_left_over = s.left_over() if cut else 0
         if cut and not allow_truncated:
-            where = f"inside record {index} or before the array's closing ']'" if array else f"inside record {index}"
+            where = (f"inside record {index + 1} or before the array's closing ']'" if array
+                     else f"inside record {index + 1}")
             raise ValueError(f"{path} is cut off: it ends {where} ({index} complete records, "
                              f"{report.bytes_left_over} bytes left over); pass "
                              "--allow-truncated to keep the complete records, or fix the file")

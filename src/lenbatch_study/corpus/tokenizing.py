@@ -175,7 +175,7 @@ def _conversations(records: Iterable[tuple[int, Any]], *, source_name: str, on_b
         try:
             turns = conversation_from_record(record)
         except BadRecord as bad:
-            where = f"{source_name}: record {index}"
+            where = f"{source_name}: record {index + 1}"
             if isinstance(record, dict) and "id" in record:
                 where += f" (id {str(record['id'])[:40]!r})"
             if on_bad_record == "error":

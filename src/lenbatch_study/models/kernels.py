@@ -271,6 +271,30 @@ class CompileMeter:
         self.active = True
 
 
+def autotune_choices() -> dict[str, dict[str, str]]:
+    """The config fla's autotuner chose for each key it has met in this process: ``{kernel: {key: config}}``
+    (every autotuned kernel of the imported ``fla`` modules, decorators such as ``triton.heuristics``
+    unwrapped; a kernel not yet run is left out). Cost: one pass over fla's module attributes."""
+    import sys
+
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except Exception:  # no triton: nothing was autotuned
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    for name, mod in list(sys.modules.items()):
+        if not (name == "fla" or name.startswith("fla.")) or mod is None:
+            continue
+        for attr, obj in list(vars(mod).items()):
+            for _ in range(4):  # through the decorators stacked on the autotuner
+                if isinstance(obj, Autotuner) or not hasattr(obj, "fn"):
+                    break
+                obj = obj.fn
+            if isinstance(obj, Autotuner) and obj.cache:
+                out[f"{name}.{attr}"] = {repr(k): str(c) for k, c in obj.cache.items()}
+    return dict(sorted(out.items()))
+
+
 @functools.cache
 def compile_meter() -> CompileMeter:
     """This process's :class:`CompileMeter` (installed on first call; call it before the first kernel runs)."""

@@ -5,12 +5,16 @@ A target rank holds (``b`` = bytes of ``model.dtype``, ``T`` = ``batching.token_
 
 * weights: ``P_target * b`` (parameters counted exactly, in closed form: decoder + embedding
   + the untied lm_head, which the target rank also builds; :func:`target_parameters`);
-* activations at the budget (inference, one layer alive at a time):
-  ``T * b * max(4 H + 3 I + W, G)``: residual, normed input, layer output, the MLP's gate/up/product,
-  and ``W`` the widest mixer projection (gated-attention ``q``/``k``/``v`` or the Gated
-  DeltaNet ``qkvz``); or, with Gated DeltaNet layers, ``G`` the working set inside fla's chunked
+* activations at the budget (inference, one layer alive at a time, plus the captured layer outputs):
+  ``T * b * max(max(4 H + 3 I + W, G) + (L_t - 1) H, 2 L_t H)`` (:func:`target_activation_elements`):
+  a layer's working set, ``4 H + 3 I + W`` (residual, normed input, layer output, the MLP's
+  gate/up/product, and ``W`` the widest mixer projection: gated-attention ``q``/``k``/``v`` or the Gated
+  DeltaNet ``qkvz``) or, with Gated DeltaNet layers, ``G`` the working set inside fla's chunked
   kernel (:func:`gdn_working_elements`: ~138 KB per token at hidden 2048 with 16 key / 48 value
-  heads of 128, where the first sum gives 84);
+  heads of 128, where the first sum gives 84), while the outputs of the target layers before the last
+  are retained for the features; then the capture (``Target.features``): all ``L_t`` retained outputs,
+  their concatenation and, in the padded layout, its masked copy alive at once, the last of them the
+  features counted below, so ``2 L_t H`` on top;
 * features: ``(q + 1) * T * L_t * H * b``: ``q`` batches in flight to the drafter (kept alive
   until credited) plus the one being computed; ``T * L_t * H * b`` alone when ranks share a GPU
   (gloo: a batch in flight is a host copy, ``host_queue``).
@@ -109,6 +113,18 @@ def gdn_working_elements(model) -> int:
             + nv * dk * dv // GDN_CHUNK)
 
 
+def target_activation_elements(model) -> int:
+    """Elements per token of the target rank's activations at its peak (module doc): the larger of a
+    layer's working set with the ``L_t - 1`` earlier target layers' outputs retained, and the capture's
+    retained outputs plus their concatenation (``2 L_t H``; its masked copy is the features). O(1)."""
+    m = model
+    H, Lt = m.hidden_size, len(m.target_layers)
+    attn = m.num_attention_heads * m.head_dim * 2 + 2 * m.num_key_value_heads * m.head_dim  # gated q, k, v
+    gdn = 2 * m.linear_num_key_heads * m.linear_key_head_dim + 2 * m.linear_num_value_heads * m.linear_value_head_dim
+    layer = max(4 * H + 3 * m.intermediate_size + max(attn, gdn), gdn_working_elements(m))
+    return max(layer + (Lt - 1) * H, 2 * Lt * H)
+
+
 def _drafter_parameters(params) -> int:
     from lenbatch_study.models.drafter import Drafter
 
@@ -182,17 +198,14 @@ def rank_memory(params, *, window_tokens: int | None = None, block_positions: in
     from lenbatch_study.models.drafter import CE_CHUNK_ROWS
 
     m, b = params.model, BYTES[params.model.dtype]
-    T, H, I, V, Lt = params.batching.token_budget, m.hidden_size, m.intermediate_size, m.vocab_size, \
-        len(m.target_layers)
+    T, H, V, Lt = params.batching.token_budget, m.hidden_size, m.vocab_size, len(m.target_layers)
     windows = drafter_window_bytes(params, config_window_tokens(params) if window_tokens is None else window_tokens)
     positions = params.batching.max_batch_size * _block_positions(params) if block_positions is None \
         else block_positions
     windows += drafter_block_bytes(params, positions)
-    attn = m.num_attention_heads * m.head_dim * 2 + 2 * m.num_key_value_heads * m.head_dim  # gated q, k, v
-    gdn = 2 * m.linear_num_key_heads * m.linear_key_head_dim + 2 * m.linear_num_value_heads * m.linear_value_head_dim
     step_features = T * Lt * H * b
-    per_token = max(4 * H + 3 * I + max(attn, gdn), gdn_working_elements(m))
-    target = RankMemory("target", weights=target_parameters(params.model) * b, activations=T * b * per_token,
+    target = RankMemory("target", weights=target_parameters(params.model) * b,
+                        activations=T * b * target_activation_elements(m),
                         features=(1 if host_queue else params.train.queue_size + 1) * step_features, optimizer=0)
     drafter = RankMemory("drafter", weights=2 * V * H * b,
                          activations=T * H * 4 * (2 + 8 * params.drafter.num_layers) + 3 * CE_CHUNK_ROWS * V * 4

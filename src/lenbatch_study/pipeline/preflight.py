@@ -34,7 +34,7 @@ def check_source(source: str, *, on_bad_record: str) -> None:
         conversation_from_record(record)
     except BadRecord as bad:
         if bad.reason == "no_schema":
-            raise ValueError(f"data.source {source!r}: record {index} {bad.detail}; give a source of ShareGPT "
+            raise ValueError(f"data.source {source!r}: record {index + 1} {bad.detail}; give a source of ShareGPT "
                              "('conversations') or OpenAI ('messages') records, or set data.on_bad_record: skip"
                              ) from None
 

@@ -123,7 +123,7 @@ _ALL = (
     Command("tokenize", "tokenize chat data into an Arrow dataset and lengths.npy", staged=True, stage=Stage(
         params=("data",),
         outputs={"dataset": Output(tokenized.DATASET, cache=True, directory=True),
-                 "lengths": Output(tokenized.LENGTHS), "stats": Output(tokenized.STATS)})),
+                 "lengths": Output(tokenized.LENGTHS), "counts": Output(tokenized.STATS)})),
     Command("stats", "length percentiles, histogram and counts per bucket", staged=True, stage=Stage(
         params=("stats", "batching.seed"),  # seed: lengths drawn from a profile
         inputs=(_IN_LENGTHS,),
@@ -174,12 +174,14 @@ _ALL = (
     Command("compare", "predicted vs measured throughput, frontier plot and report", staged=True, stage=Stage(
         params=(*_MODEL_RUN, "train", "plans", "boundaries", "interleave", "compare", "data.max_len"),
         inputs=(Input("stats", "stats"), Input("stats", "histogram"), _IN_DATASET, _IN_LENGTHS, _IN_EDGES,
+                Input("tokenize", "counts"),
                 Input("boundaries", "sweep"), Input("plans", "metrics"), Input("profile", "grid"),
                 Input("train", "summary"), Input("train", "steps"), Input("quality", "quality"),
                 Input("interleave", "timings")),
         outputs={"metrics": Output(compare_report.METRICS, kind="metrics"),
                  "diagnostics": Output(compare_report.DIAGNOSTICS),
-                 "report": Output(compare_report.REPORT), "stepmodel": Output(compare_report.STEPMODEL),
+                 "report": Output(compare_report.REPORT), "details": Output(compare_report.DETAILS),
+                 "stepmodel": Output(compare_report.STEPMODEL),
                  "histogram": Output(compare_report.HISTOGRAM_PLOT),
                  "quality_plot": Output(compare_report.QUALITY_PLOT),
                  "params": Output(writing.PARAMS),

@@ -179,6 +179,8 @@ class StepRunner:
                                           dtype=target_model.DTYPES[params.model.dtype])
             self.meter = compile_meter()
         self.warmup_compile_s = 0.0
+        self.warmup_tokens: Optional[tuple[int, int]] = None  # set where the kernels are warmed
+        self.autotune_choices: Optional[dict] = None
         self.target = None
         if role in ("both", "target"):
             self.target = target_model.build_target(params.model, device=self.device)
@@ -200,21 +202,28 @@ class StepRunner:
             self.warm_kernels()
 
     def warm_kernels(self) -> None:
-        """Compile fla's kernels before any timed step (CUDA + fla only): :func:`warm_target`. Their
-        compile/autotune seconds are ``warmup_compile_s``."""
+        """Compile fla's kernels before any timed step (CUDA + fla only): :func:`warm_target` at the
+        budget's token counts (:func:`warmup_tokens`). Their compile/autotune seconds are
+        ``warmup_compile_s``; the configs fla's autotuner chose there, ``autotune_choices``."""
         if self.device.type != "cuda" or self.kernels["gated_delta_rule"] != "fla":
             return
+        from lenbatch_study.models.kernels import autotune_choices
+
         c0 = self.meter.seconds
-        warm_target(self.target, self.device)
+        self.warmup_tokens = warmup_tokens(self.params.batching.token_budget)
+        warm_target(self.target, self.device, self.warmup_tokens)
         _sync(self.device)
         self.warmup_compile_s = self.meter.seconds - c0
+        self.autotune_choices = autotune_choices()
 
     def kernel_report(self) -> dict:
         """The kernels this target ran (:func:`lenbatch_study.models.kernels.select_kernels`' record), the
         Triton compile seconds of :meth:`warm_kernels` and whether the compile meter was on: the run
         summary's ``device.kernel_backend``."""
         assert self.kernels is not None, "built as the drafter alone (role='drafter'): no kernels of its own"
-        return dict(self.kernels, warmup_compile_s=self.warmup_compile_s, compile_meter=self.meter.active)
+        return dict(self.kernels, warmup_compile_s=self.warmup_compile_s, compile_meter=self.meter.active,
+                    warmup_tokens=list(self.warmup_tokens) if self.warmup_tokens else None,
+                    autotune_choices=self.autotune_choices)
 
     def target_step(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """Features ``[B, T, F]`` of ``batch`` (padded or packed) and the seconds the forward took."""
@@ -297,10 +306,21 @@ class StepRunner:
 WARMUP_TOKENS = (128, 129)
 
 
-def warm_target(target: torch.nn.Module, device: torch.device) -> None:
-    """One forward of each of :data:`WARMUP_TOKENS` tokens, as one row of two sequences (a packed
-    row, so the varlen paths compile too). Cost: two forwards of ~130 tokens plus whatever compiles."""
-    for n in WARMUP_TOKENS:
+def warmup_tokens(token_budget: int) -> tuple[int, int]:
+    """The token counts the runner warms fla's kernels at: the budget's, as the two integer
+    specialisations Triton compiles a token count under (a multiple of 16, ``m``, and ``m - 1``),
+    ``m`` = the budget rounded down to a multiple of 16 (16 at least). fla's autotuner benchmarks its
+    configs on a key's first call and serves that choice at every later token count (its keys hold
+    none), so the choice is made at the shapes the plan's largest batches have, not at a toy size. O(1)."""
+    m = max(16, token_budget - token_budget % 16)
+    return m, m - 1
+
+
+def warm_target(target: torch.nn.Module, device: torch.device, tokens: tuple[int, ...] = WARMUP_TOKENS) -> None:
+    """One forward of each of ``tokens`` tokens (:func:`warmup_tokens` in the runner), as one row of two
+    sequences (a packed row, so the varlen paths compile too). Cost: a forward per count plus whatever
+    compiles and autotunes."""
+    for n in tokens:
         ids = torch.zeros(1, n, dtype=torch.long, device=device)
         target.features(ids, cu_seqlens=torch.tensor([0, n // 2, n], dtype=torch.int64))
 
@@ -330,4 +350,5 @@ def torchrun_world() -> tuple[bool, int, int]:
 
 
 __all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "Roles", "StepRunner", "check_world", "configure_process",
-           "init_process_group", "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target"]
+           "init_process_group", "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target",
+           "warmup_tokens"]

@@ -35,6 +35,7 @@ from lenbatch_study.core.config import Params
 from lenbatch.log import get_logger
 from lenbatch_study.analysis.report import QUIET_RERUN, CompareResult, Recommendation, StrategyRow, busy_machine, \
     unsteady_machine, write_outputs
+from lenbatch_study.analysis.verdict import decide
 from lenbatch.batching.schedule import build_schedule, epoch_steps
 from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.spec import BatchSpec
@@ -353,6 +354,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                          f"snakemake {train_runs.summary_path('sorted')}")
     histogram = length_stats.read_histogram(stats_dir)
     stats = length_stats.read_stats(stats_dir)
+    tokenize_stats = tokenized.read_stats(data_dir)
     bounds = bucket_edges.read_boundaries(Path(boundaries_dir) / bucket_edges.BOUNDARIES)
     sweep = bucket_edges.read_sweep(Path(boundaries_dir) / bucket_edges.SWEEP)
     plans = plan_metrics.read_plans(plans_dir, strategies)
@@ -451,11 +453,12 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                          profile_cpu_share=cpu.grid_cpu_share(profile["rows"], threads=params.train.threads),
                          threads=params.train.threads, num_buckets=int(bounds["num_buckets"]),
                          histogram=histogram, stats=stats, quality=quality,
-                         recommendation=recommend(rows, ksweep, params=params), machine=where,
+                         recommendation=recommend(rows, ksweep, inter, params=params), machine=where,
                          reference_shape=pref["shape"],
                          profile_reference_drift={r: calibration.drift(pref, r) for r in ("target", "drafter")},
                          profile_reference_seconds=float(pref.get("seconds", float("nan"))),
-                         study_replay=sr.replay(log=log) if study_replay else None, interleaved=inter)
+                         study_replay=sr.replay(log=log) if study_replay else None, interleaved=inter,
+                         tokenize_stats=tokenize_stats, data_dir=Path(data_dir).as_posix())
 
 
 def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int, measured: float) -> dict:
@@ -535,28 +538,25 @@ def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fit
     return out
 
 
-def recommend(rows: dict[str, StrategyRow], ksweep: list[dict], *, params: Params) -> Recommendation:
-    """The strategy to use and the K for bucketed.
+def recommend(rows: dict[str, StrategyRow], ksweep: list[dict], interleaved: dict | None, *,
+              params: Params) -> Recommendation:
+    """The answer and the K for bucketed.
 
-    Strategy: the highest measured useful tokens/s among strategies whose batches change
-    between epochs (composition_repeat <= compare.max_composition_repeat); sorted keeps
-    its batches forever and is the baseline, not a candidate. K: the smallest K whose
-    predicted throughput is within compare.k_tolerance of the best K (fewer buckets mix
-    lengths more, so ties go to the smaller K).
+    Strategy: decided on the ratios measured in turns (:func:`lenbatch_study.analysis.verdict.decide`) among
+    strategies whose batches change between epochs (composition_repeat <= compare.max_composition_repeat);
+    sorted keeps its batches forever and is the baseline, not a candidate. K: the smallest K whose predicted
+    throughput is within compare.k_tolerance of the best K (fewer buckets mix lengths more, so ties go to the
+    smaller K).
     """
-    limit = params.compare.max_composition_repeat
-    ok = {s: r for s, r in rows.items() if r.composition_repeat <= limit}
-    if not ok:
-        raise ValueError(f"no strategy has composition_repeat <= compare.max_composition_repeat ({limit}); "
-                         "raise compare.max_composition_repeat or train a shuffling strategy")
-    best = max(ok, key=lambda s: ok[s].measured_tok_s)
+    verdict = decide(interleaved, {s: r.composition_repeat for s, r in rows.items()},
+                     max_composition_repeat=params.compare.max_composition_repeat)
     k_best = max(ksweep, key=lambda e: e["predicted_tok_s"]) if ksweep else None
     k_pick = None
     if k_best is not None:
         floor = (1 - params.compare.k_tolerance) * k_best["predicted_tok_s"]
         good = [e for e in ksweep if e["predicted_tok_s"] >= floor]
         k_pick = min(good, key=lambda e: e["num_buckets"])
-    return Recommendation(strategy=best, num_buckets=k_pick["num_buckets"] if k_pick else None,
+    return Recommendation(verdict=verdict, num_buckets=k_pick["num_buckets"] if k_pick else None,
                           k_best_throughput=k_best["num_buckets"] if k_best else None)
 
 
@@ -577,24 +577,22 @@ def run(*, params: Params, stats: Path, boundaries: Path, plans: Path, profile: 
         if given is None:  # said, never silent: the workflow gives both, a by-hand run may not
             log.info("no --%s folder given: the report and metrics leave out the %s", flag, what)
     for s, r in result.rows.items():
-        log.info("%-9s predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%  calibrated %8.0f tok/s "
-                 "error %+5.1f%% (reference ratio target %.3f, drafter %.3f)", s, r.predicted_tok_s,
-                 r.measured_tok_s, 100 * r.prediction_error, r.calibrated_tok_s, 100 * r.calibrated_prediction_error,
-                 r.target_reference_ratio, r.drafter_reference_ratio)
-    log.info("recommended: %s, K = %s; max |error| %.1f%% (calibrated %.1f%%) on machine %s; wrote %s",
-             metrics["recommended.strategy"], metrics["recommended.num_buckets"],
-             100 * metrics["max_abs_prediction_error"], 100 * metrics["max_abs_calibrated_prediction_error"],
-             metrics["machine.id"], out)
+        log.info("%-9s training: predicted %8.0f tok/s  measured %8.0f tok/s  error %+5.1f%%", s, r.predicted_tok_s,
+                 r.measured_tok_s, 100 * r.prediction_error)
     for s, r in (result.interleaved or {}).items():
-        log.info("%-9s interleaved ratio to sorted %.3f [%.3f, %.3f], predicted %.3f (error %+.1f%%)", s,
+        log.info("%-9s in turns: ratio to sorted %.3f [%.3f, %.3f], predicted %.3f (error %+.1f%%)", s,
                  r["ratio_to_sorted"], *r["ci95"], r["predicted_ratio"], 100 * r["prediction_error"])
+    v = result.recommendation.verdict
+    log.info("answer: %s%s, K = %s (decided on the ratios in turns); machine %s; wrote %s", v.kind,
+             f" {', '.join(v.top)}" if v.top and v.kind != "not settled" else "", metrics.get("recommended.num_buckets"),
+             metrics["machine.id"], out)
     low = busy_machine(result)
     if low:
-        log.warning("busy machine: %s of its cores; prediction errors mix other work with model error. Rerun on a "
-                    "quiet machine: %s", ", ".join(low), QUIET_RERUN)
+        log.warning("busy machine: %s of its cores; the trainings' prediction errors mix other work with model error "
+                    "(the ratios in turns do not). Rerun on a quiet machine: %s", ", ".join(low), QUIET_RERUN)
     moved = unsteady_machine(result)
     if moved:
-        log.warning("the machine's speed changed during the measurements: the reference step moved by %s between "
-                    "start and end; prediction errors mix that drift with model error. Rerun on a steadier machine: "
-                    "%s", ", ".join(moved), QUIET_RERUN)
+        log.warning("the machine's speed changed during the trainings: the reference step moved by %s between start "
+                    "and end; their errors and ratios mix that drift with model error (the ratios in turns, which the "
+                    "answer is decided on, do not)", ", ".join(moved))
     return 0

@@ -1,16 +1,23 @@
 """``lenbatch readme``: README.md's results, copied from compare's report.
 
 The README states no result by hand: between two marker lines it holds the first sentence of the
-report's answer (which says first when the machine was busy or unsteady, so the table never appears
-without its caveat) and the "Every strategy" table of ``results/compare/report.md`` (written by compare
-from the committed results). ``--check`` (the test suite runs it) fails when the README's copy differs, so a results
-commit that forgets ``make run``'s last step is caught. Cost: two small text files read.
+report's answer ("Use X", a named tie, or "Not settled", so the table never appears without its verdict)
+and the "Every strategy" table of ``results/compare/report.md`` (written by compare from the committed
+results). The README describes the embedded default, so the table is rewritten only from results made with
+the default params (compare's ``params.json`` equal to :class:`lenbatch_study.core.config.Params`' defaults):
+a user's own data or settings leave the README as it is, saying so. ``--check`` (the test suite runs it)
+fails when the README's copy differs, so a results commit that forgets ``make run``'s last step is caught.
+Cost: two small text files read.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+
+from lenbatch_study.core.config import Params
+from lenbatch_study.pipeline.artifacts.writing import PARAMS
 
 from lenbatch_study.pipeline.artifacts.compare_report import REPORT_PATH
 
@@ -53,11 +60,30 @@ def with_table(readme: str, table: str) -> str:
     return f"{head}{BEGIN}\n{table}{END}{tail}"
 
 
+def changed_params(report_path: Path) -> list[str]:
+    """``section.key`` of every setting in which the report's resolved params (its folder's ``params.json``)
+    differ from the default params; ``["params.json"]`` when the folder has none."""
+    path = report_path.parent / PARAMS
+    if not path.is_file():
+        return [str(path)]
+    resolved, default = json.loads(path.read_text()), Params().to_dict()
+    return sorted(f"{sec}.{key}" for sec in set(resolved) | set(default)
+                  for key in set(resolved.get(sec) or {}) | set(default.get(sec) or {})
+                  if (resolved.get(sec) or {}).get(key) != (default.get(sec) or {}).get(key))
+
+
 def run(*, readme: str = "README.md", report: str = REPORT_PATH, check: bool = False) -> int:
-    """Write (or with ``check``, compare) the README's results table; 1 when ``check`` finds it stale."""
+    """Write (or with ``check``, compare) the README's results table; 1 when ``check`` finds it stale. Results of
+    other than the default params leave the README as it is (it describes the embedded default)."""
     readme_path, report_path = Path(readme), Path(report)
     if not report_path.is_file():
         raise ValueError(f"{report_path} does not exist; run the workflow first (make run)")
+    changed = changed_params(report_path)
+    if changed and not check:
+        print(f"{readme_path} left as it is: its results table describes the embedded default, and {report_path} "
+              f"was made with other params ({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); your "
+              f"answer is in {report_path}", file=sys.stderr)
+        return 0
     current = readme_path.read_text()
     text = report_path.read_text()
     wanted = with_table(current, report_answer(text) + "\n" + report_table(text))

@@ -15,6 +15,14 @@ from lenbatch_study.models import fla_cpu
 from lenbatch_study.models.varlen import LAYER_TYPES, set_kernel_backend
 from lenbatch_study.models.verify import verify_packing
 
+# bfloat16: two kernels' bf16 roundings (8 significant bits, unit roundoff u = 2**-8) part by up to this
+# share of the layer's largest value
+BF16_RTOL = 3e-2
+# float32 with TF32 dots (``--tf32``): the same kernels and the same chain of dots, but only the dots'
+# inputs are rounded, to TF32's 11 significant bits (u = 2**-11), and everything between them stays fp32,
+# so the error is at most bf16's scaled by the ratio of the unit roundoffs: 3e-2 * 2**-3 = 3.75e-3
+TF32_RTOL = BF16_RTOL * 2.0**-11 / 2.0**-8
+
 
 def parse_lengths(text: str) -> list[int]:
     """'5,17,300' -> [5, 17, 300]; ``ValueError`` for anything but positive integers."""
@@ -31,11 +39,13 @@ def parse_lengths(text: str) -> list[int]:
 
 def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | None = None, device: str = "cpu",
         backend: str = "auto", dtype: str | None = None, seed: int = 0, atol: float | None = None,
-        rtol: float = 3e-2, boundaries: bool = True) -> int:
+        rtol: float | None = None, boundaries: bool = True, tf32: bool = False) -> int:
     """``lenbatch verify-packing``: :func:`verify_packing` of a target built from ``params`` (files or
     inline JSON; ``model_config`` on top) on sequences of the comma-separated ``lengths``; prints a
     line per layer type and exits 1 when a difference exceeds the tolerance (``atol``, or ``rtol``
-    relative in bfloat16)."""
+    relative in bfloat16, :data:`BF16_RTOL` by default). ``tf32``: a float32 check whose fla kernels
+    multiply in TF32 on a GPU (``TRITON_F32_DEFAULT=tf32``, fla's own TF32 triangular solve kept), judged
+    relative to :data:`TF32_RTOL`: it compiles in a quarter of the IEEE check's time (benchmarks/gpu_check.py)."""
     import dataclasses
 
     from lenbatch_study.core.config import ModelConfig, load_params
@@ -53,6 +63,11 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
         cfg = model_config_from_file(model_config, base=cfg)
     if dtype:
         cfg = dataclasses.replace(cfg, dtype=dtype)
+    if tf32:
+        if cfg.dtype != "float32":
+            raise ValueError(f"--tf32 is a float32 check (TF32 dots on fp32 data), got dtype {cfg.dtype}; "
+                             "add --dtype float32 or drop --tf32")
+        os.environ[fla_cpu.F32_ENV] = "tf32"  # before fla's import; prepare_environment keeps a set value
     if backend == "fla":
         # before fla is imported (nothing above imports it): the interpreter on CPU; full fp32 (not
         # TF32) tl.dot on a GPU for a float32 check only
@@ -63,10 +78,11 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
         from lenbatch_study.models.target import DTYPES
 
         fla_cpu.require_interpreter(DTYPES[cfg.dtype])  # refused before the target is built (and fla imported)
-    relative = atol is None and cfg.dtype != "float32"
-    tol = rtol if relative else (atol if atol is not None else 1e-4)
+    relative = atol is None and (cfg.dtype != "float32" or tf32)
+    tol = (rtol if rtol is not None else TF32_RTOL if tf32 else BF16_RTOL) if relative else \
+        (atol if atol is not None else 1e-4)
     solve = None
-    if backend == "fla" and device == "cuda" and cfg.dtype == "float32":
+    if backend == "fla" and device == "cuda" and cfg.dtype == "float32" and not tf32:
         # fla's triangular solve passes tf32 explicitly on sm >= 80, past TRITON_F32_DEFAULT: an fp32
         # check held to 1e-4 must be IEEE there too (lenbatch_study.models.fla_cpu)
         solve = fla_cpu.force_ieee_solve()
@@ -75,7 +91,8 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
     target = build_target(cfg, device=device)
     result = verify_packing(target, sizes, seed=seed, boundaries=boundaries)
     worst, rel = result["max_abs_diff"], result["max_rel_diff"]
-    print(f"verify-packing: {len(sizes)} sequences, {result['tokens']} tokens, {cfg.dtype} on {device}, "
+    print(f"verify-packing: {len(sizes)} sequences, {result['tokens']} tokens, {cfg.dtype}"
+          f"{' (TF32 dots)' if tf32 else ''} on {device}, "
           f"gated-delta-rule backend {result['backend']}, conv backend {result['conv_backend']}, boundaries "
           f"{'given' if result['boundaries'] else 'WITHHELD'}")
     print(f"  target weights: {target.weights}")

@@ -5,7 +5,8 @@ Written by :func:`lenbatch_study.analysis.report.write_outputs` (the report link
 ``lenbatch plots`` through DVC.
 
 * ``metrics.json``: the numbers users compare (``dvc metrics diff``); ``diagnostics.json``: every number.
-* ``report.md``: the report; ``stepmodel.json``: the step-time fits, chosen and candidates.
+* ``report.md``: the answer and one table (at most 10 KB); ``details.md``: the evidence behind it;
+  ``stepmodel.json``: the step-time fits, chosen and candidates.
 * ``frontier.json``, ``throughput.json``, ``histogram.json``: DVC plot data; ``frontier.png``,
   ``throughput.png``, ``histogram.png`` and (with quality results) ``quality.png``: the report's figures.
 """
@@ -16,6 +17,7 @@ WRITER = "compare"
 METRICS = "metrics.json"
 DIAGNOSTICS = "diagnostics.json"
 REPORT = "report.md"
+DETAILS = "details.md"
 STEPMODEL = "stepmodel.json"
 FRONTIER = "frontier.json"
 THROUGHPUT = "throughput.json"
@@ -27,5 +29,5 @@ QUALITY_PLOT = "quality.png"
 # the report's path in the default results folder (``lenbatch readme`` reads it)
 REPORT_PATH = f"results/{WRITER}/{REPORT}"
 
-__all__ = ["DIAGNOSTICS", "FRONTIER", "FRONTIER_PLOT", "HISTOGRAM", "HISTOGRAM_PLOT", "METRICS", "QUALITY_PLOT",
+__all__ = ["DETAILS", "DIAGNOSTICS", "FRONTIER", "FRONTIER_PLOT", "HISTOGRAM", "HISTOGRAM_PLOT", "METRICS", "QUALITY_PLOT",
            "REPORT", "REPORT_PATH", "STEPMODEL", "THROUGHPUT", "THROUGHPUT_PLOT", "WRITER"]

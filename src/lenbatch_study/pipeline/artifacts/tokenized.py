@@ -6,7 +6,8 @@
   ``loss_mask`` (1 where a token is trained), one row per sample, row ``i`` holding ``lengths[i]``
   tokens; read by :class:`TokenizedDataset` (:func:`read_dataset`, pyarrow only), which checks the columns and the
   row count against ``lengths.npy`` once, and every row's length as it is read.
-* ``stats.json``: what tokenizing read, kept and dropped (for people; no stage reads it).
+* ``stats.json``: what tokenizing read, kept, skipped, dropped and truncated; compare's report quotes it
+  (:func:`read_stats`).
 * ``timings.json``: the seconds it took (no stage reads it, no tool tracks it: it measures the machine).
 
 :func:`output_paths` names these paths for the writer (:func:`lenbatch_study.corpus.tokenizing.write_outputs`,
@@ -27,7 +28,7 @@ import numpy as np
 
 from lenbatch.batching.lengths import check_lengths
 from lenbatch_study.corpus.seed_profile import SEED_COUNT, seed_profile
-from lenbatch_study.pipeline.artifacts.reading import refuse, rerun_hint
+from lenbatch_study.pipeline.artifacts.reading import read_json, refuse, require_keys, rerun_hint
 
 WRITER = "tokenize"
 LENGTHS = "lengths.npy"
@@ -47,6 +48,17 @@ def output_paths(out: str | Path) -> dict[str, Path]:
 
 def rerun(data: str | Path) -> str:
     return rerun_hint(WRITER, LENGTHS_PATH, data)
+
+
+def read_stats(data: str | Path) -> dict[str, Any] | None:
+    """``stats.json`` of the tokenize output folder ``data`` (records read, skipped, dropped and truncated, the
+    source); None where the folder has none (lengths given by hand, not tokenized), refused when malformed."""
+    path = Path(data) / STATS
+    if not path.exists():
+        return None
+    doc = read_json(path, rerun=rerun(data))
+    require_keys(path, doc, ("samples", "total_tokens"), rerun=rerun(data))
+    return doc
 
 
 def read_lengths(data: str | Path) -> np.ndarray:
