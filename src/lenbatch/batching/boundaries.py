@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.batching.padding import OBJECTIVES, log_factorials, predict_bucketed, renewal_weights, value_counts
+from lenbatch.batching.padding import (OBJECTIVES, log_factorials, predict_bucketed_counts, renewal_weights,
+                                      value_counts)
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.spec import BatchSpec, spec_or_keywords
 
@@ -65,19 +66,34 @@ class Boundaries:
 
 def candidate_values(lengths: np.ndarray, num_candidates: int) -> np.ndarray:
     """Interior edge candidates: distinct sample values > min (all of them, or ``num_candidates`` quantiles)."""
-    v = np.unique(lengths)
+    return candidates_of_counts(*value_counts(lengths), num_candidates)
+
+
+def candidates_of_counts(v: np.ndarray, c: np.ndarray, num_candidates: int) -> np.ndarray:
+    """:func:`candidate_values` from the histogram (sorted distinct values ``v``, counts ``c``): the
+    quantiles ``np.quantile(lengths, q, method="inverted_cdf")`` would give, read off the cumulative
+    counts instead of partitioning every sample. O(distinct + num_candidates)."""
     inner = v[1:]
     if inner.size <= num_candidates:
         return inner
-    q = np.quantile(lengths, np.arange(1, num_candidates + 1) / (num_candidates + 1), method="inverted_cdf")
-    cand = np.unique(q.astype(np.int64))
-    cand = cand[cand > v[0]]
-    return cand
+    # numpy's inverted_cdf rule: the order statistic at index n*q - 1, rounded up unless whole, at least 0
+    n = int(c.sum())
+    index = n * (np.arange(1, num_candidates + 1) / (num_candidates + 1)) - 1
+    below = np.floor(index)
+    at = np.where(index - below == 0, below, below + 1).astype(np.intp)
+    at[at < 0] = 0
+    cand = np.unique(v[np.searchsorted(np.cumsum(c), at, side="right")].astype(np.int64))
+    return cand[cand > v[0]]
 
 
 def _validate(lengths: Any, num_buckets: int, token_budget: int, max_batch_size: int, method: str,
-              objective: str, num_candidates: int) -> np.ndarray:
-    x = check_lengths(lengths)
+              objective: str, num_candidates: int) -> tuple[np.ndarray, np.ndarray]:
+    """The histogram (sorted distinct lengths, counts) of the checked lengths; ``ValueError`` naming the
+    setting. Integer lengths are counted as they are (no int64 copy). O(n)."""
+    x = np.asarray(lengths)
+    if not (x.ndim == 1 and x.size and x.dtype.kind in "iu" and x.min() > 0):
+        x = check_lengths(lengths)  # raises, or converts integral floats
+    v, c = value_counts(x)
     if method not in METHODS:
         raise ValueError(f"boundaries.method {method!r} unknown; choose one of {list(METHODS)}")
     if objective not in OBJECTIVES:
@@ -85,19 +101,19 @@ def _validate(lengths: Any, num_buckets: int, token_budget: int, max_batch_size:
     if token_budget <= 0 or max_batch_size <= 0:
         raise ValueError(f"batching.token_budget ({token_budget}) and batching.max_batch_size ({max_batch_size}) "
                          "must be > 0")
-    if x.max() > token_budget:
-        raise ValueError(f"a sample of {int(x.max())} tokens exceeds batching.token_budget={token_budget}; "
+    if v[-1] > token_budget:
+        raise ValueError(f"a sample of {int(v[-1])} tokens exceeds batching.token_budget={token_budget}; "
                          "raise the budget or truncate samples (data.max_len)")
     if num_candidates < 1:
         raise ValueError(f"boundaries.num_candidates must be >= 1, got {num_candidates}")
-    distinct = int(np.unique(x).size)
+    distinct = int(v.size)
     if not 1 <= num_buckets <= distinct:
         raise ValueError(f"boundaries.num_buckets={num_buckets} but the lengths have {distinct} distinct values; "
                          f"choose K in 1..{distinct}")
     if num_buckets - 1 > num_candidates:
         raise ValueError(f"boundaries.num_buckets={num_buckets} needs >= {num_buckets - 1} candidates; "
                          f"raise boundaries.num_candidates (now {num_candidates})")
-    return x
+    return v, c
 
 
 # --------------------------------------------------------------------------- cost matrices
@@ -276,10 +292,12 @@ def study_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget:
     return cost
 
 
-def cost_matrix(lengths: np.ndarray, cand: np.ndarray, token_budget: int, max_batch_size: int,
-                objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(cost matrix over grid positions, grid positions P, distinct values)."""
-    v, c = value_counts(lengths)
+def cost_matrix(lengths: np.ndarray | None, cand: np.ndarray, token_budget: int, max_batch_size: int,
+                objective: str, counts: tuple[np.ndarray, np.ndarray] | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cost matrix over grid positions, grid positions P, distinct values); ``counts``: the lengths'
+    histogram (:func:`~lenbatch.batching.padding.value_counts`) when the caller holds it."""
+    v, c = value_counts(lengths) if counts is None else counts
     P = np.concatenate([[0], np.searchsorted(v, cand, side="left"), [len(v)]])
     fn = greedy_cost_matrix if objective == "greedy" else study_cost_matrix
     return fn(v, c, P, token_budget, max_batch_size), P, v
@@ -366,65 +384,70 @@ def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int
                         max_batch_size: int | None = None, method: str = "dp", objective: str = "greedy",
                         num_candidates: int = 290, spec: BatchSpec | None = None) -> Boundaries:
     """Bucket edges for ``lengths`` (see module doc). ``ValueError`` on bad input (naming the setting).
-    The objective reads the budget and max batch size from ``spec`` or the keywords."""
+    The objective reads the budget and max batch size from ``spec`` or the keywords.
+
+    Cost: one counting pass over the lengths (O(n), no sort and no int64 copy: every step after it
+    works on the histogram), then O(C * max_batch_size * distinct) for the cost matrix and O(K C^2)
+    for ``dp`` (benchmarks/bench_scale.py: below numpy's argsort of the same lengths at 20 M)."""
     t0 = time.perf_counter()
     spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size)
     token_budget, max_batch_size = spec.token_budget, spec.max_batch_size
-    x = _validate(lengths, num_buckets, token_budget, max_batch_size, method, objective, num_candidates)
-    cand = candidate_values(x, num_candidates)
-    useful = float(x.sum())
+    v, c = _validate(lengths, num_buckets, token_budget, max_batch_size, method, objective, num_candidates)
+    top = int(v[-1])
+    cand = candidates_of_counts(v, c, num_candidates)
+    useful = float(np.dot(v, c))
     history: list[dict] = []
     if num_buckets == 1:
-        edges: tuple[int, ...] = (0, int(x.max()) + 1)
+        edges: tuple[int, ...] = (0, top + 1)
     elif num_buckets - 1 > cand.size:
         raise ValueError(f"boundaries.num_buckets={num_buckets} but only {cand.size} candidate edges exist; "
                          "raise boundaries.num_candidates or lower num_buckets")
     elif method == "geometric":
-        v = np.unique(x)
         P = np.concatenate([[0], np.searchsorted(v, cand), [len(v)]])
-        edges = _edges_from_path(geometric_path(v, cand, P, num_buckets), cand, x.max())
+        edges = _edges_from_path(geometric_path(v, cand, P, num_buckets), cand, top)
     else:
-        cost, P, v = cost_matrix(x, cand, token_budget, max_batch_size, objective)
+        cost, P, _ = cost_matrix(None, cand, token_budget, max_batch_size, objective, counts=(v, c))
         if method == "dp":
             _, path = dp_partition(cost, num_buckets)
         else:
             path, hist = coordinate_path(cost, geometric_path(v, cand, P, num_buckets))
-            history = [{"iteration": h["iteration"], "edges": list(_edges_from_path(h["path"], cand, x.max())),
+            history = [{"iteration": h["iteration"], "edges": list(_edges_from_path(h["path"], cand, top)),
                         "predicted_efficiency": useful / h["cost"]} for h in hist]
-        edges = _edges_from_path(path, cand, x.max())
-    pred = predict_bucketed(x, edges, token_budget=token_budget, max_batch_size=max_batch_size,
-                            objective=objective)["efficiency"]
+        edges = _edges_from_path(path, cand, top)
+    pred = predict_bucketed_counts(v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size,
+                                   objective=objective)["efficiency"]
     return Boundaries(method=method, num_buckets=num_buckets, edges=edges, predicted_efficiency=float(pred),
                       objective=objective, token_budget=token_budget, max_batch_size=max_batch_size,
                       num_candidates=int(cand.size), seconds=time.perf_counter() - t0, history=tuple(history))
 
 
-def _solve_all(x: np.ndarray, ks: list[int], *, token_budget: int, max_batch_size: int, method: str,
+def _solve_all(v: np.ndarray, c: np.ndarray, ks: list[int], *, token_budget: int, max_batch_size: int, method: str,
                objective: str, num_candidates: int) -> dict[int, tuple[tuple[int, ...], list[dict]]]:
-    """Edges (and coordinate history) for every K in ``ks`` from one cost matrix."""
-    cand = candidate_values(x, num_candidates)
+    """Edges (and coordinate history) for every K in ``ks`` from one cost matrix, on the histogram
+    (sorted distinct lengths ``v``, counts ``c``)."""
+    cand = candidates_of_counts(v, c, num_candidates)
+    top = int(v[-1])
     out: dict[int, tuple[tuple[int, ...], list[dict]]] = {}
     need = [k for k in ks if k > 1]
     if 1 in ks:
-        out[1] = ((0, int(x.max()) + 1), [])
+        out[1] = ((0, top + 1), [])
     if not need:
         return out
-    v = np.unique(x)
     P = np.concatenate([[0], np.searchsorted(v, cand), [len(v)]])
     if method == "geometric":
         for k in need:
-            out[k] = (_edges_from_path(geometric_path(v, cand, P, k), cand, x.max()), [])
+            out[k] = (_edges_from_path(geometric_path(v, cand, P, k), cand, top), [])
         return out
-    cost, P, v = cost_matrix(x, cand, token_budget, max_batch_size, objective)
-    useful = float(x.sum())
+    cost, P, _ = cost_matrix(None, cand, token_budget, max_batch_size, objective, counts=(v, c))
+    useful = float(np.dot(v, c))
     if method == "dp":
         _, arg = _dp_tables(cost, max(need))
         for k in need:
-            out[k] = (_edges_from_path(_backtrack(arg, k, len(P) - 1), cand, x.max()), [])
+            out[k] = (_edges_from_path(_backtrack(arg, k, len(P) - 1), cand, top), [])
     else:
         for k in need:
             path, hist = coordinate_path(cost, geometric_path(v, cand, P, k))
-            history = [{"iteration": h["iteration"], "edges": list(_edges_from_path(h["path"], cand, x.max())),
+            history = [{"iteration": h["iteration"], "edges": list(_edges_from_path(h["path"], cand, top)),
                         "predicted_efficiency": useful / h["cost"]} for h in hist]
             out[k] = (_edges_from_path(path, cand, x.max()), history)
     return out
@@ -461,12 +484,13 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
     log = logging.getLogger("lenbatch.boundaries")
     spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed)
     seed, token_budget, max_batch_size = spec.seed, spec.token_budget, spec.max_batch_size
-    x = _validate(lengths, 1, token_budget, max_batch_size, method, objective, num_candidates)
+    v, c = _validate(lengths, 1, token_budget, max_batch_size, method, objective, num_candidates)
+    x = check_lengths(lengths)
     if max_buckets < 1:
         raise ValueError(f"boundaries.sweep_max_buckets must be >= 1, got {max_buckets}")
-    kmax = min(max_buckets, int(np.unique(x).size), candidate_values(x, num_candidates).size + 1)
+    kmax = min(max_buckets, int(v.size), candidates_of_counts(v, c, num_candidates).size + 1)
     t0 = time.perf_counter()
-    solved = _solve_all(x, list(range(1, kmax + 1)), token_budget=token_budget, max_batch_size=max_batch_size,
+    solved = _solve_all(v, c, list(range(1, kmax + 1)), token_budget=token_budget, max_batch_size=max_batch_size,
                         method=method, objective=objective, num_candidates=num_candidates)
     log.info("sweep: edges for K = 1..%d by %s in %.2f s", kmax, method, time.perf_counter() - t0)
     rows = []
@@ -476,8 +500,8 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
                  if simulate else None)
     for k in range(1, kmax + 1):
         edges = solved[k][0]
-        pred = predict_bucketed(x, edges, token_budget=token_budget, max_batch_size=max_batch_size,
-                                objective=objective)["efficiency"]
+        pred = predict_bucketed_counts(v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size,
+                                       objective=objective)["efficiency"]
         row: dict[str, Any] = {"num_buckets": k, "edges": list(edges), "predicted_efficiency": pred}
         if simulate:
             row.update(simulate_bucketed(x, edges, token_budget=token_budget, max_batch_size=max_batch_size,

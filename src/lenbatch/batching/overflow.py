@@ -24,27 +24,40 @@ OVERFLOW_MODES = ("error", "truncate", "split")
 
 @dataclass(frozen=True)
 class Pieces:
-    """What each planned piece is (int64 arrays, one entry per piece) and the counts of what changed."""
+    """What each planned piece is and the counts of what changed. ``lengths`` (int64, one per piece) is
+    what the plan is built over; ``row``, ``start``, ``end`` (int64) and ``whole`` (bool) say which
+    tokens of which row each piece is. When no sample is cut (always with ``"error"``) piece v is
+    sample v, whole: those four are then made only when read (``cut`` is None), so a sampler over 20 M
+    lengths builds no 500 MB of per-piece arrays that say nothing."""
 
-    row: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-    whole: np.ndarray          # bool: the piece is its row's whole sample
+    lengths: np.ndarray
     mode: str
     token_budget: int
     num_samples: int
     samples_over_budget: int   # samples longer than token_budget
     tokens_dropped: int        # truncate: tokens cut off and never trained; split: 0
+    cut: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # (row, start, end, whole)
 
     @property
-    def lengths(self) -> np.ndarray:
-        """Tokens per piece (int64): the lengths the plan is built over."""
-        return self.end - self.start
+    def row(self) -> np.ndarray:
+        return np.arange(self.num_samples, dtype=np.int64) if self.cut is None else self.cut[0]
+
+    @property
+    def start(self) -> np.ndarray:
+        return np.zeros(self.num_samples, dtype=np.int64) if self.cut is None else self.cut[1]
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.lengths.astype(np.int64) if self.cut is None else self.cut[2]
+
+    @property
+    def whole(self) -> np.ndarray:
+        return np.ones(self.num_samples, dtype=bool) if self.cut is None else self.cut[3]
 
     @property
     def pieces_added(self) -> int:
         """Pieces beyond one per sample (split)."""
-        return int(self.row.size) - self.num_samples
+        return int(self.lengths.size) - self.num_samples
 
     def counts(self) -> dict[str, int]:
         return {"samples_over_budget": self.samples_over_budget, "tokens_dropped": self.tokens_dropped,
@@ -52,16 +65,20 @@ class Pieces:
 
     def item(self, v: int) -> int | tuple[int, int, int]:
         """Piece ``v`` as a sampler yields it: the dataset row, or ``(row, start, end)`` for a part."""
-        if self.whole[v]:
-            return int(self.row[v])
-        return int(self.row[v]), int(self.start[v]), int(self.end[v])
+        if self.cut is None:
+            return int(v)
+        row, start, end, whole = self.cut
+        if whole[v]:
+            return int(row[v])
+        return int(row[v]), int(start[v]), int(end[v])
 
     def items(self, batch: np.ndarray) -> list[int | tuple[int, int, int]]:
         """Every piece of a batch (``item`` each); plain ints when the batch holds whole samples only."""
         if not self.samples_over_budget:
             return batch.tolist()
-        if self.whole[batch].all():
-            return self.row[batch].tolist()
+        row, _, _, whole = self.cut
+        if whole[batch].all():
+            return row[batch].tolist()
         return [self.item(v) for v in batch.tolist()]
 
     def report(self) -> str:
@@ -76,7 +93,8 @@ class Pieces:
 
 def overflow_pieces(lengths: Any, *, token_budget: int, overflow: str) -> Pieces:
     """The pieces the plan is built over (see the module doc). ``"error"`` refuses a sample longer than
-    ``token_budget`` (``ValueError`` naming the other modes). Cost: O(samples + pieces)."""
+    ``token_budget`` (``ValueError`` naming the other modes). Cost: O(samples + pieces); when no sample
+    is longer than the budget, one pass and no copy of int64 lengths (the pieces are the samples)."""
     if overflow not in OVERFLOW_MODES:
         raise ValueError(f"overflow must be one of {OVERFLOW_MODES}, got {overflow!r}")
     x = check_lengths(lengths)
@@ -88,6 +106,8 @@ def overflow_pieces(lengths: Any, *, token_budget: int, overflow: str) -> Pieces
                          "raise token_budget, or pass overflow='truncate' (cut them to the budget) or "
                          "overflow='split' (the rest becomes samples of their own)")
     n = x.size
+    if not n_over:
+        return Pieces(lengths=x, mode=overflow, token_budget=B, num_samples=n, samples_over_budget=0, tokens_dropped=0)
     first_end = np.minimum(x, B)
     row, start, end = np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), first_end.astype(np.int64)
     dropped = 0
@@ -104,5 +124,5 @@ def overflow_pieces(lengths: Any, *, token_budget: int, overflow: str) -> Pieces
         dropped = int((x - first_end).sum())
     whole = np.zeros(row.size, dtype=bool)
     whole[:n] = ~over
-    return Pieces(row=row, start=start, end=end, whole=whole, mode=overflow, token_budget=B, num_samples=n,
-                  samples_over_budget=n_over, tokens_dropped=dropped)
+    return Pieces(lengths=end - start, mode=overflow, token_budget=B, num_samples=n, samples_over_budget=n_over,
+                  tokens_dropped=dropped, cut=(row, start, end, whole))

@@ -13,13 +13,18 @@ installed (the ``fast`` extra), a compiled twin that gives the same result bit f
 * :func:`first_fit_rows`: the ``packed`` strategy's first-fit rows (a sequential scan).
 
 Which path runs: the compiled one when ``import numba`` works and ``LENBATCH_NO_NUMBA`` is not set
-(read at every call, so tests compare both in one process). Index arrays are int32 while the epoch
+(read at every call, so tests compare both in one process), for passes over at least
+``COMPILED_FROM`` elements, and, until the kernels are loaded in this process, over at least
+``COMPILED_FROM * LOAD_FACTOR`` (2 M): loading numba and the cached kernels takes ~0.5-0.8 s once, what
+the pure passes take at about that size, so a small call with ``lenbatch[fast]`` installed costs what
+it costs without it (:func:`preload` pays the load up front). Index arrays are int32 while the epoch
 has fewer than 2**31 samples (half the memory of int64, and faster to gather).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -29,20 +34,34 @@ _KERNELS: list[Any] = []  # [module or None] once tried
 # Passes over fewer elements run the pure path: a small plan (tests, toy data) then never imports
 # numba or loads its kernels (~0.5 s once per process); tests lower it to check the kernels on edges.
 COMPILED_FROM = 1 << 14
+# A process that has not loaded the kernels yet loads them only for a pass this many times larger
+# (2 M elements): below it the pure passes cost less than the load (benchmarks/bench_scale.py).
+LOAD_FACTOR = 128
 
 
 def kernels(n: int) -> ModuleType | None:
     """The numba kernels (:mod:`lenbatch.batching._jit`) for a pass over ``n`` elements, or None:
-    n < COMPILED_FROM, numba missing, or LENBATCH_NO_NUMBA=1."""
+    n < COMPILED_FROM (n < COMPILED_FROM * LOAD_FACTOR while they are not loaded yet), numba missing,
+    or LENBATCH_NO_NUMBA=1."""
     if n < COMPILED_FROM or os.environ.get("LENBATCH_NO_NUMBA", "").strip() not in ("", "0"):
         return None
+    if not _KERNELS:
+        if n < COMPILED_FROM * LOAD_FACTOR:
+            return None
+        preload()
+    return _KERNELS[0]
+
+
+def preload() -> bool:
+    """Load the numba kernels now (~0.5-0.8 s, once per process), whatever the size of the next pass;
+    whether they are available. Warm-ups and long-running loops call it to pay the load up front."""
     if not _KERNELS:
         try:
             from lenbatch.batching import _jit
         except ImportError:  # numba is an optional extra
             _jit = None
         _KERNELS.append(_jit)
-    return _KERNELS[0]
+    return _KERNELS[0] is not None
 
 
 def index_dtype(n: int) -> type:
@@ -109,9 +128,12 @@ def torch_randperm(n: int, seed: int) -> np.ndarray:
     z = next32() % (n - i) and r[i], r[i + z] swap (while n < (2**32 - 1) / 20; above that torch takes
     another algorithm and is called itself). Compiled: numpy's MT19937 in the same state gives the
     same 32-bit stream, and the swaps run in a loop without torch's int64 tensor (a test compares the
-    two); pure: torch's own ``randperm``.
+    two); pure: torch's own ``randperm``, or, below ``RANDPERM_LOOP_BELOW`` samples while torch is not
+    imported (importing it takes 1-4 s), the same swaps in a Python loop (~0.3 us a sample).
     """
     k = kernels(n)
+    if k is None and n < RANDPERM_LOOP_BELOW and "torch" not in sys.modules:
+        return _randperm_loop(n, seed)
     if k is None or n >= (2**32 - 1) // 20:
         import torch
 
@@ -121,6 +143,20 @@ def torch_randperm(n: int, seed: int) -> np.ndarray:
     for i in range(0, n - 1, SHUFFLE_WORDS):
         k.randperm_chunk(r, i, mt.random_raw(min(SHUFFLE_WORDS, n - 1 - i)))
     return r
+
+
+RANDPERM_LOOP_BELOW = 1 << 20
+
+
+def _randperm_loop(n: int, seed: int) -> np.ndarray:
+    """:func:`torch_randperm` without torch or numba: position i swaps with i + next32() % (n - i)."""
+    raw = _mt19937_seeded(seed).random_raw(max(n - 1, 0))
+    i = np.arange(raw.size, dtype=np.uint64)
+    targets = (i + raw % (np.uint64(n) - i)).tolist()
+    r = list(range(n))
+    for a, b in enumerate(targets):
+        r[a], r[b] = r[b], r[a]
+    return np.asarray(r, dtype=index_dtype(n))
 
 
 CHUNK = 1 << 22  # elements per numpy pass where a pass would make an int64 copy of a large array

@@ -119,7 +119,10 @@ class BatchSpec:
         """16 hex digits identifying the plan of ``strategy`` over lengths ``x`` under this spec
         (the sampler's resume check; unchanged from the sampler's earlier fingerprint, so saved
         states still load). ``min_batches`` enters only when set."""
-        h = hashlib.sha256(np.ascontiguousarray(x, dtype="<i8").tobytes())
+        h = hashlib.sha256()
+        step = 1 << 20  # the int64 bytes a block at a time: the same digest, no n-sized int64 copy
+        for a in range(0, x.size, step):
+            h.update(np.ascontiguousarray(x[a:a + step], dtype="<i8"))
         fp: dict[str, Any] = {"strategy": strategy, "token_budget": self.token_budget,
                               "max_batch_size": self.max_batch_size, "seed": self.seed, "edges": self.edges,
                               "packed_window": self.packed_window}

@@ -65,7 +65,8 @@ from lenbatch.batching.cost import cost_fingerprint, cost_limit
 from lenbatch.batching.overflow import Pieces, overflow_pieces
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
-from lenbatch.batching.strategies import Plan, check_plan, equal_epoch_batches, named_strategy, plan_epoch, resolve_rank
+from lenbatch.batching.strategies import (Plan, equal_epoch_batches, named_strategy, plan_epoch, planning_lengths,
+                                         resolve_rank)
 
 log = logging.getLogger("lenbatch.sampler")
 
@@ -199,7 +200,8 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.overflow = overflow
         if self.pieces.samples_over_budget:
             log.warning("%s", self.pieces.report())
-        x = check_plan(self.pieces.lengths, strategy=strategy, spec=spec)
+        # checked, and kept in the smallest integer type (uint16 below 65,536 tokens): 2 bytes a sample
+        x = planning_lengths(self.pieces.lengths, strategy=strategy, spec=spec)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.lengths = x
         self.strategy = strategy
