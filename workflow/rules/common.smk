@@ -43,6 +43,14 @@ if workflow.is_main_process:
 
     write_if_changed(registry.output_path("machine", "machine", results=R))
 
+# The data source by content (lenbatch_study.corpus.identity): tokenize's input, rewritten only when the
+# source's bytes changed, so appended records retokenize and a touched file does not. After the preflight
+# above, so a missing source is reported there.
+if workflow.is_main_process:
+    from lenbatch_study.corpus.identity import write_if_changed as write_source_if_changed
+
+    write_source_if_changed(PARAMS.data.source, registry.output_path("source", "source", results=R))
+
 LOGS = f"{R}/logs" if R != "results" else "logs"
 BENCH = f"{LOGS}/benchmarks"
 STRATEGIES = deps.strategies(config)
@@ -106,7 +114,7 @@ def inputs(stage):
             out[i.output] = up(paths[0] if len(paths) == 1 else paths)
     if stage in deps.pretrained_stages():
         out["pretrained"] = pretrained()
-    if not st.always_changed:  # the machine rule has no inputs: only a missing file reruns it
+    if not st.always_changed:  # machine, source: no inputs, only a missing file reruns them
         out["code"] = code(stage)
     return out
 
