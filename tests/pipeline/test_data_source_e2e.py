@@ -98,3 +98,19 @@ def test_a_temp_experiment_finds_the_dvc_added_file(repo):
     assert "Running stage 'tokenize'" in out.stdout + out.stderr
     shown = run(["dvc", "exp", "show", "--json"], cwd=repo).stdout
     assert "more" in shown
+
+
+def test_a_misspelled_strategy_under_dvc_is_named_before_any_gate_file(repo):
+    """DVC's foreach makes a stage train@<name> for any name, whose gate file (boundaries/by-strategy/<name>.json)
+    does not exist; the source stage, which DVC runs first and which loads the params, refuses the name with
+    the list to choose from, before DVC looks for that file."""
+    params = repo / "params.yaml"
+    text = params.read_text()
+    try:
+        params.write_text(text.replace("  - sorted\n", "  - sorted\n  - pakced\n", 1))
+        out = run(["dvc", "repro"], cwd=repo, timeout=600, check=False)
+        said = out.stdout + out.stderr
+        assert out.returncode != 0 and "choose from" in said and "pakced" in said, said
+        assert "by-strategy/pakced.json" not in said and "Running stage 'stats'" not in said, said
+    finally:
+        params.write_text(text)

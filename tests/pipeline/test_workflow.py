@@ -292,3 +292,21 @@ def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
     out = subprocess.run(["snakemake", "-n", "--forceall", "results/stats/stats.json"], cwd=work, env=env,
                          capture_output=True, text=True, check=True).stdout
     assert re.search(r"rule stats:\n\s+input: .*src/lenbatch/hostmem\.py", out)
+
+
+def test_a_configs_own_results_root_is_kept_out_of_git(tmp_path):
+    """A user's config with results_dir: results/mine (its tokenized dataset tens of MB) is ignored by git
+    from the first parse; the default's results/ stays committed."""
+    work = copy_workflow(tmp_path)
+    (work / "configs/mine.yaml").write_text("results_dir: results/mine\n")
+    run(["git", "init", "-q"], cwd=work)
+    shutil.copy2(ROOT / ".gitignore", work / ".gitignore")
+    run(["snakemake", "-n", "--configfile", "configs/mine.yaml"], cwd=work)
+    assert (work / "results/mine/machine/machine.json").exists()
+    assert run(["git", "check-ignore", "-q", "results/mine/tokenize/dataset/data-00000-of-00001.arrow"],
+               cwd=work, check=False).returncode == 0
+    assert run(["git", "check-ignore", "-q", "results/mine/compare/report.md"], cwd=work, check=False).returncode == 0
+    assert "results/mine" not in run(["git", "status", "--porcelain", "-uall"], cwd=work).stdout
+    run(["snakemake", "-n"], cwd=work)  # the default's root: nothing written to ignore it
+    assert not (work / "results/.gitignore").exists()
+    assert run(["git", "check-ignore", "-q", "results/compare/report.md"], cwd=work, check=False).returncode == 1

@@ -33,6 +33,14 @@ if workflow.is_main_process:
     except ValueError as err:
         raise WorkflowError(f"invalid input: {err}")
 
+# A config's own results root (results_dir: a user's results/mine, with its tokenized dataset) is kept out of
+# git: only the default's results/ is committed (its large files ignored by the repo's .gitignore).
+if workflow.is_main_process and R != "results":
+    os.makedirs(R, exist_ok=True)
+    if not os.path.exists(f"{R}/.gitignore"):
+        with open(f"{R}/.gitignore", "w") as fh:
+            fh.write("# written by the workflow: this config's results are not committed (only results/ is)\n*\n")
+
 # The machine the measuring stages run on (profile, train, quality depend on its fingerprint): rewritten
 # here, only when it changed (same machine: same bytes, same file time, nothing reruns; another machine or
 # another torch: a newer file, so they rerun). Only in the main process: a cluster job's process parses
