@@ -6,9 +6,18 @@ import os
 import shlex
 
 from lenbatch.batching.strategy import STRATEGIES as KNOWN_STRATEGIES
-from lenbatch_study.core.config import params_from_dict
+from lenbatch_study.core.config import params_from_dict, resolve_settings
 from lenbatch_study.pipeline import deps, registry
 from lenbatch_study.runtime.interrupt import install as install_sigint_forwarding
+
+# settings: <name> in params.yaml (or -S settings=<name> under DVC): configs/<name>.yaml merged in by the one
+# params loader (lenbatch_study.core.settings), so each rule's params below are the resolved values.
+try:
+    _resolved = resolve_settings(config, root=".")
+except ValueError as err:
+    raise WorkflowError(f"invalid params: {err}")
+config.clear()
+config.update(_resolved)
 
 # Where this config's results go. params.yaml leaves it at results/ (what DVC tracks and git commits);
 # configs/*.yaml set their own (results/tiny, results/qwen3.6-27b-8gpu) so they never overwrite it.

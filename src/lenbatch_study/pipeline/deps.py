@@ -272,6 +272,10 @@ def dvc_target(stage: str, *, results: str = "results", strategy: str | None = N
 # DVC's foreach over the param: `dvc exp run -S train.strategies=[...]` runs the trainings the list names
 # (DVC resolves ${...} from params.yaml on every run; no regeneration of dvc.yaml)
 FOREACH = "${train.strategies}"
+# The settings overlay (lenbatch_study.core.settings): DVC resolves the file from params.yaml on every run, so
+# `dvc exp run -S settings=tiny` reruns what it changes and an edit of configs/tiny.yaml does too
+SETTINGS_KEY = "settings"
+SETTINGS_DEP = "configs/${settings}.yaml"
 ITEM = "${item}"
 
 
@@ -300,8 +304,9 @@ def _dvc_stage(stage: str, *, results: str, strategy: str | None,
     data = source_files(source) if any(i.stage == "source" for i in st.inputs) else []
     entry: dict[str, typing.Any] = {
         "cmd": _snakemake([dvc_target(stage, results=results, strategy=strategy)], stage),
-        "params": stage_params_compact(stage),
-        "deps": deps + data + checkpoint + stage_code(stage)}
+        # settings: the overlay params.yaml names (core/settings.py), and its file, tracked by every stage
+        "params": stage_params_compact(stage) + [SETTINGS_KEY],
+        "deps": deps + data + checkpoint + [SETTINGS_DEP] + stage_code(stage)}
     for kind in ("outs", "metrics", "plots"):
         listed = [{output_path(stage, name, results=results, strategy=strategy):
                    {"cache": o.cache, "persist": True, **dict(o.plot or {})}}
