@@ -312,3 +312,18 @@ def test_a_configs_own_results_root_is_kept_out_of_git(tmp_path):
     run(["snakemake", "-n"], cwd=work)  # the default's root: nothing written to ignore it
     assert not (work / "results/.gitignore").exists()
     assert run(["git", "check-ignore", "-q", "results/compare/report.md"], cwd=work, check=False).returncode == 1
+
+
+def test_a_timed_job_never_shares_the_machine(work):
+    """profile, the trainings and interleave time seconds: each asks for the whole `machine` resource the
+    default profile caps, every other job for 1 of it, so Snakemake starts a timed job only alone, whatever
+    --cores allows (a 2-core run once timed interleave beside quality and plans)."""
+    profile = yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())
+    assert "machine=100" in profile["resources"] and "machine=1" in profile["default-resources"]
+    out = run(["snakemake", "-n", "--cores", "16"], cwd=work).stdout
+    asked = {}
+    for rule, res in re.findall(r"^rule (\w+):\n(?:.*\n)*?\s+resources: (.*)$", out, re.M):
+        asked.setdefault(rule, set()).add(int(re.search(r"\bmachine=(\d+)", res).group(1)))
+    timed = {"profile", "train", "interleave"}
+    assert {r: v for r, v in asked.items() if r in timed} == dict.fromkeys(timed, {100}), asked
+    assert all(v == {1} for r, v in asked.items() if r not in timed), asked

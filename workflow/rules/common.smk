@@ -77,6 +77,14 @@ wildcard_constraints:
     strategy="|".join(KNOWN_STRATEGIES),
 
 
+# Timed jobs (profile, the trainings, interleave) never share the machine: the default profile caps the
+# resource `machine` at MACHINE and gives every job 1 of it (default-resources), and a timed job asks for all
+# of it, so while one runs no other job starts, and it starts only when the others have ended (whatever
+# --cores allows). Under DVC each stage is its own Snakemake run: alone already. On a cluster each job has
+# its own allocation (profiles/slurm sets no cap).
+MACHINE = 100
+
+
 def cfg(stage):
     """The params ``stage`` reads (the table's params keys), as one shell-quoted JSON argument.
 
