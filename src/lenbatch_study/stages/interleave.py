@@ -48,6 +48,11 @@ clock's), "useful_tokens", "position", "wall_seconds", "cpu_seconds", "target_se
 (per round; the last two the clock's seconds of each role, which add up to "seconds")}}}``, and ``params.json``.
 Per-role seconds let compare tell which role's prediction a missed ratio comes from.
 
+Progress, resuming and reuse (docs/prediction.md, "Which rounds"): after each round one log line ``round k/N``
+with every interval's width and the time left from the measured rounds (:func:`projected_rounds`); the rounds
+are saved beside the output as they end and a rerun of the same inputs continues from them; a new run times
+every strategy again, since ratios are drift-proof only between steps timed in the same turns.
+
 Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models, rounds between
 ``interleave.rounds`` and ``max_rounds``; on the CPU default (4-step segments of ~7 s, 1 warm-up pass, five
 strategies) about 34 s per round on this project's 2-core VM: 4 minutes at 6 rounds, 23 at 40; a quiet
