@@ -114,3 +114,14 @@ def test_a_misspelled_strategy_under_dvc_is_named_before_any_gate_file(repo):
         assert "by-strategy/pakced.json" not in said and "Running stage 'stats'" not in said, said
     finally:
         params.write_text(text)
+
+
+def test_a_temp_experiment_on_an_untracked_file_names_the_dvc_add(repo):
+    """A file neither git nor DVC holds is not in the temporary copy: the source stage stops the experiment
+    there, naming the `dvc add` that fixes it (not a Python traceback, not a silent run on other data)."""
+    write_chats(repo / "data/other.jsonl", n=8, seed=2)
+    out = run(["dvc", "exp", "run", "--temp", "-S", "data.source=data/other.jsonl", "tokenize"], cwd=repo,
+              timeout=600, check=False)
+    said = out.stdout + out.stderr
+    assert out.returncode != 0 and "dvc add data/other.jsonl" in said, said
+    assert "Running stage 'tokenize'" not in said, said
