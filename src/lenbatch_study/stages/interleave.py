@@ -228,8 +228,9 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
     # change: a ratio is drift-proof only between steps timed in the same turns, so every strategy is timed
     # again beside sorted (docs/prediction.md, "Which rounds").
     log.info("timing %d strategies x %d steps in turns: %d warm-up pass(es), then %d to %d rounds, until every "
-             "95%% interval is within +-%g%%%s", len(strategies), longest, il.warmup, il.rounds, il.max_rounds,
-             100 * INTERVAL_TARGET, "" if saved is None else " (continuing)")
+             "95%% interval is within +-%g%%%s; every strategy is timed again, also one whose plan did not change: "
+             "a ratio is drift-proof only between steps timed in the same turns", len(strategies), longest,
+             il.warmup, il.rounds, il.max_rounds, 100 * INTERVAL_TARGET, "" if saved is None else " (continuing)")
     t0 = time.perf_counter()
     ends: list[float] = []  # when each round of this process ended
 
