@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ def test_shipped_params_equal_the_dataclass_defaults():
 @pytest.mark.parametrize("override", OVERRIDES, ids=lambda p: p.name)
 def test_every_override_file_is_valid_on_top_of_params(override):
     params = load_params(ROOT / "params.yaml", override)
-    raw_override = yaml.safe_load(override.read_text())
+    raw_override = yaml.safe_load(override.read_text()) or {}  # default.yaml: empty
     # results_dir: the workflow's results root for this config (not a stage's params; common.smk pops it)
     assert str(raw_override.pop("results_dir", "results")).startswith("results")
     for section, values in raw_override.items():
@@ -46,6 +47,25 @@ def test_every_override_file_is_valid_on_top_of_params(override):
             got = getattr(params.section(section), key)
             assert (list(got) if isinstance(got, tuple) else got) == value, f"{section}.{key} not applied"
     jsonschema.validate(deep_merge(_raw(), raw_override), yaml.safe_load(SCHEMA.read_text()))
+
+
+@pytest.mark.parametrize("override", OVERRIDES, ids=lambda p: p.name)
+def test_settings_names_an_overlay_the_loader_merges_as_a_configfile_would(override, tmp_path):
+    """settings: <name> in params.yaml (dvc exp run -S settings=<name>) gives the params of `--configfile
+    configs/<name>.yaml`; a key the user set away from its shipped value wins over the overlay."""
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**raw, "settings": override.stem}))
+    assert load_params(tmp_path / "params.yaml") == load_params(ROOT / "params.yaml", override)
+    if override.stem == "tiny":
+        mine = deep_merge(raw, {"settings": "tiny", "data": {"limit": 100}, "train": {"useful_tokens": 6001}})
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(mine))
+        params = load_params(tmp_path / "params.yaml")
+        assert params.data.limit == 100 and params.train.useful_tokens == 6001  # the user's, not tiny's 60, 6000
+        assert params.data.max_len == 1024 and params.model.hidden_size == 32  # tiny's
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**raw, "settings": "tiyn"}))
+    with pytest.raises(ValueError, match=r"settings: 'tiyn' names no file .*choose from \[.*'tiny'"):
+        load_params(tmp_path / "params.yaml")
 
 
 def test_schema_file_is_generated_from_the_dataclasses():

@@ -31,7 +31,7 @@ def _directive(block: str, name: str) -> str:
 
 def test_registry_deps_rules_dvc_and_cli_name_the_same_stages():
     stages = list(registry.STAGES)
-    assert stages == ["machine", "tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "interleave",
+    assert stages == ["machine", "source", "tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "interleave",
                       "compare"]
     assert list(deps.STAGES) == stages
     assert set(_rule_blocks()) == set(stages), "a rule in workflow/rules/*.smk that the stage table lacks (or back)"

@@ -241,15 +241,20 @@ def test_rules_get_the_same_params_as_dvc(work):
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     out = run(["snakemake", "-n", "-p", "--forceall"], cwd=work).stdout
     for stage in deps.STAGES:
-        if deps.STAGES[stage].always_changed:  # reads no params
-            assert deps.stage_param_keys(stage) == [] and "params" not in dvc[stage], stage
+        if deps.STAGES[stage].always_changed and not deps.STAGES[stage].params:  # the machine: reads no params
+            assert "params" not in dvc[stage], stage
             continue
         m = re.search(rf"(?:lenbatch|-m lenbatch_study) {stage} --params params.yaml --params-json '([^']*)'", out)
         assert m, f"no {stage} command in the dry-run"
         payload = json.loads(m.group(1))
         keys = {f"{s}.{k}" for s, kv in payload.items() for k in kv}
         assert keys == set(deps.stage_param_keys(stage)), stage
+        if deps.STAGES[stage].always_changed:  # the source: DVC runs it every time, reading params.yaml itself
+            assert "params" not in dvc[stage] and "--params params.yaml" in dvc[stage]["cmd"], stage
+            continue
         tracked = (dvc[stage]["do"] if "foreach" in dvc[stage] else dvc[stage])["params"]
+        assert tracked[-1] == "settings", stage  # the overlay (core/settings.py): resolved into the keys above
+        tracked = tracked[:-1]
         expanded = {k for item in tracked for k in ([item] if "." in item else
                                                      [f"{item}.{f}" for f in deps.section_keys(item)])}
         assert keys == expanded, stage
@@ -289,3 +294,36 @@ def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
     out = subprocess.run(["snakemake", "-n", "--forceall", "results/stats/stats.json"], cwd=work, env=env,
                          capture_output=True, text=True, check=True).stdout
     assert re.search(r"rule stats:\n\s+input: .*src/lenbatch/hostmem\.py", out)
+
+
+def test_a_configs_own_results_root_is_kept_out_of_git(tmp_path):
+    """A user's config with results_dir: results/mine (its tokenized dataset tens of MB) is ignored by git
+    from the first parse; the default's results/ stays committed."""
+    work = copy_workflow(tmp_path)
+    (work / "configs/mine.yaml").write_text("results_dir: results/mine\n")
+    run(["git", "init", "-q"], cwd=work)
+    shutil.copy2(ROOT / ".gitignore", work / ".gitignore")
+    run(["snakemake", "-n", "--configfile", "configs/mine.yaml"], cwd=work)
+    assert (work / "results/mine/machine/machine.json").exists()
+    assert run(["git", "check-ignore", "-q", "results/mine/tokenize/dataset/data-00000-of-00001.arrow"],
+               cwd=work, check=False).returncode == 0
+    assert run(["git", "check-ignore", "-q", "results/mine/compare/report.md"], cwd=work, check=False).returncode == 0
+    assert "results/mine" not in run(["git", "status", "--porcelain", "-uall"], cwd=work).stdout
+    run(["snakemake", "-n"], cwd=work)  # the default's root: nothing written to ignore it
+    assert not (work / "results/.gitignore").exists()
+    assert run(["git", "check-ignore", "-q", "results/compare/report.md"], cwd=work, check=False).returncode == 1
+
+
+def test_a_timed_job_never_shares_the_machine(work):
+    """profile, the trainings and interleave time seconds: each asks for the whole `machine` resource the
+    default profile caps, every other job for 1 of it, so Snakemake starts a timed job only alone, whatever
+    --cores allows (a 2-core run once timed interleave beside quality and plans)."""
+    profile = yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())
+    assert "machine=100" in profile["resources"] and "machine=1" in profile["default-resources"]
+    out = run(["snakemake", "-n", "--cores", "16"], cwd=work).stdout
+    asked = {}
+    for rule, res in re.findall(r"^rule (\w+):\n(?:.*\n)*?\s+resources: (.*)$", out, re.M):
+        asked.setdefault(rule, set()).add(int(re.search(r"\bmachine=(\d+)", res).group(1)))
+    timed = {"profile", "train", "interleave"}
+    assert {r: v for r, v in asked.items() if r in timed} == dict.fromkeys(timed, {100}), asked
+    assert all(v == {1} for r, v in asked.items() if r not in timed), asked

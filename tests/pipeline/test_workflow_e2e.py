@@ -270,7 +270,7 @@ def test_temp_experiment_reruns_only_what_k_touches(finished):
               timeout=900)
     text = out.stdout + out.stderr
     ran = set(re.findall(r"Running stage '([\w@-]+)'", text))
-    assert ran == {"machine", "boundaries", "plans", "train@bucketed", "quality", "interleave", "compare"}, text
+    assert ran == {"machine", "source", "boundaries", "plans", "train@bucketed", "quality", "interleave", "compare"}, text
     shown = run(["dvc", "exp", "show", "--only-changed", "--csv"], cwd=finished).stdout
     columns = next(csv.reader(io.StringIO(shown)))
     print(f"\n--temp K experiment: {time.time() - t0:.0f} s; exp show --only-changed: {len(columns)} columns")
@@ -560,7 +560,7 @@ def test_make_run_in_a_fresh_clone_reruns_only_tokenize_and_both_tools_agree(clo
     work, out = clone
     ran = set(re.findall(r"Running stage '([\w@-]+)'", out))
     skipped = set(re.findall(r"Stage '([\w@-]+)' didn't change, skipping", out))
-    assert ran == {"machine", "tokenize"}, out  # machine: always run, its file left as it is
+    assert ran == {"machine", "source", "tokenize"}, out  # machine, source: always run, their files left as they are
     assert {"stats", "boundaries", "plans", "profile", "train@packed", "quality", "interleave",
             "compare"} <= skipped, out
     assert dvc_changed(work) == set(), run(["dvc", "status"], cwd=work).stdout
@@ -591,7 +591,7 @@ def test_checkout_of_another_commit_then_dvc_checkout_and_sync_agree(clone):
     params.write_text(text.replace("histogram_bins: 64", "histogram_bins: 16"))
     out = run(["dvc", "repro"], cwd=work)
     ran = set(re.findall(r"Running stage '([\w@-]+)'", out.stdout + out.stderr))
-    assert "stats" in ran and ran <= {"machine", "stats", "compare"}, ran
+    assert "stats" in ran and ran <= {"machine", "source", "stats", "compare"}, ran
     git_commit(work, "16 histogram bins")
     run(["git", "checkout", "-q", "HEAD~1"], cwd=work)
     run(["dvc", "checkout"], cwd=work)

@@ -5,6 +5,7 @@ refusal of a measurement from other params."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,64 @@ def test_the_reader_checks_the_real_output_and_refuses_a_broken_one(stage, tmp_p
     (tmp_path / "interleave.json").write_text(json.dumps(broken))
     with pytest.raises(ArtifactError, match="lacks 'steps' for strategy random"):
         interleave_timings.read_timings(tmp_path)
+
+
+def test_a_killed_run_continues_from_its_rounds_and_other_inputs_start_afresh(stage, tmp_path):
+    """The rounds are saved beside the output as they end: a rerun after a kill continues from the next
+    round (the same inputs), prints round k/N with the intervals and the time left, and leaves nothing behind;
+    a rerun with other inputs starts from round 1."""
+    import signal
+    import time
+
+    over = tmp_path / "more.yaml"
+    over.write_text(yaml.safe_dump({"interleave": {"rounds": 30, "max_rounds": 30}}))
+    files = [*stage["files"], str(over)]
+    out = tmp_path / "interleave"
+    partial = tmp_path / ".interleave.partial" / "rounds.json"
+    cmd = [sys.executable, "-m", "lenbatch_study", "interleave", "--params", *files, "--data", str(stage["data"]),
+           "--boundaries", str(stage["root"] / "boundaries.json"), "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        done = 0
+        while done < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            try:
+                done = len(json.loads(partial.read_text())["rounds"]["_order"])
+            except (OSError, ValueError):
+                pass
+        assert proc.poll() is None and done >= 2, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    saved = json.loads(partial.read_text())
+    k = len(saved["rounds"]["_order"])
+    assert not (out / "interleave.json").exists()
+    again = subprocess.run(cmd, env=ENV, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"continuing from round {k + 1}: {k} rounds" in again.stderr, again.stderr[-3000:]
+    assert re.search(r"round 30/30 \(at most 30\): 95% intervals .*packed \+-\d+\.\d%.* about 0 s left", again.stderr)
+    doc = json.loads((out / "interleave.json").read_text())
+    assert doc["rounds"] == 30 and doc["order"] == round_orders(STRATEGIES, 30)
+    for s in STRATEGIES:  # the killed run's rounds, kept as measured
+        assert doc["strategies"][s]["seconds"][:k] == saved["rounds"][s]["seconds"]
+        assert len(doc["strategies"][s]["cpu_seconds"]) == 30
+    assert not partial.exists()
+    # other inputs: a partial of another run is not continued
+    partial.parent.mkdir(exist_ok=True)
+    partial.write_text(json.dumps({**saved, "key": "another"}))
+    third = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "third")], env=ENV, cwd=REPO, capture_output=True,
+                           text=True, timeout=600)
+    assert third.returncode == 0 and "not continued, starting from round 1" in third.stderr, third.stderr[-3000:]
+    assert "continuing" not in third.stderr
+
+
+def test_the_projected_rounds_follow_the_intervals_width():
+    from lenbatch_study.stages.interleave import projected_rounds
+
+    assert projected_rounds(6, 0.019, rounds=6, max_rounds=40) == 6  # within the target: done
+    assert projected_rounds(6, 0.04, rounds=6, max_rounds=40) == 24  # twice as wide: four times the rounds
+    assert projected_rounds(3, 0.01, rounds=6, max_rounds=40) == 6  # never before interleave.rounds
+    assert projected_rounds(10, 0.2, rounds=6, max_rounds=40) == 40  # never past max_rounds
+    assert projected_rounds(1, float("inf"), rounds=6, max_rounds=40) == 40  # one round: no width yet

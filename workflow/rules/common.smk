@@ -6,9 +6,18 @@ import os
 import shlex
 
 from lenbatch.batching.strategy import STRATEGIES as KNOWN_STRATEGIES
-from lenbatch_study.core.config import params_from_dict
+from lenbatch_study.core.config import params_from_dict, resolve_settings
 from lenbatch_study.pipeline import deps, registry
 from lenbatch_study.runtime.interrupt import install as install_sigint_forwarding
+
+# settings: <name> in params.yaml (or -S settings=<name> under DVC): configs/<name>.yaml merged in by the one
+# params loader (lenbatch_study.core.settings), so each rule's params below are the resolved values.
+try:
+    _resolved = resolve_settings(config, root=".")
+except ValueError as err:
+    raise WorkflowError(f"invalid params: {err}")
+config.clear()
+config.update(_resolved)
 
 # Where this config's results go. params.yaml leaves it at results/ (what DVC tracks and git commits);
 # configs/*.yaml set their own (results/tiny, results/qwen3.6-27b-8gpu) so they never overwrite it.
@@ -33,6 +42,14 @@ if workflow.is_main_process:
     except ValueError as err:
         raise WorkflowError(f"invalid input: {err}")
 
+# A config's own results root (results_dir: a user's results/mine, with its tokenized dataset) is kept out of
+# git: only the default's results/ is committed (its large files ignored by the repo's .gitignore).
+if workflow.is_main_process and R != "results":
+    os.makedirs(R, exist_ok=True)
+    if not os.path.exists(f"{R}/.gitignore"):
+        with open(f"{R}/.gitignore", "w") as fh:
+            fh.write("# written by the workflow: this config's results are not committed (only results/ is)\n*\n")
+
 # The machine the measuring stages run on (profile, train, quality depend on its fingerprint): rewritten
 # here, only when it changed (same machine: same bytes, same file time, nothing reruns; another machine or
 # another torch: a newer file, so they rerun). Only in the main process: a cluster job's process parses
@@ -43,6 +60,14 @@ if workflow.is_main_process:
 
     write_if_changed(registry.output_path("machine", "machine", results=R))
 
+# The data source by content (lenbatch_study.corpus.identity): tokenize's input, rewritten only when the
+# source's bytes changed, so appended records retokenize and a touched file does not. After the preflight
+# above, so a missing source is reported there.
+if workflow.is_main_process:
+    from lenbatch_study.corpus.identity import write_if_changed as write_source_if_changed
+
+    write_source_if_changed(PARAMS.data.source, registry.output_path("source", "source", results=R))
+
 LOGS = f"{R}/logs" if R != "results" else "logs"
 BENCH = f"{LOGS}/benchmarks"
 STRATEGIES = deps.strategies(config)
@@ -50,6 +75,14 @@ STRATEGIES = deps.strategies(config)
 
 wildcard_constraints:
     strategy="|".join(KNOWN_STRATEGIES),
+
+
+# Timed jobs (profile, the trainings, interleave) never share the machine: the default profile caps the
+# resource `machine` at MACHINE and gives every job 1 of it (default-resources), and a timed job asks for all
+# of it, so while one runs no other job starts, and it starts only when the others have ended (whatever
+# --cores allows). Under DVC each stage is its own Snakemake run: alone already. On a cluster each job has
+# its own allocation (profiles/slurm sets no cap).
+MACHINE = 100
 
 
 def cfg(stage):
@@ -106,7 +139,7 @@ def inputs(stage):
             out[i.output] = up(paths[0] if len(paths) == 1 else paths)
     if stage in deps.pretrained_stages():
         out["pretrained"] = pretrained()
-    if not st.always_changed:  # the machine rule has no inputs: only a missing file reruns it
+    if not st.always_changed:  # machine, source: no inputs, only a missing file reruns them
         out["code"] = code(stage)
     return out
 

@@ -17,6 +17,24 @@ rule machine:
         "lenbatch machine --out {params.out} > {log} 2>&1"
 
 
+# The data source's identity (lenbatch_study.corpus.identity), tokenize's input: common.smk rewrites it as
+# the workflow is parsed, only when the source's bytes changed; this rule runs only when it is missing.
+rule source:
+    input:
+        **inputs("source"),
+    output:
+        **outputs("source"),
+    params:
+        cfg=cfg("source"),
+        out=f"{R}/source",
+    log:
+        f"{LOGS}/source.log",
+    benchmark:
+        f"{BENCH}/source.tsv"
+    shell:
+        "lenbatch source --params params.yaml --params-json {params.cfg} --out {params.out} > {log} 2>&1"
+
+
 rule tokenize:
     input:
         **inputs("tokenize"),

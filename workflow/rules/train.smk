@@ -26,6 +26,7 @@ rule profile:
         # nproc > 1), the drafter on cuda:<nproc - 1> as training does: it needs nproc GPUs visible.
         gpu=_gpus(config["train"]["nproc"] if config["profile"]["concurrent"] and config["train"]["nproc"] > 1 else 1),
         nodes=1,
+        machine=MACHINE,  # timed: alone on the machine (common.smk)
     log:
         f"{LOGS}/profile.log",
     benchmark:
@@ -49,6 +50,7 @@ rule interleave:
     resources:
         gpu=_gpus(1),
         nodes=1,
+        machine=MACHINE,  # timed: alone on the machine (common.smk)
     log:
         f"{LOGS}/interleave.log",
     benchmark:
@@ -81,6 +83,7 @@ rule train:
     resources:
         gpu=_gpus(config["train"]["nproc"]),
         nodes=_NODES,
+        machine=MACHINE,  # timed: alone on the machine (common.smk)
         **_MULTI_NODE,
     log:
         f"{LOGS}/train/{{strategy}}.log",

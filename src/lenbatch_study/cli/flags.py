@@ -174,6 +174,13 @@ def _machine_flags(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: _stage("machine").run(out=args.out, show=args.show))
 
 
+@_flags_of("source")
+def _source_flags(parser: argparse.ArgumentParser) -> None:
+    _params_flag(parser)
+    parser.add_argument("--out", default="results/source", help="output folder (source.json)")
+    parser.set_defaults(func=lambda args: _stage("source").run(params=params_from_args(args), out=args.out))
+
+
 @_flags_of("params")
 def _params_flags(parser: argparse.ArgumentParser) -> None:
     _params_flag(parser)

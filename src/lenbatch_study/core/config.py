@@ -27,6 +27,7 @@ from typing import Any, Literal, Optional
 import yaml
 
 from lenbatch.batching.strategy import STRATEGIES  # the one list of strategies
+from lenbatch_study.core.settings import apply_settings
 
 
 
@@ -329,7 +330,7 @@ class Params:
 SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(Params)[f.name] for f in dataclasses.fields(Params)}
 # Top-level keys only the workflow reads (not a stage's params): configs/*.yaml set results_dir so
 # their runs never overwrite the default's results/ (workflow/rules/common.smk).
-WORKFLOW_KEYS = ("results_dir",)
+WORKFLOW_KEYS = ("results_dir", "settings")  # settings: merged by resolve_settings before the check
 SECTION_HELP = {
     "data": "tokenize stage: where the conversations come from and how they become token ids",
     "stats": "stats stage: length percentiles and histogram",
@@ -524,7 +525,15 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
         _check_overrides(overrides)
         merged = deep_merge(merged, overrides)
     names = ["--params-json" if str(p).lstrip().startswith("{") else str(p) for p in paths]
-    return params_from_dict(merged, source=" + ".join(names))
+    files = [Path(p) for p in paths if not (isinstance(p, str) and p.lstrip().startswith("{"))]
+    return params_from_dict(resolve_settings(merged, root=files[0].parent if files else Path(".")),
+                            source=" + ".join(names))
+
+
+def resolve_settings(raw: dict[str, Any], *, root: str | Path) -> dict[str, Any]:
+    """``raw`` with its ``settings:`` overlay (``<root>/configs/<name>.yaml``) merged in and the key dropped
+    (:mod:`lenbatch_study.core.settings`); the Snakefile calls it on its config, :func:`load_params` on the files."""
+    return apply_settings(raw, root=root, defaults=Params().to_dict(), read=read_yaml)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

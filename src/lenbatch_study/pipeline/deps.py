@@ -272,15 +272,20 @@ def dvc_target(stage: str, *, results: str = "results", strategy: str | None = N
 # DVC's foreach over the param: `dvc exp run -S train.strategies=[...]` runs the trainings the list names
 # (DVC resolves ${...} from params.yaml on every run; no regeneration of dvc.yaml)
 FOREACH = "${train.strategies}"
+# The settings overlay (lenbatch_study.core.settings): DVC resolves the file from params.yaml on every run, so
+# `dvc exp run -S settings=tiny` reruns what it changes and an edit of configs/tiny.yaml does too
+SETTINGS_KEY = "settings"
+SETTINGS_DEP = "configs/${settings}.yaml"
 ITEM = "${item}"
 
 
 def _dvc_stage(stage: str, *, results: str, strategy: str | None,
-               pretrained: str | None = None) -> dict[str, typing.Any]:
+               pretrained: str | None = None, source: str | None = None) -> dict[str, typing.Any]:
     st = STAGES[stage]
-    if st.always_changed:  # the machine: its command runs every time and rewrites only a changed fingerprint
+    if st.always_changed:  # machine, source: the command runs every time and rewrites only a changed file
         (name, o), = st.outputs.items()
-        return {"cmd": f"lenbatch {stage} --out {results}/{stage}", "always_changed": True,
+        reads = " --params params.yaml" if st.params else ""  # source: data.source (after any -S)
+        return {"cmd": f"lenbatch {stage}{reads} --out {results}/{stage}", "always_changed": True,
                 "outs": [{output_path(stage, name, results=results): {"cache": o.cache, "persist": True}}]}
     ins = input_paths(stage, results=results, strategies=strategies(), strategy=strategy)
     deps: list[str] = []
@@ -296,10 +301,12 @@ def _dvc_stage(stage: str, *, results: str, strategy: str | None,
         else:
             deps += ins.get(i.output, [])
     checkpoint = pretrained_files(pretrained) if stage in pretrained_stages() else []
+    data = source_files(source) if any(i.stage == "source" for i in st.inputs) else []
     entry: dict[str, typing.Any] = {
         "cmd": _snakemake([dvc_target(stage, results=results, strategy=strategy)], stage),
-        "params": stage_params_compact(stage),
-        "deps": deps + checkpoint + stage_code(stage)}
+        # settings: the overlay params.yaml names (core/settings.py), and its file, tracked by every stage
+        "params": stage_params_compact(stage) + [SETTINGS_KEY],
+        "deps": deps + data + checkpoint + [SETTINGS_DEP] + stage_code(stage)}
     for kind in ("outs", "metrics", "plots"):
         listed = [{output_path(stage, name, results=results, strategy=strategy):
                    {"cache": o.cache, "persist": True, **dict(o.plot or {})}}
@@ -309,26 +316,30 @@ def _dvc_stage(stage: str, *, results: str, strategy: str | None,
     return entry
 
 
-def dvc_stages(results: str = "results", *, pretrained: str | None = None) -> dict[str, typing.Any]:
+def dvc_stages(results: str = "results", *, pretrained: str | None = None,
+               source: str | None = None) -> dict[str, typing.Any]:
     """The ``stages:`` mapping of ``dvc.yaml``, from the table: one DVC stage per stage; a per-strategy stage
     is ``foreach: ${train.strategies}`` over one body whose strategy is ``${item}`` (DVC names its stages
     ``<stage>@<strategy>``), so the trainings are exactly those params.yaml lists, ``-S`` included. Deps: its
     inputs (and, with ``pretrained`` = ``model.pretrained``, the checkpoint's files for the stages that load
-    it: :func:`pretrained_files`) then its code; outputs by kind."""
+    it: :func:`pretrained_files`; with ``source`` = ``data.source``, the data file for tokenize:
+    :func:`source_files`) then its code; outputs by kind."""
     out: dict[str, typing.Any] = {}
     for stage, st in STAGES.items():
         if st.per_strategy:
             out[stage] = {"foreach": FOREACH,
-                          "do": _dvc_stage(stage, results=results, strategy=ITEM, pretrained=pretrained)}
+                          "do": _dvc_stage(stage, results=results, strategy=ITEM, pretrained=pretrained,
+                                           source=source)}
         else:
-            out[stage] = _dvc_stage(stage, results=results, strategy=None, pretrained=pretrained)
+            out[stage] = _dvc_stage(stage, results=results, strategy=None, pretrained=pretrained, source=source)
     return out
 
 
-def dvc_yaml(results: str = "results", *, pretrained: str | None = None) -> str:
+def dvc_yaml(results: str = "results", *, pretrained: str | None = None, source: str | None = None) -> str:
     import yaml
 
-    body = yaml.safe_dump({"stages": dvc_stages(results, pretrained=pretrained)}, sort_keys=False, width=120)
+    body = yaml.safe_dump({"stages": dvc_stages(results, pretrained=pretrained, source=source)}, sort_keys=False,
+                          width=120)
     return HEADER + "\n" + body
 
 
@@ -355,3 +366,20 @@ def pretrained_files(pretrained: str | None) -> list[str]:
     root = Path(pretrained)
     files = {root / "config.json", *root.glob("*.safetensors"), *root.glob("*.safetensors.index.json")}
     return sorted(f.as_posix() for f in files)
+
+
+# --------------------------------------------------------------------------- the data source
+
+
+def source_files(source: str | None) -> list[str]:
+    """``data.source`` as tokenize's DVC dependency: ``[path]`` for a file or folder of the user's, ``[]`` for
+    the embedded default (or none). Beside it, tokenize depends on the source's identity
+    (``results/source/source.json``, :mod:`lenbatch_study.corpus.identity`), which serves every source,
+    ``-S data.source=...`` included, once ``dvc repro`` has run the source stage; the path itself lets
+    ``dvc status``, which runs no stage, name tokenize as soon as the file changes. The embedded file lives in
+    the virtual environment (a path no committed ``dvc.yaml`` can hold): its identity alone."""
+    from lenbatch_study.corpus.sources import DEFAULT_SOURCE
+
+    if not source or source == DEFAULT_SOURCE:
+        return []
+    return [Path(source).as_posix()]

@@ -29,6 +29,7 @@ from lenbatch_study.pipeline.artifacts import (
     interleave_timings,
     length_stats,
     machine_file,
+    source_file,
     plan_metrics,
     profile_grid,
     quality_result,
@@ -114,14 +115,19 @@ _IN_DATASET = Input("tokenize", "dataset")
 _IN_EDGES = Input("boundaries", "boundaries")
 # The measuring stages depend on the machine: another machine (or another torch) reruns them
 _IN_MACHINE = Input("machine", "machine", trigger_only=True)
+# The data source's bytes (user's file or the embedded one): changed data retokenizes
+_IN_SOURCE = Input("source", "source", trigger_only=True)
 _MODEL_RUN = ("model", "drafter", "batching")  # what a stage that runs the model reads besides its own section
 
 # Order is the order of the DAG, then the tools.
 _ALL = (
     Command("machine", "write this machine's fingerprint to machine.json (only when it changed)", stage=Stage(
         params=(), always_changed=True, outputs={"machine": Output(machine_file.MACHINE)})),
+    # the data source by content (corpus.identity): a dependency of tokenize, so changed data retokenizes
+    Command("source", "write the data source's identity (sha256, size) to source.json (only when it changed)",
+            stage=Stage(params=("data.source",), always_changed=True, outputs={"source": Output(source_file.SOURCE)})),
     Command("tokenize", "tokenize chat data into an Arrow dataset and lengths.npy", staged=True, stage=Stage(
-        params=("data",),
+        params=("data",), inputs=(_IN_SOURCE,),
         outputs={"dataset": Output(tokenized.DATASET, cache=True, directory=True),
                  "lengths": Output(tokenized.LENGTHS), "counts": Output(tokenized.STATS)})),
     Command("stats", "length percentiles, histogram and counts per bucket", staged=True, stage=Stage(

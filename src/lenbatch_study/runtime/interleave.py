@@ -30,7 +30,7 @@ Cost: ``(warmup + rounds) x segment_steps`` steps per strategy.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 
 def round_orders(strategies: Sequence[str], rounds: int) -> list[list[str]]:
@@ -43,8 +43,8 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
                         segment_steps: int, warmup: int, clock: Callable[[], float] = time.perf_counter,
                         on_round: Optional[Callable[[int, dict[str, dict[str, list]]], None]] = None,
                         max_rounds: Optional[int] = None,
-                        enough: Optional[Callable[[dict[str, dict[str, list]]], bool]] = None
-                        ) -> dict[str, dict[str, list]]:
+                        enough: Optional[Callable[[dict[str, dict[str, list]]], bool]] = None,
+                        done: Optional[dict[str, Any]] = None) -> dict[str, dict[str, list]]:
     """Time every strategy in turns: ``step(strategy, j)`` runs step ``j`` (0 .. segment_steps - 1) of that
     strategy's segment and returns its useful tokens. First each strategy's ``warmup`` untimed passes over
     its segment (strategy by strategy), then ``rounds`` rounds (:func:`round_orders`), each timing one pass
@@ -55,7 +55,9 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
     ``k``, outside the timing, with the measurement so far. With ``max_rounds`` (>= ``rounds``) and
     ``enough``, rounds go on after the first ``rounds`` one at a time until ``enough(measured so far)`` is
     true or ``max_rounds`` have run (a sequential stop: the minimum ``rounds`` keeps an early lucky streak
-    from ending it).
+    from ending it). ``done``: the rounds an interrupted run measured (what this function returned after them,
+    with ``"_order"``): they are kept, and the rounds go on from the next, in the order the run would have
+    taken (the warm-up runs again: a new process).
 
     Returns ``{strategy: {"seconds": [per round], "useful_tokens": [per round], "position": [its place in
     each round]}}`` plus the rounds as run under the key ``"_order"``. Cost: (warmup + rounds) x
@@ -70,13 +72,19 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
         raise ValueError(f"interleave.max_rounds ({max_rounds}) is below interleave.rounds ({rounds}); set "
                          "max_rounds >= rounds")
     out: dict[str, dict[str, list]] = {s: {"seconds": [], "useful_tokens": [], "position": []} for s in strategies}
+    orders: list[list[str]] = []
+    if done:
+        orders = [list(o) for o in done["_order"]]
+        for s in strategies:
+            out[s] = {key: list(done[s][key]) for key in ("seconds", "useful_tokens", "position")}
     for s in strategies:  # each strategy's own warm-up, on the very steps it then times
         for _ in range(warmup):
             for j in range(segment_steps):
                 step(s, j)
     last = rounds if max_rounds is None or enough is None else max_rounds
-    orders = []
     for k, order in enumerate(round_orders(strategies, last)):
+        if k < len(orders):  # measured before the interruption
+            continue
         if k >= rounds and enough(out):  # type: ignore[misc]
             break
         orders.append(order)

@@ -48,6 +48,11 @@ clock's), "useful_tokens", "position", "wall_seconds", "cpu_seconds", "target_se
 (per round; the last two the clock's seconds of each role, which add up to "seconds")}}}``, and ``params.json``.
 Per-role seconds let compare tell which role's prediction a missed ratio comes from.
 
+Progress, resuming and reuse (docs/prediction.md, "Which rounds"): after each round one log line ``round k/N``
+with every interval's width and the time left from the measured rounds (:func:`projected_rounds`); the rounds
+are saved beside the output as they end and a rerun of the same inputs continues from them; a new run times
+every strategy again, since ratios are drift-proof only between steps timed in the same turns.
+
 Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models, rounds between
 ``interleave.rounds`` and ``max_rounds``; on the CPU default (4-step segments of ~7 s, 1 warm-up pass, five
 strategies) about 34 s per round on this project's 2-core VM: 4 minutes at 6 rounds, 23 at 40; a quiet
@@ -56,7 +61,11 @@ VM there reached +-2% after 10 rounds (6.5 minutes; with 1-step segments it took
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -73,9 +82,11 @@ from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
 from lenbatch_study.pipeline.artifacts.interleave_timings import TIMINGS
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
 from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
-from lenbatch_study.runtime.interleave import measure_interleaved
+from lenbatch_study.runtime.interleave import measure_interleaved, round_orders
 
 log = get_logger("interleave")
+PARTIAL_DIR = ".interleave.partial"  # beside the output folder (git-ignored: .*.partial/)
+PARTIAL = "rounds.json"
 
 
 def segment_steps(total: int, *, skip: int, count: int) -> list[int]:
@@ -104,10 +115,55 @@ def resolve_clock(clock: str, *, device_type: str, threads: int) -> str:
     return clock if clock != "auto" else ("cpu" if cpu_ok else "wall")
 
 
-def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path] = None) -> dict[str, Any]:
+def projected_rounds(k: int, widest: float, *, rounds: int, max_rounds: int) -> int:
+    """The rounds the run will take, judged after ``k`` rounds whose widest 95% interval is ``widest``
+    (+-share): a half-width shrinks as 1/sqrt(rounds), so ``k (widest / target)^2`` rounds reach the target;
+    at least ``rounds`` and ``k`` (``k`` itself once the target is met), at most ``max_rounds``. Pure."""
+    if k >= rounds and widest <= INTERVAL_TARGET:
+        return k
+    if not math.isfinite(widest):
+        return max_rounds
+    need = math.ceil(k * (widest / INTERVAL_TARGET) ** 2)
+    return int(min(max(need, rounds, k + 1), max_rounds))
+
+
+def _inputs_key(params: Params, lengths: np.ndarray, edges: Any, clock: str) -> str:
+    """What rounds measured by an interrupted run must share with this one to be continued: the params, the
+    lengths, the edges, the clock, the machine and the code (every lenbatch module loaded)."""
+    code = hashlib.sha256()
+    for name in sorted(m for m in sys.modules if m.split(".")[0] in ("lenbatch", "lenbatch_study")):
+        path = getattr(sys.modules[name], "__file__", None)
+        if path and path.endswith(".py"):
+            code.update(name.encode() + b"\0" + Path(path).read_bytes())
+    doc = {"params": params.to_dict(), "lengths": hashlib.sha256(np.ascontiguousarray(lengths, np.int64)).hexdigest(),
+           "edges": list(map(int, edges)) if edges is not None else None, "clock": clock,
+           "machine": fingerprint(threads=params.train.threads)["id"], "code": code.hexdigest()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _load_partial(path: Optional[Path], key: str) -> Optional[dict[str, Any]]:
+    """The rounds an interrupted run of the same inputs saved at ``path``, None when there are none (or they are
+    another run's: set aside, named in the log)."""
+    if path is None or not path.exists():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key and saved.get("rounds") and saved.get("steps"):
+            return saved
+        why = "other inputs (params, data, edges, machine or code)"
+    except (OSError, ValueError):
+        why = "unreadable"
+    log.info("%s holds rounds of %s: not continued, starting from round 1", path, why)
+    path.unlink(missing_ok=True)
+    return None
+
+
+def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path] = None,
+            partial: Optional[str | Path] = None) -> dict[str, Any]:
     """Time every strategy of ``train.strategies`` in turns (module doc); returns ``interleave.json``'s
-    document. ``ValueError`` when ``sorted`` (the baseline) is not among the strategies or ``bucketed`` runs
-    without its edges."""
+    document. ``partial``: where the rounds are saved as they end, and continued from after an interruption
+    (the same inputs only). ``ValueError`` when ``sorted`` (the baseline) is not among the strategies or
+    ``bucketed`` runs without its edges."""
     from lenbatch_study.runtime.runner import StepRunner, configure_process, resolve_device
 
     strategies = list(params.train.strategies)
@@ -139,9 +195,17 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
                    **plan_memory_shape(params, lengths, [st.indices for p in plan.values() for st in p["steps"]]))
     clock = resolve_clock(il.clock, device_type=device.type, threads=params.train.threads)
     runner = StepRunner(params, device=device)
+    partial = Path(partial) if partial is not None else None
+    key = _inputs_key(params, lengths, edges, clock)
+    saved = _load_partial(partial, key)
     timed = [0.0]  # the chosen clock's seconds of the runner's timed steps so far: what segments are read on
-    # every step's (target wall, drafter wall, target cpu, drafter cpu) seconds
+    # every timed step's (target wall, drafter wall, target cpu, drafter cpu) seconds (this process's warm-up left out)
     both: dict[str, list[tuple[float, float, float, float]]] = {s: [] for s in strategies}
+    calls = dict.fromkeys(strategies, 0)
+    if saved is not None:
+        both = {s: [tuple(r) for r in saved["steps"][s]] for s in strategies}
+        log.info("continuing from round %d: %d rounds of an interrupted run of the same inputs (%s)",
+                 len(saved["rounds"]["_order"]) + 1, len(saved["rounds"]["_order"]), partial)
 
     def step(s: str, j: int) -> int:
         st, batch = plan[s]["steps"][j], plan[s]["batches"][j]
@@ -149,7 +213,9 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
         t_cpu = runner.last_cpu_s
         _, d_s = runner.drafter_step(batch, feats, step=st.step, epoch=st.epoch)
         d_cpu = runner.last_cpu_s
-        both[s].append((t_s, d_s, t_cpu, d_cpu))
+        calls[s] += 1
+        if calls[s] > il.warmup * len(plan[s]["steps"]):  # this process's warm-up passes come first
+            both[s].append((t_s, d_s, t_cpu, d_cpu))
         timed[0] += t_cpu + d_cpu if clock == "cpu" else t_s + d_s
         return int(batch.useful_tokens)
 
@@ -158,37 +224,67 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
     if short:  # a plan shorter than the segment: all its steps are timed, the rest of its segment is empty
         log.info("%s plan(s) fewer steps than interleave.segment_steps=%d: all of them are timed",
                  ", ".join(short), il.segment_steps)
+    # The rounds of an earlier, complete run are never reused, not even for the strategies whose plans did not
+    # change: a ratio is drift-proof only between steps timed in the same turns, so every strategy is timed
+    # again beside sorted (docs/prediction.md, "Which rounds").
+    log.info("timing %d strategies x %d steps in turns: %d warm-up pass(es), then %d to %d rounds, until every "
+             "95%% interval is within +-%g%%%s; every strategy is timed again, also one whose plan did not change: "
+             "a ratio is drift-proof only between steps timed in the same turns", len(strategies), longest,
+             il.warmup, il.rounds, il.max_rounds, 100 * INTERVAL_TARGET, "" if saved is None else " (continuing)")
     t0 = time.perf_counter()
-    widest: list[tuple[float, str]] = []  # after each round from the second: the widest interval and whose
+    ends: list[float] = []  # when each round of this process ended
+
+    def widths(res: dict[str, dict[str, list]]) -> dict[str, float]:
+        if len(res["sorted"]["seconds"]) < 2:
+            return {s: math.inf for s in strategies if s != "sorted"}
+        iv = ratio_intervals({s: res[s]["seconds"] for s in strategies},
+                             {s: res[s]["useful_tokens"] for s in strategies})
+        return {s: half_width(v["ratio_to_sorted"], v["ci95"]) for s, v in iv.items()}
 
     def enough(res: dict[str, dict[str, list]]) -> bool:
-        return bool(widest) and widest[-1][0] <= INTERVAL_TARGET
+        return max(widths(res).values(), default=0.0) <= INTERVAL_TARGET
 
     def on_round(k: int, res: dict[str, dict[str, list]]) -> None:
-        if k >= 1:
-            iv = ratio_intervals({s: res[s]["seconds"] for s in strategies},
-                                 {s: res[s]["useful_tokens"] for s in strategies})
-            widest.append(max((half_width(v["ratio_to_sorted"], v["ci95"]), s) for s, v in iv.items()))
-        log.info("round %d (%d..%d) done, %.1f s elapsed%s", k + 1, il.rounds, il.max_rounds,
-                 time.perf_counter() - t0,
-                 f"; widest 95% interval +-{widest[-1][0]:.1%} ({widest[-1][1]})" if widest else "")
+        now = time.perf_counter()
+        ends.append(now)
+        if partial is not None:  # the rounds so far, for a rerun after an interruption (written whole)
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            tmp = partial.with_name(f".{partial.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"key": key, "rounds": {**{s: res[s] for s in strategies},
+                                                               "_order": round_orders(strategies, k + 1)},
+                                       "steps": both}))
+            os.replace(tmp, partial)
+        w = widths(res)
+        widest = max(w.values(), default=0.0)
+        total = projected_rounds(k + 1, widest, rounds=il.rounds, max_rounds=il.max_rounds)
+        # seconds per round: the measured rounds of this process (the median of their durations), else this
+        # round's timed seconds; never a guess from a first step
+        durations = np.diff([t0, *ends]) if len(ends) > 1 else []
+        per = float(np.median(durations[1:])) if len(durations) > 1 else float(
+            sum(sum(r[0] + r[1] for r in both[s][-len(plan[s]["steps"]):]) for s in strategies))
+        shown = ", ".join(f"{s} +-{v:.1%}" for s, v in sorted(w.items(), key=lambda x: -x[1])) if math.isfinite(
+            widest) else "from round 2"
+        log.info("round %d/%d (at most %d): 95%% intervals %s (target +-%g%%); %.0f s per round, about %s left",
+                 k + 1, total, il.max_rounds, shown, 100 * INTERVAL_TARGET, per, _duration(per * (total - k - 1)))
 
     res = measure_interleaved(lambda s, j: step(s, j) if j < len(plan[s]["steps"]) else 0, strategies,
                               rounds=il.rounds, max_rounds=il.max_rounds, enough=enough, segment_steps=longest,
-                              warmup=il.warmup, clock=lambda: timed[0], on_round=on_round)
+                              warmup=il.warmup, clock=lambda: timed[0], on_round=on_round,
+                              done=None if saved is None else saved["rounds"])
+    widest_now = max(widths(res).values(), default=0.0)
     seconds = time.perf_counter() - t0
     rounds = len(res["_order"])
     out: dict[str, Any] = {"machine": fingerprint(threads=params.train.threads), "rounds": rounds,
                            "min_rounds": il.rounds, "max_rounds": il.max_rounds,
                            "stopped": ("every interval within +-%g%%" % (100 * INTERVAL_TARGET)
-                                       if widest and widest[-1][0] <= INTERVAL_TARGET else
+                                       if rounds >= il.rounds and widest_now <= INTERVAL_TARGET else
                                        "interleave.max_rounds reached" if rounds == il.max_rounds > il.rounds
                                        else "interleave.rounds reached"),
                            "segment_steps": il.segment_steps, "warmup": il.warmup, "clock": clock,
                            "order": res["_order"], "seconds": round(seconds, 3), "strategies": {}}
     for s in strategies:
         steps = plan[s]["steps"]
-        per_round = np.asarray(both[s][il.warmup * len(steps):], dtype=float)
+        per_round = np.asarray(both[s], dtype=float)
         per_round = per_round.reshape(rounds, len(steps), 4).sum(axis=1)  # per round: the four seconds above
         role = per_round[:, 2:] if clock == "cpu" else per_round[:, :2]
         out["strategies"][s] = {"steps": [int(st.step) for st in steps], "epochs": [int(st.epoch) for st in steps],
@@ -202,11 +298,15 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
 def run(*, params: Params, data: str | Path, boundaries: Optional[str | Path], out: str | Path) -> int:
     """``lenbatch interleave``: measure (:func:`measure`) and write ``out/interleave.json`` and the resolved
     params. Returns the exit code."""
-    doc = measure(params, data=data, boundaries=boundaries)
+    # the rounds so far, beside the output (a staging folder while the stage runs) and outside it: a Ctrl-C or
+    # a kill leaves them for the rerun, which continues from the next round when its inputs are the same
+    partial = Path(out).parent / PARTIAL_DIR / PARTIAL
+    doc = measure(params, data=data, boundaries=boundaries, partial=partial)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / TIMINGS).write_text(json.dumps(doc, indent=1) + "\n")
     write_resolved(params, out)
+    partial.unlink(missing_ok=True)
     st = doc["strategies"]
     for s, v in st.items():  # the ratios and their intervals are compare's (analysis.interleaved)
         log.info("%-9s steps %s: %d rounds, %.2f s per segment (median), %.0f useful tokens/s (median)", s,
@@ -215,3 +315,9 @@ def run(*, params: Params, data: str | Path, boundaries: Optional[str | Path], o
     log.info("timed %d strategies in %d rounds in %.1f s; wrote %s", len(st), doc["rounds"], doc["seconds"],
              out / TIMINGS)
     return 0
+
+
+def _duration(seconds: float) -> str:
+    """42 s, 3 min 05 s."""
+    s = int(round(max(seconds, 0.0)))
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"

@@ -13,7 +13,7 @@ def run(*, out: str, check: bool = False) -> int:
     when ``out`` differs from it instead of writing."""
     import sys
 
-    text = dvc_yaml(pretrained=_pretrained("params.yaml"))
+    text = dvc_yaml(pretrained=_pretrained("params.yaml"), source=_source("params.yaml"))
     if out == "-":
         sys.stdout.write(text)
         return 0
@@ -32,3 +32,10 @@ def _pretrained(params: str) -> str | None:
     from lenbatch_study.core.config import load_params
 
     return load_params(params).model.pretrained if Path(params).exists() else None
+
+
+def _source(params: str) -> str | None:
+    """``data.source`` of the params file DVC tracks (a user's file becomes a dep of tokenize), None without one."""
+    from lenbatch_study.core.config import load_params
+
+    return load_params(params).data.source if Path(params).exists() else None
