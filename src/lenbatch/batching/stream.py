@@ -57,8 +57,10 @@ from lenbatch.batching.cost import Cost, cost_limit
 from lenbatch.batching.epoch import EpochBatches, split_to_multiple
 from lenbatch.batching.scan import _first_fit_decreasing
 from lenbatch.batching.spec import BatchSpec, check_int
+from lenbatch.batching.strategy import STRATEGIES
 
-STREAM_STRATEGIES = ("random", "bucketed", "sortish", "packed")
+# every strategy but sorted, which needs the whole epoch's lengths before its first batch
+STREAM_STRATEGIES = tuple(s for s in STRATEGIES if s != "sorted")
 HASH_MOD = (1 << 61) - 1  # a running polynomial hash of the lengths read (the resume check)
 EDGE_CANDIDATES = 64  # candidate edges searched when bucketed edges are estimated from the first buffer
 DRAWS = 8192  # buffer replacement indices drawn per call to the generator
