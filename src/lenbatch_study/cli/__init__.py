@@ -100,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lenbatch_study.pipeline.outputs import check_out
 
             # the folder the stage really writes: symlinks resolved (one lock per real folder), and never
-            # one of its inputs, an empty path (the current folder) or a mount point
-            args.out = str(check_out(args.out, inputs=_input_paths(args)))
+            # one of its inputs, an empty path (the current folder), a mount point or a folder that is not an
+            # output of this stage (it would be replaced whole: refused before anything runs)
+            args.out = str(check_out(args.out, inputs=_input_paths(args), stage=name))
         if COMMANDS[name].staged and getattr(args, "out", None):
             from lenbatch_study.pipeline.outputs import staged_output
 

@@ -452,7 +452,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
 def _commit(setup: RunSetup) -> None:
     """Swap the complete run in the partial folder into OUT (one rename; the previous output goes)."""
     if setup.final is not None and setup.out != setup.final:
-        commit_staged(setup.out, setup.final, then="after that rerun with --resume to move it in")
+        commit_staged(setup.out, setup.final, stage="train", then="after that rerun with --resume to move it in")
         setup.out = setup.final
 
 
