@@ -6,7 +6,7 @@ import os
 import shlex
 
 from lenbatch.batching.strategy import STRATEGIES as KNOWN_STRATEGIES
-from lenbatch_study.core.config import params_from_dict
+from lenbatch_study.core.config import params_from_dict, read_yaml
 from lenbatch_study.pipeline import deps, registry
 from lenbatch_study.runtime.interrupt import install as install_sigint_forwarding
 
@@ -15,8 +15,12 @@ from lenbatch_study.runtime.interrupt import install as install_sigint_forwardin
 R = str(config.pop("results_dir", "results")).rstrip("/")
 
 # Refuse a bad params file before anything runs: our loader names the key and the fix,
-# the JSON schema (generated from the same dataclasses) is Snakemake's own check.
+# the JSON schema (generated from the same dataclasses) is Snakemake's own check. Snakemake's YAML loader
+# keeps the last of a key given twice; the stages refuse it, so every config file is read again here with
+# theirs (params.yaml and each --configfile), and a key given twice stops the run as it stops a stage.
 try:
+    for _configfile in workflow.configfiles:
+        read_yaml(_configfile)
     PARAMS = params_from_dict(config, source="the workflow config (params.yaml and any --configfile/--config)")
 except ValueError as err:
     raise WorkflowError(f"invalid params: {err}")
