@@ -14,7 +14,7 @@ rule machine:
     benchmark:
         f"{BENCH}/machine.tsv"
     shell:
-        "lenbatch machine --out {params.out} > {log} 2>&1"
+        "lenbatch machine --out {params.out:q} > {log:q} 2>&1"
 
 
 rule tokenize:
@@ -31,7 +31,7 @@ rule tokenize:
     benchmark:
         f"{BENCH}/tokenize.tsv"
     shell:
-        "lenbatch tokenize --params params.yaml --params-json {params.cfg} --out {params.out} > {log} 2>&1"
+        "lenbatch tokenize --params params.yaml --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule stats:
@@ -47,5 +47,5 @@ rule stats:
     benchmark:
         f"{BENCH}/stats.tsv"
     shell:
-        "lenbatch stats --params params.yaml --params-json {params.cfg} --lengths {input.lengths} "
-        "--out {params.out} > {log} 2>&1"
+        "lenbatch stats --params params.yaml --params-json {params.cfg} --lengths {input.lengths:q} "
+        "--out {params.out:q} > {log:q} 2>&1"
