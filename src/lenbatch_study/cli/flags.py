@@ -420,6 +420,10 @@ def _train(args: argparse.Namespace) -> int:
     overrides = {"train": {"useful_tokens": args.useful_tokens}} if args.useful_tokens is not None else {}
     params = params_from_args(args, overrides)
     stage.check_request(strategy=args.strategy, max_steps=args.max_steps)
+    if args.resume:  # another train.nproc/nodes than the checkpoint's run: refused before torchrun starts
+        from lenbatch_study.runtime.resume import check_resume_shape
+
+        check_resume_shape(Path(args.out), params, checkpoint=CHECKPOINT)
     nproc = stage.launcher_processes(params)
     if nproc:
         from lenbatch_study.runtime.lifetime import children, parent_death_signal
