@@ -237,3 +237,48 @@ def test_symlinked_out_is_one_folder_one_lock_and_commits_cleanly(tmp_path, caps
     assert main(args) == 0  # into a symlink to a previous output: the real folder gets the new output
     assert alias.is_symlink() and json.loads((real / "boundaries.json").read_text())["num_buckets"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alias", "lengths.npy", "real"]  # no staging left
+
+
+def test_the_lock_file_follows_the_umask_and_another_users_stale_lock_is_one_clear_line(tmp_path):
+    """Issue 48.6: the lock file was always 0644 while the outputs follow the umask, so another member of the
+    group met a PermissionError traceback at a stale lock (left by a killed run of the first user's)."""
+    import os
+    import shutil
+    import tempfile
+
+    show = ("import os, sys; os.umask(0o002); from lenbatch_study.pipeline.outputs import writer_lock\n"
+            "with writer_lock(sys.argv[1], stage='test') as p: print(oct(os.stat(p).st_mode & 0o777))")
+    proc = subprocess.run([sys.executable, "-c", show, str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0o664", proc.stderr[-2000:]
+    # a stale lock of another user's (root's 0644 file, met by nobody) or one this user may not open
+    shared = Path(tempfile.mkdtemp(prefix="lenbatch-lock-"))
+    try:
+        os.chmod(shared, 0o777)
+        lock = shared / ".out.lock"
+        lock.write_text("lenbatch stats, pid 1")
+        as_user: list[str] = []
+        if os.geteuid() == 0:
+            import pwd
+
+            if shutil.which("setpriv") is None:
+                pytest.skip("no setpriv command to run as nobody")
+            try:
+                nobody = pwd.getpwnam("nobody").pw_uid
+            except KeyError:
+                pytest.skip("no user 'nobody' to run as")
+            os.chmod(lock, 0o644)
+            as_user = ["setpriv", "--reuid", str(nobody), "--regid", str(nobody), "--clear-groups"]
+        else:
+            os.chmod(lock, 0o444)
+        take = ("import sys; from lenbatch_study.pipeline.outputs import writer_lock\n"
+                "try:\n    with writer_lock(sys.argv[1], stage='test'): pass\n"
+                "except ValueError as err:\n    print(err); sys.exit(2)")
+        proc = subprocess.run([*as_user, sys.executable, "-c", take, str(shared / "out")], capture_output=True,
+                              text=True)
+        if proc.returncode not in (0, 2) and "Permission" in proc.stderr and "lenbatch_study" in proc.stderr:
+            pytest.skip(f"that user cannot run this Python or read the project here: {proc.stderr[-300:]!r}")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+        assert f"its lock file {lock} belongs to user " in proc.stdout and f"rm {lock}" in proc.stdout, proc.stdout
+        assert lock.read_text() == "lenbatch stats, pid 1"  # nothing touched
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

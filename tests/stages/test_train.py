@@ -60,9 +60,15 @@ def _train_args(setup, strategy, out, *extra):
 
 
 def _torchrun(setup, strategy, out, *extra):
+    """A 2-process torchrun of the stage, in a temp folder of its own: it must leave nothing there (issue 48.6:
+    torchrun's agent left a torchelastic_* tree in $TMPDIR per training)."""
+    tmp = setup["root"] / "tmpdir"
+    tmp.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch_study",
            *_train_args(setup, strategy, out, *extra)]
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env={**ENV, "TMPDIR": str(tmp)}, capture_output=True, text=True, timeout=300)
+    assert not list(tmp.glob("torchelastic_*")), (list(tmp.iterdir()), proc.stderr[-2000:])
+    return proc
 
 
 def _steps(out):

@@ -145,6 +145,20 @@ def lock_path(out: str | Path) -> Path:
     return out.parent / f".{out.name}.lock"
 
 
+def _owner(path: Path) -> str:
+    """The user who owns ``path`` (their name, or ``uid N``)."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return "another user"
+    try:
+        import pwd
+
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
 @contextlib.contextmanager
 def writer_lock(out: str | Path, *, stage: str) -> Iterator[Path]:
     """Hold the one-writer lock of ``out`` for the ``with`` body; ``ValueError`` if another process holds it."""
@@ -152,7 +166,17 @@ def writer_lock(out: str | Path, *, stage: str) -> Iterator[Path]:
     path = lock_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # 0o666 less the umask, as every file the stage writes: a group that shares the outputs shares the lock
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError as err:
+            if not path.exists():
+                raise ValueError(f"{out}: cannot create its lock file {path} ({err.strerror}): {path.parent} is not "
+                                 "writable by this user; fix its permissions or pass another --out") from None
+            owner = _owner(path)
+            raise ValueError(f"{out}: its lock file {path} belongs to {owner} and this user may not open it (left by "
+                             f"a run of theirs that was killed, or one still writing {out}); if no run of theirs "
+                             f"writes {out}, remove it (rm {path}) or ask them to; or pass another --out") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
