@@ -112,6 +112,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/runtime/resume.py": {"train"},  # the checkpoint a resume continues
     "lenbatch_study/runtime/runner.py": {"profile", "train", "interleave"},
     "lenbatch_study/runtime/stopping.py": {"train"},  # the stop a signal asks for
+    "lenbatch_study/runtime/early_stop.py": {"train"},  # a SIGUSR1 held while lenbatch train starts
     "lenbatch_study/runtime/transport.py": {"train"},
     # the commands beside the stages: no stage of the DAG
     "lenbatch_study/tools/readme.py": set(),

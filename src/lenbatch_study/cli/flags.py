@@ -468,12 +468,19 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
         for worker in children(proc.pid) if proc is not None else ():
             os.kill(worker, signal.SIGTERM)
 
-    # Ctrl-C reaches this process and the agent alike (one process group): the agent stops the workers, and
-    # this one waits for its exit code rather than leaving with a traceback (its death would signal the agent
-    # a second time, mid-shutdown)
+    # Ctrl-C at a terminal reaches this process and the agent alike (one process group): the agent stops the
+    # workers, and this one waits for its exit code rather than leaving with a traceback (its death would signal
+    # the agent a second time, mid-shutdown). A SIGINT sent to this process alone (kill -INT <pid>, no terminal's)
+    # is handed to the agent, which hands it to its workers: they stop at a step boundary with a checkpoint
+    from lenbatch_study.runtime.interrupt import in_terminal_foreground
+
+    def pass_on_interrupt(*_: Any) -> None:
+        if proc is not None and not in_terminal_foreground():
+            os.kill(proc.pid, signal.SIGINT)
+
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, hand_on),
-                signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+                signal.SIGINT: signal.signal(signal.SIGINT, pass_on_interrupt)}
     try:
         proc = subprocess.Popen(cmd, preexec_fn=start)
         rc = proc.wait()
