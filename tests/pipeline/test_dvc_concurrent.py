@@ -1,23 +1,34 @@
-"""Two `dvc exp run`s in one workspace (issue 48.8): what docs/experiments.md says happens, happens.
+"""Two `dvc exp run`s in one workspace (issue 48.8): both failed (exit 255) and left params.yaml at the refused
+run's values, because DVC writes a run's -S values before it meets the stage another run holds. While a DVC
+stage command of the workflow runs it holds DVC's own experiments lock on `workspace`
+(lenbatch_study.pipeline.dvc_guard), so DVC refuses the second run before it touches anything.
 
-DVC writes the second run's `-S` values into params.yaml before it finds the first run holding the stage it
-needs; neither run's code is ours until then, so the workflow cannot refuse it first (docs/experiments.md,
-"One `dvc exp run` per workspace at a time"). Real DVC on a one-stage repository: the first run's stage waits
-for a file the test writes, so the second run meets it mid-stage whatever the machine's speed."""
+Real DVC. The first run's stage waits for a file the test writes, so the second run meets it mid-stage
+whatever the machine's speed."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
 
 import yaml
 
-from test_workflow import ENV, ROOT
+from test_workflow import ENV, copy_workflow
 
+# the stage of the first run: holds the workspace as the workflow's stage commands do, then waits for "go"
+STAGE = """import os, shutil, time
+from lenbatch_study.pipeline.dvc_guard import hold_workspace
+assert hold_workspace()
+open("started", "w").close()
+while not os.path.exists("go"):
+    time.sleep(0.05)
+shutil.copy("params.yaml", "out.yaml")
+"""
 DVC_YAML = """stages:
   s:
-    cmd: touch started && while [ ! -f go ]; do sleep 0.05; done && cp params.yaml out.yaml
+    cmd: python stage.py
     params:
     - a.x
     outs:
@@ -26,21 +37,21 @@ DVC_YAML = """stages:
 """
 
 
-def _git(work: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=work, env=ENV, check=True, capture_output=True)
+def _repo(work: Path) -> None:
+    for args in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"],
+                 ["dvc", "init", "-q"]):
+        subprocess.run(args, cwd=work, env=ENV, check=True, capture_output=True)
 
 
-def test_a_second_dvc_exp_run_in_one_workspace_fails_as_the_docs_say_and_git_checkout_restores_params(tmp_path):
+def test_a_second_dvc_exp_run_in_one_workspace_is_refused_up_front_and_the_first_completes(tmp_path):
     work = tmp_path / "ws"
     work.mkdir()
-    _git(work, "init", "-q")
-    _git(work, "config", "user.email", "t@t")
-    _git(work, "config", "user.name", "t")
-    subprocess.run(["dvc", "init", "-q"], cwd=work, env=ENV, check=True)
+    _repo(work)
     (work / "params.yaml").write_text("a:\n  x: 1\n")
     (work / "dvc.yaml").write_text(DVC_YAML)
-    _git(work, "add", "-A")
-    _git(work, "commit", "-qm", "init")
+    (work / "stage.py").write_text(STAGE)
+    subprocess.run(["git", "add", "-A"], cwd=work, env=ENV, check=True)
+    subprocess.run(["git", "commit", "-qm", "init"], cwd=work, env=ENV, check=True)
     first = subprocess.Popen(["dvc", "exp", "run", "-S", "a.x=2"], cwd=work, env=ENV, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:
@@ -50,20 +61,30 @@ def test_a_second_dvc_exp_run_in_one_workspace_fails_as_the_docs_say_and_git_che
         assert (work / "started").exists(), first.communicate()[0]
         second = subprocess.run(["dvc", "exp", "run", "-S", "a.x=3"], cwd=work, env=ENV, capture_output=True,
                                 text=True, timeout=120)
+        during = yaml.safe_load((work / "params.yaml").read_text())
     finally:
         (work / "go").touch()
         log = first.communicate(timeout=120)[0]
-    # as docs/experiments.md says: the second fails (the stage is busy), the first fails after it, and the
-    # workspace holds the refused run's values
-    assert second.returncode != 0 and "is busy" in second.stdout + second.stderr, second.stdout + second.stderr
-    assert first.returncode != 0, log
-    assert yaml.safe_load((work / "params.yaml").read_text()) == {"a": {"x": 3}}
-    # the way back the docs give: params.yaml as committed, then one run at a time
-    _git(work, "checkout", "--", "params.yaml")
-    assert yaml.safe_load((work / "params.yaml").read_text()) == {"a": {"x": 1}}
+    said = second.stdout + second.stderr
+    assert second.returncode != 0 and "'workspace' is busy" in said, said
+    assert "one experiment run at a time here" in said and "dvc exp run --queue" in said, said
+    assert during == {"a": {"x": 2}}  # the second run never wrote its a.x=3 (it did, before)
+    assert first.returncode == 0, log  # the first is undisturbed (it failed too, before)
+    assert yaml.safe_load((work / "out.yaml").read_text()) == {"a": {"x": 2}}
+    assert json.loads((work / ".dvc" / "tmp" / "exps" / "rwlock").read_text()).get("read", {}) == {}  # released
 
 
-def test_the_docs_describe_concurrent_experiment_runs():
-    text = (ROOT / "docs" / "experiments.md").read_text()
-    assert "One `dvc exp run` per workspace at a time" in text and "dvc queue start" in text
-    assert "git checkout -- params.yaml" in text
+def test_a_dvc_stage_command_of_the_workflow_holds_the_workspace_while_it_runs(tmp_path):
+    """The wiring: the workflow parsed under a DVC stage command (LENBATCH_STAGE_ONLY=1) takes the lock and
+    releases it as it exits; a plain `snakemake` takes none."""
+    work = copy_workflow(tmp_path)
+    _repo(work)
+    lock = work / ".dvc" / "tmp" / "exps" / "rwlock"
+    proc = subprocess.run(["snakemake", "-n", "--configfile", "configs/tiny.yaml"], cwd=work, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not lock.exists()
+    proc = subprocess.run(["snakemake", "-n", "--configfile", "configs/tiny.yaml"], cwd=work,
+                          env={**ENV, "LENBATCH_STAGE_ONLY": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert lock.exists() and json.loads(lock.read_text()).get("read", {}) == {}  # taken, then released at exit

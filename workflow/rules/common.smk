@@ -72,6 +72,13 @@ def cfg(stage):
 # upstream job on file times, and --rerun-triggers mtime keeps it off params it recorded elsewhere.
 STAGE_ONLY = os.environ.get("LENBATCH_STAGE_ONLY") == "1"
 
+# Under a DVC stage command (dvc repro, dvc exp run): while it runs, DVC itself refuses a second `dvc exp run`
+# in this workspace before that one writes its -S values into params.yaml (lenbatch_study.pipeline.dvc_guard)
+if STAGE_ONLY and workflow.is_main_process:
+    from lenbatch_study.pipeline.dvc_guard import hold_workspace
+
+    hold_workspace(what="a DVC stage of the workflow (snakemake)")
+
 
 def up(path):
     """An input path; ancient() under a DVC stage command (see STAGE_ONLY)."""
