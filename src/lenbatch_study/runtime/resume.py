@@ -112,4 +112,5 @@ def share_resume(setup: Any, runner: Optional[Any]
     return payload[0]["step"], payload[0]["samplers"], kept
 
 
-__all__ = ["check_resume_shape", "load_run_checkpoint", "partial_dir", "resume_point", "set_aside_and_start_afresh", "share_resume"]
+__all__ = ["check_resume_shape", "load_run_checkpoint", "partial_dir",
+           "resume_point", "set_aside_and_start_afresh", "share_resume"]
