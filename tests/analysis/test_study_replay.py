@@ -93,7 +93,8 @@ def test_lenbatch_plans_study_replay_writes_the_replay(tmp_path):
     written = json.loads((out / "replay.json").read_text())
     assert written["setting"]["samples"] == 20000 and len(written["rows"]) == 6
     assert (out / "replay.md").read_text() == sr.section(written, level=1)
-    assert sorted(p.name for p in out.iterdir()) == ["replay.json", "replay.md"]  # nothing else: not a plans run
+    # nothing else (not a plans run): the replay and the mark of the stage that wrote it
+    assert sorted(p.name for p in out.iterdir()) == ["lenbatch-output.json", "replay.json", "replay.md"]
 
 
 def test_plans_without_lengths_or_the_replay_names_the_flags(capsys):

@@ -91,3 +91,15 @@ def test_fits_is_the_greedy_packers_rule():
     for cur, nxt in zip(batches[:-1], batches[1:]):
         assert spec.fits(len(cur), int(X[cur].max()))
         assert not spec.fits(len(cur) + 1, int(max(X[cur].max(), X[nxt[0]])))
+
+
+def test_useful_tokens_beyond_ten_thousand_epochs_is_a_value_error_naming_the_setting():
+    """Issue 48.5: train.useful_tokens beyond the 10,000-epoch bound planned 10,000 epochs, then raised an
+    AssertionError; now a ValueError names the setting and its largest value before anything is planned."""
+    spec = spec_for("sorted")
+    most = 10_000 * int(X.sum())
+    with pytest.raises(ValueError, match=rf"useful_tokens \(train.useful_tokens\) is {most + 1:,}, more than "
+                                         rf"10,000 epochs of these 300 samples .*lower it to at most {most:,}"):
+        build_schedule(X, strategy="sorted", spec=spec, target_ranks=1, useful_tokens=most + 1)
+    sched = build_schedule(X[:3], strategy="sorted", spec=spec, target_ranks=1, useful_tokens=10_000 * int(X[:3].sum()))
+    assert sched[-1].epoch == 9_999  # the bound itself is reachable

@@ -208,6 +208,10 @@ def test_the_workflow_config_check_refuses_ranges_and_non_finite_numbers():
     ("stats", "histogram_bins", 10**9, ["stats.histogram_bins", "<= 1000000"]),
     ("batching", "max_batch_size", 10**12, ["batching.max_batch_size", "token_budget"]),
     ("batching", "token_budget", 10**12, ["batching.token_budget", "<= 16777216"]),
+    # issue 48.5: these validated and then forked a million processes or planned for days
+    ("plans", "epochs", 1_000_000, ["plans.epochs", "<= 1000", "every epoch plans every strategy"]),
+    ("data", "workers", 1_000_000, ["data.workers", "<= 512", "its own tokenizer"]),
+    ("train", "nproc", 1_000_000, ["train.nproc", "<= 256", "spread a larger run over train.nodes"]),
 ])
 def test_list_entries_and_huge_values_are_bounded_naming_the_setting(section, key, value, words):
     """Each of these passed the loader before and ended in a traceback or the OOM killer in its stage; the
@@ -221,6 +225,22 @@ def test_list_entries_and_huge_values_are_bounded_naming_the_setting(section, ke
     if key != "max_batch_size":  # a bound across two keys is the loader's alone
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(raw, yaml.safe_load(SCHEMA.read_text()))
+
+
+@pytest.mark.parametrize("strategies, words", [
+    (["random", "packed"], ["train.strategies lacks 'sorted'", "add sorted to the list"]),
+    (["sorted", "sorted"], ["train.strategies lists sorted more than once", "list each strategy once"]),
+    (["sorted", "packed", "random", "packed"], ["lists packed more than once"]),
+])
+def test_a_strategy_list_without_sorted_or_with_duplicates_is_refused(strategies, words):
+    """Issue 48.5: it passed `snakemake -n` and failed after profile and the trainings ran (then a reshape
+    traceback); now the loader, hence `snakemake -n` and every stage, refuses it first."""
+    raw = _raw()
+    raw["train"]["strategies"] = strategies
+    with pytest.raises(ValueError) as err:
+        params_from_dict(raw)
+    for word in words:
+        assert word in str(err.value), str(err.value)
 
 
 def test_params_yaml_describes_each_setting_with_its_declared_help():

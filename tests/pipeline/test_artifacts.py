@@ -20,7 +20,7 @@ import yaml
 
 from lenbatch_study.cli import main
 from lenbatch_study.pipeline.artifacts import bucket_edges, length_stats, plan_metrics, profile_grid, quality_result
-from lenbatch_study.pipeline.artifacts import tokenized, train_runs
+from lenbatch_study.pipeline.artifacts import interleave_timings, tokenized, train_runs
 from lenbatch_study.pipeline.artifacts.reading import ArtifactError
 
 from _tiny import ENV
@@ -257,6 +257,62 @@ def test_training_run_refused(tmp_path):
     (train / "packed" / "summary.json").write_text(json.dumps({"steps": 2}))
     refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "summary.json",
             "lacks 'useful_tokens_per_s', 'params'", "train/packed/summary.json")
+
+
+@pytest.mark.parametrize("where, value, problem", [
+    ("summary.json useful_tokens_per_s", -5, "useful_tokens_per_s=-5"),  # was reported as "error -136471%"
+    ("summary.json useful_tokens_per_s", 0, "useful_tokens_per_s=0"),
+    ("summary.json useful_tokens_per_s", float("nan"), "useful_tokens_per_s=nan"),
+    ("summary.json padding_efficiency", 7.5, "padding_efficiency=7.5 (above 1)"),
+    ("summary.json drafter_s_mean", float("inf"), "drafter_s_mean=inf"),
+    ("summary.json useful_tokens", -1, "useful_tokens=-1"),
+    ("steps.jsonl target_s", float("nan"), "line 3 target_s=nan"),
+    ("steps.jsonl useful_tokens", -14916, "line 3 useful_tokens=-14916"),
+    ("steps.jsonl useful_tokens", 0, "line 3 useful_tokens=0"),
+    ("steps.jsonl step", 2.5, "line 3 step=2.5 (not a whole number)"),
+])
+def test_a_training_run_with_numbers_no_run_measures_is_refused_naming_the_file(tmp_path, where, value, problem):
+    """Issue 48.4: compare trusted the trainings' numbers (a negative throughput became an error of -136471%).
+    On a copy of a real run (the committed results/train/sorted), one number made wrong at a time."""
+    train = tmp_path / "train"
+    shutil.copytree(REPO / "results" / "train" / "sorted", train / "sorted")
+    assert train_runs.read_run(train, "sorted")["summary"]["useful_tokens_per_s"] > 0
+    name, key = where.split()
+    path = train / "sorted" / name
+    if name == "summary.json":
+        doc = json.loads(path.read_text())
+        path.write_text(json.dumps({**doc, key: value}))
+    else:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rows[2][key] = value
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = refused(lambda: train_runs.read_run(train, "sorted"), path, problem, "train/sorted/summary.json")
+    assert "no run measures" in text or "no step measures" in text
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda st: st["packed"]["seconds"].__setitem__(1, float("nan")), "packed seconds[1]=nan (not finite seconds > 0)"),
+    (lambda st: st["packed"]["seconds"].__setitem__(0, 0.0), "packed seconds[0]=0.0"),
+    (lambda st: st["sorted"]["target_seconds"].__setitem__(2, -1.5), "sorted target_seconds[2]=-1.5"),
+    (lambda st: st["random"]["drafter_seconds"].__setitem__(0, float("inf")), "random drafter_seconds[0]=inf"),
+    (lambda st: st["random"]["useful_tokens"].__setitem__(0, -3), "random useful_tokens[0]=-3 (not token counts > 0)"),
+    (lambda st: st["bucketed"]["steps"].__setitem__(0, -1), "bucketed steps[0]=-1"),
+    (lambda st: st.pop("random"), "lacks strategy random (it holds sorted, bucketed, sortish, packed; "
+                                  "train.strategies lists sorted, random, bucketed, sortish, packed)"),
+])
+def test_interleave_timings_with_impossible_numbers_or_a_missing_strategy_are_refused(tmp_path, change, problem):
+    """Issue 48.4: NaN, 0, negative or infinite seconds (or negative tokens) in interleave.json put NaN and
+    Infinity into compare's metrics and report, exit 0, and a missing strategy lost its interleaved row
+    silently. On a copy of the committed results/interleave, one change at a time."""
+    d = Path(shutil.copytree(REPO / "results" / "interleave", tmp_path / "interleave"))
+    assert list(interleave_timings.read_timings(d)["strategies"]) == STRATEGIES
+    doc = json.loads((d / "interleave.json").read_text())
+    change(doc["strategies"])
+    (d / "interleave.json").write_text(json.dumps(doc))
+    refused(lambda: interleave_timings.read_timings(d), d / "interleave.json", problem,
+            "interleave/interleave.json")
+    if "lacks strategy" in problem:  # the list asked for wins over the params.json beside it
+        assert "random" not in interleave_timings.read_timings(d, strategies=["sorted", "packed"])["strategies"]
 
 
 def test_quality_result_refused(tmp_path):

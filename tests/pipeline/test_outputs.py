@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lenbatch_study.cli import main
-from lenbatch_study.pipeline.outputs import check_out, staged_output, writer_lock
+from lenbatch_study.pipeline.outputs import check_out, output_owner, staged_output, writer_lock
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD = ("import sys; from lenbatch_study.pipeline.outputs import writer_lock\n"
@@ -67,34 +67,82 @@ def test_staged_output_replaces_whole_keeps_only_hidden_files_and_survives_failu
         with staged_output(out, stage="test") as tmp:
             (tmp / "a.json").write_text("2")
             raise RuntimeError("killed half-way")
+    mark = (out / "lenbatch-output.json").read_text()
+    assert json.loads(mark) == {"stage": "test", "params_sha256": "6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b"}
     assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "1", "b.json": "1", "params.json": "1",
-                                                              ".gitignore": "/big\n"}
+                                                              ".gitignore": "/big\n", "lenbatch-output.json": mark}
     (tmp_path / ".stage.staging-1").mkdir()  # left by a killed writer
     with staged_output(out, stage="test") as tmp:
         (tmp / "a.json").write_text("3")
         (tmp / "params.json").write_text("3")
     # hidden files the new run did not write are carried over (hard links); the previous run's b.json is not:
     # the output holds only this run's files
-    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "3", "params.json": "3",
-                                                              ".gitignore": "/big\n"}
+    assert {p.name for p in out.iterdir()} == {"a.json", "params.json", ".gitignore", "lenbatch-output.json"}
+    assert (out / "a.json").read_text() == "3" and (out / ".gitignore").read_text() == "/big\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]
 
 
-def test_a_directory_that_is_not_a_stage_output_is_never_swapped_away(tmp_path, monkeypatch):
+def test_a_folder_that_is_not_a_stage_output_is_refused_untouched(tmp_path, monkeypatch):
     mine = tmp_path / "work"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    (mine / "stats.json").write_text("old")
-    with staged_output(mine, stage="test") as tmp:  # e.g. --out work, a folder of the user's
+    (mine / "params.json").write_text('{"dim": 4096}')  # a common name is no mark of a stage's output
+    ran = []
+    with pytest.raises(ValueError, match=r"already holds files that no lenbatch stage wrote \(notes.txt, params.json; "
+                       r"no lenbatch-output.json\).*pass a new or empty folder as --out"):
+        with staged_output(mine, stage="test") as tmp:
+            ran.append(tmp)
+    assert not ran  # refused before the stage ran
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {"notes.txt": "keep me", "params.json": '{"dim": 4096}'}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    (mine / "notes.txt").unlink()
+    (mine / "params.json").unlink()
+    (mine / ".hidden").write_text("carried over")  # only hidden entries: nothing is lost, they carry over
+    with staged_output(mine, stage="test") as tmp:
         (tmp / "stats.json").write_text("new")
-        (tmp / "params.json").write_text("{}")
-    assert {p.name: p.read_text() for p in mine.iterdir()} == {"notes.txt": "keep me", "stats.json": "new",
-                                                               "params.json": "{}"}
+    assert output_owner(mine) == "test" and (mine / ".hidden").read_text() == "carried over"
+    with pytest.raises(ValueError, match=r"holds the output of lenbatch test \(its lenbatch-output.json\), not of "
+                       r"lenbatch other.*pass another --out"):
+        with staged_output(mine, stage="other"):
+            pass
     monkeypatch.chdir(mine)
     with staged_output(".", stage="test") as tmp:  # --out . : the current directory stays where it is
         (tmp / "stats.json").write_text("newer")
     assert Path.cwd().samefile(mine) and (mine / "stats.json").read_text() == "newer"
-    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_a_checkpoint_folder_with_a_params_json_given_as_out_is_refused_and_keeps_its_weights(tmp_path, capsys):
+    """The probe of issue 48: a Meta-Llama checkpoint folder (it ships a params.json) as a stage's --out was
+    taken for an old output and replaced whole, exit 0, its weights deleted."""
+    ckpt = tmp_path / "m"
+    ckpt.mkdir()
+    (ckpt / "params.json").write_text('{"dim": 4096, "n_layers": 32}')
+    (ckpt / "consolidated.00.pth").write_bytes(np.random.default_rng(0).bytes(100_000))
+    before = _snapshot(ckpt)
+    lengths = tmp_path / "lengths.npy"
+    np.save(lengths, np.arange(10, 400, dtype=np.int32))
+    rc = main(["stats", "--params", str(REPO / "params.yaml"), "--lengths", str(lengths), "--out", str(ckpt)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert f"--out {ckpt} already holds files that no lenbatch stage wrote (consolidated.00.pth, params.json" in err
+    assert "pass a new or empty folder as --out" in err
+    assert _snapshot(ckpt) == before and sorted(p.name for p in tmp_path.iterdir()) == ["lengths.npy", "m"]
+    # a stage's own output is replaced; another stage's is refused
+    out = tmp_path / "stats"
+    args = ["stats", "--params", str(REPO / "params.yaml"), "--lengths", str(lengths), "--out", str(out)]
+    assert main(args) == 0 and main(args) == 0 and output_owner(out) == "stats"
+    assert json.loads((out / "lenbatch-output.json").read_text())["stage"] == "stats"
+    capsys.readouterr()
+    assert main(["boundaries", "--params", str(REPO / "params.yaml"), "--lengths", str(lengths), "--out", str(out)]) == 2
+    assert "holds the output of lenbatch stats" in capsys.readouterr().err
+
+
+def test_the_committed_results_are_recognised_as_stage_outputs():
+    """results/ was written before the mark: its params.json (lenbatch's resolved params, sections with exactly
+    their keys) is what recognises it, so `make run` replaces those folders; a foreign params.json is not."""
+    folders = [p.parent for p in (REPO / "results").rglob("params.json")]
+    assert len(folders) >= 13  # tokenize, stats, boundaries, plans, profile, train (5), quality, interleave, compare
+    assert all(output_owner(f) is not None for f in folders), [f for f in folders if output_owner(f) is None]
 
 
 def test_writer_lock_is_exclusive_across_processes_and_released_on_death(tmp_path):
@@ -189,3 +237,48 @@ def test_symlinked_out_is_one_folder_one_lock_and_commits_cleanly(tmp_path, caps
     assert main(args) == 0  # into a symlink to a previous output: the real folder gets the new output
     assert alias.is_symlink() and json.loads((real / "boundaries.json").read_text())["num_buckets"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alias", "lengths.npy", "real"]  # no staging left
+
+
+def test_the_lock_file_follows_the_umask_and_another_users_stale_lock_is_one_clear_line(tmp_path):
+    """Issue 48.6: the lock file was always 0644 while the outputs follow the umask, so another member of the
+    group met a PermissionError traceback at a stale lock (left by a killed run of the first user's)."""
+    import os
+    import shutil
+    import tempfile
+
+    show = ("import os, sys; os.umask(0o002); from lenbatch_study.pipeline.outputs import writer_lock\n"
+            "with writer_lock(sys.argv[1], stage='test') as p: print(oct(os.stat(p).st_mode & 0o777))")
+    proc = subprocess.run([sys.executable, "-c", show, str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0o664", proc.stderr[-2000:]
+    # a stale lock of another user's (root's 0644 file, met by nobody) or one this user may not open
+    shared = Path(tempfile.mkdtemp(prefix="lenbatch-lock-"))
+    try:
+        os.chmod(shared, 0o777)
+        lock = shared / ".out.lock"
+        lock.write_text("lenbatch stats, pid 1")
+        as_user: list[str] = []
+        if os.geteuid() == 0:
+            import pwd
+
+            if shutil.which("setpriv") is None:
+                pytest.skip("no setpriv command to run as nobody")
+            try:
+                nobody = pwd.getpwnam("nobody").pw_uid
+            except KeyError:
+                pytest.skip("no user 'nobody' to run as")
+            os.chmod(lock, 0o644)
+            as_user = ["setpriv", "--reuid", str(nobody), "--regid", str(nobody), "--clear-groups"]
+        else:
+            os.chmod(lock, 0o444)
+        take = ("import sys; from lenbatch_study.pipeline.outputs import writer_lock\n"
+                "try:\n    with writer_lock(sys.argv[1], stage='test'): pass\n"
+                "except ValueError as err:\n    print(err); sys.exit(2)")
+        proc = subprocess.run([*as_user, sys.executable, "-c", take, str(shared / "out")], capture_output=True,
+                              text=True)
+        if proc.returncode not in (0, 2) and "Permission" in proc.stderr and "lenbatch_study" in proc.stderr:
+            pytest.skip(f"that user cannot run this Python or read the project here: {proc.stderr[-300:]!r}")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+        assert f"its lock file {lock} belongs to user " in proc.stdout and f"rm {lock}" in proc.stdout, proc.stdout
+        assert lock.read_text() == "lenbatch stats, pid 1"  # nothing touched
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

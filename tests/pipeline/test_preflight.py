@@ -47,6 +47,9 @@ def test_bad_inputs_are_named_with_the_fix(tmp_path):
 @pytest.mark.parametrize("override, words", [
     ({"data": {"source": "data/chat.jsonl"}}, ["invalid input", "data.source 'data/chat.jsonl' does not exist"]),
     ({"profile": {"lengths": [128, 0]}}, ["invalid params", "profile.lengths", "0 at [1]"]),
+    ({"train": {"strategies": ["random", "packed"]}}, ["invalid params", "train.strategies lacks 'sorted'"]),
+    ({"train": {"strategies": ["sorted", "sorted"]}}, ["invalid params", "lists sorted more than once"]),
+    ({"train": {"nproc": 1_000_000}}, ["invalid params", "train.nproc", "<= 256"]),
 ])
 def test_the_workflow_refuses_a_bad_input_or_param_before_any_job(tmp_path, override, words):
     """`snakemake -n` with an overlay config: refused at parse time (exit 1, the setting named); no folder
@@ -58,4 +61,16 @@ def test_the_workflow_refuses_a_bad_input_or_param_before_any_job(tmp_path, over
     assert proc.returncode == 1, out
     for word in words:
         assert word in out, out
+    assert "rule tokenize" not in out and not (work / "results").exists()
+
+
+def test_the_workflow_refuses_a_key_given_twice_in_a_configfile(tmp_path):
+    """Issue 48.5: Snakemake's YAML loader kept the last of a key given twice in a --configfile (the stages
+    refuse it); the workflow now reads every config file with the stages' loader at parse time."""
+    work = copy_workflow(tmp_path)
+    (work / "dup.yaml").write_text("boundaries:\n  num_buckets: 4\n  num_buckets: 9\n")
+    proc = run(["snakemake", "-n", "--configfile", "configs/tiny.yaml", "dup.yaml"], cwd=work, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "invalid params:" in out and "dup.yaml: key 'num_buckets' is given twice (lines 2 and 3); keep one" in out
     assert "rule tokenize" not in out and not (work / "results").exists()

@@ -120,11 +120,13 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/runtime/interleave.py": {"interleave"},  # the interleaved measurement's schedule of turns
     "lenbatch_study/runtime/lifetime.py": {"profile", "train"},  # the profile's workers die with it too
     "lenbatch_study/runtime/interrupt.py": set(),  # the Snakefile's Ctrl-C handler, no stage's import
+    "lenbatch_study/pipeline/dvc_guard.py": set(),  # the Snakefile's hold on a DVC workspace, no stage's import
     "lenbatch_study/runtime/records.py": {"train"},
     "lenbatch_study/runtime/reference.py": {"profile", "train"},  # the drift-calibration step
     "lenbatch_study/runtime/resume.py": {"train"},  # the checkpoint a resume continues
     "lenbatch_study/runtime/runner.py": {"profile", "train", "interleave"},
     "lenbatch_study/runtime/stopping.py": {"train"},  # the stop a signal asks for
+    "lenbatch_study/runtime/early_stop.py": {"train"},  # a SIGUSR1 held while lenbatch train starts
     "lenbatch_study/runtime/transport.py": {"train"},
     # the commands beside the stages: no stage of the DAG
     "lenbatch_study/tools/readme.py": set(),

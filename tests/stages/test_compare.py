@@ -689,6 +689,7 @@ def _previous_output(out: Path) -> dict[str, bytes]:
     out.mkdir()
     (out / "params.json").write_text("{}\n")
     (out / "report.md").write_text("the previous report\n")
+    (out / "lenbatch-output.json").write_text('{"stage": "compare"}\n')  # a stage's output, so compare may replace it
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 

@@ -81,8 +81,8 @@ def real_runs(tmp_path_factory):
 
 def test_cli_on_the_real_corpus_writes_the_contract(real_runs, qwen):
     out = real_runs["a"]
-    assert sorted(p.name for p in out.iterdir()) == ["dataset", "lengths.npy", "params.json", "stats.json",
-                                                     "timings.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["dataset", "lenbatch-output.json", "lengths.npy", "params.json",
+                                                     "stats.json", "timings.json"]
     lengths = np.load(out / "lengths.npy")
     assert lengths.dtype == np.int32 and lengths.ndim == 1
     ds = datasets.load_from_disk(str(out / "dataset"))
@@ -131,7 +131,7 @@ def test_same_input_and_params_give_byte_identical_outputs(real_runs):
     for files in (a, b, c):
         files.pop("timings.json")  # seconds: the machine's, never compared
     assert set(a) == {"dataset/data-00000-of-00001.arrow", "dataset/dataset_info.json", "dataset/state.json",
-                      "lengths.npy", "params.json", "stats.json"}
+                      "lengths.npy", "lenbatch-output.json", "params.json", "stats.json"}
     assert a == b
     assert {k: v for k, v in c.items() if k.startswith(("dataset/", "lengths"))} == \
         {k: v for k, v in a.items() if k.startswith(("dataset/", "lengths"))}

@@ -53,7 +53,7 @@ def stage(tmp_path_factory, one_thread):
 
 def test_every_strategy_timed_in_turns_on_its_training_runs_own_steps(stage):
     doc, params, lengths = stage["doc"], stage["params"], stage["lengths"]
-    assert sorted(p.name for p in stage["out"].iterdir()) == ["interleave.json", "params.json"]
+    assert sorted(p.name for p in stage["out"].iterdir()) == ["interleave.json", "lenbatch-output.json", "params.json"]
     assert list(doc["strategies"]) == STRATEGIES and doc["rounds"] == 3 and doc["warmup"] == 1
     assert doc["clock"] == "cpu"  # auto on a CPU device with one thread: the process's CPU seconds
     assert doc["order"] == round_orders(STRATEGIES, 3)

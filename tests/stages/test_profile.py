@@ -162,6 +162,7 @@ def test_ctrl_c_midway_is_one_line_and_keeps_the_previous_output(tmp_path):
     out = tmp_path / "profile"
     out.mkdir()
     (out / "grid.json").write_text("previous\n")
+    (out / "lenbatch-output.json").write_text('{"stage": "profile"}\n')  # a previous output of profile's
     # Ctrl-C as at a terminal's foreground job: SIGINT at its default. A shell without job control starts a
     # background job (`make test &`) with SIGINT ignored, the stage inherits that and rightly keeps running.
     proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "profile", "--params", str(REPO / "params.yaml"),

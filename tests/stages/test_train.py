@@ -60,9 +60,15 @@ def _train_args(setup, strategy, out, *extra):
 
 
 def _torchrun(setup, strategy, out, *extra):
+    """A 2-process torchrun of the stage, in a temp folder of its own: it must leave nothing there (issue 48.6:
+    torchrun's agent left a torchelastic_* tree in $TMPDIR per training)."""
+    tmp = setup["root"] / "tmpdir"
+    tmp.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch_study",
            *_train_args(setup, strategy, out, *extra)]
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env={**ENV, "TMPDIR": str(tmp)}, capture_output=True, text=True, timeout=300)
+    assert not list(tmp.glob("torchelastic_*")), (list(tmp.iterdir()), proc.stderr[-2000:])
+    return proc
 
 
 def _steps(out):
@@ -207,6 +213,50 @@ def test_resume_sets_aside_a_checkpoint_from_other_params_and_starts_afresh(setu
     assert rc == 0 and len(aside) == 1 and aside[0].read_bytes() == ck
     assert "drafter.gamma" in err and str(aside[0]) in err and "training afresh" in err
     assert _complete_fresh_summary(out)["steps"] > 3
+
+
+def test_a_resume_in_another_shape_is_refused_at_the_start_and_keeps_the_checkpoint(setup, capsys):
+    """Issue 48.3: a resume across train.nproc 2 -> 1 (the same plan: nproc 1 plans as 2) trained every remaining
+    step, then died with KeyError 'stage_s' (exit 1, no summary), and the next --resume set the finished
+    checkpoint aside and trained from scratch. One run's throughput cannot mix a pipeline's steps with one
+    process's: the resume is refused before anything trains, naming the setting and both ways out."""
+    import shutil
+
+    from lenbatch_study.runtime.checkpoint import RunShapeError
+    from lenbatch_study.stages.train import train
+
+    out = setup["root"] / "shape_2_to_1"
+    first = _torchrun(setup, "sorted", out, "--max-steps", "3")  # train.nproc 2 (TINY)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(out)
+    capsys.readouterr()
+    rc = main(_train_args(setup, "sorted", out, "--resume", "--params-json", _cfg()))  # train.nproc 1
+    err = _err(capsys)
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert (f"checkpoint {out / 'checkpoint.pt'} was trained with train.nproc=2, train.nodes=1 but this run has "
+            "train.nproc=1, train.nodes=1") in err
+    assert "resume with train.nproc: 2 and train.nodes: 1, or to train afresh rerun without --resume" in err
+    assert _files(out) == before and not _set_aside(out) and not partial_dir(out).exists()
+    # the stage itself refuses it too (a torchrun started by hand skips the CLI's early look), never sets it aside
+    params = load_params("params.yaml", str(setup["params"]), _cfg())
+    with pytest.raises(RunShapeError, match="train.nproc=2, train.nodes=1 but this run has train.nproc=1"):
+        train(params=params, strategy="sorted", data=setup["data"], out=out, resume=True,
+              boundaries=str(setup["root"] / "boundaries.json"))
+    assert _files(out) == before and not _set_aside(out)
+    # 1 -> 2 with an interrupted run's checkpoint in the partial folder: refused before torchrun starts, and the
+    # way out under the workflow (which passes --resume when that folder holds a checkpoint) is named
+    other = setup["root"] / "shape_1_to_2"
+    assert main(_train_args(setup, "sorted", other, "--max-steps", "3", "--params-json", _cfg())) == 0
+    shutil.copytree(other, partial_dir(other))
+    kept = _files(partial_dir(other))
+    capsys.readouterr()
+    rc = main(_train_args(setup, "sorted", other, "--resume"))  # train.nproc 2: would start torchrun
+    err = _err(capsys)
+    assert rc == 2 and "was trained with train.nproc=1, train.nodes=1 but this run has train.nproc=2" in err, err
+    assert f"remove {partial_dir(other)} (the interrupted run's folder; {other} is not touched)" in err
+    assert "torch.distributed.run" not in err and _files(partial_dir(other)) == kept
+    assert main(_train_args(setup, "sorted", other, "--resume", "--params-json", _cfg(useful_tokens=20000))) == 0
+    assert json.loads((other / "summary.json").read_text())["resumed_from_step"] == 3  # the right shape resumes
 
 
 def test_schedule_continues_into_the_next_epoch(setup):

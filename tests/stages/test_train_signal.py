@@ -91,11 +91,12 @@ def _signal_tree(pid: int, sig: int) -> None:
             pass
 
 
-def _signalled(setup, out, shape, sig) -> tuple[int, str, int]:
+def _signalled(setup, out, shape, sig, *, alone: bool = False) -> tuple[int, str, int]:
     """Start the run, send ``sig`` to each of its processes (as SLURM signals every process of a job step)
     once it has logged SIGNAL_AFTER_ROWS steps; returns (exit code, its log, the rows logged when signalled).
     SIGINT goes to the run's process group, as Ctrl-C at a terminal sends it (torchrun's workers have
-    sessions of their own: it does not reach them)."""
+    sessions of their own: it does not reach them); with ``alone``, ``sig`` goes to the ``lenbatch train`` process
+    alone (``kill -<sig> <pid>``)."""
     proc = subprocess.Popen(_args(setup, out, shape), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     seen = 0
@@ -104,7 +105,10 @@ def _signalled(setup, out, shape, sig) -> tuple[int, str, int]:
         while time.monotonic() < deadline and proc.poll() is None:
             seen = len(_rows(partial_dir(out)))
             if seen >= SIGNAL_AFTER_ROWS:
-                os.killpg(proc.pid, sig) if sig == signal.SIGINT else _signal_tree(proc.pid, sig)
+                if alone:
+                    os.kill(proc.pid, sig)
+                else:
+                    os.killpg(proc.pid, sig) if sig == signal.SIGINT else _signal_tree(proc.pid, sig)
                 break
             time.sleep(0.05)
         log = proc.communicate(timeout=RUN_TIMEOUT)[0]
@@ -157,3 +161,44 @@ def test_a_signalled_run_checkpoints_stops_and_resumes_exactly(setup, shape, sig
     assert hashes == [r["batch_hash"] for r in whole] == planned_hashes(setup["lengths"], plan_of, "random", None, done)
     assert np.abs(np.array([r["loss"] for r in done]) - [r["loss"] for r in whole]).max() < 1e-6
     assert not (out / "stopped.json").exists() and not work.exists()
+
+
+def test_sigint_to_the_lenbatch_train_process_alone_stops_its_torchrun_at_a_step_boundary(setup):
+    """Issue 48.7: `kill -INT <pid>` of a `lenbatch train` that started torchrun (train.nproc 2) was ignored: the
+    training ran to its end, exit 0. Now it hands the interrupt to torchrun's agent (no terminal sent it there
+    too), which hands it to the workers: they stop at a step boundary with a checkpoint, as under Snakemake."""
+    whole = _uninterrupted(setup, (2, 1))
+    out = setup["root"] / "run_2x1_SIGINT_alone"
+    rc, log, seen = _signalled(setup, out, (2, 1), signal.SIGINT, alone=True)
+    rows = _rows(partial_dir(out))
+    assert rc == STOPPED_EXIT, log[-3000:]
+    assert f"stopped on SIGINT at step {len(rows)}, checkpoint written" in log and seen <= len(rows) < len(whole)
+    assert json.loads((partial_dir(out) / "stopped.json").read_text()) == {"signal": "SIGINT", "step": len(rows)}
+    assert (partial_dir(out) / "checkpoint.pt").exists() and not (out / "summary.json").exists()
+
+
+# SIGUSR1 delivered while the process imports torch (deterministic: from the import itself, not a timer)
+EARLY_USR1 = """import builtins, os, signal, sys
+real = builtins.__import__
+def hook(name, *args, **kwargs):
+    if name == "torch" and not getattr(hook, "sent", False):
+        hook.sent = True
+        os.kill(os.getpid(), signal.SIGUSR1)
+    return real(name, *args, **kwargs)
+builtins.__import__ = hook
+from lenbatch_study.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_sigusr1_while_lenbatch_train_starts_stops_it_at_its_first_step_boundary(setup):
+    """Issue 48.7: a SIGUSR1 in the first second (SLURM's --signal may come early) killed `lenbatch train` with
+    138, nothing saved, although docs/slurm.md said an early signal was ignored. `lenbatch train` now holds it
+    from its first line (before importing torch) and stops at its first step boundary with a checkpoint."""
+    out = setup["root"] / "early_USR1"
+    proc = subprocess.run([sys.executable, "-c", EARLY_USR1, *_args(setup, out, (1, 1))[3:]], env=ENV,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    rows = _rows(partial_dir(out))
+    assert proc.returncode == STOPPED_EXIT, (proc.returncode, proc.stderr[-3000:])
+    assert "stopped on SIGUSR1 at step 1, checkpoint written" in proc.stderr and len(rows) == 1
+    assert json.loads((partial_dir(out) / "stopped.json").read_text()) == {"signal": "SIGUSR1", "step": 1}

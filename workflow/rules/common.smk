@@ -6,7 +6,7 @@ import os
 import shlex
 
 from lenbatch.batching.strategy import STRATEGIES as KNOWN_STRATEGIES
-from lenbatch_study.core.config import params_from_dict, resolve_settings
+from lenbatch_study.core.config import params_from_dict, read_yaml, resolve_settings
 from lenbatch_study.pipeline import deps, registry
 from lenbatch_study.runtime.interrupt import install as install_sigint_forwarding
 
@@ -24,8 +24,12 @@ config.update(_resolved)
 R = str(config.pop("results_dir", "results")).rstrip("/")
 
 # Refuse a bad params file before anything runs: our loader names the key and the fix,
-# the JSON schema (generated from the same dataclasses) is Snakemake's own check.
+# the JSON schema (generated from the same dataclasses) is Snakemake's own check. Snakemake's YAML loader
+# keeps the last of a key given twice; the stages refuse it, so every config file is read again here with
+# theirs (params.yaml and each --configfile), and a key given twice stops the run as it stops a stage.
 try:
+    for _configfile in workflow.configfiles:
+        read_yaml(_configfile)
     PARAMS = params_from_dict(config, source="the workflow config (params.yaml and any --configfile/--config)")
 except ValueError as err:
     raise WorkflowError(f"invalid params: {err}")
@@ -100,6 +104,13 @@ def cfg(stage):
 # clone whose file times say nothing). Every input is then ancient(), so Snakemake never reruns an
 # upstream job on file times, and --rerun-triggers mtime keeps it off params it recorded elsewhere.
 STAGE_ONLY = os.environ.get("LENBATCH_STAGE_ONLY") == "1"
+
+# Under a DVC stage command (dvc repro, dvc exp run): while it runs, DVC itself refuses a second `dvc exp run`
+# in this workspace before that one writes its -S values into params.yaml (lenbatch_study.pipeline.dvc_guard)
+if STAGE_ONLY and workflow.is_main_process:
+    from lenbatch_study.pipeline.dvc_guard import hold_workspace
+
+    hold_workspace(what="a DVC stage of the workflow (snakemake)")
 
 
 def up(path):

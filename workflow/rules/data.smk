@@ -14,7 +14,7 @@ rule machine:
     benchmark:
         f"{BENCH}/machine.tsv"
     shell:
-        "lenbatch machine --out {params.out} > {log} 2>&1"
+        "lenbatch machine --out {params.out:q} > {log:q} 2>&1"
 
 
 # The data source's identity (lenbatch_study.corpus.identity), tokenize's input: common.smk rewrites it as
@@ -32,7 +32,7 @@ rule source:
     benchmark:
         f"{BENCH}/source.tsv"
     shell:
-        "lenbatch source --params params.yaml --params-json {params.cfg} --out {params.out} > {log} 2>&1"
+        "lenbatch source --params params.yaml --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule tokenize:
@@ -49,7 +49,7 @@ rule tokenize:
     benchmark:
         f"{BENCH}/tokenize.tsv"
     shell:
-        "lenbatch tokenize --params params.yaml --params-json {params.cfg} --out {params.out} > {log} 2>&1"
+        "lenbatch tokenize --params params.yaml --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule stats:
@@ -65,5 +65,5 @@ rule stats:
     benchmark:
         f"{BENCH}/stats.tsv"
     shell:
-        "lenbatch stats --params params.yaml --params-json {params.cfg} --lengths {input.lengths} "
-        "--out {params.out} > {log} 2>&1"
+        "lenbatch stats --params params.yaml --params-json {params.cfg} --lengths {input.lengths:q} "
+        "--out {params.out:q} > {log:q} 2>&1"

@@ -11,8 +11,8 @@ rule boundaries:
     benchmark:
         f"{BENCH}/boundaries.tsv"
     shell:
-        "lenbatch boundaries --params params.yaml --params-json {params.cfg} --lengths {input.lengths} "
-        "--out {params.out} > {log} 2>&1"
+        "lenbatch boundaries --params params.yaml --params-json {params.cfg} --lengths {input.lengths:q} "
+        "--out {params.out:q} > {log:q} 2>&1"
 
 
 rule plans:
@@ -28,5 +28,5 @@ rule plans:
     benchmark:
         f"{BENCH}/plans.tsv"
     shell:
-        "lenbatch plans --params params.yaml --params-json {params.cfg} --lengths {input.lengths} "
-        "--boundaries {input.boundaries} --out {params.out} > {log} 2>&1"
+        "lenbatch plans --params params.yaml --params-json {params.cfg} --lengths {input.lengths:q} "
+        "--boundaries {input.boundaries:q} --out {params.out:q} > {log:q} 2>&1"

@@ -11,7 +11,7 @@ rule quality:
     params:
         cfg=cfg("quality"),
         r=R,
-        boundaries=lambda wc, input: f"--boundaries {input.boundaries}" if input.boundaries else "",
+        boundaries=lambda wc, input: f"--boundaries {shlex.quote(str(input.boundaries))}" if input.boundaries else "",
     threads: config["quality"]["threads"]
     resources:
         gpu=1 if config["train"]["device"] == "cuda" else 0,
@@ -21,5 +21,5 @@ rule quality:
     benchmark:
         f"{BENCH}/quality.tsv"
     shell:
-        "lenbatch quality --params params.yaml --params-json {params.cfg} --data {params.r}/tokenize "
-        "{params.boundaries} --out {params.r}/quality > {log} 2>&1"
+        "lenbatch quality --params params.yaml --params-json {params.cfg} --data {params.r:q}/tokenize "
+        "{params.boundaries} --out {params.r:q}/quality > {log:q} 2>&1"

@@ -32,7 +32,7 @@ rule profile:
     benchmark:
         f"{BENCH}/profile.tsv"
     shell:
-        "lenbatch profile --params params.yaml --params-json {params.cfg} --out {params.out} > {log} 2>&1"
+        "lenbatch profile --params params.yaml --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule interleave:
@@ -56,8 +56,8 @@ rule interleave:
     benchmark:
         f"{BENCH}/interleave.tsv"
     shell:
-        "lenbatch interleave --params params.yaml --params-json {params.cfg} --data {params.data} "
-        "--boundaries {input.boundaries} --out {params.out} > {log} 2>&1"
+        "lenbatch interleave --params params.yaml --params-json {params.cfg} --data {params.data:q} "
+        "--boundaries {input.boundaries:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule train:
@@ -78,7 +78,7 @@ rule train:
         nodes=_NODES,
         data=f"{R}/tokenize",
         out=lambda wc: f"{R}/train/{wc.strategy}",
-        boundaries=lambda wc, input: f"--boundaries {input.boundaries}" if input.boundaries else "",
+        boundaries=lambda wc, input: f"--boundaries {shlex.quote(str(input.boundaries))}" if input.boundaries else "",
     threads: _NODES * config["train"]["nproc"] * config["train"]["threads"]  # a SLURM job: cpus_per_task per node
     resources:
         gpu=_gpus(config["train"]["nproc"]),
@@ -90,8 +90,8 @@ rule train:
     benchmark:
         f"{BENCH}/train/{{strategy}}.tsv"
     shell:
-        "out={params.out}; work=$(dirname $out)/.$(basename $out).partial; resume=; "
-        "if [ -f $work/checkpoint.pt ]; then resume=--resume; fi; "
+        "out={params.out:q}; work=\"$(dirname \"$out\")/.$(basename \"$out\").partial\"; resume=; "
+        "if [ -f \"$work/checkpoint.pt\" ]; then resume=--resume; fi; "
         "prefix=; rdzv=\"--standalone --nnodes 1 --nproc_per_node $(({params.nodes} * {params.nproc}))\"; "
         # under SLURM with several nodes: one torchrun per node at the first node's address (its NodeAddr, which
         # may differ from its name), on a port of this job's own (trainings may share a node)
@@ -106,11 +106,11 @@ rule train:
         # torchrun's agent ignores SIGUSR1 (it would die of it and take its workers along): a stop signal is the
         # workers', which checkpoint at a step boundary and exit 75 (lenbatch_study.runtime.stopping)
         "rc=0; $prefix sh -c 'trap \"\" USR1; exec \"$@\"' sh torchrun $rdzv -m lenbatch_study train "
-        "--params params.yaml --params-json {params.cfg} --strategy {wildcards.strategy} "
-        "--data {params.data} {params.boundaries} --out $out $resume > {log} 2>&1 || rc=$?; "
+        "--params params.yaml --params-json {params.cfg} --strategy {wildcards.strategy:q} "
+        "--data {params.data:q} {params.boundaries} --out \"$out\" $resume > {log:q} 2>&1 || rc=$?; "
         # stopped on SIGUSR1 (sbatch --signal=USR1@<secs>, ahead of the time limit) under SLURM: the job requeues
         # itself and, started again, resumes from that checkpoint (docs/slurm.md "Stopping ahead of the time
         # limit"); it waits here to be ended by the requeue, so that Snakemake records no failed attempt
-        "if [ $rc -ne 0 ] && [ -n \"${{SLURM_JOB_ID:-}}\" ] && grep -qs SIGUSR1 $work/stopped.json; then "
-        "echo \"train: stopped on SIGUSR1: requeueing SLURM job $SLURM_JOB_ID\" >> {log}; "
-        "if scontrol requeue \"$SLURM_JOB_ID\" >> {log} 2>&1; then sleep 600; fi; fi; exit $rc"
+        "if [ $rc -ne 0 ] && [ -n \"${{SLURM_JOB_ID:-}}\" ] && grep -qs SIGUSR1 \"$work/stopped.json\"; then "
+        "echo \"train: stopped on SIGUSR1: requeueing SLURM job $SLURM_JOB_ID\" >> {log:q}; "
+        "if scontrol requeue \"$SLURM_JOB_ID\" >> {log:q} 2>&1; then sleep 600; fi; fi; exit $rc"

@@ -129,6 +129,10 @@ def cluster_steps(steps: Sequence[ScheduledStep], *, nodes: int,
     return [[p[c] if c < len(p) else None for p in per_node] for c in range(n)]
 
 
+# the longest schedule build_schedule plans, in epochs of the whole data set
+_MAX_EPOCHS = 10_000
+
+
 def build_schedule(lengths: np.ndarray, *, strategy: str, target_ranks: int, spec: Optional[BatchSpec] = None,
                    params: Any = None, edges: Any = None, useful_tokens: Optional[int] = None,
                    max_steps: Optional[int] = None) -> Schedule:
@@ -144,6 +148,12 @@ def build_schedule(lengths: np.ndarray, *, strategy: str, target_ranks: int, spe
         raise ValueError("build_schedule needs a stop: pass useful_tokens= (train.useful_tokens) or max_steps=")
     target_ranks = check_int("target_ranks", target_ranks, minimum=1)
     x = check_plan(lengths, strategy=strategy, spec=spec)
+    per_epoch = int(x.sum())  # every epoch trains every sample once
+    if useful_tokens is not None and max_steps is None and useful_tokens > _MAX_EPOCHS * per_epoch:
+        # refused before planning: the loop below would plan 10,000 epochs first
+        raise ValueError(f"useful_tokens (train.useful_tokens) is {useful_tokens:,}, more than {_MAX_EPOCHS:,} epochs "
+                         f"of these {x.size:,} samples ({per_epoch:,} useful tokens an epoch); lower it to at most "
+                         f"{_MAX_EPOCHS * per_epoch:,} or train on more data")
     steps: list[ScheduledStep] = []
     done, epoch = 0, 0
     while True:
@@ -156,5 +166,6 @@ def build_schedule(lengths: np.ndarray, *, strategy: str, target_ranks: int, spe
                                                                           and len(steps) >= max_steps):
                 return Schedule(steps, lengths=x, strategy=strategy, spec=spec, target_ranks=target_ranks)
         epoch += 1
-        if epoch > 10_000:  # invariant: every epoch trains every sample once, so this cannot happen
-            raise AssertionError("schedule did not reach train.useful_tokens")
+        if epoch > _MAX_EPOCHS:  # only with max_steps: useful_tokens beyond the bound is refused above
+            raise ValueError(f"the schedule reached {_MAX_EPOCHS:,} epochs before max_steps={max_steps:,} or "
+                             f"useful_tokens (train.useful_tokens); lower them")

@@ -15,8 +15,22 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from lenbatch_study.cli.flags import FLAGS
-from lenbatch_study.pipeline.registry import COMMANDS
+from typing import Any
+
+# the command table and every command's flags (heavy imports) are loaded in main(), after `lenbatch train` has
+# started holding a stop signal (lenbatch_study.runtime.early_stop); as attributes they load on first use
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FLAGS":
+        from lenbatch_study.cli.flags import FLAGS
+
+        return FLAGS
+    if name == "COMMANDS":
+        from lenbatch_study.pipeline.registry import COMMANDS
+
+        return COMMANDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -44,6 +58,8 @@ def _missing_extra(name: str, err: ModuleNotFoundError) -> int:
 
 
 def _top_parser() -> argparse.ArgumentParser:
+    from lenbatch_study.pipeline.registry import COMMANDS
+
     def group(title: str, stage: bool) -> str:
         return title + ":\n" + "\n".join(f"  {name:<16}{cmd.help}" for name, cmd in COMMANDS.items()
                                          if (cmd.stage is not None) == stage)
@@ -77,6 +93,13 @@ def _input_paths(args: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # before anything slow: a SIGUSR1 from now on stops the run at a step boundary
+        from lenbatch_study.runtime.early_stop import hold
+
+        hold()
+    from lenbatch_study.cli.flags import FLAGS
+    from lenbatch_study.pipeline.registry import COMMANDS
+
     top = _top_parser()
     if not argv or argv[0] in ("-h", "--help"):
         top.print_help()
@@ -100,8 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lenbatch_study.pipeline.outputs import check_out
 
             # the folder the stage really writes: symlinks resolved (one lock per real folder), and never
-            # one of its inputs, an empty path (the current folder) or a mount point
-            args.out = str(check_out(args.out, inputs=_input_paths(args)))
+            # one of its inputs, an empty path (the current folder), a mount point or a folder that is not an
+            # output of this stage (it would be replaced whole: refused before anything runs)
+            args.out = str(check_out(args.out, inputs=_input_paths(args), stage=name))
         if COMMANDS[name].staged and getattr(args, "out", None):
             from lenbatch_study.pipeline.outputs import staged_output
 

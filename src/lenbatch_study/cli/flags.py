@@ -432,6 +432,10 @@ def _train(args: argparse.Namespace) -> int:
     overrides = {"train": {"useful_tokens": args.useful_tokens}} if args.useful_tokens is not None else {}
     params = params_from_args(args, overrides)
     stage.check_request(strategy=args.strategy, max_steps=args.max_steps)
+    if args.resume:  # another train.nproc/nodes than the checkpoint's run: refused before torchrun starts
+        from lenbatch_study.runtime.resume import check_resume_shape
+
+        check_resume_shape(Path(args.out), params, checkpoint=CHECKPOINT)
     nproc = stage.launcher_processes(params)
     if nproc:
         from lenbatch_study.runtime.lifetime import children, parent_death_signal
@@ -476,12 +480,19 @@ def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal
         for worker in children(proc.pid) if proc is not None else ():
             os.kill(worker, signal.SIGTERM)
 
-    # Ctrl-C reaches this process and the agent alike (one process group): the agent stops the workers, and
-    # this one waits for its exit code rather than leaving with a traceback (its death would signal the agent
-    # a second time, mid-shutdown)
+    # Ctrl-C at a terminal reaches this process and the agent alike (one process group): the agent stops the
+    # workers, and this one waits for its exit code rather than leaving with a traceback (its death would signal
+    # the agent a second time, mid-shutdown). A SIGINT sent to this process alone (kill -INT <pid>, no terminal's)
+    # is handed to the agent, which hands it to its workers: they stop at a step boundary with a checkpoint
+    from lenbatch_study.runtime.interrupt import in_terminal_foreground
+
+    def pass_on_interrupt(*_: Any) -> None:
+        if proc is not None and not in_terminal_foreground():
+            os.kill(proc.pid, signal.SIGINT)
+
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, hand_on),
-                signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+                signal.SIGINT: signal.signal(signal.SIGINT, pass_on_interrupt)}
     try:
         proc = subprocess.Popen(cmd, preexec_fn=start)
         rc = proc.wait()

@@ -55,7 +55,10 @@ class DataConfig:
     overflow: Literal["truncate", "drop", "error"] = _f(
         "truncate", "what to do with a sample longer than max_len: truncate it, drop it (counted), or stop")
     limit: Optional[int] = _f(None, "read at most this many conversations (null: all)", minimum=1)
-    workers: int = _f(2, "processes that encode in parallel", minimum=1)
+    # bounded: each worker is a process holding a tokenizer (1,000,000 forked until the machine gave out)
+    workers: int = _f(2, "processes that encode in parallel", minimum=1, maximum=512,
+                      why="each is a process holding its own tokenizer; more than the machine's cores only adds "
+                          "memory")
     on_bad_record: Literal["error", "skip"] = _f(
         "error", "a record with neither schema, an unknown role or text that does not decode: stop with an "
         "error naming file and record, or skip it (counted per reason in stats.json)")
@@ -108,7 +111,10 @@ class BatchingConfig:
 
 @dataclass(frozen=True)
 class PlansConfig:
-    epochs: int = _f(3, "epochs simulated per strategy (diversity compares epoch e with e+1)", minimum=2)
+    # bounded: every epoch plans every strategy over the whole data set (1,000,000 ran for days)
+    epochs: int = _f(3, "epochs simulated per strategy (diversity compares epoch e with e+1)", minimum=2,
+                     maximum=1000, why="every epoch plans every strategy over the whole data set; diversity "
+                                       "needs two")
 
     def __post_init__(self) -> None:
         if self.epochs < 2:
@@ -180,8 +186,10 @@ class DrafterConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     strategies: tuple[str, ...] = _f(STRATEGIES, "strategies trained and compared")
+    # bounded: torchrun starts nproc processes on one node (1,000,000 forked until the machine gave out)
     nproc: int = _f(2, "torchrun processes: nproc - 1 target ranks and 1 drafter rank (1 = single process)",
-                    minimum=1)
+                    minimum=1, maximum=256, why="processes per node: one per GPU, or a few cores each on CPU; "
+                                                "spread a larger run over train.nodes")
     nodes: int = _f(1, "machines training one drafter together: nproc processes per node (nproc - 1 target ranks "
                     "and 1 drafter rank each), the plan sharded over every node's target ranks, the drafters' "
                     "gradients all-reduced (nodes x nproc processes in all)", minimum=1)
@@ -204,6 +212,14 @@ class TrainConfig:
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
             raise ValueError(f"train.strategies has unknown {unknown}; choose from {list(STRATEGIES)}")
+        twice = sorted({s for s in self.strategies if self.strategies.count(s) > 1})
+        if twice:
+            raise ValueError(f"train.strategies lists {', '.join(twice)} more than once ({list(self.strategies)}); "
+                             "list each strategy once")
+        if "sorted" not in self.strategies:  # found only after profile and the trainings ran, before
+            raise ValueError(f"train.strategies lacks 'sorted' ({list(self.strategies)}), the baseline every ratio "
+                             "is taken to (interleave and compare measure each strategy against it); add sorted "
+                             "to the list")
         _positive("train", nproc=self.nproc, nodes=self.nodes, useful_tokens=self.useful_tokens,
                   queue_size=self.queue_size, threads=self.threads)
         if self.nodes > 1 and self.nproc < 2:
@@ -369,7 +385,8 @@ def _check_range(where: str, value: Any, meta: Any) -> None:
     if "minimum" in meta and value < meta["minimum"]:
         raise ValueError(f"{where} is {value} but must be >= {meta['minimum']}; set it in range")
     if "maximum" in meta and value > meta["maximum"]:
-        raise ValueError(f"{where} is {value} but must be <= {meta['maximum']}; set it in range")
+        why = f" ({meta['why']})" if "why" in meta else ""
+        raise ValueError(f"{where} is {value} but must be <= {meta['maximum']}{why}; set it in range")
     if "exclusive_minimum" in meta and value <= meta["exclusive_minimum"]:
         raise ValueError(f"{where} is {value} but must be > {meta['exclusive_minimum']}; set it in range")
 

@@ -15,9 +15,13 @@ Two mechanisms every stage shares:
   left by a kill is removed by the next writer (by its exact name). Hidden entries of the previous
   directory that the new run does not write (``.gitignore`` written by DVC, say) are carried over by
   hard links; any other file of the previous run goes with it, so the output holds only this run's files. Cost: one
-  directory rename; the old copy is deleted after. A directory that is not a previous stage output
-  (no ``params.json`` but other files, or the current directory) is never swapped away: the new
-  entries replace the old ones one by one instead.
+  directory rename; the old copy is deleted after. The current directory (``--out .``) is never swapped
+  away: the new entries replace the old ones one by one instead.
+* :func:`check_replaceable` -- only a stage's own output is ever replaced. Every commit writes
+  ``lenbatch-output.json`` (the stage's name and the sha256 of its ``params.json``) into the output; an
+  existing folder holding anything but hidden files and no such mark of this stage is refused before the
+  stage runs, and nothing in it is touched. A common file name is no proof (Meta-Llama checkpoint folders hold a
+  ``params.json``): see :func:`output_owner` for the one fallback, outputs written before the mark.
 
 * :func:`check_out` -- what ``--out`` may be (not empty, not an input of the stage, no mount point at or
   inside it), resolved through symlinks so the lock is one per real folder.
@@ -40,6 +44,8 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -48,7 +54,7 @@ from pathlib import Path
 from typing import Optional
 
 from lenbatch.log import get_logger
-from lenbatch_study.pipeline.artifacts.writing import PARAMS
+from lenbatch_study.pipeline.artifacts.writing import MARKER, PARAMS
 
 log = get_logger("outputs")
 
@@ -139,6 +145,20 @@ def lock_path(out: str | Path) -> Path:
     return out.parent / f".{out.name}.lock"
 
 
+def _owner(path: Path) -> str:
+    """The user who owns ``path`` (their name, or ``uid N``)."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return "another user"
+    try:
+        import pwd
+
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
 @contextlib.contextmanager
 def writer_lock(out: str | Path, *, stage: str) -> Iterator[Path]:
     """Hold the one-writer lock of ``out`` for the ``with`` body; ``ValueError`` if another process holds it."""
@@ -146,7 +166,17 @@ def writer_lock(out: str | Path, *, stage: str) -> Iterator[Path]:
     path = lock_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # 0o666 less the umask, as every file the stage writes: a group that shares the outputs shares the lock
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError as err:
+            if not path.exists():
+                raise ValueError(f"{out}: cannot create its lock file {path} ({err.strerror}): {path.parent} is not "
+                                 "writable by this user; fix its permissions or pass another --out") from None
+            owner = _owner(path)
+            raise ValueError(f"{out}: its lock file {path} belongs to {owner} and this user may not open it (left by "
+                             f"a run of theirs that was killed, or one still writing {out}); if no run of theirs "
+                             f"writes {out}, remove it (rm {path}) or ask them to; or pass another --out") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -210,13 +240,14 @@ def _mount_points() -> list[Path]:
     return [Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])) for line in lines]
 
 
-def check_out(out: str | Path, *, inputs: Sequence[str | Path] = ()) -> Path:
+def check_out(out: str | Path, *, inputs: Sequence[str | Path] = (), stage: Optional[str] = None) -> Path:
     """The real folder a stage may write for ``--out out``; ``ValueError`` naming the flag and the fix otherwise.
 
     Refused: an empty value; a dangling symlink; a path under a file; a folder that is, lies inside or
     contains one of ``inputs`` (the stage's input files and folders: replacing the folder would replace
     them); a mount point, or a folder with a mount point inside (the previous output is deleted after the
-    swap, which would empty the mounted file system); a parent folder this process cannot write.
+    swap, which would empty the mounted file system); a parent folder this process cannot write; with
+    ``stage``, an existing folder that is not an output of that stage (:func:`check_replaceable`).
     Symlinks are resolved, so the writer lock (keyed on the returned path) admits one writer per real
     folder whatever names lead to it. Cost: one read of /proc/self/mountinfo and a few stats.
     """
@@ -249,7 +280,73 @@ def check_out(out: str | Path, *, inputs: Sequence[str | Path] = ()) -> Path:
     if mounts:
         raise ValueError(f"--out {out} is or contains the mount point {mounts[0]}: replacing the folder would "
                          "empty that file system; pass another --out")
+    if stage is not None:
+        check_replaceable(real, stage=stage)
     return real
+
+
+def _legacy_output(folder: Path) -> bool:
+    """Whether ``folder`` is a stage's output written before the mark existed (the committed results/): its
+    ``params.json`` is what :func:`lenbatch_study.pipeline.artifacts.writing.write_resolved` writes, a
+    non-empty mapping of params sections each holding exactly that section's keys. Only that function writes
+    this shape (dozens of lenbatch's own key names, nested as its sections); a foreign ``params.json``
+    (Meta-Llama's ``{"dim": 4096, ...}``) has other keys and is refused."""
+    from lenbatch_study.core.config import Params
+
+    try:
+        doc = json.loads((folder / PARAMS).read_text())
+    except (OSError, ValueError):
+        return False
+    sections = Params().to_dict()
+    return isinstance(doc, dict) and bool(doc) and all(
+        name in sections and isinstance(keys, dict) and set(keys) == set(sections[name]) for name, keys in doc.items())
+
+
+def output_owner(folder: str | Path) -> Optional[str]:
+    """The stage whose output ``folder`` is: the ``stage`` its mark names; ``""`` for an output written before
+    the mark (:func:`_legacy_output`: a stage, which one is not recorded); None when it is no stage's."""
+    folder = Path(folder)
+    try:
+        mark = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        mark = None
+    if isinstance(mark, dict) and isinstance(mark.get("stage"), str) and mark["stage"]:
+        return str(mark["stage"])
+    return "" if _legacy_output(folder) else None
+
+
+def check_replaceable(out: str | Path, *, stage: str) -> None:
+    """Refuse (``ValueError`` naming ``--out`` and the fix) an existing folder ``out`` that a run of ``stage``
+    would replace but that is not an output of ``stage``: it holds something besides hidden entries (which
+    carry over into the new output) and neither this stage's mark nor, before the mark existed, lenbatch's own
+    ``params.json`` (:func:`output_owner`). Nothing is touched either way. Cost: one listing, two small reads."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    try:
+        visible = sorted(e.name for e in os.scandir(out) if not e.name.startswith("."))
+    except OSError as err:
+        raise ValueError(f"--out {out} cannot be listed ({err.strerror}); fix its permissions or pass another "
+                         "--out") from None
+    if not visible:
+        return
+    owner = output_owner(out)
+    if owner is None:
+        shown = ", ".join(visible[:4]) + (", ..." if len(visible) > 4 else "")
+        raise ValueError(f"--out {out} already holds files that no lenbatch stage wrote ({shown}; no {MARKER}): "
+                         f"lenbatch {stage} replaces its --out whole and would delete them, so nothing was "
+                         "written; pass a new or empty folder as --out")
+    if owner and owner != stage:
+        raise ValueError(f"--out {out} holds the output of lenbatch {owner} (its {MARKER}), not of lenbatch "
+                         f"{stage}: writing there would replace it, so nothing was written; pass another --out")
+
+
+def _mark(tmp: Path, stage: str) -> None:
+    """Write ``tmp``'s mark: the stage and the sha256 of the ``params.json`` it wrote (same bytes for the same
+    params, so a deterministic stage's output stays byte for byte the same)."""
+    params = tmp / PARAMS
+    digest = hashlib.sha256(params.read_bytes()).hexdigest() if params.is_file() else None
+    (tmp / MARKER).write_text(json.dumps({"params_sha256": digest, "stage": stage}, indent=2) + "\n")
 
 
 @contextlib.contextmanager
@@ -262,6 +359,7 @@ def staged_output(out: str | Path, *, stage: str) -> Iterator[Path]:
     with writer_lock(out, stage=stage):
         for stale in _staging_dirs(out):  # left by a killed writer; we hold the lock, so nobody uses them
             shutil.rmtree(stale, ignore_errors=True)
+        check_replaceable(out, stage=stage)  # before the stage runs: a folder not ours is refused untouched
         tmp = out.parent / f".{out.name}.staging-{os.getpid()}"
         tmp.mkdir()
         try:
@@ -273,7 +371,7 @@ def staged_output(out: str | Path, *, stage: str) -> Iterator[Path]:
                 raise write_error(refused, path=tmp, then=f"{out} keeps its previous output; rerun the "
                                   "stage after that") from None
             raise
-        _commit(tmp, out)
+        _commit(tmp, out, stage=stage)
 
 
 def _link_copy(src: Path, dst: Path) -> None:
@@ -293,7 +391,7 @@ def _link_copy(src: Path, dst: Path) -> None:
 
 
 def _replace_entries(tmp: Path, out: Path, *, keep: Optional[str] = None) -> None:
-    """Fallback for a directory that is not a stage's output: move each new entry over the old one.
+    """For the current directory (which cannot be swapped away): move each new entry over the old one.
 
     An entry the file system refuses to replace stops the commit with :func:`write_error` naming it; the
     entries before it (in name order) are already the new ones, those from it on the previous ones."""
@@ -318,7 +416,7 @@ def _replace_entries(tmp: Path, out: Path, *, keep: Optional[str] = None) -> Non
             refused = write_failure(err, written=(tmp, out))
             if refused is None:
                 raise
-            now = f" ({', '.join(done)} already replaced: {out} is not a stage's output, so it is updated entry " \
+            now = f" ({', '.join(done)} already replaced: {out} is the current folder, so it is updated entry " \
                   "by entry)" if done else ""
             raise write_error(refused, path=dst, then=f"{dst} and the rest of {out} are as they were{now}; "
                               "rerun the stage after that") from None
@@ -342,12 +440,13 @@ def _remove_previous(old: Path) -> None:
                     old, "; ".join(failed[:3]))
 
 
-def commit_staged(tmp: Path, out: Path, *, then: str = "rerun the stage after that") -> None:
-    """Put the complete folder ``tmp`` in place of ``out`` as :func:`staged_output` does (caller holds the lock).
+def commit_staged(tmp: Path, out: Path, *, stage: str, then: str = "rerun the stage after that") -> None:
+    """Put the complete folder ``tmp`` in place of ``out`` as :func:`staged_output` does (caller holds the lock),
+    marked as ``stage``'s output.
 
     A commit the file system refuses keeps ``tmp`` (it holds a complete run) and raises :func:`write_error`
     ending in ``then`` (how the caller's rerun picks ``tmp`` up)."""
-    _commit(Path(tmp).absolute(), Path(out).absolute(), keep=then)
+    _commit(Path(tmp).absolute(), Path(out).absolute(), stage=stage, keep=then)
 
 
 def _refused_commit(err: OSError, tmp: Path, out: Path, keep: Optional[str]) -> ValueError:
@@ -362,8 +461,13 @@ def _refused_commit(err: OSError, tmp: Path, out: Path, keep: Optional[str]) -> 
     return write_error(refused, path=out, then=f"{out} keeps its previous output; {then}")
 
 
-def _commit(tmp: Path, out: Path, *, keep: Optional[str] = None) -> None:
-    """Swap ``tmp`` in for ``out`` (module doc); ``keep``: see :func:`_refused_commit`."""
+def _commit(tmp: Path, out: Path, *, stage: str, keep: Optional[str] = None) -> None:
+    """Mark ``tmp`` as ``stage``'s output and swap it in for ``out`` (module doc); ``keep``: see
+    :func:`_refused_commit`."""
+    try:
+        _mark(tmp, stage)
+    except OSError as err:
+        raise _refused_commit(err, tmp, out, keep) from None
     if not out.exists():
         try:
             os.rename(tmp, out)
@@ -374,10 +478,15 @@ def _commit(tmp: Path, out: Path, *, keep: Optional[str] = None) -> None:
         if keep is None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(f"--out {out} is a file, not a directory; remove it or pass another --out")
+    try:  # checked before the stage ran; again here, as the folder is replaced whole below
+        check_replaceable(out, stage=stage)
+    except ValueError:
+        if keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     foreign = [e for e in out.iterdir() if not (tmp / e.name).exists()]
     cwd = Path.cwd().absolute()
-    if (foreign and not (out / PARAMS).exists()) or cwd == out or out in cwd.parents:
-        # not a previous output of a stage (e.g. --out .): never swap such a directory away
+    if cwd == out or out in cwd.parents:  # --out . (or a parent of it): never swap the current folder away
         _replace_entries(tmp, out, keep=keep)
         return
     try:
@@ -401,5 +510,5 @@ def _commit(tmp: Path, out: Path, *, keep: Optional[str] = None) -> None:
     _remove_previous(old)
 
 
-__all__ = ["check_out", "commit_staged", "fsync_dir", "lock_path", "staged_output", "write_atomic", "write_error",
-           "write_failure", "writer_lock"]
+__all__ = ["check_out", "check_replaceable", "commit_staged", "fsync_dir", "lock_path", "output_owner",
+           "staged_output", "write_atomic", "write_error", "write_failure", "writer_lock"]

@@ -58,16 +58,46 @@ def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...
 
     train.useful_tokens, --max-steps, queue_size, threads and checkpoint_every may change on resume.
     ``train.nodes`` may not (above 1 it groups the steps into the drafters' updates), and is recorded only
-    then, so a one-node checkpoint stays what it was.
+    then, so a one-node checkpoint stays what it was. ``train.nproc`` (the run's shape with the nodes) may not
+    either: ``nproc`` 1 and 2 plan the same steps, but their steps are timed differently (one process, or a
+    pipeline), and one run's throughput cannot mix them (:func:`check_fingerprint` refuses such a resume).
     """
     p = params.to_dict()
     nodes = {"nodes": p["train"]["nodes"]} if p["train"]["nodes"] > 1 else {}
     return {"strategy": strategy, "target_ranks": target_ranks, "edges": list(edges) if edges else None,
             "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
-            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"], **nodes}
+            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"], **nodes,
+            "nproc": p["train"]["nproc"]}
+
+
+class RunShapeError(ValueError):
+    """A resume with another ``train.nproc`` or ``train.nodes`` than the checkpoint's run: refused before any
+    step, never set aside (the checkpoint is good; the setting is the mistake)."""
+
+
+def shape_of(fp: dict[str, Any]) -> Optional[tuple[int, int]]:
+    """(``train.nproc``, ``train.nodes``) a fingerprint records; None for a checkpoint written before it
+    recorded ``nproc``."""
+    return None if fp.get("nproc") is None else (int(fp["nproc"]), int(fp.get("nodes", 1)))
+
+
+def check_shape(saved: dict[str, Any], current: dict[str, Any], path: Path, *, work: Path, final: Path) -> None:
+    """:class:`RunShapeError` naming the settings and both ways out when the run that wrote the checkpoint at
+    ``path`` had another shape than this one (``work``: the folder it is in; ``final``: the ``--out``)."""
+    was, now = shape_of(saved), shape_of(current)
+    if was is None or now is None or was == now:
+        return
+    afresh = (f"rerun without --resume" if work == final else
+              f"remove {work} (the interrupted run's folder; {final} is not touched), then rerun without --resume")
+    raise RunShapeError(f"--resume: checkpoint {path} was trained with train.nproc={was[0]}, train.nodes={was[1]} "
+                        f"but this run has train.nproc={now[0]}, train.nodes={now[1]}: its steps were timed in "
+                        f"another shape, and one run's throughput cannot mix them; resume with train.nproc: {was[0]} "
+                        f"and train.nodes: {was[1]}, or to train afresh {afresh}")
 
 
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    if shape_of(saved) is None:  # written before nproc was recorded: compare what it has
+        current = {k: v for k, v in current.items() if k != "nproc"}
     diff = changed_fields(saved, current)
     if diff:
         shown = ", ".join(diff[:6])
@@ -150,8 +180,21 @@ def summary_problem(path: Path) -> Optional[str]:
     return None if isinstance(doc, dict) else f"{path} holds {type(doc).__name__}, not a summary"
 
 
-def load_checkpoint(path: Path, fp: dict[str, Any], *, total_steps: int, checkpoint_every: int) -> dict[str, Any]:
-    """The checkpoint at ``path``, checked: readable, this format, these params, inside this schedule.
+def peek_fingerprint(path: Path) -> Optional[dict[str, Any]]:
+    """The fingerprint of the checkpoint at ``path`` without reading its tensors (memory-mapped), None when
+    there is none or it cannot be read that way (:func:`load_checkpoint` then says why)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # missing, torn, another format: load_checkpoint reports it with the fix
+        return None
+    fp = state.get("fingerprint") if isinstance(state, dict) else None
+    return fp if isinstance(fp, dict) else None
+
+
+def load_checkpoint(path: Path, fp: dict[str, Any], *, total_steps: int, checkpoint_every: int,
+                    final: Optional[Path] = None) -> dict[str, Any]:
+    """The checkpoint at ``path``, checked: readable, this format, this run's shape (:func:`check_shape`:
+    ``final`` is the run's ``--out``), these params, inside this schedule.
 
     ``total_steps``: the steps this run plans (``train.useful_tokens`` / ``--max-steps``); a checkpoint
     past them is refused rather than rewritten as an earlier step.
@@ -180,6 +223,7 @@ def load_checkpoint(path: Path, fp: dict[str, Any], *, total_steps: int, checkpo
         got = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"checkpoint {path} has format {got!r}, this lenbatch writes {FORMAT}; run without "
                          "--resume to start afresh")
+    check_shape(state["fingerprint"], fp, path, work=path.parent, final=final or path.parent)
     check_fingerprint(state["fingerprint"], fp, path)
     step = int(state["step"])
     if step > total_steps:
@@ -268,5 +312,6 @@ def _set_numpy_rng_state(state: dict[str, Any]) -> None:
                          state["has_gauss"], state["cached_gaussian"]))
 
 
-__all__ = ["check_fingerprint", "check_log", "check_tensors", "fingerprint", "load_checkpoint", "restore",
-           "save_checkpoint", "start_fresh", "summary_problem"]
+__all__ = ["RunShapeError", "check_fingerprint", "check_log", "check_shape", "check_tensors", "fingerprint",
+           "load_checkpoint", "peek_fingerprint", "restore", "save_checkpoint", "shape_of", "start_fresh",
+           "summary_problem"]

@@ -7,14 +7,22 @@ dies if the process asked for it with ``prctl(PR_SET_PDEATHSIG)``; :func:`die_wi
 SIGTERM (Python's default action for it: exit at once) or the signal given: a training worker, whose
 SIGTERM only asks it to stop at the next step (:mod:`lenbatch_study.runtime.stopping`), asks for SIGKILL.
 Elsewhere (macOS) it does nothing.
+
+:func:`remove_launcher_logs`: torchrun's agent makes a ``torchelastic_*`` folder in the temp folder for its
+workers' log and error files and never removes it (one per training, five per workflow run, on every user's
+``$TMPDIR``); the training's local rank 0 removes it as it exits.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
 
 PR_SET_PDEATHSIG = 1
 
@@ -57,4 +65,28 @@ def children(pid: int) -> list[int]:
     return found
 
 
-__all__ = ["children", "die_with_parent", "parent_death_signal"]
+def launcher_logs() -> Optional[Path]:
+    """The ``torchelastic_*`` folder torchrun's agent made in the temp folder for this worker's job (from
+    ``TORCHELASTIC_ERROR_FILE``: ``<folder>/<run id>_<random>/attempt_<n>/<local rank>/error.json``); None outside
+    torchrun, or where its ``--log-dir`` named a folder of the user's (never removed)."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        return None
+    parents = Path(error_file).parents
+    if len(parents) < 5:
+        return None
+    base = parents[3]
+    made = base.name.startswith("torchelastic_") and base.parent == Path(tempfile.gettempdir())
+    return base if made else None
+
+
+def remove_launcher_logs() -> None:
+    """Remove :func:`launcher_logs` from local rank 0 as the training ends: the agent has made its folders
+    before it started the workers, nothing of ours writes there (no redirects), and a worker's missing error
+    file is one the agent's report skips. Best effort: a SIGKILLed worker leaves it."""
+    base = launcher_logs()
+    if base is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+        shutil.rmtree(base, ignore_errors=True)
+
+
+__all__ = ["children", "die_with_parent", "launcher_logs", "parent_death_signal", "remove_launcher_logs"]

@@ -192,7 +192,9 @@ class Recorder:
             # periodic checkpoints written inside the measured window, kept off its wall time ("t")
             "checkpoint_s_measured": float(sum(r.get("checkpoint_s", 0.0) for r in measured)),
             "checkpoints_measured": int(sum(r.get("checkpoint_s", 0.0) > 0 for r in measured)),
-            "stage_s_mean": mean("stage_s", measured) if measured and "stage_s" in measured[0] else None,
+            # pipelined steps only (a run resumed from a checkpoint written before the run's shape was recorded
+            # may mix them with single-process ones, which have none)
+            "stage_s_mean": mean("stage_s", measured) if measured and all("stage_s" in r for r in measured) else None,
             **(_nodes_summary(measured, wall, nodes, weights_checksums, mean) if nodes > 1 else {}),
             **(device or {}),
             "params": params.to_dict(),

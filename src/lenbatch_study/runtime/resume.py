@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lenbatch.log import get_logger
-from lenbatch_study.runtime.checkpoint import load_checkpoint, restore, start_fresh, summary_problem
+from lenbatch_study.runtime.checkpoint import (RunShapeError, check_shape, load_checkpoint, peek_fingerprint, restore,
+                                               start_fresh, summary_problem)
 from lenbatch_study.runtime.records import resumed_log
 
 log = get_logger("train")
@@ -53,6 +54,8 @@ def resume_point(setup: Any, runner: Any
             raise ValueError(f"it is at the last planned step but {torn} (the run was killed before writing it), "
                              "so its throughput was never recorded")
         restore(runner, ck, path=setup.checkpoint)  # checks every tensor fits before loading one
+    except RunShapeError:  # the checkpoint is good, the setting is the mistake: refused, never set aside
+        raise
     except ValueError as err:
         if not setup.checkpoint.exists():
             raise
@@ -63,7 +66,20 @@ def resume_point(setup: Any, runner: Any
 
 def load_run_checkpoint(setup: Any) -> dict[str, Any]:
     return load_checkpoint(setup.checkpoint, setup.fp, total_steps=len(setup.schedule),
-                           checkpoint_every=setup.params.train.checkpoint_every)
+                           checkpoint_every=setup.params.train.checkpoint_every, final=setup.final)
+
+
+def check_resume_shape(out: Path, params: Any, *, checkpoint: str) -> None:
+    """Before anything starts (torchrun included): :class:`lenbatch_study.runtime.checkpoint.RunShapeError` when
+    the checkpoint a ``--resume`` of ``--out out`` would continue (``checkpoint``: its file name; in the partial
+    folder when it holds one, else in ``out``) was trained with another ``train.nproc`` or ``train.nodes`` than
+    ``params``. Reads only the checkpoint's fingerprint (memory-mapped)."""
+    out = Path(out)
+    work = partial_dir(out) if (partial_dir(out) / checkpoint).exists() else out
+    saved = peek_fingerprint(work / checkpoint)
+    if saved is not None:
+        check_shape(saved, {"nproc": params.train.nproc, "nodes": params.train.nodes}, work / checkpoint,
+                    work=work, final=out)
 
 
 def share_resume(setup: Any, runner: Optional[Any]
@@ -96,4 +112,5 @@ def share_resume(setup: Any, runner: Optional[Any]
     return payload[0]["step"], payload[0]["samplers"], kept
 
 
-__all__ = ["load_run_checkpoint", "partial_dir", "resume_point", "set_aside_and_start_afresh", "share_resume"]
+__all__ = ["check_resume_shape", "load_run_checkpoint", "partial_dir",
+           "resume_point", "set_aside_and_start_afresh", "share_resume"]

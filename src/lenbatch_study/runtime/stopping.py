@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from lenbatch.log import get_logger
+from lenbatch_study.runtime import early_stop
 
 log = get_logger("train")
 
@@ -71,6 +72,7 @@ class StopRequest:
             yield self
             return
         previous = {s: signal.signal(s, self._handler) for s in STOP_SIGNALS}
+        self.note(early_stop.taken())  # a SIGUSR1 that came while the process started (lenbatch train's first line)
         try:
             yield self
         finally:

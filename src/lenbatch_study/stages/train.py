@@ -96,7 +96,7 @@ from lenbatch.loading.collate import collate
 from lenbatch.batching.strategy import STRATEGIES
 from lenbatch_study.core.config import Params
 from lenbatch_study.core.machine import fingerprint as fingerprint_machine
-from lenbatch_study.runtime.lifetime import die_with_parent
+from lenbatch_study.runtime.lifetime import die_with_parent, remove_launcher_logs
 from lenbatch_study.runtime.resume import partial_dir, resume_point, share_resume
 from lenbatch_study.runtime.stopping import STOPPED_EXIT, StopRequest, agree_stopped, read_marker, stop_here
 from lenbatch.log import get_logger
@@ -452,7 +452,7 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
 def _commit(setup: RunSetup) -> None:
     """Swap the complete run in the partial folder into OUT (one rename; the previous output goes)."""
     if setup.final is not None and setup.out != setup.final:
-        commit_staged(setup.out, setup.final, then="after that rerun with --resume to move it in")
+        commit_staged(setup.out, setup.final, stage="train", then="after that rerun with --resume to move it in")
         setup.out = setup.final
 
 
@@ -506,6 +506,7 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     check_world(nproc=nproc, nodes=nodes, under_torchrun=under_torchrun, world=world)
     if under_torchrun:  # a killed launcher must not leave its workers training (SIGTERM only asks them to stop)
         die_with_parent(sig=signal.SIGKILL)
+        stack.callback(remove_launcher_logs)  # torchrun's torchelastic_* folder in $TMPDIR, as the run ends
     stop = stack.enter_context(StopRequest().installed(restore=not under_torchrun))
     configure_process(params)
     data = Path(data)

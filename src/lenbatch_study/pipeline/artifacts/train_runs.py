@@ -10,12 +10,17 @@ paths the stage names from here (the runtime layer sits below this one). Read by
 * ``steps.jsonl``: one JSON object per line and step (``step``, ``useful_tokens``, ``loss``, ...), every
   step of the summary present.
 
+Every number either file holds is checked (:func:`check_summary_numbers`, :func:`check_step_numbers`): none
+is negative, NaN or infinite, and the throughput, the steps and each step's useful tokens are > 0 (a
+``useful_tokens_per_s: -5`` was reported as an error of -136471%).
+
 Cost: O(steps) to read.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +63,61 @@ def read_steps(path: str | Path, *, rerun: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _bad(values: dict[str, Any], *, positive: tuple[str, ...], where: str = "") -> list[str]:
+    """``key=value`` of every number in ``values`` (nested mappings and lists included) that is NaN, infinite
+    or negative, or 0 for a key of ``positive``."""
+    out = []
+    for key, x in values.items():
+        name = f"{where}{key}"
+        if isinstance(x, dict):
+            out += _bad(x, positive=(), where=f"{name}.")
+        elif isinstance(x, list):
+            out += _bad({f"[{j}]": v for j, v in enumerate(x)}, positive=(), where=name)
+        elif _number(x) and (not math.isfinite(x) or x < 0 or (x == 0 and key in positive)):
+            out.append(f"{name}={x!r}")
+    return out
+
+
+def check_summary_numbers(path: Path, summary: dict[str, Any], *, rerun: str) -> None:
+    """:func:`refuse` naming the summary's numbers that no run measures: NaN, infinite or negative anywhere
+    (counts, seconds, shares, losses, the reference step's times; ``params`` is checked where it is loaded),
+    a throughput or a step count of 0, a padding efficiency above 1."""
+    bad = _bad({k: v for k, v in summary.items() if k != "params"},
+               positive=("useful_tokens_per_s", "steps", "useful_tokens", "padding_efficiency"))
+    eff = summary.get("padding_efficiency")
+    if _number(eff) and eff > 1:
+        bad.append(f"padding_efficiency={eff!r} (above 1)")
+    if not (isinstance(summary["steps"], int) and not isinstance(summary["steps"], bool)):
+        bad.append(f"steps={summary['steps']!r} (not a count)")
+    if bad:
+        more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+        raise refuse(path, f"holds numbers that no run measures: {'; '.join(bad[:4])}{more} (an edited or corrupt "
+                     "file)", rerun=rerun)
+
+
+def check_step_numbers(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> None:
+    """:func:`refuse` naming the first rows whose numbers no step measures: a ``step`` that is not a whole
+    number >= 0, useful tokens that are not a whole number > 0, any number NaN, infinite or negative."""
+    bad = []
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            bad.append(f"line {i + 1} is {type(r).__name__}, not a mapping")
+            continue
+        found = _bad(r, positive=("useful_tokens",))
+        for key in ("step", "useful_tokens"):
+            if not (isinstance(r.get(key), int) and not isinstance(r.get(key), bool)):
+                found.append(f"{key}={r.get(key)!r} (not a whole number)")
+        bad += [f"line {i + 1} {x}" for x in found]
+    if bad:
+        more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+        raise refuse(path, f"holds numbers that no step measures: {'; '.join(bad[:4])}{more} (an edited or corrupt "
+                     "file)", rerun=rerun)
+
+
 def read_run(train_dir: str | Path, strategy: str) -> dict[str, Any]:
     """``{"summary", "steps"}`` of ``strategy``'s run under ``train_dir``: a complete run (every planned
     step trained, one ``steps.jsonl`` line set per step) that records its params."""
@@ -66,16 +126,19 @@ def read_run(train_dir: str | Path, strategy: str) -> dict[str, Any]:
     path = run_dir / SUMMARY
     summary = read_json(path, rerun=hint)
     require_keys(path, summary, ("useful_tokens_per_s", "steps", "params"), rerun=hint)
+    check_summary_numbers(path, summary, rerun=hint)
     planned = summary.get("planned_steps")
     if planned is not None and int(planned) != int(summary["steps"]):
         raise refuse(path, f"records {summary['steps']} of {planned} planned steps (a partial run)", rerun=hint)
     if not isinstance(summary["params"], dict):
         raise refuse(path, "records no resolved params", rerun=hint)
     steps = read_steps(run_dir / STEPS, rerun=hint)
+    check_step_numbers(run_dir / STEPS, steps, rerun=hint)
     if len({int(r["step"]) for r in steps}) != int(summary["steps"]):
         raise refuse(run_dir / STEPS, f"holds {len(steps)} steps but {SUMMARY} says {summary['steps']} (a partial "
                      "or mixed run)", rerun=hint)
     return {"summary": summary, "steps": steps}
 
 
-__all__ = ["CHECKPOINT", "RUN_FILES", "STEPS", "SUMMARY", "read_run", "read_steps", "rerun", "summary_path"]
+__all__ = ["CHECKPOINT", "RUN_FILES", "STEPS", "SUMMARY", "check_step_numbers", "check_summary_numbers", "read_run",
+           "read_steps", "rerun", "summary_path"]

@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from lenbatch_study.core.config import Params
 
 PARAMS = "params.json"
+# the mark of a stage's output folder (lenbatch_study.pipeline.outputs): which stage wrote it and the sha256 of
+# its params.json. A stage replaces its --out whole, so only a folder bearing this mark (or an output written
+# before the mark existed: see outputs.output_owner) is ever replaced; a common name such as params.json is no
+# proof (Meta-Llama checkpoint folders hold one)
+MARKER = "lenbatch-output.json"
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -33,4 +38,4 @@ def write_resolved(params: Params, out_dir: str | Path, sections: tuple[str, ...
     return path
 
 
-__all__ = ["PARAMS", "write_json", "write_resolved"]
+__all__ = ["MARKER", "PARAMS", "write_json", "write_resolved"]
