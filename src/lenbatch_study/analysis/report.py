@@ -391,6 +391,19 @@ def _k_sentence(result: CompareResult, *, params: Params, bold: bool) -> str:
             f"K (K = {kb['num_buckets']}, {pct(kb['predicted_ratio_to_sorted'])}).")
 
 
+def _missed_sentence(result: CompareResult, missed: tuple[str, ...]) -> str:
+    """The step model's misses on strategies out of contention, said beside a settled answer."""
+    table = result.interleaved or {}
+    if not missed:
+        return ""
+    return (" The step model missed " + ", ".join(
+        f"`{s}`'s ratio (predicted {table[s]['predicted_ratio']:.3f}, measured {_iv(table[s])}, "
+        f"{100 * float(table[s]['prediction_error']):+.1f}%)" for s in missed)
+        + f" beyond its interval and by more than {100 * PREDICTION_TARGET:g}%; the measurement separates "
+        + ("it" if len(missed) == 1 else "them") + f" from the answer all the same (where the miss comes from: "
+        f"[{files.DETAILS}]({files.DETAILS}), \"Ratios measured in turns\").")
+
+
 def answer_paragraph(result: CompareResult, *, params: Params) -> str:
     """The answer (:mod:`lenbatch_study.analysis.verdict`): "Use X", a named tie, or "Not settled" with why and the
     rerun; the trainings' drift is reported in details.md, never a veto."""
@@ -406,7 +419,7 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
                 f"Its batches change every epoch (composition repeat {r.composition_repeat:.3f}, sorted "
                 f"{rows['sorted'].composition_repeat:.3f}; length mixing {r.length_mixing:.3f}, random 1). "
                 + qr.answer_sentence(result.quality, s))
-        return text + _k_sentence(result, params=params, bold=True)
+        return text + _k_sentence(result, params=params, bold=True) + _missed_sentence(result, v.missed)
     if v.kind == TIE:
         names = " and ".join(f"`{s}`" for s in v.top)
         text = (f"**Tie: {names}** for this data and model. Measured in turns, their useful tokens/s are "
@@ -418,7 +431,7 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
                 + " (lower: batch-mates change more between epochs), length mixing "
                 + ", ".join(f"`{s}` {rows[s].length_mixing:.3f}" for s in v.top) + "; "
                 + qr.tie_sentence(result.quality, v.top))
-        return text + _k_sentence(result, params=params, bold=True)
+        return text + _k_sentence(result, params=params, bold=True) + _missed_sentence(result, v.missed)
     if not v.measured:
         return ("**Not settled: no ratios were measured in turns** (compare ran without the interleave stage's "
                 "results), and the trainings, run one after another, cannot separate strategies on a machine whose "
@@ -432,11 +445,12 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
                    "separate them. Rerun the measurement in turns on a quieter machine or with more rounds: "
                    f"`dvc exp run -S interleave.max_rounds={2 * v.rounds}` (Snakemake: set it in your config, then "
                    f"`{rerun_command(result, 'interleave')}`)")
-    if v.missed:
+    vetoed = [s for s in v.missed if s in v.top]
+    if vetoed:
         why.append("the step model's predicted ratio missed the measured one beyond its 95% interval and by more "
                    f"than {100 * PREDICTION_TARGET:g}% for " + ", ".join(
                        f"`{s}` (predicted {table[s]['predicted_ratio']:.3f}, measured {_iv(table[s])})"
-                       for s in v.missed) + ": the profile does not describe what was measured (the machine changed "
+                       for s in vetoed) + ": the profile does not describe what was measured (the machine changed "
                    f"between them, or a shape the grid never timed). Remeasure the profile: "
                    f"`{rerun_command(result, 'profile')}` (DVC: `dvc repro --force --single-item profile`, then "
                    "`dvc repro`)")

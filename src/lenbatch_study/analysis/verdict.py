@@ -13,9 +13,12 @@ answer is decided on those intervals alone:
   target (±2%, :data:`lenbatch_study.core.intervals.INTERVAL_TARGET`): their throughput is the same within
   what the measurement resolves, and what else separates them (composition repeat, held-out loss) is said;
 * **not settled** when an overlapping interval is still wider than the target after
-  ``interleave.max_rounds``, when a prediction misses beyond the measured noise (the predicted ratio
-  outside its 95% interval and more than :data:`lenbatch_study.analysis.interleaved.PREDICTION_TARGET`
-  off: the step model does not describe what was measured), or when nothing was measured in turns.
+  ``interleave.max_rounds``, when the prediction of a strategy in contention (the top one or one whose
+  interval overlaps it) misses beyond the measured noise (the predicted ratio outside its 95% interval and
+  more than :data:`lenbatch_study.analysis.interleaved.PREDICTION_TARGET` off: the step model and the
+  measurement disagree about the very strategies being decided between), or when nothing was measured in
+  turns. A miss on a strategy out of contention is named beside the answer (``missed``), not a veto: the
+  measurement already separates it from the top.
 
 Cost: O(strategies^2).
 """
@@ -36,7 +39,8 @@ class Verdict:
     """``kind``: :data:`USE`, :data:`TIE` or :data:`NOT_SETTLED`; ``top``: the candidates in contention, the
     highest measured ratio first (one for ``use``; the tied ones for ``tie``; those whose intervals overlap for
     ``not settled`` by overlap); ``wide``: in-contention strategies whose interval is wider than the target;
-    ``missed``: strategies whose prediction missed beyond the measured noise; ``candidates``: every strategy
+    ``missed``: strategies whose prediction missed beyond the measured noise (a veto only for those in
+    ``top``); ``candidates``: every strategy
     that could be recommended, highest ratio first."""
 
     kind: str
@@ -94,10 +98,10 @@ def decide(table: Mapping[str, Mapping[str, object]] | None, composition_repeat:
     wide = tuple(s for s in top if float(table[s]["half_width"]) > interval_target)  # type: ignore[arg-type]
     missed = tuple(s for s in table if s != BASELINE and missed_beyond_noise(table[s]))
     rounds = int(table[best]["rounds"])  # type: ignore[arg-type]
-    if missed or (overlap and wide):
+    if set(missed) & set(top) or (overlap and wide):
         return Verdict(NOT_SETTLED, top=top, candidates=cands, wide=wide if overlap else (), missed=missed,
                        rounds=rounds)
-    return Verdict(TIE if overlap else USE, top=top, candidates=cands, rounds=rounds)
+    return Verdict(TIE if overlap else USE, top=top, candidates=cands, missed=missed, rounds=rounds)
 
 
 __all__ = ["NOT_SETTLED", "TIE", "USE", "Verdict", "decide", "missed_beyond_noise"]
