@@ -290,6 +290,19 @@ def test_a_training_run_with_numbers_no_run_measures_is_refused_naming_the_file(
     assert "no run measures" in text or "no step measures" in text
 
 
+def test_a_multi_node_run_s_signed_weight_checksums_are_read_and_a_nan_one_refused(tmp_path):
+    """The drafters' weight checksums of a multi-node run are signed sums, not measurements: negative ones read
+    (the SLURM check's 2-node trainings wrote -430678850101), a NaN one is refused like any number."""
+    train = tmp_path / "train"
+    shutil.copytree(REPO / "results" / "train" / "sorted", train / "sorted")
+    path = train / "sorted" / "summary.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "weights_checksums": [-430678850101, -430678850101]}))
+    assert train_runs.read_run(train, "sorted")["summary"]["weights_checksums"][0] < 0
+    path.write_text(json.dumps({**doc, "weights_checksums": [float("nan"), 1]}))
+    refused(lambda: train_runs.read_run(train, "sorted"), path, "weights_checksums[0]=nan", "train/sorted/summary.json")
+
+
 @pytest.mark.parametrize("change, problem", [
     (lambda st: st["packed"]["seconds"].__setitem__(1, float("nan")), "packed seconds[1]=nan (not finite seconds > 0)"),
     (lambda st: st["packed"]["seconds"].__setitem__(0, 0.0), "packed seconds[0]=0.0"),

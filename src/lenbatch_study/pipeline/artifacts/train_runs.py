@@ -67,17 +67,23 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _bad(values: dict[str, Any], *, positive: tuple[str, ...], where: str = "") -> list[str]:
+# Numbers a run records that are not measurements and may be negative: identities, finite all the same (the
+# drafters' weight checksums of a multi-node run are signed sums).
+SIGNED = ("weights_checksums",)
+
+
+def _bad(values: dict[str, Any], *, positive: tuple[str, ...], where: str = "", signed: bool = False) -> list[str]:
     """``key=value`` of every number in ``values`` (nested mappings and lists included) that is NaN, infinite
-    or negative, or 0 for a key of ``positive``."""
+    or negative (but under a key of :data:`SIGNED`), or 0 for a key of ``positive``."""
     out = []
     for key, x in values.items():
         name = f"{where}{key}"
+        inner = signed or key in SIGNED
         if isinstance(x, dict):
-            out += _bad(x, positive=(), where=f"{name}.")
+            out += _bad(x, positive=(), where=f"{name}.", signed=inner)
         elif isinstance(x, list):
-            out += _bad({f"[{j}]": v for j, v in enumerate(x)}, positive=(), where=name)
-        elif _number(x) and (not math.isfinite(x) or x < 0 or (x == 0 and key in positive)):
+            out += _bad({f"[{j}]": v for j, v in enumerate(x)}, positive=(), where=name, signed=inner)
+        elif _number(x) and (not math.isfinite(x) or (x < 0 and not inner) or (x == 0 and key in positive)):
             out.append(f"{name}={x!r}")
     return out
 
