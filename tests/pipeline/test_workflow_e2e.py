@@ -101,7 +101,9 @@ def test_every_stage_wrote_its_outputs(finished):
         assert any(key.startswith(strategy) for key in metrics), f"{strategy} missing from compare metrics"
     report = (finished / "results/compare/report.md").read_text()
     assert all(s in report for s in strategies)
-    assert "![quality](quality.png)" in report  # the quality section and its plot are compare's
+    # the quality section and its plot are compare's: the finding in a sentence in report.md, the tables in details.md
+    assert "## Does composition change what is learned?" in report
+    assert "![quality](quality.png)" in (finished / "results/compare/details.md").read_text()
     assert not (finished / "results/quality/report.md").exists() and not (finished / "results/quality/quality.png").exists()
     assert (finished / "logs/tokenize.log").exists() and (finished / "logs/benchmarks/train/packed.tsv").exists()
 

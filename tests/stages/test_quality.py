@@ -108,7 +108,7 @@ def test_compare_section_converts_tokens_to_seconds(stage):
     assert ps["tokens"]["sorted"] == pytest.approx(result["setting"]["useful_tokens_per_run"] / 5)
     text = qr.section(result, tok_s=tok_s)
     assert "per second of training" in text and "| packed | 5,000 |" in text
-    assert "held-out loss" in qr.answer_sentence(result, "packed", tok_s)
+    assert "held-out loss" in qr.answer_sentence(result, "packed")
     assert "[" in qr.loss_cell(result, "random") and qr.loss_cell(None, "random") == "n/a"
     metrics = qr.flat_metrics(result, tok_s)
     assert metrics["packed.heldout_loss_per_second.mean"] == pytest.approx(ps["loss"]["packed"]["mean"], abs=1e-6)
@@ -144,11 +144,12 @@ def test_no_quality_conclusion_unless_the_runs_learned(stage):
     result = copy.deepcopy(stage["result"])
     result["summary"]["learned"] = False
     tok_s = {s: 1000.0 * (i + 1) for i, s in enumerate(STRATEGIES)}
-    sentence = qr.answer_sentence(result, "packed", tok_s)
+    sentence = qr.answer_sentence(result, "packed")
     assert "not met" in sentence and "`quality.epochs`" in sentence and "seed noise" not in sentence
     text = qr.section(result, tok_s=tok_s)
     assert "**not met**" in text and qr.TO_LEARN in text
     assert "seed noise" not in text and "per second of training" not in text and "difference from sorted" not in text
     assert qr.loss_cell(result, "packed") == "not learned"
     # met: the comparison is back
-    assert stage["result"]["summary"]["learned"] and "seed noise" in qr.answer_sentence(stage["result"], "packed", tok_s)
+    assert stage["result"]["summary"]["learned"] and "seed noise" in qr.answer_sentence(stage["result"], "packed")
+    assert "seed noise" in qr.summary_sentence(stage["result"]) and "not met" in qr.summary_sentence(result)
