@@ -121,7 +121,7 @@ def test_exp_show_lists_the_changed_param_within_a_readable_table(experiment):
     work, _ = experiment
     # the commit before the experiment holds no results, so every dependency's hash shows as changed here;
     # dropped, the table is the experiment's metrics and the param it changed
-    drop = ["--drop", r"^(results|src)/"]
+    drop = ["--drop", r"^(results|src|configs)/"]
     shown = run(["dvc", "exp", "show", "--only-changed", *drop, "--csv"], cwd=work).stdout
     columns = next(csv.reader(io.StringIO(shown)))
     print("\n" + run(["dvc", "exp", "show", "--only-changed", *drop, "--md"], cwd=work).stdout)

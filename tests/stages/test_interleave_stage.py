@@ -206,8 +206,38 @@ def test_a_killed_run_continues_from_its_rounds_and_other_inputs_start_afresh(st
 def test_the_projected_rounds_follow_the_intervals_width():
     from lenbatch_study.stages.interleave import projected_rounds
 
-    assert projected_rounds(6, 0.019, rounds=6, max_rounds=40) == 6  # within the target: done
-    assert projected_rounds(6, 0.04, rounds=6, max_rounds=40) == 24  # twice as wide: four times the rounds
-    assert projected_rounds(3, 0.01, rounds=6, max_rounds=40) == 6  # never before interleave.rounds
-    assert projected_rounds(10, 0.2, rounds=6, max_rounds=40) == 40  # never past max_rounds
-    assert projected_rounds(1, float("inf"), rounds=6, max_rounds=40) == 40  # one round: no width yet
+    kw = {"rounds": 6, "max_rounds": 40, "target": 0.02}
+    assert projected_rounds(6, 0.019, **kw) == 6  # within the target: done
+    assert projected_rounds(6, 0.04, **kw) == 24  # twice as wide: four times the rounds
+    assert projected_rounds(3, 0.01, **kw) == 6  # never before interleave.rounds
+    assert projected_rounds(10, 0.2, **kw) == 40  # never past max_rounds
+    assert projected_rounds(1, float("inf"), **kw) == 40  # one round: no width yet
+    assert projected_rounds(6, 0.04, rounds=6, max_rounds=40, target=0.03) == 11  # a resolved ranking's +-3%
+
+
+def test_the_rounds_stop_at_2_percent_or_at_3_once_the_ranking_is_resolved():
+    """The committed default run stopped where the rule says; on hand-made intervals, each of its cases."""
+    from lenbatch_study.core.intervals import ranking_resolved, ratio_intervals, stop_reason
+
+    doc = json.loads((REPO / "results" / "interleave" / "interleave.json").read_text())
+    st = doc["strategies"]
+
+    def first(k):
+        return ratio_intervals({s: v["seconds"][:k] for s, v in st.items()},
+                               {s: v["useful_tokens"][:k] for s, v in st.items()})
+
+    # the committed run stopped at the first round the rule allowed, for the reason it gives there
+    reasons = {k: stop_reason(first(k)) for k in range(doc["min_rounds"], doc["rounds"] + 1)}
+    assert all(r is None for k, r in reasons.items() if k < doc["rounds"]), reasons
+    assert doc["stopped"] == (reasons[doc["rounds"]] or "interleave.max_rounds reached"), (doc["stopped"], reasons)
+    # the rule itself, on hand-made intervals
+    iv = {"sorted": {"ratio_to_sorted": 1.0, "ci95": [1.0, 1.0]},
+          "a": {"ratio_to_sorted": 0.90, "ci95": [0.88, 0.92]}, "b": {"ratio_to_sorted": 0.99, "ci95": [0.965, 1.015]}}
+    assert ranking_resolved(iv) and stop_reason(iv).startswith("the ranking resolved")  # b is +-2.5%
+    overlapping = {**iv, "a": {"ratio_to_sorted": 0.97, "ci95": [0.95, 0.99]}}
+    assert not ranking_resolved(overlapping) and stop_reason(overlapping) is None  # a tie needs +-2%
+    wide = {**iv, "b": {"ratio_to_sorted": 0.99, "ci95": [0.95, 1.03]}}  # -4%: too wide even though apart
+    assert ranking_resolved(wide) and stop_reason(wide) is None
+    narrow = {**overlapping, "b": {"ratio_to_sorted": 0.99, "ci95": [0.975, 1.005]},
+              "a": {"ratio_to_sorted": 0.97, "ci95": [0.955, 0.985]}}
+    assert stop_reason(narrow).startswith("every interval within +-2%")  # overlapping, but narrow: a tie is judged

@@ -19,13 +19,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from lenbatch_study.analysis import provenance
-from lenbatch_study.core.intervals import INTERVAL_TARGET, half_width, ratio_intervals
+from lenbatch_study.core.intervals import INTERVAL_TARGET, PREDICTION_TARGET, half_width, ratio_intervals
 
 BASELINE = "sorted"
 ROLES = ("target", "drafter")
-# What the interleaved measurement must reach to judge a prediction: every 95% interval within
-# INTERVAL_TARGET (+-2%) of its ratio, and then every predicted ratio within 3% of the measured one.
-PREDICTION_TARGET = 0.03
 # a profile pass this far off the median pass (either way) is named as drift when a prediction misses
 PROFILE_DRIFT = 0.10
 # a plan step's fitted feature this far above the grid's largest is named as extrapolated
@@ -208,7 +205,12 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     off = [f"`{s}`" for s, r in rows if not r["prediction_ok"]]
     pct = f"{100 * INTERVAL_TARGET:g}%", f"{100 * PREDICTION_TARGET:g}%"
     first = next(iter(table.values()))
-    verdict = (f"The intervals of {', '.join(wide)} are wider than ±{pct[0]} after {first['rounds']} rounds "
+    resolved = str(first.get("stopped", "")).startswith("the ranking resolved")
+    verdict = (f"The rounds stopped after {first['rounds']} once the ranking was resolved: no two intervals "
+               f"overlap and every one is within ±{pct[1]}, where a predicted ratio more than {pct[1]} off lies "
+               f"outside its interval as it would at ±{pct[0]} ({', '.join(wide)} wider than ±{pct[0]})."
+               if wide and resolved else
+               f"The intervals of {', '.join(wide)} are wider than ±{pct[0]} after {first['rounds']} rounds "
                f"(`interleave.max_rounds`: {first.get('max_rounds', first['rounds'])}): the machine's speed moved "
                f"within rounds too much to judge a {pct[1]} prediction there (a quieter machine, or more rounds, "
                "narrows them)." if wide else f"Every interval is within ±{pct[0]}.")

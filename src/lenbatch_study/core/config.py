@@ -255,8 +255,8 @@ class ProfileConfig:
 class InterleaveConfig:
     rounds: int = _f(6, "timed segments per strategy, one per round (its interval's sample)", minimum=2, maximum=999)
     max_rounds: int = _f(40, "rounds at most: after `rounds`, one more at a time until every ratio's 95% interval "
-                         "is within +-2% (the target compare judges) or this many have run; = rounds: exactly "
-                         "`rounds`", minimum=2, maximum=999)
+                         "is within +-2%, or within +-3% with no two overlapping (the ranking resolved), or this "
+                         "many have run; = rounds: exactly `rounds`", minimum=2, maximum=999)
     segment_steps: int = _f(4, "steps per segment: the same plan steps in every round, timed in turns of one step "
                             "with the other strategies'", minimum=1, maximum=99)
     warmup: int = _f(1, "untimed passes over each strategy's own segment before the rounds", minimum=0, maximum=99)

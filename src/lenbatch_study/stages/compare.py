@@ -331,6 +331,7 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
     passes = {role: fits[role]["pass_factors"] for role in il.ROLES}  # the report names them
     roles = il.role_factors({s: {role: st[s][f"{role}_seconds"] for role in il.ROLES} for s in st}, by_role)
     return {s: {**r, "clock": doc.get("clock", "wall"), "max_rounds": doc.get("max_rounds", doc["rounds"]),
+                "stopped": doc.get("stopped", ""),
                 "profile_pass_factors": passes, "beyond_grid": reach[s], "role_factors": roles[s]}
             for s, r in table.items()}
 

@@ -35,10 +35,11 @@ one round and 34 s in another), so no pairing by round cancels them from wall ti
 them out, and on a quiet machine they equal the wall seconds (the profile grid, which the prediction is
 fitted on, records both: its CPU share tells how far they differ). On a GPU, wall seconds.
 
-How many rounds: at least ``interleave.rounds``; then one more at a time while some strategy's 95%
-interval is wider than +-2% of its ratio (the target compare judges,
-:data:`lenbatch_study.core.intervals.INTERVAL_TARGET`), up to ``interleave.max_rounds``. A quiet
-machine stops early; a busy one spends the rounds it is allowed and the report shows the width it reached.
+How many rounds: at least ``interleave.rounds``; then one more at a time until
+:func:`lenbatch_study.core.intervals.stop_reason` gives a reason (every 95% interval within +-2% of its
+ratio; or the ranking resolved, no two intervals overlapping and each within +-3%, the width at which a
+prediction miss reads the same as at +-2%), up to ``interleave.max_rounds``. A quiet machine stops early;
+a busy one spends the rounds it is allowed and the report shows the width it reached.
 
 ``interleave.json``: ``{"machine", "rounds" (as run), "min_rounds", "max_rounds", "stopped" (why),
 "segment_steps", "warmup", "clock" (resolved), "order" (the
@@ -55,8 +56,9 @@ every strategy again, since ratios are drift-proof only between steps timed in t
 
 Cost: ``(warmup + rounds) x segment_steps`` steps per strategy plus building the models, rounds between
 ``interleave.rounds`` and ``max_rounds``; on the CPU default (4-step segments of ~7 s, 1 warm-up pass, five
-strategies) about 34 s per round on this project's 2-core VM: 4 minutes at 6 rounds, 23 at 40; a quiet
-VM there reached +-2% after 10 rounds (6.5 minutes; with 1-step segments it took 40-60 rounds of 10 s).
+strategies) 34-47 s per round on this project's 2-core VM: 4-5 minutes at 6 rounds, 23-31 at 40; a quiet
+VM there reached +-2% after 10 rounds (6.5 minutes; with 1-step segments it took 40-60 rounds of 10 s), a
+busier one after 32 rounds (25 minutes), where the ranking was resolved within +-3% after 20.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ import numpy as np
 from lenbatch.batching.schedule import build_schedule
 from lenbatch.loading.collate import collate
 from lenbatch.log import get_logger
-from lenbatch_study.core.intervals import INTERVAL_TARGET, half_width, ratio_intervals
+from lenbatch_study.core.intervals import (INTERVAL_TARGET, PREDICTION_TARGET, half_width, ratio_intervals,
+                                           stop_reason, width_to_reach)
 from lenbatch_study.core.config import Params
 from lenbatch_study.core.machine import fingerprint
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
@@ -87,6 +90,7 @@ from lenbatch_study.runtime.interleave import measure_interleaved, round_orders
 log = get_logger("interleave")
 PARTIAL_DIR = ".interleave.partial"  # beside the output folder (git-ignored: .*.partial/)
 PARTIAL = "rounds.json"
+TARGETS = (INTERVAL_TARGET, PREDICTION_TARGET)  # the widths the rounds stop at (core.intervals.stop_reason)
 
 
 def segment_steps(total: int, *, skip: int, count: int) -> list[int]:
@@ -115,15 +119,16 @@ def resolve_clock(clock: str, *, device_type: str, threads: int) -> str:
     return clock if clock != "auto" else ("cpu" if cpu_ok else "wall")
 
 
-def projected_rounds(k: int, widest: float, *, rounds: int, max_rounds: int) -> int:
+def projected_rounds(k: int, widest: float, *, rounds: int, max_rounds: int, target: float) -> int:
     """The rounds the run will take, judged after ``k`` rounds whose widest 95% interval is ``widest``
-    (+-share): a half-width shrinks as 1/sqrt(rounds), so ``k (widest / target)^2`` rounds reach the target;
-    at least ``rounds`` and ``k`` (``k`` itself once the target is met), at most ``max_rounds``. Pure."""
-    if k >= rounds and widest <= INTERVAL_TARGET:
+    (+-share) and would stop at ``target`` (:func:`lenbatch_study.core.intervals.width_to_reach`): a
+    half-width shrinks as 1/sqrt(rounds), so ``k (widest / target)^2`` rounds reach it; at least ``rounds``
+    and ``k`` (``k`` itself once it is met), at most ``max_rounds``. Pure."""
+    if k >= rounds and widest <= target:
         return k
     if not math.isfinite(widest):
         return max_rounds
-    need = math.ceil(k * (widest / INTERVAL_TARGET) ** 2)
+    need = math.ceil(k * (widest / target) ** 2)
     return int(min(max(need, rounds, k + 1), max_rounds))
 
 
@@ -228,21 +233,28 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
     # change: a ratio is drift-proof only between steps timed in the same turns, so every strategy is timed
     # again beside sorted (docs/prediction.md, "Which rounds").
     log.info("timing %d strategies x %d steps in turns: %d warm-up pass(es), then %d to %d rounds, until every "
-             "95%% interval is within +-%g%%%s; every strategy is timed again, also one whose plan did not change: "
-             "a ratio is drift-proof only between steps timed in the same turns", len(strategies), longest,
-             il.warmup, il.rounds, il.max_rounds, 100 * INTERVAL_TARGET, "" if saved is None else " (continuing)")
+             "95%% interval is within +-%g%% (or +-%g%% once no two overlap)%s; every strategy is timed again, also "
+             "one whose plan did not change: a ratio is drift-proof only between steps timed in the same turns",
+             len(strategies), longest, il.warmup, il.rounds, il.max_rounds, 100 * TARGETS[0], 100 * TARGETS[1],
+             "" if saved is None else " (continuing)")
     t0 = time.perf_counter()
     ends: list[float] = []  # when each round of this process ended
 
-    def widths(res: dict[str, dict[str, list]]) -> dict[str, float]:
+    def intervals(res: dict[str, dict[str, list]]) -> Optional[dict[str, dict[str, Any]]]:
         if len(res["sorted"]["seconds"]) < 2:
+            return None
+        return ratio_intervals({s: res[s]["seconds"] for s in strategies},
+                               {s: res[s]["useful_tokens"] for s in strategies})
+
+    def widths(res: dict[str, dict[str, list]]) -> dict[str, float]:
+        iv = intervals(res)
+        if iv is None:
             return {s: math.inf for s in strategies if s != "sorted"}
-        iv = ratio_intervals({s: res[s]["seconds"] for s in strategies},
-                             {s: res[s]["useful_tokens"] for s in strategies})
-        return {s: half_width(v["ratio_to_sorted"], v["ci95"]) for s, v in iv.items()}
+        return {s: half_width(v["ratio_to_sorted"], v["ci95"]) for s, v in iv.items() if s != "sorted"}
 
     def enough(res: dict[str, dict[str, list]]) -> bool:
-        return max(widths(res).values(), default=0.0) <= INTERVAL_TARGET
+        iv = intervals(res)
+        return iv is not None and stop_reason(iv) is not None
 
     def on_round(k: int, res: dict[str, dict[str, list]]) -> None:
         now = time.perf_counter()
@@ -256,7 +268,9 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
             os.replace(tmp, partial)
         w = widths(res)
         widest = max(w.values(), default=0.0)
-        total = projected_rounds(k + 1, widest, rounds=il.rounds, max_rounds=il.max_rounds)
+        iv = intervals(res)
+        target = width_to_reach(iv) if iv is not None else TARGETS[0]
+        total = projected_rounds(k + 1, widest, rounds=il.rounds, max_rounds=il.max_rounds, target=target)
         # seconds per round: the measured rounds of this process (the median of their durations), else this
         # round's timed seconds; never a guess from a first step
         durations = np.diff([t0, *ends]) if len(ends) > 1 else []
@@ -264,20 +278,20 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
             sum(sum(r[0] + r[1] for r in both[s][-len(plan[s]["steps"]):]) for s in strategies))
         shown = ", ".join(f"{s} +-{v:.1%}" for s, v in sorted(w.items(), key=lambda x: -x[1])) if math.isfinite(
             widest) else "from round 2"
-        log.info("round %d/%d (at most %d): 95%% intervals %s (target +-%g%%); %.0f s per round, about %s left",
-                 k + 1, total, il.max_rounds, shown, 100 * INTERVAL_TARGET, per, _duration(per * (total - k - 1)))
+        log.info("round %d/%d (at most %d): 95%% intervals %s (target +-%g%%%s); %.0f s per round, about %s left",
+                 k + 1, total, il.max_rounds, shown, 100 * target,
+                 ": the ranking is resolved" if target > TARGETS[0] else "", per, _duration(per * (total - k - 1)))
 
     res = measure_interleaved(lambda s, j: step(s, j) if j < len(plan[s]["steps"]) else 0, strategies,
                               rounds=il.rounds, max_rounds=il.max_rounds, enough=enough, segment_steps=longest,
                               warmup=il.warmup, clock=lambda: timed[0], on_round=on_round,
                               done=None if saved is None else saved["rounds"])
-    widest_now = max(widths(res).values(), default=0.0)
     seconds = time.perf_counter() - t0
     rounds = len(res["_order"])
+    reason = stop_reason(intervals(res)) if rounds >= 2 else None
     out: dict[str, Any] = {"machine": fingerprint(threads=params.train.threads), "rounds": rounds,
                            "min_rounds": il.rounds, "max_rounds": il.max_rounds,
-                           "stopped": ("every interval within +-%g%%" % (100 * INTERVAL_TARGET)
-                                       if rounds >= il.rounds and widest_now <= INTERVAL_TARGET else
+                           "stopped": (reason if rounds >= il.rounds and reason is not None else
                                        "interleave.max_rounds reached" if rounds == il.max_rounds > il.rounds
                                        else "interleave.rounds reached"),
                            "segment_steps": il.segment_steps, "warmup": il.warmup, "clock": clock,
