@@ -118,3 +118,15 @@ def test_real_lengths_prediction_and_sweep():
     # more buckets: more efficient and less mixed
     assert rows[-1]["predicted_efficiency"] > rows[0]["predicted_efficiency"] + 0.1
     assert rows[-1]["length_mixing"] < rows[0]["length_mixing"]
+
+
+def test_the_coordinate_sweep_gives_each_k_the_edges_optimize_boundaries_gives():
+    """sweep_num_buckets(method="coordinate") solves every K from one cost matrix; each K's edges are those of
+    optimize_boundaries with the same method (the coordinate sweep is a path of its own in _solve_all)."""
+    rng = np.random.default_rng(3)
+    x = np.clip(rng.lognormal(6, 0.8, 5000).astype(np.int64), 8, 4096)
+    rows = sweep_num_buckets(x, 4, token_budget=8192, max_batch_size=32, method="coordinate", simulate=False)
+    assert [r["num_buckets"] for r in rows] == [1, 2, 3, 4]
+    for r in rows[1:]:
+        one = optimize_boundaries(x, r["num_buckets"], token_budget=8192, max_batch_size=32, method="coordinate")
+        assert tuple(r["edges"]) == tuple(one.edges)

@@ -10,7 +10,7 @@ Objective (``objective=``): minimise the expected computed tokens, summed over b
 - ``"greedy"`` (default): :func:`lenbatch.batching.padding.greedy_bucket_computed`, a renewal model of the
   real greedy bucketed plan (budget-limited batch sizes, the overflowing sample starting the next
   batch, the partial last batch). It predicts simulated plans within 0.1 pp on the seed profile
-  and on ShareGPT lengths (tests/test_boundaries.py, benchmarks/bench_core.py).
+  and on ShareGPT lengths (tests/batching/test_boundaries.py, benchmarks/bench_core.py).
 - ``"study"``: the study's model, B = min(max_batch_size, budget // mean), n * E[max of B].
 
 ``dp`` computes the cost of every candidate bucket once (a (C+2)^2 matrix: vectorised per bucket
@@ -449,7 +449,7 @@ def _solve_all(v: np.ndarray, c: np.ndarray, ks: list[int], *, token_budget: int
             path, hist = coordinate_path(cost, geometric_path(v, cand, P, k))
             history = [{"iteration": h["iteration"], "edges": list(_edges_from_path(h["path"], cand, top)),
                         "predicted_efficiency": useful / h["cost"]} for h in hist]
-            out[k] = (_edges_from_path(path, cand, x.max()), history)
+            out[k] = (_edges_from_path(path, cand, top), history)
     return out
 
 
