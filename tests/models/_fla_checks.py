@@ -1,6 +1,6 @@
-"""fla's varlen kernels on CPU (Triton's interpreter), for tests/test_fla_cpu.py.
+"""fla's varlen kernels on CPU (Triton's interpreter), for tests/models/test_fla_cpu.py.
 
-    TRITON_INTERPRET=1 python tests/_fla_checks.py  -> one JSON line of measured differences
+    TRITON_INTERPRET=1 python tests/models/_fla_checks.py  -> one JSON line of measured differences
 
 Run in its own process: TRITON_INTERPRET must be set before fla is imported (transformers imports
 it too), whatever the pytest process imported already. Tiny shapes (the interpreter runs each

@@ -1,6 +1,6 @@
-"""Run one target->drafter protocol under torchrun (gloo), for tests/test_transport.py.
+"""Run one target->drafter protocol under torchrun (gloo), for tests/runtime/test_transport.py.
 
-    python -m torch.distributed.run --nproc_per_node 3 tests/_p2p_protocols.py {old,new} STEPS QUEUE
+    python -m torch.distributed.run --nproc_per_node 3 tests/runtime/_p2p_protocols.py {old,new} STEPS QUEUE
 
 Ranks 0..N-2 are target ranks, N-1 the drafter; step g comes from target rank g mod (N-1).
 ``new``: lenbatch_study.runtime.transport (tensors on the data group, header and credits on gloo control).

@@ -327,7 +327,7 @@ def greedy_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget:
     (every batch holds exactly B samples) is computed exactly: each full batch of B is a uniform random
     B-subset, so computed = B*floor((n-1)/B) E[max of B] + r E[max of r] (r = the last batch's size),
     with the hypergeometric :func:`expected_max`.
-    Checked against simulated greedy plans (tests/test_padding.py; within 0.1 pp on the seed profile).
+    Checked against simulated greedy plans (tests/batching/test_padding.py; within 0.1 pp on the seed profile).
     Cost O(max_batch_size * distinct values).
     """
     v = np.asarray(values, dtype=np.int64)

