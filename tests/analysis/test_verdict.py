@@ -73,3 +73,20 @@ def test_without_ratios_in_turns_nothing_is_settled_and_a_missing_strategy_is_na
     with pytest.raises(ValueError, match="lacks packed: rerun the interleave stage"):
         decide(table(random=row(0.6, 0.01), bucketed=row(0.9, 0.01), sortish=row(1.0, 0.01)), REPEAT,
                max_composition_repeat=0.5)
+
+
+def test_timed_steps_that_do_not_stand_for_their_run_settle_nothing_in_contention():
+    """steps_gap: the step model's ratio over the timed steps against its ratio over the whole run."""
+    def gap(r: dict, g: float) -> dict:
+        return {**r, "steps_gap": g, "run_predicted_ratio": r["predicted_ratio"] / (1 + g)}
+
+    t = table(random=row(0.59, 0.01), sortish=gap(row(1.0, 0.01), 0.25), packed=row(0.93, 0.01))
+    v = decide(t, repeat(t), max_composition_repeat=0.5)
+    assert (v.kind, v.unrepresentative, v.top) == (NOT_SETTLED, ("sortish",), ("sortish",))
+    # within 3%: the steps stand for the run
+    t = table(random=row(0.59, 0.01), sortish=gap(row(1.0, 0.01), 0.02), packed=row(0.93, 0.01))
+    assert decide(t, repeat(t), max_composition_repeat=0.5).kind == USE
+    # out of contention: named, not a veto
+    t = table(random=gap(row(0.59, 0.01), -0.2), sortish=row(1.0, 0.01), packed=row(0.93, 0.01))
+    v = decide(t, repeat(t), max_composition_repeat=0.5)
+    assert (v.kind, v.strategy, v.unrepresentative) == (USE, "sortish", ("random",))

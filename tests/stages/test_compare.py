@@ -500,11 +500,11 @@ def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_input
 
 def _interleave_file(root: Path, params, out: Path, *, drift: list[float], drafter_law: dict = DRAFTER,
                      slower: dict[tuple[str, str], float] | None = None) -> None:
-    """An interleave stage output timed by the known law: each strategy's segment (two steps of its training
-    plan) takes the law's target + drafter seconds times round k's ``drift[k]``, the same for every strategy;
+    """An interleave stage output timed by the known law: each strategy's segment (four steps of its training
+    plan, chosen as the stage chooses them) takes the law's target + drafter seconds times round k's ``drift[k]``, the same for every strategy;
     ``slower[(strategy, role)]`` multiplies that role's seconds of that strategy."""
     from lenbatch_study.stages.compare import LossMasks, planned_batches, step_columns
-    from lenbatch_study.stages.interleave import segment_steps
+    from lenbatch_study.stages.interleave import mean_lengths, segment_steps
 
     lengths = np.load(root / "data" / "lengths.npy").astype(np.int64)
     edges = tuple(json.loads((root / "boundaries" / "boundaries.json").read_text())["edges"])
@@ -512,7 +512,8 @@ def _interleave_file(root: Path, params, out: Path, *, drift: list[float], draft
     for s in STRATEGIES:
         plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens, target_ranks=1)
         cols = step_columns(lengths, plan, layout=layout_of(s), params=params, masks=LossMasks(root / "data"))
-        steps = segment_steps(len(plan), skip=params.train.warmup_steps, count=2)
+        steps = segment_steps(len(plan), skip=params.train.warmup_steps, count=4,
+                              key=mean_lengths(lengths, [b for _, b in plan]))
         role = {r: float(sum(_law(cols, law)[i] for i in steps)) * (slower or {}).get((s, r), 1.0)
                 for r, law in (("target", TARGET), ("drafter", drafter_law))}
         useful = [int(cols["useful_tokens"][i]) for i in steps]
@@ -540,7 +541,11 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
         assert r["ci95"] == pytest.approx([r["ratio_to_sorted"]] * 2, rel=1e-9) and r["rounds"] == 4
         assert r["interval_ok"] and r["prediction_ok"]
     assert result.interleaved["sorted"]["ratio_to_sorted"] == 1.0
-    assert result.interleaved["packed"]["ratio_to_sorted"] != pytest.approx(1.0, abs=0.01)  # a real ratio
+    assert result.interleaved["random"]["ratio_to_sorted"] != pytest.approx(1.0, abs=0.01)  # a real ratio
+    # how far the timed steps stand for each run: the law's ratio over them against its ratio over the whole run
+    for s, r in result.interleaved.items():
+        assert r["steps_gap"] == pytest.approx(r["predicted_ratio"] / r["run_predicted_ratio"] - 1, abs=1e-12), s
+    assert result.interleaved["sorted"]["run_predicted_ratio"] == 1.0
     # each row names the profile's pass speeds (what the report gives beside a miss): the grid's own
     grid = json.loads((root / "profile" / "grid.json").read_text())["points"]
     for role in ("target", "drafter"):

@@ -54,12 +54,17 @@ def predicted_ratios(predicted_seconds: Mapping[str, Sequence[float]], useful_to
 
 def judge(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]],
           predicted_seconds: Mapping[str, Sequence[float]], step_useful_tokens: Mapping[str, Sequence[float]], *,
-          baseline: str = BASELINE) -> dict[str, dict[str, object]]:
+          baseline: str = BASELINE, run_ratios: Mapping[str, float] | None = None) -> dict[str, dict[str, object]]:
     """Per strategy: the measured ratio to ``baseline`` and its 95% interval (:func:`ratio_intervals`, from
     the per-round ``seconds`` and ``useful_tokens``), the predicted ratio of the same steps
     (:func:`predicted_ratios`, from each timed step's ``predicted_seconds`` and ``step_useful_tokens``),
     ``half_width`` = max(hi / ratio - 1, 1 - lo / ratio), ``prediction_error`` = predicted / measured - 1,
     and ``interval_ok`` / ``prediction_ok`` against :data:`INTERVAL_TARGET` / :data:`PREDICTION_TARGET`.
+    ``run_ratios``: the step model's ratio over each strategy's whole run (its post-warm-up steps, the roles
+    one after the other, as for the timed steps); with them, ``run_predicted_ratio`` and ``steps_gap`` =
+    predicted ratio of the timed steps / that of the run - 1: how far the timed steps stand for the run, by
+    the model the measurement just tested (:func:`lenbatch_study.analysis.verdict.decide` vetoes an answer
+    whose strategies' steps miss by more than :data:`PREDICTION_TARGET`).
     Pure, O(S x (rounds + steps))."""
     meas = ratio_intervals(seconds, useful_tokens, baseline=baseline)
     pred = predicted_ratios(predicted_seconds, step_useful_tokens, baseline=baseline)
@@ -72,6 +77,9 @@ def judge(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Se
         out[s] = {"ratio_to_sorted": r, "ci95": [float(lo), float(hi)], "predicted_ratio": float(pred[s]),
                   "rounds": m["rounds"], "half_width": half, "prediction_error": err,
                   "interval_ok": half <= INTERVAL_TARGET, "prediction_ok": abs(err) <= PREDICTION_TARGET}
+        if run_ratios is not None:
+            out[s]["run_predicted_ratio"] = float(run_ratios[s])
+            out[s]["steps_gap"] = float(pred[s] / run_ratios[s] - 1.0)
     return out
 
 
@@ -226,6 +234,12 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
         verdict += _missed_role_sentence([(s, r) for s, r in rows if not r["prediction_ok"]])
         verdict += _profile_drift_sentence(first.get("profile_pass_factors"))
     verdict += _beyond_grid_sentence(rows)
+    if any("steps_gap" in r for _, r in rows):
+        apart = [f"`{s}`" for s, r in rows if abs(float(r.get("steps_gap", 0.0))) > PREDICTION_TARGET]  # type: ignore[arg-type]
+        verdict += (" The timed steps stand for each run: the step model's ratio over them is within "
+                    f"{pct[1]} of its ratio over the whole run (last column)." if not apart else
+                    f" The timed steps of {', '.join(apart)} do not stand for the run: the step model's ratio over "
+                    f"them is more than {pct[1]} from its ratio over the whole run (last column).")
     clock = ("the process's CPU seconds (other processes' time slices left out), predicted from the grid's CPU "
              "seconds" if first.get("clock") == "cpu" else "wall seconds")
     lines = ["", "## Ratios measured in turns", "",
@@ -234,12 +248,14 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
              f"above ran one after another. A ratio is the strategy's useful tokens/s over `{baseline}`'s, paired "
              f"by round (95% interval over rounds), on {clock}; the prediction is the step model's for the same "
              "steps, target and drafter one after the other as the profile grid timed them alone. " + verdict, "",
-             f"| strategy | measured ratio to {baseline} | 95% interval | predicted ratio | predicted / measured |",
-             "|---|---|---|---|---|"]
+             f"| strategy | measured ratio to {baseline} | 95% interval | predicted ratio | predicted / measured | "
+             "predicted over its whole run | timed steps / whole run |", "|---|---|---|---|---|---|---|"]
     for s, r in rows:
         lo, hi = r["ci95"]  # type: ignore[misc]
+        run = (f"{r['run_predicted_ratio']:.3f} | {100 * float(r['steps_gap']):+.1f}%"  # type: ignore[arg-type]
+               if "run_predicted_ratio" in r else "n/a | n/a")
         lines.append(f"| {s} | {r['ratio_to_sorted']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['predicted_ratio']:.3f} | "
-                     f"{100 * float(r['prediction_error']):+.1f}% |")  # type: ignore[arg-type]
+                     f"{100 * float(r['prediction_error']):+.1f}% | {run} |")  # type: ignore[arg-type]
     return lines + _role_lines(table, baseline=baseline)
 
 

@@ -454,6 +454,14 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
                    f"between them, or a shape the grid never timed). Remeasure the profile: "
                    f"`{rerun_command(result, 'profile')}` (DVC: `dvc repro --force --single-item profile`, then "
                    "`dvc repro`)")
+    apart = [s for s in v.unrepresentative if s in v.top]
+    if apart:
+        why.append("the timed steps do not stand for the run for " + ", ".join(
+            f"`{s}` (the step model's ratio over its timed steps {table[s]['predicted_ratio']:.3f}, over its whole "
+            f"run {table[s]['run_predicted_ratio']:.3f})" for s in apart) + ": the ratio measured in turns describes "
+            "a few batches, not the training. Time more steps per strategy: "
+            f"`dvc exp run -S interleave.segment_steps={2 * params.interleave.segment_steps}` (Snakemake: set it in your "
+            f"config, then `{rerun_command(result, 'interleave')}`)")
     best = v.candidates[0]
     return (f"**Not settled**: {'; and '.join(why)}. On these numbers `{best}` measured highest, {_iv(table[best])} "
             "of `sorted`'s.")

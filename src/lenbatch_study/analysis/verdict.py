@@ -18,7 +18,12 @@ answer is decided on those intervals alone:
   more than :data:`lenbatch_study.analysis.interleaved.PREDICTION_TARGET` off: the step model and the
   measurement disagree about the very strategies being decided between), or when nothing was measured in
   turns. A miss on a strategy out of contention is named beside the answer (``missed``), not a veto: the
-  measurement already separates it from the top.
+  measurement already separates it from the top;
+* **not settled** also when the timed steps of a strategy in contention do not stand for its run
+  (``unrepresentative``): the step model, tested on those steps, gives a ratio over its whole run more than
+  :data:`lenbatch_study.analysis.interleaved.PREDICTION_TARGET` away from the one over the timed steps
+  (``steps_gap``), so the measured ratio describes a few batches, not the training; the fix is more steps
+  per segment (``interleave.segment_steps``).
 
 Cost: O(strategies^2).
 """
@@ -40,7 +45,8 @@ class Verdict:
     highest measured ratio first (one for ``use``; the tied ones for ``tie``; those whose intervals overlap for
     ``not settled`` by overlap); ``wide``: in-contention strategies whose interval is wider than the target;
     ``missed``: strategies whose prediction missed beyond the measured noise (a veto only for those in
-    ``top``); ``candidates``: every strategy
+    ``top``); ``unrepresentative``: strategies whose timed steps do not stand for their run (a veto only for
+    those in ``top``); ``candidates``: every strategy
     that could be recommended, highest ratio first."""
 
     kind: str
@@ -48,6 +54,7 @@ class Verdict:
     candidates: tuple[str, ...] = ()
     wide: tuple[str, ...] = ()
     missed: tuple[str, ...] = ()
+    unrepresentative: tuple[str, ...] = ()
     measured: bool = True
     rounds: int | None = None
 
@@ -97,11 +104,14 @@ def decide(table: Mapping[str, Mapping[str, object]] | None, composition_repeat:
     top = (best, *overlap)
     wide = tuple(s for s in top if float(table[s]["half_width"]) > interval_target)  # type: ignore[arg-type]
     missed = tuple(s for s in table if s != BASELINE and missed_beyond_noise(table[s]))
+    apart = tuple(s for s in table if s != BASELINE
+                  and abs(float(table[s].get("steps_gap", 0.0))) > PREDICTION_TARGET)  # type: ignore[arg-type]
     rounds = int(table[best]["rounds"])  # type: ignore[arg-type]
-    if set(missed) & set(top) or (overlap and wide):
+    if set(missed) & set(top) or set(apart) & set(top) or (overlap and wide):
         return Verdict(NOT_SETTLED, top=top, candidates=cands, wide=wide if overlap else (), missed=missed,
-                       rounds=rounds)
-    return Verdict(TIE if overlap else USE, top=top, candidates=cands, missed=missed, rounds=rounds)
+                       unrepresentative=apart, rounds=rounds)
+    return Verdict(TIE if overlap else USE, top=top, candidates=cands, missed=missed, unrepresentative=apart,
+                   rounds=rounds)
 
 
 __all__ = ["NOT_SETTLED", "TIE", "USE", "Verdict", "decide", "missed_beyond_noise"]

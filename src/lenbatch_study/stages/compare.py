@@ -312,6 +312,7 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
         profile["rows"], grid, holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed,
         rerun=provenance.profile_rerun())
     predicted, by_role, reach, st = {}, {}, {}, doc["strategies"]
+    run_tok_s: dict[str, float] = {}  # the step model's useful tokens/s over each run's post-warm-up steps
     for s, rec in st.items():
         plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens,
                                target_ranks=target_ranks)
@@ -324,10 +325,16 @@ def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarr
                             masks=masks, numbers=[i for _, i in picked])
         by_role[s] = {role: fits[role]["best"].predict(cols) for role in il.ROLES}
         predicted[s] = by_role[s]["target"] + by_role[s]["drafter"]
+        after = range(params.train.warmup_steps if len(plan) > params.train.warmup_steps else 0, len(plan))
+        run = step_columns(lengths, [plan[i] for i in after], layout=layout_of(s), params=params, masks=masks,
+                           numbers=list(after))
+        run_tok_s[s] = float(run["useful_tokens"].sum()) / float(
+            sum(fits[role]["best"].predict(run).sum() for role in il.ROLES))
         reach[s] = {f"{role} {f}": x for role in il.ROLES  # features the fits extrapolate
                     for f, x in il.beyond_grid(grid, cols, fits[role]["best"].features).items()}
     table = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, predicted,
-                     {s: st[s]["step_useful_tokens"] for s in st})
+                     {s: st[s]["step_useful_tokens"] for s in st},
+                     run_ratios={s: v / run_tok_s[il.BASELINE] for s, v in run_tok_s.items()})
     passes = {role: fits[role]["pass_factors"] for role in il.ROLES}  # the report names them
     roles = il.role_factors({s: {role: st[s][f"{role}_seconds"] for role in il.ROLES} for s in st}, by_role)
     return {s: {**r, "clock": doc.get("clock", "wall"), "max_rounds": doc.get("max_rounds", doc["rounds"]),
