@@ -29,11 +29,3 @@ rule all:
     input:
         all_outputs(),
 
-
-# A failing job leaves its previous outputs and Snakemake's record of them as they were (common.smk).
-onstart:
-    keep_records()
-
-
-onerror:
-    put_back_records(log)

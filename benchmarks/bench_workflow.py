@@ -12,7 +12,6 @@ compare only).
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import tempfile
@@ -38,12 +37,20 @@ def snakemake(cwd: Path, *args: str) -> tuple[float, str]:
     return time.perf_counter() - t0, proc.stdout + proc.stderr
 
 
-def rerun_rules(out: str) -> str:
-    if "Nothing to be done" in out:
-        return "(nothing)"
-    table = out.split("Job stats:")[1]
-    counts = re.findall(r"^(\w+)\s+(\d+)$", table, re.M)
-    return ", ".join(f"{name} x{n}" for name, n in counts if name not in ("all", "total"))
+def pending(cwd: Path, *args: str) -> str:
+    """The jobs Snakemake plans, per rule, from its ``--summary`` table (a public, tab-separated format:
+    output_file, date, rule, log-file(s), status, plan; one row per output, so a job is a rule and its logs)."""
+    _, out = snakemake(cwd, "--summary", *args)
+    rows = [line.split("\t") for line in out.splitlines() if line.count("\t") >= 5]
+    header = rows[0] if rows and rows[0][0] == "output_file" else None
+    if header is None:
+        sys.exit(f"snakemake --summary printed no table:\n{out}")
+    col = {name: i for i, name in enumerate(header)}
+    jobs: dict[str, set[str]] = {}
+    for row in rows[1:]:
+        if row[col["plan"]] != "no update" and row[col["rule"]] != "all":
+            jobs.setdefault(row[col["rule"]], set()).add(row[col["log-file(s)"]])
+    return ", ".join(f"{rule} x{len(logs)}" for rule, logs in sorted(jobs.items())) or "(nothing)"
 
 
 def main() -> None:
@@ -54,14 +61,14 @@ def main() -> None:
     if not args.no_full:
         seconds, _ = snakemake(args.dir, "--cores", "all")
         print(f"whole default run (snakemake --cores all): {seconds:.1f} s ({seconds / 60:.1f} min)")
-    seconds, out = snakemake(args.dir, "--cores", "all")
-    print(f"second run, nothing changed: {seconds:.2f} s, ran: {rerun_rules(out)}")
+    planned = pending(args.dir)
+    seconds, _ = snakemake(args.dir, "--cores", "all")
+    print(f"second run, nothing changed: {seconds:.2f} s, ran: {planned}")
     with tempfile.TemporaryDirectory() as tmp:
         for key, change in CHANGES.items():
             path = Path(tmp) / "change.yaml"
             path.write_text(yaml.safe_dump(change))
-            _, out = snakemake(args.dir, "-n", "--configfile", str(path))
-            print(f"after changing {key}: would rerun {rerun_rules(out)}")
+            print(f"after changing {key}: would rerun {pending(args.dir, '--configfile', str(path))}")
 
 
 if __name__ == "__main__":

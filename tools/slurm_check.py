@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.up()
         summary["cluster_up_s"] = round(time.monotonic() - t0, 1)
         summary["daemons"] = cluster.pids()  # pid and start time of each: a test checks none outlives the check
+        summary["netns"] = cluster.netns()  # and that no process is left in the cluster's network namespace
         t1 = time.monotonic()
         run = snakemake(["--workflow-profile", "profiles/slurm", *configs, "--config", f"results_dir={rel}/slurm",
                          *SLURM_OVERRIDES], timeout=args.timeout, log=out / "snakemake-slurm.log",
@@ -341,10 +342,12 @@ def main(argv: list[str] | None = None) -> int:
             summary["signal"] = signalled
     finally:
         t2 = time.monotonic()
-        cluster.down()
-        summary["cluster_down_s"] = round(time.monotonic() - t2, 1)
-        rc_local = local.wait()
-        waiter.join()
+        try:
+            cluster.down()  # returns once every process it started has exited, or names the ones still running
+        finally:
+            summary["cluster_down_s"] = round(time.monotonic() - t2, 1)
+            rc_local = local.wait()
+            waiter.join()
     summary["local_run"] = {"returncode": rc_local, "seconds": round(local_end[0] - t0, 1),
                             "log": str(out / "snakemake-local.log")}
     problems = []
@@ -392,4 +395,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except slurm_cluster.StillRunning as err:  # the cluster could not be stopped: one line naming the pids
+        print(f"slurm-check: {err}", file=sys.stderr)
+        sys.exit(1)

@@ -75,47 +75,113 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def _threads_running(pid: int) -> bool:
+    """Whether any thread of ``pid`` has not exited. A multi-threaded daemon (slurmctld, slurmdbd, munged,
+    mariadbd) whose main thread has ended shows its pid as a zombie while its other threads still shut down,
+    seconds more: only when every thread is gone has the process exited."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid``'s exit status when it is this process's child (a daemon ``up`` started in this
+    process), so that it leaves the process table now rather than when this process exits."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        pass
+
+
 def alive(entry: dict) -> bool:
+    """Whether the process ``entry`` names (pid and start time) still runs: any of its threads not exited.
+    A pid whose threads have all exited (a zombie its parent has not collected) counts as stopped."""
     st = start_time(entry["pid"])
     if st is None or st != entry["start"]:
         return False
-    try:  # a zombie (exited, not yet reaped) counts as stopped
-        with open(f"/proc/{entry['pid']}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    if _threads_running(entry["pid"]):
+        return True
+    _reap(entry["pid"])
+    return False
 
 
-def stop(entry: dict, name: str, grace: float = 10.0) -> None:
+# How long `down` waits for a daemon to exit after SIGTERM (then SIGKILL), and after SIGKILL (then it stops
+# with an error naming the pid, rather than return while the daemon still runs)
+GRACE_S = 10.0
+KILL_WAIT_S = 20.0
+
+
+class StillRunning(RuntimeError):
+    """A process `down` stopped is still running after SIGKILL and :data:`KILL_WAIT_S` seconds."""
+
+
+def stop(entry: dict, name: str, grace: float = GRACE_S, kill_wait: float = KILL_WAIT_S) -> None:
+    """Stop the process ``entry`` names and return only once every thread of it has exited: SIGTERM, up to
+    ``grace`` seconds, then SIGKILL and up to ``kill_wait`` seconds; :class:`StillRunning` naming the pid
+    when it outlives that (a process in uninterruptible sleep, e.g. on a hung file system)."""
     if not alive(entry):
         return
-    os.kill(entry["pid"], signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not alive(entry):
-            return
-        time.sleep(0.1)
-    print(f"slurm_cluster: {name} (pid {entry['pid']}) ignored SIGTERM for {grace:.0f} s: SIGKILL", file=sys.stderr)
-    os.kill(entry["pid"], signal.SIGKILL)
+    pid = entry["pid"]
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    if _wait_gone(entry, grace):
+        return
+    print(f"slurm_cluster: {name} (pid {pid}) still runs {grace:.0f} s after SIGTERM: SIGKILL", file=sys.stderr)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    if not _wait_gone(entry, kill_wait):
+        raise StillRunning(f"{name} (pid {pid}) still runs {kill_wait:.0f} s after SIGKILL (see its state: "
+                           f"cat /proc/{pid}/status); the cluster is not down: once it has exited, run "
+                           "`tools/slurm_cluster.py down` again before the next check")
+
+
+def _wait_gone(entry: dict, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
     while alive(entry):
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
+    return True
+
+
+def netns_of(pid: int) -> str | None:
+    """``pid``'s network namespace (``net:[<inode>]``), read from any of its threads that still runs (a
+    zombie main thread has none); None when it has no running thread."""
+    try:
+        tids = [str(pid)] + [t for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            return os.readlink(f"/proc/{pid}/task/{tid}/ns/net")
+        except OSError:
+            continue
+    return None
+
+
+def processes_in(ns: str, exclude: tuple[int, ...] = ()) -> list[int]:
+    """Pids of the processes with a running thread in network namespace ``ns`` (``net:[<inode>]``)."""
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and int(entry) not in exclude and netns_of(int(entry)) == ns]
 
 
 def in_namespace(holder: int) -> list[int]:
     """Pids of the processes inside the holder's network namespace, the holder excluded."""
-    try:
-        ns = os.readlink(f"/proc/{holder}/ns/net")
-    except OSError:
-        return []
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in (holder, os.getpid()):
-            try:
-                if os.readlink(f"/proc/{entry}/ns/net") == ns:
-                    pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
+    ns = netns_of(holder)
+    return [] if ns is None else processes_in(ns, exclude=(holder, os.getpid()))
 
 
 class Cluster:
@@ -137,6 +203,12 @@ class Cluster:
         pids = self.pids()
         pids[name] = {"pid": pid, "start": start_time(pid)}
         self.pids_file.write_text(json.dumps(pids, indent=1))
+
+    def netns(self) -> str | None:
+        """The cluster's network namespace (``net:[<inode>]``) while it is up: after `down`, no process may
+        be left in it (tests/slurm/)."""
+        holder = self.holder()
+        return None if holder is None else netns_of(holder)
 
     def holder(self) -> int | None:
         entry = self.pids().get("netns")
@@ -281,8 +353,10 @@ StorageLoc=slurm_acct_db
     def _up(self) -> None:
         r = self.root
         t0 = time.monotonic()
+        # no inherited stdout: a caller reading `up`'s output (a pipe, capture_output) would wait for the
+        # holder to close it, i.e. until `down`
         holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"], stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.wait("the network namespace", lambda: Path(f"/proc/{holder.pid}/exe").resolve().name == "sleep"
                   if Path(f"/proc/{holder.pid}").exists() else False, timeout=10)
         self.record("netns", holder.pid)
@@ -345,19 +419,31 @@ StorageLoc=slurm_acct_db
             # a job's processes are slurmstepd's, not slurmd's: cancel them while the cluster can
             self.run("scancel", "--full", "--state=RUNNING,PENDING,SUSPENDED,REQUEUED", "-u", "root", check=False)
             self.run("scancel", "--full", "-u", "root", check=False)
+        # every process is stopped even when one outlives its SIGKILL; those are named together at the end
+        still: list[str] = []
+
+        def stop_one(entry: dict, name: str, **kw) -> None:
+            try:
+                stop(entry, name, **kw)
+            except StillRunning as err:
+                still.append(str(err))
+
         for name in reversed(DAEMONS):
             if name in pids:
-                stop(pids[name], name)
+                stop_one(pids[name], name)
         if holder is not None:
-            # what SLURM left (a job step it did not clean up, a shell someone opened with `exec`) is
-            # inside the namespace, so it is this cluster's: stop it, then the namespace's holder
+            # what SLURM left (a job step it did not clean up, slurmctld's slurmscriptd, a shell someone
+            # opened with `exec`) is inside the namespace, so it is this cluster's: stop it, then the holder
             for pid in in_namespace(holder):
                 entry = {"pid": pid, "start": start_time(pid)}
-                if entry["start"] is not None:
+                if entry["start"] is not None and alive(entry):
                     print(f"slurm_cluster: stopping pid {pid} left inside the cluster's namespace", file=sys.stderr)
-                    stop(entry, f"pid {pid}", grace=5)
+                    stop_one(entry, f"pid {pid} (in the cluster's namespace)", grace=5)
         if "netns" in pids:
-            stop(pids["netns"], "netns holder")
+            stop_one(pids["netns"], "netns holder")
+        if still:
+            # pids.json stays, so `down` can be run again once they have exited
+            raise StillRunning("; ".join(still))
         for name in ("slurm.conf", "slurmdbd.conf"):
             path = ETC / name
             if path.exists() and MARK in path.read_text(errors="replace"):
@@ -439,7 +525,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             print("slurm_cluster: not installing SLURM here (see above); the SLURM check will be skipped", file=sys.stderr)
     elif args.cmd == "down":
-        cluster.down()
+        try:
+            cluster.down()
+        except StillRunning as err:
+            print(f"slurm_cluster: {err}", file=sys.stderr)
+            return 1
     elif args.cmd == "status":
         return cluster.status()
     else:

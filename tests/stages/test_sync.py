@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lenbatch_study.pipeline.dvcplots import TEMPLATE, write_template
-from lenbatch_study.tools.sync import _touched_jobs, changed_stages, stage_outputs
+from lenbatch_study.tools.sync import changed_stages, stage_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,13 +27,6 @@ def test_the_stages_dvc_names_become_the_outputs_snakemake_omits():
     assert "results/stats/histogram.json" in stage_outputs(dvc_yaml, ["stats"])  # plots count as outputs
     with pytest.raises(ValueError, match=r"stages \['nope'\] that dvc.yaml does not define"):
         stage_outputs(dvc_yaml, ["nope"])
-
-
-def test_the_jobs_touch_recorded_are_read_from_snakemakes_job_stats():
-    out = ("Job stats:\njob        count\n-------  -------\nprofile        1\ntrain          5\nall  1\n"
-           "total          7\n")
-    assert _touched_jobs(out) == {"profile": 1, "train": 5}
-    assert _touched_jobs("Nothing to be done (all requested files are present and up to date).") == {}
 
 
 def test_dvc_config_points_plots_at_the_template_lenbatch_writes(tmp_path):

@@ -169,7 +169,8 @@ def outputs(stage):
     when it fails, so a failing or interrupted job would lose the previous complete results. The stage
     itself writes a staging folder and swaps it in only on success (lenbatch_study.pipeline.outputs),
     so the previous output stays whole until then; Snakemake keeps a backup copy of update() outputs
-    and puts it back if the job fails (same bytes: the stage never touched them)."""
+    and puts it back if the job fails (same bytes: the stage never touched them). What Snakemake
+    records for a restored output, and what a user does about it: docs/reliability.md."""
     out = {}
     for name, o in registry.STAGES[stage].outputs.items():
         if o.declared:
@@ -190,59 +191,6 @@ def all_outputs():
                 else:
                     out.append(registry.output_path(stage, name, results=R))
     return out
-
-
-# Snakemake records a failed job's params and code for the update() outputs it has just put back, so
-# the same failing params would then look up to date ("Nothing to be done" over the previous results).
-# The Snakefile's onstart keeps each output's record as it was; onerror puts back the records of the
-# outputs Snakemake restored (it logs each one), so they again say which params made those bytes.
-_RECORDS_BEFORE = {}
-_TIMES_BEFORE = {}  # and the file times: a restored copy is new, which would rerun what reads it
-
-
-def keep_records():
-    """onstart: every declared output's metadata record (None: none yet), before any job runs; and drop the
-    backup copy a killed run left of an output that is there (Snakemake refuses to back up over it, and
-    the output itself is complete: a stage swaps in only whole outputs)."""
-    import shutil
-    from pathlib import Path
-
-    persistence = workflow.persistence
-    for f in all_outputs():
-        _RECORDS_BEFORE[f] = persistence._read_record(f)
-        if os.path.exists(f):
-            _TIMES_BEFORE[f] = os.stat(f).st_mtime_ns
-        stale = persistence._get_backup_path(Path(f))
-        if os.path.lexists(f) and os.path.lexists(stale):
-            if stale.is_dir() and not stale.is_symlink():
-                shutil.rmtree(stale)
-            else:
-                stale.unlink()
-
-
-def put_back_records(logfiles):
-    """onerror: the record and file time of each output Snakemake restored after its job failed, as they were
-    before the run (a restored folder's files keep their times: Snakemake copies them with copy2)."""
-    import re
-
-    persistence = workflow.persistence
-    restored = set()
-    for path in logfiles if isinstance(logfiles, (list, tuple)) else [logfiles]:
-        try:
-            text = open(path).read()
-        except (OSError, TypeError):
-            continue
-        restored |= set(re.findall(r"Restored previous version of (\S+) \(updating job failed\)", text))
-    for f in sorted(restored):
-        if f not in _RECORDS_BEFORE:
-            continue
-        before = _RECORDS_BEFORE[f]
-        if before is None:
-            persistence._delete_record(f)
-        else:
-            persistence._write_record(f, before)
-        if f in _TIMES_BEFORE and os.path.exists(f):
-            os.utime(f, ns=(_TIMES_BEFORE[f], _TIMES_BEFORE[f]))
 
 
 # Ctrl-C: each process of the running jobs gets the interrupt once, and snakemake goes on only when they

@@ -13,8 +13,11 @@ package that imports :class:`LogHandler`). A run then prints, per job:
   per job, none before :data:`PROGRESS_AFTER` seconds, so a short job stays at two lines.
 
 Shell commands are not printed (each carries its stage's params JSON, up to a few KB; Snakemake's own log,
-``.snakemake/log``, and a dry run have them). Warnings and errors print as Snakemake prints them, without
-the failed job's shell command (the job's log starts with what it read). Dry runs (``-n``), ``--verbose`` and
+``.snakemake/log``, and a dry run have them). Warnings, errors and Snakemake's other lines print as Snakemake
+prints them, with any job's shell command (known from the job's start event, never read out of a message's
+wording) replaced by :data:`COMMAND_NOTE` (the job's log starts with what it read). What is left out is
+chosen by Snakemake's structured events only, never by the text of its lines: a reworded Snakemake line
+prints as it is. Dry runs (``-n``), ``--verbose`` and
 ``--debug-dag`` print exactly Snakemake's default output, so ``snakemake -n`` reads as always. Snakemake's
 own log file (``.snakemake/log``) is written by its default file handler, which this does not replace.
 Cost: one regular-expression scan of each running job's new log bytes per :data:`POLL_SECONDS`.
@@ -43,12 +46,8 @@ PROGRESS_EVERY = 30.0   # at most one progress line per job per this many second
 # "step 12/400", "pass 1/2", "read 1,200/5,000 records": a word, then done/total
 _NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)"  # 1,200 or 1200
 PROGRESS = re.compile(rf"\b(?P<word>[A-Za-z]+) (?P<k>{_NUM})/(?P<n>{_NUM})(?![\d/])")
-# a failed job's exception repeats its whole shell command
-FAILED_COMMAND = re.compile(r"Command '.*' returned non-zero exit status (-?\d+)\.", re.S)
-# Snakemake's chatter between jobs: what the start and end lines already say, or nothing to act on
-CHATTER = ("Building DAG of jobs", "Using shell:", "Provided cores", "Rules claiming more threads",
-           "Provided resources", "Provided remote nodes", "Select jobs to execute", "Execute ",
-           "Assuming unrestricted shared filesystem", "Finished jobid", "Elapsed time")
+# what stands in a message for a job's shell command (Snakemake's own log keeps the command)
+COMMAND_NOTE = "<the job's shell command: in Snakemake's log>"
 
 
 def duration(seconds: float) -> str:
@@ -115,6 +114,7 @@ class LogHandler(LogHandlerBase):
         self.stream = self.default.stream
         self.stage_only = os.environ.get("LENBATCH_STAGE_ONLY") == "1"  # under a DVC stage command
         self.jobs: dict[int, Job] = {}
+        self.commands: set[str] = set()  # the shell commands of the jobs seen, to keep off the console
         self.failed = False
         self.done = 0
         self.total: Optional[int] = None
@@ -180,30 +180,42 @@ class LogHandler(LogHandlerBase):
             self._finish(getattr(record, "job_id", None), now)
             return
         if event == LogEvent.SHELLCMD:  # the params JSON: Snakemake's log and a dry run show it
+            self._remember(getattr(record, "shellcmd", None))
             return
         if event in (LogEvent.JOB_ERROR, LogEvent.GROUP_ERROR):
             quiet = copy.copy(record)
             if hasattr(quiet, "shellcmd"):
+                self._remember(quiet.shellcmd)
                 quiet.shellcmd = None  # the params JSON; the job's log names what it read
             with self.lock:
                 self.failed = True
                 self.jobs.pop(getattr(record, "jobid", None), None)
-                self.default.handle(quiet)
+                self.default.handle(self._without_commands(quiet))
             return
-        msg = record.getMessage()
-        if event is None and record.levelno < logging.WARNING and msg.lstrip().startswith(CHATTER):
-            return
-        if self.stage_only and not self.failed and msg.startswith("Complete log(s)"):
-            return  # under DVC a stage that worked needs no pointer to Snakemake's log
-        short = FAILED_COMMAND.sub(r"The job's shell command (in Snakemake's log) returned non-zero exit status \1.", msg)
-        if short != msg:  # the failed command carries the stage's params JSON: the log file has it
-            record = copy.copy(record)
-            record.msg, record.args = short, None
         with self.lock:
-            self.default.handle(record)
+            self.default.handle(self._without_commands(record))
+
+    def _remember(self, command: Any) -> None:
+        if isinstance(command, str) and command.strip():
+            with self.lock:
+                self.commands.add(command.strip())
+
+    def _without_commands(self, record: logging.LogRecord) -> logging.LogRecord:
+        """``record`` with every shell command of a job seen replaced by :data:`COMMAND_NOTE` (a failed job's
+        exception repeats its command, and with it the stage's params JSON)."""
+        msg = record.getMessage()
+        short = msg
+        for command in sorted(self.commands, key=len, reverse=True):
+            short = short.replace(command, COMMAND_NOTE)
+        if short == msg:
+            return record
+        record = copy.copy(record)
+        record.msg, record.args = short, None
+        return record
 
     def _start(self, record: logging.LogRecord, now: float) -> None:
         rule = getattr(record, "rule_name", "?")
+        self._remember(getattr(record, "shellcmd", None))
         if rule == "all":
             return
         logs = [str(p) for p in (getattr(record, "log", None) or [])]
