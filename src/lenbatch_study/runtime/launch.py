@@ -75,7 +75,8 @@ def scontrol_field(text: str, key: str) -> Optional[str]:
     return None
 
 
-def discover(nodes: int, env: Mapping[str, str] = os.environ, *, scontrol: Scontrol = run_scontrol) -> Optional[Cluster]:
+def discover(nodes: int, env: Mapping[str, str] = os.environ, *,
+             scontrol: Scontrol = run_scontrol) -> Optional[Cluster]:
     """The SLURM nodes a training of ``train.nodes`` = ``nodes`` runs on; None when it runs on this machine
     (one node, or no SLURM job: the nodes are then emulated). Costs up to three ``scontrol`` calls.
 
