@@ -48,7 +48,7 @@ STUDY_LAYERS: dict[str, set[str]] = {
     "stages": {"runtime", "models", "core", "corpus", "analysis", "pipeline"},
     # the commands beside the stages (plan, study-replay, verify-packing, params, plots, dvc-yaml, sync, readme)
     "tools": {"models", "core", "corpus", "analysis", "pipeline"},
-    # flags; stages reached by importlib only; runtime: train's relaunch under torchrun dies with its parent
+    # flags; stages reached by importlib only; runtime: the training's launcher (runtime/launch.py)
     "cli": {"pipeline", "core", "corpus", "models", "runtime"},
     "(top)": {"cli"},                                       # python -m lenbatch_study
 }

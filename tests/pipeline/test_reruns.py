@@ -120,6 +120,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/runtime/interleave.py": {"interleave"},  # the interleaved measurement's schedule of turns
     "lenbatch_study/runtime/lifetime.py": {"profile", "train"},  # the profile's workers die with it too
     "lenbatch_study/runtime/interrupt.py": set(),  # the Snakefile's Ctrl-C handler, no stage's import
+    "lenbatch_study/runtime/launch.py": set(),  # lenbatch train's launcher: the CLI's import, no stage's
     "lenbatch_study/pipeline/dvc_guard.py": set(),  # the Snakefile's hold on a DVC workspace, no stage's import
     "lenbatch_study/runtime/records.py": {"train"},
     "lenbatch_study/runtime/reference.py": {"profile", "train"},  # the drift-calibration step

@@ -61,10 +61,11 @@ def test_dry_run_plans_every_stage_and_strategy(work, extra):
     # the machine fingerprint: written as the Snakefile is parsed (the measuring stages' dependency), not planned
     assert list(work.glob("results/**/machine/machine.json")) and "machine" not in counts, counts
     assert counts["train"] == 5
+    # the training's processes per node: train.nproc in the rule's params (lenbatch train starts torchrun)
     if "configs/qwen3.6-27b-8gpu.yaml" in extra:
-        assert "--nproc_per_node 8" in out and '"token_budget": 49152' in out
+        assert re.search(r'"nproc": 8\b', out) and '"token_budget": 49152' in out
     else:
-        assert "--nproc_per_node 2" in out and '"token_budget": 16384' in out
+        assert re.search(r'"nproc": 2\b', out) and '"token_budget": 16384' in out
     if extra == ["--configfile", "configs/qwen3.6-27b-8gpu.yaml"]:
         # one machine (the default profile's gpu=1 limit): each GPU job takes the whole budget, one at a time
         assert re.search(r"rule train:(.|\n)*?resources: .*\bgpu=1, nodes=1", out)
@@ -271,8 +272,12 @@ def test_slurm_dry_run_gives_every_gpu_job_one_node_and_its_gpus(work):
         if name in ("train", "profile"):
             # profile times the drafter on cuda:<nproc-1> as training does: it needs all 8 visible
             assert "gpu=8" in res and "nodes=1" in res, (name, res)
-    assert "--nnodes 1 --nproc_per_node 8" in run(["snakemake", "-n", "-p", "--workflow-profile", "profiles/slurm",
-                                                  "--configfile", "configs/qwen3.6-27b-8gpu.yaml"], cwd=work).stdout
+    # lenbatch train builds torchrun's rendezvous from these at run time (tests/runtime/test_launch.py)
+    shell = run(["snakemake", "-n", "-p", "--workflow-profile", "profiles/slurm", "--configfile",
+                 "configs/qwen3.6-27b-8gpu.yaml"], cwd=work).stdout
+    trainings = [line for line in shell.splitlines() if "Shell command: lenbatch train " in line]
+    assert len(trainings) == 5 and all(re.search(r'"nproc": 8\b', t) and re.search(r'"nodes": 1\b', t)
+                                       for t in trainings), trainings
 
 
 def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):

@@ -2,8 +2,8 @@
 preemption or requeue) checkpoints at a step boundary, exits with STOPPED_EXIT and one log line and no summary,
 and ``--resume`` then trains exactly the batches and losses of an uninterrupted run: one process, one
 torchrun of 2 processes, and 2 nodes emulated by one torchrun of 4. The signal goes to every process of the
-run, as SLURM delivers it to every process of a job step (``lenbatch train`` keeps torchrun's agent alive
-through SIGUSR1, as the train rule does with ``trap '' USR1``)."""
+run, as SLURM delivers it to every process of a job step (``lenbatch train``, the train rule's command, keeps
+torchrun's agent alive through SIGUSR1: lenbatch_study.runtime.launch)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import signal
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -421,87 +418,44 @@ def _train_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many global steps (total, "
                         "counting steps before a resume)")
     parser.add_argument("--resume", action="store_true", help=f"continue from OUT/{CHECKPOINT}")
+    parser.add_argument("--resume-if-interrupted", action="store_true",
+                        help="resume when an interrupted run of OUT left a checkpoint (in .OUT.partial beside OUT), "
+                        "else start afresh; under SLURM a run stopped by SIGUSR1 then requeues its job, to resume "
+                        "when started again (the train rule passes it)")
     parser.set_defaults(func=_train)
 
 
 def _train(args: argparse.Namespace) -> int:
-    """``lenbatch train``: without torchrun and with ``train.nproc > 1``, re-executes itself under
-    ``python -m torch.distributed.run --standalone --nproc_per_node train.nproc`` (logged); else trains
-    in this process (:func:`lenbatch_study.stages.train.train`)."""
+    """``lenbatch train``: trains in this process (one of torchrun's, or the only one: ``train.nodes x
+    train.nproc`` = 1, outside a multi-node SLURM job), else launches the processes with these same arguments
+    (:mod:`lenbatch_study.runtime.launch`: torchrun here, or one per node under SLURM)."""
+    from lenbatch_study.runtime import launch
+    from lenbatch_study.runtime.resume import partial_dir
+    from lenbatch_study.runtime.runner import torchrun_world
+
     stage = _stage("train")
     overrides = {"train": {"useful_tokens": args.useful_tokens}} if args.useful_tokens is not None else {}
     params = params_from_args(args, overrides)
     stage.check_request(strategy=args.strategy, max_steps=args.max_steps)
-    if args.resume:  # another train.nproc/nodes than the checkpoint's run: refused before torchrun starts
+    out = Path(args.out)
+    # every process of a run decides alike: nothing writes the checkpoint before all of them have started
+    resume = args.resume or (args.resume_if_interrupted and (partial_dir(out) / CHECKPOINT).exists())
+    if resume:  # another train.nproc/nodes than the checkpoint's run: refused before torchrun starts
         from lenbatch_study.runtime.resume import check_resume_shape
 
-        check_resume_shape(Path(args.out), params, checkpoint=CHECKPOINT)
-    nproc = stage.launcher_processes(params)
-    if nproc:
-        from lenbatch_study.runtime.lifetime import children, parent_death_signal
+        check_resume_shape(out, params, checkpoint=CHECKPOINT)
+    under_torchrun = torchrun_world()[0]
+    if not under_torchrun and params.train.nodes * params.train.nproc > 1:
+        from lenbatch.log import get_logger
 
-        return _relaunch_train(args, nproc, parent_death_signal=parent_death_signal, children=children)
-    return stage.train(params=params, strategy=args.strategy, data=args.data, out=args.out,
-                       boundaries=args.boundaries, max_steps=args.max_steps, resume=args.resume)
-
-
-def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal: Any, children: Any) -> int:
-    import subprocess
-
-    from lenbatch.log import get_logger
-
-    argv = ["train", "--params", *args.params, "--strategy", args.strategy, "--data", args.data, "--out", args.out]
-    if args.boundaries:
-        argv += ["--boundaries", args.boundaries]
-    if args.useful_tokens is not None:
-        argv += ["--useful-tokens", str(args.useful_tokens)]
-    if args.max_steps is not None:
-        argv += ["--max-steps", str(args.max_steps)]
-    if args.resume:
-        argv.append("--resume")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "lenbatch_study", *argv]
-    get_logger("train").info("train.nproc=%d and no torchrun environment: running %s", nproc, " ".join(cmd))
-
-    def start() -> None:
-        parent_death_signal()  # the launcher dies with us, and its workers with it (lenbatch_study.runtime.lifetime)
-        # a stop signal is the workers' to handle (lenbatch_study.runtime.stopping): torchrun's agent ignores
-        # SIGUSR1 (it would die of it, and take them with it); the workers install their own handler
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C is the agent's: it hands it on to the workers
-
-    # while torchrun runs: SIGUSR1 ignored here too (a scheduler signals every process of the job), SIGTERM
-    # handed on to the workers, which stop at a step boundary with a checkpoint. Not to the agent: where every
-    # process got it (SLURM) the agent would get a second one, and a second SIGTERM during its shutdown kills
-    # it (and with it the workers, mid-checkpoint).
-    proc = None
-
-    def hand_on(*_: Any) -> None:
-        for worker in children(proc.pid) if proc is not None else ():
-            os.kill(worker, signal.SIGTERM)
-
-    # Ctrl-C at a terminal reaches this process and the agent alike (one process group): the agent stops the
-    # workers, and this one waits for its exit code rather than leaving with a traceback (its death would signal
-    # the agent a second time, mid-shutdown). A SIGINT sent to this process alone (kill -INT <pid>, no terminal's)
-    # is handed to the agent, which hands it to its workers: they stop at a step boundary with a checkpoint
-    from lenbatch_study.runtime.interrupt import in_terminal_foreground
-
-    def pass_on_interrupt(*_: Any) -> None:
-        if proc is not None and not in_terminal_foreground():
-            os.kill(proc.pid, signal.SIGINT)
-
-    previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
-                signal.SIGTERM: signal.signal(signal.SIGTERM, hand_on),
-                signal.SIGINT: signal.signal(signal.SIGINT, pass_on_interrupt)}
-    try:
-        proc = subprocess.Popen(cmd, preexec_fn=start)
-        rc = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    stage = _stage("train")
-    # torchrun reports a worker's non-zero exit as its own 1: the marker says the workers stopped on a signal
-    return stage.STOPPED_EXIT if rc != 0 and stage.stopped_on_signal(args.out) else rc
+        return launch.run_training(args.argv, nproc=params.train.nproc, nodes=params.train.nodes, out=out,
+                                   stopped=stage.stopped_on_signal, stopped_exit=stage.STOPPED_EXIT,
+                                   requeue=args.resume_if_interrupted, log=get_logger("train").info)
+    rc = stage.train(params=params, strategy=args.strategy, data=args.data, out=out, boundaries=args.boundaries,
+                     max_steps=args.max_steps, resume=resume)
+    if args.resume_if_interrupted and not under_torchrun:  # the run's one process: it requeues its SLURM job
+        rc = launch.requeue_if_stopped(rc, stage.stopped_on_signal(out) if rc else None)
+    return rc
 
 
 @_flags_of("profile")

@@ -11,8 +11,8 @@ No ``summary.json`` is written: the run is not complete, and ``--resume`` contin
 uninterrupted run would train.
 
 torchrun's agent must not die of SIGUSR1 (its default action), which would take its workers with it:
-start it with SIGUSR1 ignored (``trap '' USR1`` in the launching shell; ``lenbatch train`` does so for the
-torchrun it starts). An ignored disposition survives ``exec``, and each worker installs its own handler.
+start it with SIGUSR1 ignored (:mod:`lenbatch_study.runtime.launch` does so for the torchrun ``lenbatch train``
+starts). An ignored disposition survives ``exec``, and each worker installs its own handler.
 SIGTERM the agent forwards to its workers itself, then waits 30 s for them before SIGKILL.
 """
 

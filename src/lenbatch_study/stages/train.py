@@ -464,20 +464,6 @@ def check_request(*, strategy: str, max_steps: Optional[int]) -> None:
         raise ValueError(f"--max-steps must be >= 1, got {max_steps}")
 
 
-def launcher_processes(params: Params) -> Optional[int]:
-    """``train.nodes x train.nproc`` when this process must start torchrun with that many processes (not
-    started by torchrun, more than one process); None when it trains itself. Several nodes are then emulated
-    on this machine by one torchrun (logged): the roles come from the global rank, so it is the code path of
-    one torchrun per node."""
-    world = params.train.nodes * params.train.nproc
-    if torchrun_world()[0] or world == 1:
-        return None
-    if params.train.nodes > 1:
-        log.info("train.nodes=%d: emulating %d nodes of %d processes on this machine with one torchrun of %d "
-                 "processes", params.train.nodes, params.train.nodes, params.train.nproc, world)
-    return world
-
-
 def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, boundaries: Optional[str] = None,
           max_steps: Optional[int] = None, resume: bool = False) -> int:
     """``lenbatch train`` in this process (one of torchrun's, or the only one with ``train.nproc: 1``):
@@ -587,4 +573,4 @@ def stopped_on_signal(out: str | Path) -> Optional[dict[str, Any]]:
     return read_marker(partial_dir(out) / STOPPED) or read_marker(out / STOPPED)
 
 
-__all__ = ["STOPPED_EXIT", "check_request", "launcher_processes", "progress_line", "stopped_on_signal", "train"]
+__all__ = ["STOPPED_EXIT", "check_request", "progress_line", "stopped_on_signal", "train"]
