@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lenbatch-installed
 
-.PHONY: run sync plots test test-fast test-deps install clean
+.PHONY: run sync plots test test-fast test-deps install clean lint
 
 # DVC's own `dvc plots show/diff` use this template (.dvc/config: plots.html_template): Vega inlined from
 # Snakemake's bundled copies, so the page renders offline. Written here, not committed (2.2 MB of third-party code).
@@ -81,6 +81,10 @@ test: test-deps
 # GPU-check rehearsal), on the main venv alone.
 test-fast: install
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+
+# the linter (pyproject.toml's [tool.ruff]); the suite runs it too (tests/pipeline/test_lint.py)
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks tools
 
 clean:
 	rm -rf results logs .snakemake

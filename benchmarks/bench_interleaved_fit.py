@@ -23,7 +23,6 @@ measured - 1 per strategy.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

@@ -42,8 +42,6 @@ def build(rows: int, divide: int, folder: Path) -> np.ndarray:
     import pyarrow as pa
     from datasets.table import InMemoryTable
 
-    import lenbatch as lb
-
     reps = -(-rows // SEED_COUNT)
     lengths = np.maximum(np.tile(seed_profile(), reps)[:rows] // divide, 1).astype(np.int32)
     offsets = np.zeros(rows + 1, dtype=np.int32)

@@ -73,7 +73,9 @@ def test_a_cost_refuses_negative_or_all_zero_coefficients():
 
 def test_the_command_prints_the_same_rows(tmp_path):
     np.save(tmp_path / "l.npy", X)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "lenbatch", "compare", *a], capture_output=True, text=True)
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "lenbatch", "compare", *a], capture_output=True, text=True)
+
     out = run(str(tmp_path / "l.npy"), "--token-budget", "16384", "--max-batch-size=64", "--json",
               "--per-token", "1", "--per-token-squared", "0.001")
     assert out.returncode == 0, out.stderr

@@ -112,7 +112,9 @@ def test_length_mixing_without_reference_has_expectation_one_for_fixed_size_rand
 def test_length_mixing_is_zero_sorted_one_random_and_about_one_packed(name):
     x = _mixing_data()[name]
     spec = BatchSpec(token_budget=4 * 4096, max_batch_size=64, seed=0)
-    flat = lambda strategy, epoch, s=spec: [b for r in plan_epoch_all(x, strategy=strategy, epoch=epoch, spec=s) for b in r]
+    def flat(strategy, epoch, s=spec):
+        return [b for r in plan_epoch_all(x, strategy=strategy, epoch=epoch, spec=s) for b in r]
+
     ref = flat("random", 0)
     assert length_mixing(x, ref, reference=ref) == 1.0
     other = flat("random", 1)

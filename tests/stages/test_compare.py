@@ -578,7 +578,7 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
     assert "## Ratios measured in turns" in report and "Every interval is within ±2%" in report
     main = (out / "report.md").read_text()
     r = result.interleaved["packed"]
-    assert f"| packed | 100.0% | {r['ratio_to_sorted']:.3f} [" in main or f"| packed | " in main
+    assert f"| packed | 100.0% | {r['ratio_to_sorted']:.3f} [" in main or "| packed | " in main
     assert main.split("## Answer")[1].strip().startswith(f"**Use `{top}`**")
     assert "Beyond the profile grid (`packed`: drafter ctx_tokens " in report
     r = result.interleaved["packed"]

@@ -22,9 +22,7 @@ Cost: ``O(n * P)``.
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Any
 
 import numpy as np
 

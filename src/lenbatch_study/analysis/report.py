@@ -439,7 +439,7 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
                 "compare.")
     why = []
     if v.wide:
-        why.append(", ".join(f"`{s}` {_iv(table[s])}" for s in v.top) + f" overlap, and the intervals of "
+        why.append(", ".join(f"`{s}` {_iv(table[s])}" for s in v.top) + " overlap, and the intervals of "
                    + ", ".join(f"`{s}`" for s in v.wide) + f" are still wider than ±{100 * INTERVAL_TARGET:g}% after "
                    f"{v.rounds} rounds (`interleave.max_rounds`): the machine's speed moved within rounds too much to "
                    "separate them. Rerun the measurement in turns on a quieter machine or with more rounds: "

@@ -87,7 +87,7 @@ def check_shape(saved: dict[str, Any], current: dict[str, Any], path: Path, *, w
     was, now = shape_of(saved), shape_of(current)
     if was is None or now is None or was == now:
         return
-    afresh = (f"rerun without --resume" if work == final else
+    afresh = ("rerun without --resume" if work == final else
               f"remove {work} (the interrupted run's folder; {final} is not touched), then rerun without --resume")
     raise RunShapeError(f"--resume: checkpoint {path} was trained with train.nproc={was[0]}, train.nodes={was[1]} "
                         f"but this run has train.nproc={now[0]}, train.nodes={now[1]}: its steps were timed in "
