@@ -31,7 +31,7 @@ LIBRARY, STUDY = deps.LIBRARY, deps.STUDY
 LIBRARY_LAYERS: dict[str, set[str]] = {
     "batching": set(),                     # numpy: lengths, spec, padding, plans, boundaries
     "loading": {"batching"},               # sampler, collate, lengths from Arrow offsets
-    "(top)": {"batching", "loading"},      # the facade, hf (Trainer), packcheck, loss, hostmem, log
+    "(top)": {"batching", "loading"},      # the facade, hf (Trainer), packcheck, loss, log
 }
 # The study may import any library module but its facade (a stage then depends on only the library
 # modules it uses: the facade re-exports all of them); among its own layers:
@@ -186,7 +186,7 @@ def test_the_layer_checker_can_fail():
 def test_importing_the_library_loads_nothing_of_the_study():
     """``import lenbatch`` and every library module leave ``lenbatch_study`` unimported, in a fresh process."""
     code = ("import sys, lenbatch, lenbatch.batching.simulate, lenbatch.loading.sampler, lenbatch.loading.collate, "
-            "lenbatch.loading.arrow, lenbatch.hostmem, lenbatch.log; "
+            "lenbatch.loading.arrow, lenbatch.log; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lenbatch_study'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out

@@ -64,7 +64,7 @@ from lenbatch.batching.strategy import Strategy, layout_of
 from lenbatch.batching.cost import cost_fingerprint, cost_limit
 from lenbatch.batching.overflow import Pieces, overflow_pieces
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
-from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
+from lenbatch.batching.state import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
 from lenbatch.batching.strategies import (Plan, equal_epoch_batches, named_strategy, plan_epoch, planning_lengths,
                                          resolve_rank)
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from lenbatch_study.core.batchspec import batch_spec
 from lenbatch.batching.boundaries import optimize_boundaries, simulate_bucketed, sweep_num_buckets
 from lenbatch.batching.lengths import bucket_counts
 from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.padding import predict_bucketed
 from lenbatch.batching.strategy import STRATEGIES
-from lenbatch.batching.spec import BatchSpec
 from lenbatch_study.core.config import Params
 from lenbatch.log import get_logger
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
@@ -46,7 +46,7 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
                                    seed=bt.seed)
     log.info("%s: %d samples; %s boundaries, K=%d, budget %d tokens, at most %d per batch", source, x.size,
              p.method, p.num_buckets, bt.token_budget, bt.max_batch_size)
-    spec = BatchSpec.from_params(params, strategy="bucketed")
+    spec = batch_spec(params, strategy="bucketed")
     res = optimize_boundaries(x, p.num_buckets, method=p.method, objective=p.objective,
                               num_candidates=p.num_candidates, spec=spec)
     sim = simulate_bucketed(x, res.edges, spec=spec)

@@ -74,7 +74,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from lenbatch.batching.schedule import build_schedule
+from lenbatch_study.runtime.schedule import build_schedule
 from lenbatch.loading.collate import collate
 from lenbatch.log import get_logger
 from lenbatch_study.core.intervals import (INTERVAL_TARGET, PREDICTION_TARGET, half_width, ratio_intervals,
