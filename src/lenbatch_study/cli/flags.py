@@ -235,7 +235,7 @@ BOUNDARIES_FLAGS = ("boundaries.method", "boundaries.num_buckets", "boundaries.s
 @_flags_of("boundaries")
 def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
     from lenbatch.batching.boundaries import METHODS as methods
-    from lenbatch.batching.padding import OBJECTIVES as objectives
+    from lenbatch_study.core.objective import OBJECTIVES as objectives
 
     _params_flag(parser)
     add_lengths_arguments(parser)
