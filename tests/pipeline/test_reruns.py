@@ -67,7 +67,8 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/core/batchspec.py": PLANNING - {"quality"} | {"profile"},  # params.batching -> BatchSpec
     "lenbatch_study/core/objective.py": {"boundaries", "compare"},  # the study's objective (compare: the replay)
     "lenbatch_study/core/cpu.py": {"profile", "train", "compare"},
-    "lenbatch/log.py": ALL,
+    "lenbatch/log.py": set(),  # the library's NullHandler: no stage imports it (the study logs through core/log.py)
+    "lenbatch_study/core/log.py": ALL,  # the study's console
     "lenbatch_study/core/machine.py": {"profile", "train", "quality", "interleave", "compare"},  # the fingerprint every measurement records
     # corpus: tokenize's alone
     "lenbatch/loading/arrow.py": {"tokenize"},  # pre-tokenized input reads Arrow files with it

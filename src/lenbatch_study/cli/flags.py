@@ -448,7 +448,7 @@ def _train(args: argparse.Namespace) -> int:
 def _relaunch_train(args: argparse.Namespace, nproc: int, *, parent_death_signal: Any, children: Any) -> int:
     import subprocess
 
-    from lenbatch.log import get_logger
+    from lenbatch_study.core.log import get_logger
 
     argv = ["train", "--params", *args.params, "--strategy", args.strategy, "--data", args.data, "--out", args.out]
     if args.boundaries:

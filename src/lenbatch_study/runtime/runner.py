@@ -20,7 +20,7 @@ import torch
 from lenbatch.loading.collate import Batch
 from lenbatch_study.core.config import Params
 from lenbatch_study.runtime.hostmem import reuse_freed_memory
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 
 log = get_logger("train")
 

@@ -22,7 +22,7 @@ from lenbatch.batching.padding import predict_bucketed
 from lenbatch.batching.strategy import STRATEGIES
 from lenbatch_study.core.config import Params
 from lenbatch_study.core.objective import objective_named
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
 from lenbatch_study.pipeline.artifacts.bucket_edges import BOUNDARIES, SWEEP, TIMINGS, by_strategy_path
 from lenbatch_study.pipeline.artifacts.writing import write_json, write_resolved

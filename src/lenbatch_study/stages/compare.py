@@ -33,7 +33,7 @@ from lenbatch_study.analysis import calibration, provenance, shapes
 from lenbatch_study.analysis import interleaved as il, stepmodel as sm, study_replay as sr
 from lenbatch_study.core import cpu
 from lenbatch_study.core.config import Params
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.analysis.report import QUIET_RERUN, CompareResult, Recommendation, StrategyRow, busy_machine, \
     unsteady_machine, write_outputs
 from lenbatch_study.analysis.verdict import decide

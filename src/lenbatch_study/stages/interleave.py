@@ -76,7 +76,7 @@ import numpy as np
 
 from lenbatch_study.runtime.schedule import build_schedule
 from lenbatch.loading.collate import collate
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.core.intervals import (INTERVAL_TARGET, PREDICTION_TARGET, half_width, ratio_intervals,
                                            stop_reason, t_quantile, width_to_reach)
 from lenbatch_study.core.config import Params

@@ -12,7 +12,7 @@ from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.simulate import simulate
 from lenbatch.batching.strategies import STRATEGIES
 from lenbatch_study.core.config import Params
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.bucket_edges import NEEDS_EDGES, read_edges
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
 from lenbatch_study.pipeline.artifacts.plan_metrics import METRICS, TIMINGS

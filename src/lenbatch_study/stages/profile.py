@@ -51,7 +51,7 @@ from lenbatch_study.runtime.synthetic import synthetic_sequences
 from lenbatch_study.core.config import Params
 from lenbatch_study.pipeline.artifacts.profile_grid import GRID
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.analysis.shapes import batch_columns, drafter_work, grid_shape
 from lenbatch_study.models.anchors import CE_CHUNK_ROWS
 from lenbatch_study.core.cpu import CPU_SHARE_WARN, grid_cpu_share

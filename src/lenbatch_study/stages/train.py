@@ -99,7 +99,7 @@ from lenbatch_study.core.machine import fingerprint as fingerprint_machine
 from lenbatch_study.runtime.lifetime import die_with_parent, remove_launcher_logs
 from lenbatch_study.runtime.resume import partial_dir, resume_point, share_resume
 from lenbatch_study.runtime.stopping import STOPPED_EXIT, StopRequest, agree_stopped, read_marker, stop_here
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.reading import read_json
 from lenbatch_study.pipeline.artifacts.train_runs import CHECKPOINT, RUN_FILES, STEPS, STOPPED, SUMMARY
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
