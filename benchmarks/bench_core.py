@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import lenbatch as lb
+from lenbatch_study.core.objective import objective_named
 from lenbatch_study.corpus.seed_profile import seed_profile
 from lenbatch.batching.padding import budget_fill, composition_repeat, length_mixing, padding_efficiency, predict_bucketed
 from lenbatch.batching.strategies import plan_epoch_all
@@ -67,13 +68,13 @@ def bench(name: str, x: np.ndarray, study_edges: tuple[int, ...] | None) -> dict
     res = {}
     for objective in ("greedy", "study"):
         for method in ("geometric", "coordinate", "dp"):
-            b, wall, cpu = timed(lb.optimize_boundaries, x, K, method=method, objective=objective, **kw)
+            b, wall, cpu = timed(lb.optimize_boundaries, x, K, method=method, objective=objective_named(objective), **kw)
             res[(method, objective)] = b
             print(f"| {method} | {objective} | {list(b.edges)} | {b.predicted_efficiency:.4f} | {wall:.2f} "
                   f"| {cpu:.2f} |")
     if study_edges is not None:
         for objective in ("greedy", "study"):
-            e = predict_bucketed(x, study_edges, objective=objective, **kw)["efficiency"]
+            e = predict_bucketed(x, study_edges, objective=objective_named(objective), **kw)["efficiency"]
             print(f"| study's published edges | {objective} | {list(study_edges)} | {e:.4f} | - | - |")
     hist = res[("coordinate", "study")].history
     print(f"\ncoordinate search under the study's objective ({len(hist) - 1} iterations): "

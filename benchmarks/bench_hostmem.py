@@ -25,7 +25,7 @@ WORKER = r"""
 import json, resource, statistics, sys
 from pathlib import Path
 from lenbatch_study.core.config import load_params
-from lenbatch.hostmem import minor_faults
+from lenbatch_study.runtime.hostmem import minor_faults
 from lenbatch_study.stages.profile import make_batch
 from lenbatch_study.analysis.shapes import grid_shape
 from lenbatch_study.runtime.runner import StepRunner, configure_process

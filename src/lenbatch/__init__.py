@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lenbatch import log as _log  # noqa: F401 (a NullHandler on the 'lenbatch' logger; messages propagate to the user's handlers)
 from lenbatch.batching.boundaries import METHODS, Boundaries, optimize_boundaries, sweep_num_buckets
 from lenbatch.batching.compare import compare_strategies
 from lenbatch.batching.cost import Cost

@@ -344,6 +344,7 @@ class LengthBatchMixin:
         sampler = LengthBatchSampler(self.lengths, rank=self.args.process_index, world_size=world,
                                      min_batches=self._equal_epoch_batches(world), overflow=self.overflow,
                                      **self.plan_args)
+        sampler._accelerate = False  # this loader is not prepared by accelerate (below): nothing to warn of
         self.length_sampler = sampler
         dataset = sampler.view(dataset)  # serves the (row, start, end) pieces of truncate/split
         workers = self.args.dataloader_num_workers

@@ -1,25 +1,19 @@
-"""Logging that speaks only on rank 0 (all ranks when LENBATCH_LOG_ALL_RANKS=1)."""
+"""The library's logging, by Python's convention for libraries: every message goes to a logger under
+``"lenbatch"`` (``lenbatch.sampler``, ``lenbatch.hf``, ``lenbatch.boundaries``, ...), which propagates to
+the application's handlers; ``"lenbatch"`` itself holds only a ``NullHandler``. The library attaches no
+other handler, sets no level and never stops propagation: the application decides where messages go
+(``logging.basicConfig(level=logging.INFO)`` shows the library's INFO messages too)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 
-
-def rank() -> int:
-    """This process's global rank from torchrun's environment (0 outside torchrun)."""
-    return int(os.environ.get("RANK", "0"))
+ROOT = "lenbatch"
+logging.getLogger(ROOT).addHandler(logging.NullHandler())
 
 
 def get_logger(name: str) -> logging.Logger:
-    """A logger that prints ``HH:MM:SS stage message`` on rank 0 and stays silent elsewhere."""
-    logger = logging.getLogger(name)
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"))
-        logger.addHandler(handler)
-        logger.propagate = False
-        quiet = rank() != 0 and os.environ.get("LENBATCH_LOG_ALL_RANKS") != "1"
-        logger.setLevel(logging.WARNING if quiet else logging.INFO)
-    return logger
+    """The library logger ``name`` (under ``"lenbatch"``): no handler of its own, propagating."""
+    if name != ROOT and not name.startswith(ROOT + "."):
+        raise ValueError(f"library logger {name!r} must be under {ROOT!r} ('{ROOT}.<module>')")
+    return logging.getLogger(name)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import lenbatch as lb
+from lenbatch_study.core.objective import STUDY
 from lenbatch_study.corpus.seed_profile import seed_profile
 from lenbatch_study.analysis import study_replay as sr
 from lenbatch.batching.padding import predict_bucketed
@@ -58,9 +59,9 @@ def test_every_number_is_what_the_planning_api_gives(rep):
     # the study's objective on the stand-in, and with its top 1% capped at P99
     obj = rep["objective"]
     assert obj["study_edges"] == pytest.approx(predict_bucketed(x, sr.STUDY_EDGES, token_budget=49152,
-                                                                max_batch_size=64, objective="study")["efficiency"])
+                                                                max_batch_size=64, objective=STUDY)["efficiency"])
     assert obj["study_edges_tail_capped"] == pytest.approx(predict_bucketed(
-        np.minimum(x, 4917), sr.STUDY_EDGES, token_budget=49152, max_batch_size=64, objective="study")["efficiency"])
+        np.minimum(x, 4917), sr.STUDY_EDGES, token_budget=49152, max_batch_size=64, objective=STUDY)["efficiency"])
 
 
 def test_the_stand_in_does_not_reproduce_the_studys_86_8_and_its_tail_is_why(rep):

@@ -11,8 +11,12 @@ from hypothesis import strategies as st
 
 from lenbatch import optimize_boundaries, sweep_num_buckets
 from lenbatch.batching.boundaries import candidate_values, cost_matrix, coordinate_path, dp_partition, geometric_path
-from lenbatch.batching.padding import bucket_computed, padding_efficiency, predict_bucketed, value_counts
+from lenbatch.batching.padding import Objective, bucket_computed, padding_efficiency, predict_bucketed, value_counts
 from lenbatch.batching.strategies import plan_epoch_all
+
+
+# a second objective, given as an Objective without its own matrix (priced bucket by bucket): n * max
+MAX_PADDED = Objective("n_max", lambda v, c, budget, mbs: float(np.sum(c) * v[-1]))
 
 
 def _brute_force(cost, k):
@@ -29,7 +33,7 @@ lengths_st = st.lists(st.integers(1, 60), min_size=4, max_size=80).map(np.asarra
 
 @settings(max_examples=40, deadline=None)
 @given(x=lengths_st, k=st.integers(1, 4), budget=st.integers(60, 300), mbs=st.integers(1, 9),
-       ncand=st.integers(3, 12), objective=st.sampled_from(["greedy", "study"]))
+       ncand=st.integers(3, 12), objective=st.sampled_from(["greedy", MAX_PADDED]))
 def test_dp_equals_brute_force_and_beats_coordinate_and_geometric(x, k, budget, mbs, ncand, objective):
     cand = candidate_values(x, ncand)
     if k - 1 > cand.size:
@@ -53,7 +57,7 @@ def test_cost_matrix_matches_direct_model_on_real_lengths():
     x = real_lengths()
     cand = candidate_values(x, 120)
     vv, cc = value_counts(x)
-    for objective in ("greedy", "study"):
+    for objective in ("greedy", MAX_PADDED):
         cost, P, _ = cost_matrix(x, cand, 16384, 64, objective)
         for a in range(0, len(P) - 1, 9):
             for b in range(a + 1, len(P), 11):
@@ -96,13 +100,13 @@ def test_dp_on_a_chat_corpus_beats_the_study_edges_and_predicts_the_plan():
     plan = plan_epoch_all(x, strategy="bucketed", epoch=0, seed=0, edges=dp.edges, **kw)[0]
     assert abs(padding_efficiency(x, plan) - dp.predicted_efficiency) < 0.005
     cand = candidate_values(x, 290)
-    for objective in ("greedy", "study"):
+    for objective in ("greedy", MAX_PADDED):
         cost, P, v = cost_matrix(x, cand, 49152, 64, objective)
         best, _ = dp_partition(cost, 6)
         geo = geometric_path(v, cand, P, 6)
         coord, hist = coordinate_path(cost, geo)
         costs = [h["cost"] for h in hist]
-        # the study's search improves monotonically from its geometric start, and dp is never worse
+        # the coordinate search improves monotonically from its geometric start, and dp is never worse
         assert costs == sorted(costs, reverse=True) and costs[-1] < costs[0] * 0.95
         assert best <= costs[-1] * (1 + 1e-12)
 
@@ -130,3 +134,11 @@ def test_the_coordinate_sweep_gives_each_k_the_edges_optimize_boundaries_gives()
     for r in rows[1:]:
         one = optimize_boundaries(x, r["num_buckets"], token_budget=8192, max_batch_size=32, method="coordinate")
         assert tuple(r["edges"]) == tuple(one.edges)
+
+
+def test_an_objective_is_recorded_by_name_and_prices_the_prediction():
+    x = np.array([3, 5, 5, 8, 13, 21, 21, 34, 55, 89])
+    b = optimize_boundaries(x, 3, token_budget=200, max_batch_size=4, objective=MAX_PADDED)
+    assert b.objective == "n_max"
+    pred = predict_bucketed(x, b.edges, token_budget=200, max_batch_size=4, objective=MAX_PADDED)
+    assert pred["objective"] == "n_max" and pred["efficiency"] == pytest.approx(b.predicted_efficiency)

@@ -152,9 +152,6 @@ def test_greedy_model_predicts_a_chat_corpus_within_half_a_point():
         sim = _simulate_bucketed(x, np.asarray(edges), 49152, 64, reps=1)
         assert abs(pred - sim) < 0.005, (edges, pred, sim)
         assert abs(pred - sim) < 0.001  # measured: within 0.04 pp on seeds 0-2
-    # the study's model misses the same plan by several points (it ignores adaptive batch sizes)
-    study = predict_bucketed(x, STUDY_EDGES, token_budget=49152, max_batch_size=64, objective="study")["efficiency"]
-    assert _simulate_bucketed(x, np.asarray(STUDY_EDGES), 49152, 64, reps=1) - study > 0.015  # measured: 0.019
 
 
 @pytest.mark.parametrize("budget", [8192, 16384, 49152])

@@ -12,7 +12,6 @@ import pytest
 
 import lenbatch as lb
 from lenbatch.batching.boundaries import simulate_bucketed
-from lenbatch.batching.schedule import build_schedule
 from lenbatch.batching.simulate import simulate
 from lenbatch.batching.strategies import equal_epoch_batches
 
@@ -84,33 +83,8 @@ def test_a_keyword_at_its_default_beside_a_spec_is_no_conflict():
         lb.plan_epoch(X, strategy="sorted", spec=dict(KW))
 
 
-def test_build_schedule_and_collate_follow_the_same_rule():
-    from types import SimpleNamespace
-
-    # params= is any object with a .batching section (the study hands its Params: tests/core/test_config.py)
-    params = SimpleNamespace(batching=SimpleNamespace(**KW, seed=0, packed_window=8))
-    with pytest.raises(ValueError, match=BOTH):
-        build_schedule(X, strategy="sorted", target_ranks=1, spec=SPEC, params=params, max_steps=2)
-    with pytest.raises(ValueError, match="build_schedule needs its batching"):
-        build_schedule(X, strategy="sorted", target_ranks=1, max_steps=2)
-    a = build_schedule(X, strategy="sorted", target_ranks=1, params=params, max_steps=3)
-    b = build_schedule(X, strategy="sorted", target_ranks=1, spec=SPEC, max_steps=3)
-    assert [s.indices.tolist() for s in a] == [s.indices.tolist() for s in b]
+def test_collate_follows_the_same_rule():
     with pytest.raises(ValueError, match=BOTH):
         _collate(spec=SPEC, layout="padded")
     assert _collate(spec=SPEC).input_ids.tolist() == _collate(layout="padded", token_budget=512,
                                                               max_batch_size=8).input_ids.tolist()
-
-
-def test_a_spec_for_bucketed_can_be_built_before_its_edges_are_known():
-    """The boundaries stage builds bucketed's spec from the params first and finds the edges after: the
-    spec keeps what it is handed (none yet), and planning without edges is what gets refused."""
-    from types import SimpleNamespace
-
-    params = SimpleNamespace(batching=SimpleNamespace(token_budget=2048, max_batch_size=16, seed=0, packed_window=8))
-    spec = lb.BatchSpec.from_params(params, strategy="bucketed")
-    assert spec.edges is None and spec.layout == "padded"
-    assert lb.BatchSpec.from_params(params, strategy="sorted", edges=(0, 100, 3000)).edges is None
-    assert lb.BatchSpec.from_params(params, strategy="bucketed", edges=(0, 100, 3000)).edges == (0, 100, 3000)
-    with pytest.raises(ValueError, match="needs edges"):
-        lb.plan_epoch(np.array([5, 50, 500]), strategy="bucketed", spec=spec)

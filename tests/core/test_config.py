@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
+from lenbatch_study.core.batchspec import batch_spec
 from lenbatch_study.core.config import (
     Params,
     SECTIONS,
@@ -275,18 +276,18 @@ def test_interleave_max_rounds_below_rounds_is_refused_by_name():
 
 
 def test_the_study_params_hand_the_library_their_batching():
-    """The library reads ``params.batching`` duck-typed (BatchSpec.from_params, build_schedule(params=)): the
+    """The study reads ``params.batching`` into the library's spec (core/batchspec.py, build_schedule(params=)): the
     study's Params give the same spec and the same schedule as those numbers passed as a BatchSpec."""
     import numpy as np
 
     import lenbatch as lb
-    from lenbatch.batching.schedule import build_schedule
+    from lenbatch_study.runtime.schedule import build_schedule
 
     params = load_params(ROOT / "params.yaml", '{"batching": {"token_budget": 512, "max_batch_size": 8, "seed": 3}, '
                                                '"data": {"max_len": 512}}')
     spec = lb.BatchSpec(token_budget=512, max_batch_size=8, seed=3, packed_window=params.batching.packed_window)
-    assert lb.BatchSpec.from_params(params, strategy="sorted") == spec
-    assert lb.BatchSpec.from_params(params, strategy="packed") == spec.for_strategy("packed")
+    assert batch_spec(params, strategy="sorted") == spec
+    assert batch_spec(params, strategy="packed") == spec.for_strategy("packed")
     x = np.random.default_rng(0).integers(5, 200, size=120)
     a = build_schedule(x, strategy="random", target_ranks=2, params=params, max_steps=5)
     b = build_schedule(x, strategy="random", target_ranks=2, spec=spec, max_steps=5)

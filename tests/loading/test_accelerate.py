@@ -21,6 +21,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _integrations_doc import free_port, section_blocks  # noqa: E402
 
 X = np.random.default_rng(0).integers(1, 300, size=400)
+
+
+def accelerator(procs, index, **config):
+    """What the sampler reads of an ``Accelerator``: its public process count, index and loader settings."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(num_processes=procs, process_index=index,
+                           dataloader_config=SimpleNamespace(**{"split_batches": False, "dispatch_batches": None,
+                                                                **config}))
 KW = dict(token_budget=1024, max_batch_size=16, seed=2)
 
 
@@ -29,12 +38,12 @@ def test_batch_sampler_shard_hands_each_process_its_own_batches(strategy):
     kw = dict(KW, edges=(1, 100, 200, 300)) if strategy == "bucketed" else KW
     got = []
     for rank in range(2):
-        s = LengthBatchSampler(X, strategy=strategy, rank=rank, world_size=2, **kw)
+        s = LengthBatchSampler(X, strategy=strategy, accelerator=accelerator(2, rank), **kw)
         shard = BatchSamplerShard(s, num_processes=2, process_index=rank)  # what prepare() builds
         for epoch in (0, 1):
             s.set_epoch(epoch)
             want = [b.tolist() for b in lb.plan_epoch(X, strategy=strategy, epoch=epoch, rank=rank, world_size=2, **kw)]
-            assert len(shard) == len(want) == len(s)
+            assert len(shard) == len(want) == len(s) // 2  # the sampler: 2 slots a step, one of them this rank's
             assert list(shard) == want
             got.append((epoch, rank, want))
     for epoch in (0, 1):
@@ -43,27 +52,47 @@ def test_batch_sampler_shard_hands_each_process_its_own_batches(strategy):
 
 
 def test_shard_position_counts_this_ranks_batches():
-    s = LengthBatchSampler(X, strategy="packed", rank=1, world_size=2, **KW)
+    s = LengthBatchSampler(X, strategy="packed", accelerator=accelerator(2, 1), **KW)
     it = iter(BatchSamplerShard(s, num_processes=2, process_index=1))
     for _ in range(3):
         next(it)
     assert s.state_dict()["position"] == 3
-    r = LengthBatchSampler(X, strategy="packed", rank=1, world_size=2, **KW)
+    r = LengthBatchSampler(X, strategy="packed", accelerator=accelerator(2, 1), **KW)
     r.load_state_dict(s.state_dict())
     rest = list(BatchSamplerShard(r, num_processes=2, process_index=1))
     assert rest == [b.tolist() for b in lb.plan_epoch(X, strategy="packed", rank=1, world_size=2, **KW)][3:]
 
 
-def test_shard_of_another_world_size_or_split_batches_is_refused():
-    s = LengthBatchSampler(X, strategy="packed", rank=0, world_size=1, **KW)
+def test_another_world_size_split_or_dispatched_batches_are_refused():
     with pytest.raises(ValueError, match="over 2 processes.*world_size=1.*accelerator.num_processes"):
-        list(BatchSamplerShard(s, num_processes=2, process_index=0))
-    with pytest.raises(ValueError, match="world_size=1"):
-        len(BatchSamplerShard(s, num_processes=2, process_index=0))
-    s2 = LengthBatchSampler(X, strategy="packed", rank=0, world_size=2, **KW)
-    s2.batch_size = 4  # accelerate's own check wants one before it will split
+        LengthBatchSampler(X, strategy="packed", rank=0, world_size=1, accelerator=accelerator(2, 0), **KW)
     with pytest.raises(ValueError, match="split_batches=False"):
-        list(BatchSamplerShard(s2, num_processes=2, process_index=0, split_batches=True))
+        LengthBatchSampler(X, strategy="packed", accelerator=accelerator(2, 0, split_batches=True), **KW)
+    with pytest.raises(ValueError, match="dispatch_batches=False"):
+        LengthBatchSampler(X, strategy="packed", accelerator=accelerator(2, 0, dispatch_batches=True), **KW)
+    # one process: accelerate neither shards nor dispatches, and the sampler yields plain batches
+    one = LengthBatchSampler(X, strategy="packed", accelerator=accelerator(1, 0, dispatch_batches=True), **KW)
+    assert len(one) == len(lb.plan_epoch(X, strategy="packed", **KW)) and [] not in list(one)
+
+
+def test_without_accelerator_a_running_accelerate_state_warns_once(monkeypatch):
+    """Forgetting ``accelerator=`` while accelerate runs over the sampler's world size: a prepared loader would
+    keep every world_size-th batch of this rank's, so the first iteration says so (public accelerate API:
+    ``accelerate.state.is_initialized`` and ``PartialState().num_processes``)."""
+    import accelerate.state as state
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(state, "is_initialized", lambda: True)
+    monkeypatch.setattr(state, "PartialState", lambda: SimpleNamespace(num_processes=2))
+    s = LengthBatchSampler(X, strategy="packed", rank=0, world_size=2, **KW)
+    with pytest.warns(UserWarning, match="accelerator=accelerator"):
+        list(s)
+    fine = LengthBatchSampler(X, strategy="packed", accelerator=accelerator(2, 0), **KW)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(fine)
 
 
 def test_set_epoch_through_the_sampler_attribute():
@@ -150,10 +179,10 @@ def test_prepare_data_loader_without_set_epoch_runs_each_epochs_own_batches():
     which reaches the sampler through ``.sampler``)."""
     import torch
 
-    s = LengthBatchSampler(X, strategy="packed", rank=1, world_size=2, **KW)
+    s = LengthBatchSampler(X, strategy="packed", accelerator=accelerator(2, 1), **KW)
     dl = torch.utils.data.DataLoader(list(range(len(X))), batch_sampler=s, collate_fn=list)
     prepared = accelerate_data_loader.prepare_data_loader(dl, num_processes=2, process_index=1, put_on_device=False)
-    assert len(prepared) == len(s)
+    assert len(prepared) == len(s.plan()) == len(s) // 2
     for epoch in (0, 1):
         want = [b.tolist() for b in lb.plan_epoch(X, strategy="packed", epoch=epoch, rank=1, world_size=2, **KW)]
         assert [b for b in prepared] == want and s.epoch == epoch

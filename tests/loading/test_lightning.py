@@ -85,7 +85,8 @@ def _module(loader_cls):
             self.net = torch.nn.Sequential(torch.nn.Embedding(600, 4), torch.nn.Linear(4, 1))
 
         def train_dataloader(self):
-            return loader_cls(dataset, batch_sampler=LengthBatchSampler(lengths, **PLAN), collate_fn=lb.collate_padded)
+            return loader_cls(dataset, batch_sampler=LengthBatchSampler(lengths, lightning_trainer=self.trainer, **PLAN),
+                              collate_fn=lb.collate_padded)
 
         def training_step(self, batch, batch_idx):
             return self.net(batch.input_ids).pow(2).mean()
@@ -167,3 +168,22 @@ def test_worker_processes_get_each_epochs_plan(tmp_path):
     assert [[b for e, b in seen if e == k] for k in range(3)] == plans
     assert plans[0] != plans[1] != plans[2]
     assert all(sorted(i for b in p for i in b) == list(range(600)) for p in plans)
+
+
+def test_len_has_no_side_effects():
+    """``len(sampler)`` reads a count: the spec, fingerprint, epochs and state are what they were, however often
+    (and from whatever loop) it is asked. Lightning's equal epochs are fixed when the sampler is built."""
+    from types import SimpleNamespace
+
+    X = np.random.default_rng(0).integers(8, 200, size=600)
+    trainer = SimpleNamespace(max_epochs=3, training=True, fit_loop=SimpleNamespace(restarted_mid_epoch=False))
+    for s in (LengthBatchSampler(X, rank=0, world_size=2, **PLAN),
+              LengthBatchSampler(X, rank=0, world_size=2, lightning_trainer=trainer, **PLAN)):
+        before = (s.spec, s.fingerprint, s.epochs, s.state_dict(), s.epoch)
+        counts = [len(s) for _ in range(3)]
+        assert (s.spec, s.fingerprint, s.epochs, s.state_dict(), s.epoch) == before
+        assert len(set(counts)) == 1 and counts[0] == len(list(s))
+    raw = [len(lb.plan_epoch(X, epoch=e, rank=0, world_size=2, **PLAN)) for e in range(3)]
+    assert s.epochs == 3 and len(s) == max(raw)
+    with pytest.raises(ValueError, match=r"max_epochs=-1.*epochs=N"):
+        LengthBatchSampler(X, lightning_trainer=SimpleNamespace(max_epochs=-1), **PLAN)

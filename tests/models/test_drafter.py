@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lenbatch.loading.collate import collate_packed, collate_padded, synthetic_sequences
+from lenbatch.loading.collate import collate_packed, collate_padded
+from lenbatch_study.runtime.synthetic import synthetic_sequences
 from lenbatch_study.core.config import load_params
 from lenbatch_study.models.anchors import draw_anchors
 from lenbatch_study.models.drafter import ChunkedLinearCrossEntropy, block_attention_mask, build_drafter

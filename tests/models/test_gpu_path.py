@@ -10,7 +10,8 @@ import torch
 import yaml
 
 from lenbatch_study.models import memory
-from lenbatch.loading.collate import collate, synthetic_sequences
+from lenbatch.loading.collate import collate
+from lenbatch_study.runtime.synthetic import synthetic_sequences
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.runner import StepRunner
 

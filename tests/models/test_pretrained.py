@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from lenbatch_study.core.config import ModelConfig, load_params
-from lenbatch.loading.collate import collate_padded, synthetic_sequences
+from lenbatch.loading.collate import collate_padded
+from lenbatch_study.runtime.synthetic import synthetic_sequences
 from lenbatch_study.models.target import build_heads, build_target, hf_text_config
 
 ROOT = Path(__file__).resolve().parents[2]

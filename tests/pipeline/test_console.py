@@ -166,7 +166,7 @@ def test_the_stages_progress_lines_give_the_console_its_counts():
     """What tokenize, profile and train write to their logs is what the console reads as k/N."""
     import numpy as np
 
-    from lenbatch.batching.schedule import ScheduledStep
+    from lenbatch_study.runtime.schedule import ScheduledStep
     from lenbatch_study.corpus.sources import SourceReport
     from lenbatch_study.corpus.tokenizing import _Progress as TokenizeProgress
     from lenbatch_study.stages import profile

@@ -31,7 +31,7 @@ LIBRARY, STUDY = deps.LIBRARY, deps.STUDY
 LIBRARY_LAYERS: dict[str, set[str]] = {
     "batching": set(),                     # numpy: lengths, spec, padding, plans, boundaries
     "loading": {"batching"},               # sampler, collate, lengths from Arrow offsets
-    "(top)": {"batching", "loading"},      # the facade, hf (Trainer), packcheck, loss, hostmem, log
+    "(top)": {"batching", "loading"},      # the facade, hf (Trainer), packcheck, loss, log
 }
 # The study may import any library module but its facade (a stage then depends on only the library
 # modules it uses: the facade re-exports all of them); among its own layers:
@@ -186,7 +186,7 @@ def test_the_layer_checker_can_fail():
 def test_importing_the_library_loads_nothing_of_the_study():
     """``import lenbatch`` and every library module leave ``lenbatch_study`` unimported, in a fresh process."""
     code = ("import sys, lenbatch, lenbatch.batching.simulate, lenbatch.loading.sampler, lenbatch.loading.collate, "
-            "lenbatch.loading.arrow, lenbatch.hostmem, lenbatch.log; "
+            "lenbatch.loading.arrow, lenbatch.log; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lenbatch_study'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
@@ -328,10 +328,10 @@ def test_the_import_scan_cache_is_keyed_by_content_and_survives_a_bad_file(tmp_p
     mod.write_text("from lenbatch import log\n")
     first = deps._import_statements(mod)
     stat = mod.stat()
-    mod.write_text("import lenbatch.hostmem as hm\n")
+    mod.write_text("import lenbatch.batching.spec as sp\n")
     os.utime(mod, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert first == [["from", "lenbatch", ["log"]]]
-    assert deps._import_statements(mod) == [["import", ["lenbatch.hostmem"]]]
+    assert deps._import_statements(mod) == [["import", ["lenbatch.batching.spec"]]]
     deps.direct_imports.cache_clear()
 
 
@@ -415,3 +415,35 @@ def test_the_library_tests_checker_can_fail(tmp_path):
     (tmp_path / "batching" / "_run.py").write_text("import subprocess, sys\n"
                                                    "subprocess.run([sys.executable, '-m', 'lenbatch'])\n")
     assert not [h for p in library_test_files(tmp_path, ("batching",)) for h in study_references(p)]
+
+
+def test_public_paths_stay():
+    """Every name DESIGN.md's stable API block spells (``lb.X``, ``lenbatch.a.b.X``) resolves, and the pieces
+    issue 45 moved to the study are not in the library any more (the block says where they went)."""
+    text = (deps.SRC_ROOT.parent / "DESIGN.md").read_text()
+    part = text[text.index("## The public API (stable)"):]
+    block = part[part.index("```python") + len("```python"):]
+    block = block[:block.index("```")]
+    names = set(re.findall(r"\blb\.([A-Za-z_]\w*)", block))
+    dotted = set(re.findall(r"\b(lenbatch(?:\.[A-Za-z_]\w*)+)", block))
+    assert {"LengthBatchSampler", "plan_epoch", "optimize_boundaries", "check_packing"} <= names
+    import lenbatch
+
+    assert not [n for n in names if not hasattr(lenbatch, n)], names
+    for path in dotted:
+        parts = path.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ModuleNotFoundError:
+                continue
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+            break
+    for gone in ("lenbatch.hostmem", "lenbatch.batching.schedule"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(gone)
+    assert not hasattr(lenbatch.BatchSpec, "from_params")
+    from lenbatch.loading import collate
+
+    assert not hasattr(collate, "synthetic_sequences") and not hasattr(collate, "batch_from_parts")

@@ -193,7 +193,7 @@ def test_code_deps_follow_every_import():
     # the issue's drift: train imports hostmem and the CPU-share helper (not the prediction fit), and
     # plans through the package (padding)
     train = set(deps.stage_code("train"))
-    assert {"src/lenbatch/hostmem.py", "src/lenbatch_study/core/cpu.py", "src/lenbatch/batching/padding.py"} <= train
+    assert {"src/lenbatch_study/runtime/hostmem.py", "src/lenbatch_study/core/cpu.py", "src/lenbatch/batching/padding.py"} <= train
     assert "src/lenbatch_study/analysis/stepmodel.py" not in train
     assert {"src/lenbatch_study/corpus/sources.py", "src/lenbatch_study/corpus/chat.py"} <= set(deps.stage_code("tokenize"))
 
@@ -285,7 +285,7 @@ def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
     regenerating it lists the new module for that stage and for no stage that does not import it."""
     work = copy_workflow(tmp_path)
     stats = work / "src/lenbatch_study/stages/stats.py"
-    stats.write_text(stats.read_text() + "\n\ndef _late():\n    from lenbatch.hostmem import reuse_freed_memory\n"
+    stats.write_text(stats.read_text() + "\n\ndef _late():\n    from lenbatch_study.runtime.hostmem import reuse_freed_memory\n"
                      "    return reuse_freed_memory\n")
     env = {**ENV, "PYTHONPATH": str(work / "src")}
     lenbatch = [sys.executable, "-m", "lenbatch_study", "dvc-yaml"]
@@ -293,12 +293,12 @@ def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
     assert check.returncode == 1 and "lenbatch dvc-yaml" in check.stderr
     subprocess.run(lenbatch, cwd=work, env=env, check=True)
     stages = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
-    assert "src/lenbatch/hostmem.py" in stages["stats"]["deps"]
-    assert "src/lenbatch/hostmem.py" not in stages["tokenize"]["deps"]
+    assert "src/lenbatch_study/runtime/hostmem.py" in stages["stats"]["deps"]
+    assert "src/lenbatch_study/runtime/hostmem.py" not in stages["tokenize"]["deps"]
     # and Snakemake's rule follows the same edit (its code inputs come from the same function)
     out = subprocess.run(["snakemake", "-n", "--forceall", "results/stats/stats.json"], cwd=work, env=env,
                          capture_output=True, text=True, check=True).stdout
-    assert re.search(r"rule stats:\n\s+input: .*src/lenbatch/hostmem\.py", out)
+    assert re.search(r"rule stats:\n\s+input: .*src/lenbatch_study/runtime/hostmem\.py", out)
 
 
 def test_a_configs_own_results_root_is_kept_out_of_git(tmp_path):

@@ -19,7 +19,7 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from lenbatch.loading.collate import batch_from_parts
+from lenbatch_study.runtime.transport import batch_from_parts
 from lenbatch_study.runtime.transport import Channel, DrafterLink, TargetLink
 
 TIMEOUT = datetime.timedelta(seconds=15)

@@ -17,7 +17,7 @@ import pytest
 # the last four do so); training steps settle within their first steps (bench_hostmem.py).
 SCRIPT = """
 import json, sys, torch
-from lenbatch.hostmem import minor_faults, reuse_freed_memory
+from lenbatch_study.runtime.hostmem import minor_faults, reuse_freed_memory
 ok = reuse_freed_memory() if sys.argv[1] == "reuse" else None
 faults = []
 for _ in range(12):

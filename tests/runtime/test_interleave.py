@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 import lenbatch as lb
-from lenbatch.batching.spec import BatchSpec
+from lenbatch_study.runtime.synthetic import synthetic_sequences
+from lenbatch_study.core.batchspec import batch_spec
 from lenbatch.loading import collate
 from lenbatch_study.analysis.interleaved import USER_METRIC_KEYS, flat_metrics, judge, predicted_ratios, section_lines
 from lenbatch_study.core.intervals import ratio_intervals
@@ -122,7 +123,7 @@ def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):
     params = load_params(REPO / "params.yaml", over)
     runner = StepRunner(params, device="cpu")
     lengths = np.random.default_rng(1).integers(8, 64, size=80)
-    seqs = collate.synthetic_sequences(lengths, vocab_size=params.model.vocab_size, seed=0)
+    seqs = synthetic_sequences(lengths, vocab_size=params.model.vocab_size, seed=0)
     strategies = ["sorted", "packed", "random"]
     plans = {s: lb.plan_epoch(lengths, strategy=s, token_budget=128, max_batch_size=4, seed=0) for s in strategies}
     segment = {s: [3, 7] for s in strategies}  # the plan steps each strategy's segment holds
@@ -132,7 +133,7 @@ def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):
         i = segment[s][j]
         calls.append((s, i))
         idx = plans[s][i]
-        batch = collate.collate([seqs[k] for k in idx], spec=BatchSpec.from_params(params, strategy=s))
+        batch = collate.collate([seqs[k] for k in idx], spec=batch_spec(params, strategy=s))
         feats, _ = runner.target_step(batch)
         runner.drafter_step(batch, feats, step=i)
         return batch.useful_tokens

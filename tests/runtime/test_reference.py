@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from _tiny import TINY_DATA, TINY_MODEL
-from lenbatch.batching.spec import BatchSpec
+from lenbatch_study.core.batchspec import batch_spec
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime import reference
 from lenbatch_study.runtime.runner import StepRunner
@@ -36,7 +36,7 @@ def test_the_reference_shape_is_an_eighth_of_the_budget_every_plan_can_hold(tmp_
         p = _params(tmp_path, max_len=max_len, token_budget=budget, max_batch_size=max_bs)
         shape = reference.reference_shape(p)
         assert (shape["sequences"], shape["length"]) == want, (budget, max_bs, shape)
-        assert BatchSpec.from_params(p, strategy="sorted").fits(shape["sequences"], shape["length"])
+        assert batch_spec(p, strategy="sorted").fits(shape["sequences"], shape["length"])
     batch = reference.reference_batch(_params(tmp_path))
     assert tuple(batch.input_ids.shape) == (1, 512) and batch.useful_tokens == 512  # no padding
 

@@ -73,7 +73,7 @@ def _grid(params, *, busy: float | None = None, cpu_share: float | None = None) 
     budget = params.batching.token_budget
     shapes = [("padded", n, m) for n in (1, 2, 4, 8, 16) for m in (16, 64, 128, 256, 512, 1024) if n * m <= budget]
     shapes += [("packed", k, L) for k in (2, 4, 16) for L in (256, 1024, budget)]
-    from lenbatch.loading.collate import synthetic_sequences
+    from lenbatch_study.runtime.synthetic import synthetic_sequences
 
     dr = params.drafter
     for i, (layout, n, m) in enumerate(shapes):
@@ -144,7 +144,7 @@ def stage_inputs(tmp_path_factory):
     # a real Arrow dataset with chat-like loss masks: the drafter's anchors depend on them
     import datasets
 
-    from lenbatch.loading.collate import synthetic_sequences
+    from lenbatch_study.runtime.synthetic import synthetic_sequences
 
     seqs = synthetic_sequences(lengths, vocab_size=1000, seed=0)
     datasets.Dataset.from_dict({"input_ids": [s["input_ids"].tolist() for s in seqs],

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from lenbatch.batching.schedule import build_schedule
+from lenbatch_study.runtime.schedule import build_schedule
 from lenbatch_study.cli import main
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.interleave import round_orders

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from lenbatch_study.core.objective import STUDY
 from lenbatch_study.cli import main
 from lenbatch.batching.lengths import bucket_counts, check_lengths, histogram, length_stats
 from lenbatch_study.corpus.seed_profile import SEED_COUNT, SEED_PERCENTILES, SEED_VALUES, seed_profile
@@ -48,7 +49,7 @@ def test_on_the_seed_profile_dp_edges_beat_the_study_edges_and_the_greedy_model_
         measured[name] = lb.padding_efficiency(x, plan)
         assert abs(predict_bucketed(x, edges, **kw)["efficiency"] - measured[name]) < 0.005, name
     assert measured["dp"] > measured["study"] + 0.005  # measured: 0.832 against 0.823
-    assert measured["study"] - predict_bucketed(x, study_edges, objective="study", **kw)["efficiency"] > 0.015
+    assert measured["study"] - predict_bucketed(x, study_edges, objective=STUDY, **kw)["efficiency"] > 0.015
 
 
 def test_length_stats_hand_case():

@@ -16,7 +16,7 @@ import pytest
 from lenbatch_study.cli import main
 from lenbatch_study.core import machine
 from lenbatch_study.core.config import load_params
-from lenbatch.batching.schedule import build_schedule
+from lenbatch_study.runtime.schedule import build_schedule
 from lenbatch_study.pipeline.artifacts import train_runs
 from lenbatch_study.runtime import reference
 from lenbatch_study.runtime.lifetime import children
@@ -467,7 +467,7 @@ def test_killing_the_torchrun_launcher_stops_its_workers(setup):
 
 
 def test_the_progress_line_says_pending_before_a_loss_and_marks_a_scaled_rate():
-    from lenbatch.batching.schedule import ScheduledStep
+    from lenbatch_study.runtime.schedule import ScheduledStep
     from lenbatch_study.stages.train import progress_line
 
     step = ScheduledStep(step=2, epoch=0, rank=0, local=1, indices=np.arange(2), useful=128)

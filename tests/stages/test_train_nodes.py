@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from lenbatch.batching.schedule import ScheduledStep, build_schedule, cluster_steps
+from lenbatch_study.runtime.schedule import ScheduledStep, build_schedule, cluster_steps
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.records import batch_hash
 from lenbatch_study.runtime.transport import weights_checksum

@@ -11,7 +11,8 @@ Objective (``objective=``): minimise the expected computed tokens, summed over b
   real greedy bucketed plan (budget-limited batch sizes, the overflowing sample starting the next
   batch, the partial last batch). It predicts simulated plans within 0.1 pp on the seed profile
   and on ShareGPT lengths (tests/batching/test_boundaries.py, benchmarks/bench_core.py).
-- ``"study"``: the study's model, B = min(max_batch_size, budget // mean), n * E[max of B].
+- an :class:`~lenbatch.batching.padding.Objective`: any other model of a bucket's computed tokens (the
+  study's lives in ``lenbatch_study.core.objective``).
 
 ``dp`` computes the cost of every candidate bucket once (a (C+2)^2 matrix: vectorised per bucket
 start, prefix sums over distinct values, one small matrix product per start; see
@@ -30,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.batching.padding import (OBJECTIVES, log_factorials, predict_bucketed_counts, renewal_weights,
-                                      value_counts)
+from lenbatch.batching.padding import (GREEDY, Objective, log_factorials, objective_of, predict_bucketed_counts,
+                                      renewal_weights, value_counts)
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.spec import BatchSpec, spec_or_keywords
 
@@ -87,7 +88,7 @@ def candidates_of_counts(v: np.ndarray, c: np.ndarray, num_candidates: int) -> n
 
 
 def _validate(lengths: Any, num_buckets: int, token_budget: int, max_batch_size: int, method: str,
-              objective: str, num_candidates: int) -> tuple[np.ndarray, np.ndarray]:
+              objective: "str | Objective", num_candidates: int) -> tuple[np.ndarray, np.ndarray]:
     """The histogram (sorted distinct lengths, counts) of the checked lengths; ``ValueError`` naming the
     setting. Integer lengths are counted as they are (no int64 copy). O(n)."""
     x = np.asarray(lengths)
@@ -96,8 +97,7 @@ def _validate(lengths: Any, num_buckets: int, token_budget: int, max_batch_size:
     v, c = value_counts(x)
     if method not in METHODS:
         raise ValueError(f"boundaries.method {method!r} unknown; choose one of {list(METHODS)}")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective {objective!r} unknown; choose one of {list(OBJECTIVES)}")
+    objective_of(objective)  # ValueError naming the choices
     if token_budget <= 0 or max_batch_size <= 0:
         raise ValueError(f"batching.token_budget ({token_budget}) and batching.max_batch_size ({max_batch_size}) "
                          "must be > 0")
@@ -257,50 +257,34 @@ def _count_limited(v, F, p0, pt, N, mb, lf):
     return out
 
 
-def study_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget: int,
-                      max_batch_size: int) -> np.ndarray:
-    """cost[a, b] = n * E[max of B draws without replacement], B = min(max_batch_size, budget // mean, n).
-
-    Per start a and each distinct B: a cumulative log-sum-exp over the values of
-    log(gap_p) + log(F_p! / (F_p - B)!), read at every bucket top with that B. Cost O(C * #B * distinct).
-    """
+def pairwise_cost_matrix(bucket: Any, v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget: int,
+                         max_batch_size: int) -> np.ndarray:
+    """cost[a, b] = ``bucket(v[P[a]:P[b]], c[P[a]:P[b]], token_budget, max_batch_size)`` (inf where b <= a;
+    0 for a bucket holding no value): an :class:`Objective` without its own matrix. O(C^2) bucket calls."""
     L2 = len(P)
-    Fc = np.concatenate([[0], np.cumsum(c)])
-    S = np.concatenate([[0], np.cumsum(v.astype(np.int64) * c)])
-    lf = log_factorials(int(Fc[-1]))
     cost = np.full((L2, L2), np.inf)
-    logv_gap = np.log(np.maximum(np.diff(v), 1).astype(np.float64))
     for a in range(L2 - 1):
-        p0 = int(P[a])
-        js = np.arange(a + 1, L2)
-        pt = P[js] - 1
-        N = Fc[pt + 1] - Fc[p0]
-        useful = S[pt + 1] - S[p0]
-        B = np.minimum(np.minimum(max_batch_size, np.maximum(1, token_budget * N // useful)), N).astype(np.int64)
-        f = Fc[p0 + 1:] - Fc[p0]  # samples <= v_p from p0
-        for bval in np.unique(B):
-            sel = B == bval
-            top = int(pt[sel].max())
-            ff = f[:top - p0]  # positions p0..top-1 (those below some top)
-            ok = ff >= bval
-            terms = np.where(ok, logv_gap[p0:top] + lf[ff] - lf[np.where(ok, ff - bval, 0)], -np.inf)
-            acc = np.concatenate([[-np.inf], np.logaddexp.accumulate(terms)]) if terms.size else np.array([-np.inf])
-            ltop = pt[sel] - p0
-            Ns = N[sel].astype(np.int64)
-            emax = v[pt[sel]] - np.exp(acc[ltop] - (lf[Ns] - lf[Ns - bval]))
-            cost[a, js[sel]] = N[sel] * emax
+        for b in range(a + 1, L2):
+            lo, hi = int(P[a]), int(P[b])
+            cost[a, b] = float(bucket(v[lo:hi], c[lo:hi], token_budget, max_batch_size)) if hi > lo else 0.0
     return cost
 
 
 def cost_matrix(lengths: np.ndarray | None, cand: np.ndarray, token_budget: int, max_batch_size: int,
-                objective: str, counts: tuple[np.ndarray, np.ndarray] | None = None
+                objective: "str | Objective", counts: tuple[np.ndarray, np.ndarray] | None = None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cost matrix over grid positions, grid positions P, distinct values); ``counts``: the lengths'
     histogram (:func:`~lenbatch.batching.padding.value_counts`) when the caller holds it."""
     v, c = value_counts(lengths) if counts is None else counts
     P = np.concatenate([[0], np.searchsorted(v, cand, side="left"), [len(v)]])
-    fn = greedy_cost_matrix if objective == "greedy" else study_cost_matrix
-    return fn(v, c, P, token_budget, max_batch_size), P, v
+    obj = objective_of(objective)
+    if obj.matrix is not None:
+        cost = obj.matrix(v, c, P, token_budget, max_batch_size)
+    elif obj is GREEDY:
+        cost = greedy_cost_matrix(v, c, P, token_budget, max_batch_size)
+    else:
+        cost = pairwise_cost_matrix(obj.bucket, v, c, P, token_budget, max_batch_size)
+    return cost, P, v
 
 
 # --------------------------------------------------------------------------- optimizers on a cost matrix
@@ -381,7 +365,7 @@ def _edges_from_path(path: list[int], cand: np.ndarray, vmax: int) -> tuple[int,
 
 
 def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int | None = None,
-                        max_batch_size: int | None = None, method: str = "dp", objective: str = "greedy",
+                        max_batch_size: int | None = None, method: str = "dp", objective: "str | Objective" = "greedy",
                         num_candidates: int = 290, spec: BatchSpec | None = None) -> Boundaries:
     """Bucket edges for ``lengths`` (see module doc). ``ValueError`` on bad input (naming the setting).
     The objective reads the budget and max batch size from ``spec`` or the keywords.
@@ -417,12 +401,12 @@ def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int
     pred = predict_bucketed_counts(v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size,
                                    objective=objective)["efficiency"]
     return Boundaries(method=method, num_buckets=num_buckets, edges=edges, predicted_efficiency=float(pred),
-                      objective=objective, token_budget=token_budget, max_batch_size=max_batch_size,
+                      objective=objective_of(objective).name, token_budget=token_budget, max_batch_size=max_batch_size,
                       num_candidates=int(cand.size), seconds=time.perf_counter() - t0, history=tuple(history))
 
 
 def _solve_all(v: np.ndarray, c: np.ndarray, ks: list[int], *, token_budget: int, max_batch_size: int, method: str,
-               objective: str, num_candidates: int) -> dict[int, tuple[tuple[int, ...], list[dict]]]:
+               objective: "str | Objective", num_candidates: int) -> dict[int, tuple[tuple[int, ...], list[dict]]]:
     """Edges (and coordinate history) for every K in ``ks`` from one cost matrix, on the histogram
     (sorted distinct lengths ``v``, counts ``c``)."""
     cand = candidates_of_counts(v, c, num_candidates)
@@ -475,7 +459,7 @@ def simulate_bucketed(x: np.ndarray, edges: Any, *, token_budget: int | None = N
 
 
 def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int | None = None,
-                      max_batch_size: int | None = None, method: str = "dp", objective: str = "greedy",
+                      max_batch_size: int | None = None, method: str = "dp", objective: "str | Objective" = "greedy",
                       num_candidates: int = 290, seed: int = 0, simulate: bool = True,
                       spec: BatchSpec | None = None) -> list[dict[str, Any]]:
     """The efficiency-diversity frontier: for K = 1..max_buckets (capped at the distinct lengths), the

@@ -1,5 +1,6 @@
 """The padding model: exact expected batch maxima, the greedy token-budget plan, plan metrics,
-and two per-bucket predictors of computed tokens (the study's and an accurate one).
+and the per-bucket predictor of computed tokens that the boundary optimizers minimise (``"greedy"``, a
+renewal model of the real plan), or any other given as an :class:`Objective`.
 
 Definitions (DESIGN.md): a padded batch of n samples with longest m computes n*m tokens;
 greedy token-budget packing along an order grows a batch while
@@ -8,7 +9,8 @@ greedy token-budget packing along an order grows a batch while
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -294,19 +296,6 @@ def length_mixing(lengths: Any, batches: Sequence[np.ndarray], *,
 # --------------------------------------------------------------------------- per-bucket predictors
 
 
-def study_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget: int, max_batch_size: int,
-                          lf: np.ndarray | None = None) -> float:
-    """The study's model: B = min(max_batch_size, token_budget // mean), computed = n * E[max of B draws].
-
-    E[max] is exact (without replacement, :func:`expected_max`). It ignores that the greedy plan
-    adapts the batch size to each batch's maximum and the partial last batch.
-    """
-    n = int(counts.sum())
-    useful = int(np.dot(np.asarray(values, dtype=np.int64), np.asarray(counts, dtype=np.int64)))
-    b = int(min(max_batch_size, max(1, token_budget * n // useful), n))  # budget // mean, in integers
-    return n * expected_max(values, b, counts)
-
-
 def greedy_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget: int, max_batch_size: int) -> float:
     """Expected computed tokens of the greedy token-budget plan over one shuffled bucket (accurate model).
 
@@ -414,20 +403,47 @@ def renewal_weights(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return b, phi, a0
 
 
-OBJECTIVES = ("greedy", "study")
+OBJECTIVES = ("greedy",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """What the boundary optimizers minimise, summed over buckets: a bucket's expected computed tokens.
+
+    ``bucket(values, counts, token_budget, max_batch_size) -> float`` prices one bucket from its histogram
+    (sorted distinct lengths, their counts). ``matrix(v, c, P, token_budget, max_batch_size)``, optional,
+    prices every candidate bucket at once: ``cost[a, b]`` for the bucket holding ``v[P[a]:P[b]]`` (inf where
+    b <= a); without it the optimizers call ``bucket`` for every pair of grid positions (O(C^2) calls).
+    ``name`` is what results record (``Boundaries.objective``). The library's own is ``"greedy"``
+    (:func:`greedy_bucket_computed`); pass an ``Objective`` as ``objective=`` for another model.
+    """
+
+    name: str
+    bucket: Callable[[np.ndarray, np.ndarray, int, int], float]
+    matrix: Callable[[np.ndarray, np.ndarray, np.ndarray, int, int], np.ndarray] | None = None
+
+
+GREEDY = Objective("greedy", greedy_bucket_computed)  # its matrix: boundaries.greedy_cost_matrix
+
+
+def objective_of(objective: "str | Objective") -> Objective:
+    """The :class:`Objective` named ``objective`` (``"greedy"``) or ``objective`` itself; ``ValueError``
+    naming the choices otherwise."""
+    if isinstance(objective, Objective):
+        return objective
+    if objective == "greedy":
+        return GREEDY
+    raise ValueError(f"objective {objective!r} unknown; choose one of {list(OBJECTIVES)} or pass a "
+                     "lenbatch.batching.padding.Objective")
 
 
 def bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget: int, max_batch_size: int,
-                    objective: str = "greedy") -> float:
-    if objective == "greedy":
-        return greedy_bucket_computed(values, counts, token_budget, max_batch_size)
-    if objective == "study":
-        return study_bucket_computed(values, counts, token_budget, max_batch_size)
-    raise ValueError(f"objective {objective!r} unknown; choose one of {list(OBJECTIVES)}")
+                    objective: "str | Objective" = "greedy") -> float:
+    return objective_of(objective).bucket(values, counts, token_budget, max_batch_size)
 
 
 def predict_bucketed(lengths: Any, edges: Any, *, token_budget: int, max_batch_size: int,
-                     objective: str = "greedy") -> dict[str, Any]:
+                     objective: "str | Objective" = "greedy") -> dict[str, Any]:
     """Predicted padding efficiency of the bucketed plan with ``edges`` (and per-bucket rows)."""
     x = check_lengths(lengths)
     v, c = value_counts(x)
@@ -436,10 +452,11 @@ def predict_bucketed(lengths: Any, edges: Any, *, token_budget: int, max_batch_s
 
 
 def predict_bucketed_counts(v: np.ndarray, c: np.ndarray, edges: Any, *, token_budget: int, max_batch_size: int,
-                            objective: str = "greedy") -> dict[str, Any]:
+                            objective: "str | Objective" = "greedy") -> dict[str, Any]:
     """:func:`predict_bucketed` from the histogram (:func:`value_counts`: sorted distinct lengths ``v``,
     counts ``c``), for callers that hold it already. Cost O(K * max_batch_size * distinct)."""
     e = check_edges(edges, v)
+    objective = objective_of(objective)
     rows = []
     tot_u = tot_c = 0.0
     for lo, hi in zip(e[:-1], e[1:]):
@@ -447,10 +464,10 @@ def predict_bucketed_counts(v: np.ndarray, c: np.ndarray, edges: Any, *, token_b
         if not np.any(sel):
             rows.append({"lo": int(lo), "hi": int(hi), "count": 0, "useful": 0, "computed": 0.0, "efficiency": None})
             continue
-        comp = bucket_computed(v[sel], c[sel], token_budget, max_batch_size, objective)
+        comp = objective.bucket(v[sel], c[sel], token_budget, max_batch_size)
         useful = float(np.dot(v[sel], c[sel]))
         rows.append({"lo": int(lo), "hi": int(hi), "count": int(c[sel].sum()), "useful": int(useful),
                      "computed": comp, "efficiency": useful / comp})
         tot_u += useful
         tot_c += comp
-    return {"efficiency": tot_u / tot_c, "buckets": rows, "objective": objective}
+    return {"efficiency": tot_u / tot_c, "buckets": rows, "objective": objective.name}

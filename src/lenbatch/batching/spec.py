@@ -2,11 +2,11 @@
 
 The five batching values (``token_budget``, ``max_batch_size``, ``seed``, ``packed_window``,
 ``edges``) plus the layout and ``min_batches`` travel together from the params to the planner,
-the sampler, the simulation, the boundary objective, collate and the profile grid (as Lhotse's
+the sampler, the simulation, the boundary objective and collate (as Lhotse's
 ``TimeConstraint`` owns "is this batch full"). The public functions keep their keyword
 arguments and build a spec from them, or take it whole as ``spec=``, never both: one rule and one
 error for all of them (:func:`spec_or_keywords`, :func:`refuse_both`);
-:meth:`BatchSpec.from_params` builds it from the params.
+:meth:`BatchSpec.for_strategy` gives a spec the layout (and edges) of a strategy.
 
 Rules (DESIGN.md):
 
@@ -72,15 +72,6 @@ class BatchSpec:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout {self.layout!r} unknown; choose one of {list(LAYOUTS)}")
         fix(self, "edges", edges_tuple(self.edges))
-
-    @classmethod
-    def from_params(cls, params: Any, *, strategy: str, edges: Any = None, min_batches: int = 0) -> "BatchSpec":
-        """The spec of ``params.batching`` for ``strategy``. ``edges`` are kept for ``bucketed`` only
-        (the workflow hands every strategy the same boundaries file)."""
-        b = params.batching
-        return cls(token_budget=b.token_budget, max_batch_size=b.max_batch_size, layout=layout_of(strategy),
-                   seed=b.seed, packed_window=b.packed_window, edges=kept_edges(strategy, edges),
-                   min_batches=min_batches)
 
     def for_strategy(self, strategy: str) -> "BatchSpec":
         """This spec with ``strategy``'s layout, its edges kept for ``bucketed`` only."""

@@ -103,7 +103,7 @@ def _check_strategy_spec(strategy: str, spec: BatchSpec) -> None:
     if spec.layout != s.layout:
         raise ValueError(f"strategy {strategy!r} makes {s.layout} batches but the BatchSpec has layout "
                          f"{spec.layout!r}; build it with layout={s.layout!r} "
-                         "(BatchSpec.from_params(params, strategy=...) does)")
+                         "(spec.for_strategy(strategy) does)")
 
 
 def planning_lengths(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:

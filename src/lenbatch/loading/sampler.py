@@ -26,20 +26,23 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
 * ``min_batches`` (default off) pads every epoch to at least that many batches by splitting the
   costliest ones, for trainers that fix the steps per epoch (``lenbatch.hf`` sets it).
 * accelerate: ``accelerator.prepare(loader)`` wraps the batch sampler in ``BatchSamplerShard``, which
-  keeps every ``num_processes``-th batch for its process. The sampler notices that it is being iterated
-  (or measured) by that wrapper and then yields, per step, ``world_size`` slots with this rank's batch in
-  slot ``rank`` (the others empty and never loaded), and reports ``len`` = ``world_size`` x its batches,
-  so the wrapper hands each process exactly its own batches. A wrapper whose ``num_processes`` /
-  ``process_index`` differ from the sampler's ``world_size``/``rank``, or ``split_batches=True``, is refused.
+  keeps every ``num_processes``-th batch for its process. Built with ``accelerator=accelerator`` (its public
+  ``num_processes``, ``process_index`` and data loader settings) the sampler yields, per step, ``world_size``
+  slots with this rank's batch in slot ``rank`` (the others empty and never loaded), and reports ``len`` =
+  ``world_size`` x its batches, so the wrapper hands each process exactly its own batches. ``split_batches=True``,
+  ``dispatch_batches=True`` over several processes, or a ``rank``/``world_size`` other than the accelerator's,
+  are refused. Without ``accelerator=`` while an accelerate state runs over this many processes, the first
+  iteration warns (``UserWarning``) that a prepared loader would drop batches.
 * ``sampler.sampler.set_epoch(e)`` is ``sampler.set_epoch(e)``: Lightning and accelerate call
   ``set_epoch`` on ``loader.batch_sampler.sampler``, never on the batch sampler itself.
 * ``epochs=N`` gives epochs 0..N-1 the same number of batches (``min_batches`` = the most any of them
   plans, by splitting the costliest batches of the others), for loops that fix an epoch's length once.
-  Lightning does (it reads ``len(loader)`` at setup and stops every epoch there, dropping the rest): when
-  Lightning's fit loop asks the length and ``epochs`` was not given, the sampler equalises epochs
-  0..``trainer.max_epochs``-1 itself (refused when ``max_epochs`` is unbounded). Lightning resuming
-  mid-epoch through a loader that cannot restore the sampler (a plain ``DataLoader``) is refused: use
-  torchdata's ``StatefulDataLoader``, whose state Lightning saves and restores.
+  Lightning does (it reads ``len(loader)`` at setup and stops every epoch there, dropping the rest): build the
+  sampler in ``train_dataloader()`` with ``lightning_trainer=self.trainer``, which equalises epochs
+  0..``trainer.max_epochs``-1 (refused when ``max_epochs`` is unbounded and ``epochs=`` not given) and refuses
+  Lightning resuming mid-epoch through a loader that cannot restore the sampler (a plain ``DataLoader``): use
+  torchdata's ``StatefulDataLoader``, whose state Lightning saves and restores. ``len(sampler)`` never changes
+  the sampler: the counts are fixed when it is built.
 * ``overflow`` (samples longer than ``token_budget``): ``"error"`` (default) refuses them;
   ``"truncate"`` cuts them to the budget; ``"split"`` cuts them into budget-sized pieces, each planned
   as a sample of its own. The plan is then over pieces (:mod:`lenbatch.batching.overflow`): a batch
@@ -53,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -64,7 +68,7 @@ from lenbatch.batching.strategy import Strategy, layout_of
 from lenbatch.batching.cost import cost_fingerprint, cost_limit
 from lenbatch.batching.overflow import Pieces, overflow_pieces
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
-from lenbatch.batching.schedule import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
+from lenbatch.batching.state import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
 from lenbatch.batching.strategies import (Plan, equal_epoch_batches, named_strategy, plan_epoch, planning_lengths,
                                          resolve_rank)
 
@@ -84,10 +88,8 @@ class _EpochForward:
         self._owner = owner
 
     def set_epoch(self, epoch: int) -> None:
-        # only the fit loop's own call (this <- _set_sampler_epoch <- _FitLoop.on_advance_start): a
-        # validation loader's sampler, whose epoch Lightning sets from its evaluation loop, has no position
-        loop = _lightning_fit_loop(max_depth=3)
-        if loop is not None and getattr(loop, "restarted_mid_epoch", False) and self._owner._resume is None:
+        trainer = self._owner._lightning
+        if trainer is not None and self._owner._resume is None and _lightning_restarts_mid_epoch(trainer):
             raise ValueError("Lightning resumes this run in the middle of epoch "
                              f"{epoch}, but the DataLoader cannot restore the sampler's position (a plain "
                              "torch DataLoader has no state_dict), so the epoch would restart and skip or repeat "
@@ -99,68 +101,54 @@ class _EpochForward:
         return (_EpochForward, (self._owner,))
 
 
-def _lightning_fit_loop(max_depth: int = 12) -> Any:
-    """Lightning's fit loop if one of the ``max_depth`` calling frames is its method, else None.
-
-    Why frames: Lightning measures ``len(loader)`` once in ``_FitLoop.setup_data`` and calls
-    ``set_epoch`` from ``_FitLoop.on_advance_start`` without telling the sampler who it is; the fit loop
-    carries what the sampler needs (``max_epochs``, whether it restarts mid-epoch). Nothing when
-    Lightning is not imported; else at most ``max_depth`` frame lookups per call."""
-    if "lightning.pytorch" not in sys.modules and "pytorch_lightning" not in sys.modules:
-        return None
-    frame = sys._getframe(1)
-    for _ in range(max_depth):
-        if frame is None:
-            return None
-        obj = frame.f_locals.get("self")
-        mod = type(obj).__module__ if obj is not None else ""
-        if mod.startswith(("lightning.pytorch.loops", "pytorch_lightning.loops")) and hasattr(obj, "epoch_progress"):
-            return obj
-        frame = frame.f_back
-    return None
+def _lightning_restarts_mid_epoch(trainer: Any) -> bool:
+    """Whether the Lightning ``trainer`` handed to the sampler is training and restarting its fit loop in the
+    middle of an epoch (its public ``training`` and ``fit_loop.restarted_mid_epoch``). A validation loader's
+    sampler, whose epoch Lightning sets while validating, has no position to lose."""
+    loop = getattr(trainer, "fit_loop", None)
+    return bool(getattr(trainer, "training", True)) and bool(getattr(loop, "restarted_mid_epoch", False))
 
 
-def _refuse_accelerate_dispatch(max_depth: int = 8) -> None:
-    """``ValueError`` when accelerate's ``DataLoaderDispatcher`` (``dispatch_batches=True``) iterates the
-    sampler for several processes: process 0 alone draws every batch, concatenates ``num_processes`` of
-    them and slices the result, so no process would train the plan's batches. Frames, as above: the
-    dispatcher is the caller of the DataLoader iterator that draws from the sampler."""
-    mod = sys.modules.get("accelerate.data_loader")
-    dispatcher = getattr(mod, "DataLoaderDispatcher", None) if mod is not None else None
-    if dispatcher is None:
-        return
-    frame = sys._getframe(2)
-    for _ in range(max_depth):
-        if frame is None:
-            return
-        obj = frame.f_locals.get("self")
-        if obj is not None and type(obj).__name__ == "DataLoaderDispatcher" and isinstance(obj, dispatcher):
-            procs = getattr(getattr(obj, "state", None), "num_processes", 1)
-            if procs > 1:
-                raise ValueError(f"accelerate's dispatch_batches=True makes process 0 draw every batch and split "
-                                 f"{procs} of them concatenated across the processes, which breaks the plan's "
-                                 "per-rank batches; use DataLoaderConfiguration(dispatch_batches=False) (the "
-                                 "default for map-style datasets)")
-            return
-        frame = frame.f_back
+def _lightning_epochs(trainer: Any) -> int:
+    """``trainer.max_epochs``, or ``ValueError`` when it leaves the number of epochs open."""
+    max_epochs = getattr(trainer, "max_epochs", None)
+    if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
+        raise ValueError(f"Lightning reads len(loader) once and stops every epoch there, but max_epochs="
+                         f"{max_epochs} leaves the number of epochs open, and lenbatch plans a different number "
+                         "of batches each epoch; pass LengthBatchSampler(..., epochs=N) (every epoch 0..N-1 then "
+                         "has the same number of batches) or Trainer(max_epochs=N)")
+    return max_epochs
 
 
-def _accelerate_shard(depth: int) -> Any:
-    """The accelerate ``BatchSamplerShard`` whose method is the frame ``depth`` levels up, else None.
+def _accelerate_ranks(accelerator: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world size) from accelerate's ``accelerator`` (its public ``num_processes``, ``process_index``
+    and ``dataloader_config``), or ``ValueError`` for settings that break the plan's per-rank batches."""
+    procs, index = int(accelerator.num_processes), int(accelerator.process_index)
+    cfg = getattr(accelerator, "dataloader_config", None)
+    source = cfg if cfg is not None else accelerator
+    if getattr(source, "split_batches", False):
+        raise ValueError("accelerate's split_batches=True splits every batch across processes, which breaks "
+                         "the plan's batches; use DataLoaderConfiguration(split_batches=False) (the default)")
+    if getattr(source, "dispatch_batches", None) and procs > 1:
+        raise ValueError(f"accelerate's dispatch_batches=True makes process 0 draw every batch and split "
+                         f"{procs} of them concatenated across the processes, which breaks the plan's "
+                         "per-rank batches; use DataLoaderConfiguration(dispatch_batches=False) (the "
+                         "default for map-style datasets)")
+    if (rank is not None and int(rank) != index) or (world_size is not None and int(world_size) != procs):
+        raise ValueError(f"accelerate shards the loader over {procs} processes (this one is {index}) but the "
+                         f"sampler was given world_size={world_size}, rank={rank}; pass accelerator= alone (the "
+                         "sampler then takes accelerator.num_processes and accelerator.process_index)")
+    return index, procs
 
-    Why a frame: ``accelerator.prepare(loader)`` builds ``BatchSamplerShard(our_sampler)`` without telling
-    the sampler, and it is the only code that iterates or measures it that way. Cost: one frame lookup
-    per ``__iter__``/``__len__`` call; nothing when accelerate is not imported."""
-    mod = sys.modules.get("accelerate.data_loader")
-    if mod is None:
-        return None
-    shard_type = getattr(mod, "BatchSamplerShard", None)
-    try:
-        frame = sys._getframe(depth + 1)
-    except ValueError:
-        return None
-    caller = frame.f_locals.get("self")
-    return caller if shard_type is not None and isinstance(caller, shard_type) else None
+
+def _accelerate_processes() -> int:
+    """The processes of a running accelerate state (``accelerate.state.is_initialized``, ``PartialState``:
+    public), 0 when there is none or accelerate is not imported."""
+    mod = sys.modules.get("accelerate.state")
+    is_init = getattr(mod, "is_initialized", None) if mod is not None else None
+    if is_init is None or not is_init():
+        return 0
+    return int(getattr(mod.PartialState(), "num_processes", 0))
 
 
 def _loader_iterator(max_depth: int = 4) -> tuple[Any, bool]:
@@ -189,7 +177,8 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
                  max_batch_size: int | None = None, seed: int = 0, edges: Any = None, rank: int | None = None,
                  world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
                  epochs: int | None = None, overflow: str = "error", spec: BatchSpec | None = None,
-                 cost: Any = None, cost_budget: float | None = None) -> None:
+                 cost: Any = None, cost_budget: float | None = None, accelerator: Any = None,
+                 lightning_trainer: Any = None) -> None:
         super().__init__()
         strategy, edges, spec = named_strategy(strategy, edges, spec)  # a name, or a Strategy with its edges
         spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget,
@@ -202,7 +191,13 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             log.warning("%s", self.pieces.report())
         # checked, and kept in the smallest integer type (uint16 below 65,536 tokens): 2 bytes a sample
         x = planning_lengths(self.pieces.lengths, strategy=strategy, spec=spec)
+        if accelerator is not None:
+            rank, world_size = _accelerate_ranks(accelerator, rank, world_size)
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        # accelerate's BatchSamplerShard keeps every world_size-th batch: this rank's batch in its slot
+        self._slots = self.world_size if accelerator is not None else 1
+        self._accelerate: bool | None = True if accelerator is not None else None  # None: not said (warns)
+        self._lightning = lightning_trainer
         self.lengths = x
         self.strategy = strategy
         self.spec = spec
@@ -222,13 +217,21 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.fingerprint = cost_fingerprint(spec.fingerprint(x, strategy), cost, cost_budget)
         self.sampler = _EpochForward(self)
         self.epochs: int | None = None
-        if epochs is not None:
+        if epochs is None and lightning_trainer is not None:
+            epochs = _lightning_epochs(lightning_trainer)
+            before = len(self.plan(0))
+            n = self.equalize_epochs(epochs)
+            log.info("Lightning: epochs 0..%d planned to %d batches each on this rank (epoch 0 had %d; "
+                     "min_batches=%d) so that Lightning's fixed epoch length runs every batch", epochs - 1, n,
+                     before, self.spec.min_batches)
+        elif epochs is not None:
             self.equalize_epochs(epochs)
 
     def __getstate__(self) -> dict[str, Any]:
         # the loader iterator is held by a weakref (not picklable, and meaningless in a copy)
         state = self.__dict__.copy()
         state["_loader_iter"] = None
+        state["_lightning"] = None  # the trainer stays with the process that trains
         return state
 
     @property
@@ -303,48 +306,15 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._iterated_epoch = None
 
     def __len__(self) -> int:
-        shard = _accelerate_shard(1)
-        if self.epochs is None:
-            loop = _lightning_fit_loop()
-            if loop is not None:
-                self._equalize_for_lightning(loop)
-        n = len(self.plan())
-        return n * self._check_shard(shard) if shard is not None else n
-
-    def _equalize_for_lightning(self, loop: Any) -> None:
-        """Lightning fixes every epoch's batch count at the length it reads now: plan epochs
-        0..max_epochs-1 to one count, or refuse when the epochs are unbounded."""
-        max_epochs = getattr(loop, "max_epochs", None)
-        if not isinstance(max_epochs, int) or max_epochs < 1:
-            raise ValueError(f"Lightning reads len(loader) once and stops every epoch there, but max_epochs="
-                             f"{max_epochs} leaves the number of epochs open, and lenbatch plans a different number "
-                             "of batches each epoch; pass LengthBatchSampler(..., epochs=N) (every epoch 0..N-1 then "
-                             "has the same number of batches) or Trainer(max_epochs=N)")
-        before = len(self.plan(0))
-        n = self.equalize_epochs(max_epochs)
-        log.info("Lightning: epochs 0..%d planned to %d batches each on this rank (epoch 0 had %d; min_batches=%d) "
-                 "so that Lightning's fixed epoch length runs every batch", max_epochs - 1, n, before,
-                 self.spec.min_batches)
-
-    def _check_shard(self, shard: Any) -> int:
-        """Slots per step under accelerate's ``BatchSamplerShard`` (= world_size), or ``ValueError``."""
-        if getattr(shard, "split_batches", False):
-            raise ValueError("accelerate's split_batches=True splits every batch across processes, which breaks "
-                             "the plan's batches; use DataLoaderConfiguration(split_batches=False) (the default)")
-        procs, index = int(shard.num_processes), int(shard.process_index)
-        if (procs, index) != (self.world_size, self.rank):
-            raise ValueError(f"accelerate shards the loader over {procs} processes (this one is {index}) but the "
-                             f"sampler plans for world_size={self.world_size}, rank={self.rank}; build the sampler "
-                             "after Accelerator() without rank=/world_size= (or pass accelerator.num_processes and "
-                             "accelerator.process_index)")
-        return procs
+        """This rank's batches of the current epoch (x ``world_size`` slots under ``accelerator=``). No side
+        effect: the batch counts are fixed when the sampler is built (``epochs=``, ``lightning_trainer=``)."""
+        return len(self.plan()) * self._slots
 
     def __iter__(self) -> Iterator[list[int]]:
-        # generator body: frame 1 is whoever calls next() on it (accelerate's BatchSamplerShard if wrapped)
-        shard = _accelerate_shard(1)
-        _refuse_accelerate_dispatch()
+        if self._accelerate is None and self.world_size > 1 and _accelerate_processes() == self.world_size:
+            self._warn_accelerate()
         batches = self.plan()
-        slots = self._check_shard(shard) if shard is not None else 1
+        slots = self._slots
         if not self._viewed and not bool(self.pieces.whole.all()):
             raise ValueError(f"overflow={self.overflow!r} cut {self.pieces.samples_over_budget} samples longer than "
                              f"token_budget={self.token_budget} into (row, start, end) pieces, which only the view "
@@ -426,6 +396,15 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
                             "possibly more than the loop trained on; iterate sampler.consumed(loader) (or pass "
                             "state_dict(batches_consumed=n)) so that a resume skips none")
         return self._position
+
+    def _warn_accelerate(self) -> None:
+        if "accelerate" in self._warned:
+            return
+        self._warned.add("accelerate")
+        warnings.warn(f"an accelerate state runs over {self.world_size} processes but this LengthBatchSampler was "
+                      "built without accelerator=: if accelerator.prepare(loader) wraps it, each process keeps only "
+                      f"every {self.world_size}-th of its own batches; build it with "
+                      "LengthBatchSampler(..., accelerator=accelerator)", UserWarning, stacklevel=3)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

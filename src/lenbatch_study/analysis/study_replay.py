@@ -18,8 +18,8 @@ measurement implies relative to sorted's::
 
 1.0 means the strategy's steps cost what sorted's do (throughput then follows useful tokens per
 step, which the plan simulation predicts); the excess over the computed-tokens ratio is what a GPU
-step-time model must explain. Also the study's objective (``predict_bucketed(...,
-objective="study")``) on the stand-in, so the study's 86.8% can be told apart from the stand-in's
+step-time model must explain. Also the study's objective (``predict_bucketed(..., objective=STUDY)``,
+:mod:`lenbatch_study.core.objective`) on the stand-in, so the study's 86.8% can be told apart from the stand-in's
 own shape. :func:`section` renders the report's markdown. Pure numpy (``sortish`` draws its
 permutation with torch, as transformers does). Cost: the seed profile (~2.5 s), the dp edges
 (~1.2 s) and six one-epoch plans of 902 K lengths (~0.4-1.7 s each): ~8 s on the 2-core CPU.
@@ -35,6 +35,7 @@ import numpy as np
 from lenbatch.batching.boundaries import optimize_boundaries
 from lenbatch_study.corpus.seed_profile import SEED_COUNT, SEED_VALUES, seed_profile
 from lenbatch.batching.padding import predict_bucketed
+from lenbatch_study.core.objective import STUDY
 from lenbatch.batching.strategy import STRATEGIES
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import plan_epoch_all
@@ -87,10 +88,10 @@ def replay(*, samples: int = SEED_COUNT, seed: int = 0, log: Any = None) -> dict
     seconds["dp_edges"] = time.perf_counter() - t0
     limits = {"token_budget": STUDY_BUDGET, "max_batch_size": STUDY_MAX_BATCH}
     objective = {
-        "study_edges": predict_bucketed(x, STUDY_EDGES, objective="study", **limits)["efficiency"],
+        "study_edges": predict_bucketed(x, STUDY_EDGES, objective=STUDY, **limits)["efficiency"],
         "study_edges_greedy": predict_bucketed(x, STUDY_EDGES, objective="greedy", **limits)["efficiency"],
         # the stand-in's samples above P99 capped at P99: how much its interpolated tail costs
-        "study_edges_tail_capped": predict_bucketed(np.minimum(x, P99), STUDY_EDGES, objective="study",
+        "study_edges_tail_capped": predict_bucketed(np.minimum(x, P99), STUDY_EDGES, objective=STUDY,
                                                     **limits)["efficiency"],
         "dp_edges": float(dp.predicted_efficiency),
     }

@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rc = int(args.func(args) or 0)
                 if rc:  # a stage that reports failure by its exit code keeps the previous output too
                     raise _Failed(rc)
-            from lenbatch.log import get_logger
+            from lenbatch_study.core.log import get_logger
 
             # the stage's own log lines name the staging folder it wrote into
             get_logger(name).info("%s now holds this run's output (written in %s, then moved)", final, staging.name)

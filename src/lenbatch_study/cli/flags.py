@@ -232,7 +232,7 @@ BOUNDARIES_FLAGS = ("boundaries.method", "boundaries.num_buckets", "boundaries.s
 @_flags_of("boundaries")
 def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
     from lenbatch.batching.boundaries import METHODS as methods
-    from lenbatch.batching.padding import OBJECTIVES as objectives
+    from lenbatch_study.core.objective import OBJECTIVES as objectives
 
     _params_flag(parser)
     add_lengths_arguments(parser)
@@ -446,7 +446,7 @@ def _train(args: argparse.Namespace) -> int:
         check_resume_shape(out, params, checkpoint=CHECKPOINT)
     under_torchrun = torchrun_world()[0]
     if not under_torchrun and params.train.nodes * params.train.nproc > 1:
-        from lenbatch.log import get_logger
+        from lenbatch_study.core.log import get_logger
 
         return launch.run_training(args.argv, nproc=params.train.nproc, nodes=params.train.nodes, out=out,
                                    stopped=stage.stopped_on_signal, stopped_exit=stage.STOPPED_EXIT,

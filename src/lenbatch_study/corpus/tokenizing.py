@@ -73,7 +73,7 @@ from lenbatch_study.corpus.chat import (
     encode_chunk_in_worker,
     init_worker,
 )
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.corpus.sources import SourceReport, iter_records, resolve_source
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from lenbatch_study.core.config import ModelConfig
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 INITIALIZER_RANGE = 0.02  # std of the normal init (Hugging Face Qwen3_5TextConfig default)

@@ -53,7 +53,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Optional
 
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.writing import MARKER, PARAMS
 
 log = get_logger("outputs")

@@ -24,7 +24,7 @@ import numpy as np
 from lenbatch_study.runtime.checkpoint import check_log
 from lenbatch.loading.collate import Batch
 from lenbatch_study.core.config import Params
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.runtime.runner import StepRunner, peak_memory_bytes, ranks_per_device
 from lenbatch_study.core.cpu import steps_cpu_share
 

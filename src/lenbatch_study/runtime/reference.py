@@ -45,9 +45,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from lenbatch.batching.spec import BatchSpec
+from lenbatch_study.core.batchspec import batch_spec
 from lenbatch_study.core.config import Params
-from lenbatch.loading.collate import Batch, collate, synthetic_sequences
+from lenbatch.loading.collate import Batch, collate
+from lenbatch_study.runtime.synthetic import synthetic_sequences
 
 REFERENCE_LENGTH = 512  # tokens per sequence (at most data.max_len)
 BUDGET_SHARE = 8        # the batch holds token_budget // BUDGET_SHARE tokens (rounded down to whole sequences)
@@ -69,7 +70,7 @@ def reference_batch(params: Params) -> Batch:
     shape = reference_shape(params)
     seqs = synthetic_sequences(np.full(shape["sequences"], shape["length"]), vocab_size=params.model.vocab_size,
                                seed=REFERENCE_SEED)
-    return collate(seqs, spec=BatchSpec.from_params(params, strategy="sorted"))
+    return collate(seqs, spec=batch_spec(params, strategy="sorted"))
 
 
 def reference_features(params: Params, batch: Batch, device: torch.device) -> torch.Tensor:

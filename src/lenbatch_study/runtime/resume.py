@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.runtime.checkpoint import (RunShapeError, check_shape, load_checkpoint, peek_fingerprint, restore,
                                                start_fresh, summary_problem)
 from lenbatch_study.runtime.records import resumed_log

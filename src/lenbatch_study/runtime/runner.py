@@ -19,8 +19,8 @@ import torch
 
 from lenbatch.loading.collate import Batch
 from lenbatch_study.core.config import Params
-from lenbatch.hostmem import reuse_freed_memory
-from lenbatch.log import get_logger
+from lenbatch_study.runtime.hostmem import reuse_freed_memory
+from lenbatch_study.core.log import get_logger
 
 log = get_logger("train")
 
@@ -75,7 +75,7 @@ def ranks_per_device(world: int) -> int:
 def configure_process(params: Params) -> None:
     """Per-process settings every stepping process shares (train ranks, both profile roles), so the
     profile times steps the way training runs them: torch's intra-op threads and, with
-    ``train.reuse_host_memory``, an allocator that keeps freed memory (see :mod:`lenbatch.hostmem`)."""
+    ``train.reuse_host_memory``, an allocator that keeps freed memory (see :mod:`lenbatch_study.runtime.hostmem`)."""
     torch.set_num_threads(params.train.threads)
     # read when CUDA initialises (this runs before): a user's own setting wins
     os.environ.setdefault(ALLOC_CONF_ENV, ALLOC_CONF)

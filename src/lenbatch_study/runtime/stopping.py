@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.runtime import early_stop
 
 log = get_logger("train")

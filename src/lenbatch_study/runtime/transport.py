@@ -81,7 +81,7 @@ from typing import Any, Optional
 
 import torch
 
-from lenbatch.loading.collate import Batch, batch_from_parts
+from lenbatch.loading.collate import Batch
 
 RENDEZVOUS_ENV = "LENBATCH_RENDEZVOUS_P2P"
 HEADER_LEN = 7 + 8  # layout, B, T, S, F, dtype code, stop signal + the caller's meta (7 ints) + staging nanoseconds
@@ -354,3 +354,29 @@ class DrafterGroup:
         box = [obj]
         dist.broadcast_object_list(box, src=self.ranks[0], group=self.control)
         return box[0]
+
+
+def batch_from_parts(layout: str, input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor,
+                     indices: torch.Tensor) -> Batch:
+    """Rebuild a :class:`Batch` from its essential tensors (what travels between ranks).
+
+    ``attention_mask``/``position_ids`` (padded) or ``position_ids``/``cu_seqlens``/``seq_index``
+    (packed) are derived from ``lengths`` on ``input_ids``' device. ``labels`` do not travel: the
+    rebuilt batch scores ``input_ids`` under ``loss_mask`` (the runtime's batches have no labels).
+    """
+    dev = input_ids.device
+    lengths = lengths.to(torch.int64)
+    B, T = input_ids.shape
+    loss_mask = loss_mask.to(torch.bool)
+    if layout == "padded":
+        pos = torch.arange(T, dtype=torch.int64, device=dev).expand(B, T).contiguous()
+        attention = (pos < lengths[:, None]).to(torch.int64)
+        return Batch("padded", input_ids, loss_mask, pos, lengths, indices, attention_mask=attention)
+    if layout == "packed":
+        cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=dev)
+        cu[1:] = torch.cumsum(lengths, 0)
+        seq_index = torch.repeat_interleave(torch.arange(lengths.numel(), device=dev), lengths)
+        pos = torch.arange(T, dtype=torch.int64, device=dev) - cu[:-1][seq_index]
+        return Batch("packed", input_ids, loss_mask, pos[None], lengths, indices, cu_seqlens=cu.to(torch.int32),
+                     seq_index=seq_index[None])
+    raise ValueError(f"unknown batch layout {layout!r}; use 'padded' or 'packed'")

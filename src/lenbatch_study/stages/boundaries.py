@@ -14,14 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from lenbatch_study.core.batchspec import batch_spec
 from lenbatch.batching.boundaries import optimize_boundaries, simulate_bucketed, sweep_num_buckets
 from lenbatch.batching.lengths import bucket_counts
 from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.padding import predict_bucketed
 from lenbatch.batching.strategy import STRATEGIES
-from lenbatch.batching.spec import BatchSpec
 from lenbatch_study.core.config import Params
-from lenbatch.log import get_logger
+from lenbatch_study.core.objective import objective_named
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
 from lenbatch_study.pipeline.artifacts.bucket_edges import BOUNDARIES, SWEEP, TIMINGS, by_strategy_path
 from lenbatch_study.pipeline.artifacts.writing import write_json, write_resolved
@@ -46,12 +47,13 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
                                    seed=bt.seed)
     log.info("%s: %d samples; %s boundaries, K=%d, budget %d tokens, at most %d per batch", source, x.size,
              p.method, p.num_buckets, bt.token_budget, bt.max_batch_size)
-    spec = BatchSpec.from_params(params, strategy="bucketed")
-    res = optimize_boundaries(x, p.num_buckets, method=p.method, objective=p.objective,
+    spec = batch_spec(params, strategy="bucketed")
+    objective = objective_named(p.objective)
+    res = optimize_boundaries(x, p.num_buckets, method=p.method, objective=objective,
                               num_candidates=p.num_candidates, spec=spec)
     sim = simulate_bucketed(x, res.edges, spec=spec)
     pred = predict_bucketed(x, res.edges, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
-               objective=p.objective)
+               objective=objective)
     out = Path(out)
     doc = res.to_dict()
     seconds = doc.pop("seconds")
@@ -68,7 +70,7 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
     log.info("%s edges %s: predicted %.4f, simulated %.4f padding efficiency (%.2f s)", p.method, list(res.edges),
              res.predicted_efficiency, sim["simulated_efficiency"], res.seconds)
     swept = [] if not sweep else sweep_num_buckets(
-        x, p.sweep_max_buckets, method=p.method, objective=p.objective, num_candidates=p.num_candidates, spec=spec)
+        x, p.sweep_max_buckets, method=p.method, objective=objective, num_candidates=p.num_candidates, spec=spec)
     write_json(out / SWEEP, swept)
     write_json(out / TIMINGS, {"seconds": {"optimize": seconds}})
     write_resolved(params, out, sections=("boundaries", "batching"))

@@ -28,17 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from lenbatch_study.core.batchspec import batch_spec
 from lenbatch_study.analysis import calibration, provenance, shapes
 from lenbatch_study.analysis import interleaved as il, stepmodel as sm, study_replay as sr
 from lenbatch_study.core import cpu
 from lenbatch_study.core.config import Params
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.analysis.report import QUIET_RERUN, CompareResult, Recommendation, StrategyRow, busy_machine, \
     unsteady_machine, write_outputs
 from lenbatch_study.analysis.verdict import decide
-from lenbatch.batching.schedule import build_schedule, epoch_steps
+from lenbatch_study.runtime.schedule import build_schedule, epoch_steps
 from lenbatch.batching.strategy import layout_of
-from lenbatch.batching.spec import BatchSpec
 from lenbatch_study.pipeline.artifacts import bucket_edges, interleave_timings, length_stats, plan_metrics, \
     profile_grid, quality_result, tokenized, train_runs
 
@@ -145,8 +145,8 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
 
 def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int,
                 target_ranks: int) -> list[np.ndarray]:
-    """One epoch's global step order, as the train stage runs it (:func:`lenbatch.batching.schedule.epoch_steps`)."""
-    spec = BatchSpec.from_params(params, strategy=strategy, edges=edges)
+    """One epoch's global step order, as the train stage runs it (:func:`lenbatch_study.runtime.schedule.epoch_steps`)."""
+    spec = batch_spec(params, strategy=strategy, edges=edges)
     return [idx for _, _, idx in epoch_steps(lengths, strategy=strategy, spec=spec, target_ranks=target_ranks,
                                              epoch=epoch)]
 
@@ -154,7 +154,7 @@ def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, 
 def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int | None = None,
                     useful_tokens: int | None = None, target_ranks: int) -> list[tuple[int, np.ndarray]]:
     """(epoch, indices) of a run's global steps, in order: the train stage's schedule
-    (:func:`lenbatch.batching.schedule.build_schedule`) up to ``steps`` steps or to its stop rule at ``useful_tokens``."""
+    (:func:`lenbatch_study.runtime.schedule.build_schedule`) up to ``steps`` steps or to its stop rule at ``useful_tokens``."""
     assert (steps is None) != (useful_tokens is None)
     sched = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
                            useful_tokens=useful_tokens, max_steps=steps)

@@ -17,7 +17,7 @@ As a stage it reruns only when what it measures changes: the model, the batching
 own ``interleave`` section, the machine.
 
 What is timed: each strategy's segment is ``interleave.segment_steps`` steps of its training plan (the
-train stage's schedule, :func:`lenbatch.batching.schedule.build_schedule`, with (``train.nproc - 1``) x
+train stage's schedule, :func:`lenbatch_study.runtime.schedule.build_schedule`, with (``train.nproc - 1``) x
 ``train.nodes`` target ranks, so they are batches its training run trains), the quantiles of that run's
 post-warm-up steps ordered by mean sequence length (:func:`segment_steps`), timed in turns of one step with the other strategies'
 (:func:`lenbatch_study.runtime.interleave.measure_interleaved`). Four steps (the default) sample a
@@ -74,9 +74,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from lenbatch.batching.schedule import build_schedule
+from lenbatch_study.runtime.schedule import build_schedule
 from lenbatch.loading.collate import collate
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.core.intervals import (INTERVAL_TARGET, PREDICTION_TARGET, half_width, ratio_intervals,
                                            stop_reason, t_quantile, width_to_reach)
 from lenbatch_study.core.config import Params

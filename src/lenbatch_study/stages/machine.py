@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.core.machine import describe, fingerprint, write_if_changed
 from lenbatch_study.pipeline.artifacts.machine_file import MACHINE
 

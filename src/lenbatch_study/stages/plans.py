@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lenbatch_study.core.batchspec import batch_spec
 from lenbatch_study.corpus.seed_profile import SEED_COUNT
 from lenbatch.batching.simulate import simulate
-from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import STRATEGIES
 from lenbatch_study.core.config import Params
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.bucket_edges import NEEDS_EDGES, read_edges
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
 from lenbatch_study.pipeline.artifacts.plan_metrics import METRICS, TIMINGS
@@ -35,7 +35,7 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
     chosen = tuple(strategies) if strategies is not None else tuple(STRATEGIES)
     log.info("%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
              source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, world_size)
-    spec = BatchSpec.from_params(params, strategy="bucketed", edges=edges)  # edges serve bucketed alone
+    spec = batch_spec(params, strategy="bucketed", edges=edges)  # edges serve bucketed alone
     metrics = simulate(x, strategies=chosen, epochs=params.plans.epochs, world_size=world_size, log=log,
                        spec=spec)
     out = Path(out)

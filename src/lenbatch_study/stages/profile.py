@@ -46,11 +46,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lenbatch_study.core.batchspec import batch_spec
+from lenbatch_study.runtime.synthetic import synthetic_sequences
 from lenbatch_study.core.config import Params
 from lenbatch_study.pipeline.artifacts.profile_grid import GRID
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
-from lenbatch.log import get_logger
-from lenbatch.batching.spec import BatchSpec
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.analysis.shapes import batch_columns, drafter_work, grid_shape
 from lenbatch_study.models.anchors import CE_CHUNK_ROWS
 from lenbatch_study.core.cpu import CPU_SHARE_WARN, grid_cpu_share
@@ -89,7 +90,7 @@ def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, 
     Points above the token budget, above max_batch_size or longer than data.max_len are
     skipped (they can never occur in a plan); the number skipped is logged.
     """
-    pr, spec = params.profile, BatchSpec.from_params(params, strategy="sorted")  # padded shapes
+    pr, spec = params.profile, batch_spec(params, strategy="sorted")  # padded shapes
     budget, max_bs, max_len = spec.token_budget, spec.max_batch_size, params.data.max_len
     lengths = sorted({int(m) for m in pr.lengths})
     pts: set[tuple[str, int, int]] = set()
@@ -124,8 +125,8 @@ def make_batch(layout: str, lengths: list[int], params: Params, *, seed: int):
     """A collated batch of synthetic token ids with these sequence lengths (what training feeds)."""
     from lenbatch.loading import collate
 
-    seqs = collate.synthetic_sequences(np.asarray(lengths), vocab_size=params.model.vocab_size, seed=seed)
-    spec = BatchSpec.from_params(params, strategy="packed" if layout == "packed" else "sorted")
+    seqs = synthetic_sequences(np.asarray(lengths), vocab_size=params.model.vocab_size, seed=seed)
+    spec = batch_spec(params, strategy="packed" if layout == "packed" else "sorted")
     # distinct sequence ids, as a real batch's dataset indices are: the drafter draws each sequence's
     # anchors from its id (models.anchors), so equal ids would put every anchor of the batch at one
     # offset, and a step's trained positions and context would swing all-or-nothing from step to step

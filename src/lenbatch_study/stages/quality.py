@@ -60,7 +60,7 @@ from lenbatch.loading.collate import Batch, collate
 from lenbatch_study.core.config import Params
 from lenbatch_study.pipeline.artifacts.quality_result import CURVES, GRADIENTS, METRICS, QUALITY
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.core.machine import fingerprint
 from lenbatch_study.models.drafter import Drafter, build_drafter
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.core.config import Params
 from lenbatch_study.corpus.identity import write_if_changed
 from lenbatch_study.pipeline.artifacts.source_file import SOURCE

@@ -23,7 +23,7 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
         seed_profile_size: int = SEED_COUNT, edges: list[int] | None = None) -> int:
     """``lenbatch stats``: stats.json, histogram.json and histogram.png of the lengths at ``lengths`` (or
     the generated ``seed_profile``), counts per bucket of ``edges`` (tokens) when given."""
-    from lenbatch.log import get_logger
+    from lenbatch_study.core.log import get_logger
 
     log = get_logger("lenbatch.stats")
     x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,

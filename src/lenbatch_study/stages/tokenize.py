@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lenbatch_study.core.config import Params
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.corpus.pretokenized import detect, tokenize_pretokenized
 from lenbatch_study.corpus.tokenizing import tokenize, write_outputs
 from lenbatch_study.pipeline.artifacts.tokenized import output_paths

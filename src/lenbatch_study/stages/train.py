@@ -3,7 +3,7 @@
 Roles (``torchrun --nproc_per_node N -m lenbatch_study train ...``, env RANK/WORLD_SIZE):
 
 * ranks ``0 .. N-2`` are **target ranks**. Target rank ``r`` takes its steps of the schedule
-  (:mod:`lenbatch.batching.schedule`: the batches its ``LengthBatchSampler(rank=r, world_size=N-1)``
+  (:mod:`lenbatch_study.runtime.schedule`: the batches its ``LengthBatchSampler(rank=r, world_size=N-1)``
   would yield), collates the batch
   (:mod:`lenbatch.loading.collate`), runs the target forward and sends the batch and its features
   to the drafter rank (:mod:`lenbatch_study.runtime.transport`: header and credits on a gloo control group,
@@ -24,7 +24,7 @@ Roles (``torchrun --nproc_per_node N -m lenbatch_study train ...``, env RANK/WOR
 Across nodes (``train.nodes`` = N > 1; ``N x train.nproc`` processes, one torchrun per node or one for all):
 roles come from the global rank (:class:`lenbatch_study.runtime.runner.Roles`); the schedule is sharded over
 all ``N x (nproc - 1)`` target ranks, each node's drafter takes its own target ranks' steps in schedule order,
-and the drafters train one model, cluster step by cluster step (:mod:`lenbatch.batching.schedule`,
+and the drafters train one model, cluster step by cluster step (:mod:`lenbatch_study.runtime.schedule`,
 :class:`lenbatch_study.runtime.transport.DrafterGroup`). Node 0's drafter writes OUT: rows in global step
 order with ``node``, ``cluster_step``, ``allreduce_s``, ``cluster_wait_s`` and ``t`` the cluster step's end;
 checkpoints only where the steps trained are a prefix of the schedule (so a resume replays the batches and
@@ -33,7 +33,7 @@ losses; a run stopped inside a round and later extended pairs its remaining step
 gloo on CPU, NCCL on GPU (``train.device``). The trained drafter keeps fp32 master weights (autocast
 to ``model.dtype``); the frozen target runs in ``model.dtype``.
 
-Stop rule (:mod:`lenbatch.batching.schedule`): the global schedule (pure: lengths, batch spec, target ranks)
+Stop rule (:mod:`lenbatch_study.runtime.schedule`): the global schedule (pure: lengths, batch spec, target ranks)
 walks epochs 0, 1, ... and ends at the first step at which the useful tokens trained reach
 ``train.useful_tokens`` (or at ``--max-steps``). Every rank computes the same schedule, so no
 rank ever waits for a batch that will not come.
@@ -54,7 +54,7 @@ turn, :mod:`lenbatch_study.runtime.reference`; compare calibrates the prediction
 
 Resume: ``checkpoint.pt`` (every ``train.checkpoint_every`` steps and at the end; see
 :mod:`lenbatch_study.runtime.checkpoint`) holds the drafter, the optimizer, every target rank's sampler state
-(the schedule's, :meth:`lenbatch.batching.schedule.Schedule.sampler_states`; checked against it on resume), the step
+(the schedule's, :meth:`lenbatch_study.runtime.schedule.Schedule.sampler_states`; checked against it on resume), the step
 counter, RNG states, a fingerprint of the params and the digest of the ``steps.jsonl`` lines it
 covers. One run owns OUT: the writing rank holds OUT's writer lock (:mod:`lenbatch_study.pipeline.outputs`). A fresh
 run trains in ``.<OUT>.partial`` beside OUT and swaps it in whole only when its summary is written, so a
@@ -99,7 +99,7 @@ from lenbatch_study.core.machine import fingerprint as fingerprint_machine
 from lenbatch_study.runtime.lifetime import die_with_parent, remove_launcher_logs
 from lenbatch_study.runtime.resume import partial_dir, resume_point, share_resume
 from lenbatch_study.runtime.stopping import STOPPED_EXIT, StopRequest, agree_stopped, read_marker, stop_here
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.reading import read_json
 from lenbatch_study.pipeline.artifacts.train_runs import CHECKPOINT, RUN_FILES, STEPS, STOPPED, SUMMARY
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
@@ -125,7 +125,7 @@ from lenbatch_study.runtime.runner import (
     resolve_device,
     torchrun_world,
 )
-from lenbatch.batching.schedule import Schedule, build_schedule, cluster_steps
+from lenbatch_study.runtime.schedule import Schedule, build_schedule, cluster_steps
 from lenbatch_study.runtime.transport import Channel, DrafterGroup, DrafterLink, TargetLink, settle, weights_checksum
 
 log = get_logger("train")
@@ -320,7 +320,7 @@ def run_target_rank(setup: RunSetup, comm_device: torch.device) -> None:
 def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dict[str, Any]]:
     """Receive this node's batches in schedule order, train, measure, checkpoint; credit each batch on receipt
     (:class:`lenbatch_study.runtime.transport.DrafterLink`). On several nodes each step is a cluster step
-    (:func:`lenbatch.batching.schedule.cluster_steps`): the drafters reduce their gradients
+    (:func:`lenbatch_study.runtime.schedule.cluster_steps`): the drafters reduce their gradients
     (:class:`lenbatch_study.runtime.transport.DrafterGroup`), then share their rows and weight checksums;
     node 0's drafter writes the rows in global step order and returns the summary (the others None)."""
     p = setup.params

@@ -14,7 +14,7 @@ from lenbatch.batching.strategies import plan_epoch
 from lenbatch.batching.strategy import WITH_EDGES, Strategy
 from lenbatch_study.core.config import Params
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.bucket_edges import NEEDS_EDGES, read_edges
 from lenbatch_study.pipeline.artifacts.tokenized import read_lengths_input
 from lenbatch_study.pipeline.artifacts.writing import write_json

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lenbatch_study.analysis import study_replay as sr
 from lenbatch_study.corpus.seed_profile import SEED_COUNT
-from lenbatch.log import get_logger
+from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.writing import write_json
 
 

@@ -49,7 +49,7 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
     import dataclasses
 
     from lenbatch_study.core.config import ModelConfig, load_params
-    from lenbatch.log import get_logger
+    from lenbatch_study.core.log import get_logger
     from lenbatch_study.models.target import build_target, model_config_from_file
 
     log = get_logger("lenbatch.verify-packing")

@@ -1,5 +1,7 @@
 """BatchSpec (one validated batch specification) and the run schedule (issue 10)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -7,7 +9,8 @@ import lenbatch as lb
 from lenbatch.batching.scan import greedy_starts
 from lenbatch.batching.padding import batch_tokens
 from lenbatch.loading.sampler import LengthBatchSampler
-from lenbatch.batching.schedule import build_schedule
+from lenbatch_study.core.batchspec import batch_spec
+from lenbatch_study.runtime.schedule import build_schedule
 
 X = np.random.default_rng(1).integers(1, 300, size=300)
 EDGES = (0, 60, 150, 300)
@@ -103,3 +106,37 @@ def test_useful_tokens_beyond_ten_thousand_epochs_is_a_value_error_naming_the_se
         build_schedule(X, strategy="sorted", spec=spec, target_ranks=1, useful_tokens=most + 1)
     sched = build_schedule(X[:3], strategy="sorted", spec=spec, target_ranks=1, useful_tokens=10_000 * int(X[:3].sum()))
     assert sched[-1].epoch == 9_999  # the bound itself is reachable
+
+
+# the spec rule of tests/batching/test_spec.py, for the study's schedule and its params
+KW = {"token_budget": 512, "max_batch_size": 8}
+SPEC = lb.BatchSpec(**KW)
+BOTH = re.escape("pass either spec= or the batching arguments, not both")
+
+
+def test_build_schedule_follows_the_spec_rule():
+    from types import SimpleNamespace
+
+    # params= is any object with a .batching section (the study hands its Params: tests/core/test_config.py)
+    params = SimpleNamespace(batching=SimpleNamespace(**KW, seed=0, packed_window=8))
+    with pytest.raises(ValueError, match=BOTH):
+        build_schedule(X, strategy="sorted", target_ranks=1, spec=SPEC, params=params, max_steps=2)
+    with pytest.raises(ValueError, match="build_schedule needs its batching"):
+        build_schedule(X, strategy="sorted", target_ranks=1, max_steps=2)
+    a = build_schedule(X, strategy="sorted", target_ranks=1, params=params, max_steps=3)
+    b = build_schedule(X, strategy="sorted", target_ranks=1, spec=SPEC, max_steps=3)
+    assert [s.indices.tolist() for s in a] == [s.indices.tolist() for s in b]
+
+
+def test_a_spec_for_bucketed_can_be_built_before_its_edges_are_known():
+    """The boundaries stage builds bucketed's spec from the params first and finds the edges after: the
+    spec keeps what it is handed (none yet), and planning without edges is what gets refused."""
+    from types import SimpleNamespace
+
+    params = SimpleNamespace(batching=SimpleNamespace(token_budget=2048, max_batch_size=16, seed=0, packed_window=8))
+    spec = batch_spec(params, strategy="bucketed")
+    assert spec.edges is None and spec.layout == "padded"
+    assert batch_spec(params, strategy="sorted", edges=(0, 100, 3000)).edges is None
+    assert batch_spec(params, strategy="bucketed", edges=(0, 100, 3000)).edges == (0, 100, 3000)
+    with pytest.raises(ValueError, match="needs edges"):
+        lb.plan_epoch(np.array([5, 50, 500]), strategy="bucketed", spec=spec)

@@ -1,4 +1,4 @@
-"""The run's schedule: the global step order over the target ranks and the useful-token stop rule.
+"""The study's run schedule: the global step order over the target ranks and the useful-token stop rule.
 
 One function of (lengths, strategy, :class:`lenbatch.BatchSpec`, target ranks) that the train stage
 runs and the compare stage predicts, so both walk the same steps:
@@ -20,7 +20,7 @@ Every step carries its batch's sample indices, so a target rank trains ``step.in
 planning again. The sampler state of every rank after any step is a function of the schedule
 (:meth:`Schedule.sampler_states`): a checkpoint stores the same dicts
 :meth:`lenbatch.LengthBatchSampler.state_dict` returns, and ``LengthBatchSampler.load_state_dict``
-of them resumes at the schedule's next batch of that rank (tests/test_schedule.py checks this once).
+of them resumes at the schedule's next batch of that rank (tests/runtime/test_schedule.py checks this once).
 
 Cost: one ``plan_epoch_all`` per epoch the run touches, O(steps) beyond that.
 """
@@ -34,18 +34,9 @@ from typing import Any, Optional
 import numpy as np
 
 from lenbatch.batching.spec import BatchSpec, check_int, refuse_both
+from lenbatch.batching.state import sampler_state
 from lenbatch.batching.strategies import check_plan, plan_epoch_all
-
-
-STATE_VERSION = 1
-
-
-def sampler_state(*, epoch: int, position: int, world_size: int, rank: int, fingerprint: str,
-                  strategy: str) -> dict[str, Any]:
-    """The resumable state of a sampler that has handed out ``position`` batches of ``epoch``
-    (:meth:`LengthBatchSampler.state_dict`; :mod:`lenbatch.batching.schedule` writes the same for a run)."""
-    return {"version": STATE_VERSION, "epoch": int(epoch), "position": int(position), "world_size": int(world_size),
-            "rank": int(rank), "fingerprint": fingerprint, "strategy": strategy}
+from lenbatch_study.core.batchspec import batch_spec
 
 
 @dataclass(frozen=True)
@@ -143,7 +134,7 @@ def build_schedule(lengths: np.ndarray, *, strategy: str, target_ranks: int, spe
     if spec is None:
         if params is None:
             raise ValueError("build_schedule needs its batching: pass spec=lenbatch.BatchSpec(...) or params=")
-        spec = BatchSpec.from_params(params, strategy=strategy, edges=edges)
+        spec = batch_spec(params, strategy=strategy, edges=edges)
     if useful_tokens is None and max_steps is None:
         raise ValueError("build_schedule needs a stop: pass useful_tokens= (train.useful_tokens) or max_steps=")
     target_ranks = check_int("target_ranks", target_ranks, minimum=1)
