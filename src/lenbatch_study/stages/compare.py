@@ -367,8 +367,8 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                  data_dir)
     profile = fit_profile(profile_dir, params)
     fits, transport = profile["fits"], profile["transport"]  # transport None: a grid without it (then predicted without)
-    at = {"fits": fits, "params": params, "target_ranks": target_ranks, "transport": transport}
     target_ranks = max(params.train.nproc - 1, 1) * params.train.nodes
+    at = {"fits": fits, "params": params, "target_ranks": target_ranks, "transport": transport}
     edges = tuple(int(e) for e in bounds["edges"])
     runs = {s: load_run(train_dir, s, params) for s in strategies}
     # the drafters' all-reduce (train.nodes > 1): its cost is the drafter's size, the same for every plan
