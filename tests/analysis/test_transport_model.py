@@ -60,6 +60,10 @@ def test_the_drafter_critical_path_includes_the_transport():
     t2 = np.full(n, 2.0)
     ends = sm.pipeline_ends(t2, d, transport_s=x)
     assert ends == pytest.approx(2.0 * np.arange(1, n + 1) + 0.25 + 1.0)
+    # the credit that frees a target rank's slot leaves once the batch is received: with one slot, the target
+    # starts its step 2 when step 0 is received (0.1 s forward, taken at 0.1, received at 0.35), not when taken
+    one = sm.pipeline_timeline(t, d, queue_size=1, transport_s=x)
+    assert one["target_start"][2] == pytest.approx(0.35) and one["end"][0] == pytest.approx(1.35)
     # a scalar is every step's; the blended and the multi-node timelines carry it too
     assert sm.pipeline_ends(t, d, queue_size=2, transport_s=0.25) == pytest.approx(moved)
     bl = sm.blended_pipeline(t, t, d, d, queue_size=2, transport_s=x)

@@ -319,8 +319,9 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
 
     ``x_i`` = ``transport_s`` (0 without): the drafter rank receiving step i's batch and features once it
     takes the step (:mod:`lenbatch_study.runtime.transport`; gloo moves the bytes when the receive is posted),
-    on the drafter's critical path. Only the separate (multi-process) trainings move features; one
-    process (``drafter_s`` None) has no transport.
+    on the drafter's critical path; the credit that frees the target rank's slot goes out once it is received,
+    so with transport ``put_i = max(done_i, take_{i - qR} + x_{i - qR})``. Only the separate (multi-process)
+    trainings move features; one process (``drafter_s`` None) has no transport.
 
     ``ack_every`` (the train stage's protocol: the drafter acknowledges each batch with a
     non-blocking send and, once more than ``ack_every`` are outstanding, waits for all of
@@ -379,7 +380,7 @@ def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size
         while scheduled <= min(upto, n - 1):
             k, r = scheduled, scheduled % R
             done[k] = free[r] + t[k]
-            put[k] = max(done[k], take[k - qR]) if k >= qR else done[k]
+            put[k] = max(done[k], take[k - qR] + x[k - qR]) if k >= qR else done[k]  # credited once received
             free[r] = put[k]
             scheduled += 1
 
@@ -426,7 +427,7 @@ def _cluster_timeline(t: np.ndarray, d: np.ndarray, x: np.ndarray, *, queue_size
         while scheduled <= max(steps):
             k, r = scheduled, scheduled % R
             done[k] = free[r] + t[k]
-            put[k] = max(done[k], take[k - qR]) if k >= qR else done[k]
+            put[k] = max(done[k], take[k - qR] + x[k - qR]) if k >= qR else done[k]  # credited once received
             free[r] = put[k]
             scheduled += 1
         take[steps] = np.maximum(put[steps], resume)
