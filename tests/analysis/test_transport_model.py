@@ -130,3 +130,23 @@ def test_transport_bytes_are_the_tensors_the_target_rank_sends():
         assert computed == (3 * 64 if layout == "padded" else sum(lens))
         want = shapes.transport_bytes(np.array([computed]), np.array([len(lens)]), feature_dim=fdim, itemsize=4)
         assert sum(t.numel() * t.element_size() for t in sent) == int(want[0])
+
+
+def test_the_grid_reader_takes_the_transport_or_none_and_refuses_a_partial_one(tmp_path):
+    """profile_grid.read_transport: a grid without the transport (older, or one process) reads as None (compare
+    then predicts without it); rows that hold it in part, or a bytes count that is no number, are refused with
+    the profile's rerun."""
+    from lenbatch_study.pipeline.artifacts import profile_grid
+    from lenbatch_study.pipeline.artifacts.reading import ArtifactError
+
+    path = tmp_path / profile_grid.GRID
+    rows = [{"transport_bytes": 1000 * (i + 1), "transport_seconds_all": [1e-3 * (i + 1)],
+             "transport_stage_s_all": [0.0], "transport_backend": "gloo"} for i in range(3)]
+    got = profile_grid.read_transport(path, rows, rerun="snakemake results/profile/grid.json")
+    assert got == {"backend": "gloo", "bytes": [1000.0, 2000.0, 3000.0], "seconds": [[1e-3], [2e-3], [3e-3]],
+                   "stage": [[0.0], [0.0], [0.0]]}
+    assert profile_grid.read_transport(path, [{}, {}], rerun="x") is None
+    with pytest.raises(ArtifactError, match="in 2 of its 3 rows.*rerun: snakemake results/profile/grid.json"):
+        profile_grid.read_transport(path, rows[:2] + [{}], rerun="snakemake results/profile/grid.json")
+    with pytest.raises(ArtifactError, match="transport_bytes='many'"):
+        profile_grid.read_transport(path, [dict(rows[0], transport_bytes="many")], rerun="x")
