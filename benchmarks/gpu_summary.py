@@ -55,6 +55,7 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, strat
         train[s] = {k: summ.get(k) for k in ("steps", "measured_steps", "useful_tokens_per_s", "padding_efficiency",
                                              "final_loss", "queue_wait_s_mean", "credit_wait_s_mean",
                                              "stage_s_mean", "target_s_mean", "drafter_s_mean",
+                                             "transport_s_mean", "transport_bytes_mean",
                                              "compile_s_warmup", "compile_s_measured",
                                              "measured_steps_with_compile", "peak_memory_bytes",
                                              "memory_estimate_bytes")}
@@ -65,9 +66,13 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, strat
         train[s]["warmup_tokens"] = kb.get("warmup_tokens")
         train[s]["autotune_choices"] = sum(len(v) for v in (kb.get("autotune_choices") or {}).values()) or None
         train[s]["predicted_tok_s"] = metrics.get(f"{s}.predicted_tok_s")
+        # the features' transport to the drafter rank, mean seconds per measured step: the step model's (from the
+        # profile's measurement; None when it measured none) and the run's
+        train[s]["transport_s_predicted"] = diagnostics.get(f"{s}.predicted_transport_s")
+        train[s]["transport_s_measured"] = diagnostics.get(f"{s}.measured_transport_s", summ.get("transport_s_mean"))
         # per role, measured / predicted seconds of the measured steps: on one GPU the ranks share the
-        # device and the features cross the host, which the prediction does not model, so each role's
-        # ratio says where measured and predicted part
+        # device (which the prediction does not model; the features' crossing through the host it does, from
+        # the profile's transport measurement), so each role's ratio says where measured and predicted part
         for role in ("target", "drafter"):
             train[s][f"{role}_measured_over_predicted"] = diagnostics.get(f"{s}.{role}_step_ratio")
     ref = train.get("sorted", {})
@@ -79,7 +84,11 @@ def summarize(out: Path, timings: dict[str, float], failed: str | None, *, strat
     grid_doc = _load(out / "profile" / "grid.json")
     grid = grid_doc.get("points", []) if isinstance(grid_doc, dict) else (grid_doc or [])
     profile = {"points": len(grid), "kernel_backend": sorted({r.get("kernel_backend") for r in grid} - {None}),
-               "compile_s_timed": sum(r.get("target_compile_seconds_timed", 0.0) for r in grid)} if grid else None
+               "compile_s_timed": sum(r.get("target_compile_seconds_timed", 0.0) for r in grid),
+               # the features' transport it measured and compare's fit of it (None: not measured)
+               "transport_backend": next((r["transport_backend"] for r in grid if "transport_backend" in r), None),
+               "transport_fit": {k: diagnostics.get(f"fit.transport.receive.{k}") for k in ("const_s", "s_per_gb",
+                                                                                             "error")}} if grid else None
     skipped = dict(skipped or {})
     nccl = _nccl_result(out) or ({"exercised": False, "reason": skipped["nccl-2gpu"]} if "nccl-2gpu" in skipped
                                  else None)
@@ -145,6 +154,10 @@ def render(summary: dict[str, Any]) -> str:
         p = summary["profile"]
         lines.append(f"  profile {p['points']} points, kernels {'/'.join(p['kernel_backend'])}, compile in timed "
                      f"steps {p['compile_s_timed']:.2f} s")
+        fit = p.get("transport_fit") or {}
+        if p.get("transport_backend"):
+            lines.append(f"  transport ({p['transport_backend']}) receive fit: {fit.get('const_s')} s + "
+                         f"{fit.get('s_per_gb')} s/GB (fit error {fit.get('error')})")
     nccl = summary.get("nccl_2gpu") or {}
     if nccl.get("exercised") is False:
         lines.append(f"  nccl-2gpu not exercised: {nccl['reason']}")
@@ -159,7 +172,7 @@ def render(summary: dict[str, Any]) -> str:
                                                 for s, v in il["strategies"].items() if s != "sorted"))
     lines.append(f"  {'strategy':<9} {'tok/s':>9} {'predicted':>9} {'/sorted':>7} {'pred/s':>6} {'kern':>5} "
                  f"{'compile w/m s':>13} {'peak GiB t/d':>12} {'est GiB t/d':>11} {'queue s':>7} {'credit s':>8} "
-                 f"{'meas/pred t/d':>13}")
+                 f"{'meas/pred t/d':>13} {'transport s pred/meas':>21}")
     for s, t in summary["train"].items():
         peak, est = t.get("peak_memory_bytes") or {}, t.get("memory_estimate_bytes") or {}
 
@@ -173,7 +186,8 @@ def render(summary: dict[str, Any]) -> str:
                      f"{_gib(peak.get('target')) + '/' + _gib(peak.get('drafter')):>12} "
                      f"{_gib(est.get('target')) + '/' + _gib(est.get('drafter')):>11} "
                      f"{num(t['queue_wait_s_mean'], '.3f'):>7} {num(t['credit_wait_s_mean'], '.3f'):>8} "
-                     f"{num(t.get('target_measured_over_predicted'), '.2f') + '/' + num(t.get('drafter_measured_over_predicted'), '.2f'):>13}")
+                     f"{num(t.get('target_measured_over_predicted'), '.2f') + '/' + num(t.get('drafter_measured_over_predicted'), '.2f'):>13} "
+                     f"{num(t.get('transport_s_predicted'), '.4f') + '/' + num(t.get('transport_s_measured'), '.4f'):>21}")
     return "\n".join(lines)
 
 

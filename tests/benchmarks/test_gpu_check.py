@@ -221,7 +221,13 @@ def test_summary_reads_the_steps_outputs(tmp_path):
         "packed.target_step_ratio": 2.5, "packed.drafter_step_ratio": 1.25,
         "packed.interleaved.ratio_to_sorted": 0.8, "packed.interleaved.ci95.low": 0.78,
         "packed.interleaved.ci95.high": 0.82, "packed.interleaved.predicted_ratio": 0.84,
-        "packed.interleaved.prediction_error": 0.05}))
+        "packed.interleaved.prediction_error": 0.05,
+        "packed.predicted_transport_s": 0.0625, "packed.measured_transport_s": 0.125,
+        "fit.transport.receive.const_s": 0.001, "fit.transport.receive.s_per_gb": 0.25,
+        "fit.transport.receive.error": 0.02}))
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "grid.json").write_text(json.dumps({"points": [
+        {"kernel_backend": "fla", "transport_backend": "gloo", "transport_bytes": 10}]}))
     (tmp_path / "interleave").mkdir()
     (tmp_path / "interleave" / "interleave.json").write_text(json.dumps({
         "rounds": 7, "stopped": "interleave.max_rounds reached", "clock": "wall", "seconds": 20.0,
@@ -250,6 +256,13 @@ def test_summary_reads_the_steps_outputs(tmp_path):
     assert "interleaved (7 rounds, wall clock): ratio to sorted [95%] vs predicted: packed 0.800 [0.780, 0.820] " \
            "vs 0.840" in text
     assert "nccl-2gpu not exercised: needs 2 GPUs, 1 visible" in text
+    # the features' transport per strategy, predicted (from the profile's measurement) and measured
+    assert (s["train"]["packed"]["transport_s_predicted"], s["train"]["packed"]["transport_s_measured"]) == \
+        (0.0625, 0.125)
+    assert s["train"]["sorted"]["transport_s_predicted"] is None
+    assert s["profile"]["transport_backend"] == "gloo" and s["profile"]["transport_fit"]["s_per_gb"] == 0.25
+    assert "transport s pred/meas" in text and "0.0625/0.1250" in text
+    assert "transport (gloo) receive fit: 0.001 s + 0.25 s/GB" in text
 
 
 def test_the_stand_in_has_the_gpu_machines_packages_and_none_of_the_extras():
@@ -442,4 +455,7 @@ def test_rehearsal_runs_every_step_of_the_check_on_cpu(tmp_path):
         assert t["kernel_backend"] == "fla" and t["conv_backend"] == "fla", (name, t)
         assert t["useful_tokens_per_s"] > 0 and t["predicted_tok_s"] > 0 and t["ratio_to_sorted"] > 0
         assert t["compile_s_measured"] == 0.0 and t["memory_estimate_bytes"]["drafter"] > 0
+        # the features' transport: predicted from the profile's measurement, measured by the run
+        assert t["transport_s_predicted"] > 0 and t["transport_s_measured"] > 0, (name, t)
+    assert s["profile"]["transport_backend"] == "gloo"
     assert "gpu-check (CPU rehearsal): complete" in proc.stdout

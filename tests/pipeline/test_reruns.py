@@ -41,6 +41,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/analysis/verdict.py": {"compare"},
     "lenbatch_study/analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table
     "lenbatch_study/analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
+    "lenbatch_study/analysis/transport_model.py": {"compare"},  # the features' transport in the prediction
     "lenbatch_study/analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
     # batching: the numpy planning library
     "lenbatch/batching/_jit.py": PLANNING,  # the compiled scans (imported lazily by scan.py: still a code dep)
@@ -133,7 +134,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/runtime/runner.py": {"profile", "train", "interleave"},
     "lenbatch_study/runtime/stopping.py": {"train"},  # the stop a signal asks for
     "lenbatch_study/runtime/early_stop.py": {"train"},  # a SIGUSR1 held while lenbatch train starts
-    "lenbatch_study/runtime/transport.py": {"train"},
+    "lenbatch_study/runtime/transport.py": {"profile", "train"},  # the profile measures the training's transport
     # the commands beside the stages: no stage of the DAG
     "lenbatch_study/tools/readme.py": set(),
     # stages: each its own

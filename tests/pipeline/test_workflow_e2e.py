@@ -169,6 +169,8 @@ def test_the_profile_timed_each_role_alone_and_busy_in_two_processes(finished):
             assert all(x > 0 for x in r[f"{role}_seconds_all"] + r[f"{role}_busy_seconds_all"])
             assert r[f"{role}_busy_seconds_median"] == pytest.approx(float(np.median(r[f"{role}_busy_seconds_all"])))
         assert 0 < r["positions"] <= r["sequences"] * params.drafter.anchors_per_seq * (params.drafter.block_size - 1)
+        # the features' transport between the two roles, as the trainings move them (gloo on CPU)
+        assert len(r["transport_seconds_all"]) == n and r["transport_bytes"] > 0 and r["transport_backend"] == "gloo"
     share = grid_cpu_share(rows, threads=params.train.threads)
     assert 0 < share["target"] < 1.5 and 0 < share["drafter"] < 1.5
     assert profile_grid.read_grid(out) == rows

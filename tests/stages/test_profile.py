@@ -192,3 +192,45 @@ def test_profile_skips_repeating_points_that_took_long_enough(tmp_path):
     rows = profile(load_params(REPO / "params.yaml", over), device="cpu")["points"]
     assert rows and all(len(r["target_seconds_all"]) == 1 and len(r["drafter_seconds_all"]) == 1 for r in rows)
     assert all("target_busy_seconds_all" not in r for r in rows)  # one process: alone only
+
+
+@pytest.mark.slow
+def test_lockstep_profile_measures_the_features_transport(tmp_path):
+    """The two-process profile of a pipelined run (train.nproc 2, profile.concurrent) moves every grid point's
+    batch and features from the target role to the drafter role through the training's own links, and
+    records per row the bytes on the data group (what shapes.transport_bytes predicts for that shape), every
+    timed receive and staging, and the backend; compare's reader and fit take them."""
+    from lenbatch_study.analysis import shapes, transport_model
+    from lenbatch_study.stages.profile import profile
+
+    over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
+                   model={"vocab_size": 1024}, train={"nproc": 2},
+                   profile={"batch_sizes": [1, 2], "lengths": [64], "packed_seqs": [2], "packed_lengths": [128],
+                            "repeats": 2, "warmup": 1, "max_point_seconds": 5.0, "concurrent": True})
+    params = load_params(REPO / "params.yaml", over)
+    grid = profile(params, device="cpu")
+    rows = grid["points"]
+    assert rows and all("target_busy_seconds_all" in r for r in rows)  # the lockstep profile
+    m = params.model
+    for r in rows:
+        assert r["transport_backend"] == "gloo"
+        assert len(r["transport_seconds_all"]) == len(r["transport_stage_s_all"]) == 2
+        assert all(x > 0 for x in r["transport_seconds_all"]) and all(x >= 0 for x in r["transport_stage_s_all"])
+        want = shapes.transport_bytes(np.array([r["computed_tokens"]]), np.array([r["sequences"]]),
+                                      feature_dim=len(m.target_layers) * m.hidden_size, itemsize=shapes.ITEMSIZE[m.dtype])
+        assert r["transport_bytes"] == int(want[0])
+    # written and read back as compare reads it; the fit gives a positive cost per step
+    out = tmp_path / "profile"
+    out.mkdir()
+    (out / profile_grid.GRID).write_text(json.dumps(grid))
+    measured = profile_grid.read_grid_document(out)["transport"]
+    assert measured["backend"] == "gloo" and measured["bytes"] == [r["transport_bytes"] for r in rows]
+    fits = transport_model.fit_transport(measured)
+    assert fits["receive"].points == len(rows)
+    assert np.all(fits["receive"].predict(measured["bytes"]) > 0)
+    # a grid without them (one process, or older) reads as no transport: compare predicts without it
+    for r in rows:
+        for k in profile_grid.TRANSPORT_KEYS:
+            r.pop(k)
+    (out / profile_grid.GRID).write_text(json.dumps(grid))
+    assert profile_grid.read_grid_document(out)["transport"] is None

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from lenbatch_study.cli import main
+from lenbatch_study.analysis import shapes
 from lenbatch_study.core import machine
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.schedule import build_schedule
@@ -102,6 +103,16 @@ def test_two_process_torchrun_run(setup, strategy):
                         useful_tokens=TINY["train"]["useful_tokens"], warmup_steps=1,
                         planned=_planned_hashes(setup, strategy, steps))
     assert summary["params"]["drafter"]["anchors_per_seq"] == 1
+    # the features' transport of every step (wire + copy onto the drafter's device, its wait excluded): at most
+    # the drafter's whole wait for the batch, and the bytes shapes.transport_bytes predicts for its shape
+    params = load_params("params.yaml", str(setup["params"]))
+    fdim = len(params.model.target_layers) * params.model.hidden_size
+    for r in steps:
+        assert 0 < r["transport_s"] <= r["queue_wait_s"] + 1e-6, r
+        assert r["transport_bytes"] == int(shapes.transport_bytes(np.array([r["computed_tokens"]]),
+                                                                  np.array([r["sequences"]]), feature_dim=fdim,
+                                                                  itemsize=shapes.ITEMSIZE[params.model.dtype])[0])
+    assert summary["transport_s_mean"] > 0 and summary["transport_bytes_mean"] > 0
     assert (out / "checkpoint.pt").exists() and (out / "params.json").exists()
     # compare's reader takes the real run (it reads results/train/<strategy>/)
     (setup["root"] / "by_strategy").mkdir(exist_ok=True)

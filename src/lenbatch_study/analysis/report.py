@@ -77,6 +77,10 @@ class StrategyRow:
     target_reference_drift: float = math.nan     # end / start of the run's reference - 1
     drafter_reference_drift: float = math.nan
     reference_seconds: float = math.nan          # wall seconds the run spent on its reference step
+    # the features' transport to the drafter rank, mean seconds per post-warm-up step (separate trainings):
+    # predicted from the profile's measurement (NaN: none measured) and measured by the run (NaN: none recorded)
+    predicted_transport_s: float = math.nan
+    measured_transport_s: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ class CompareResult:
     interleaved: Optional[dict[str, Any]] = None  # lenbatch_study.analysis.interleaved.judge(), when measured
     tokenize_stats: Optional[dict[str, Any]] = None  # the run's own tokenize stats.json (records, drops, source)
     data_dir: str = "results/tokenize"  # the tokenize folder the run read (its parent: the run's results folder)
+    # the transport fits (lenbatch_study.analysis.transport_model.describe): backend, receive, stage; None: unmeasured
+    transport: Optional[dict[str, Any]] = None
 
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -139,7 +145,8 @@ METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_eff
                "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
                "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "steps",
                "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted",
-               "target_cpu_share", "drafter_cpu_share", "target_reference_drift", "drafter_reference_drift")
+               "target_cpu_share", "drafter_cpu_share", "target_reference_drift", "drafter_reference_drift",
+               "predicted_transport_s", "measured_transport_s")
 
 
 def _num(x: float) -> float | None:
@@ -186,6 +193,11 @@ def flat_metrics(result: CompareResult) -> dict[str, Any]:
         out[f"fit.{role}.holdout_error"] = _num(f["best"].holdout_error)
         out[f"fit.{role}.train_error"] = _num(f["best"].train_error)
     out["fit.grid_points"] = result.grid_points
+    for hop, f in ((h, (result.transport or {}).get(h)) for h in ("receive", "stage")):  # the features' transport
+        if f:  # seconds = const + per byte x bytes, the rate as seconds per GB (per byte rounds to 0)
+            out.update({f"fit.transport.{hop}.const_s": _num(f["const_s"]),
+                        f"fit.transport.{hop}.s_per_gb": _num(f["per_byte_s"] * 1e9),
+                        f"fit.transport.{hop}.error": _num(f["error"])})
     for role, v in result.profile_cpu_share.items():
         out[f"profile.{role}_cpu_share"] = _num(v)
     out["max_abs_prediction_error"] = _num(max(abs(r.prediction_error) for r in result.rows.values()))

@@ -145,7 +145,28 @@ def model_lines(result: CompareResult, *, params: Params) -> list[str]:
         b = f["best"]
         terms = " + ".join(f"{c:.3g}·{n}" for n, c in zip(b.features, b.coef))
         lines.append(f"- {role}: t = {terms} seconds")
-    return lines
+    return lines + transport_lines(result, nproc=params.train.nproc)
+
+
+def transport_lines(result: CompareResult, *, nproc: int) -> list[str]:
+    """The features' transport of the separate trainings (``nproc`` > 1; one process moves none): the profile's
+    fits and, per strategy, the mean seconds per step predicted and measured."""
+    tr = result.transport
+    if nproc == 1:
+        return []
+    if not tr:
+        return ["- transport: not measured by the profile (rerun it with profile.concurrent): the trainings are "
+                "predicted without the features' move to the drafter rank"]
+
+    def ms(x: float) -> str:
+        return "-" if x != x else f"{1e3 * x:.2f} ms"  # NaN: none
+
+    rec, st = tr["receive"], tr["stage"]
+    return [f"- transport ({tr['backend']}; on the drafter's critical path): receive = {rec['const_s'] * 1e3:.3g} ms + "
+            f"{rec['per_byte_s'] * 1e9:.3g} s/GB (fit error {pct(rec['error'])}), staging on the target rank = "
+            f"{st['const_s'] * 1e3:.3g} ms + {st['per_byte_s'] * 1e9:.3g} s/GB; per step, predicted / measured: "
+            + ", ".join(f"{s} {ms(r.predicted_transport_s)} / {ms(r.measured_transport_s)}"
+                        for s, r in result.rows.items())]
 
 
 def sweep_lines(result: CompareResult, pts: list[dict]) -> list[str]:

@@ -73,6 +73,20 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, layout:
     return cols
 
 
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes of one feature value, by model.dtype
+
+
+def transport_bytes(computed_tokens: np.ndarray, sequences: np.ndarray, *, feature_dim: int,
+                    itemsize: int) -> np.ndarray:
+    """Bytes a target rank sends the drafter rank per step on the data group
+    (:meth:`lenbatch_study.runtime.transport.TargetLink.send`): input ids (int64) and loss mask (uint8) of
+    every computed token, lengths and indices (int64) of every sequence, and the features
+    (``feature_dim`` = target layers x hidden size values of ``itemsize`` bytes per computed token). A batch's
+    rows x columns are its computed tokens in both layouts (padded n x m; packed: one row). O(steps)."""
+    c = np.asarray(computed_tokens, dtype=np.float64)
+    return c * (8 + 1 + feature_dim * itemsize) + 16 * np.asarray(sequences, dtype=np.float64)
+
+
 def grid_shape(layout: str, sequences: int, length: int, *, max_len: int | None = None) -> list[int]:
     """Sequence lengths of one profiling grid point.
 

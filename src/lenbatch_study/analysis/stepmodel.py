@@ -257,12 +257,57 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
     return best, fits
 
 
+# --------------------------------------------------------------------------- transport
+
+
+@dataclass(frozen=True)
+class TransportFit:
+    """Seconds of one hop of a step's batch and features between a target rank and the drafter rank, linear
+    in its bytes: ``seconds = const_s + per_byte_s x bytes`` (``role``: ``receive``, the drafter rank taking
+    the batch: wire plus the copy onto its device; ``stage``, the target rank's copy onto the data group's
+    device before it sends). ``error``: mean |relative error| on the profile's points (fit on all)."""
+
+    role: str
+    const_s: float
+    per_byte_s: float
+    error: float
+    points: int
+
+    def predict(self, nbytes: np.ndarray) -> np.ndarray:
+        return self.const_s + self.per_byte_s * np.asarray(nbytes, dtype=np.float64)
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "const_s": self.const_s, "per_byte_s": self.per_byte_s, "error": self.error,
+                "points": self.points}
+
+
+def fit_transport(nbytes: Sequence[float], seconds: Sequence[Sequence[float]] | Sequence[float], *,
+                  role: str = "receive") -> TransportFit:
+    """The transport model of the profile's measured points: ``nbytes[i]`` moved in ``seconds[i]`` (one
+    time, or every timed repeat: their median is taken). Non-negative least squares on relative error of
+    ``const + per_byte x bytes``, as the step models (:func:`fit_coefficients`); a single point (or a
+    single size) gives the rate through the origin. Times must be finite and > 0; ``ValueError`` otherwise.
+    Pure; O(points)."""
+    b = np.asarray(nbytes, dtype=np.float64)
+    secs = np.array([float(np.median(np.asarray(x, dtype=np.float64))) if np.ndim(x) else float(x) for x in seconds])
+    if b.size == 0 or b.size != secs.size:
+        raise ValueError(f"transport fit needs one time per size, got {b.size} sizes and {secs.size} times")
+    if not np.all(np.isfinite(b) & (b >= 0)):
+        raise ValueError("transport bytes must be finite and >= 0")
+    secs = check_step_times(secs)
+    X = np.column_stack([np.ones_like(b), b]) if np.unique(b).size > 1 else b[:, None]
+    coef = fit_coefficients(X, secs)
+    const, per = (float(coef[0]), float(coef[1])) if X.shape[1] == 2 else (0.0, float(coef[0]))
+    err = float(np.mean(np.abs((const + per * b) / secs - 1.0)))
+    return TransportFit(role=role, const_s=const, per_byte_s=per, error=err, points=int(b.size))
+
+
 # --------------------------------------------------------------------------- pipeline
 
 
 def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, queue_size: int = 1,
                   target_ranks: int = 1, ack_every: int | None = None, overhead_s: float = 0.0, nodes: int = 1,
-                  allreduce_s: float = 0.0) -> np.ndarray:
+                  allreduce_s: float = 0.0, transport_s: np.ndarray | None = None) -> np.ndarray:
     """Time at which the run finishes each step, for target ranks feeding one drafter rank.
 
     Step i is computed by target rank ``i mod R`` (round-robin, R = ``target_ranks``); a
@@ -270,7 +315,13 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
     q = ``queue_size``), i.e. global step i - q R; the drafter takes the steps in order:
 
         done_i = free_r + t_i;   put_i = max(done_i, take_{i - qR});   free_r = put_i
-        take_i = max(put_i, resume);   end_i = take_i + d_i + overhead;   resume = end_i
+        take_i = max(put_i, resume);   end_i = take_i + x_i + d_i + overhead;   resume = end_i
+
+    ``x_i`` = ``transport_s`` (0 without): the drafter rank receiving step i's batch and features once it
+    takes the step (:mod:`lenbatch_study.runtime.transport`; gloo moves the bytes when the receive is posted),
+    on the drafter's critical path; the credit that frees the target rank's slot goes out once it is received,
+    so with transport ``put_i = max(done_i, take_{i - qR} + x_{i - qR})``. Only the separate (multi-process)
+    trainings move features; one process (``drafter_s`` None) has no transport.
 
     ``ack_every`` (the train stage's protocol: the drafter acknowledges each batch with a
     non-blocking send and, once more than ``ack_every`` are outstanding, waits for all of
@@ -288,32 +339,35 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
     if drafter_s is None:
         return np.cumsum(t + overhead_s)
     return pipeline_timeline(t, drafter_s, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
-                             overhead_s=overhead_s, nodes=nodes, allreduce_s=allreduce_s)["end"]
+                             overhead_s=overhead_s, nodes=nodes, allreduce_s=allreduce_s, transport_s=transport_s)["end"]
 
 
 def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
                       ack_every: int | None = None, overhead_s: float = 0.0, nodes: int = 1,
-                      allreduce_s: float = 0.0) -> dict[str, np.ndarray]:
+                      allreduce_s: float = 0.0, transport_s: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The pipelined run's timeline (see :func:`pipeline_ends`): per step, when its target
     forward starts and ends (``target_start``, ``target_end``), when the drafter takes it
-    (``drafter_start``) and when the step ends (``end``).
+    (``drafter_start``: its receive starts), when its drafter step starts (``compute_start``: the
+    batch received, ``drafter_start + transport_s``) and when the step ends (``end``).
 
     ``nodes`` > 1 (``m = target_ranks / nodes`` target ranks per node; step ``i``'s target rank
     ``r = i mod R`` is on node ``r // m``): the targets' timeline and credits are as above, and cluster step
     ``c`` = the steps ``S_c`` that are the c-th of their node (one per node, fewer once a node's steps ran out):
 
-        take_i = max(put_i, resume)  for i in S_c;   end_c = max_{i in S_c} (take_i + d_i) + allreduce_s + overhead
+        take_i = max(put_i, resume)  for i in S_c;   end_c = max_{i in S_c} (take_i + x_i + d_i) + allreduce_s + overhead
         end_i = end_c  for i in S_c;   resume = end_c
 
     Cost O(steps)."""
     t = np.asarray(target_s, dtype=np.float64)
     d = np.asarray(drafter_s, dtype=np.float64)
+    x = np.zeros_like(d) if transport_s is None else np.broadcast_to(np.asarray(transport_s, dtype=np.float64),
+                                                                      d.shape)
     assert t.shape == d.shape
     q, R = int(queue_size), int(target_ranks)
     if q < 1 or R < 1:
         raise ValueError(f"queue_size and target_ranks must be >= 1, got {queue_size}, {target_ranks}")
     if nodes > 1:
-        return _cluster_timeline(t, d, queue_size=q, target_ranks=R, nodes=int(nodes), overhead_s=overhead_s,
+        return _cluster_timeline(t, d, x, queue_size=q, target_ranks=R, nodes=int(nodes), overhead_s=overhead_s,
                                  allreduce_s=allreduce_s, ack_every=ack_every)
     n, qR = t.size, q * R
     done, put, take, end = (np.zeros(n) for _ in range(4))
@@ -326,7 +380,7 @@ def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size
         while scheduled <= min(upto, n - 1):
             k, r = scheduled, scheduled % R
             done[k] = free[r] + t[k]
-            put[k] = max(done[k], take[k - qR]) if k >= qR else done[k]
+            put[k] = max(done[k], take[k - qR] + x[k - qR]) if k >= qR else done[k]  # credited once received
             free[r] = put[k]
             scheduled += 1
 
@@ -334,7 +388,7 @@ def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size
     for i in range(n):
         schedule(i)
         take[i] = max(put[i], resume)
-        end[i] = take[i] + d[i] + overhead_s
+        end[i] = take[i] + x[i] + d[i] + overhead_s
         resume = end[i]
         pending += 1
         if ack_every is not None and pending > ack_every:
@@ -347,10 +401,11 @@ def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size
                 schedule(last)
                 resume = max(resume, put[last])
             pending = 0
-    return {"target_start": done - t, "target_end": done, "drafter_start": take, "end": end}
+    return {"target_start": done - t, "target_end": done, "drafter_start": take, "compute_start": take + x,
+            "end": end}
 
 
-def _cluster_timeline(t: np.ndarray, d: np.ndarray, *, queue_size: int, target_ranks: int, nodes: int,
+def _cluster_timeline(t: np.ndarray, d: np.ndarray, x: np.ndarray, *, queue_size: int, target_ranks: int, nodes: int,
                       overhead_s: float, allreduce_s: float, ack_every: int | None) -> dict[str, np.ndarray]:
     """:func:`pipeline_timeline` of ``nodes`` > 1 nodes (its docstring). Cost O(steps)."""
     q, R = queue_size, target_ranks
@@ -372,13 +427,14 @@ def _cluster_timeline(t: np.ndarray, d: np.ndarray, *, queue_size: int, target_r
         while scheduled <= max(steps):
             k, r = scheduled, scheduled % R
             done[k] = free[r] + t[k]
-            put[k] = max(done[k], take[k - qR]) if k >= qR else done[k]
+            put[k] = max(done[k], take[k - qR] + x[k - qR]) if k >= qR else done[k]  # credited once received
             free[r] = put[k]
             scheduled += 1
         take[steps] = np.maximum(put[steps], resume)
-        resume = float(np.max(take[steps] + d[steps])) + allreduce_s + overhead_s
+        resume = float(np.max(take[steps] + x[steps] + d[steps])) + allreduce_s + overhead_s
         end[steps] = resume
-    return {"target_start": done - t, "target_end": done, "drafter_start": take, "end": end}
+    return {"target_start": done - t, "target_end": done, "drafter_start": take, "compute_start": take + x,
+            "end": end}
 
 
 def busy_share(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, busy_ends: np.ndarray) -> np.ndarray:
@@ -413,7 +469,8 @@ def busy_share(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, bu
 def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_alone: np.ndarray,
                      drafter_busy: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
                      ack_every: int | None = None, overhead_s: float = 0.0, iterations: int = 30,
-                     tol: float = 1e-6, nodes: int = 1, allreduce_s: float = 0.0) -> dict[str, np.ndarray]:
+                     tol: float = 1e-6, nodes: int = 1, allreduce_s: float = 0.0,
+                     transport_s: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Pipelined run whose step times depend on whether the other role is working meanwhile.
 
     On one machine the target and the drafter share cores, caches and memory bandwidth: a
@@ -436,10 +493,10 @@ def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_
     def timeline(t: np.ndarray, d: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """The timeline of these step times and each step's overlap with the other role's work."""
         tl = pipeline_timeline(t, d, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
-                               overhead_s=overhead_s, nodes=nodes, allreduce_s=allreduce_s)
-        d_end = tl["drafter_start"] + d
-        return (tl, busy_share(tl["target_start"], tl["target_end"], tl["drafter_start"], d_end),
-                busy_share(tl["drafter_start"], d_end, tl["target_start"], tl["target_end"]))
+                               overhead_s=overhead_s, nodes=nodes, allreduce_s=allreduce_s, transport_s=transport_s)
+        d_end = tl["compute_start"] + d  # the drafter step proper: after its batch is received
+        return (tl, busy_share(tl["target_start"], tl["target_end"], tl["compute_start"], d_end),
+                busy_share(tl["compute_start"], d_end, tl["target_start"], tl["target_end"]))
 
     t, d = tb.copy(), db.copy()
     for _ in range(max(int(iterations), 1)):

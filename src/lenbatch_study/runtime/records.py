@@ -195,6 +195,9 @@ class Recorder:
             # pipelined steps only (a run resumed from a checkpoint written before the run's shape was recorded
             # may mix them with single-process ones, which have none)
             "stage_s_mean": mean("stage_s", measured) if measured and all("stage_s" in r for r in measured) else None,
+            # the features' transport to the drafter rank (pipelined runs recorded since it was measured)
+            **{f"{k}_mean": mean(k, measured) if measured and all(k in r for r in measured) else None
+               for k in ("transport_s", "transport_bytes")},
             **(_nodes_summary(measured, wall, nodes, weights_checksums, mean) if nodes > 1 else {}),
             **(device or {}),
             "params": params.to_dict(),
@@ -234,13 +237,19 @@ def _none_if_nan(x: float) -> Optional[float]:
 
 def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
          loss: float, t: float, runner: StepRunner, target_cpu_s: float, compile_s: float = 0.0,
-         stage_s: Optional[float] = None, checkpoint_s: float = 0.0) -> dict[str, Any]:
+         stage_s: Optional[float] = None, checkpoint_s: float = 0.0,
+         transport: Optional[tuple[float, int]] = None) -> dict[str, Any]:
     """One ``steps.jsonl`` line. ``compile_s``: Triton compile/autotune seconds inside the target step;
     ``stage_s``: the target rank's copy of the batch onto the data group's device (pipelined runs);
+    ``transport``: (seconds, bytes) of the batch's transport to the drafter rank, its wait for the target's
+    forward excluded (pipelined runs: ``transport_s``, ``transport_bytes``;
+    :class:`lenbatch_study.runtime.transport.DrafterLink`);
     ``checkpoint_s``: seconds of the periodic checkpoint written between the previous row and this one,
     kept off the clock ``t`` (so off every measured wall time)."""
     out = runner.last_output
     extra = {} if stage_s is None else {"stage_s": round(stage_s, 6)}
+    if transport is not None:
+        extra.update(transport_s=round(float(transport[0]), 6), transport_bytes=int(transport[1]))
     return {"rank": step.rank, "step": step.step, "epoch": step.epoch, "sequences": batch.num_sequences,
             "length": batch.shape_length, "useful_tokens": batch.useful_tokens,
             "computed_tokens": batch.computed_tokens, "target_s": round(target_s, 6),

@@ -167,6 +167,8 @@ class TargetLink:
         self.last_loss = float("nan")
         self.stopped = False
         self.pending_end: Optional[tuple[Any, torch.Tensor]] = None  # the end header's send (kept alive)
+        self.last_bytes = 0  # bytes of the last batch sent on the data group
+        self.last_stage_s = 0.0  # seconds the last batch's tensors took onto the data group's device
 
     @property
     def in_flight(self) -> int:
@@ -200,6 +202,8 @@ class TargetLink:
         tensors = [batch.input_ids, batch.loss_mask.to(torch.uint8), batch.lengths, batch.indices, features]
         tensors = [t.to(self.comm_device).contiguous() for t in tensors]  # a GPU -> host copy under gloo
         stage_ns = int((time.perf_counter() - t0) * 1e9)
+        self.last_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.last_stage_s = stage_ns / 1e9
         header = torch.tensor([1 if batch.layout == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
                                DTYPE_CODES[features.dtype], int(stop), *meta, stage_ns], dtype=torch.int64)
         assert header.numel() == HEADER_LEN, f"meta must hold {HEADER_LEN - 7} ints"
@@ -227,19 +231,31 @@ class TargetLink:
 class DrafterLink:
     """The drafter rank's end: ``recv(src) -> (batch, features, meta)`` receives the next batch of
     target rank ``src`` (settled on the device: the transfer is inside the caller's timer), then
-    credits it at once; None when ``src`` sent its end of stream instead. ``last_stop``: the stop signal
+    credits it at once; None when ``src`` sent its end of stream instead. ``recv(..., device=)`` also moves
+    the features there (a GPU run over gloo: from the host). ``last_stop``: the stop signal
     the last batch's sender had received (0 for none). ``stopping``: set it when this drafter stopped,
-    then :meth:`drain` each target rank."""
+    then :meth:`drain` each target rank.
+
+    ``last_transfer_s``: the seconds of the last batch's transport, from its header's arrival (its sender
+    has posted every tensor by then) until its tensors are settled on ``device`` -- the wire plus the copy
+    onto the drafter's device, without the wait for the target's forward; ``last_bytes``: its bytes on the
+    data group (:func:`lenbatch_study.analysis.shapes.transport_bytes`)."""
 
     def __init__(self, channel: Channel, *, comm_device: torch.device) -> None:
         self.channel, self.comm_device = channel, comm_device
         self._credits: list[tuple[Any, torch.Tensor]] = []
         self.last_stop = 0
         self.stopping = False
+        self.last_transfer_s = 0.0
+        self.last_bytes = 0
 
-    def recv(self, src: int, *, step: int, last_loss: float) -> Optional[tuple[Batch, torch.Tensor, list[int]]]:
+    def recv(self, src: int, *, step: int, last_loss: float,
+             device: Optional[torch.device] = None) -> Optional[tuple[Batch, torch.Tensor, list[int]]]:
+        import time
+
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
         self.channel.irecv(header, src, group="control").wait()
+        t0 = time.perf_counter()
         layout, B, T, S, Fdim, code, stop, *meta = (int(x) for x in header.tolist())
         if layout == END:
             return None
@@ -254,6 +270,11 @@ class DrafterLink:
         for w in works:
             w.wait()
         settle(dev)  # NCCL: wait() only enqueued the copy; time it here, not in the next step
+        self.last_bytes = sum(t.numel() * t.element_size() for t in (ids, lm, lengths, indices, feats))
+        if device is not None and feats.device != torch.device(device):  # gloo on a GPU run: through the host
+            feats = feats.to(device)
+            settle(torch.device(device))
+        self.last_transfer_s = time.perf_counter() - t0
         credit = torch.tensor([float(step), last_loss, float(self.stopping)], dtype=torch.float64)
         # the target posted this receive before sending the batch: completes without waiting on it
         self._credits.append((self.channel.isend(credit, src, group="control"), credit))

@@ -1,23 +1,22 @@
 """Compare stage: predicted vs measured throughput, the gap explained, the efficiency-diversity frontier.
 
-For every strategy the stage reports the padding model's efficiency, the simulated
-plan's efficiency, the throughput predicted by the step-time model (fitted on the
-profile grid, never on the run it predicts) and the measured one, the prediction
-error, the calibrated prediction and its error (the profile rescaled by the run's own
-reference-step ratio, :mod:`lenbatch_study.analysis.calibration`), the ratio to ``sorted``, both
-diversity measures and, from the quality stage, the drafter's held-out loss at equal useful
-tokens and per second (95% intervals over seeds; rendered by :mod:`lenbatch_study.analysis.quality_report`).
-It also predicts ``bucketed`` for every K of the boundary sweep, recommends a strategy and K, and
-replays the study's own setting (:mod:`lenbatch_study.analysis.study_replay`). The profile and every run
-must come from one machine (:func:`lenbatch_study.analysis.provenance.check_one_machine`): results
-without a machine fingerprint, or from two machines, are refused with the rerun that fixes them.
+For every strategy the stage reports the padding model's efficiency, the simulated plan's efficiency, the
+throughput predicted by the step-time model (fitted on the profile grid, never on the run it predicts) and the
+measured one, the prediction error, the calibrated prediction and its error (the profile rescaled by the run's
+own reference-step ratio, :mod:`lenbatch_study.analysis.calibration`), the ratio to ``sorted``, both diversity
+measures and, from the quality stage, the drafter's held-out loss at equal useful tokens and per second (95%
+intervals over seeds; rendered by :mod:`lenbatch_study.analysis.quality_report`). It also predicts ``bucketed``
+for every K of the boundary sweep, recommends a strategy and K, and replays the study's own setting
+(:mod:`lenbatch_study.analysis.study_replay`). The profile and every run must come from one machine
+(:func:`lenbatch_study.analysis.provenance.check_one_machine`): results without a machine fingerprint, or from
+two machines, are refused with the rerun that fixes them.
 
-Outputs (``--out``): ``metrics.json`` (what users compare, flat keys for ``dvc metrics diff``),
-``diagnostics.json`` (every flat key, fit errors and CPU shares included),
-``report.md``, ``frontier.png``, ``throughput.png``, ``histogram.png``, ``quality.png`` (the quality
-stage's plot, drawn here beside its report section), and DVC plot
-data ``frontier.json``, ``throughput.json``. This module predicts and builds a typed
-:class:`lenbatch_study.analysis.report.CompareResult`; :mod:`lenbatch_study.analysis.report` renders every output from it.
+Outputs (``--out``): ``metrics.json`` (what users compare, flat keys for ``dvc metrics diff``), ``diagnostics.json``
+(every flat key: fit errors, CPU shares, transport seconds predicted and measured per strategy), ``report.md``,
+``frontier.png``, ``throughput.png``, ``histogram.png``, ``quality.png`` (the quality stage's plot, drawn here
+beside its report section), and DVC plot data ``frontier.json``, ``throughput.json``. This module predicts and
+builds a typed :class:`lenbatch_study.analysis.report.CompareResult`; :mod:`lenbatch_study.analysis.report`
+renders every output from it.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import numpy as np
 
 from lenbatch_study.core.batchspec import batch_spec
 from lenbatch_study.analysis import calibration, provenance, shapes
-from lenbatch_study.analysis import interleaved as il, stepmodel as sm, study_replay as sr
+from lenbatch_study.analysis import interleaved as il, stepmodel as sm, study_replay as sr, transport_model as tm
 from lenbatch_study.core import cpu
 from lenbatch_study.core.config import Params
 from lenbatch_study.core.log import get_logger
@@ -137,7 +136,8 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
     for role in ("target", "drafter") + (("target_busy", "drafter_busy") if busy else ()):
         fits[role] = sm.fit_role(cols, [r[f"{role}_seconds_all"] for r in rows], role=role,
                                  holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
-    return {"rows": rows, "fits": fits, "machine": grid["machine"], "reference": grid["reference"]}
+    return {"rows": rows, "fits": fits, "machine": grid["machine"], "reference": grid["reference"],
+            "transport": tm.fit_transport(grid["transport"])}
 
 
 # --------------------------------------------------------------------------- prediction
@@ -202,7 +202,7 @@ def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, la
 
 
 def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int,
-                  scale: dict[str, float] | None = None, allreduce_s: float = 0.0) -> dict:
+                  scale: dict[str, float] | None = None, allreduce_s: float = 0.0, transport: dict | None = None) -> dict:
     """Predicted step times, pipelined run time and useful tokens/s of a run's shape table.
 
     One process: the target and drafter steps add up (timed alone). Pipelined, by
@@ -213,8 +213,10 @@ def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, ta
     :mod:`lenbatch_study.analysis.calibration`); None: the raw prediction. ``train.nodes`` > 1: the nodes'
     drafters step together, each cluster step ending ``allreduce_s`` (the measured all-reduce) after the
     slowest node's drafter step (:func:`lenbatch_study.analysis.stepmodel.pipeline_timeline`).
+    ``transport``: the features' receive on the drafter's path, staging on the target's (:mod:`.transport_model`).
     """
-    nodes = {"nodes": params.train.nodes, "allreduce_s": allreduce_s}
+    moved, stage = tm.step_transport(cols, transport, params)
+    nodes = {"nodes": params.train.nodes, "allreduce_s": allreduce_s, "transport_s": moved}
 
     def predict(role: str) -> np.ndarray:
         return fits[role]["best"].predict(cols) * (scale or {}).get(role.removesuffix("_busy"), 1.0)
@@ -225,19 +227,19 @@ def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, ta
     if params.train.nproc == 1:
         ends = sm.pipeline_ends(target + drafter)
     elif mode == "blend":
-        tl = sm.blended_pipeline(target, predict("target_busy"), drafter,
+        tl = sm.blended_pipeline(target + stage, predict("target_busy") + stage, drafter,
                                  predict("drafter_busy"), queue_size=params.train.queue_size,
                                  target_ranks=target_ranks, ack_every=ACK_EVERY, **nodes)
-        target, drafter, ends = tl["target_s"], tl["drafter_s"], tl["end"]
+        target, drafter, ends = tl["target_s"] - stage, tl["drafter_s"], tl["end"]
     else:
         if mode == "busy":
             target, drafter = (predict(f"{r}_busy") for r in ("target", "drafter"))
-        ends = sm.pipeline_ends(target, drafter, queue_size=params.train.queue_size, target_ranks=target_ranks,
-                                ack_every=ACK_EVERY, **nodes)
+        ends = sm.pipeline_ends(target + stage, drafter, queue_size=params.train.queue_size,
+                                target_ranks=target_ranks, ack_every=ACK_EVERY, **nodes)
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
     w = params.train.warmup_steps
-    return {"columns": cols, "target_s": target, "drafter_s": drafter, "ends": ends,
-            "tok_s": tput, "seconds": float(ends[-1] - (ends[w - 1] if w > 0 else 0.0))}
+    return {"columns": cols, "target_s": target, "drafter_s": drafter, "ends": ends, "transport_s": moved,
+            "stage_s": stage, "tok_s": tput, "seconds": float(ends[-1] - (ends[w - 1] if w > 0 else 0.0))}
 
 
 def components(pred: dict, fits: dict, *, warmup_steps: int) -> dict[str, float]:
@@ -372,8 +374,9 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         log.info("no dataset under %s: the drafter's positions are estimated (anchors x (block - 1) per sequence)",
                  data_dir)
     profile = fit_profile(profile_dir, params)
-    fits = profile["fits"]
+    fits, transport = profile["fits"], profile["transport"]  # transport None: a grid without it (then predicted without)
     target_ranks = max(params.train.nproc - 1, 1) * params.train.nodes
+    at = {"fits": fits, "params": params, "target_ranks": target_ranks, "transport": transport}
     edges = tuple(int(e) for e in bounds["edges"])
     runs = {s: load_run(train_dir, s, params) for s in strategies}
     # the drafters' all-reduce (train.nodes > 1): its cost is the drafter's size, the same for every plan
@@ -399,10 +402,9 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                              f"gives {planned[bad]} (the run was planned with other data or params); rerun: "
                              f"snakemake {train_runs.summary_path(s)}")
         cols = step_columns(lengths, steps_plan, layout=layout_of(s), params=params, masks=masks)
-        pred = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, allreduce_s=allreduce[s])
+        pred = predict_steps(cols, allreduce_s=allreduce[s], **at)
         ratio = provenance.reference_ratios(summary.get("reference"), profile["reference"], strategy=s)
-        calibrated = predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, scale=ratio,
-                                   allreduce_s=allreduce[s])
+        calibrated = predict_steps(cols, scale=ratio, allreduce_s=allreduce[s], **at)
         comp[s] = components(pred, term_fits, warmup_steps=params.train.warmup_steps)
         measured = float(summary["useful_tokens_per_s"])
         pm = plans[s]
@@ -445,13 +447,11 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
     ladder = ratio_ladder(comp, {s: r.useful_tokens for s, r in rows.items()},
                           {s: r.predicted_tok_s for s, r in rows.items()},
                           {s: r.measured_tok_s for s, r in rows.items()})
-    ksweep = predict_sweep(lengths, sweep, params=params, fits=fits, target_ranks=target_ranks,
-                           allreduce_s=allreduce_s)
+    ksweep = predict_sweep(lengths, sweep, allreduce_s=allreduce_s, **at)
     for s, r in rows.items():  # steady state: a whole epoch, ratio to sorted's whole epoch
-        r.predicted_epoch_ratio_to_sorted = (
-            epoch_tok_s(lengths, params, s, edges, fits=fits, target_ranks=target_ranks, allreduce_s=allreduce_s)
-            / epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks,
-                          allreduce_s=allreduce_s))
+        r.predicted_epoch_ratio_to_sorted = (epoch_tok_s(lengths, strategy=s, edges=edges, allreduce_s=allreduce_s, **at)
+                                             / epoch_tok_s(lengths, strategy="sorted", edges=None,
+                                                           allreduce_s=allreduce_s, **at))
     pref = profile["reference"]
     inter = None if interleave_dir is None else interleaved_table(
         interleave_dir, params=params, lengths=lengths, masks=masks, profile=profile, edges=edges,
@@ -466,6 +466,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                          profile_reference_drift={r: calibration.drift(pref, r) for r in ("target", "drafter")},
                          profile_reference_seconds=float(pref.get("seconds", float("nan"))),
                          study_replay=sr.replay(log=log) if study_replay else None, interleaved=inter,
+                         transport=tm.describe(transport),
                          tokenize_stats=tokenize_stats, data_dir=Path(data_dir).as_posix())
 
 
@@ -490,14 +491,15 @@ def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int
     if params.train.nproc == 1:
         ends = sm.pipeline_ends(t + d)
     else:
-        ends = sm.pipeline_ends(t, d, queue_size=params.train.queue_size, target_ranks=target_ranks,
-                                ack_every=ACK_EVERY, nodes=params.train.nodes,
+        x, st = tm.measured_transport(rows)  # receive on the drafter's path, staging on the target's
+        ends = sm.pipeline_ends(t + st, d, queue_size=params.train.queue_size, target_ranks=target_ranks,
+                                ack_every=ACK_EVERY, nodes=params.train.nodes, transport_s=x,
                                 allreduce_s=float(np.mean([r.get("allreduce_s", 0.0) for r in rows])))
     replay = sm.throughput(useful, ends, warmup_steps=w)
     share = {role: cpu.steps_cpu_share(rows[w:], role, threads=params.train.threads) for role in ("target", "drafter")}
     return {"target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
             "drafter_step_ratio": float(d[w:].sum() / pred["drafter_s"][w:].sum()),
-            "pipeline_error": replay / measured - 1.0,
+            "pipeline_error": replay / measured - 1.0, **tm.transport_row(rows, pred, warmup_steps=w),
             "target_cpu_share": share["target"], "drafter_cpu_share": share["drafter"]}
 
 
@@ -511,31 +513,31 @@ def _trained_useful_per_step(steps: list[dict]) -> np.ndarray:
 
 
 def epoch_tok_s(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, fits: dict,
-                target_ranks: int, allreduce_s: float = 0.0) -> float:
+                target_ranks: int, **links: Any) -> float:
     """Predicted useful tokens/s over a whole epoch (epoch 0), the steady state of a long run.
 
     A run of train.useful_tokens covers only its first batches, which vary a lot from one
     plan to the next; comparing K over a whole epoch does not. The drafter's work is
     estimated from lengths here (anchors x (block - 1) positions per sequence, context =
     sequences x longest), the same way for every plan, so ratios stay comparable.
-    Cost: one plan and O(steps) prediction.
+    ``links``: :func:`predict_steps`' allreduce_s and transport. Cost: one plan and O(steps) prediction.
     """
     d = params.drafter
     steps = [(0, b) for b in _epoch_plan(lengths, params, strategy, edges, epoch=0, target_ranks=target_ranks)]
     cols = shapes.batch_columns(lengths, [b for _, b in steps], layout=layout_of(strategy),
                                 positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
-    return predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, allreduce_s=allreduce_s)["tok_s"]
+    return predict_steps(cols, fits=fits, params=params, target_ranks=target_ranks, **links)["tok_s"]
 
 
 def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fits: dict,
-                  target_ranks: int, allreduce_s: float = 0.0) -> list[dict]:
+                  target_ranks: int, **links: Any) -> list[dict]:
     """Predicted steady-state (whole-epoch) useful tokens/s of ``bucketed`` for every K of the sweep,
-    and its ratio to sorted's, predicted the same way."""
-    ref = epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks, allreduce_s=allreduce_s)
+    and its ratio to sorted's, predicted the same way (``links``: :func:`epoch_tok_s`')."""
+    ref = epoch_tok_s(lengths, params, "sorted", None, fits=fits, target_ranks=target_ranks, **links)
     out = []
     for entry in sweep:
         tok_s = epoch_tok_s(lengths, params, "bucketed", tuple(int(e) for e in entry["edges"]), fits=fits,
-                            target_ranks=target_ranks, allreduce_s=allreduce_s)
+                            target_ranks=target_ranks, **links)
         out.append({"num_buckets": int(entry["num_buckets"]),
                     "simulated_efficiency": float(entry["simulated_efficiency"]),
                     "predicted_efficiency": float(entry["predicted_efficiency"]),

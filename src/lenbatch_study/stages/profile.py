@@ -24,6 +24,16 @@ Target and drafter are timed on the same model, threads and device as training
   bandwidth, so busy is slower on a CPU; the prediction blends the two by the run's
   overlap (:func:`lenbatch_study.analysis.stepmodel.blended_pipeline`).
 
+The features' transport (lockstep profile of a pipelined run): after the timed passes the two role processes
+join a two-rank process group as a training's target and drafter ranks do (gloo, through the host where the
+roles share a device or run on CPU; NCCL where each has its own GPU) and the target sends each grid point's
+batch and features ``profile.repeats`` times through the training's own links
+(:mod:`lenbatch_study.runtime.transport`): ``transport_bytes`` (on the data group), ``transport_seconds_all``
+(the drafter rank's receive, from the header's arrival to the features on its device) and
+``transport_stage_s_all`` (the target rank's copy onto the data group's device, ~0 on CPU) per row, and
+``transport_backend``. Compare fits seconds per byte on them (:func:`lenbatch_study.analysis.stepmodel.fit_transport`)
+and adds the receive to the drafter's critical path of the separate trainings.
+
 Each row also keeps the process CPU seconds of every timed step: a step that got much less
 than its cores (:func:`lenbatch_study.core.cpu.cpu_share`) was slowed by other work on the machine.
 
@@ -33,7 +43,8 @@ the last, each role alone (:mod:`lenbatch_study.runtime.reference`; compare resc
 one row per grid point}``.
 
 Cost: (warmup + repeats) passes x grid points x (target + drafter + max of the two);
-about 90 s for the CPU default's 20 points, plus the reference step's few seconds.
+about 90 s for the CPU default's 20 points, plus the reference step's few seconds; the transport
+repeats x points sends plus one, ~1 s on the CPU default (~17 MB per 16,384-token step over loopback gloo).
 """
 
 from __future__ import annotations
@@ -213,8 +224,82 @@ def role_batches(role: str, params: Params, device) -> list[tuple]:
     return out
 
 
+def transport_backend(where: dict[str, str]) -> str:
+    """The data group's backend between the two roles, as a training picks it
+    (:func:`lenbatch_study.runtime.runner.init_process_group`): NCCL where each role has its own GPU, gloo
+    (through the host) where they share one or run on CPU."""
+    devs = [where["target"], where["drafter"]]
+    return "nccl" if all(d.startswith("cuda") for d in devs) and devs[0] != devs[1] else "gloo"
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the two roles' process group meets there)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def measure_transport(role: str, params: Params, runner, batches: list[tuple], *, port: int,
+                      backend: str) -> list[dict]:
+    """Each grid point's batch and features sent ``profile.repeats`` times from the target role (rank 0) to
+    the drafter role (rank 1) through :class:`~lenbatch_study.runtime.transport.TargetLink` and
+    :class:`~lenbatch_study.runtime.transport.DrafterLink`, one batch in flight (so the drafter waits only
+    for the transport), after one untimed send. Per point: the target's ``stage`` seconds, or the drafter's
+    receive ``seconds`` and the ``bytes`` on the data group. Both roles call it at once."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from lenbatch_study.runtime.transport import Channel, DrafterLink, TargetLink
+
+    device = runner.device
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=BARRIER_TIMEOUT_S)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0 if role == "target" else 1,
+                            world_size=2, timeout=timeout)
+    comm = device if backend == "nccl" else torch.device("cpu")
+    out: list[dict] = []
+    try:
+        channel = Channel(timeout=timeout)
+        fdim = len(params.model.target_layers) * params.model.hidden_size
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
+        reps = max(1, int(params.profile.repeats))
+        if role == "target":
+            link = TargetLink(channel, dst=1, queue_size=1, comm_device=comm)
+            for i, (batch, _) in enumerate(batches):
+                feats = torch.zeros(*batch.input_ids.shape, fdim, dtype=dtype, device=device)
+                stage = []
+                for k in range(reps + (i == 0)):
+                    link.wait_for_room()
+                    link.send(batch, feats, meta=[0, k, 0, 0, 0, 0, 0])
+                    stage.append(link.last_stage_s)
+                out.append({"stage": stage[-reps:]})
+            link.end()
+            link.drain()
+        else:
+            link = DrafterLink(channel, comm_device=comm)
+            for i in range(len(batches)):
+                secs, nbytes = [], 0
+                for k in range(reps + (i == 0)):
+                    got = link.recv(0, step=k, last_loss=float("nan"), device=device)
+                    assert got is not None, "the target role ended its transport before the drafter's last point"
+                    secs.append(link.last_transfer_s)
+                    nbytes = link.last_bytes
+                out.append({"seconds": secs[-reps:], "bytes": nbytes})
+            assert link.recv(0, step=-1, last_loss=float("nan")) is None
+            link.close()
+        channel.close()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
 def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_points, spent,
-                 parent: int | None = None) -> None:
+                 parent: int | None = None, transport: tuple[int, str] | None = None) -> None:
     """One role's timings over the whole grid, in its own process (spawned by :func:`profile`).
 
     Lockstep with the other role, pass by pass (:func:`_passes`), point by point: (1) the
@@ -224,7 +309,8 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
     other role working, as in the pipelined run. ``timed_points[r]`` counts the (pass,
     point) pairs role r has finished phase (3) of; ``spent[r * points + i]`` is the seconds
     role r has stepped on point i, warm-up included (both roles read both, so they skip
-    points alike).
+    points alike). ``transport`` (port, backend): then the features' transport is measured
+    (:func:`measure_transport`) after the timed passes.
     """
     from lenbatch_study.runtime import reference
     from lenbatch_study.runtime.lifetime import die_with_parent
@@ -272,6 +358,10 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
                 note.point(p, i)
         if role == "drafter":
             note.pass_done(p, timed)
+    moved = (measure_transport(role, params, runner, batches, port=transport[0], backend=transport[1])
+             if transport else [{} for _ in pts])
+    for row, m in zip(out, moved):
+        row["transport"] = m
     ref_end, end_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
     ref = (ref_start, ref_end, ref_s + end_s)
     queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out], ref,
@@ -306,8 +396,10 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         timed_points = ctx.Array("i", 2)
         spent = ctx.Array("d", 2 * len(pts))
         where = role_devices(params, device)
+        backend = transport_backend(where)
+        link = (free_port(), backend)
         procs = {r: ctx.Process(target=_role_worker, args=(r, params, where[r], queue, barrier, timed_points,
-                                                                    spent, os.getpid()))
+                                                                    spent, os.getpid(), link))
                  for r in ("target", "drafter")}
         for proc in procs.values():
             proc.start()
@@ -329,6 +421,9 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         t, d = got["target"], got["drafter"]
         timings = [(a["alone"], b["alone"], a["alone_cpu"], b["alone_cpu"], b["steps"],
                     (a["busy"], b["busy"], a["busy_cpu"], b["busy_cpu"])) for a, b in zip(t, d)]
+        moved = [{"transport_bytes": int(b["transport"]["bytes"]), "transport_seconds_all": b["transport"]["seconds"],
+                  "transport_stage_s_all": a["transport"]["stage"], "transport_backend": backend}
+                 for a, b in zip(t, d)]
         ref = reference.record(params, {**refs["target"][0], **refs["drafter"][0]},
                                {**refs["target"][1], **refs["drafter"][1]},
                                seconds=max(refs["target"][2], refs["drafter"][2]))
@@ -337,6 +432,10 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
     else:
         from lenbatch_study.runtime.runner import StepRunner, configure_process
 
+        if params.train.nproc > 1:
+            log.info("profile.concurrent is off: the features' transport between the ranks is not measured, and "
+                     "compare predicts the trainings without it")
+        moved = [{} for _ in pts]
         configure_process(params)
         runner = StepRunner(params, device=resolve_device(device, 0))
         kernels = runner.kernels
@@ -385,6 +484,7 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
                # which kernels ran, and Triton compile/autotune seconds that fell inside timed target steps
                "kernel_backend": kernels["gated_delta_rule"], "conv_backend": kernels["conv"],
                "target_compile_seconds_timed": compiles[i]}
+        row.update(moved[i])  # the features' transport (a lockstep profile)
         if busy is not None:  # the same step with the other role working at the same time
             tb, db, tbc, dbc = busy
             row.update({"target_busy_seconds_median": float(np.median(tb)), "target_busy_seconds_all": tb,
@@ -418,4 +518,9 @@ def run(*, params: Params, out: str | Path) -> int:
              "reference step %s took %.1f s of it) on machine %s; wrote %s", len(rows), seconds,
              100 * share["target"], 100 * share["drafter"], ref["shape"], ref["seconds"], grid["machine"]["id"],
              out / GRID)
+    moved = [(r["transport_bytes"], float(np.median(r["transport_seconds_all"]))) for r in rows if "transport_bytes" in r]
+    if moved:
+        b, s = max(moved)
+        log.info("the features' transport (%s): %d points, the largest batch's %.1f MB in %.2f ms (median receive)",
+                 rows[0]["transport_backend"], len(moved), b / 1e6, 1e3 * s)
     return 0

@@ -43,6 +43,8 @@ packed row length), useful and computed tokens, target_s (forward on the target 
 credit_wait_s (target rank waiting for queue room: the drafter is the bottleneck),
 queue_wait_s (drafter waiting for the batch, transfer included -- on CUDA the device is synchronized
 at that boundary, as NCCL's recv returns before the copy is done: the target is the bottleneck),
+transport_s and transport_bytes (pipelined steps: the batch's transport alone, from its header's arrival to
+its features on the drafter's device, and its bytes; :class:`lenbatch_study.runtime.transport.DrafterLink`),
 drafter_s, loss; target_cpu_s and drafter_cpu_s (process CPU seconds of each step: on a CPU
 device, cpu_s / (seconds x threads) below 1 means other work took the cores, see
 :func:`lenbatch_study.core.cpu.cpu_share`); checkpoint_s (the periodic checkpoint written after the previous
@@ -126,7 +128,7 @@ from lenbatch_study.runtime.runner import (
     torchrun_world,
 )
 from lenbatch_study.runtime.schedule import Schedule, build_schedule, cluster_steps
-from lenbatch_study.runtime.transport import Channel, DrafterGroup, DrafterLink, TargetLink, settle, weights_checksum
+from lenbatch_study.runtime.transport import Channel, DrafterGroup, DrafterLink, TargetLink, weights_checksum
 
 log = get_logger("train")
 
@@ -358,13 +360,12 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
         peak = 0
         if step is not None:
             t0 = time.perf_counter()
-            got = link.recv(roles.target_process(step.rank), step=step.step, last_loss=last_loss)
+            # gloo on a GPU run (ranks sharing a GPU): staged through the host, moved to the device in recv
+            got = link.recv(roles.target_process(step.rank), step=step.step, last_loss=last_loss,
+                            device=setup.device)
             assert got is not None, f"target rank {step.rank} ended its stream before step {step.step}"
             batch, feats, meta = got
             setup.stop.note(link.last_stop)  # a target rank's signal reaches its drafter with its batch
-            if feats.device != setup.device:  # gloo on a GPU run (ranks sharing a GPU): staged through the host
-                feats = feats.to(setup.device)
-                settle(setup.device)
             wait_s = time.perf_counter() - t0
             epoch, gstep, t_ns, credit_ns, t_cpu_ns, compile_ns, peak, stage_ns = meta
             assert (epoch, gstep) == (step.epoch, step.step), f"got step {gstep} of epoch {epoch}, expected {step}"
@@ -375,7 +376,8 @@ def run_drafter_rank(setup: RunSetup, comm_device: torch.device) -> Optional[dic
             t = time.perf_counter() - t_start - paused
             row = step_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s,
                            drafter_s=d_s, loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9,
-                           compile_s=compile_ns / 1e9, stage_s=stage_ns / 1e9, checkpoint_s=ck_s)
+                           compile_s=compile_ns / 1e9, stage_s=stage_ns / 1e9, checkpoint_s=ck_s,
+                           transport=(link.last_transfer_s, link.last_bytes))
         else:
             assert reduce is not None, "one node: every step has its batch"
             runner.drafter_idle_step(reduce=reduce)

@@ -9,7 +9,11 @@ batch shapes, and ``params.json``, the params it was timed with. Written by :mod
 (padded/packed), ``sequence_lengths`` (the lengths timed), ``target_seconds_median``,
 ``drafter_seconds_median``, ``target_seconds_all`` and ``drafter_seconds_all`` (every timed pass, in order: what
 compare fits) and, from a lockstep profile, ``*_busy_seconds_*``; ``positions``, ``ctx_tokens`` and
-``lm_chunks`` (the drafter's work, means over the timed steps) when known. Cost: one file read.
+``lm_chunks`` (the drafter's work, means over the timed steps) when known; from a lockstep profile of a
+pipelined run, the features' transport: ``transport_bytes``, ``transport_seconds_all`` (the drafter rank's
+receive, every timed send), ``transport_stage_s_all`` (the target rank's copy onto the data group's device)
+and ``transport_backend`` (:func:`read_transport`; a grid written before they were recorded has none, and
+compare then predicts without the transport: rerun the profile to add it). Cost: one file read.
 """
 
 from __future__ import annotations
@@ -49,7 +53,38 @@ def read_grid_document(profile_dir: str | Path) -> dict[str, Any]:
         require_keys(p, row, ROW_KEYS, rerun=rerun(d), what=f" in row {k}")
     check_times(p, rows, rerun=rerun(d))
     whole = doc if isinstance(doc, dict) else {}
-    return {"machine": whole.get("machine"), "reference": whole.get("reference"), "points": rows}
+    return {"machine": whole.get("machine"), "reference": whole.get("reference"), "points": rows,
+            "transport": read_transport(p, rows, rerun=rerun(d))}
+
+
+TRANSPORT_KEYS = ("transport_bytes", "transport_seconds_all", "transport_stage_s_all", "transport_backend")
+
+
+def read_transport(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> dict[str, Any] | None:
+    """The features' transport the grid measured: ``{"backend", "bytes": [per row], "seconds": [per row: every
+    timed receive], "stage": [per row: every timed staging]}``; None for a grid without it (profile.concurrent
+    off, one process, or written before it was measured). Refuses a grid where some rows have it and others
+    not, or a bytes count or staging time that is not a finite number >= 0 (the receive times are checked
+    with the step times, :func:`check_times`). O(rows)."""
+    have = [all(k in r for k in TRANSPORT_KEYS) for r in rows]
+    if not any(have):
+        return None
+    if not all(have):
+        raise refuse(path, f"has the features' transport ({', '.join(TRANSPORT_KEYS)}) in {sum(have)} of its "
+                     f"{len(rows)} rows (an interrupted or edited file)", rerun=rerun)
+
+    def ok(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+    bad = [f"row {k} transport_bytes={r['transport_bytes']!r}" for k, r in enumerate(rows) if not ok(r["transport_bytes"])]
+    bad += [f"row {k} transport_stage_s_all={r['transport_stage_s_all']!r}" for k, r in enumerate(rows)
+            if not isinstance(r["transport_stage_s_all"], list) or not all(ok(x) for x in r["transport_stage_s_all"])]
+    if bad:
+        raise refuse(path, f"holds transport figures that are not finite numbers >= 0: {'; '.join(bad[:4])}",
+                     rerun=rerun)
+    return {"backend": rows[0]["transport_backend"], "bytes": [float(r["transport_bytes"]) for r in rows],
+            "seconds": [list(r["transport_seconds_all"]) for r in rows],
+            "stage": [list(r["transport_stage_s_all"]) for r in rows]}
 
 
 def check_times(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> None:
@@ -81,4 +116,5 @@ def read_profile_params(profile_dir: str | Path) -> dict[str, Any] | None:
     return read_params(profile_dir, rerun=rerun(Path(profile_dir)))
 
 
-__all__ = ["GRID", "GRID_PATH", "check_times", "read_grid", "read_grid_document", "read_profile_params"]
+__all__ = ["GRID", "GRID_PATH", "TRANSPORT_KEYS", "check_times", "read_grid", "read_grid_document", "read_profile_params",
+           "read_transport"]
