@@ -3,8 +3,15 @@ and fp32 master weights for the trained drafter under bf16 (finding 7)."""
 
 from __future__ import annotations
 
+import ast
 import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -14,6 +21,10 @@ from lenbatch.loading.collate import collate
 from lenbatch_study.runtime.synthetic import synthetic_sequences
 from lenbatch_study.core.config import load_params
 from lenbatch_study.runtime.runner import StepRunner
+from lenbatch_study.corpus.seed_profile import seed_profile
+from lenbatch_study.models import kernels
+from lenbatch_study.runtime import runner as runner_mod
+from lenbatch_study.runtime import transport
 
 GB = 10**9
 STUDY = "configs/qwen3.6-27b-8gpu.yaml"
@@ -115,19 +126,6 @@ def test_bf16_drafter_keeps_fp32_master_weights_and_the_target_stays_bf16(tmp_pa
 # CUDA streams, a second GPU and Triton's compiler cannot exist on this CPU: where a test needs one it
 # says so; everything else runs the real code on CPU (fla under Triton's interpreter in .venv-fla).
 
-import ast
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import numpy as np
-from lenbatch_study.corpus.seed_profile import seed_profile
-
-from lenbatch_study.models import kernels
-from lenbatch_study.runtime import runner as runner_mod
-from lenbatch_study.runtime import transport
 
 ROOT = Path(__file__).parents[2]
 FLA_PYTHON = next((str(p) for p in (Path(os.environ.get("LENBATCH_FLA_PYTHON", "/nonexistent")),

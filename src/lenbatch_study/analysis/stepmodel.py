@@ -550,3 +550,39 @@ def fit_role(cols: Mapping[str, np.ndarray], runs: Sequence[Sequence[float]], *,
     best, cands = select_model(cols, secs, role=role, candidates=CANDIDATES[role.removesuffix("_busy")],
                                holdout_fraction=holdout_fraction, seed=seed)
     return {"best": best, "candidates": cands, "pass_factors": [float(f) for f in factors]}
+
+
+def components(pred: dict, fits: dict, *, warmup_steps: int) -> dict[str, float]:
+    """Seconds each (role, feature) term of the step-time model adds over the counted steps."""
+    out = {}
+    for role in ("target", "drafter"):
+        fit = fits[role]["best"]
+        X = design_matrix(pred["columns"], fit.features)[warmup_steps:]
+        for f, c, total in zip(fit.features, fit.coef, X.sum(axis=0)):
+            out[f"{role}.{f}"] = float(c * total)
+    return out
+
+
+def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], tok_s: dict[str, float],
+                 measured: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Throughput relative to sorted as the step-time model's terms are added one at a time.
+
+    padding: only the per-token terms (the study's model: time proportional to computed tokens);
+    +step: plus the fixed cost per step; +attention: plus the sum of length^2 terms;
+    +sequences: plus the per-sequence terms (all terms, target and drafter run one after the other);
+    pipelined: the full prediction (target and drafter overlap through the queue); measured.
+    """
+    levels = {"padding": ("computed_tokens", "useful_tokens"),
+              "+step": ("computed_tokens", "useful_tokens", "const"),
+              "+attention": ("computed_tokens", "useful_tokens", "const", "sum_len_sq"),
+              "+sequences": ("computed_tokens", "useful_tokens", "const", "sum_len_sq", "sequences")}
+    out: dict[str, dict[str, float]] = {}
+    for s in comp:
+        out[s] = {}
+        for level, feats in levels.items():
+            t = sum(v for k, v in comp[s].items() if k.split(".", 1)[1] in feats)
+            t0 = sum(v for k, v in comp["sorted"].items() if k.split(".", 1)[1] in feats)
+            out[s][level] = (useful[s] / t) / (useful["sorted"] / t0) if t > 0 and t0 > 0 else float("nan")
+        out[s]["pipelined"] = tok_s[s] / tok_s["sorted"]
+        out[s]["measured"] = measured[s] / measured["sorted"]
+    return out

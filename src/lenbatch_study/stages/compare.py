@@ -242,47 +242,11 @@ def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, ta
             "stage_s": stage, "tok_s": tput, "seconds": float(ends[-1] - (ends[w - 1] if w > 0 else 0.0))}
 
 
-def components(pred: dict, fits: dict, *, warmup_steps: int) -> dict[str, float]:
-    """Seconds each (role, feature) term of the step-time model adds over the counted steps."""
-    out = {}
-    for role in ("target", "drafter"):
-        fit = fits[role]["best"]
-        X = sm.design_matrix(pred["columns"], fit.features)[warmup_steps:]
-        for f, c, total in zip(fit.features, fit.coef, X.sum(axis=0)):
-            out[f"{role}.{f}"] = float(c * total)
-    return out
-
-
 def loss_curve(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(useful tokens trained so far, loss) after every step of a run, from its steps.jsonl rows."""
     rows = sorted(steps, key=lambda r: int(r["step"]))
     toks = np.cumsum([float(r["useful_tokens"]) for r in rows])
     return toks, np.array([float(r["loss"]) for r in rows])
-
-
-def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], tok_s: dict[str, float],
-                 measured: dict[str, float]) -> dict[str, dict[str, float]]:
-    """Throughput relative to sorted as the step-time model's terms are added one at a time.
-
-    padding: only the per-token terms (the study's model: time proportional to computed tokens);
-    +step: plus the fixed cost per step; +attention: plus the sum of length^2 terms;
-    +sequences: plus the per-sequence terms (all terms, target and drafter run one after the other);
-    pipelined: the full prediction (target and drafter overlap through the queue); measured.
-    """
-    levels = {"padding": ("computed_tokens", "useful_tokens"),
-              "+step": ("computed_tokens", "useful_tokens", "const"),
-              "+attention": ("computed_tokens", "useful_tokens", "const", "sum_len_sq"),
-              "+sequences": ("computed_tokens", "useful_tokens", "const", "sum_len_sq", "sequences")}
-    out: dict[str, dict[str, float]] = {}
-    for s in comp:
-        out[s] = {}
-        for level, feats in levels.items():
-            t = sum(v for k, v in comp[s].items() if k.split(".", 1)[1] in feats)
-            t0 = sum(v for k, v in comp["sorted"].items() if k.split(".", 1)[1] in feats)
-            out[s][level] = (useful[s] / t) / (useful["sorted"] / t0) if t > 0 and t0 > 0 else float("nan")
-        out[s]["pipelined"] = tok_s[s] / tok_s["sorted"]
-        out[s]["measured"] = measured[s] / measured["sorted"]
-    return out
 
 
 def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarray, masks: LossMasks, profile: dict,
@@ -405,7 +369,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         pred = predict_steps(cols, allreduce_s=allreduce[s], **at)
         ratio = provenance.reference_ratios(summary.get("reference"), profile["reference"], strategy=s)
         calibrated = predict_steps(cols, scale=ratio, allreduce_s=allreduce[s], **at)
-        comp[s] = components(pred, term_fits, warmup_steps=params.train.warmup_steps)
+        comp[s] = sm.components(pred, term_fits, warmup_steps=params.train.warmup_steps)
         measured = float(summary["useful_tokens_per_s"])
         pm = plans[s]
         for what, eff in ((f"plans {plan_metrics.METRICS} ({s}) padding_efficiency", pm["padding_efficiency"]),
@@ -444,7 +408,7 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
         r.ratio_to_sorted_predicted = r.predicted_tok_s / ref.predicted_tok_s
         r.ratio_to_sorted_padding = r.padding_model_efficiency / ref.padding_model_efficiency
     quality = quality_result.read_quality(quality_dir, strategies) if quality_dir is not None else None
-    ladder = ratio_ladder(comp, {s: r.useful_tokens for s, r in rows.items()},
+    ladder = sm.ratio_ladder(comp, {s: r.useful_tokens for s, r in rows.items()},
                           {s: r.predicted_tok_s for s, r in rows.items()},
                           {s: r.measured_tok_s for s, r in rows.items()})
     ksweep = predict_sweep(lengths, sweep, allreduce_s=allreduce_s, **at)
