@@ -120,7 +120,8 @@ TINY = {  # the rehearsal: CPU, fla under the interpreter (seconds per forward),
 # * stats/boundaries/plans: numpy on the kit's lengths, imports ~4 s each + their work.
 # * profile: the first process on fla's bf16 kernels, so it pays their compile since the verifies moved
 #   behind compare: 8 + 3 + 39 compile + 6 autotune + ~34 s of grid points (the earlier 45 s, which
-#   assumed the bf16 verify had compiled) = 90.
+#   assumed the bf16 verify had compiled) + the features' transport: a second process group (~2 s) and
+#   3 repeats x 15 points + 1 sends of <= 270 MB, device -> host -> gloo -> device at ~3 GB/s (~4 s) = 96.
 # * interleave: one process, 8 + 3 + ~5 s building the mid target and drafter + collating, then
 #   5 strategies x (1 warm-up + at most 10 rounds) x 4 steps x ~0.08 s (a target forward of 16k tokens
 #   ~55 ms + a drafter step ~25 ms, no transport: one process) = 18 s, cached kernels: 35.
@@ -134,12 +135,12 @@ TINY = {  # the rehearsal: CPU, fla under the interpreter (seconds per forward),
 # * verify-fla-float32 with TF32 dots: 8 + 3 + 5 GB of fp32 weights ~8 + 94 compile + 6 autotune + ~1 s
 #   of forwards = 120 (IEEE dots: 378 + 6 + 20 = ~404, over any budget the throughput steps leave).
 # * nccl-2gpu: torchrun ~20 s, two processes' imports and CUDA contexts, NCCL's init, NCCL_STEPS steps.
-ESTIMATE_S = {"install": 3, "environment": 12, "stats": 6, "boundaries": 8, "plans": 8, "profile": 90,
+ESTIMATE_S = {"install": 3, "environment": 12, "stats": 6, "boundaries": 8, "plans": 8, "profile": 96,
               "interleave": 35, "train-sorted": 28, "train-random": 37, "train-bucketed": 29, "train-sortish": 28,
               "train-packed": 28, "compare": 15, "verify-fla-bfloat16": 30, "verify-fla-float32": 120,
               "nccl-2gpu": 35}
-# The check's deadline (--budget-s): the throughput steps' critical path (327 s on one GPU) within
-# CRITICAL_SHARE of it, the steps after compare (150 s with both verifies) in what is left (540 - 477 s).
+# The check's deadline (--budget-s): the throughput steps' critical path (333 s on one GPU) within
+# CRITICAL_SHARE of it, the steps after compare (150 s with both verifies) in what is left (540 - 483 s).
 BUDGET_S = 540.0
 CRITICAL_SHARE = 0.8
 NCCL_STEPS = 12
