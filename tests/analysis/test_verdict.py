@@ -90,3 +90,19 @@ def test_timed_steps_that_do_not_stand_for_their_run_settle_nothing_in_contentio
     t = table(random=gap(row(0.59, 0.01), -0.2), sortish=row(1.0, 0.01), packed=row(0.93, 0.01))
     v = decide(t, repeat(t), max_composition_repeat=0.5)
     assert (v.kind, v.strategy, v.unrepresentative) == (USE, "sortish", ("random",))
+
+
+def test_a_miss_names_the_profile_rerun_only_where_it_can_help():
+    """miss_cause: a profile whose passes moved, or a step beyond its grid, is remeasured; a steady profile
+    with every step inside its grid would give the same fits, so the advice says the model misses instead."""
+    from lenbatch_study.analysis.report import miss_cause
+
+    steady = {"target": [0.99, 1.0, 1.01], "drafter": [0.98, 1.0, 1.02]}
+    t = {"sortish": {**row(1.33, 0.01, predicted=1.42), "profile_pass_factors": steady, "beyond_grid": {}}}
+    said = miss_cause(t, ["sortish"], rerun="snakemake --forcerun profile")
+    assert "would give the same fits" in said and "--forcerun profile" not in said and "agree within 2%" in said
+    moved = {**steady, "target": [0.8, 1.0, 1.05]}
+    t["sortish"]["profile_pass_factors"] = moved
+    assert "Remeasure the profile: `snakemake --forcerun profile`" in miss_cause(t, ["sortish"], rerun="snakemake --forcerun profile")
+    t["sortish"].update(profile_pass_factors=steady, beyond_grid={"drafter ctx_tokens": 1.4})
+    assert "Remeasure the profile" in miss_cause(t, ["sortish"], rerun="x")
