@@ -20,7 +20,7 @@ from lenbatch_study.runtime.resume import partial_dir
 from lenbatch_study.runtime.stopping import STOPPED_EXIT
 
 from _runs import tiny_tokenized
-from _tiny import ENV, TINY_DATA, TINY_MODEL
+from _tiny import ENV, TINY_STOPPABLE_RUN
 
 SHOW_JOB = ("JobId=4242 JobName=train\n   UserId=u(1000) GroupId=u(1000)\n   NumNodes=2 NumCPUs=4\n"
             "   NodeList=node[1-2]\n   BatchHost=node1\n")
@@ -142,15 +142,8 @@ def test_torchrun_s_agent_starts_with_sigusr1_ignored(tmp_path):
     assert "agent ignores SIGUSR1: True" in proc.stdout
 
 
-# The train rule's command for real: a tiny training of one torchrun of 2 processes (tests/stages/test_train.py's)
-TINY = {
-    "data": TINY_DATA,
-    "model": TINY_MODEL,
-    "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
-    "batching": {"token_budget": 2048, "max_batch_size": 8},
-    "train": {"nproc": 2, "useful_tokens": 40000, "warmup_steps": 1, "queue_size": 2, "threads": 1,
-              "device": "cpu", "checkpoint_every": 0},
-}
+# the train rule's command for real on a tiny training
+TINY = TINY_STOPPABLE_RUN
 
 
 def _rows(folder: Path) -> int:

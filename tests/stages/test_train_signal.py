@@ -26,19 +26,11 @@ from lenbatch_study.runtime.stopping import STOPPED_EXIT
 from lenbatch_study.stages.train import partial_dir
 
 from _runs import planned_hashes, tiny_tokenized
-from _tiny import ENV, TINY_DATA, TINY_MODEL
+from _tiny import ENV, TINY_STOPPABLE_RUN
 
 pytestmark = pytest.mark.slow
 
-TINY = {
-    "data": TINY_DATA,
-    "model": TINY_MODEL,
-    "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
-    "batching": {"token_budget": 2048, "max_batch_size": 8},
-    # no periodic checkpoint: the only one a stopped run has is the one its signal made it write
-    "train": {"nproc": 2, "useful_tokens": 40000, "warmup_steps": 1, "queue_size": 2, "threads": 1,
-              "device": "cpu", "checkpoint_every": 0},
-}
+TINY = TINY_STOPPABLE_RUN
 RUN_TIMEOUT = 300
 SIGNAL_AFTER_ROWS = 2  # steps.jsonl rows the run has written when it is signalled
 
