@@ -41,6 +41,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/analysis/verdict.py": {"compare"},
     "lenbatch_study/analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table
     "lenbatch_study/analysis/stepmodel.py": {"compare"},  # the prediction fit: no measurement reruns
+    "lenbatch_study/analysis/step_timeline.py": {"compare"},  # the pipelined run's step ends, in the prediction
     "lenbatch_study/analysis/transport_model.py": {"compare"},  # the features' transport in the prediction
     "lenbatch_study/analysis/study_replay.py": {"compare"},  # the report's replay of the study's setting
     # batching: the numpy planning library

@@ -7,7 +7,7 @@ host, or NCCL device to device, plus the copy onto its device). The profile meas
 (:func:`lenbatch_study.pipeline.artifacts.profile_grid.read_transport`); here they are fitted as seconds linear
 in bytes (:func:`lenbatch_study.analysis.stepmodel.fit_transport`) and predicted for a plan's steps from their
 bytes (:func:`lenbatch_study.analysis.shapes.transport_bytes`); the step model puts the receive on the
-drafter's critical path (:func:`lenbatch_study.analysis.stepmodel.pipeline_timeline`, ``transport_s``) and
+drafter's critical path (:func:`lenbatch_study.analysis.step_timeline.pipeline_timeline`, ``transport_s``) and
 the staging on the target rank's. One process (``train.nproc`` 1, the interleave stage) moves nothing.
 """
 

@@ -22,7 +22,7 @@ Target and drafter are timed on the same model, threads and device as training
   step while the other role steps at the same time in its own process, as happens in a
   pipelined run whenever both are working. They share cores, caches and memory
   bandwidth, so busy is slower on a CPU; the prediction blends the two by the run's
-  overlap (:func:`lenbatch_study.analysis.stepmodel.blended_pipeline`).
+  overlap (:func:`lenbatch_study.analysis.step_timeline.blended_pipeline`).
 
 The features' transport (lockstep profile of a pipelined run): after the timed passes the two role processes
 join a two-rank process group as a training's target and drafter ranks do (gloo, through the host where the
