@@ -55,6 +55,9 @@ from torch import nn
 
 from lenbatch_study.core.config import ModelConfig
 from lenbatch_study.core.log import get_logger
+# the target's shapes from files (config only, its own module), re-exported: tests and tools import them from here
+from lenbatch_study.models.target_config import SHAPE_KEYS, checkpoint_dir, model_config_from_file, \
+    pretrained_text_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 INITIALIZER_RANGE = 0.02  # std of the normal init (Hugging Face Qwen3_5TextConfig default)
@@ -349,55 +352,10 @@ def build_target(cfg: ModelConfig, *, device: str | torch.device = "cpu") -> Tar
 # --------------------------------------------------------------------------- a local checkpoint
 
 
-# The model keys a checkpoint's config.json must agree with (model_config_from_file reads them from it).
-SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "layer_types",
-              "num_attention_heads", "num_key_value_heads", "head_dim", "linear_num_key_heads",
-              "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
-              "rope_theta")
 # Where a checkpoint keeps the text model: Qwen3_5ForCausalLM ("model."), the vision-language
 # Qwen3_5ForConditionalGeneration ("model.language_model."), and its older layout.
 _TEXT_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
 _HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
-
-
-def checkpoint_dir(cfg: ModelConfig) -> Path:
-    """``cfg.pretrained`` checked to be a local checkpoint folder (config.json + safetensors)."""
-    assert cfg.pretrained is not None
-    path = Path(cfg.pretrained)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model.pretrained={cfg.pretrained!r} has no config.json; point it at a local Hugging "
-                         "Face checkpoint folder (what save_pretrained writes: config.json + *.safetensors), "
-                         "or set model.pretrained: null for random weights")
-    if not sorted(path.glob("*.safetensors")):
-        raise ValueError(f"model.pretrained={cfg.pretrained!r} has no *.safetensors weights (only safetensors "
-                         "are read); re-save the model there with save_pretrained(safe_serialization=True)")
-    return path
-
-
-def pretrained_text_config(cfg: ModelConfig) -> Any:
-    """The checkpoint's ``Qwen3_5TextConfig`` (``local_files_only``); ``ValueError`` naming every
-    :data:`SHAPE_KEYS` key where the ``model`` section differs from it."""
-    from transformers import AutoConfig
-
-    path = checkpoint_dir(cfg)
-    text = AutoConfig.from_pretrained(str(path), local_files_only=True).get_text_config()
-    if getattr(text, "model_type", None) != "qwen3_5_text":
-        raise ValueError(f"model.pretrained={cfg.pretrained!r} is a {getattr(text, 'model_type', '?')!r} model; the "
-                         "target must be a Qwen3.5/3.6-architecture text model (model_type qwen3_5_text/qwen3_5)")
-    ours = model_config_from_file(path / "config.json", base=cfg)
-    diff = [f"model.{k}: params {_show(getattr(cfg, k))}, checkpoint {_show(getattr(ours, k))}"
-            for k in SHAPE_KEYS if getattr(cfg, k) != getattr(ours, k)]
-    if diff:
-        raise ValueError(f"model.pretrained={cfg.pretrained!r}: the model section differs from the checkpoint's "
-                         f"config.json in {len(diff)} key(s): " + "; ".join(diff) + ". Set them to the "
-                         "checkpoint's values in params.yaml (the shapes come from the checkpoint; the params must "
-                         "say what runs)")
-    text.use_cache = False
-    return text
-
-
-def _show(value: Any) -> str:
-    return str(list(value)) if isinstance(value, tuple) else str(value)
 
 
 def _load_pretrained(cfg: ModelConfig, device: torch.device) -> tuple[nn.Module, nn.Linear]:
@@ -463,67 +421,6 @@ def _filled(module: nn.Module, weight: torch.Tensor, dtype: torch.dtype, device:
     module.weight.copy_(weight)
     module.weight.requires_grad_(False)
     return module
-
-
-# --------------------------------------------------------------------------- config files
-
-
-_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
-            "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
-
-
-def model_config_from_file(path: str | Path, *, base: ModelConfig | None = None) -> ModelConfig:
-    """A ``ModelConfig`` from a YAML/JSON file holding a ``model`` section, or from a Hugging Face
-    ``config.json`` of a Qwen3.5-architecture model (``text_config`` nested or not).
-
-    Keys the file does not give keep ``base``'s values (default: the params defaults);
-    ``target_layers`` not in range of a smaller/larger model are reset to its last layer.
-    """
-    import dataclasses
-
-    import yaml
-
-    from lenbatch_study.core.config import _section_from_dict
-
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"--model-config {path} does not exist; pass a params-style YAML with a 'model' section "
-                         "or a Hugging Face config.json")
-    raw = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
-    base = base or ModelConfig()
-    if isinstance(raw, dict) and "model" in raw and isinstance(raw["model"], dict):
-        merged = {**_plain(base), **raw["model"]}
-        return _section_from_dict("model", ModelConfig, merged, str(path))
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} must be a mapping (a 'model' section or a Hugging Face config.json)")
-    text = raw.get("text_config", raw)
-    model_type = text.get("model_type", "")
-    if model_type and model_type not in ("qwen3_5_text", "qwen3_5", "qwen3_next"):
-        raise ValueError(f"{path} is a '{model_type}' config; verify-packing needs a Qwen3.5-architecture text "
-                         "model (model_type qwen3_5_text / qwen3_5)")
-    values: dict[str, Any] = {k: text[k] for k in _HF_KEYS if k in text}
-    n = int(values.get("num_hidden_layers", base.num_hidden_layers))
-    if "layer_types" in text:
-        values["layer_types"] = tuple(text["layer_types"])
-    else:
-        interval = int(text.get("full_attention_interval", 4))
-        values["layer_types"] = tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                                      for i in range(n))
-    rope = text.get("rope_parameters") or {}
-    theta = rope.get("rope_theta", text.get("rope_theta"))
-    if theta is not None:
-        values["rope_theta"] = float(theta)
-    if "head_dim" not in values and "hidden_size" in values and "num_attention_heads" in values:
-        values["head_dim"] = int(values["hidden_size"]) // int(values["num_attention_heads"])
-    targets = tuple(i for i in base.target_layers if i < n) or (n - 1,)
-    return dataclasses.replace(base, **{**values, "target_layers": targets})
-
-
-def _plain(cfg: ModelConfig) -> dict[str, Any]:
-    import dataclasses
-
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
 
 
 __all__ = ["DTYPES", "INITIALIZER_RANGE", "SHAPE_KEYS", "Target", "build_heads", "build_target", "checkpoint_dir",
