@@ -37,6 +37,8 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/analysis/quality_stats.py": {"quality", "compare"},
     "lenbatch_study/analysis/report.py": {"compare"},
     "lenbatch_study/analysis/report_details.py": {"compare"},
+    "lenbatch_study/analysis/report_metrics.py": {"compare"},  # metrics.json and diagnostics.json
+    "lenbatch_study/analysis/report_plots.py": {"compare"},  # the plots and their DVC plot data
     "lenbatch_study/analysis/settled.py": {"compare"},
     "lenbatch_study/analysis/verdict.py": {"compare"},
     "lenbatch_study/analysis/shapes.py": {"profile", "compare"},  # the grid's shapes and the runs' shape table

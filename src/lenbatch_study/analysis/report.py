@@ -10,8 +10,9 @@ why and the rerun), one table per strategy, why the padding model misses, and th
 sentence with its direction and interval. ``details.md`` (:mod:`lenbatch_study.analysis.report_details`) holds
 the evidence: the separate trainings and the machine's drift under them (reported, never a veto), the
 per-role ratios, the quality tables, the step-time model, the K sweep and the study's own setting replayed.
-``recommended.*`` reaches ``metrics.json`` only when the answer is settled. Cost: O(strategies + K sweep)
-plus three matplotlib figures.
+``recommended.*`` reaches ``metrics.json`` only when the answer is settled (the metrics are chosen in
+:mod:`lenbatch_study.analysis.report_metrics`, the plots drawn in :mod:`lenbatch_study.analysis.report_plots`).
+Cost: O(strategies + K sweep) plus three matplotlib figures.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ import numpy as np
 
 from lenbatch_study.analysis import interleaved as il, quality_report as qr
 from lenbatch_study.analysis.interleaved import PREDICTION_TARGET
-from lenbatch_study.analysis import report_details
+# metrics.json / diagnostics.json and the plots (each its own module), re-exported
+from lenbatch_study.analysis.report_metrics import MAX_METRIC_NUMBERS, METRIC_KEYS, USER_METRIC_KEYS, \
+    USER_SUMMARY_KEYS, flat_metrics, user_metrics  # noqa: F401
+from lenbatch_study.analysis.report_plots import frontier_points, histogram_points, pareto_front, \
+    write_plots  # noqa: F401
 from lenbatch_study.analysis.report_details import REPLAY_PART, STUDY_NUM_BUCKETS, details_text, pct  # noqa: F401
 from lenbatch_study.analysis.settled import QUIET_RERUN, busy_machine, unsteady_machine  # noqa: F401
 from lenbatch_study.analysis.verdict import TIE, USE, Verdict
@@ -129,220 +134,6 @@ class CompareResult:
     data_dir: str = "results/tokenize"  # the tokenize folder the run read (its parent: the run's results folder)
     # the transport fits (lenbatch_study.analysis.transport_model.describe): backend, receive, stage; None: unmeasured
     transport: Optional[dict[str, Any]] = None
-
-
-def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Mask of points not dominated when both x and y are to be maximised. O(n^2), n is small."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    keep = np.ones(x.size, dtype=bool)
-    for i in range(x.size):
-        dominated = (x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))
-        keep[i] = not dominated.any()
-    return keep
-
-
-METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_efficiency", "predicted_tok_s",
-               "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
-               "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "steps",
-               "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted",
-               "target_cpu_share", "drafter_cpu_share", "target_reference_drift", "drafter_reference_drift",
-               "predicted_transport_s", "measured_transport_s")
-
-
-def _num(x: float) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
-
-
-# What users compare between experiments (``metrics.json``, DVC's metrics, the columns of ``dvc exp show``):
-# the headline only, at most 40 numbers for five strategies so a user's changed params stay on screen.
-# * Per strategy, from its training: measured throughput, the measured padding efficiency and the held-out
-#   loss (the quality stage's, at equal useful tokens); for every strategy but sorted also the run's measured
-#   and predicted ratio to sorted (the whole plan, pipelined: what the strategy gives a training).
-# * Per strategy but sorted, from the interleaved measurement (its steps timed in turns with sorted's, so a
-#   drift cannot flip them; the test of the step model): the ratio to sorted, its 95% interval (low, high)
-#   and the predicted ratio.
-# * The recommendation.
-# Sorted's own ratios (1 by definition) and the rest (the absolute prediction error, which a machine's drift
-# between the profile and a training dominates, absolute predictions, calibrated errors, diversity, loss
-# intervals, fit errors, CPU shares, the K sweep, the machine) are diagnostics in ``diagnostics.json``, which
-# no tool declares as metrics.
-USER_METRIC_KEYS = ("measured_tok_s", "ratio_to_sorted_measured", "ratio_to_sorted_predicted", "measured_efficiency",
-                    "heldout_loss.mean", *il.USER_METRIC_KEYS)
-USER_SUMMARY_KEYS = ("verdict", "recommended.strategy", "recommended.tie", "recommended.num_buckets")
-MAX_METRIC_NUMBERS = 40  # what `dvc exp show` can show beside the changed params
-
-
-def user_metrics(flat: dict[str, Any]) -> dict[str, Any]:
-    """The subset of :func:`flat_metrics` written to ``metrics.json`` (see ``USER_METRIC_KEYS``): 40 numbers
-    and the recommended strategy's name for five strategies with the quality stage and the interleaved
-    measurement."""
-    keep = set(USER_SUMMARY_KEYS)
-    constant = {f"{il.BASELINE}.ratio_to_sorted_measured", f"{il.BASELINE}.ratio_to_sorted_predicted"}
-    return {k: v for k, v in flat.items() if k in keep or k.partition(".")[2] in USER_METRIC_KEYS
-            and k.partition(".")[0] not in ("fit", "profile", "recommended", "machine") and k not in constant}
-
-
-def flat_metrics(result: CompareResult) -> dict[str, Any]:
-    """Flat ``strategy.key`` metrics and diagnostics (``diagnostics.json``; :func:`user_metrics` picks
-    ``metrics.json`` from them)."""
-    out: dict[str, Any] = {}
-    for s, r in result.rows.items():
-        for k in METRIC_KEYS:
-            out[f"{s}.{k}"] = _num(getattr(r, k))
-    for role, f in result.fits.items():
-        out[f"fit.{role}.holdout_error"] = _num(f["best"].holdout_error)
-        out[f"fit.{role}.train_error"] = _num(f["best"].train_error)
-    out["fit.grid_points"] = result.grid_points
-    for hop, f in ((h, (result.transport or {}).get(h)) for h in ("receive", "stage")):  # the features' transport
-        if f:  # seconds = const + per byte x bytes, the rate as seconds per GB (per byte rounds to 0)
-            out.update({f"fit.transport.{hop}.const_s": _num(f["const_s"]),
-                        f"fit.transport.{hop}.s_per_gb": _num(f["per_byte_s"] * 1e9),
-                        f"fit.transport.{hop}.error": _num(f["error"])})
-    for role, v in result.profile_cpu_share.items():
-        out[f"profile.{role}_cpu_share"] = _num(v)
-    out["max_abs_prediction_error"] = _num(max(abs(r.prediction_error) for r in result.rows.values()))
-    for role, v in (result.profile_reference_drift or {}).items():
-        out[f"profile.{role}_reference_drift"] = _num(v)
-    out["machine.id"] = (result.machine or {}).get("id")
-    for e in result.sweep:
-        out[f"bucketed_k{e['num_buckets']}.predicted_ratio_to_sorted"] = _num(e["predicted_ratio_to_sorted"])
-    rec = result.recommendation
-    v = rec.verdict
-    out["verdict"] = v.kind
-    if v.settled:  # only a settled answer is a recommendation a diff can show changing
-        if v.kind == USE:
-            out["recommended.strategy"] = v.strategy
-        else:
-            out["recommended.tie"] = ", ".join(v.top)
-        out["recommended.num_buckets"] = rec.num_buckets
-    out.update(qr.flat_metrics(result.quality, _tok_s(result)))
-    out.update(il.flat_metrics(result.interleaved))
-    return out
-
-
-def _tok_s(result: CompareResult) -> dict[str, float]:
-    return report_details.tok_s(result)
-
-
-def frontier_points(result: CompareResult) -> list[dict]:
-    """Every strategy and bucketed K = 1..max: efficiency, diversity, Pareto membership (DVC plot data)."""
-    pts = [{"name": s, "kind": "strategy", "num_buckets": result.num_buckets if s == "bucketed" else None,
-            "efficiency": r.simulated_efficiency, "length_mixing": r.length_mixing,
-            "composition_repeat": r.composition_repeat, "predicted_ratio_to_sorted": r.ratio_to_sorted_predicted}
-           for s, r in result.rows.items()]
-    pts += [{"name": f"bucketed K={e['num_buckets']}", "kind": "sweep", "num_buckets": e["num_buckets"],
-             "efficiency": e["simulated_efficiency"], "length_mixing": e["length_mixing"],
-             "composition_repeat": e["composition_repeat"], "predicted_ratio_to_sorted": e["predicted_ratio_to_sorted"]}
-            for e in result.sweep]
-    x = np.array([p["length_mixing"] for p in pts])
-    y = np.array([p["efficiency"] for p in pts])
-    front = pareto_front(x, y)
-    front_repeat = pareto_front(1 - np.array([p["composition_repeat"] for p in pts]), y)
-    padded = np.array([p["name"] != "packed" for p in pts])
-    front_padded = np.zeros(len(pts), dtype=bool)
-    front_padded[padded] = pareto_front(x[padded], y[padded])
-    for p, f, g, h, isp in zip(pts, front, front_repeat, front_padded, padded):
-        p["pareto_mixing"] = bool(f)
-        p["pareto_repeat"] = bool(g)
-        p["pareto_padded"] = bool(h) if isp else None
-    return pts
-
-
-def histogram_points(result: CompareResult) -> list[dict]:
-    """DVC plot data of the length histogram with the bucket edges (``workflow/plots/histogram.json`` draws
-    it): one row per bin (``lo``, ``hi``, ``count``, ``bucket``: 1-based index of the bucket holding the
-    bin's midpoint), then one row per inner bucket edge (``edge``, and ``lo`` = ``hi`` = the edge). Every
-    row has every key (null where it does not apply): DVC renders a plot blank when rows differ in keys.
-    Cost: O(bins * log K)."""
-    edges = np.asarray(result.edges, dtype=float)
-    rows: list[dict] = []
-    for r in result.histogram:
-        mid = (float(r["lo"]) + float(r["hi"])) / 2
-        bucket = int(np.clip(np.searchsorted(edges, mid, side="right"), 1, max(len(edges) - 1, 1)))
-        rows.append({"lo": r["lo"], "hi": r["hi"], "count": r["count"], "bucket": bucket, "edge": None})
-    rows += [{"lo": int(e), "hi": int(e), "count": None, "bucket": None, "edge": int(e)} for e in result.edges[1:-1]]
-    return rows
-
-
-def write_plots(result: CompareResult, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    # 1. length histogram with the bucket edges
-    fig, ax = plt.subplots(figsize=(7, 4))
-    h = result.histogram
-    lo = np.array([r["lo"] for r in h], dtype=float)
-    hi = np.array([r["hi"] for r in h], dtype=float)
-    ax.bar(lo, [r["count"] for r in h], width=hi - lo, align="edge", color="#8aa", edgecolor="#577")
-    for e in result.edges[1:-1]:
-        ax.axvline(e, color="#c33", lw=1.2)
-    ax.set_xlabel("length (tokens)")
-    ax.set_ylabel("samples")
-    ax.set_title(f"length histogram and the {result.num_buckets} bucket edges (red)")
-    paths.append(_save(fig, out / files.HISTOGRAM_PLOT))
-    # 2. predicted vs measured throughput
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    rows = result.rows
-    meas = np.array([r.measured_tok_s for r in rows.values()])
-    pred = np.array([r.predicted_tok_s for r in rows.values()])
-    pad = np.array([r.ratio_to_sorted_padding * rows["sorted"].measured_tok_s for r in rows.values()])
-    lim = [0, 1.1 * max(meas.max(), pred.max(), pad.max())]
-    ax.plot(lim, lim, color="#999", lw=1, label="prediction = measurement")
-    ax.scatter(meas, pred, color="#236", zorder=3, label="step-time model")
-    ax.scatter(meas, pad, color="#c63", marker="x", zorder=3, label="padding model x sorted")
-    for s, m, p in zip(rows, meas, pred):
-        ax.annotate(s, (m, p), textcoords="offset points", xytext=(5, -10), fontsize=8)
-    ax.set_xlim(lim)
-    ax.set_ylim(lim)
-    ax.set_xlabel("measured useful tokens/s")
-    ax.set_ylabel("predicted useful tokens/s")
-    ax.legend(fontsize=8, loc="upper left")
-    paths.append(_save(fig, out / files.THROUGHPUT_PLOT))
-    # 3. efficiency-diversity frontier
-    pts = frontier_points(result)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    for ax, key, flip, label, front_key in (
-            (axes[0], "length_mixing", False, "length mixing (0 sorted .. 1 random)", "pareto_mixing"),
-            (axes[1], "composition_repeat", True, "1 - composition repeat (0 sorted .. 1 fresh batches)",
-             "pareto_repeat")):
-        sw = [p for p in pts if p["kind"] == "sweep"]
-        xs = [(1 - p[key]) if flip else p[key] for p in sw]
-        ax.plot(xs, [p["efficiency"] for p in sw], "-o", color="#9ab", ms=4, label="bucketed, K = 1..max")
-        for p, xv in zip(sw, xs):
-            ax.annotate(str(p["num_buckets"]), (xv, p["efficiency"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-        for p in pts:
-            if p["kind"] == "strategy":
-                xv = (1 - p[key]) if flip else p[key]
-                ax.scatter([xv], [p["efficiency"]], s=50, zorder=3)
-                ax.annotate(p["name"], (xv, p["efficiency"]), fontsize=8, xytext=(5, -10), textcoords="offset points")
-        if not flip:
-            fp = sorted((p[key], p["efficiency"]) for p in pts if p.get("pareto_padded"))
-            ax.plot([f[0] for f in fp], [f[1] for f in fp], ":", color="#36c", lw=1.5,
-                    label="Pareto front, padded strategies only")
-        front = sorted(((1 - p[key]) if flip else p[key], p["efficiency"]) for p in pts if p[front_key])
-        ax.plot([f[0] for f in front], [f[1] for f in front], "--", color="#c33", lw=1.5, label="Pareto front")
-        ax.scatter([f[0] for f in front], [f[1] for f in front], facecolors="none", edgecolors="#c33", s=110,
-                   zorder=4)
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("padding efficiency (simulated plan)")
-    axes[0].legend(fontsize=8, loc="lower left")
-    fig.suptitle("efficiency vs diversity: every strategy, and bucketed for each K")
-    paths.append(_save(fig, out / files.FRONTIER_PLOT))
-    return paths
-
-
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _iv(r: Mapping[str, Any]) -> str:

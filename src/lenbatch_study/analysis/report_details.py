@@ -78,7 +78,7 @@ def ladder_lines(result: CompareResult) -> list[str]:
 
 def study_k_paragraph(result: CompareResult, pts: list[dict]) -> str:
     """Where K = 6, the K of the study this project replays, sits on this data's K sweep and frontier (``pts``:
-    :func:`lenbatch_study.analysis.report.frontier_points`); '' when the sweep does not reach it."""
+    :func:`lenbatch_study.analysis.report_plots.frontier_points`); '' when the sweep does not reach it."""
     sweep = {e["num_buckets"]: e for e in result.sweep}
     study = STUDY_NUM_BUCKETS
     if study not in sweep:
@@ -188,7 +188,7 @@ def sweep_lines(result: CompareResult, pts: list[dict]) -> list[str]:
 
 
 def details_text(result: CompareResult, *, params: Params, frontier: list[dict]) -> str:
-    """The whole of ``details.md`` (``frontier``: :func:`lenbatch_study.analysis.report.frontier_points`)."""
+    """The whole of ``details.md`` (``frontier``: :func:`lenbatch_study.analysis.report_plots.frontier_points`)."""
     lines = ["# Batching strategies: the details behind the answer", "",
              f"The answer and its table are in [{files.REPORT}]({files.REPORT}); this page holds the evidence.", "",
              *trainings_lines(result), "", "## Why the padding-only prediction misses", "", gap_paragraph(result), "",
