@@ -95,6 +95,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/models/drafter.py": MODEL,
     "lenbatch_study/models/fla_cpu.py": MODEL,
     "lenbatch_study/models/memory.py": {"train", "interleave"},  # the GPU memory check before loading
+    "lenbatch_study/models/quality_drafter.py": {"quality"},  # the quality experiment's objective and inputs
     "lenbatch_study/models/target.py": MODEL,
     "lenbatch_study/models/target_config.py": MODEL,  # the target's shapes from a checkpoint's config.json
     "lenbatch_study/models/varlen.py": MODEL,
