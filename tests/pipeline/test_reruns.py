@@ -126,6 +126,8 @@ RERUNS: dict[str, set[str]] = {
     # runtime: train's, and profile times the same step runner
     "lenbatch_study/runtime/checkpoint.py": {"train"},
     "lenbatch_study/runtime/hostmem.py": {"profile", "train", "interleave"},  # glibc malloc settings of the runner
+    "lenbatch_study/runtime/grid_batches.py": {"profile"},  # the grid's shapes and their synthetic batches
+    "lenbatch_study/runtime/profile_transport.py": {"profile"},  # the lockstep profile's transport measurement
     "lenbatch_study/runtime/schedule.py": {"train", "interleave", "compare"},  # compare rebuilds the trained batches
     "lenbatch_study/runtime/synthetic.py": {"profile", "train"},  # the grid's and the reference step's tokens
     "lenbatch_study/runtime/interleave.py": {"interleave"},  # the interleaved measurement's schedule of turns

@@ -57,8 +57,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lenbatch_study.core.batchspec import batch_spec
-from lenbatch_study.runtime.synthetic import synthetic_sequences
+from lenbatch_study.runtime.grid_batches import grid_points, make_batch
+from lenbatch_study.runtime.profile_transport import BARRIER_TIMEOUT_S, free_port, measure_transport, role_devices, \
+    transport_backend
 from lenbatch_study.core.config import Params
 from lenbatch_study.pipeline.artifacts.profile_grid import GRID
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
@@ -69,10 +70,6 @@ from lenbatch_study.core.cpu import CPU_SHARE_WARN, grid_cpu_share
 from lenbatch_study.core.machine import fingerprint
 
 log = get_logger("profile")
-
-# A lockstep profile worker waits this long for the other at each phase before giving up.
-BARRIER_TIMEOUT_S = 1800.0
-
 
 
 class _Progress:
@@ -94,54 +91,6 @@ class _Progress:
         log.info("pass %d/%d (%s) over %d grid points done, point %d/%d, %.1f s elapsed", p + 1, self.passes,
                  "timed" if timed else "warm-up", self.points, (p + 1) * self.points, self.passes * self.points,
                  time.perf_counter() - self.t0)
-
-def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, int]]:
-    """(layout, sequences, length) of every grid point, smallest shapes first.
-
-    Points above the token budget, above max_batch_size or longer than data.max_len are
-    skipped (they can never occur in a plan); the number skipped is logged.
-    """
-    pr, spec = params.profile, batch_spec(params, strategy="sorted")  # padded shapes
-    budget, max_bs, max_len = spec.token_budget, spec.max_batch_size, params.data.max_len
-    lengths = sorted({int(m) for m in pr.lengths})
-    pts: set[tuple[str, int, int]] = set()
-    skipped = 0
-    for m in lengths:
-        if m > max_len:
-            skipped += len(pr.batch_sizes)
-            continue
-        for n in pr.batch_sizes:
-            if spec.fits(n, m):
-                pts.add(("padded", int(n), m))
-            else:
-                skipped += 1
-        fill = min(max_bs, budget // m)  # the batch that fills the budget at this length
-        if fill >= 1:
-            pts.add(("padded", fill, m))
-    for L in sorted({int(x) for x in pr.packed_lengths} | {budget}):
-        if L > budget:
-            continue
-        for k in pr.packed_seqs:
-            if k <= L and k * max_len >= L:  # k parts of at most max_len tokens fill the row
-                pts.add(("packed", int(k), L))
-            else:
-                skipped += 1
-    if skipped and not quiet:
-        log.info("grid: skipped %d shapes outside token_budget=%d, max_batch_size=%d, max_len=%d",
-                 skipped, budget, max_bs, max_len)
-    return sorted(pts, key=lambda p: (p[1] * p[2], p[0], p[1]))
-
-
-def make_batch(layout: str, lengths: list[int], params: Params, *, seed: int):
-    """A collated batch of synthetic token ids with these sequence lengths (what training feeds)."""
-    from lenbatch.loading import collate
-
-    seqs = synthetic_sequences(np.asarray(lengths), vocab_size=params.model.vocab_size, seed=seed)
-    spec = batch_spec(params, strategy="packed" if layout == "packed" else "sorted")
-    # distinct sequence ids, as a real batch's dataset indices are: the drafter draws each sequence's
-    # anchors from its id (models.anchors), so equal ids would put every anchor of the batch at one
-    # offset, and a step's trained positions and context would swing all-or-nothing from step to step
-    return collate.collate(seqs, spec=spec, indices=np.arange(len(lengths)))
 
 
 def time_point(runner, batch, *, warmup: int, repeats: int,
@@ -193,16 +142,6 @@ def _passes(params: Params) -> list[bool]:
     return [False] * params.profile.warmup + [True] * params.profile.repeats
 
 
-def role_devices(params: Params, device: str) -> dict[str, str]:
-    """Where each role steps: the target on the first local device, the drafter on the last
-    (``train.nproc - 1``), resolved as a training run resolves its ranks (so ``LENBATCH_SHARE_GPU=1``
-    puts both on the one GPU of a one-GPU check)."""
-    from lenbatch_study.runtime.runner import resolve_device
-
-    return {"target": str(resolve_device(device, 0)),
-            "drafter": str(resolve_device(device, max(params.train.nproc - 1, 0)))}
-
-
 def role_batches(role: str, params: Params, device) -> list[tuple]:
     """(batch, features) of every grid point for ``role``: the batch as collated on the host (the
     runner moves it, as training does); the drafter's stand-in features made on ``device`` itself --
@@ -221,80 +160,6 @@ def role_batches(role: str, params: Params, device) -> list[tuple]:
         if role == "drafter":
             feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(device=device, dtype=dtype)
         out.append((batch, feats))
-    return out
-
-
-def transport_backend(where: dict[str, str]) -> str:
-    """The data group's backend between the two roles, as a training picks it
-    (:func:`lenbatch_study.runtime.runner.init_process_group`): NCCL where each role has its own GPU, gloo
-    (through the host) where they share one or run on CPU."""
-    devs = [where["target"], where["drafter"]]
-    return "nccl" if all(d.startswith("cuda") for d in devs) and devs[0] != devs[1] else "gloo"
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (the two roles' process group meets there)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def measure_transport(role: str, params: Params, runner, batches: list[tuple], *, port: int,
-                      backend: str) -> list[dict]:
-    """Each grid point's batch and features sent ``profile.repeats`` times from the target role (rank 0) to
-    the drafter role (rank 1) through :class:`~lenbatch_study.runtime.transport.TargetLink` and
-    :class:`~lenbatch_study.runtime.transport.DrafterLink`, one batch in flight (so the drafter waits only
-    for the transport), after one untimed send. Per point: the target's ``stage`` seconds, or the drafter's
-    receive ``seconds`` and the ``bytes`` on the data group. Both roles call it at once."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    from lenbatch_study.runtime.transport import Channel, DrafterLink, TargetLink
-
-    device = runner.device
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    timeout = datetime.timedelta(seconds=BARRIER_TIMEOUT_S)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0 if role == "target" else 1,
-                            world_size=2, timeout=timeout)
-    comm = device if backend == "nccl" else torch.device("cpu")
-    out: list[dict] = []
-    try:
-        channel = Channel(timeout=timeout)
-        fdim = len(params.model.target_layers) * params.model.hidden_size
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[params.model.dtype]
-        reps = max(1, int(params.profile.repeats))
-        if role == "target":
-            link = TargetLink(channel, dst=1, queue_size=1, comm_device=comm)
-            for i, (batch, _) in enumerate(batches):
-                feats = torch.zeros(*batch.input_ids.shape, fdim, dtype=dtype, device=device)
-                stage = []
-                for k in range(reps + (i == 0)):
-                    link.wait_for_room()
-                    link.send(batch, feats, meta=[0, k, 0, 0, 0, 0, 0])
-                    stage.append(link.last_stage_s)
-                out.append({"stage": stage[-reps:]})
-            link.end()
-            link.drain()
-        else:
-            link = DrafterLink(channel, comm_device=comm)
-            for i in range(len(batches)):
-                secs, nbytes = [], 0
-                for k in range(reps + (i == 0)):
-                    got = link.recv(0, step=k, last_loss=float("nan"), device=device)
-                    assert got is not None, "the target role ended its transport before the drafter's last point"
-                    secs.append(link.last_transfer_s)
-                    nbytes = link.last_bytes
-                out.append({"seconds": secs[-reps:], "bytes": nbytes})
-            assert link.recv(0, step=-1, last_loss=float("nan")) is None
-            link.close()
-        channel.close()
-    finally:
-        dist.destroy_process_group()
     return out
 
 
