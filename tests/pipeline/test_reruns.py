@@ -32,6 +32,9 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/analysis/gradquality.py": {"quality"},  # gradient quality: measured by quality alone
     "lenbatch_study/analysis/interleaved.py": {"compare"},  # the interleaved measurement's ratios: compare's
     "lenbatch_study/analysis/calibration.py": {"compare"},  # the reference-step rescaling of the prediction
+    "lenbatch_study/analysis/compare_inputs.py": {"compare"},  # the runs and the profile fits compare reads
+    "lenbatch_study/analysis/compare_judge.py": {"compare"},  # the diagnosis and the answer
+    "lenbatch_study/analysis/step_prediction.py": {"compare"},  # a plan's steps predicted
     "lenbatch_study/analysis/provenance.py": {"compare"},  # the machine check of profile vs runs
     "lenbatch_study/analysis/quality_report.py": {"compare"},  # rendering of the quality result: compare draws it
     "lenbatch_study/analysis/quality_stats.py": {"quality", "compare"},
@@ -126,6 +129,7 @@ RERUNS: dict[str, set[str]] = {
     # runtime: train's, and profile times the same step runner
     "lenbatch_study/runtime/checkpoint.py": {"train"},
     "lenbatch_study/runtime/hostmem.py": {"profile", "train", "interleave"},  # glibc malloc settings of the runner
+    "lenbatch_study/runtime/planned.py": {"compare"},  # the runs' planned steps compare replays
     "lenbatch_study/runtime/grid_batches.py": {"profile"},  # the grid's shapes and their synthetic batches
     "lenbatch_study/runtime/profile_transport.py": {"profile"},  # the lockstep profile's transport measurement
     "lenbatch_study/runtime/schedule.py": {"train", "interleave", "compare"},  # compare rebuilds the trained batches

@@ -23,7 +23,8 @@ from lenbatch.batching.strategy import layout_of
 from lenbatch_study.analysis import shapes as shp
 from lenbatch_study.analysis import stepmodel as sm
 from lenbatch_study.cli import main
-from lenbatch_study.stages.compare import ACK_EVERY, compare
+from lenbatch_study.analysis.step_prediction import ACK_EVERY
+from lenbatch_study.stages.compare import compare
 from lenbatch_study.core.config import load_params
 from lenbatch_study.analysis.report import (MAX_METRIC_NUMBERS, REPLAY_PART, REPORT_MAX_BYTES, busy_machine,
                                            unsteady_machine, write_outputs)

@@ -16,48 +16,35 @@ Outputs (``--out``): ``metrics.json`` (what users compare, flat keys for ``dvc m
 ``frontier.png``, ``throughput.png``, ``histogram.png``, ``quality.png`` (the quality stage's plot, drawn here
 beside its report section), and DVC plot data ``frontier.json``, ``throughput.json``. This module predicts and
 builds a typed :class:`lenbatch_study.analysis.report.CompareResult`; :mod:`lenbatch_study.analysis.report`
-renders every output from it.
+renders every output from it. Its parts: the inputs read and checked
+(:mod:`lenbatch_study.analysis.compare_inputs`), the runs' planned steps (:mod:`lenbatch_study.runtime.planned`),
+a plan's steps predicted (:mod:`lenbatch_study.analysis.step_prediction`), the diagnosis and the answer
+(:mod:`lenbatch_study.analysis.compare_judge`).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lenbatch_study.core.batchspec import batch_spec
 from lenbatch_study.analysis import calibration, provenance, shapes
 from lenbatch_study.analysis import interleaved as il, stepmodel as sm, study_replay as sr, transport_model as tm
 from lenbatch_study.core import cpu
 from lenbatch_study.core.config import Params
 from lenbatch_study.core.log import get_logger
-from lenbatch_study.analysis.report import QUIET_RERUN, CompareResult, Recommendation, StrategyRow, busy_machine, \
+from lenbatch_study.analysis.report import QUIET_RERUN, CompareResult, StrategyRow, busy_machine, \
     unsteady_machine, write_outputs
-from lenbatch_study.analysis.verdict import decide
-from lenbatch_study.runtime.schedule import build_schedule, epoch_steps
+from lenbatch_study.analysis.compare_inputs import fit_profile, grid_columns, load_run, params_mismatch
+from lenbatch_study.analysis.compare_judge import diagnose, recommend
+from lenbatch_study.analysis.step_prediction import LossMasks, loss_curve, predict_steps, step_columns
+from lenbatch_study.runtime.planned import _epoch_plan, planned_batches
 from lenbatch.batching.strategy import layout_of
 from lenbatch_study.pipeline.artifacts import bucket_edges, interleave_timings, length_stats, plan_metrics, \
-    profile_grid, quality_result, tokenized, train_runs
+    quality_result, tokenized, train_runs
 
 log = get_logger("compare")
-
-# The train stage's drafter rank never waits on its outstanding acknowledgements, so the pipeline is
-# replayed without that stall (stepmodel.pipeline_ends(ack_every=...) can simulate one: waiting once
-# more than 4 x queue_size were pending cost up to 6% of a 20-step run); replaying measured step times
-# this way matches the runs within 0.8%.
-ACK_EVERY: int | None = None
-
-# Params a training run must share with the current params to be compared (section -> keys; None: all).
-RUN_KEYS: dict[str, tuple[str, ...] | None] = {
-    "batching": None, "model": None, "drafter": None,
-    "train": ("nproc", "nodes", "useful_tokens", "warmup_steps", "queue_size", "threads"),
-}
-# Params the profile grid must share with the current params (the shapes are timed on this model).
-PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
-    "model": None, "drafter": None, "train": ("nproc", "threads", "kernels", "reuse_host_memory"),
-}
 
 
 # --------------------------------------------------------------------------- inputs
@@ -70,183 +57,7 @@ def _check_efficiency(where: str, value: object) -> None:
         raise ValueError(f"{where} is {v}, but a padding efficiency lies in (0, 1]; rerun the stage that wrote it")
 
 
-def params_mismatch(resolved: dict, current: dict, keys: dict[str, tuple[str, ...] | None]) -> list[str]:
-    """``section.key: was -> now`` for every compared key whose value differs (lists == tuples)."""
-    out = []
-    for section, names in keys.items():
-        was_sec, now_sec = resolved.get(section, {}), current.get(section, {})
-        for key in names or sorted(set(was_sec) | set(now_sec)):
-            was, now = was_sec.get(key), now_sec.get(key)
-            if json.dumps(was) != json.dumps(now):
-                out.append(f"{section}.{key}: {was!r} -> {now!r}")
-    return out
-
-
-def load_run(train_dir: Path, strategy: str, params: Params) -> dict:
-    """summary.json + steps.jsonl of one strategy (:func:`lenbatch_study.pipeline.artifacts.train_runs.read_run`),
-    checked against the current params."""
-    run = train_runs.read_run(train_dir, strategy)
-    diff = params_mismatch(run["summary"]["params"], params.to_dict(), RUN_KEYS)
-    if diff:
-        raise ValueError(f"strategy {strategy} was measured with other params than the current ones "
-                         f"({'; '.join(diff)}); rerun: {train_runs.rerun(Path(train_dir) / strategy, strategy)}")
-    return run
-
-
-def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
-    """Shape table of the profile grid rows (from each row's sequence lengths)."""
-    lengths, batches, layouts = [], [], []
-    start = 0
-    for r in rows:
-        if not r.get("sequence_lengths"):
-            raise ValueError("the profile grid rows lack sequence_lengths (an older grid.json); rerun: "
-                             f"snakemake {profile_grid.GRID_PATH}")
-        ls = r["sequence_lengths"]
-        lengths.extend(int(x) for x in ls)
-        batches.append(np.arange(start, start + len(ls)))
-        layouts.append(r["layout"])
-        start += len(ls)
-    arr = np.asarray(lengths, dtype=np.int64)
-    # a grid without lm_chunks (recorded since the chunk term) leaves them NaN: chunks of a mean would mislead
-    per = [shapes.batch_columns(arr, [b], layout=k, drafter=(np.array([float(r["positions"])]),
-                                                          np.array([float(r["ctx_tokens"])]))
-                                if "positions" in r else None, lm_chunks=np.array([float(r.get("lm_chunks", np.nan))]))
-           for b, k, r in zip(batches, layouts, rows)]
-    return {key: np.concatenate([c[key] for c in per]) for key in per[0]} if per else {}
-
-
-def fit_profile(profile_dir: Path, params: Params) -> dict:
-    """Fit target and drafter step-time models on the profile grid (held-out model choice), each point's
-    seconds taken from its timed passes with the machine's drift between passes taken out
-    (:func:`lenbatch_study.analysis.stepmodel.pass_corrected_seconds`)."""
-    grid = profile_grid.read_grid_document(profile_dir)
-    rows = grid["points"]
-    resolved = profile_grid.read_profile_params(profile_dir)
-    if resolved is not None:
-        diff = params_mismatch(resolved, params.to_dict(), PROFILE_KEYS)
-        if diff:
-            raise ValueError(f"the profile grid was timed with other params ({'; '.join(diff)}); rerun: "
-                             f"{profile_grid.rerun(Path(profile_dir))}")
-    cols = grid_columns(rows)
-    fits = {}
-    # "<role>" fits the step timed alone; "<role>_busy" (lockstep profile) the step timed while the
-    # other role works; compare.contention picks which of them predict a pipelined run
-    busy = bool(rows) and all("target_busy_seconds_median" in r and "drafter_busy_seconds_median" in r
-                              for r in rows)
-    for role in ("target", "drafter") + (("target_busy", "drafter_busy") if busy else ()):
-        fits[role] = sm.fit_role(cols, [r[f"{role}_seconds_all"] for r in rows], role=role,
-                                 holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
-    return {"rows": rows, "fits": fits, "machine": grid["machine"], "reference": grid["reference"],
-            "transport": tm.fit_transport(grid["transport"])}
-
-
 # --------------------------------------------------------------------------- prediction
-
-
-def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int,
-                target_ranks: int) -> list[np.ndarray]:
-    """One epoch's global step order, as the train stage runs it (:func:`lenbatch_study.runtime.schedule.epoch_steps`)."""
-    spec = batch_spec(params, strategy=strategy, edges=edges)
-    return [idx for _, _, idx in epoch_steps(lengths, strategy=strategy, spec=spec, target_ranks=target_ranks,
-                                             epoch=epoch)]
-
-
-def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int | None = None,
-                    useful_tokens: int | None = None, target_ranks: int) -> list[tuple[int, np.ndarray]]:
-    """(epoch, indices) of a run's global steps, in order: the train stage's schedule
-    (:func:`lenbatch_study.runtime.schedule.build_schedule`) up to ``steps`` steps or to its stop rule at ``useful_tokens``."""
-    assert (steps is None) != (useful_tokens is None)
-    sched = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
-                           useful_tokens=useful_tokens, max_steps=steps)
-    return [(s.epoch, s.indices) for s in sched]
-
-
-class LossMasks:
-    """Loss masks of the tokenized dataset, read on demand (the drafter's anchors depend on them); none when
-    ``data_dir`` has no dataset (then the drafter's work is estimated)."""
-
-    def __init__(self, data_dir: Path | None, lengths: np.ndarray | None = None) -> None:
-        self.ds = None
-        self.cache: dict[int, np.ndarray] = {}
-        if data_dir is not None and (Path(data_dir) / tokenized.DATASET).exists():
-            if lengths is None:
-                lengths = tokenized.read_lengths(data_dir)
-            self.ds = tokenized.read_dataset(data_dir, lengths, columns=("loss_mask",))
-
-    @property
-    def available(self) -> bool:
-        return self.ds is not None
-
-    def get(self, indices: np.ndarray) -> list[np.ndarray]:
-        missing = sorted({int(i) for i in indices} - set(self.cache))
-        if missing:
-            for i, m in zip(missing, self.ds.loss_masks(missing)):
-                self.cache[i] = m
-        return [self.cache[int(i)] for i in indices]
-
-
-def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, layout: str, params: Params,
-                 masks: LossMasks, numbers: list[int] | None = None) -> dict[str, np.ndarray]:
-    """Shape table of a run's steps, with the drafter's exact work when the loss masks are available
-    (its anchors drawn for step ``numbers[i]``, default ``i``: the run's global step numbers)."""
-    batches = [b for _, b in steps]
-    d = params.drafter
-    if not masks.available:
-        return shapes.batch_columns(lengths, batches, layout=layout,
-                                    positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
-    work = [shapes.drafter_work(lengths[b], masks.get(b), b, anchors_per_seq=d.anchors_per_seq, block_size=d.block_size,
-                            seed=params.batching.seed, epoch=epoch, step=i if numbers is None else numbers[i])
-            for i, (epoch, b) in enumerate(steps)]
-    return shapes.batch_columns(lengths, batches, layout=layout, drafter=(np.array([w[0] for w in work], dtype=float),
-                                                                      np.array([w[1] for w in work], dtype=float)))
-
-
-def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int,
-                  scale: dict[str, float] | None = None, allreduce_s: float = 0.0, transport: dict | None = None) -> dict:
-    """Predicted step times, pipelined run time and useful tokens/s of a run's shape table.
-
-    One process: the target and drafter steps add up (timed alone). Pipelined, by
-    ``compare.contention`` when the grid has busy timings (else alone): busy times, alone
-    times, or each step blended between the two by how much the other role works during it
-    (:func:`lenbatch_study.analysis.stepmodel.blended_pipeline`). ``scale``: each role's step times
-    (alone and busy) multiplied by its reference ratio (the calibrated prediction,
-    :mod:`lenbatch_study.analysis.calibration`); None: the raw prediction. ``train.nodes`` > 1: the nodes'
-    drafters step together, each cluster step ending ``allreduce_s`` (the measured all-reduce) after the
-    slowest node's drafter step (:func:`lenbatch_study.analysis.stepmodel.pipeline_timeline`).
-    ``transport``: the features' receive on the drafter's path, staging on the target's (:mod:`.transport_model`).
-    """
-    moved, stage = tm.step_transport(cols, transport, params)
-    nodes = {"nodes": params.train.nodes, "allreduce_s": allreduce_s, "transport_s": moved}
-
-    def predict(role: str) -> np.ndarray:
-        return fits[role]["best"].predict(cols) * (scale or {}).get(role.removesuffix("_busy"), 1.0)
-
-    target = predict("target")
-    drafter = predict("drafter")
-    mode = params.compare.contention if "target_busy" in fits else "alone"
-    if params.train.nproc == 1:
-        ends = sm.pipeline_ends(target + drafter)
-    elif mode == "blend":
-        tl = sm.blended_pipeline(target + stage, predict("target_busy") + stage, drafter,
-                                 predict("drafter_busy"), queue_size=params.train.queue_size,
-                                 target_ranks=target_ranks, ack_every=ACK_EVERY, **nodes)
-        target, drafter, ends = tl["target_s"] - stage, tl["drafter_s"], tl["end"]
-    else:
-        if mode == "busy":
-            target, drafter = (predict(f"{r}_busy") for r in ("target", "drafter"))
-        ends = sm.pipeline_ends(target + stage, drafter, queue_size=params.train.queue_size,
-                                target_ranks=target_ranks, ack_every=ACK_EVERY, **nodes)
-    tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
-    w = params.train.warmup_steps
-    return {"columns": cols, "target_s": target, "drafter_s": drafter, "ends": ends, "transport_s": moved,
-            "stage_s": stage, "tok_s": tput, "seconds": float(ends[-1] - (ends[w - 1] if w > 0 else 0.0))}
-
-
-def loss_curve(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """(useful tokens trained so far, loss) after every step of a run, from its steps.jsonl rows."""
-    rows = sorted(steps, key=lambda r: int(r["step"]))
-    toks = np.cumsum([float(r["useful_tokens"]) for r in rows])
-    return toks, np.array([float(r["loss"]) for r in rows])
 
 
 def interleaved_table(interleave_dir: Path, *, params: Params, lengths: np.ndarray, masks: LossMasks, profile: dict,
@@ -434,39 +245,6 @@ def compare(*, params: Params, stats_dir: Path, boundaries_dir: Path, plans_dir:
                          tokenize_stats=tokenize_stats, data_dir=Path(data_dir).as_posix())
 
 
-def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int, measured: float) -> dict:
-    """Where a prediction error comes from: step times or the pipeline.
-
-    target/drafter_step_ratio: measured over predicted seconds of the post-warm-up steps
-    (1 = the profile grid timed the steps right; > 1 = the run's steps were slower, e.g.
-    a busier machine than while profiling). pipeline_error: the measured step times
-    replayed through the pipeline model, against the measured throughput (0 = the
-    pipeline model and the per-step overheads it ignores are right). target/drafter_cpu_share:
-    the share of its cores each role got in the run (:func:`lenbatch_study.core.cpu.cpu_share`).
-    """
-    rows = sorted(steps, key=lambda r: int(r["step"]))
-    if not all("target_s" in r and "drafter_s" in r for r in rows):
-        return {"target_step_ratio": float("nan"), "drafter_step_ratio": float("nan"), "pipeline_error": float("nan"),
-                "target_cpu_share": float("nan"), "drafter_cpu_share": float("nan")}
-    w = params.train.warmup_steps
-    t = np.array([float(r["target_s"]) for r in rows])
-    d = np.array([float(r["drafter_s"]) for r in rows])
-    useful = np.array([float(r["useful_tokens"]) for r in rows])
-    if params.train.nproc == 1:
-        ends = sm.pipeline_ends(t + d)
-    else:
-        x, st = tm.measured_transport(rows)  # receive on the drafter's path, staging on the target's
-        ends = sm.pipeline_ends(t + st, d, queue_size=params.train.queue_size, target_ranks=target_ranks,
-                                ack_every=ACK_EVERY, nodes=params.train.nodes, transport_s=x,
-                                allreduce_s=float(np.mean([r.get("allreduce_s", 0.0) for r in rows])))
-    replay = sm.throughput(useful, ends, warmup_steps=w)
-    share = {role: cpu.steps_cpu_share(rows[w:], role, threads=params.train.threads) for role in ("target", "drafter")}
-    return {"target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
-            "drafter_step_ratio": float(d[w:].sum() / pred["drafter_s"][w:].sum()),
-            "pipeline_error": replay / measured - 1.0, **tm.transport_row(rows, pred, warmup_steps=w),
-            "target_cpu_share": share["target"], "drafter_cpu_share": share["drafter"]}
-
-
 def _trained_useful_per_step(steps: list[dict]) -> np.ndarray:
     """Useful tokens of each trained step in step order (one row per step: the drafter rank's)."""
     by_step: dict[int, int] = {}
@@ -510,28 +288,6 @@ def predict_sweep(lengths: np.ndarray, sweep: list[dict], *, params: Params, fit
                     "predicted_tok_s": tok_s,
                     "predicted_ratio_to_sorted": tok_s / ref})
     return out
-
-
-def recommend(rows: dict[str, StrategyRow], ksweep: list[dict], interleaved: dict | None, *,
-              params: Params) -> Recommendation:
-    """The answer and the K for bucketed.
-
-    Strategy: decided on the ratios measured in turns (:func:`lenbatch_study.analysis.verdict.decide`) among
-    strategies whose batches change between epochs (composition_repeat <= compare.max_composition_repeat);
-    sorted keeps its batches forever and is the baseline, not a candidate. K: the smallest K whose predicted
-    throughput is within compare.k_tolerance of the best K (fewer buckets mix lengths more, so ties go to the
-    smaller K).
-    """
-    verdict = decide(interleaved, {s: r.composition_repeat for s, r in rows.items()},
-                     max_composition_repeat=params.compare.max_composition_repeat)
-    k_best = max(ksweep, key=lambda e: e["predicted_tok_s"]) if ksweep else None
-    k_pick = None
-    if k_best is not None:
-        floor = (1 - params.compare.k_tolerance) * k_best["predicted_tok_s"]
-        good = [e for e in ksweep if e["predicted_tok_s"] >= floor]
-        k_pick = min(good, key=lambda e: e["num_buckets"])
-    return Recommendation(verdict=verdict, num_buckets=k_pick["num_buckets"] if k_pick else None,
-                          k_best_throughput=k_best["num_buckets"] if k_best else None)
 
 
 # --------------------------------------------------------------------------- CLI
