@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from lenbatch_study.cli import flags
+from lenbatch_study.cli import flags, params_args
 from lenbatch_study.core.schema import json_schema
 
-OVERRIDES = {"stats": ("stats.histogram_bins",), "boundaries": flags.BOUNDARIES_FLAGS + flags.BATCHING_FLAGS[:2],
-             "plans": ("plans.epochs",) + flags.BATCHING_FLAGS, "plan": flags.BATCHING_FLAGS,
+OVERRIDES = {"stats": ("stats.histogram_bins",), "boundaries": flags.BOUNDARIES_FLAGS + params_args.BATCHING_FLAGS[:2],
+             "plans": ("plans.epochs",) + params_args.BATCHING_FLAGS, "plan": params_args.BATCHING_FLAGS,
              "tokenize": flags.DATA_FLAGS}
 
 
@@ -33,10 +33,10 @@ def test_an_override_flag_takes_the_settings_type_and_choices():
     import argparse
 
     parser = argparse.ArgumentParser()
-    flags.add_override(parser, "data.overflow")
-    flags.add_override(parser, "batching.token_budget")
+    params_args.add_override(parser, "data.overflow")
+    params_args.add_override(parser, "batching.token_budget")
     args = parser.parse_args(["--overflow", "drop", "--token-budget", "4096"])
-    assert flags.overrides_of(args, "data.overflow", "batching.token_budget", "data.limit") == \
+    assert params_args.overrides_of(args, "data.overflow", "batching.token_budget", "data.limit") == \
         {"data": {"overflow": "drop"}, "batching": {"token_budget": 4096}}
     with pytest.raises(SystemExit):
         parser.parse_args(["--overflow", "wrap"])  # not one of the setting's choices
