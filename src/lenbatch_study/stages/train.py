@@ -458,14 +458,6 @@ def _commit(setup: RunSetup) -> None:
         setup.out = setup.final
 
 
-def check_request(*, strategy: str, max_steps: Optional[int]) -> None:
-    """Refuse a strategy or step limit that cannot run (``ValueError`` naming the fix)."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if max_steps is not None and max_steps < 1:
-        raise ValueError(f"--max-steps must be >= 1, got {max_steps}")
-
-
 def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, boundaries: Optional[str] = None,
           max_steps: Optional[int] = None, resume: bool = False) -> int:
     """``lenbatch train`` in this process (one of torchrun's, or the only one with ``train.nproc: 1``):
@@ -488,7 +480,8 @@ def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, b
 
 def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: str | Path, out: str | Path,
            boundaries: Optional[str], max_steps: Optional[int], resume: bool) -> int:
-    check_request(strategy=strategy, max_steps=max_steps)
+    # checked at the edge (lenbatch train: cli/flags.py), which hands this process the request as it is
+    assert strategy in STRATEGIES and (max_steps is None or max_steps >= 1), (strategy, max_steps)
     under_torchrun, world, rank = torchrun_world()
     nproc, nodes = params.train.nproc, params.train.nodes
     check_world(nproc=nproc, nodes=nodes, under_torchrun=under_torchrun, world=world)
@@ -500,12 +493,9 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     data = Path(data)
     lengths = read_lengths(data)
     edges = edges_for(boundaries, [strategy])
-    too_long = int((lengths > params.batching.token_budget).sum())
-    if too_long:
-        raise ValueError(f"{too_long} samples are longer than batching.token_budget={params.batching.token_budget}; "
-                         "raise the budget or lower data.max_len and re-tokenize")
     target_ranks = max(1, nproc - 1) * nodes  # the plan is sharded over every node's target ranks
     device = resolve_device(params.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+    # a sample longer than batching.token_budget is refused here, by the plan (BatchSpec.check_lengths)
     schedule = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
                               useful_tokens=params.train.useful_tokens, max_steps=max_steps)
     if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
@@ -575,4 +565,4 @@ def stopped_on_signal(out: str | Path) -> Optional[dict[str, Any]]:
     return read_marker(partial_dir(out) / STOPPED) or read_marker(out / STOPPED)
 
 
-__all__ = ["STOPPED_EXIT", "check_request", "progress_line", "stopped_on_signal", "train"]
+__all__ = ["STOPPED_EXIT", "progress_line", "stopped_on_signal", "train"]
