@@ -17,9 +17,8 @@ from lenbatch_study.cli.params_args import (
     _setting,
     add_batching_arguments,
     add_override,
+    BATCHING_FLAGS,
     add_params_argument,
-    batching_overrides,
-    overrides_of,
     params_from_args,
 )
 from lenbatch_study.pipeline.artifacts.compare_report import REPORT_PATH
@@ -138,8 +137,7 @@ def _stats_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    overrides = overrides_of(args, "stats.histogram_bins") or None
-    return _stage("stats").run(params=params_from_args(args, overrides), out=args.out,
+    return _stage("stats").run(params=params_from_args(args, "stats.histogram_bins"), out=args.out,
                                edges=args.edges, **_lengths_input(args))
 
 
@@ -168,8 +166,7 @@ def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
 def _boundaries(args: argparse.Namespace) -> int:
     # --sweep-max-buckets 0 means "no sweep" here, which the setting itself does not allow
     names = [n for n in BOUNDARIES_FLAGS if n != "boundaries.sweep_max_buckets" or args.sweep_max_buckets]
-    overrides = {**batching_overrides(args), **overrides_of(args, *names)}
-    params = params_from_args(args, overrides or None)
+    params = params_from_args(args, *BATCHING_FLAGS, *names)
     return _stage("boundaries").run(params=params, out=args.out, sweep=args.sweep_max_buckets != 0,
                                     **_lengths_input(args))
 
@@ -190,7 +187,7 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    params = params_from_args(args, batching_overrides(args))
+    params = params_from_args(args, *BATCHING_FLAGS)
     return _stage("plan").run(params=params, strategy=args.strategy, out=args.out, boundaries=args.boundaries,
                                     epoch=args.epoch, rank=args.rank, world_size=args.world_size,
                                     **_lengths_input(args))
@@ -216,8 +213,7 @@ def _plans_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _plans(args: argparse.Namespace) -> int:
-    overrides = {**batching_overrides(args), **overrides_of(args, "plans.epochs")}
-    params = params_from_args(args, overrides or None)
+    params = params_from_args(args, *BATCHING_FLAGS, "plans.epochs")
     if not (args.study_replay or args.lengths or args.seed_profile):
         raise ValueError("give the lengths to plan: --lengths FILE.npy or --seed-profile (or --study-replay)")
     if args.study_replay:  # the study's setting, whatever the params: its own stage module
@@ -258,7 +254,7 @@ def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
 
 def _tokenize(args: argparse.Namespace) -> int:
     stage = _stage("tokenize")
-    params = params_from_args(args, overrides=overrides_of(args, *DATA_FLAGS) or None)
+    params = params_from_args(args, *DATA_FLAGS)
     return stage.run(params=params, out=args.out, progress=not args.no_progress, allow_truncated=args.allow_truncated)
 
 
@@ -360,7 +356,7 @@ def _train(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if args.max_steps is not None and args.max_steps < 1:
         raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}; give a positive step count or leave it out")
-    params = params_from_args(args, overrides_of(args, "train.useful_tokens"))
+    params = params_from_args(args, "train.useful_tokens")
     out = Path(args.out)
     # decided once, here, for every process of the run: nothing writes the checkpoint before all have started
     resume = args.resume or (args.resume_if_interrupted and (partial_dir(out) / CHECKPOINT).exists())
@@ -386,14 +382,13 @@ def _train(args: argparse.Namespace) -> int:
 @_flags_of("profile")
 def _profile_flags(parser: argparse.ArgumentParser) -> None:
     add_params_argument(parser)
-    parser.add_argument("--repeats", type=int, default=None, help="override profile.repeats")
+    add_override(parser, "profile.repeats")
     parser.add_argument("--out", default="results/profile", help="output folder")
     parser.set_defaults(func=_profile)
 
 
 def _profile(args: argparse.Namespace) -> int:
-    overrides = {"profile": {"repeats": args.repeats}} if args.repeats is not None else None
-    return _stage("profile").run(params=params_from_args(args, overrides), out=args.out)
+    return _stage("profile").run(params=params_from_args(args, "profile.repeats"), out=args.out)
 
 
 @_flags_of("interleave")

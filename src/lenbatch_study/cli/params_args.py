@@ -44,11 +44,12 @@ def add_params_argument(parser: argparse.ArgumentParser) -> None:
                         "workflow's form): alone, no params file is read; after --params, merged on top of the files")
 
 
-def params_from_args(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Params:
-    """The stage's params, read and checked once: ``--params``/``--params-json`` plus the flags' ``overrides``."""
+def params_from_args(args: argparse.Namespace, *names: str) -> Params:
+    """The stage's params, read and checked once: ``--params``/``--params-json``, then the flags of the
+    settings ``names`` (``section.key``, :func:`add_override`) that were given."""
     from lenbatch_study.core.config import load_params
 
-    return load_params(*args.params, overrides=overrides or None)
+    return load_params(*args.params, overrides=overrides_of(args, *names) or None)
 
 
 def _setting(name: str) -> tuple[Any, tuple[Any, ...] | None, str]:
@@ -99,9 +100,5 @@ def add_batching_arguments(parser: argparse.ArgumentParser, names: tuple[str, ..
         add_override(parser, name)
 
 
-def batching_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return overrides_of(args, *BATCHING_FLAGS)
-
-
 __all__ = ["BATCHING_FLAGS", "DEFAULT_PARAMS", "add_batching_arguments", "add_override", "add_params_argument",
-           "batching_overrides", "overrides_of", "params_from_args"]
+           "overrides_of", "params_from_args"]
