@@ -131,6 +131,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/runtime/launch.py": set(),  # lenbatch train's launcher: the CLI's import, no stage's
     "lenbatch_study/pipeline/dvc_guard.py": set(),  # the Snakefile's hold on a DVC workspace, no stage's import
     "lenbatch_study/runtime/records.py": {"train"},
+    "lenbatch_study/runtime/ranks.py": {"train"},  # the loops of a training's roles: the train stage's alone
     "lenbatch_study/runtime/reference.py": {"profile", "train"},  # the drift-calibration step
     "lenbatch_study/runtime/resume.py": {"train"},  # the checkpoint a resume continues
     "lenbatch_study/runtime/runner.py": {"profile", "train", "interleave"},
