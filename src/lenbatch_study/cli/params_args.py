@@ -49,7 +49,8 @@ def params_from_args(args: argparse.Namespace, *names: str) -> Params:
     settings ``names`` (``section.key``, :func:`add_override`) that were given."""
     from lenbatch_study.core.config import load_params
 
-    return load_params(*args.params, overrides=overrides_of(args, *names) or None)
+    overrides = overrides_of(args, *names)
+    return load_params(*args.params, overrides=overrides or None)
 
 
 def _setting(name: str) -> tuple[Any, tuple[Any, ...] | None, str]:
