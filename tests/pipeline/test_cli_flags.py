@@ -52,3 +52,16 @@ def test_a_bad_flag_value_is_blamed_on_the_flag_not_the_params_file(tmp_path):
     (tmp_path / "bad.yaml").write_text("batching:\n  token_budget: -3\n")
     with pytest.raises(ValueError, match=r"batching\.token_budget in params\.yaml \+ .*bad\.yaml is -3"):
         load_params(params, tmp_path / "bad.yaml")     # from a file: the files are named
+
+
+def test_train_s_edge_refuses_a_missing_strategy_or_a_bad_step_limit_naming_the_fix(tmp_path, capsys):
+    """The request is checked once, by lenbatch train before anything starts (its workers get it as it is)."""
+    from lenbatch_study.cli import main
+
+    assert main(["train", "--out", str(tmp_path / "x")]) == 2
+    assert "--strategy and --out are required; e.g. lenbatch train --strategy sorted" in capsys.readouterr().err
+    assert main(["train", "--strategy", "sorted", "--out", str(tmp_path / "x"), "--max-steps", "0"]) == 2
+    assert "--max-steps must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["train", "--strategy", "sorted", "--out", str(tmp_path / "x"), "--useful-tokens", "0"]) == 2
+    assert "train.useful_tokens given on the command line (--useful-tokens) is 0" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -350,7 +350,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.launched is not None:
         return stage.train(**launch.take_over(args.launched))
     if args.strategy is None or args.out is None:
-        raise ValueError("lenbatch train needs --strategy and --out; e.g. lenbatch train --strategy sorted "
+        raise ValueError("--strategy and --out are required; e.g. lenbatch train --strategy sorted "
                          "--out results/train/sorted")
     if args.strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGIES)}")
