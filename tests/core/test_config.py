@@ -124,6 +124,35 @@ def test_inline_json_merges_on_top_and_flags_override_last():
     assert params.data == Params().data
 
 
+def test_the_workflow_form_alone_reads_no_file_and_checks_only_the_stage_s_keys(tmp_path, monkeypatch):
+    """--params-json alone (every rule's shell line): the stage's keys, resolved by Snakemake, are all that is
+    read; a rule joining two sections is checked where the mapping holds both keys."""
+    monkeypatch.chdir(tmp_path)  # no params.yaml here: reading one would fail
+    tiny = {"batching": {"token_budget": 2048, "max_batch_size": 16}, "boundaries": {"num_buckets": 3}}
+    params = load_params(json.dumps(tiny))
+    assert params.batching.token_budget == 2048 and params.boundaries.num_buckets == 3
+    assert params.data == Params().data  # left out: the shipped values (= params.yaml's), never read by it
+    with pytest.raises(ValueError, match=r"data\.max_len \(4096\) exceeds batching\.token_budget \(2048\).*lower "
+                                         "max_len"):
+        load_params(json.dumps({**tiny, "data": {"max_len": 4096}}))
+    with pytest.raises(ValueError, match=r"boundaries\.num_bucket in --params-json.*known keys"):
+        load_params(json.dumps({"boundaries": {"num_bucket": 3}}))
+    with pytest.raises(ValueError, match=r"batching\.token_budget given on the command line \(--token-budget\)"):
+        load_params(json.dumps(tiny), overrides={"batching": {"token_budget": 0}})
+
+
+def test_a_stage_run_by_the_workflow_form_reads_no_params_file(tmp_path):
+    """`lenbatch stats --params-json ...` in a folder without params.yaml: the rule's keys reach the stage alone."""
+    out = tmp_path / "stats"
+    proc = subprocess.run([sys.executable, "-m", "lenbatch_study", "stats", "--params-json",
+                           json.dumps({"stats": {"histogram_bins": 7}, "batching": {"seed": 0}}), "--seed-profile",
+                           "--seed-profile-size", "500", "--out", str(out)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "params.json").read_text()) == {"stats": {"histogram_bins": 7}}
+    assert not (tmp_path / "params.yaml").exists()
+
+
 def test_params_cli_reports_a_bad_file(tmp_path):
     raw = _raw()
     raw["stats"]["bins"] = 3

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from lenbatch_study.cli import flags
+from lenbatch_study.cli import flags, params_args
 from lenbatch_study.core.schema import json_schema
 
-OVERRIDES = {"stats": ("stats.histogram_bins",), "boundaries": flags.BOUNDARIES_FLAGS + flags.BATCHING_FLAGS[:2],
-             "plans": ("plans.epochs",) + flags.BATCHING_FLAGS, "plan": flags.BATCHING_FLAGS,
+OVERRIDES = {"stats": ("stats.histogram_bins",), "boundaries": flags.BOUNDARIES_FLAGS + params_args.BATCHING_FLAGS[:2],
+             "plans": ("plans.epochs",) + params_args.BATCHING_FLAGS, "plan": params_args.BATCHING_FLAGS,
              "tokenize": flags.DATA_FLAGS}
 
 
@@ -33,10 +33,10 @@ def test_an_override_flag_takes_the_settings_type_and_choices():
     import argparse
 
     parser = argparse.ArgumentParser()
-    flags.add_override(parser, "data.overflow")
-    flags.add_override(parser, "batching.token_budget")
+    params_args.add_override(parser, "data.overflow")
+    params_args.add_override(parser, "batching.token_budget")
     args = parser.parse_args(["--overflow", "drop", "--token-budget", "4096"])
-    assert flags.overrides_of(args, "data.overflow", "batching.token_budget", "data.limit") == \
+    assert params_args.overrides_of(args, "data.overflow", "batching.token_budget", "data.limit") == \
         {"data": {"overflow": "drop"}, "batching": {"token_budget": 4096}}
     with pytest.raises(SystemExit):
         parser.parse_args(["--overflow", "wrap"])  # not one of the setting's choices
@@ -52,3 +52,16 @@ def test_a_bad_flag_value_is_blamed_on_the_flag_not_the_params_file(tmp_path):
     (tmp_path / "bad.yaml").write_text("batching:\n  token_budget: -3\n")
     with pytest.raises(ValueError, match=r"batching\.token_budget in params\.yaml \+ .*bad\.yaml is -3"):
         load_params(params, tmp_path / "bad.yaml")     # from a file: the files are named
+
+
+def test_train_s_edge_refuses_a_missing_strategy_or_a_bad_step_limit_naming_the_fix(tmp_path, capsys):
+    """The request is checked once, by lenbatch train before anything starts (its workers get it as it is)."""
+    from lenbatch_study.cli import main
+
+    assert main(["train", "--out", str(tmp_path / "x")]) == 2
+    assert "--strategy and --out are required; e.g. lenbatch train --strategy sorted" in capsys.readouterr().err
+    assert main(["train", "--strategy", "sorted", "--out", str(tmp_path / "x"), "--max-steps", "0"]) == 2
+    assert "--max-steps must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["train", "--strategy", "sorted", "--out", str(tmp_path / "x"), "--useful-tokens", "0"]) == 2
+    assert "train.useful_tokens given on the command line (--useful-tokens) is 0" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

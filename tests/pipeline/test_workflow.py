@@ -236,16 +236,18 @@ def test_each_stage_declares_every_params_key_its_own_code_reads():
 
 
 def test_rules_get_the_same_params_as_dvc(work):
-    """The params each rule passes (its --params-json) are the keys dvc.yaml tracks for its stage."""
+    """The params each rule passes (its --params-json, the one form: no params file beside it) are the keys
+    dvc.yaml tracks for its stage."""
     from lenbatch_study.pipeline import deps
 
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     out = run(["snakemake", "-n", "-p", "--forceall"], cwd=work).stdout
+    assert "--params " not in out  # a stage reads its keys from the rule alone, not params.yaml again
     for stage in deps.STAGES:
         if deps.STAGES[stage].always_changed and not deps.STAGES[stage].params:  # the machine: reads no params
             assert "params" not in dvc[stage], stage
             continue
-        m = re.search(rf"(?:lenbatch|-m lenbatch_study) {stage} --params params.yaml --params-json '([^']*)'", out)
+        m = re.search(rf"(?:lenbatch|-m lenbatch_study) {stage} --params-json '([^']*)'", out)
         assert m, f"no {stage} command in the dry-run"
         payload = json.loads(m.group(1))
         keys = {f"{s}.{k}" for s, kv in payload.items() for k in kv}

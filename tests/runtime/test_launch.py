@@ -101,9 +101,8 @@ def test_the_rendezvous_is_standalone_here_and_c10d_at_the_head_under_slurm():
     assert rendezvous_port("4242") == 29742 and rendezvous_port("2000") == 29500 and rendezvous_port("1999") == 31499
 
 
-def test_the_command_passes_the_stage_s_arguments_unchanged():
-    argv = ["train", "--params", "params.yaml", "--params-json", '{"train": {"nproc": 2}}', "--strategy", "random",
-            "--out", "a dir/x", "--resume-if-interrupted"]
+def test_the_workers_command_names_the_handed_over_request_and_no_params():
+    argv = ["train", "--launched", "/runs/.x.launch.pickle"]
     here = command(argv, nproc=2, nodes=1, cluster=None, python="/py")
     assert here == ["/py", "-m", "lenbatch_study.runtime.launch", "--standalone", "--nnodes", "1",
                     "--nproc_per_node", "2", "-m", "lenbatch_study", *argv]
@@ -111,6 +110,26 @@ def test_the_command_passes_the_stage_s_arguments_unchanged():
     slurm = command(argv, nproc=2, nodes=2, cluster=cluster, python="/py")
     assert slurm[:5] == ["srun", "--nodes", "2", "--ntasks-per-node", "1"] and slurm[-len(argv):] == argv
     assert slurm[5:8] == ["/py", "-m", "lenbatch_study.runtime.launch"] and "a:29509" in slurm
+
+
+def test_the_request_is_handed_over_as_the_checked_object_not_reparsed(tmp_path, monkeypatch):
+    """What the launcher checked reaches the workers as it is: take_over rebuilds the same frozen Params without
+    running a check again (a check that now fails would be a re-parse)."""
+    from lenbatch_study.core import sections
+    from lenbatch_study.core.config import load_params
+
+    params = load_params("params.yaml", overrides={"train": {"useful_tokens": 1234}})
+    request = {"params": params, "strategy": "random", "data": "d", "out": tmp_path / "train" / "random",
+               "boundaries": None, "max_steps": 3, "resume": False}
+    path = launch.hand_over(request, tmp_path / "train" / "random")
+    assert path.parent == tmp_path / "train" and path.name == ".random.launch.pickle"
+
+    def refuse(self):
+        raise AssertionError("a section was checked again")
+
+    monkeypatch.setattr(sections.TrainConfig, "__post_init__", refuse)
+    got = launch.take_over(path)
+    assert got == request and got["params"].train.useful_tokens == 1234
 
 
 def test_only_a_run_stopped_by_sigusr1_inside_a_slurm_job_is_requeued(capsys):
@@ -161,6 +180,7 @@ def test_the_rule_s_command_stops_on_sigterm_and_resumes_when_run_again(tmp_path
     argv = [sys.executable, "-m", "lenbatch_study", "train", "--params", "params.yaml", str(params), "--params-json",
             json.dumps({"train": {"nproc": 2}}), "--strategy", "random", "--data", str(data), "--out", str(out),
             "--resume-if-interrupted"]
+    handed = out.parent / ".random.launch.pickle"
     proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -174,9 +194,11 @@ def test_the_rule_s_command_stops_on_sigterm_and_resumes_when_run_again(tmp_path
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == STOPPED_EXIT, log[-3000:]
-    # the workers ran the launcher's arguments as given (the JSON mapping one argument, the flag kept)
-    assert "lenbatch_study.runtime.launch --standalone --nnodes 1 --nproc_per_node 2 -m lenbatch_study train" in log
-    assert "--resume-if-interrupted" in log and "stopped on SIGTERM at step" in log, log[-3000:]
+    # the workers ran the request the launcher checked and handed over (no params on their command line),
+    # and the hand-over is gone with them
+    assert (f"lenbatch_study.runtime.launch --standalone --nnodes 1 --nproc_per_node 2 -m lenbatch_study train "
+            f"--launched {handed}") in log
+    assert "stopped on SIGTERM at step" in log and not handed.exists(), log[-3000:]
     stopped = json.loads((partial_dir(out) / "stopped.json").read_text())
     assert (partial_dir(out) / "checkpoint.pt").exists() and not (out / "summary.json").exists()
 

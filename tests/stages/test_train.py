@@ -494,16 +494,16 @@ def test_periodic_checkpoints_stay_off_the_measured_clock(setup, monkeypatch):
     then a sleep): each row after one records its seconds as checkpoint_s, its gap on the clock "t" is
     shorter than that (with the write on the clock it would be longer: the pause plus a step), and the
     summary counts them apart from the measured wall time."""
-    from lenbatch_study.stages import train as train_stage
+    from lenbatch_study.runtime import ranks
 
     slow_s = 3.0
-    real = train_stage.save_checkpoint
+    real = ranks.save_checkpoint
 
     def slow_checkpoint(*args, **kwargs):
         real(*args, **kwargs)
         time.sleep(slow_s)
 
-    monkeypatch.setattr(train_stage, "save_checkpoint", slow_checkpoint)
+    monkeypatch.setattr(ranks, "save_checkpoint", slow_checkpoint)  # the periodic ones: the rank loops'
     out = setup["root"] / "ck_clock"
     assert main(_train_args(setup, "packed", out, "--params-json", _cfg(useful_tokens=12000, warmup_steps=1))) == 0
     rows = _steps(out)

@@ -32,7 +32,7 @@ rule source:
     benchmark:
         f"{BENCH}/source.tsv"
     shell:
-        "lenbatch source --params params.yaml --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
+        "lenbatch source --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule tokenize:
@@ -49,7 +49,7 @@ rule tokenize:
     benchmark:
         f"{BENCH}/tokenize.tsv"
     shell:
-        "lenbatch tokenize --params params.yaml --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
+        "lenbatch tokenize --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule stats:
@@ -65,5 +65,5 @@ rule stats:
     benchmark:
         f"{BENCH}/stats.tsv"
     shell:
-        "lenbatch stats --params params.yaml --params-json {params.cfg} --lengths {input.lengths:q} "
+        "lenbatch stats --params-json {params.cfg} --lengths {input.lengths:q} "
         "--out {params.out:q} > {log:q} 2>&1"

@@ -11,7 +11,7 @@ rule boundaries:
     benchmark:
         f"{BENCH}/boundaries.tsv"
     shell:
-        "lenbatch boundaries --params params.yaml --params-json {params.cfg} --lengths {input.lengths:q} "
+        "lenbatch boundaries --params-json {params.cfg} --lengths {input.lengths:q} "
         "--out {params.out:q} > {log:q} 2>&1"
 
 
@@ -28,5 +28,5 @@ rule plans:
     benchmark:
         f"{BENCH}/plans.tsv"
     shell:
-        "lenbatch plans --params params.yaml --params-json {params.cfg} --lengths {input.lengths:q} "
+        "lenbatch plans --params-json {params.cfg} --lengths {input.lengths:q} "
         "--boundaries {input.boundaries:q} --out {params.out:q} > {log:q} 2>&1"

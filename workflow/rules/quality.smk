@@ -21,5 +21,5 @@ rule quality:
     benchmark:
         f"{BENCH}/quality.tsv"
     shell:
-        "lenbatch quality --params params.yaml --params-json {params.cfg} --data {params.r:q}/tokenize "
+        "lenbatch quality --params-json {params.cfg} --data {params.r:q}/tokenize "
         "{params.boundaries} --out {params.r:q}/quality > {log:q} 2>&1"

@@ -31,7 +31,7 @@ rule profile:
     benchmark:
         f"{BENCH}/profile.tsv"
     shell:
-        "lenbatch profile --params params.yaml --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
+        "lenbatch profile --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule interleave:
@@ -55,7 +55,7 @@ rule interleave:
     benchmark:
         f"{BENCH}/interleave.tsv"
     shell:
-        "lenbatch interleave --params params.yaml --params-json {params.cfg} --data {params.data:q} "
+        "lenbatch interleave --params-json {params.cfg} --data {params.data:q} "
         "--boundaries {input.boundaries:q} --out {params.out:q} > {log:q} 2>&1"
 
 
@@ -89,5 +89,5 @@ rule train:
     benchmark:
         f"{BENCH}/train/{{strategy}}.tsv"
     shell:
-        "lenbatch train --params params.yaml --params-json {params.cfg} --strategy {wildcards.strategy:q} "
+        "lenbatch train --params-json {params.cfg} --strategy {wildcards.strategy:q} "
         "--data {params.data:q} {params.boundaries} --out {params.out:q} --resume-if-interrupted > {log:q} 2>&1"

@@ -117,7 +117,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     FLAGS[name](parser)
     args = parser.parse_args(argv[1:])
-    args.argv = argv  # as given: a launcher hands it to the processes it starts unchanged (runtime/launch.py)
     final = None  # a staged command's output folder (args.out is its staging folder while it runs)
     try:
         if (COMMANDS[name].staged or name == "train") and getattr(args, "out", None) is not None:

@@ -11,14 +11,19 @@ from __future__ import annotations
 import argparse
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lenbatch_study.cli.params_args import (
+    _setting,
+    add_batching_arguments,
+    add_override,
+    BATCHING_FLAGS,
+    add_params_argument,
+    params_from_args,
+)
 from lenbatch_study.pipeline.artifacts.compare_report import REPORT_PATH
 from lenbatch_study.pipeline.artifacts.train_runs import CHECKPOINT
 from lenbatch_study.pipeline.registry import COMMANDS
-
-if TYPE_CHECKING:
-    from lenbatch_study.core.config import Params
 
 
 def _stage(name: str) -> Any:
@@ -41,34 +46,6 @@ def _flags_of(command: str) -> Any:
     return register
 
 
-class _AppendInline(argparse.Action):
-    """``--params-json X`` appends the inline mapping to ``--params`` (after the files given before it)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
-        current = list(getattr(namespace, "params", None) or [])
-        namespace.params = current + [values]
-
-
-def add_params_argument(parser: argparse.ArgumentParser) -> None:
-    """``--params FILE [FILE ...]`` and ``--params-json JSON``, merged in the order given.
-
-    Snakemake rules pass exactly the sections a stage reads with ``--params-json``, so
-    that changing a key reruns exactly the rules that use it (Snakemake's params rerun
-    trigger); :func:`load_params` accepts such inline mappings among the paths.
-    """
-    parser.add_argument("--params", nargs="+", default=["params.yaml"], metavar="FILE",
-                        help="params.yaml, then override files merged on top in order")
-    parser.add_argument("--params-json", action=_AppendInline, metavar="JSON",
-                        help="sections as an inline JSON mapping merged on top of the files (used by the workflow)")
-
-
-def params_from_args(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Params:
-    """Params from ``--params``/``--params-json`` plus CLI flag ``overrides`` (applied last)."""
-    from lenbatch_study.core.config import load_params
-
-    return load_params(*args.params, overrides=overrides)
-
-
 def add_lengths_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     """``--lengths FILE.npy`` or ``--seed-profile`` (the study's 902,087 lengths, generated)."""
     from lenbatch_study.corpus.seed_profile import SEED_COUNT
@@ -81,52 +58,9 @@ def add_lengths_arguments(parser: argparse.ArgumentParser, *, required: bool = T
                         help="samples in the generated seed profile (count)")
 
 
-def _params_flag(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-
-
 def _lengths_input(args: argparse.Namespace) -> dict[str, Any]:
     """``--lengths`` / ``--seed-profile`` / ``--seed-profile-size`` as the stages' keyword arguments."""
     return {"lengths": args.lengths, "seed_profile": args.seed_profile, "seed_profile_size": args.seed_profile_size}
-
-
-def _setting(name: str) -> tuple[Any, tuple[Any, ...] | None, str]:
-    """(type, choices, help) of the params setting ``name`` (``section.key``), read from its declaration in
-    :mod:`lenbatch_study.core.config`: a flag overriding a setting is described where the setting is."""
-    import dataclasses
-    import typing
-
-    from lenbatch_study.core.config import Params
-
-    section, key = name.split(".")
-    cls = typing.get_type_hints(Params)[section]
-    field_ = {f.name: f for f in dataclasses.fields(cls)}[key]
-    hint = typing.get_type_hints(cls)[key]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]  # Optional[X] -> X
-    if typing.get_origin(hint) is typing.Literal:
-        return str, typing.get_args(hint), field_.metadata["help"]
-    kind = args[0] if typing.get_origin(hint) is typing.Union else hint
-    assert kind in (int, float, str), f"{name}: a flag can override only a scalar setting, not {hint}"
-    return kind, None, field_.metadata["help"]
-
-
-def add_override(parser: argparse.ArgumentParser, name: str, *, flag: str | None = None, note: str = "") -> None:
-    """``--<key>`` (or ``flag``) overriding the params setting ``name`` (``section.key``): its type, choices and
-    help come from the setting's declaration (:func:`_setting`); read back by :func:`overrides_of`."""
-    kind, choices, help_ = _setting(name)
-    section, key = name.split(".")
-    parser.add_argument(flag or "--" + key.replace("_", "-"), dest=key, type=kind, choices=choices,
-                        help=f"{help_} (overrides {name}{'; ' + note if note else ''})")
-
-
-def overrides_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
-    """The settings of ``names`` (``section.key``) whose flags were given, as a params overrides mapping."""
-    out: dict[str, Any] = {}
-    for name in names:
-        section, key = name.split(".")
-        if getattr(args, key, None) is not None:
-            out.setdefault(section, {})[key] = getattr(args, key)
-    return out
 
 
 # --------------------------------------------------------------------------- dvc-yaml, plots, params
@@ -173,14 +107,14 @@ def _machine_flags(parser: argparse.ArgumentParser) -> None:
 
 @_flags_of("source")
 def _source_flags(parser: argparse.ArgumentParser) -> None:
-    _params_flag(parser)
+    add_params_argument(parser)
     parser.add_argument("--out", default="results/source", help="output folder (source.json)")
     parser.set_defaults(func=lambda args: _stage("source").run(params=params_from_args(args), out=args.out))
 
 
 @_flags_of("params")
 def _params_flags(parser: argparse.ArgumentParser) -> None:
-    _params_flag(parser)
+    add_params_argument(parser)
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--schema", action="store_true", help="print the JSON schema (YAML) of params files")
     what.add_argument("--show", action="store_true", help="print the resolved params as JSON")
@@ -193,7 +127,7 @@ def _params_flags(parser: argparse.ArgumentParser) -> None:
 
 @_flags_of("stats")
 def _stats_flags(parser: argparse.ArgumentParser) -> None:
-    _params_flag(parser)
+    add_params_argument(parser)
     add_lengths_arguments(parser)
     add_override(parser, "stats.histogram_bins", flag="--bins")
     parser.add_argument("--edges", type=int, nargs="+", default=None, metavar="TOKENS",
@@ -203,27 +137,11 @@ def _stats_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from lenbatch_study.core.config import load_params
-
-    overrides = overrides_of(args, "stats.histogram_bins") or None
-    return _stage("stats").run(params=load_params(*args.params, overrides=overrides), out=args.out,
+    return _stage("stats").run(params=params_from_args(args, "stats.histogram_bins"), out=args.out,
                                edges=args.edges, **_lengths_input(args))
 
 
 # --------------------------------------------------------------------------- boundaries, plan, plans
-
-BATCHING_FLAGS = ("batching.token_budget", "batching.max_batch_size", "batching.seed", "batching.packed_window")
-
-
-def add_batching_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] = BATCHING_FLAGS) -> None:
-    """``--token-budget`` etc.: flags overriding single ``batching`` keys (read back by :func:`batching_overrides`)."""
-    for name in names:
-        add_override(parser, name)
-
-
-def batching_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return overrides_of(args, *BATCHING_FLAGS)
-
 
 BOUNDARIES_FLAGS = ("boundaries.method", "boundaries.num_buckets", "boundaries.sweep_max_buckets",
                     "boundaries.num_candidates", "boundaries.objective")
@@ -234,7 +152,7 @@ def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
     from lenbatch.batching.boundaries import METHODS as methods
     from lenbatch_study.core.objective import OBJECTIVES as objectives
 
-    _params_flag(parser)
+    add_params_argument(parser)
     add_lengths_arguments(parser)
     for name in BOUNDARIES_FLAGS:
         add_override(parser, name, note="0: no sweep" if name == "boundaries.sweep_max_buckets" else "")
@@ -246,19 +164,16 @@ def _boundaries_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _boundaries(args: argparse.Namespace) -> int:
-    from lenbatch_study.core.config import load_params
-
     # --sweep-max-buckets 0 means "no sweep" here, which the setting itself does not allow
     names = [n for n in BOUNDARIES_FLAGS if n != "boundaries.sweep_max_buckets" or args.sweep_max_buckets]
-    overrides = {**batching_overrides(args), **overrides_of(args, *names)}
-    params = load_params(*args.params, overrides=overrides or None)
+    params = params_from_args(args, *BATCHING_FLAGS, *names)
     return _stage("boundaries").run(params=params, out=args.out, sweep=args.sweep_max_buckets != 0,
                                     **_lengths_input(args))
 
 
 @_flags_of("plan")
 def _plan_flags(parser: argparse.ArgumentParser) -> None:
-    _params_flag(parser)
+    add_params_argument(parser)
     add_lengths_arguments(parser)
     parser.add_argument("--strategy", required=True, choices=_strategies(), help="batching strategy")
     parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens; bucketed only)")
@@ -272,9 +187,7 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from lenbatch_study.core.config import load_params
-
-    params = load_params(*args.params, overrides=batching_overrides(args))
+    params = params_from_args(args, *BATCHING_FLAGS)
     return _stage("plan").run(params=params, strategy=args.strategy, out=args.out, boundaries=args.boundaries,
                                     epoch=args.epoch, rank=args.rank, world_size=args.world_size,
                                     **_lengths_input(args))
@@ -282,7 +195,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 @_flags_of("plans")
 def _plans_flags(parser: argparse.ArgumentParser) -> None:
-    _params_flag(parser)
+    add_params_argument(parser)
     add_lengths_arguments(parser, required=False)
     parser.add_argument("--study-replay", action="store_true",
                         help="replay the study's own setting (seed profile, budget 49,152, 7 ranks, its edges and "
@@ -300,10 +213,7 @@ def _plans_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _plans(args: argparse.Namespace) -> int:
-    from lenbatch_study.core.config import load_params
-
-    overrides = {**batching_overrides(args), **overrides_of(args, "plans.epochs")}
-    params = load_params(*args.params, overrides=overrides or None)
+    params = params_from_args(args, *BATCHING_FLAGS, "plans.epochs")
     if not (args.study_replay or args.lengths or args.seed_profile):
         raise ValueError("give the lengths to plan: --lengths FILE.npy or --seed-profile (or --study-replay)")
     if args.study_replay:  # the study's setting, whatever the params: its own stage module
@@ -331,7 +241,7 @@ DATA_FLAGS = ("data.source", "data.tokenizer", "data.max_len", "data.overflow", 
 
 @_flags_of("tokenize")
 def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
-    _params_flag(parser)
+    add_params_argument(parser)
     for name in DATA_FLAGS:
         add_override(parser, name)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress log lines")
@@ -344,13 +254,13 @@ def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
 
 def _tokenize(args: argparse.Namespace) -> int:
     stage = _stage("tokenize")
-    params = params_from_args(args, overrides=overrides_of(args, *DATA_FLAGS) or None)
+    params = params_from_args(args, *DATA_FLAGS)
     return stage.run(params=params, out=args.out, progress=not args.no_progress, allow_truncated=args.allow_truncated)
 
 
 @_flags_of("quality")
 def _quality_flags(parser: argparse.ArgumentParser) -> None:
-    _params_flag(parser)
+    add_params_argument(parser)
     parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
     parser.add_argument("--boundaries", default=None, help="boundaries.json (bucket edges for bucketed)")
     parser.add_argument("--out", default="results/quality", help="output folder")
@@ -367,7 +277,7 @@ def _quality(args: argparse.Namespace) -> int:
 
 @_flags_of("verify-packing")
 def _verify_packing_flags(parser: argparse.ArgumentParser) -> None:
-    _params_flag(parser)
+    add_params_argument(parser)
     parser.add_argument("--model-config", default=None, metavar="FILE",
                         help="YAML/JSON with a 'model' section, or a Hugging Face config.json of a "
                              "Qwen3.5-architecture text model (default: the params' model section)")
@@ -410,11 +320,11 @@ def _train_flags(parser: argparse.ArgumentParser) -> None:
     from lenbatch.batching.strategy import STRATEGIES
 
     add_params_argument(parser)
-    parser.add_argument("--strategy", required=True, help=f"batching strategy: one of {', '.join(STRATEGIES)}")
+    parser.add_argument("--strategy", help=f"batching strategy (required): one of {', '.join(STRATEGIES)}")
     parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
     parser.add_argument("--boundaries", default=None, help="boundaries.json (needed by the bucketed strategy)")
-    parser.add_argument("--out", required=True, help="output directory (steps.jsonl, summary.json, checkpoint.pt)")
-    parser.add_argument("--useful-tokens", type=int, default=None, help="override train.useful_tokens (tokens)")
+    parser.add_argument("--out", help="output directory (steps.jsonl, summary.json, checkpoint.pt; required)")
+    add_override(parser, "train.useful_tokens")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many global steps (total, "
                         "counting steps before a resume)")
     parser.add_argument("--resume", action="store_true", help=f"continue from OUT/{CHECKPOINT}")
@@ -422,37 +332,48 @@ def _train_flags(parser: argparse.ArgumentParser) -> None:
                         help="resume when an interrupted run of OUT left a checkpoint (in .OUT.partial beside OUT), "
                         "else start afresh; under SLURM a run stopped by SIGUSR1 then requeues its job, to resume "
                         "when started again (the train rule passes it)")
+    parser.add_argument("--launched", metavar="FILE", help=argparse.SUPPRESS)  # a worker: the launcher's request
     parser.set_defaults(func=_train)
 
 
 def _train(args: argparse.Namespace) -> int:
-    """``lenbatch train``: trains in this process (one of torchrun's, or the only one: ``train.nodes x
-    train.nproc`` = 1, outside a multi-node SLURM job), else launches the processes with these same arguments
-    (:mod:`lenbatch_study.runtime.launch`: torchrun here, or one per node under SLURM)."""
+    """``lenbatch train``: reads and checks the request once, then trains in this process (one of torchrun's,
+    or the only one: ``train.nodes x train.nproc`` = 1, outside a multi-node SLURM job), else launches the
+    processes and hands them the checked request as it is (:mod:`lenbatch_study.runtime.launch`: torchrun here,
+    or one per node under SLURM); a worker so started (``--launched FILE``) trains what it was handed."""
+    from lenbatch.batching.strategy import STRATEGIES
     from lenbatch_study.runtime import launch
     from lenbatch_study.runtime.resume import partial_dir
     from lenbatch_study.runtime.runner import torchrun_world
 
     stage = _stage("train")
-    overrides = {"train": {"useful_tokens": args.useful_tokens}} if args.useful_tokens is not None else {}
-    params = params_from_args(args, overrides)
-    stage.check_request(strategy=args.strategy, max_steps=args.max_steps)
+    if args.launched is not None:
+        return stage.train(**launch.take_over(args.launched))
+    if args.strategy is None or args.out is None:
+        raise ValueError("--strategy and --out are required; e.g. lenbatch train --strategy sorted "
+                         "--out results/train/sorted")
+    if args.strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}; give a positive step count or leave it out")
+    params = params_from_args(args, "train.useful_tokens")
     out = Path(args.out)
-    # every process of a run decides alike: nothing writes the checkpoint before all of them have started
+    # decided once, here, for every process of the run: nothing writes the checkpoint before all have started
     resume = args.resume or (args.resume_if_interrupted and (partial_dir(out) / CHECKPOINT).exists())
     if resume:  # another train.nproc/nodes than the checkpoint's run: refused before torchrun starts
         from lenbatch_study.runtime.resume import check_resume_shape
 
         check_resume_shape(out, params, checkpoint=CHECKPOINT)
+    request = {"params": params, "strategy": args.strategy, "data": args.data, "out": out,
+               "boundaries": args.boundaries, "max_steps": args.max_steps, "resume": resume}
     under_torchrun = torchrun_world()[0]
     if not under_torchrun and params.train.nodes * params.train.nproc > 1:
         from lenbatch_study.core.log import get_logger
 
-        return launch.run_training(args.argv, nproc=params.train.nproc, nodes=params.train.nodes, out=out,
+        return launch.run_training(request, nproc=params.train.nproc, nodes=params.train.nodes, out=out,
                                    stopped=stage.stopped_on_signal, stopped_exit=stage.STOPPED_EXIT,
                                    requeue=args.resume_if_interrupted, log=get_logger("train").info)
-    rc = stage.train(params=params, strategy=args.strategy, data=args.data, out=out, boundaries=args.boundaries,
-                     max_steps=args.max_steps, resume=resume)
+    rc = stage.train(**request)
     if args.resume_if_interrupted and not under_torchrun:  # the run's one process: it requeues its SLURM job
         rc = launch.requeue_if_stopped(rc, stage.stopped_on_signal(out) if rc else None)
     return rc
@@ -461,14 +382,13 @@ def _train(args: argparse.Namespace) -> int:
 @_flags_of("profile")
 def _profile_flags(parser: argparse.ArgumentParser) -> None:
     add_params_argument(parser)
-    parser.add_argument("--repeats", type=int, default=None, help="override profile.repeats")
+    add_override(parser, "profile.repeats")
     parser.add_argument("--out", default="results/profile", help="output folder")
     parser.set_defaults(func=_profile)
 
 
 def _profile(args: argparse.Namespace) -> int:
-    overrides = {"profile": {"repeats": args.repeats}} if args.repeats is not None else None
-    return _stage("profile").run(params=params_from_args(args, overrides), out=args.out)
+    return _stage("profile").run(params=params_from_args(args, "profile.repeats"), out=args.out)
 
 
 @_flags_of("interleave")

@@ -4,8 +4,11 @@
 launcher: it finds the nodes (:func:`discover`), builds the rendezvous (:func:`rendezvous`) and the command
 (:func:`command`), starts it (:func:`launch`), hands stop signals on so that the workers stop at a step
 boundary (:mod:`lenbatch_study.runtime.stopping`), and, when SIGUSR1 stopped the run under SLURM, requeues
-the job (:func:`requeue_if_stopped`). The workers get the launcher's own arguments unchanged
-(``torchrun ... -m lenbatch_study <argv>``), so a flag is spelled in one place, the stage's parser.
+the job (:func:`requeue_if_stopped`). The workers get what the launcher read and checked, as it is: the
+request (the checked params, strategy, folders, whether to resume) is written once beside the run
+(:func:`hand_over`, a pickle: no worker re-reads a params file or re-runs a check) and each worker runs
+``torchrun ... -m lenbatch_study train --launched FILE`` and loads it (:func:`take_over`). Before, the
+launcher's argv went on unchanged and every worker parsed params.yaml and the workflow's JSON again.
 
 - **Nodes.** ``train.nodes > 1`` inside a SLURM job (``SLURM_JOB_ID``): the job's node list
   (``SLURM_JOB_NODELIST``, else ``scontrol show job``: Snakemake's SLURM executor hands the job's shell
@@ -33,6 +36,7 @@ This module imports only the standard library: :func:`agent_main` runs once per 
 from __future__ import annotations
 
 import os
+import pickle
 import shlex
 import signal
 import subprocess
@@ -114,11 +118,31 @@ def rendezvous(nproc: int, nodes: int, cluster: Optional[Cluster]) -> list[str]:
             "--rdzv-endpoint", f"{cluster.head_addr}:{rendezvous_port(cluster.job_id)}", "--rdzv-id", cluster.job_id]
 
 
+def hand_over(request: Mapping[str, Any], out: Path) -> Path:
+    """Write the launcher's checked ``request`` (``lenbatch_study.stages.train.train``'s keyword arguments)
+    once, beside the run's ``out`` (on the shared file system the workers of every node read ``out`` on), for
+    :func:`take_over`; whole or not at all (a rename). O(size of the params)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.parent / f".{out.name}.launch.pickle"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(pickle.dumps(dict(request)))
+    tmp.replace(path)
+    return path
+
+
+def take_over(path: str | Path) -> dict[str, Any]:
+    """The request :func:`hand_over` wrote: the launcher's checked objects, not parsed or checked again
+    (written by this same code a moment before: a pickle, not a format for anyone else)."""
+    request = pickle.loads(Path(path).read_bytes())
+    assert isinstance(request, dict) and "params" in request, f"{path} holds no training request"
+    return request
+
+
 def command(stage_argv: Sequence[str], *, nproc: int, nodes: int, cluster: Optional[Cluster],
             python: str = sys.executable) -> list[str]:
     """The command that starts the training: an agent (:func:`agent_main`, torchrun with SIGUSR1 ignored) on
     this machine, or ``srun`` starting one per node of ``cluster``; its workers run ``python -m lenbatch_study
-    <stage_argv>`` (the launcher's arguments, unchanged)."""
+    <stage_argv>`` (``train --launched FILE``: :func:`run_training`)."""
     prefix = [] if cluster is None else ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1"]
     return [*prefix, python, "-m", AGENT_MODULE, *rendezvous(nproc, nodes, cluster), "-m", "lenbatch_study",
             *stage_argv]
@@ -183,26 +207,32 @@ def requeue_if_stopped(rc: int, marker: Optional[Mapping[str, Any]], env: Mappin
     return rc
 
 
-def run_training(stage_argv: Sequence[str], *, nproc: int, nodes: int, out: Path,
+def run_training(request: Mapping[str, Any], *, nproc: int, nodes: int, out: Path,
                  stopped: Callable[[Path], Optional[Mapping[str, Any]]], stopped_exit: int, requeue: bool,
                  log: Callable[[str], None], env: Mapping[str, str] = os.environ) -> int:
-    """Launch ``train.nodes`` x ``train.nproc`` processes running ``lenbatch <stage_argv>`` (:func:`command`),
-    wait for them, requeue the SLURM job when SIGUSR1 stopped them and ``requeue`` (only a run that resumes
-    when started again, ``--resume-if-interrupted``, may be requeued); the exit code, ``stopped_exit`` when the
-    workers stopped on a signal (``stopped(out)``: their marker; torchrun reports their exit as its own 1)."""
+    """Launch ``train.nodes`` x ``train.nproc`` processes running ``lenbatch train --launched FILE`` (FILE:
+    ``request`` handed over, :func:`hand_over`; removed when they end), wait for them, requeue the SLURM job
+    when SIGUSR1 stopped them and ``requeue`` (only a run that resumes when started again,
+    ``--resume-if-interrupted``, may be requeued); the exit code, ``stopped_exit`` when the workers stopped on
+    a signal (``stopped(out)``: their marker; torchrun reports their exit as its own 1)."""
     cluster = discover(nodes, env)
     if cluster is None and nodes > 1:
         log(f"train.nodes={nodes}: emulating {nodes} nodes of {nproc} processes on this machine with one torchrun "
             f"of {nodes * nproc} processes")
-    rc = launch(command(stage_argv, nproc=nproc, nodes=nodes, cluster=cluster), srun=cluster is not None, log=log)
+    handed = hand_over(request, out)
+    try:
+        rc = launch(command(["train", "--launched", str(handed)], nproc=nproc, nodes=nodes, cluster=cluster),
+                    srun=cluster is not None, log=log)
+    finally:
+        handed.unlink(missing_ok=True)
     marker = stopped(out) if rc != 0 else None
     if marker:
         rc = stopped_exit
     return requeue_if_stopped(rc, marker, env) if requeue else rc
 
 
-__all__ = ["Cluster", "REQUEUE_WAIT_S", "agent_main", "command", "discover", "launch", "rendezvous",
-           "rendezvous_port", "requeue_if_stopped", "run_training", "scontrol_field"]
+__all__ = ["Cluster", "REQUEUE_WAIT_S", "agent_main", "command", "discover", "hand_over", "launch", "rendezvous",
+           "rendezvous_port", "requeue_if_stopped", "run_training", "scontrol_field", "take_over"]
 
 
 if __name__ == "__main__":
