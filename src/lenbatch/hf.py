@@ -63,7 +63,7 @@ from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.strategies import plan_epoch_all
 from lenbatch.log import get_logger
 from lenbatch.loading.collate import check_token_ids, collate_packed, collate_padded
-from lenbatch.loading.sampler import LengthBatchSampler
+from lenbatch.loading.sampler import LengthBatchSampler, SamplerDataLoader
 
 log = get_logger("lenbatch.hf")
 
@@ -76,11 +76,10 @@ LOSS_MASK_FIELDS = ("loss_mask", "completion_mask", "assistant_masks")
 _HANDLED = frozenset({"input_ids", "labels", "attention_mask", "position_ids", *LOSS_MASK_FIELDS})
 
 
-class EpochDataLoader(DataLoader):
-    """A ``DataLoader`` over a :class:`LengthBatchSampler` with ``set_epoch`` forwarded to it."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batch_sampler.set_epoch(epoch)
+class EpochDataLoader(SamplerDataLoader):
+    """A ``DataLoader`` over a :class:`LengthBatchSampler` with ``set_epoch`` forwarded to it, counting the
+    batches it returns to the loop (:class:`lenbatch.loading.sampler.SamplerDataLoader`), so the sampler's
+    ``state_dict()`` is the Trainer's position with any ``dataloader_num_workers``."""
 
 
 class LengthBatchCollator:
