@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from lenbatch.batching.strategy import Strategy, layout_of
+from lenbatch.batching.strategy import Strategy
 from lenbatch.batching.cost import cost_fingerprint, cost_limit
 from lenbatch.batching.overflow import Pieces, overflow_pieces
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
@@ -159,17 +159,16 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
                  cost: Any = None, cost_budget: float | None = None, accelerator: Any = None,
                  lightning_trainer: Any = None) -> None:
         super().__init__()
-        strategy, edges, spec = named_strategy(strategy, edges, spec)  # a name, or a Strategy with its edges
-        spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget,
-                                max_batch_size=max_batch_size, seed=seed, edges=edges, packed_window=packed_window,
-                                min_batches=min_batches)
+        plan_strategy = named_strategy(strategy, edges)  # a name with edges= beside it, or a Strategy
+        spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
+                                packed_window=packed_window, min_batches=min_batches)
         # the plan is over pieces; with "error" (and nothing over budget) they are the samples themselves
         self.pieces: Pieces = overflow_pieces(lengths, token_budget=spec.token_budget, overflow=overflow)
         self.overflow = overflow
         if self.pieces.samples_over_budget:
             log.warning("%s", self.pieces.report())
         # checked, and kept in the smallest integer type (uint16 below 65,536 tokens): 2 bytes a sample
-        x = planning_lengths(self.pieces.lengths, strategy=strategy, spec=spec)
+        x = planning_lengths(self.pieces.lengths, strategy=plan_strategy, spec=spec)
         if accelerator is not None:
             rank, world_size = _accelerate_ranks(accelerator, rank, world_size)
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -178,7 +177,8 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._accelerate: bool | None = True if accelerator is not None else None  # None: not said (warns)
         self._lightning = lightning_trainer
         self.lengths = x
-        self.strategy = strategy
+        self.plan_strategy: Strategy = plan_strategy
+        self.strategy: str = plan_strategy.name  # the name (states and logs carry it)
         self.spec = spec
         self.epoch = 0
         self._position = 0  # batches yielded in the current epoch
@@ -192,7 +192,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         cost_limit(x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size, cost=cost,
                    cost_budget=cost_budget)
         self.cost, self.cost_budget = cost, cost_budget
-        self.fingerprint = cost_fingerprint(spec.fingerprint(x, strategy), cost, cost_budget)
+        self.fingerprint = cost_fingerprint(spec.fingerprint(x, plan_strategy), cost, cost_budget)
         self.sampler = _EpochForward(self)
         self.epochs: int | None = None
         if epochs is None and lightning_trainer is not None:
@@ -234,21 +234,22 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self._position or self._resume:
             raise ValueError("epochs= changes every epoch's plan, so it must be set before the first batch is "
                              "drawn or a state restored; build the sampler with epochs=")
-        most = equal_epoch_batches(self.lengths, epochs=epochs, strategy=self.strategy, world_size=self.world_size,
+        most = equal_epoch_batches(self.lengths, epochs=epochs, strategy=self.plan_strategy, world_size=self.world_size,
                                    spec=dataclasses.replace(self.spec, min_batches=0), cost=self.cost,
                                    cost_budget=self.cost_budget)
         self.spec = dataclasses.replace(self.spec, min_batches=max(self.spec.min_batches, most))
-        self.fingerprint = cost_fingerprint(self.spec.fingerprint(self.lengths, self.strategy), self.cost,
+        self.fingerprint = cost_fingerprint(self.spec.fingerprint(self.lengths, self.plan_strategy), self.cost,
                                             self.cost_budget)
         self.epochs = epochs
         self._cache = None
         return len(self.plan())
 
-    # the batching values, read from the spec (kept as attributes: callers read them)
+    # the batching values, read from the spec and the strategy (kept as attributes: callers read them)
     token_budget = property(lambda self: self.spec.token_budget)
     max_batch_size = property(lambda self: self.spec.max_batch_size)
     seed = property(lambda self: self.spec.seed)
-    edges = property(lambda self: self.spec.edges)
+    edges = property(lambda self: self.plan_strategy.edges)
+    layout = property(lambda self: self.plan_strategy.layout)
     packed_window = property(lambda self: self.spec.packed_window)
     min_batches = property(lambda self: self.spec.min_batches)
 
@@ -258,7 +259,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         # only this rank's batches are kept (compact: one int64 index array + offsets)
-        batches = plan_epoch(self.lengths, strategy=self.strategy, epoch=epoch, rank=self.rank,
+        batches = plan_epoch(self.lengths, strategy=self.plan_strategy, epoch=epoch, rank=self.rank,
                              world_size=self.world_size, spec=self.spec, cost=self.cost, cost_budget=self.cost_budget)
         if epoch == self.epoch:
             self._cache = (epoch, batches)

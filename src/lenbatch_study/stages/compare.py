@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch_study.core.batchspec import batch_spec
+from lenbatch_study.core.batchspec import batch_spec, batch_strategy
 from lenbatch_study.analysis import calibration, provenance, shapes
 from lenbatch_study.analysis import interleaved as il, stepmodel as sm, study_replay as sr, transport_model as tm
 from lenbatch_study.core import cpu
@@ -146,8 +146,8 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
 def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int,
                 target_ranks: int) -> list[np.ndarray]:
     """One epoch's global step order, as the train stage runs it (:func:`lenbatch_study.runtime.schedule.epoch_steps`)."""
-    spec = batch_spec(params, strategy=strategy, edges=edges)
-    return [idx for _, _, idx in epoch_steps(lengths, strategy=strategy, spec=spec, target_ranks=target_ranks,
+    spec = batch_spec(params)
+    return [idx for _, _, idx in epoch_steps(lengths, strategy=batch_strategy(strategy, edges), spec=spec, target_ranks=target_ranks,
                                              epoch=epoch)]
 
 
