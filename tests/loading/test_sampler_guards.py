@@ -175,3 +175,19 @@ def test_the_trainer_refuses_a_stream_pointing_to_the_way_out(tmp_path):
     with pytest.raises(ValueError, match=r"map-style train_dataset.*lenbatch.StreamingBatcher"):
         LengthBatchTrainer(model=model, args=args, train_dataset=Stream(), strategy="sortish", token_budget=64,
                            max_batch_size=4)
+
+
+def test_sampler_dataloader_serves_the_pieces_and_forwards_set_epoch():
+    """dataloader() builds its loader over view(dataset), so split pieces load without a second step, and
+    loader.set_epoch(e) plans epoch e."""
+    lengths, data = _data()
+    lengths = lengths.copy()
+    lengths[0] = 1500  # over the budget: split into two pieces
+    data[0] = {"input_ids": [0] * 1500}
+    sampler = lb.LengthBatchSampler(lengths, overflow="split", **KW)
+    loader = sampler.dataloader(data, collate_fn=lb.collate_packed)
+    loader.set_epoch(1)
+    assert sampler.epoch == 1
+    batches = list(loader)
+    assert sum(b.useful_tokens for b in batches) == int(lengths.sum())
+    assert sampler.state_dict()["position"] == len(batches) == len(sampler.plan(1))
