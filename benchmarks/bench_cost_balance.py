@@ -29,7 +29,6 @@ import numpy as np
 
 import lenbatch as lb
 from lenbatch.batching.spec import BatchSpec
-from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.stream import STREAM_STRATEGIES, plan_stream
 from lenbatch_study.corpus.seed_profile import seed_profile
 
@@ -39,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(x, strategy, budget, mbs, world_size, cost, const, edges, with_cost, stream=False):
     t = time.perf_counter()
     if stream:
-        spec = BatchSpec(token_budget=budget, max_batch_size=mbs, layout=layout_of(strategy))
+        spec = BatchSpec(token_budget=budget, max_batch_size=mbs)
         ranks = plan_stream(x, strategy=strategy, spec=spec, buffer_size=4096, world_size=world_size,
                             cost=cost if with_cost else None)
     else:

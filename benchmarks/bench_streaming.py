@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT / "tests" / "batching"))
 import lenbatch as lb  # noqa: E402
 from _chat_lengths import chat_lengths  # noqa: E402
 from lenbatch.batching.spec import BatchSpec  # noqa: E402
-from lenbatch.batching.strategy import layout_of  # noqa: E402
 from lenbatch.batching.stream import StreamPlanner  # noqa: E402
 
 BUDGET, MBS = 16384, 64
@@ -59,7 +58,7 @@ def in_memory(x, strategy, world_size):
 
 
 def streamed(x, strategy, world_size, buffer):
-    spec = BatchSpec(token_budget=BUDGET, max_batch_size=MBS, layout=layout_of(strategy))
+    spec = BatchSpec(token_budget=BUDGET, max_batch_size=MBS)
     t = time.perf_counter()
     p = StreamPlanner(strategy=strategy, spec=spec, buffer_size=buffer, world_size=world_size)
     steps = []

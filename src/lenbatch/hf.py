@@ -59,11 +59,11 @@ from transformers import Trainer
 
 from lenbatch.batching.boundaries import optimize_boundaries
 from lenbatch.batching.overflow import overflow_pieces
-from lenbatch.batching.strategy import layout_of
+from lenbatch.batching.strategy import Strategy, layout_of
 from lenbatch.batching.strategies import plan_epoch_all
 from lenbatch.log import get_logger
 from lenbatch.loading.collate import check_token_ids, collate_packed, collate_padded
-from lenbatch.loading.sampler import LengthBatchSampler
+from lenbatch.loading.sampler import LengthBatchSampler, SamplerDataLoader
 
 log = get_logger("lenbatch.hf")
 
@@ -76,11 +76,10 @@ LOSS_MASK_FIELDS = ("loss_mask", "completion_mask", "assistant_masks")
 _HANDLED = frozenset({"input_ids", "labels", "attention_mask", "position_ids", *LOSS_MASK_FIELDS})
 
 
-class EpochDataLoader(DataLoader):
-    """A ``DataLoader`` over a :class:`LengthBatchSampler` with ``set_epoch`` forwarded to it."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batch_sampler.set_epoch(epoch)
+class EpochDataLoader(SamplerDataLoader):
+    """A ``DataLoader`` over a :class:`LengthBatchSampler` with ``set_epoch`` forwarded to it, counting the
+    batches it returns to the loop (:class:`lenbatch.loading.sampler.SamplerDataLoader`), so the sampler's
+    ``state_dict()`` is the Trainer's position with any ``dataloader_num_workers``."""
 
 
 class LengthBatchCollator:
@@ -183,13 +182,15 @@ class LengthBatchMixin:
     and kept in ``trainer.pieces.counts()``.
     """
 
-    def __init__(self, *args: Any, strategy: str, token_budget: int, max_batch_size: int, lengths: Any = None,
+    def __init__(self, *args: Any, strategy: "str | Strategy", token_budget: int, max_batch_size: int, lengths: Any = None,
                  length_column: str | None = None, edges: Any = None, num_buckets: int = 6,
                  packed_window: int = 8, seed: int | None = None, pad_id: int | None = None,
                  overflow: str = "error", packing_check: bool = True, **kwargs: Any) -> None:
         if lengths is not None and length_column is not None:
             raise ValueError("pass at most one of lengths= (one int per training sample) or length_column= "
                              "(the dataset column holding the tokens or the lengths)")
+        if isinstance(strategy, Strategy):  # a Strategy carries its edges: planned as its name with them
+            strategy, edges = strategy.name, Strategy.of(strategy, edges).edges
         layout = layout_of(strategy)
         bound = inspect.signature(super().__init__).bind_partial(*args, **kwargs).arguments
         user_collator = bound.get("data_collator")

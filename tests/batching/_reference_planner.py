@@ -120,17 +120,17 @@ def assign_ranks(batches: list[np.ndarray], x: np.ndarray, world_size: int, rng:
     return [[batches[i] for i in steps[:, r]] for r in range(world_size)]
 
 
-def _sorted(x, rng, spec):
+def _sorted(x, rng, spec, strategy):
     batches = greedy_batches(np.argsort(x, kind="stable"), x, spec.token_budget, spec.max_batch_size)
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _random(x, rng, spec):
+def _random(x, rng, spec, strategy):
     return greedy_batches(rng.permutation(x.size), x, spec.token_budget, spec.max_batch_size)
 
 
-def _bucketed(x, rng, spec):
-    edges = np.asarray(spec.edges, dtype=np.int64)
+def _bucketed(x, rng, spec, strategy):
+    edges = np.asarray(strategy.edges, dtype=np.int64)
     ids = np.searchsorted(edges, x, side="right") - 1
     by_bucket = np.argsort(ids, kind="stable")
     bounds = np.searchsorted(ids[by_bucket], np.arange(len(edges)))
@@ -173,11 +173,11 @@ def sortish_order(x: np.ndarray, rng: np.random.Generator, max_batch_size: int) 
     return order
 
 
-def _sortish(x, rng, spec):
+def _sortish(x, rng, spec, strategy):
     return greedy_batches(sortish_order(x, rng, spec.max_batch_size), x, spec.token_budget, spec.max_batch_size)
 
 
-def _packed(x, rng, spec):
+def _packed(x, rng, spec, strategy):
     # first-fit with the spec's fits() rule inlined (rem >= L is fits(n + 1, used + L); a row is closed
     # when it holds max_batch_size sequences): one Python loop over the epoch, so no method calls
     budget, mbs, packed_window = spec.token_budget, spec.max_batch_size, spec.packed_window
@@ -228,11 +228,11 @@ def _packed(x, rng, spec):
 _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish": _sortish, "packed": _packed}
 
 
-def reference_plan_all(x: np.ndarray, *, strategy: str, spec: Any, epoch: int, world_size: int,
+def reference_plan_all(x: np.ndarray, *, strategy: Any, spec: Any, epoch: int, world_size: int,
                        min_batches: int = 0) -> list[list[np.ndarray]]:
     """Every rank's batches of one epoch, as ``plan_epoch_all`` computed them before issue 21."""
     x = np.asarray(x, dtype=np.int64)
     rng = np.random.default_rng(spec.seed + epoch)
-    batches = _FUNCS[strategy](x, rng, spec)
-    batches = split_to_multiple(batches, x, world_size, spec.packed, min_batches)
-    return assign_ranks(batches, x, world_size, rng, spec.packed)
+    batches = _FUNCS[strategy.name](x, rng, spec, strategy)
+    batches = split_to_multiple(batches, x, world_size, strategy.packed, min_batches)
+    return assign_ranks(batches, x, world_size, rng, strategy.packed)

@@ -1,6 +1,5 @@
 """The padding model: exact E[max], the greedy plan, plan metrics, and the bucket predictors."""
 
-import dataclasses
 import itertools
 
 import numpy as np
@@ -8,6 +7,7 @@ import pytest
 from _chat_lengths import chat_lengths
 from _core_real import real_lengths
 
+import lenbatch as lb
 from lenbatch.batching.padding import (budget_fill, composition_repeat, expected_max, greedy_batches, greedy_bucket_computed,
                               greedy_starts, length_mixing, padding_efficiency, predict_bucketed, value_counts)
 from lenbatch.batching.spec import BatchSpec
@@ -122,11 +122,11 @@ def test_length_mixing_is_zero_sorted_one_random_and_about_one_packed(name):
     assert abs(length_mixing(x, other, reference=ref) - 1) < tol
     # a sorted batch spans a narrow length range: at most 64 neighbours among 3,000 sorted lengths
     assert length_mixing(x, flat("sorted", 0), reference=ref) < 0.01
-    bucketed = flat("bucketed", 0, dataclasses.replace(spec, edges=(0, 500, 1000, 2000, 4097)))
+    bucketed = flat(lb.Strategy("bucketed", (0, 500, 1000, 2000, 4097)), 0)
     assert 0.01 < length_mixing(x, bucketed, reference=ref) < 0.3
     # packed rows are a shuffled order filled by tokens: about a random order's mixing (slightly more,
     # since random padded batches keep long samples in small batches)
-    packed = flat("packed", 0, dataclasses.replace(spec, layout="packed"))
+    packed = flat("packed", 0)
     assert 1 - tol < length_mixing(x, packed, reference=ref) < 1.1
     # without the reference a random padded plan scores below 1 on the heavy tail: the greedy bias
     if name == "lognormal":

@@ -13,7 +13,6 @@ import pytest
 
 import lenbatch as lb
 from lenbatch.batching import scan
-from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.spec import BatchSpec
 
 import _reference_planner as ref
@@ -70,9 +69,9 @@ def _same(new: list, old: list) -> None:
 
 
 def _compare(c: dict, strategy: str, epoch: int) -> None:
-    spec = BatchSpec(token_budget=c["token_budget"], max_batch_size=c["max_batch_size"],
-                     layout=layout_of(strategy), seed=c["seed"], packed_window=c["packed_window"],
-                     edges=c["edges"] if strategy == "bucketed" else None, min_batches=c["min_batches"])
+    spec = BatchSpec(token_budget=c["token_budget"], max_batch_size=c["max_batch_size"], seed=c["seed"],
+                     packed_window=c["packed_window"], min_batches=c["min_batches"])
+    strategy = lb.Strategy.sharing(strategy, c["edges"])
     try:
         old = ref.reference_plan_all(c["x"], strategy=strategy, spec=spec, epoch=epoch, world_size=c["world_size"],
                                      min_batches=c["min_batches"])
@@ -112,7 +111,7 @@ def test_the_comparison_can_fail():
     """A plan that differs in one index is caught by _same."""
     x = chat_lengths(500)
     spec = BatchSpec(token_budget=16384, max_batch_size=64)
-    old = ref.reference_plan_all(x, strategy="random", spec=spec, epoch=0, world_size=1)
+    old = ref.reference_plan_all(x, strategy=lb.Strategy("random"), spec=spec, epoch=0, world_size=1)
     new = [[b.copy() for b in old[0]]]
     new[0][3][0], new[0][3][1] = new[0][3][1], new[0][3][0]
     with pytest.raises(AssertionError):

@@ -85,6 +85,79 @@ def test_a_keyword_at_its_default_beside_a_spec_is_no_conflict():
 
 def test_collate_follows_the_same_rule():
     with pytest.raises(ValueError, match=BOTH):
-        _collate(spec=SPEC, layout="padded")
-    assert _collate(spec=SPEC).input_ids.tolist() == _collate(layout="padded", token_budget=512,
-                                                              max_batch_size=8).input_ids.tolist()
+        _collate(spec=SPEC, layout="padded", token_budget=512)
+    with pytest.raises(ValueError, match="unknown batch layout None; pass layout="):
+        _collate(spec=SPEC)  # the layout is the strategy's, never the spec's
+    assert _collate(spec=SPEC, layout="padded").input_ids.tolist() == _collate(
+        layout=lb.Strategy("sorted"), token_budget=512, max_batch_size=8).input_ids.tolist()
+
+
+# --------------------------------------------------------------------------- the strategy owns name, edges, layout
+
+
+def test_a_spec_holds_limits_and_randomness_only():
+    import dataclasses
+
+    assert [f.name for f in dataclasses.fields(lb.BatchSpec)] == ["token_budget", "max_batch_size", "seed",
+                                                                 "packed_window", "min_batches"]
+    with pytest.raises(TypeError):
+        lb.BatchSpec(**KW, edges=EDGES)  # "bucketed with these edges" is said by the Strategy alone
+    assert lb.Strategy("bucketed", EDGES).layout == "padded" and lb.Strategy("packed").packed
+
+
+def test_a_name_with_edges_beside_it_is_the_strategy():
+    named = lb.plan_epoch(X, strategy="bucketed", edges=EDGES, rank=0, world_size=1, **KW)
+    whole = lb.plan_epoch(X, strategy=lb.Strategy("bucketed", EDGES), rank=0, world_size=1, spec=SPEC)
+    assert [p.tolist() for p in named] == [p.tolist() for p in whole]
+    a = lb.LengthBatchSampler(X, strategy="bucketed", edges=EDGES, rank=0, world_size=1, **KW)
+    b = lb.LengthBatchSampler(X, strategy=lb.Strategy("bucketed", EDGES), rank=0, world_size=1, spec=SPEC)
+    assert a.fingerprint == b.fingerprint and a.edges == b.edges == EDGES and a.layout == "padded"
+
+
+@pytest.mark.parametrize("call", [
+    lambda: lb.plan_epoch(X, strategy=lb.Strategy("bucketed", EDGES), edges=EDGES, rank=0, world_size=1, **KW),
+    lambda: lb.plan_epoch_all(X, strategy=lb.Strategy("bucketed", EDGES), edges=EDGES, spec=SPEC),
+    lambda: _sampler_of(lb.Strategy("bucketed", EDGES), edges=EDGES),
+])
+def test_edges_in_a_strategy_and_as_edges_is_refused_naming_the_fix(call):
+    with pytest.raises(ValueError, match="carries its own edges and edges= was given too; pass the edges once: "
+                                         "drop edges="):
+        call()
+
+
+def _sampler_of(strategy, **kw):
+    return lb.LengthBatchSampler(X, strategy=strategy, rank=0, world_size=1, spec=SPEC, **kw)
+
+
+def test_edges_for_a_strategy_without_edges_and_bucketed_without_are_refused():
+    with pytest.raises(ValueError, match="edges are only used by strategy 'bucketed', not 'sorted'"):
+        lb.plan_epoch(X, strategy="sorted", edges=EDGES, rank=0, world_size=1, spec=SPEC)
+    with pytest.raises(ValueError, match="strategy 'bucketed' needs edges"):
+        lb.plan_epoch(X, strategy="bucketed", rank=0, world_size=1, spec=SPEC)
+    with pytest.raises(ValueError, match=r"edges \[0, 40, 100\] do not cover the lengths"):
+        lb.plan_epoch(X, strategy=lb.Strategy("bucketed", (0, 40, 100)), rank=0, world_size=1, spec=SPEC)
+
+
+def test_fits_and_cost_take_the_layout():
+    assert SPEC.fits(8, 64, layout="padded") and not SPEC.fits(8, 65, layout="padded")
+    assert SPEC.fits(8, 512, layout=lb.Strategy("packed")) and not SPEC.fits(9, 10, layout="packed")
+    assert SPEC.cost([3, 5], layout="padded") == 10 and SPEC.cost([3, 5], layout="packed") == 8
+    with pytest.raises(ValueError, match="layout 'rows' unknown"):
+        SPEC.fits(1, 1, layout="rows")
+
+
+# Digests of the sampler's fingerprint before the spec lost its edges and layout (commit e90e132): saved
+# sampler states carry them, so the same strategy, edges and limits must give these bytes forever.
+SAVED_FINGERPRINTS = {("bucketed", (0, 40, 80, 200), 0): "22576e583dea2f95", ("packed", None, 0): "c3bb2b816549c070",
+                      ("sorted", None, 7): "a7276402ab3354d9"}
+
+
+@pytest.mark.parametrize("key", SAVED_FINGERPRINTS)
+def test_the_fingerprint_of_saved_states_is_unchanged(key):
+    strategy, edges, min_batches = key
+    x = np.arange(1, 301) % 97 + 3
+    s = lb.LengthBatchSampler(x, strategy=strategy, edges=edges, token_budget=512, max_batch_size=8, seed=3,
+                              min_batches=min_batches, rank=0, world_size=1)
+    assert s.fingerprint == SAVED_FINGERPRINTS[key]
+    spec = lb.BatchSpec(token_budget=512, max_batch_size=8, seed=3, min_batches=min_batches)
+    assert spec.fingerprint(x, lb.Strategy(strategy, edges)) == SAVED_FINGERPRINTS[key]

@@ -10,14 +10,12 @@ from hypothesis import strategies as st
 import lenbatch as lb
 from _chat_lengths import chat_lengths
 from lenbatch.batching.spec import BatchSpec
-from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.stream import STREAM_STRATEGIES, StreamPlanner, plan_stream
 from test_strategies import _check_plan
 
 
-def _spec(strategy, budget, mbs, edges=None, window=8, seed=3):
-    return BatchSpec(token_budget=budget, max_batch_size=mbs, layout=layout_of(strategy), seed=seed,
-                     packed_window=window, edges=edges)
+def _spec(strategy, budget, mbs, window=8, seed=3):
+    return BatchSpec(token_budget=budget, max_batch_size=mbs, seed=seed, packed_window=window)
 
 
 @st.composite
@@ -36,8 +34,9 @@ def cases(draw):
        epoch=st.integers(0, 3), buffer_size=st.integers(1, 40), window=st.integers(1, 4))
 def test_stream_plans_are_lossless_balanced_and_within_budget(case, strategy, world_size, epoch, buffer_size, window):
     x, budget, mbs, edges = case
-    spec = _spec(strategy, budget, mbs, edges if strategy == "bucketed" else None, window)
-    kw = dict(strategy=strategy, spec=spec, buffer_size=buffer_size, epoch=epoch)
+    spec = _spec(strategy, budget, mbs, window)
+    kw = dict(strategy=strategy, spec=spec, edges=edges if strategy == "bucketed" else None, buffer_size=buffer_size,
+              epoch=epoch)
     try:
         ranks = plan_stream(x, world_size=world_size, **kw)
     except ValueError as err:  # only when the stream has fewer samples than the ranks need batches
@@ -71,7 +70,7 @@ def test_padding_is_within_a_point_of_the_in_memory_plan(strategy):
     budget, mbs = 16384, 64
     edges = lb.optimize_boundaries(x, 6, token_budget=budget, max_batch_size=mbs).edges
     e = edges if strategy == "bucketed" else None
-    stream = [b for r in plan_stream(x, strategy=strategy, spec=_spec(strategy, budget, mbs, e), buffer_size=4096,
+    stream = [b for r in plan_stream(x, strategy=strategy, spec=_spec(strategy, budget, mbs), edges=e, buffer_size=4096,
                                      world_size=8) for b in r]
     memory = [b for r in lb.plan_epoch_all(x, strategy=strategy, token_budget=budget, max_batch_size=mbs, edges=e,
                                            world_size=8) for b in r]
@@ -91,7 +90,8 @@ def test_estimated_edges_cover_every_later_length_and_pad_like_given_edges():
     assert planner.edges[0] == 0 and planner.edges[-1] == 16385 and len(planner.edges) == 7
     batches = [b for s in planner.take_steps() for b in s]
     given_edges = lb.optimize_boundaries(x, 6, token_budget=16384, max_batch_size=64).edges
-    ref = plan_stream(x, strategy="bucketed", spec=_spec("bucketed", 16384, 64, given_edges), buffer_size=2000)[0]
+    ref = plan_stream(x, strategy="bucketed", spec=_spec("bucketed", 16384, 64), edges=given_edges,
+                      buffer_size=2000)[0]
     assert lb.padding_efficiency(x, batches) > lb.padding_efficiency(x, ref) - 0.02
 
 
@@ -121,7 +121,7 @@ def test_a_stream_refuses_sorted_and_over_budget_samples():
     p.push(100)
     with pytest.raises(ValueError, match=r"sample 1 of the stream has 101 tokens.*raise token_budget"):
         p.push(101)
-    p = StreamPlanner(strategy="bucketed", spec=_spec("bucketed", 100, 4, edges=[0, 10, 50]), buffer_size=1)
+    p = StreamPlanner(strategy="bucketed", spec=_spec("bucketed", 100, 4), edges=[0, 10, 50], buffer_size=1)
     p.push(60)
     with pytest.raises(ValueError, match="outside the edges"):
         p.push(5)

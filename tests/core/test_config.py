@@ -315,8 +315,7 @@ def test_the_study_params_hand_the_library_their_batching():
     params = load_params(ROOT / "params.yaml", '{"batching": {"token_budget": 512, "max_batch_size": 8, "seed": 3}, '
                                                '"data": {"max_len": 512}}')
     spec = lb.BatchSpec(token_budget=512, max_batch_size=8, seed=3, packed_window=params.batching.packed_window)
-    assert batch_spec(params, strategy="sorted") == spec
-    assert batch_spec(params, strategy="packed") == spec.for_strategy("packed")
+    assert batch_spec(params) == spec
     x = np.random.default_rng(0).integers(5, 200, size=120)
     a = build_schedule(x, strategy="random", target_ranks=2, params=params, max_steps=5)
     b = build_schedule(x, strategy="random", target_ranks=2, spec=spec, max_steps=5)

@@ -35,7 +35,7 @@ def test_section_has_the_five_integrations():
     blocks = section_blocks()
     assert len(blocks) == 7
     joined = "\n".join(blocks)
-    for needle in ("sampler.consumed(loader)", "init_process_group", "LengthBatchTrainer", "LengthBatchMixin, SFTTrainer",
+    for needle in ("sampler.dataloader(dataset", "sampler.consumed(loader)", "init_process_group", "LengthBatchTrainer", "LengthBatchMixin, SFTTrainer",
                    "StatefulDataLoader"):
         assert needle in joined, needle
 

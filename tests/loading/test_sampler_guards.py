@@ -25,29 +25,48 @@ def _rows(batch):
     return sorted(set(batch.input_ids[0].tolist()))
 
 
-def test_state_with_prefetching_workers_resumes_at_the_first_batch_not_trained():
+def test_state_through_sampler_dataloader_with_workers_resumes_at_the_first_batch_not_trained():
+    """sampler.dataloader() counts the batches it returns to the loop, so a plain state_dict() is exact while
+    two workers prefetch; a plain DataLoader's state is what the sampler handed out (documented: ahead)."""
     lengths, data = _data()
     sampler = lb.LengthBatchSampler(lengths, **KW)
-    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler, num_workers=2, collate_fn=lb.collate_packed)
+    loader = sampler.dataloader(data, num_workers=2, collate_fn=lb.collate_packed)
     for i, _ in enumerate(loader):
         if i == 9:
             state = sampler.state_dict()
             break
     assert sampler._position > 10            # the workers were handed more than the loop received
     assert state["position"] == 10
-    assert copy.deepcopy(sampler).plan() == sampler.plan()   # the loader it watches is not copied
+    assert copy.deepcopy(sampler).plan() == sampler.plan()
     again = lb.LengthBatchSampler(lengths, **KW)
     again.load_state_dict(state)
-    rest = list(torch.utils.data.DataLoader(data, batch_sampler=again, num_workers=2, collate_fn=lb.collate_packed))
+    rest = list(again.dataloader(data, num_workers=2, collate_fn=lb.collate_packed))
     plan = sampler.plan()
     assert [_rows(b) for b in rest] == [sorted(int(j) for j in b) for b in plan[10:]]
+    assert again.state_dict()["position"] == len(plan)
+
+    plain = lb.LengthBatchSampler(lengths, **KW)
+    for i, _ in enumerate(torch.utils.data.DataLoader(data, batch_sampler=plain, num_workers=2,
+                                                      collate_fn=lb.collate_packed)):
+        if i == 9:
+            assert plain.state_dict()["position"] == plain._position > 10  # handed out, as documented
+            break
 
 
-def test_state_behind_a_wrapper_with_workers_warns_naming_consumed(caplog):
+def test_sampler_dataloader_refuses_batching_arguments():
+    lengths, data = _data()
+    sampler = lb.LengthBatchSampler(lengths, **KW)
+    with pytest.raises(ValueError, match=r"\['batch_size', 'shuffle'\] cannot be given"):
+        sampler.dataloader(data, batch_size=4, shuffle=True)
+
+
+def test_state_behind_a_wrapper_with_workers_is_exact_through_consumed():
+    """A batch sampler around ours (as accelerate's shard is) with prefetching workers: consumed(loader)
+    counts what the loop received, which is where a resume must start."""
     lengths, data = _data()
     sampler = lb.LengthBatchSampler(lengths, **KW)
 
-    class Wrapper(torch.utils.data.Sampler):  # a batch sampler around ours, as accelerate's shard is
+    class Wrapper(torch.utils.data.Sampler):
         def __iter__(self):
             yield from sampler
 
@@ -55,13 +74,11 @@ def test_state_behind_a_wrapper_with_workers_warns_naming_consumed(caplog):
             return len(sampler)
 
     loader = torch.utils.data.DataLoader(data, batch_sampler=Wrapper(), num_workers=2, collate_fn=lb.collate_packed)
-    with caplog.at_level(logging.WARNING, logger="lenbatch.sampler"):
-        for i, _ in enumerate(loader):
-            if i == 3:
-                sampler.state_dict()
-                sampler.state_dict()
-                break
-    assert caplog.text.count("iterate sampler.consumed(loader)") == 1, caplog.text
+    for i, _ in enumerate(sampler.consumed(loader)):
+        if i == 3:
+            state = sampler.state_dict()
+            break
+    assert state["position"] == 4 and sampler._position > 4
 
 
 def test_a_second_pass_without_set_epoch_warns_once(caplog):
@@ -158,3 +175,19 @@ def test_the_trainer_refuses_a_stream_pointing_to_the_way_out(tmp_path):
     with pytest.raises(ValueError, match=r"map-style train_dataset.*lenbatch.StreamingBatcher"):
         LengthBatchTrainer(model=model, args=args, train_dataset=Stream(), strategy="sortish", token_budget=64,
                            max_batch_size=4)
+
+
+def test_sampler_dataloader_serves_the_pieces_and_forwards_set_epoch():
+    """dataloader() builds its loader over view(dataset), so split pieces load without a second step, and
+    loader.set_epoch(e) plans epoch e."""
+    lengths, data = _data()
+    lengths = lengths.copy()
+    lengths[0] = 1500  # over the budget: split into two pieces
+    data[0] = {"input_ids": [0] * 1500}
+    sampler = lb.LengthBatchSampler(lengths, overflow="split", **KW)
+    loader = sampler.dataloader(data, collate_fn=lb.collate_packed)
+    loader.set_epoch(1)
+    assert sampler.epoch == 1
+    batches = list(loader)
+    assert sum(b.useful_tokens for b in batches) == int(lengths.sum())
+    assert sampler.state_dict()["position"] == len(batches) == len(sampler.plan(1))

@@ -8,7 +8,6 @@ import torch
 
 import lenbatch as lb
 from lenbatch.batching.spec import BatchSpec
-from lenbatch.batching.strategy import layout_of
 from lenbatch.batching.stream import STREAM_STRATEGIES, plan_stream
 
 X = np.clip(np.rint(np.random.default_rng(11).lognormal(7.2, 0.8, 3000)), 48, 8191).astype(np.int64)  # chat-like
@@ -41,7 +40,7 @@ def _ids(batches):
 
 @pytest.mark.parametrize("strategy", STREAM_STRATEGIES)
 def test_it_yields_the_planners_batches_and_every_sample_once_over_the_ranks(strategy):
-    spec = BatchSpec(token_budget=16384, max_batch_size=64, layout=layout_of(strategy), seed=1)
+    spec = BatchSpec(token_budget=16384, max_batch_size=64, seed=1)
     ranks = plan_stream(X, strategy=strategy, spec=spec, buffer_size=400, world_size=3)
     got = []
     for r in range(3):
@@ -135,7 +134,7 @@ def test_a_cost_reaches_the_planner_and_the_state():
     cost = lb.Cost(per_token=1.0, per_token_squared=1 / 2048)
     cap = float(cost.per_row(8191)) * 1.5
     b = _batcher("packed", rank=1, world_size=4, cost=cost, cost_budget=cap)
-    spec = BatchSpec(token_budget=16384, max_batch_size=64, layout="packed", seed=1)
+    spec = BatchSpec(token_budget=16384, max_batch_size=64, seed=1)
     want = plan_stream(X, strategy="packed", spec=spec, buffer_size=400, world_size=4, cost=cost, cost_budget=cap)[1]
     assert _ids(b) == [a.tolist() for a in want]
     it = iter(b)

@@ -133,7 +133,7 @@ def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):
         i = segment[s][j]
         calls.append((s, i))
         idx = plans[s][i]
-        batch = collate.collate([seqs[k] for k in idx], spec=batch_spec(params, strategy=s))
+        batch = collate.collate([seqs[k] for k in idx], layout=lb.Strategy(s), spec=batch_spec(params))
         feats, _ = runner.target_step(batch)
         runner.drafter_step(batch, feats, step=i)
         return batch.useful_tokens

@@ -16,9 +16,11 @@ X = np.random.default_rng(1).integers(1, 300, size=300)
 EDGES = (0, 60, 150, 300)
 
 
-def spec_for(strategy: str) -> lb.BatchSpec:
-    return lb.BatchSpec(token_budget=1024, max_batch_size=16, seed=3, packed_window=4,
-                        edges=EDGES).for_strategy(strategy)
+SPEC4 = lb.BatchSpec(token_budget=1024, max_batch_size=16, seed=3, packed_window=4)
+
+
+def strategy_for(strategy: str) -> lb.Strategy:
+    return lb.Strategy.sharing(strategy, EDGES)  # the edges serve bucketed alone
 
 
 @pytest.mark.parametrize("strategy", lb.STRATEGIES)
@@ -27,7 +29,7 @@ def test_the_sampler_yields_exactly_the_schedules_batches(strategy, target_ranks
     """The one check that the schedule the train stage runs is what each rank's sampler yields,
     across an epoch boundary, and that a sampler restored from the schedule's state (what a
     checkpoint stores) continues with the schedule's next batch of its rank."""
-    spec = spec_for(strategy)
+    spec, strategy = SPEC4, strategy_for(strategy)
     sched = build_schedule(X, strategy=strategy, spec=spec, target_ranks=target_ranks,
                            useful_tokens=int(X.sum()) + int(X.sum()) // 2)
     assert {s.epoch for s in sched} == {0, 1} and [s.step for s in sched] == list(range(len(sched)))
@@ -66,40 +68,39 @@ def test_spec_is_validated_once_and_keywords_build_the_same_plan():
     with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
         lb.BatchSpec(token_budget=1024, max_batch_size=0)
     with pytest.raises(ValueError, match="layout 'rows' unknown"):
-        lb.BatchSpec(token_budget=1024, max_batch_size=16, layout="rows")
+        SPEC4.fits(1, 1, layout="rows")
     with pytest.raises(ValueError, match="strictly increasing"):
-        lb.BatchSpec(token_budget=1024, max_batch_size=16, edges=[0, 50, 50, 300])
-    with pytest.raises(ValueError, match="layout 'padded'.*layout='packed'"):
-        lb.plan_epoch(X, strategy="packed", spec=spec_for("sorted"))
+        lb.Strategy("bucketed", edges=[0, 50, 50, 300])
     with pytest.raises(ValueError, match="either spec= or the batching arguments"):
-        lb.plan_epoch(X, strategy="sorted", spec=spec_for("sorted"), token_budget=2048)
+        lb.plan_epoch(X, strategy="sorted", spec=SPEC4, token_budget=2048)
+    spec = SPEC4
     for strategy in lb.STRATEGIES:
-        spec = spec_for(strategy)
         kw = dict(token_budget=1024, max_batch_size=16, seed=3, packed_window=4,
                   edges=EDGES if strategy == "bucketed" else None)
         a = lb.plan_epoch_all(X, strategy=strategy, epoch=1, world_size=3, **kw)
-        b = lb.plan_epoch_all(X, strategy=strategy, epoch=1, world_size=3, spec=spec)
+        s = strategy_for(strategy)
+        b = lb.plan_epoch_all(X, strategy=s, epoch=1, world_size=3, spec=spec)
         assert [[x.tolist() for x in r] for r in a] == [[x.tolist() for x in r] for r in b]
-        # every batch fits the spec, and cost() is the computed tokens the simulation counts
+        # every batch fits the spec in the strategy's layout, and cost() is the computed tokens the simulation counts
         flat = [x for r in b for x in r]
-        assert all(spec.fits(len(x), int(X[x].sum() if spec.packed else X[x].max())) for x in flat)
-        assert [spec.cost(X[x]) for x in flat] == batch_tokens(X, flat, packed=spec.packed)[1].tolist()
+        assert all(spec.fits(len(x), int(X[x].sum() if s.packed else X[x].max()), layout=s) for x in flat)
+        assert [spec.cost(X[x], layout=s) for x in flat] == batch_tokens(X, flat, packed=s.packed)[1].tolist()
 
 
 def test_fits_is_the_greedy_packers_rule():
     """A greedy batch of the sorted plan fits, and adding the sample that opened the next batch would not."""
-    spec = spec_for("sorted")
+    spec = SPEC4
     order = np.argsort(X, kind="stable")
     batches = np.split(order, greedy_starts(X[order], spec.token_budget, spec.max_batch_size)[1:])
     for cur, nxt in zip(batches[:-1], batches[1:]):
-        assert spec.fits(len(cur), int(X[cur].max()))
-        assert not spec.fits(len(cur) + 1, int(max(X[cur].max(), X[nxt[0]])))
+        assert spec.fits(len(cur), int(X[cur].max()), layout="padded")
+        assert not spec.fits(len(cur) + 1, int(max(X[cur].max(), X[nxt[0]])), layout="padded")
 
 
 def test_useful_tokens_beyond_ten_thousand_epochs_is_a_value_error_naming_the_setting():
     """Issue 48.5: train.useful_tokens beyond the 10,000-epoch bound planned 10,000 epochs, then raised an
     AssertionError; now a ValueError names the setting and its largest value before anything is planned."""
-    spec = spec_for("sorted")
+    spec = SPEC4
     most = 10_000 * int(X.sum())
     with pytest.raises(ValueError, match=rf"useful_tokens \(train.useful_tokens\) is {most + 1:,}, more than "
                                          rf"10,000 epochs of these 300 samples .*lower it to at most {most:,}"):
@@ -129,14 +130,16 @@ def test_build_schedule_follows_the_spec_rule():
 
 
 def test_a_spec_for_bucketed_can_be_built_before_its_edges_are_known():
-    """The boundaries stage builds bucketed's spec from the params first and finds the edges after: the
-    spec keeps what it is handed (none yet), and planning without edges is what gets refused."""
+    """The boundaries stage builds the spec from the params first and finds the edges after: the spec holds
+    no edges (the strategy does), and planning bucketed without edges is what gets refused."""
     from types import SimpleNamespace
 
+    from lenbatch_study.core.batchspec import batch_strategy
+
     params = SimpleNamespace(batching=SimpleNamespace(token_budget=2048, max_batch_size=16, seed=0, packed_window=8))
-    spec = batch_spec(params, strategy="bucketed")
-    assert spec.edges is None and spec.layout == "padded"
-    assert batch_spec(params, strategy="sorted", edges=(0, 100, 3000)).edges is None
-    assert batch_spec(params, strategy="bucketed", edges=(0, 100, 3000)).edges == (0, 100, 3000)
+    spec = batch_spec(params)
+    assert not hasattr(spec, "edges") and not hasattr(spec, "layout")
+    assert batch_strategy("sorted", (0, 100, 3000)) == lb.Strategy("sorted")
+    assert batch_strategy("bucketed", (0, 100, 3000)).edges == (0, 100, 3000)
     with pytest.raises(ValueError, match="needs edges"):
         lb.plan_epoch(np.array([5, 50, 500]), strategy="bucketed", spec=spec)

@@ -35,6 +35,7 @@ from lenbatch.batching.padding import (GREEDY, Objective, log_factorials, object
                                       renewal_weights, value_counts)
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.spec import BatchSpec, spec_or_keywords
+from lenbatch.batching.strategy import Strategy
 
 
 METHODS = ("dp", "coordinate", "geometric")
@@ -442,17 +443,16 @@ def simulate_bucketed(x: np.ndarray, edges: Any, *, token_budget: int | None = N
                       spec: BatchSpec | None = None,
                       reference: Sequence[np.ndarray] | None = None) -> dict[str, float]:
     """Simulated epoch 0 of the bucketed plan: padding efficiency; diversity from epochs 0 and 1.
-    ``spec`` (its edges replaced by ``edges``) or the keywords give the batching. Length mixing is
+    ``spec`` or the keywords give the batching limits, ``edges`` the buckets. Length mixing is
     against ``reference``, the ``random`` plan of epoch 0 under the same spec (made here when None;
     :func:`sweep_num_buckets` makes it once for every K)."""
     from lenbatch.batching.padding import composition_repeat, length_mixing, padding_efficiency
     from lenbatch.batching.strategies import plan_epoch_all
 
     spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed)
-    spec = dataclasses.replace(spec, layout="padded", edges=edges)
-    plans = [plan_epoch_all(x, strategy="bucketed", epoch=e, spec=spec)[0] for e in (0, 1)]
+    plans = [plan_epoch_all(x, strategy=Strategy("bucketed", edges), epoch=e, spec=spec)[0] for e in (0, 1)]
     if reference is None:
-        reference = plan_epoch_all(x, strategy="random", epoch=0, spec=dataclasses.replace(spec, edges=None))[0]
+        reference = plan_epoch_all(x, strategy="random", epoch=0, spec=spec)[0]
     return {"simulated_efficiency": padding_efficiency(x, plans[0]),
             "composition_repeat": composition_repeat(plans[0], plans[1], x.size),
             "length_mixing": length_mixing(x, plans[0], reference=reference)}
@@ -480,8 +480,7 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
     rows = []
     from lenbatch.batching.strategies import plan_epoch_all
 
-    reference = (plan_epoch_all(x, strategy="random", epoch=0, spec=dataclasses.replace(spec, layout="padded", edges=None))[0]
-                 if simulate else None)
+    reference = plan_epoch_all(x, strategy="random", epoch=0, spec=spec)[0] if simulate else None
     for k in range(1, kmax + 1):
         edges = solved[k][0]
         pred = predict_bucketed_counts(v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size,

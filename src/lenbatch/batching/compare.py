@@ -17,14 +17,13 @@ from lenbatch.batching.epoch import Plan, rank_plan
 from lenbatch.batching.padding import budget_fill, composition_repeat, length_mixing, padding_efficiency
 from lenbatch.batching.spec import BatchSpec, check_int
 from lenbatch.batching.strategies import epoch_batches
-from lenbatch.batching.strategy import STRATEGIES, layout_of
+from lenbatch.batching.strategy import STRATEGIES, Strategy, layout_of
 
 
-def _epoch(x: np.ndarray, strategy: str, spec: BatchSpec, epoch: int, world_size: int) -> tuple[int, Plan]:
+def _epoch(x: np.ndarray, strategy: Strategy, spec: BatchSpec, epoch: int, world_size: int) -> tuple[int, Plan]:
     """(batches per rank, every rank's batches as one compact Plan, step by step and rank by rank)."""
-    eb, ranks = epoch_batches(x, strategy=strategy, spec=spec.for_strategy(strategy), epoch=epoch,
-                              world_size=world_size)
-    return len(ranks[0]), rank_plan(eb, np.stack(ranks, axis=1).reshape(-1), strategy)
+    eb, ranks = epoch_batches(x, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size)
+    return len(ranks[0]), rank_plan(eb, np.stack(ranks, axis=1).reshape(-1), strategy.name)
 
 
 def compare_strategies(lengths: Any, *, token_budget: int, max_batch_size: int, cost: Cost | None = None,
@@ -51,19 +50,18 @@ def compare_strategies(lengths: Any, *, token_budget: int, max_batch_size: int, 
 
         k = max(1, min(check_int("num_buckets", num_buckets, minimum=1), np.unique(x).size))
         edges = optimize_boundaries(x, k, spec=spec).edges
-    spec = BatchSpec(token_budget=token_budget, max_batch_size=max_batch_size, seed=seed, packed_window=packed_window,
-                     edges=edges)
-    reference = _epoch(x, "random", spec, 0, world_size)[1]
+    reference = _epoch(x, Strategy("random"), spec, 0, world_size)[1]
     rows = []
     for s in strategies:
-        steps, e0 = _epoch(x, s, spec, 0, world_size)
-        e1 = _epoch(x, s, spec, 1, world_size)[1]
+        strategy = Strategy.sharing(s, edges)  # the edges serve bucketed alone
+        steps, e0 = _epoch(x, strategy, spec, 0, world_size)
+        e1 = _epoch(x, strategy, spec, 1, world_size)[1]
         row: dict[str, Any] = {"strategy": s, "layout": layout_of(s), "steps": steps,
                                "padding_efficiency": padding_efficiency(x, e0, strategy=s),
                                "budget_fill": budget_fill(x, e0, token_budget, strategy=s),
                                "composition_repeat": composition_repeat(e0, e1, x.size),
                                "length_mixing": length_mixing(x, e0, reference=reference),
-                               "edges": list(spec.edges) if s == "bucketed" else None}
+                               "edges": None if strategy.edges is None else list(strategy.edges)}
         if cost is not None:
             per_batch = cost.of_batches(x, e0, packed=layout_of(s) == "packed")  # step by step, rank by rank
             row["cost"] = float(per_batch.reshape(-1, world_size).max(axis=1).sum())

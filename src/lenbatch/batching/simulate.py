@@ -19,7 +19,7 @@ import numpy as np
 from lenbatch.batching.padding import batch_tokens, composition_repeat, length_mixing, predict_bucketed
 from lenbatch.batching.spec import BatchSpec, spec_or_keywords
 from lenbatch.batching.strategies import STRATEGIES, plan_epoch_all
-from lenbatch.batching.strategy import WITH_EDGES
+from lenbatch.batching.strategy import WITH_EDGES, Strategy, edges_tuple
 
 
 def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, epochs: int = 3, seed: int = 0,
@@ -28,18 +28,17 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
              spec: BatchSpec | None = None) -> dict[str, dict[str, Any]]:
     """Metrics of every strategy (see module doc); ``bucketed`` is skipped with a log line when edges is None.
 
-    The batching comes as keyword arguments or whole as ``spec`` (its edges serve ``bucketed``; each
-    strategy plans with :meth:`BatchSpec.for_strategy`)."""
+    The batching comes as keyword arguments or whole as ``spec``; ``edges`` serve ``bucketed`` alone (each
+    strategy plans as ``Strategy.sharing(name, edges)``)."""
     base = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                            packed_window=packed_window, edges=edges)
-    edges = base.edges
+                            packed_window=packed_window)
+    edges = edges_tuple(edges)
     if epochs < 2:
         raise ValueError(f"plans.epochs must be >= 2 to measure composition repeat, got {epochs}")
     out: dict[str, dict[str, Any]] = {}
     # length mixing's reference: the random order's plan of each epoch under the same spec and ranks
-    random_spec = base.for_strategy("random")
     reference = [[b for r in plan_epoch_all(lengths, strategy="random", epoch=e, world_size=world_size,
-                                            spec=random_spec) for b in r] for e in range(epochs)]
+                                            spec=base) for b in r] for e in range(epochs)]
     if "sortish" in strategies:  # import torch + transformers before timing, so plan_seconds is planning only
         from transformers.trainer_pt_utils import get_length_grouped_indices  # noqa: F401
     for strategy in strategies:
@@ -48,16 +47,16 @@ def simulate(lengths: np.ndarray, *, strategies: tuple[str, ...] = STRATEGIES, e
                 log.info("bucketed skipped: no --boundaries given")
             continue
         plans, secs = [], []
-        spec_s = base.for_strategy(strategy)
+        strategy_s = Strategy.sharing(strategy, edges)
         for e in range(epochs):
             t0 = time.perf_counter()
-            ranks = plan_epoch_all(lengths, strategy=strategy, epoch=e, world_size=world_size, spec=spec_s)
+            ranks = plan_epoch_all(lengths, strategy=strategy_s, epoch=e, world_size=world_size, spec=base)
             secs.append(time.perf_counter() - t0)
             plans.append((ranks, [b for r in ranks for b in r]))
         useful = computed = 0
         steps = []
         for ranks, flat in plans:
-            u, c = batch_tokens(lengths, flat, packed=spec_s.packed)
+            u, c = batch_tokens(lengths, flat, packed=strategy_s.packed)
             useful += int(u.sum())
             computed += int(c.sum())
             steps.append(len(ranks[0]))

@@ -1,14 +1,13 @@
-"""``BatchSpec``: what one batch may be, validated once and passed whole.
+"""``BatchSpec``: what one batch may be and how an epoch's plan is drawn, validated once and passed whole.
 
-The five batching values (``token_budget``, ``max_batch_size``, ``seed``, ``packed_window``,
-``edges``) plus the layout and ``min_batches`` travel together from the params to the planner,
-the sampler, the simulation, the boundary objective and collate (as Lhotse's
-``TimeConstraint`` owns "is this batch full"). The public functions keep their keyword
-arguments and build a spec from them, or take it whole as ``spec=``, never both: one rule and one
-error for all of them (:func:`spec_or_keywords`, :func:`refuse_both`);
-:meth:`BatchSpec.for_strategy` gives a spec the layout (and edges) of a strategy.
+A spec holds the limits (``token_budget``, ``max_batch_size``) and the plan's randomness and knobs
+(``seed``, ``packed_window``, ``min_batches``); the strategy (:class:`lenbatch.Strategy`: name, layout and,
+for ``bucketed``, edges) is passed beside it, never inside it, so "bucketed with these edges" is said one
+way. The public functions keep their keyword arguments and build a spec from them, or take it whole as
+``spec=``, never both: one rule and one error for all of them (:func:`spec_or_keywords`,
+:func:`refuse_both`).
 
-Rules (DESIGN.md):
+Rules (DESIGN.md), for a batch of the strategy's ``layout``:
 
 * padded: a batch of ``n`` sequences whose longest has ``m`` tokens computes ``n * m`` tokens;
   it fits when ``n <= max_batch_size`` and ``n * m <= token_budget``. The greedy packer grows a
@@ -22,7 +21,6 @@ Numpy only (``import lenbatch`` stays light).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -30,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.batching.strategy import LAYOUTS, edges_tuple, kept_edges, layout_of
+from lenbatch.batching.strategy import LAYOUTS, Strategy
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> int:
@@ -45,21 +43,33 @@ def check_int(name: str, value: Any, *, minimum: int) -> int:
     return int(value)
 
 
+def _check_layout(layout: Any) -> str:
+    if isinstance(layout, Strategy):
+        return layout.layout
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r} unknown; pass one of {list(LAYOUTS)} or the lenbatch.Strategy "
+                         "whose batches these are (its .layout)")
+    return layout
+
+
 @dataclass(frozen=True)
 class BatchSpec:
     """One batch's limits and the plan's randomness; ``ValueError`` naming the argument and the fix.
 
-    ``edges`` (bucket boundaries in tokens, K+1 strictly increasing ints) are used by the
-    ``bucketed`` strategy only; whether they cover the lengths is checked by :meth:`check_lengths`.
-    ``min_batches`` (0: off) makes an epoch at least that many batches (over all ranks).
+    What belongs here is what stays the same when the strategy changes: a run compares strategies under one
+    spec. ``token_budget`` and ``max_batch_size`` bound every batch. ``seed`` draws every strategy's epoch
+    (``default_rng(seed + epoch)``), so it is the run's, not a strategy's: two strategies planned under one
+    seed are the comparison the study makes. ``packed_window`` (the first-fit search window of ``packed``)
+    and ``min_batches`` (0: off; an epoch of at least that many batches over all ranks, what trainers that fix
+    the steps per epoch need) are knobs of the planning that every strategy accepts and the sampler's
+    fingerprint covers; they say nothing about which batches a strategy forms, unlike a layout or edges,
+    which are the strategy's (:class:`lenbatch.Strategy`) and are passed beside the spec.
     """
 
     token_budget: int
     max_batch_size: int
-    layout: str = "padded"
     seed: int = 0
     packed_window: int = 8
-    edges: tuple[int, ...] | None = None
     min_batches: int = 0
 
     def __post_init__(self) -> None:
@@ -69,53 +79,49 @@ class BatchSpec:
         fix(self, "seed", check_int("seed", self.seed, minimum=0))
         fix(self, "packed_window", check_int("packed_window", self.packed_window, minimum=1))
         fix(self, "min_batches", check_int("min_batches", self.min_batches, minimum=0))
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout {self.layout!r} unknown; choose one of {list(LAYOUTS)}")
-        fix(self, "edges", edges_tuple(self.edges))
 
-    def for_strategy(self, strategy: str) -> "BatchSpec":
-        """This spec with ``strategy``'s layout, its edges kept for ``bucketed`` only."""
-        return dataclasses.replace(self, layout=layout_of(strategy), edges=kept_edges(strategy, self.edges))
-
-    @property
-    def packed(self) -> bool:
-        return self.layout == "packed"
-
-    def fits(self, n: int, tokens: int) -> bool:
-        """Whether ``n`` sequences fit one batch: padded, ``tokens`` is the longest one's length
-        (``n * tokens <= token_budget``); packed, ``tokens`` is the row's total. Both: ``n <= max_batch_size``."""
+    def fits(self, n: int, tokens: int, *, layout: "str | Strategy") -> bool:
+        """Whether ``n`` sequences fit one batch of ``layout`` (``"padded"``/``"packed"`` or a Strategy):
+        padded, ``tokens`` is the longest one's length (``n * tokens <= token_budget``); packed, ``tokens``
+        is the row's total (``tokens <= token_budget``). Both: ``n <= max_batch_size``. O(1)."""
+        packed = _check_layout(layout) == "packed"
         if n > self.max_batch_size:
             return False
-        return (tokens if self.packed else n * tokens) <= self.token_budget
+        return (tokens if packed else n * tokens) <= self.token_budget
 
-    def cost(self, lengths: Any) -> int:
-        """Computed tokens of one batch of these sequence lengths: ``n * max`` padded, ``sum`` packed."""
+    def cost(self, lengths: Any, *, layout: "str | Strategy") -> int:
+        """Computed tokens of one batch of these sequence lengths in ``layout``: ``n * max`` padded, ``sum``
+        packed. O(n)."""
+        packed = _check_layout(layout) == "packed"
         x = np.asarray(lengths, dtype=np.int64)
         if x.size == 0:
             return 0
-        return int(x.sum()) if self.packed else int(x.size * x.max())
+        return int(x.sum()) if packed else int(x.size * x.max())
 
-    def check_lengths(self, x: np.ndarray) -> None:
-        """``ValueError`` when a sample is longer than the budget or the edges do not cover the lengths."""
+    def check_lengths(self, x: np.ndarray, strategy: "Strategy | None" = None) -> None:
+        """``ValueError`` when a sample is longer than the budget or, given ``strategy``, its edges do not
+        cover the lengths (:meth:`lenbatch.Strategy.check_lengths`). O(n)."""
         longest = int(x.max())
         if longest > self.token_budget:
             n_over = int(np.count_nonzero(x > self.token_budget))
             raise ValueError(f"{n_over} sample(s) are longer than token_budget={self.token_budget} (longest "
                              f"{longest} tokens); raise token_budget or truncate those samples")
-        if self.edges is not None and (self.edges[0] > x.min() or self.edges[-1] <= longest):
-            raise ValueError(f"edges {list(self.edges)} do not cover the lengths {int(x.min())}..{longest}: "
-                             "need edges[0] <= min and edges[-1] > max; recompute boundaries for these lengths")
+        if strategy is not None:
+            strategy.check_lengths(x)
 
-    def fingerprint(self, x: np.ndarray, strategy: str) -> str:
-        """16 hex digits identifying the plan of ``strategy`` over lengths ``x`` under this spec
-        (the sampler's resume check; unchanged from the sampler's earlier fingerprint, so saved
-        states still load). ``min_batches`` enters only when set."""
+    def fingerprint(self, x: np.ndarray, strategy: "str | Strategy") -> str:
+        """16 hex digits identifying the plan of ``strategy`` (its name and edges) over lengths ``x`` under
+        this spec: sha256 of the lengths as little-endian int64, then of the sorted JSON of the strategy's
+        name and edges and this spec's values (the sampler's resume check; byte-identical to the earlier
+        fingerprint, when the spec carried the edges, so saved states still load). ``min_batches`` enters
+        only when set. O(n), in 1 Mi-sample blocks."""
+        strategy = Strategy.of(strategy)
         h = hashlib.sha256()
         step = 1 << 20  # the int64 bytes a block at a time: the same digest, no n-sized int64 copy
         for a in range(0, x.size, step):
             h.update(np.ascontiguousarray(x[a:a + step], dtype="<i8"))
-        fp: dict[str, Any] = {"strategy": strategy, "token_budget": self.token_budget,
-                              "max_batch_size": self.max_batch_size, "seed": self.seed, "edges": self.edges,
+        fp: dict[str, Any] = {"strategy": strategy.name, "token_budget": self.token_budget,
+                              "max_batch_size": self.max_batch_size, "seed": self.seed, "edges": strategy.edges,
                               "packed_window": self.packed_window}
         if self.min_batches:
             fp["min_batches"] = self.min_batches
@@ -125,8 +131,8 @@ class BatchSpec:
 
 # The public functions' defaults for the batching keywords: a keyword left at its default counts as not
 # given beside ``spec=`` (seed=0 with a spec is the spec's seed, not a conflict).
-KEYWORD_DEFAULTS: dict[str, Any] = {"token_budget": None, "max_batch_size": None, "seed": 0, "edges": None,
-                                    "packed_window": 8, "min_batches": 0}
+KEYWORD_DEFAULTS: dict[str, Any] = {"token_budget": None, "max_batch_size": None, "seed": 0, "packed_window": 8,
+                                    "min_batches": 0}
 
 
 def refuse_both(spec: Any, **keywords: Any) -> None:
@@ -144,13 +150,13 @@ def refuse_both(spec: Any, **keywords: Any) -> None:
                          "put them in the BatchSpec")
 
 
-def spec_or_keywords(spec: "BatchSpec | None", *, layout: str = "padded", **keywords: Any) -> BatchSpec:
+def spec_or_keywords(spec: "BatchSpec | None", **keywords: Any) -> BatchSpec:
     """``spec`` (then ``keywords`` must be at their defaults: :func:`refuse_both`), else a
-    :class:`BatchSpec` of ``layout`` built from ``keywords`` (``token_budget``, ``max_batch_size`` and
-    whichever of ``seed``, ``edges``, ``packed_window``, ``min_batches`` the function takes)."""
+    :class:`BatchSpec` built from ``keywords`` (``token_budget``, ``max_batch_size`` and whichever of
+    ``seed``, ``packed_window``, ``min_batches`` the function takes)."""
     refuse_both(spec, **keywords)
     if spec is not None:
         return spec
     if keywords.get("token_budget") is None or keywords.get("max_batch_size") is None:
         raise ValueError("pass token_budget= and max_batch_size= (or spec=lenbatch.BatchSpec(...))")
-    return BatchSpec(layout=layout, **keywords)
+    return BatchSpec(**keywords)

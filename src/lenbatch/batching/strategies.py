@@ -30,7 +30,6 @@ With ``world_size == 1`` the strategy's own order is kept.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from typing import Any
@@ -43,7 +42,7 @@ from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
 from lenbatch.batching.scan import (first_fit_rows, greedy_batches, histogram_too_wide, kernels, permutation,
                                    segment_sums, shuffle, stable_order, take, torch_randperm, value_counts)
-from lenbatch.batching.strategy import STRATEGIES, Strategy, layout_of
+from lenbatch.batching.strategy import STRATEGIES, Strategy
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 
 __all__ = ["Plan", "check_plan", "named_strategy", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
@@ -79,54 +78,46 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return int(rank), int(world_size)
 
 
-def validate(lengths: Any, *, strategy: str, token_budget: int, max_batch_size: int, edges: Any = None,
+def validate(lengths: Any, *, strategy: "str | Strategy", token_budget: int, max_batch_size: int, edges: Any = None,
              packed_window: int = 8) -> tuple[np.ndarray, np.ndarray | None]:
     """Checked lengths (int64) and edges; ``ValueError`` naming the setting and the fix."""
-    spec = BatchSpec(token_budget=token_budget, max_batch_size=max_batch_size, layout=layout_of(strategy),
-                     packed_window=packed_window, edges=edges)
-    x = check_plan(lengths, strategy=strategy, spec=spec)
-    return x, None if spec.edges is None else np.asarray(spec.edges, dtype=np.int64)
+    s = Strategy.of(strategy, edges)
+    spec = BatchSpec(token_budget=token_budget, max_batch_size=max_batch_size, packed_window=packed_window)
+    x = check_plan(lengths, strategy=s, spec=spec)
+    return x, None if s.edges is None else np.asarray(s.edges, dtype=np.int64)
 
 
-def check_plan(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:
-    """Checked lengths (int64) for planning ``strategy`` under ``spec``: the strategy is known, its
-    layout is the spec's, ``bucketed`` has edges (and only it), every length fits the budget and
-    the edges cover the lengths. ``ValueError`` naming the setting and the fix."""
+def check_plan(lengths: Any, *, strategy: "str | Strategy", spec: BatchSpec) -> np.ndarray:
+    """Checked lengths (int64) for planning ``strategy`` under ``spec``: the strategy is known (a name
+    stands for a Strategy without edges), every length fits the budget and the strategy's edges cover the
+    lengths. ``ValueError`` naming the setting and the fix. O(n)."""
+    strategy = Strategy.of(strategy)
     x = check_lengths(lengths)
-    _check_strategy_spec(strategy, spec)
-    spec.check_lengths(x)
+    spec.check_lengths(x, strategy)
     return x
 
 
-def _check_strategy_spec(strategy: str, spec: BatchSpec) -> None:
-    s = Strategy(strategy, spec.edges)  # the strategy's own rules (lenbatch.batching.strategy)
-    if spec.layout != s.layout:
-        raise ValueError(f"strategy {strategy!r} makes {s.layout} batches but the BatchSpec has layout "
-                         f"{spec.layout!r}; build it with layout={s.layout!r} "
-                         "(spec.for_strategy(strategy) does)")
-
-
-def planning_lengths(lengths: Any, *, strategy: str, spec: BatchSpec) -> np.ndarray:
+def planning_lengths(lengths: Any, *, strategy: "str | Strategy", spec: BatchSpec) -> np.ndarray:
     """:func:`check_plan`'s checks, but the lengths come back in the smallest integer type that holds
     them (uint16 below 65,536 tokens) and are not copied to int64: an epoch of 90 M int32 lengths
     would otherwise take 720 MB before planning starts. Same errors as :func:`check_plan`."""
     arr = np.asarray(lengths)
     if not (arr.ndim == 1 and arr.size and np.issubdtype(arr.dtype, np.integer) and arr.min() > 0):
         return check_plan(lengths, strategy=strategy, spec=spec)  # raises, or converts integral floats
-    _check_strategy_spec(strategy, spec)
-    spec.check_lengths(arr)
+    spec.check_lengths(arr, Strategy.of(strategy))
     top = int(arr.max())
     dtype = np.uint16 if top < 2**16 else np.int32 if top < 2**31 else np.int64
     return arr.astype(dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- strategies (every batch of the epoch)
-# Each takes the planning lengths x (uint16/int32), the epoch's generator and the spec, and returns the
+# Each takes the planning lengths x (uint16/int32), the epoch's generator, the spec and the Strategy (for
+# its edges), and returns the
 # epoch's batches in the strategy's list order as EpochBatches, drawing from the generator exactly as
 # a straightforward list-of-arrays planner does (tests/batching/test_plan_reference.py compares them).
 
 
-def _sorted(x, rng, spec, limit=None):
+def _sorted(x, rng, spec, strategy, limit=None):
     # ascending length, ties by index (a counting sort); the greedy batches along a sorted order depend
     # only on how many samples have each length, so their starts come from the histogram, O(distinct)
     top = int(x.max())
@@ -147,7 +138,7 @@ def _sorted(x, rng, spec, limit=None):
     return eb.reorder(permutation(rng, len(eb)))
 
 
-def _random(x, rng, spec, limit=None):
+def _random(x, rng, spec, strategy, limit=None):
     order = permutation(rng, x.size)
     return _greedy(order, take(x, order), spec, limit)
 
@@ -166,8 +157,8 @@ def _greedy(order: np.ndarray, xo: np.ndarray, spec: BatchSpec, limit: CostLimit
     return EpochBatches(order, starts, np.append(starts[1:], order.size), cost)
 
 
-def _bucketed(x, rng, spec, limit=None):
-    edges = np.asarray(spec.edges, dtype=np.int64)
+def _bucketed(x, rng, spec, strategy, limit=None):
+    edges = np.asarray(strategy.edges, dtype=np.int64)
     top = int(x.max())
     if histogram_too_wide(top, x.size):
         ids = (np.searchsorted(edges, x, side="right") - 1).astype(np.int16)
@@ -251,12 +242,12 @@ def _sort_megabatches(perm: np.ndarray, xo: np.ndarray, mega: int, top: int) -> 
             xo[lo:hi] = np.take_along_axis(xo[lo:hi].reshape(rows, width), srt, axis=1).ravel()
 
 
-def _sortish(x, rng, spec, limit=None):
+def _sortish(x, rng, spec, strategy, limit=None):
     order, xo = _sortish_order(x, rng, spec.max_batch_size)
     return _greedy(order, xo, spec, limit)
 
 
-def _packed(x, rng, spec, limit=None):
+def _packed(x, rng, spec, strategy, limit=None):
     # first-fit rows along a shuffled order (the rules: lenbatch.batching.scan.first_fit_rows); a row
     # whose free space is below the shortest length is closed at once
     order = permutation(rng, x.size)
@@ -276,18 +267,10 @@ def _packed(x, rng, spec, limit=None):
     return EpochBatches(members, offsets[:-1], offsets[1:], cost)
 
 
-def named_strategy(strategy: "str | Strategy", edges: Any, spec: BatchSpec | None) -> tuple[str, Any, BatchSpec | None]:
-    """(name, edges keyword, spec) from ``strategy`` given as a name or as a :class:`Strategy` (which
-    carries its own edges: then ``edges=`` must be None, and a ``spec`` gets the strategy's edges)."""
-    if not isinstance(strategy, Strategy):
-        return strategy, edges, spec
-    if edges is not None:
-        raise ValueError(f"{strategy!r} carries its own edges; drop edges=")
-    if spec is None:
-        return strategy.name, strategy.edges, None
-    if spec.edges is not None and spec.edges != strategy.edges:
-        raise ValueError(f"the BatchSpec's edges {list(spec.edges)} differ from {strategy!r}'s; give them once")
-    return strategy.name, None, dataclasses.replace(spec, layout=strategy.layout, edges=strategy.edges)
+def named_strategy(strategy: "str | Strategy", edges: Any = None) -> Strategy:
+    """``strategy`` as a :class:`Strategy`: a name with ``edges=`` beside it builds one; a Strategy carries its
+    own edges, so ``edges=`` beside it is a ``ValueError`` naming the fix (:meth:`Strategy.of`)."""
+    return Strategy.of(strategy, edges)
 
 
 _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish": _sortish, "packed": _packed}
@@ -309,32 +292,35 @@ def plan_epoch_all(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, 
     the ranks by that cost instead of computed tokens; ``cost_budget`` also caps every batch's cost
     (:mod:`lenbatch.batching.cost`).
     """
-    strategy, edges, spec = named_strategy(strategy, edges, spec)
-    spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
-                            seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
+    strategy = named_strategy(strategy, edges)
+    spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
+                            packed_window=packed_window, min_batches=min_batches)
     eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size, cost=cost,
                               cost_budget=cost_budget)
-    return [rank_plan(eb, pos, strategy) for pos in ranks]
+    return [rank_plan(eb, pos, strategy.name) for pos in ranks]
 
 
-def epoch_batches(lengths: Any, *, strategy: str, spec: BatchSpec, epoch: int, world_size: int,
+def epoch_batches(lengths: Any, *, strategy: "str | Strategy", spec: BatchSpec, epoch: int, world_size: int,
                   cost: Cost | None = None, cost_budget: float | None = None) -> tuple[EpochBatches, list[np.ndarray]]:
     """The epoch's batches (compact) and, per rank, the positions of its batches in step order.
     O(N) with numba (``lenbatch[fast]``) for every strategy but ``sortish`` (torch's randperm) and
-    the Python scans without it; memory O(N) in int32/uint16 (see benchmarks/bench_plans.py)."""
+    the Python scans without it; memory O(N) in int32/uint16 (see benchmarks/bench_plans.py). A name
+    stands for a :class:`Strategy` without edges."""
+    strategy = Strategy.of(strategy)
     x = planning_lengths(lengths, strategy=strategy, spec=spec)
     world_size = check_int("world_size", world_size, minimum=1)
     epoch = check_int("epoch", epoch, minimum=0)
     rng = np.random.default_rng(spec.seed + epoch)
     limit = cost_limit(x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size, cost=cost,
                        cost_budget=cost_budget)
+    plan, packed = _FUNCS[strategy.name], strategy.packed
     if limit is None:
-        eb = _FUNCS[strategy](x, rng, spec)
-        eb = split_to_multiple(eb, x, world_size, spec.packed, spec.min_batches)
+        eb = plan(x, rng, spec, strategy)
+        eb = split_to_multiple(eb, x, world_size, packed, spec.min_batches)
         return eb, assign_ranks(eb, world_size, rng)
     # priced by the cost model: the costliest are split, and each step's batches cost alike
-    eb = _priced(_FUNCS[strategy](x, rng, spec, limit), x, limit.cost, spec.packed)
-    eb = _priced(split_to_multiple(eb, x, world_size, spec.packed, spec.min_batches), x, limit.cost, spec.packed)
+    eb = _priced(plan(x, rng, spec, strategy, limit), x, limit.cost, packed)
+    eb = _priced(split_to_multiple(eb, x, world_size, packed, spec.min_batches), x, limit.cost, packed)
     return eb, assign_ranks(eb, world_size, rng)
 
 
@@ -361,13 +347,13 @@ def plan_epoch(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, seed
     (``edges=`` beside it for ``bucketed``) or a :class:`lenbatch.Strategy`; ``cost``/``cost_budget`` as in
     :func:`plan_epoch_all`.
     """
-    strategy, edges, spec = named_strategy(strategy, edges, spec)
+    strategy = named_strategy(strategy, edges)
     rank, world_size = resolve_rank(rank, world_size)
-    spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
-                            seed=seed, edges=edges, packed_window=packed_window, min_batches=min_batches)
+    spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
+                            packed_window=packed_window, min_batches=min_batches)
     eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size, cost=cost,
                               cost_budget=cost_budget)
-    return rank_plan(eb, ranks[rank], strategy)  # only this rank's batches are gathered
+    return rank_plan(eb, ranks[rank], strategy.name)  # only this rank's batches are gathered
 
 
 def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: "str | Strategy", seed: int = 0, token_budget: int | None = None,
@@ -378,9 +364,9 @@ def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: "str | Strategy"
     them plans (over all ranks, a multiple of ``world_size``). Strategies other than ``sorted`` plan
     a different count each epoch (greedy packing of a new order). Cost: ``epochs`` plans."""
     epochs = check_int("epochs", epochs, minimum=1)
-    strategy, edges, spec = named_strategy(strategy, edges, spec)
-    spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget, max_batch_size=max_batch_size,
-                            seed=seed, edges=edges, packed_window=packed_window)
+    strategy = named_strategy(strategy, edges)
+    spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
+                            packed_window=packed_window)
     return max(len(epoch_batches(lengths, strategy=strategy, spec=spec, epoch=e, world_size=world_size, cost=cost,
                                  cost_budget=cost_budget)[0])
                for e in range(epochs))  # every rank's batches counted, none gathered

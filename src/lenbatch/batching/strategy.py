@@ -7,7 +7,8 @@ The five strategies (DESIGN.md) and the rules that bind them are stated here, on
 * ``bucketed`` needs its bucket **edges** (K+1 strictly increasing token counts) and no other
   strategy takes any.
 
-``Strategy("bucketed", edges=b.edges)`` is what the planner, the sampler and the Trainer integration
+A strategy owns its name, layout and edges; a :class:`lenbatch.BatchSpec` owns only the limits and the
+plan's randomness, and the two travel side by side. ``Strategy("bucketed", edges=b.edges)`` is what the planner, the sampler and the Trainer integration
 accept wherever they take ``strategy=`` (a name alone still works for the four strategies without
 edges, and with ``edges=`` beside it). Each strategy's planner is in :mod:`lenbatch.batching.strategies`
 (an import-time assertion there checks that every strategy has one). Numpy only.
@@ -94,13 +95,29 @@ class Strategy:
         """``"padded"`` or ``"packed"``: the layout of this strategy's batches."""
         return STRATEGY_LAYOUTS[self.name]
 
+    @property
+    def packed(self) -> bool:
+        """Whether this strategy's batches are packed rows."""
+        return self.layout == "packed"
+
+    def check_lengths(self, x: np.ndarray) -> None:
+        """``ValueError`` when this strategy's edges do not cover the lengths ``x`` (``edges[0] <= min`` and
+        ``edges[-1] > max``); nothing to check without edges. O(n)."""
+        if self.edges is None:
+            return
+        lo, hi = int(x.min()), int(x.max())
+        if self.edges[0] > lo or self.edges[-1] <= hi:
+            raise ValueError(f"edges {list(self.edges)} do not cover the lengths {lo}..{hi}: need edges[0] <= min "
+                             "and edges[-1] > max; recompute boundaries for these lengths")
+
     @classmethod
     def of(cls, strategy: "str | Strategy", edges: Any = None) -> "Strategy":
         """``strategy`` as a :class:`Strategy`: a name with ``edges`` beside it, or a Strategy (then
-        ``edges`` must be None: a strategy carries its own)."""
+        ``edges`` must be None: a strategy carries its own; ``ValueError`` naming the fix otherwise)."""
         if isinstance(strategy, Strategy):
             if edges is not None:
-                raise ValueError(f"{strategy!r} carries its own edges; drop edges=")
+                raise ValueError(f"{strategy!r} carries its own edges and edges= was given too; pass the edges "
+                                 "once: drop edges=, or pass strategy=Strategy.name with edges=")
             return strategy
         return cls(strategy, edges)
 

@@ -57,7 +57,7 @@ from lenbatch.batching.cost import Cost, cost_limit
 from lenbatch.batching.epoch import EpochBatches, split_to_multiple
 from lenbatch.batching.scan import _first_fit_decreasing
 from lenbatch.batching.spec import BatchSpec, check_int
-from lenbatch.batching.strategy import STRATEGIES
+from lenbatch.batching.strategy import STRATEGIES, Strategy, edges_tuple, layout_of
 
 # every strategy but sorted, which needs the whole epoch's lengths before its first batch
 STREAM_STRATEGIES = tuple(s for s in STRATEGIES if s != "sorted")
@@ -78,15 +78,32 @@ def check_stream_strategy(strategy: str) -> str:
     return strategy
 
 
+def stream_strategy(strategy: "str | Strategy", edges: Any = None) -> tuple[str, tuple[int, ...] | None]:
+    """(name, edges) of a stream's strategy: a :class:`Strategy` carries its edges (``edges=`` beside it is a
+    ``ValueError``); a name takes ``edges=`` beside it, which only ``bucketed`` accepts, and ``bucketed``
+    alone may go without (a stream estimates them from its first buffer)."""
+    if isinstance(strategy, Strategy):
+        s = Strategy.of(strategy, edges)
+        return check_stream_strategy(s.name), s.edges
+    name = check_stream_strategy(strategy)
+    edges = edges_tuple(edges)
+    if edges is not None:
+        Strategy(name, edges)  # only bucketed takes edges
+    return name, edges
+
+
 class StreamPlanner:
     """The batches of one pass over a stream (module doc): :meth:`push` each length in stream order, then
     :meth:`finish`; :meth:`take_steps` hands out the released steps, each a list of ``world_size``
     batches, a batch a list of stream positions (0-based). ``ValueError`` naming the setting and the fix
     for a length over the budget or outside the edges."""
 
-    def __init__(self, *, strategy: str, spec: BatchSpec, buffer_size: int, epoch: int = 0, world_size: int = 1,
-                 num_buckets: int = 6, cost: Cost | None = None, cost_budget: float | None = None) -> None:
-        self.strategy = check_stream_strategy(strategy)
+    def __init__(self, *, strategy: "str | Strategy", spec: BatchSpec, buffer_size: int, edges: Any = None,
+                 epoch: int = 0, world_size: int = 1, num_buckets: int = 6, cost: Cost | None = None,
+                 cost_budget: float | None = None) -> None:
+        strategy, edges = stream_strategy(strategy, edges)
+        self.strategy = strategy
+        self.packed = layout_of(strategy) == "packed"
         # validated as the in-memory planner does (a length of 1 stands in for the stream's, unknown yet)
         cost_limit(np.ones(1, dtype=np.int64), token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
                    cost=cost, cost_budget=cost_budget)
@@ -104,7 +121,7 @@ class StreamPlanner:
         self.peak_held = 0
         self.hash = 0
         self.shortest = spec.token_budget + 1
-        self.edges: tuple[int, ...] | None = spec.edges
+        self.edges: tuple[int, ...] | None = edges
         self._buf_pos: list[int] = []
         self._buf_len: list[int] = []
         self._draws: list[int] = []
@@ -312,7 +329,7 @@ class StreamPlanner:
 
     def _batch_cost(self, lens: list[int]) -> float:
         a, b = self._a, self._b
-        if self.spec.packed:
+        if self.packed:
             return sum(a * L + b * L * L for L in lens)
         m = max(lens)
         return len(lens) * (a * m + b * m * m)
@@ -343,7 +360,7 @@ class StreamPlanner:
             sizes = np.asarray([len(ps) for ps, _ in pending], dtype=np.int64)
             end = np.cumsum(sizes)
             start = end - sizes
-            packed = self.spec.packed
+            packed = self.packed
             cost = np.asarray([sum(ls) if packed else len(ls) * max(ls) for _, ls in pending], dtype=np.int64)
             try:
                 eb = split_to_multiple(EpochBatches(np.arange(lens.size), start, end, cost), lens, w, packed)
@@ -356,13 +373,13 @@ class StreamPlanner:
         self._release_group(pending)
 
 
-def plan_stream(lengths: Any, *, strategy: str, spec: BatchSpec, buffer_size: int, epoch: int = 0,
-                world_size: int = 1, num_buckets: int = 6, cost: Cost | None = None,
+def plan_stream(lengths: Any, *, strategy: "str | Strategy", spec: BatchSpec, buffer_size: int, edges: Any = None,
+                epoch: int = 0, world_size: int = 1, num_buckets: int = 6, cost: Cost | None = None,
                 cost_budget: float | None = None) -> list[list[np.ndarray]]:
     """Every rank's batches of one pass over a stream with these ``lengths`` (in stream order): ``out[r]``
     is rank r's list of int64 position arrays, in order. The same batches as :class:`StreamPlanner`
     (and :class:`lenbatch.StreamingBatcher`) give; for tests and benchmarks. Cost: see the module doc."""
-    planner = StreamPlanner(strategy=strategy, spec=spec, buffer_size=buffer_size, epoch=epoch,
+    planner = StreamPlanner(strategy=strategy, spec=spec, buffer_size=buffer_size, edges=edges, epoch=epoch,
                             world_size=world_size, num_buckets=num_buckets, cost=cost, cost_budget=cost_budget)
     push = planner.push
     for L in np.asarray(lengths).tolist():
@@ -372,4 +389,4 @@ def plan_stream(lengths: Any, *, strategy: str, spec: BatchSpec, buffer_size: in
     return [[np.asarray(step[r], dtype=np.int64) for step in steps] for r in range(world_size)]
 
 
-__all__ = ["STREAM_STRATEGIES", "StreamPlanner", "check_stream_strategy", "plan_stream"]
+__all__ = ["STREAM_STRATEGIES", "StreamPlanner", "check_stream_strategy", "plan_stream", "stream_strategy"]

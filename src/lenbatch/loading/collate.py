@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from lenbatch.batching.spec import refuse_both
+from lenbatch.batching.strategy import Strategy
 
 
 @dataclass
@@ -272,16 +273,19 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
                  labels=labels)
 
 
-def collate(samples: Sequence[Mapping[str, Any]], *, layout: str | None = None, token_budget: int | None = None,
+def collate(samples: Sequence[Mapping[str, Any]], *, layout: Any = None, token_budget: int | None = None,
             max_batch_size: int | None = None, indices: Sequence[int] | None = None, spec: Any = None) -> Batch:
-    """Collate in ``layout`` (``"padded"`` or ``"packed"``, see :func:`layout_of`), checked
-    against ``token_budget``/``max_batch_size`` (None: not checked); or all three from ``spec``
-    (a :class:`lenbatch.BatchSpec`: its layout, budget and max batch size)."""
-    refuse_both(spec, layout=layout, token_budget=token_budget, max_batch_size=max_batch_size)
+    """Collate in ``layout`` (``"padded"`` or ``"packed"``, or the :class:`lenbatch.Strategy` whose batches
+    these are), checked against ``token_budget``/``max_batch_size`` (None: not checked), or both limits from
+    ``spec`` (a :class:`lenbatch.BatchSpec`; the layout is the strategy's, never the spec's). Cost: O(tokens)."""
+    refuse_both(spec, token_budget=token_budget, max_batch_size=max_batch_size)
     if spec is not None:
-        layout, token_budget, max_batch_size = spec.layout, spec.token_budget, spec.max_batch_size
+        token_budget, max_batch_size = spec.token_budget, spec.max_batch_size
+    if isinstance(layout, Strategy):
+        layout = layout.layout
     if layout == "padded":
         return collate_padded(samples, token_budget=token_budget, max_batch_size=max_batch_size, indices=indices)
     if layout == "packed":
         return collate_packed(samples, token_budget=token_budget, indices=indices)
-    raise ValueError(f"unknown batch layout {layout!r}; use 'padded' or 'packed'")
+    raise ValueError(f"unknown batch layout {layout!r}; pass layout='padded' or 'packed' (or the lenbatch.Strategy "
+                     "that planned the batch: its layout)")

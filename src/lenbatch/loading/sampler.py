@@ -12,15 +12,14 @@ Semantics in other people's loops (DESIGN.md "The library in other people's loop
   any other epoch starts that epoch fresh.
 * ``rank``/``world_size`` default to torch.distributed's; ``WORLD_SIZE`` > 1 without an initialised
   process group is refused (as ``DistributedSampler`` does) unless both are passed.
-* A DataLoader with ``num_workers`` > 0 draws batches ahead of the training loop. When torch's
-  ``DataLoader`` iterates the sampler itself, ``state_dict()`` counts the batches that loader has
-  returned to the loop (its iterator's count), not those prefetched, so it resumes at the first batch
-  not trained on. Behind a wrapper that iterates the sampler for the loader (accelerate's
-  ``BatchSamplerShard``) or prefetches itself, that count is not the loop's: ``state_dict()`` then warns
-  once with workers, naming ``consumed()``. Exact everywhere: iterate ``sampler.consumed(loader)``
-  (the state then counts the batches the loop received), pass ``state_dict(batches_consumed=n)``, or
-  use torchdata's ``StatefulDataLoader``, whose ``state_dict()`` snapshots this sampler's state as of
-  each batch it yields.
+* A DataLoader with ``num_workers`` > 0 draws batches ahead of the training loop. ``state_dict()``
+  reports the batches this sampler has handed out, which is exact when the loop receives each batch as it
+  is drawn (``num_workers=0``) and under torchdata's ``StatefulDataLoader`` (whose ``state_dict()``
+  snapshots this sampler's state as of each batch it yields), but runs ahead of the loop behind a plain
+  prefetching ``DataLoader``. The sampler cannot see its loader (torch does not tell a batch sampler who
+  iterates it), so the exact routes are explicit: build the loader with ``sampler.dataloader(dataset, ...)``
+  (a ``DataLoader`` that counts the batches it returns to the loop), iterate ``sampler.consumed(loader)``,
+  or pass ``state_dict(batches_consumed=n)``.
 * A second pass over the same epoch without ``set_epoch`` repeats its batches (every epoch would be
   epoch 0); it warns once, naming ``set_epoch``.
 * ``min_batches`` (default off) pads every epoch to at least that many batches by splitting the
@@ -57,14 +56,13 @@ import dataclasses
 import logging
 import sys
 import warnings
-import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch.utils.data
 
-from lenbatch.batching.strategy import Strategy, layout_of
+from lenbatch.batching.strategy import Strategy
 from lenbatch.batching.cost import cost_fingerprint, cost_limit
 from lenbatch.batching.overflow import Pieces, overflow_pieces
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
@@ -151,25 +149,6 @@ def _accelerate_processes() -> int:
     return int(getattr(mod.PartialState(), "num_processes", 0))
 
 
-def _loader_iterator(max_depth: int = 4) -> tuple[Any, bool]:
-    """torch's DataLoader iterator among the frames that drive the sampler's generator (None if none),
-    and whether it calls the generator itself (no wrapper such as accelerate's ``BatchSamplerShard``
-    between). Frames: the loader does not tell its batch sampler which iterator draws from it."""
-    mod = sys.modules.get("torch.utils.data.dataloader")
-    base = getattr(mod, "_BaseDataLoaderIter", None)
-    if base is None:
-        return None, False
-    frame = sys._getframe(2)  # 0: here, 1: the sampler's generator body, 2: whoever called next() on it
-    for depth in range(max_depth):
-        if frame is None:
-            break
-        obj = frame.f_locals.get("self")
-        if isinstance(obj, base):
-            return obj, depth == 0
-        frame = frame.f_back
-    return None, False
-
-
 class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yield this rank's batches of one epoch; ``set_epoch`` before each epoch (like DistributedSampler)."""
 
@@ -180,17 +159,16 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
                  cost: Any = None, cost_budget: float | None = None, accelerator: Any = None,
                  lightning_trainer: Any = None) -> None:
         super().__init__()
-        strategy, edges, spec = named_strategy(strategy, edges, spec)  # a name, or a Strategy with its edges
-        spec = spec_or_keywords(spec, layout=layout_of(strategy), token_budget=token_budget,
-                                max_batch_size=max_batch_size, seed=seed, edges=edges, packed_window=packed_window,
-                                min_batches=min_batches)
+        plan_strategy = named_strategy(strategy, edges)  # a name with edges= beside it, or a Strategy
+        spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
+                                packed_window=packed_window, min_batches=min_batches)
         # the plan is over pieces; with "error" (and nothing over budget) they are the samples themselves
         self.pieces: Pieces = overflow_pieces(lengths, token_budget=spec.token_budget, overflow=overflow)
         self.overflow = overflow
         if self.pieces.samples_over_budget:
             log.warning("%s", self.pieces.report())
         # checked, and kept in the smallest integer type (uint16 below 65,536 tokens): 2 bytes a sample
-        x = planning_lengths(self.pieces.lengths, strategy=strategy, spec=spec)
+        x = planning_lengths(self.pieces.lengths, strategy=plan_strategy, spec=spec)
         if accelerator is not None:
             rank, world_size = _accelerate_ranks(accelerator, rank, world_size)
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -199,7 +177,8 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._accelerate: bool | None = True if accelerator is not None else None  # None: not said (warns)
         self._lightning = lightning_trainer
         self.lengths = x
-        self.strategy = strategy
+        self.plan_strategy: Strategy = plan_strategy
+        self.strategy: str = plan_strategy.name  # the name (states and logs carry it)
         self.spec = spec
         self.epoch = 0
         self._position = 0  # batches yielded in the current epoch
@@ -209,12 +188,11 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._viewed = False  # view() was asked for: the loader can serve pieces
         self._iterated_epoch: int | None = None  # the epoch a pass has started over, since set_epoch
         self._warned: set[str] = set()
-        self._loader_iter: Any = None  # (weakref to torch's DataLoader iterator, it calls us directly, start)
         # cost=/cost_budget=: passed to plan_epoch (lenbatch.batching.cost); checked here, once
         cost_limit(x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size, cost=cost,
                    cost_budget=cost_budget)
         self.cost, self.cost_budget = cost, cost_budget
-        self.fingerprint = cost_fingerprint(spec.fingerprint(x, strategy), cost, cost_budget)
+        self.fingerprint = cost_fingerprint(spec.fingerprint(x, plan_strategy), cost, cost_budget)
         self.sampler = _EpochForward(self)
         self.epochs: int | None = None
         if epochs is None and lightning_trainer is not None:
@@ -228,9 +206,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             self.equalize_epochs(epochs)
 
     def __getstate__(self) -> dict[str, Any]:
-        # the loader iterator is held by a weakref (not picklable, and meaningless in a copy)
         state = self.__dict__.copy()
-        state["_loader_iter"] = None
         state["_lightning"] = None  # the trainer stays with the process that trains
         return state
 
@@ -258,21 +234,22 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self._position or self._resume:
             raise ValueError("epochs= changes every epoch's plan, so it must be set before the first batch is "
                              "drawn or a state restored; build the sampler with epochs=")
-        most = equal_epoch_batches(self.lengths, epochs=epochs, strategy=self.strategy, world_size=self.world_size,
+        most = equal_epoch_batches(self.lengths, epochs=epochs, strategy=self.plan_strategy, world_size=self.world_size,
                                    spec=dataclasses.replace(self.spec, min_batches=0), cost=self.cost,
                                    cost_budget=self.cost_budget)
         self.spec = dataclasses.replace(self.spec, min_batches=max(self.spec.min_batches, most))
-        self.fingerprint = cost_fingerprint(self.spec.fingerprint(self.lengths, self.strategy), self.cost,
+        self.fingerprint = cost_fingerprint(self.spec.fingerprint(self.lengths, self.plan_strategy), self.cost,
                                             self.cost_budget)
         self.epochs = epochs
         self._cache = None
         return len(self.plan())
 
-    # the batching values, read from the spec (kept as attributes: callers read them)
+    # the batching values, read from the spec and the strategy (kept as attributes: callers read them)
     token_budget = property(lambda self: self.spec.token_budget)
     max_batch_size = property(lambda self: self.spec.max_batch_size)
     seed = property(lambda self: self.spec.seed)
-    edges = property(lambda self: self.spec.edges)
+    edges = property(lambda self: self.plan_strategy.edges)
+    layout = property(lambda self: self.plan_strategy.layout)
     packed_window = property(lambda self: self.spec.packed_window)
     min_batches = property(lambda self: self.spec.min_batches)
 
@@ -282,7 +259,7 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         # only this rank's batches are kept (compact: one int64 index array + offsets)
-        batches = plan_epoch(self.lengths, strategy=self.strategy, epoch=epoch, rank=self.rank,
+        batches = plan_epoch(self.lengths, strategy=self.plan_strategy, epoch=epoch, rank=self.rank,
                              world_size=self.world_size, spec=self.spec, cost=self.cost, cost_budget=self.cost_budget)
         if epoch == self.epoch:
             self._cache = (epoch, batches)
@@ -328,8 +305,6 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._iterated_epoch = self.epoch
         self._resume = None
         self._position = start
-        found, direct = _loader_iterator()
-        self._loader_iter = None if found is None else (weakref.ref(found), direct, start)
         for i in range(start, len(batches)):
             for slot in range(slots):
                 if slot == self.rank % slots:
@@ -360,42 +335,32 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """Resumable state: epoch and position (batches of this epoch done), plus what identifies the plan.
 
-        The position is ``batches_consumed`` if given, else the count of :meth:`consumed` while it
-        runs, else the batches this sampler has yielded.
+        The position is ``batches_consumed`` if given, else the count of :meth:`consumed` (or of a loader
+        from :meth:`dataloader`) while it runs, else the batches this sampler has handed out: exact with
+        ``num_workers=0`` and under torchdata's ``StatefulDataLoader`` (it snapshots this state as each batch
+        is drawn), ahead of the loop behind a plain prefetching ``DataLoader`` (see the module docstring).
+        Cost: O(1).
         """
         if batches_consumed is not None:
             pos = check_int("batches_consumed", batches_consumed, minimum=0)
         elif self._consumed is not None:
             pos = self._consumed
-        elif sys._getframe(1).f_globals.get("__name__", "").startswith("torchdata."):
-            pos = self._position  # StatefulDataLoader snapshots the state as each batch is drawn: exact
         else:
-            pos = self._received()
+            pos = self._position
         return sampler_state(epoch=self.epoch, position=pos, world_size=self.world_size, rank=self.rank,
                              fingerprint=self.fingerprint, strategy=self.strategy)
 
-    def _received(self) -> int:
-        """The batches of this epoch the loop has received, as far as the sampler can tell: the count of
-        torch's multi-process DataLoader iterator when it draws from this sampler directly (it returns
-        batches in order, ``_num_yielded`` of them so far), else the batches yielded (warning once when
-        workers prefetch behind a wrapper, where that count runs ahead of the loop)."""
-        if self._loader_iter is None:
-            return self._position
-        ref, direct, start = self._loader_iter
-        it = ref()
-        if it is None or getattr(it, "_num_workers", 0) == 0:
-            return self._position
-        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
-
-        yielded = getattr(it, "_num_yielded", None)
-        if direct and type(it) is _MultiProcessingDataLoaderIter and isinstance(yielded, int):
-            return min(start + yielded, self._position)
-        if self._position < len(self.plan()):
-            self._warn_once("consumed", f"state_dict() while {it._num_workers} DataLoader workers prefetch behind "
-                            f"{type(it).__name__}: position {self._position} counts batches handed to the loader, "
-                            "possibly more than the loop trained on; iterate sampler.consumed(loader) (or pass "
-                            "state_dict(batches_consumed=n)) so that a resume skips none")
-        return self._position
+    def dataloader(self, dataset: Any, **kwargs: Any) -> "SamplerDataLoader":
+        """``torch.utils.data.DataLoader(self.view(dataset), batch_sampler=self, **kwargs)`` that counts the
+        batches it returns to the loop (as :meth:`consumed` does), so a plain ``state_dict()`` resumes at the
+        first batch not trained on however many ``num_workers`` prefetch; ``loader.set_epoch(e)`` is
+        ``self.set_epoch(e)``. ``ValueError`` for ``batch_sampler=``, ``batch_size=``, ``sampler=``,
+        ``shuffle=`` or ``drop_last=`` in ``kwargs`` (this sampler decides the batches)."""
+        taken = sorted(k for k in ("batch_sampler", "batch_size", "sampler", "shuffle", "drop_last") if k in kwargs)
+        if taken:
+            raise ValueError(f"sampler.dataloader() passes batch_sampler=sampler itself, so {taken} cannot be "
+                             "given; drop them (the sampler's plan decides the batches)")
+        return SamplerDataLoader(self.view(dataset), batch_sampler=self, **kwargs)
 
     def _warn_accelerate(self) -> None:
         if "accelerate" in self._warned:
@@ -448,3 +413,32 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._position = pos
         self._resume = pos
         self._iterated_epoch = None
+
+
+class SamplerDataLoader(torch.utils.data.DataLoader):
+    """A ``DataLoader`` over a :class:`LengthBatchSampler` (``batch_sampler=``) that counts the batches it
+    returns to the loop, through :meth:`LengthBatchSampler.consumed`, so the sampler's plain ``state_dict()``
+    is the loop's position even while ``num_workers`` prefetch ahead; ``set_epoch`` is forwarded to the
+    sampler. Build it with :meth:`LengthBatchSampler.dataloader`. Cost: O(1) a batch."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = self.batch_sampler
+        if not isinstance(sampler, LengthBatchSampler):
+            return super().__iter__()
+        # consumed() reads the restored position before the loader's iterator starts the sampler
+        return sampler.consumed(_LoaderIteration(self))
+
+
+class _LoaderIteration:
+    """``loader`` iterated as a plain ``DataLoader`` (what :class:`SamplerDataLoader` counts)."""
+
+    __slots__ = ("loader",)
+
+    def __init__(self, loader: torch.utils.data.DataLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return torch.utils.data.DataLoader.__iter__(self.loader)

@@ -26,9 +26,9 @@ import torch.utils.data
 
 from lenbatch.batching.cost import Cost
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
-from lenbatch.batching.strategies import named_strategy, resolve_rank
-from lenbatch.batching.strategy import Strategy, layout_of
-from lenbatch.batching.stream import StreamPlanner, check_stream_strategy
+from lenbatch.batching.strategies import resolve_rank
+from lenbatch.batching.strategy import Strategy
+from lenbatch.batching.stream import StreamPlanner, stream_strategy
 
 STATE_VERSION = 1
 
@@ -64,12 +64,9 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
                  edges: Any = None, packed_window: int = 8, num_buckets: int = 6,
                  spec: BatchSpec | None = None, cost: Cost | None = None, cost_budget: float | None = None) -> None:
         super().__init__()
-        name, edges, spec = named_strategy(strategy, edges, spec)
-        check_stream_strategy(name)
-        spec = spec_or_keywords(spec, layout=layout_of(name), token_budget=token_budget,
-                                max_batch_size=max_batch_size, seed=seed, edges=edges, packed_window=packed_window)
-        if spec.edges is not None:
-            Strategy(name, spec.edges)  # only bucketed takes edges
+        name, edges = stream_strategy(strategy, edges)
+        spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
+                                packed_window=packed_window)
         if not isinstance(iterable, Iterable):
             raise ValueError(f"iterable must be an iterable of samples (re-iterable: one pass per epoch), got "
                              f"{type(iterable).__name__}")
@@ -78,6 +75,7 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
         self.iterable = iterable
         self.length = default_length if length is None else length
         self.strategy = name
+        self.edges = edges  # bucketed's; None: estimated from the first buffer of each pass
         self.spec = spec
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.num_buckets = check_int("num_buckets", num_buckets, minimum=1)
@@ -105,7 +103,7 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
         self._yielded = 0
 
     def _planner(self) -> StreamPlanner:
-        return StreamPlanner(strategy=self.strategy, spec=self.spec, buffer_size=self.buffer_size,
+        return StreamPlanner(strategy=self.strategy, spec=self.spec, buffer_size=self.buffer_size, edges=self.edges,
                              epoch=getattr(self, "epoch", 0), world_size=self.world_size, num_buckets=self.num_buckets,
                              cost=self.cost, cost_budget=self.cost_budget)
 
@@ -164,7 +162,7 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
     def _fingerprint(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "token_budget": self.spec.token_budget,
                 "max_batch_size": self.spec.max_batch_size, "seed": self.spec.seed,
-                "edges": None if self.spec.edges is None else list(self.spec.edges),
+                "edges": None if self.edges is None else list(self.edges),
                 "packed_window": self.spec.packed_window, "buffer_size": self.buffer_size,
                 "num_buckets": self.num_buckets,
                 "cost": None if self.cost is None else [self.cost.per_token, self.cost.per_token_squared],

@@ -36,7 +36,7 @@ from lenbatch.batching.boundaries import optimize_boundaries
 from lenbatch_study.corpus.seed_profile import SEED_COUNT, SEED_VALUES, seed_profile
 from lenbatch.batching.padding import predict_bucketed
 from lenbatch_study.core.objective import STUDY
-from lenbatch.batching.strategy import STRATEGIES
+from lenbatch.batching.strategy import STRATEGIES, Strategy
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import plan_epoch_all
 
@@ -99,13 +99,13 @@ def replay(*, samples: int = SEED_COUNT, seed: int = 0, log: Any = None) -> dict
     plans[2:2] = [("bucketed (study edges)", "bucketed", STUDY_EDGES), ("bucketed (dp edges)", "bucketed", dp.edges)]
     rows = []
     for name, strategy, edges in plans:
-        spec = BatchSpec(token_budget=STUDY_BUDGET, max_batch_size=STUDY_MAX_BATCH, seed=seed,
-                         edges=edges).for_strategy(strategy)
+        spec = BatchSpec(token_budget=STUDY_BUDGET, max_batch_size=STUDY_MAX_BATCH, seed=seed)
+        plan_strategy = Strategy(strategy, edges)
         t0 = time.perf_counter()
-        ranks = plan_epoch_all(x, strategy=strategy, epoch=0, world_size=STUDY_TARGET_RANKS, spec=spec)
+        ranks = plan_epoch_all(x, strategy=plan_strategy, epoch=0, world_size=STUDY_TARGET_RANKS, spec=spec)
         secs = time.perf_counter() - t0
         flat = [b for r in ranks for b in r]
-        per = _per_step(x, flat, packed=spec.packed)
+        per = _per_step(x, flat, packed=plan_strategy.packed)
         rows.append({"name": name, "strategy": strategy, "edges": None if edges is None else [int(e) for e in edges],
                      "steps_per_rank": len(ranks[0]), "batches": len(flat),
                      "padding_efficiency": per["useful_total"] / per["computed_total"],

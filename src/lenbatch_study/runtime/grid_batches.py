@@ -25,7 +25,7 @@ def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, 
     Points above the token budget, above max_batch_size or longer than data.max_len are
     skipped (they can never occur in a plan); the number skipped is logged.
     """
-    pr, spec = params.profile, batch_spec(params, strategy="sorted")  # padded shapes
+    pr, spec = params.profile, batch_spec(params)
     budget, max_bs, max_len = spec.token_budget, spec.max_batch_size, params.data.max_len
     lengths = sorted({int(m) for m in pr.lengths})
     pts: set[tuple[str, int, int]] = set()
@@ -35,7 +35,7 @@ def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, 
             skipped += len(pr.batch_sizes)
             continue
         for n in pr.batch_sizes:
-            if spec.fits(n, m):
+            if spec.fits(n, m, layout="padded"):
                 pts.add(("padded", int(n), m))
             else:
                 skipped += 1
@@ -61,8 +61,8 @@ def make_batch(layout: str, lengths: list[int], params: Params, *, seed: int):
     from lenbatch.loading import collate
 
     seqs = synthetic_sequences(np.asarray(lengths), vocab_size=params.model.vocab_size, seed=seed)
-    spec = batch_spec(params, strategy="packed" if layout == "packed" else "sorted")
+    spec = batch_spec(params)
     # distinct sequence ids, as a real batch's dataset indices are: the drafter draws each sequence's
     # anchors from its id (models.anchors), so equal ids would put every anchor of the batch at one
     # offset, and a step's trained positions and context would swing all-or-nothing from step to step
-    return collate.collate(seqs, spec=spec, indices=np.arange(len(lengths)))
+    return collate.collate(seqs, layout=layout, spec=spec, indices=np.arange(len(lengths)))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch_study.core.batchspec import batch_spec
+from lenbatch_study.core.batchspec import batch_spec, batch_strategy
 from lenbatch_study.core.config import Params
 from lenbatch_study.runtime.schedule import build_schedule, epoch_steps
 
@@ -21,9 +21,9 @@ from lenbatch_study.runtime.schedule import build_schedule, epoch_steps
 def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int,
                 target_ranks: int) -> list[np.ndarray]:
     """One epoch's global step order, as the train stage runs it (:func:`lenbatch_study.runtime.schedule.epoch_steps`)."""
-    spec = batch_spec(params, strategy=strategy, edges=edges)
-    return [idx for _, _, idx in epoch_steps(lengths, strategy=strategy, spec=spec, target_ranks=target_ranks,
-                                             epoch=epoch)]
+    spec = batch_spec(params)
+    return [idx for _, _, idx in epoch_steps(lengths, strategy=batch_strategy(strategy, edges), spec=spec,
+                                             target_ranks=target_ranks, epoch=epoch)]
 
 
 def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int | None = None,

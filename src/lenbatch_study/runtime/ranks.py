@@ -86,7 +86,7 @@ def run_single(setup: Any) -> Optional[dict[str, Any]]:
     paused = ck_s = 0.0  # checkpoint seconds: all so far (off the clock "t"), the last one (in the next row)
     for step in setup.schedule[start:]:
         idx = step.indices
-        batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
+        batch = collate(data.samples(idx), layout=setup.schedule.plan_strategy, spec=setup.schedule.spec, indices=idx)
         feats, t_s = runner.target_step(batch)
         t_cpu = runner.last_cpu_s
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
@@ -127,7 +127,7 @@ def run_target_rank(setup: Any, comm_device: torch.device) -> None:
         if link.stopped:  # the drafter stopped on a signal (a credit said so): it trains no more batches
             break
         idx = step.indices
-        batch = collate(data.samples(idx), spec=setup.schedule.spec, indices=idx)
+        batch = collate(data.samples(idx), layout=setup.schedule.plan_strategy, spec=setup.schedule.spec, indices=idx)
         feats, t_s = runner.target_step(batch)
         credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
         if link.stopped:

@@ -70,7 +70,7 @@ def reference_batch(params: Params) -> Batch:
     shape = reference_shape(params)
     seqs = synthetic_sequences(np.full(shape["sequences"], shape["length"]), vocab_size=params.model.vocab_size,
                                seed=REFERENCE_SEED)
-    return collate(seqs, spec=batch_spec(params, strategy="sorted"))
+    return collate(seqs, layout="padded", spec=batch_spec(params))
 
 
 def reference_features(params: Params, batch: Batch, device: torch.device) -> torch.Tensor:

@@ -36,7 +36,8 @@ import numpy as np
 from lenbatch.batching.spec import BatchSpec, check_int, refuse_both
 from lenbatch.batching.state import sampler_state
 from lenbatch.batching.strategies import check_plan, plan_epoch_all
-from lenbatch_study.core.batchspec import batch_spec
+from lenbatch.batching.strategy import Strategy
+from lenbatch_study.core.batchspec import batch_spec, batch_strategy
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def round_robin(plans: list[Any]) -> Iterator[tuple[int, int, np.ndarray]]:
             yield r, local, np.asarray(plans[r][local], dtype=np.int64)
 
 
-def epoch_steps(lengths: np.ndarray, *, strategy: str, spec: BatchSpec, target_ranks: int,
+def epoch_steps(lengths: np.ndarray, *, strategy: "str | Strategy", spec: BatchSpec, target_ranks: int,
                 epoch: int) -> Iterator[tuple[int, int, np.ndarray]]:
     """(rank, local, indices) of one epoch's global steps (planned once for all target ranks)."""
     return round_robin(plan_epoch_all(lengths, strategy=strategy, epoch=epoch, world_size=target_ranks, spec=spec))
@@ -68,13 +69,14 @@ def epoch_steps(lengths: np.ndarray, *, strategy: str, spec: BatchSpec, target_r
 class Schedule(list):
     """Every global step of a run (a ``list`` of :class:`ScheduledStep`), with what made it."""
 
-    def __init__(self, steps: list[ScheduledStep], *, lengths: np.ndarray, strategy: str, spec: BatchSpec,
-                 target_ranks: int) -> None:
+    def __init__(self, steps: list[ScheduledStep], *, lengths: np.ndarray, strategy: "str | Strategy",
+                 spec: BatchSpec, target_ranks: int) -> None:
         super().__init__(steps)
-        self.strategy = strategy
+        self.plan_strategy = Strategy.of(strategy)
+        self.strategy = self.plan_strategy.name
         self.spec = spec
         self.target_ranks = target_ranks
-        self.fingerprint = spec.fingerprint(lengths, strategy)
+        self.fingerprint = spec.fingerprint(lengths, self.plan_strategy)
 
     def sampler_states(self, done: int) -> list[dict[str, Any]]:
         """Each target rank's ``LengthBatchSampler`` state once steps ``0 .. done-1`` are trained:
@@ -124,17 +126,19 @@ def cluster_steps(steps: Sequence[ScheduledStep], *, nodes: int,
 _MAX_EPOCHS = 10_000
 
 
-def build_schedule(lengths: np.ndarray, *, strategy: str, target_ranks: int, spec: Optional[BatchSpec] = None,
+def build_schedule(lengths: np.ndarray, *, strategy: "str | Strategy", target_ranks: int, spec: Optional[BatchSpec] = None,
                    params: Any = None, edges: Any = None, useful_tokens: Optional[int] = None,
                    max_steps: Optional[int] = None) -> Schedule:
     """Every global step of the run: round-robin over target ranks, epochs 0, 1, ... until
-    ``useful_tokens`` useful tokens (or ``max_steps`` steps). The batching comes whole as ``spec``
-    or from ``params`` (and ``edges``, kept for ``bucketed``), not both. Pure; O(epochs * plan cost)."""
-    refuse_both(spec, params=params, edges=edges)
+    ``useful_tokens`` useful tokens (or ``max_steps`` steps). The limits come whole as ``spec`` or from
+    ``params``, not both; ``strategy`` is a name (``edges`` beside it, kept for ``bucketed`` alone) or a
+    :class:`lenbatch.Strategy`. Pure; O(epochs * plan cost)."""
+    refuse_both(spec, params=params)
     if spec is None:
         if params is None:
             raise ValueError("build_schedule needs its batching: pass spec=lenbatch.BatchSpec(...) or params=")
-        spec = batch_spec(params, strategy=strategy, edges=edges)
+        spec = batch_spec(params)
+    strategy = batch_strategy(strategy, edges)
     if useful_tokens is None and max_steps is None:
         raise ValueError("build_schedule needs a stop: pass useful_tokens= (train.useful_tokens) or max_steps=")
     target_ranks = check_int("target_ranks", target_ranks, minimum=1)

@@ -47,7 +47,7 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
                                    seed=bt.seed)
     log.info("%s: %d samples; %s boundaries, K=%d, budget %d tokens, at most %d per batch", source, x.size,
              p.method, p.num_buckets, bt.token_budget, bt.max_batch_size)
-    spec = batch_spec(params, strategy="bucketed")
+    spec = batch_spec(params)
     objective = objective_named(p.objective)
     res = optimize_boundaries(x, p.num_buckets, method=p.method, objective=objective,
                               num_candidates=p.num_candidates, spec=spec)

@@ -217,7 +217,8 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
                                target_ranks=target_ranks, useful_tokens=params.train.useful_tokens)
         picked = [sched[i] for i in segment_steps(len(sched), skip=params.train.warmup_steps, count=il.segment_steps,
                                                   key=mean_lengths(lengths, [st.indices for st in sched]))]
-        batches = [collate(dataset.samples(st.indices), spec=sched.spec, indices=st.indices) for st in picked]
+        batches = [collate(dataset.samples(st.indices), layout=sched.plan_strategy, spec=sched.spec,
+                           indices=st.indices) for st in picked]
         plan[s] = {"steps": picked, "batches": batches}
     configure_process(params)
     device = resolve_device(params.train.device, 0)

@@ -35,9 +35,8 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
     chosen = tuple(strategies) if strategies is not None else tuple(STRATEGIES)
     log.info("%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
              source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, world_size)
-    spec = batch_spec(params, strategy="bucketed", edges=edges)  # edges serve bucketed alone
     metrics = simulate(x, strategies=chosen, epochs=params.plans.epochs, world_size=world_size, log=log,
-                       spec=spec)
+                       spec=batch_spec(params), edges=edges)  # edges serve bucketed alone
     out = Path(out)
     timings = {s: row.pop("plan_seconds") for s, row in metrics.items()}
     write_json(out / METRICS, metrics)
