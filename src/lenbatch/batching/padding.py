@@ -423,7 +423,7 @@ class Objective:
     matrix: Callable[[np.ndarray, np.ndarray, np.ndarray, int, int], np.ndarray] | None = None
 
 
-GREEDY = Objective("greedy", greedy_bucket_computed)  # its matrix: boundaries.greedy_cost_matrix
+GREEDY = Objective("greedy", greedy_bucket_computed)  # its matrix: bucket_cost.greedy_cost_matrix
 
 
 def objective_of(objective: "str | Objective") -> Objective:
