@@ -53,6 +53,7 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch/batching/_jit.py": PLANNING,  # the compiled scans (imported lazily by scan.py: still a code dep)
     "lenbatch_study/models/anchors.py": {"profile", "train", "quality", "interleave", "compare"},  # the drafter's anchors (compare: its work)
     "lenbatch/batching/boundaries.py": {"boundaries", "compare"},  # compare replays the study with dp edges
+    "lenbatch/batching/bucket_cost.py": {"boundaries", "compare"},
     "lenbatch/batching/epoch.py": PLANNING,
     "lenbatch/batching/strategy.py": ALL,  # the strategy list: the params loader validates train.strategies with it
     "lenbatch/batching/lengths.py": ALL - {"profile"},  # checks every lengths read (tokenize: its reader's module)
