@@ -31,8 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from lenbatch.batching.bucket_cost import (candidate_values, candidates_of_counts, cost_matrix,  # noqa: F401
-                                          greedy_cost_matrix, pairwise_cost_matrix)
+from lenbatch.batching.bucket_cost import (
+    candidate_values as candidate_values,
+    candidates_of_counts as candidates_of_counts,
+    cost_matrix as cost_matrix,
+    greedy_cost_matrix as greedy_cost_matrix,
+    pairwise_cost_matrix as pairwise_cost_matrix,
+)
 from lenbatch.batching.padding import Objective, objective_of, predict_bucketed_counts, value_counts
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.spec import BatchSpec, spec_or_keywords

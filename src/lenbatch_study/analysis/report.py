@@ -28,10 +28,20 @@ import numpy as np
 from lenbatch_study.analysis import interleaved as il, quality_report as qr
 from lenbatch_study.analysis.interleaved import PREDICTION_TARGET
 # metrics.json / diagnostics.json and the plots (each its own module), re-exported
-from lenbatch_study.analysis.report_metrics import MAX_METRIC_NUMBERS, METRIC_KEYS, USER_METRIC_KEYS, \
-    USER_SUMMARY_KEYS, flat_metrics, user_metrics  # noqa: F401
-from lenbatch_study.analysis.report_plots import frontier_points, histogram_points, pareto_front, \
-    write_plots  # noqa: F401
+from lenbatch_study.analysis.report_metrics import (
+    MAX_METRIC_NUMBERS as MAX_METRIC_NUMBERS,
+    METRIC_KEYS as METRIC_KEYS,
+    USER_METRIC_KEYS as USER_METRIC_KEYS,
+    USER_SUMMARY_KEYS as USER_SUMMARY_KEYS,
+    flat_metrics as flat_metrics,
+    user_metrics as user_metrics,
+)
+from lenbatch_study.analysis.report_plots import (
+    frontier_points as frontier_points,
+    histogram_points as histogram_points,
+    pareto_front as pareto_front,
+    write_plots as write_plots,
+)
 from lenbatch_study.analysis.report_details import REPLAY_PART, STUDY_NUM_BUCKETS, details_text, pct  # noqa: F401
 from lenbatch_study.analysis.settled import QUIET_RERUN, busy_machine, unsteady_machine  # noqa: F401
 from lenbatch_study.analysis.verdict import TIE, USE, Verdict

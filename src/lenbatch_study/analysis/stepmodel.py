@@ -38,8 +38,13 @@ import numpy as np
 
 from lenbatch_study.pipeline.artifacts.profile_grid import GRID_PATH
 # the pipelined run's timeline (its own module), re-exported: the prediction reads it as sm.<name>
-from lenbatch_study.analysis.step_timeline import blended_pipeline, busy_share, pipeline_ends, \
-    pipeline_timeline, throughput  # noqa: F401
+from lenbatch_study.analysis.step_timeline import (
+    blended_pipeline as blended_pipeline,
+    busy_share as busy_share,
+    pipeline_ends as pipeline_ends,
+    pipeline_timeline as pipeline_timeline,
+    throughput as throughput,
+)
 
 # Shape features a step's time may depend on (columns of a shape table).
 # Model selection (select_model): held-out error over this many random splits; a larger feature set

@@ -99,8 +99,8 @@ from lenbatch_study.pipeline.outputs import (
     write_failure,
     writer_lock,
 )
-from lenbatch_study.runtime.records import (Recorder, device_report, log_summary, progress, progress_line,  # noqa: F401 (public)
-                                            step_row)
+from lenbatch_study.runtime.records import Recorder, device_report, log_summary
+from lenbatch_study.runtime.records import progress_line as progress_line  # public: the stage's progress line
 from lenbatch_study.runtime.runner import (
     Roles,
     StepRunner,
