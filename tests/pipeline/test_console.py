@@ -120,7 +120,7 @@ def _workflow(tmp_path: Path, fail: bool) -> Path:
 
 def _snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC_ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("LENBATCH_STAGE_ONLY", None)
+    env.pop("DVC_STAGE", None)  # set by DVC for its stage commands: the console then prints less
     exe = Path(sys.executable).with_name("snakemake")
     return subprocess.run([str(exe), "--cores", "1", "--logger", "lenbatch", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -153,7 +153,7 @@ def test_a_failed_job_is_reported_with_its_log_but_without_its_shell_command(tmp
 
 def test_under_a_dvc_stage_a_job_prints_one_line(monkeypatch, tmp_path):
     """DVC's own 'Running stage' line names the stage: the job adds only its end, with its log."""
-    monkeypatch.setenv("LENBATCH_STAGE_ONLY", "1")
+    monkeypatch.setenv("DVC_STAGE", "tokenize")  # DVC sets it for every stage command
     h = _handler()
     h._emit(_record(LogEvent.RUN_INFO, stats={"tokenize": 1, "total": 1}))
     h._emit(_record(LogEvent.JOB_INFO, jobid=1, rule_name="tokenize", wildcards={}, log=["logs/tokenize.log"]))

@@ -147,7 +147,6 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/tools/plan.py": set(),
     "lenbatch_study/stages/plans.py": {"plans"},
     "lenbatch_study/tools/plots.py": set(),
-    "lenbatch_study/tools/sync.py": set(),  # lenbatch sync: a tool, no stage of the DAG
     "lenbatch_study/stages/profile.py": {"profile"},
     "lenbatch_study/stages/interleave.py": {"interleave"},
     "lenbatch_study/stages/quality.py": {"quality"},

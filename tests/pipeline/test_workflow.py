@@ -127,7 +127,7 @@ def test_dvc_trains_exactly_the_strategies_params_yaml_lists(work, tmp_path):
     """dvc.yaml's trainings are a foreach over train.strategies: DVC resolves it from params.yaml (what
     `dvc exp run -S` edits), so two listed strategies are two training stages; each training depends on its
     own by-strategy file (bucketed's alone holds the edges), compare on the runs' folder, not on a list."""
-    from lenbatch_study.tools.sync import resolve_stage
+    from _e2e import resolve_stage  # lazily: _e2e imports this module
 
     repo = copy_workflow(tmp_path)
     run(["git", "init", "-q"], cwd=repo)

@@ -112,7 +112,7 @@ class LogHandler(LogHandlerBase):
         self.default.setFormatter(DefaultFormatter(s.quiet, s.show_failed_logs))
         self.compact = not (s.dryrun or s.verbose or s.debug_dag)
         self.stream = self.default.stream
-        self.stage_only = os.environ.get("LENBATCH_STAGE_ONLY") == "1"  # under a DVC stage command
+        self.stage_only = "DVC_STAGE" in os.environ  # under a DVC stage command (DVC sets it for each)
         self.jobs: dict[int, Job] = {}
         self.commands: set[str] = set()  # the shell commands of the jobs seen, to keep off the console
         self.failed = False
