@@ -113,7 +113,6 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/pipeline/artifacts/train_runs.py": {"train", "compare"},
     "lenbatch_study/pipeline/artifacts/writing.py": ALL,  # every output folder's params.json
     "lenbatch_study/pipeline/deps.py": set(),
-    "lenbatch_study/pipeline/console.py": set(),  # Snakemake's console (its logger plugin): no stage runs it
     "lenbatch_study/pipeline/dvcplots.py": set(),
     "lenbatch_study/pipeline/outputs.py": {"train"},  # train takes its own writer lock
     "lenbatch_study/pipeline/preflight.py": set(),  # the workflow's input check at parse time: no stage's code
