@@ -54,7 +54,8 @@ def work(tmp_path_factory):
     ids=["default", "slurm", "slurm-27b-8gpu", "default-27b-8gpu"],
 )
 def test_dry_run_plans_every_stage_and_strategy(work, extra):
-    out = run(["snakemake", "-n", *extra], cwd=work).stdout
+    # -p: the default profile prints no shell lines (printshellcmds: false); the asserts below read their params
+    out = run(["snakemake", "-n", "-p", *extra], cwd=work).stdout
     counts = job_counts(out)
     for stage in STAGES:
         assert counts.get(stage, 0) >= 1, f"{stage} missing from the DAG: {counts}"
