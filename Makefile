@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lenbatch-installed
 
-.PHONY: run sync plots test test-fast test-deps install clean lint
+.PHONY: run plots test test-fast test-deps install clean lint
 
 # DVC's own `dvc plots show/diff` use this template (.dvc/config: plots.html_template): Vega inlined from
 # Snakemake's bundled copies, so the page renders offline. Written here, not committed (2.2 MB of third-party code).
@@ -51,18 +51,18 @@ $(STAMP): pyproject.toml study/pyproject.toml | $(PY) $(INSTALL_TOOL)
 $(PLOTS_TEMPLATE): $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch plots --write-template
 
-# `dvc repro`: DVC decides what is stale (by content) and records it in dvc.lock; each stage runs its
-# Snakemake rule. `lenbatch sync` then records in Snakemake's metadata the stages DVC skipped (a fresh
-# clone has no Snakemake records, and its file times are the checkout's), so dvc status and snakemake -n
-# are both clean afterwards. After `git checkout REV && dvc checkout`, run `make sync`.
+# `dvc repro`: DVC decides what is stale (by content) and records it in dvc.lock; each stage runs its one
+# Snakemake rule, which records that job. `snakemake --touch` then records the jobs DVC skipped (a fresh
+# clone has no Snakemake records and its file times are the checkout's): truthful only here, right after
+# `dvc repro` succeeded, when DVC has just checked every output against dvc.lock (make stops before it
+# otherwise), and with the profile's rerun-incomplete, so an interrupted job whose previous output DVC
+# verified is recorded too. Then `dvc status` and `snakemake -n` are both clean. After `git checkout REV
+# && dvc checkout`, `make run` again: DVC reruns what differs, touch records the rest.
 run: install
 	PATH=$(abspath $(VENV))/bin:$$PATH dvc repro
-	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch sync
+	PATH=$(abspath $(VENV))/bin:$$PATH snakemake --touch --cores 1
 	@# the README's results table, where the README has one (this repository's; a copy of the workflow may not)
 	@if grep -qs 'written by `lenbatch readme`' README.md; then PATH=$(abspath $(VENV))/bin:$$PATH lenbatch readme; fi
-
-sync: install
-	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch sync
 
 # The DVC plots page (workspace vs HEAD) with Vega inlined: renders without network.
 plots: install

@@ -15,7 +15,7 @@ from test_workflow import ROOT, copy_workflow, run
 @pytest.fixture(scope="session")
 def finished(tmp_path_factory):
     """configs/tiny.yaml merged into params.yaml, committed with the repo's Makefile and .dvc/config, then
-    `make run` (dvc repro, then lenbatch sync) and its results committed: what a user's repo looks like."""
+    `make run` (dvc repro, then snakemake --touch) and its results committed: what a user's repo looks like."""
     work = copy_workflow(tmp_path_factory.mktemp("e2e"))
     merged = deep_merge(yaml.safe_load((work / "params.yaml").read_text()),
                         yaml.safe_load((work / "configs/tiny.yaml").read_text()))

@@ -5,7 +5,7 @@ What counts as a citation: a repository path under one of the top-level folders 
 ``tests/...``, ``docs/...``, ``benchmarks/...``, ``tools/...``, ``workflow/...``, ``configs/...``,
 ``profiles/...``, ``study/...``) in any tracked Markdown, Python or Snakemake file, optionally followed by
 ``::test_name`` (a name ending in ``_`` or ``*`` names a family of tests by prefix). A path resolves from
-the repository root or, as the docs write them (``stages/train.py``, ``tools/sync.py``), from inside one
+the repository root or, as the docs write them (``stages/train.py``, ``tools/readme.py``), from inside one
 of the two packages. ``results/...`` is left out (what a run writes, also under a user's ``results_dir``).
 """
 

@@ -75,7 +75,7 @@ def test_a_second_dvc_exp_run_in_one_workspace_is_refused_up_front_and_the_first
 
 
 def test_a_dvc_stage_command_of_the_workflow_holds_the_workspace_while_it_runs(tmp_path):
-    """The wiring: the workflow parsed under a DVC stage command (LENBATCH_STAGE_ONLY=1) takes the lock and
+    """The wiring: the workflow parsed under a DVC stage command (DVC sets DVC_STAGE for each) takes the lock and
     releases it as it exits; a plain `snakemake` takes none."""
     work = copy_workflow(tmp_path)
     _repo(work)
@@ -85,6 +85,6 @@ def test_a_dvc_stage_command_of_the_workflow_holds_the_workspace_while_it_runs(t
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not lock.exists()
     proc = subprocess.run(["snakemake", "-n", "--configfile", "configs/tiny.yaml"], cwd=work,
-                          env={**ENV, "LENBATCH_STAGE_ONLY": "1"}, capture_output=True, text=True, timeout=300)
+                          env={**ENV, "DVC_STAGE": "tokenize"}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert lock.exists() and json.loads(lock.read_text()).get("read", {}) == {}  # taken, then released at exit

@@ -46,7 +46,7 @@ STUDY_LAYERS: dict[str, set[str]] = {
     "analysis": {"core", "corpus", "models", "pipeline"},
     "pipeline": {"core", "corpus"},                         # deps, outputs, artifacts, registry
     "stages": {"runtime", "models", "core", "corpus", "analysis", "pipeline"},
-    # the commands beside the stages (plan, study-replay, verify-packing, params, plots, dvc-yaml, sync, readme)
+    # the commands beside the stages (plan, study-replay, verify-packing, params, plots, dvc-yaml, readme)
     "tools": {"models", "core", "corpus", "analysis", "pipeline"},
     # flags; stages reached by importlib only; runtime: the training's launcher (runtime/launch.py)
     "cli": {"pipeline", "core", "corpus", "models", "runtime"},

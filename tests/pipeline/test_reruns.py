@@ -124,7 +124,6 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/pipeline/artifacts/train_runs.py": {"train", "compare"},
     "lenbatch_study/pipeline/artifacts/writing.py": ALL,  # every output folder's params.json
     "lenbatch_study/pipeline/deps.py": set(),
-    "lenbatch_study/pipeline/console.py": set(),  # Snakemake's console (its logger plugin): no stage runs it
     "lenbatch_study/pipeline/dvcplots.py": set(),
     "lenbatch_study/pipeline/outputs.py": {"train"},  # train takes its own writer lock
     "lenbatch_study/pipeline/preflight.py": set(),  # the workflow's input check at parse time: no stage's code
@@ -162,7 +161,6 @@ RERUNS: dict[str, set[str]] = {
     "lenbatch_study/tools/plan.py": set(),
     "lenbatch_study/stages/plans.py": {"plans"},
     "lenbatch_study/tools/plots.py": set(),
-    "lenbatch_study/tools/sync.py": set(),  # lenbatch sync: a tool, no stage of the DAG
     "lenbatch_study/stages/profile.py": {"profile"},
     "lenbatch_study/stages/interleave.py": {"interleave"},
     "lenbatch_study/stages/quality.py": {"quality"},

@@ -54,7 +54,8 @@ def work(tmp_path_factory):
     ids=["default", "slurm", "slurm-27b-8gpu", "default-27b-8gpu"],
 )
 def test_dry_run_plans_every_stage_and_strategy(work, extra):
-    out = run(["snakemake", "-n", *extra], cwd=work).stdout
+    # -p: the default profile prints no shell lines (printshellcmds: false); the asserts below read their params
+    out = run(["snakemake", "-n", "-p", *extra], cwd=work).stdout
     counts = job_counts(out)
     for stage in STAGES:
         assert counts.get(stage, 0) >= 1, f"{stage} missing from the DAG: {counts}"
@@ -127,7 +128,7 @@ def test_dvc_trains_exactly_the_strategies_params_yaml_lists(work, tmp_path):
     """dvc.yaml's trainings are a foreach over train.strategies: DVC resolves it from params.yaml (what
     `dvc exp run -S` edits), so two listed strategies are two training stages; each training depends on its
     own by-strategy file (bucketed's alone holds the edges), compare on the runs' folder, not on a list."""
-    from lenbatch_study.tools.sync import resolve_stage
+    from _e2e import resolve_stage  # lazily: _e2e imports this module
 
     repo = copy_workflow(tmp_path)
     run(["git", "init", "-q"], cwd=repo)

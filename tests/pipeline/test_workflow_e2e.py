@@ -1,5 +1,5 @@
 """The whole DAG for real, on configs/tiny.yaml merged into params.yaml: `make run` (dvc repro, then
-lenbatch sync; the `finished` fixture of conftest.py) drives Snakemake through every stage (real tokenizer,
+snakemake --touch; the `finished` fixture of conftest.py) drives Snakemake through every stage (real tokenizer,
 real data, real torchrun) and leaves both tools agreeing; a code edit or any params key makes `snakemake -n` and `dvc status` name the same stages;
 `dvc exp run --temp` reruns only what K touches and the experiment diffs in a few columns; a
 --configfile run keeps to its own results root; deleting a strategy's results rebuilds it; an
@@ -27,9 +27,8 @@ import numpy as np
 import pytest
 import yaml
 
-from lenbatch_study.tools.sync import changed_stages
 from test_reruns import RERUNS, dvc_stages
-from _e2e import git_commit, make
+from _e2e import changed_stages, git_commit, make, resolve_stage
 from _procs import descendants, running
 from _runs import check_pipelined_run, planned_hashes
 from test_workflow import BIN, ENV, ROOT, job_counts, run
@@ -51,14 +50,12 @@ def dry_run_stages(work: Path, *extra: str, snakemake: tuple[str, ...] = ("snake
 
 def dvc_changed(work: Path) -> set[str]:
     status = json.loads(run(["dvc", "status", "--json"], cwd=work).stdout or "{}")
-    return set(changed_stages(status))  # the rule lenbatch sync uses: "machine: always changed" is no change
+    return set(changed_stages(status))  # "machine: always changed" is no change
 
 
 def dvc_stage_table(work: Path) -> dict[str, dict]:
     """dvc.yaml's stages as DVC resolves them for this params.yaml: the foreach over train.strategies
     expanded to train@<strategy>."""
-    from lenbatch_study.tools.sync import resolve_stage
-
     doc = yaml.safe_load((work / "dvc.yaml").read_text())
     names = run(["dvc", "stage", "list", "--name-only"], cwd=work).stdout.split()
     return {name: resolve_stage(doc, name) for name in names}
@@ -539,14 +536,15 @@ def test_ctrl_c_of_dvc_repro_keeps_the_previous_tokenize_output(finished):
 
 
 # --------------------------------------------------------------------------- fresh clones agree
-# Fresh clones agree (issue 19.4): in a real `git clone` of the finished tiny run (conftest.py), `make run`
-# reruns only tokenize (the dataset is not in git; every byte it writes is the committed one, so DVC skips
-# everything downstream), and afterwards `dvc status` and `snakemake -n` both name nothing; after a
-# `git checkout` of another commit, `dvc checkout` and `make sync` they agree again; a plain `snakemake` on
-# a fresh clone, after `lenbatch sync`, plans what `dvc repro` would run and what follows it (Snakemake
-# assumes a rerun job changes its outputs), not profile; and DVC's own `dvc plots show` renders offline there.
+# Fresh clones agree (issue 19.4, issue 46.5): in a real `git clone` of the finished tiny run (conftest.py),
+# `make run` (dvc repro, then snakemake --touch) reruns only tokenize (the dataset is not in git; every byte
+# it writes is the committed one, so DVC skips everything downstream), and afterwards `dvc status` and
+# `snakemake -n` both name nothing; after a `git checkout` of another commit and `dvc checkout`, `make run`
+# again makes them agree; a plain `snakemake` on a fresh clone, after `snakemake --touch --omit-from` the
+# outputs of the stages DVC names, plans what `dvc repro` would run and what follows it (Snakemake assumes a
+# rerun job changes its outputs), not profile; and DVC's own `dvc plots show` renders offline there.
 # Reuses the one finished run (conftest.py); about 50 s of its own on a quiet 2-core machine (two clones,
-# tokenize once, stats and compare once, three syncs).
+# tokenize once, stats and compare once, three touches).
 
 
 def _git_status(work: Path) -> str:
@@ -588,11 +586,11 @@ def test_dvc_plots_show_renders_offline_in_a_fresh_clone(clone, tmp_path):
     assert "frontier.json" in page and "throughput.json" in page and "var spec = " in page
 
 
-def test_checkout_of_another_commit_then_dvc_checkout_and_sync_agree(clone):
+def test_checkout_of_another_commit_then_dvc_checkout_and_make_run_agree(clone):
     """A second commit (other histogram bins: DVC reruns stats and compare, which draws the histogram), then
-    `git checkout` of the first, `dvc checkout` and `make sync`: both tools name nothing, and the files are
-    the first commit's. (Without the sync, `snakemake -n` plans stats and compare: its records hold the
-    second commit's params.)"""
+    `git checkout` of the first, `dvc checkout` and `make run`: DVC reruns nothing, both tools name nothing,
+    and the files are the first commit's. (Without the touch `make run` ends with, `snakemake -n` plans stats
+    and compare: its records hold the second commit's params.)"""
     work, _ = clone
     params = work / "params.yaml"
     text = params.read_text()
@@ -604,7 +602,8 @@ def test_checkout_of_another_commit_then_dvc_checkout_and_sync_agree(clone):
     git_commit(work, "16 histogram bins")
     run(["git", "checkout", "-q", "HEAD~1"], cwd=work)
     run(["dvc", "checkout"], cwd=work)
-    make(work, "sync")
+    out = make(work, "run")
+    assert not re.findall(r"Running stage '(?!machine|source)", out.stdout + out.stderr), out.stdout + out.stderr
     assert dvc_changed(work) == set()
     assert dry_run_stages(work) == set(), run(["snakemake", "-n"], cwd=work).stdout
     assert _git_status(work) == "" and params.read_text() == text
@@ -614,12 +613,17 @@ def test_plain_snakemake_on_a_fresh_clone_plans_what_dvc_would_and_its_downstrea
     """Without `make run`: `dvc status` names tokenize (the dataset is not in git) and the stages reading the
     dataset. Snakemake plans tokenize and everything downstream of it (it assumes a rerun changes its outputs:
     the README names `make run` instead) and, with no records of its own, profile too (the checkout's file
-    times; measured: every stage). After `lenbatch sync` its plan is exactly DVC's stages and their downstream."""
+    times; measured: every stage). After `snakemake --touch --omit-from <the outputs of DVC's stages>` (what
+    `lenbatch sync` did, before issue 46; docs/workflow.md) its plan is exactly DVC's stages and their
+    downstream."""
     work = tmp_path / "repo"
     run(["git", "clone", "-q", str(finished), str(work)])
     changed = dvc_changed(work)
     assert "tokenize" in changed and "profile" not in changed and "stats" not in changed
     downstream = dvc_downstream(work, changed)
     assert "profile" not in downstream and {"stats", "boundaries", "plans"} <= downstream
-    run(["lenbatch", "sync"], cwd=work)
+    table = dvc_stage_table(work)
+    omit = [next(iter(o)) if isinstance(o, dict) else o
+            for name in changed for kind in ("outs", "metrics", "plots") for o in table[name].get(kind, [])]
+    run(["snakemake", "--touch", "--cores", "1", "--omit-from", *omit], cwd=work)
     assert dry_run_stages(work) == downstream

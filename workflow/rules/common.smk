@@ -99,30 +99,18 @@ def cfg(stage):
     return shlex.quote(json.dumps(deps.stage_payload(stage, config), sort_keys=True))
 
 
-# DVC's stage commands set LENBATCH_STAGE_ONLY=1 and force their one rule: DVC has already judged
-# the stage stale and run everything upstream (or restored it: `dvc exp run --temp` works in a fresh
-# clone whose file times say nothing). Every input is then ancient(), so Snakemake never reruns an
-# upstream job on file times, and --rerun-triggers mtime keeps it off params it recorded elsewhere.
-STAGE_ONLY = os.environ.get("LENBATCH_STAGE_ONLY") == "1"
-
-# Under a DVC stage command (dvc repro, dvc exp run): while it runs, DVC itself refuses a second `dvc exp run`
-# in this workspace before that one writes its -S values into params.yaml (lenbatch_study.pipeline.dvc_guard)
-if STAGE_ONLY and workflow.is_main_process:
+# Under a DVC stage command (dvc repro, dvc exp run; DVC sets DVC_STAGE for every stage command it runs):
+# while it runs, DVC itself refuses a second `dvc exp run` in this workspace before that one writes its -S
+# values into params.yaml (lenbatch_study.pipeline.dvc_guard)
+if "DVC_STAGE" in os.environ and workflow.is_main_process:
     from lenbatch_study.pipeline.dvc_guard import hold_workspace
 
     hold_workspace(what="a DVC stage of the workflow (snakemake)")
 
 
-def up(path):
-    """An input path; ancient() under a DVC stage command (see STAGE_ONLY)."""
-    if isinstance(path, (list, tuple)):
-        return [up(p) for p in path]
-    return ancient(path) if STAGE_ONLY else path
-
-
 def code(stage):
     """Source files ``stage`` runs: the import closure of its stage module (deps.stage_code)."""
-    return up(deps.stage_code(stage))
+    return deps.stage_code(stage)
 
 
 def _declared(stage, name):
@@ -141,13 +129,13 @@ def inputs(stage):
             continue
         if st.per_strategy:
             def one(wc, name=i.output):
-                return up(registry.input_paths(stage, results=R, strategies=STRATEGIES,
-                                               strategy=wc.strategy).get(name, []))
+                return registry.input_paths(stage, results=R, strategies=STRATEGIES,
+                                            strategy=wc.strategy).get(name, [])
 
             out[i.output] = one
         else:
             paths = registry.input_paths(stage, results=R, strategies=STRATEGIES).get(i.output, [])
-            out[i.output] = up(paths[0] if len(paths) == 1 else paths)
+            out[i.output] = paths[0] if len(paths) == 1 else paths
     if stage in deps.pretrained_stages():
         out["pretrained"] = pretrained()
     if not st.always_changed:  # machine, source: no inputs, only a missing file reruns them
@@ -158,7 +146,7 @@ def inputs(stage):
 def pretrained():
     """The target checkpoint's files (model.pretrained; none when null): inputs of the rules that load it
     (deps.pretrained_stages()), so a changed checkpoint reruns them. dvc.yaml lists the same files."""
-    return up(deps.pretrained_files(config["model"]["pretrained"]))
+    return deps.pretrained_files(config["model"]["pretrained"])
 
 
 def outputs(stage):

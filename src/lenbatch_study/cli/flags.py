@@ -83,12 +83,6 @@ def _plots_flags(parser: argparse.ArgumentParser) -> None:
                                                                write_only=args.write_template))
 
 
-@_flags_of("sync")
-def _sync_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "--dry-run", action="store_true", help="print what would be recorded, record nothing")
-    parser.set_defaults(func=lambda args: _stage("sync").run(dry_run=args.dry_run))
-
-
 @_flags_of("readme")
 def _readme_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--readme", default="README.md", help="the README whose results table to write")

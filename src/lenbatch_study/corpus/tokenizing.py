@@ -248,8 +248,8 @@ def _ordered_parallel(jobs: Iterable[Any], *, workers: int, tokenizer: str) -> I
 
 
 class _Progress:
-    """tqdm on a terminal; a log line every 10 s otherwise (Snakemake log files, whose ``read k/N`` the
-    workflow's console turns into a progress line with the time left: lenbatch_study.pipeline.console).
+    """tqdm on a terminal; a log line every 10 s otherwise (Snakemake log files: ``read k/N``, what
+    ``tail -f`` of the job's log shows).
     N is the records to read when known (``data.limit``, a Parquet file's or save_to_disk folder's rows),
     else the source's KiB."""
 

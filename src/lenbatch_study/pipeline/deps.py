@@ -246,10 +246,11 @@ HEADER = """\
 # a constant), and compare on the folder results/train (.dvcignore keeps checkpoints out of it).
 #
 # DVC decides what to rerun and records it; Snakemake executes. Each stage's command runs its one
-# Snakemake rule (--forcerun: DVC already judged it stale; LENBATCH_STAGE_ONLY=1 makes every input
-# ancient(), so Snakemake reruns nothing upstream even where file times are fresh-clone noise), so
-# `dvc repro`, `dvc exp run` and `dvc exp run --temp/--queue` run exactly the stages DVC names,
-# and Snakemake records the same jobs (params, code, mtimes), so `snakemake -n` agrees afterwards.
+# Snakemake rule and nothing else (--allowed-rules: the DAG holds that rule alone, so the upstream outputs
+# DVC ran or restored are plain files whatever their times; --forcerun: DVC already judged it stale), so
+# `dvc repro`, `dvc exp run` and `dvc exp run --temp/--queue` run exactly the stages DVC names, and
+# Snakemake records the jobs it ran (params, code, input checksums). `make run` ends with `snakemake
+# --touch`, which records the stages DVC skipped, so `snakemake -n` agrees afterwards.
 # Code deps are the import closure of each stage's module; params are the keys its code reads
 # (both from the same table as workflow/rules/common.smk uses).
 # The tokenized dataset is in DVC's cache (restored in `--temp` workspaces); everything else under
@@ -259,8 +260,7 @@ HEADER = """\
 
 
 def _snakemake(targets: list[str], rule: str) -> str:
-    return (f"LENBATCH_STAGE_ONLY=1 snakemake --cores all --forcerun {rule} --rerun-triggers mtime -- "
-            + " ".join(targets))
+    return f"snakemake --cores all --allowed-rules {rule} --forcerun {rule} -- " + " ".join(targets)
 
 
 def dvc_target(stage: str, *, results: str = "results", strategy: str | None = None) -> str:

@@ -74,8 +74,8 @@ log = get_logger("profile")
 
 class _Progress:
     """The log's progress lines: ``point k/N`` over all passes' grid points (at most one line per 10 s) and one
-    line per pass; the workflow's console turns the last ``k/N`` of a line into the time left
-    (lenbatch_study.pipeline.console). Logging between points, never inside a timed step."""
+    line per pass (what ``tail -f`` of the job's log shows). Logging between points, never inside a timed
+    step."""
 
     def __init__(self, passes: int, points: int, t0: float) -> None:
         self.passes, self.points, self.t0, self.last = passes, points, t0, t0
