@@ -613,8 +613,7 @@ def test_plain_snakemake_on_a_fresh_clone_plans_what_dvc_would_and_its_downstrea
     """Without `make run`: `dvc status` names tokenize (the dataset is not in git) and the stages reading the
     dataset. Snakemake plans tokenize and everything downstream of it (it assumes a rerun changes its outputs:
     the README names `make run` instead) and, with no records of its own, profile too (the checkout's file
-    times; measured: every stage). After `snakemake --touch --omit-from <the outputs of DVC's stages>` (what
-    `lenbatch sync` did, before issue 46; docs/workflow.md) its plan is exactly DVC's stages and their
+    times; measured: every stage). After `snakemake --touch --omit-from <the outputs of DVC's stages>` (docs/workflow.md) its plan is exactly DVC's stages and their
     downstream."""
     work = tmp_path / "repo"
     run(["git", "clone", "-q", str(finished), str(work)])
