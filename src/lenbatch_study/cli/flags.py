@@ -73,6 +73,13 @@ def _dvc_yaml_flags(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: _stage("dvc-yaml").run(out=args.out, check=args.check))
 
 
+@_flags_of("reruns")
+def _reruns_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("modules", nargs="*", metavar="MODULE",
+                        help="src/lenbatch_study/analysis/stepmodel.py or lenbatch_study.analysis.stepmodel (none: all)")
+    parser.set_defaults(func=lambda args: _stage("reruns").run(modules=args.modules))
+
+
 @_flags_of("plots")
 def _plots_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("revisions", nargs="*", help="revisions or experiments to compare (dvc plots diff)")

@@ -212,6 +212,7 @@ _ALL = (
     Command("params", "validate a params file, or print its resolved values or JSON schema"),
     Command("plots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
     Command("dvc-yaml", "write dvc.yaml from the stages' derived code and params dependencies"),
+    Command("reruns", "the stages an edit of each module reruns (derived: the stages' import closures)"),
     Command("sync", "record in Snakemake's metadata the results DVC verified (after dvc repro/checkout), so "
                     "snakemake -n agrees with dvc status"),
     Command("readme", "copy the committed report's results table into README.md (--check: fail if it differs)"),
