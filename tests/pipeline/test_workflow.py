@@ -128,8 +128,7 @@ def test_dvc_status_and_dry_repro_on_a_fresh_clone(tmp_path):
     # (not `dvc repro --dry`: it hashes the train stages' dataset dep, which a clone lacks until tokenize
     # runs or `dvc pull`/`dvc checkout` restores it from a cache)
     listed = run(["dvc", "stage", "list", "--name-only"], cwd=clone).stdout.split()
-    for stage in ["tokenize", "stats", "boundaries", "plans", "profile", "train@sorted", "train@packed", "quality",
-                  "interleave", "compare"]:
+    for stage in [n for s in STAGES for n in ([f"{s}@sorted", f"{s}@packed"] if registry.STAGES[s].per_strategy else [s])]:
         assert stage in listed, f"stage {stage} missing from dvc stage list: {listed}"
     dag = run(["dvc", "dag", "--dot"], cwd=clone).stdout
     assert '"train@bucketed" -> "compare"' in dag and '"train@sorted" -> "compare"' in dag, dag
