@@ -127,6 +127,12 @@ def test_the_toy_touches_exactly_the_documented_places(work):
         f"adding a stage touched {touched}; docs/workflow.md lists {sorted(documented_places())}")
     assert len(touched) <= 5
     dvc = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
+    # what an edit reruns follows with no edit: its own modules rerun it, and so does the reader of its input
+    reruns = tool(["lenbatch", "reruns", f"src/lenbatch_study/stages/{NAME}.py",
+                   f"src/lenbatch_study/pipeline/artifacts/{FILE}.py", "lenbatch_study.pipeline.artifacts.tokenized"],
+                  work).stdout.splitlines()
+    assert reruns[:2] == [f"lenbatch_study/stages/{NAME}.py: {NAME}", f"lenbatch_study/pipeline/artifacts/{FILE}.py: {NAME}"]
+    assert f" {NAME}," in reruns[2], reruns
     assert "results/tokenize/lengths.npy" in dvc[NAME]["deps"] and f"src/lenbatch_study/stages/{NAME}.py" in dvc[NAME]["deps"]
 
 
