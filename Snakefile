@@ -16,10 +16,11 @@ configfile: "params.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
-include: "workflow/rules/plan.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/quality.smk"
 include: "workflow/rules/compare.smk"
+# last: the rules of the stages no file above writes a rule for (stats, boundaries, plans), from the table
+include: "workflow/rules/stages.smk"
 
 
 # Every file users look at (every declared output of every stage, from the one table), so deleting

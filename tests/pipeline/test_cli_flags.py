@@ -65,3 +65,20 @@ def test_train_s_edge_refuses_a_missing_strategy_or_a_bad_step_limit_naming_the_
     assert main(["train", "--strategy", "sorted", "--out", str(tmp_path / "x"), "--useful-tokens", "0"]) == 2
     assert "train.useful_tokens given on the command line (--useful-tokens) is 0" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_stage_without_flags_of_its_own_gets_them_from_the_table():
+    """The generic flags (a new stage's, until it writes its own): one required --<input> per file it reads,
+    named after that output, and --out; per-strategy inputs are refused with the fix named."""
+    import argparse
+
+    import pytest
+
+    parser = argparse.ArgumentParser()
+    flags.generic_stage_flags("plans")(parser)
+    args = parser.parse_args(["--lengths", "l.npy", "--boundaries", "b.json", "--out", "o"])
+    assert (args.lengths, args.boundaries, args.out) == ("l.npy", "b.json", "o") and callable(args.func)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--lengths", "l.npy", "--out", "o"])  # --boundaries is required
+    with pytest.raises(ValueError, match="_compare_flags"):
+        flags.generic_stage_flags("compare")  # reads train's per-strategy summaries

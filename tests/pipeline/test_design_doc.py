@@ -1,6 +1,6 @@
 """DESIGN.md is kept current: its layer table is the import rule tests/pipeline/test_layout.py enforces, and
-its artifact table names every file a stage hands another (from the stage table), its writer, its readers
-and reader functions that exist. Parsing only, well under a second."""
+its artifact table names every file a stage hands another (from the stage table), its writer and reader
+functions that exist (who reads it is the stage table's alone: `lenbatch reruns` prints it). Parsing only, well under a second."""
 
 from __future__ import annotations
 
@@ -35,17 +35,16 @@ def test_the_layer_table_is_the_import_rule():
         assert doc == layers, heading
 
 
-def test_the_artifact_table_names_every_handed_file_its_writer_readers_and_reader():
+def test_the_artifact_table_names_every_handed_file_its_writer_and_reader():
     rows = _table("## Artifacts: who writes, who reads, the reader")
-    doc = {r[0].strip("`"): (r[1], {x.strip() for x in r[2].split(",")}, r[3]) for r in rows}
-    want: dict[str, tuple[str, set[str]]] = {}
-    for stage, st in registry.STAGES.items():
+    doc = {r[0].strip("`"): (r[1], r[2]) for r in rows}
+    want: dict[str, str] = {}
+    for st in registry.STAGES.values():
         for i in st.inputs:
             o = registry.STAGES[i.stage].outputs[i.output]
-            path = registry.output_path(i.stage, i.output, strategy="<strategy>") + ("/" if o.directory else "")
-            want.setdefault(path, (i.stage, set()))[1].add(stage)
-    assert {p: (w, r) for p, (w, r, _) in doc.items()} == want
-    for path, (_, _, readers) in doc.items():
+            want[registry.output_path(i.stage, i.output, strategy="<strategy>") + ("/" if o.directory else "")] = i.stage
+    assert {p: w for p, (w, _) in doc.items()} == want
+    for path, (_, readers) in doc.items():
         names = re.findall(r"`(\w+)\.(\w+)`", readers)
         assert names, path
         for module, func in names:

@@ -31,10 +31,10 @@ def _directive(block: str, name: str) -> str:
 
 def test_registry_deps_rules_dvc_and_cli_name_the_same_stages():
     stages = list(registry.STAGES)
-    assert stages == ["machine", "source", "tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "interleave",
-                      "compare"]
     assert list(deps.STAGES) == stages
-    assert set(_rule_blocks()) == set(stages), "a rule in workflow/rules/*.smk that the stage table lacks (or back)"
+    # the other stages' rules are generated (workflow/rules/stages.smk); test_workflow.py lists the rules
+    # Snakemake itself sees
+    assert set(_rule_blocks()) < set(stages), "a rule in workflow/rules/*.smk that the stage table lacks"
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     assert list(dvc) == stages  # the trainings: one foreach stage over train.strategies
     assert dvc["train"]["foreach"] == "${train.strategies}" and "foreach" not in dvc["compare"]

@@ -13,10 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lenbatch_study.pipeline import registry
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-STAGES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "quality", "interleave", "compare"]
+# the stages a run plans (machine and source: written as the Snakefile is parsed, so never planned)
+STAGES = [s for s, st in registry.STAGES.items() if not st.always_changed]
 
 
 def run(args, cwd=ROOT, timeout=300, check=True):
@@ -76,10 +79,19 @@ def test_dry_run_plans_every_stage_and_strategy(work, extra):
             assert re.search(r"rule train:(.|\n)*?resources:.*gpu=8", out)
 
 
+def test_snakemake_has_one_rule_per_stage_of_the_table(work):
+    """Hand-written or generated (workflow/rules/stages.smk), Snakemake sees exactly the table's stages."""
+    listed = run(["snakemake", "--list-rules"], cwd=work).stdout.split()
+    assert sorted(listed) == sorted([*registry.STAGES, "all"]), listed
+
+
 def test_every_rule_has_log_and_benchmark():
     text = "".join(p.read_text() for p in (ROOT / "workflow/rules").glob("*.smk"))
     rules = re.findall(r"^rule (\w+):", text, re.M)
-    assert set(STAGES) <= set(rules)
+    assert set(rules) <= set(registry.STAGES), rules
+    # the generated rule (workflow/rules/stages.smk) has them too
+    generated = text.split("    rule:\n")[1]
+    assert all(f"\n        {d}:" in generated for d in ("log", "benchmark", "params")), generated
     for block in re.split(r"^rule ", text, flags=re.M)[1:]:
         name = block.split(":")[0]
         assert "\n    log:" in block, f"rule {name} has no log:"
@@ -117,8 +129,7 @@ def test_dvc_status_and_dry_repro_on_a_fresh_clone(tmp_path):
     # (not `dvc repro --dry`: it hashes the train stages' dataset dep, which a clone lacks until tokenize
     # runs or `dvc pull`/`dvc checkout` restores it from a cache)
     listed = run(["dvc", "stage", "list", "--name-only"], cwd=clone).stdout.split()
-    for stage in ["tokenize", "stats", "boundaries", "plans", "profile", "train@sorted", "train@packed", "quality",
-                  "interleave", "compare"]:
+    for stage in [n for s in STAGES for n in ([f"{s}@sorted", f"{s}@packed"] if registry.STAGES[s].per_strategy else [s])]:
         assert stage in listed, f"stage {stage} missing from dvc stage list: {listed}"
     dag = run(["dvc", "dag", "--dot"], cwd=clone).stdout
     assert '"train@bucketed" -> "compare"' in dag and '"train@sorted" -> "compare"' in dag, dag

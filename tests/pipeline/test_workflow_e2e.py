@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 import yaml
 
-from test_reruns import RERUNS, dvc_stages
+from lenbatch_study.tools.reruns import reruns
+from test_reruns import dvc_stages
 from _e2e import changed_stages, git_commit, make, resolve_stage
 from _procs import descendants, running
 from _runs import check_pipelined_run, planned_hashes
@@ -216,7 +217,7 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
     """For a code edit and for params keys of every section, `snakemake -n` and `dvc status` name the same
     stages: Snakemake's jobs are the stages `dvc status` names plus those downstream of them (Snakemake
     reports only the first reason per job, so its list is compared with DVC's after propagation). For a
-    code edit, the stages `dvc status` names are those of test_reruns.RERUNS: the table holds on a real edit."""
+    code edit, the stages `dvc status` names are those `lenbatch reruns` derives: the derivation holds on a real edit."""
     params = finished / "params.yaml"
     original = params.read_text()
     kind, _, what = edit.partition(":")
@@ -240,8 +241,8 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     if kind == "code":
         strategies = yaml.safe_load(original)["train"]["strategies"]
-        assert changed == dvc_stages(RERUNS[what], strategies), f"{edit}: dvc status {sorted(changed)}"
-        assert smk == dvc_downstream(finished, dvc_stages(RERUNS[what], strategies)), f"{edit}: snakemake -n {smk}"
+        assert changed == dvc_stages(reruns()[what], strategies), f"{edit}: dvc status {sorted(changed)}"
+        assert smk == dvc_downstream(finished, dvc_stages(reruns()[what], strategies)), f"{edit}: snakemake -n {smk}"
     if edit in ("code:lenbatch_study/cli/flags.py", "code:lenbatch_study/pipeline/registry.py"):  # no code dep
         assert smk == dvc == set(), (smk, dvc)
         return

@@ -52,18 +52,4 @@ rule tokenize:
         "lenbatch tokenize --params-json {params.cfg} --out {params.out:q} > {log:q} 2>&1"
 
 
-rule stats:
-    input:
-        **inputs("stats"),
-    output:
-        **outputs("stats"),
-    params:
-        cfg=cfg("stats"),
-        out=f"{R}/stats",
-    log:
-        f"{LOGS}/stats.log",
-    benchmark:
-        f"{BENCH}/stats.tsv"
-    shell:
-        "lenbatch stats --params-json {params.cfg} --lengths {input.lengths:q} "
-        "--out {params.out:q} > {log:q} 2>&1"
+# stats: generated (workflow/rules/stages.smk), its command line the generic one

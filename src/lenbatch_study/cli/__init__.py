@@ -80,9 +80,13 @@ def _top_parser() -> argparse.ArgumentParser:
 INPUT_FLAGS = ("lengths", "data", "boundaries", "stats", "plans", "profile", "train", "quality", "source")
 
 
-def _input_paths(args: argparse.Namespace) -> list[str]:
+def _input_paths(args: argparse.Namespace, name: str) -> list[str]:
+    from lenbatch_study.pipeline.registry import STAGES
+
     found = []
-    for flag in INPUT_FLAGS:
+    # and the inputs the table gives the stage (its generic flags are named after them: a new stage's too)
+    table = tuple(i.output for i in STAGES[name].inputs) if name in STAGES else ()
+    for flag in dict.fromkeys(INPUT_FLAGS + table):
         value = getattr(args, flag, None)
         if isinstance(value, str):
             found.append(value)
@@ -125,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # the folder the stage really writes: symlinks resolved (one lock per real folder), and never
             # one of its inputs, an empty path (the current folder), a mount point or a folder that is not an
             # output of this stage (it would be replaced whole: refused before anything runs)
-            args.out = str(check_out(args.out, inputs=_input_paths(args), stage=name))
+            args.out = str(check_out(args.out, inputs=_input_paths(args, name), stage=name))
         if COMMANDS[name].staged and getattr(args, "out", None):
             from lenbatch_study.pipeline.outputs import staged_output
 

@@ -73,6 +73,13 @@ def _dvc_yaml_flags(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: _stage("dvc-yaml").run(out=args.out, check=args.check))
 
 
+@_flags_of("reruns")
+def _reruns_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("modules", nargs="*", metavar="MODULE",
+                        help="src/lenbatch_study/analysis/stepmodel.py or lenbatch_study.analysis.stepmodel (none: all)")
+    parser.set_defaults(func=lambda args: _stage("reruns").run(modules=args.modules))
+
+
 @_flags_of("plots")
 def _plots_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("revisions", nargs="*", help="revisions or experiments to compare (dvc plots diff)")
@@ -436,3 +443,44 @@ def _kernel_backends() -> tuple[str, ...]:
     from lenbatch_study.models.varlen import KERNEL_BACKENDS
 
     return KERNEL_BACKENDS
+
+
+# --------------------------------------------------------------------------- a stage with no flags of its own
+
+
+def generic_stage_flags(name: str) -> Any:
+    """The flags of a stage of the DAG that registers none of its own (``_<name>_flags``), derived from its
+    row of the table: ``--params``/``--params-json``, one ``--<input>`` per input it reads (the file an
+    upstream stage wrote, named after that output: ``--stats`` for ``Input("stats", "stats")``) and ``--out``;
+    it calls ``run(params=, out=, <input>=)`` of its module. A stage that wants more (overrides of single
+    settings, optional inputs, a launcher) writes its own ``_<name>_flags`` above, as stats does."""
+    from lenbatch_study.pipeline.registry import STAGES, output_path
+
+    stage = STAGES[name]
+    reads = [i for i in stage.inputs if not i.trigger_only]
+    for i in reads:
+        # why not per-strategy inputs: a list of files per run has no one flag shape; such a stage writes its
+        # own flags (compare takes the folder results/train)
+        if STAGES[i.stage].per_strategy:
+            raise ValueError(f"stage {name}: input {i.stage}.{i.output} is per strategy; write _{name}_flags "
+                             "in lenbatch_study/cli/flags.py (the generic flags take one file per input)")
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        add_params_argument(parser)
+        for i in reads:
+            parser.add_argument(f"--{i.output.replace('_', '-')}", dest=i.output, required=True, metavar="PATH",
+                                help=f"{i.stage}'s {i.output} (the workflow's: {output_path(i.stage, i.output)})")
+        parser.add_argument("--out", required=True, help=f"output folder (the workflow's: results/{name})")
+
+        def call(args: argparse.Namespace) -> int:
+            kwargs = {i.output: Path(getattr(args, i.output)) for i in reads}
+            return _stage(name).run(params=params_from_args(args), out=Path(args.out), **kwargs)
+
+        parser.set_defaults(func=call)
+    return add
+
+
+# every stage of the table without flags of its own gets the generic ones (a new stage needs no edit here)
+for _name, _command in COMMANDS.items():
+    if _command.stage is not None and _name not in FLAGS:
+        FLAGS[_name] = generic_stage_flags(_name)

@@ -4,15 +4,17 @@ the params keys their code reads, their inputs (other stages' outputs) and their
 
 Everything else is derived from it: the CLI's command list (:mod:`lenbatch_study.cli`), ``dvc.yaml``
 (:func:`lenbatch_study.pipeline.deps.dvc_stages`), the Snakemake rules' inputs, outputs and params
-(``workflow/rules/common.smk``: ``inputs()``, ``outputs()``, ``cfg()``, ``code()``), ``rule all``, and
+(``workflow/rules/common.smk``: ``inputs()``, ``outputs()``, ``cfg()``, ``code()``; the whole rule of a stage that
+writes none, ``workflow/rules/stages.smk``), ``rule all``, a stage's generic flags, what an edit reruns
+(``lenbatch reruns``), and
 each stage's code dependencies (the import closure of its module, :mod:`lenbatch_study.pipeline.deps`).
 ``tests/pipeline/test_registry.py`` fails when a second list of stages appears.
 
-To add a stage ``x``: a :class:`Command` here with its :class:`Stage`; its module
-``lenbatch_study/stages/x.py`` exposing ``run(**kwargs)``; its flags in :mod:`lenbatch_study.cli.flags`; a rule in
-``workflow/rules/*.smk`` whose ``input``/``output``/``params`` are ``inputs("x")``, ``outputs("x")``,
-``cfg("x")`` and whose shell line is ``lenbatch x ...``; the reader of any file it hands another stage in
-:mod:`lenbatch_study.pipeline.artifacts`; then ``lenbatch dvc-yaml``.
+To add a stage ``x`` (docs/workflow.md, "To add a stage"; ``tests/pipeline/test_add_stage_e2e.py`` does it):
+a :class:`Command` here with its :class:`Stage`; its module ``lenbatch_study/stages/x.py`` exposing
+``run(*, params, out, <input>...)``; its artifact module in :mod:`lenbatch_study.pipeline.artifacts` (``WRITER``,
+file names, reader); then ``lenbatch dvc-yaml``. Its flags (:func:`lenbatch_study.cli.flags.generic_stage_flags`)
+and its rule (``workflow/rules/stages.smk``) are derived unless it writes its own.
 
 No stage imports this module (its help strings are nobody's code dependency); it imports the artifact
 modules only for their file names.
@@ -212,6 +214,7 @@ _ALL = (
     Command("params", "validate a params file, or print its resolved values or JSON schema"),
     Command("plots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
     Command("dvc-yaml", "write dvc.yaml from the stages' derived code and params dependencies"),
+    Command("reruns", "the stages an edit of each module reruns (derived: the stages' import closures)"),
     Command("readme", "copy the committed report's results table into README.md (--check: fail if it differs)"),
 )
 
