@@ -2,10 +2,8 @@
 #   snakemake --cores all                      # the embedded default (profiles/default is picked up)
 #   snakemake --workflow-profile profiles/slurm --configfile configs/qwen3.6-27b-8gpu.yaml
 #   (configs/*.yaml set results_dir: their results go to results/<name>/, never over results/)
-# `make run` runs `dvc repro`, whose stages each run one rule here, so DVC's dvc.lock and
-# Snakemake's records agree; dvc.yaml is generated from the same stage table (lenbatch dvc-yaml).
-# Rules are thin: inputs, outputs and params from that table (src/lenbatch_study/pipeline/registry.py, read by
-# workflow/rules/common.smk), then log, benchmark and the shell line; every stage is `lenbatch <stage>`.
+# `make run` runs `dvc repro`, whose stages each run one rule here; rules take inputs, outputs and params
+# from the stage table (pipeline/registry.py, via workflow/rules/common.smk), as dvc.yaml does.
 from snakemake.utils import min_version, validate
 
 min_version("9.0")

@@ -75,7 +75,7 @@ def test_staged_output_replaces_whole_keeps_only_hidden_files_and_survives_failu
     with staged_output(out, stage="test") as tmp:
         (tmp / "a.json").write_text("3")
         (tmp / "params.json").write_text("3")
-    # hidden files the new run did not write are carried over (hard links); the previous run's b.json is not:
+    # hidden files the new run did not write are carried over (copied); the previous run's b.json is not:
     # the output holds only this run's files
     assert {p.name for p in out.iterdir()} == {"a.json", "params.json", ".gitignore", "lenbatch-output.json"}
     assert (out / "a.json").read_text() == "3" and (out / ".gitignore").read_text() == "/big\n"

@@ -193,7 +193,7 @@ def test_code_deps_follow_every_import():
             assert "deps" not in dvc[stage] and dvc[stage]["always_changed"], stage
             continue
         files = set(deps.stage_code(stage))
-        entry = "src/" + deps.stage_module(stage).replace(".", "/") + ".py"
+        entry = "src/" + deps.COMMANDS[stage].module.replace(".", "/") + ".py"
         assert entry in files and not any(f.startswith("src/lenbatch_study/cli/") for f in files), stage
         for f in files:
             for name in _import_targets(ROOT / f):
@@ -232,11 +232,11 @@ def test_each_stage_declares_every_params_key_its_own_code_reads():
     StepRunner but not its schedule), and profile does not depend on keys only training reads."""
     from lenbatch_study.pipeline import deps
 
-    entries = {deps.stage_module(s) for s in deps.STAGES}
+    entries = {deps.COMMANDS[s].module for s in deps.STAGES}
     for stage in deps.STAGES:
         declared = set(deps.stage_param_keys(stage))
         for mod in deps.stage_modules(stage):
-            if (mod in entries and mod != deps.stage_module(stage)) or mod == "lenbatch_study.core.config":  # config: the loader's checks
+            if (mod in entries and mod != deps.COMMANDS[stage].module) or mod == "lenbatch_study.core.config":  # config: the loader's checks
                 continue
             path = ROOT / "src" / (mod.replace(".", "/") + (".py" if mod not in ("lenbatch", "lenbatch_study") else "/__init__.py"))
             missing = _param_reads(path) - declared

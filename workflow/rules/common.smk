@@ -1,6 +1,5 @@
-# Shared helpers: params validation (before any rule runs), the results root, and each rule's inputs,
-# outputs, code inputs and params, all read from the one table of stages
-# (src/lenbatch_study/pipeline/registry.py, through src/lenbatch_study/pipeline/deps.py, which also writes dvc.yaml).
+# Checks before any rule runs, the results root, and each rule's inputs, outputs and params from the one
+# table of stages (src/lenbatch_study/pipeline/registry.py, through pipeline/deps.py, which writes dvc.yaml).
 import json
 import os
 import shlex
@@ -35,41 +34,29 @@ except ValueError as err:
     raise WorkflowError(f"invalid params: {err}")
 validate(config, "../schemas/params.schema.yaml")
 
-# ... and a missing or unreadable input (data source, tokenizer or checkpoint folder) too, in seconds:
-# otherwise it fails only when its stage starts, after the stages before it ran. Only in the main
-# process: a cluster job's process parses this file again on its node.
+# Only in the main process (a cluster job's process parses this file again on its node):
 if workflow.is_main_process:
+    from lenbatch_study.core.machine import write_if_changed
+    from lenbatch_study.corpus.identity import write_if_changed as write_source_if_changed
     from lenbatch_study.pipeline.preflight import check_inputs
 
+    # a missing or unreadable input (data source, tokenizer or checkpoint folder) fails in seconds, not when
+    # its stage starts after the stages before it ran
     try:
         check_inputs(PARAMS)
     except ValueError as err:
         raise WorkflowError(f"invalid input: {err}")
-
-# A config's own results root (results_dir: a user's results/mine, with its tokenized dataset) is kept out of
-# git: only the default's results/ is committed (its large files ignored by the repo's .gitignore).
-if workflow.is_main_process and R != "results":
-    os.makedirs(R, exist_ok=True)
-    if not os.path.exists(f"{R}/.gitignore"):
-        with open(f"{R}/.gitignore", "w") as fh:
-            fh.write("# written by the workflow: this config's results are not committed (only results/ is)\n*\n")
-
-# The machine the measuring stages run on (profile, train, quality depend on its fingerprint): rewritten
-# here, only when it changed (same machine: same bytes, same file time, nothing reruns; another machine or
-# another torch: a newer file, so they rerun). Only in the main process: a cluster job's process parses
-# this file again on its node. On a cluster this is the submitting node's fingerprint; every run records
-# its own node's, and compare refuses a mix.
-if workflow.is_main_process:
-    from lenbatch_study.core.machine import write_if_changed
-
+    # a config's own results root (results_dir: results/mine) is kept out of git: only results/ is committed
+    if R != "results":
+        os.makedirs(R, exist_ok=True)
+        if not os.path.exists(f"{R}/.gitignore"):
+            with open(f"{R}/.gitignore", "w") as fh:
+                fh.write("# written by the workflow: this config's results are not committed (only results/ is)\n*\n")
+    # the machine's fingerprint (profile, train, quality depend on it) and the data source by content
+    # (tokenize's input): rewritten only when changed, so the same machine and an unchanged (touched) source
+    # rerun nothing, while another torch or appended records rerun what reads them. On a cluster this is the
+    # submitting node's fingerprint; every run records its own node's, and compare refuses a mix.
     write_if_changed(registry.output_path("machine", "machine", results=R))
-
-# The data source by content (lenbatch_study.corpus.identity): tokenize's input, rewritten only when the
-# source's bytes changed, so appended records retokenize and a touched file does not. After the preflight
-# above, so a missing source is reported there.
-if workflow.is_main_process:
-    from lenbatch_study.corpus.identity import write_if_changed as write_source_if_changed
-
     write_source_if_changed(PARAMS.data.source, registry.output_path("source", "source", results=R))
 
 LOGS = f"{R}/logs" if R != "results" else "logs"
@@ -90,12 +77,8 @@ MACHINE = 100
 
 
 def cfg(stage):
-    """The params ``stage`` reads (the table's params keys), as one shell-quoted JSON argument.
-
-    Snakemake reruns a rule when its params change, so a rule gets exactly the keys its code
-    reads: editing train.warmup_steps reruns train and compare, not profile. dvc.yaml lists the
-    same keys (lenbatch dvc-yaml), so `dvc status` names the same stages.
-    """
+    """The params keys ``stage`` reads (the table's; dvc.yaml lists the same), as one shell-quoted JSON
+    argument: Snakemake reruns a rule when its params change, so train.warmup_steps never reruns profile."""
     return shlex.quote(json.dumps(deps.stage_payload(stage, config), sort_keys=True))
 
 
@@ -108,24 +91,14 @@ if "DVC_STAGE" in os.environ and workflow.is_main_process:
     hold_workspace(what="a DVC stage of the workflow (snakemake)")
 
 
-def code(stage):
-    """Source files ``stage`` runs: the import closure of its stage module (deps.stage_code)."""
-    return deps.stage_code(stage)
-
-
-def _declared(stage, name):
-    return registry.STAGES[stage].outputs[name].declared
-
-
 def inputs(stage):
-    """``stage``'s inputs (the table's), named after the outputs they are, plus ``code``: a mapping for
-    ``input: **inputs(stage)``. A per-strategy rule gets a function of its ``{strategy}`` wildcard per
-    input (bucketed's edges reach only its job); an input that is no Snakemake output (train's
-    steps.jsonl) is left to DVC."""
+    """``stage``'s inputs (the table's) by output name, its checkpoint files and its ``code`` (the source
+    files it runs), for ``input: **inputs(stage)``. A per-strategy rule gets a function of ``{strategy}``
+    per input (bucketed's edges reach only its job); an undeclared output (steps.jsonl) is DVC's alone."""
     st = registry.STAGES[stage]
     out = {}
     for i in st.inputs:
-        if not _declared(i.stage, i.output):
+        if not registry.STAGES[i.stage].outputs[i.output].declared:
             continue
         if st.per_strategy:
             def one(wc, name=i.output):
@@ -136,29 +109,17 @@ def inputs(stage):
         else:
             paths = registry.input_paths(stage, results=R, strategies=STRATEGIES).get(i.output, [])
             out[i.output] = paths[0] if len(paths) == 1 else paths
-    if stage in deps.pretrained_stages():
-        out["pretrained"] = pretrained()
+    if stage in deps.pretrained_stages():  # model.pretrained's files: a changed checkpoint reruns them
+        out["pretrained"] = deps.pretrained_files(config["model"]["pretrained"])
     if not st.always_changed:  # machine, source: no inputs, only a missing file reruns them
-        out["code"] = code(stage)
+        out["code"] = deps.stage_code(stage)
     return out
 
 
-def pretrained():
-    """The target checkpoint's files (model.pretrained; none when null): inputs of the rules that load it
-    (deps.pretrained_stages()), so a changed checkpoint reruns them. dvc.yaml lists the same files."""
-    return deps.pretrained_files(config["model"]["pretrained"])
-
-
 def outputs(stage):
-    """``stage``'s declared outputs (the table's), for ``output: **outputs(stage)``; a per-strategy
-    stage's under ``{strategy}``.
-
-    Every output is update(): Snakemake otherwise deletes a job's outputs before running it and again
-    when it fails, so a failing or interrupted job would lose the previous complete results. The stage
-    itself writes a staging folder and swaps it in only on success (lenbatch_study.pipeline.outputs),
-    so the previous output stays whole until then; Snakemake keeps a backup copy of update() outputs
-    and puts it back if the job fails (same bytes: the stage never touched them). What Snakemake
-    records for a restored output, and what a user does about it: docs/reliability.md."""
+    """``stage``'s declared outputs (the table's), for ``output: **outputs(stage)``. Every one is update():
+    Snakemake otherwise deletes a job's outputs before it runs and when it fails, losing the previous
+    complete results, which the stage's staged swap keeps until it succeeds (docs/reliability.md)."""
     out = {}
     for name, o in registry.STAGES[stage].outputs.items():
         if o.declared:
@@ -168,8 +129,7 @@ def outputs(stage):
 
 
 def all_outputs():
-    """Every declared output of every stage (per strategy of train.strategies): ``rule all``'s input, so
-    deleting any of them (or a whole results/train/<strategy>/) makes `snakemake --cores all` rebuild it."""
+    """Every declared output of every stage, per strategy of train.strategies: ``rule all``'s input."""
     out = []
     for stage, st in registry.STAGES.items():
         for name, o in st.outputs.items():

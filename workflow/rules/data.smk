@@ -1,6 +1,5 @@
-# The machine's fingerprint (lenbatch_study.core.machine): a dependency of the measuring stages. common.smk
-# rewrites it as the workflow is parsed, only when it changed, so this rule runs only when the file is
-# missing; it has no inputs, so a checkout's file times never rerun it (or what follows).
+# machine and source: common.smk rewrites their files as the workflow is parsed, only when changed; these
+# rules (no inputs, so a checkout's file times never rerun them) run only when the file is missing.
 rule machine:
     input:
         **inputs("machine"),
@@ -17,8 +16,6 @@ rule machine:
         "lenbatch machine --out {params.out:q} > {log:q} 2>&1"
 
 
-# The data source's identity (lenbatch_study.corpus.identity), tokenize's input: common.smk rewrites it as
-# the workflow is parsed, only when the source's bytes changed; this rule runs only when it is missing.
 rule source:
     input:
         **inputs("source"),

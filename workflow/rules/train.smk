@@ -60,15 +60,9 @@ rule interleave:
 
 
 rule train:
-    # One job per strategy: on each of train.nodes nodes, nproc - 1 target ranks feed 1 drafter rank.
-    # Only `bucketed` reads the boundaries, so the other strategies do not rerun when boundaries.* changes.
-    # steps.jsonl is written by the job but not declared: Snakemake deletes declared outputs before a job
-    # starts, and a resumed training keeps the steps before its checkpoint (DVC tracks steps.jsonl).
-    # --resume-if-interrupted: a fresh run trains in .<strategy>.partial beside its folder and swaps it in when
-    # complete, so a checkpoint there is an interrupted run's, which it resumes (one written with other params
-    # or code is set aside by the stage, named in the log, which then starts afresh). Under SLURM a run stopped
-    # by SIGUSR1 requeues its job and resumes when started again (docs/slurm.md "Stopping ahead of the time
-    # limit"). `lenbatch train` starts torchrun itself (lenbatch_study.runtime.launch).
+    # One job per strategy (only bucketed's reads the boundaries). steps.jsonl is not declared: a resumed
+    # training keeps the steps before its checkpoint (DVC tracks it). --resume-if-interrupted resumes the
+    # interrupted run's checkpoint in .<strategy>.partial (docs/reliability.md; under SLURM: docs/slurm.md).
     input:
         **inputs("train"),
     output:

@@ -1,22 +1,9 @@
-"""DVC's plots page, rendered without network: the HTML template ``.dvc/config`` names.
-
-``dvc plots show/diff`` writes an HTML page whose Vega plots load vega, vega-lite and vega-embed
-from a CDN, so on an offline machine (a cluster node, a train) the frontier and throughput data
-plots stay blank. :func:`offline_template` is a DVC HTML template with those three libraries
-inlined from the copies Snakemake ships for its own reports (``snakemake/assets/data``: vega 5,
-vega-lite 5, vega-embed 6; BSD-3 licensed). The repo's ``.dvc/config`` sets DVC's own
-``plots.html_template`` to it (:data:`TEMPLATE`, relative to ``.dvc/``), so the commands DVC
-users type, ``dvc plots show`` and ``dvc plots diff``, render offline too. The file is written by
-:func:`write_template` (``make install``, ``lenbatch plots [--write-template]``), not committed:
-it is 2.2 MB of third-party code, rebuilt from the installed Snakemake. Without it DVC stops with
-"HTML template has to contain '{plot_divs}'". The PNG image plots (frontier.png, throughput.png,
-histogram.png) need no script and render either way.
-
-    lenbatch plots                 # the workspace against HEAD, into dvc_plots/index.html
-    lenbatch plots HEAD k8-exp     # any revisions or experiments ``dvc plots diff`` accepts
-    dvc plots show                 # DVC's own command, offline once the template is written
-
-Cost: one ~2.2 MB template write plus DVC's own rendering.
+"""DVC's plots page, rendered without network: ``dvc plots show/diff`` load vega, vega-lite and vega-embed
+from a CDN, so offline (a cluster node) the data plots stay blank. :func:`offline_template` is a DVC HTML
+template with them inlined from the copies Snakemake ships (``snakemake/assets/data``, BSD-3), which the
+repo's ``.dvc/config`` names as ``plots.html_template`` (:data:`TEMPLATE`). :func:`write_template` writes it
+(``make install``, ``lenbatch plots --write-template``); not committed: 2.2 MB rebuilt from the installed
+Snakemake (without it DVC stops with "HTML template has to contain '{plot_divs}'"). docs/workflow.md shows use.
 """
 
 from __future__ import annotations

@@ -1,41 +1,12 @@
-"""One writer per output directory, and stage outputs that appear whole or not at all.
+"""One writer per output folder, and stage outputs that appear whole or not at all.
 
-Two mechanisms every stage shares:
-
-* :func:`writer_lock` -- an exclusive ``flock`` on ``.<name>.lock`` beside the output directory
-  ``<name>``. A second ``lenbatch`` process writing the same directory is refused at once with a
-  ``ValueError`` naming the directory and the holder's pid (no waiting: two runs into one directory
-  is a mistake, not a queue). The kernel drops the lock when its holder dies, so a killed run never
-  leaves a stale lock; the file itself is removed on a clean release.
-* :func:`staged_output` -- the stage writes into a fresh sibling directory ``.<name>.staging-<pid>``;
-  on success it is swapped with ``<name>`` in one ``renameat2(RENAME_EXCHANGE)`` (two renames
-  where the file system lacks it), so a reader sees either the previous complete output or the new
-  one, never a mix (e.g. a new ``dataset/`` beside old ``lengths.npy``). On failure or a kill the
-  previous output stays as it was, with the ``params.json`` that produced it; a staging directory
-  left by a kill is removed by the next writer (by its exact name). Hidden entries of the previous
-  directory that the new run does not write (``.gitignore`` written by DVC, say) are carried over by
-  hard links; any other file of the previous run goes with it, so the output holds only this run's files. Cost: one
-  directory rename; the old copy is deleted after. The current directory (``--out .``) is never swapped
-  away: the new entries replace the old ones one by one instead.
-* :func:`check_replaceable` -- only a stage's own output is ever replaced. Every commit writes
-  ``lenbatch-output.json`` (the stage's name and the sha256 of its ``params.json``) into the output; an
-  existing folder holding anything but hidden files and no such mark of this stage is refused before the
-  stage runs, and nothing in it is touched. A common file name is no proof (Meta-Llama checkpoint folders hold a
-  ``params.json``): see :func:`output_owner` for the one fallback, outputs written before the mark.
-
-* :func:`check_out` -- what ``--out`` may be (not empty, not an input of the stage, no mount point at or
-  inside it), resolved through symlinks so the lock is one per real folder.
-* :func:`write_atomic` -- one file whole or not at all (temp file, fsync, rename), for the files a stage
-  writes outside a staging folder (train's ``summary.json``).
-
-A write the file system refuses (no space, quota, file too large, read-only, not permitted, I/O error) ends
-as one :func:`write_error` line naming the file and the way out, never a traceback: inside
-:func:`staged_output` the previous output stays as it was; a commit that cannot swap the folders leaves the
-previous output in place and says which path refused; a commit that swapped them but cannot delete the
-previous copy (an immutable file in it, a read-only folder) keeps the new output and logs the copy's path.
-
-The train stage appends to its directory across ``--resume`` and so takes only the lock
-(see :mod:`lenbatch_study.runtime.checkpoint` for how a run owns its directory).
+:func:`check_out` refuses a ``--out`` the stage must not replace; :func:`writer_lock` (an ``flock`` on
+``.<name>.lock``, dropped by the kernel when its holder dies) refuses a second writer at once;
+:func:`staged_output` lets the stage write ``.<name>.staging-<pid>`` and swaps it in with one
+``renameat2(RENAME_EXCHANGE)`` on success, marked as the stage's (``lenbatch-output.json``), carrying over
+only the hidden entries of the previous output (DVC's ``.gitignore``). A refused write is one
+:func:`write_error` line. What each guarantees, and its test: docs/reliability.md. Train appends across
+``--resume`` and takes only the lock (:mod:`lenbatch_study.runtime.checkpoint`).
 """
 
 from __future__ import annotations
@@ -47,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pwd
 import re
 import shutil
 from collections.abc import Iterator, Sequence
@@ -149,14 +121,11 @@ def _owner(path: Path) -> str:
     """The user who owns ``path`` (their name, or ``uid N``)."""
     try:
         uid = path.stat().st_uid
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
     except OSError:
         return "another user"
-    try:
-        import pwd
-
-        return f"user {pwd.getpwuid(uid).pw_name}"
-    except (KeyError, ImportError):
-        return f"uid {uid}"
 
 
 @contextlib.contextmanager
@@ -241,16 +210,10 @@ def _mount_points() -> list[Path]:
 
 
 def check_out(out: str | Path, *, inputs: Sequence[str | Path] = (), stage: Optional[str] = None) -> Path:
-    """The real folder a stage may write for ``--out out``; ``ValueError`` naming the flag and the fix otherwise.
-
-    Refused: an empty value; a dangling symlink; a path under a file; a folder that is, lies inside or
-    contains one of ``inputs`` (the stage's input files and folders: replacing the folder would replace
-    them); a mount point, or a folder with a mount point inside (the previous output is deleted after the
-    swap, which would empty the mounted file system); a parent folder this process cannot write; with
-    ``stage``, an existing folder that is not an output of that stage (:func:`check_replaceable`).
-    Symlinks are resolved, so the writer lock (keyed on the returned path) admits one writer per real
-    folder whatever names lead to it. Cost: one read of /proc/self/mountinfo and a few stats.
-    """
+    """The real folder (symlinks resolved: one lock per real folder) a stage may write for ``--out out``;
+    ``ValueError`` naming the flag and the fix for an empty value, a dangling symlink, a path under a file or
+    an unwritable parent, a folder that is, lies inside or contains one of ``inputs``, one that is or holds a
+    mount point (deleting the previous output would empty it) and, with ``stage``, :func:`check_replaceable`."""
     if not str(out).strip():
         raise ValueError("--out is empty; give the output folder (e.g. results/stats)")
     given = Path(out)
@@ -286,11 +249,9 @@ def check_out(out: str | Path, *, inputs: Sequence[str | Path] = (), stage: Opti
 
 
 def _legacy_output(folder: Path) -> bool:
-    """Whether ``folder`` is a stage's output written before the mark existed (the committed results/): its
-    ``params.json`` is what :func:`lenbatch_study.pipeline.artifacts.writing.write_resolved` writes, a
-    non-empty mapping of params sections each holding exactly that section's keys. Only that function writes
-    this shape (dozens of lenbatch's own key names, nested as its sections); a foreign ``params.json``
-    (Meta-Llama's ``{"dim": 4096, ...}``) has other keys and is refused."""
+    """Whether ``folder`` is a stage's output written before the mark (the committed ``results/quality``): its
+    ``params.json`` is lenbatch's resolved params (sections holding exactly their keys), which no foreign
+    ``params.json`` (Meta-Llama's ``{"dim": 4096}``) is."""
     from lenbatch_study.core.config import Params
 
     try:
@@ -303,8 +264,8 @@ def _legacy_output(folder: Path) -> bool:
 
 
 def output_owner(folder: str | Path) -> Optional[str]:
-    """The stage whose output ``folder`` is: the ``stage`` its mark names; ``""`` for an output written before
-    the mark (:func:`_legacy_output`: a stage, which one is not recorded); None when it is no stage's."""
+    """The stage whose output ``folder`` is: its mark's ``stage``; ``""`` for an output written before the mark;
+    None when it is no stage's."""
     folder = Path(folder)
     try:
         mark = json.loads((folder / MARKER).read_text())
@@ -316,10 +277,8 @@ def output_owner(folder: str | Path) -> Optional[str]:
 
 
 def check_replaceable(out: str | Path, *, stage: str) -> None:
-    """Refuse (``ValueError`` naming ``--out`` and the fix) an existing folder ``out`` that a run of ``stage``
-    would replace but that is not an output of ``stage``: it holds something besides hidden entries (which
-    carry over into the new output) and neither this stage's mark nor, before the mark existed, lenbatch's own
-    ``params.json`` (:func:`output_owner`). Nothing is touched either way. Cost: one listing, two small reads."""
+    """Refuse (``ValueError``) an existing folder ``out`` holding more than hidden entries that is not
+    ``stage``'s output (:func:`output_owner`); nothing is touched either way."""
     out = Path(out)
     if not out.is_dir():
         return
@@ -372,22 +331,6 @@ def staged_output(out: str | Path, *, stage: str) -> Iterator[Path]:
                                   "stage after that") from None
             raise
         _commit(tmp, out, stage=stage)
-
-
-def _link_copy(src: Path, dst: Path) -> None:
-    """Copy by hard links (no data copied; the original stays intact), symlinks as symlinks."""
-    def link(a: str, b: str) -> None:
-        try:
-            os.link(a, b)
-        except OSError:  # a file system without hard links: copy
-            shutil.copy2(a, b)
-
-    if src.is_dir() and not src.is_symlink():
-        shutil.copytree(src, dst, symlinks=True, copy_function=link)
-    elif src.is_symlink():
-        os.symlink(os.readlink(src), dst)
-    else:
-        link(str(src), str(dst))
 
 
 def _replace_entries(tmp: Path, out: Path, *, keep: Optional[str] = None) -> None:
@@ -474,27 +417,24 @@ def _commit(tmp: Path, out: Path, *, stage: str, keep: Optional[str] = None) -> 
         except OSError as err:
             raise _refused_commit(err, tmp, out, keep) from None
         return
-    if not out.is_dir():
-        if keep is None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise ValueError(f"--out {out} is a file, not a directory; remove it or pass another --out")
     try:  # checked before the stage ran; again here, as the folder is replaced whole below
         check_replaceable(out, stage=stage)
     except ValueError:
         if keep is None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    foreign = [e for e in out.iterdir() if not (tmp / e.name).exists()]
+    # hidden entries (DVC's .gitignore) carry over; anything else of the previous run goes with it
+    hidden = [e for e in out.iterdir() if e.name.startswith(".") and not (tmp / e.name).exists()]
     cwd = Path.cwd().absolute()
     if cwd == out or out in cwd.parents:  # --out . (or a parent of it): never swap the current folder away
         _replace_entries(tmp, out, keep=keep)
         return
     try:
-        for entry in foreign:
-            # hidden files (DVC's .gitignore) stay; anything else is the previous run's and goes with it, so
-            # the output holds only this run's files (no quality.png of a run that drew none)
-            if entry.name.startswith("."):
-                _link_copy(entry, tmp / entry.name)
+        for entry in hidden:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.copytree(entry, tmp / entry.name, symlinks=True)
+            else:
+                shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
         if _exchange(tmp, out):
             _remove_previous(tmp)  # now holds the previous output
             return

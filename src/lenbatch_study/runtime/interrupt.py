@@ -1,25 +1,13 @@
-"""Ctrl-C under Snakemake: every process of the running jobs gets the interrupt once, and snakemake goes on
-only when they have all stopped.
+"""Ctrl-C under Snakemake: every process of the running jobs gets SIGINT once, and snakemake goes on when
+they have all stopped.
 
-Snakemake's local executor, interrupted, waits for its running jobs to finish: a training would run to its
-end and then be discarded as incomplete. So the Snakefile installs :func:`install`'s handler, which passes
-SIGINT on to the jobs. Each job process must get it exactly once: a training stops at its step boundary with
-a checkpoint of the steps it trained (:mod:`lenbatch_study.runtime.stopping`), but a second SIGINT stops a
-worker at once, and a second one during torchrun's shutdown makes its agent send SIGTERM to the workers,
-mid-checkpoint. Hence:
-
-- the interrupt goes only to the processes in snakemake's own process group (the jobs' shells and
-  launchers; torchrun hands it on to its workers, which run in sessions of their own),
-- and only when it was not a terminal's Ctrl-C, which the terminal has already sent to that whole group
-  (:func:`in_terminal_foreground`). A script's SIGINT to the whole group without a terminal looks like
-  ``kill -INT <snakemake>`` and is passed on too (docs/reliability.md, "What is not covered yet");
-- then the handler waits until every process of the jobs recorded at the interrupt has ended (at most
-  :data:`STOP_WAIT_S`; a second Ctrl-C is passed on the same way and stops the wait), so that a rerun
-  started at once finds no writer left, and only then lets Snakemake handle the interrupt: it marks the
-  jobs incomplete, and the next run resumes the training.
-
-Linux ``/proc`` only; elsewhere :func:`install` does nothing. Cost per interrupt: one ``/proc`` scan per
-process in the jobs' trees, then one ``stat`` read per process every 0.1 s while waiting.
+Snakemake's local executor, interrupted, waits for its jobs: a training would run to its end and be
+discarded as incomplete. The Snakefile installs :func:`install`'s handler, which hands SIGINT to the
+processes in snakemake's own process group (torchrun hands it to its workers) unless a terminal's Ctrl-C
+already reached that group (:func:`in_terminal_foreground`): a second SIGINT would stop a worker, or make
+torchrun's agent SIGTERM it, mid-checkpoint. It then waits (at most :data:`STOP_WAIT_S`; a second Ctrl-C
+stops the wait) until they have all ended, so a rerun finds no writer, and lets Snakemake mark the jobs
+incomplete; the rerun resumes the training. Linux ``/proc`` only. Limits: docs/reliability.md.
 """
 
 from __future__ import annotations
