@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lenbatch-installed
 
-.PHONY: run plots test test-fast test-deps install clean lint
+.PHONY: run plots test test-fast test-deps install clean lint format
 
 # DVC's own `dvc plots show/diff` use this template (.dvc/config: plots.html_template): Vega inlined from
 # Snakemake's bundled copies, so the page renders offline. Written here, not committed (2.2 MB of third-party code).
@@ -82,9 +82,14 @@ test: test-deps
 test-fast: install
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
-# the linter (pyproject.toml's [tool.ruff]); the suite runs it too (tests/pipeline/test_lint.py)
+# the linter and the format check (pyproject.toml's [tool.ruff]); the suite runs both (tests/pipeline/test_lint.py)
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks tools
+	$(VENV)/bin/ruff format --check src tests benchmarks tools
+
+# rewrites every Python file as the format check (make lint, tests/pipeline/test_lint.py) wants it
+format: install
+	$(VENV)/bin/ruff format src tests benchmarks tools
 
 clean:
 	rm -rf results logs .snakemake

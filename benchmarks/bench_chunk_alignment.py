@@ -40,8 +40,9 @@ from lenbatch_study.stages.profile import make_batch  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=8, help="rows per batch")
-    ap.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 768, 1024],
-                    help="row lengths L (multiples of the chunk)")
+    ap.add_argument(
+        "--lengths", type=int, nargs="+", default=[256, 512, 768, 1024], help="row lengths L (multiples of the chunk)"
+    )
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--params", nargs="+", default=["params.yaml"])
     a = ap.parse_args()
@@ -52,8 +53,10 @@ def main() -> int:
     runner = StepRunner(params, device=resolve_device("cpu", 0), role="target")
     shapes = [m for L in a.lengths for m in (L, L + 1, L + CHUNK_SIZE)]
     if a.rows * max(shapes) > params.batching.token_budget:
-        raise SystemExit(f"{a.rows} x {max(shapes)} exceeds batching.token_budget={params.batching.token_budget}: "
-                         "lower --rows or --lengths")
+        raise SystemExit(
+            f"{a.rows} x {max(shapes)} exceeds batching.token_budget={params.batching.token_budget}: "
+            "lower --rows or --lengths"
+        )
     batches = {m: make_batch("padded", [m] * a.rows, params, seed=params.batching.seed) for m in shapes}
     secs: dict[int, list[float]] = {m: [] for m in shapes}
     t0 = time.perf_counter()
@@ -78,8 +81,10 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for L in a.lengths:
         up, far = L + 1, L + CHUNK_SIZE
-        print(f"| {L} | {np.median(secs[L]):.3f} | {cell(up, L)} | {up / L:.3f}, {chunks(up) / chunks(L):.3f} | "
-              f"{cell(far, up)} | {far / up:.3f}, {chunks(far) / chunks(up):.3f} |")
+        print(
+            f"| {L} | {np.median(secs[L]):.3f} | {cell(up, L)} | {up / L:.3f}, {chunks(up) / chunks(L):.3f} | "
+            f"{cell(far, up)} | {far / up:.3f}, {chunks(far) / chunks(up):.3f} |"
+        )
     return 0
 
 

@@ -28,13 +28,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
     x = chat_lengths(a.samples)
-    print(f"{a.samples:,} samples, {a.world_size} ranks\n\n| repeat | seconds | of which optimize_boundaries |\n|---|---|---|")
+    print(
+        f"{a.samples:,} samples, {a.world_size} ranks\n\n| repeat | seconds | of which optimize_boundaries |\n|---|---|---|"
+    )
     for r in range(a.repeats):
         t = time.perf_counter()
         edges = lb.optimize_boundaries(x, 6, token_budget=16384, max_batch_size=64).edges
         tb = time.perf_counter() - t
-        rows = lb.compare_strategies(x, token_budget=16384, max_batch_size=64, world_size=a.world_size, edges=edges,
-                                     cost=lb.Cost(per_token=1.0, per_token_squared=1 / 4096))
+        rows = lb.compare_strategies(
+            x,
+            token_budget=16384,
+            max_batch_size=64,
+            world_size=a.world_size,
+            edges=edges,
+            cost=lb.Cost(per_token=1.0, per_token_squared=1 / 4096),
+        )
         print(f"| {r} | {time.perf_counter() - t:.2f} | {tb:.2f} |", flush=True)
     print()
     print(lb.batching.compare.format_table(rows))

@@ -21,7 +21,13 @@ import numpy as np
 import lenbatch as lb
 from lenbatch_study.core.objective import objective_named
 from lenbatch_study.corpus.seed_profile import seed_profile
-from lenbatch.batching.padding import budget_fill, composition_repeat, length_mixing, padding_efficiency, predict_bucketed
+from lenbatch.batching.padding import (
+    budget_fill,
+    composition_repeat,
+    length_mixing,
+    padding_efficiency,
+    predict_bucketed,
+)
 from lenbatch.batching.strategies import plan_epoch_all
 
 STUDY_EDGES = (0, 770, 1216, 1728, 2432, 3296, 8192)
@@ -47,8 +53,9 @@ def real_lengths(count: int, max_len: int = 4096) -> np.ndarray:
             break
         conv = rec.get("conversations") or []
         if conv:
-            chat = "".join(f"<|im_start|>{roles.get(t.get('from'), 'user')}\n{t.get('value', '')}<|im_end|>\n"
-                           for t in conv)
+            chat = "".join(
+                f"<|im_start|>{roles.get(t.get('from'), 'user')}\n{t.get('value', '')}<|im_end|>\n" for t in conv
+            )
             out.append(min(len(tok.encode(chat, allowed_special="all")), max_len))
     return np.asarray(out, dtype=np.int64)
 
@@ -60,26 +67,33 @@ def timed(fn, *a, **kw):
 
 
 def bench(name: str, x: np.ndarray, study_edges: tuple[int, ...] | None) -> dict:
-    print(f"\n## {name}: {x.size:,} lengths, {int(x.sum()):,} tokens, mean {x.mean():.1f}, max {int(x.max())}; "
-          f"K={K}, token budget {BUDGET:,}, at most {MAXB} per batch\n")
+    print(
+        f"\n## {name}: {x.size:,} lengths, {int(x.sum()):,} tokens, mean {x.mean():.1f}, max {int(x.max())}; "
+        f"K={K}, token budget {BUDGET:,}, at most {MAXB} per batch\n"
+    )
     kw = dict(token_budget=BUDGET, max_batch_size=MAXB)
     print("| optimizer | objective | edges | predicted efficiency | wall s | CPU s |")
     print("|---|---|---|---|---|---|")
     res = {}
     for objective in ("greedy", "study"):
         for method in ("geometric", "coordinate", "dp"):
-            b, wall, cpu = timed(lb.optimize_boundaries, x, K, method=method, objective=objective_named(objective), **kw)
+            b, wall, cpu = timed(
+                lb.optimize_boundaries, x, K, method=method, objective=objective_named(objective), **kw
+            )
             res[(method, objective)] = b
-            print(f"| {method} | {objective} | {list(b.edges)} | {b.predicted_efficiency:.4f} | {wall:.2f} "
-                  f"| {cpu:.2f} |")
+            print(
+                f"| {method} | {objective} | {list(b.edges)} | {b.predicted_efficiency:.4f} | {wall:.2f} | {cpu:.2f} |"
+            )
     if study_edges is not None:
         for objective in ("greedy", "study"):
             e = predict_bucketed(x, study_edges, objective=objective_named(objective), **kw)["efficiency"]
             print(f"| study's published edges | {objective} | {list(study_edges)} | {e:.4f} | - | - |")
     hist = res[("coordinate", "study")].history
-    print(f"\ncoordinate search under the study's objective ({len(hist) - 1} iterations): "
-          + "; ".join(f"{h['iteration']}: {h['edges'][1:-1]} {h['predicted_efficiency']:.4f}" for h in hist[:6])
-          + (" ..." if len(hist) > 6 else ""))
+    print(
+        f"\ncoordinate search under the study's objective ({len(hist) - 1} iterations): "
+        + "; ".join(f"{h['iteration']}: {h['edges'][1:-1]} {h['predicted_efficiency']:.4f}" for h in hist[:6])
+        + (" ..." if len(hist) > 6 else "")
+    )
 
     # transformers' own sortish order alone
     import torch
@@ -92,8 +106,12 @@ def bench(name: str, x: np.ndarray, study_edges: tuple[int, ...] | None) -> dict
     variants = [("sorted", None), ("random", None)]
     if study_edges is not None:
         variants.append(("bucketed", ("study edges", study_edges)))
-    variants += [("bucketed", ("coordinate edges", res[("coordinate", "greedy")].edges)),
-                 ("bucketed", ("dp edges", res[("dp", "greedy")].edges)), ("sortish", None), ("packed", None)]
+    variants += [
+        ("bucketed", ("coordinate edges", res[("coordinate", "greedy")].edges)),
+        ("bucketed", ("dp edges", res[("dp", "greedy")].edges)),
+        ("sortish", None),
+        ("packed", None),
+    ]
     sim = {}
     for strategy, ed in variants:
         edges = ed[1] if ed else None
@@ -103,16 +121,30 @@ def bench(name: str, x: np.ndarray, study_edges: tuple[int, ...] | None) -> dict
         eff = padding_efficiency(x, p0, strategy=strategy)
         pred = predict_bucketed(x, edges, **kw)["efficiency"] if edges is not None else None
         sim[label] = eff
-        rows.append((label, wall, cpu, eff, pred, budget_fill(x, p0, BUDGET, strategy=strategy),
-                     composition_repeat(p0, p1, x.size), length_mixing(x, p0), len(p0)))
+        rows.append(
+            (
+                label,
+                wall,
+                cpu,
+                eff,
+                pred,
+                budget_fill(x, p0, BUDGET, strategy=strategy),
+                composition_repeat(p0, p1, x.size),
+                length_mixing(x, p0),
+                len(p0),
+            )
+        )
     print(f"\ntransformers get_length_grouped_indices alone: {hf_wall:.2f} s wall, {hf_cpu:.2f} s CPU\n")
-    print("| strategy | plan wall s | plan CPU s | padding efficiency | predicted | budget fill | composition repeat "
-          "| length mixing | steps |")
+    print(
+        "| strategy | plan wall s | plan CPU s | padding efficiency | predicted | budget fill | composition repeat "
+        "| length mixing | steps |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for label, wall, cpu, eff, pred, fill, rep, mix, steps in rows:
         ps = f"{pred:.4f}" if pred is not None else "-"
-        print(f"| {label} | {wall:.2f} | {cpu:.2f} | {eff:.4f} | {ps} | {fill:.4f} | {rep:.5f} | {mix:.4f} "
-              f"| {steps:,} |")
+        print(
+            f"| {label} | {wall:.2f} | {cpu:.2f} | {eff:.4f} | {ps} | {fill:.4f} | {rep:.5f} | {mix:.4f} | {steps:,} |"
+        )
     packed_fill = [r[5] for r in rows if r[0] == "packed"][0]
     packed_rows = [r[8] for r in rows if r[0] == "packed"][0]
     min_rows = int(np.ceil(x.sum() / BUDGET))
@@ -136,8 +168,10 @@ def main() -> int:
     ap.add_argument("--real-count", type=int, default=4000, help="conversations tokenized when --real is absent")
     args = ap.parse_args()
     x, wall, cpu = timed(seed_profile)
-    print(f"seed profile generated in {wall:.2f} s: mean {x.mean():.3f} (published 2,068), percentiles "
-          f"{np.percentile(x, [0, 10, 25, 50, 75, 90, 95, 99, 100]).astype(int).tolist()}")
+    print(
+        f"seed profile generated in {wall:.2f} s: mean {x.mean():.3f} (published 2,068), percentiles "
+        f"{np.percentile(x, [0, 10, 25, 50, 75, 90, 95, 99, 100]).astype(int).tolist()}"
+    )
     ok = all(bench("seed profile", x.astype(np.int64), STUDY_EDGES).values())
     path = Path(args.real)
     if path.exists():

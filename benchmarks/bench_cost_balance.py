@@ -39,16 +39,28 @@ def measure(x, strategy, budget, mbs, world_size, cost, const, edges, with_cost,
     t = time.perf_counter()
     if stream:
         spec = BatchSpec(token_budget=budget, max_batch_size=mbs)
-        ranks = plan_stream(x, strategy=strategy, spec=spec, buffer_size=4096, world_size=world_size,
-                            cost=cost if with_cost else None)
+        ranks = plan_stream(
+            x, strategy=strategy, spec=spec, buffer_size=4096, world_size=world_size, cost=cost if with_cost else None
+        )
     else:
-        ranks = lb.plan_epoch_all(x, strategy=strategy, token_budget=budget, max_batch_size=mbs,
-                                  world_size=world_size, edges=edges, cost=cost if with_cost else None)
+        ranks = lb.plan_epoch_all(
+            x,
+            strategy=strategy,
+            token_budget=budget,
+            max_batch_size=mbs,
+            world_size=world_size,
+            edges=edges,
+            cost=cost if with_cost else None,
+        )
     seconds = time.perf_counter() - t
     per = np.stack([cost.of_batches(x, r, packed=strategy == "packed") for r in ranks])
     worst = per.max(axis=0)
-    return {"steps": per.shape[1], "imbalance": worst.sum() / per.mean(axis=0).sum() - 1,
-            "epoch": float((worst + const).sum()), "plan_s": seconds}
+    return {
+        "steps": per.shape[1],
+        "imbalance": worst.sum() / per.mean(axis=0).sum() - 1,
+        "epoch": float((worst + const).sum()),
+        "plan_s": seconds,
+    }
 
 
 def main() -> None:
@@ -59,27 +71,38 @@ def main() -> None:
     coef = json.loads(Path(a.stepmodel).read_text())["target"]["chosen"]["coef"]
     cost = lb.Cost(per_token=coef["computed_tokens"], per_token_squared=coef.get("sum_len_sq", 0.0))
     const = coef.get("const", 0.0)
-    print(f"step model: const {const:.3g} s + {cost.per_token:.3g} s/token + {cost.per_token_squared:.3g} s/token^2; "
-          f"{a.world_size} ranks\n")
-    print("| lengths | strategy | steps | imbalance, token-only | imbalance, cost-aware | epoch s, token-only | "
-          "epoch s, cost-aware | speed-up |")
+    print(
+        f"step model: const {const:.3g} s + {cost.per_token:.3g} s/token + {cost.per_token_squared:.3g} s/token^2; "
+        f"{a.world_size} ranks\n"
+    )
+    print(
+        "| lengths | strategy | steps | imbalance, token-only | imbalance, cost-aware | epoch s, token-only | "
+        "epoch s, cost-aware | speed-up |"
+    )
     print("|---|---|---|---|---|---|---|---|")
-    sets = [("seed profile 902,087 @ 49,152", seed_profile(), 49152, 64),
-            ("embedded 17,483 @ 16,384", np.load(ROOT / "results/tokenize/lengths.npy").astype(np.int64), 16384, 64)]
+    sets = [
+        ("seed profile 902,087 @ 49,152", seed_profile(), 49152, 64),
+        ("embedded 17,483 @ 16,384", np.load(ROOT / "results/tokenize/lengths.npy").astype(np.int64), 16384, 64),
+    ]
     for name, x, budget, mbs in sets:
         edges = lb.optimize_boundaries(x, 6, token_budget=budget, max_batch_size=mbs, num_candidates=64).edges
         for s in lb.STRATEGIES:
             e = edges if s == "bucketed" else None
             tok, cst = (measure(x, s, budget, mbs, a.world_size, cost, const, e, w) for w in (False, True))
             assert tok["steps"] == cst["steps"]
-            print(f"| {name} | {s} | {tok['steps']:,} | {tok['imbalance']:.1%} | {cst['imbalance']:.1%} | "
-                  f"{tok['epoch']:.1f} | {cst['epoch']:.1f} | {tok['epoch'] / cst['epoch']:.3f}x |", flush=True)
+            print(
+                f"| {name} | {s} | {tok['steps']:,} | {tok['imbalance']:.1%} | {cst['imbalance']:.1%} | "
+                f"{tok['epoch']:.1f} | {cst['epoch']:.1f} | {tok['epoch'] / cst['epoch']:.3f}x |",
+                flush=True,
+            )
     name, x, budget, mbs = sets[1]
     for s in STREAM_STRATEGIES:  # streamed (buffer 4,096): steps are closing order unless a cost sorts them
         tok, cst = (measure(x, s, budget, mbs, a.world_size, cost, const, None, w, stream=True) for w in (False, True))
-        print(f"| {name}, stream | {s} | {tok['steps']:,} / {cst['steps']:,} | {tok['imbalance']:.1%} | "
-              f"{cst['imbalance']:.1%} | {tok['epoch']:.1f} | {cst['epoch']:.1f} | {tok['epoch'] / cst['epoch']:.3f}x |",
-              flush=True)
+        print(
+            f"| {name}, stream | {s} | {tok['steps']:,} / {cst['steps']:,} | {tok['imbalance']:.1%} | "
+            f"{cst['imbalance']:.1%} | {tok['epoch']:.1f} | {cst['epoch']:.1f} | {tok['epoch'] / cst['epoch']:.3f}x |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

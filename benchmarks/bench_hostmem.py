@@ -58,8 +58,11 @@ print(json.dumps({"rows": rows, "rss_mb": rss, "peak_mb": resource.getrusage(res
 
 
 def measure(params: Path, *, reuse: bool, steps: int, warmup: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", WORKER, str(params), str(reuse).lower(), str(steps), str(warmup)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER, str(params), str(reuse).lower(), str(steps), str(warmup)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         sys.exit(f"worker failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -75,16 +78,22 @@ def main() -> None:
     on_run = measure(args.params, reuse=True, steps=args.steps, warmup=args.warmup)
     off, on = off_run["rows"], on_run["rows"]
     print(f"median over {args.steps} steps after {args.warmup} warm-up steps, one process per setting\n")
-    print("| shape | tokens | role | system allocator: s/step | faults/step | reuse_host_memory: s/step "
-          "| faults/step | speed-up |")
+    print(
+        "| shape | tokens | role | system allocator: s/step | faults/step | reuse_host_memory: s/step "
+        "| faults/step | speed-up |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for a, b in zip(off, on):
         for role in ("target", "drafter"):
-            print(f"| {a['shape']} | {a['tokens']:,} | {role} | {a[f'{role}_s']:.3f} | {a[f'{role}_faults']:,.0f} "
-                  f"| {b[f'{role}_s']:.3f} | {b[f'{role}_faults']:,.0f} | {a[f'{role}_s'] / b[f'{role}_s']:.2f}x |")
-    print(f"\nhost memory after the last step (resident) / peak: system allocator {off_run['rss_mb']:,.0f} / "
-          f"{off_run['peak_mb']:,.0f} MiB, reuse_host_memory {on_run['rss_mb']:,.0f} / {on_run['peak_mb']:,.0f} MiB "
-          "(kept memory stays resident; fragmentation can hold it above the system allocator's peak)")
+            print(
+                f"| {a['shape']} | {a['tokens']:,} | {role} | {a[f'{role}_s']:.3f} | {a[f'{role}_faults']:,.0f} "
+                f"| {b[f'{role}_s']:.3f} | {b[f'{role}_faults']:,.0f} | {a[f'{role}_s'] / b[f'{role}_s']:.2f}x |"
+            )
+    print(
+        f"\nhost memory after the last step (resident) / peak: system allocator {off_run['rss_mb']:,.0f} / "
+        f"{off_run['peak_mb']:,.0f} MiB, reuse_host_memory {on_run['rss_mb']:,.0f} / {on_run['peak_mb']:,.0f} MiB "
+        "(kept memory stays resident; fragmentation can hold it above the system allocator's peak)"
+    )
 
 
 if __name__ == "__main__":

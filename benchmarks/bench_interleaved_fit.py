@@ -46,8 +46,11 @@ def main() -> int:
     ap.add_argument("--data", default="results/tokenize", help="tokenize output (dataset/, lengths.npy)")
     ap.add_argument("--boundaries", default="results/boundaries/boundaries.json")
     ap.add_argument("--params", nargs="+", default=["params.yaml"])
-    ap.add_argument("--candidates", action="store_true",
-                    help="also every candidate model of the pass-corrected fit, each role beside the other's chosen one")
+    ap.add_argument(
+        "--candidates",
+        action="store_true",
+        help="also every candidate model of the pass-corrected fit, each role beside the other's chosen one",
+    )
     a = ap.parse_args()
     params = load_params(*a.params)
     lengths = tokenized.read_lengths(a.data)
@@ -60,11 +63,23 @@ def main() -> int:
     target_ranks = max(params.train.nproc - 1, 1) * params.train.nodes
     cols = {}
     for s, rec in st.items():
-        plan = compare.planned_batches(lengths, params, s, edges if s == "bucketed" else None,
-                                       useful_tokens=params.train.useful_tokens, target_ranks=target_ranks)
+        plan = compare.planned_batches(
+            lengths,
+            params,
+            s,
+            edges if s == "bucketed" else None,
+            useful_tokens=params.train.useful_tokens,
+            target_ranks=target_ranks,
+        )
         picked = [(int(e), int(i)) for e, i in zip(rec["epochs"], rec["steps"])]
-        cols[s] = compare.step_columns(lengths, [(e, plan[i][1]) for e, i in picked], layout=compare.layout_of(s),
-                                       params=params, masks=masks, numbers=[i for _, i in picked])
+        cols[s] = compare.step_columns(
+            lengths,
+            [(e, plan[i][1]) for e, i in picked],
+            layout=compare.layout_of(s),
+            params=params,
+            masks=masks,
+            numbers=[i for _, i in picked],
+        )
     print(f"interleaved measurement: {a.interleave} ({doc['rounds']} rounds, clock {doc.get('clock')})")
     for folder in a.profile:
         rows = profile_grid.read_grid(folder)
@@ -75,26 +90,42 @@ def main() -> int:
                 runs = [r[f"{role}_cpu_seconds_all"] for r in rows]
                 if mode == "median":
                     secs = np.array([float(np.median(x)) for x in runs])
-                    fits[role], _ = sm.select_model(grid, secs, role=role, candidates=sm.CANDIDATES[role],
-                                                    holdout_fraction=params.compare.holdout_fraction,
-                                                    seed=params.batching.seed)
+                    fits[role], _ = sm.select_model(
+                        grid,
+                        secs,
+                        role=role,
+                        candidates=sm.CANDIDATES[role],
+                        holdout_fraction=params.compare.holdout_fraction,
+                        seed=params.batching.seed,
+                    )
                 else:  # as compare fits
-                    fit = sm.fit_role(grid, runs, role=role, holdout_fraction=params.compare.holdout_fraction,
-                                      seed=params.batching.seed)
+                    fit = sm.fit_role(
+                        grid,
+                        runs,
+                        role=role,
+                        holdout_fraction=params.compare.holdout_fraction,
+                        seed=params.batching.seed,
+                    )
                     fits[role], cands[role] = fit["best"], fit["candidates"]
                     notes.append(f"{role} pass factors {np.round(fit['pass_factors'], 3).tolist()}")
                 notes.append(f"{role} {fits[role].name}, held-out error {fits[role].holdout_error:.1%}")
             pred = {s: fits["target"].predict(c) + fits["drafter"].predict(c) for s, c in cols.items()}
-            table = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st}, pred,
-                             {s: st[s]["step_useful_tokens"] for s in st})
+            table = il.judge(
+                {s: st[s]["seconds"] for s in st},
+                {s: st[s]["useful_tokens"] for s in st},
+                pred,
+                {s: st[s]["step_useful_tokens"] for s in st},
+            )
             print(f"\nprofile {folder} ({len(rows)} points), {mode}: " + "; ".join(notes))
             print("| strategy | measured | 95% interval | predicted | predicted / measured |")
             print("|---|---|---|---|---|")
             for s, r in table.items():
                 if s != il.BASELINE:
                     lo, hi = r["ci95"]
-                    print(f"| {s} | {r['ratio_to_sorted']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['predicted_ratio']:.3f} | "
-                          f"{100 * r['prediction_error']:+.1f}% |")
+                    print(
+                        f"| {s} | {r['ratio_to_sorted']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['predicted_ratio']:.3f} | "
+                        f"{100 * r['prediction_error']:+.1f}% |"
+                    )
             if a.candidates and cands:
                 names = [s for s in st if s != il.BASELINE]
                 for role, other in (("drafter", "target"), ("target", "drafter")):
@@ -103,11 +134,18 @@ def main() -> int:
                     print("|---|---|" + "---|" * len(names))
                     for c in cands[role]:
                         pred = {s: fits[other].predict(x) + c.predict(x) for s, x in cols.items()}
-                        t = il.judge({s: st[s]["seconds"] for s in st}, {s: st[s]["useful_tokens"] for s in st},
-                                     pred, {s: st[s]["step_useful_tokens"] for s in st})
+                        t = il.judge(
+                            {s: st[s]["seconds"] for s in st},
+                            {s: st[s]["useful_tokens"] for s in st},
+                            pred,
+                            {s: st[s]["step_useful_tokens"] for s in st},
+                        )
                         chosen = " (chosen)" if c.name == fits[role].name else ""
-                        print(f"| {c.name}{chosen} | {c.holdout_error:.1%} | "
-                              + " | ".join(f"{100 * t[s]['prediction_error']:+.1f}%" for s in names) + " |")
+                        print(
+                            f"| {c.name}{chosen} | {c.holdout_error:.1%} | "
+                            + " | ".join(f"{100 * t[s]['prediction_error']:+.1f}%" for s in names)
+                            + " |"
+                        )
     return 0
 
 

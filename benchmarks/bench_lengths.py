@@ -68,8 +68,10 @@ def main() -> int:
         folder = Path(tmp) / "ds"
         t0 = time.perf_counter()
         want = build(args.rows, args.divide, folder)
-        print(f"built {args.rows:,} rows, {int(want.sum()):,} tokens, {len(list(folder.glob('*.arrow')))} Arrow "
-              f"file(s) in {time.perf_counter() - t0:.1f} s")
+        print(
+            f"built {args.rows:,} rows, {int(want.sum()):,} tokens, {len(list(folder.glob('*.arrow')))} Arrow "
+            f"file(s) in {time.perf_counter() - t0:.1f} s"
+        )
         t_dir, got = best_of(lambda: lb.lengths_of(folder))
         assert np.array_equal(got, want)
         t_load, ds = best_of(lambda: datasets.load_from_disk(str(folder)))
@@ -80,7 +82,7 @@ def main() -> int:
         assert np.array_equal(got, want[np.asarray(shuffled._indices.column(0))])
         head = ds.select(range(min(args.loop_rows, args.rows)))
         t_loop, loop = best_of(lambda: [len(r) for r in head["input_ids"]], reps=1)
-        assert loop == want[:len(loop)].tolist()
+        assert loop == want[: len(loop)].tolist()
         per_row = t_loop / len(loop)
     load = os.getloadavg()[0]
     print(f"\n{args.rows:,} rows (load average {load:.2f}):\n")
@@ -90,8 +92,10 @@ def main() -> int:
     print(f"| datasets.load_from_disk (not lengths_of: the load users do anyway) | {t_load:.3f} |")
     print(f"| lengths_of(Dataset) | {t_ds:.3f} |")
     print(f"| lengths_of(Dataset.shuffle()) (indices mapping) | {t_sh:.3f} |")
-    print(f"| row loop [len(r) for r in ds['input_ids']], {len(loop):,} rows measured | {t_loop:.2f} "
-          f"(extrapolated to {args.rows:,} rows: {per_row * args.rows:.0f} s) |")
+    print(
+        f"| row loop [len(r) for r in ds['input_ids']], {len(loop):,} rows measured | {t_loop:.2f} "
+        f"(extrapolated to {args.rows:,} rows: {per_row * args.rows:.0f} s) |"
+    )
     return 0
 
 

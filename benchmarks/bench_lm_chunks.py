@@ -39,14 +39,20 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(0)
-    weight = torch.randn(a.vocab, a.hidden, generator=g) * a.hidden ** -0.5
+    weight = torch.randn(a.vocab, a.hidden, generator=g) * a.hidden**-0.5
     c = CE_CHUNK_ROWS
     sizes = [n for k in (1, 2, 3) for n in (k * c - 16, k * c, k * c + 1, k * c + 16)]
-    inputs = {n: (torch.randn(n, a.hidden, generator=g, requires_grad=True),
-                  torch.randint(0, a.vocab, (n,), generator=g), torch.ones(n)) for n in sizes}
+    inputs = {
+        n: (
+            torch.randn(n, a.hidden, generator=g, requires_grad=True),
+            torch.randint(0, a.vocab, (n,), generator=g),
+            torch.ones(n),
+        )
+        for n in sizes
+    }
     secs: dict[int, list[float]] = {n: [] for n in sizes}
     for r in range(a.repeats + 1):  # the first pass warms allocations up and is not kept
-        order = sizes[r % len(sizes):] + sizes[:r % len(sizes)]
+        order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
         for n in order:
             h, tgt, w = inputs[n]
             t0 = time.process_time()
@@ -58,19 +64,27 @@ def main() -> int:
     X = np.stack([np.ones_like(N), N, np.ceil(N / c)], 1)
     (a0, b, cc), *_ = np.linalg.lstsq(X, med, rcond=None)
     lin = np.linalg.lstsq(X[:, :2], med, rcond=None)[0]
-    print(f"ChunkedLinearCrossEntropy, H={a.hidden}, V={a.vocab:,}, chunks of {c} rows, {a.threads} thread(s), "
-          f"median of {a.repeats} CPU-second timings")
+    print(
+        f"ChunkedLinearCrossEntropy, H={a.hidden}, V={a.vocab:,}, chunks of {c} rows, {a.threads} thread(s), "
+        f"median of {a.repeats} CPU-second timings"
+    )
     print("| positions N | chunks | seconds | fit with chunks | error | fit linear in N | error |")
     print("|---|---|---|---|---|---|---|")
     for n, t, x in zip(sizes, med, X):
         f, fl = float(x @ (a0, b, cc)), float(x[:2] @ lin)
-        print(f"| {n} | {int(x[2])} | {t:.4f} | {f:.4f} | {100 * (f / t - 1):+.1f}% | {fl:.4f} | {100 * (fl / t - 1):+.1f}% |")
-    print(f"\nfit: t = {a0 * 1e3:.1f} ms + {b * 1e3:.3f} ms x N + {cc * 1e3:.1f} ms x chunks "
-          f"(mean error {np.mean(np.abs(X @ (a0, b, cc) / med - 1)):.1%}; linear in N alone "
-          f"{np.mean(np.abs(X[:, :2] @ lin / med - 1)):.1%})")
-    print(f"one chunk more (N = {c} -> {c + 1}): {1e3 * (med[sizes.index(c + 1)] - med[sizes.index(c)]):.1f} ms "
-          f"measured; one row more within a chunk ({c - 16} -> {c}): "
-          f"{1e3 * (med[sizes.index(c)] - med[sizes.index(c - 16)]) / 16:.2f} ms per row")
+        print(
+            f"| {n} | {int(x[2])} | {t:.4f} | {f:.4f} | {100 * (f / t - 1):+.1f}% | {fl:.4f} | {100 * (fl / t - 1):+.1f}% |"
+        )
+    print(
+        f"\nfit: t = {a0 * 1e3:.1f} ms + {b * 1e3:.3f} ms x N + {cc * 1e3:.1f} ms x chunks "
+        f"(mean error {np.mean(np.abs(X @ (a0, b, cc) / med - 1)):.1%}; linear in N alone "
+        f"{np.mean(np.abs(X[:, :2] @ lin / med - 1)):.1%})"
+    )
+    print(
+        f"one chunk more (N = {c} -> {c + 1}): {1e3 * (med[sizes.index(c + 1)] - med[sizes.index(c)]):.1f} ms "
+        f"measured; one row more within a chunk ({c - 16} -> {c}): "
+        f"{1e3 * (med[sizes.index(c)] - med[sizes.index(c - 16)]) / 16:.2f} ms per row"
+    )
     return 0
 
 

@@ -134,16 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     useful = int(lengths.sum())
     layouts = {
         "packed": make_inputs("packed", packed_rows(lengths, budget), seqs),
-        "padded-random": make_inputs("padded", padded_batches(lengths, np.arange(len(lengths)), budget, max_bs),
-                                     seqs),
-        "padded-sorted": make_inputs("padded", padded_batches(lengths, np.argsort(lengths, kind="stable"), budget,
-                                                              max_bs), seqs),
+        "padded-random": make_inputs("padded", padded_batches(lengths, np.arange(len(lengths)), budget, max_bs), seqs),
+        "padded-sorted": make_inputs(
+            "padded", padded_batches(lengths, np.argsort(lengths, kind="stable"), budget, max_bs), seqs
+        ),
     }
     layouts["hf-padded-random"] = layouts["padded-random"]
     n_par = max(1, budget // 4096)
     par_seqs = [torch.randint(0, params.model.vocab_size, (4096,), generator=gen) for _ in range(n_par)]
-    parity = {"parity-packed": make_inputs("packed", [list(range(n_par))], par_seqs),
-              "parity-padded": make_inputs("padded", [list(range(n_par))], par_seqs)}
+    parity = {
+        "parity-packed": make_inputs("packed", [list(range(n_par))], par_seqs),
+        "parity-padded": make_inputs("padded", [list(range(n_par))], par_seqs),
+    }
 
     def ours(x: dict) -> None:
         target.features(x["input_ids"], attention_mask=x.get("attention_mask"), cu_seqlens=x.get("cu_seqlens"))
@@ -155,13 +157,17 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode(), torch_reference_kernels():
             target.model(input_ids=x["input_ids"], attention_mask=x["attention_mask"], use_cache=False)
 
-    print(f"bench_packing: torch {torch.__version__}, {args.sequences} sequences from {source}; "
-          f"useful {useful} tokens, budget {budget}, model hidden {params.model.hidden_size} x "
-          f"{params.model.num_hidden_layers} layers {list(params.model.layer_types)}, {params.model.dtype}")
+    print(
+        f"bench_packing: torch {torch.__version__}, {args.sequences} sequences from {source}; "
+        f"useful {useful} tokens, budget {budget}, model hidden {params.model.hidden_size} x "
+        f"{params.model.num_hidden_layers} layers {list(params.model.layer_types)}, {params.model.dtype}"
+    )
     print(f"lengths: {sorted(lengths.tolist())}")
     rows = []
-    header = f"{'threads':>7} {'layout':<17} {'steps':>5} {'computed':>9} {'pad.eff':>7} {'seconds':>8} " \
-             f"{'cpu s':>7} {'useful tok/s':>12} {'computed tok/s':>14}"
+    header = (
+        f"{'threads':>7} {'layout':<17} {'steps':>5} {'computed':>9} {'pad.eff':>7} {'seconds':>8} "
+        f"{'cpu s':>7} {'useful tok/s':>12} {'computed tok/s':>14}"
+    )
     print(header)
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -170,20 +176,34 @@ def main(argv: list[str] | None = None) -> int:
             secs, cpu = time_set(fn, inputs, args.repeats)
             computed = sum(x["computed"] for x in inputs)
             use = n_par * 4096 if name.startswith("parity") else useful
-            row = {"threads": threads, "layout": name, "steps": len(inputs), "computed_tokens": computed,
-                   "useful_tokens": use, "padding_efficiency": use / computed, "seconds": secs, "cpu_seconds": cpu,
-                   "useful_tokens_per_s": use / secs, "computed_tokens_per_s": computed / secs}
+            row = {
+                "threads": threads,
+                "layout": name,
+                "steps": len(inputs),
+                "computed_tokens": computed,
+                "useful_tokens": use,
+                "padding_efficiency": use / computed,
+                "seconds": secs,
+                "cpu_seconds": cpu,
+                "useful_tokens_per_s": use / secs,
+                "computed_tokens_per_s": computed / secs,
+            }
             rows.append(row)
-            print(f"{threads:>7} {name:<17} {len(inputs):>5} {computed:>9} {use / computed:>7.3f} {secs:>8.3f} "
-                  f"{cpu:>7.3f} "
-                  f"{use / secs:>12.0f} {computed / secs:>14.0f}", flush=True)
+            print(
+                f"{threads:>7} {name:<17} {len(inputs):>5} {computed:>9} {use / computed:>7.3f} {secs:>8.3f} "
+                f"{cpu:>7.3f} "
+                f"{use / secs:>12.0f} {computed / secs:>14.0f}",
+                flush=True,
+            )
         by = {r["layout"]: r for r in rows if r["threads"] == threads}
         for clock in ("seconds", "cpu_seconds"):  # useful tok/s ratio = inverse time ratio (same useful tokens)
-            print(f"{threads:>7} ratios by {clock:<11}: packed/padded-sorted useful tok/s "
-                  f"{by['padded-sorted'][clock] / by['packed'][clock]:.2f}, packed/padded-random "
-                  f"{by['padded-random'][clock] / by['packed'][clock]:.2f}, parity packed/padded time "
-                  f"{by['parity-packed'][clock] / by['parity-padded'][clock]:.2f}, HF/ours padded time "
-                  f"{by['hf-padded-random'][clock] / by['padded-random'][clock]:.2f}")
+            print(
+                f"{threads:>7} ratios by {clock:<11}: packed/padded-sorted useful tok/s "
+                f"{by['padded-sorted'][clock] / by['packed'][clock]:.2f}, packed/padded-random "
+                f"{by['padded-random'][clock] / by['packed'][clock]:.2f}, parity packed/padded time "
+                f"{by['parity-packed'][clock] / by['parity-padded'][clock]:.2f}, HF/ours padded time "
+                f"{by['hf-padded-random'][clock] / by['padded-random'][clock]:.2f}"
+            )
     if args.out:
         Path(args.out).write_text(json.dumps({"source": source, "lengths": lengths.tolist(), "rows": rows}, indent=2))
     return 0

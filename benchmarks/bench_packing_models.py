@@ -35,8 +35,15 @@ def families() -> dict[str, object]:
         "Phi3": tf.Phi3Config(num_hidden_layers=2, num_key_value_heads=2, pad_token_id=0, **SMALL),
         "GPT-2": tf.GPT2Config(vocab_size=256, n_embd=32, n_layer=2, n_head=4, n_positions=512),
         "GPT-NeoX": tf.GPTNeoXConfig(num_hidden_layers=2, **SMALL),
-        "OPT": tf.OPTConfig(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0),
+        "OPT": tf.OPTConfig(
+            vocab_size=256,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            ffn_dim=64,
+            word_embed_proj_dim=32,
+            pad_token_id=0,
+        ),
         "BLOOM": tf.BloomConfig(vocab_size=256, hidden_size=32, n_layer=2, n_head=4),
     }
 
@@ -54,10 +61,15 @@ def by_hand(model, lengths=(7, 13, 5, 11)) -> dict[str, float]:
     batch = lb.collate_packed(samples)
     full = batch.model_inputs()
     full.pop("labels")
-    ways = {"model_inputs() without use_cache=False": {k: v for k, v in full.items() if k != "use_cache"},
-            "input_ids + position_ids": {"input_ids": full["input_ids"], "position_ids": full["position_ids"],
-                                         "use_cache": False},
-            "input_ids only": {"input_ids": full["input_ids"], "use_cache": False}}
+    ways = {
+        "model_inputs() without use_cache=False": {k: v for k, v in full.items() if k != "use_cache"},
+        "input_ids + position_ids": {
+            "input_ids": full["input_ids"],
+            "position_ids": full["position_ids"],
+            "use_cache": False,
+        },
+        "input_ids only": {"input_ids": full["input_ids"], "use_cache": False},
+    }
     out = {}
     with torch.no_grad():
         alone = [model(input_ids=s["input_ids"][None], use_cache=False).logits[0] for s in samples]
@@ -73,8 +85,10 @@ def by_hand(model, lengths=(7, 13, 5, 11)) -> dict[str, float]:
 
 def report_families(only: str | None = None) -> None:
     print(f"transformers {tf.__version__}, torch {torch.__version__}, CPU float32")
-    print("| family | attention | check_packing | max diff vs alone (model_inputs()) | max cross diff | bfloat16: "
-          "check_packing (vs alone / cross) | without use_cache=False | input_ids + position_ids | input_ids only |")
+    print(
+        "| family | attention | check_packing | max diff vs alone (model_inputs()) | max cross diff | bfloat16: "
+        "check_packing (vs alone / cross) | without use_cache=False | input_ids + position_ids | input_ids only |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, config in families().items():
         if only is not None and name != only:
@@ -93,15 +107,25 @@ def report_families(only: str | None = None) -> None:
             def verdict(c):
                 return "ok" if c.ok else "NOT ok" + (f" ({c.error})" if c.error else "")
 
-            print(f"| {name} ({type(model).__name__}) | {attn} | {verdict(r)} | {r.max_abs_diff:.2g} | "
-                  f"{r.max_cross_diff:.2g} | {verdict(half)} ({half.max_abs_diff:.2g} / {half.max_cross_diff:.2g}) | "
-                  + " | ".join(cells) + " |")
+            print(
+                f"| {name} ({type(model).__name__}) | {attn} | {verdict(r)} | {r.max_abs_diff:.2g} | "
+                f"{r.max_cross_diff:.2g} | {verdict(half)} ({half.max_abs_diff:.2g} / {half.max_cross_diff:.2g}) | "
+                + " | ".join(cells)
+                + " |"
+            )
 
 
 def report_cost(repeats: int = 5) -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    config = tf.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192)
+    config = tf.LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=8192,
+    )
     model = build(config, "sdpa")
     gen = torch.Generator().manual_seed(0)
     samples = [{"input_ids": torch.randint(1, 256, (64,), generator=gen)} for _ in range(64)]
@@ -122,9 +146,11 @@ def report_cost(repeats: int = 5) -> None:
         return min(times)
 
     tp, td = best(packed), best(padded)
-    print(f"packed row [1, 4096] (64 sequences of 64): {tp * 1e3:.1f} ms; the same tokens padded [64, 64]: "
-          f"{td * 1e3:.1f} ms; ratio {tp / td:.1f}x (Llama, hidden 128, 2 layers, CPU sdpa, {torch.get_num_threads()} "
-          f"threads, best of {repeats})")
+    print(
+        f"packed row [1, 4096] (64 sequences of 64): {tp * 1e3:.1f} ms; the same tokens padded [64, 64]: "
+        f"{td * 1e3:.1f} ms; ratio {tp / td:.1f}x (Llama, hidden 128, 2 layers, CPU sdpa, {torch.get_num_threads()} "
+        f"threads, best of {repeats})"
+    )
 
 
 def report_attention_cost(repeats: int = 5) -> None:
@@ -149,8 +175,10 @@ def report_attention_cost(repeats: int = 5) -> None:
 
     tp = best(lambda: F(q, q, q, attn_mask=mask))
     td = best(lambda: F(qp, qp, qp, is_causal=True))
-    print(f"attention alone: packed [1, 4, 4096, 32] with the block mask {tp * 1e3:.1f} ms; padded [64, 4, 64, 32] "
-          f"causal {td * 1e3:.1f} ms; ratio {tp / td:.1f}x")
+    print(
+        f"attention alone: packed [1, 4, 4096, 32] with the block mask {tp * 1e3:.1f} ms; padded [64, 4, 64, 32] "
+        f"causal {td * 1e3:.1f} ms; ratio {tp / td:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -77,8 +77,11 @@ def main() -> int:
     ap.add_argument("--sizes", default="0.9,9,90", help="N in millions: 0.9 (1x), 9 (10x), 90 (100x the profile)")
     ap.add_argument("--strategies", default=",".join(STRATEGY_NAMES))
     ap.add_argument("--world-size", type=int, default=7)
-    ap.add_argument("--tree", default=str(Path(__file__).resolve().parents[1] / "src"),
-                    help="the source tree to plan with (default: this checkout's src)")
+    ap.add_argument(
+        "--tree",
+        default=str(Path(__file__).resolve().parents[1] / "src"),
+        help="the source tree to plan with (default: this checkout's src)",
+    )
     ap.add_argument("--json", help="also write the cells as JSON here")
     args = ap.parse_args()
     reps_of = {"0.9": 1, "9": 10, "90": 100}
@@ -89,13 +92,18 @@ def main() -> int:
         for s in strategies:
             c = run_cell(s, reps_of[size], args.world_size, args.tree)
             cells[(size, s)] = c
-            print(f"# {s:8s} N={c['n']:>11,}: {c['seconds']:7.2f} s ({c['cpu_seconds']:.2f} CPU s), peak +{c['peak_increase_mb']:7.0f} MB "
-                  f"(warm-up {c['warmup_seconds']:.2f} s, {c['batches']:,} batches on rank 0)", file=sys.stderr,
-                  flush=True)
+            print(
+                f"# {s:8s} N={c['n']:>11,}: {c['seconds']:7.2f} s ({c['cpu_seconds']:.2f} CPU s), peak +{c['peak_increase_mb']:7.0f} MB "
+                f"(warm-up {c['warmup_seconds']:.2f} s, {c['batches']:,} batches on rank 0)",
+                file=sys.stderr,
+                flush=True,
+            )
     load = os.getloadavg()
-    print(f"\nOne rank's epoch plan (rank 0 of {args.world_size}), tree {args.tree}, numba "
-          f"{'off' if os.environ.get('LENBATCH_NO_NUMBA') else 'if installed'}; load average before the last cell "
-          f"{load[0]:.2f}\n")
+    print(
+        f"\nOne rank's epoch plan (rank 0 of {args.world_size}), tree {args.tree}, numba "
+        f"{'off' if os.environ.get('LENBATCH_NO_NUMBA') else 'if installed'}; load average before the last cell "
+        f"{load[0]:.2f}\n"
+    )
     print("| samples | " + " | ".join(strategies) + " |")
     print("|---|" + "---|" * len(strategies))
     for size in sizes:

@@ -56,7 +56,7 @@ def chat_lengths(n: int, seed: int = 0, dtype: str = "int64"):
     for a in range(0, n, step):
         m = min(step, n - a)
         part = rng.choice(3, size=m, p=share)
-        out[a:a + m] = np.clip(np.rint(median[part] * np.exp(sigma[part] * rng.standard_normal(m))), 48, 8191)
+        out[a : a + m] = np.clip(np.rint(median[part] * np.exp(sigma[part] * rng.standard_normal(m))), 48, 8191)
     return out
 
 
@@ -86,8 +86,15 @@ def large(args) -> dict:
     edges = edges_for(lb, x)
 
     def kw(strategy):
-        return dict(strategy=strategy, token_budget=BUDGET, max_batch_size=MAX_BATCH, seed=0,
-                    edges=edges if strategy == "bucketed" else None, rank=0, world_size=WORLD)
+        return dict(
+            strategy=strategy,
+            token_budget=BUDGET,
+            max_batch_size=MAX_BATCH,
+            seed=0,
+            edges=edges if strategy == "bucketed" else None,
+            rank=0,
+            world_size=WORLD,
+        )
 
     # warm-up: imports (torch: sortish, the sampler), the numba kernels (loaded up front: a 50 K pass alone
     # would not load them)
@@ -136,17 +143,29 @@ def large(args) -> dict:
             elif item == "sampler":
                 sampler_round()
             else:
-                s = item[len("plan_epoch["):-1]
+                s = item[len("plan_epoch[") : -1]
                 timed(item, lambda s=s: lb.plan_epoch(x, epoch=0, **kw(s)))
-        print(f"  round {r + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()),
-              file=sys.stderr, flush=True)
+        print(
+            f"  round {r + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()),
+            file=sys.stderr,
+            flush=True,
+        )
     med = {k: statistics.median(v) for k, v in times.items()}
     base = med["argsort"]
-    return {"n": args.n, "dtype": args.dtype, "repeats": args.repeats, "strategy": args.strategy,
-            "argsort_seconds": base, "seconds": med, "ratio_to_argsort": {k: v / base for k, v in med.items()},
-            "sampler_peak_mb": statistics.median(mem["sampler_peak_mb"]),
-            "sampler_kept_mb": statistics.median(mem["sampler_kept_mb"]),
-            "lengths_mb": x.nbytes / 2**20, "numba": "numba" in sys.modules, "planner": lb.__file__}
+    return {
+        "n": args.n,
+        "dtype": args.dtype,
+        "repeats": args.repeats,
+        "strategy": args.strategy,
+        "argsort_seconds": base,
+        "seconds": med,
+        "ratio_to_argsort": {k: v / base for k, v in med.items()},
+        "sampler_peak_mb": statistics.median(mem["sampler_peak_mb"]),
+        "sampler_kept_mb": statistics.median(mem["sampler_kept_mb"]),
+        "lengths_mb": x.nbytes / 2**20,
+        "numba": "numba" in sys.modules,
+        "planner": lb.__file__,
+    }
 
 
 SMALL_CELL = r"""
@@ -180,8 +199,9 @@ def small(args) -> list[dict]:
         row: dict = {"call": call}
         for path, env in (("numba", {"LENBATCH_NO_NUMBA": ""}), ("pure", {"LENBATCH_NO_NUMBA": "1"})):
             code = SMALL_CELL.format(tree=args.tree, bench=bench, call=call, n=args.small)
-            res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 env={**os.environ, **env})
+            res = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}
+            )
             if res.returncode != 0:
                 raise SystemExit(f"small call {call} ({path}) failed:\n{res.stderr[-3000:]}")
             secs, loaded = res.stdout.split()
@@ -211,14 +231,18 @@ def main() -> int:
     if not args.skip_large:
         big = large(args)
         out["large"] = big
-        print(f"{big['n']:,} {big['dtype']} lengths, budget {BUDGET}, <= {MAX_BATCH} per batch, rank 0 of {WORLD}; "
-              f"medians of {big['repeats']} rounds in turns; numba {'loaded' if big['numba'] else 'not loaded'}; "
-              f"load {load}")
+        print(
+            f"{big['n']:,} {big['dtype']} lengths, budget {BUDGET}, <= {MAX_BATCH} per batch, rank 0 of {WORLD}; "
+            f"medians of {big['repeats']} rounds in turns; numba {'loaded' if big['numba'] else 'not loaded'}; "
+            f"load {load}"
+        )
         print(f"{'quantity':<28} {'seconds':>8} {'/ argsort':>10}")
         for k, v in big["seconds"].items():
             print(f"{k:<28} {v:8.2f} {big['ratio_to_argsort'][k]:10.2f}")
-        print(f"sampler ({big['strategy']}): peak +{big['sampler_peak_mb']:.0f} MB, keeps +{big['sampler_kept_mb']:.0f} MB "
-              f"(the lengths: {big['lengths_mb']:.0f} MB)")
+        print(
+            f"sampler ({big['strategy']}): peak +{big['sampler_peak_mb']:.0f} MB, keeps +{big['sampler_kept_mb']:.0f} MB "
+            f"(the lengths: {big['lengths_mb']:.0f} MB)"
+        )
     if not args.skip_small:
         rows = small(args)
         out["small"] = rows

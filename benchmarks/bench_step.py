@@ -31,10 +31,12 @@ except ImportError:
     except ImportError:
         from lenbatch import profile  # type: ignore[no-redef]
         from lenbatch.config import load_params  # type: ignore[no-redef]
+
         try:
             from lenbatch.runner import StepRunner, configure_process  # type: ignore[no-redef]
         except ImportError:
             from lenbatch.train import StepRunner, configure_process  # type: ignore[no-redef]
+
 
 def main(label: str) -> None:
     params = load_params("params.yaml")
@@ -49,8 +51,10 @@ def main(label: str) -> None:
             feats, _ = runner.target_step(batch)
             target.append(time.perf_counter() - t0)
         drafter = [runner.drafter_step(batch, feats, step=i, epoch=0)[1] for i in range(4)]
-        out.append(f"{layout} {len(lens)}x{lens[0]}: target {statistics.median(target[2:]):.3f} s, "
-                   f"drafter {statistics.median(drafter[1:]):.3f} s")
+        out.append(
+            f"{layout} {len(lens)}x{lens[0]}: target {statistics.median(target[2:]):.3f} s, "
+            f"drafter {statistics.median(drafter[1:]):.3f} s"
+        )
     print(label, " | ".join(out), flush=True)
 
 

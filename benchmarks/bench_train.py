@@ -34,8 +34,7 @@ STRATEGIES = ("sorted", "random", "bucketed", "sortish", "packed")
 def _run(cmd: list[str], log: Path) -> float:
     t0 = time.perf_counter()
     with log.open("w") as fh:
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n--- {log} ---\n{log.read_text()[-3000:]}")
     return time.perf_counter() - t0
@@ -61,19 +60,40 @@ def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
     data = read_dataset(Path(args.data), lengths)
     runner = StepRunner(params)
     n = args.interleaved_batches
-    plans = {s: lb.plan_epoch(lengths, strategy=s, epoch=0, seed=b.seed, token_budget=b.token_budget,
-                              max_batch_size=b.max_batch_size, edges=edges if s == "bucketed" else None,
-                              packed_window=b.packed_window, rank=0, world_size=1)[:n] for s in args.strategies}
+    plans = {
+        s: lb.plan_epoch(
+            lengths,
+            strategy=s,
+            epoch=0,
+            seed=b.seed,
+            token_budget=b.token_budget,
+            max_batch_size=b.max_batch_size,
+            edges=edges if s == "bucketed" else None,
+            packed_window=b.packed_window,
+            rank=0,
+            world_size=1,
+        )[:n]
+        for s in args.strategies
+    }
     acc = {s: {"target_s": 0.0, "drafter_s": 0.0, "computed": 0, "useful": 0} for s in plans}
-    warm = collate(data.samples(plans[args.strategies[0]][0]), layout=layout_of(args.strategies[0]),
-                   token_budget=b.token_budget, max_batch_size=b.max_batch_size)
+    warm = collate(
+        data.samples(plans[args.strategies[0]][0]),
+        layout=layout_of(args.strategies[0]),
+        token_budget=b.token_budget,
+        max_batch_size=b.max_batch_size,
+    )
     runner.drafter_step(warm, runner.target_step(warm)[0])  # untimed warm-up
     for i in range(n):
         for s, batches in plans.items():
             if i >= len(batches):
                 continue
-            batch = collate(data.samples(batches[i]), layout=layout_of(s), token_budget=b.token_budget,
-                            max_batch_size=b.max_batch_size, indices=batches[i])
+            batch = collate(
+                data.samples(batches[i]),
+                layout=layout_of(s),
+                token_budget=b.token_budget,
+                max_batch_size=b.max_batch_size,
+                indices=batches[i],
+            )
             feats, t_s = runner.target_step(batch)
             _, d_s = runner.drafter_step(batch, feats)
             a = acc[s]
@@ -82,18 +102,24 @@ def interleaved(args: argparse.Namespace, bounds: Path) -> dict:
             a["computed"] += batch.computed_tokens
             a["useful"] += batch.useful_tokens
     base = acc.get("sorted")
-    print(f"\ninterleaved, one process, first {n} batches of each epoch-0 plan (throughput of the target step, "
-          "the pipeline's bottleneck when drafter/target < 1):")
-    print("| strategy | useful tokens | padding eff. | target useful tok/s | vs sorted | target computed tok/s "
-          "| drafter s / target s |")
+    print(
+        f"\ninterleaved, one process, first {n} batches of each epoch-0 plan (throughput of the target step, "
+        "the pipeline's bottleneck when drafter/target < 1):"
+    )
+    print(
+        "| strategy | useful tokens | padding eff. | target useful tok/s | vs sorted | target computed tok/s "
+        "| drafter s / target s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     out = {}
     for s, a in acc.items():
         ups = a["useful"] / a["target_s"]
         ratio = ups / (base["useful"] / base["target_s"]) if base else float("nan")
         out[s] = {**a, "useful_tokens_per_s": ups, "ratio_to_sorted": ratio}
-        print(f"| {s} | {a['useful']:,} | {a['useful'] / a['computed']:.3f} | {ups:,.0f} | {ratio:.2f} | "
-              f"{a['computed'] / a['target_s']:,.0f} | {a['drafter_s'] / a['target_s']:.2f} |")
+        print(
+            f"| {s} | {a['useful']:,} | {a['useful'] / a['computed']:.3f} | {ups:,.0f} | {ratio:.2f} | "
+            f"{a['computed'] / a['target_s']:,.0f} | {a['drafter_s'] / a['target_s']:.2f} |"
+        )
     return out
 
 
@@ -106,11 +132,20 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     ap.add_argument("--out-root", default="/tmp/lenbatch-bench-train")
-    ap.add_argument("--interleaved-batches", type=int, default=8, help="batches per strategy in the interleaved "
-                    "single-process table (0: skip it)")
-    ap.add_argument("--repeats", type=int, default=1, help="runs per strategy, in alternating order (forward, "
-                    "backward, ...) so that a drifting machine load biases no strategy; the table shows the mean "
-                    "and the min-max of useful tok/s")
+    ap.add_argument(
+        "--interleaved-batches",
+        type=int,
+        default=8,
+        help="batches per strategy in the interleaved single-process table (0: skip it)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per strategy, in alternating order (forward, "
+        "backward, ...) so that a drifting machine load biases no strategy; the table shows the mean "
+        "and the min-max of useful tok/s",
+    )
     args = ap.parse_args()
     root = Path(args.out_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -118,12 +153,27 @@ def main() -> None:
     data, bounds = Path(args.data), Path(args.boundaries)
     if not (data / "lengths.npy").exists():
         print(f"{data} missing: tokenizing", flush=True)
-        _run([py, "-m", "lenbatch_study", "tokenize", "--params", *args.params, "--no-progress", "--out", str(data)],
-             root / "tokenize.log")
+        _run(
+            [py, "-m", "lenbatch_study", "tokenize", "--params", *args.params, "--no-progress", "--out", str(data)],
+            root / "tokenize.log",
+        )
     if not bounds.exists():
         print(f"{bounds} missing: computing boundaries", flush=True)
-        _run([py, "-m", "lenbatch_study", "boundaries", "--params", *args.params, "--lengths", str(data / "lengths.npy"),
-              "--out", str(bounds.parent)], root / "boundaries.log")
+        _run(
+            [
+                py,
+                "-m",
+                "lenbatch_study",
+                "boundaries",
+                "--params",
+                *args.params,
+                "--lengths",
+                str(data / "lengths.npy"),
+                "--out",
+                str(bounds.parent),
+            ],
+            root / "boundaries.log",
+        )
     extra = ["--useful-tokens", str(args.useful_tokens)] if args.useful_tokens else []
     nproc_json = json.dumps({"train": {"nproc": args.nproc}})
     rows: dict[str, dict] = {}
@@ -132,9 +182,30 @@ def main() -> None:
         order = list(args.strategies) if rep % 2 == 0 else list(reversed(args.strategies))
         for s in order:
             out = root / (s if args.repeats == 1 else f"{s}_{rep}")
-            cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc), "-m",
-                   "lenbatch_study", "train", "--params", *args.params, "--params-json", nproc_json, "--strategy", s,
-                   "--data", str(data), "--boundaries", str(bounds), "--out", str(out), *extra]
+            cmd = [
+                py,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                str(args.nproc),
+                "-m",
+                "lenbatch_study",
+                "train",
+                "--params",
+                *args.params,
+                "--params-json",
+                nproc_json,
+                "--strategy",
+                s,
+                "--data",
+                str(data),
+                "--boundaries",
+                str(bounds),
+                "--out",
+                str(out),
+                *extra,
+            ]
             print(f"{s} (repeat {rep + 1}/{args.repeats}): running ({' '.join(cmd[1:])})", flush=True)
             wall = _run(cmd, root / f"{out.name}.log")
             summary = json.loads((out / "summary.json").read_text())
@@ -143,28 +214,41 @@ def main() -> None:
             if s not in rows:
                 rows[s] = summary
             else:  # average the measured numbers over repeats (plan-derived numbers are identical)
-                for k in ("useful_tokens_per_s", "computed_tokens_per_s", "target_s_mean", "drafter_s_mean",
-                          "queue_wait_s_mean", "credit_wait_s_mean", "run_wall_s"):
+                for k in (
+                    "useful_tokens_per_s",
+                    "computed_tokens_per_s",
+                    "target_s_mean",
+                    "drafter_s_mean",
+                    "queue_wait_s_mean",
+                    "credit_wait_s_mean",
+                    "run_wall_s",
+                ):
                     rows[s][k] = (rows[s][k] * rep + summary[k]) / (rep + 1)
             print(f"{s}: {summary['useful_tokens_per_s']:,.0f} useful tok/s, run {wall:.0f} s", flush=True)
     base = rows.get("sorted", {}).get("useful_tokens_per_s")
     any_row = next(iter(rows.values()))
     p = any_row["params"]
-    print(f"\nuseful tokens per run: {p['train']['useful_tokens']:,} | budget {p['batching']['token_budget']:,} "
-          f"tokens, max {p['batching']['max_batch_size']} seqs | {args.nproc} processes "
-          f"({any_row['target_ranks']} target + 1 drafter) | drafter {p['drafter']['num_layers']} layer(s), "
-          f"{p['drafter']['anchors_per_seq']} anchors/seq | warm-up {any_row['warmup_steps_excluded']} steps excluded")
-    head = ("| strategy | steps | padding eff. | useful tok/s | (min-max) | computed tok/s | vs sorted | target s/step "
-            "| drafter s/step | drafter wait s/step | target credit wait s/step | final loss | run wall s |")
+    print(
+        f"\nuseful tokens per run: {p['train']['useful_tokens']:,} | budget {p['batching']['token_budget']:,} "
+        f"tokens, max {p['batching']['max_batch_size']} seqs | {args.nproc} processes "
+        f"({any_row['target_ranks']} target + 1 drafter) | drafter {p['drafter']['num_layers']} layer(s), "
+        f"{p['drafter']['anchors_per_seq']} anchors/seq | warm-up {any_row['warmup_steps_excluded']} steps excluded"
+    )
+    head = (
+        "| strategy | steps | padding eff. | useful tok/s | (min-max) | computed tok/s | vs sorted | target s/step "
+        "| drafter s/step | drafter wait s/step | target credit wait s/step | final loss | run wall s |"
+    )
     print(head)
     print("|---|" + "---:|" * (head.count("|") - 2))
     for s, r in rows.items():
         ratio = r["useful_tokens_per_s"] / base if base else float("nan")
-        print(f"| {s} | {r['steps']} | {r['padding_efficiency']:.3f} | {r['useful_tokens_per_s']:,.0f} | "
-              f"{min(runs[s]):,.0f}-{max(runs[s]):,.0f} | "
-              f"{r['computed_tokens_per_s']:,.0f} | {ratio:.2f} | {r['target_s_mean']:.3f} | {r['drafter_s_mean']:.3f} | "
-              f"{r['queue_wait_s_mean']:.3f} | {r['credit_wait_s_mean']:.3f} | {r['final_loss']:.3f} | "
-              f"{r['run_wall_s']:.0f} |")
+        print(
+            f"| {s} | {r['steps']} | {r['padding_efficiency']:.3f} | {r['useful_tokens_per_s']:,.0f} | "
+            f"{min(runs[s]):,.0f}-{max(runs[s]):,.0f} | "
+            f"{r['computed_tokens_per_s']:,.0f} | {ratio:.2f} | {r['target_s_mean']:.3f} | {r['drafter_s_mean']:.3f} | "
+            f"{r['queue_wait_s_mean']:.3f} | {r['credit_wait_s_mean']:.3f} | {r['final_loss']:.3f} | "
+            f"{r['run_wall_s']:.0f} |"
+        )
     tps = {s: r["useful_tokens_per_s"] for s, r in rows.items()}
     checks = []
     if {"sorted", "packed"} <= tps.keys():
@@ -177,9 +261,19 @@ def main() -> None:
     for name, ok, value in checks:
         print(f"check {name}: {'holds' if ok else 'DOES NOT HOLD'} (ratio {value:.2f})")
     inter = interleaved(args, bounds) if args.interleaved_batches else {}
-    (root / "bench_train.json").write_text(json.dumps(
-        {s: {**{k: v for k, v in r.items() if k not in ("params", "loss_curve")}, "useful_tokens_per_s_runs": runs[s]}
-         for s, r in rows.items()} | {"interleaved": inter}, indent=2))
+    (root / "bench_train.json").write_text(
+        json.dumps(
+            {
+                s: {
+                    **{k: v for k, v in r.items() if k not in ("params", "loss_curve")},
+                    "useful_tokens_per_s_runs": runs[s],
+                }
+                for s, r in rows.items()
+            }
+            | {"interleaved": inter},
+            indent=2,
+        )
+    )
     print(f"\nwrote {root / 'bench_train.json'}; per-run logs in {root}")
 
 

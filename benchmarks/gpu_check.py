@@ -73,22 +73,51 @@ WHEELS = ("flash-linear-attention==0.6.0", "fla-core==0.6.0", "einops==0.8.2")
 KIT_LIMIT_BYTES = 40 * 2**20
 # the check's data, tokenized by the kit builder (data section of the tokenize stage)
 DATA = {"mid": {"limit": 1500, "max_len": 4096}, "tiny": {"limit": 200, "max_len": 64}}
-NO_KIT = ("gpu-check: no kit .whl/ (wheels + pre-tokenized data) in this tree; build it with 'make gpu-wheels' "
-          "on a machine with a package index, then send the tree with .whl/")
+NO_KIT = (
+    "gpu-check: no kit .whl/ (wheels + pre-tokenized data) in this tree; build it with 'make gpu-wheels' "
+    "on a machine with a package index, then send the tree with .whl/"
+)
 
-_GDN = {"linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128}  # the 27B layer's Gated DeltaNet heads: verify's kernels serve profile/train
+_GDN = {
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+}  # the 27B layer's Gated DeltaNet heads: verify's kernels serve profile/train
 MID = {  # the mid-size run on one H200: the study's kind of shapes, minutes
     "batching": {"token_budget": 16384, "max_batch_size": 32},
-    "model": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 8,
-              "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
-              "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128, **_GDN,
-              "target_layers": [1, 3, 5, 7], "dtype": "bfloat16"},
+    "model": {
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 8,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        **_GDN,
+        "target_layers": [1, 3, 5, 7],
+        "dtype": "bfloat16",
+    },
     "drafter": {"num_heads": 16, "anchors_per_seq": 4},
-    "train": {"nproc": 3, "device": "cuda", "kernels": "auto", "useful_tokens": 800_000, "warmup_steps": 3,
-              "queue_size": 2, "threads": 4, "checkpoint_every": 0},
-    "profile": {"batch_sizes": [1, 4, 16], "lengths": [512, 1024, 4096], "packed_seqs": [1, 4, 16],
-                "packed_lengths": [16384], "repeats": 3, "warmup": 1, "max_point_seconds": 8.0},
+    "train": {
+        "nproc": 3,
+        "device": "cuda",
+        "kernels": "auto",
+        "useful_tokens": 800_000,
+        "warmup_steps": 3,
+        "queue_size": 2,
+        "threads": 4,
+        "checkpoint_every": 0,
+    },
+    "profile": {
+        "batch_sizes": [1, 4, 16],
+        "lengths": [512, 1024, 4096],
+        "packed_seqs": [1, 4, 16],
+        "packed_lengths": [16384],
+        "repeats": 3,
+        "warmup": 1,
+        "max_point_seconds": 8.0,
+    },
     # 4-step segments, 6..10 rounds: at most 5 x 11 x 4 steps of ~0.08 s (ESTIMATE_S["interleave"])
     "interleave": {"rounds": 6, "max_rounds": 10, "segment_steps": 4, "warmup": 1},
 }
@@ -96,16 +125,41 @@ TINY = {  # the rehearsal: CPU, fla under the interpreter (seconds per forward),
     "boundaries": {"num_buckets": 3, "sweep_max_buckets": 4, "num_candidates": 32},
     "plans": {"epochs": 2},
     "batching": {"token_budget": 128, "max_batch_size": 4},
-    "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-              "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 1, "linear_num_value_heads": 1,
-              "linear_key_head_dim": 16, "linear_value_head_dim": 16, "target_layers": [0, 1], "dtype": "float32"},
+    "model": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "linear_num_key_heads": 1,
+        "linear_num_value_heads": 1,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "target_layers": [0, 1],
+        "dtype": "float32",
+    },
     "drafter": {"num_heads": 2, "anchors_per_seq": 1},
-    "train": {"nproc": 3, "device": "cpu", "kernels": "fla", "useful_tokens": 300, "warmup_steps": 1,
-              "queue_size": 2, "threads": 1, "checkpoint_every": 0},
+    "train": {
+        "nproc": 3,
+        "device": "cpu",
+        "kernels": "fla",
+        "useful_tokens": 300,
+        "warmup_steps": 1,
+        "queue_size": 2,
+        "threads": 1,
+        "checkpoint_every": 0,
+    },
     # >= 7 points (compare fits 4 coefficients, 2 held out); every point <= 4 sequences (interpreted chunks)
-    "profile": {"batch_sizes": [1, 2], "lengths": [16, 32, 64], "packed_seqs": [2], "packed_lengths": [128],
-                "repeats": 1, "warmup": 0},
+    "profile": {
+        "batch_sizes": [1, 2],
+        "lengths": [16, 32, 64],
+        "packed_seqs": [2],
+        "packed_lengths": [128],
+        "repeats": 1,
+        "warmup": 0,
+    },
     # the fewest rounds an interval needs (3: two degrees of freedom), one step per segment
     "interleave": {"rounds": 3, "max_rounds": 3, "segment_steps": 1, "warmup": 0},
 }
@@ -135,10 +189,24 @@ TINY = {  # the rehearsal: CPU, fla under the interpreter (seconds per forward),
 # * verify-fla-float32 with TF32 dots: 8 + 3 + 5 GB of fp32 weights ~8 + 94 compile + 6 autotune + ~1 s
 #   of forwards = 120 (IEEE dots: 378 + 6 + 20 = ~404, over any budget the throughput steps leave).
 # * nccl-2gpu: torchrun ~20 s, two processes' imports and CUDA contexts, NCCL's init, NCCL_STEPS steps.
-ESTIMATE_S = {"install": 3, "environment": 12, "stats": 6, "boundaries": 8, "plans": 8, "profile": 96,
-              "interleave": 35, "train-sorted": 28, "train-random": 37, "train-bucketed": 29, "train-sortish": 28,
-              "train-packed": 28, "compare": 15, "verify-fla-bfloat16": 30, "verify-fla-float32": 120,
-              "nccl-2gpu": 35}
+ESTIMATE_S = {
+    "install": 3,
+    "environment": 12,
+    "stats": 6,
+    "boundaries": 8,
+    "plans": 8,
+    "profile": 96,
+    "interleave": 35,
+    "train-sorted": 28,
+    "train-random": 37,
+    "train-bucketed": 29,
+    "train-sortish": 28,
+    "train-packed": 28,
+    "compare": 15,
+    "verify-fla-bfloat16": 30,
+    "verify-fla-float32": 120,
+    "nccl-2gpu": 35,
+}
 # The check's deadline (--budget-s): the throughput steps' critical path (333 s on one GPU) within
 # CRITICAL_SHARE of it, the steps after compare (150 s with both verifies) in what is left (540 - 483 s).
 BUDGET_S = 540.0
@@ -151,8 +219,7 @@ def layer_shapes_config() -> dict[str, Any]:
     import yaml
 
     model = dict(yaml.safe_load(Path(STUDY).read_text())["model"])
-    model.update(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-                 target_layers=[0, 3])
+    model.update(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], target_layers=[0, 3])
     return {"model": model}
 
 
@@ -167,52 +234,174 @@ def plan(out: Path, *, kit: Path, rehearse: bool, python: str = sys.executable) 
     device = "cpu" if rehearse else "cuda"
     r = str(out)
     steps: list[dict[str, Any]] = [
-        {"name": "install", "timeout": 120,
-         # byte-compiled at install: the check's ~30 processes import fla from .pyc files
-         "cmd": [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-cache-dir",
-                 "--upgrade", "--target", str(out / "site"), *sorted(glob.glob(str(kit / "*.whl")))]},
-        {"name": "environment", "timeout": 120, "cmd": [python, str(Path(__file__).resolve()), "--probe",
-                                                        "--out", r, *(["--rehearse"] if rehearse else [])]},
+        {
+            "name": "install",
+            "timeout": 120,
+            # byte-compiled at install: the check's ~30 processes import fla from .pyc files
+            "cmd": [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-cache-dir",
+                "--upgrade",
+                "--target",
+                str(out / "site"),
+                *sorted(glob.glob(str(kit / "*.whl"))),
+            ],
+        },
+        {
+            "name": "environment",
+            "timeout": 120,
+            "cmd": [
+                python,
+                str(Path(__file__).resolve()),
+                "--probe",
+                "--out",
+                r,
+                *(["--rehearse"] if rehearse else []),
+            ],
+        },
     ]
     boundaries = f"{r}/boundaries/boundaries.json"
     steps += [
         {"name": "stats", "cmd": lb + ["stats", *cfg, "--lengths", lengths, "--out", f"{r}/stats"]},
         {"name": "boundaries", "cmd": lb + ["boundaries", *cfg, "--lengths", lengths, "--out", f"{r}/boundaries"]},
-        {"name": "plans", "cmd": lb + ["plans", *cfg, "--lengths", lengths, "--boundaries", boundaries,
-                                       "--out", f"{r}/plans"]},
+        {
+            "name": "plans",
+            "cmd": lb + ["plans", *cfg, "--lengths", lengths, "--boundaries", boundaries, "--out", f"{r}/plans"],
+        },
         {"name": "profile", "timeout": 240, "cmd": lb + ["profile", *cfg, "--out", f"{r}/profile"]},
         # every strategy timed in turns in one process: the ratios the step model is judged on here, where
         # the separate trainings share one GPU between three ranks
-        {"name": "interleave", "timeout": 180, "cmd": lb + ["interleave", *cfg, "--data", str(data),
-                                                           "--boundaries", boundaries, "--out", f"{r}/interleave"]},
+        {
+            "name": "interleave",
+            "timeout": 180,
+            "cmd": lb
+            + ["interleave", *cfg, "--data", str(data), "--boundaries", boundaries, "--out", f"{r}/interleave"],
+        },
     ]
     for s in STRATEGIES:
-        steps.append({"name": f"train-{s}", "timeout": 180,
-                      "cmd": [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-                              "-m", "lenbatch_study", "train", *cfg, "--strategy", s, "--data", str(data),
-                              "--boundaries", boundaries, "--out", f"{r}/train/{s}"]})
-    steps.append({"name": "compare", "cmd": lb + ["compare", *cfg, "--stats", f"{r}/stats", "--boundaries",
-                                                  f"{r}/boundaries", "--plans", f"{r}/plans", "--profile",
-                                                  f"{r}/profile", "--train", f"{r}/train", "--interleave",
-                                                  f"{r}/interleave", "--data", str(data), "--quality", "",
-                                                  "--out", f"{r}/compare"]})
+        steps.append(
+            {
+                "name": f"train-{s}",
+                "timeout": 180,
+                "cmd": [
+                    python,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nproc_per_node",
+                    "3",
+                    "-m",
+                    "lenbatch_study",
+                    "train",
+                    *cfg,
+                    "--strategy",
+                    s,
+                    "--data",
+                    str(data),
+                    "--boundaries",
+                    boundaries,
+                    "--out",
+                    f"{r}/train/{s}",
+                ],
+            }
+        )
+    steps.append(
+        {
+            "name": "compare",
+            "cmd": lb
+            + [
+                "compare",
+                *cfg,
+                "--stats",
+                f"{r}/stats",
+                "--boundaries",
+                f"{r}/boundaries",
+                "--plans",
+                f"{r}/plans",
+                "--profile",
+                f"{r}/profile",
+                "--train",
+                f"{r}/train",
+                "--interleave",
+                f"{r}/interleave",
+                "--data",
+                str(data),
+                "--quality",
+                "",
+                "--out",
+                f"{r}/compare",
+            ],
+        }
+    )
     # After compare, each only if its estimate fits in what the deadline leaves (:func:`gate`), so none can
     # take the throughput steps' time: the numerics-only verifies, then NCCL.
     seqs = "40,30,20" if rehearse else "4096,1000,2500,64,300"  # GPU: 7,960 tokens in one row
     shapes = [*cfg[:2], str(out / "shapes.yaml")]
     for dtype, env, extra in (("bfloat16", {}, []), ("float32", {"TRITON_F32_DEFAULT": "tf32"}, ["--tf32"])):
         backend = "auto" if rehearse and dtype == "bfloat16" else "fla"  # CPU: bf16 fla is not interpretable
-        steps.append({"name": f"verify-fla-{dtype}", "env": env, "timeout": 240, "after_compare": True,
-                      "cmd": lb + ["verify-packing", *shapes, "--backend", backend, "--device", device,
-                                   "--dtype", dtype, "--lengths", seqs, *extra]})
+        steps.append(
+            {
+                "name": f"verify-fla-{dtype}",
+                "env": env,
+                "timeout": 240,
+                "after_compare": True,
+                "cmd": lb
+                + [
+                    "verify-packing",
+                    *shapes,
+                    "--backend",
+                    backend,
+                    "--device",
+                    device,
+                    "--dtype",
+                    dtype,
+                    "--lengths",
+                    seqs,
+                    *extra,
+                ],
+            }
+        )
     # NCCL's first run, where two GPUs are visible (skipped with a note on one: :func:`skip_reason`): one
     # target and one drafter rank, a GPU each (no LENBATCH_SHARE_GPU), a few steps of sorted.
-    steps.append({"name": "nccl-2gpu", "gpus": 2, "timeout": 150, "env": {"LENBATCH_SHARE_GPU": "0"},
-                  "after_compare": True,
-                  "cmd": [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "lenbatch_study", "train", *cfg, "--params-json", '{"train": {"nproc": 2}}',
-                          "--strategy", "sorted", "--max-steps", str(NCCL_STEPS), "--data", str(data),
-                          "--boundaries", boundaries, "--out", f"{r}/nccl/sorted"]})
+    steps.append(
+        {
+            "name": "nccl-2gpu",
+            "gpus": 2,
+            "timeout": 150,
+            "env": {"LENBATCH_SHARE_GPU": "0"},
+            "after_compare": True,
+            "cmd": [
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "-m",
+                "lenbatch_study",
+                "train",
+                *cfg,
+                "--params-json",
+                '{"train": {"nproc": 2}}',
+                "--strategy",
+                "sorted",
+                "--max-steps",
+                str(NCCL_STEPS),
+                "--data",
+                str(data),
+                "--boundaries",
+                boundaries,
+                "--out",
+                f"{r}/nccl/sorted",
+            ],
+        }
+    )
     for st in steps:
         st.setdefault("env", {})
         st.setdefault("timeout", 120)
@@ -227,9 +416,15 @@ def budget(steps: list[dict[str, Any]], *, visible_gpus: int, deadline_s: float)
     runs = [st for st in steps if skip_reason(st, visible_gpus) is None]
     critical = sum(ESTIMATE_S[st["name"]] for st in runs if not st["after_compare"])
     after = sum(ESTIMATE_S[st["name"]] for st in runs if st["after_compare"])
-    return {"visible_gpus": visible_gpus, "critical_path_s": critical, "after_compare_s": after,
-            "total_s": critical + after, "deadline_s": deadline_s, "critical_share": critical / deadline_s,
-            "skipped": {st["name"]: skip_reason(st, visible_gpus) for st in steps if st not in runs}}
+    return {
+        "visible_gpus": visible_gpus,
+        "critical_path_s": critical,
+        "after_compare_s": after,
+        "total_s": critical + after,
+        "deadline_s": deadline_s,
+        "critical_share": critical / deadline_s,
+        "skipped": {st["name"]: skip_reason(st, visible_gpus) for st in steps if st not in runs},
+    }
 
 
 def gate(st: dict[str, Any], left_s: float) -> str | None:
@@ -247,14 +442,21 @@ def skip_reason(st: dict[str, Any], visible_gpus: int) -> str | None:
     return f"needs {need} GPUs, {visible_gpus} visible" if need > visible_gpus else None
 
 
-def step_environment(out: Path, step_env: dict[str, str], *, rehearse: bool,
-                     base: dict[str, str] | None = None) -> dict[str, str]:
+def step_environment(
+    out: Path, step_env: dict[str, str], *, rehearse: bool, base: dict[str, str] | None = None
+) -> dict[str, str]:
     """The environment a step runs in: the caller's, with the kit's packages and the tree's lenbatch
     first on the path (replacing any PYTHONPATH), every rank sharing the one GPU, the step's own
     variables on top; in a rehearsal fla's kernels under Triton's interpreter."""
     env = dict(os.environ if base is None else base)
-    env.update({"PYTHONPATH": os.pathsep.join([str((out / "site").resolve()), str(ROOT / "src")]),
-                "LENBATCH_SHARE_GPU": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"})
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join([str((out / "site").resolve()), str(ROOT / "src")]),
+            "LENBATCH_SHARE_GPU": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONWARNINGS": "ignore",
+        }
+    )
     if rehearse:
         env.update({"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"})
     # only the fp32 verify sets it: Triton keys compiles and autotunes on it, so a caller's setting would
@@ -275,17 +477,34 @@ def probe(out: Path, *, rehearse: bool) -> int:
     import lenbatch
     from lenbatch_study.models import kernels
 
-    info: dict[str, Any] = {"python": platform.python_version(), "lenbatch": lenbatch.__file__,
-                            "cuda_available": torch.cuda.is_available()}
-    for name in ("torch", "triton", "transformers", "tokenizers", "numpy", "pyarrow", "flash-linear-attention",
-                 "fla-core", "einops", "datasets"):
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "lenbatch": lenbatch.__file__,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    for name in (
+        "torch",
+        "triton",
+        "transformers",
+        "tokenizers",
+        "numpy",
+        "pyarrow",
+        "flash-linear-attention",
+        "fla-core",
+        "einops",
+        "datasets",
+    ):
         try:
             info[name] = md.version(name)
         except md.PackageNotFoundError:
             info[name] = None
     if torch.cuda.is_available():
-        info |= {"device": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0)),
-                 "device_bytes": torch.cuda.get_device_properties(0).total_memory, "cuda": torch.version.cuda}
+        info |= {
+            "device": torch.cuda.get_device_name(0),
+            "capability": list(torch.cuda.get_device_capability(0)),
+            "device_bytes": torch.cuda.get_device_properties(0).total_memory,
+            "cuda": torch.version.cuda,
+        }
     info["fla_problem"] = kernels.fla_problem()
     (out / "env.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info))
@@ -362,8 +581,10 @@ def _run_step(st: dict[str, Any], env: dict[str, str], log_path: Path, timeout: 
             except ProcessLookupError:
                 pass
             proc.wait()
-            log.write(f"\ngpu-check: killed after {timeout:.0f} s (step timeout or the check's deadline): "
-                      f"{len(killed)} processes\n")
+            log.write(
+                f"\ngpu-check: killed after {timeout:.0f} s (step timeout or the check's deadline): "
+                f"{len(killed)} processes\n"
+            )
             return 124
 
 
@@ -384,8 +605,9 @@ def step_outcome(name: str, rc: int, log_path: Path) -> str:
 
 def summarize(out: Path, timings: dict[str, float], failed: str | None, **kw: Any) -> dict[str, Any]:
     """:func:`gpu_summary.summarize` with this check's strategies, estimates and machine."""
-    return gpu_summary.summarize(out, timings, failed, strategies=STRATEGIES, estimates=ESTIMATE_S,
-                                 machine=machine_fingerprint(), **kw)
+    return gpu_summary.summarize(
+        out, timings, failed, strategies=STRATEGIES, estimates=ESTIMATE_S, machine=machine_fingerprint(), **kw
+    )
 
 
 def machine_fingerprint() -> dict[str, Any]:
@@ -405,8 +627,9 @@ def write_configs(out: Path, *, rehearse: bool) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = TINY if rehearse else MID
-    (out / "check.yaml").write_text(yaml.safe_dump({"data": {"max_len": DATA["tiny" if rehearse else "mid"]
-                                                             ["max_len"]}, **cfg}))
+    (out / "check.yaml").write_text(
+        yaml.safe_dump({"data": {"max_len": DATA["tiny" if rehearse else "mid"]["max_len"]}, **cfg})
+    )
     shapes = {"model": dict(TINY["model"], dtype="float32")} if rehearse else layer_shapes_config()
     (out / "shapes.yaml").write_text(yaml.safe_dump(shapes))
 
@@ -417,24 +640,57 @@ def build_kit(kit: Path) -> int:
     kit.mkdir(parents=True, exist_ok=True)
     for old in kit.glob("*.whl"):
         old.unlink()
-    plat = [a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-            for a in ("--platform", p)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.12", "--implementation", "cp", *plat, "-d", str(kit), *WHEELS], check=True)
+    plat = [
+        a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for a in ("--platform", p)
+    ]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            *plat,
+            "-d",
+            str(kit),
+            *WHEELS,
+        ],
+        check=True,
+    )
     for name, data in DATA.items():
         dest = kit / "data" / name / "tokenize"
         if not (dest / "lengths.npy").exists():
-            subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", "--params-json",
-                            json.dumps({"data": {**data, "workers": 1}}), "--no-progress", "--out", str(dest)],
-                           check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "lenbatch_study",
+                    "tokenize",
+                    "--params",
+                    "params.yaml",
+                    "--params-json",
+                    json.dumps({"data": {**data, "workers": 1}}),
+                    "--no-progress",
+                    "--out",
+                    str(dest),
+                ],
+                check=True,
+            )
     files = [f for f in kit.rglob("*") if f.is_file()]
     total = sum(f.stat().st_size for f in files)
     for f in sorted(kit.glob("*.whl")):
         print(f"gpu-wheels: {f.name} {f.stat().st_size / 2**20:.2f} MiB")
     print(f"gpu-wheels: {kit}/ holds {len(files)} files, {total / 2**20:.1f} MiB (limit {KIT_LIMIT_BYTES / 2**20:.0f})")
     if total > KIT_LIMIT_BYTES:
-        print(f"gpu-wheels: {kit}/ is over {KIT_LIMIT_BYTES / 2**20:.0f} MiB: lower DATA['mid']['limit']",
-              file=sys.stderr)
+        print(
+            f"gpu-wheels: {kit}/ is over {KIT_LIMIT_BYTES / 2**20:.0f} MiB: lower DATA['mid']['limit']", file=sys.stderr
+        )
         return 1
     return 0
 
@@ -454,14 +710,22 @@ def dry_run(steps: list[dict[str, Any]], *, gpus: int, deadline_s: float) -> str
     for st in steps:
         env = " ".join(f"{k}={v}" for k, v in st["env"].items())
         why = skip_reason(st, gpus)
-        note = f"skipped: {why}" if why else (f"~{ESTIMATE_S.get(st['name'], '?')} s on an H200, timeout "
-                                              f"{st['timeout']} s{', if it fits' if st['after_compare'] else ''}")
+        note = (
+            f"skipped: {why}"
+            if why
+            else (
+                f"~{ESTIMATE_S.get(st['name'], '?')} s on an H200, timeout "
+                f"{st['timeout']} s{', if it fits' if st['after_compare'] else ''}"
+            )
+        )
         lines.append(f"{st['name']} ({note}): {env + ' ' if env else ''}{' '.join(st['cmd'])}")
     b = budget(steps, visible_gpus=gpus, deadline_s=deadline_s)
-    lines.append(f"critical path (every step to compare) on one H200 with {gpus} GPU(s) visible: "
-                 f"{b['critical_path_s']} s = {b['critical_share']:.0%} of the {deadline_s:.0f} s deadline "
-                 f"(at most {CRITICAL_SHARE:.0%}); after compare, each if it fits: {b['after_compare_s']} s; "
-                 f"estimated total {b['total_s']} s")
+    lines.append(
+        f"critical path (every step to compare) on one H200 with {gpus} GPU(s) visible: "
+        f"{b['critical_path_s']} s = {b['critical_share']:.0%} of the {deadline_s:.0f} s deadline "
+        f"(at most {CRITICAL_SHARE:.0%}); after compare, each if it fits: {b['after_compare_s']} s; "
+        f"estimated total {b['total_s']} s"
+    )
     return "\n".join(lines)
 
 
@@ -471,12 +735,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kit", default=".whl", help="wheelhouse + data folder (make gpu-wheels)")
     ap.add_argument("--rehearse", action="store_true", help="every step on CPU, tiny shapes, fla interpreted")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="deadline for the whole check (seconds)")
-    ap.add_argument("--dry-run", action="store_true", help="print the steps, their estimates and the critical "
-                    "path against the deadline; run nothing")
-    ap.add_argument("--gpus", type=int, default=None, help="--dry-run: GPUs to plan for (default: those visible "
-                    "here, at least 1: the check's machine)")
-    ap.add_argument("--collect", default=None, metavar="DIR", help="also copy the summary and every log into DIR "
-                    "(one folder to collect, e.g. a device machine's output folder)")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the steps, their estimates and the critical path against the deadline; run nothing",
+    )
+    ap.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="--dry-run: GPUs to plan for (default: those visible here, at least 1: the check's machine)",
+    )
+    ap.add_argument(
+        "--collect",
+        default=None,
+        metavar="DIR",
+        help="also copy the summary and every log into DIR "
+        "(one folder to collect, e.g. a device machine's output folder)",
+    )
     ap.add_argument("--build-kit", action="store_true", help="build --kit (needs an index and the data extras)")
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the environment step
     args = ap.parse_args(argv)
@@ -489,16 +765,22 @@ def main(argv: list[str] | None = None) -> int:
         return probe(out, rehearse=args.rehearse)
     steps = plan(out, kit=kit, rehearse=args.rehearse)
     if args.dry_run:
-        print(dry_run(steps, gpus=args.gpus if args.gpus is not None else max(visible_gpus(), 1),
-                      deadline_s=args.budget_s))
+        print(
+            dry_run(
+                steps, gpus=args.gpus if args.gpus is not None else max(visible_gpus(), 1), deadline_s=args.budget_s
+            )
+        )
         return 0
     if not kit.is_dir() or not list(kit.glob("*.whl")):
         print(NO_KIT, file=sys.stderr)
         return 2
     visible = 0 if args.rehearse else visible_gpus()
     if not args.rehearse and not visible:
-        print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False); run it on a GPU "
-              "machine, or --rehearse for the CPU rehearsal", file=sys.stderr)
+        print(
+            "gpu-check: no CUDA device visible (torch.cuda.is_available() is False); run it on a GPU "
+            "machine, or --rehearse for the CPU rehearsal",
+            file=sys.stderr,
+        )
         return 3
     write_configs(out, rehearse=args.rehearse)
     timings: dict[str, float] = {}
@@ -515,8 +797,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu-check: {st['name']} skipped: {why}", file=sys.stderr, flush=True)
             continue
         t0 = time.perf_counter()
-        rc = _run_step(st, step_environment(out, st["env"], rehearse=args.rehearse), out / f"{st['name']}.log",
-                       min(st["timeout"], left))
+        rc = _run_step(
+            st,
+            step_environment(out, st["env"], rehearse=args.rehearse),
+            out / f"{st['name']}.log",
+            min(st["timeout"], left),
+        )
         timings[st["name"]] = round(time.perf_counter() - t0, 1)
         print(f"gpu-check: {st['name']} rc={rc} {timings[st['name']]} s", file=sys.stderr, flush=True)
         outcome = step_outcome(st["name"], rc, out / f"{st['name']}.log")
@@ -529,9 +815,16 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(f"  | {line}" for line in tail), file=sys.stderr)
             if not st["after_compare"]:  # what follows reads its outputs; the steps after compare do not
                 break
-    summary = summarize(out, timings, failed[0] if failed else None, rehearse=args.rehearse,
-                        tolerance_missed=missed, skipped=skipped, failed_steps=failed,
-                        budget=budget(steps, visible_gpus=max(visible, 1), deadline_s=args.budget_s))
+    summary = summarize(
+        out,
+        timings,
+        failed[0] if failed else None,
+        rehearse=args.rehearse,
+        tolerance_missed=missed,
+        skipped=skipped,
+        failed_steps=failed,
+        budget=budget(steps, visible_gpus=max(visible, 1), deadline_s=args.budget_s),
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = render(summary)
     (out / "summary.txt").write_text(text + "\n")

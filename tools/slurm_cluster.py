@@ -43,8 +43,14 @@ import time
 from pathlib import Path
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server"]
-BINARIES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "munged": "munge",
-            "slurmdbd": "slurmdbd", "mariadbd": "mariadb-server"}
+BINARIES = {
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "sbatch": "slurm-client",
+    "munged": "munge",
+    "slurmdbd": "slurmdbd",
+    "mariadbd": "mariadb-server",
+}
 ETC = Path(os.environ.get("LENBATCH_SLURM_ETC", "/etc/slurm"))
 MARK = "# written by lenbatch tools/slurm_cluster.py; `tools/slurm_cluster.py down` removes it"
 DEFAULT_DIR = Path(os.environ.get("LENBATCH_SLURM_DIR", "/tmp/lenbatch-slurm"))
@@ -64,6 +70,7 @@ class Refused(SystemExit):
 
 
 # -- processes -------------------------------------------------------------------------------------------
+
 
 def start_time(pid: int) -> int | None:
     """The kernel's start time of ``pid`` (clock ticks after boot), None when no such process: with the pid
@@ -143,9 +150,11 @@ def stop(entry: dict, name: str, grace: float = GRACE_S, kill_wait: float = KILL
     except ProcessLookupError:
         return
     if not _wait_gone(entry, kill_wait):
-        raise StillRunning(f"{name} (pid {pid}) still runs {kill_wait:.0f} s after SIGKILL (see its state: "
-                           f"cat /proc/{pid}/status); the cluster is not down: once it has exited, run "
-                           "`tools/slurm_cluster.py down` again before the next check")
+        raise StillRunning(
+            f"{name} (pid {pid}) still runs {kill_wait:.0f} s after SIGKILL (see its state: "
+            f"cat /proc/{pid}/status); the cluster is not down: once it has exited, run "
+            "`tools/slurm_cluster.py down` again before the next check"
+        )
 
 
 def _wait_gone(entry: dict, seconds: float) -> bool:
@@ -174,8 +183,11 @@ def netns_of(pid: int) -> str | None:
 
 def processes_in(ns: str, exclude: tuple[int, ...] = ()) -> list[int]:
     """Pids of the processes with a running thread in network namespace ``ns`` (``net:[<inode>]``)."""
-    return [int(entry) for entry in os.listdir("/proc")
-            if entry.isdigit() and int(entry) not in exclude and netns_of(int(entry)) == ns]
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and int(entry) not in exclude and netns_of(int(entry)) == ns
+    ]
 
 
 def in_namespace(holder: int) -> list[int]:
@@ -223,8 +235,9 @@ class Cluster:
     def spawn(self, name: str, cmd: list[str]) -> int:
         """Start ``cmd`` (a daemon in the foreground, so its pid is the one recorded) inside the namespace."""
         log = open(self.root / "logs" / f"{name}.out", "ab")
-        proc = subprocess.Popen(self.ns(*cmd), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            self.ns(*cmd), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+        )
         log.close()
         # nsenter execs the daemon (same pid); wait for that so the start time recorded is the daemon's
         deadline = time.monotonic() + 5
@@ -250,8 +263,10 @@ class Cluster:
             if ok():
                 return
             if daemon and not alive(self.pids()[daemon]):
-                raise RuntimeError(f"{daemon} exited while waiting for {what}; its log: "
-                                   f"{self.root / 'logs'}/{daemon}.log and {daemon}.out")
+                raise RuntimeError(
+                    f"{daemon} exited while waiting for {what}; its log: "
+                    f"{self.root / 'logs'}/{daemon}.log and {daemon}.out"
+                )
             time.sleep(0.2)
         raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}; logs in {self.root / 'logs'}")
 
@@ -265,8 +280,11 @@ class Cluster:
         # each slurmd reports the one host's memory; leave room for both and the daemons
         mem_mb = max(1000, int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 / 2) - 500)
         r = self.root
-        nodes = "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={port} "
-                          f"CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN" for n, port in NODES.items())
+        nodes = "\n".join(
+            f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={port} "
+            f"CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN"
+            for n, port in NODES.items()
+        )
         slurm_conf = f"""{MARK}
 # State, logs and sockets live under {r}.
 ClusterName={CLUSTER}
@@ -335,8 +353,10 @@ StorageLoc=slurm_acct_db
         for name in ("slurm.conf", "slurmdbd.conf"):
             path = ETC / name
             if path.exists() and MARK not in path.read_text(errors="replace"):
-                raise Refused(f"{path} exists and was not written by this script (a real cluster's?): "
-                              f"refusing to replace it; move it away or use another machine")
+                raise Refused(
+                    f"{path} exists and was not written by this script (a real cluster's?): "
+                    f"refusing to replace it; move it away or use another machine"
+                )
         install()
         if self.root.exists():
             shutil.rmtree(self.root)
@@ -355,10 +375,22 @@ StorageLoc=slurm_acct_db
         t0 = time.monotonic()
         # no inherited stdout: a caller reading `up`'s output (a pipe, capture_output) would wait for the
         # holder to close it, i.e. until `down`
-        holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        self.wait("the network namespace", lambda: Path(f"/proc/{holder.pid}/exe").resolve().name == "sleep"
-                  if Path(f"/proc/{holder.pid}").exists() else False, timeout=10)
+        holder = subprocess.Popen(
+            ["unshare", "--net", "sleep", "infinity"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.wait(
+            "the network namespace",
+            lambda: (
+                Path(f"/proc/{holder.pid}/exe").resolve().name == "sleep"
+                if Path(f"/proc/{holder.pid}").exists()
+                else False
+            ),
+            timeout=10,
+        )
         self.record("netns", holder.pid)
         (r / "netns.pid").write_text(f"{holder.pid}\n")
         self.run("ip", "link", "set", "lo", "up")
@@ -370,26 +402,68 @@ StorageLoc=slurm_acct_db
         key = r / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self.spawn("munged", ["munged", "--foreground", "--force", f"--socket={self.munge_socket}",
-                              f"--key-file={key}", f"--pid-file={r}/munge/munged.pid",
-                              f"--log-file={r}/logs/munged.log", f"--seed-file={r}/munge/munged.seed"])
+        self.spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={r}/munge/munged.pid",
+                f"--log-file={r}/logs/munged.log",
+                f"--seed-file={r}/munge/munged.seed",
+            ],
+        )
         self.wait("munged's socket", self.munge_socket.exists, daemon="munged")
 
-        install_db = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={r}/db", "--user=root",
-                                     "--auth-root-authentication-method=socket", "--skip-test-db"],
-                                    capture_output=True, text=True, timeout=120)
+        install_db = subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={r}/db",
+                "--user=root",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if install_db.returncode != 0:
             raise RuntimeError(f"mariadb-install-db failed: {install_db.stdout}{install_db.stderr}")
-        self.spawn("mariadb", ["mariadbd", "--no-defaults", f"--datadir={r}/db", f"--socket={self.db_socket}",
-                               "--bind-address=127.0.0.1", "--port=3306", "--user=root", "--skip-name-resolve",
-                               f"--pid-file={r}/mysql/mariadb.pid", f"--log-error={r}/logs/mariadb.log",
-                               "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=48M"])
+        self.spawn(
+            "mariadb",
+            [
+                "mariadbd",
+                "--no-defaults",
+                f"--datadir={r}/db",
+                f"--socket={self.db_socket}",
+                "--bind-address=127.0.0.1",
+                "--port=3306",
+                "--user=root",
+                "--skip-name-resolve",
+                f"--pid-file={r}/mysql/mariadb.pid",
+                f"--log-error={r}/logs/mariadb.log",
+                "--innodb-buffer-pool-size=64M",
+                "--innodb-log-file-size=48M",
+            ],
+        )
         self.wait("MariaDB's socket", self.db_socket.exists, daemon="mariadb")
-        sql = ("CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'lenbatch'; "
-               "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;")
-        self.wait("MariaDB to take SQL", lambda: self.run("mariadb", "--no-defaults", f"--socket={self.db_socket}",
-                                                          "-uroot", "-e", sql, check=False).returncode == 0,
-                  daemon="mariadb")
+        sql = (
+            "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'lenbatch'; "
+            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
+        )
+        self.wait(
+            "MariaDB to take SQL",
+            lambda: (
+                self.run(
+                    "mariadb", "--no-defaults", f"--socket={self.db_socket}", "-uroot", "-e", sql, check=False
+                ).returncode
+                == 0
+            ),
+            daemon="mariadb",
+        )
 
         self.spawn("slurmdbd", ["slurmdbd", "-D"])
         self.wait("slurmdbd's port 6819", lambda: self.port_open(6819), daemon="slurmdbd")
@@ -405,12 +479,19 @@ StorageLoc=slurm_acct_db
 
         self.wait("both nodes idle in sinfo", nodes_idle, timeout=60)
         # the cluster registers itself with slurmdbd; root's association lets sacct list its jobs by user
-        self.wait("the cluster in the accounting database",
-                  lambda: CLUSTER in self.run("sacctmgr", "-n", "-P", "list", "cluster", "format=cluster",
-                                              check=False).stdout.split(), timeout=30)
-        print(f"slurm_cluster: up in {time.monotonic() - t0:.1f} s: nodes {', '.join(NODES)}, partition "
-              f"{PARTITION}, accounting on; enter it with: nsenter --net=/proc/{holder.pid}/ns/net <command> "
-              f"(or tools/slurm_cluster.py exec -- <command>)")
+        self.wait(
+            "the cluster in the accounting database",
+            lambda: (
+                CLUSTER
+                in self.run("sacctmgr", "-n", "-P", "list", "cluster", "format=cluster", check=False).stdout.split()
+            ),
+            timeout=30,
+        )
+        print(
+            f"slurm_cluster: up in {time.monotonic() - t0:.1f} s: nodes {', '.join(NODES)}, partition "
+            f"{PARTITION}, accounting on; enter it with: nsenter --net=/proc/{holder.pid}/ns/net <command> "
+            f"(or tools/slurm_cluster.py exec -- <command>)"
+        )
 
     def down(self, quiet: bool = False) -> None:
         pids = self.pids()
@@ -470,8 +551,9 @@ StorageLoc=slurm_acct_db
 
 def install() -> None:
     """Install the Debian packages whose programs are missing (one apt-get call); refuse without root/apt."""
-    missing = sorted({pkg for binary, pkg in BINARIES.items() if not (shutil.which(binary) or
-                                                                       Path("/usr/sbin", binary).exists())})
+    missing = sorted(
+        {pkg for binary, pkg in BINARIES.items() if not (shutil.which(binary) or Path("/usr/sbin", binary).exists())}
+    )
     if not missing:
         return
     if os.geteuid() != 0:
@@ -487,12 +569,16 @@ def install() -> None:
         policy.write_text("#!/bin/sh\nexit 101\n")
         policy.chmod(0o755)
     try:
-        for cmd in (["apt-get", "update", "-qq"],
-                    ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]):
+        for cmd in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],
+        ):
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise SystemExit(f"slurm_cluster: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}"
-                                 f"{proc.stderr[-2000:]}")
+                raise SystemExit(
+                    f"slurm_cluster: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}"
+                    f"{proc.stderr[-2000:]}"
+                )
     finally:
         if wrote_policy:
             policy.unlink(missing_ok=True)
@@ -500,13 +586,20 @@ def install() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR,
-                        help=f"state folder: pids, logs, sockets, the database (default {DEFAULT_DIR})")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help=f"state folder: pids, logs, sockets, the database (default {DEFAULT_DIR})",
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("up", help="install if missing, start the cluster")
     inst = sub.add_parser("install", help="install the Debian packages when missing")
-    inst.add_argument("--if-possible", action="store_true",
-                      help="without root or apt-get, say so in one line and exit 0 (make test-deps on a laptop)")
+    inst.add_argument(
+        "--if-possible",
+        action="store_true",
+        help="without root or apt-get, say so in one line and exit 0 (make test-deps on a laptop)",
+    )
     sub.add_parser("down", help="stop what `up` started")
     sub.add_parser("status", help="the recorded daemons and sinfo")
     ex = sub.add_parser("exec", help="run a command inside the cluster's network namespace")
@@ -523,7 +616,9 @@ def main(argv: list[str] | None = None) -> int:
         except Refused:
             if not args.if_possible:
                 raise
-            print("slurm_cluster: not installing SLURM here (see above); the SLURM check will be skipped", file=sys.stderr)
+            print(
+                "slurm_cluster: not installing SLURM here (see above); the SLURM check will be skipped", file=sys.stderr
+            )
     elif args.cmd == "down":
         try:
             cluster.down()

@@ -28,10 +28,18 @@ def table(lengths_path: Path = ROOT / "results/tokenize/lengths.npy", params_pat
     params = yaml.safe_load(params_path.read_text())
     b = params["batching"]
     x = np.load(lengths_path)
-    rows = compare_strategies(x, token_budget=b["token_budget"], max_batch_size=b["max_batch_size"], seed=b["seed"],
-                              packed_window=b["packed_window"], num_buckets=params["boundaries"]["num_buckets"])
-    head = (f"{x.size:,} samples, budget {b['token_budget']:,} tokens, at most {b['max_batch_size']} per batch, "
-            f"{params['boundaries']['num_buckets']} buckets, seed {b['seed']}, one rank:")
+    rows = compare_strategies(
+        x,
+        token_budget=b["token_budget"],
+        max_batch_size=b["max_batch_size"],
+        seed=b["seed"],
+        packed_window=b["packed_window"],
+        num_buckets=params["boundaries"]["num_buckets"],
+    )
+    head = (
+        f"{x.size:,} samples, budget {b['token_budget']:,} tokens, at most {b['max_batch_size']} per batch, "
+        f"{params['boundaries']['num_buckets']} buckets, seed {b['seed']}, one rank:"
+    )
     return head + "\n\n" + format_table(rows)
 
 
@@ -40,7 +48,7 @@ def render(readme: str, body: str) -> str:
     if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
         raise ValueError(f"README needs the marker lines {BEGIN!r} and {END!r}, once each, in that order")
     a = readme.index(BEGIN) + len(BEGIN)
-    return readme[:a] + "\n" + body + "\n" + readme[readme.index(END):]
+    return readme[:a] + "\n" + body + "\n" + readme[readme.index(END) :]
 
 
 def main(argv: list[str]) -> int:

@@ -28,8 +28,13 @@ options:
   --json                   the rows as JSON instead of a table
 """
 
-INT_FLAGS = {"--token-budget": "token_budget", "--max-batch-size": "max_batch_size", "--seed": "seed",
-             "--world-size": "world_size", "--num-buckets": "num_buckets"}
+INT_FLAGS = {
+    "--token-budget": "token_budget",
+    "--max-batch-size": "max_batch_size",
+    "--seed": "seed",
+    "--world-size": "world_size",
+    "--num-buckets": "num_buckets",
+}
 FLOAT_FLAGS = {"--per-token": "per_token", "--per-token-squared": "per_token_squared"}
 
 
@@ -50,9 +55,12 @@ def parse(args: list[str]) -> dict:
                 raise ValueError(f"{name} needs a value")
             try:
                 out[INT_FLAGS[name] if name in INT_FLAGS else FLOAT_FLAGS[name]] = (
-                    int(value) if name in INT_FLAGS else float(value))
+                    int(value) if name in INT_FLAGS else float(value)
+                )
             except ValueError:
-                raise ValueError(f"{name} takes {'an integer' if name in INT_FLAGS else 'a number'}, got {value!r}") from None
+                raise ValueError(
+                    f"{name} takes {'an integer' if name in INT_FLAGS else 'a number'}, got {value!r}"
+                ) from None
         elif a == "--json":
             out["json"] = True
         elif a.startswith("-"):
@@ -85,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0
     if argv[0] != "compare":
-        print(f"unknown command {argv[0]!r}; the one command is 'compare' (the study's: python -m lenbatch_study)",
-              file=sys.stderr)
+        print(
+            f"unknown command {argv[0]!r}; the one command is 'compare' (the study's: python -m lenbatch_study)",
+            file=sys.stderr,
+        )
         return 2
     from lenbatch.batching.compare import Cost, compare_strategies, format_table
 
@@ -95,9 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         cost = None
         if "per_token" in o or "per_token_squared" in o:
             cost = Cost(per_token=o.get("per_token", 0.0), per_token_squared=o.get("per_token_squared", 0.0))
-        rows = compare_strategies(read_lengths(o["path"]), token_budget=o["token_budget"],
-                                  max_batch_size=o["max_batch_size"], seed=o.get("seed", 0),
-                                  world_size=o.get("world_size", 1), num_buckets=o.get("num_buckets", 6), cost=cost)
+        rows = compare_strategies(
+            read_lengths(o["path"]),
+            token_budget=o["token_budget"],
+            max_batch_size=o["max_batch_size"],
+            seed=o.get("seed", 0),
+            world_size=o.get("world_size", 1),
+            num_buckets=o.get("num_buckets", 6),
+            cost=cost,
+        )
     except ValueError as e:
         print(f"python -m lenbatch compare: {e}", file=sys.stderr)
         return 2

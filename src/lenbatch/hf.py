@@ -101,8 +101,14 @@ class LengthBatchCollator:
     ``pixel_values``, ...) raises ``ValueError`` naming it. Cost: O(tokens) per batch.
     """
 
-    def __init__(self, *, layout: str, pad_id: int = 0, completion_only_loss: bool = True,
-                 model_fields: Collection[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        layout: str,
+        pad_id: int = 0,
+        completion_only_loss: bool = True,
+        model_fields: Collection[str] | None = None,
+    ) -> None:
         if layout not in ("padded", "packed"):
             raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
         self.layout = layout
@@ -123,11 +129,15 @@ class LengthBatchCollator:
         ids = check_token_ids(i, "input_ids", sample["input_ids"])
         n = ids.shape[0] if ids.ndim == 1 else -1
         if sample.get("attention_mask") is not None and not _equals(sample["attention_mask"], np.ones(n)):
-            raise ValueError(f"sample {i}: attention_mask has zeros (a padded or masked sample); lenbatch pads and "
-                             "packs itself and cannot keep a mask inside a sample: pass unpadded samples")
+            raise ValueError(
+                f"sample {i}: attention_mask has zeros (a padded or masked sample); lenbatch pads and "
+                "packs itself and cannot keep a mask inside a sample: pass unpadded samples"
+            )
         if sample.get("position_ids") is not None and not _equals(sample["position_ids"], np.arange(n)):
-            raise ValueError(f"sample {i}: position_ids are not 0..{n - 1}; lenbatch rebuilds positions per "
-                             "sequence and cannot keep custom ones: remove the position_ids field")
+            raise ValueError(
+                f"sample {i}: position_ids are not 0..{n - 1}; lenbatch rebuilds positions per "
+                "sequence and cannot keep custom ones: remove the position_ids field"
+            )
         masks = ["loss_mask", "assistant_masks"] + (["completion_mask"] if self.completion_only_loss else [])
         keep = None
         for name in masks:
@@ -135,8 +145,10 @@ class LengthBatchCollator:
                 continue
             m = np.asarray(sample[name])
             if m.shape != ids.shape:
-                raise ValueError(f"sample {i}: {name} has {m.size} entries but input_ids has {ids.size}; "
-                                 f"re-tokenize so that {name} has one entry per token")
+                raise ValueError(
+                    f"sample {i}: {name} has {m.size} entries but input_ids has {ids.size}; "
+                    f"re-tokenize so that {name} has one entry per token"
+                )
             keep = (m != 0) if keep is None else keep & (m != 0)
         return {"input_ids": ids, "loss_mask": keep, "labels": sample.get("labels")}
 
@@ -149,10 +161,15 @@ class LengthBatchCollator:
                     self._ignored.add(key)
                     log.info("collator: ignoring sample field %r (not an input of the model or trainer)", key)
                 continue
-            hint = (" (TRL's packing=True: lenbatch packs itself, use strategy='packed' with packing=False)"
-                    if key == "seq_lengths" else "")
-            raise ValueError(f"sample {i} has field {key!r}, which lenbatch's {self.layout} layout cannot keep"
-                             f"{hint}; remove it from the dataset, or pass data_collator= your own collator")
+            hint = (
+                " (TRL's packing=True: lenbatch packs itself, use strategy='packed' with packing=False)"
+                if key == "seq_lengths"
+                else ""
+            )
+            raise ValueError(
+                f"sample {i} has field {key!r}, which lenbatch's {self.layout} layout cannot keep"
+                f"{hint}; remove it from the dataset, or pass data_collator= your own collator"
+            )
 
 
 class LengthBatchMixin:
@@ -182,13 +199,28 @@ class LengthBatchMixin:
     and kept in ``trainer.pieces.counts()``.
     """
 
-    def __init__(self, *args: Any, strategy: "str | Strategy", token_budget: int, max_batch_size: int, lengths: Any = None,
-                 length_column: str | None = None, edges: Any = None, num_buckets: int = 6,
-                 packed_window: int = 8, seed: int | None = None, pad_id: int | None = None,
-                 overflow: str = "error", packing_check: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        strategy: "str | Strategy",
+        token_budget: int,
+        max_batch_size: int,
+        lengths: Any = None,
+        length_column: str | None = None,
+        edges: Any = None,
+        num_buckets: int = 6,
+        packed_window: int = 8,
+        seed: int | None = None,
+        pad_id: int | None = None,
+        overflow: str = "error",
+        packing_check: bool = True,
+        **kwargs: Any,
+    ) -> None:
         if lengths is not None and length_column is not None:
-            raise ValueError("pass at most one of lengths= (one int per training sample) or length_column= "
-                             "(the dataset column holding the tokens or the lengths)")
+            raise ValueError(
+                "pass at most one of lengths= (one int per training sample) or length_column= "
+                "(the dataset column holding the tokens or the lengths)"
+            )
         if isinstance(strategy, Strategy):  # a Strategy carries its edges: planned as its name with them
             strategy, edges = strategy.name, Strategy.of(strategy, edges).edges
         layout = layout_of(strategy)
@@ -209,16 +241,20 @@ class LengthBatchMixin:
         if dataset is None:
             raise ValueError(f"{type(self).__name__} needs train_dataset=")
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-            raise ValueError(f"{type(self).__name__} needs a map-style train_dataset (with len() and indexing) to "
-                             f"plan an epoch; got {type(dataset).__name__} (an IterableDataset has no lengths up front: "
-                             "materialise it in one pass, e.g. datasets.Dataset.from_generator, or batch the stream "
-                             "with lenbatch.StreamingBatcher)")
+            raise ValueError(
+                f"{type(self).__name__} needs a map-style train_dataset (with len() and indexing) to "
+                f"plan an epoch; got {type(dataset).__name__} (an IterableDataset has no lengths up front: "
+                "materialise it in one pass, e.g. datasets.Dataset.from_generator, or batch the stream "
+                "with lenbatch.StreamingBatcher)"
+            )
         if lengths is None:
             lengths = _dataset_lengths(dataset, length_column or "input_ids")
         lengths = np.asarray(lengths)
         if lengths.ndim != 1 or len(lengths) != len(dataset):
-            raise ValueError(f"lengths has {lengths.size} entries but train_dataset has {len(dataset)} samples "
-                             "(after the trainer prepared it); pass one length per sample, or length_column=")
+            raise ValueError(
+                f"lengths has {lengths.size} entries but train_dataset has {len(dataset)} samples "
+                "(after the trainer prepared it); pass one length per sample, or length_column="
+            )
         seed = self.args.seed if seed is None else seed
         # the plan is over pieces: samples, cut or split at the budget as overflow= says (counted, logged)
         self.pieces = overflow_pieces(lengths, token_budget=token_budget, overflow=overflow)
@@ -227,21 +263,35 @@ class LengthBatchMixin:
             log.warning("%s", self.pieces.report())
         self.plan_lengths = self.pieces.lengths
         if strategy == "bucketed" and edges is None:
-            b = optimize_boundaries(self.plan_lengths, num_buckets, token_budget=token_budget,
-                                    max_batch_size=max_batch_size, method="dp")
+            b = optimize_boundaries(
+                self.plan_lengths, num_buckets, token_budget=token_budget, max_batch_size=max_batch_size, method="dp"
+            )
             edges = b.edges
-            log.info("bucketed: %d buckets, dp edges %s (predicted padding efficiency %.1f%%) from %d lengths",
-                     num_buckets, list(edges), 100 * b.predicted_efficiency, len(self.plan_lengths))
-        self.plan_args = dict(strategy=strategy, token_budget=token_budget, max_batch_size=max_batch_size,
-                              edges=edges, packed_window=packed_window, seed=seed)
+            log.info(
+                "bucketed: %d buckets, dp edges %s (predicted padding efficiency %.1f%%) from %d lengths",
+                num_buckets,
+                list(edges),
+                100 * b.predicted_efficiency,
+                len(self.plan_lengths),
+            )
+        self.plan_args = dict(
+            strategy=strategy,
+            token_budget=token_budget,
+            max_batch_size=max_batch_size,
+            edges=edges,
+            packed_window=packed_window,
+            seed=seed,
+        )
         self.lengths = lengths
         self.length_sampler: LengthBatchSampler | None = None
         if user_collator is None:
             self._set_signature_columns_if_needed()
             self.data_collator = LengthBatchCollator(
-                layout=layout, pad_id=self._pad_id(pad_id),
+                layout=layout,
+                pad_id=self._pad_id(pad_id),
                 completion_only_loss=getattr(self, "completion_only_loss", None) is not False,
-                model_fields=self._signature_columns)
+                model_fields=self._signature_columns,
+            )
 
     def plan_identity(self) -> dict[str, Any]:
         """What this run's plans depend on: world size, the lengths (count and sha256 of their int64
@@ -251,9 +301,13 @@ class LengthBatchMixin:
         x = np.ascontiguousarray(self.lengths, dtype=np.int64)
         plan = {k: ([int(e) for e in v] if k == "edges" and v is not None else v) for k, v in self.plan_args.items()}
         plan["overflow"] = self.overflow
-        return {"world_size": world, "num_samples": int(x.size),
-                "lengths_sha256": hashlib.sha256(x.tobytes()).hexdigest(),
-                "plan": plan, "min_batches": self._equal_epoch_batches(world)}
+        return {
+            "world_size": world,
+            "num_samples": int(x.size),
+            "lengths_sha256": hashlib.sha256(x.tobytes()).hexdigest(),
+            "plan": plan,
+            "min_batches": self._equal_epoch_batches(world),
+        }
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; resuming first checks the checkpoint's plan (``lenbatch_plan.json``) against
@@ -271,61 +325,83 @@ class LengthBatchMixin:
         """``ValueError`` naming every way this run's plan differs from the one ``checkpoint`` was trained on."""
         file = os.path.join(checkpoint, PLAN_FILE)
         if not os.path.isfile(file):
-            raise ValueError(f"checkpoint {checkpoint} has no {PLAN_FILE}, so lenbatch cannot check that this run "
-                             "plans the same batches (it was not written by LengthBatchMixin); resume from a "
-                             "checkpoint this trainer wrote, or start a fresh run")
+            raise ValueError(
+                f"checkpoint {checkpoint} has no {PLAN_FILE}, so lenbatch cannot check that this run "
+                "plans the same batches (it was not written by LengthBatchMixin); resume from a "
+                "checkpoint this trainer wrote, or start a fresh run"
+            )
         with open(file) as f:
             saved = json.load(f)
         now = self.plan_identity()
         changes = []
         if saved["world_size"] != now["world_size"]:
-            changes.append(f"world size {saved['world_size']} -> {now['world_size']} processes (each rank's batches "
-                           f"depend on it: resume with {saved['world_size']} processes)")
+            changes.append(
+                f"world size {saved['world_size']} -> {now['world_size']} processes (each rank's batches "
+                f"depend on it: resume with {saved['world_size']} processes)"
+            )
         if (saved["num_samples"], saved["lengths_sha256"]) != (now["num_samples"], now["lengths_sha256"]):
-            what = (f"{saved['num_samples']} -> {now['num_samples']} samples"
-                    if saved["num_samples"] != now["num_samples"]
-                    else f"same {now['num_samples']} samples, other lengths")
+            what = (
+                f"{saved['num_samples']} -> {now['num_samples']} samples"
+                if saved["num_samples"] != now["num_samples"]
+                else f"same {now['num_samples']} samples, other lengths"
+            )
             changes.append(f"training lengths ({what}: resume with the same prepared dataset)")
         for key in sorted(set(saved["plan"]) | set(now["plan"])):
             a, b = saved["plan"].get(key), now["plan"].get(key)
             if a != b:
                 changes.append(f"{key} {a!r} -> {b!r}")
         if saved["min_batches"] != now["min_batches"] and saved["world_size"] == now["world_size"]:
-            changes.append(f"min_batches {saved['min_batches']} -> {now['min_batches']} (num_train_epochs, "
-                           "max_steps or gradient_accumulation_steps changed, so every epoch plans another "
-                           "number of batches)")
+            changes.append(
+                f"min_batches {saved['min_batches']} -> {now['min_batches']} (num_train_epochs, "
+                "max_steps or gradient_accumulation_steps changed, so every epoch plans another "
+                "number of batches)"
+            )
         if changes:
-            raise ValueError(f"cannot resume from {checkpoint}: its plan differs from this run's: " + "; ".join(changes)
-                             + ". Resume with the checkpoint's settings, or start a fresh run")
+            raise ValueError(
+                f"cannot resume from {checkpoint}: its plan differs from this run's: "
+                + "; ".join(changes)
+                + ". Resume with the checkpoint's settings, or start a fresh run"
+            )
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-            folder = os.path.join(self._get_output_dir(trial=trial),
-                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
             with open(os.path.join(folder, PLAN_FILE), "w") as f:
                 json.dump(self.plan_identity(), f, indent=1)
 
     def _refuse_batch_changing_args(self) -> None:
         args = self.args
-        for name, fix in (("packing", "lenbatch plans the packing: use strategy='packed'"),
-                          ("padding_free", "strategy='packed' is lenbatch's padding-free layout")):
+        for name, fix in (
+            ("packing", "lenbatch plans the packing: use strategy='packed'"),
+            ("padding_free", "strategy='packed' is lenbatch's padding-free layout"),
+        ):
             if getattr(args, name, False):
-                raise ValueError(f"{name}=True in the trainer's args would re-batch lenbatch's plan; set {name}=False "
-                                 f"({fix})")
+                raise ValueError(
+                    f"{name}=True in the trainer's args would re-batch lenbatch's plan; set {name}=False ({fix})"
+                )
         if getattr(args, "pad_to_multiple_of", None) is not None:
-            raise ValueError(f"pad_to_multiple_of={args.pad_to_multiple_of} would pad batches beyond the plan's "
-                             "token_budget; set pad_to_multiple_of=None (the plan sizes every batch)")
+            raise ValueError(
+                f"pad_to_multiple_of={args.pad_to_multiple_of} would pad batches beyond the plan's "
+                "token_budget; set pad_to_multiple_of=None (the plan sizes every batch)"
+            )
         sampling = getattr(args, "train_sampling_strategy", "random")
         if sampling != "random":
-            raise ValueError(f"train_sampling_strategy={sampling!r}: lenbatch's strategy decides the order and the "
-                             "batches; leave train_sampling_strategy='random' (ignored) and pick strategy=")
+            raise ValueError(
+                f"train_sampling_strategy={sampling!r}: lenbatch's strategy decides the order and the "
+                "batches; leave train_sampling_strategy='random' (ignored) and pick strategy="
+            )
 
     def _pad_id(self, pad_id: int | None) -> int:
-        for candidate in (pad_id, getattr(self.data_collator, "pad_token_id", None),
-                          getattr(getattr(self, "processing_class", None), "pad_token_id", None)):
+        for candidate in (
+            pad_id,
+            getattr(self.data_collator, "pad_token_id", None),
+            getattr(getattr(self, "processing_class", None), "pad_token_id", None),
+        ):
             if candidate is not None:
                 return int(candidate)
         return 0
@@ -334,7 +410,8 @@ class LengthBatchMixin:
         # keep the per-token loss masks through remove_unused_columns: the collator folds them into labels
         super()._set_signature_columns_if_needed()
         self._signature_columns = list(self._signature_columns) + [
-            f for f in LOSS_MASK_FIELDS if f not in self._signature_columns]
+            f for f in LOSS_MASK_FIELDS if f not in self._signature_columns
+        ]
 
     def get_train_dataloader(self) -> DataLoader:
         dataset = self.train_dataset
@@ -342,18 +419,28 @@ class LengthBatchMixin:
             dataset = self._remove_unused_columns(dataset, description="training")
         # explicit rank/world size from the Trainer's accelerate state (torchrun, accelerate launch)
         world = self.args.world_size
-        sampler = LengthBatchSampler(self.lengths, rank=self.args.process_index, world_size=world,
-                                     min_batches=self._equal_epoch_batches(world), overflow=self.overflow,
-                                     **self.plan_args)
+        sampler = LengthBatchSampler(
+            self.lengths,
+            rank=self.args.process_index,
+            world_size=world,
+            min_batches=self._equal_epoch_batches(world),
+            overflow=self.overflow,
+            **self.plan_args,
+        )
         sampler._accelerate = False  # this loader is not prepared by accelerate (below): nothing to warn of
         self.length_sampler = sampler
         dataset = sampler.view(dataset)  # serves the (row, start, end) pieces of truncate/split
         workers = self.args.dataloader_num_workers
         # not accelerator.prepare(): that would shard this rank's batches again across ranks
-        return EpochDataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator,
-                               num_workers=workers, pin_memory=self.args.dataloader_pin_memory,
-                               persistent_workers=self.args.dataloader_persistent_workers and workers > 0,
-                               prefetch_factor=self.args.dataloader_prefetch_factor if workers > 0 else None)
+        return EpochDataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers and workers > 0,
+            prefetch_factor=self.args.dataloader_prefetch_factor if workers > 0 else None,
+        )
 
     def _equal_epoch_batches(self, world_size: int) -> int:
         """``min_batches`` giving every epoch the Trainer will run the same number of batches (cached: the
@@ -369,8 +456,14 @@ class LengthBatchMixin:
     def _count_equal_epoch_batches(self, world_size: int) -> int:
         args, counts = self.args, []
         while True:
-            counts.append(sum(len(r) for r in plan_epoch_all(self.plan_lengths, epoch=len(counts),
-                                                             world_size=world_size, **self.plan_args)))
+            counts.append(
+                sum(
+                    len(r)
+                    for r in plan_epoch_all(
+                        self.plan_lengths, epoch=len(counts), world_size=world_size, **self.plan_args
+                    )
+                )
+            )
             steps = math.ceil(max(counts) / world_size / args.gradient_accumulation_steps)
             epochs = math.ceil(args.num_train_epochs) if args.max_steps <= 0 else math.ceil(args.max_steps / steps)
             if len(counts) >= epochs:
@@ -394,8 +487,10 @@ def _dataset_lengths(dataset: Any, column: str = "input_ids") -> np.ndarray:
     try:
         values = [dataset[i][column] for i in range(len(dataset))]
     except (KeyError, TypeError, IndexError) as err:
-        raise ValueError(f"length_column={column!r}: the training samples have no such field ({err!r}); pass the "
-                         "column that holds each sample's tokens or token count, or lengths=") from None
+        raise ValueError(
+            f"length_column={column!r}: the training samples have no such field ({err!r}); pass the "
+            "column that holds each sample's tokens or token count, or lengths="
+        ) from None
     return np.array([int(v) if np.ndim(v) == 0 else len(v) for v in values], dtype=np.int64)
 
 

@@ -60,8 +60,10 @@ def _labels(i: int, item: Any) -> Any:
     elif hasattr(item, "get") and item.get("labels") is not None:
         labels = item["labels"]
     else:
-        raise ValueError(f"micro-batch {i} is a {type(item).__name__} without labels; pass lenbatch Batches, "
-                         "model_inputs() dicts or labels tensors")
+        raise ValueError(
+            f"micro-batch {i} is a {type(item).__name__} without labels; pass lenbatch Batches, "
+            "model_inputs() dicts or labels tensors"
+        )
     if not isinstance(labels, torch.Tensor) or labels.ndim < 1:
         raise ValueError(f"micro-batch {i}: labels must be a tensor [B, T], got {type(labels).__name__}")
     return labels

@@ -54,20 +54,34 @@ class PackingCheck:
     def message(self) -> str:
         """One sentence: the model, the verdict, the numbers and (when not ok) the fix."""
         if self.ok:
-            return (f"{self.model_class} keeps packed sequences apart: max |logit difference| "
-                    f"{self.max_abs_diff:.2g} <= {self.tolerance:g} against each sequence alone, "
-                    f"{self.max_cross_diff:.2g} when the other sequences change ({self.compared})")
-        why = (f"the packed forward failed ({self.error})" if self.error is not None else
-               f"packed sequences attend to each other: max |logit difference| {self.max_abs_diff:.3g} against "
-               f"each sequence alone (tolerance {self.tolerance:g}), {self.max_cross_diff:.3g} when the other "
-               f"sequences of the row change (tolerance {self.cross_tolerance:g}) ({self.compared})")
-        return (f"{self.model_class} cannot train packed rows: {why}. Use the padded layout: a strategy other "
-                "than 'packed' (e.g. strategy='sortish' with lb.collate_padded), or a model/attention "
-                "implementation that reads position_ids or cu_seq_lens per sequence")
+            return (
+                f"{self.model_class} keeps packed sequences apart: max |logit difference| "
+                f"{self.max_abs_diff:.2g} <= {self.tolerance:g} against each sequence alone, "
+                f"{self.max_cross_diff:.2g} when the other sequences change ({self.compared})"
+            )
+        why = (
+            f"the packed forward failed ({self.error})"
+            if self.error is not None
+            else f"packed sequences attend to each other: max |logit difference| {self.max_abs_diff:.3g} against "
+            f"each sequence alone (tolerance {self.tolerance:g}), {self.max_cross_diff:.3g} when the other "
+            f"sequences of the row change (tolerance {self.cross_tolerance:g}) ({self.compared})"
+        )
+        return (
+            f"{self.model_class} cannot train packed rows: {why}. Use the padded layout: a strategy other "
+            "than 'packed' (e.g. strategy='sortish' with lb.collate_padded), or a model/attention "
+            "implementation that reads position_ids or cu_seq_lens per sequence"
+        )
 
 
-def check_packing(model: Any, *, lengths: Sequence[int] = (7, 13, 5, 11), seed: int = 0,
-                  tolerance: float | None = None, seq_idx: bool = False, strict: bool = False) -> PackingCheck:
+def check_packing(
+    model: Any,
+    *,
+    lengths: Sequence[int] = (7, 13, 5, 11),
+    seed: int = 0,
+    tolerance: float | None = None,
+    seq_idx: bool = False,
+    strict: bool = False,
+) -> PackingCheck:
     """Run ``len(lengths)`` random sequences through ``model`` packed into one row and each alone; compare.
 
     The packed row is what training feeds: ``lb.collate_packed(samples).model_inputs(seq_idx=seq_idx)``
@@ -90,8 +104,10 @@ def check_packing(model: Any, *, lengths: Sequence[int] = (7, 13, 5, 11), seed: 
 
     sizes = tuple(int(n) for n in lengths)
     if len(sizes) < 2 or min(sizes) < 2:
-        raise ValueError(f"lengths={list(lengths)}: check_packing needs at least two sequences of at least 2 "
-                         "tokens each (a leak needs a sequence before another)")
+        raise ValueError(
+            f"lengths={list(lengths)}: check_packing needs at least two sequences of at least 2 "
+            "tokens each (a leak needs a sequence before another)"
+        )
     param = next(iter(model.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = str(param.dtype).replace("torch.", "") if param is not None else "float32"
@@ -105,8 +121,10 @@ def check_packing(model: Any, *, lengths: Sequence[int] = (7, 13, 5, 11), seed: 
     others = [{"input_ids": torch.randint(1, vocab, (n,), generator=gen)} for n in sizes]
     batch = collate_packed(samples).to(device)
     inputs = _packed_inputs(samples, device, seq_idx)
-    compared = (f"{len(sizes)} random sequences of {list(sizes)} tokens, packed with collate_packed(...)."
-                f"model_inputs() vs each alone; logits, eval mode, no grad, {dtype} on {device}")
+    compared = (
+        f"{len(sizes)} random sequences of {list(sizes)} tokens, packed with collate_packed(...)."
+        f"model_inputs() vs each alone; logits, eval mode, no grad, {dtype} on {device}"
+    )
     was_training = bool(getattr(model, "training", False))
     model.eval()
     error = None
@@ -132,9 +150,17 @@ def check_packing(model: Any, *, lengths: Sequence[int] = (7, 13, 5, 11), seed: 
     finally:
         model.train(was_training)
     ok = error is None and math.isfinite(diff) and diff <= tol and cross <= cross_tol
-    result = PackingCheck(ok=ok, max_abs_diff=diff, tolerance=tol, model_class=type(model).__name__,
-                          lengths=sizes, compared=compared, error=error, max_cross_diff=cross,
-                          cross_tolerance=cross_tol)
+    result = PackingCheck(
+        ok=ok,
+        max_abs_diff=diff,
+        tolerance=tol,
+        model_class=type(model).__name__,
+        lengths=sizes,
+        compared=compared,
+        error=error,
+        max_cross_diff=cross,
+        cross_tolerance=cross_tol,
+    )
     if strict and not ok:
         raise ValueError(result.message())
     return result

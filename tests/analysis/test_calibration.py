@@ -12,8 +12,11 @@ SHAPE = {"layout": "padded", "sequences": 8, "length": 512}
 
 
 def _ref(target_start, target_end, drafter_start, drafter_end, shape=SHAPE):
-    return {"shape": shape, "target": {"start": target_start, "end": target_end},
-            "drafter": {"start": drafter_start, "end": drafter_end}}
+    return {
+        "shape": shape,
+        "target": {"start": target_start, "end": target_end},
+        "drafter": {"start": drafter_start, "end": drafter_end},
+    }
 
 
 def test_the_reference_time_is_the_midpoint_of_the_start_and_end_medians():
@@ -29,25 +32,39 @@ def test_the_reference_time_is_the_midpoint_of_the_start_and_end_medians():
 
 
 def _fp(id_: str, torch: str = "2.13.0") -> dict:
-    return {"id": id_, "cpu": {"model": "cpu"}, "memory_gib": 8.0, "accelerator": None,
-            "versions": {"python": "3.11.7", "torch": torch}}
+    return {
+        "id": id_,
+        "cpu": {"model": "cpu"},
+        "memory_gib": 8.0,
+        "accelerator": None,
+        "versions": {"python": "3.11.7", "torch": torch},
+    }
 
 
 def test_one_machine_passes_and_a_mix_names_what_to_rerun_from_where_compare_runs():
     a, b = _fp("aaaa"), _fp("bbbb", torch="2.11.0")
     assert provenance.check_one_machine(a, {"sorted": a, "random": a}, here=lambda: a) is a
     # compare runs on the profile's machine: the one run from elsewhere is rerun here
-    with pytest.raises(ValueError, match=r"this machine is aaaa: rerun here what was measured elsewhere: snakemake "
-                                         r"--cores all --forcerun results/train/random/summary.json"):
+    with pytest.raises(
+        ValueError,
+        match=r"this machine is aaaa: rerun here what was measured elsewhere: snakemake "
+        r"--cores all --forcerun results/train/random/summary.json",
+    ):
         provenance.check_one_machine(a, {"sorted": a, "random": b}, here=lambda: a)
     # on the runs' machine: the profile is the one to rerun
-    with pytest.raises(ValueError, match=r"this machine is bbbb: .*--forcerun profile \(DVC: dvc repro --force "
-                                         r"--single-item profile, then dvc repro\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"this machine is bbbb: .*--forcerun profile \(DVC: dvc repro --force "
+        r"--single-item profile, then dvc repro\)$",
+    ):
         provenance.check_one_machine(a, {"sorted": b, "random": b}, here=lambda: b)
     # on a third machine: the runs that differ from the profile, on its machine, or everything here
-    with pytest.raises(ValueError, match=r"none was measured on this machine \(cccc\): on the profile's machine aaaa "
-                                         r"rerun .*results/train/random/summary.json.*or, to predict for this machine, "
-                                         r"rerun everything here"):
+    with pytest.raises(
+        ValueError,
+        match=r"none was measured on this machine \(cccc\): on the profile's machine aaaa "
+        r"rerun .*results/train/random/summary.json.*or, to predict for this machine, "
+        r"rerun everything here",
+    ):
         provenance.check_one_machine(a, {"sorted": a, "random": b}, here=lambda: _fp("cccc"))
     with pytest.raises(ValueError, match=r"versions.torch: '2.13.0' -> '2.11.0'"):
         provenance.check_one_machine(a, {"random": b}, here=lambda: a)

@@ -15,8 +15,9 @@ from lenbatch_study.core import intervals
 # --------------------------------------------------------------------------- Student t and intervals
 
 
-@pytest.mark.parametrize("df, q", [(1, 12.706204736), (2, 4.302652730), (4, 2.776445105), (30, 2.042272456),
-                                   (1000, 1.962339081)])
+@pytest.mark.parametrize(
+    "df, q", [(1, 12.706204736), (2, 4.302652730), (4, 2.776445105), (30, 2.042272456), (1000, 1.962339081)]
+)
 def test_t_quantile_matches_published_values(df, q):
     assert intervals.t_quantile(0.975, df) == pytest.approx(q, rel=1e-6)
     assert intervals.t_quantile(0.025, df) == pytest.approx(-q, rel=1e-6)
@@ -53,7 +54,7 @@ def test_welch_difference_by_hand_and_its_verdict():
     a, b = np.array([5.0, 5.2, 5.4]), np.array([4.0, 4.3, 4.5, 4.4])
     d = intervals.difference_interval(a, b)
     va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 4
-    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
     half = intervals.t_quantile(0.975, df) * math.sqrt(va + vb)
     assert d["diff"] == pytest.approx(a.mean() - b.mean())
     assert d["df"] == pytest.approx(df)
@@ -92,12 +93,12 @@ def linear_problem(n: int = 4000, p: int = 6, seed: int = 0):
     w = np.zeros(p)
     resid = x @ w - y
     grads = resid[:, None] * x  # d/dw of 0.5 * resid^2
-    loss = 0.5 * resid ** 2
+    loss = 0.5 * resid**2
     return grads, loss, length, group
 
 
 def batches_of(order: np.ndarray, size: int) -> list[np.ndarray]:
-    return [order[i:i + size] for i in range(0, order.size - size + 1, size)]
+    return [order[i : i + size] for i in range(0, order.size - size + 1, size)]
 
 
 def measure(grads, loss, length, batches):

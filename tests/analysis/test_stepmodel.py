@@ -84,8 +84,9 @@ def test_lm_chunks_count_the_lm_head_chunks_of_each_step():
     assert est["lm_chunks"].tolist() == [2]
     assert np.isnan(shp.batch_columns(lengths, steps[:1], layout="padded")["lm_chunks"][0])
     # a grid point's mean over steps of 100 and 200 positions: 1.5 chunks, where its mean positions make 2
-    grid = shp.batch_columns(lengths, steps[:1], layout="padded", drafter=(np.array([150.0]), np.array([2400.0])),
-                             lm_chunks=np.array([1.5]))
+    grid = shp.batch_columns(
+        lengths, steps[:1], layout="padded", drafter=(np.array([150.0]), np.array([2400.0])), lm_chunks=np.array([1.5])
+    )
     assert grid["lm_chunks"].tolist() == [1.5]
 
 
@@ -93,10 +94,14 @@ def _drafter_grid() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
     n = 40
     positions = rng.integers(10, 600, n).astype(np.float64)
-    return {"const": np.ones(n), "computed_tokens": rng.integers(512, 16384, n).astype(np.float64),
-            "positions": positions, "lm_chunks": np.ceil(positions / 128),
-            "ctx_tokens": rng.integers(512, 24000, n).astype(np.float64),
-            "sequences": np.ceil(positions / 15)}
+    return {
+        "const": np.ones(n),
+        "computed_tokens": rng.integers(512, 16384, n).astype(np.float64),
+        "positions": positions,
+        "lm_chunks": np.ceil(positions / 128),
+        "ctx_tokens": rng.integers(512, 24000, n).astype(np.float64),
+        "sequences": np.ceil(positions / 15),
+    }
 
 
 def test_drafter_model_takes_the_chunk_term_when_chunks_cost_and_only_then():
@@ -127,7 +132,7 @@ def test_prediction_on_timed_steps_matches_their_sum():
     rng = np.random.default_rng(3)
     lengths = rng.integers(20, 2000, size=300)
     order = rng.permutation(300)
-    batches = [order[i:i + 10] for i in range(0, 300, 10)]
+    batches = [order[i : i + 10] for i in range(0, 300, 10)]
     cols = shp.batch_columns(lengths, batches, layout="padded")
     truth = np.array([0.01, 1e-6, 2e-10, 1e-3])
     feats = ("const", "computed_tokens", "sum_len_sq", "sequences")
@@ -210,8 +215,8 @@ def test_blended_pipeline_reaches_the_analytic_fixed_point():
     t = t_alone + (t_busy - t_alone) * d / t; with 1, 2 and d = 0.5: t = (1 + sqrt 3) / 2."""
     n = 300
     out = sm.blended_pipeline(np.ones(n), np.full(n, 2.0), np.full(n, 0.5), np.full(n, 0.5), queue_size=4)
-    assert out["target_s"][n // 2:] == pytest.approx(np.full(n - n // 2, (1 + 3 ** 0.5) / 2), rel=1e-5)
-    assert out["target_overlap"][n // 2] == pytest.approx(0.5 / ((1 + 3 ** 0.5) / 2), rel=1e-4)
+    assert out["target_s"][n // 2 :] == pytest.approx(np.full(n - n // 2, (1 + 3**0.5) / 2), rel=1e-5)
+    assert out["target_overlap"][n // 2] == pytest.approx(0.5 / ((1 + 3**0.5) / 2), rel=1e-4)
     assert out["drafter_overlap"][n // 2] == pytest.approx(1.0)  # the target never rests meanwhile
     assert out["drafter_overlap"][-1] == 0.0  # the last drafter step runs after every forward is done
 

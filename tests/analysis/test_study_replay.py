@@ -37,16 +37,31 @@ def test_every_number_is_what_the_planning_api_gives(rep):
     per_step = {}
     for name, r in rows.items():
         edges = r["edges"]
-        ranks = [lb.plan_epoch(x, strategy=r["strategy"], epoch=0, seed=0, token_budget=49152, max_batch_size=64,
-                               edges=edges, rank=k, world_size=7) for k in range(7)]
+        ranks = [
+            lb.plan_epoch(
+                x,
+                strategy=r["strategy"],
+                epoch=0,
+                seed=0,
+                token_budget=49152,
+                max_batch_size=64,
+                edges=edges,
+                rank=k,
+                world_size=7,
+            )
+            for k in range(7)
+        ]
         flat = [b for rank in ranks for b in rank]
         assert r["steps_per_rank"] == len(ranks[0]) and r["batches"] == len(flat)
         assert r["padding_efficiency"] == pytest.approx(lb.padding_efficiency(x, flat, strategy=r["strategy"]))
         assert r["budget_fill"] == pytest.approx(lb.budget_fill(x, flat, 49152, strategy=r["strategy"]))
         per_step[name] = sum(int(x[b].sum()) for b in flat) / len(flat)
         m = [int(x[b].max()) for b in flat]
-        attention = (sum(int((x[b].astype(np.int64) ** 2).sum()) for b in flat) if r["strategy"] == "packed"
-                     else sum(b.size * mm * mm for b, mm in zip(flat, m)))
+        attention = (
+            sum(int((x[b].astype(np.int64) ** 2).sum()) for b in flat)
+            if r["strategy"] == "packed"
+            else sum(b.size * mm * mm for b, mm in zip(flat, m))
+        )
         assert r["attention_per_step"] == pytest.approx(attention / len(flat))
     for name, r in rows.items():
         assert r["useful_per_step_vs_sorted"] == pytest.approx(per_step[name] / per_step["sorted"])
@@ -58,10 +73,14 @@ def test_every_number_is_what_the_planning_api_gives(rep):
     assert "measured_ratio" not in rows["bucketed (dp edges)"]  # the study never ran dp edges
     # the study's objective on the stand-in, and with its top 1% capped at P99
     obj = rep["objective"]
-    assert obj["study_edges"] == pytest.approx(predict_bucketed(x, sr.STUDY_EDGES, token_budget=49152,
-                                                                max_batch_size=64, objective=STUDY)["efficiency"])
-    assert obj["study_edges_tail_capped"] == pytest.approx(predict_bucketed(
-        np.minimum(x, 4917), sr.STUDY_EDGES, token_budget=49152, max_batch_size=64, objective=STUDY)["efficiency"])
+    assert obj["study_edges"] == pytest.approx(
+        predict_bucketed(x, sr.STUDY_EDGES, token_budget=49152, max_batch_size=64, objective=STUDY)["efficiency"]
+    )
+    assert obj["study_edges_tail_capped"] == pytest.approx(
+        predict_bucketed(np.minimum(x, 4917), sr.STUDY_EDGES, token_budget=49152, max_batch_size=64, objective=STUDY)[
+            "efficiency"
+        ]
+    )
 
 
 def test_the_stand_in_does_not_reproduce_the_studys_86_8_and_its_tail_is_why(rep):
@@ -79,8 +98,10 @@ def test_the_section_prints_the_replays_numbers(rep):
     text = sr.section(rep)
     rows = {r["name"]: r for r in rep["rows"]}
     b, s = rows["bucketed (study edges)"], rows["sorted"]
-    assert (f"| bucketed (study edges) | {b['steps_per_rank']:,} | {100 * b['padding_efficiency']:.1f}% | "
-            f"{100 * b['budget_fill']:.1f}% | {100 * b['useful_per_step_vs_sorted']:.1f}% |") in text
+    assert (
+        f"| bucketed (study edges) | {b['steps_per_rank']:,} | {100 * b['padding_efficiency']:.1f}% | "
+        f"{100 * b['budget_fill']:.1f}% | {100 * b['useful_per_step_vs_sorted']:.1f}% |"
+    ) in text
     assert f"the study's bucketed steps took {b['implied_step_time_vs_sorted'][0]:.2f}x as long as sorted's" in text
     gap = b["useful_per_step_vs_sorted"] - 0.78
     assert f"({100 * gap:.1f} points here)" in text
@@ -89,8 +110,10 @@ def test_the_section_prints_the_replays_numbers(rep):
 
 def test_lenbatch_plans_study_replay_writes_the_replay(tmp_path):
     out = tmp_path / "replay"
-    assert main(["plans", "--params", "params.yaml", "--study-replay", "--seed-profile-size", "20000",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["plans", "--params", "params.yaml", "--study-replay", "--seed-profile-size", "20000", "--out", str(out)])
+        == 0
+    )
     written = json.loads((out / "replay.json").read_text())
     assert written["setting"]["samples"] == 20000 and len(written["rows"]) == 6
     assert (out / "replay.md").read_text() == sr.section(written, level=1)

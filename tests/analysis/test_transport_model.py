@@ -87,14 +87,20 @@ def test_compare_predicts_separate_trainings_with_the_transport_and_one_process_
     batches = [np.arange(i, i + 4) for i in range(0, 32, 4)]
     cols = shapes.batch_columns(lengths, batches, layout="padded", positions_per_seq=15.0)
     # a drafter-bound pipeline: the drafter step is 1 s, the target's 0.1 s
-    fits = {"target": {"best": sm.StepFit("target", "c", ("const",), (0.1,), 0, 0, 0)},
-            "drafter": {"best": sm.StepFit("drafter", "c", ("const",), (1.0,), 0, 0, 0)}}
+    fits = {
+        "target": {"best": sm.StepFit("target", "c", ("const",), (0.1,), 0, 0, 0)},
+        "drafter": {"best": sm.StepFit("drafter", "c", ("const",), (1.0,), 0, 0, 0)},
+    }
     two = tmp_path / "two.yaml"
     two.write_text("train: {nproc: 2, warmup_steps: 1}\nprofile: {concurrent: false}\n")
     params = load_params(REPO / "params.yaml", two)
     m = params.model
-    nbytes = shapes.transport_bytes(cols["computed_tokens"], cols["sequences"],
-                                    feature_dim=len(m.target_layers) * m.hidden_size, itemsize=shapes.ITEMSIZE[m.dtype])
+    nbytes = shapes.transport_bytes(
+        cols["computed_tokens"],
+        cols["sequences"],
+        feature_dim=len(m.target_layers) * m.hidden_size,
+        itemsize=shapes.ITEMSIZE[m.dtype],
+    )
     without = predict_steps(cols, fits=fits, params=params, target_ranks=1)
     withx = predict_steps(cols, fits=fits, params=params, target_ranks=1, transport=_transport(1000.0))
     assert without["transport_s"] is None
@@ -102,15 +108,18 @@ def test_compare_predicts_separate_trainings_with_the_transport_and_one_process_
     # every post-warm-up step pays the drafter's receive on top of its step
     assert withx["seconds"] == pytest.approx(without["seconds"] + float(withx["transport_s"][1:].sum()))
     row = tm.transport_row([{"step": i, "transport_s": 0.5} for i in range(len(batches))], withx, warmup_steps=1)
-    assert row == {"predicted_transport_s": pytest.approx(float(withx["transport_s"][1:].mean())),
-                   "measured_transport_s": 0.5}
+    assert row == {
+        "predicted_transport_s": pytest.approx(float(withx["transport_s"][1:].mean())),
+        "measured_transport_s": 0.5,
+    }
     assert np.isnan(tm.transport_row([{"step": 0}], without, warmup_steps=0)["predicted_transport_s"])
     # one process (train.nproc 1): no features move, the transport is not added
     one = tmp_path / "one.yaml"
     one.write_text("train: {nproc: 1, warmup_steps: 1}\n")
     p1 = load_params(REPO / "params.yaml", one)
-    assert (predict_steps(cols, fits=fits, params=p1, target_ranks=1, transport=_transport(1000.0))["seconds"]
-            == pytest.approx(predict_steps(cols, fits=fits, params=p1, target_ranks=1)["seconds"]))
+    assert predict_steps(cols, fits=fits, params=p1, target_ranks=1, transport=_transport(1000.0))[
+        "seconds"
+    ] == pytest.approx(predict_steps(cols, fits=fits, params=p1, target_ranks=1)["seconds"])
 
 
 def test_transport_bytes_are_the_tensors_the_target_rank_sends():
@@ -140,11 +149,22 @@ def test_the_grid_reader_takes_the_transport_or_none_and_refuses_a_partial_one(t
     from lenbatch_study.pipeline.artifacts.reading import ArtifactError
 
     path = tmp_path / profile_grid.GRID
-    rows = [{"transport_bytes": 1000 * (i + 1), "transport_seconds_all": [1e-3 * (i + 1)],
-             "transport_stage_s_all": [0.0], "transport_backend": "gloo"} for i in range(3)]
+    rows = [
+        {
+            "transport_bytes": 1000 * (i + 1),
+            "transport_seconds_all": [1e-3 * (i + 1)],
+            "transport_stage_s_all": [0.0],
+            "transport_backend": "gloo",
+        }
+        for i in range(3)
+    ]
     got = profile_grid.read_transport(path, rows, rerun="snakemake results/profile/grid.json")
-    assert got == {"backend": "gloo", "bytes": [1000.0, 2000.0, 3000.0], "seconds": [[1e-3], [2e-3], [3e-3]],
-                   "stage": [[0.0], [0.0], [0.0]]}
+    assert got == {
+        "backend": "gloo",
+        "bytes": [1000.0, 2000.0, 3000.0],
+        "seconds": [[1e-3], [2e-3], [3e-3]],
+        "stage": [[0.0], [0.0], [0.0]],
+    }
     assert profile_grid.read_transport(path, [{}, {}], rerun="x") is None
     with pytest.raises(ArtifactError, match="in 2 of its 3 rows.*rerun: snakemake results/profile/grid.json"):
         profile_grid.read_transport(path, rows[:2] + [{}], rerun="snakemake results/profile/grid.json")

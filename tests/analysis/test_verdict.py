@@ -12,8 +12,14 @@ REPEAT = {"sorted": 1.0, "random": 0.0, "bucketed": 0.01, "sortish": 0.1, "packe
 def row(ratio: float, half: float, predicted: float | None = None, rounds: int = 18) -> dict:
     lo, hi = ratio * (1 - half), ratio * (1 + half)
     p = ratio if predicted is None else predicted
-    return {"ratio_to_sorted": ratio, "ci95": [lo, hi], "half_width": half, "predicted_ratio": p,
-            "prediction_error": p / ratio - 1, "rounds": rounds}
+    return {
+        "ratio_to_sorted": ratio,
+        "ci95": [lo, hi],
+        "half_width": half,
+        "predicted_ratio": p,
+        "prediction_error": p / ratio - 1,
+        "rounds": rounds,
+    }
 
 
 def table(**rows: dict) -> dict:
@@ -45,9 +51,9 @@ def test_overlapping_narrow_intervals_are_a_named_tie_and_wide_ones_settle_nothi
 
 
 def test_a_prediction_missing_beyond_its_interval_and_the_target_settles_nothing():
-    assert not missed_beyond_noise(row(0.9, 0.02, predicted=0.91))   # inside the interval
+    assert not missed_beyond_noise(row(0.9, 0.02, predicted=0.91))  # inside the interval
     assert not missed_beyond_noise(row(0.9, 0.001, predicted=0.92))  # outside, but within 3%
-    assert missed_beyond_noise(row(0.9, 0.01, predicted=0.95))       # outside and 5.6% off
+    assert missed_beyond_noise(row(0.9, 0.01, predicted=0.95))  # outside and 5.6% off
     # a miss on a strategy in contention settles nothing: the model and the measurement disagree about it
     t = table(random=row(0.59, 0.01), sortish=row(1.0, 0.01, predicted=1.05), packed=row(0.93, 0.01))
     v = decide(t, repeat(t), max_composition_repeat=0.5)
@@ -71,12 +77,16 @@ def test_without_ratios_in_turns_nothing_is_settled_and_a_missing_strategy_is_na
     v = decide(None, REPEAT, max_composition_repeat=0.5)
     assert (v.kind, v.measured) == (NOT_SETTLED, False)
     with pytest.raises(ValueError, match="lacks packed: rerun the interleave stage"):
-        decide(table(random=row(0.6, 0.01), bucketed=row(0.9, 0.01), sortish=row(1.0, 0.01)), REPEAT,
-               max_composition_repeat=0.5)
+        decide(
+            table(random=row(0.6, 0.01), bucketed=row(0.9, 0.01), sortish=row(1.0, 0.01)),
+            REPEAT,
+            max_composition_repeat=0.5,
+        )
 
 
 def test_timed_steps_that_do_not_stand_for_their_run_settle_nothing_in_contention():
     """steps_gap: the step model's ratio over the timed steps against its ratio over the whole run."""
+
     def gap(r: dict, g: float) -> dict:
         return {**r, "steps_gap": g, "run_predicted_ratio": r["predicted_ratio"] / (1 + g)}
 
@@ -103,6 +113,8 @@ def test_a_miss_names_the_profile_rerun_only_where_it_can_help():
     assert "would give the same fits" in said and "--forcerun profile" not in said and "agree within 2%" in said
     moved = {**steady, "target": [0.8, 1.0, 1.05]}
     t["sortish"]["profile_pass_factors"] = moved
-    assert "Remeasure the profile: `snakemake --forcerun profile`" in miss_cause(t, ["sortish"], rerun="snakemake --forcerun profile")
+    assert "Remeasure the profile: `snakemake --forcerun profile`" in miss_cause(
+        t, ["sortish"], rerun="snakemake --forcerun profile"
+    )
     t["sortish"].update(profile_pass_factors=steady, beyond_grid={"drafter ctx_tokens": 1.4})
     assert "Remeasure the profile" in miss_cause(t, ["sortish"], rerun="x")

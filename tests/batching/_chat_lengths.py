@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-MIN_LEN = 48   # the chat template and the shortest prompt
+MIN_LEN = 48  # the chat template and the shortest prompt
 MAX_LEN = 8191  # the cap: edges ending at 8192 cover every length
 PARTS = (  # (share of samples, median tokens, log-normal sigma)
-    (0.45, 650.0, 0.65),   # single-turn question and answer
+    (0.45, 650.0, 0.65),  # single-turn question and answer
     (0.40, 1900.0, 0.55),  # multi-turn threads
     (0.15, 4300.0, 0.50),  # long documents, code, transcripts
 )

@@ -79,8 +79,9 @@ def _seq_split(batch: np.ndarray, x: np.ndarray, packed: bool) -> tuple[np.ndarr
     return srt[:k], srt[k:]
 
 
-def split_to_multiple(batches: list[np.ndarray], x: np.ndarray, world_size: int, packed: bool,
-                      min_batches: int = 0) -> list[np.ndarray]:
+def split_to_multiple(
+    batches: list[np.ndarray], x: np.ndarray, world_size: int, packed: bool, min_batches: int = 0
+) -> list[np.ndarray]:
     """Make len(batches) a multiple of world_size (and at least ``min_batches``) by splitting batches
     in two, in place (halves adjacent).
 
@@ -91,8 +92,10 @@ def split_to_multiple(batches: list[np.ndarray], x: np.ndarray, world_size: int,
     target = max(len(batches), min_batches)
     need = target + (-target) % world_size - len(batches)
     if need and len(batches) + need > x.size:
-        raise ValueError(f"world_size={world_size} (min_batches={min_batches}) needs {len(batches) + need} batches "
-                         f"this epoch but there are only {x.size} samples; use fewer ranks or more data")
+        raise ValueError(
+            f"world_size={world_size} (min_batches={min_batches}) needs {len(batches) + need} batches "
+            f"this epoch but there are only {x.size} samples; use fewer ranks or more data"
+        )
     while need:
         cost = batch_tokens(x, batches, packed=packed)[1]
         sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
@@ -107,8 +110,9 @@ def split_to_multiple(batches: list[np.ndarray], x: np.ndarray, world_size: int,
     return batches
 
 
-def assign_ranks(batches: list[np.ndarray], x: np.ndarray, world_size: int, rng: np.random.Generator,
-                 packed: bool) -> list[list[np.ndarray]]:
+def assign_ranks(
+    batches: list[np.ndarray], x: np.ndarray, world_size: int, rng: np.random.Generator, packed: bool
+) -> list[list[np.ndarray]]:
     """Per rank, its batches in step order (see module doc). Requires len(batches) % world_size == 0."""
     if world_size == 1:
         return [batches]
@@ -136,7 +140,7 @@ def _bucketed(x, rng, spec, strategy):
     bounds = np.searchsorted(ids[by_bucket], np.arange(len(edges)))
     batches: list[np.ndarray] = []
     for k in range(len(edges) - 1):
-        members = by_bucket[bounds[k]:bounds[k + 1]]
+        members = by_bucket[bounds[k] : bounds[k + 1]]
         if members.size:
             batches.extend(greedy_batches(rng.permutation(members), x, spec.token_budget, spec.max_batch_size))
     return [batches[i] for i in rng.permutation(len(batches))]
@@ -225,11 +229,13 @@ def _packed(x, rng, spec, strategy):
     rows.extend(tail)
     return [np.asarray(r, dtype=np.int64) for r in rows]
 
+
 _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish": _sortish, "packed": _packed}
 
 
-def reference_plan_all(x: np.ndarray, *, strategy: Any, spec: Any, epoch: int, world_size: int,
-                       min_batches: int = 0) -> list[list[np.ndarray]]:
+def reference_plan_all(
+    x: np.ndarray, *, strategy: Any, spec: Any, epoch: int, world_size: int, min_batches: int = 0
+) -> list[list[np.ndarray]]:
     """Every rank's batches of one epoch, as ``plan_epoch_all`` computed them before issue 21."""
     x = np.asarray(x, dtype=np.int64)
     rng = np.random.default_rng(spec.seed + epoch)

@@ -32,8 +32,14 @@ lengths_st = st.lists(st.integers(1, 60), min_size=4, max_size=80).map(np.asarra
 
 
 @settings(max_examples=40, deadline=None)
-@given(x=lengths_st, k=st.integers(1, 4), budget=st.integers(60, 300), mbs=st.integers(1, 9),
-       ncand=st.integers(3, 12), objective=st.sampled_from(["greedy", MAX_PADDED]))
+@given(
+    x=lengths_st,
+    k=st.integers(1, 4),
+    budget=st.integers(60, 300),
+    mbs=st.integers(1, 9),
+    ncand=st.integers(3, 12),
+    objective=st.sampled_from(["greedy", MAX_PADDED]),
+)
 def test_dp_equals_brute_force_and_beats_coordinate_and_geometric(x, k, budget, mbs, ncand, objective):
     cand = candidate_values(x, ncand)
     if k - 1 > cand.size:
@@ -42,8 +48,9 @@ def test_dp_equals_brute_force_and_beats_coordinate_and_geometric(x, k, budget, 
     # the vectorised matrix equals the per-bucket model it stands for
     vv, cc = value_counts(x)
     for a, b in [(0, len(P) - 1), (0, 1), (len(P) - 2, len(P) - 1)]:
-        assert cost[a, b] == pytest.approx(bucket_computed(vv[P[a]:P[b]], cc[P[a]:P[b]], budget, mbs, objective),
-                                           rel=1e-9)
+        assert cost[a, b] == pytest.approx(
+            bucket_computed(vv[P[a] : P[b]], cc[P[a] : P[b]], budget, mbs, objective), rel=1e-9
+        )
     best, path = dp_partition(cost, k)
     assert best == pytest.approx(_brute_force(cost, k), rel=1e-12)
     assert len(path) == k + 1 and all(a < b for a, b in zip(path[:-1], path[1:]))
@@ -61,7 +68,7 @@ def test_cost_matrix_matches_direct_model_on_real_lengths():
         cost, P, _ = cost_matrix(x, cand, 16384, 64, objective)
         for a in range(0, len(P) - 1, 9):
             for b in range(a + 1, len(P), 11):
-                direct = bucket_computed(vv[P[a]:P[b]], cc[P[a]:P[b]], 16384, 64, objective)
+                direct = bucket_computed(vv[P[a] : P[b]], cc[P[a] : P[b]], 16384, 64, objective)
                 assert cost[a, b] == pytest.approx(direct, rel=1e-9)
 
 
@@ -78,12 +85,15 @@ def test_edges_contract_and_methods_on_small_data():
     assert b.predicted_efficiency == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(num_buckets=9), "distinct"),
-    (dict(method="kmeans"), "method"),
-    (dict(objective="nope"), "objective"),
-    (dict(token_budget=50), "token_budget"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(num_buckets=9), "distinct"),
+        (dict(method="kmeans"), "method"),
+        (dict(objective="nope"), "objective"),
+        (dict(token_budget=50), "token_budget"),
+    ],
+)
 def test_bad_input(kwargs, words):
     args = dict(num_buckets=2, token_budget=200, max_batch_size=4, method="dp")
     args.update(kwargs)

@@ -54,11 +54,14 @@ def test_relative_cost_is_the_costliest_ranks_per_step_over_the_cheapest_strateg
     assert by["random"]["relative_cost"] > 1.2  # padding costs tokens and attention
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(cost=3.0), "lenbatch.Cost"),
-    (dict(strategies=("sorted", "nope")), "choose among"),
-    (dict(token_budget=100), "longer than token_budget=100"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(cost=3.0), "lenbatch.Cost"),
+        (dict(strategies=("sorted", "nope")), "choose among"),
+        (dict(token_budget=100), "longer than token_budget=100"),
+    ],
+)
 def test_bad_input_is_named(kwargs, words):
     with pytest.raises(ValueError, match=words):
         lb.compare_strategies(X, **dict(KW, **kwargs))
@@ -73,11 +76,21 @@ def test_a_cost_refuses_negative_or_all_zero_coefficients():
 
 def test_the_command_prints_the_same_rows(tmp_path):
     np.save(tmp_path / "l.npy", X)
+
     def run(*a):
         return subprocess.run([sys.executable, "-m", "lenbatch", "compare", *a], capture_output=True, text=True)
 
-    out = run(str(tmp_path / "l.npy"), "--token-budget", "16384", "--max-batch-size=64", "--json",
-              "--per-token", "1", "--per-token-squared", "0.001")
+    out = run(
+        str(tmp_path / "l.npy"),
+        "--token-budget",
+        "16384",
+        "--max-batch-size=64",
+        "--json",
+        "--per-token",
+        "1",
+        "--per-token-squared",
+        "0.001",
+    )
     assert out.returncode == 0, out.stderr
     want = lb.compare_strategies(X, **KW, cost=lb.Cost(1, 0.001))
     assert json.loads(out.stdout) == json.loads(json.dumps(want))

@@ -20,16 +20,31 @@ def _within_cost(x, ranks, strategy, cost, cost_budget):
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=cases(), strategy=st.sampled_from(lb.STRATEGIES), world_size=st.integers(1, 6), epoch=st.integers(0, 2),
-       a=st.sampled_from([0.0, 1.0, 2.5]), b=st.sampled_from([0.0, 0.01, 0.3]), slack=st.floats(1.0, 6.0))
+@given(
+    case=cases(),
+    strategy=st.sampled_from(lb.STRATEGIES),
+    world_size=st.integers(1, 6),
+    epoch=st.integers(0, 2),
+    a=st.sampled_from([0.0, 1.0, 2.5]),
+    b=st.sampled_from([0.0, 0.01, 0.3]),
+    slack=st.floats(1.0, 6.0),
+)
 def test_cost_aware_plans_are_lossless_balanced_and_within_both_budgets(case, strategy, world_size, epoch, a, b, slack):
     x, budget, mbs, edges = case
     if a == b == 0:
         a = 1.0
     cost = lb.Cost(per_token=a, per_token_squared=b)
     cost_budget = float(cost.per_row(x.max())) * slack  # the longest sample alone always fits
-    kw = dict(strategy=strategy, epoch=epoch, seed=3, token_budget=budget, max_batch_size=mbs,
-              edges=edges if strategy == "bucketed" else None, cost=cost, cost_budget=cost_budget)
+    kw = dict(
+        strategy=strategy,
+        epoch=epoch,
+        seed=3,
+        token_budget=budget,
+        max_batch_size=mbs,
+        edges=edges if strategy == "bucketed" else None,
+        cost=cost,
+        cost_budget=cost_budget,
+    )
     try:
         ranks = lb.plan_epoch_all(x, world_size=world_size, **kw)
     except ValueError as err:

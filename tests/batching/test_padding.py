@@ -8,8 +8,18 @@ from _chat_lengths import chat_lengths
 from _core_real import real_lengths
 
 import lenbatch as lb
-from lenbatch.batching.padding import (budget_fill, composition_repeat, expected_max, greedy_batches, greedy_bucket_computed,
-                              greedy_starts, length_mixing, padding_efficiency, predict_bucketed, value_counts)
+from lenbatch.batching.padding import (
+    budget_fill,
+    composition_repeat,
+    expected_max,
+    greedy_batches,
+    greedy_bucket_computed,
+    greedy_starts,
+    length_mixing,
+    padding_efficiency,
+    predict_bucketed,
+    value_counts,
+)
 from lenbatch.batching.spec import BatchSpec
 from lenbatch.batching.strategies import plan_epoch_all
 
@@ -82,10 +92,13 @@ def test_length_mixing_extremes():
 
 def _mixing_data():
     rng = np.random.default_rng(7)
-    return {"uniform": rng.integers(16, 4097, 3000),
-            "lognormal": np.clip(rng.lognormal(6.0, 1.2, 3000).astype(np.int64) + 1, 1, 4096),
-            "bimodal": np.clip(np.concatenate([rng.normal(200, 50, 2000), rng.normal(3000, 300, 1000)]),
-                               1, 4096).astype(np.int64)}
+    return {
+        "uniform": rng.integers(16, 4097, 3000),
+        "lognormal": np.clip(rng.lognormal(6.0, 1.2, 3000).astype(np.int64) + 1, 1, 4096),
+        "bimodal": np.clip(np.concatenate([rng.normal(200, 50, 2000), rng.normal(3000, 300, 1000)]), 1, 4096).astype(
+            np.int64
+        ),
+    }
 
 
 def _tolerance(x, dof):
@@ -93,7 +106,7 @@ def _tolerance(x, dof):
     freedom: one pooled variance has relative variance (kurtosis - 1) / dof (that of a sample variance),
     so the ratio of two has about twice it."""
     z = (x - x.mean()) / x.std()
-    return 4 * np.sqrt(2 * (np.mean(z ** 4) - 1) / dof)
+    return 4 * np.sqrt(2 * (np.mean(z**4) - 1) / dof)
 
 
 @pytest.mark.parametrize("name", ["uniform", "lognormal", "bimodal"])
@@ -112,6 +125,7 @@ def test_length_mixing_without_reference_has_expectation_one_for_fixed_size_rand
 def test_length_mixing_is_zero_sorted_one_random_and_about_one_packed(name):
     x = _mixing_data()[name]
     spec = BatchSpec(token_budget=4 * 4096, max_batch_size=64, seed=0)
+
     def flat(strategy, epoch, s=spec):
         return [b for r in plan_epoch_all(x, strategy=strategy, epoch=epoch, spec=s) for b in r]
 

@@ -54,9 +54,16 @@ def _case(rng: np.random.Generator, n: int) -> dict:
     edges = np.unique(np.concatenate([[int(x.min())], rng.integers(int(x.min()), longest + 1, 3), [longest + 1]]))
     world = int(rng.integers(1, 9))
     dtype = rng.choice([np.int64, np.int32] + ([np.uint16] if x.max() < 2**16 else []))
-    return dict(x=x.astype(dtype), token_budget=budget, max_batch_size=mbs,
-                edges=tuple(int(e) for e in edges), packed_window=int(rng.choice([1, 2, 8, 33])), world_size=world,
-                min_batches=int(rng.choice([0, 0, world, n // 3 + 1, n])), seed=int(rng.integers(0, 1000)))
+    return dict(
+        x=x.astype(dtype),
+        token_budget=budget,
+        max_batch_size=mbs,
+        edges=tuple(int(e) for e in edges),
+        packed_window=int(rng.choice([1, 2, 8, 33])),
+        world_size=world,
+        min_batches=int(rng.choice([0, 0, world, n // 3 + 1, n])),
+        seed=int(rng.integers(0, 1000)),
+    )
 
 
 def _same(new: list, old: list) -> None:
@@ -69,12 +76,18 @@ def _same(new: list, old: list) -> None:
 
 
 def _compare(c: dict, strategy: str, epoch: int) -> None:
-    spec = BatchSpec(token_budget=c["token_budget"], max_batch_size=c["max_batch_size"], seed=c["seed"],
-                     packed_window=c["packed_window"], min_batches=c["min_batches"])
+    spec = BatchSpec(
+        token_budget=c["token_budget"],
+        max_batch_size=c["max_batch_size"],
+        seed=c["seed"],
+        packed_window=c["packed_window"],
+        min_batches=c["min_batches"],
+    )
     strategy = lb.Strategy.sharing(strategy, c["edges"])
     try:
-        old = ref.reference_plan_all(c["x"], strategy=strategy, spec=spec, epoch=epoch, world_size=c["world_size"],
-                                     min_batches=c["min_batches"])
+        old = ref.reference_plan_all(
+            c["x"], strategy=strategy, spec=spec, epoch=epoch, world_size=c["world_size"], min_batches=c["min_batches"]
+        )
     except ValueError as e:  # more ranks/min_batches than samples: the new planner refuses too
         with pytest.raises(ValueError, match="needs"):
             lb.plan_epoch_all(c["x"], strategy=strategy, epoch=epoch, world_size=c["world_size"], spec=spec)
@@ -83,7 +96,9 @@ def _compare(c: dict, strategy: str, epoch: int) -> None:
     new = lb.plan_epoch_all(c["x"], strategy=strategy, epoch=epoch, world_size=c["world_size"], spec=spec)
     _same(new, old)
     r = epoch % c["world_size"]
-    assert lb.plan_epoch(c["x"], strategy=strategy, epoch=epoch, rank=r, world_size=c["world_size"], spec=spec) == old[r]
+    assert (
+        lb.plan_epoch(c["x"], strategy=strategy, epoch=epoch, rank=r, world_size=c["world_size"], spec=spec) == old[r]
+    )
 
 
 @pytest.mark.parametrize("strategy", lb.STRATEGIES)
@@ -102,8 +117,16 @@ def test_large_cases_match_the_reference(strategy, path):
     reference's Python loops are most of it)."""
     x = chat_lengths(70_000, seed=3)
     for world, mbs, mb in ((1, 64, 0), (7, 64, 0), (8, 64, 9000)):
-        c = dict(x=x, token_budget=16384, max_batch_size=mbs, edges=(0, 770, 1216, 1728, 2432, 3296, 8192),
-                 packed_window=8, world_size=world, min_batches=mb, seed=5)
+        c = dict(
+            x=x,
+            token_budget=16384,
+            max_batch_size=mbs,
+            edges=(0, 770, 1216, 1728, 2432, 3296, 8192),
+            packed_window=8,
+            world_size=world,
+            min_batches=mb,
+            seed=5,
+        )
         _compare(c, strategy, epoch=1)
 
 

@@ -99,8 +99,12 @@ def test_first_fit_rows_match_between_paths(monkeypatch):
     for _ in range(40):
         n = int(rng.integers(1, 3000))
         x = rng.integers(1, 500, n)
-        kw = dict(token_budget=int(rng.choice([500, 1000, 4096])), max_batch_size=int(rng.choice([1, 2, 8, 64])),
-                  window=int(rng.choice([1, 2, 8, 33])), shortest=int(x.min()))
+        kw = dict(
+            token_budget=int(rng.choice([500, 1000, 4096])),
+            max_batch_size=int(rng.choice([1, 2, 8, 64])),
+            window=int(rng.choice([1, 2, 8, 33])),
+            shortest=int(x.min()),
+        )
         ids = rng.permutation(n).astype(np.int32)
         fast = scan.first_fit_rows(ids.copy(), x, **kw)
         monkeypatch.setenv("LENBATCH_NO_NUMBA", "1")
@@ -137,10 +141,12 @@ def test_a_small_plan_does_not_load_numba():
     import subprocess
     import sys
 
-    code = ("import sys, numpy as np, lenbatch as lb; x = np.random.default_rng(0).integers(65, 8192, 2000); "
-            "[lb.plan_epoch(x, strategy=s, token_budget=16384, max_batch_size=64, world_size=3, rank=1, "
-            "edges=(0, 2000, 9000) if s == 'bucketed' else None) for s in ('sorted', 'random', 'bucketed', 'packed')]; "
-            "print('numba' in sys.modules)")
+    code = (
+        "import sys, numpy as np, lenbatch as lb; x = np.random.default_rng(0).integers(65, 8192, 2000); "
+        "[lb.plan_epoch(x, strategy=s, token_budget=16384, max_batch_size=64, world_size=3, rank=1, "
+        "edges=(0, 2000, 9000) if s == 'bucketed' else None) for s in ('sorted', 'random', 'bucketed', 'packed')]; "
+        "print('numba' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

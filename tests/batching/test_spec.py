@@ -46,9 +46,15 @@ CALLS = {
 }
 
 
-@pytest.mark.parametrize("name, extra", [(n, e) for n in CALLS for e in ({"token_budget": 512}, {"seed": 3},
-                                                                          {"max_batch_size": 4})
-                                         if not (n == "optimize_boundaries" and "seed" in e)])  # takes no seed
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        (n, e)
+        for n in CALLS
+        for e in ({"token_budget": 512}, {"seed": 3}, {"max_batch_size": 4})
+        if not (n == "optimize_boundaries" and "seed" in e)
+    ],
+)  # takes no seed
 def test_spec_and_a_keyword_is_the_one_error(name, extra):
     with pytest.raises(ValueError, match=BOTH):
         CALLS[name](spec=SPEC, **extra)
@@ -76,9 +82,10 @@ def test_neither_is_the_one_error_and_both_ways_agree(name):
 
 def test_a_keyword_at_its_default_beside_a_spec_is_no_conflict():
     """seed=0, packed_window=8, min_batches=0 are the signatures' defaults: passing them with a spec is the spec."""
-    assert [p.tolist() for p in lb.plan_epoch(X, strategy="sorted", spec=SPEC, seed=0, packed_window=8, rank=0,
-                                              world_size=1)] == \
-        [p.tolist() for p in lb.plan_epoch(X, strategy="sorted", spec=SPEC, rank=0, world_size=1)]
+    assert [
+        p.tolist()
+        for p in lb.plan_epoch(X, strategy="sorted", spec=SPEC, seed=0, packed_window=8, rank=0, world_size=1)
+    ] == [p.tolist() for p in lb.plan_epoch(X, strategy="sorted", spec=SPEC, rank=0, world_size=1)]
     with pytest.raises(ValueError, match="spec must be a lenbatch.BatchSpec, got dict"):
         lb.plan_epoch(X, strategy="sorted", spec=dict(KW))
 
@@ -88,8 +95,10 @@ def test_collate_follows_the_same_rule():
         _collate(spec=SPEC, layout="padded", token_budget=512)
     with pytest.raises(ValueError, match="unknown batch layout None; pass layout="):
         _collate(spec=SPEC)  # the layout is the strategy's, never the spec's
-    assert _collate(spec=SPEC, layout="padded").input_ids.tolist() == _collate(
-        layout=lb.Strategy("sorted"), token_budget=512, max_batch_size=8).input_ids.tolist()
+    assert (
+        _collate(spec=SPEC, layout="padded").input_ids.tolist()
+        == _collate(layout=lb.Strategy("sorted"), token_budget=512, max_batch_size=8).input_ids.tolist()
+    )
 
 
 # --------------------------------------------------------------------------- the strategy owns name, edges, layout
@@ -98,8 +107,13 @@ def test_collate_follows_the_same_rule():
 def test_a_spec_holds_limits_and_randomness_only():
     import dataclasses
 
-    assert [f.name for f in dataclasses.fields(lb.BatchSpec)] == ["token_budget", "max_batch_size", "seed",
-                                                                 "packed_window", "min_batches"]
+    assert [f.name for f in dataclasses.fields(lb.BatchSpec)] == [
+        "token_budget",
+        "max_batch_size",
+        "seed",
+        "packed_window",
+        "min_batches",
+    ]
     with pytest.raises(TypeError):
         lb.BatchSpec(**KW, edges=EDGES)  # "bucketed with these edges" is said by the Strategy alone
     assert lb.Strategy("bucketed", EDGES).layout == "padded" and lb.Strategy("packed").packed
@@ -114,14 +128,18 @@ def test_a_name_with_edges_beside_it_is_the_strategy():
     assert a.fingerprint == b.fingerprint and a.edges == b.edges == EDGES and a.layout == "padded"
 
 
-@pytest.mark.parametrize("call", [
-    lambda: lb.plan_epoch(X, strategy=lb.Strategy("bucketed", EDGES), edges=EDGES, rank=0, world_size=1, **KW),
-    lambda: lb.plan_epoch_all(X, strategy=lb.Strategy("bucketed", EDGES), edges=EDGES, spec=SPEC),
-    lambda: _sampler_of(lb.Strategy("bucketed", EDGES), edges=EDGES),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: lb.plan_epoch(X, strategy=lb.Strategy("bucketed", EDGES), edges=EDGES, rank=0, world_size=1, **KW),
+        lambda: lb.plan_epoch_all(X, strategy=lb.Strategy("bucketed", EDGES), edges=EDGES, spec=SPEC),
+        lambda: _sampler_of(lb.Strategy("bucketed", EDGES), edges=EDGES),
+    ],
+)
 def test_edges_in_a_strategy_and_as_edges_is_refused_naming_the_fix(call):
-    with pytest.raises(ValueError, match="carries its own edges and edges= was given too; pass the edges once: "
-                                         "drop edges="):
+    with pytest.raises(
+        ValueError, match="carries its own edges and edges= was given too; pass the edges once: drop edges="
+    ):
         call()
 
 
@@ -148,16 +166,28 @@ def test_fits_and_cost_take_the_layout():
 
 # Digests of the sampler's fingerprint before the spec lost its edges and layout (commit e90e132): saved
 # sampler states carry them, so the same strategy, edges and limits must give these bytes forever.
-SAVED_FINGERPRINTS = {("bucketed", (0, 40, 80, 200), 0): "22576e583dea2f95", ("packed", None, 0): "c3bb2b816549c070",
-                      ("sorted", None, 7): "a7276402ab3354d9"}
+SAVED_FINGERPRINTS = {
+    ("bucketed", (0, 40, 80, 200), 0): "22576e583dea2f95",
+    ("packed", None, 0): "c3bb2b816549c070",
+    ("sorted", None, 7): "a7276402ab3354d9",
+}
 
 
 @pytest.mark.parametrize("key", SAVED_FINGERPRINTS)
 def test_the_fingerprint_of_saved_states_is_unchanged(key):
     strategy, edges, min_batches = key
     x = np.arange(1, 301) % 97 + 3
-    s = lb.LengthBatchSampler(x, strategy=strategy, edges=edges, token_budget=512, max_batch_size=8, seed=3,
-                              min_batches=min_batches, rank=0, world_size=1)
+    s = lb.LengthBatchSampler(
+        x,
+        strategy=strategy,
+        edges=edges,
+        token_budget=512,
+        max_batch_size=8,
+        seed=3,
+        min_batches=min_batches,
+        rank=0,
+        world_size=1,
+    )
     assert s.fingerprint == SAVED_FINGERPRINTS[key]
     spec = lb.BatchSpec(token_budget=512, max_batch_size=8, seed=3, min_batches=min_batches)
     assert spec.fingerprint(x, lb.Strategy(strategy, edges)) == SAVED_FINGERPRINTS[key]

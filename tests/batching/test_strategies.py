@@ -34,13 +34,24 @@ def cases(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=cases(), strategy=st.sampled_from(STRATEGIES), world_size=st.integers(1, 8), epoch=st.integers(0, 3),
-       window=st.integers(1, 4))
+@given(
+    case=cases(),
+    strategy=st.sampled_from(STRATEGIES),
+    world_size=st.integers(1, 8),
+    epoch=st.integers(0, 3),
+    window=st.integers(1, 4),
+)
 def test_plans_are_lossless_balanced_and_within_budget(case, strategy, world_size, epoch, window):
     x, budget, mbs, edges = case
-    kw = dict(strategy=strategy, epoch=epoch, seed=3, token_budget=budget, max_batch_size=mbs,
-              edges=edges if strategy == "bucketed" else None,
-              packed_window=window)
+    kw = dict(
+        strategy=strategy,
+        epoch=epoch,
+        seed=3,
+        token_budget=budget,
+        max_batch_size=mbs,
+        edges=edges if strategy == "bucketed" else None,
+        packed_window=window,
+    )
     try:
         ranks = plan_epoch_all(x, world_size=world_size, **kw)
     except ValueError as err:  # only when there are fewer samples than the batches the ranks need
@@ -58,8 +69,13 @@ def test_plans_are_lossless_balanced_and_within_budget(case, strategy, world_siz
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_new_epoch_new_composition(strategy):
     x = np.random.default_rng(5).integers(1, 400, size=600)
-    kw = dict(strategy=strategy, seed=0, token_budget=2048, max_batch_size=16,
-              edges=[0, 100, 250, 400] if strategy == "bucketed" else None)
+    kw = dict(
+        strategy=strategy,
+        seed=0,
+        token_budget=2048,
+        max_batch_size=16,
+        edges=[0, 100, 250, 400] if strategy == "bucketed" else None,
+    )
     e0, e1 = (plan_epoch(x, epoch=e, **kw) for e in (0, 1))
     rep = composition_repeat(e0, e1, x.size)
     if strategy == "sorted":
@@ -96,8 +112,11 @@ def test_world_size_splits_batches_instead_of_dropping():
         plan_epoch_all(x, strategy="sorted", token_budget=30, max_batch_size=8, world_size=4)
 
 
-@pytest.mark.parametrize("n,high,mbs", [(500, 100, 16), (37, 100, 16), (20_011, 5, 8), (90_000, 4096, 64)],
-                         ids=["500", "fewer-than-4-batches", "many-ties", "90k"])
+@pytest.mark.parametrize(
+    "n,high,mbs",
+    [(500, 100, 16), (37, 100, 16), (20_011, 5, 8), (90_000, 4096, 64)],
+    ids=["500", "fewer-than-4-batches", "many-ties", "90k"],
+)
 def test_sortish_is_transformers_order(n, high, mbs):
     """The numpy order equals transformers' own get_length_grouped_indices, index for index
     (one megabatch when n < 4 batches; ties; several megabatches and a partial last one)."""
@@ -122,14 +141,17 @@ def test_packed_fills_the_budget():
     assert budget_fill(x, rows, 49152, strategy="packed") >= 0.998
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(strategy="fifo"), "strategy"),
-    (dict(token_budget=5), "token_budget"),
-    (dict(strategy="bucketed", edges=None), "edges"),
-    (dict(strategy="bucketed", edges=[2, 50]), "cover"),
-    (dict(rank=2, world_size=2), "rank"),
-    (dict(max_batch_size=0), "max_batch_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(strategy="fifo"), "strategy"),
+        (dict(token_budget=5), "token_budget"),
+        (dict(strategy="bucketed", edges=None), "edges"),
+        (dict(strategy="bucketed", edges=[2, 50]), "cover"),
+        (dict(rank=2, world_size=2), "rank"),
+        (dict(max_batch_size=0), "max_batch_size"),
+    ],
+)
 def test_bad_input(kwargs, words):
     args = dict(strategy="random", token_budget=100, max_batch_size=4)
     args.update(kwargs)
@@ -146,9 +168,13 @@ def test_a_strategy_is_an_object_carrying_its_layout_and_edges():
 
     s = lb.Strategy("bucketed", edges=[0, 100, 1000])
     assert s.edges == (0, 100, 1000) and s.layout == "padded" and lb.Strategy("packed").layout == "packed"
-    for bad, match in ((dict(name="bucketed"), "needs edges"), (dict(name="sorted", edges=[0, 5]), "only used by"),
-                       (dict(name="shuffled"), "unknown"), (dict(name="bucketed", edges=[-5, 100, 2000]), "below 0"),
-                       (dict(name="bucketed", edges=[0, 100, 100]), "strictly increasing")):
+    for bad, match in (
+        (dict(name="bucketed"), "needs edges"),
+        (dict(name="sorted", edges=[0, 5]), "only used by"),
+        (dict(name="shuffled"), "unknown"),
+        (dict(name="bucketed", edges=[-5, 100, 2000]), "below 0"),
+        (dict(name="bucketed", edges=[0, 100, 100]), "strictly increasing"),
+    ):
         with pytest.raises(ValueError, match=match):
             lb.Strategy(**bad)
     assert lb.Strategy.sharing("sorted", (0, 100)).edges is None  # one boundaries file handed to every strategy

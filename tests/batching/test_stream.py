@@ -30,13 +30,24 @@ def cases(draw):
 
 
 @settings(max_examples=80, deadline=None)
-@given(case=cases(), strategy=st.sampled_from(STREAM_STRATEGIES), world_size=st.integers(1, 8),
-       epoch=st.integers(0, 3), buffer_size=st.integers(1, 40), window=st.integers(1, 4))
+@given(
+    case=cases(),
+    strategy=st.sampled_from(STREAM_STRATEGIES),
+    world_size=st.integers(1, 8),
+    epoch=st.integers(0, 3),
+    buffer_size=st.integers(1, 40),
+    window=st.integers(1, 4),
+)
 def test_stream_plans_are_lossless_balanced_and_within_budget(case, strategy, world_size, epoch, buffer_size, window):
     x, budget, mbs, edges = case
     spec = _spec(strategy, budget, mbs, window)
-    kw = dict(strategy=strategy, spec=spec, edges=edges if strategy == "bucketed" else None, buffer_size=buffer_size,
-              epoch=epoch)
+    kw = dict(
+        strategy=strategy,
+        spec=spec,
+        edges=edges if strategy == "bucketed" else None,
+        buffer_size=buffer_size,
+        epoch=epoch,
+    )
     try:
         ranks = plan_stream(x, world_size=world_size, **kw)
     except ValueError as err:  # only when the stream has fewer samples than the ranks need batches
@@ -70,12 +81,22 @@ def test_padding_is_within_a_point_of_the_in_memory_plan(strategy):
     budget, mbs = 16384, 64
     edges = lb.optimize_boundaries(x, 6, token_budget=budget, max_batch_size=mbs).edges
     e = edges if strategy == "bucketed" else None
-    stream = [b for r in plan_stream(x, strategy=strategy, spec=_spec(strategy, budget, mbs), edges=e, buffer_size=4096,
-                                     world_size=8) for b in r]
-    memory = [b for r in lb.plan_epoch_all(x, strategy=strategy, token_budget=budget, max_batch_size=mbs, edges=e,
-                                           world_size=8) for b in r]
-    for metric in (lambda b: lb.padding_efficiency(x, b, strategy=strategy),
-                   lambda b: lb.budget_fill(x, b, budget, strategy=strategy)):
+    stream = [
+        b
+        for r in plan_stream(
+            x, strategy=strategy, spec=_spec(strategy, budget, mbs), edges=e, buffer_size=4096, world_size=8
+        )
+        for b in r
+    ]
+    memory = [
+        b
+        for r in lb.plan_epoch_all(x, strategy=strategy, token_budget=budget, max_batch_size=mbs, edges=e, world_size=8)
+        for b in r
+    ]
+    for metric in (
+        lambda b: lb.padding_efficiency(x, b, strategy=strategy),
+        lambda b: lb.budget_fill(x, b, budget, strategy=strategy),
+    ):
         assert abs(metric(stream) - metric(memory)) < 0.01
     assert abs(len(stream) - len(memory)) <= 0.01 * len(memory)
 
@@ -90,8 +111,7 @@ def test_estimated_edges_cover_every_later_length_and_pad_like_given_edges():
     assert planner.edges[0] == 0 and planner.edges[-1] == 16385 and len(planner.edges) == 7
     batches = [b for s in planner.take_steps() for b in s]
     given_edges = lb.optimize_boundaries(x, 6, token_budget=16384, max_batch_size=64).edges
-    ref = plan_stream(x, strategy="bucketed", spec=_spec("bucketed", 16384, 64), edges=given_edges,
-                      buffer_size=2000)[0]
+    ref = plan_stream(x, strategy="bucketed", spec=_spec("bucketed", 16384, 64), edges=given_edges, buffer_size=2000)[0]
     assert lb.padding_efficiency(x, batches) > lb.padding_efficiency(x, ref) - 0.02
 
 

@@ -42,15 +42,25 @@ def torch_names(src: Path) -> set[str]:
 
 
 def test_every_torch_name_the_package_uses_was_reviewed_for_torch_2_11():
-    reviewed = {line.split("#")[0].strip() for line in (Path(__file__).parent / "torch_api.txt").read_text().splitlines()}
+    reviewed = {
+        line.split("#")[0].strip() for line in (Path(__file__).parent / "torch_api.txt").read_text().splitlines()
+    }
     reviewed.discard("")
     new = sorted(torch_names(ROOT / "src") - reviewed)
-    assert new == [], (f"torch names not yet reviewed for torch 2.11 (the GPU machine's): {new}; check each exists "
-                       "there, then add it to tests/benchmarks/torch_api.txt")
+    assert new == [], (
+        f"torch names not yet reviewed for torch 2.11 (the GPU machine's): {new}; check each exists "
+        "there, then add it to tests/benchmarks/torch_api.txt"
+    )
 
 
 def test_the_scan_sees_aliases_and_from_imports(tmp_path):
-    (tmp_path / "m.py").write_text("import torch\nimport torch.nn.functional as F\nfrom torch.cuda import memory\n"
-                                   "x = torch.cuda.current_stream()\ny = F.silu\nz = memory.stats\n")
-    assert torch_names(tmp_path) >= {"torch.cuda.current_stream", "torch.nn.functional.silu",
-                                     "torch.cuda.memory", "torch.cuda.memory.stats"}
+    (tmp_path / "m.py").write_text(
+        "import torch\nimport torch.nn.functional as F\nfrom torch.cuda import memory\n"
+        "x = torch.cuda.current_stream()\ny = F.silu\nz = memory.stats\n"
+    )
+    assert torch_names(tmp_path) >= {
+        "torch.cuda.current_stream",
+        "torch.nn.functional.silu",
+        "torch.cuda.memory",
+        "torch.cuda.memory.stats",
+    }

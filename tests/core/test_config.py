@@ -118,8 +118,9 @@ def test_schema_rejects_what_the_loader_rejects():
 
 
 def test_inline_json_merges_on_top_and_flags_override_last():
-    params = load_params(ROOT / "params.yaml", json.dumps({"boundaries": {"num_buckets": 8}}),
-                         overrides={"batching": {"seed": 3}})
+    params = load_params(
+        ROOT / "params.yaml", json.dumps({"boundaries": {"num_buckets": 8}}), overrides={"batching": {"seed": 3}}
+    )
     assert params.boundaries.num_buckets == 8 and params.batching.seed == 3
     assert params.data == Params().data
 
@@ -132,8 +133,11 @@ def test_the_workflow_form_alone_reads_no_file_and_checks_only_the_stage_s_keys(
     params = load_params(json.dumps(tiny))
     assert params.batching.token_budget == 2048 and params.boundaries.num_buckets == 3
     assert params.data == Params().data  # left out: the shipped values (= params.yaml's), never read by it
-    with pytest.raises(ValueError, match=r"data\.max_len \(4096\) exceeds batching\.token_budget \(2048\).*lower "
-                                         "max_len"):
+    with pytest.raises(
+        ValueError,
+        match=r"data\.max_len \(4096\) exceeds batching\.token_budget \(2048\).*lower "
+        "max_len",
+    ):
         load_params(json.dumps({**tiny, "data": {"max_len": 4096}}))
     with pytest.raises(ValueError, match=r"boundaries\.num_bucket in --params-json.*known keys"):
         load_params(json.dumps({"boundaries": {"num_bucket": 3}}))
@@ -144,10 +148,25 @@ def test_the_workflow_form_alone_reads_no_file_and_checks_only_the_stage_s_keys(
 def test_a_stage_run_by_the_workflow_form_reads_no_params_file(tmp_path):
     """`lenbatch stats --params-json ...` in a folder without params.yaml: the rule's keys reach the stage alone."""
     out = tmp_path / "stats"
-    proc = subprocess.run([sys.executable, "-m", "lenbatch_study", "stats", "--params-json",
-                           json.dumps({"stats": {"histogram_bins": 7}, "batching": {"seed": 0}}), "--seed-profile",
-                           "--seed-profile-size", "500", "--out", str(out)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "stats",
+            "--params-json",
+            json.dumps({"stats": {"histogram_bins": 7}, "batching": {"seed": 0}}),
+            "--seed-profile",
+            "--seed-profile-size",
+            "500",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((out / "params.json").read_text()) == {"stats": {"histogram_bins": 7}}
     assert not (tmp_path / "params.yaml").exists()
@@ -158,12 +177,16 @@ def test_params_cli_reports_a_bad_file(tmp_path):
     raw["stats"]["bins"] = 3
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "lenbatch_study", "params", "--params", str(bad)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lenbatch_study", "params", "--params", str(bad)], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "stats.bins" in proc.stderr and "histogram_bins" in proc.stderr
-    ok = subprocess.run([sys.executable, "-m", "lenbatch_study", "params", "--params", str(ROOT / "params.yaml")],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "lenbatch_study", "params", "--params", str(ROOT / "params.yaml")],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
 
 
@@ -184,8 +207,10 @@ def _dup_key(text: str) -> str:
     [
         (_dup_key, ["'num_buckets' is given twice", "keep one"]),
         (lambda t: t + "\nstats:\n  histogram_bins: 8\n", ["'stats' is given twice"]),
-        (lambda t: t.replace("holdout_fraction: 0.25", "holdout_fraction: 1.5"),
-         ["compare.holdout_fraction", "<= 0.9"]),
+        (
+            lambda t: t.replace("holdout_fraction: 0.25", "holdout_fraction: 1.5"),
+            ["compare.holdout_fraction", "<= 0.9"],
+        ),
         (lambda t: re.sub(r"\n  lr: [^ ]+", "\n  lr: .nan", t), ["drafter.lr", "finite"]),
         (lambda t: re.sub(r"\n  gamma: [^ ]+", "\n  gamma: .inf", t), ["drafter.gamma", "finite"]),
         (lambda t: re.sub(r"\n  holdout_fraction: [^\n]+", "", t), ["missing key", "compare.holdout_fraction"]),
@@ -217,8 +242,11 @@ def test_inline_params_refuse_a_key_given_twice():
 
 
 def test_the_workflow_config_check_refuses_ranges_and_non_finite_numbers():
-    for section, key, value in (("compare", "holdout_fraction", 1.5), ("drafter", "lr", float("nan")),
-                                ("profile", "max_point_seconds", float("inf"))):
+    for section, key, value in (
+        ("compare", "holdout_fraction", 1.5),
+        ("drafter", "lr", float("nan")),
+        ("profile", "max_point_seconds", float("inf")),
+    ):
         raw = _raw()
         raw[section][key] = value
         with pytest.raises(ValueError, match=f"{section}.{key}"):
@@ -229,20 +257,23 @@ def test_the_workflow_config_check_refuses_ranges_and_non_finite_numbers():
         params_from_dict(raw)
 
 
-@pytest.mark.parametrize("section, key, value, words", [
-    ("profile", "lengths", [128, 0], ["profile.lengths", "0 at [1]", ">= 1"]),
-    ("profile", "lengths", [-5], ["profile.lengths", "-5 at [0]"]),
-    ("profile", "batch_sizes", [0, 4], ["profile.batch_sizes", "0 at [0]"]),
-    ("profile", "packed_seqs", [0], ["profile.packed_seqs"]),
-    ("profile", "packed_lengths", [-1], ["profile.packed_lengths"]),
-    ("stats", "histogram_bins", 10**9, ["stats.histogram_bins", "<= 1000000"]),
-    ("batching", "max_batch_size", 10**12, ["batching.max_batch_size", "token_budget"]),
-    ("batching", "token_budget", 10**12, ["batching.token_budget", "<= 16777216"]),
-    # issue 48.5: these validated and then forked a million processes or planned for days
-    ("plans", "epochs", 1_000_000, ["plans.epochs", "<= 1000", "every epoch plans every strategy"]),
-    ("data", "workers", 1_000_000, ["data.workers", "<= 512", "its own tokenizer"]),
-    ("train", "nproc", 1_000_000, ["train.nproc", "<= 256", "spread a larger run over train.nodes"]),
-])
+@pytest.mark.parametrize(
+    "section, key, value, words",
+    [
+        ("profile", "lengths", [128, 0], ["profile.lengths", "0 at [1]", ">= 1"]),
+        ("profile", "lengths", [-5], ["profile.lengths", "-5 at [0]"]),
+        ("profile", "batch_sizes", [0, 4], ["profile.batch_sizes", "0 at [0]"]),
+        ("profile", "packed_seqs", [0], ["profile.packed_seqs"]),
+        ("profile", "packed_lengths", [-1], ["profile.packed_lengths"]),
+        ("stats", "histogram_bins", 10**9, ["stats.histogram_bins", "<= 1000000"]),
+        ("batching", "max_batch_size", 10**12, ["batching.max_batch_size", "token_budget"]),
+        ("batching", "token_budget", 10**12, ["batching.token_budget", "<= 16777216"]),
+        # issue 48.5: these validated and then forked a million processes or planned for days
+        ("plans", "epochs", 1_000_000, ["plans.epochs", "<= 1000", "every epoch plans every strategy"]),
+        ("data", "workers", 1_000_000, ["data.workers", "<= 512", "its own tokenizer"]),
+        ("train", "nproc", 1_000_000, ["train.nproc", "<= 256", "spread a larger run over train.nodes"]),
+    ],
+)
 def test_list_entries_and_huge_values_are_bounded_naming_the_setting(section, key, value, words):
     """Each of these passed the loader before and ended in a traceback or the OOM killer in its stage; the
     schema Snakemake checks states the same bounds."""
@@ -257,11 +288,14 @@ def test_list_entries_and_huge_values_are_bounded_naming_the_setting(section, ke
             jsonschema.validate(raw, yaml.safe_load(SCHEMA.read_text()))
 
 
-@pytest.mark.parametrize("strategies, words", [
-    (["random", "packed"], ["train.strategies lacks 'sorted'", "add sorted to the list"]),
-    (["sorted", "sorted"], ["train.strategies lists sorted more than once", "list each strategy once"]),
-    (["sorted", "packed", "random", "packed"], ["lists packed more than once"]),
-])
+@pytest.mark.parametrize(
+    "strategies, words",
+    [
+        (["random", "packed"], ["train.strategies lacks 'sorted'", "add sorted to the list"]),
+        (["sorted", "sorted"], ["train.strategies lists sorted more than once", "list each strategy once"]),
+        (["sorted", "packed", "random", "packed"], ["lists packed more than once"]),
+    ],
+)
 def test_a_strategy_list_without_sorted_or_with_duplicates_is_refused(strategies, words):
     """Issue 48.5: it passed `snakemake -n` and failed after profile and the trainings ran (then a reshape
     traceback); now the loader, hence `snakemake -n` and every stage, refuses it first."""
@@ -290,8 +324,9 @@ def test_params_yaml_describes_each_setting_with_its_declared_help():
         if m and section in schema:
             key, comment = m.groups()
             declared = schema[section]["properties"][key]["description"]
-            assert comment == declared or comment.startswith((declared + ";", declared + ".")), \
+            assert comment == declared or comment.startswith((declared + ";", declared + ".")), (
                 f"params.yaml {section}.{key}: comment {comment!r} is not its declared help {declared!r}"
+            )
             checked += 1
     assert checked >= 70, checked
 
@@ -299,8 +334,11 @@ def test_params_yaml_describes_each_setting_with_its_declared_help():
 def test_interleave_max_rounds_below_rounds_is_refused_by_name():
     from lenbatch_study.core.config import load_params
 
-    with pytest.raises(ValueError, match=r"interleave.max_rounds \(4\) is below interleave.rounds \(6\); set "
-                                         r"max_rounds >= rounds"):
+    with pytest.raises(
+        ValueError,
+        match=r"interleave.max_rounds \(4\) is below interleave.rounds \(6\); set "
+        r"max_rounds >= rounds",
+    ):
         load_params("params.yaml", '{"interleave": {"rounds": 6, "max_rounds": 4}}')
 
 
@@ -312,14 +350,17 @@ def test_the_study_params_hand_the_library_their_batching():
     import lenbatch as lb
     from lenbatch_study.runtime.schedule import build_schedule
 
-    params = load_params(ROOT / "params.yaml", '{"batching": {"token_budget": 512, "max_batch_size": 8, "seed": 3}, '
-                                               '"data": {"max_len": 512}}')
+    params = load_params(
+        ROOT / "params.yaml",
+        '{"batching": {"token_budget": 512, "max_batch_size": 8, "seed": 3}, "data": {"max_len": 512}}',
+    )
     spec = lb.BatchSpec(token_budget=512, max_batch_size=8, seed=3, packed_window=params.batching.packed_window)
     assert batch_spec(params) == spec
     x = np.random.default_rng(0).integers(5, 200, size=120)
     a = build_schedule(x, strategy="random", target_ranks=2, params=params, max_steps=5)
     b = build_schedule(x, strategy="random", target_ranks=2, spec=spec, max_steps=5)
     assert [s.indices.tolist() for s in a] == [s.indices.tolist() for s in b]
-    other = build_schedule(x, strategy="random", target_ranks=2, spec=lb.BatchSpec(token_budget=512, max_batch_size=8),
-                           max_steps=5)
+    other = build_schedule(
+        x, strategy="random", target_ranks=2, spec=lb.BatchSpec(token_budget=512, max_batch_size=8), max_steps=5
+    )
     assert [s.indices.tolist() for s in other] != [s.indices.tolist() for s in a]  # the seed travelled

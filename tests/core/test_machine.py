@@ -45,15 +45,18 @@ def test_the_fingerprint_describes_this_machine_and_another_process_gets_the_sam
     changed = {**fp, "cpu": {**fp["cpu"], "vector_isa": sorted(set(isa or []) | {"avx512f"})}}
     if changed["cpu"] != fp["cpu"]:
         assert machine.machine_id(changed) != fp["id"]
-        assert machine.differences(fp, changed) and all(d.startswith("cpu.vector_isa.")
-                                                         for d in machine.differences(fp, changed))
+        assert machine.differences(fp, changed) and all(
+            d.startswith("cpu.vector_isa.") for d in machine.differences(fp, changed)
+        )
     other = subprocess.run([sys.executable, "-c", PRINT_ID], capture_output=True, text=True, env=_env(), timeout=120)
     assert other.returncode == 0, other.stderr
     assert other.stdout.strip() == fp["id"]
 
 
-@pytest.mark.skipif(not FLA_PYTHON.exists(), reason="no .venv-fla (make install builds it: the same torch plus "
-                                                   "flash-linear-attention and triton)")
+@pytest.mark.skipif(
+    not FLA_PYTHON.exists(),
+    reason="no .venv-fla (make install builds it: the same torch plus flash-linear-attention and triton)",
+)
 def test_only_a_library_version_changing_gives_another_id():
     """The Makefile's .venv-fla runs on this machine with the same torch and transformers, plus triton and
     flash-linear-attention: the hardware fields agree, the versions do not, and so does not the id."""
@@ -96,11 +99,15 @@ def test_lenbatch_machine_writes_once_then_leaves_the_file_alone(tmp_path):
     assert json.loads((tmp_path / "machine.json").read_text())["id"] in first.stderr
 
 
-@pytest.mark.skipif(Path("/proc/driver/nvidia").exists() or Path("/dev/kfd").exists(),
-                    reason="a GPU driver is present: the fingerprint asks torch there")
+@pytest.mark.skipif(
+    Path("/proc/driver/nvidia").exists() or Path("/dev/kfd").exists(),
+    reason="a GPU driver is present: the fingerprint asks torch there",
+)
 def test_on_a_machine_without_a_gpu_driver_the_fingerprint_imports_no_torch():
-    code = ("import sys; from lenbatch_study.core import machine; fp = machine.fingerprint(); "
-            "print(fp['accelerator'], 'torch' in sys.modules)")
+    code = (
+        "import sys; from lenbatch_study.core import machine; fp = machine.fingerprint(); "
+        "print(fp['accelerator'], 'torch' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["None", "False"]
@@ -111,8 +118,10 @@ def test_differences_and_describe_name_the_fields():
     other = json.loads(json.dumps(fp))
     other["versions"]["torch"] = "2.11.0"
     other["cpu"]["usable_cores"] = 64
-    assert machine.differences(fp, other) == [f"cpu.usable_cores: {fp['cpu']['usable_cores']!r} -> 64",
-                                              f"versions.torch: {fp['versions']['torch']!r} -> '2.11.0'"]
+    assert machine.differences(fp, other) == [
+        f"cpu.usable_cores: {fp['cpu']['usable_cores']!r} -> 64",
+        f"versions.torch: {fp['versions']['torch']!r} -> '2.11.0'",
+    ]
     assert machine.differences(fp, fp) == []
     text = machine.describe(fp)
     assert fp["id"] in text and f"torch {fp['versions']['torch']}" in text and str(fp["cpu"]["model"]) in text
@@ -124,8 +133,11 @@ def test_changed_fields_names_every_differing_leaf_lists_included():
 
     a = {"model": {"dtype": "float32", "layers": [1, 2]}, "edges": None}
     b = {"model": {"dtype": "bfloat16", "layers": [1, 3, 4]}, "edges": None}
-    assert changed_fields(a, b) == ["model.dtype: 'float32' -> 'bfloat16'", "model.layers.1: 2 -> 3",
-                                    "model.layers.2: None -> 4"]
+    assert changed_fields(a, b) == [
+        "model.dtype: 'float32' -> 'bfloat16'",
+        "model.layers.1: 2 -> 3",
+        "model.layers.2: None -> 4",
+    ]
     assert changed_fields(a, a) == []
 
 

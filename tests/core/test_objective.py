@@ -26,13 +26,20 @@ STUDY_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
 
 def _brute_force(cost, k):
     last = cost.shape[0] - 1
-    return min(sum(cost[a, b] for a, b in zip(p[:-1], p[1:]))
-               for p in ((0, *inner, last) for inner in itertools.combinations(range(1, last), k - 1)))
+    return min(
+        sum(cost[a, b] for a, b in zip(p[:-1], p[1:]))
+        for p in ((0, *inner, last) for inner in itertools.combinations(range(1, last), k - 1))
+    )
 
 
 @settings(max_examples=30, deadline=None)
-@given(x=st.lists(st.integers(1, 60), min_size=4, max_size=80).map(np.asarray), k=st.integers(1, 4),
-       budget=st.integers(60, 300), mbs=st.integers(1, 9), ncand=st.integers(3, 12))
+@given(
+    x=st.lists(st.integers(1, 60), min_size=4, max_size=80).map(np.asarray),
+    k=st.integers(1, 4),
+    budget=st.integers(60, 300),
+    mbs=st.integers(1, 9),
+    ncand=st.integers(3, 12),
+)
 def test_the_study_matrix_is_its_bucket_model_and_dp_is_exact(x, k, budget, mbs, ncand):
     cand = candidate_values(x, ncand)
     if k - 1 > cand.size:
@@ -40,8 +47,9 @@ def test_the_study_matrix_is_its_bucket_model_and_dp_is_exact(x, k, budget, mbs,
     cost, P, _ = cost_matrix(x, cand, budget, mbs, STUDY)
     vv, cc = value_counts(x)
     for a, b in [(0, len(P) - 1), (0, 1), (len(P) - 2, len(P) - 1)]:
-        assert cost[a, b] == pytest.approx(bucket_computed(vv[P[a]:P[b]], cc[P[a]:P[b]], budget, mbs, STUDY),
-                                           rel=1e-9)
+        assert cost[a, b] == pytest.approx(
+            bucket_computed(vv[P[a] : P[b]], cc[P[a] : P[b]], budget, mbs, STUDY), rel=1e-9
+        )
     best, _ = dp_partition(cost, k)
     assert best == pytest.approx(_brute_force(cost, k), rel=1e-12)
 
@@ -53,7 +61,7 @@ def test_the_study_matrix_on_real_lengths():
     cost, P, _ = cost_matrix(x, cand, 16384, 64, STUDY)
     for a in range(0, len(P) - 1, 9):
         for b in range(a + 1, len(P), 11):
-            assert cost[a, b] == pytest.approx(STUDY.bucket(vv[P[a]:P[b]], cc[P[a]:P[b]], 16384, 64), rel=1e-9)
+            assert cost[a, b] == pytest.approx(STUDY.bucket(vv[P[a] : P[b]], cc[P[a] : P[b]], 16384, 64), rel=1e-9)
 
 
 def test_params_names_map_to_what_the_library_takes():
@@ -61,8 +69,9 @@ def test_params_names_map_to_what_the_library_takes():
     assert objective_named("greedy") == "greedy" and objective_named("study") is STUDY
     with pytest.raises(ValueError, match="boundaries.objective 'nope' unknown"):
         objective_named("nope")
-    b = optimize_boundaries(np.array([3, 5, 5, 8, 13, 21, 21, 34, 55, 89]), 3, token_budget=200, max_batch_size=4,
-                            objective=STUDY)
+    b = optimize_boundaries(
+        np.array([3, 5, 5, 8, 13, 21, 21, 34, 55, 89]), 3, token_budget=200, max_batch_size=4, objective=STUDY
+    )
     assert b.objective == "study"
 
 

@@ -25,9 +25,13 @@ def _loop(ds, column="input_ids") -> list[int]:
 def test_a_dataset_and_its_views_give_the_row_loops_lengths_in_row_order(tmp_path):
     ds = datasets.Dataset.from_dict({"input_ids": _rows(), "other": list(range(300))})
     assert lb.lengths_of(ds).tolist() == _loop(ds)
-    views = {"shuffle": ds.shuffle(seed=3), "select": ds.select([5, 2, 2, 299, 0]),
-             "filter": ds.filter(lambda r: len(r["input_ids"]) % 3 == 0), "contiguous": ds.select(range(17, 150)),
-             "shuffled filter": ds.shuffle(seed=1).filter(lambda r: len(r["input_ids"]) > 20)}
+    views = {
+        "shuffle": ds.shuffle(seed=3),
+        "select": ds.select([5, 2, 2, 299, 0]),
+        "filter": ds.filter(lambda r: len(r["input_ids"]) % 3 == 0),
+        "contiguous": ds.select(range(17, 150)),
+        "shuffled filter": ds.shuffle(seed=1).filter(lambda r: len(r["input_ids"]) > 20),
+    }
     for name, view in views.items():
         got = lb.lengths_of(view)
         assert got.tolist() == _loop(view), name
@@ -53,8 +57,7 @@ def test_pyarrow_inputs_int32_and_int64_offsets_sliced_chunked_and_parquet(tmp_p
     assert lb.lengths_of(pa.table({"input_ids": chunked})).tolist() == want
     fixed = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12)), 4)
     assert lb.lengths_of(fixed).tolist() == [4, 4, 4]
-    pq.write_table(pa.table({"input_ids": large, "x": pa.array(range(50))}), tmp_path / "t.parquet",
-                   row_group_size=16)
+    pq.write_table(pa.table({"input_ids": large, "x": pa.array(range(50))}), tmp_path / "t.parquet", row_group_size=16)
     assert lb.lengths_of(tmp_path / "t.parquet").tolist() == want
     assert lb.lengths_of(pa.array([3, 1, 2])).tolist() == [3, 1, 2]  # a column of lengths itself
 

@@ -105,32 +105,48 @@ def test_the_two_documented_differences_from_whole_string_encoding(qwen):
 def test_role_mapping_sharegpt_and_openai():
     for raw, role in ROLE_MAP.items():
         assert conversation_from_record({"conversations": [{"from": raw, "value": "x"}]}) == [(role, "x")]
-    record = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                           {"role": "assistant", "content": [{"type": "text", "text": "a"},
-                                                             {"type": "text", "text": "b"}]}]}
+    record = {
+        "messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        ]
+    }
     assert conversation_from_record(record) == [("system", "s"), ("user", "u"), ("assistant", "ab")]
     assert conversation_from_record({"conversations": []}) == []
     assert conversation_from_record({"prompt": "p", "completion": "c"}) == [("user", "p"), ("assistant", "c")]
-    pair = {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
-            "completion": [{"role": "assistant", "content": "a"}]}
+    pair = {
+        "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+        "completion": [{"role": "assistant", "content": "a"}],
+    }
     assert conversation_from_record(pair) == [("system", "s"), ("user", "u"), ("assistant", "a")]
 
 
-TOOL_CHAT = {"messages": [
-    {"role": "system", "content": "You can look up the weather."},
-    {"role": "user", "content": "Weather in Paris and Rome?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}},
-        {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": {"city": "Rome"}}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": "18 C, sunny"},
-    {"role": "tool", "tool_call_id": "c2", "content": "24 C, clear"},
-    {"role": "assistant", "content": "Paris 18 C and sunny; Rome 24 C and clear."}]}
+TOOL_CHAT = {
+    "messages": [
+        {"role": "system", "content": "You can look up the weather."},
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}},
+                {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": {"city": "Rome"}}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "18 C, sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "24 C, clear"},
+        {"role": "assistant", "content": "Paris 18 C and sunny; Rome 24 C and clear."},
+    ]
+}
 
 
 # What the Qwen3.5/3.6 chat template writes for TOOL_CHAT's call turn and results (its tool-call and tool-result
 # branches; the embedded tokenizer carries no template to render them with, so they are written out here)
-QWEN35_CALLS = ("<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n"
-                "<tool_call>\n<function=weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>")
+QWEN35_CALLS = (
+    "<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n"
+    "<tool_call>\n<function=weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"
+)
 QWEN35_RESULTS = "<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n24 C, clear\n</tool_response>"
 
 
@@ -141,56 +157,105 @@ def test_tool_use_is_kept_in_the_context_and_left_out_of_the_loss(qwen):
     learned."""
     turns = conversation_from_record(TOOL_CHAT)
     assert turns[2] == ("assistant", "", QWEN35_CALLS)
-    assert chatml_text(turns[2:4]) == (f"{IM_START}assistant\n{QWEN35_CALLS}{IM_END}\n"
-                                       f"{IM_START}user\n{QWEN35_RESULTS}{IM_END}\n")
-    assert turns[3] == ("user", "<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n24 C, clear\n"
-                                "</tool_response>")
+    assert chatml_text(turns[2:4]) == (
+        f"{IM_START}assistant\n{QWEN35_CALLS}{IM_END}\n{IM_START}user\n{QWEN35_RESULTS}{IM_END}\n"
+    )
+    assert turns[3] == (
+        "user",
+        "<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n24 C, clear\n</tool_response>",
+    )
     assert len(turns) == 5
     ids, mask = ChatEncoder(qwen).encode(turns)
     ids, mask = np.asarray(ids), np.asarray(mask)
     text = qwen.decode(ids)
     assert text == chatml_text(turns) and "<parameter=city>\nRome\n" in text and "24 C, clear" in text
     assert qwen.decode(ids[mask == 1]) == IM_END + "Paris 18 C and sunny; Rome 24 C and clear." + IM_END
-    sharegpt = {"conversations": [{"from": "human", "value": "hi"}, {"from": "observation", "value": "{}"},
-                                  {"from": "gpt", "value": "ok"}]}
+    sharegpt = {
+        "conversations": [
+            {"from": "human", "value": "hi"},
+            {"from": "observation", "value": "{}"},
+            {"from": "gpt", "value": "ok"},
+        ]
+    }
     assert conversation_from_record(sharegpt)[1] == ("user", "<tool_response>\n{}\n</tool_response>")
 
 
 def test_a_call_after_content_and_every_kind_of_argument_value_are_written_as_the_template_writes_them():
     """Content, then a blank line, then the call; a string argument as is, an object or list as JSON, a number or
     boolean as Python writes it (the template's tojson and |string)."""
-    record = {"messages": [{"role": "assistant", "content": "Let me check.", "tool_calls": [
-        {"function": {"name": "f", "arguments": {"q": "a b", "opts": {"k": [1, "é"]}, "n": 3, "ok": True}}},
-        {"function": {"name": "g", "arguments": ""}}]}]}
+    record = {
+        "messages": [
+            {
+                "role": "assistant",
+                "content": "Let me check.",
+                "tool_calls": [
+                    {"function": {"name": "f", "arguments": {"q": "a b", "opts": {"k": [1, "é"]}, "n": 3, "ok": True}}},
+                    {"function": {"name": "g", "arguments": ""}},
+                ],
+            }
+        ]
+    }
     (turn,) = conversation_from_record(record)
-    assert turn == ("assistant", "Let me check.",
-                    '\n\n<tool_call>\n<function=f>\n<parameter=q>\na b\n</parameter>\n<parameter=opts>\n'
-                    '{"k": [1, "é"]}\n</parameter>\n<parameter=n>\n3\n</parameter>\n<parameter=ok>\nTrue\n'
-                    '</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n</function>\n</tool_call>')
+    assert turn == (
+        "assistant",
+        "Let me check.",
+        "\n\n<tool_call>\n<function=f>\n<parameter=q>\na b\n</parameter>\n<parameter=opts>\n"
+        '{"k": [1, "é"]}\n</parameter>\n<parameter=n>\n3\n</parameter>\n<parameter=ok>\nTrue\n'
+        "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n</function>\n</tool_call>",
+    )
 
 
-@pytest.mark.parametrize("record, reason, words", [
-    ({"conversations": [{"from": "robot", "value": "x"}]}, "unknown_role", "'robot'"),
-    ({"messages": [{"role": "critic", "content": "x"}]}, "unknown_role", "'critic'"),
-    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}]},
-     "bad_tool_call", "no function name"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]},
-     "bad_tool_call", "only an assistant"),
-    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
-                                                                                      "arguments": "{not json"}}]}]},
-     "bad_tool_call", "not JSON"),
-    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
-                                                                                      "arguments": "[1, 2]"}}]}]},
-     "bad_tool_call", "not an object of named arguments"),
-    ({"text": "hello"}, "no_schema", "has none of"),
-    ({"prompt": "p", "completion": [{"role": "assistant", "content": "a"}]}, "no_schema", "must both be strings"),
-    ([1, 2], "no_schema", "list"),
-    ({"conversations": [{"from": "human"}]}, "no_schema", "conversations[0]"),
-    ({"conversations": "hi"}, "no_schema", "not a list"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "non_text_content", "non-text"),
-    ({"messages": [{"role": "user", "content": None}]}, "non_text_content", "NoneType"),
-    ({"conversations": [{"from": "gpt", "value": "bad \ud83d pair"}]}, "bad_text", "does not decode"),
-])
+@pytest.mark.parametrize(
+    "record, reason, words",
+    [
+        ({"conversations": [{"from": "robot", "value": "x"}]}, "unknown_role", "'robot'"),
+        ({"messages": [{"role": "critic", "content": "x"}]}, "unknown_role", "'critic'"),
+        (
+            {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}]},
+            "bad_tool_call",
+            "no function name",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]},
+            "bad_tool_call",
+            "only an assistant",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}],
+                    }
+                ]
+            },
+            "bad_tool_call",
+            "not JSON",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"function": {"name": "f", "arguments": "[1, 2]"}}],
+                    }
+                ]
+            },
+            "bad_tool_call",
+            "not an object of named arguments",
+        ),
+        ({"text": "hello"}, "no_schema", "has none of"),
+        ({"prompt": "p", "completion": [{"role": "assistant", "content": "a"}]}, "no_schema", "must both be strings"),
+        ([1, 2], "no_schema", "list"),
+        ({"conversations": [{"from": "human"}]}, "no_schema", "conversations[0]"),
+        ({"conversations": "hi"}, "no_schema", "not a list"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "non_text_content", "non-text"),
+        ({"messages": [{"role": "user", "content": None}]}, "non_text_content", "NoneType"),
+        ({"conversations": [{"from": "gpt", "value": "bad \ud83d pair"}]}, "bad_text", "does not decode"),
+    ],
+)
 def test_bad_records_name_the_reason(record, reason, words):
     with pytest.raises(BadRecord) as info:
         conversation_from_record(record)
@@ -231,7 +296,8 @@ def test_local_hugging_face_tokenizer_directory(tmp_path, real_conversations):
         ids, mask = enc.encode(turns)
         assert tok.decode(ids) == chatml_text(turns)
         assert tok.decode(np.asarray(ids)[np.asarray(mask) == 1]) == "".join(
-            c + IM_END for r, c in turns if r == "assistant")
+            c + IM_END for r, c in turns if r == "assistant"
+        )
         assert ids.count(tok.im_end_id) == len(turns)
 
 

@@ -13,12 +13,30 @@ from lenbatch_study.corpus.sources import SourceReport, iter_json_records, iter_
 REPO = Path(__file__).resolve().parents[2]
 
 RECORDS = [
-    {"id": "a_0", "conversations": [{"from": "human", "value": "Hi \"there\" \\ caf\u00e9"},
-                                    {"from": "gpt", "value": "Hello \U0001F600 \u4f60\u597d"}]},
-    {"id": "b_0", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "2+2"},
-                                    {"from": "gpt", "value": "4"}], "score": 12.5},
-    {"id": "c_0", "messages": [{"role": "user", "content": "tab\there\nnewline"},
-                               {"role": "assistant", "content": "null true false 0"}], "ok": True},
+    {
+        "id": "a_0",
+        "conversations": [
+            {"from": "human", "value": 'Hi "there" \\ caf\u00e9'},
+            {"from": "gpt", "value": "Hello \U0001f600 \u4f60\u597d"},
+        ],
+    },
+    {
+        "id": "b_0",
+        "conversations": [
+            {"from": "system", "value": "be brief"},
+            {"from": "human", "value": "2+2"},
+            {"from": "gpt", "value": "4"},
+        ],
+        "score": 12.5,
+    },
+    {
+        "id": "c_0",
+        "messages": [
+            {"role": "user", "content": "tab\there\nnewline"},
+            {"role": "assistant", "content": "null true false 0"},
+        ],
+        "ok": True,
+    },
     {"id": "d_0", "conversations": []},
 ]
 
@@ -74,8 +92,11 @@ def test_every_cut_recovers_exactly_the_complete_records(tmp_path, kind):
             if report.cut_off:
                 assert report.bytes_left_over == cut - last, (cut, chunk_bytes)
                 # recovery is explicit: without allow_truncated a cut file is an error with the counts
-                with pytest.raises(ValueError, match=rf"is cut off.*\({complete} complete records, {cut - last} "
-                                   r"bytes left over\); pass --allow-truncated"):
+                with pytest.raises(
+                    ValueError,
+                    match=rf"is cut off.*\({complete} complete records, {cut - last} "
+                    r"bytes left over\); pass --allow-truncated",
+                ):
                     _read(path, chunk_bytes, allow_truncated=False)
             else:
                 assert report.bytes_left_over == 0
@@ -85,10 +106,10 @@ def test_every_cut_recovers_exactly_the_complete_records(tmp_path, kind):
 def test_jsonl_cut_between_lines_is_complete_and_inside_a_line_is_cut(tmp_path):
     data, ends = _jsonl_bytes()
     path = tmp_path / "x.jsonl"
-    path.write_bytes(data[:ends[1] + 1])
+    path.write_bytes(data[: ends[1] + 1])
     records, report = _read(path, 1 << 20)
     assert records == RECORDS[:2] and not report.cut_off and report.bytes_left_over == 0
-    path.write_bytes(data[:ends[1] + 5])
+    path.write_bytes(data[: ends[1] + 5])
     records, report = _read(path, 1 << 20)
     assert records == RECORDS[:2] and report.cut_off and report.bytes_left_over == 5
 
@@ -101,13 +122,13 @@ def test_the_real_sharegpt_file_is_cut_off_and_every_complete_record_is_recovere
     assert report.format == "json_array" and report.read_to_end and report.cut_off
     assert n == report.records_read == report.to_dict()["records_recovered_from_cut_off_file"]
     # The bytes left over start right after a record's closing brace and hold no complete record.
-    tail = data[len(data) - report.bytes_left_over:]
-    assert data[len(data) - report.bytes_left_over - 1:][:1] == b"}"
+    tail = data[len(data) - report.bytes_left_over :]
+    assert data[len(data) - report.bytes_left_over - 1 :][:1] == b"}"
     assert tail.lstrip().startswith(b",") and tail.count(b'"id"') == 1
     # The file as a whole is not valid JSON; with the tail replaced by "]" it is, with the same records.
     with pytest.raises(json.JSONDecodeError):
         json.loads(data)
-    assert len(json.loads(data[:len(data) - report.bytes_left_over] + b"]")) == n
+    assert len(json.loads(data[: len(data) - report.bytes_left_over] + b"]")) == n
 
 
 @pytest.mark.parametrize("kind", ["array", "jsonl"])
@@ -116,7 +137,7 @@ def test_a_typo_in_the_last_record_of_a_closed_file_is_an_error_not_a_cut(tmp_pa
     (it used to be dropped as "file cut off, N bytes left over")."""
     data = _array_bytes(True)[0] if kind == "array" else _jsonl_bytes()[0]
     last = data.rindex(b'"ok"')
-    broken = data[:last] + b'"ok" true' + data[last + len(b'"ok": true'):]  # missing ':' in the last record
+    broken = data[:last] + b'"ok" true' + data[last + len(b'"ok": true') :]  # missing ':' in the last record
     assert broken != data and broken.rstrip().endswith(b"]" if kind == "array" else b"}")
     path = tmp_path / "typo.json"
     path.write_bytes(broken)
@@ -142,8 +163,8 @@ def test_a_closed_file_whose_last_record_breaks_at_its_end_is_an_error_naming_re
         data, ends = _jsonl_bytes()
         data += b'{"id": "e_0", "conversations": []}\n'
     brace = ends[3] - 1
-    assert data[brace:brace + 1] == b"}"
-    broken = data[:brace] + data[brace + 1:]
+    assert data[brace : brace + 1] == b"}"
+    broken = data[:brace] + data[brace + 1 :]
     record_start = data.rindex(b"{", 0, data.index(b'"d_0"'))
     breaks_at = len(broken.rstrip()) - 1 if kind == "array" else broken.rindex(b"{")
     path = tmp_path / "closed.json"
@@ -151,23 +172,45 @@ def test_a_closed_file_whose_last_record_breaks_at_its_end_is_an_error_naming_re
     closing = "]" if kind == "array" else "}"
     for allow in (False, True):
         for chunk_bytes in (7, 1 << 20):  # tiny chunks: the buffer is rebased while the last record is decoded
-            with pytest.raises(ValueError, match=rf"closed\.json: invalid JSON in record 4 \(starting at byte "
-                               rf"{record_start}\): .* at byte {breaks_at}; the file ends with its closing "
-                               rf"'\{closing}', so this is a malformed record, not a cut"):
+            with pytest.raises(
+                ValueError,
+                match=rf"closed\.json: invalid JSON in record 4 \(starting at byte "
+                rf"{record_start}\): .* at byte {breaks_at}; the file ends with its closing "
+                rf"'\{closing}', so this is a malformed record, not a cut",
+            ):
                 _read(path, chunk_bytes, allow_truncated=allow)
     # through the command line with the flag: exit 2 with the same words, nothing written
     from lenbatch_study.cli import main as cli_main
 
     out = tmp_path / "out"
-    assert cli_main(["tokenize", "--params", str(REPO / "params.yaml"), "--source", str(path), "--allow-truncated",
-                     "--no-progress", "--workers", "1", "--out", str(out)]) == 2
+    assert (
+        cli_main(
+            [
+                "tokenize",
+                "--params",
+                str(REPO / "params.yaml"),
+                "--source",
+                str(path),
+                "--allow-truncated",
+                "--no-progress",
+                "--workers",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert not out.exists()
 
 
 def test_the_real_sharegpt_file_needs_allow_truncated(tmp_path):
     path, fmt = resolve_source("sharegpt")
-    with pytest.raises(ValueError, match=r"is cut off.*complete records, \d+ bytes left over\); pass "
-                       "--allow-truncated"):
+    with pytest.raises(
+        ValueError,
+        match=r"is cut off.*complete records, \d+ bytes left over\); pass "
+        "--allow-truncated",
+    ):
         sum(1 for _ in iter_records(path, fmt, SourceReport(str(path), fmt)))
 
 
@@ -217,12 +260,15 @@ def test_invalid_json_before_the_end_names_record_and_byte(tmp_path):
         _read(path, 1 << 20)
 
 
-@pytest.mark.parametrize("content, words", [
-    (b"", "is empty"),
-    (b"   \n", "is empty"),
-    (b"hello, not json", "is not JSON or JSONL: it starts with 'hello"),
-    (b"\x89PNG\r\n\x1a\n....", "is not JSON or JSONL"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"", "is empty"),
+        (b"   \n", "is empty"),
+        (b"hello, not json", "is not JSON or JSONL: it starts with 'hello"),
+        (b"\x89PNG\r\n\x1a\n....", "is not JSON or JSONL"),
+    ],
+)
 def test_not_json_at_all(tmp_path, content, words):
     path = tmp_path / "data.json"
     path.write_bytes(content)

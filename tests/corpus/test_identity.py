@@ -54,8 +54,21 @@ def test_the_source_stage_says_how_a_temp_experiment_finds_the_file(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "lenbatch_study", "source", "--params", str(repo / "params.yaml"),
-                           '{"data": {"source": "data/absent.jsonl"}}', "--out", str(tmp_path / "source")],
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "source",
+            "--params",
+            str(repo / "params.yaml"),
+            '{"data": {"source": "data/absent.jsonl"}}',
+            "--out",
+            str(tmp_path / "source"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and "dvc add data/absent.jsonl" in proc.stderr, proc.stderr
     assert not (tmp_path / "source").exists()

@@ -31,21 +31,29 @@ def _tokenize(capsys, source: Path, out: Path, *args: str) -> tuple[int, str]:
 
 
 def _outputs(out: Path) -> tuple[datasets.Dataset, np.ndarray, dict]:
-    return datasets.load_from_disk(str(out / "dataset")), np.load(out / "lengths.npy"), \
-        json.loads((out / "stats.json").read_text())
+    return (
+        datasets.load_from_disk(str(out / "dataset")),
+        np.load(out / "lengths.npy"),
+        json.loads((out / "stats.json").read_text()),
+    )
 
 
 def test_a_save_to_disk_folder_with_input_ids_and_loss_mask_skips_the_tokenizer(tmp_path, capsys):
     datasets.Dataset.from_dict({"input_ids": IDS, "loss_mask": MASK, "text": ["x"] * 5}).save_to_disk(
-        str(tmp_path / "src"))
+        str(tmp_path / "src")
+    )
     rc, err = _tokenize(capsys, tmp_path / "src", tmp_path / "out", "--max-len", "16")
     assert rc == 0, err
     ds, lengths, stats = _outputs(tmp_path / "out")
     assert stats["input"] == "pre-tokenized" and stats["loss_mask"]["column"] == "loss_mask"
     assert stats["tokenizer"] is None
     # row 0 cut to 16 (its trained tokens 10..15 survive), row 2 empty, row 3 untrainable
-    assert stats["dropped"] == {"empty_conversation": 1, "no_assistant_turn": 1, "too_long": 0,
-                                "no_assistant_tokens_after_truncation": 0}
+    assert stats["dropped"] == {
+        "empty_conversation": 1,
+        "no_assistant_turn": 1,
+        "too_long": 0,
+        "no_assistant_tokens_after_truncation": 0,
+    }
     assert stats["truncated"] == 1 and stats["records_read"] == 5 and stats["samples"] == 3
     assert ds["input_ids"] == [IDS[0][:16], IDS[1], IDS[4]]
     assert ds["loss_mask"] == [MASK[0][:16], MASK[1], MASK[4]]
@@ -69,8 +77,9 @@ def test_a_save_to_disk_folder_with_input_ids_and_loss_mask_skips_the_tokenizer(
 
 def test_parquet_without_a_mask_trains_every_token_and_labels_work_as_a_mask(tmp_path, capsys):
     keep = [r for r in IDS if r]
-    pq.write_table(pa.table({"input_ids": pa.array(keep, type=pa.list_(pa.int64()))}), tmp_path / "ids.parquet",
-                   row_group_size=2)
+    pq.write_table(
+        pa.table({"input_ids": pa.array(keep, type=pa.list_(pa.int64()))}), tmp_path / "ids.parquet", row_group_size=2
+    )
     rc, err = _tokenize(capsys, tmp_path / "ids.parquet", tmp_path / "out", "--max-len", "4096")
     assert rc == 0, err
     ds, lengths, stats = _outputs(tmp_path / "out")

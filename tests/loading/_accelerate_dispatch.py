@@ -13,10 +13,14 @@ import lenbatch as lb
 accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
 lengths = np.random.default_rng(0).integers(8, 200, size=200)
 try:
-    sampler = lb.LengthBatchSampler(lengths, strategy="packed", token_budget=1024, max_batch_size=16,
-                                    accelerator=accelerator)
-    loader = torch.utils.data.DataLoader([{"input_ids": [1] * int(n)} for n in lengths], batch_sampler=sampler,
-                                         collate_fn=lambda b: lb.collate_packed(b).model_inputs())
+    sampler = lb.LengthBatchSampler(
+        lengths, strategy="packed", token_budget=1024, max_batch_size=16, accelerator=accelerator
+    )
+    loader = torch.utils.data.DataLoader(
+        [{"input_ids": [1] * int(n)} for n in lengths],
+        batch_sampler=sampler,
+        collate_fn=lambda b: lb.collate_packed(b).model_inputs(),
+    )
     loader = accelerator.prepare(loader)
     for batch in loader:
         pass

@@ -42,7 +42,16 @@ except Crash:
 model = accelerator.unwrap_model(ns["model"])
 flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 with open(f"{out_prefix}{accelerator.process_index}.json", "w") as f:
-    json.dump({"world": accelerator.num_processes, "rank": sampler.rank, "sampler_world": sampler.world_size,
-               "len_loader": len(ns["loader"]), "len_plan": len(sampler.plan()), "seen": seen,
-               "weights": flat.tolist()}, f)
+    json.dump(
+        {
+            "world": accelerator.num_processes,
+            "rank": sampler.rank,
+            "sampler_world": sampler.world_size,
+            "len_loader": len(ns["loader"]),
+            "len_plan": len(sampler.plan()),
+            "seen": seen,
+            "weights": flat.tolist(),
+        },
+        f,
+    )
 accelerator.end_training()

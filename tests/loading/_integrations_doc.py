@@ -10,7 +10,7 @@ def section_blocks(title: str) -> list[str]:
     text = DOC.read_text()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 5)
-    return re.findall(r"```python\n(.*?)```", text[start:end if end >= 0 else len(text)], flags=re.S)
+    return re.findall(r"```python\n(.*?)```", text[start : end if end >= 0 else len(text)], flags=re.S)
 
 
 def free_port() -> int:

@@ -42,6 +42,15 @@ loader = trainer.train_dataloader
 sampler = loader.batch_sampler
 flat = torch.cat([p.detach().flatten() for p in trainer.lightning_module.parameters()])
 with open(f"{out_prefix}{trainer.global_rank}.json", "w") as f:
-    json.dump({"world": trainer.world_size, "sampler_world": sampler.world_size, "len_loader": len(loader),
-               "len_plan": len(sampler.plan()), "min_batches": sampler.min_batches, "seen": seen,
-               "weights": flat.tolist()}, f)
+    json.dump(
+        {
+            "world": trainer.world_size,
+            "sampler_world": sampler.world_size,
+            "len_loader": len(loader),
+            "len_plan": len(sampler.plan()),
+            "min_batches": sampler.min_batches,
+            "seen": seen,
+            "weights": flat.tolist(),
+        },
+        f,
+    )

@@ -55,13 +55,16 @@ class Recording(LengthBatchMixin, SFTTrainer):
         ref_labels = _per_sample(ref, "labels")
         # padded: identical; packed: also identical except the first label of every sequence, which no token
         # predicts in either layout (the loss shifts labels by one), and which the packed row sets to -100
-        same = all(torch.equal(a[1:], b[1:]) and (a[0] == -100 or torch.equal(a[:1], b[:1]))
-                   for a, b in zip(ours_labels, ref_labels))
+        same = all(
+            torch.equal(a[1:], b[1:]) and (a[0] == -100 or torch.equal(a[:1], b[:1]))
+            for a, b in zip(ours_labels, ref_labels)
+        )
         with torch.no_grad():
             ours = SFTTrainer.compute_loss(self, model, dict(inputs))
             theirs = SFTTrainer.compute_loss(self, model, dict(ref))
-        self.loss_pairs.append([float(ours), float(theirs), bool(same),
-                                int(sum(int((lab[1:] != -100).sum()) for lab in ours_labels))])
+        self.loss_pairs.append(
+            [float(ours), float(theirs), bool(same), int(sum(int((lab[1:] != -100).sum()) for lab in ours_labels))]
+        )
 
 
 def _per_sample(inputs, key):
@@ -73,12 +76,30 @@ def _per_sample(inputs, key):
 
 
 def run(out, strategy, fmt, resume=None, save_mid_epoch_1=False, check_loss=False):
-    args = SFTConfig(output_dir=str(out / "ckpt"), num_train_epochs=2, learning_rate=1e-3, use_cpu=True,
-                     report_to="none", disable_tqdm=True, logging_steps=1000, save_strategy="steps",
-                     save_steps=10**6, seed=5, dataloader_num_workers=0, assistant_only_loss=fmt == "messages")
-    tr = Recording(model=tiny_qwen2(len(tok)), args=args, train_dataset=Dataset.from_list(conversations(N, fmt=fmt)),
-                   processing_class=tok, strategy=strategy, token_budget=BUDGET, max_batch_size=MAX_BS,
-                   num_buckets=3)
+    args = SFTConfig(
+        output_dir=str(out / "ckpt"),
+        num_train_epochs=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        logging_steps=1000,
+        save_strategy="steps",
+        save_steps=10**6,
+        seed=5,
+        dataloader_num_workers=0,
+        assistant_only_loss=fmt == "messages",
+    )
+    tr = Recording(
+        model=tiny_qwen2(len(tok)),
+        args=args,
+        train_dataset=Dataset.from_list(conversations(N, fmt=fmt)),
+        processing_class=tok,
+        strategy=strategy,
+        token_budget=BUDGET,
+        max_batch_size=MAX_BS,
+        num_buckets=3,
+    )
     tr.seen, tr.loss_pairs, tr.check_loss = [], [], check_loss
     tr.row_of = {tuple(ids): i for i, ids in enumerate(tr.train_dataset["input_ids"])}
     assert len(tr.row_of) == N, "two samples tokenized identically; the test cannot tell them apart"
@@ -97,13 +118,25 @@ for case in sys.argv[3:]:
     full, flat_full = run(out, strategy, fmt, save_mid_epoch_1=True, check_loss=True)
     resumed, flat_resumed = run(out, strategy, fmt, resume=full.k)
     rank, prepared = full.args.process_index, full.train_dataset
-    (out / f"rank{rank}.json").write_text(json.dumps({
-        "world_size": full.args.world_size, "steps_per_epoch": full.steps, "k": full.k, "full": full.seen,
-        "resumed": resumed.seen, "loss_pairs": full.loss_pairs, "edges": list(full.plan_args["edges"] or []),
-        "lengths": full.lengths.tolist(), "prepared_lengths": [len(x) for x in prepared["input_ids"]],
-        "trained_tokens": sum(sum(1 for v in lab if v != -100) for lab in prepared["labels"]),
-        "all_tokens": sum(len(x) for x in prepared["input_ids"]), "min_batches": full.length_sampler.min_batches,
-        "max_weight_diff": float((flat_full - flat_resumed).abs().max())}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "world_size": full.args.world_size,
+                "steps_per_epoch": full.steps,
+                "k": full.k,
+                "full": full.seen,
+                "resumed": resumed.seen,
+                "loss_pairs": full.loss_pairs,
+                "edges": list(full.plan_args["edges"] or []),
+                "lengths": full.lengths.tolist(),
+                "prepared_lengths": [len(x) for x in prepared["input_ids"]],
+                "trained_tokens": sum(sum(1 for v in lab if v != -100) for lab in prepared["labels"]),
+                "all_tokens": sum(len(x) for x in prepared["input_ids"]),
+                "min_batches": full.length_sampler.min_batches,
+                "max_weight_diff": float((flat_full - flat_resumed).abs().max()),
+            }
+        )
+    )
     full.accelerator.wait_for_everyone()
     if rank == 0:
         shutil.rmtree(out / "ckpt", ignore_errors=True)

@@ -27,9 +27,13 @@ def accelerator(procs, index, **config):
     """What the sampler reads of an ``Accelerator``: its public process count, index and loader settings."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(num_processes=procs, process_index=index,
-                           dataloader_config=SimpleNamespace(**{"split_batches": False, "dispatch_batches": None,
-                                                                **config}))
+    return SimpleNamespace(
+        num_processes=procs,
+        process_index=index,
+        dataloader_config=SimpleNamespace(**{"split_batches": False, "dispatch_batches": None, **config}),
+    )
+
+
 KW = dict(token_budget=1024, max_batch_size=16, seed=2)
 
 
@@ -114,10 +118,27 @@ def test_discarding_a_restored_position_is_logged(caplog):
 
 
 def _accelerate_launch(script, cwd, *args):
-    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
-           str(Path(__file__).parent / script), *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        str(free_port()),
+        str(Path(__file__).parent / script),
+        *map(str, args),
+    ]
     # no GPU here: ACCELERATE_USE_CPU=1 makes Accelerator() a 2-process CPU (gloo) group, as the doc says
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(cwd / "hf"), ACCELERATE_USE_CPU="1")
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
@@ -149,20 +170,34 @@ def test_documented_accelerate_loop_under_accelerate_launch(tmp_path):
     n_steps = []
     for r in full:
         assert (r["world"], r["sampler_world"]) == (2, 2)
-        assert r["len_loader"] == r["len_plan"]                     # not half of it
+        assert r["len_loader"] == r["len_plan"]  # not half of it
     for epoch in (0, 1):
         per_rank = [[b for e, b in r["seen"] if e == epoch] for r in full]
-        assert len(per_rank[0]) == len(per_rank[1])                 # lock-step DDP
+        assert len(per_rank[0]) == len(per_rank[1])  # lock-step DDP
         n_steps.append(len(per_rank[0]))
         samples = sorted(i for steps in per_rank for b in steps for i in b)
         assert samples == list(range(len(lengths))), f"epoch {epoch}: {len(set(samples))} unique of {len(samples)}"
-        want = [[b.tolist() for b in lb.plan_epoch(lengths, strategy="packed", epoch=epoch, rank=k, world_size=2,
-                                                   token_budget=2048, max_batch_size=32, seed=0)] for k in (0, 1)]
+        want = [
+            [
+                b.tolist()
+                for b in lb.plan_epoch(
+                    lengths,
+                    strategy="packed",
+                    epoch=epoch,
+                    rank=k,
+                    world_size=2,
+                    token_budget=2048,
+                    max_batch_size=32,
+                    seed=0,
+                )
+            ]
+            for k in (0, 1)
+        ]
         assert per_rank == want
     assert [b for e, b in full[0]["seen"] if e == 0] != [b for e, b in full[0]["seen"] if e == 1]
     print(f"accelerate 2 procs: steps per rank per epoch {n_steps}, 1000/1000 samples each epoch")
 
-    crash = n_steps[0] + 14                                          # mid epoch 1, 4 steps after a save
+    crash = n_steps[0] + 14  # mid epoch 1, 4 steps after a save
     head = _launch(tmp_path / "blocks.json", cut_dir, "head", crash)
     assert all(len(r["seen"]) == crash for r in head)
     tail = _launch(tmp_path / "blocks.json", cut_dir, "tail")
@@ -193,16 +228,20 @@ def test_token_normalised_accumulation_block_under_two_processes(tmp_path):
     """docs/integrations.md's packed + accumulation loop under accelerate launch with 2 processes: it runs
     as written, both processes count the same step total (the all-reduce), and their weights stay equal."""
     (block,) = section_blocks("Packed rows and gradient accumulation in your own loop")
-    head = ('import lenbatch as _lb\n'
-            'CALLS, _count = [], _lb.learned_tokens\n'
-            'def _recording(micro, **kw):  # (this process\'s count, the step total) of every step\n'
-            '    CALLS.append((_count(micro), _count(micro, **kw)))\n'
-            '    return CALLS[-1][1]\n'
-            '_lb.learned_tokens = _recording\n')
-    tail = ('\nimport json\n'
-            'json.dump({"calls": CALLS, "world": accelerator.num_processes,\n'
-            '           "weights": float(sum(p.double().sum() for p in model.parameters()))},\n'
-            '          open(f"acc{accelerator.process_index}.json", "w"))\n')
+    head = (
+        "import lenbatch as _lb\n"
+        "CALLS, _count = [], _lb.learned_tokens\n"
+        "def _recording(micro, **kw):  # (this process's count, the step total) of every step\n"
+        "    CALLS.append((_count(micro), _count(micro, **kw)))\n"
+        "    return CALLS[-1][1]\n"
+        "_lb.learned_tokens = _recording\n"
+    )
+    tail = (
+        "\nimport json\n"
+        'json.dump({"calls": CALLS, "world": accelerator.num_processes,\n'
+        '           "weights": float(sum(p.double().sum() for p in model.parameters()))},\n'
+        '          open(f"acc{accelerator.process_index}.json", "w"))\n'
+    )
     (tmp_path / "acc.py").write_text(head + block + tail)
     proc = _accelerate_launch(tmp_path / "acc.py", tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -211,6 +250,6 @@ def test_token_normalised_accumulation_block_under_two_processes(tmp_path):
     steps = list(zip(ranks[0]["calls"], ranks[1]["calls"]))
     assert len(steps) == len(ranks[0]["calls"]) == len(ranks[1]["calls"]) > 2
     for (local0, total0), (local1, total1) in steps:
-        assert total0 == total1 == local0 + local1            # every step's total is both processes' sum
-    assert any(a[0] != b[0] for a, b in steps)                 # the processes' counts do differ
+        assert total0 == total1 == local0 + local1  # every step's total is both processes' sum
+    assert any(a[0] != b[0] for a, b in steps)  # the processes' counts do differ
     assert ranks[0]["weights"] == pytest.approx(ranks[1]["weights"], abs=1e-9)

@@ -16,7 +16,7 @@ def _seqs(lengths, seed=0):
     out = []
     for n in map(int, lengths):
         mask = np.zeros(n, dtype=np.int64)
-        mask[min(n - 1, int(round(n * 0.25))):] = 1
+        mask[min(n - 1, int(round(n * 0.25))) :] = 1
         out.append({"input_ids": rng.integers(1, 1000, size=n, dtype=np.int64), "loss_mask": mask})
     return out
 
@@ -65,8 +65,7 @@ def test_batches_over_budget_are_refused():
 
 
 def test_layouts_per_strategy():
-    assert [layout_of(s) for s in ("sorted", "random", "bucketed", "sortish", "packed")] == \
-        ["padded"] * 4 + ["packed"]
+    assert [layout_of(s) for s in ("sorted", "random", "bucketed", "sortish", "packed")] == ["padded"] * 4 + ["packed"]
     for bad in ("shuffled", None, 3):
         with pytest.raises(ValueError, match="unknown; choose one of"):
             layout_of(bad)
@@ -93,7 +92,7 @@ def test_labels_path(layout):
         want = np.where(np.asarray(s["loss_mask"]).astype(bool), y, -100)
         if layout == "packed":
             want[0] = -100  # no token predicts across a sequence boundary
-        assert got[r, a:a + len(y)].tolist() == want.tolist()
-        assert b.loss_mask[r, a:a + len(y)].tolist() == ((y != -100) & (np.asarray(s["loss_mask"]) == 1)).tolist()
+        assert got[r, a : a + len(y)].tolist() == want.tolist()
+        assert b.loss_mask[r, a : a + len(y)].tolist() == ((y != -100) & (np.asarray(s["loss_mask"]) == 1)).tolist()
     if layout == "padded":
         assert (got[2 - 1, 3:] == -100).all() and b.labels[1, 3:].eq(-100).all()

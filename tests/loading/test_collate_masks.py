@@ -48,9 +48,8 @@ def test_each_mask_becomes_the_labels(layout, field):
 def test_masks_and_labels_fold_together(layout):
     ids, mask = _chats()[0]
     labels = list(ids)
-    labels[-1] = -100                          # a label the dataset itself excludes
-    batch = COLLATES[layout]([{"input_ids": ids, "assistant_masks": mask, "completion_mask": mask,
-                               "labels": labels}])
+    labels[-1] = -100  # a label the dataset itself excludes
+    batch = COLLATES[layout]([{"input_ids": ids, "assistant_masks": mask, "completion_mask": mask, "labels": labels}])
     assert _learned(layout, batch.model_inputs()) == [ids[4:-1]]
 
 
@@ -58,9 +57,12 @@ def test_masks_and_labels_fold_together(layout):
 def test_two_masks_that_disagree_are_refused_by_name(layout):
     ids, mask = _chats()[2]
     other = list(mask)
-    other[3] = 1                               # one prompt token learned by one mask only
-    with pytest.raises(ValueError, match=r"sample 1: loss_mask and assistant_masks disagree on 1 of 12 tokens "
-                                         r"\(first at token 3\)"):
+    other[3] = 1  # one prompt token learned by one mask only
+    with pytest.raises(
+        ValueError,
+        match=r"sample 1: loss_mask and assistant_masks disagree on 1 of 12 tokens "
+        r"\(first at token 3\)",
+    ):
         COLLATES[layout]([{"input_ids": [5, 6]}, {"input_ids": ids, "loss_mask": mask, "assistant_masks": other}])
     with pytest.raises(ValueError, match="completion_mask has 11 entries but input_ids has 12"):
         COLLATES[layout]([{"input_ids": ids, "completion_mask": mask[:-1]}])

@@ -21,8 +21,15 @@ N = 90  # _hf_trainer_run.py's sample count
 
 def _tiny_llama():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
@@ -36,9 +43,23 @@ def test_trainer_two_ranks_two_epochs_and_exact_resume(tmp_path, strategy):
     epochs: the Trainer (steps per epoch fixed from epoch 0) needs min_batches to train epoch 1 whole."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     script = Path(__file__).with_name("_hf_trainer_run.py")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(tmp_path), strategy], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(tmp_path),
+            strategy,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["world_size"] == 2 for r in ranks)
@@ -52,8 +73,17 @@ def test_trainer_two_ranks_two_epochs_and_exact_resume(tmp_path, strategy):
         assert flat == list(range(N)), f"epoch {e}: samples missing or repeated across ranks"
         per_epoch.append({frozenset(b) for b in batches})
         for rank, r in enumerate(ranks):  # rank r trained exactly its own plan, in order
-            plan = lb.plan_epoch(r["lengths"], strategy=strategy, epoch=e, seed=5, token_budget=128,
-                                 max_batch_size=8, rank=rank, world_size=2, min_batches=r["min_batches"])
+            plan = lb.plan_epoch(
+                r["lengths"],
+                strategy=strategy,
+                epoch=e,
+                seed=5,
+                token_budget=128,
+                max_batch_size=8,
+                rank=rank,
+                world_size=2,
+                min_batches=r["min_batches"],
+            )
             assert [b for ep, b in r["full"] if int(ep) == e] == [p.tolist() for p in plan]
     assert per_epoch[0] != per_epoch[1], "epoch 1 repeated epoch 0's batches (set_epoch never reached the sampler)"
     for r in ranks:
@@ -89,7 +119,8 @@ def test_collator_layout_matches_data_collator_with_flattening():
     rows = [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}, {"input_ids": [10, 11, 12, 13]}]
     ours = LengthBatchCollator(layout="packed")(rows)
     ref = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=True)(
-        [dict(r) for r in rows], return_tensors="pt")
+        [dict(r) for r in rows], return_tensors="pt"
+    )
     for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
         assert torch.equal(torch.as_tensor(ours[key]).long(), torch.as_tensor(ref[key]).long()), key
     assert ours["max_length_q"] == int(ref["max_length_q"]) == 4
@@ -101,14 +132,37 @@ def test_trainer_refuses_ambiguous_lengths(tmp_path):
     args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     data = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}] * 2
     with pytest.raises(ValueError, match="at most one of lengths"):
-        LengthBatchTrainer(model=_tiny_llama(), args=args, train_dataset=data, lengths=[3, 2, 3, 2], length_column="n",
-                           strategy="random", token_budget=16, max_batch_size=2)
+        LengthBatchTrainer(
+            model=_tiny_llama(),
+            args=args,
+            train_dataset=data,
+            lengths=[3, 2, 3, 2],
+            length_column="n",
+            strategy="random",
+            token_budget=16,
+            max_batch_size=2,
+        )
     with pytest.raises(ValueError, match="one length per sample"):
-        LengthBatchTrainer(model=_tiny_llama(), args=args, train_dataset=data, lengths=[3, 3], strategy="random",
-                           token_budget=16, max_batch_size=2)
+        LengthBatchTrainer(
+            model=_tiny_llama(),
+            args=args,
+            train_dataset=data,
+            lengths=[3, 3],
+            strategy="random",
+            token_budget=16,
+            max_batch_size=2,
+        )
     with pytest.raises(ValueError, match="length_column='n'"):
-        LengthBatchTrainer(model=_tiny_llama(), args=args, train_dataset=data, length_column="n", strategy="random",
-                           token_budget=16, max_batch_size=2)
-    tr = LengthBatchTrainer(model=_tiny_llama(), args=args, train_dataset=data, strategy="random", token_budget=16,
-                            max_batch_size=2)
+        LengthBatchTrainer(
+            model=_tiny_llama(),
+            args=args,
+            train_dataset=data,
+            length_column="n",
+            strategy="random",
+            token_budget=16,
+            max_batch_size=2,
+        )
+    tr = LengthBatchTrainer(
+        model=_tiny_llama(), args=args, train_dataset=data, strategy="random", token_budget=16, max_batch_size=2
+    )
     assert tr.lengths.tolist() == [3, 2, 3, 2]

@@ -29,41 +29,78 @@ def make_trainer(out: Path, *, dataset=None, token_budget=128, epochs=1, max_ste
     import torch
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    args = transformers.TrainingArguments(output_dir=str(out / "ckpt"), num_train_epochs=epochs, max_steps=max_steps,
-                                          learning_rate=1e-3, use_cpu=True, report_to="none", disable_tqdm=True,
-                                          logging_steps=1000, save_strategy="steps", save_steps=save_steps, seed=5,
-                                          dataloader_num_workers=0)
-    return LengthBatchTrainer(model=transformers.LlamaForCausalLM(cfg), args=args,
-                              train_dataset=data() if dataset is None else dataset, length_column="n",
-                              strategy="random", token_budget=token_budget, max_batch_size=8)
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    args = transformers.TrainingArguments(
+        output_dir=str(out / "ckpt"),
+        num_train_epochs=epochs,
+        max_steps=max_steps,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        logging_steps=1000,
+        save_strategy="steps",
+        save_steps=save_steps,
+        seed=5,
+        dataloader_num_workers=0,
+    )
+    return LengthBatchTrainer(
+        model=transformers.LlamaForCausalLM(cfg),
+        args=args,
+        train_dataset=data() if dataset is None else dataset,
+        length_column="n",
+        strategy="random",
+        token_budget=token_budget,
+        max_batch_size=8,
+    )
 
 
 @pytest.mark.slow
 def test_checkpoint_of_two_ranks_resumed_by_one_process_is_refused(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(Path(__file__).with_name("_hf_resume_save.py")), str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(Path(__file__).with_name("_hf_resume_save.py")),
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [(tmp_path / f"world-{r}.txt").read_text() for r in (0, 1)] == ["2", "2"]
     ckpt = tmp_path / "ckpt" / "checkpoint-4"
     saved = json.loads((ckpt / PLAN_FILE).read_text())
     assert saved["world_size"] == 2 and saved["num_samples"] == N
-    tr = make_trainer(tmp_path, max_steps=4)          # this process alone: world size 1
+    tr = make_trainer(tmp_path, max_steps=4)  # this process alone: world size 1
     with pytest.raises(ValueError, match=r"world size 2 -> 1 processes.*resume with 2 processes"):
         tr.train(resume_from_checkpoint=str(ckpt))
-    assert tr.state.global_step == 0                  # refused before a step ran
+    assert tr.state.global_step == 0  # refused before a step ran
     with pytest.raises(ValueError, match=r"world size 2 -> 1"):
-        make_trainer(tmp_path, max_steps=4).train(resume_from_checkpoint=True)   # the last checkpoint, found
+        make_trainer(tmp_path, max_steps=4).train(resume_from_checkpoint=True)  # the last checkpoint, found
 
 
 def test_other_lengths_params_or_epochs_are_refused_by_name(tmp_path):
     make_trainer(tmp_path, epochs=1).train()
     ckpt = tmp_path / "ckpt" / "checkpoint-4"
     assert (ckpt / PLAN_FILE).exists()
-    make_trainer(tmp_path, epochs=1).check_resume(str(ckpt))   # the same run: accepted
+    make_trainer(tmp_path, epochs=1).check_resume(str(ckpt))  # the same run: accepted
     with pytest.raises(ValueError, match=r"training lengths \(same 90 samples, other lengths"):
         make_trainer(tmp_path, dataset=data(seed=1)).train(resume_from_checkpoint=str(ckpt))
     with pytest.raises(ValueError, match=r"training lengths \(90 -> 80 samples"):

@@ -11,10 +11,15 @@ from _integrations_doc import DOC, section_blocks  # noqa: E402
 
 def test_sections_and_install_order():
     text = DOC.read_text()
-    for title in ("Install", "accelerate", "Lightning", "transformers Trainer: what a resume must keep",
-                  "Samples longer than the token budget"):
+    for title in (
+        "Install",
+        "accelerate",
+        "Lightning",
+        "transformers Trainer: what a resume must keep",
+        "Samples longer than the token budget",
+    ):
         assert f"\n## {title}\n" in text, title
-    install = text[text.index("\n## Install\n"):text.index("\n## accelerate\n")]
+    install = text[text.index("\n## Install\n") : text.index("\n## accelerate\n")]
     assert install.index("pip install torch") < install.index("pip install lenbatch")
     assert len(section_blocks("accelerate")) == 2 and len(section_blocks("Lightning")) == 2
 
@@ -44,7 +49,7 @@ def test_overflow_block_runs_and_trains_every_token(capsys):
         for e, batch in trained:
             if e == epoch:
                 spans += [it if isinstance(it, tuple) else (it, 0, int(lengths[it])) for it in batch]
-        assert sum(b - a for _, a, b in spans) == int(lengths.sum())       # every token once
+        assert sum(b - a for _, a, b in spans) == int(lengths.sum())  # every token once
         assert sorted({r for r, _, _ in spans}) == list(range(len(lengths)))
         assert max(b - a for _, a, b in spans) <= 1024
         assert sorted((a, b) for r, a, b in spans if r == 2) == [(0, 1024), (1024, 2048), (2048, 2500)]

@@ -28,8 +28,14 @@ PLAN = dict(strategy="sortish", token_budget=1024, max_batch_size=32, seed=0)
 def _run(tmp_path, cwd, prefix, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("MASTER_PORT", None)  # Lightning picks a free loopback port
-    proc = subprocess.run([sys.executable, str(RUN), str(tmp_path / "blocks.json"), prefix, *map(str, extra)],
-                          cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(RUN), str(tmp_path / "blocks.json"), prefix, *map(str, extra)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((cwd / f"{prefix}{r}.json").read_text()) for r in range(2)]
 
@@ -53,8 +59,15 @@ def test_documented_lightning_loop_ddp_two_processes(tmp_path):
         steps.append([len(p) for p in per_rank])
         samples = sorted(i for p in per_rank for b in p for i in b)
         assert samples == list(range(600)), f"epoch {epoch}: {len(set(samples))} unique of {len(samples)} visits"
-        want = [[b.tolist() for b in lb.plan_epoch(lengths, epoch=epoch, rank=k, world_size=2,
-                                                   min_batches=full[0]["min_batches"], **PLAN)] for k in (0, 1)]
+        want = [
+            [
+                b.tolist()
+                for b in lb.plan_epoch(
+                    lengths, epoch=epoch, rank=k, world_size=2, min_batches=full[0]["min_batches"], **PLAN
+                )
+            ]
+            for k in (0, 1)
+        ]
         assert per_rank == want
     for r in full:
         assert (r["world"], r["sampler_world"]) == (2, 2)
@@ -63,7 +76,7 @@ def test_documented_lightning_loop_ddp_two_processes(tmp_path):
     assert [b for e, b in full[0]["seen"] if e == 0] != [b for e, b in full[0]["seen"] if e == 1]
     print(f"Lightning ddp 2 procs: raw plan {raw} batches per rank, trained {steps}, 600/600 samples per epoch")
 
-    crash = max(raw) + 15                          # mid epoch 1; the last checkpoint (every 10 steps) is step 50
+    crash = max(raw) + 15  # mid epoch 1; the last checkpoint (every 10 steps) is step 50
     head = _run(tmp_path, cut_dir, "head", crash)
     assert all(len(r["seen"]) == crash for r in head)
     tail = _run(tmp_path, cut_dir, "tail")
@@ -85,8 +98,11 @@ def _module(loader_cls):
             self.net = torch.nn.Sequential(torch.nn.Embedding(600, 4), torch.nn.Linear(4, 1))
 
         def train_dataloader(self):
-            return loader_cls(dataset, batch_sampler=LengthBatchSampler(lengths, lightning_trainer=self.trainer, **PLAN),
-                              collate_fn=lb.collate_padded)
+            return loader_cls(
+                dataset,
+                batch_sampler=LengthBatchSampler(lengths, lightning_trainer=self.trainer, **PLAN),
+                collate_fn=lb.collate_padded,
+            )
 
         def training_step(self, batch, batch_idx):
             return self.net(batch.input_ids).pow(2).mean()
@@ -98,8 +114,15 @@ def _module(loader_cls):
 
 
 def _trainer(tmp_path, **kw):
-    quiet = dict(accelerator="cpu", devices=1, use_distributed_sampler=False, logger=False, enable_progress_bar=False,
-                 enable_model_summary=False, default_root_dir=str(tmp_path))
+    quiet = dict(
+        accelerator="cpu",
+        devices=1,
+        use_distributed_sampler=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     return L.Trainer(**quiet, **kw)
 
 
@@ -151,7 +174,7 @@ def test_worker_processes_get_each_epochs_plan(tmp_path):
     trains its own plan, whole (the sampler reads the epoch when the first batch is drawn)."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    lengths = np.random.default_rng(0).integers(8, 200, size=600)   # _module's
+    lengths = np.random.default_rng(0).integers(8, 200, size=600)  # _module's
     seen = []
     model = _module(lambda *a, **k: StatefulDataLoader(*a, num_workers=2, **k))
     real_step = type(model).training_step
@@ -177,8 +200,10 @@ def test_len_has_no_side_effects():
 
     X = np.random.default_rng(0).integers(8, 200, size=600)
     trainer = SimpleNamespace(max_epochs=3, training=True, fit_loop=SimpleNamespace(restarted_mid_epoch=False))
-    for s in (LengthBatchSampler(X, rank=0, world_size=2, **PLAN),
-              LengthBatchSampler(X, rank=0, world_size=2, lightning_trainer=trainer, **PLAN)):
+    for s in (
+        LengthBatchSampler(X, rank=0, world_size=2, **PLAN),
+        LengthBatchSampler(X, rank=0, world_size=2, lightning_trainer=trainer, **PLAN),
+    ):
         before = (s.spec, s.fingerprint, s.epochs, s.state_dict(), s.epoch)
         counts = [len(s) for _ in range(3)]
         assert (s.spec, s.fingerprint, s.epochs, s.state_dict(), s.epoch) == before

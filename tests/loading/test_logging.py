@@ -26,8 +26,9 @@ def test_a_users_root_handler_receives_a_library_warning():
     handler = _Collect()
     root.addHandler(handler)
     try:
-        sampler = lb.LengthBatchSampler(np.arange(1, 41), strategy="sorted", token_budget=64, max_batch_size=8,
-                                        rank=0, world_size=1)
+        sampler = lb.LengthBatchSampler(
+            np.arange(1, 41), strategy="sorted", token_budget=64, max_batch_size=8, rank=0, world_size=1
+        )
         list(sampler)
         list(sampler)  # a second pass over epoch 0 without set_epoch: the library warns
     finally:
@@ -37,13 +38,15 @@ def test_a_users_root_handler_receives_a_library_warning():
 
 
 def test_the_library_attaches_only_a_null_handler_and_never_stops_propagation():
-    code = ("import logging, lenbatch, lenbatch.loading.sampler, lenbatch.loading.collate, lenbatch.batching.boundaries\n"
-            "import lenbatch.hf\n"
-            "names = ['lenbatch'] + [n for n in logging.root.manager.loggerDict if n.startswith('lenbatch.')]\n"
-            "bad = [(n, type(h).__name__) for n in names for h in getattr(logging.getLogger(n), 'handlers', [])\n"
-            "       if not (n == 'lenbatch' and isinstance(h, logging.NullHandler))]\n"
-            "stop = [n for n in names if not logging.getLogger(n).propagate]\n"
-            "print(bad, stop, logging.getLogger('lenbatch').handlers)")
+    code = (
+        "import logging, lenbatch, lenbatch.loading.sampler, lenbatch.loading.collate, lenbatch.batching.boundaries\n"
+        "import lenbatch.hf\n"
+        "names = ['lenbatch'] + [n for n in logging.root.manager.loggerDict if n.startswith('lenbatch.')]\n"
+        "bad = [(n, type(h).__name__) for n in names for h in getattr(logging.getLogger(n), 'handlers', [])\n"
+        "       if not (n == 'lenbatch' and isinstance(h, logging.NullHandler))]\n"
+        "stop = [n for n in names if not logging.getLogger(n).propagate]\n"
+        "print(bad, stop, logging.getLogger('lenbatch').handlers)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[] [] [<NullHandler (NOTSET)>]", out
 
@@ -51,8 +54,10 @@ def test_the_library_attaches_only_a_null_handler_and_never_stops_propagation():
 def test_basic_config_shows_the_librarys_info_messages():
     """``logging.basicConfig(level=INFO)`` in the user's program is all it takes to see them (the boundary sweep
     logs each K at INFO)."""
-    code = ("import logging, numpy as np, lenbatch as lb\n"
-            "logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s %(message)s')\n"
-            "lb.sweep_num_buckets(np.arange(1, 200), 2, token_budget=512, max_batch_size=8)\n")
+    code = (
+        "import logging, numpy as np, lenbatch as lb\n"
+        "logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s %(message)s')\n"
+        "lb.sweep_num_buckets(np.arange(1, 200), 2, token_budget=512, max_batch_size=8)\n"
+    )
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     assert "lenbatch.boundaries INFO sweep K=1" in err, err

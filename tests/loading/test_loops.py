@@ -76,14 +76,17 @@ def test_world_size_in_the_environment_without_a_process_group_is_refused(monkey
     assert LengthBatchSampler(X, strategy="random", **KW).world_size == 1
 
 
-@pytest.mark.parametrize("over, words", [
-    (dict(seed=None), "seed must be an int, got None"),
-    (dict(seed=np.random.default_rng(0)), "seed must be an int.*Generator"),
-    (dict(seed=-1), "seed must be >= 0"),
-    (dict(token_budget=16384.5), "token_budget must be an int, got 16384.5"),
-    (dict(max_batch_size=8.0), "max_batch_size must be an int"),
-    (dict(edges=[0, 100, 300]), "edges are only used by strategy 'bucketed'"),
-])
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        (dict(seed=None), "seed must be an int, got None"),
+        (dict(seed=np.random.default_rng(0)), "seed must be an int.*Generator"),
+        (dict(seed=-1), "seed must be >= 0"),
+        (dict(token_budget=16384.5), "token_budget must be an int, got 16384.5"),
+        (dict(max_batch_size=8.0), "max_batch_size must be an int"),
+        (dict(edges=[0, 100, 300]), "edges are only used by strategy 'bucketed'"),
+    ],
+)
 def test_bad_arguments_are_clear_value_errors(over, words):
     for make in (lambda **k: LengthBatchSampler(X, **k), lambda **k: lb.plan_epoch(X, **k)):
         with pytest.raises(ValueError, match=words):
@@ -93,11 +96,13 @@ def test_bad_arguments_are_clear_value_errors(over, words):
 def test_library_errors_do_not_name_config_keys():
     """Python API users never wrote a params file: messages name the argument, not ``batching.*`` keys or
     CLI commands."""
-    cases = [dict(strategy="random", token_budget=100, max_batch_size=4),  # a sample longer than the budget
-             dict(strategy="bucketed", token_budget=1024, max_batch_size=4),  # no edges
-             dict(strategy="random", token_budget=0, max_batch_size=4),
-             dict(strategy="random", token_budget=1024, max_batch_size=0),
-             dict(strategy="random", token_budget=1024, max_batch_size=4, seed=-2)]
+    cases = [
+        dict(strategy="random", token_budget=100, max_batch_size=4),  # a sample longer than the budget
+        dict(strategy="bucketed", token_budget=1024, max_batch_size=4),  # no edges
+        dict(strategy="random", token_budget=0, max_batch_size=4),
+        dict(strategy="random", token_budget=1024, max_batch_size=0),
+        dict(strategy="random", token_budget=1024, max_batch_size=4, seed=-2),
+    ]
     for kwargs in cases:
         with pytest.raises(ValueError) as err:
             lb.plan_epoch(X, **kwargs)
@@ -139,8 +144,9 @@ def test_min_batches_gives_every_epoch_the_same_count():
         assert np.array_equal(flat, np.arange(X.size))
         assert all(len(b) * X[b].max() <= KW["token_budget"] for r in ranks for b in r)
     default = lb.plan_epoch(X, strategy="random", epoch=0, **KW)
-    assert [b.tolist() for b in default] == [b.tolist() for b in lb.plan_epoch(X, strategy="random", epoch=0,
-                                                                                   min_batches=0, **KW)]
+    assert [b.tolist() for b in default] == [
+        b.tolist() for b in lb.plan_epoch(X, strategy="random", epoch=0, min_batches=0, **KW)
+    ]
 
 
 # --------------------------------------------------------------------------- DataLoader workers
@@ -211,7 +217,6 @@ def test_plain_dataloader_with_workers_consumed_counts_what_the_loop_received():
     r = LengthBatchSampler(X, strategy="packed", **KW)
     r.load_state_dict(state)
     r.set_epoch(0)
-    rest = list(r.consumed(torch.utils.data.DataLoader(_Rows(), batch_sampler=r, num_workers=2,
-                                                       collate_fn=_collate)))
+    rest = list(r.consumed(torch.utils.data.DataLoader(_Rows(), batch_sampler=r, num_workers=2, collate_fn=_collate)))
     assert got + rest == full
     assert r.state_dict()["position"] == len(full)

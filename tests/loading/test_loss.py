@@ -18,8 +18,14 @@ transformers = pytest.importorskip("transformers")
 
 def _model():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return transformers.LlamaForCausalLM(cfg).double()
 
 
@@ -40,7 +46,7 @@ def _grads(model):
 def test_accumulated_gradient_equals_the_big_batch_token_mean(collate):
     samples = _samples()
     big = _model()
-    big(**collate(samples).model_inputs()).loss.backward()      # mean over every learned token
+    big(**collate(samples).model_inputs()).loss.backward()  # mean over every learned token
     want = _grads(big)
 
     model = _model()
@@ -55,12 +61,12 @@ def test_accumulated_gradient_equals_the_big_batch_token_mean(collate):
     naive = _model()
     for batch in micro:
         (naive(**batch.model_inputs()).loss / len(micro)).backward()
-    assert (_grads(naive) - want).abs().max() > 1e-3                # what the helper fixes
+    assert (_grads(naive) - want).abs().max() > 1e-3  # what the helper fixes
 
 
 def test_items_may_be_dicts_or_tensors_and_nothing_is_refused():
     batch = lb.collate_packed([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
-    inputs = batch.model_inputs()                                # labels [-100, 2, 3, -100, 5]
+    inputs = batch.model_inputs()  # labels [-100, 2, 3, -100, 5]
     assert lb.learned_tokens([batch]) == lb.learned_tokens([inputs]) == lb.learned_tokens([inputs["labels"]]) == 3
     with pytest.raises(ValueError, match="micro_batches is empty"):
         lb.learned_tokens([])
@@ -83,8 +89,16 @@ def test_all_ranks_sums_over_a_real_process_group(tmp_path):
     import subprocess
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path / "store"), str(r)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(tmp_path / "store"), str(r)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
     assert [o.split() for o, _ in outs] == [["7", "10"], ["3", "10"]]

@@ -18,8 +18,12 @@ def _frame_uses(path: Path) -> list[str]:
         name = node.attr if isinstance(node, ast.Attribute) else node.name if isinstance(node, ast.alias) else None
         if name is not None and name.rsplit(".", 1)[-1] in FRAME_NAMES:
             hits.append(f"{path.name}:{node.lineno}: {name}")
-        elif (isinstance(node, ast.Attribute) and node.attr == "stack" and isinstance(node.value, ast.Name)
-              and node.value.id == "inspect"):
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "stack"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "inspect"
+        ):
             hits.append(f"{path.name}:{node.lineno}: inspect.stack")
     return hits
 
@@ -34,7 +38,13 @@ def test_the_library_inspects_no_call_frames():
 
 def test_the_check_sees_a_frame_read(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import sys\nfrom inspect import currentframe\nx = sys._getframe(1).f_globals\n"
-                   "import inspect\ny = inspect.stack()\nz = np.stack([1])\n")
-    assert sorted(h.split(": ")[1] for h in _frame_uses(bad)) == ["_getframe", "currentframe", "f_globals",
-                                                                   "inspect.stack"]
+    bad.write_text(
+        "import sys\nfrom inspect import currentframe\nx = sys._getframe(1).f_globals\n"
+        "import inspect\ny = inspect.stack()\nz = np.stack([1])\n"
+    )
+    assert sorted(h.split(": ")[1] for h in _frame_uses(bad)) == [
+        "_getframe",
+        "currentframe",
+        "f_globals",
+        "inspect.stack",
+    ]

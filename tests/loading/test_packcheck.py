@@ -29,7 +29,7 @@ def _model(name: str):
 
 @pytest.mark.parametrize("name", CLEAN + MIXING)
 def test_each_family_is_measured(name):
-    model = _model(name).train()               # the check runs in eval mode and gives the mode back
+    model = _model(name).train()  # the check runs in eval mode and gives the mode back
     r = lb.check_packing(model)
     assert model.training
     assert r.model_class == type(model).__name__ and r.lengths == (7, 13, 5, 11) and r.error is None
@@ -55,8 +55,11 @@ def test_half_precision_does_not_hide_a_small_leak(name, dtype):
 
 
 def test_strict_refuses_naming_the_model_and_the_fix():
-    with pytest.raises(ValueError, match=r"OPTForCausalLM cannot train packed rows: packed sequences attend to "
-                                         r"each other: max \|logit difference\| .* Use the padded layout"):
+    with pytest.raises(
+        ValueError,
+        match=r"OPTForCausalLM cannot train packed rows: packed sequences attend to "
+        r"each other: max \|logit difference\| .* Use the padded layout",
+    ):
         lb.check_packing(_model("OPT"), strict=True)
     assert lb.check_packing(_model("Llama"), strict=True).ok
 
@@ -98,10 +101,13 @@ def test_the_packed_trainer_refuses_a_mixing_model(tmp_path, strategy):
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, use_cpu=True, report_to="none")
     kw = dict(args=args, train_dataset=data, strategy=strategy, token_budget=256, max_batch_size=8)
     if strategy == "packed":
-        with pytest.raises(ValueError, match=r"strategy='packed': OPTForCausalLM cannot train packed rows.*a "
-                                             r"strategy other than 'packed'"):
+        with pytest.raises(
+            ValueError,
+            match=r"strategy='packed': OPTForCausalLM cannot train packed rows.*a "
+            r"strategy other than 'packed'",
+        ):
             LengthBatchTrainer(model=_model("OPT"), **kw)
         assert LengthBatchTrainer(model=_model("OPT"), packing_check=False, **kw) is not None
         assert LengthBatchTrainer(model=_model("Qwen2"), **kw) is not None
     else:
-        LengthBatchTrainer(model=_model("OPT"), **kw)          # padded: OPT is fine, no check runs
+        LengthBatchTrainer(model=_model("OPT"), **kw)  # padded: OPT is fine, no check runs

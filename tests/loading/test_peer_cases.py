@@ -156,8 +156,13 @@ def test_torch_no_duplicate_or_drop_at_awkward_sizes(n, world_size, strategy):
     (drop_last=False) or drops the tail (drop_last=True); lenbatch splits batches instead, so every
     sample appears exactly once."""
     x = np.random.default_rng(n).integers(1, 60, size=n)
-    kw = dict(strategy=strategy, token_budget=128, max_batch_size=8, seed=0,
-              edges=[0, 20, 40, 60] if strategy == "bucketed" else None)
+    kw = dict(
+        strategy=strategy,
+        token_budget=128,
+        max_batch_size=8,
+        seed=0,
+        edges=[0, 20, 40, 60] if strategy == "bucketed" else None,
+    )
     ranks = lb.plan_epoch_all(x, world_size=world_size, **kw)
     assert len({len(r) for r in ranks}) == 1
     flat = sorted(int(i) for r in ranks for b in r for i in b)
@@ -198,7 +203,7 @@ def test_transformers_megabatch_order(n, mbs):
     assert order[0] == n // 3
     mega = max(min(n // (4 * mbs), 50), 1) * mbs
     for start in range(0, n, mega):
-        chunk = x[order[start:start + mega]]
+        chunk = x[order[start : start + mega]]
         if start == 0:
             chunk = chunk[1:]  # the swapped-in longest
         bad = np.flatnonzero(np.diff(chunk) > 0)

@@ -35,8 +35,14 @@ def test_section_has_the_five_integrations():
     blocks = section_blocks()
     assert len(blocks) == 7
     joined = "\n".join(blocks)
-    for needle in ("sampler.dataloader(dataset", "sampler.consumed(loader)", "init_process_group", "LengthBatchTrainer", "LengthBatchMixin, SFTTrainer",
-                   "StatefulDataLoader"):
+    for needle in (
+        "sampler.dataloader(dataset",
+        "sampler.consumed(loader)",
+        "init_process_group",
+        "LengthBatchTrainer",
+        "LengthBatchMixin, SFTTrainer",
+        "StatefulDataLoader",
+    ):
         assert needle in joined, needle
 
 
@@ -110,8 +116,9 @@ def test_snippets_run_and_do_what_the_prose_says(tmp_path):
     chat_tokenizer(tmp_path / "tokenizer")  # the SFT snippet's local tokenizer folder
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     (tmp_path / "checks.py").write_text(CHECKS)
-    proc = subprocess.run([sys.executable, "checks.py", "blocks.json"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "checks.py", "blocks.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-4000:]
 
 
@@ -120,12 +127,19 @@ def test_ddp_snippet_under_torchrun(tmp_path):
     """Each rank writes its plan to its own file (closed before the rank exits): two ranks printing to the
     one pipe torchrun shares can lose or splice lines, which would test the pipe, not the sampler."""
     setup, ddp = section_blocks()[0], section_blocks()[3]
-    tail = ('\nwith open(f"plan_{sampler.rank}.json", "w") as _f:\n'
-            '    json.dump([sampler.rank, sampler.world_size, sorted(int(i) for b in sampler.plan() for i in b)], _f)\n')
+    tail = (
+        '\nwith open(f"plan_{sampler.rank}.json", "w") as _f:\n'
+        "    json.dump([sampler.rank, sampler.world_size, sorted(int(i) for b in sampler.plan() for i in b)], _f)\n"
+    )
     (tmp_path / "train_ddp.py").write_text("import json\n" + setup + ddp + tail)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "train_ddp.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train_ddp.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = {}
     for path in sorted(tmp_path.glob("plan_*.json")):

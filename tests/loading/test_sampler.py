@@ -23,15 +23,15 @@ def kw(strategy: str, **over) -> dict:
 
 
 @settings(max_examples=30, deadline=None)
-@given(strategy=st.sampled_from(lb.STRATEGIES), world_size=st.integers(1, 8), epoch=st.integers(0, 2),
-       frac=st.floats(0, 1))
+@given(
+    strategy=st.sampled_from(lb.STRATEGIES), world_size=st.integers(1, 8), epoch=st.integers(0, 2), frac=st.floats(0, 1)
+)
 def test_resume_from_any_point_equals_uninterrupted(strategy, world_size, epoch, frac):
     rank = world_size - 1
     ref = LengthBatchSampler(X, **kw(strategy, rank=rank, world_size=world_size))
     ref.set_epoch(epoch)
     full = list(ref)
-    assert full == [b.tolist() for b in lb.plan_epoch(X, epoch=epoch, rank=rank,
-                                                      world_size=world_size, **kw(strategy))]
+    assert full == [b.tolist() for b in lb.plan_epoch(X, epoch=epoch, rank=rank, world_size=world_size, **kw(strategy))]
     stop = int(frac * len(full))
     s = LengthBatchSampler(X, **kw(strategy, rank=rank, world_size=world_size))
     s.set_epoch(epoch)

@@ -35,7 +35,7 @@ def test_state_through_sampler_dataloader_with_workers_resumes_at_the_first_batc
         if i == 9:
             state = sampler.state_dict()
             break
-    assert sampler._position > 10            # the workers were handed more than the loop received
+    assert sampler._position > 10  # the workers were handed more than the loop received
     assert state["position"] == 10
     assert copy.deepcopy(sampler).plan() == sampler.plan()
     again = lb.LengthBatchSampler(lengths, **KW)
@@ -46,8 +46,9 @@ def test_state_through_sampler_dataloader_with_workers_resumes_at_the_first_batc
     assert again.state_dict()["position"] == len(plan)
 
     plain = lb.LengthBatchSampler(lengths, **KW)
-    for i, _ in enumerate(torch.utils.data.DataLoader(data, batch_sampler=plain, num_workers=2,
-                                                      collate_fn=lb.collate_packed)):
+    for i, _ in enumerate(
+        torch.utils.data.DataLoader(data, batch_sampler=plain, num_workers=2, collate_fn=lb.collate_packed)
+    ):
         if i == 9:
             assert plain.state_dict()["position"] == plain._position > 10  # handed out, as documented
             break
@@ -106,8 +107,11 @@ def test_split_without_view_fails_at_the_first_batch_with_the_fix():
     data[-1] = {"input_ids": [1] * 3000}
     sampler = lb.LengthBatchSampler(lengths, overflow="split", **KW)
     loader = torch.utils.data.DataLoader(data, batch_sampler=sampler, collate_fn=lb.collate_packed)
-    with pytest.raises(ValueError, match=r"overflow='split' cut 1 samples .* build the loader over "
-                                         r"sampler.view\(dataset\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"overflow='split' cut 1 samples .* build the loader over "
+        r"sampler.view\(dataset\)",
+    ):
         next(iter(loader))
     view = torch.utils.data.DataLoader(sampler.view(data), batch_sampler=sampler, collate_fn=lb.collate_packed)
     assert sum(b.useful_tokens for b in view) == int(lengths.sum())
@@ -133,13 +137,16 @@ def test_a_huge_length_is_too_long_not_negative():
         lb.LengthBatchSampler([5.0, 1e300], **KW)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"position": 1.5}, "position must be an int, got 1.5"),
-    ({"position": "1"}, "position must be an int, got '1'"),
-    ({"epoch": True}, "epoch must be an int, got True"),
-    ({"epoch": -1}, "epoch is -1"),
-    ({"version": 999}, "version 999, but this lenbatch reads version 1"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"position": 1.5}, "position must be an int, got 1.5"),
+        ({"position": "1"}, "position must be an int, got '1'"),
+        ({"epoch": True}, "epoch must be an int, got True"),
+        ({"epoch": -1}, "epoch is -1"),
+        ({"version": 999}, "version 999, but this lenbatch reads version 1"),
+    ],
+)
 def test_a_corrupt_state_is_refused(change, message):
     lengths, _ = _data()
     sampler = lb.LengthBatchSampler(lengths, **KW)
@@ -148,11 +155,14 @@ def test_a_corrupt_state_is_refused(change, message):
         lb.LengthBatchSampler(lengths, **KW).load_state_dict({**state, **change})
 
 
-@pytest.mark.parametrize("batches, message", [
-    ([np.array([0, -1])], "sample index -1, outside 0..2"),
-    ([np.array([3])], "sample index 3, outside 0..2"),
-    ([np.array([0.0, 1.0])], "integer sample indices .* got dtype float64"),
-])
+@pytest.mark.parametrize(
+    "batches, message",
+    [
+        ([np.array([0, -1])], "sample index -1, outside 0..2"),
+        ([np.array([3])], "sample index 3, outside 0..2"),
+        ([np.array([0.0, 1.0])], "integer sample indices .* got dtype float64"),
+    ],
+)
 def test_padding_efficiency_refuses_indices_numpy_would_wrap(batches, message):
     with pytest.raises(ValueError, match=rf"batches (must hold|holds) .*{message}|{message}"):
         lb.padding_efficiency(np.array([3, 4, 5]), batches)
@@ -169,12 +179,16 @@ def test_the_trainer_refuses_a_stream_pointing_to_the_way_out(tmp_path):
         def __iter__(self):
             yield {"input_ids": [1, 2, 3]}
 
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2))
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+        )
+    )
     args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=1, use_cpu=True, report_to="none")
     with pytest.raises(ValueError, match=r"map-style train_dataset.*lenbatch.StreamingBatcher"):
-        LengthBatchTrainer(model=model, args=args, train_dataset=Stream(), strategy="sortish", token_budget=64,
-                           max_batch_size=4)
+        LengthBatchTrainer(
+            model=model, args=args, train_dataset=Stream(), strategy="sortish", token_budget=64, max_batch_size=4
+        )
 
 
 def test_sampler_dataloader_serves_the_pieces_and_forwards_set_epoch():

@@ -38,9 +38,13 @@ def tok(tmp_path_factory):
 
 def _sft(tok, tmp_path, data, cls=SFTTrainer, **kw):
     args = {k: kw.pop(k) for k in list(kw) if k in SFTConfig.__dataclass_fields__}
-    return cls(model=tiny_qwen2(len(tok)), args=SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none",
-                                                          **args),
-               train_dataset=datasets.Dataset.from_list(data), processing_class=tok, **kw)
+    return cls(
+        model=tiny_qwen2(len(tok)),
+        args=SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **args),
+        train_dataset=datasets.Dataset.from_list(data),
+        processing_class=tok,
+        **kw,
+    )
 
 
 @pytest.mark.slow
@@ -54,10 +58,24 @@ def test_sft_two_ranks_bucketed_and_packed(tmp_path, tok):
     completions' (not the prompts')."""
     cases = {"bucketed": "prompt_completion", "packed": "messages"}
     script = Path(__file__).with_name("_sft_trainer_run.py")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(tmp_path), str(tok.name_or_path)] + [f"{s}:{f}" for s, f in cases.items()],
-                          env=dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(tmp_path),
+            str(tok.name_or_path),
+        ]
+        + [f"{s}:{f}" for s, f in cases.items()],
+        env=dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     for strategy in cases:
         ranks = [json.loads((tmp_path / strategy / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -76,13 +94,22 @@ def test_sft_two_ranks_bucketed_and_packed(tmp_path, tok):
             assert sorted(i for b in batches for i in b) == list(range(N)), f"{strategy} epoch {e}: missing/repeated"
             per_epoch.append({frozenset(b) for b in batches})
             for rank, r in enumerate(ranks):
-                plan = lb.plan_epoch(lengths, strategy=strategy, epoch=e, seed=5, token_budget=BUDGET,
-                                     max_batch_size=MAX_BS, edges=edges, rank=rank, world_size=2,
-                                     min_batches=r["min_batches"])
+                plan = lb.plan_epoch(
+                    lengths,
+                    strategy=strategy,
+                    epoch=e,
+                    seed=5,
+                    token_budget=BUDGET,
+                    max_batch_size=MAX_BS,
+                    edges=edges,
+                    rank=rank,
+                    world_size=2,
+                    min_batches=r["min_batches"],
+                )
                 assert [b for ep, b in r["full"] if int(ep) == e] == [p.tolist() for p in plan], strategy
         assert per_epoch[0] != per_epoch[1], f"{strategy}: epoch 1 repeated epoch 0's batches"
         for r in ranks:
-            assert r["resumed"] == r["full"][r["k"]:], f"{strategy}: resume is not exact"
+            assert r["resumed"] == r["full"][r["k"] :], f"{strategy}: resume is not exact"
             assert r["max_weight_diff"] <= 1e-6, (strategy, r["max_weight_diff"])
             pairs = r["loss_pairs"]
             assert len(pairs) == 2 * r0["steps_per_epoch"]
@@ -102,8 +129,10 @@ def test_collator_equals_trl_collators(tmp_path, tok):
     rows = [{k: tr.train_dataset[i][k] for k in ("input_ids", "labels")} for i in range(9)]
     assert any(-100 in r["labels"] for r in rows) and all(r["labels"][-1] != -100 for r in rows)
     pad = tok.pad_token_id
-    for layout, ref in (("padded", DataCollatorForLanguageModeling(pad_token_id=pad)),
-                        ("packed", DataCollatorForLanguageModeling(pad_token_id=pad, padding_free=True))):
+    for layout, ref in (
+        ("padded", DataCollatorForLanguageModeling(pad_token_id=pad)),
+        ("packed", DataCollatorForLanguageModeling(pad_token_id=pad, padding_free=True)),
+    ):
         ours, theirs = LengthBatchCollator(layout=layout, pad_id=pad)(rows), ref(rows)
         assert set(ours) - {"use_cache"} == set(theirs), layout
         for key, want in theirs.items():
@@ -124,17 +153,32 @@ def test_collator_folds_masks_as_trl_does(tmp_path, tok):
         am = rng.integers(0, 2, size=n)
         am[-1] = 1  # a token both masks keep, so TRL keeps the sample
         cm = (np.arange(n) >= n // 2).astype(int)
-        data.append({"input_ids": rng.integers(2, 300, size=n).tolist(), "completion_mask": cm.tolist(),
-                     "assistant_masks": am.tolist()})
+        data.append(
+            {
+                "input_ids": rng.integers(2, 300, size=n).tolist(),
+                "completion_mask": cm.tolist(),
+                "assistant_masks": am.tolist(),
+            }
+        )
     labels = {}
     for completion_only in (True, False):
-        tr = _sft(tok, tmp_path, data, cls=LBSFT, completion_only_loss=completion_only, strategy="packed",
-                  token_budget=1024, max_batch_size=16)
+        tr = _sft(
+            tok,
+            tmp_path,
+            data,
+            cls=LBSFT,
+            completion_only_loss=completion_only,
+            strategy="packed",
+            token_budget=1024,
+            max_batch_size=16,
+        )
         assert tr.data_collator.completion_only_loss is completion_only
         want = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
-            [{k: tr.train_dataset[i][k] for k in ("input_ids", "labels")} for i in range(len(data))])["labels"]
-        got = LengthBatchCollator(layout="padded", pad_id=tok.pad_token_id,
-                                  completion_only_loss=completion_only)(data)["labels"]
+            [{k: tr.train_dataset[i][k] for k in ("input_ids", "labels")} for i in range(len(data))]
+        )["labels"]
+        got = LengthBatchCollator(layout="padded", pad_id=tok.pad_token_id, completion_only_loss=completion_only)(data)[
+            "labels"
+        ]
         assert torch.equal(got, want), completion_only
         labels[completion_only] = got
     assert (labels[True] != -100).sum() < (labels[False] != -100).sum(), "completion_mask changed nothing"
@@ -150,8 +194,9 @@ def test_plain_trainer_keeps_a_completion_mask_column(tmp_path):
     cm = [[int(j >= len(x) // 2) for j in range(len(x))] for x in ids]
     ds = datasets.Dataset.from_dict({"input_ids": ids, "completion_mask": cm, "text": ["t"] * 12})
     args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
-    tr = LengthBatchTrainer(model=tiny_qwen2(256), args=args, train_dataset=ds, strategy="random", token_budget=64,
-                            max_batch_size=4)
+    tr = LengthBatchTrainer(
+        model=tiny_qwen2(256), args=args, train_dataset=ds, strategy="random", token_budget=64, max_batch_size=4
+    )
     assert tr.lengths.tolist() == [len(x) for x in ids]
     loader = tr.get_train_dataloader()
     batch_idx, batch = next(iter(loader.batch_sampler)), next(iter(loader))
@@ -165,9 +210,14 @@ def test_plain_trainer_keeps_a_completion_mask_column(tmp_path):
 def test_fields_that_cannot_be_kept_are_refused():
     base = {"input_ids": [5, 6, 7]}
     col = LengthBatchCollator(layout="packed")
-    for extra, name in (({"seq_lengths": [2, 1]}, "seq_lengths"), ({"token_type_ids": [0, 0, 0]}, "token_type_ids"),
-                        ({"attention_mask": [1, 1, 0]}, "attention_mask"), ({"position_ids": [0, 1, 1]}, "position_ids"),
-                        ({"completion_mask": [0, 1]}, "completion_mask"), ({"labels": [1, 2]}, "labels")):
+    for extra, name in (
+        ({"seq_lengths": [2, 1]}, "seq_lengths"),
+        ({"token_type_ids": [0, 0, 0]}, "token_type_ids"),
+        ({"attention_mask": [1, 1, 0]}, "attention_mask"),
+        ({"position_ids": [0, 1, 1]}, "position_ids"),
+        ({"completion_mask": [0, 1]}, "completion_mask"),
+        ({"labels": [1, 2]}, "labels"),
+    ):
         with pytest.raises(ValueError, match=name):
             col([{**base, **extra}])
     # accepted: what the layout rebuilds anyway, and a field the model does not take (as remove_unused_columns)
@@ -179,9 +229,11 @@ def test_fields_that_cannot_be_kept_are_refused():
 def test_mixin_refuses_trl_settings_that_rebatch(tmp_path, tok):
     data = conversations(4, fmt="prompt_completion")
     plan = dict(strategy="packed", token_budget=512, max_batch_size=8)
-    for setting, name in (({"packing": True, "max_length": 128}, "packing=True in the trainer's args"),
-                          ({"padding_free": True, "max_length": None}, "padding_free=True in the trainer's args"),
-                          ({"pad_to_multiple_of": 8}, "pad_to_multiple_of=8 would pad")):
+    for setting, name in (
+        ({"packing": True, "max_length": 128}, "packing=True in the trainer's args"),
+        ({"padding_free": True, "max_length": None}, "padding_free=True in the trainer's args"),
+        ({"pad_to_multiple_of": 8}, "pad_to_multiple_of=8 would pad"),
+    ):
         with pytest.raises(ValueError, match=name):
             _sft(tok, tmp_path, data, cls=LBSFT, **setting, **plan)
 
@@ -194,8 +246,9 @@ def test_lengths_from_arrow_offsets():
 
     rng = np.random.default_rng(1)
     ids = [rng.integers(0, 9, size=n).tolist() for n in rng.integers(1, 40, size=50)]
-    ds = datasets.concatenate_datasets([datasets.Dataset.from_dict({"input_ids": ids[:20]}),
-                                        datasets.Dataset.from_dict({"input_ids": ids[20:]})])
+    ds = datasets.concatenate_datasets(
+        [datasets.Dataset.from_dict({"input_ids": ids[:20]}), datasets.Dataset.from_dict({"input_ids": ids[20:]})]
+    )
     assert ds.data.table.column("input_ids").num_chunks == 2
     mapped = ds.filter(lambda e: len(e["input_ids"]) % 3 != 0).shuffle(seed=0)
     assert mapped._indices is not None

@@ -55,16 +55,33 @@ def delta_rule() -> dict:
     varlen.set_kernel_backend("fla")
     fla = varlen._fla_chunk()
     for name, cu in (("int64", cu64), ("int32", cu64.to(torch.int32))):
-        o, _ = fla(q=q, k=k, v=v, g=g, beta=beta, initial_state=None, output_final_state=False,
-                   use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        o, _ = fla(
+            q=q,
+            k=k,
+            v=v,
+            g=g,
+            beta=beta,
+            initial_state=None,
+            output_final_state=False,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu,
+        )
         out[f"fla_{name}_vs_torch"] = _max(o, ref)
         if name == "int64":
             packed = o
     alone = []
     for s, length in zip(starts, LENGTHS):
         sl = slice(s, s + length)
-        o, _ = fla(q=q[:, sl], k=k[:, sl], v=v[:, sl], g=g[:, sl], beta=beta[:, sl], initial_state=None,
-                   output_final_state=False, use_qk_l2norm_in_kernel=True)
+        o, _ = fla(
+            q=q[:, sl],
+            k=k[:, sl],
+            v=v[:, sl],
+            g=g[:, sl],
+            beta=beta[:, sl],
+            initial_state=None,
+            output_final_state=False,
+            use_qk_l2norm_in_kernel=True,
+        )
         alone.append(o)
     out["fla_packed_vs_fla_alone"] = _max(packed, torch.cat(alone, 1))
     through = varlen.chunk_gated_delta_rule(q, k, v, g, beta, _segs(cu64, n))  # lenbatch's fla path
@@ -90,19 +107,33 @@ def conv() -> dict:
     y32 = y32[0] if isinstance(y32, tuple) else y32
     leaked = varlen.causal_conv(x, w, _segs(cu64, n, boundaries=False))
     varlen.set_kernel_backend("auto")
-    return {"conv_fla_vs_torch": _max(through, ref), "conv_fla_int32_vs_torch": _max(y32, ref),
-            "conv_fla_without_boundaries_vs_torch": _max(leaked, ref),
-            "conv_backend": "fla" if fn is not None else "torch"}
+    return {
+        "conv_fla_vs_torch": _max(through, ref),
+        "conv_fla_int32_vs_torch": _max(y32, ref),
+        "conv_fla_without_boundaries_vs_torch": _max(leaked, ref),
+        "conv_backend": "fla" if fn is not None else "torch",
+    }
 
 
 def model() -> dict:
     from lenbatch_study.core.config import ModelConfig
     from lenbatch_study.models.target import build_target
 
-    cfg = ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      layer_types=("linear_attention", "full_attention"), num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                      linear_key_head_dim=16, linear_value_head_dim=16, target_layers=(0, 1))
+    cfg = ModelConfig(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        layer_types=("linear_attention", "full_attention"),
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        target_layers=(0, 1),
+    )
     target = build_target(cfg)
     varlen.set_kernel_backend("fla")
     res = verify.verify_packing(target, LENGTHS, seed=0)
@@ -154,8 +185,11 @@ class LaunchKeys:
             vals = dict(zip(sig, args)) | kwargs
             skip = set(fn_self.kwargs.get("do_not_specialize") or ())
             const = tuple((k, v) for k, v in vals.items() if k in sig and constexpr(sig[k]))
-            ints = tuple((k, v == 1, v % 16 == 0) for k, v in vals.items()
-                         if k in sig and not constexpr(sig[k]) and k not in skip and type(v) is int)
+            ints = tuple(
+                (k, v == 1, v % 16 == 0)
+                for k, v in vals.items()
+                if k in sig and not constexpr(sig[k]) and k not in skip and type(v) is int
+            )
             dtypes = tuple(str(v.dtype) for v in vals.values() if hasattr(v, "dtype"))
             keys.add(("jit", fn_self.fn.__name__, const, ints, dtypes))
             return run(fn_self, *args, **kwargs)
@@ -218,7 +252,7 @@ def compile_keys() -> dict:
         # the largest batch of each plan and the smallest padded one (the interpreter takes seconds
         # per forward)
         by_tokens = sorted(plan, key=lambda b: int(lengths[b].sum()))
-        for idx in ((by_tokens[0], by_tokens[-1]) if strategy == "sorted" else (by_tokens[-1],)):
+        for idx in (by_tokens[0], by_tokens[-1]) if strategy == "sorted" else (by_tokens[-1],):
             rows = [data[i] for i in idx]
             if strategy == "packed":
                 b = collate_packed(rows)
@@ -236,28 +270,50 @@ def compile_keys() -> dict:
         l2norm_fwd(torch.randn(tokens * hk, d))
     control = rec.take()
     varlen.set_kernel_backend("auto")
-    return {"keys_warm": len(warm), "keys_autotuned_warm": sum(k[0] == "autotune" for k in warm),
-            "keys_new_in_plan": sorted(map(repr, new)), "plan_shapes": shapes,
-            "l2norm_autotune_keys": sorted(repr(k[2]) for k in control if k[0] == "autotune"),
-            "warm_kernels": sorted({k[1] for k in warm}), "warmup_tokens": list(warmup_tokens(256)),
-            "autotune_choices_warm": chosen_warm, "autotune_choices_plan": chosen_plan}
+    return {
+        "keys_warm": len(warm),
+        "keys_autotuned_warm": sum(k[0] == "autotune" for k in warm),
+        "keys_new_in_plan": sorted(map(repr, new)),
+        "plan_shapes": shapes,
+        "l2norm_autotune_keys": sorted(repr(k[2]) for k in control if k[0] == "autotune"),
+        "warm_kernels": sorted({k[1] for k in warm}),
+        "warmup_tokens": list(warmup_tokens(256)),
+        "autotune_choices_warm": chosen_warm,
+        "autotune_choices_plan": chosen_plan,
+    }
 
 
 def _tiny_cfg():
     from lenbatch_study.core.config import ModelConfig
 
-    return ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       layer_types=("linear_attention", "full_attention"), num_attention_heads=2,
-                       num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                       linear_key_head_dim=16, linear_value_head_dim=16, target_layers=(0, 1))
+    return ModelConfig(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        layer_types=("linear_attention", "full_attention"),
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        target_layers=(0, 1),
+    )
 
 
 def main() -> int:
     torch.set_num_threads(1)
     times = {}
     out: dict = {}
-    for name, fn in (("roles", runner_roles), ("delta_rule", delta_rule), ("conv", conv), ("model", model),
-                     ("compile_keys", compile_keys)):
+    for name, fn in (
+        ("roles", runner_roles),
+        ("delta_rule", delta_rule),
+        ("conv", conv),
+        ("model", model),
+        ("compile_keys", compile_keys),
+    ):
         t0 = time.perf_counter()
         out |= fn()
         times[name] = round(time.perf_counter() - t0, 2)

@@ -38,10 +38,19 @@ def main() -> int:
 
     params = load_params(ROOT / "params.yaml", overrides={k: gpu_check.MID[k] for k in ("model", "batching")})
     m = params.model
-    one = load_params(ROOT / "params.yaml", overrides={"model": {**gpu_check.MID["model"], "num_hidden_layers": 1,
-                                                                "layer_types": ["linear_attention"],
-                                                                "target_layers": [0], "dtype": "float32",
-                                                                "vocab_size": 512}}).model
+    one = load_params(
+        ROOT / "params.yaml",
+        overrides={
+            "model": {
+                **gpu_check.MID["model"],
+                "num_hidden_layers": 1,
+                "layer_types": ["linear_attention"],
+                "target_layers": [0],
+                "dtype": "float32",
+                "vocab_size": 512,
+            }
+        },
+    ).model
     target = build_target(one).half()
     varlen.set_kernel_backend("fla")
     assert kernels._fla_chunk() is not None and kernels._fla_conv() is not None
@@ -54,12 +63,21 @@ def main() -> int:
         peaks[n] = mode.peak
     # the estimate for the model measured: one layer, its own output the one target layer (at the check's
     # four target layers the estimate adds their retained outputs: tests/models/test_memory_capture.py)
-    print(json.dumps({"measured_bytes_per_token": (peaks[1024] - peaks[512]) / 512,
-                      "estimate_bytes_per_token": memory.BYTES[m.dtype] * memory.target_activation_elements(one),
-                      "old_estimate_bytes_per_token": memory.BYTES[m.dtype] * (
-                          4 * m.hidden_size + 3 * m.intermediate_size
-                          + 2 * m.linear_num_key_heads * m.linear_key_head_dim
-                          + 2 * m.linear_num_value_heads * m.linear_value_head_dim)}))
+    print(
+        json.dumps(
+            {
+                "measured_bytes_per_token": (peaks[1024] - peaks[512]) / 512,
+                "estimate_bytes_per_token": memory.BYTES[m.dtype] * memory.target_activation_elements(one),
+                "old_estimate_bytes_per_token": memory.BYTES[m.dtype]
+                * (
+                    4 * m.hidden_size
+                    + 3 * m.intermediate_size
+                    + 2 * m.linear_num_key_heads * m.linear_key_head_dim
+                    + 2 * m.linear_num_value_heads * m.linear_value_head_dim
+                ),
+            }
+        )
+    )
     return 0
 
 

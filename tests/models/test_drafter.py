@@ -16,10 +16,20 @@ from lenbatch_study.runtime.runner import StepRunner
 
 # A small target (the real Qwen3.5 classes): 3 Gated DeltaNet layers + 1 full attention, small vocab.
 SMALL = {
-    "model": {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "linear_num_key_heads": 2,
-              "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-              "target_layers": [1, 3]},
+    "model": {
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "target_layers": [1, 3],
+    },
     "drafter": {"num_layers": 2, "num_heads": 4, "anchors_per_seq": 3},
     "batching": {"token_budget": 2048, "max_batch_size": 8},
     "data": {"max_len": 1024},
@@ -38,8 +48,10 @@ def runner():
 def batches():
     seqs = synthetic_sequences(LENGTHS, vocab_size=512, seed=3)
     idx = list(range(100, 100 + len(LENGTHS)))
-    return (collate_padded(seqs, token_budget=2048, max_batch_size=8, indices=idx),
-            collate_packed(seqs, token_budget=2048, indices=idx))
+    return (
+        collate_padded(seqs, token_budget=2048, max_batch_size=8, indices=idx),
+        collate_packed(seqs, token_budget=2048, indices=idx),
+    )
 
 
 def _loss(runner, batch, feats, step=7):
@@ -77,8 +89,8 @@ def test_blocks_see_only_their_own_sequence_before_the_anchor(runner, batches):
         # perturb sequence 1's features at and after its last anchor, and all of sequence 3's
         s1_from = cu[1] + int(a[1].max())
         f2 = f.clone()
-        f2[0, s1_from:cu[2]] += 5.0
-        f2[0, cu[3]:cu[4]] -= 3.0
+        f2[0, s1_from : cu[2]] += 5.0
+        f2[0, cu[3] : cu[4]] -= 3.0
         h1 = runner.drafter.block_states(f2, packed, a, embed_tokens=runner.embed_tokens)
     diff = (h1 - h0).abs().amax(dim=(2, 3))  # [S, A]
     assert diff[[0, 2, 4]].max() == 0  # other sequences untouched

@@ -39,8 +39,11 @@ def _fla_python() -> str | None:
 
 
 FLA_PYTHON = _fla_python()
-needs_fla = pytest.mark.skipif(FLA_PYTHON is None, reason="flash-linear-attention + triton not installed "
-                               "(make install builds .venv-fla: flash-linear-attention==0.6.0, triton==3.9.0)")
+needs_fla = pytest.mark.skipif(
+    FLA_PYTHON is None,
+    reason="flash-linear-attention + triton not installed "
+    "(make install builds .venv-fla: flash-linear-attention==0.6.0, triton==3.9.0)",
+)
 ENV = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_F32_DEFAULT")}
 ENV |= {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
@@ -90,8 +93,10 @@ def test_fla_on_cpu_needs_the_interpreter_and_not_bfloat16(monkeypatch):
 
 
 def test_range_counters_become_triton_scalars_and_static_range_ones_do_not():
-    src = ("def k(n):\n    for i in range(n):\n        x = i\n"
-           "    for j in tl.range(0, n):\n        y = j\n    for s in tl.static_range(3):\n        z = s\n")
+    src = (
+        "def k(n):\n    for i in range(n):\n        x = i\n"
+        "    for j in tl.range(0, n):\n        y = j\n    for s in tl.static_range(3):\n        z = s\n"
+    )
     tree = fla_cpu._CounterToTensor(ast.NodeTransformer()).visit(ast.parse(src))
     loops = [n for n in ast.walk(tree) if isinstance(n, ast.For)]
     firsts = [ast.unparse(loop.body[0]) for loop in loops]
@@ -105,8 +110,13 @@ def test_range_counters_become_triton_scalars_and_static_range_ones_do_not():
 
 @pytest.fixture(scope="module")
 def fla_results():
-    proc = subprocess.run([FLA_PYTHON, str(HERE / "_fla_checks.py")], env={**ENV, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [FLA_PYTHON, str(HERE / "_fla_checks.py")],
+        env={**ENV, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -180,8 +190,13 @@ def test_the_target_memory_estimate_is_within_15_percent_of_flas_allocations():
     activations per token (models.memory) against the peak live bytes per token that a Gated DeltaNet
     layer's forward allocates through fla (tests/models/_fla_memory.py; kernels no-ops, allocations
     real): within 15%. The estimate before fla's working set was counted (~86 KB of ~139) is not."""
-    proc = subprocess.run([FLA_PYTHON, str(HERE / "_fla_memory.py")], env={**ENV, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [FLA_PYTHON, str(HERE / "_fla_memory.py")],
+        env={**ENV, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     measured = r["measured_bytes_per_token"]
@@ -190,8 +205,18 @@ def test_the_target_memory_estimate_is_within_15_percent_of_flas_allocations():
 
 
 def _verify(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [FLA_PYTHON, "-m", "lenbatch_study", "verify-packing", "--params", "params.yaml", "configs/tiny.yaml",
-           "--lengths", "5,17,30", *args]
+    cmd = [
+        FLA_PYTHON,
+        "-m",
+        "lenbatch_study",
+        "verify-packing",
+        "--params",
+        "params.yaml",
+        "configs/tiny.yaml",
+        "--lengths",
+        "5,17,30",
+        *args,
+    ]
     return subprocess.run(cmd, env=env or ENV, capture_output=True, text=True, timeout=300)
 
 

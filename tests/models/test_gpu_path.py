@@ -44,8 +44,11 @@ def test_the_27b_setting_fits_an_h200_and_is_refused_on_an_80_gb_card():
     memory.check_fits(p, device_bytes=141 * GB)
     # the retained target-layer outputs (4 of 5 at the last one's forward: ~2 GB at the budget) leave room
     # for one batch in flight on an 80 GB card
-    with pytest.raises(ValueError, match=r"train\.queue_size 8 in flight.*batching\.token_budget 49152"
-                                         r".*train\.queue_size <= 1 fits"):
+    with pytest.raises(
+        ValueError,
+        match=r"train\.queue_size 8 in flight.*batching\.token_budget 49152"
+        r".*train\.queue_size <= 1 fits",
+    ):
         memory.check_fits(p, device_bytes=80 * GB)
     memory.check_fits(_study(queue_size=1), device_bytes=80 * GB)  # the advice holds
     # one process with both roles: the drafter's memory on top, no queue of features
@@ -69,11 +72,23 @@ def test_the_closed_form_target_count_is_the_models(config):
     files = ["params.yaml"] if config in ("params.yaml", "mixed") else ["params.yaml", config]
     m = load_params(*files).model
     if config == "mixed":  # every shape key away from the others, attention first, conv width 3
-        m = dataclasses.replace(m, vocab_size=1000, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
-                                layer_types=("full_attention", "linear_attention", "linear_attention"),
-                                num_attention_heads=6, num_key_value_heads=3, head_dim=24, linear_num_key_heads=2,
-                                linear_num_value_heads=4, linear_key_head_dim=10, linear_value_head_dim=14,
-                                linear_conv_kernel_dim=3, target_layers=(0, 2))
+        m = dataclasses.replace(
+            m,
+            vocab_size=1000,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=3,
+            layer_types=("full_attention", "linear_attention", "linear_attention"),
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            head_dim=24,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=10,
+            linear_value_head_dim=14,
+            linear_conv_kernel_dim=3,
+            target_layers=(0, 2),
+        )
     with torch.device("meta"):
         decoder = Qwen3_5TextModel(hf_text_config(m))
     assert memory.target_parameters(m) == sum(p.numel() for p in decoder.parameters()) + m.vocab_size * m.hidden_size
@@ -107,8 +122,12 @@ def test_bf16_drafter_keeps_fp32_master_weights_and_the_target_stays_bf16(tmp_pa
     runner = StepRunner(p)
     assert {w.dtype for w in runner.target.parameters()} == {torch.bfloat16}
     assert {w.dtype for w in runner.drafter.parameters()} == {torch.float32}
-    batch = collate(synthetic_sequences([40, 60, 30], vocab_size=p.model.vocab_size, seed=0), layout="padded",
-                    token_budget=1024, max_batch_size=8)
+    batch = collate(
+        synthetic_sequences([40, 60, 30], vocab_size=p.model.vocab_size, seed=0),
+        layout="padded",
+        token_budget=1024,
+        max_batch_size=8,
+    )
     before = [w.detach().clone() for w in runner.drafter.parameters()]
     feats, _ = runner.target_step(batch)
     assert feats.dtype == torch.bfloat16
@@ -128,8 +147,14 @@ def test_bf16_drafter_keeps_fp32_master_weights_and_the_target_stays_bf16(tmp_pa
 
 
 ROOT = Path(__file__).parents[2]
-FLA_PYTHON = next((str(p) for p in (Path(os.environ.get("LENBATCH_FLA_PYTHON", "/nonexistent")),
-                                    ROOT / ".venv-fla" / "bin" / "python") if p.exists()), None)
+FLA_PYTHON = next(
+    (
+        str(p)
+        for p in (Path(os.environ.get("LENBATCH_FLA_PYTHON", "/nonexistent")), ROOT / ".venv-fla" / "bin" / "python")
+        if p.exists()
+    ),
+    None,
+)
 needs_fla = pytest.mark.skipif(FLA_PYTHON is None, reason="no .venv-fla (make install builds it)")
 
 
@@ -184,8 +209,11 @@ def test_no_device_wide_synchronize_anywhere_in_the_package():
     calls = []
     for path in src.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "synchronize" and \
-                    ast.unparse(node.value) in ("torch.cuda", "cuda"):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "synchronize"
+                and ast.unparse(node.value) in ("torch.cuda", "cuda")
+            ):
                 calls.append(f"{path.relative_to(src)}:{node.lineno}")
     assert calls == []
 
@@ -217,14 +245,14 @@ def test_an_installed_but_broken_fla_is_reported_as_broken(tmp_path):
     """Finding 5: the real fla 0.6.0 package on the path of a Python without triton (this venv's)."""
     site = next((ROOT / ".venv-fla" / "lib").glob("python3*/site-packages"))
     (tmp_path / "fla").symlink_to(site / "fla")
-    code = ("from lenbatch_study.models import kernels; print(kernels.fla_problem())")
+    code = "from lenbatch_study.models import kernels; print(kernels.fla_problem())"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tmp_path)])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().startswith("broken: ModuleNotFoundError") and "triton" in out.stdout
 
 
-_FLA_LAYOUT = r'''
+_FLA_LAYOUT = r"""
 import json, torch
 from lenbatch_study.models import kernels, varlen, fla_cpu
 calls = []
@@ -248,7 +276,7 @@ was = fla_cpu.force_ieee_solve()
 import importlib; solve_tril = importlib.import_module("fla.ops.utils.solve_tril")
 print(json.dumps({"calls": calls, "diff": float((out - ref).abs().max()), "shape": list(out.shape), "was": was,
                   "now": chunk_fwd.SOLVE_TRIL_DOT_PRECISION.value, "tril": solve_tril.DOT_PRECISION_AUTOTUNE_LIST}))
-'''
+"""
 
 
 @needs_fla
@@ -256,8 +284,14 @@ def test_padded_batches_reach_fla_as_one_row_and_fp32_checks_force_the_solve_to_
     """Findings 6 and 7 (fla under Triton's interpreter): a padded [3, 24] batch goes to fla as one row
     with boundaries at multiples of 24 (no kernel keyed on the batch size sees B > 1) and equals the
     torch path; force_ieee_solve turns fla's explicit TF32 triangular solve to IEEE."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": str(ROOT / "src"), "FLA_TRIL_PRECISION": "ieee"}
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": str(ROOT / "src"),
+        "FLA_TRIL_PRECISION": "ieee",
+    }
     proc = subprocess.run([FLA_PYTHON, "-c", _FLA_LAYOUT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -273,11 +307,22 @@ def test_the_only_explicit_tf32_in_fla_forward_kernels_is_the_one_forced():
     solve's SOLVE_TRIL_DOT_PRECISION (forced by force_ieee_solve) or IEEE itself."""
     site = next((ROOT / ".venv-fla" / "lib").glob("python3*/site-packages")) / "fla"
     # the modules of every kernel a forward runs (chunk_gated_delta_rule with cu_seqlens, causal_conv1d)
-    files = [site / f for f in ("ops/gated_delta_rule/chunk_fwd.py", "ops/gated_delta_rule/wy_fast.py",
-                                "ops/gated_delta_rule/chunk.py", "ops/gated_delta_rule/gate.py",
-                                "ops/utils/cumsum.py", "ops/utils/solve_tril.py", "ops/common/chunk_delta_h.py",
-                                "ops/common/chunk_o.py", "ops/common/chunk_scaled_dot_kkt.py",
-                                "modules/norm/l2norm.py", "modules/causal_conv1d/ops.py")]
+    files = [
+        site / f
+        for f in (
+            "ops/gated_delta_rule/chunk_fwd.py",
+            "ops/gated_delta_rule/wy_fast.py",
+            "ops/gated_delta_rule/chunk.py",
+            "ops/gated_delta_rule/gate.py",
+            "ops/utils/cumsum.py",
+            "ops/utils/solve_tril.py",
+            "ops/common/chunk_delta_h.py",
+            "ops/common/chunk_o.py",
+            "ops/common/chunk_scaled_dot_kkt.py",
+            "modules/norm/l2norm.py",
+            "modules/causal_conv1d/ops.py",
+        )
+    ]
     explicit = set()
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
@@ -289,7 +334,8 @@ def test_the_only_explicit_tf32_in_fla_forward_kernels_is_the_one_forced():
     # FLA_TRIL_PRECISION says otherwise (the check's fp32 step sets it to ieee; asserted in the script above)
     assert {(n, a, v) for n, a, v in explicit if not (a == "allow_tf32" and v == "False")} == {
         ("chunk_fwd.py", "input_precision", "SOLVE_TRIL_DOT_PRECISION"),
-        ("solve_tril.py", "input_precision", "DOT_PRECISION")}, explicit
+        ("solve_tril.py", "input_precision", "DOT_PRECISION"),
+    }, explicit
 
 
 def test_drafter_windows_are_sequences_times_context_and_counted():
@@ -307,8 +353,9 @@ def test_drafter_windows_are_sequences_times_context_and_counted():
         ratios[strategy] = np.percentile(memory.window_ratios(p, lengths, batches), [5, 50, 100])
     assert 1.8 <= ratios["packed"][0] and ratios["packed"][1] <= 3.2 < ratios["packed"][2], ratios
     assert ratios["sorted"][2] < 1.2 and ratios["random"][2] < 1.2  # padded: S x longest = computed tokens (+ N)
-    w = memory.plan_window_tokens(p, lengths, lb.plan_epoch(lengths, strategy="packed", epoch=0, seed=0,
-                                                              token_budget=T, max_batch_size=64))
+    w = memory.plan_window_tokens(
+        p, lengths, lb.plan_epoch(lengths, strategy="packed", epoch=0, seed=0, token_budget=T, max_batch_size=64)
+    )
     _, with_w = memory.rank_memory(p, window_tokens=w)
     _, without = memory.rank_memory(p, window_tokens=0)
     assert with_w.activations - without.activations == memory.drafter_window_bytes(p, w) > 4 * 2**30
@@ -322,8 +369,12 @@ def test_the_window_term_covers_what_a_drafter_step_keeps(one_thread):
     p = _tiny(batching={"token_budget": 2048, "max_batch_size": 16}, drafter={"anchors_per_seq": 4})
     run = StepRunner(p)
     lengths = [128] * 16  # 16 sequences, 2,048 tokens, windows of up to 128 + 64 positions each
-    batch = collate(synthetic_sequences(lengths, vocab_size=p.model.vocab_size, seed=0), layout="packed",
-                    token_budget=2048, max_batch_size=16)
+    batch = collate(
+        synthetic_sequences(lengths, vocab_size=p.model.vocab_size, seed=0),
+        layout="packed",
+        token_budget=2048,
+        max_batch_size=16,
+    )
     feats, _ = run.target_step(batch)
     kept = []
 
@@ -356,11 +407,33 @@ def test_summary_keeps_compile_seconds_of_measured_steps_apart(tmp_path):
 
     rec = Recorder(tmp_path / "steps.jsonl", kept=None)
     for i, c in enumerate([2.0, 0.5, 0.0, 0.25, 0.0]):
-        rec.add({"step": i, "epoch": 0, "t": float(i + 1), "useful_tokens": 10, "computed_tokens": 10,
-                 "target_s": 0.1, "drafter_s": 0.1, "queue_wait_s": 0.0, "credit_wait_s": 0.0, "loss": 1.0,
-                 "target_cpu_s": 0.1, "drafter_cpu_s": 0.1, "compile_s": c})
-    s = rec.summary(params=_tiny(), strategy="sorted", warmup=2, world_size=1, target_ranks=1, resumed_from=None,
-                    total_steps=5, device={"kernel_backend": {"gated_delta_rule": "fla"}})
+        rec.add(
+            {
+                "step": i,
+                "epoch": 0,
+                "t": float(i + 1),
+                "useful_tokens": 10,
+                "computed_tokens": 10,
+                "target_s": 0.1,
+                "drafter_s": 0.1,
+                "queue_wait_s": 0.0,
+                "credit_wait_s": 0.0,
+                "loss": 1.0,
+                "target_cpu_s": 0.1,
+                "drafter_cpu_s": 0.1,
+                "compile_s": c,
+            }
+        )
+    s = rec.summary(
+        params=_tiny(),
+        strategy="sorted",
+        warmup=2,
+        world_size=1,
+        target_ranks=1,
+        resumed_from=None,
+        total_steps=5,
+        device={"kernel_backend": {"gated_delta_rule": "fla"}},
+    )
     rec.close()
     assert (s["compile_s_warmup"], s["compile_s_measured"], s["measured_steps_with_compile"]) == (2.5, 0.25, 1)
     assert s["kernel_backend"] == {"gated_delta_rule": "fla"}

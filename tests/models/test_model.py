@@ -69,21 +69,30 @@ def test_features_shape_layers_and_early_exit(small):
 
 
 def test_bfloat16_target():
-    target = build_target(dataclasses.replace(SMALL, dtype="bfloat16", num_hidden_layers=2,
-                                              layer_types=("linear_attention", "full_attention"),
-                                              target_layers=(0, 1)))
+    target = build_target(
+        dataclasses.replace(
+            SMALL,
+            dtype="bfloat16",
+            num_hidden_layers=2,
+            layer_types=("linear_attention", "full_attention"),
+            target_layers=(0, 1),
+        )
+    )
     assert all(p.dtype == torch.bfloat16 for p in target.parameters())
     assert target.model.rotary_emb.inv_freq.dtype == torch.float32  # RoPE frequencies stay exact
     feats = target.features(torch.randint(0, 1000, (1, 70)), cu_seqlens=torch.tensor([0, 20, 70]))
     assert feats.dtype == torch.bfloat16 and torch.isfinite(feats.float()).all()
 
 
-@pytest.mark.parametrize("override, match", [
-    ({"target_layers": [0, 4]}, "target_layers"),
-    ({"layer_types": ["linear_attention", "linear_attention", "linear_attention", "sliding"]}, "unknown types"),
-    ({"num_key_value_heads": 3}, "multiple of"),
-    ({"linear_num_value_heads": 6}, "multiple of"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ({"target_layers": [0, 4]}, "target_layers"),
+        ({"layer_types": ["linear_attention", "linear_attention", "linear_attention", "sliding"]}, "unknown types"),
+        ({"num_key_value_heads": 3}, "multiple of"),
+        ({"linear_num_value_heads": 6}, "multiple of"),
+    ],
+)
 def test_bad_model_config(override, match):
     with pytest.raises(ValueError, match=match):
         build_target(load_params(ROOT / "params.yaml", overrides={"model": override}).model)

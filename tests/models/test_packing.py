@@ -67,18 +67,24 @@ def test_hf_fallback_leaks_or_refuses(target):
     # the first sequence is unaffected, the later ones are not
     assert (packed[:, : lengths[0]] - alone[0]).abs().max() < 1e-4
     for i in (1, 2):
-        diff = (packed[:, starts[i]:starts[i + 1]] - alone[i]).abs().max().item()
+        diff = (packed[:, starts[i] : starts[i + 1]] - alone[i]).abs().max().item()
         assert diff > 0.1, f"expected HF's packed forward to leak into sequence {i}, diff {diff}"
     # already the first Gated DeltaNet layer leaks (state + conv taps), before any attention layer
-    leak = (hf_layers[0][:, starts[1]:starts[2]] - first_linear).abs().max().item()
+    leak = (hf_layers[0][:, starts[1] : starts[2]] - first_linear).abs().max().item()
     assert leak > 1e-3
     cu = torch.tensor(starts, dtype=torch.int32)
     if importlib.util.find_spec("fla") is not None:
         return  # with fla installed transformers hands cu_seq_lens_q to fla instead of refusing
     with pytest.raises(ValueError, match="flash-linear-attention"):
         with torch.no_grad():
-            target.model(input_ids=row, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
-                         max_length_q=max(lengths), max_length_k=max(lengths))
+            target.model(
+                input_ids=row,
+                position_ids=pos,
+                cu_seq_lens_q=cu,
+                cu_seq_lens_k=cu,
+                max_length_q=max(lengths),
+                max_length_k=max(lengths),
+            )
 
 
 def test_packed_equals_per_sequence_at_chunk_and_kernel_edges(target):
@@ -107,7 +113,7 @@ def test_features_packed_equal_features_padded(target):
     assert packed.shape == (1, sum(lengths), target.feature_dim)
     starts = np.cumsum([0, *lengths])
     for i, n in enumerate(lengths):
-        torch.testing.assert_close(packed[0, starts[i]:starts[i + 1]], padded[i, :n], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(packed[0, starts[i] : starts[i + 1]], padded[i, :n], atol=1e-5, rtol=1e-4)
     assert padded[mask == 0].abs().max() == 0  # padding positions are exact zeros
 
 
@@ -127,8 +133,11 @@ def test_padded_path_matches_hf_padded_forward(target):
 
 
 @settings(max_examples=12, deadline=None)
-@given(lengths=st.lists(st.integers(1, 90), min_size=1, max_size=5), seed=st.integers(0, 2**16),
-       chunk=st.sampled_from([8, 16, 32, 64]))
+@given(
+    lengths=st.lists(st.integers(1, 90), min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+    chunk=st.sampled_from([8, 16, 32, 64]),
+)
 def test_delta_rule_matches_token_by_token_reference(lengths, seed, chunk):
     """Chunked varlen delta rule vs transformers' recurrent (one token at a time) rule per sequence."""
     gen = torch.Generator().manual_seed(seed)
@@ -142,8 +151,9 @@ def test_delta_rule_matches_token_by_token_reference(lengths, seed, chunk):
     start = 0
     for length in lengths:
         sl = slice(start, start + length)
-        ref, _ = torch_recurrent_gated_delta_rule(q[:, sl], k[:, sl], v[:, sl], g=g[:, sl], beta=beta[:, sl],
-                                                  use_qk_l2norm_in_kernel=True)
+        ref, _ = torch_recurrent_gated_delta_rule(
+            q[:, sl], k[:, sl], v[:, sl], g=g[:, sl], beta=beta[:, sl], use_qk_l2norm_in_kernel=True
+        )
         torch.testing.assert_close(out[:, sl], ref, atol=2e-5, rtol=1e-4)
         start += length
 
@@ -158,9 +168,9 @@ def test_causal_conv_never_reads_across_a_boundary(lengths, kernel):
     out = varlen.causal_conv(x, w, segs)
     start = 0
     for length in lengths:
-        xs = x[:, start:start + length].transpose(1, 2)
+        xs = x[:, start : start + length].transpose(1, 2)
         ref = F.silu(F.conv1d(xs, w.unsqueeze(1), padding=kernel - 1, groups=ch)[..., :length]).transpose(1, 2)
-        torch.testing.assert_close(out[:, start:start + length], ref, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(out[:, start : start + length], ref, atol=1e-6, rtol=1e-5)
         start += length
 
 
@@ -179,12 +189,26 @@ def test_verify_packing_bfloat16_is_judged_relative(capsys):
 
 
 def test_verify_packing_with_a_hugging_face_config_json(tmp_path, capsys):
-    cfg = {"model_type": "qwen3_5", "text_config": {
-        "model_type": "qwen3_5_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
-        "num_hidden_layers": 4, "full_attention_interval": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
-        "rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.25}}}
+    cfg = {
+        "model_type": "qwen3_5",
+        "text_config": {
+            "model_type": "qwen3_5_text",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 4,
+            "full_attention_interval": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.25},
+        },
+    }
     path = tmp_path / "config.json"
     path.write_text(__import__("json").dumps(cfg))
     assert main(["verify-packing", "--model-config", str(path), "--lengths", "3,40,9"]) == 0
@@ -199,12 +223,15 @@ def test_bad_lengths(text, capsys):
     assert "--lengths" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("cu, match", [
-    ([0, 3, 9], "inconsistent with input length 10"),
-    ([1, 4, 10], "start at 0"),
-    ([0, 6, 6, 10], "non-empty"),
-    ([[0, 10]], "1-D integer"),
-])
+@pytest.mark.parametrize(
+    "cu, match",
+    [
+        ([0, 3, 9], "inconsistent with input length 10"),
+        ([1, 4, 10], "start at 0"),
+        ([0, 6, 6, 10], "non-empty"),
+        ([[0, 10]], "1-D integer"),
+    ],
+)
 def test_bad_cu_seqlens(target, cu, match):
     with pytest.raises(ValueError, match=match):
         target.features(torch.zeros(1, 10, dtype=torch.long), cu_seqlens=torch.tensor(cu))

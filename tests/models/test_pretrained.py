@@ -17,10 +17,20 @@ from lenbatch_study.runtime.synthetic import synthetic_sequences
 from lenbatch_study.models.target import build_heads, build_target, hf_text_config
 
 ROOT = Path(__file__).resolve().parents[2]
-SHAPES = {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
-          "layer_types": ["linear_attention", "full_attention", "linear_attention"], "num_attention_heads": 2,
-          "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
-          "linear_key_head_dim": 16, "linear_value_head_dim": 16}
+SHAPES = {
+    "vocab_size": 512,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 3,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+}
 RANDOM = ModelConfig(**{**SHAPES, "layer_types": tuple(SHAPES["layer_types"])}, target_layers=(0, 1))
 
 
@@ -47,8 +57,9 @@ def _reference_features(path: Path, ids: torch.Tensor, layers=(0, 1)) -> torch.T
 
     ref = Qwen3_5ForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32).eval()
     out = {}
-    hooks = [ref.model.layers[i].register_forward_hook(lambda _m, _a, res, i=i: out.__setitem__(i, res))
-             for i in layers]
+    hooks = [
+        ref.model.layers[i].register_forward_hook(lambda _m, _a, res, i=i: out.__setitem__(i, res)) for i in layers
+    ]
     with torch.no_grad():
         ref.model(input_ids=ids, use_cache=False)
     for h in hooks:
@@ -68,7 +79,10 @@ def test_target_and_heads_use_the_checkpoint(ckpt, one_thread):
     assert not torch.allclose(random.features(ids), feats, atol=1e-3), "the checkpoint's weights were not used"
     torch.testing.assert_close(feats, want, atol=1e-5, rtol=1e-5)
     embed, head = build_heads(cfg)
-    for got, mine, theirs in ((embed, loaded.embed_tokens, ref.model.embed_tokens), (head, loaded.lm_head, ref.lm_head)):
+    for got, mine, theirs in (
+        (embed, loaded.embed_tokens, ref.model.embed_tokens),
+        (head, loaded.lm_head, ref.lm_head),
+    ):
         assert torch.equal(got.weight, mine.weight) and torch.equal(got.weight, theirs.weight)
         assert not got.weight.requires_grad
     bf16 = dataclasses.replace(cfg, dtype="bfloat16")  # cast on load, the same cast in both builders
@@ -90,17 +104,29 @@ def test_tied_and_vision_language_checkpoints(tmp_path, one_thread):
     plain = _save(tmp_path / "plain", seed=6)
     vl = tmp_path / "vl"
     vl.mkdir()
-    tensors = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
-               for k, v in load_file(str(plain / "model.safetensors")).items()}
+    tensors = {
+        k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+        for k, v in load_file(str(plain / "model.safetensors")).items()
+    }
     save_file(tensors, str(vl / "model.safetensors"), metadata={"format": "pt"})
     text = json.loads((plain / "config.json").read_text())
-    (vl / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-                                                "text_config": text, "tie_word_embeddings": False}))
+    (vl / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_5",
+                "architectures": ["Qwen3_5ForConditionalGeneration"],
+                "text_config": text,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     ids = torch.from_numpy(np.random.default_rng(1).integers(0, 512, size=(1, 17)))
     want, _ = _reference_features(plain, ids)
     vcfg = dataclasses.replace(RANDOM, pretrained=str(vl))
     torch.testing.assert_close(build_target(vcfg).features(ids), want, atol=1e-5, rtol=1e-5)
-    assert torch.equal(build_heads(vcfg)[1].weight, build_heads(dataclasses.replace(RANDOM, pretrained=str(plain)))[1].weight)
+    assert torch.equal(
+        build_heads(vcfg)[1].weight, build_heads(dataclasses.replace(RANDOM, pretrained=str(plain)))[1].weight
+    )
 
 
 def test_bad_checkpoints_are_refused_naming_the_key(ckpt, tmp_path):
@@ -119,10 +145,15 @@ def test_bad_checkpoints_are_refused_naming_the_key(ckpt, tmp_path):
 
 
 def _params(ckpt: Path, **model):
-    return load_params(str(ROOT / "params.yaml"), overrides={
-        "model": {**SHAPES, "target_layers": [0, 1], "pretrained": str(ckpt), **model},
-        "drafter": {"num_layers": 1, "num_heads": 2}, "batching": {"token_budget": 256, "max_batch_size": 8},
-        "data": {"max_len": 256}})
+    return load_params(
+        str(ROOT / "params.yaml"),
+        overrides={
+            "model": {**SHAPES, "target_layers": [0, 1], "pretrained": str(ckpt), **model},
+            "drafter": {"num_layers": 1, "num_heads": 2},
+            "batching": {"token_budget": 256, "max_batch_size": 8},
+            "data": {"max_len": 256},
+        },
+    )
 
 
 def test_step_runner_trains_behind_the_checkpoint(ckpt, one_thread):
@@ -137,8 +168,8 @@ def test_step_runner_trains_behind_the_checkpoint(ckpt, one_thread):
     feats, _ = runner.target_step(batch)
     for i, s in enumerate(seqs):
         want, ref = _reference_features(ckpt, torch.as_tensor(s["input_ids"])[None])
-        torch.testing.assert_close(feats[i, :len(s["input_ids"])], want[0], atol=1e-5, rtol=1e-5)
-        assert (feats[i, len(s["input_ids"]):] == 0).all()
+        torch.testing.assert_close(feats[i, : len(s["input_ids"])], want[0], atol=1e-5, rtol=1e-5)
+        assert (feats[i, len(s["input_ids"]) :] == 0).all()
     drafter_rank = StepRunner(params, role="drafter")
     assert torch.equal(drafter_rank.lm_head.weight, ref.lm_head.weight)
     assert torch.equal(drafter_rank.embed_tokens.weight, ref.model.embed_tokens.weight)

@@ -26,16 +26,21 @@ def chromium() -> str:
 
 
 def dump_dom(page: Path) -> str:
-    out = subprocess.run([chromium(), *FLAGS, "--dump-dom", page.resolve().as_uri()], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [chromium(), *FLAGS, "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0 and "</html>" in out.stdout, out.stderr[-2000:]
     return out.stdout
 
 
 def screenshot(page: Path, png: Path, size: str = "1100,2400") -> None:
     png.parent.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run([chromium(), *FLAGS, f"--window-size={size}", f"--screenshot={png.resolve()}",
-                          page.resolve().as_uri()], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [chromium(), *FLAGS, f"--window-size={size}", f"--screenshot={png.resolve()}", page.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0 and png.stat().st_size > 0, out.stderr[-2000:]
 
 

@@ -66,9 +66,9 @@ def run(*, params: Params, out: Path, lengths: Path) -> int:
     return 0
 '''
 
-COMMAND = '''    Command("toy", "the number of samples in lengths.npy", staged=True, stage=Stage(
+COMMAND = """    Command("toy", "the number of samples in lengths.npy", staged=True, stage=Stage(
         params=("stats",), inputs=(Input("tokenize", "lengths"),), outputs={"samples": Output(toy_count.COUNT)})),
-'''
+"""
 
 
 def documented_places() -> list[str]:
@@ -84,8 +84,11 @@ def add_toy(work) -> None:
     """The toy through the documented places, by what a person would write in each."""
     registry = work / "src/lenbatch_study/pipeline/registry.py"
     text = registry.read_text()
-    text = text.replace("\n\n\n@dataclass(frozen=True)\nclass Output",
-                        "\nfrom lenbatch_study.pipeline.artifacts import toy_count\n\n\n@dataclass(frozen=True)\nclass Output", 1)
+    text = text.replace(
+        "\n\n\n@dataclass(frozen=True)\nclass Output",
+        "\nfrom lenbatch_study.pipeline.artifacts import toy_count\n\n\n@dataclass(frozen=True)\nclass Output",
+        1,
+    )
     text = text.replace('    Command("stats", ', COMMAND + '    Command("stats", ', 1)  # DAG order: after tokenize
     assert text.count("toy_count") == 2, "registry.py's layout changed: update add_toy"
     registry.write_text(text)
@@ -96,8 +99,9 @@ def add_toy(work) -> None:
 
 def tool(args, work, timeout=600):
     """``args`` in ``work`` with the copy's ``src/`` first on PYTHONPATH (its registry, its toy)."""
-    proc = subprocess.run(args, cwd=work, env={**ENV, "PYTHONPATH": str(work / "src")}, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        args, cwd=work, env={**ENV, "PYTHONPATH": str(work / "src")}, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
 
@@ -105,13 +109,18 @@ def tool(args, work, timeout=600):
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     work = copy_workflow(tmp_path_factory.mktemp("addstage"))
-    merged = deep_merge(yaml.safe_load((work / "params.yaml").read_text()),
-                        yaml.safe_load((work / "configs/tiny.yaml").read_text()))
+    merged = deep_merge(
+        yaml.safe_load((work / "params.yaml").read_text()), yaml.safe_load((work / "configs/tiny.yaml").read_text())
+    )
     merged.pop("results_dir")  # the tiny params as *the* params: results/, what dvc.yaml tracks
     (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
     shutil.copy2(ROOT / ".gitignore", work / ".gitignore")
-    for args in (["git", "init", "-q"], ["git", "config", "user.email", "ci@lenbatch"],
-                 ["git", "config", "user.name", "lenbatch ci"], ["dvc", "init", "-q"]):
+    for args in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "ci@lenbatch"],
+        ["git", "config", "user.name", "lenbatch ci"],
+        ["dvc", "init", "-q"],
+    ):
         run(args, cwd=work)
     for name in ("config", ".gitignore"):
         shutil.copy2(ROOT / ".dvc" / name, work / ".dvc" / name)
@@ -124,16 +133,30 @@ def test_the_toy_touches_exactly_the_documented_places(work):
     changed = run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=work).stdout.splitlines()
     touched = sorted(line[3:] for line in changed)
     assert touched == sorted(documented_places()), (
-        f"adding a stage touched {touched}; docs/workflow.md lists {sorted(documented_places())}")
+        f"adding a stage touched {touched}; docs/workflow.md lists {sorted(documented_places())}"
+    )
     assert len(touched) <= 5
     dvc = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
     # what an edit reruns follows with no edit: its own modules rerun it, and so does the reader of its input
-    reruns = tool(["lenbatch", "reruns", f"src/lenbatch_study/stages/{NAME}.py",
-                   f"src/lenbatch_study/pipeline/artifacts/{FILE}.py", "lenbatch_study.pipeline.artifacts.tokenized"],
-                  work).stdout.splitlines()
-    assert reruns[:2] == [f"lenbatch_study/stages/{NAME}.py: {NAME}", f"lenbatch_study/pipeline/artifacts/{FILE}.py: {NAME}"]
+    reruns = tool(
+        [
+            "lenbatch",
+            "reruns",
+            f"src/lenbatch_study/stages/{NAME}.py",
+            f"src/lenbatch_study/pipeline/artifacts/{FILE}.py",
+            "lenbatch_study.pipeline.artifacts.tokenized",
+        ],
+        work,
+    ).stdout.splitlines()
+    assert reruns[:2] == [
+        f"lenbatch_study/stages/{NAME}.py: {NAME}",
+        f"lenbatch_study/pipeline/artifacts/{FILE}.py: {NAME}",
+    ]
     assert f" {NAME}," in reruns[2], reruns
-    assert "results/tokenize/lengths.npy" in dvc[NAME]["deps"] and f"src/lenbatch_study/stages/{NAME}.py" in dvc[NAME]["deps"]
+    assert (
+        "results/tokenize/lengths.npy" in dvc[NAME]["deps"]
+        and f"src/lenbatch_study/stages/{NAME}.py" in dvc[NAME]["deps"]
+    )
 
 
 def _expected(work) -> dict[str, int]:
@@ -144,7 +167,9 @@ def test_the_toy_runs_under_snakemake_then_under_dvc(work):
     out = work / f"results/{NAME}/count.json"
     # its rule is the generated one (workflow/rules/stages.smk), its command line the generic flags
     plan = tool(["snakemake", "-n", "-p", f"results/{NAME}/count.json"], work).stdout
-    assert re.search(rf"lenbatch {NAME} --params-json .* --lengths results/tokenize/lengths.npy --out results/{NAME} ", plan), plan
+    assert re.search(
+        rf"lenbatch {NAME} --params-json .* --lengths results/tokenize/lengths.npy --out results/{NAME} ", plan
+    ), plan
     tool(["snakemake", "--cores", "2", f"results/{NAME}/count.json"], work)
     assert json.loads(out.read_text()) == _expected(work) and _expected(work)["count"] > 0
     shutil.rmtree(work / f"results/{NAME}")

@@ -34,18 +34,44 @@ def real(tmp_path_factory):
     """The cheap stages' real outputs: tokenize (12 conversations), stats, boundaries, plans."""
     root = tmp_path_factory.mktemp("artifacts")
     over = root / "tiny.yaml"
-    over.write_text(yaml.safe_dump({"data": {"max_len": 256, "limit": 12, "workers": 1},
-                                    "batching": {"token_budget": 1024, "max_batch_size": 8},
-                                    "boundaries": {"num_buckets": 2, "sweep_max_buckets": 2, "num_candidates": 16},
-                                    "plans": {"epochs": 2}}))
+    over.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"max_len": 256, "limit": 12, "workers": 1},
+                "batching": {"token_budget": 1024, "max_batch_size": 8},
+                "boundaries": {"num_buckets": 2, "sweep_max_buckets": 2, "num_candidates": 16},
+                "plans": {"epochs": 2},
+            }
+        )
+    )
     params = ["--params", str(REPO / "params.yaml"), str(over)]
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", *params, "--no-progress", "--out",
-                    str(root / "tokenize")], check=True, env=ENV, capture_output=True, cwd=root)
+    subprocess.run(
+        [sys.executable, "-m", "lenbatch_study", "tokenize", *params, "--no-progress", "--out", str(root / "tokenize")],
+        check=True,
+        env=ENV,
+        capture_output=True,
+        cwd=root,
+    )
     lengths = root / "tokenize" / "lengths.npy"
     assert main(["stats", *params, "--lengths", str(lengths), "--out", str(root / "stats")]) == 0
     assert main(["boundaries", *params, "--lengths", str(lengths), "--out", str(root / "boundaries")]) == 0
-    assert main(["plans", *params, "--lengths", str(lengths), "--boundaries",
-                 str(root / "boundaries" / "boundaries.json"), "--epochs", "2", "--out", str(root / "plans")]) == 0
+    assert (
+        main(
+            [
+                "plans",
+                *params,
+                "--lengths",
+                str(lengths),
+                "--boundaries",
+                str(root / "boundaries" / "boundaries.json"),
+                "--epochs",
+                "2",
+                "--out",
+                str(root / "plans"),
+            ]
+        )
+        == 0
+    )
     return root
 
 
@@ -88,13 +114,15 @@ def test_the_dataset_reader_needs_no_datasets_package_and_agrees_with_it(real):
     ref = datasets.load_from_disk(str(real / "tokenize" / "dataset"))
     order = list(range(len(ref)))[::-1]
     want = [{"input_ids": ref[i]["input_ids"], "loss_mask": [bool(m) for m in ref[i]["loss_mask"]]} for i in order]
-    code = ("import sys, json, numpy as np; sys.modules['datasets'] = None\n"
-            "from lenbatch_study.pipeline.artifacts import tokenized\n"
-            f"d = {str(real / 'tokenize')!r}\n"
-            "ds = tokenized.read_dataset(d, tokenized.read_lengths(d))\n"
-            f"rows = ds.samples({order!r})\n"
-            "print(json.dumps([{'input_ids': r['input_ids'], 'loss_mask': [bool(m) for m in r['loss_mask']]} "
-            "for r in rows]))")
+    code = (
+        "import sys, json, numpy as np; sys.modules['datasets'] = None\n"
+        "from lenbatch_study.pipeline.artifacts import tokenized\n"
+        f"d = {str(real / 'tokenize')!r}\n"
+        "ds = tokenized.read_dataset(d, tokenized.read_lengths(d))\n"
+        f"rows = ds.samples({order!r})\n"
+        "print(json.dumps([{'input_ids': r['input_ids'], 'loss_mask': [bool(m) for m in r['loss_mask']]} "
+        "for r in rows]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == want
     assert len(tokenized.read_dataset(real / "tokenize", lengths)) == len(ref)
@@ -118,12 +146,17 @@ def test_dataset_missing_lacking_a_column_or_from_another_run(real, tmp_path):
     d = copy(real, tmp_path, "tokenize")
     lengths = tokenized.read_lengths(d)
     ds_path = d / "dataset"
-    refused(lambda: tokenized.read_dataset(d, lengths[:-1]), ds_path, f"has {lengths.size} rows but",
-            "tokenize/lengths.npy")
+    refused(
+        lambda: tokenized.read_dataset(d, lengths[:-1]), ds_path, f"has {lengths.size} rows but", "tokenize/lengths.npy"
+    )
     other = lengths.copy()
     other[2] += 1
-    refused(lambda: tokenized.read_dataset(d, other).samples([2]), ds_path, f"row 2 has {lengths[2]} tokens",
-            "tokenize/lengths.npy")
+    refused(
+        lambda: tokenized.read_dataset(d, other).samples([2]),
+        ds_path,
+        f"row 2 has {lengths[2]} tokens",
+        "tokenize/lengths.npy",
+    )
     refused(lambda: tokenized.read_dataset(d, other).loss_masks([2]), ds_path, "row 2 has", "tokenize/lengths.npy")
     datasets.load_from_disk(str(ds_path)).remove_columns(["loss_mask"]).save_to_disk(str(tmp_path / "ds"))
     shutil.rmtree(ds_path)
@@ -147,10 +180,16 @@ def test_boundaries_and_sweep_read_back(real):
         bucket_edges.edges_for(None, ["sorted", "bucketed"])
 
 
-@pytest.mark.parametrize("content, problem", [
-    (None, "does not exist"), ("{", "is not valid JSON"), ('{"method": "dp"}', "holds no bucket edges"),
-    ('{"edges": [0, 50, 50, 100]}', "holds no bucket edges"), ('{"edges": [0, 1.5, 9]}', "holds no bucket edges"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "does not exist"),
+        ("{", "is not valid JSON"),
+        ('{"method": "dp"}', "holds no bucket edges"),
+        ('{"edges": [0, 50, 50, 100]}', "holds no bucket edges"),
+        ('{"edges": [0, 1.5, 9]}', "holds no bucket edges"),
+    ],
+)
 def test_boundaries_refused(tmp_path, content, problem):
     path = tmp_path / "boundaries.json"
     if content is not None:
@@ -164,13 +203,21 @@ def test_boundaries_for_compare_and_the_sweep_refused(real, tmp_path):
     doc = json.loads((d / "boundaries.json").read_text())
     (d / "boundaries.json").write_text(json.dumps({"edges": doc["edges"]}))  # enough to plan, not for compare
     bucket_edges.read_edges(d / "boundaries.json")
-    refused(lambda: bucket_edges.read_boundaries(d / "boundaries.json"), d / "boundaries.json",
-            "lacks 'predicted_efficiency', 'num_buckets'", "boundaries/boundaries.json")
+    refused(
+        lambda: bucket_edges.read_boundaries(d / "boundaries.json"),
+        d / "boundaries.json",
+        "lacks 'predicted_efficiency', 'num_buckets'",
+        "boundaries/boundaries.json",
+    )
     sweep = json.loads((d / "sweep.json").read_text())
     del sweep[1]["length_mixing"]
     (d / "sweep.json").write_text(json.dumps(sweep))
-    refused(lambda: bucket_edges.read_sweep(d / "sweep.json"), d / "sweep.json", "lacks 'length_mixing' in entry 1",
-            "boundaries/sweep.json")
+    refused(
+        lambda: bucket_edges.read_sweep(d / "sweep.json"),
+        d / "sweep.json",
+        "lacks 'length_mixing' in entry 1",
+        "boundaries/sweep.json",
+    )
     (d / "sweep.json").write_text("{}")
     refused(lambda: bucket_edges.read_sweep(d / "sweep.json"), d / "sweep.json", "not a list", "boundaries/sweep.json")
 
@@ -189,22 +236,39 @@ def test_stats_and_plans_read_back_and_refused(real, tmp_path):
     (s / "stats.json").write_text(json.dumps(st))
     refused(lambda: length_stats.read_stats(s), s / "stats.json", "lacks 'percentiles'", "stats/stats.json")
     (s / "histogram.json").write_text("[]")
-    refused(lambda: length_stats.read_histogram(s), s / "histogram.json", "holds no histogram bins",
-            "stats/histogram.json")
+    refused(
+        lambda: length_stats.read_histogram(s), s / "histogram.json", "holds no histogram bins", "stats/histogram.json"
+    )
     p = copy(real, tmp_path, "plans")
-    refused(lambda: plan_metrics.read_plans(p, [*STRATEGIES, "zigzag"]), p / "metrics.json",
-            "lacks strategies ['zigzag']", "plans/metrics.json")
+    refused(
+        lambda: plan_metrics.read_plans(p, [*STRATEGIES, "zigzag"]),
+        p / "metrics.json",
+        "lacks strategies ['zigzag']",
+        "plans/metrics.json",
+    )
     m = json.loads((p / "metrics.json").read_text())
     del m["packed"]["length_mixing"]
     (p / "metrics.json").write_text(json.dumps(m))
-    refused(lambda: plan_metrics.read_plans(p, STRATEGIES), p / "metrics.json", "lacks 'length_mixing' for packed",
-            "plans/metrics.json")
+    refused(
+        lambda: plan_metrics.read_plans(p, STRATEGIES),
+        p / "metrics.json",
+        "lacks 'length_mixing' for packed",
+        "plans/metrics.json",
+    )
 
 
 # --------------------------------------------------------------------------- profile, train, quality (files as written)
 
-ROW = {"layout": "padded", "sequences": 1, "length": 16, "sequence_lengths": [16], "target_seconds_median": 0.01,
-       "drafter_seconds_median": 0.02, "target_seconds_all": [0.01], "drafter_seconds_all": [0.02]}
+ROW = {
+    "layout": "padded",
+    "sequences": 1,
+    "length": 16,
+    "sequence_lengths": [16],
+    "target_seconds_median": 0.01,
+    "drafter_seconds_median": 0.02,
+    "target_seconds_all": [0.01],
+    "drafter_seconds_all": [0.02],
+}
 
 
 def test_grid_refused(tmp_path):
@@ -214,63 +278,92 @@ def test_grid_refused(tmp_path):
     (d / "grid.json").write_text("[]")
     refused(lambda: profile_grid.read_grid(d), d / "grid.json", "holds no grid rows", "profile/grid.json")
     (d / "grid.json").write_text(json.dumps([ROW, {k: v for k, v in ROW.items() if k != "sequence_lengths"}]))
-    refused(lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'sequence_lengths' in row 1",
-            "profile/grid.json")
+    refused(
+        lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'sequence_lengths' in row 1", "profile/grid.json"
+    )
     old = {("kind" if k == "layout" else k): v for k, v in ROW.items()}  # rows keyed 'kind' are refused, not read
     (d / "grid.json").write_text(json.dumps({"points": [old]}))
     refused(lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'layout' in row 0", "profile/grid.json")
     # compare fits every pass's seconds: a grid of medians only (an older one) is refused
     (d / "grid.json").write_text(json.dumps({"points": [{k: v for k, v in ROW.items() if k != "drafter_seconds_all"}]}))
-    refused(lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'drafter_seconds_all' in row 0",
-            "profile/grid.json")
+    refused(
+        lambda: profile_grid.read_grid(d), d / "grid.json", "lacks 'drafter_seconds_all' in row 0", "profile/grid.json"
+    )
     (d / "grid.json").write_text(json.dumps({"points": [ROW]}))  # the mapping form is read too
     assert profile_grid.read_grid(d) == [ROW] and profile_grid.read_profile_params(d) is None
     (d / "params.json").write_text("[1]")
-    refused(lambda: profile_grid.read_profile_params(d), d / "params.json", "holds no params mapping",
-            "profile/grid.json")
+    refused(
+        lambda: profile_grid.read_profile_params(d), d / "params.json", "holds no params mapping", "profile/grid.json"
+    )
 
 
 def _run_files(d: Path, *, steps: int = 2, planned: int | None = 2, lines: list[str] | None = None) -> None:
     d.mkdir(parents=True, exist_ok=True)
-    (d / "summary.json").write_text(json.dumps({"useful_tokens_per_s": 10.0, "steps": steps, "planned_steps": planned,
-                                                "params": {"train": {}}}))
-    (d / "steps.jsonl").write_text("\n".join(lines if lines is not None else
-                                             [json.dumps({"step": i, "useful_tokens": 5}) for i in range(steps)]) + "\n")
+    (d / "summary.json").write_text(
+        json.dumps({"useful_tokens_per_s": 10.0, "steps": steps, "planned_steps": planned, "params": {"train": {}}})
+    )
+    (d / "steps.jsonl").write_text(
+        "\n".join(lines if lines is not None else [json.dumps({"step": i, "useful_tokens": 5}) for i in range(steps)])
+        + "\n"
+    )
 
 
 def test_training_run_refused(tmp_path):
     train = tmp_path / "train"
-    refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "summary.json", "does not exist",
-            "train/packed/summary.json")
+    refused(
+        lambda: train_runs.read_run(train, "packed"),
+        train / "packed" / "summary.json",
+        "does not exist",
+        "train/packed/summary.json",
+    )
     _run_files(train / "packed")
     assert len(train_runs.read_run(train, "packed")["steps"]) == 2
     _run_files(train / "packed", steps=1, planned=3)
-    refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "summary.json",
-            "records 1 of 3 planned steps", "train/packed/summary.json")
+    refused(
+        lambda: train_runs.read_run(train, "packed"),
+        train / "packed" / "summary.json",
+        "records 1 of 3 planned steps",
+        "train/packed/summary.json",
+    )
     _run_files(train / "packed", lines=['{"step": 0, "useful_tokens": 5}', '{"step": 1, "usef'])
-    text = refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "steps.jsonl",
-                   "line 2 is not JSON", "train/packed/summary.json")
+    text = refused(
+        lambda: train_runs.read_run(train, "packed"),
+        train / "packed" / "steps.jsonl",
+        "line 2 is not JSON",
+        "train/packed/summary.json",
+    )
     assert "lenbatch train --strategy packed" in text
     _run_files(train / "packed", lines=['{"step": 0, "useful_tokens": 5}'])
-    refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "steps.jsonl",
-            "holds 1 steps but summary.json says 2", "train/packed/summary.json")
+    refused(
+        lambda: train_runs.read_run(train, "packed"),
+        train / "packed" / "steps.jsonl",
+        "holds 1 steps but summary.json says 2",
+        "train/packed/summary.json",
+    )
     (train / "packed" / "summary.json").write_text(json.dumps({"steps": 2}))
-    refused(lambda: train_runs.read_run(train, "packed"), train / "packed" / "summary.json",
-            "lacks 'useful_tokens_per_s', 'params'", "train/packed/summary.json")
+    refused(
+        lambda: train_runs.read_run(train, "packed"),
+        train / "packed" / "summary.json",
+        "lacks 'useful_tokens_per_s', 'params'",
+        "train/packed/summary.json",
+    )
 
 
-@pytest.mark.parametrize("where, value, problem", [
-    ("summary.json useful_tokens_per_s", -5, "useful_tokens_per_s=-5"),  # was reported as "error -136471%"
-    ("summary.json useful_tokens_per_s", 0, "useful_tokens_per_s=0"),
-    ("summary.json useful_tokens_per_s", float("nan"), "useful_tokens_per_s=nan"),
-    ("summary.json padding_efficiency", 7.5, "padding_efficiency=7.5 (above 1)"),
-    ("summary.json drafter_s_mean", float("inf"), "drafter_s_mean=inf"),
-    ("summary.json useful_tokens", -1, "useful_tokens=-1"),
-    ("steps.jsonl target_s", float("nan"), "line 3 target_s=nan"),
-    ("steps.jsonl useful_tokens", -14916, "line 3 useful_tokens=-14916"),
-    ("steps.jsonl useful_tokens", 0, "line 3 useful_tokens=0"),
-    ("steps.jsonl step", 2.5, "line 3 step=2.5 (not a whole number)"),
-])
+@pytest.mark.parametrize(
+    "where, value, problem",
+    [
+        ("summary.json useful_tokens_per_s", -5, "useful_tokens_per_s=-5"),  # was reported as "error -136471%"
+        ("summary.json useful_tokens_per_s", 0, "useful_tokens_per_s=0"),
+        ("summary.json useful_tokens_per_s", float("nan"), "useful_tokens_per_s=nan"),
+        ("summary.json padding_efficiency", 7.5, "padding_efficiency=7.5 (above 1)"),
+        ("summary.json drafter_s_mean", float("inf"), "drafter_s_mean=inf"),
+        ("summary.json useful_tokens", -1, "useful_tokens=-1"),
+        ("steps.jsonl target_s", float("nan"), "line 3 target_s=nan"),
+        ("steps.jsonl useful_tokens", -14916, "line 3 useful_tokens=-14916"),
+        ("steps.jsonl useful_tokens", 0, "line 3 useful_tokens=0"),
+        ("steps.jsonl step", 2.5, "line 3 step=2.5 (not a whole number)"),
+    ],
+)
 def test_a_training_run_with_numbers_no_run_measures_is_refused_naming_the_file(tmp_path, where, value, problem):
     """Issue 48.4: compare trusted the trainings' numbers (a negative throughput became an error of -136471%).
     On a copy of a real run (the committed results/train/sorted), one number made wrong at a time."""
@@ -303,16 +396,28 @@ def test_a_multi_node_run_s_signed_weight_checksums_are_read_and_a_nan_one_refus
     refused(lambda: train_runs.read_run(train, "sorted"), path, "weights_checksums[0]=nan", "train/sorted/summary.json")
 
 
-@pytest.mark.parametrize("change, problem", [
-    (lambda st: st["packed"]["seconds"].__setitem__(1, float("nan")), "packed seconds[1]=nan (not finite seconds > 0)"),
-    (lambda st: st["packed"]["seconds"].__setitem__(0, 0.0), "packed seconds[0]=0.0"),
-    (lambda st: st["sorted"]["target_seconds"].__setitem__(2, -1.5), "sorted target_seconds[2]=-1.5"),
-    (lambda st: st["random"]["drafter_seconds"].__setitem__(0, float("inf")), "random drafter_seconds[0]=inf"),
-    (lambda st: st["random"]["useful_tokens"].__setitem__(0, -3), "random useful_tokens[0]=-3 (not token counts > 0)"),
-    (lambda st: st["bucketed"]["steps"].__setitem__(0, -1), "bucketed steps[0]=-1"),
-    (lambda st: st.pop("random"), "lacks strategy random (it holds sorted, bucketed, sortish, packed; "
-                                  "train.strategies lists sorted, random, bucketed, sortish, packed)"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (
+            lambda st: st["packed"]["seconds"].__setitem__(1, float("nan")),
+            "packed seconds[1]=nan (not finite seconds > 0)",
+        ),
+        (lambda st: st["packed"]["seconds"].__setitem__(0, 0.0), "packed seconds[0]=0.0"),
+        (lambda st: st["sorted"]["target_seconds"].__setitem__(2, -1.5), "sorted target_seconds[2]=-1.5"),
+        (lambda st: st["random"]["drafter_seconds"].__setitem__(0, float("inf")), "random drafter_seconds[0]=inf"),
+        (
+            lambda st: st["random"]["useful_tokens"].__setitem__(0, -3),
+            "random useful_tokens[0]=-3 (not token counts > 0)",
+        ),
+        (lambda st: st["bucketed"]["steps"].__setitem__(0, -1), "bucketed steps[0]=-1"),
+        (
+            lambda st: st.pop("random"),
+            "lacks strategy random (it holds sorted, bucketed, sortish, packed; "
+            "train.strategies lists sorted, random, bucketed, sortish, packed)",
+        ),
+    ],
+)
 def test_interleave_timings_with_impossible_numbers_or_a_missing_strategy_are_refused(tmp_path, change, problem):
     """Issue 48.4: NaN, 0, negative or infinite seconds (or negative tokens) in interleave.json put NaN and
     Infinity into compare's metrics and report, exit 0, and a missing strategy lost its interleaved row
@@ -322,8 +427,7 @@ def test_interleave_timings_with_impossible_numbers_or_a_missing_strategy_are_re
     doc = json.loads((d / "interleave.json").read_text())
     change(doc["strategies"])
     (d / "interleave.json").write_text(json.dumps(doc))
-    refused(lambda: interleave_timings.read_timings(d), d / "interleave.json", problem,
-            "interleave/interleave.json")
+    refused(lambda: interleave_timings.read_timings(d), d / "interleave.json", problem, "interleave/interleave.json")
     if "lacks strategy" in problem:  # the list asked for wins over the params.json beside it
         assert "random" not in interleave_timings.read_timings(d, strategies=["sorted", "packed"])["strategies"]
 
@@ -331,21 +435,41 @@ def test_interleave_timings_with_impossible_numbers_or_a_missing_strategy_are_re
 def test_quality_result_refused(tmp_path):
     d = tmp_path / "quality"
     d.mkdir()
-    refused(lambda: quality_result.read_quality(d, STRATEGIES), d / "quality.json", "does not exist",
-            "quality/quality.json")
+    refused(
+        lambda: quality_result.read_quality(d, STRATEGIES), d / "quality.json", "does not exist", "quality/quality.json"
+    )
     doc = {k: {} for k in ("setting", "gradients", "summary", "timing")} | {"runs": [], "strategies": ["sorted"]}
     (d / "quality.json").write_text(json.dumps(doc))
-    refused(lambda: quality_result.read_quality(d, STRATEGIES), d / "quality.json",
-            "lacks strategies ['random', 'bucketed', 'sortish', 'packed']", "quality/quality.json")
+    refused(
+        lambda: quality_result.read_quality(d, STRATEGIES),
+        d / "quality.json",
+        "lacks strategies ['random', 'bucketed', 'sortish', 'packed']",
+        "quality/quality.json",
+    )
     (d / "quality.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "summary"}))
-    refused(lambda: quality_result.read_quality(d, ["sorted"]), d / "quality.json", "lacks 'summary'",
-            "quality/quality.json")
+    refused(
+        lambda: quality_result.read_quality(d, ["sorted"]),
+        d / "quality.json",
+        "lacks 'summary'",
+        "quality/quality.json",
+    )
 
 
 def test_a_stage_prints_the_one_error_and_exits_2(real, tmp_path, capsys):
     """Through the CLI the reader's words reach the user unchanged (one line, exit 2)."""
-    rc = main(["plans", "--params", str(REPO / "params.yaml"), "--lengths", str(tmp_path / "lengths.npy"),
-               "--out", str(tmp_path / "p")])
+    rc = main(
+        [
+            "plans",
+            "--params",
+            str(REPO / "params.yaml"),
+            "--lengths",
+            str(tmp_path / "lengths.npy"),
+            "--out",
+            str(tmp_path / "p"),
+        ]
+    )
     err = capsys.readouterr().err
-    assert rc == 2 and f"{tmp_path / 'lengths.npy'} does not exist; rerun: snakemake results/tokenize/lengths.npy" in err
+    assert (
+        rc == 2 and f"{tmp_path / 'lengths.npy'} does not exist; rerun: snakemake results/tokenize/lengths.npy" in err
+    )
     assert "Traceback" not in err and not (tmp_path / "p").exists()

@@ -29,8 +29,9 @@ ELSEWHERE = {
 
 
 def tracked() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "*.md", "*.py", "*.smk", "Snakefile"], cwd=REPO, text=True,
-                         capture_output=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["git", "ls-files", "*.md", "*.py", "*.smk", "Snakefile"], cwd=REPO, text=True, capture_output=True, check=True
+    ).stdout.split()
     return [REPO / f for f in out]
 
 
@@ -62,6 +63,8 @@ def test_every_cited_path_and_test_exists():
 def test_the_checker_finds_a_moved_file_and_a_renamed_test():
     here = "tests/pipeline/test_cited_paths.py"
     gone = "/".join(("tests", "nowhere", "test_gone.py"))  # built, so that this file cites nothing broken itself
-    text = (f"see `{gone}` and {here}::test_{'renamed'}, but {here}::test_every_cited_ and stages/train.py exist; "
-            "a pattern such as src/lenbatch/batching/spec\\.py is no citation")
+    text = (
+        f"see `{gone}` and {here}::test_{'renamed'}, but {here}::test_every_cited_ and stages/train.py exist; "
+        "a pattern such as src/lenbatch/batching/spec\\.py is no citation"
+    )
     assert broken(text) == [gone, f"{here}::test_renamed"]

@@ -9,9 +9,13 @@ import pytest
 from lenbatch_study.cli import flags, params_args
 from lenbatch_study.core.schema import json_schema
 
-OVERRIDES = {"stats": ("stats.histogram_bins",), "boundaries": flags.BOUNDARIES_FLAGS + params_args.BATCHING_FLAGS[:2],
-             "plans": ("plans.epochs",) + params_args.BATCHING_FLAGS, "plan": params_args.BATCHING_FLAGS,
-             "tokenize": flags.DATA_FLAGS}
+OVERRIDES = {
+    "stats": ("stats.histogram_bins",),
+    "boundaries": flags.BOUNDARIES_FLAGS + params_args.BATCHING_FLAGS[:2],
+    "plans": ("plans.epochs",) + params_args.BATCHING_FLAGS,
+    "plan": params_args.BATCHING_FLAGS,
+    "tokenize": flags.DATA_FLAGS,
+}
 
 
 def _flat(text: str) -> str:
@@ -20,8 +24,13 @@ def _flat(text: str) -> str:
 
 @pytest.mark.parametrize("command", sorted(OVERRIDES))
 def test_every_override_flag_carries_its_settings_help_and_names_the_setting(command):
-    out = subprocess.run([sys.executable, "-m", "lenbatch_study", command, "--help"], capture_output=True, text=True,
-                         check=True, env={"COLUMNS": "400", "PATH": ""}).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "lenbatch_study", command, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"COLUMNS": "400", "PATH": ""},
+    ).stdout
     schema = json_schema()["properties"]
     for name in OVERRIDES[command]:
         section, key = name.split(".")
@@ -36,8 +45,10 @@ def test_an_override_flag_takes_the_settings_type_and_choices():
     params_args.add_override(parser, "data.overflow")
     params_args.add_override(parser, "batching.token_budget")
     args = parser.parse_args(["--overflow", "drop", "--token-budget", "4096"])
-    assert params_args.overrides_of(args, "data.overflow", "batching.token_budget", "data.limit") == \
-        {"data": {"overflow": "drop"}, "batching": {"token_budget": 4096}}
+    assert params_args.overrides_of(args, "data.overflow", "batching.token_budget", "data.limit") == {
+        "data": {"overflow": "drop"},
+        "batching": {"token_budget": 4096},
+    }
     with pytest.raises(SystemExit):
         parser.parse_args(["--overflow", "wrap"])  # not one of the setting's choices
 
@@ -46,12 +57,15 @@ def test_a_bad_flag_value_is_blamed_on_the_flag_not_the_params_file(tmp_path):
     from lenbatch_study.core.config import load_params
 
     params = "params.yaml"
-    with pytest.raises(ValueError, match=r"batching\.token_budget given on the command line \(--token-budget\) "
-                                         r"is -3 but must be >= 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"batching\.token_budget given on the command line \(--token-budget\) "
+        r"is -3 but must be >= 1",
+    ):
         load_params(params, overrides={"batching": {"token_budget": -3}})
     (tmp_path / "bad.yaml").write_text("batching:\n  token_budget: -3\n")
     with pytest.raises(ValueError, match=r"batching\.token_budget in params\.yaml \+ .*bad\.yaml is -3"):
-        load_params(params, tmp_path / "bad.yaml")     # from a file: the files are named
+        load_params(params, tmp_path / "bad.yaml")  # from a file: the files are named
 
 
 def test_train_s_edge_refuses_a_missing_strategy_or_a_bad_step_limit_naming_the_fix(tmp_path, capsys):

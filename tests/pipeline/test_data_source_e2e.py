@@ -31,15 +31,21 @@ def repo(tmp_path_factory):
     work = copy_workflow(tmp_path_factory.mktemp("source"))
     (work / "data").mkdir()
     write_chats(work / DATA, n=40)
-    merged = deep_merge(yaml.safe_load((work / "params.yaml").read_text()),
-                        yaml.safe_load((work / "configs/tiny.yaml").read_text()))
+    merged = deep_merge(
+        yaml.safe_load((work / "params.yaml").read_text()), yaml.safe_load((work / "configs/tiny.yaml").read_text())
+    )
     merged.pop("results_dir")
     merged["data"].update(source=DATA, limit=None)
     (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
     shutil.copy2(ROOT / ".gitignore", work / ".gitignore")
-    for args in (["git", "init", "-q"], ["git", "config", "user.email", "ci@lenbatch"],
-                 ["git", "config", "user.name", "lenbatch ci"], ["dvc", "init", "-q"], ["lenbatch", "dvc-yaml"],
-                 ["dvc", "add", "-q", DATA]):
+    for args in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "ci@lenbatch"],
+        ["git", "config", "user.name", "lenbatch ci"],
+        ["dvc", "init", "-q"],
+        ["lenbatch", "dvc-yaml"],
+        ["dvc", "add", "-q", DATA],
+    ):
         run(args, cwd=work)
     for name in ("config", ".gitignore"):
         shutil.copy2(ROOT / ".dvc" / name, work / ".dvc" / name)
@@ -120,8 +126,12 @@ def test_a_temp_experiment_on_an_untracked_file_names_the_dvc_add(repo):
     """A file neither git nor DVC holds is not in the temporary copy: the source stage stops the experiment
     there, naming the `dvc add` that fixes it (not a Python traceback, not a silent run on other data)."""
     write_chats(repo / "data/other.jsonl", n=8, seed=2)
-    out = run(["dvc", "exp", "run", "--temp", "-S", "data.source=data/other.jsonl", "tokenize"], cwd=repo,
-              timeout=600, check=False)
+    out = run(
+        ["dvc", "exp", "run", "--temp", "-S", "data.source=data/other.jsonl", "tokenize"],
+        cwd=repo,
+        timeout=600,
+        check=False,
+    )
     said = out.stdout + out.stderr
     assert out.returncode != 0 and "dvc add data/other.jsonl" in said, said
     assert "Running stage 'tokenize'" not in said, said

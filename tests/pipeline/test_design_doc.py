@@ -17,7 +17,7 @@ DESIGN = Path(__file__).resolve().parents[2] / "DESIGN.md"
 def _table(heading: str) -> list[list[str]]:
     """Rows (cells) of the first markdown table after ``heading``."""
     text = DESIGN.read_text()
-    part = text[text.index(heading):]
+    part = text[text.index(heading) :]
     rows = []
     for line in part.splitlines()[1:]:
         if line.startswith("|"):
@@ -28,8 +28,10 @@ def _table(heading: str) -> list[list[str]]:
 
 
 def test_the_layer_table_is_the_import_rule():
-    for heading, layers in (("### lenbatch (the library)", LIBRARY_LAYERS),
-                            ("### lenbatch_study (the study)", STUDY_LAYERS)):
+    for heading, layers in (
+        ("### lenbatch (the library)", LIBRARY_LAYERS),
+        ("### lenbatch_study (the study)", STUDY_LAYERS),
+    ):
         rows = _table(heading)
         doc = {r[0]: set() if r[1] == "—" else {x.strip() for x in r[1].split(",")} for r in rows}
         assert doc == layers, heading
@@ -42,7 +44,9 @@ def test_the_artifact_table_names_every_handed_file_its_writer_and_reader():
     for st in registry.STAGES.values():
         for i in st.inputs:
             o = registry.STAGES[i.stage].outputs[i.output]
-            want[registry.output_path(i.stage, i.output, strategy="<strategy>") + ("/" if o.directory else "")] = i.stage
+            want[registry.output_path(i.stage, i.output, strategy="<strategy>") + ("/" if o.directory else "")] = (
+                i.stage
+            )
     assert {p: w for p, (w, _) in doc.items()} == want
     for path, (_, readers) in doc.items():
         names = re.findall(r"`(\w+)\.(\w+)`", readers)

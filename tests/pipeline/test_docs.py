@@ -23,7 +23,7 @@ def test_the_readme_is_at_most_15000_bytes():
 
 def test_the_quickstart_runs_as_written():
     text = README.read_text()
-    part = text[text.index("\n## Quickstart\n"):text.index("\n## Strategies\n")]
+    part = text[text.index("\n## Quickstart\n") : text.index("\n## Strategies\n")]
     blocks = re.findall(r"```python\n(.*?)```", part, flags=re.S)
     assert len(blocks) == 1 and len(blocks[0].splitlines()) <= 25
     code = blocks[0] + textwrap_checks()
@@ -51,8 +51,9 @@ print("OK")
 
 
 def test_the_results_table_is_the_committed_reports():
-    out = subprocess.run([sys.executable, "-m", "lenbatch_study", "readme", "--check"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "lenbatch_study", "readme", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     text = README.read_text()
     report = (ROOT / "results/compare/report.md").read_text()
@@ -107,7 +108,7 @@ def doc_blocks() -> dict[tuple[str, str], list[str]]:
                 end = lines.index("```", i + 1)
                 marked = i > 0 and lines[i - 1].startswith(NOT_RUN)
                 if not marked:
-                    out.setdefault((str(path.relative_to(ROOT)), section), []).append("\n".join(lines[i + 1:end]))
+                    out.setdefault((str(path.relative_to(ROOT)), section), []).append("\n".join(lines[i + 1 : end]))
                 i = end
             i += 1
     return out
@@ -135,8 +136,9 @@ def test_doc_section_runs_as_written(doc, section, tmp_path):
     code = "\n".join(doc_blocks()[(doc, section)])
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
     env.update(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", TOKENIZERS_PARALLELISM="false")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
+    )
     assert out.returncode == 0, out.stderr[-3000:]
 
 
@@ -144,7 +146,7 @@ def test_the_results_block_is_the_answer_and_a_table_of_at_most_8_columns():
     from lenbatch_study.tools import readme
 
     text = README.read_text()
-    block = text[text.index(readme.BEGIN) + len(readme.BEGIN):text.index(readme.END)]
+    block = text[text.index(readme.BEGIN) + len(readme.BEGIN) : text.index(readme.END)]
     header = next(line for line in block.splitlines() if line.startswith("| strategy"))
     assert 2 <= header.count("|") - 1 <= 8, header
     assert block.strip().startswith(("**Use `", "**Tie: ", "**Not settled")), block[:80]

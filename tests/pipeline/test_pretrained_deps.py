@@ -18,8 +18,13 @@ LOADERS = {"profile", "train", "quality", "interleave"}
 def _checkpoint(root: Path) -> Path:
     ck = root / "ck"
     ck.mkdir()
-    for name in ("config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                 "model.safetensors.index.json", "tokenizer.json"):
+    for name in (
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+    ):
         (ck / name).write_text("{}")
     return ck
 
@@ -28,8 +33,12 @@ def test_dvc_stages_depend_on_the_checkpoint_files(tmp_path):
     ck = _checkpoint(tmp_path)
     files = deps.pretrained_files(str(ck))
     assert set(deps.pretrained_stages()) == LOADERS  # derived from the code: the stages importing the target
-    assert [Path(f).name for f in files] == ["config.json", "model-00001-of-00002.safetensors",
-                                             "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    assert [Path(f).name for f in files] == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
     assert deps.pretrained_files(None) == []
     plain, with_ck = deps.dvc_stages(), deps.dvc_stages(pretrained=str(ck))
     for name, stage in with_ck.items():

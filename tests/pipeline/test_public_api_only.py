@@ -17,10 +17,22 @@ TOOLS = ("snakemake", "dvc")
 ROOTS = ("snakemake", "dvc", "workflow", "persistence")
 # lines their logs print that code once read to decide something (Snakemake's restore note, its job table,
 # its "nothing to do", its incomplete and removal notes; DVC's stage lines); reading them back is parsing
-LOG_PHRASES = ("Restored previous version", "updating job failed", "Job stats:", "Nothing to be done",
-               "Removing output files of failed job", "IncompleteFilesException", "Running stage '",
-               "Stage '", "didn't change, skipping", "Building DAG of jobs", "Select jobs to execute",
-               "Finished jobid", "Using shell:", "Provided cores")
+LOG_PHRASES = (
+    "Restored previous version",
+    "updating job failed",
+    "Job stats:",
+    "Nothing to be done",
+    "Removing output files of failed job",
+    "IncompleteFilesException",
+    "Running stage '",
+    "Stage '",
+    "didn't change, skipping",
+    "Building DAG of jobs",
+    "Select jobs to execute",
+    "Finished jobid",
+    "Using shell:",
+    "Provided cores",
+)
 
 _PRIVATE = r"_(?!_)\w*"  # _name, not a dunder (__file__, __version__ are public)
 _IMPORT_PRIVATE_MODULE = re.compile(rf"^\s*(?:from|import)\s+(?:{'|'.join(TOOLS)})(?:\.\w+)*\.{_PRIVATE}", re.M)
@@ -90,9 +102,11 @@ def test_the_detector_catches_each_kind_of_private_use():
     for text, what in planted.items():
         got = violations(text)
         assert any(what in v for v in got), (text, got)
-    clean = ("from snakemake.utils import min_version, validate\nimport snakemake\n"
-             "path = snakemake.__file__\nworkflow.is_main_process\nworkflow.configfiles\n"
-             "self._jobs = {}\nouts._private = 1\nfrom dvc.rwlock import rwlock\n")
+    clean = (
+        "from snakemake.utils import min_version, validate\nimport snakemake\n"
+        "path = snakemake.__file__\nworkflow.is_main_process\nworkflow.configfiles\n"
+        "self._jobs = {}\nouts._private = 1\nfrom dvc.rwlock import rwlock\n"
+    )
     assert violations(clean) == [], violations(clean)
 
 

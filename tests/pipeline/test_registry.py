@@ -51,8 +51,11 @@ def test_every_rule_reads_its_inputs_outputs_and_params_from_the_table():
     ``cfg("<rule>")``: no path of another stage's output is written by hand in a rule."""
     for name, block in _rule_blocks().items():
         for directive, helper in (("input", "inputs"), ("output", "outputs")):
-            lines = [ln.strip() for ln in _directive(block, directive).splitlines()
-                     if ln.strip() and not ln.strip().startswith("#")]
+            lines = [
+                ln.strip()
+                for ln in _directive(block, directive).splitlines()
+                if ln.strip() and not ln.strip().startswith("#")
+            ]
             assert lines == [f'**{helper}("{name}"),'], f"rule {name} {directive}: {lines}"
         assert f'cfg=cfg("{name}")' in _directive(block, "params"), name
     text = "".join(p.read_text() for p in RULES.glob("*.smk"))
@@ -96,8 +99,11 @@ def _file_names(module: object) -> set[str]:
     """The file and folder names an artifact module defines: its upper-case string constants that name a
     file (``x.json``) or, for a name in the stage table's outputs, a folder (``dataset``)."""
     declared = {o.file for st in registry.STAGES.values() for o in st.outputs.values()}
-    return {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)
-            and (v in declared or re.fullmatch(r"[\w-]+\.\w+", v))}
+    return {
+        v
+        for k, v in vars(module).items()
+        if k.isupper() and isinstance(v, str) and (v in declared or re.fullmatch(r"[\w-]+\.\w+", v))
+    }
 
 
 def test_outputs_come_from_the_artifact_modules():
@@ -109,17 +115,25 @@ def test_outputs_come_from_the_artifact_modules():
     for stage, st in registry.STAGES.items():
         for name, out in st.outputs.items():
             assert out.file in _file_names(owner[stage]) | {writing.PARAMS}, (stage, name, out.file)
-    calls = [n for n in ast.walk(ast.parse((deps.SRC / "pipeline" / "registry.py").read_text()))
-             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "Output"]
+    calls = [
+        n
+        for n in ast.walk(ast.parse((deps.SRC / "pipeline" / "registry.py").read_text()))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "Output"
+    ]
     assert len(calls) == sum(len(st.outputs) for st in registry.STAGES.values())
     spelled = [ast.unparse(c) for c in calls if isinstance(c.args[0], ast.Constant)]
     assert not spelled, f"a file name written in the table, not taken from its artifact module: {spelled}"
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
-    return {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
-            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
 
 
 def _spelled_names(path: Path, names: set[str]) -> list[tuple[int, str]]:
@@ -132,8 +146,11 @@ def _spelled_names(path: Path, names: set[str]) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             text = node.value.strip()
-            found += [(node.lineno, n) for n in sorted(names)
-                      if text == n or text.endswith("/" + n) or text.startswith(n + "/")]
+            found += [
+                (node.lineno, n)
+                for n in sorted(names)
+                if text == n or text.endswith("/" + n) or text.startswith(n + "/")
+            ]
     return sorted(found)
 
 
@@ -153,8 +170,11 @@ def test_each_file_name_is_spelled_only_in_its_artifact_module():
     bad = []
     for p in sorted(deps.SRC.rglob("*.py")):
         if p.resolve() != registry_file:
-            bad += [f"{p.relative_to(deps.SRC)}:{line} {name}" for line, name in _spelled_names(p, set(owners))
-                    if p.resolve() not in owners[name]]
+            bad += [
+                f"{p.relative_to(deps.SRC)}:{line} {name}"
+                for line, name in _spelled_names(p, set(owners))
+                if p.resolve() not in owners[name]
+            ]
     assert not bad, f"a file name spelled outside its artifact module: {bad}"
 
 
@@ -191,16 +211,22 @@ def _literals(path: Path) -> list[tuple[int, list]]:
 
 def _pure_name_literals(path: Path, names: set[str], least: int, literals: list | None = None) -> list[int]:
     """Lines of literals of ``least`` or more values, all of them in ``names``."""
-    return [line for line, values in (literals if literals is not None else _literals(path))
-            if len(values) >= least and all(isinstance(v, str) and v in names for v in values)]
+    return [
+        line
+        for line, values in (literals if literals is not None else _literals(path))
+        if len(values) >= least and all(isinstance(v, str) and v in names for v in values)
+    ]
 
 
 def test_no_second_list_of_stages_or_strategies_in_the_package():
     """No literal list, tuple, set or dict of stage names (4 or more) or of strategy names (3 or more)
     outside their table; the planner's name -> function map is checked equal to the list at import."""
     # the list itself; the planner's _FUNCS; the study's measurements, keyed by the three strategies it ran
-    allowed = {("lenbatch/batching/strategy.py", "strategies"), ("lenbatch/batching/strategies.py", "strategies"),
-               ("lenbatch_study/analysis/study_replay.py", "strategies")}
+    allowed = {
+        ("lenbatch/batching/strategy.py", "strategies"),
+        ("lenbatch/batching/strategies.py", "strategies"),
+        ("lenbatch_study/analysis/study_replay.py", "strategies"),
+    }
     stage_names = set(registry.COMMANDS)
     bad = []
     for p in sorted(p for package in deps.PACKAGES for p in (deps.SRC_ROOT / package).rglob("*.py")):

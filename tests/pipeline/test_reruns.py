@@ -25,13 +25,14 @@ CODED = [s for s, st in registry.STAGES.items() if not st.always_changed]
 
 def dvc_stages(stages: list[str], strategies: list[str]) -> set[str]:
     """Stage names -> DVC's stage names (a per-strategy stage ``train`` -> ``train@<strategy>``)."""
-    return {n for s in stages
-            for n in ([f"{s}@{x}" for x in strategies] if registry.STAGES[s].per_strategy else [s])}
+    return {n for s in stages for n in ([f"{s}@{x}" for x in strategies] if registry.STAGES[s].per_strategy else [s])}
 
 
 def test_every_module_is_derived_and_every_stage_reached():
     found = reruns()
-    on_disk = {p.relative_to(deps.SRC_ROOT).as_posix() for pkg in deps.PACKAGES for p in (deps.SRC_ROOT / pkg).rglob("*.py")}
+    on_disk = {
+        p.relative_to(deps.SRC_ROOT).as_posix() for pkg in deps.PACKAGES for p in (deps.SRC_ROOT / pkg).rglob("*.py")
+    }
     assert set(found) == on_disk
     assert {s for stages in found.values() for s in stages} == set(CODED)
     # subpackage __init__.py hold a docstring only: no stage depends on them
@@ -43,21 +44,45 @@ def test_the_edits_issue_20_named():
     stage table reruns nothing; the planner reruns what plans batches; the chat format only tokenize."""
     found = reruns()
     assert found["lenbatch_study/analysis/stepmodel.py"] == found["lenbatch_study/analysis/report.py"] == ["compare"]
-    for m in ("lenbatch_study/cli/flags.py", "lenbatch_study/cli/__init__.py", "lenbatch_study/cli/params_args.py",
-              "lenbatch_study/pipeline/registry.py", "lenbatch_study/tools/reruns.py", "lenbatch/__init__.py"):
+    for m in (
+        "lenbatch_study/cli/flags.py",
+        "lenbatch_study/cli/__init__.py",
+        "lenbatch_study/cli/params_args.py",
+        "lenbatch_study/pipeline/registry.py",
+        "lenbatch_study/tools/reruns.py",
+        "lenbatch/__init__.py",
+    ):
         assert found[m] == [], f"{m} reruns {found[m]}: no stage may import it"
-    assert found["lenbatch/batching/strategies.py"] == ["boundaries", "plans", "train", "quality", "interleave",
-                                                        "compare"]
+    assert found["lenbatch/batching/strategies.py"] == [
+        "boundaries",
+        "plans",
+        "train",
+        "quality",
+        "interleave",
+        "compare",
+    ]
     assert found["lenbatch_study/corpus/chat.py"] == ["tokenize"]
     assert dvc_stages(found["lenbatch/batching/strategies.py"], ["sorted", "packed"]) == {
-        "boundaries", "plans", "train@sorted", "train@packed", "quality", "interleave", "compare"}
+        "boundaries",
+        "plans",
+        "train@sorted",
+        "train@packed",
+        "quality",
+        "interleave",
+        "compare",
+    }
 
 
 def test_no_prediction_or_rendering_reruns_a_measurement():
     """The measuring stages (profile, train, interleave) rerun for no module of analysis/ (prediction, reports)
     but the grid's shapes, which profile measures."""
-    wrong = {m: stages for m, stages in reruns().items() if m.startswith("lenbatch_study/analysis/")
-             and m != "lenbatch_study/analysis/shapes.py" and set(stages) & {"profile", "train", "interleave"}}
+    wrong = {
+        m: stages
+        for m, stages in reruns().items()
+        if m.startswith("lenbatch_study/analysis/")
+        and m != "lenbatch_study/analysis/shapes.py"
+        and set(stages) & {"profile", "train", "interleave"}
+    }
     assert not wrong, wrong
 
 
@@ -69,12 +94,19 @@ def test_an_artifact_module_reruns_its_writer_and_its_readers():
     checked = 0
     for path in sorted((deps.SRC / "pipeline" / "artifacts").glob("*.py")):
         tree = ast.parse(path.read_text())
-        writer = next((n.value.value for n in tree.body if isinstance(n, ast.Assign)
-                       and any(isinstance(t, ast.Name) and t.id == "WRITER" for t in n.targets)), None)
+        writer = next(
+            (
+                n.value.value
+                for n in tree.body
+                if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "WRITER" for t in n.targets)
+            ),
+            None,
+        )
         if writer is None:  # the shared wording (reading.py), writer (writing.py), the package
             continue
-        readers = {s for s, st in registry.STAGES.items()
-                   if any(i.stage == writer and not i.trigger_only for i in st.inputs)}
+        readers = {
+            s for s, st in registry.STAGES.items() if any(i.stage == writer and not i.trigger_only for i in st.inputs)
+        }
         want = ({writer} & set(CODED)) | readers
         module = f"lenbatch_study/pipeline/artifacts/{path.name}"
         assert set(found[module]) == want, f"{module}: reruns {found[module]}, its writer and readers: {sorted(want)}"
@@ -84,8 +116,12 @@ def test_an_artifact_module_reruns_its_writer_and_its_readers():
 
 def test_lenbatch_reruns_prints_the_derivation_and_names_a_bad_module():
     cmd = [sys.executable, "-m", "lenbatch_study", "reruns"]
-    out = subprocess.run([*cmd, "src/lenbatch_study/analysis/stepmodel.py", "lenbatch_study.cli.flags"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [*cmd, "src/lenbatch_study/analysis/stepmodel.py", "lenbatch_study.cli.flags"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.splitlines() == ["lenbatch_study/analysis/stepmodel.py: compare", "lenbatch_study/cli/flags.py: nothing"]
     bad = subprocess.run([*cmd, "lenbatch_study/nope.py"], capture_output=True, text=True)
     assert bad.returncode == 2 and "lenbatch_study/nope.py" in bad.stderr and "stepmodel.py" in bad.stderr

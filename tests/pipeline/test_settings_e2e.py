@@ -23,8 +23,12 @@ pytestmark = pytest.mark.slow
 def experiment(tmp_path_factory):
     work = copy_workflow(tmp_path_factory.mktemp("settings"))
     shutil.copy2(ROOT / ".gitignore", work / ".gitignore")
-    for args in (["git", "init", "-q"], ["git", "config", "user.email", "ci@lenbatch"],
-                 ["git", "config", "user.name", "lenbatch ci"], ["dvc", "init", "-q"]):
+    for args in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "ci@lenbatch"],
+        ["git", "config", "user.name", "lenbatch ci"],
+        ["dvc", "init", "-q"],
+    ):
         run(args, cwd=work)
     for name in ("config", ".gitignore"):
         shutil.copy2(ROOT / ".dvc" / name, work / ".dvc" / name)
@@ -50,6 +54,13 @@ def test_exp_show_lists_only_the_changed_param(experiment):
     work, _ = experiment
     shown = run(["dvc", "exp", "show", "--only-changed", "--csv"], cwd=work).stdout
     columns = next(csv.reader(io.StringIO(shown)))
-    params = [c for c in columns if re.match(r"^(settings|data|stats|boundaries|batching|plans|model|drafter|train|"
-                                             r"profile|interleave|compare|quality)(\.|$)", c)]
+    params = [
+        c
+        for c in columns
+        if re.match(
+            r"^(settings|data|stats|boundaries|batching|plans|model|drafter|train|"
+            r"profile|interleave|compare|quality)(\.|$)",
+            c,
+        )
+    ]
     assert params == ["settings"], columns

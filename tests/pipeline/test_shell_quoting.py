@@ -39,8 +39,18 @@ def test_every_rule_line_parses_back_to_the_configured_folder(hostile):
     for line in lines:
         words = shlex.split(line)
         # every path flag's value is one word under the configured folder, the log one word too
-        for flag in ("--out", "--data", "--lengths", "--boundaries", "--stats", "--plans", "--profile", "--train",
-                     "--quality", "--interleave"):
+        for flag in (
+            "--out",
+            "--data",
+            "--lengths",
+            "--boundaries",
+            "--stats",
+            "--plans",
+            "--profile",
+            "--train",
+            "--quality",
+            "--interleave",
+        ):
             if flag in words:
                 assert words[words.index(flag) + 1].startswith(f"{HOSTILE}/"), (flag, line)
         assert words[words.index(">") + 1].startswith(f"{HOSTILE}/logs/"), line
@@ -51,8 +61,20 @@ def test_the_first_rules_run_for_real_under_a_hostile_folder_name(hostile):
     """tokenize and stats for real (configs/tiny.yaml: 60 conversations): the outputs land in the folder
     named, and nothing runs or is written outside it."""
     before = {p.name for p in hostile.iterdir()}
-    run(["snakemake", "--cores", "1", "--configfile", "configs/tiny.yaml", "hostile.yaml", "--",
-         f"{HOSTILE}/stats/stats.json"], cwd=hostile, timeout=600)
+    run(
+        [
+            "snakemake",
+            "--cores",
+            "1",
+            "--configfile",
+            "configs/tiny.yaml",
+            "hostile.yaml",
+            "--",
+            f"{HOSTILE}/stats/stats.json",
+        ],
+        cwd=hostile,
+        timeout=600,
+    )
     assert (hostile / HOSTILE / "stats" / "stats.json").is_file()
     assert (hostile / HOSTILE / "tokenize" / "lengths.npy").is_file()
     assert not list(hostile.rglob("pwned"))  # the `;touch pwned;` in the name never ran
@@ -76,8 +98,9 @@ def test_no_rule_formats_a_value_into_its_shell_without_quoting():
         for n, line in enumerate(smk.read_text().splitlines(), 1):
             if line.lstrip().startswith("#"):
                 continue
-            for m in re.finditer(r"(?<!\{)\{((?:params|input|output|log|wildcards|resources)(?:\.\w+)?)(:[^}]*)?\}(?!\})",
-                                 line):
+            for m in re.finditer(
+                r"(?<!\{)\{((?:params|input|output|log|wildcards|resources)(?:\.\w+)?)(:[^}]*)?\}(?!\})", line
+            ):
                 if m.group(2) != ":q" and m.group(1) not in PRE_QUOTED:
                     bare.append(f"{smk.name}:{n} {m.group(0)}")
     assert not bare, f"unquoted in a shell line (use {{x:q}}): {bare}"

@@ -51,9 +51,12 @@ def work(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "extra",
-    [[], ["--workflow-profile", "profiles/slurm"], ["--workflow-profile", "profiles/slurm", "--configfile",
-                                                    "configs/qwen3.6-27b-8gpu.yaml"],
-     ["--configfile", "configs/qwen3.6-27b-8gpu.yaml"]],
+    [
+        [],
+        ["--workflow-profile", "profiles/slurm"],
+        ["--workflow-profile", "profiles/slurm", "--configfile", "configs/qwen3.6-27b-8gpu.yaml"],
+        ["--configfile", "configs/qwen3.6-27b-8gpu.yaml"],
+    ],
     ids=["default", "slurm", "slurm-27b-8gpu", "default-27b-8gpu"],
 )
 def test_dry_run_plans_every_stage_and_strategy(work, extra):
@@ -129,7 +132,9 @@ def test_dvc_status_and_dry_repro_on_a_fresh_clone(tmp_path):
     # (not `dvc repro --dry`: it hashes the train stages' dataset dep, which a clone lacks until tokenize
     # runs or `dvc pull`/`dvc checkout` restores it from a cache)
     listed = run(["dvc", "stage", "list", "--name-only"], cwd=clone).stdout.split()
-    for stage in [n for s in STAGES for n in ([f"{s}@sorted", f"{s}@packed"] if registry.STAGES[s].per_strategy else [s])]:
+    for stage in [
+        n for s in STAGES for n in ([f"{s}@sorted", f"{s}@packed"] if registry.STAGES[s].per_strategy else [s])
+    ]:
         assert stage in listed, f"stage {stage} missing from dvc stage list: {listed}"
     dag = run(["dvc", "dag", "--dot"], cwd=clone).stdout
     assert '"train@bucketed" -> "compare"' in dag and '"train@sorted" -> "compare"' in dag, dag
@@ -205,9 +210,15 @@ def test_code_deps_follow_every_import():
     # the issue's drift: train imports hostmem and the CPU-share helper (not the prediction fit), and
     # plans through the package (padding)
     train = set(deps.stage_code("train"))
-    assert {"src/lenbatch_study/runtime/hostmem.py", "src/lenbatch_study/core/cpu.py", "src/lenbatch/batching/padding.py"} <= train
+    assert {
+        "src/lenbatch_study/runtime/hostmem.py",
+        "src/lenbatch_study/core/cpu.py",
+        "src/lenbatch/batching/padding.py",
+    } <= train
     assert "src/lenbatch_study/analysis/stepmodel.py" not in train
-    assert {"src/lenbatch_study/corpus/sources.py", "src/lenbatch_study/corpus/chat.py"} <= set(deps.stage_code("tokenize"))
+    assert {"src/lenbatch_study/corpus/sources.py", "src/lenbatch_study/corpus/chat.py"} <= set(
+        deps.stage_code("tokenize")
+    )
 
 
 def _param_reads(path: Path) -> set[str]:
@@ -220,8 +231,12 @@ def _param_reads(path: Path) -> set[str]:
     fields = {s: {f.name for f in dataclasses.fields(c)} for s, c in SECTIONS.items()}
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                and node.value.attr in fields and node.attr in fields[node.value.attr]):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr in fields
+            and node.attr in fields[node.value.attr]
+        ):
             found.add(f"{node.value.attr}.{node.attr}")
     return found
 
@@ -236,14 +251,27 @@ def test_each_stage_declares_every_params_key_its_own_code_reads():
     for stage in deps.STAGES:
         declared = set(deps.stage_param_keys(stage))
         for mod in deps.stage_modules(stage):
-            if (mod in entries and mod != deps.COMMANDS[stage].module) or mod == "lenbatch_study.core.config":  # config: the loader's checks
+            if (
+                mod in entries and mod != deps.COMMANDS[stage].module
+            ) or mod == "lenbatch_study.core.config":  # config: the loader's checks
                 continue
-            path = ROOT / "src" / (mod.replace(".", "/") + (".py" if mod not in ("lenbatch", "lenbatch_study") else "/__init__.py"))
+            path = (
+                ROOT
+                / "src"
+                / (mod.replace(".", "/") + (".py" if mod not in ("lenbatch", "lenbatch_study") else "/__init__.py"))
+            )
             missing = _param_reads(path) - declared
-            assert not missing, f"stage {stage}: {mod} reads {sorted(missing)}, not declared in the stage table (pipeline/registry.py)"
+            assert not missing, (
+                f"stage {stage}: {mod} reads {sorted(missing)}, not declared in the stage table (pipeline/registry.py)"
+            )
     profile = set(deps.stage_param_keys("profile"))
-    for key in ("train.warmup_steps", "train.queue_size", "train.checkpoint_every", "train.useful_tokens",
-                "train.strategies"):
+    for key in (
+        "train.warmup_steps",
+        "train.queue_size",
+        "train.checkpoint_every",
+        "train.useful_tokens",
+        "train.strategies",
+    ):
         assert key not in profile
 
 
@@ -270,14 +298,17 @@ def test_rules_get_the_same_params_as_dvc(work):
         tracked = (dvc[stage]["do"] if "foreach" in dvc[stage] else dvc[stage])["params"]
         assert tracked[-1] == "settings", stage  # the overlay (core/settings.py): resolved into the keys above
         tracked = tracked[:-1]
-        expanded = {k for item in tracked for k in ([item] if "." in item else
-                                                     [f"{item}.{f}" for f in deps.section_keys(item)])}
+        expanded = {
+            k for item in tracked for k in ([item] if "." in item else [f"{item}.{f}" for f in deps.section_keys(item)])
+        }
         assert keys == expanded, stage
 
 
 def test_slurm_dry_run_gives_every_gpu_job_one_node_and_its_gpus(work):
-    out = run(["snakemake", "-n", "--workflow-profile", "profiles/slurm", "--configfile",
-               "configs/qwen3.6-27b-8gpu.yaml"], cwd=work).stdout
+    out = run(
+        ["snakemake", "-n", "--workflow-profile", "profiles/slurm", "--configfile", "configs/qwen3.6-27b-8gpu.yaml"],
+        cwd=work,
+    ).stdout
     jobs = re.findall(r"^rule (\w+):\n(?:.*\n)*?\s+resources: (.*)$", out, re.M)
     gpu_jobs = {name: res for name, res in jobs if re.search(r"\bgpu=", res)}
     assert sum(1 for name, _ in jobs if name == "train") == 5
@@ -287,11 +318,22 @@ def test_slurm_dry_run_gives_every_gpu_job_one_node_and_its_gpus(work):
             # profile times the drafter on cuda:<nproc-1> as training does: it needs all 8 visible
             assert "gpu=8" in res and "nodes=1" in res, (name, res)
     # lenbatch train builds torchrun's rendezvous from these at run time (tests/runtime/test_launch.py)
-    shell = run(["snakemake", "-n", "-p", "--workflow-profile", "profiles/slurm", "--configfile",
-                 "configs/qwen3.6-27b-8gpu.yaml"], cwd=work).stdout
+    shell = run(
+        [
+            "snakemake",
+            "-n",
+            "-p",
+            "--workflow-profile",
+            "profiles/slurm",
+            "--configfile",
+            "configs/qwen3.6-27b-8gpu.yaml",
+        ],
+        cwd=work,
+    ).stdout
     trainings = [line for line in shell.splitlines() if "Shell command: lenbatch train " in line]
-    assert len(trainings) == 5 and all(re.search(r'"nproc": 8\b', t) and re.search(r'"nodes": 1\b', t)
-                                       for t in trainings), trainings
+    assert len(trainings) == 5 and all(
+        re.search(r'"nproc": 8\b', t) and re.search(r'"nodes": 1\b', t) for t in trainings
+    ), trainings
 
 
 def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
@@ -299,8 +341,10 @@ def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
     regenerating it lists the new module for that stage and for no stage that does not import it."""
     work = copy_workflow(tmp_path)
     stats = work / "src/lenbatch_study/stages/stats.py"
-    stats.write_text(stats.read_text() + "\n\ndef _late():\n    from lenbatch_study.runtime.hostmem import reuse_freed_memory\n"
-                     "    return reuse_freed_memory\n")
+    stats.write_text(
+        stats.read_text() + "\n\ndef _late():\n    from lenbatch_study.runtime.hostmem import reuse_freed_memory\n"
+        "    return reuse_freed_memory\n"
+    )
     env = {**ENV, "PYTHONPATH": str(work / "src")}
     lenbatch = [sys.executable, "-m", "lenbatch_study", "dvc-yaml"]
     check = subprocess.run([*lenbatch, "--check"], cwd=work, env=env, capture_output=True, text=True)
@@ -310,8 +354,14 @@ def test_a_new_import_reaches_both_tools_or_the_check_fails(tmp_path):
     assert "src/lenbatch_study/runtime/hostmem.py" in stages["stats"]["deps"]
     assert "src/lenbatch_study/runtime/hostmem.py" not in stages["tokenize"]["deps"]
     # and Snakemake's rule follows the same edit (its code inputs come from the same function)
-    out = subprocess.run(["snakemake", "-n", "--forceall", "results/stats/stats.json"], cwd=work, env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["snakemake", "-n", "--forceall", "results/stats/stats.json"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert re.search(r"rule stats:\n\s+input: .*src/lenbatch_study/runtime/hostmem\.py", out)
 
 
@@ -324,8 +374,14 @@ def test_a_configs_own_results_root_is_kept_out_of_git(tmp_path):
     shutil.copy2(ROOT / ".gitignore", work / ".gitignore")
     run(["snakemake", "-n", "--configfile", "configs/mine.yaml"], cwd=work)
     assert (work / "results/mine/machine/machine.json").exists()
-    assert run(["git", "check-ignore", "-q", "results/mine/tokenize/dataset/data-00000-of-00001.arrow"],
-               cwd=work, check=False).returncode == 0
+    assert (
+        run(
+            ["git", "check-ignore", "-q", "results/mine/tokenize/dataset/data-00000-of-00001.arrow"],
+            cwd=work,
+            check=False,
+        ).returncode
+        == 0
+    )
     assert run(["git", "check-ignore", "-q", "results/mine/compare/report.md"], cwd=work, check=False).returncode == 0
     assert "results/mine" not in run(["git", "status", "--porcelain", "-uall"], cwd=work).stdout
     run(["snakemake", "-n"], cwd=work)  # the default's root: nothing written to ignore it

@@ -66,8 +66,14 @@ def dvc_downstream(work: Path, changed: set[str]) -> set[str]:
     """``changed`` and every stage downstream of it in dvc.yaml (an output of one is a dep of the next):
     what `dvc repro` runs when each rerun stage rewrites its outputs (Snakemake always assumes so)."""
     stages = dvc_stage_table(work)
-    outs = {name: {next(iter(o)) if isinstance(o, dict) else o
-                   for kind in ("outs", "metrics", "plots") for o in st.get(kind, [])} for name, st in stages.items()}
+    outs = {
+        name: {
+            next(iter(o)) if isinstance(o, dict) else o
+            for kind in ("outs", "metrics", "plots")
+            for o in st.get(kind, [])
+        }
+        for name, st in stages.items()
+    }
 
     def feeds(paths: set[str], deps: list[str]) -> bool:
         # a dep is an output, a folder holding one (compare: results/train), or a file inside an output
@@ -87,9 +93,16 @@ def dvc_downstream(work: Path, changed: set[str]) -> set[str]:
 
 def test_every_stage_wrote_its_outputs(finished):
     strategies = yaml.safe_load((finished / "params.yaml").read_text())["train"]["strategies"]
-    for path in ("results/tokenize/lengths.npy", "results/stats/stats.json", "results/boundaries/sweep.json",
-                 "results/plans/metrics.json", "results/profile/grid.json", "results/compare/report.md",
-                 "results/compare/quality.png", "results/quality/quality.json"):
+    for path in (
+        "results/tokenize/lengths.npy",
+        "results/stats/stats.json",
+        "results/boundaries/sweep.json",
+        "results/plans/metrics.json",
+        "results/profile/grid.json",
+        "results/compare/report.md",
+        "results/compare/quality.png",
+        "results/quality/quality.json",
+    ):
         assert (finished / path).stat().st_size > 0, path
     for strategy in strategies:
         summary = json.loads((finished / f"results/train/{strategy}/summary.json").read_text())
@@ -102,9 +115,11 @@ def test_every_stage_wrote_its_outputs(finished):
     # the quality section and its plot are compare's: the finding in a sentence in report.md, the tables in details.md
     assert "## Does composition change what is learned?" in report
     assert "![quality](quality.png)" in (finished / "results/compare/details.md").read_text()
-    assert not (finished / "results/quality/report.md").exists() and not (finished / "results/quality/quality.png").exists()
+    assert (
+        not (finished / "results/quality/report.md").exists()
+        and not (finished / "results/quality/quality.png").exists()
+    )
     assert (finished / "logs/tokenize.log").exists() and (finished / "logs/benchmarks/train/packed.tsv").exists()
-
 
 
 def test_every_training_ran_pipelined_and_trained_exactly_its_planned_batches(finished):
@@ -125,9 +140,15 @@ def test_every_training_ran_pipelined_and_trained_exactly_its_planned_batches(fi
         assert params.train.nproc == 2
         steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
         summary = json.loads((out / "summary.json").read_text())
-        check_pipelined_run(steps, summary, strategy=strategy, token_budget=params.batching.token_budget,
-                            useful_tokens=params.train.useful_tokens, warmup_steps=params.train.warmup_steps,
-                            planned=planned_hashes(lengths, params, strategy, edges, steps))
+        check_pipelined_run(
+            steps,
+            summary,
+            strategy=strategy,
+            token_budget=params.batching.token_budget,
+            useful_tokens=params.train.useful_tokens,
+            warmup_steps=params.train.warmup_steps,
+            planned=planned_hashes(lengths, params, strategy, edges, steps),
+        )
         assert summary["machine"]["id"] == machine.fingerprint()["id"]
         ref = summary["reference"]
         assert ref["shape"] == reference.reference_shape(params)
@@ -173,6 +194,7 @@ def test_the_profile_timed_each_role_alone_and_busy_in_two_processes(finished):
     assert 0 < share["target"] < 1.5 and 0 < share["drafter"] < 1.5
     assert profile_grid.read_grid(out) == rows
 
+
 def test_both_tools_agree_after_make_run(finished):
     assert dvc_changed(finished) == set(), run(["dvc", "status"], cwd=finished).stdout
     assert "Nothing to be done" in run(["snakemake", "-n"], cwd=finished).stdout
@@ -206,13 +228,24 @@ def test_another_machine_reruns_the_measuring_stages_in_both_tools(finished):
 
 # A sample (each ~6 s): one module per layer that reruns something different, and a key of every section
 # whose reruns differ; test_reruns checks the whole module table by structure, test_workflow the params keys.
-@pytest.mark.parametrize("edit", [
-    "code:lenbatch_study/corpus/chat.py", "code:lenbatch_study/cli/flags.py", "code:lenbatch/loading/collate.py",
-    "code:lenbatch_study/analysis/stepmodel.py", "code:lenbatch/batching/strategies.py",
-    "code:lenbatch_study/pipeline/registry.py",
-    "train.warmup_steps=2", "train.reuse_host_memory=false", "boundaries.num_buckets=2", "data.max_len=1000",
-    "profile.repeats=2", "drafter.lr=0.001", "stats.histogram_bins=32",
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "code:lenbatch_study/corpus/chat.py",
+        "code:lenbatch_study/cli/flags.py",
+        "code:lenbatch/loading/collate.py",
+        "code:lenbatch_study/analysis/stepmodel.py",
+        "code:lenbatch/batching/strategies.py",
+        "code:lenbatch_study/pipeline/registry.py",
+        "train.warmup_steps=2",
+        "train.reuse_host_memory=false",
+        "boundaries.num_buckets=2",
+        "data.max_len=1000",
+        "profile.repeats=2",
+        "drafter.lr=0.001",
+        "stats.histogram_bins=32",
+    ],
+)
 def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
     """For a code edit and for params keys of every section, `snakemake -n` and `dvc status` name the same
     stages: Snakemake's jobs are the stages `dvc status` names plus those downstream of them (Snakemake
@@ -246,8 +279,11 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
     if edit in ("code:lenbatch_study/cli/flags.py", "code:lenbatch_study/pipeline/registry.py"):  # no code dep
         assert smk == dvc == set(), (smk, dvc)
         return
-    if edit in ("code:lenbatch_study/analysis/stepmodel.py", "code:lenbatch_study/analysis/report.py",
-                "code:lenbatch_study/analysis/quality_report.py"):
+    if edit in (
+        "code:lenbatch_study/analysis/stepmodel.py",
+        "code:lenbatch_study/analysis/report.py",
+        "code:lenbatch_study/analysis/quality_report.py",
+    ):
         assert smk == dvc == {"compare"}, (smk, dvc)  # the prediction fit and the reports rerun no measurement
     assert smk, f"{edit}: snakemake plans nothing"
     assert smk == dvc, f"{edit}: snakemake -n {sorted(smk)} but dvc status {sorted(dvc)}"
@@ -255,8 +291,14 @@ def test_snakemake_and_dvc_name_the_same_stages(finished, edit):
         assert "profile" not in smk  # profile never reads them
     if edit.startswith("boundaries.num_buckets"):
         # quality trains every strategy and interleave times every one, bucketed included: the edges rerun both
-        assert changed == {"boundaries", "compare"} and smk == {"boundaries", "plans", "train@bucketed", "quality",
-                                                                 "interleave", "compare"}
+        assert changed == {"boundaries", "compare"} and smk == {
+            "boundaries",
+            "plans",
+            "train@bucketed",
+            "quality",
+            "interleave",
+            "compare",
+        }
 
 
 def test_temp_experiment_reruns_only_what_k_touches(finished):
@@ -268,19 +310,21 @@ def test_temp_experiment_reruns_only_what_k_touches(finished):
     drift cancels only between steps timed in turns, so no ratio is kept from an earlier job): no other
     strategy's training numbers, and at most 34 columns in all."""
     t0 = time.time()
-    out = run(["dvc", "exp", "run", "--temp", "-n", "k2", "-S", "boundaries.num_buckets=2"], cwd=finished,
-              timeout=900)
+    out = run(["dvc", "exp", "run", "--temp", "-n", "k2", "-S", "boundaries.num_buckets=2"], cwd=finished, timeout=900)
     text = out.stdout + out.stderr
     ran = set(re.findall(r"Running stage '([\w@-]+)'", text))
-    assert ran == {"machine", "source", "boundaries", "plans", "train@bucketed", "quality", "interleave", "compare"}, text
+    assert ran == {"machine", "source", "boundaries", "plans", "train@bucketed", "quality", "interleave", "compare"}, (
+        text
+    )
     shown = run(["dvc", "exp", "show", "--only-changed", "--csv"], cwd=finished).stdout
     columns = next(csv.reader(io.StringIO(shown)))
     print(f"\n--temp K experiment: {time.time() - t0:.0f} s; exp show --only-changed: {len(columns)} columns")
     print(run(["dvc", "exp", "show", "--only-changed", "--md"], cwd=finished).stdout)
     headline = set(json.loads((finished / "results/compare/metrics.json").read_text()))
     shown_metrics = [c for c in columns if c in headline]
-    assert shown_metrics and all(c.startswith(("bucketed.", "recommended.", "verdict")) or ".interleaved." in c
-                                 for c in shown_metrics), shown_metrics
+    assert shown_metrics and all(
+        c.startswith(("bucketed.", "recommended.", "verdict")) or ".interleaved." in c for c in shown_metrics
+    ), shown_metrics
     # Experiment, rev, typ, Created; bucketed's 5 headline numbers; 4 x 4 interleaved; the verdict and the
     # recommendation's 2; the param; the changed dependencies' hashes (~6)
     assert len(columns) <= 4 + 5 + 16 + 3 + 1 + 6, columns
@@ -336,8 +380,10 @@ def _render_specs_with_node(page: str, where: Path) -> None:
 
 
 def test_configfile_runs_keep_to_their_own_results_root(finished):
-    for config, root in (("configs/tiny.yaml", "results/tiny/"),
-                         ("configs/qwen3.6-27b-8gpu.yaml", "results/qwen3.6-27b-8gpu/")):
+    for config, root in (
+        ("configs/tiny.yaml", "results/tiny/"),
+        ("configs/qwen3.6-27b-8gpu.yaml", "results/qwen3.6-27b-8gpu/"),
+    ):
         out = run(["snakemake", "-n", "--configfile", config], cwd=finished).stdout
         outputs = [p for line in re.findall(r"^\s+output: (.*)$", out, re.M) for p in line.split(", ")]
         assert outputs and all(p.startswith(root) for p in outputs), [p for p in outputs if not p.startswith(root)]
@@ -404,8 +450,9 @@ def test_sigint_to_snakemake_stops_training_promptly_and_resumes(finished, tmp_p
         proc, terminal = _start_in_a_terminal(args, cwd=finished, log=err)
     else:
         with open(err, "w") as err_file:
-            proc = subprocess.Popen(args, cwd=finished, env=ENV, stdout=subprocess.DEVNULL, stderr=err_file,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                args, cwd=finished, env=ENV, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True
+            )
     # mid-training: once this run's first step is logged (the workers exist and train)
     partial = finished / "results/train/.sorted.partial"
     started, deadline = time.time(), time.time() + 180
@@ -428,8 +475,10 @@ def test_sigint_to_snakemake_stops_training_promptly_and_resumes(finished, tmp_p
         assert proc.returncode != 0, "the run finished before it could be interrupted"
         # measured: 1.4-2.2 s; without the Snakefile's forwarding, 25 s (the tiny training ran to its end)
         assert stopped < 15, f"snakemake took {stopped:.0f} s to stop after SIGINT"
-        assert not alive, (f"processes of the interrupted run still alive when snakemake returned: {alive}\n"
-                           + err.read_text(errors="replace")[-3000:])
+        assert not alive, (
+            f"processes of the interrupted run still alive when snakemake returned: {alive}\n"
+            + err.read_text(errors="replace")[-3000:]
+        )
         left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert not left, f"processes of the interrupted run still alive: {left}"
     finally:
@@ -452,8 +501,9 @@ def test_sigint_to_snakemake_stops_training_promptly_and_resumes(finished, tmp_p
     summary = json.loads((finished / "results/train/sorted/summary.json").read_text())
     assert summary["resumed_from_step"] == stop["step"], summary["resumed_from_step"]
     assert lengths.stat().st_mtime_ns == before, "a finished output was redone"
-    assert "Nothing to be done" in run(["snakemake", "-n", "--configfile", str(changed), *args[-2:]],
-                                       cwd=finished).stdout
+    assert (
+        "Nothing to be done" in run(["snakemake", "-n", "--configfile", str(changed), *args[-2:]], cwd=finished).stdout
+    )
 
 
 # --------------------------------------------------------------------------- a failure keeps the results
@@ -465,8 +515,11 @@ def test_sigint_to_snakemake_stops_training_promptly_and_resumes(finished, tmp_p
 
 def _digests(folder: Path) -> dict[str, str]:
     """sha256 of every file under ``folder`` (hidden ones included), by relative path."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_a_failing_snakemake_job_keeps_the_previous_output_and_dvc_still_knows_it(finished, tmp_path):
@@ -505,13 +558,22 @@ def test_ctrl_c_of_dvc_repro_keeps_the_previous_tokenize_output(finished):
     # what both tools plan before (the shared run may hold earlier tests' changes): the interruption adds nothing
     smk_before, dvc_before = dry_run_stages(finished), dvc_changed(finished)
     assert "tokenize" not in smk_before and "tokenize" not in dvc_before
-    proc = subprocess.Popen(["dvc", "repro", "-f", "-s", "tokenize"], cwd=finished, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["dvc", "repro", "-f", "-s", "tokenize"],
+        cwd=finished,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
-            cmdlines = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in descendants(proc.pid)
-                        if Path(f"/proc/{p}/cmdline").exists()]
+            cmdlines = [
+                Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")
+                for p in descendants(proc.pid)
+                if Path(f"/proc/{p}/cmdline").exists()
+            ]
             if any(b"lenbatch tokenize" in c for c in cmdlines):
                 break
             time.sleep(0.1)
@@ -531,8 +593,17 @@ def test_ctrl_c_of_dvc_repro_keeps_the_previous_tokenize_output(finished):
     assert dvc_changed(finished) == dvc_before
     # Snakemake marks the interrupted job incomplete (its rule: rerun it); the bytes are DVC's verified ones,
     # so forget that mark for the tests after this one (check=False: it fails where there is no record)
-    run(["snakemake", "--cleanup-metadata", "results/tokenize/dataset", "results/tokenize/lengths.npy",
-         "results/tokenize/stats.json"], cwd=finished, check=False)
+    run(
+        [
+            "snakemake",
+            "--cleanup-metadata",
+            "results/tokenize/dataset",
+            "results/tokenize/lengths.npy",
+            "results/tokenize/stats.json",
+        ],
+        cwd=finished,
+        check=False,
+    )
     assert dry_run_stages(finished) == smk_before, run(["snakemake", "-n"], cwd=finished).stdout
 
 
@@ -569,8 +640,9 @@ def test_make_run_in_a_fresh_clone_reruns_only_tokenize_and_both_tools_agree(clo
     ran = set(re.findall(r"Running stage '([\w@-]+)'", out))
     skipped = set(re.findall(r"Stage '([\w@-]+)' didn't change, skipping", out))
     assert ran == {"machine", "source", "tokenize"}, out  # machine, source: always run, their files left as they are
-    assert {"stats", "boundaries", "plans", "profile", "train@packed", "quality", "interleave",
-            "compare"} <= skipped, out
+    assert {"stats", "boundaries", "plans", "profile", "train@packed", "quality", "interleave", "compare"} <= skipped, (
+        out
+    )
     assert dvc_changed(work) == set(), run(["dvc", "status"], cwd=work).stdout
     assert dry_run_stages(work) == set(), run(["snakemake", "-n"], cwd=work).stdout
     assert _git_status(work) == ""  # tokenize rewrote lengths.npy, stats.json, params.json: the same bytes
@@ -623,7 +695,11 @@ def test_plain_snakemake_on_a_fresh_clone_plans_what_dvc_would_and_its_downstrea
     downstream = dvc_downstream(work, changed)
     assert "profile" not in downstream and {"stats", "boundaries", "plans"} <= downstream
     table = dvc_stage_table(work)
-    omit = [next(iter(o)) if isinstance(o, dict) else o
-            for name in changed for kind in ("outs", "metrics", "plots") for o in table[name].get(kind, [])]
+    omit = [
+        next(iter(o)) if isinstance(o, dict) else o
+        for name in changed
+        for kind in ("outs", "metrics", "plots")
+        for o in table[name].get(kind, [])
+    ]
     run(["snakemake", "--touch", "--cores", "1", "--omit-from", *omit], cwd=work)
     assert dry_run_stages(work) == downstream

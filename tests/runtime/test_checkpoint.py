@@ -15,9 +15,15 @@ import torch
 
 from lenbatch_study.runtime.checkpoint import FORMAT, load_checkpoint, restore, save_checkpoint
 
-FP = {"strategy": "packed", "target_ranks": 1, "edges": None, "lengths_sha256": "ab" * 32,
-      "model": {"hidden_size": 8, "layer_types": ["linear_attention"]}, "drafter": {"lr": 0.001},
-      "batching": {"token_budget": 64, "seed": 0}}
+FP = {
+    "strategy": "packed",
+    "target_ranks": 1,
+    "edges": None,
+    "lengths_sha256": "ab" * 32,
+    "model": {"hidden_size": 8, "layer_types": ["linear_attention"]},
+    "drafter": {"lr": 0.001},
+    "batching": {"token_budget": 64, "seed": 0},
+}
 
 
 def _runner(seed: int) -> SimpleNamespace:
@@ -48,8 +54,11 @@ def test_a_crafted_checkpoint_does_not_run_its_payload_and_the_error_names_the_f
     torch.load(path, weights_only=False)  # the payload is real: a plain unpickle runs it
     assert marker.exists()
     marker.unlink()
-    with pytest.raises(ValueError, match=rf"checkpoint {path} holds more than tensors and plain values "
-                       r"\(.*GLOBAL (io|builtins)\.open\).*does not unpickle it.*run without --resume"):
+    with pytest.raises(
+        ValueError,
+        match=rf"checkpoint {path} holds more than tensors and plain values "
+        r"\(.*GLOBAL (io|builtins)\.open\).*does not unpickle it.*run without --resume",
+    ):
         load_checkpoint(path, FP, total_steps=10, checkpoint_every=1)
     assert not marker.exists()
 
@@ -58,11 +67,26 @@ def test_a_format_2_checkpoint_is_refused_with_the_fix(tmp_path):
     """lenbatch's previous format pickled numpy's RNG state as an ndarray: refused, not unpickled."""
     runner = _runner(0)
     path = tmp_path / "checkpoint.pt"
-    torch.save({"format": 2, "fingerprint": FP, "step": 1, "log_sha256": "", "drafter": runner.drafter.state_dict(),
-                "optimizer": runner.optimizer.state_dict(), "samplers": [], "torch_rng": torch.random.get_rng_state(),
-                "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}, path)
-    with pytest.raises(ValueError, match=r"holds more than tensors and plain values \(.*numpy.*\): it was written "
-                       r"by another program or by lenbatch before checkpoint format 3"):
+    torch.save(
+        {
+            "format": 2,
+            "fingerprint": FP,
+            "step": 1,
+            "log_sha256": "",
+            "drafter": runner.drafter.state_dict(),
+            "optimizer": runner.optimizer.state_dict(),
+            "samplers": [],
+            "torch_rng": torch.random.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+        },
+        path,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"holds more than tensors and plain values \(.*numpy.*\): it was written "
+        r"by another program or by lenbatch before checkpoint format 3",
+    ):
         load_checkpoint(path, FP, total_steps=10, checkpoint_every=1)
 
 
@@ -72,8 +96,9 @@ def test_what_a_checkpoint_holds_survives_a_weights_only_round_trip(tmp_path):
     np.random.normal()  # a cached Gaussian in numpy's state, too
     random.seed(6)
     torch.manual_seed(7)
-    samplers = [{"version": 1, "epoch": 2, "position": 3, "world_size": 1, "rank": 0, "fingerprint": "f",
-                 "strategy": "packed"}]
+    samplers = [
+        {"version": 1, "epoch": 2, "position": 3, "world_size": 1, "rank": 0, "fingerprint": "f", "strategy": "packed"}
+    ]
     path = tmp_path / "checkpoint.pt"
     save_checkpoint(path, runner=runner, step=1, sampler_states=samplers, fp=FP, log_sha256="d" * 64)
     expected = (np.random.normal(size=3), np.random.randint(0, 1 << 30, size=3), random.random(), torch.rand(3))
@@ -89,6 +114,8 @@ def test_what_a_checkpoint_holds_survives_a_weights_only_round_trip(tmp_path):
     for a, b in zip(other.drafter.parameters(), runner.drafter.parameters()):
         assert torch.equal(a, b)
     assert other.optimizer.state_dict()["param_groups"][0]["betas"] == (0.9, 0.95)
-    assert all(torch.equal(other.optimizer.state_dict()["state"][k]["exp_avg"], v["exp_avg"])
-               for k, v in runner.optimizer.state_dict()["state"].items())
+    assert all(
+        torch.equal(other.optimizer.state_dict()["state"][k]["exp_avg"], v["exp_avg"])
+        for k, v in runner.optimizer.state_dict()["state"].items()
+    )
     assert other.steps == 1

@@ -33,8 +33,7 @@ SETTLED = 4  # consecutive rounds that map (almost) nothing afresh
 
 
 def _round_faults(mode: str, rounds: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(rounds)], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(rounds)], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -48,6 +47,6 @@ def test_freed_tensor_memory_is_reused_instead_of_faulted_in_again():
     assert all(f >= 128 for f in system["faults"]), system
     # kept memory: some run of SETTLED rounds maps almost nothing, and stays settled to the end
     quiet = [f < PAGES // 10 for f in reuse["faults"]]
-    first = next((i for i in range(len(quiet) - SETTLED + 1) if all(quiet[i:i + SETTLED])), None)
+    first = next((i for i in range(len(quiet) - SETTLED + 1) if all(quiet[i : i + SETTLED])), None)
     assert first is not None, reuse
     assert sum(quiet[first:]) >= 0.9 * len(quiet[first:]), reuse

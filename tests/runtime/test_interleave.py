@@ -62,6 +62,7 @@ def test_rounds_go_on_until_enough_within_the_bounds():
         def enough(so_far):
             asked.append(len(so_far["a"]["seconds"]))
             return len(so_far["a"]["seconds"]) >= n
+
         return enough
 
     def rounds_run(**kw):
@@ -70,9 +71,9 @@ def test_rounds_go_on_until_enough_within_the_bounds():
         return len(res["_order"])
 
     assert rounds_run(max_rounds=10, enough=enough_after(5)) == 5 and asked == [3, 4, 5]
-    assert rounds_run(max_rounds=10, enough=enough_after(1)) == 3      # the minimum holds
-    assert rounds_run(max_rounds=7, enough=enough_after(99)) == 7      # never enough: the maximum
-    assert rounds_run(max_rounds=7) == 3                               # no rule: exactly `rounds`
+    assert rounds_run(max_rounds=10, enough=enough_after(1)) == 3  # the minimum holds
+    assert rounds_run(max_rounds=7, enough=enough_after(99)) == 7  # never enough: the maximum
+    assert rounds_run(max_rounds=7) == 3  # no rule: exactly `rounds`
     with pytest.raises(ValueError, match=r"interleave.max_rounds \(2\) is below interleave.rounds \(3\)"):
         rounds_run(max_rounds=2, enough=enough_after(1))
 
@@ -88,11 +89,32 @@ def test_rounds_rotate_so_no_strategy_always_follows_the_same_one():
         log.append(s)
         return 10 * (j + 1)
 
-    res = measure_interleaved(step, ["a", "b"], rounds=2, segment_steps=3, warmup=2, clock=lambda: now[0],
-                              on_round=lambda k, so_far: log.append(f"round {k}"))
+    res = measure_interleaved(
+        step,
+        ["a", "b"],
+        rounds=2,
+        segment_steps=3,
+        warmup=2,
+        clock=lambda: now[0],
+        on_round=lambda k, so_far: log.append(f"round {k}"),
+    )
     # warm-up strategy by strategy; then turns of one step, each step's order the round's rotated by the step
-    assert log == ["a"] * 6 + ["b"] * 6 + ["a", "b", "b", "a", "a", "b", "round 0", "b", "a", "a", "b", "b", "a",
-                                          "round 1"]
+    assert log == ["a"] * 6 + ["b"] * 6 + [
+        "a",
+        "b",
+        "b",
+        "a",
+        "a",
+        "b",
+        "round 0",
+        "b",
+        "a",
+        "a",
+        "b",
+        "b",
+        "a",
+        "round 1",
+    ]
     assert res["a"] == {"seconds": [3.0, 3.0], "useful_tokens": [60, 60], "position": [0, 1]}
     # a drift within a round falls on every strategy alike: the clock runs 1 s per step in the first half of
     # each round and 3 s per step in the second; a's steps take 1 s and b's 2 s at the drift's base speed
@@ -118,8 +140,16 @@ def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):
     from lenbatch_study.runtime.runner import StepRunner
 
     over = tmp_path / "small.yaml"
-    over.write_text(yaml.safe_dump({"data": {"max_len": 64}, "batching": {"token_budget": 128, "max_batch_size": 4},
-                                    "model": {"vocab_size": 1024}, "train": {"nproc": 1, "threads": 1}}))
+    over.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"max_len": 64},
+                "batching": {"token_budget": 128, "max_batch_size": 4},
+                "model": {"vocab_size": 1024},
+                "train": {"nproc": 1, "threads": 1},
+            }
+        )
+    )
     params = load_params(REPO / "params.yaml", over)
     runner = StepRunner(params, device="cpu")
     lengths = np.random.default_rng(1).integers(8, 64, size=80)
@@ -144,14 +174,19 @@ def test_real_steps_in_turns_after_each_strategys_own_warm_up(tmp_path):
     timed = calls[6:]
     # in turns of one step: each strategy's first step in the round's order, then its second in that order
     # rotated by one
-    want = [c for order in round_orders(strategies, 3) for c in [(s, 3) for s in order]
-            + [(s, 7) for s in order[1:] + order[:1]]]
+    want = [
+        c
+        for order in round_orders(strategies, 3)
+        for c in [(s, 3) for s in order] + [(s, 7) for s in order[1:] + order[:1]]
+    ]
     assert timed == want  # the same segment in every round
     for s in strategies:
         want = int(lengths[plans[s][3]].sum() + lengths[plans[s][7]].sum())
         assert res[s]["useful_tokens"] == [want] * 3 and all(x > 0 for x in res[s]["seconds"])
         assert sorted(res[s]["position"]) == [0, 1, 2]
-    table = ratio_intervals({s: res[s]["seconds"] for s in strategies}, {s: res[s]["useful_tokens"] for s in strategies})
+    table = ratio_intervals(
+        {s: res[s]["seconds"] for s in strategies}, {s: res[s]["useful_tokens"] for s in strategies}
+    )
     for s in strategies:
         lo, hi = table[s]["ci95"]
         assert 0 < lo <= table[s]["ratio_to_sorted"] <= hi
@@ -173,8 +208,12 @@ def test_the_interval_on_known_rounds():
     assert p["predicted_ratio"] == pytest.approx(1.2) and p["prediction_error"] == pytest.approx(1.2 / np.exp(0.1) - 1)
     assert p["half_width"] == pytest.approx(np.exp(half) - 1) and not p["interval_ok"] and not p["prediction_ok"]
     assert table["sorted"]["interval_ok"] and table["sorted"]["prediction_ok"]
-    close = judge({"sorted": [1.0, 1.0], "packed": [0.5, 0.5 * 1.001]}, {"sorted": [1, 1], "packed": [1, 1]},
-                  {"sorted": [1.0], "packed": [0.51]}, {"sorted": [1], "packed": [1]})["packed"]
+    close = judge(
+        {"sorted": [1.0, 1.0], "packed": [0.5, 0.5 * 1.001]},
+        {"sorted": [1, 1], "packed": [1, 1]},
+        {"sorted": [1.0], "packed": [0.51]},
+        {"sorted": [1], "packed": [1]},
+    )["packed"]
     assert close["interval_ok"] and close["prediction_ok"]  # 2.0 +- 0.6% measured, 1.96 predicted (-2%)
 
 
@@ -182,22 +221,51 @@ def test_metrics_keys_and_report_section():
     """metrics.json's keys: ratio, interval (low and high: DVC shows no list) and predicted ratio of every
     strategy but sorted (1 by definition), the error beside them in diagnostics; the report's table names each
     strategy with its three numbers."""
-    table = {"sorted": {"ratio_to_sorted": 1.0, "ci95": [1.0, 1.0], "predicted_ratio": 1.0, "rounds": 6,
-                        "half_width": 0.0, "prediction_error": 0.0, "interval_ok": True, "prediction_ok": True},
-             "packed": {"ratio_to_sorted": 1.21, "ci95": [1.19, 1.23], "predicted_ratio": 1.18, "rounds": 6,
-                        "half_width": 0.0165, "prediction_error": 1.18 / 1.21 - 1, "interval_ok": True,
-                        "prediction_ok": True},
-             "random": {"ratio_to_sorted": 0.6, "ci95": [0.57, 0.63], "predicted_ratio": 0.64, "rounds": 6,
-                        "half_width": 0.05, "prediction_error": 0.64 / 0.6 - 1, "interval_ok": False,
-                        "prediction_ok": False}}
+    table = {
+        "sorted": {
+            "ratio_to_sorted": 1.0,
+            "ci95": [1.0, 1.0],
+            "predicted_ratio": 1.0,
+            "rounds": 6,
+            "half_width": 0.0,
+            "prediction_error": 0.0,
+            "interval_ok": True,
+            "prediction_ok": True,
+        },
+        "packed": {
+            "ratio_to_sorted": 1.21,
+            "ci95": [1.19, 1.23],
+            "predicted_ratio": 1.18,
+            "rounds": 6,
+            "half_width": 0.0165,
+            "prediction_error": 1.18 / 1.21 - 1,
+            "interval_ok": True,
+            "prediction_ok": True,
+        },
+        "random": {
+            "ratio_to_sorted": 0.6,
+            "ci95": [0.57, 0.63],
+            "predicted_ratio": 0.64,
+            "rounds": 6,
+            "half_width": 0.05,
+            "prediction_error": 0.64 / 0.6 - 1,
+            "interval_ok": False,
+            "prediction_ok": False,
+        },
+    }
     flat = flat_metrics(table)
-    assert set(flat) == {f"{s}.interleaved.{k}" for s in ("packed", "random")
-                         for k in ("ratio_to_sorted", "ci95.low", "ci95.high", "predicted_ratio", "prediction_error")}
+    assert set(flat) == {
+        f"{s}.interleaved.{k}"
+        for s in ("packed", "random")
+        for k in ("ratio_to_sorted", "ci95.low", "ci95.high", "predicted_ratio", "prediction_error")
+    }
     assert (flat["packed.interleaved.ci95.low"], flat["packed.interleaved.ci95.high"]) == (1.19, 1.23)
     assert flat["random.interleaved.predicted_ratio"] == 0.64
     assert {k for k in flat if k.partition(".")[2] in USER_METRIC_KEYS} == {
-        f"{s}.interleaved.{k}" for s in ("packed", "random")
-        for k in ("ratio_to_sorted", "ci95.low", "ci95.high", "predicted_ratio")}
+        f"{s}.interleaved.{k}"
+        for s in ("packed", "random")
+        for k in ("ratio_to_sorted", "ci95.low", "ci95.high", "predicted_ratio")
+    }
     assert flat_metrics(None) == {} and section_lines(None) == []
     text = "\n".join(section_lines(table))
     assert "## Ratios measured in turns" in text and "6 rounds" in text
@@ -218,12 +286,32 @@ def test_a_missed_prediction_names_the_profiles_drift_and_the_rerun():
     within 3% adds nothing about the profile."""
     from lenbatch_study.analysis.provenance import profile_rerun
 
-    row = {"ratio_to_sorted": 1.105, "ci95": [1.087, 1.123], "predicted_ratio": 1.029, "rounds": 54,
-           "half_width": 0.016, "prediction_error": 1.029 / 1.105 - 1, "interval_ok": True, "prediction_ok": False,
-           "clock": "cpu", "profile_pass_factors": {"target": [1.0, 0.954, 0.974, 1.11, 1.267],
-                                                    "drafter": [1.0, 0.982, 0.95, 1.027, 1.09]}}
-    table = {"sorted": {**row, "ratio_to_sorted": 1.0, "ci95": [1.0, 1.0], "predicted_ratio": 1.0,
-                        "prediction_error": 0.0, "prediction_ok": True}, "packed": row}
+    row = {
+        "ratio_to_sorted": 1.105,
+        "ci95": [1.087, 1.123],
+        "predicted_ratio": 1.029,
+        "rounds": 54,
+        "half_width": 0.016,
+        "prediction_error": 1.029 / 1.105 - 1,
+        "interval_ok": True,
+        "prediction_ok": False,
+        "clock": "cpu",
+        "profile_pass_factors": {
+            "target": [1.0, 0.954, 0.974, 1.11, 1.267],
+            "drafter": [1.0, 0.982, 0.95, 1.027, 1.09],
+        },
+    }
+    table = {
+        "sorted": {
+            **row,
+            "ratio_to_sorted": 1.0,
+            "ci95": [1.0, 1.0],
+            "predicted_ratio": 1.0,
+            "prediction_error": 0.0,
+            "prediction_ok": True,
+        },
+        "packed": row,
+    }
     text = "\n".join(section_lines(table))
     assert "The profile's timed passes took 0.95-1.27x (target) and 0.95-1.09x (drafter) the seconds" in text
     assert "more than 10% off the median (target) means the machine's speed moved" in text
@@ -248,20 +336,34 @@ def test_steps_beyond_the_grid_are_named_per_fitted_feature():
     with that ratio (const and features the model does not use never are); the report names the strategy."""
     from lenbatch_study.analysis.interleaved import beyond_grid
 
-    grid = {"computed_tokens": np.array([512.0, 16384.0]), "ctx_tokens": np.array([300.0, 24000.0]),
-            "sequences": np.array([1.0, 32.0])}
-    steps = {"computed_tokens": np.array([16376.0, 16380.0]), "ctx_tokens": np.array([28294.0, 20000.0]),
-             "sequences": np.array([14.0, 40.0])}
+    grid = {
+        "computed_tokens": np.array([512.0, 16384.0]),
+        "ctx_tokens": np.array([300.0, 24000.0]),
+        "sequences": np.array([1.0, 32.0]),
+    }
+    steps = {
+        "computed_tokens": np.array([16376.0, 16380.0]),
+        "ctx_tokens": np.array([28294.0, 20000.0]),
+        "sequences": np.array([14.0, 40.0]),
+    }
     assert beyond_grid(grid, steps, ("const", "ctx_tokens", "sequences")) == pytest.approx(
-        {"ctx_tokens": 28294 / 24000, "sequences": 40 / 32})
+        {"ctx_tokens": 28294 / 24000, "sequences": 40 / 32}
+    )
     assert beyond_grid(grid, steps, ("const", "computed_tokens")) == {}  # within the grid
     steps["ctx_tokens"] = np.array([25000.0])  # 4% past: inside the margin
     assert beyond_grid(grid, steps, ("ctx_tokens",)) == {}
-    row = {"ratio_to_sorted": 1.1, "ci95": [1.09, 1.11], "predicted_ratio": 1.1, "rounds": 9, "half_width": 0.01,
-           "prediction_error": 0.0, "interval_ok": True, "prediction_ok": True}
+    row = {
+        "ratio_to_sorted": 1.1,
+        "ci95": [1.09, 1.11],
+        "predicted_ratio": 1.1,
+        "rounds": 9,
+        "half_width": 0.01,
+        "prediction_error": 0.0,
+        "interval_ok": True,
+        "prediction_ok": True,
+    }
     table = {"sorted": {**row, "beyond_grid": {}}, "packed": {**row, "beyond_grid": {"drafter ctx_tokens": 1.2146}}}
     text = "\n".join(section_lines(table))
     assert "Beyond the profile grid (`packed`: drafter ctx_tokens 1.21x the grid's largest value)" in text
     table["packed"]["beyond_grid"] = {}
     assert "Beyond the profile grid" not in "\n".join(section_lines(table))
-

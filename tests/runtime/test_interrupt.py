@@ -61,8 +61,13 @@ def test_the_interrupt_reaches_the_group_once_and_the_handler_waits_for_every_jo
     """kill -INT of the process alone: its job in its own group gets one SIGINT (before: one per descendant
     walk, and two where the job also got it otherwise); the one in a session of its own gets none (its launcher
     would hand it on); KeyboardInterrupt comes only once both have ended (the second 1 s after the first)."""
-    proc = subprocess.Popen([sys.executable, "-c", SNAKEMAKE, str(tmp_path), COUNTER], env=ENV,
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)  # no terminal
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SNAKEMAKE, str(tmp_path), COUNTER],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # no terminal
     try:
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(1)  # both children are running their loops
@@ -78,8 +83,10 @@ def test_the_interrupt_reaches_the_group_once_and_the_handler_waits_for_every_jo
 def test_start_time_tells_a_process_from_its_exit_and_descendants_cross_sessions(tmp_path):
     """start_time: a string for a running process, None for a zombie and for a reaped one; descendants: a
     grandchild in a session of its own is found (torchrun's workers are)."""
-    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
-            " start_new_session=True); print('ok', flush=True); time.sleep(30)")
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
+        " start_new_session=True); print('ok', flush=True); time.sleep(30)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout.readline().strip() == "ok"

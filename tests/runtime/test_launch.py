@@ -22,8 +22,10 @@ from lenbatch_study.runtime.stopping import STOPPED_EXIT
 from _runs import tiny_tokenized
 from _tiny import ENV, TINY_STOPPABLE_RUN
 
-SHOW_JOB = ("JobId=4242 JobName=train\n   UserId=u(1000) GroupId=u(1000)\n   NumNodes=2 NumCPUs=4\n"
-            "   NodeList=node[1-2]\n   BatchHost=node1\n")
+SHOW_JOB = (
+    "JobId=4242 JobName=train\n   UserId=u(1000) GroupId=u(1000)\n   NumNodes=2 NumCPUs=4\n"
+    "   NodeList=node[1-2]\n   BatchHost=node1\n"
+)
 SHOW_NODE = "NodeName=node1 Arch=x86_64 CoresPerSocket=1\n   NodeAddr=10.0.0.7 NodeHostName=node1 Version=23.11\n"
 
 
@@ -39,8 +41,13 @@ def scontrol(tmp_path):
     def run(args):
         calls.append(list(args))
         if args[:2] == ["show", "hostnames"]:
-            return subprocess.run(["scontrol", *args], check=True, capture_output=True, text=True,
-                                  env={**os.environ, "SLURM_CONF": str(conf)}).stdout
+            return subprocess.run(
+                ["scontrol", *args],
+                check=True,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "SLURM_CONF": str(conf)},
+            ).stdout
         return {"job": SHOW_JOB, "node": SHOW_NODE}[args[1]]
 
     run.calls = calls
@@ -49,7 +56,8 @@ def scontrol(tmp_path):
 
 needs_scontrol = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v scontrol"], capture_output=True).returncode != 0,
-    reason="scontrol (the slurm-client package) is not installed")
+    reason="scontrol (the slurm-client package) is not installed",
+)
 
 
 def test_scontrol_fields_are_read_from_its_key_value_output():
@@ -95,8 +103,18 @@ def test_a_job_with_fewer_nodes_than_train_nodes_is_refused_with_the_fix(scontro
 def test_the_rendezvous_is_standalone_here_and_c10d_at_the_head_under_slurm():
     assert rendezvous(2, 2, None) == ["--standalone", "--nnodes", "1", "--nproc_per_node", "4"]
     cluster = Cluster(job_id="4242", hosts=("node1", "node2"), head_addr="10.0.0.7")
-    assert rendezvous(3, 2, cluster) == ["--nnodes", "2", "--nproc_per_node", "3", "--rdzv-backend", "c10d",
-                                         "--rdzv-endpoint", "10.0.0.7:29742", "--rdzv-id", "4242"]
+    assert rendezvous(3, 2, cluster) == [
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "10.0.0.7:29742",
+        "--rdzv-id",
+        "4242",
+    ]
     # a port of the job's own, in one range: jobs sharing a node do not meet
     assert rendezvous_port("4242") == 29742 and rendezvous_port("2000") == 29500 and rendezvous_port("1999") == 31499
 
@@ -104,11 +122,22 @@ def test_the_rendezvous_is_standalone_here_and_c10d_at_the_head_under_slurm():
 def test_the_workers_command_names_the_handed_over_request_and_no_params():
     argv = ["train", "--launched", "/runs/.x.launch.pickle"]
     here = command(argv, nproc=2, nodes=1, cluster=None, python="/py")
-    assert here == ["/py", "-m", "lenbatch_study.runtime.launch", "--standalone", "--nnodes", "1",
-                    "--nproc_per_node", "2", "-m", "lenbatch_study", *argv]
+    assert here == [
+        "/py",
+        "-m",
+        "lenbatch_study.runtime.launch",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "lenbatch_study",
+        *argv,
+    ]
     cluster = Cluster(job_id="9", hosts=("a", "b"), head_addr="a")
     slurm = command(argv, nproc=2, nodes=2, cluster=cluster, python="/py")
-    assert slurm[:5] == ["srun", "--nodes", "2", "--ntasks-per-node", "1"] and slurm[-len(argv):] == argv
+    assert slurm[:5] == ["srun", "--nodes", "2", "--ntasks-per-node", "1"] and slurm[-len(argv) :] == argv
     assert slurm[5:8] == ["/py", "-m", "lenbatch_study.runtime.launch"] and "a:29509" in slurm
 
 
@@ -119,8 +148,15 @@ def test_the_request_is_handed_over_as_the_checked_object_not_reparsed(tmp_path,
     from lenbatch_study.core.config import load_params
 
     params = load_params("params.yaml", overrides={"train": {"useful_tokens": 1234}})
-    request = {"params": params, "strategy": "random", "data": "d", "out": tmp_path / "train" / "random",
-               "boundaries": None, "max_steps": 3, "resume": False}
+    request = {
+        "params": params,
+        "strategy": "random",
+        "data": "d",
+        "out": tmp_path / "train" / "random",
+        "boundaries": None,
+        "max_steps": 3,
+        "resume": False,
+    }
     path = launch.hand_over(request, tmp_path / "train" / "random")
     assert path.parent == tmp_path / "train" and path.name == ".random.launch.pickle"
 
@@ -177,12 +213,28 @@ def test_the_rule_s_command_stops_on_sigterm_and_resumes_when_run_again(tmp_path
     same command run again resumes from that checkpoint and completes the run."""
     params, data = tiny_tokenized(tmp_path, TINY)
     out = tmp_path / "train" / "random"
-    argv = [sys.executable, "-m", "lenbatch_study", "train", "--params", "params.yaml", str(params), "--params-json",
-            json.dumps({"train": {"nproc": 2}}), "--strategy", "random", "--data", str(data), "--out", str(out),
-            "--resume-if-interrupted"]
+    argv = [
+        sys.executable,
+        "-m",
+        "lenbatch_study",
+        "train",
+        "--params",
+        "params.yaml",
+        str(params),
+        "--params-json",
+        json.dumps({"train": {"nproc": 2}}),
+        "--strategy",
+        "random",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--resume-if-interrupted",
+    ]
     handed = out.parent / ".random.launch.pickle"
-    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None and _rows(partial_dir(out)) < 2:
@@ -196,8 +248,10 @@ def test_the_rule_s_command_stops_on_sigterm_and_resumes_when_run_again(tmp_path
     assert proc.returncode == STOPPED_EXIT, log[-3000:]
     # the workers ran the request the launcher checked and handed over (no params on their command line),
     # and the hand-over is gone with them
-    assert (f"lenbatch_study.runtime.launch --standalone --nnodes 1 --nproc_per_node 2 -m lenbatch_study train "
-            f"--launched {handed}") in log
+    assert (
+        f"lenbatch_study.runtime.launch --standalone --nnodes 1 --nproc_per_node 2 -m lenbatch_study train "
+        f"--launched {handed}"
+    ) in log
     assert "stopped on SIGTERM at step" in log and not handed.exists(), log[-3000:]
     stopped = json.loads((partial_dir(out) / "stopped.json").read_text())
     assert (partial_dir(out) / "checkpoint.pt").exists() and not (out / "summary.json").exists()

@@ -17,14 +17,33 @@ def tiny_params():
 
 
 def _row(step: int, t: float, useful: int = 100) -> dict:
-    return {"rank": 0, "step": step, "epoch": 0, "t": t, "useful_tokens": useful, "computed_tokens": useful,
-            "target_s": 0.1, "drafter_s": 0.1, "queue_wait_s": 0.0, "credit_wait_s": 0.0, "loss": 1.0,
-            "target_cpu_s": 0.1, "drafter_cpu_s": 0.1}
+    return {
+        "rank": 0,
+        "step": step,
+        "epoch": 0,
+        "t": t,
+        "useful_tokens": useful,
+        "computed_tokens": useful,
+        "target_s": 0.1,
+        "drafter_s": 0.1,
+        "queue_wait_s": 0.0,
+        "credit_wait_s": 0.0,
+        "loss": 1.0,
+        "target_cpu_s": 0.1,
+        "drafter_cpu_s": 0.1,
+    }
 
 
 def _summary(rec: Recorder, warmup: int = 1) -> dict:
-    s = rec.summary(params=tiny_params(), strategy="packed", warmup=warmup, world_size=2, target_ranks=1,
-                    resumed_from=None, total_steps=5)
+    s = rec.summary(
+        params=tiny_params(),
+        strategy="packed",
+        warmup=warmup,
+        world_size=2,
+        target_ranks=1,
+        resumed_from=None,
+        total_steps=5,
+    )
     rec.close()
     return s
 
@@ -40,8 +59,7 @@ def test_a_resume_one_step_before_the_end_keeps_the_first_sessions_throughput(tm
     resumed = Recorder(tmp_path / STEPS, kept=kept)
     resumed.add(_row(4, 0.5))
     s = _summary(resumed)
-    assert [json.loads(line)["session"] for line in (tmp_path / STEPS).read_text().splitlines()] == \
-        [0, 0, 0, 0, 1]
+    assert [json.loads(line)["session"] for line in (tmp_path / STEPS).read_text().splitlines()] == [0, 0, 0, 0, 1]
     assert (s["sessions"], s["measured_steps"], s["warmup_steps_excluded"]) == (2, 3, 2)
     assert s["measured_wall_s"] == 4.0 and s["useful_tokens_per_s"] == 300 / 4.0
 

@@ -22,17 +22,28 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _params(tmp_path, max_len: int = TINY_DATA["max_len"], **batching):
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump({"data": {**TINY_DATA, "max_len": max_len}, "model": TINY_MODEL,
-                                    "batching": {"token_budget": 2048, "max_batch_size": 16, **batching}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "data": {**TINY_DATA, "max_len": max_len},
+                "model": TINY_MODEL,
+                "batching": {"token_budget": 2048, "max_batch_size": 16, **batching},
+            }
+        )
+    )
     return load_params(REPO / "params.yaml", path)
 
 
 def test_the_reference_shape_is_an_eighth_of_the_budget_every_plan_can_hold(tmp_path):
     default = load_params(REPO / "params.yaml")
     assert reference.reference_shape(default) == {"layout": "padded", "sequences": 4, "length": 512}
-    for max_len, budget, max_bs, want in ((1024, 2048, 16, (1, 512)), (1024, 49152, 64, (12, 512)),
-                                          (1024, 1024, 4, (1, 512)), (1024, 65536, 8, (8, 512)),
-                                          (256, 4096, 16, (2, 256))):
+    for max_len, budget, max_bs, want in (
+        (1024, 2048, 16, (1, 512)),
+        (1024, 49152, 64, (12, 512)),
+        (1024, 1024, 4, (1, 512)),
+        (1024, 65536, 8, (8, 512)),
+        (256, 4096, 16, (2, 256)),
+    ):
         p = _params(tmp_path, max_len=max_len, token_budget=budget, max_batch_size=max_bs)
         shape = reference.reference_shape(p)
         assert (shape["sequences"], shape["length"]) == want, (budget, max_bs, shape)

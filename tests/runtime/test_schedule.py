@@ -30,8 +30,9 @@ def test_the_sampler_yields_exactly_the_schedules_batches(strategy, target_ranks
     across an epoch boundary, and that a sampler restored from the schedule's state (what a
     checkpoint stores) continues with the schedule's next batch of its rank."""
     spec, strategy = SPEC4, strategy_for(strategy)
-    sched = build_schedule(X, strategy=strategy, spec=spec, target_ranks=target_ranks,
-                           useful_tokens=int(X.sum()) + int(X.sum()) // 2)
+    sched = build_schedule(
+        X, strategy=strategy, spec=spec, target_ranks=target_ranks, useful_tokens=int(X.sum()) + int(X.sum()) // 2
+    )
     assert {s.epoch for s in sched} == {0, 1} and [s.step for s in sched] == list(range(len(sched)))
     for r in range(target_ranks):
         sampler = LengthBatchSampler(X, strategy=strategy, spec=spec, rank=r, world_size=target_ranks)
@@ -40,7 +41,7 @@ def test_the_sampler_yields_exactly_the_schedules_batches(strategy, target_ranks
             sampler.set_epoch(epoch)
             yielded += [(epoch, b) for b in sampler]
         mine = [s for s in sched if s.rank == r]
-        assert [(s.epoch, s.indices.tolist()) for s in mine] == yielded[:len(mine)]
+        assert [(s.epoch, s.indices.tolist()) for s in mine] == yielded[: len(mine)]
         for done in (0, 1, len(sched) // 2, len(sched) - 1):
             resumed = LengthBatchSampler(X, strategy=strategy, spec=spec, rank=r, world_size=target_ranks)
             state = sched.sampler_states(done)[r]
@@ -75,8 +76,13 @@ def test_spec_is_validated_once_and_keywords_build_the_same_plan():
         lb.plan_epoch(X, strategy="sorted", spec=SPEC4, token_budget=2048)
     spec = SPEC4
     for strategy in lb.STRATEGIES:
-        kw = dict(token_budget=1024, max_batch_size=16, seed=3, packed_window=4,
-                  edges=EDGES if strategy == "bucketed" else None)
+        kw = dict(
+            token_budget=1024,
+            max_batch_size=16,
+            seed=3,
+            packed_window=4,
+            edges=EDGES if strategy == "bucketed" else None,
+        )
         a = lb.plan_epoch_all(X, strategy=strategy, epoch=1, world_size=3, **kw)
         s = strategy_for(strategy)
         b = lb.plan_epoch_all(X, strategy=s, epoch=1, world_size=3, spec=spec)
@@ -102,8 +108,11 @@ def test_useful_tokens_beyond_ten_thousand_epochs_is_a_value_error_naming_the_se
     AssertionError; now a ValueError names the setting and its largest value before anything is planned."""
     spec = SPEC4
     most = 10_000 * int(X.sum())
-    with pytest.raises(ValueError, match=rf"useful_tokens \(train.useful_tokens\) is {most + 1:,}, more than "
-                                         rf"10,000 epochs of these 300 samples .*lower it to at most {most:,}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"useful_tokens \(train.useful_tokens\) is {most + 1:,}, more than "
+        rf"10,000 epochs of these 300 samples .*lower it to at most {most:,}",
+    ):
         build_schedule(X, strategy="sorted", spec=spec, target_ranks=1, useful_tokens=most + 1)
     sched = build_schedule(X[:3], strategy="sorted", spec=spec, target_ranks=1, useful_tokens=10_000 * int(X[:3].sum()))
     assert sched[-1].epoch == 9_999  # the bound itself is reachable

@@ -19,8 +19,16 @@ def test_parts_round_trip(layout):
     seqs = _seqs([7, 2, 12])
     b = collate(seqs, layout=layout, token_budget=64, max_batch_size=8, indices=[1, 2, 3])
     r = batch_from_parts(layout, b.input_ids, b.loss_mask.to(torch.uint8), b.lengths, b.indices)
-    for name in ("input_ids", "loss_mask", "position_ids", "lengths", "indices", "attention_mask", "cu_seqlens",
-                 "seq_index"):
+    for name in (
+        "input_ids",
+        "loss_mask",
+        "position_ids",
+        "lengths",
+        "indices",
+        "attention_mask",
+        "cu_seqlens",
+        "seq_index",
+    ):
         x, y = getattr(b, name), getattr(r, name)
         assert (x is None and y is None) or torch.equal(x, y), name
 

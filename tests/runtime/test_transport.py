@@ -28,14 +28,23 @@ TINY3 = {
     "model": TINY_MODEL,
     "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
     "batching": {"token_budget": 1024, "max_batch_size": 8},
-    "train": {"nproc": 3, "useful_tokens": 4000, "warmup_steps": 1, "queue_size": 2, "threads": 1,
-              "device": "cpu"},
+    "train": {"nproc": 3, "useful_tokens": 4000, "warmup_steps": 1, "queue_size": 2, "threads": 1, "device": "cpu"},
 }
 
 
 def _protocol(mode: str, rendezvous: bool, steps: int = 12, queue: int = 2) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-           str(HERE / "_p2p_protocols.py"), mode, str(steps), str(queue)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "3",
+        str(HERE / "_p2p_protocols.py"),
+        mode,
+        str(steps),
+        str(queue),
+    ]
     env = {**ENV, transport.RENDEZVOUS_ENV: "1" if rendezvous else "0"}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
 
@@ -91,8 +100,25 @@ def setup(tmp_path_factory):
     params = root / "tiny3.yaml"
     params.write_text(yaml.safe_dump(TINY3))
     data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", "params.yaml", str(params),
-                    "--limit", "30", "--no-progress", "--out", str(data)], check=True, env=ENV, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "tokenize",
+            "--params",
+            "params.yaml",
+            str(params),
+            "--limit",
+            "30",
+            "--no-progress",
+            "--out",
+            str(data),
+        ],
+        check=True,
+        env=ENV,
+        capture_output=True,
+    )
     lengths = np.load(data / "lengths.npy")
     inner = np.quantile(lengths, [0.25, 0.5, 0.75]).astype(int)
     edges = sorted({int(lengths.min()), *inner.tolist(), int(lengths.max()) + 1})
@@ -102,9 +128,28 @@ def setup(tmp_path_factory):
 
 def _train(setup, strategy: str, rendezvous: bool) -> list[dict]:
     out = setup["root"] / f"{strategy}_{'rdv' if rendezvous else 'normal'}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", "-m", "lenbatch_study",
-           "train", "--params", "params.yaml", str(setup["params"]), "--strategy", strategy, "--data",
-           str(setup["data"]), "--boundaries", str(setup["root"] / "boundaries.json"), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "3",
+        "-m",
+        "lenbatch_study",
+        "train",
+        "--params",
+        "params.yaml",
+        str(setup["params"]),
+        "--strategy",
+        strategy,
+        "--data",
+        str(setup["data"]),
+        "--boundaries",
+        str(setup["root"] / "boundaries.json"),
+        "--out",
+        str(out),
+    ]
     env = {**ENV, transport.RENDEZVOUS_ENV: "1" if rendezvous else "0"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -119,9 +164,17 @@ def test_two_target_ranks_train_the_same_batches_and_losses_under_rendezvous(set
     rdv = _train(setup, strategy, rendezvous=True)
     # the planned batches, round-robin over the two target ranks
     b = load_params("params.yaml", str(setup["params"])).batching
-    plans = lb.plan_epoch_all(setup["lengths"], strategy=strategy, epoch=0, seed=b.seed, token_budget=b.token_budget,
-                              max_batch_size=b.max_batch_size, world_size=2, packed_window=b.packed_window,
-                              edges=setup["edges"] if strategy == "bucketed" else None)
+    plans = lb.plan_epoch_all(
+        setup["lengths"],
+        strategy=strategy,
+        epoch=0,
+        seed=b.seed,
+        token_budget=b.token_budget,
+        max_batch_size=b.max_batch_size,
+        world_size=2,
+        packed_window=b.packed_window,
+        edges=setup["edges"] if strategy == "bucketed" else None,
+    )
     planned = [lb_hash(plans[g % 2][g // 2]) for g in range(len(normal))]
     assert len(normal) >= 4 and all(s["epoch"] == 0 for s in normal)
     assert [s["rank"] for s in normal] == [g % 2 for g in range(len(normal))]

@@ -14,10 +14,16 @@ from lenbatch_study.runtime.runner import WARMUP_TOKENS, StepRunner, warm_target
 
 def test_warm_up_token_counts_are_the_budgets_two_integer_specialisations():
     # the check's mid budget, the study's, the CPU default's and a budget that is not a multiple of 16
-    assert [warmup_tokens(b) for b in (16384, 49152, 8192, 1000, 20)] == \
-        [(16384, 16383), (49152, 49151), (8192, 8191), (992, 991), (16, 15)]
-    assert all(a % 16 == 0 and b % 16 and a <= max(16, budget)
-               for budget in range(1, 2000) for a, b in [warmup_tokens(budget)])
+    assert [warmup_tokens(b) for b in (16384, 49152, 8192, 1000, 20)] == [
+        (16384, 16383),
+        (49152, 49151),
+        (8192, 8191),
+        (992, 991),
+        (16, 15),
+    ]
+    assert all(
+        a % 16 == 0 and b % 16 and a <= max(16, budget) for budget in range(1, 2000) for a, b in [warmup_tokens(budget)]
+    )
     assert WARMUP_TOKENS == (128, 129)  # the toy size the warm-up used before: fla autotuned there
 
 

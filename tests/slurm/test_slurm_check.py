@@ -64,13 +64,30 @@ def check(tmp_path_factory):
     cluster_dir = work / "cluster"
     out = work / "results/slurm-check"
     try:
-        proc = subprocess.run([sys.executable, str(work / "tools/slurm_check.py"), "--out", str(out),
-                               "--cluster-dir", str(cluster_dir), "--timeout", "720"],
-                              cwd=work, env=ENV, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(work / "tools/slurm_check.py"),
+                "--out",
+                str(out),
+                "--cluster-dir",
+                str(cluster_dir),
+                "--timeout",
+                "720",
+            ],
+            cwd=work,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     finally:
         # the check stops its cluster itself; this covers the check being killed by the timeout above
-        subprocess.run([sys.executable, str(work / "tools/slurm_cluster.py"), "--dir", str(cluster_dir), "down"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, str(work / "tools/slurm_cluster.py"), "--dir", str(cluster_dir), "down"],
+            capture_output=True,
+            timeout=120,
+        )
     assert (out / "summary.json").exists(), f"no summary ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     summary = json.loads((out / "summary.json").read_text())
     return {"work": work, "out": out, "summary": summary, "proc": proc}
@@ -138,7 +155,9 @@ def test_the_slurm_run_trained_exactly_the_planned_batches_with_the_local_losses
     assert check["summary"]["local_run"]["returncode"] == 0
     edges = json.loads((slurm / "boundaries/boundaries.json").read_text())["edges"]
     assert edges == json.loads((local / "boundaries/boundaries.json").read_text())["edges"]
-    assert json.loads((slurm / "plans/metrics.json").read_text()) == json.loads((local / "plans/metrics.json").read_text())
+    assert json.loads((slurm / "plans/metrics.json").read_text()) == json.loads(
+        (local / "plans/metrics.json").read_text()
+    )
     lengths = np.load(slurm / "tokenize/lengths.npy")
     assert np.array_equal(lengths, np.load(local / "tokenize/lengths.npy"))
     for strategy in check["summary"]["strategies"]:
@@ -150,10 +169,16 @@ def test_the_slurm_run_trained_exactly_the_planned_batches_with_the_local_losses
         assert nodes == 2 and summary["nodes"] == nodes, (strategy, summary.get("nodes"))  # configs/slurm-check.yaml
         if summary.get("resumed_from_step") is None:
             # the warm-up counts in cluster steps: one step of each node's drafter
-            check_pipelined_run(steps, summary, strategy=strategy, token_budget=params.batching.token_budget,
-                                useful_tokens=params.train.useful_tokens, planned=planned,
-                                warmup_steps=params.train.warmup_steps * nodes,
-                                target_ranks=nodes * (params.train.nproc - 1))
+            check_pipelined_run(
+                steps,
+                summary,
+                strategy=strategy,
+                token_budget=params.batching.token_budget,
+                useful_tokens=params.train.useful_tokens,
+                planned=planned,
+                warmup_steps=params.train.warmup_steps * nodes,
+                target_ranks=nodes * (params.train.nproc - 1),
+            )
             # throughput per node and in total: the nodes' measured tokens add up to the run's
             per_node = summary["per_node"]
             assert len(per_node) == nodes and all(n["useful_tokens_per_s"] > 0 for n in per_node), per_node
@@ -223,7 +248,9 @@ def test_stop_names_the_pid_of_a_process_that_outlives_its_sigkill(monkeypatch):
     try:
         entry = {"pid": proc.pid, "start": slurm_cluster.start_time(proc.pid)}
         monkeypatch.setattr(slurm_cluster.os, "kill", lambda pid, sig: None)  # signals that never arrive
-        with pytest.raises(slurm_cluster.StillRunning, match=rf"test daemon \(pid {proc.pid}\) still runs 0 s after SIGKILL"):
+        with pytest.raises(
+            slurm_cluster.StillRunning, match=rf"test daemon \(pid {proc.pid}\) still runs 0 s after SIGKILL"
+        ):
             slurm_cluster.stop(entry, "test daemon", grace=0.2, kill_wait=0.2)
     finally:
         proc.kill()

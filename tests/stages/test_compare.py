@@ -26,8 +26,14 @@ from lenbatch_study.cli import main
 from lenbatch_study.analysis.step_prediction import ACK_EVERY
 from lenbatch_study.stages.compare import compare
 from lenbatch_study.core.config import load_params
-from lenbatch_study.analysis.report import (MAX_METRIC_NUMBERS, REPLAY_PART, REPORT_MAX_BYTES, busy_machine,
-                                           unsteady_machine, write_outputs)
+from lenbatch_study.analysis.report import (
+    MAX_METRIC_NUMBERS,
+    REPLAY_PART,
+    REPORT_MAX_BYTES,
+    busy_machine,
+    unsteady_machine,
+    write_outputs,
+)
 from lenbatch_study.core import machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,13 +44,24 @@ MACHINE = machine.fingerprint(threads=1)  # this machine: the fixture's profile 
 def _reference(target: float, drafter: float, *, drift: float = 0.0) -> dict:
     """A reference-step record (lenbatch_study.runtime.reference) whose start/end medians average to these seconds;
     ``drift``: end / start - 1."""
+
     def pts(x: float) -> dict:
         s, e = 2 * x / (2 + drift), 2 * x * (1 + drift) / (2 + drift)
-        return {"start": [s * 0.99, s, s * 1.02], "end": [e * 1.01, e, e * 0.98],
-                "start_cpu": [s] * 3, "end_cpu": [e] * 3}
+        return {
+            "start": [s * 0.99, s, s * 1.02],
+            "end": [e * 1.01, e, e * 0.98],
+            "start_cpu": [s] * 3,
+            "end_cpu": [e] * 3,
+        }
 
-    return {"shape": {"layout": "padded", "sequences": 8, "length": 512}, "warmup": 1, "repeats": 3, "seconds": 2.0,
-            "target": pts(target), "drafter": pts(drafter)}
+    return {
+        "shape": {"layout": "padded", "sequences": 8, "length": 512},
+        "warmup": 1,
+        "repeats": 3,
+        "seconds": 2.0,
+        "target": pts(target),
+        "drafter": pts(drafter),
+    }
 
 
 PROFILE_REFERENCE = _reference(0.2, 0.25)
@@ -53,6 +70,8 @@ PROFILE_REFERENCE = _reference(0.2, 0.25)
 def _grid_file(rows: list[dict], *, machine_fp: dict | None = MACHINE, reference: dict = PROFILE_REFERENCE) -> dict:
     """grid.json as the profile stage writes it: the machine, the reference step and the points."""
     return {"machine": machine_fp, "reference": reference, "points": rows}
+
+
 # a known law for the synthetic timings (seconds): per step, per token, per length^2, per sequence
 TARGET = {"const": 0.004, "computed_tokens": 2e-6, "sum_len_sq": 2e-10, "sequences": 2e-4}
 DRAFTER = {"const": 0.006, "ctx_tokens": 1e-6, "positions": 1.5e-5}
@@ -80,57 +99,107 @@ def _grid(params, *, busy: float | None = None, cpu_share: float | None = None) 
     for i, (layout, n, m) in enumerate(shapes):
         ls = np.asarray(shp.grid_shape(layout, n, m, max_len=params.data.max_len))
         masks = [x["loss_mask"] for x in synthetic_sequences(ls, vocab_size=1000, seed=i)]
-        work = shp.drafter_work(ls, masks, [-1] * n, anchors_per_seq=dr.anchors_per_seq, block_size=dr.block_size,
-                               seed=0, epoch=0, step=i)
-        cols = shp.batch_columns(ls, [np.arange(ls.size)], layout=layout,
-                                drafter=(np.array([work[0]], float), np.array([work[1]], float)))
+        work = shp.drafter_work(
+            ls, masks, [-1] * n, anchors_per_seq=dr.anchors_per_seq, block_size=dr.block_size, seed=0, epoch=0, step=i
+        )
+        cols = shp.batch_columns(
+            ls, [np.arange(ls.size)], layout=layout, drafter=(np.array([work[0]], float), np.array([work[1]], float))
+        )
         t, d = float(_law(cols, TARGET)[0]), float(_law(cols, DRAFTER)[0])
-        rows.append({"layout": layout, "sequences": n, "length": m, "sequence_lengths": ls.tolist(),
-                     "computed_tokens": float(cols["computed_tokens"][0]),
-                     "sum_len_sq": float(cols["sum_len_sq"][0]), "ctx_tokens": float(cols["ctx_tokens"][0]),
-                     "positions": float(cols["positions"][0]), "target_seconds_median": t,
-                     "target_seconds_all": [t], "drafter_seconds_median": d, "drafter_seconds_all": [d],
-                     "seconds_median": t + d, "seconds_all": [t + d]})
+        rows.append(
+            {
+                "layout": layout,
+                "sequences": n,
+                "length": m,
+                "sequence_lengths": ls.tolist(),
+                "computed_tokens": float(cols["computed_tokens"][0]),
+                "sum_len_sq": float(cols["sum_len_sq"][0]),
+                "ctx_tokens": float(cols["ctx_tokens"][0]),
+                "positions": float(cols["positions"][0]),
+                "target_seconds_median": t,
+                "target_seconds_all": [t],
+                "drafter_seconds_median": d,
+                "drafter_seconds_all": [d],
+                "seconds_median": t + d,
+                "seconds_all": [t + d],
+            }
+        )
         if busy is not None:
-            rows[-1].update({"target_busy_seconds_median": busy * t, "target_busy_seconds_all": [busy * t],
-                             "drafter_busy_seconds_median": busy * d, "drafter_busy_seconds_all": [busy * d]})
+            rows[-1].update(
+                {
+                    "target_busy_seconds_median": busy * t,
+                    "target_busy_seconds_all": [busy * t],
+                    "drafter_busy_seconds_median": busy * d,
+                    "drafter_busy_seconds_all": [busy * d],
+                }
+            )
         if cpu_share is not None:
             rows[-1].update({"target_cpu_seconds_all": [cpu_share * t], "drafter_cpu_seconds_all": [cpu_share * d]})
     return rows
 
 
-def _fake_run(lengths, params, strategy, edges, out: Path, data: Path, *, busy: float | None = None,
-              slower: tuple[float, float] = (1.0, 1.0), drift: float = 0.0, machine_fp: dict | None = MACHINE) -> None:
+def _fake_run(
+    lengths,
+    params,
+    strategy,
+    edges,
+    out: Path,
+    data: Path,
+    *,
+    busy: float | None = None,
+    slower: tuple[float, float] = (1.0, 1.0),
+    drift: float = 0.0,
+    machine_fp: dict | None = MACHINE,
+) -> None:
     """A training run's outputs for the planned batches, timed by the known law through the pipeline
     (``busy``: a step costs the law x busy while the other role works, blended by the overlap;
     ``slower``: the machine's (target, drafter) speed against the profile's: every step and the run's
     reference step take that much longer; ``drift``: the reference's end / start - 1)."""
     from lenbatch_study.stages.compare import LossMasks, planned_batches, step_columns
 
-    steps = planned_batches(lengths, params, strategy, edges, useful_tokens=params.train.useful_tokens,
-                            target_ranks=1)
+    steps = planned_batches(lengths, params, strategy, edges, useful_tokens=params.train.useful_tokens, target_ranks=1)
     cols = step_columns(lengths, steps, layout=layout_of(strategy), params=params, masks=LossMasks(data))
     t_s, d_s = slower[0] * _law(cols, TARGET), slower[1] * _law(cols, DRAFTER)
     if busy is None:
         ends = sm.pipeline_ends(t_s, d_s, queue_size=params.train.queue_size, ack_every=ACK_EVERY)
     else:
-        tl = sm.blended_pipeline(t_s, busy * t_s, d_s, busy * d_s, queue_size=params.train.queue_size,
-                                 ack_every=ACK_EVERY)
+        tl = sm.blended_pipeline(
+            t_s, busy * t_s, d_s, busy * d_s, queue_size=params.train.queue_size, ack_every=ACK_EVERY
+        )
         ends, t_s, d_s = tl["end"], tl["target_s"], tl["drafter_s"]
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
     out.mkdir(parents=True)
     with (out / "steps.jsonl").open("w") as fh:
         for i, (epoch, b) in enumerate(steps):
-            fh.write(json.dumps({"rank": 1, "step": i, "epoch": epoch, "sequences": int(b.size),
-                                 "target_s": float(t_s[i]), "drafter_s": float(d_s[i]),
-                                 "target_cpu_s": float(t_s[i]), "drafter_cpu_s": float(d_s[i]),
-                                 "useful_tokens": int(cols["useful_tokens"][i]),
-                                 "computed_tokens": int(cols["computed_tokens"][i]), "loss": 5.0 - 1e-5 * i}) + "\n")
-    summary = {"useful_tokens_per_s": tput, "steps": len(steps), "planned_steps": len(steps),
-               "padding_efficiency": float(cols["useful_tokens"].sum() / cols["computed_tokens"].sum()),
-               "loss_curve": [[i, 5.0 - 1e-5 * i] for i in range(len(steps))],
-               "final_loss": 5.0, "params": params.to_dict(), "machine": machine_fp,
-               "reference": _reference(0.2 * slower[0], 0.25 * slower[1], drift=drift)}
+            fh.write(
+                json.dumps(
+                    {
+                        "rank": 1,
+                        "step": i,
+                        "epoch": epoch,
+                        "sequences": int(b.size),
+                        "target_s": float(t_s[i]),
+                        "drafter_s": float(d_s[i]),
+                        "target_cpu_s": float(t_s[i]),
+                        "drafter_cpu_s": float(d_s[i]),
+                        "useful_tokens": int(cols["useful_tokens"][i]),
+                        "computed_tokens": int(cols["computed_tokens"][i]),
+                        "loss": 5.0 - 1e-5 * i,
+                    }
+                )
+                + "\n"
+            )
+    summary = {
+        "useful_tokens_per_s": tput,
+        "steps": len(steps),
+        "planned_steps": len(steps),
+        "padding_efficiency": float(cols["useful_tokens"].sum() / cols["computed_tokens"].sum()),
+        "loss_curve": [[i, 5.0 - 1e-5 * i] for i in range(len(steps))],
+        "final_loss": 5.0,
+        "params": params.to_dict(),
+        "machine": machine_fp,
+        "reference": _reference(0.2 * slower[0], 0.25 * slower[1], drift=drift),
+    }
     (out / "summary.json").write_text(json.dumps(summary))
 
 
@@ -148,20 +217,36 @@ def stage_inputs(tmp_path_factory):
     from lenbatch_study.runtime.synthetic import synthetic_sequences
 
     seqs = synthetic_sequences(lengths, vocab_size=1000, seed=0)
-    datasets.Dataset.from_dict({"input_ids": [s["input_ids"].tolist() for s in seqs],
-                                "loss_mask": [s["loss_mask"].tolist() for s in seqs],
-                                "length": lengths.tolist()}).save_to_disk(str(data / "dataset"))
-    override = {"data": {"max_len": 1024}, "batching": {"token_budget": 2048, "max_batch_size": 16},
-                "boundaries": {"sweep_max_buckets": 6, "num_candidates": 40},
-                "train": {"useful_tokens": 60_000, "warmup_steps": 2}}
+    datasets.Dataset.from_dict(
+        {
+            "input_ids": [s["input_ids"].tolist() for s in seqs],
+            "loss_mask": [s["loss_mask"].tolist() for s in seqs],
+            "length": lengths.tolist(),
+        }
+    ).save_to_disk(str(data / "dataset"))
+    override = {
+        "data": {"max_len": 1024},
+        "batching": {"token_budget": 2048, "max_batch_size": 16},
+        "boundaries": {"sweep_max_buckets": 6, "num_candidates": 40},
+        "train": {"useful_tokens": 60_000, "warmup_steps": 2},
+    }
     (root / "small.yaml").write_text(yaml.safe_dump(override))
     params_args = ["--params", str(REPO / "params.yaml"), str(root / "small.yaml")]
     params = load_params(REPO / "params.yaml", root / "small.yaml")
     L = str(data / "lengths.npy")
     _cli("stats", *params_args, "--lengths", L, "--out", str(root / "stats"), cwd=root)
     _cli("boundaries", *params_args, "--lengths", L, "--out", str(root / "boundaries"), cwd=root)
-    _cli("plans", *params_args, "--lengths", L, "--boundaries", str(root / "boundaries" / "boundaries.json"),
-         "--out", str(root / "plans"), cwd=root)
+    _cli(
+        "plans",
+        *params_args,
+        "--lengths",
+        L,
+        "--boundaries",
+        str(root / "boundaries" / "boundaries.json"),
+        "--out",
+        str(root / "plans"),
+        cwd=root,
+    )
     (root / "profile").mkdir()
     (root / "profile" / "grid.json").write_text(json.dumps(_grid_file(_grid(params))))
     edges = json.loads((root / "boundaries" / "boundaries.json").read_text())["edges"]
@@ -171,9 +256,15 @@ def stage_inputs(tmp_path_factory):
 
 
 def _run(root: Path, params, train: str = "train"):
-    return compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries",
-                   plans_dir=root / "plans", profile_dir=root / "profile", train_dir=root / train,
-                   data_dir=root / "data")
+    return compare(
+        params=params,
+        stats_dir=root / "stats",
+        boundaries_dir=root / "boundaries",
+        plans_dir=root / "plans",
+        profile_dir=root / "profile",
+        train_dir=root / train,
+        data_dir=root / "data",
+    )
 
 
 def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage_inputs):
@@ -202,8 +293,13 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     assert len(numbers) == len(on_disk) - 1 <= MAX_METRIC_NUMBERS  # all but the verdict
     assert on_disk["verdict"] == "not settled" and not any(k.startswith("recommended.") for k in on_disk)
     assert on_disk == {k: v for k, v in json.loads(json.dumps(metrics)).items() if k in on_disk}
-    assert not any("cpu_share" in k or k.startswith(("fit.", "machine.", "bucketed_k")) or "calibrated" in k
-                   or k.endswith((".lo", ".hi", ".length_mixing", ".predicted_tok_s")) for k in on_disk)
+    assert not any(
+        "cpu_share" in k
+        or k.startswith(("fit.", "machine.", "bucketed_k"))
+        or "calibrated" in k
+        or k.endswith((".lo", ".hi", ".length_mixing", ".predicted_tok_s"))
+        for k in on_disk
+    )
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     assert diagnostics["machine.id"] == MACHINE["id"]
     report = (out / "report.md").read_text()
@@ -211,8 +307,13 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
         ratios = ("ratio_to_sorted_measured", "ratio_to_sorted_predicted")
         for key in ("measured_efficiency", "measured_tok_s", *(ratios if s != "sorted" else ())):
             assert on_disk[f"{s}.{key}"] is not None, f"{s}.{key}"
-        for key in ("predicted_tok_s", "prediction_error", "composition_repeat",
-                    "length_mixing", *(ratios if s == "sorted" else ())):
+        for key in (
+            "predicted_tok_s",
+            "prediction_error",
+            "composition_repeat",
+            "length_mixing",
+            *(ratios if s == "sorted" else ()),
+        ):
             assert diagnostics[f"{s}.{key}"] is not None and f"{s}.{key}" not in on_disk, f"{s}.{key}"
             assert diagnostics[f"{s}.{key}"] is not None, f"{s}.{key}"
         assert f"| {s} |" in report
@@ -220,8 +321,11 @@ def test_compare_predicts_runs_timed_by_the_grid_law_and_writes_everything(stage
     answer = report.split("## Answer", 1)[1].split("\n## ", 1)[0].strip()
     assert answer.startswith("**Not settled: no ratios were measured in turns**") and "**Use" not in answer
     # the rerun names the config that put this run's results outside results/ (else it would rerun the default)
-    assert f"snakemake --cores all --configfile <your config, results_dir: {root.as_posix()}> --forcerun interleave" \
-        in answer and len(report.encode()) <= REPORT_MAX_BYTES
+    assert (
+        f"snakemake --cores all --configfile <your config, results_dir: {root.as_posix()}> --forcerun interleave"
+        in answer
+        and len(report.encode()) <= REPORT_MAX_BYTES
+    )
     assert "K = 6" in (out / "details.md").read_text()
     for name in ("histogram.png", "throughput.png", "frontier.png"):
         data = (out / name).read_bytes()
@@ -311,7 +415,8 @@ def test_compare_blends_alone_and_busy_step_times_by_the_runs_overlap(stage_inpu
     plain = _run(tmp_path, with_mode("busy"))
     assert "target_busy" not in plain.fits
     assert [plain.rows[s].predicted_tok_s for s in STRATEGIES] == pytest.approx(
-        [alone_only.rows[s].predicted_tok_s for s in STRATEGIES], rel=1e-9)
+        [alone_only.rows[s].predicted_tok_s for s in STRATEGIES], rel=1e-9
+    )
 
 
 def test_report_tells_a_busy_machine_from_model_error(stage_inputs, tmp_path):
@@ -379,7 +484,7 @@ def test_the_start_end_calibration_is_retired_from_report_and_metrics(stage_inpu
         r = result.rows[s]
         assert r.target_reference_drift == pytest.approx(0.04, rel=1e-6)
         assert r.target_step_ratio == pytest.approx(1.08, abs=0.01)  # the steps were slower by as much
-        assert r.prediction_error > 0.025, (s, r.prediction_error)   # raw: predicts the profile's speed
+        assert r.prediction_error > 0.025, (s, r.prediction_error)  # raw: predicts the profile's speed
     out = tmp_path / "compare"
     metrics = write_outputs(result, out, params=params)
     assert not any("calibrated" in k or "reference_ratio" in k for k in metrics)
@@ -401,12 +506,16 @@ def test_a_run_from_another_machine_is_refused_naming_what_to_rerun(stage_inputs
     with pytest.raises(ValueError) as err:
         _run(tmp_path, params)
     msg = str(err.value)
-    assert f"the run of random on machine {other['id']} (versions.torch: '{MACHINE['versions']['torch']}' -> " \
-           "'2.11.0')" in msg
+    assert (
+        f"the run of random on machine {other['id']} (versions.torch: '{MACHINE['versions']['torch']}' -> "
+        "'2.11.0')" in msg
+    )
     # this machine measured the profile and the other runs: rerun only random, here
     assert f"this machine is {MACHINE['id']}" in msg
-    assert msg.endswith("snakemake --cores all --forcerun results/train/random/summary.json (DVC: dvc repro "
-                        "--force --single-item train@random, then dvc repro)")
+    assert msg.endswith(
+        "snakemake --cores all --forcerun results/train/random/summary.json (DVC: dvc repro "
+        "--force --single-item train@random, then dvc repro)"
+    )
 
 
 def test_a_profile_from_another_machine_or_results_without_a_fingerprint_are_refused(stage_inputs, tmp_path):
@@ -418,8 +527,11 @@ def test_a_profile_from_another_machine_or_results_without_a_fingerprint_are_ref
         (tmp_path / sub).mkdir()
     _variant(root, tmp_path / "a", _grid_file(rows, machine_fp=other))
     (tmp_path / "a" / "train").symlink_to(root / "train")
-    with pytest.raises(ValueError, match=r"profile grid on machine .*cpu.model: 'another CPU' -> .*rerun here "
-                                         r"what was measured elsewhere: snakemake --cores all --forcerun profile"):
+    with pytest.raises(
+        ValueError,
+        match=r"profile grid on machine .*cpu.model: 'another CPU' -> .*rerun here "
+        r"what was measured elsewhere: snakemake --cores all --forcerun profile",
+    ):
         _run(tmp_path / "a", params)
     # a grid.json of an older lenbatch (a bare list: no machine, no reference) is refused, not guessed
     _variant(root, tmp_path / "b", {"points": rows})
@@ -429,8 +541,11 @@ def test_a_profile_from_another_machine_or_results_without_a_fingerprint_are_ref
         _run(tmp_path / "b", params)
     # runs of an older lenbatch: no fingerprint
     _runs_variant(root, tmp_path / "c", params, machine_fp=None)
-    with pytest.raises(ValueError, match=r"the runs of sorted, random, bucketed, sortish, packed record no machine "
-                                         r"fingerprint.*dvc repro --force --single-item train@sorted train@random"):
+    with pytest.raises(
+        ValueError,
+        match=r"the runs of sorted, random, bucketed, sortish, packed record no machine "
+        r"fingerprint.*dvc repro --force --single-item train@sorted train@random",
+    ):
         _run(tmp_path / "c", params)
 
 
@@ -439,8 +554,11 @@ def test_a_run_without_a_reference_step_is_refused(stage_inputs, tmp_path):
     _runs_variant(root, tmp_path, params)
     path = tmp_path / "train" / "packed" / "summary.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "reference": None}))
-    with pytest.raises(ValueError, match=r"the run of packed records no reference step.*forcerun "
-                                         r"results/train/packed/summary.json"):
+    with pytest.raises(
+        ValueError,
+        match=r"the run of packed records no reference step.*forcerun "
+        r"results/train/packed/summary.json",
+    ):
         _run(tmp_path, params)
 
 
@@ -472,9 +590,16 @@ def test_a_training_s_missed_prediction_is_reported_not_a_veto(stage_inputs, tmp
     errors; the answer, decided on the ratios measured in turns, does not change."""
     root, params = stage_inputs
     _interleave_file(root, params, tmp_path / "interleave", drift=[1.0, 0.7, 1.4, 1.1])
-    result = compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries",
-                     plans_dir=root / "plans", profile_dir=root / "profile", train_dir=root / "train",
-                     data_dir=root / "data", interleave_dir=tmp_path / "interleave")
+    result = compare(
+        params=params,
+        stats_dir=root / "stats",
+        boundaries_dir=root / "boundaries",
+        plans_dir=root / "plans",
+        profile_dir=root / "profile",
+        train_dir=root / "train",
+        data_dir=root / "data",
+        interleave_dir=tmp_path / "interleave",
+    )
     rows = dict(result.rows)
     for s, err in (("packed", -0.59), ("random", 0.39)):
         rows[s] = dataclasses.replace(rows[s], prediction_error=err)
@@ -499,8 +624,15 @@ def test_an_impossible_padding_efficiency_is_refused_naming_the_file(stage_input
         _run(tmp_path, params)
 
 
-def _interleave_file(root: Path, params, out: Path, *, drift: list[float], drafter_law: dict = DRAFTER,
-                     slower: dict[tuple[str, str], float] | None = None) -> None:
+def _interleave_file(
+    root: Path,
+    params,
+    out: Path,
+    *,
+    drift: list[float],
+    drafter_law: dict = DRAFTER,
+    slower: dict[tuple[str, str], float] | None = None,
+) -> None:
     """An interleave stage output timed by the known law: each strategy's segment (four steps of its training
     plan, chosen as the stage chooses them) takes the law's target + drafter seconds times round k's ``drift[k]``, the same for every strategy;
     ``slower[(strategy, role)]`` multiplies that role's seconds of that strategy."""
@@ -513,15 +645,22 @@ def _interleave_file(root: Path, params, out: Path, *, drift: list[float], draft
     for s in STRATEGIES:
         plan = planned_batches(lengths, params, s, edges, useful_tokens=params.train.useful_tokens, target_ranks=1)
         cols = step_columns(lengths, plan, layout=layout_of(s), params=params, masks=LossMasks(root / "data"))
-        steps = segment_steps(len(plan), skip=params.train.warmup_steps, count=4,
-                              key=mean_lengths(lengths, [b for _, b in plan]))
-        role = {r: float(sum(_law(cols, law)[i] for i in steps)) * (slower or {}).get((s, r), 1.0)
-                for r, law in (("target", TARGET), ("drafter", drafter_law))}
+        steps = segment_steps(
+            len(plan), skip=params.train.warmup_steps, count=4, key=mean_lengths(lengths, [b for _, b in plan])
+        )
+        role = {
+            r: float(sum(_law(cols, law)[i] for i in steps)) * (slower or {}).get((s, r), 1.0)
+            for r, law in (("target", TARGET), ("drafter", drafter_law))
+        }
         useful = [int(cols["useful_tokens"][i]) for i in steps]
-        doc["strategies"][s] = {"steps": steps, "epochs": [plan[i][0] for i in steps], "step_useful_tokens": useful,
-                                "seconds": [(role["target"] + role["drafter"]) * f for f in drift],
-                                "useful_tokens": [sum(useful)] * len(drift),
-                                **{f"{r}_seconds": [x * f for f in drift] for r, x in role.items()}}
+        doc["strategies"][s] = {
+            "steps": steps,
+            "epochs": [plan[i][0] for i in steps],
+            "step_useful_tokens": useful,
+            "seconds": [(role["target"] + role["drafter"]) * f for f in drift],
+            "useful_tokens": [sum(useful)] * len(drift),
+            **{f"{r}_seconds": [x * f for f in drift] for r, x in role.items()},
+        }
     out.mkdir(parents=True)
     (out / "interleave.json").write_text(json.dumps(doc))
     (out / "params.json").write_text(json.dumps(params.to_dict()))
@@ -534,9 +673,16 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
     within 40 numbers, diagnostics the same and more, the report the table."""
     root, params = stage_inputs
     _interleave_file(root, params, tmp_path / "interleave", drift=[1.0, 0.7, 1.4, 1.1])
-    result = compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries",
-                     plans_dir=root / "plans", profile_dir=root / "profile", train_dir=root / "train",
-                     data_dir=root / "data", interleave_dir=tmp_path / "interleave")
+    result = compare(
+        params=params,
+        stats_dir=root / "stats",
+        boundaries_dir=root / "boundaries",
+        plans_dir=root / "plans",
+        profile_dir=root / "profile",
+        train_dir=root / "train",
+        data_dir=root / "data",
+        interleave_dir=tmp_path / "interleave",
+    )
     for s, r in result.interleaved.items():
         assert r["ratio_to_sorted"] == pytest.approx(r["predicted_ratio"], rel=1e-6), s
         assert r["ci95"] == pytest.approx([r["ratio_to_sorted"]] * 2, rel=1e-9) and r["rounds"] == 4
@@ -562,7 +708,8 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
     metrics = json.loads((out / "metrics.json").read_text())
     others = [s for s in STRATEGIES if s != "sorted"]
     assert {k for k in metrics if ".interleaved." in k} == {
-        f"{s}.interleaved.{k}" for s in others for k in ("ratio_to_sorted", "ci95.low", "ci95.high", "predicted_ratio")}
+        f"{s}.interleaved.{k}" for s in others for k in ("ratio_to_sorted", "ci95.low", "ci95.high", "predicted_ratio")
+    }
     numbers = [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     # + held-out loss with quality: exactly the cap
     assert len(numbers) == len(metrics) - 2 and len(numbers) + len(STRATEGIES) == MAX_METRIC_NUMBERS
@@ -588,16 +735,30 @@ def test_interleaved_ratios_cancel_a_drift_common_to_a_round_and_fill_the_metric
     doc = json.loads((tmp_path / "interleave" / "interleave.json").read_text())
     (tmp_path / "interleave" / "interleave.json").write_text(json.dumps({**doc, "clock": "cpu"}))
     with pytest.raises(ValueError, match="records no CPU seconds.*rerun: snakemake --cores all --forcerun profile"):
-        compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries", plans_dir=root / "plans",
-                profile_dir=root / "profile", train_dir=root / "train", data_dir=root / "data",
-                interleave_dir=tmp_path / "interleave")
+        compare(
+            params=params,
+            stats_dir=root / "stats",
+            boundaries_dir=root / "boundaries",
+            plans_dir=root / "plans",
+            profile_dir=root / "profile",
+            train_dir=root / "train",
+            data_dir=root / "data",
+            interleave_dir=tmp_path / "interleave",
+        )
     # from another machine than the profile's: refused, naming both reruns
     doc["machine"] = {**MACHINE, "id": "elsewhere"}
     (tmp_path / "interleave" / "interleave.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="ran on machine elsewhere.*rerun both on one machine"):
-        compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries", plans_dir=root / "plans",
-                profile_dir=root / "profile", train_dir=root / "train", data_dir=root / "data",
-                interleave_dir=tmp_path / "interleave")
+        compare(
+            params=params,
+            stats_dir=root / "stats",
+            boundaries_dir=root / "boundaries",
+            plans_dir=root / "plans",
+            profile_dir=root / "profile",
+            train_dir=root / "train",
+            data_dir=root / "data",
+            interleave_dir=tmp_path / "interleave",
+        )
 
 
 def test_a_missed_interleaved_ratio_names_the_role_it_comes_from(stage_inputs, tmp_path):
@@ -609,9 +770,16 @@ def test_a_missed_interleaved_ratio_names_the_role_it_comes_from(stage_inputs, t
     root, params = stage_inputs
     drift = [1.0, 0.7, 1.4, 1.1]
     _interleave_file(root, params, tmp_path / "interleave", drift=drift, slower={("sortish", "target"): 1.25})
-    result = compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries",
-                     plans_dir=root / "plans", profile_dir=root / "profile", train_dir=root / "train",
-                     data_dir=root / "data", interleave_dir=tmp_path / "interleave")
+    result = compare(
+        params=params,
+        stats_dir=root / "stats",
+        boundaries_dir=root / "boundaries",
+        plans_dir=root / "plans",
+        profile_dir=root / "profile",
+        train_dir=root / "train",
+        data_dir=root / "data",
+        interleave_dir=tmp_path / "interleave",
+    )
     table = result.interleaved
     for s, r in table.items():
         f = r["role_factors"]
@@ -626,6 +794,7 @@ def test_a_missed_interleaved_ratio_names_the_role_it_comes_from(stage_inputs, t
 
     def weighted(s):  # the identity the report states: the share-weighted factors give predicted / measured
         return sum(f["share"] * f["measured_over_predicted"] for f in table[s]["role_factors"].values())
+
     for s, r in table.items():
         assert weighted(s) / weighted("sorted") == pytest.approx(1 + r["prediction_error"], rel=1e-9), s
     assert not table["sortish"]["prediction_ok"] and table["random"]["prediction_ok"]
@@ -667,15 +836,23 @@ def test_interleaved_ratios_on_the_cpu_clock_are_predicted_from_the_grids_cpu_se
     for r in doc["points"]:
         r["drafter_cpu_seconds_all"] = [4 * x for x in r["drafter_cpu_seconds_all"]]
     (var / "profile" / "grid.json").write_text(json.dumps(doc))
-    _interleave_file(root, params, tmp_path / "interleave", drift=[1.0, 1.3, 0.8],
-                     drafter_law={k: 4 * v for k, v in DRAFTER.items()})
+    _interleave_file(
+        root, params, tmp_path / "interleave", drift=[1.0, 1.3, 0.8], drafter_law={k: 4 * v for k, v in DRAFTER.items()}
+    )
     timings = json.loads((tmp_path / "interleave" / "interleave.json").read_text())
     (tmp_path / "interleave" / "interleave.json").write_text(json.dumps({**timings, "clock": "cpu"}))
 
     def table():
-        return compare(params=params, stats_dir=var / "stats", boundaries_dir=var / "boundaries",
-                       plans_dir=var / "plans", profile_dir=var / "profile", train_dir=var / "train",
-                       data_dir=var / "data", interleave_dir=tmp_path / "interleave").interleaved
+        return compare(
+            params=params,
+            stats_dir=var / "stats",
+            boundaries_dir=var / "boundaries",
+            plans_dir=var / "plans",
+            profile_dir=var / "profile",
+            train_dir=var / "train",
+            data_dir=var / "data",
+            interleave_dir=tmp_path / "interleave",
+        ).interleaved
 
     got = table()
     for s, r in got.items():
@@ -688,9 +865,21 @@ def test_interleaved_ratios_on_the_cpu_clock_are_predicted_from_the_grids_cpu_se
 def _compare_cli(root: Path, inputs: Path, out: Path) -> list[str]:
     """``lenbatch compare`` on ``inputs`` (a folder holding stats/ boundaries/ plans/ profile/ train/ data/),
     without quality."""
-    return ["compare", "--params", str(REPO / "params.yaml"), str(root / "small.yaml"),
-            *[a for name in ("stats", "boundaries", "plans", "profile", "train", "data")
-              for a in (f"--{name}", str(inputs / name))], "--quality", "", "--out", str(out)]
+    return [
+        "compare",
+        "--params",
+        str(REPO / "params.yaml"),
+        str(root / "small.yaml"),
+        *[
+            a
+            for name in ("stats", "boundaries", "plans", "profile", "train", "data")
+            for a in (f"--{name}", str(inputs / name))
+        ],
+        "--quality",
+        "",
+        "--out",
+        str(out),
+    ]
 
 
 def _previous_output(out: Path) -> dict[str, bytes]:
@@ -765,7 +954,7 @@ def test_a_torn_summary_is_one_line_naming_the_file(stage_inputs, tmp_path, caps
         (inputs / name).symlink_to(root / name)
     summary = inputs / "train" / "packed" / "summary.json"
     text = summary.read_text()
-    summary.write_text(text[:len(text) // 2])  # a copy or a write cut short
+    summary.write_text(text[: len(text) // 2])  # a copy or a write cut short
     out = tmp_path / "compare"
     before = _previous_output(out)
     capsys.readouterr()
@@ -783,15 +972,28 @@ def test_a_tie_is_named_with_what_separates_it_and_a_wide_overlap_settles_nothin
 
     root, params = stage_inputs
     _interleave_file(root, params, tmp_path / "interleave", drift=[1.0, 0.7, 1.4, 1.1])
-    result = compare(params=params, stats_dir=root / "stats", boundaries_dir=root / "boundaries",
-                     plans_dir=root / "plans", profile_dir=root / "profile", train_dir=root / "train",
-                     data_dir=root / "data", interleave_dir=tmp_path / "interleave")
+    result = compare(
+        params=params,
+        stats_dir=root / "stats",
+        boundaries_dir=root / "boundaries",
+        plans_dir=root / "plans",
+        profile_dir=root / "profile",
+        train_dir=root / "train",
+        data_dir=root / "data",
+        interleave_dir=tmp_path / "interleave",
+    )
 
     def with_table(half: float):
         table = {s: dict(r) for s, r in result.interleaved.items()}
         for s, ratio in (("sortish", 1.10), ("packed", 1.09)):
-            table[s].update(ratio_to_sorted=ratio, ci95=[ratio * (1 - half), ratio * (1 + half)], half_width=half,
-                            predicted_ratio=ratio, prediction_error=0.0, interval_ok=half <= 0.02)
+            table[s].update(
+                ratio_to_sorted=ratio,
+                ci95=[ratio * (1 - half), ratio * (1 + half)],
+                half_width=half,
+                predicted_ratio=ratio,
+                prediction_error=0.0,
+                interval_ok=half <= 0.02,
+            )
         rec = recommend(result.rows, result.sweep, table, params=params)
         return dataclasses.replace(result, interleaved=table, recommendation=rec)
 
@@ -799,8 +1001,10 @@ def test_a_tie_is_named_with_what_separates_it_and_a_wide_overlap_settles_nothin
     answer = (tmp_path / "tie" / "report.md").read_text().split("## Answer")[1].split("\n## ")[0].strip()
     assert answer.startswith("**Tie: `sortish` and `packed`** for this data and model.")
     rows = result.rows
-    assert (f"composition repeat `sortish` {rows['sortish'].composition_repeat:.3f}, `packed` "
-            f"{rows['packed'].composition_repeat:.3f}") in answer
+    assert (
+        f"composition repeat `sortish` {rows['sortish'].composition_repeat:.3f}, `packed` "
+        f"{rows['packed'].composition_repeat:.3f}"
+    ) in answer
     metrics = json.loads((tmp_path / "tie" / "metrics.json").read_text())
     assert metrics["verdict"] == "tie" and metrics["recommended.tie"] == "sortish, packed"
     assert "recommended.strategy" not in metrics

@@ -30,28 +30,50 @@ PARAMS = str(REPO / "params.yaml")
 
 SHAREGPT = [
     {"id": "s0", "conversations": [{"from": "human", "value": "What is 2+2?"}, {"from": "gpt", "value": "4."}]},
-    {"id": "s1", "conversations": [{"from": "system", "value": "Answer in French."},
-                                   {"from": "human", "value": "Hello, how are you today?"},
-                                   {"from": "gpt", "value": "Très bien, merci ! " * 30},
-                                   {"from": "human", "value": "And tomorrow?"},
-                                   {"from": "chatgpt", "value": "Je ne sais pas encore."}]},
-    {"id": "s2", "conversations": [{"from": "gpt", "value": "I speak first."}, {"from": "user", "value": "ok"},
-                                   {"from": "bard", "value": "```python\nprint('x')\n```"}]},
-    {"id": "s3", "conversations": [{"from": "human", "value": "long question " * 60},
-                                   {"from": "bing", "value": "short"}]},
+    {
+        "id": "s1",
+        "conversations": [
+            {"from": "system", "value": "Answer in French."},
+            {"from": "human", "value": "Hello, how are you today?"},
+            {"from": "gpt", "value": "Très bien, merci ! " * 30},
+            {"from": "human", "value": "And tomorrow?"},
+            {"from": "chatgpt", "value": "Je ne sais pas encore."},
+        ],
+    },
+    {
+        "id": "s2",
+        "conversations": [
+            {"from": "gpt", "value": "I speak first."},
+            {"from": "user", "value": "ok"},
+            {"from": "bard", "value": "```python\nprint('x')\n```"},
+        ],
+    },
+    {
+        "id": "s3",
+        "conversations": [{"from": "human", "value": "long question " * 60}, {"from": "bing", "value": "short"}],
+    },
 ]
 OPENAI_ROLE = {"human": "user", "user": "user", "system": "system"}
 
 
 def _openai(record):
-    return {"id": record["id"], "messages": [
-        {"role": OPENAI_ROLE.get(t["from"], "assistant"), "content": t["value"]} for t in record["conversations"]]}
+    return {
+        "id": record["id"],
+        "messages": [
+            {"role": OPENAI_ROLE.get(t["from"], "assistant"), "content": t["value"]} for t in record["conversations"]
+        ],
+    }
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     """The installed command line in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", PARAMS, "--no-progress", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "lenbatch_study", "tokenize", "--params", PARAMS, "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def _main(capsys, *args: str) -> SimpleNamespace:
@@ -81,8 +103,14 @@ def real_runs(tmp_path_factory):
 
 def test_cli_on_the_real_corpus_writes_the_contract(real_runs, qwen):
     out = real_runs["a"]
-    assert sorted(p.name for p in out.iterdir()) == ["dataset", "lenbatch-output.json", "lengths.npy", "params.json",
-                                                     "stats.json", "timings.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "dataset",
+        "lenbatch-output.json",
+        "lengths.npy",
+        "params.json",
+        "stats.json",
+        "timings.json",
+    ]
     lengths = np.load(out / "lengths.npy")
     assert lengths.dtype == np.int32 and lengths.ndim == 1
     ds = datasets.load_from_disk(str(out / "dataset"))
@@ -118,8 +146,11 @@ def test_cli_on_the_real_corpus_writes_the_contract(real_runs, qwen):
 
 
 def _sha256_of_files(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_same_input_and_params_give_byte_identical_outputs(real_runs):
@@ -130,11 +161,19 @@ def test_same_input_and_params_give_byte_identical_outputs(real_runs):
     a, b, c = (_sha256_of_files(real_runs[k]) for k in "abc")
     for files in (a, b, c):
         files.pop("timings.json")  # seconds: the machine's, never compared
-    assert set(a) == {"dataset/data-00000-of-00001.arrow", "dataset/dataset_info.json", "dataset/state.json",
-                      "lengths.npy", "lenbatch-output.json", "params.json", "stats.json"}
+    assert set(a) == {
+        "dataset/data-00000-of-00001.arrow",
+        "dataset/dataset_info.json",
+        "dataset/state.json",
+        "lengths.npy",
+        "lenbatch-output.json",
+        "params.json",
+        "stats.json",
+    }
     assert a == b
-    assert {k: v for k, v in c.items() if k.startswith(("dataset/", "lengths"))} == \
-        {k: v for k, v in a.items() if k.startswith(("dataset/", "lengths"))}
+    assert {k: v for k, v in c.items() if k.startswith(("dataset/", "lengths"))} == {
+        k: v for k, v in a.items() if k.startswith(("dataset/", "lengths"))
+    }
     stats = json.loads((real_runs["a"] / "stats.json").read_text())
     state = json.loads((real_runs["a"] / "dataset" / "state.json").read_text())
     assert state["_fingerprint"] == stats["content_sha256"][:16]
@@ -201,8 +240,11 @@ def test_cut_off_file_through_the_stage(tmp_path):
     cut = data.index(b'"s3"') + 2  # inside the last record
     path = tmp_path / "cut.json"
     path.write_bytes(data[:cut])
-    with pytest.raises(ValueError, match=r"cut\.json is cut off.*\(3 complete records, \d+ bytes left over\); "
-                       "pass --allow-truncated"):
+    with pytest.raises(
+        ValueError,
+        match=r"cut\.json is cut off.*\(3 complete records, \d+ bytes left over\); "
+        "pass --allow-truncated",
+    ):
         tokenize(source=str(path), workers=1, progress=False)  # recovery is explicit (issue 11.5)
     res = tokenize(source=str(path), workers=1, progress=False, allow_truncated=True)
     end_of_s2 = data.rindex(b"}", 0, data.index(b'"s3"')) + 1
@@ -224,13 +266,15 @@ def test_bad_input_is_named_or_counted(tmp_path, capsys):
     proc = _main(capsys, "--source", str(notjson), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "notes.txt is not JSON or JSONL" in proc.stderr
 
-    records = [SHAREGPT[0],
-               {"id": "odd", "conversations": [{"from": "narrator", "value": "x"}, {"from": "gpt", "value": "y"}]},
-               {"id": "e1", "conversations": []},
-               {"id": "e2", "conversations": [{"from": "human", "value": "  "}, {"from": "gpt", "value": ""}]},
-               {"id": "q", "conversations": [{"from": "human", "value": "no answer"}]},
-               {"text": "neither schema"},
-               SHAREGPT[1]]
+    records = [
+        SHAREGPT[0],
+        {"id": "odd", "conversations": [{"from": "narrator", "value": "x"}, {"from": "gpt", "value": "y"}]},
+        {"id": "e1", "conversations": []},
+        {"id": "e2", "conversations": [{"from": "human", "value": "  "}, {"from": "gpt", "value": ""}]},
+        {"id": "q", "conversations": [{"from": "human", "value": "no answer"}]},
+        {"text": "neither schema"},
+        SHAREGPT[1],
+    ]
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     proc = _main(capsys, "--source", str(path), "--out", str(tmp_path / "o"))
@@ -238,8 +282,9 @@ def test_bad_input_is_named_or_counted(tmp_path, capsys):
     assert "mixed.jsonl: record 2 (id 'odd') conversations[0] has unknown role 'narrator'" in proc.stderr
     assert "data.on_bad_record: skip" in proc.stderr and "Traceback" not in proc.stderr
 
-    proc = _main(capsys, "--source", str(path), "--on-bad-record", "skip", "--workers", "1",
-                 "--out", str(tmp_path / "o"))
+    proc = _main(
+        capsys, "--source", str(path), "--on-bad-record", "skip", "--workers", "1", "--out", str(tmp_path / "o")
+    )
     assert proc.returncode == 0, proc.stderr
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     assert stats["skipped"] == {"no_schema": 1, "unknown_role": 1}
@@ -262,8 +307,19 @@ def test_bad_input_is_named_or_counted(tmp_path, capsys):
 def test_flags_override_params(tmp_path, capsys):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(SHAREGPT))
-    proc = _main(capsys, "--source", str(path), "--max-len", "64", "--overflow", "drop", "--workers", "1",
-                "--out", str(tmp_path / "o"))
+    proc = _main(
+        capsys,
+        "--source",
+        str(path),
+        "--max-len",
+        "64",
+        "--overflow",
+        "drop",
+        "--workers",
+        "1",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert proc.returncode == 0, proc.stderr
     params = json.loads((tmp_path / "o" / "params.json").read_text())["data"]
     assert (params["source"], params["max_len"], params["overflow"], params["workers"]) == (str(path), 64, "drop", 1)
@@ -292,15 +348,16 @@ def test_local_hf_tokenizer_directory_through_the_stage(tmp_path, capsys):
 
     # A directory without the ChatML tokens fails in the workers too: one clear line, no hang.
     plain = _tiny_hf_tokenizer(tmp_path / "plain", special=("<s>",))
-    proc = _main(capsys, "--source", str(path), "--tokenizer", str(plain), "--workers", "2",
-                 "--out", str(tmp_path / "o"))
+    proc = _main(
+        capsys, "--source", str(path), "--tokenizer", str(plain), "--workers", "2", "--out", str(tmp_path / "o")
+    )
     assert proc.returncode == 2 and "has no <|im_start|> or <|im_end|> token" in proc.stderr
 
 
 def test_cut_off_file_needs_allow_truncated_on_the_command_line(tmp_path, capsys):
     data = json.dumps(SHAREGPT, indent=2).encode()
     path = tmp_path / "cut.json"
-    path.write_bytes(data[:data.index(b'"s3"') + 2])
+    path.write_bytes(data[: data.index(b'"s3"') + 2])
     proc = _main(capsys, "--source", str(path), "--workers", "1", "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "pass --allow-truncated" in proc.stderr and not (tmp_path / "o").exists()
     proc = _main(capsys, "--source", str(path), "--workers", "1", "--allow-truncated", "--out", str(tmp_path / "o"))
@@ -311,9 +368,19 @@ def test_cut_off_file_needs_allow_truncated_on_the_command_line(tmp_path, capsys
 def _snapshot(out: Path) -> tuple:
     """Everything a later stage reads from a tokenize output, as bytes."""
     try:
-        return (sorted(p.name for p in out.iterdir()),
-                *((out / name).read_bytes() for name in ("lengths.npy", "stats.json", "params.json",
-                                                          "dataset/state.json", "dataset/dataset_info.json")))
+        return (
+            sorted(p.name for p in out.iterdir()),
+            *(
+                (out / name).read_bytes()
+                for name in (
+                    "lengths.npy",
+                    "stats.json",
+                    "params.json",
+                    "dataset/state.json",
+                    "dataset/dataset_info.json",
+                )
+            ),
+        )
     except OSError:
         return ("changing",)
 
@@ -350,9 +417,26 @@ def test_a_kill_while_writing_leaves_the_old_or_the_new_output_never_a_mix(tmp_p
     out = tmp_path / "o"
     assert _main(capsys, "--source", str(good), "--workers", "1", "--out", str(out)).returncode == 0
     before = _snapshot(out)
-    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", PARAMS, "--no-progress",
-                             "--limit", "1000", "--workers", "1", "--out", str(out)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "tokenize",
+            "--params",
+            PARAMS,
+            "--no-progress",
+            "--limit",
+            "1000",
+            "--workers",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     killed = False
     try:
         deadline = time.monotonic() + 240
@@ -369,8 +453,7 @@ def test_a_kill_while_writing_leaves_the_old_or_the_new_output_never_a_mix(tmp_p
     assert killed, "the run finished before it could be killed mid-write"
     assert _snapshot(out) == before and _consistent(out)
     # the next run cleans up after the killed one and replaces the output whole
-    assert _main(capsys, "--source", str(good), "--max-len", "64", "--workers", "1", "--out", str(out)
-                 ).returncode == 0
+    assert _main(capsys, "--source", str(good), "--max-len", "64", "--workers", "1", "--out", str(out)).returncode == 0
     assert _consistent(out) and json.loads((out / "params.json").read_text())["data"]["max_len"] == 64
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "s.json"]
 
@@ -380,9 +463,27 @@ def test_two_tokenize_runs_into_one_directory_the_second_is_refused(tmp_path, ca
     import time
 
     out = tmp_path / "o"
-    first = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", PARAMS, "--no-progress",
-                              "--limit", "600", "--workers", "1", "--out", str(out)], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "tokenize",
+            "--params",
+            PARAMS,
+            "--no-progress",
+            "--limit",
+            "600",
+            "--workers",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while first.poll() is None and time.monotonic() < deadline:
@@ -393,8 +494,10 @@ def test_two_tokenize_runs_into_one_directory_the_second_is_refused(tmp_path, ca
     finally:
         _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
-    assert second.returncode == 2 and f"{out} is being written by another run (lenbatch tokenize, pid {first.pid})" \
-        in second.stderr
+    assert (
+        second.returncode == 2
+        and f"{out} is being written by another run (lenbatch tokenize, pid {first.pid})" in second.stderr
+    )
     assert _consistent(out) and json.loads((out / "stats.json").read_text())["records_read"] == 600
 
 
@@ -409,9 +512,27 @@ def _session(sid: int) -> list[str]:
 def test_killing_tokenize_leaves_no_worker_or_resource_tracker(tmp_path, sig):
     """Its two encoding workers and multiprocessing's resource tracker used to stay alive (blocked on a
     pipe, ~156 MB each) until killed by hand; they now die with the stage."""
-    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", PARAMS, "--no-progress",
-                             "--limit", "5000", "--workers", "2", "--out", str(tmp_path / "tok")],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "tokenize",
+            "--params",
+            PARAMS,
+            "--no-progress",
+            "--limit",
+            "5000",
+            "--workers",
+            "2",
+            "--out",
+            str(tmp_path / "tok"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:

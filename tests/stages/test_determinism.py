@@ -29,8 +29,11 @@ for args in (["stats", "--lengths", "lengths.npy", "--out", "stats"],
 
 
 def _sha256_of_files(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_stats_boundaries_and_plans_give_identical_bytes_in_two_processes(tmp_path):
@@ -41,8 +44,15 @@ def test_stats_boundaries_and_plans_give_identical_bytes_in_two_processes(tmp_pa
         work = tmp_path / name
         work.mkdir()
         np.save(work / "lengths.npy", x)
-        procs.append(subprocess.Popen([sys.executable, "-c", SCRIPT, str(REPO / "params.yaml")], cwd=work,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", SCRIPT, str(REPO / "params.yaml")],
+                cwd=work,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
@@ -52,8 +62,14 @@ def test_stats_boundaries_and_plans_give_identical_bytes_in_two_processes(tmp_pa
     for key in timings:  # the machine's seconds live here, and only here
         assert json.loads((tmp_path / "a" / key).read_text())
         a.pop(key), b.pop(key)
-    assert {"stats/stats.json", "stats/histogram.json", "stats/histogram.png", "boundaries/boundaries.json",
-            "boundaries/sweep.json", "plans/metrics.json"} <= set(a)
+    assert {
+        "stats/stats.json",
+        "stats/histogram.json",
+        "stats/histogram.png",
+        "boundaries/boundaries.json",
+        "boundaries/sweep.json",
+        "plans/metrics.json",
+    } <= set(a)
     differ = sorted(k for k in a if a[k] != b.get(k))
     assert not differ and set(a) == set(b), f"files whose bytes differ between two runs: {differ}"
     for key in ("boundaries/boundaries.json", "plans/metrics.json"):

@@ -26,8 +26,10 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = ["sorted", "random", "bucketed", "sortish", "packed"]
-OVERRIDE = {"train": {"strategies": STRATEGIES, "nproc": 2, "threads": 1},
-            "interleave": {"rounds": 3, "max_rounds": 3, "segment_steps": 2, "warmup": 1}}
+OVERRIDE = {
+    "train": {"strategies": STRATEGIES, "nproc": 2, "threads": 1},
+    "interleave": {"rounds": 3, "max_rounds": 3, "segment_steps": 2, "warmup": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +39,54 @@ def stage(tmp_path_factory, one_thread):
     over.write_text(yaml.safe_dump(OVERRIDE))
     files = [str(REPO / "params.yaml"), str(REPO / "configs" / "tiny.yaml"), str(over)]
     data = root / "tok"
-    subprocess.run([sys.executable, "-m", "lenbatch_study", "tokenize", "--params", *files, "--limit", "40",
-                    "--no-progress", "--out", str(data)], check=True, env=ENV, capture_output=True, cwd=REPO)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "tokenize",
+            "--params",
+            *files,
+            "--limit",
+            "40",
+            "--no-progress",
+            "--out",
+            str(data),
+        ],
+        check=True,
+        env=ENV,
+        capture_output=True,
+        cwd=REPO,
+    )
     lengths = np.load(data / "lengths.npy")
     inner = np.quantile(lengths, [0.25, 0.5, 0.75]).astype(int)
     edges = sorted({int(lengths.min()), *inner.tolist(), int(lengths.max()) + 1})
     (root / "boundaries.json").write_text(json.dumps({"edges": edges}))
     out = root / "interleave"
-    rc = main(["interleave", "--params", *files, "--data", str(data), "--boundaries", str(root / "boundaries.json"),
-               "--out", str(out)])
+    rc = main(
+        [
+            "interleave",
+            "--params",
+            *files,
+            "--data",
+            str(data),
+            "--boundaries",
+            str(root / "boundaries.json"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
-    return {"root": root, "files": files, "data": data, "out": out, "lengths": lengths, "edges": tuple(edges),
-            "params": load_params(*files), "doc": json.loads((out / "interleave.json").read_text())}
+    return {
+        "root": root,
+        "files": files,
+        "data": data,
+        "out": out,
+        "lengths": lengths,
+        "edges": tuple(edges),
+        "params": load_params(*files),
+        "doc": json.loads((out / "interleave.json").read_text()),
+    }
 
 
 def test_every_strategy_timed_in_turns_on_its_training_runs_own_steps(stage):
@@ -60,8 +98,14 @@ def test_every_strategy_timed_in_turns_on_its_training_runs_own_steps(stage):
     assert (doc["min_rounds"], doc["max_rounds"], doc["stopped"]) == (3, 3, "interleave.rounds reached")
     assert doc["machine"]["id"]
     for s, rec in doc["strategies"].items():
-        sched = build_schedule(lengths, strategy=s, params=params, edges=stage["edges"] if s == "bucketed" else None,
-                               target_ranks=1, useful_tokens=params.train.useful_tokens)
+        sched = build_schedule(
+            lengths,
+            strategy=s,
+            params=params,
+            edges=stage["edges"] if s == "bucketed" else None,
+            target_ranks=1,
+            useful_tokens=params.train.useful_tokens,
+        )
         # two steps spread over the run's post-warm-up steps, exactly the run's batches
         key = mean_lengths(lengths, [st.indices for st in sched])
         assert rec["steps"] == segment_steps(len(sched), skip=params.train.warmup_steps, count=2, key=key), s
@@ -83,8 +127,9 @@ def test_the_clock_is_cpu_seconds_only_where_they_are_a_steps_time():
     assert resolve_clock("auto", device_type="cpu", threads=4) == "wall"
     assert resolve_clock("auto", device_type="cuda", threads=1) == "wall"
     assert resolve_clock("wall", device_type="cpu", threads=1) == "wall"
-    with pytest.raises(ValueError, match="interleave.clock: cpu needs a CPU device and train.threads: 1.*set "
-                                         "interleave.clock: wall"):
+    with pytest.raises(
+        ValueError, match="interleave.clock: cpu needs a CPU device and train.threads: 1.*set interleave.clock: wall"
+    ):
         resolve_clock("cpu", device_type="cuda", threads=1)
 
 
@@ -107,17 +152,37 @@ def test_compare_refuses_a_measurement_from_other_params_naming_the_rerun(stage,
     over = tmp_path / "more.yaml"
     over.write_text(yaml.safe_dump({"interleave": {"warmup": 2}}))
     params = load_params(*stage["files"], over)
-    with pytest.raises(ValueError, match=r"other params \(interleave.warmup: 1 -> 2\); rerun: snakemake "
-                                         r"results/interleave/interleave.json"):
-        interleaved_table(stage["out"], params=params, lengths=stage["lengths"].astype(np.int64),
-                          masks=LossMasks(None), profile={}, edges=stage["edges"], target_ranks=1)
+    with pytest.raises(
+        ValueError,
+        match=r"other params \(interleave.warmup: 1 -> 2\); rerun: snakemake "
+        r"results/interleave/interleave.json",
+    ):
+        interleaved_table(
+            stage["out"],
+            params=params,
+            lengths=stage["lengths"].astype(np.int64),
+            masks=LossMasks(None),
+            profile={},
+            edges=stage["edges"],
+            target_ranks=1,
+        )
 
 
 def test_missing_sorted_or_edges_are_refused_with_the_fix(stage, tmp_path, capsys):
     over = tmp_path / "no_sorted.yaml"
     over.write_text(yaml.safe_dump({"train": {"strategies": ["random", "packed"]}}))
-    rc = main(["interleave", "--params", *stage["files"], str(over), "--data", str(stage["data"]),
-               "--out", str(tmp_path / "x")])
+    rc = main(
+        [
+            "interleave",
+            "--params",
+            *stage["files"],
+            str(over),
+            "--data",
+            str(stage["data"]),
+            "--out",
+            str(tmp_path / "x"),
+        ]
+    )
     assert rc == 2 and "lacks 'sorted'" in capsys.readouterr().err
     rc = main(["interleave", "--params", *stage["files"], "--data", str(stage["data"]), "--out", str(tmp_path / "y")])
     assert rc == 2 and "needs bucket edges; pass --boundaries" in capsys.readouterr().err
@@ -169,8 +234,20 @@ def test_a_killed_run_continues_from_its_rounds_and_other_inputs_start_afresh(st
     files = [*stage["files"], str(over)]
     out = tmp_path / "interleave"
     partial = tmp_path / ".interleave.partial" / "rounds.json"
-    cmd = [sys.executable, "-m", "lenbatch_study", "interleave", "--params", *files, "--data", str(stage["data"]),
-           "--boundaries", str(stage["root"] / "boundaries.json"), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lenbatch_study",
+        "interleave",
+        "--params",
+        *files,
+        "--data",
+        str(stage["data"]),
+        "--boundaries",
+        str(stage["root"] / "boundaries.json"),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 600
@@ -202,15 +279,18 @@ def test_a_killed_run_continues_from_its_rounds_and_other_inputs_start_afresh(st
     # other inputs: a partial of another run is not continued
     partial.parent.mkdir(exist_ok=True)
     partial.write_text(json.dumps({**saved, "key": "another"}))
-    third = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "third")], env=ENV, cwd=REPO, capture_output=True,
-                           text=True, timeout=600)
+    third = subprocess.run(
+        [*cmd[:-2], "--out", str(tmp_path / "third")], env=ENV, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert third.returncode == 0 and "not continued, starting from round 1" in third.stderr, third.stderr[-3000:]
     assert "continuing" not in third.stderr
 
 
 def _ivs(**spans):
-    return {"sorted": {"ratio_to_sorted": 1.0, "ci95": [1.0, 1.0]},
-            **{s: {"ratio_to_sorted": r, "ci95": [r / (1 + h), r * (1 + h)]} for s, (r, h) in spans.items()}}
+    return {
+        "sorted": {"ratio_to_sorted": 1.0, "ci95": [1.0, 1.0]},
+        **{s: {"ratio_to_sorted": r, "ci95": [r / (1 + h), r * (1 + h)]} for s, (r, h) in spans.items()},
+    }
 
 
 def test_the_projected_rounds_follow_the_intervals_width():
@@ -240,8 +320,9 @@ def test_the_projection_of_the_committed_run_holds_from_half_way():
     st = doc["strategies"]
 
     def first(k):
-        return ratio_intervals({s: v["seconds"][:k] for s, v in st.items()},
-                               {s: v["useful_tokens"][:k] for s, v in st.items()})
+        return ratio_intervals(
+            {s: v["seconds"][:k] for s, v in st.items()}, {s: v["useful_tokens"][:k] for s, v in st.items()}
+        )
 
     took = next((k for k in range(doc["min_rounds"], doc["rounds"] + 1) if stop_reason(first(k))), doc["rounds"])
     for k in range(took // 2 + 1, took + 1):
@@ -257,21 +338,28 @@ def test_the_rounds_stop_at_2_percent_or_at_3_once_the_ranking_is_resolved():
     st = doc["strategies"]
 
     def first(k):
-        return ratio_intervals({s: v["seconds"][:k] for s, v in st.items()},
-                               {s: v["useful_tokens"][:k] for s, v in st.items()})
+        return ratio_intervals(
+            {s: v["seconds"][:k] for s, v in st.items()}, {s: v["useful_tokens"][:k] for s, v in st.items()}
+        )
 
     # the committed run stopped at the first round the rule allowed, for the reason it gives there
     reasons = {k: stop_reason(first(k)) for k in range(doc["min_rounds"], doc["rounds"] + 1)}
     assert all(r is None for k, r in reasons.items() if k < doc["rounds"]), reasons
     assert doc["stopped"] == (reasons[doc["rounds"]] or "interleave.max_rounds reached"), (doc["stopped"], reasons)
     # the rule itself, on hand-made intervals
-    iv = {"sorted": {"ratio_to_sorted": 1.0, "ci95": [1.0, 1.0]},
-          "a": {"ratio_to_sorted": 0.90, "ci95": [0.88, 0.92]}, "b": {"ratio_to_sorted": 0.99, "ci95": [0.965, 1.015]}}
+    iv = {
+        "sorted": {"ratio_to_sorted": 1.0, "ci95": [1.0, 1.0]},
+        "a": {"ratio_to_sorted": 0.90, "ci95": [0.88, 0.92]},
+        "b": {"ratio_to_sorted": 0.99, "ci95": [0.965, 1.015]},
+    }
     assert ranking_resolved(iv) and stop_reason(iv).startswith("the ranking resolved")  # b is +-2.5%
     overlapping = {**iv, "a": {"ratio_to_sorted": 0.97, "ci95": [0.95, 0.99]}}
     assert not ranking_resolved(overlapping) and stop_reason(overlapping) is None  # a tie needs +-2%
     wide = {**iv, "b": {"ratio_to_sorted": 0.99, "ci95": [0.95, 1.03]}}  # -4%: too wide even though apart
     assert ranking_resolved(wide) and stop_reason(wide) is None
-    narrow = {**overlapping, "b": {"ratio_to_sorted": 0.99, "ci95": [0.975, 1.005]},
-              "a": {"ratio_to_sorted": 0.97, "ci95": [0.955, 0.985]}}
+    narrow = {
+        **overlapping,
+        "b": {"ratio_to_sorted": 0.99, "ci95": [0.975, 1.005]},
+        "a": {"ratio_to_sorted": 0.97, "ci95": [0.955, 0.985]},
+    }
     assert stop_reason(narrow).startswith("every interval within +-2%")  # overlapping, but narrow: a tie is judged

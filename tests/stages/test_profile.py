@@ -33,9 +33,17 @@ def _params(tmp_path: Path, **sections) -> Path:
 
 
 def test_grid_points_stay_within_budget_batch_size_and_max_len(tmp_path):
-    over = _params(tmp_path, data={"max_len": 1024}, batching={"token_budget": 4096, "max_batch_size": 16},
-                   profile={"batch_sizes": [1, 4, 16, 64], "lengths": [128, 512, 2048], "packed_seqs": [1, 4, 16],
-                            "packed_lengths": [1024]})
+    over = _params(
+        tmp_path,
+        data={"max_len": 1024},
+        batching={"token_budget": 4096, "max_batch_size": 16},
+        profile={
+            "batch_sizes": [1, 4, 16, 64],
+            "lengths": [128, 512, 2048],
+            "packed_seqs": [1, 4, 16],
+            "packed_lengths": [1024],
+        },
+    )
     params = load_params(REPO / "params.yaml", over)
     pts = grid_points(params)
     for layout, n, m in pts:
@@ -53,8 +61,9 @@ def test_time_point_repeats_and_caps_long_points(tmp_path):
     from lenbatch_study.stages.profile import make_batch
     from lenbatch_study.runtime.runner import StepRunner
 
-    over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
-                   model={"vocab_size": 1024})
+    over = _params(
+        tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2}, model={"vocab_size": 1024}
+    )
     params = load_params(REPO / "params.yaml", over)
     runner = StepRunner(params, device="cpu")
     batch = make_batch("padded", [64, 64], params, seed=0)
@@ -96,15 +105,40 @@ def test_a_grid_batch_draws_each_sequences_anchors_apart_as_a_real_batch_does():
 # own, checked in tests/pipeline/test_workflow_e2e.py (test_the_profile_timed_each_role_alone_and_busy...).
 @pytest.mark.slow
 def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
-    over = _params(tmp_path, data={"max_len": 128}, batching={"token_budget": 256, "max_batch_size": 4},
-                   model={"vocab_size": 4096},
-                   profile={"batch_sizes": [1, 4], "lengths": [32, 128], "packed_seqs": [1, 4],
-                            "packed_lengths": [128], "repeats": 2, "warmup": 1, "max_point_seconds": 5.0,
-                            "concurrent": False})
+    over = _params(
+        tmp_path,
+        data={"max_len": 128},
+        batching={"token_budget": 256, "max_batch_size": 4},
+        model={"vocab_size": 4096},
+        profile={
+            "batch_sizes": [1, 4],
+            "lengths": [32, 128],
+            "packed_seqs": [1, 4],
+            "packed_lengths": [128],
+            "repeats": 2,
+            "warmup": 1,
+            "max_point_seconds": 5.0,
+            "concurrent": False,
+        },
+    )
     out = tmp_path / "profile"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-m", "lenbatch_study", "profile", "--params", str(REPO / "params.yaml"),
-                           str(over), "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "profile",
+            "--params",
+            str(REPO / "params.yaml"),
+            str(over),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert proc.returncode == 0, proc.stderr[-3000:]
     grid = json.loads((out / "grid.json").read_text())
@@ -121,8 +155,9 @@ def test_profile_stage_times_real_steps_on_a_tiny_grid(tmp_path):
     assert [(r["layout"], r["sequences"], r["length"]) for r in rows] == grid_points(params)
     assert {r["layout"] for r in rows} == {"padded", "packed"}
     for r in rows:
-        assert sum(r["sequence_lengths"]) == (r["computed_tokens"] if r["layout"] == "packed" else r["sequences"] *
-                                              max(r["sequence_lengths"]))
+        assert sum(r["sequence_lengths"]) == (
+            r["computed_tokens"] if r["layout"] == "packed" else r["sequences"] * max(r["sequence_lengths"])
+        )
         assert len(r["target_seconds_all"]) == 2 and len(r["drafter_seconds_all"]) == 2
         assert r["target_seconds_median"] == pytest.approx(float(np.median(r["target_seconds_all"])))
         assert all(x > 0 for x in r["target_seconds_all"] + r["drafter_seconds_all"])
@@ -165,9 +200,24 @@ def test_ctrl_c_midway_is_one_line_and_keeps_the_previous_output(tmp_path):
     (out / "lenbatch-output.json").write_text('{"stage": "profile"}\n')  # a previous output of profile's
     # Ctrl-C as at a terminal's foreground job: SIGINT at its default. A shell without job control starts a
     # background job (`make test &`) with SIGINT ignored, the stage inherits that and rightly keeps running.
-    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", "profile", "--params", str(REPO / "params.yaml"),
-                             str(over), "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lenbatch_study",
+            "profile",
+            "--params",
+            str(REPO / "params.yaml"),
+            str(over),
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines = []
     for line in proc.stdout:  # the default grid skips shapes over the budget and says so; then it builds and times
         lines.append(line)
@@ -185,10 +235,22 @@ def test_profile_skips_repeating_points_that_took_long_enough(tmp_path):
     """max_point_seconds: a point whose warm-up already took that long is timed exactly once."""
     from lenbatch_study.stages.profile import profile
 
-    over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
-                   model={"vocab_size": 1024}, train={"nproc": 1},
-                   profile={"batch_sizes": [1, 2], "lengths": [64], "packed_seqs": [2], "packed_lengths": [128],
-                            "repeats": 3, "warmup": 1, "max_point_seconds": 1e-6})
+    over = _params(
+        tmp_path,
+        data={"max_len": 64},
+        batching={"token_budget": 128, "max_batch_size": 2},
+        model={"vocab_size": 1024},
+        train={"nproc": 1},
+        profile={
+            "batch_sizes": [1, 2],
+            "lengths": [64],
+            "packed_seqs": [2],
+            "packed_lengths": [128],
+            "repeats": 3,
+            "warmup": 1,
+            "max_point_seconds": 1e-6,
+        },
+    )
     rows = profile(load_params(REPO / "params.yaml", over), device="cpu")["points"]
     assert rows and all(len(r["target_seconds_all"]) == 1 and len(r["drafter_seconds_all"]) == 1 for r in rows)
     assert all("target_busy_seconds_all" not in r for r in rows)  # one process: alone only
@@ -203,10 +265,23 @@ def test_lockstep_profile_measures_the_features_transport(tmp_path):
     from lenbatch_study.analysis import shapes, transport_model
     from lenbatch_study.stages.profile import profile
 
-    over = _params(tmp_path, data={"max_len": 64}, batching={"token_budget": 128, "max_batch_size": 2},
-                   model={"vocab_size": 1024}, train={"nproc": 2},
-                   profile={"batch_sizes": [1, 2], "lengths": [64], "packed_seqs": [2], "packed_lengths": [128],
-                            "repeats": 2, "warmup": 1, "max_point_seconds": 5.0, "concurrent": True})
+    over = _params(
+        tmp_path,
+        data={"max_len": 64},
+        batching={"token_budget": 128, "max_batch_size": 2},
+        model={"vocab_size": 1024},
+        train={"nproc": 2},
+        profile={
+            "batch_sizes": [1, 2],
+            "lengths": [64],
+            "packed_seqs": [2],
+            "packed_lengths": [128],
+            "repeats": 2,
+            "warmup": 1,
+            "max_point_seconds": 5.0,
+            "concurrent": True,
+        },
+    )
     params = load_params(REPO / "params.yaml", over)
     grid = profile(params, device="cpu")
     rows = grid["points"]
@@ -216,8 +291,12 @@ def test_lockstep_profile_measures_the_features_transport(tmp_path):
         assert r["transport_backend"] == "gloo"
         assert len(r["transport_seconds_all"]) == len(r["transport_stage_s_all"]) == 2
         assert all(x > 0 for x in r["transport_seconds_all"]) and all(x >= 0 for x in r["transport_stage_s_all"])
-        want = shapes.transport_bytes(np.array([r["computed_tokens"]]), np.array([r["sequences"]]),
-                                      feature_dim=len(m.target_layers) * m.hidden_size, itemsize=shapes.ITEMSIZE[m.dtype])
+        want = shapes.transport_bytes(
+            np.array([r["computed_tokens"]]),
+            np.array([r["sequences"]]),
+            feature_dim=len(m.target_layers) * m.hidden_size,
+            itemsize=shapes.ITEMSIZE[m.dtype],
+        )
         assert r["transport_bytes"] == int(want[0])
     # written and read back as compare reads it; the fit gives a positive cost per step
     out = tmp_path / "profile"

@@ -27,8 +27,17 @@ TINY = {
     "drafter": {"num_layers": 1, "num_heads": 2},
     "batching": {"token_budget": 2048, "max_batch_size": 8},
     "train": {"strategies": STRATEGIES},
-    "quality": {"train_tokens": 8000, "heldout_tokens": 2500, "epochs": 3, "seeds": 2, "draft_vocab": 128,
-                "anchors_per_seq": 4, "lr": 0.01, "eval_points": 3, "min_drop_nats": 0.5},
+    "quality": {
+        "train_tokens": 8000,
+        "heldout_tokens": 2500,
+        "epochs": 3,
+        "seeds": 2,
+        "draft_vocab": 128,
+        "anchors_per_seq": 4,
+        "lr": 0.01,
+        "eval_points": 3,
+        "min_drop_nats": 0.5,
+    },
 }
 
 
@@ -41,18 +50,41 @@ def stage(tmp_path_factory, one_thread):
     edges = sorted({int(lengths.min()), *inner.tolist(), int(lengths.max()) + 1})
     (root / "boundaries.json").write_text(json.dumps({"edges": edges}))
     out = root / "quality"
-    rc = main(["quality", "--params", "params.yaml", str(params), "--data", str(data), "--boundaries",
-               str(root / "boundaries.json"), "--out", str(out)])
+    rc = main(
+        [
+            "quality",
+            "--params",
+            "params.yaml",
+            str(params),
+            "--data",
+            str(data),
+            "--boundaries",
+            str(root / "boundaries.json"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
-    return {"root": root, "params": params, "data": data, "out": out, "lengths": lengths,
-            "result": json.loads((out / "quality.json").read_text())}
+    return {
+        "root": root,
+        "params": params,
+        "data": data,
+        "out": out,
+        "lengths": lengths,
+        "result": json.loads((out / "quality.json").read_text()),
+    }
 
 
 def test_every_output_is_written_and_sane(stage):
     out, result = stage["out"], stage["result"]
     # data only: the report section and the plot are compare's (analysis.quality_report)
-    assert sorted(p.name for p in out.iterdir()) == ["curves.json", "gradients.json", "metrics.json", "params.json",
-                                                      "quality.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "curves.json",
+        "gradients.json",
+        "metrics.json",
+        "params.json",
+        "quality.json",
+    ]
     for name in ("quality.json", "metrics.json", "curves.json", "gradients.json", "params.json"):
         assert (out / name).stat().st_size > 0, name
     assert quality_result.read_quality(out, STRATEGIES) == result  # compare's reader takes the real output
@@ -61,7 +93,9 @@ def test_every_output_is_written_and_sane(stage):
     # the machine its timings were taken on (lenbatch_study.core.machine), with the stage's own threads
     from lenbatch_study.core.machine import fingerprint
 
-    assert result["machine"]["id"] == fingerprint()["id"] and result["machine"]["threads"] == result["timing"]["threads"]
+    assert (
+        result["machine"]["id"] == fingerprint()["id"] and result["machine"]["threads"] == result["timing"]["threads"]
+    )
     assert result["strategies"] == STRATEGIES
     runs = result["runs"]
     assert len(runs) == 2 * len(STRATEGIES)
@@ -122,15 +156,37 @@ def test_split_is_fixed_disjoint_and_sized():
     assert not set(tr.tolist()) & set(ho.tolist())
     assert 20_000 <= lengths[tr].sum() < 20_500 and 5_000 <= lengths[ho].sum() < 5_500
     with pytest.raises(ValueError, match="quality.train_tokens"):
-        split_samples(lengths, train_tokens=10 ** 7, heldout_tokens=5_000, seed=0)
+        split_samples(lengths, train_tokens=10**7, heldout_tokens=5_000, seed=0)
 
 
 def test_missing_inputs_are_refused_with_the_fix(stage, tmp_path, capsys):
-    rc = main(["quality", "--params", "params.yaml", str(stage["params"]), "--data", str(tmp_path), "--boundaries",
-               str(stage["root"] / "boundaries.json"), "--out", str(tmp_path / "q")])
+    rc = main(
+        [
+            "quality",
+            "--params",
+            "params.yaml",
+            str(stage["params"]),
+            "--data",
+            str(tmp_path),
+            "--boundaries",
+            str(stage["root"] / "boundaries.json"),
+            "--out",
+            str(tmp_path / "q"),
+        ]
+    )
     assert rc == 2 and "lenbatch tokenize" in capsys.readouterr().err
-    rc = main(["quality", "--params", "params.yaml", str(stage["params"]), "--data", str(stage["data"]),
-               "--out", str(tmp_path / "q")])
+    rc = main(
+        [
+            "quality",
+            "--params",
+            "params.yaml",
+            str(stage["params"]),
+            "--data",
+            str(stage["data"]),
+            "--out",
+            str(tmp_path / "q"),
+        ]
+    )
     assert rc == 2 and "--boundaries" in capsys.readouterr().err
     with pytest.raises(ArtifactError, match="rerun: snakemake results/quality/quality.json"):
         quality_result.read_quality(tmp_path, STRATEGIES)

@@ -70,8 +70,9 @@ def test_histogram_and_bucket_counts_add_up():
     assert [r["tokens"] for r in rows] == [2, 7, 27]
 
 
-@pytest.mark.parametrize("bad, words", [([], "empty"), ([3, 0, 2], "zero or negative"), ([[1, 2]], "1-D"),
-                                        ([1.5, 2], "integer")])
+@pytest.mark.parametrize(
+    "bad, words", [([], "empty"), ([3, 0, 2], "zero or negative"), ([[1, 2]], "1-D"), ([1.5, 2], "integer")]
+)
 def test_bad_lengths_name_the_problem(bad, words):
     with pytest.raises(ValueError, match=words):
         check_lengths(np.asarray(bad))
@@ -86,8 +87,19 @@ def test_edges_must_cover_and_increase(edges):
 def test_stats_cli_writes_the_contract(tmp_path):
     x = np.random.default_rng(0).integers(1, 500, size=300).astype(np.int32)
     np.save(tmp_path / "lengths.npy", x)
-    rc = main(["stats", "--params", "params.yaml", "--lengths", str(tmp_path / "lengths.npy"),
-               "--out", str(tmp_path / "out"), "--bins", "8"])
+    rc = main(
+        [
+            "stats",
+            "--params",
+            "params.yaml",
+            "--lengths",
+            str(tmp_path / "lengths.npy"),
+            "--out",
+            str(tmp_path / "out"),
+            "--bins",
+            "8",
+        ]
+    )
     assert rc == 0
     st = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert st["count"] == 300 and st["total_tokens"] == int(x.sum())

@@ -35,8 +35,7 @@ TINY = {
     "model": TINY_MODEL,
     "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
     "batching": {"token_budget": 2048, "max_batch_size": 8},
-    "train": {"nproc": 2, "useful_tokens": 7000, "warmup_steps": 1, "queue_size": 2, "threads": 1,
-              "device": "cpu"},
+    "train": {"nproc": 2, "useful_tokens": 7000, "warmup_steps": 1, "queue_size": 2, "threads": 1, "device": "cpu"},
 }
 
 
@@ -56,8 +55,21 @@ def setup(tmp_path_factory):
 
 
 def _train_args(setup, strategy, out, *extra):
-    return ["train", "--params", "params.yaml", str(setup["params"]), "--strategy", strategy, "--data",
-            str(setup["data"]), "--boundaries", str(setup["root"] / "boundaries.json"), "--out", str(out), *extra]
+    return [
+        "train",
+        "--params",
+        "params.yaml",
+        str(setup["params"]),
+        "--strategy",
+        strategy,
+        "--data",
+        str(setup["data"]),
+        "--boundaries",
+        str(setup["root"] / "boundaries.json"),
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _torchrun(setup, strategy, out, *extra):
@@ -65,8 +77,17 @@ def _torchrun(setup, strategy, out, *extra):
     torchrun's agent left a torchelastic_* tree in $TMPDIR per training)."""
     tmp = setup["root"] / "tmpdir"
     tmp.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch_study",
-           *_train_args(setup, strategy, out, *extra)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "lenbatch_study",
+        *_train_args(setup, strategy, out, *extra),
+    ]
     proc = subprocess.run(cmd, env={**ENV, "TMPDIR": str(tmp)}, capture_output=True, text=True, timeout=300)
     assert not list(tmp.glob("torchelastic_*")), (list(tmp.iterdir()), proc.stderr[-2000:])
     return proc
@@ -99,9 +120,15 @@ def test_two_process_torchrun_run(setup, strategy):
     out = _run(setup, strategy)
     steps = _steps(out)
     summary = json.loads((out / "summary.json").read_text())
-    check_pipelined_run(steps, summary, strategy=strategy, token_budget=TINY["batching"]["token_budget"],
-                        useful_tokens=TINY["train"]["useful_tokens"], warmup_steps=1,
-                        planned=_planned_hashes(setup, strategy, steps))
+    check_pipelined_run(
+        steps,
+        summary,
+        strategy=strategy,
+        token_budget=TINY["batching"]["token_budget"],
+        useful_tokens=TINY["train"]["useful_tokens"],
+        warmup_steps=1,
+        planned=_planned_hashes(setup, strategy, steps),
+    )
     assert summary["params"]["drafter"]["anchors_per_seq"] == 1
     # the features' transport of every step (wire + copy onto the drafter's device, its wait excluded): at most
     # the drafter's whole wait for the batch, and the bytes shapes.transport_bytes predicts for its shape
@@ -109,9 +136,14 @@ def test_two_process_torchrun_run(setup, strategy):
     fdim = len(params.model.target_layers) * params.model.hidden_size
     for r in steps:
         assert 0 < r["transport_s"] <= r["queue_wait_s"] + 1e-6, r
-        assert r["transport_bytes"] == int(shapes.transport_bytes(np.array([r["computed_tokens"]]),
-                                                                  np.array([r["sequences"]]), feature_dim=fdim,
-                                                                  itemsize=shapes.ITEMSIZE[params.model.dtype])[0])
+        assert r["transport_bytes"] == int(
+            shapes.transport_bytes(
+                np.array([r["computed_tokens"]]),
+                np.array([r["sequences"]]),
+                feature_dim=fdim,
+                itemsize=shapes.ITEMSIZE[params.model.dtype],
+            )[0]
+        )
     assert summary["transport_s_mean"] > 0 and summary["transport_bytes_mean"] > 0
     assert (out / "checkpoint.pt").exists() and (out / "params.json").exists()
     # compare's reader takes the real run (it reads results/train/<strategy>/)
@@ -165,15 +197,21 @@ def test_resume_after_a_real_kill_mid_run(setup):
     """SIGKILL a single-process run after a few periodic checkpoints; --resume finishes it like an uninterrupted run."""
     cfg = '{"train": {"nproc": 1, "checkpoint_every": 2, "useful_tokens": 20000}}'
     ref_out = setup["root"] / "kill_ref"
-    ref = subprocess.run([sys.executable, "-m", "lenbatch_study", *_train_args(setup, "packed", ref_out, "--params-json",
-                                                                          cfg)], env=ENV, capture_output=True)
+    ref = subprocess.run(
+        [sys.executable, "-m", "lenbatch_study", *_train_args(setup, "packed", ref_out, "--params-json", cfg)],
+        env=ENV,
+        capture_output=True,
+    )
     assert ref.returncode == 0, ref.stderr[-2000:]
     ref_steps = _steps(ref_out)
     assert len(ref_steps) >= 8
     out = setup["root"] / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", *_train_args(setup, "packed", out, "--params-json",
-                                                                             cfg)], env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lenbatch_study", *_train_args(setup, "packed", out, "--params-json", cfg)],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     log = partial_dir(out) / "steps.jsonl"  # a fresh run trains there until it is complete
     try:
         deadline = time.monotonic() + 120
@@ -217,8 +255,11 @@ def test_resume_sets_aside_a_checkpoint_from_other_params_and_starts_afresh(setu
     ck = (out / "checkpoint.pt").read_bytes()
     capsys.readouterr()
     caplog.clear()
-    rc = main(_train_args(setup, "sorted", out, "--resume", "--params-json",
-                          json.dumps({"train": SINGLE, "drafter": {"gamma": 3.0}})))
+    rc = main(
+        _train_args(
+            setup, "sorted", out, "--resume", "--params-json", json.dumps({"train": SINGLE, "drafter": {"gamma": 3.0}})
+        )
+    )
     err = _warned(capsys, caplog)
     aside = _set_aside(out)
     assert rc == 0 and len(aside) == 1 and aside[0].read_bytes() == ck
@@ -244,15 +285,23 @@ def test_a_resume_in_another_shape_is_refused_at_the_start_and_keeps_the_checkpo
     rc = main(_train_args(setup, "sorted", out, "--resume", "--params-json", _cfg()))  # train.nproc 1
     err = _err(capsys)
     assert rc == 2 and len(err.splitlines()) == 1, err
-    assert (f"checkpoint {out / 'checkpoint.pt'} was trained with train.nproc=2, train.nodes=1 but this run has "
-            "train.nproc=1, train.nodes=1") in err
+    assert (
+        f"checkpoint {out / 'checkpoint.pt'} was trained with train.nproc=2, train.nodes=1 but this run has "
+        "train.nproc=1, train.nodes=1"
+    ) in err
     assert "resume with train.nproc: 2 and train.nodes: 1, or to train afresh rerun without --resume" in err
     assert _files(out) == before and not _set_aside(out) and not partial_dir(out).exists()
     # the stage itself refuses it too (a torchrun started by hand skips the CLI's early look), never sets it aside
     params = load_params("params.yaml", str(setup["params"]), _cfg())
     with pytest.raises(RunShapeError, match="train.nproc=2, train.nodes=1 but this run has train.nproc=1"):
-        train(params=params, strategy="sorted", data=setup["data"], out=out, resume=True,
-              boundaries=str(setup["root"] / "boundaries.json"))
+        train(
+            params=params,
+            strategy="sorted",
+            data=setup["data"],
+            out=out,
+            resume=True,
+            boundaries=str(setup["root"] / "boundaries.json"),
+        )
     assert _files(out) == before and not _set_aside(out)
     # 1 -> 2 with an interrupted run's checkpoint in the partial folder: refused before torchrun starts, and the
     # way out under the workflow (which passes --resume when that folder holds a checkpoint) is named
@@ -274,8 +323,9 @@ def test_schedule_continues_into_the_next_epoch(setup):
     params = load_params("params.yaml", str(setup["params"]))
     lengths = setup["lengths"]
     total = int(lengths.sum())
-    sched = build_schedule(lengths, strategy="random", params=params, edges=None, target_ranks=2,
-                           useful_tokens=total + 1)
+    sched = build_schedule(
+        lengths, strategy="random", params=params, edges=None, target_ranks=2, useful_tokens=total + 1
+    )
     epochs = [s.epoch for s in sched]
     assert epochs[0] == 0 and epochs[-1] == 1
     first = [i for s in sched if s.epoch == 0 for i in s.indices.tolist()]
@@ -289,7 +339,7 @@ def test_bad_input_is_refused_with_the_fix(setup, capsys, monkeypatch):
     assert "unknown strategy" in capsys.readouterr().err
     args = _train_args(setup, "bucketed", out)
     i = args.index("--boundaries")
-    assert main(args[:i] + args[i + 2:] + ["--params-json", '{"train": {"nproc": 1}}']) == 2
+    assert main(args[:i] + args[i + 2 :] + ["--params-json", '{"train": {"nproc": 1}}']) == 2
     assert "--boundaries" in capsys.readouterr().err
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")
@@ -297,8 +347,14 @@ def test_bad_input_is_refused_with_the_fix(setup, capsys, monkeypatch):
     assert "--nproc_per_node 2" in capsys.readouterr().err
     monkeypatch.delenv("RANK")
     monkeypatch.delenv("WORLD_SIZE")
-    assert main(_train_args(setup, "sorted", setup["root"] / "nothing_here", "--resume", "--params-json",
-                            '{"train": {"nproc": 1}}')) == 2
+    assert (
+        main(
+            _train_args(
+                setup, "sorted", setup["root"] / "nothing_here", "--resume", "--params-json", '{"train": {"nproc": 1}}'
+            )
+        )
+        == 2
+    )
     assert "no checkpoint" in capsys.readouterr().err
 
 
@@ -347,7 +403,9 @@ def test_resume_with_a_smaller_target_never_rewrites_the_checkpoint_as_an_earlie
     assert _complete_fresh_summary(out)["steps"] == n - 1
 
 
-def test_a_resume_killed_before_its_summary_trains_afresh_instead_of_a_summary_without_throughput(setup, capsys, caplog):
+def test_a_resume_killed_before_its_summary_trains_afresh_instead_of_a_summary_without_throughput(
+    setup, capsys, caplog
+):
     """A kill between the final checkpoint and summary.json: --resume used to exit 0 with
     useful_tokens_per_s null and no reference step, which compare refuses."""
     out = setup["root"] / "no_summary"
@@ -362,9 +420,12 @@ def test_a_resume_killed_before_its_summary_trains_afresh_instead_of_a_summary_w
 
 def _start_and_kill(setup, strategy, out, cfg, *, rows, capsys):
     """Start a fresh run in a subprocess, act on it after it logged ``rows`` steps, then SIGKILL it."""
-    proc = subprocess.Popen([sys.executable, "-m", "lenbatch_study", *_train_args(setup, strategy, out, "--params-json",
-                                                                             cfg)],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lenbatch_study", *_train_args(setup, strategy, out, "--params-json", cfg)],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     log = partial_dir(out) / "steps.jsonl"  # a fresh run trains there until it is complete
     seen = {}
     try:
@@ -395,8 +456,7 @@ def test_a_killed_fresh_run_leaves_the_previous_complete_output_and_never_mixes_
     assert main(_train_args(setup, "packed", out, "--params-json", _cfg(useful_tokens=30000), *extra)) == 0
     assert len(_steps(out)) >= 12 and (out / "summary.json").exists()
     before = _files(out)
-    seen = _start_and_kill(setup, "packed", out, _cfg(useful_tokens=30000, checkpoint_every=0), rows=4,
-                           capsys=capsys)
+    seen = _start_and_kill(setup, "packed", out, _cfg(useful_tokens=30000, checkpoint_every=0), rows=4, capsys=capsys)
     assert seen["second_rc"] == 2 and "is being written by another run (lenbatch train, pid" in seen["second_err"]
     assert _files(out) == before and (partial_dir(out) / "steps.jsonl").exists()
     rc = main(_train_args(setup, "packed", out, "--resume", "--params-json", _cfg(useful_tokens=30000)))
@@ -427,7 +487,7 @@ def test_a_corrupt_checkpoint_or_a_plan_mismatch_is_one_line_with_the_fix(setup,
     out = setup["root"] / "corrupt"
     assert main(_train_args(setup, "random", out, "--max-steps", "3", "--params-json", _cfg())) == 0
     good = (out / "checkpoint.pt").read_bytes()
-    (out / "checkpoint.pt").write_bytes(good[:len(good) // 2])  # cut short
+    (out / "checkpoint.pt").write_bytes(good[: len(good) // 2])  # cut short
     capsys.readouterr()
     caplog.clear()
     # set aside, named, and trained afresh (a refusal here would fail every rerun of the workflow's job)
@@ -450,8 +510,17 @@ def test_a_corrupt_checkpoint_or_a_plan_mismatch_is_one_line_with_the_fix(setup,
 def test_killing_the_torchrun_launcher_stops_its_workers(setup):
     """Issue 11.9: SIGKILL of torchrun used to leave both workers training (and writing OUT)."""
     out = setup["root"] / "orphans"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lenbatch_study",
-           *_train_args(setup, "random", out, "--useful-tokens", "10000000")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "lenbatch_study",
+        *_train_args(setup, "random", out, "--useful-tokens", "10000000"),
+    ]
     launcher = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers = []
     try:
@@ -516,7 +585,7 @@ def test_periodic_checkpoints_stay_off_the_measured_clock(setup, monkeypatch):
             assert r["t"] - rows[i - 1]["t"] < r["checkpoint_s"], (i, r["t"], rows[i - 1]["t"], r["checkpoint_s"])
         else:
             assert r["checkpoint_s"] == 0.0
-    measured = rows[summary["warmup_steps_excluded"]:]
+    measured = rows[summary["warmup_steps_excluded"] :]
     assert summary["checkpoints_measured"] == sum(r["checkpoint_s"] > 0 for r in measured) >= 2
     assert summary["checkpoint_s_measured"] == pytest.approx(sum(r["checkpoint_s"] for r in measured))
     assert summary["measured_wall_s"] == pytest.approx(rows[-1]["t"] - rows[summary["warmup_steps_excluded"] - 1]["t"])

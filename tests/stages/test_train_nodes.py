@@ -30,8 +30,15 @@ TINY = {
     "model": TINY_MODEL,
     "drafter": {"num_layers": 1, "num_heads": 2, "anchors_per_seq": 1},
     "batching": {"token_budget": 2048, "max_batch_size": 8},
-    "train": {"nproc": NPROC, "nodes": NODES, "useful_tokens": 7000, "warmup_steps": 1, "queue_size": 2,
-              "threads": 1, "device": "cpu"},
+    "train": {
+        "nproc": NPROC,
+        "nodes": NODES,
+        "useful_tokens": 7000,
+        "warmup_steps": 1,
+        "queue_size": 2,
+        "threads": 1,
+        "device": "cpu",
+    },
 }
 STRATEGY = "random"
 RUN_TIMEOUT = 300  # seconds per torchrun (a run takes ~40 s on 2 busy cores)
@@ -47,8 +54,7 @@ def _steps(n: int, ranks: int) -> list[ScheduledStep]:
 def test_cluster_steps_give_each_node_its_own_target_ranks_steps_in_order():
     # 2 nodes x 2 target ranks: global target ranks 0, 1 on node 0 and 2, 3 on node 1; a stop inside a round
     clusters = cluster_steps(_steps(9, 4), nodes=2, ranks_per_node=2)
-    assert [[None if s is None else s.step for s in c] for c in clusters] == [
-        [0, 2], [1, 3], [4, 6], [5, 7], [8, None]]
+    assert [[None if s is None else s.step for s in c] for c in clusters] == [[0, 2], [1, 3], [4, 6], [5, 7], [8, None]]
     # one node: the schedule itself, one step per cluster step
     assert [c[0].step for c in cluster_steps(_steps(5, 3), nodes=1, ranks_per_node=3)] == list(range(5))
 
@@ -88,8 +94,16 @@ def test_the_token_weighted_all_reduce_gives_the_gradient_of_one_big_batch(tmp_p
     differing weight checksums raise on both."""
     script = tmp_path / "worker.py"
     script.write_text(_REDUCE)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path)], env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(tmp_path)],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-2000:]
@@ -144,8 +158,19 @@ def setup(tmp_path_factory):
 
 
 def _train_args(setup, out, *extra):
-    return ["train", "--params", "params.yaml", str(setup["params"]), "--strategy", STRATEGY, "--data",
-            str(setup["data"]), "--out", str(out), *extra]
+    return [
+        "train",
+        "--params",
+        "params.yaml",
+        str(setup["params"]),
+        "--strategy",
+        STRATEGY,
+        "--data",
+        str(setup["data"]),
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _free_port() -> int:
@@ -157,12 +182,37 @@ def _free_port() -> int:
 def _two_nodes(setup, out, *extra) -> list[str]:
     """One torchrun per node, rendezvous on loopback; returns both nodes' logs (each must exit 0)."""
     port = _free_port()
-    procs = [subprocess.Popen(["timeout", "-k", "10", str(RUN_TIMEOUT), sys.executable, "-m", "torch.distributed.run",
-                               "--nnodes", str(NODES), "--node-rank", str(node), "--nproc_per_node", str(NPROC),
-                               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                               "-m", "lenbatch_study", *_train_args(setup, out, *extra)],
-                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for node in range(NODES)]
+    procs = [
+        subprocess.Popen(
+            [
+                "timeout",
+                "-k",
+                "10",
+                str(RUN_TIMEOUT),
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(NODES),
+                "--node-rank",
+                str(node),
+                "--nproc_per_node",
+                str(NPROC),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "-m",
+                "lenbatch_study",
+                *_train_args(setup, out, *extra),
+            ],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in range(NODES)
+    ]
     logs = [p.communicate(timeout=RUN_TIMEOUT + 30)[0] for p in procs]
     for node, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"node {node}:\n{log[-3000:]}"
@@ -179,8 +229,21 @@ def _run(setup, name):
         if name == "two_nodes":
             _two_nodes(setup, out)
         else:  # no torchrun: 'lenbatch train' starts one torchrun of nodes x nproc processes
-            proc = subprocess.run(["timeout", "-k", "10", str(RUN_TIMEOUT), sys.executable, "-m", "lenbatch_study",
-                                   *_train_args(setup, out)], env=ENV, capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    "timeout",
+                    "-k",
+                    "10",
+                    str(RUN_TIMEOUT),
+                    sys.executable,
+                    "-m",
+                    "lenbatch_study",
+                    *_train_args(setup, out),
+                ],
+                env=ENV,
+                capture_output=True,
+                text=True,
+            )
             assert proc.returncode == 0, proc.stderr[-3000:]
             assert f"emulating {NODES} nodes" in proc.stderr
         setup["runs"][name] = out
@@ -194,16 +257,23 @@ def test_two_torchrun_nodes_train_every_sample_once_per_epoch_with_one_model(set
     summary = json.loads((out / "summary.json").read_text())
     params = load_params("params.yaml", str(setup["params"]))
     lengths = setup["lengths"]
-    plan = build_schedule(lengths, strategy=STRATEGY, params=params, target_ranks=NODES * (NPROC - 1),
-                          useful_tokens=params.train.useful_tokens)
+    plan = build_schedule(
+        lengths,
+        strategy=STRATEGY,
+        params=params,
+        target_ranks=NODES * (NPROC - 1),
+        useful_tokens=params.train.useful_tokens,
+    )
     # the drafters trained exactly the planned batches, each row once, in global step order
     assert [r["step"] for r in rows] == list(range(len(plan)))
     assert [r["batch_hash"] for r in rows] == [batch_hash(s.indices) for s in plan]
     assert [r["node"] for r in rows] == [s.rank // (NPROC - 1) for s in plan]
     # every sample exactly once in epoch 0, over the union of both nodes' batches (each node trained some)
     assert rows[-1]["epoch"] == 1
-    by_node = [[i for r, s in zip(rows, plan) if r["node"] == k and s.epoch == 0 for i in s.indices.tolist()]
-               for k in range(NODES)]
+    by_node = [
+        [i for r, s in zip(rows, plan) if r["node"] == k and s.epoch == 0 for i in s.indices.tolist()]
+        for k in range(NODES)
+    ]
     assert all(by_node) and sorted(by_node[0] + by_node[1]) == list(range(len(lengths)))
     # the drafter weights: checked equal after every step, and node 1's final ones are node 0's checkpoint's
     sums = summary["weights_checksums"]

@@ -45,8 +45,24 @@ def setup(tmp_path_factory):
 def _args(setup, out, shape, *extra):
     nproc, nodes = shape
     override = json.dumps({"train": {"nproc": nproc, "nodes": nodes}})
-    return [sys.executable, "-m", "lenbatch_study", "train", "--params", "params.yaml", str(setup["params"]),
-            "--params-json", override, "--strategy", "random", "--data", str(setup["data"]), "--out", str(out), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "lenbatch_study",
+        "train",
+        "--params",
+        "params.yaml",
+        str(setup["params"]),
+        "--params-json",
+        override,
+        "--strategy",
+        "random",
+        "--data",
+        str(setup["data"]),
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _rows(folder: Path) -> list[dict]:
@@ -89,8 +105,14 @@ def _signalled(setup, out, shape, sig, *, alone: bool = False) -> tuple[int, str
     SIGINT goes to the run's process group, as Ctrl-C at a terminal sends it (torchrun's workers have
     sessions of their own: it does not reach them); with ``alone``, ``sig`` goes to the ``lenbatch train`` process
     alone (``kill -<sig> <pid>``)."""
-    proc = subprocess.Popen(_args(setup, out, shape), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        _args(setup, out, shape),
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     seen = 0
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
@@ -111,10 +133,25 @@ def _signalled(setup, out, shape, sig, *, alone: bool = False) -> tuple[int, str
     return proc.returncode, log, seen
 
 
-@pytest.mark.parametrize("shape, sig", [((1, 1), signal.SIGTERM), ((1, 1), signal.SIGINT), ((2, 1), signal.SIGUSR1),
-                                        ((2, 1), signal.SIGTERM), ((2, 1), signal.SIGINT), ((2, 2), signal.SIGUSR1)],
-                         ids=["one-process-TERM", "one-process-ctrl-c", "torchrun-USR1", "torchrun-TERM",
-                              "torchrun-ctrl-c", "two-nodes-USR1"])
+@pytest.mark.parametrize(
+    "shape, sig",
+    [
+        ((1, 1), signal.SIGTERM),
+        ((1, 1), signal.SIGINT),
+        ((2, 1), signal.SIGUSR1),
+        ((2, 1), signal.SIGTERM),
+        ((2, 1), signal.SIGINT),
+        ((2, 2), signal.SIGUSR1),
+    ],
+    ids=[
+        "one-process-TERM",
+        "one-process-ctrl-c",
+        "torchrun-USR1",
+        "torchrun-TERM",
+        "torchrun-ctrl-c",
+        "two-nodes-USR1",
+    ],
+)
 def test_a_signalled_run_checkpoints_stops_and_resumes_exactly(setup, shape, sig):
     whole = _uninterrupted(setup, shape)
     out = setup["root"] / f"run_{shape[0]}x{shape[1]}_{sig.name}"
@@ -135,13 +172,17 @@ def test_a_signalled_run_checkpoints_stops_and_resumes_exactly(setup, shape, sig
         # killed (on SIGTERM the agent hands it to the workers, waits for them and exits on the signal itself)
         codes = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", log, re.M)
         assert codes == [str(STOPPED_EXIT)] * (shape[0] * shape[1]), log[-3000:]
-    assert (work / "checkpoint.pt").exists() and not (work / "summary.json").exists() and not out.joinpath(
-        "summary.json").exists()
+    assert (
+        (work / "checkpoint.pt").exists()
+        and not (work / "summary.json").exists()
+        and not out.joinpath("summary.json").exists()
+    )
     # the rows before the stop are the uninterrupted run's
-    assert [r["batch_hash"] for r in rows] == [r["batch_hash"] for r in whole[:len(rows)]]
+    assert [r["batch_hash"] for r in rows] == [r["batch_hash"] for r in whole[: len(rows)]]
 
-    proc = subprocess.run(_args(setup, out, shape, "--resume"), env=ENV, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT)
+    proc = subprocess.run(
+        _args(setup, out, shape, "--resume"), env=ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_step"] == len(rows) and summary["sessions"] == 2
@@ -188,8 +229,13 @@ def test_a_sigusr1_while_lenbatch_train_starts_stops_it_at_its_first_step_bounda
     138, nothing saved, although docs/slurm.md said an early signal was ignored. `lenbatch train` now holds it
     from its first line (before importing torch) and stops at its first step boundary with a checkpoint."""
     out = setup["root"] / "early_USR1"
-    proc = subprocess.run([sys.executable, "-c", EARLY_USR1, *_args(setup, out, (1, 1))[3:]], env=ENV,
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-c", EARLY_USR1, *_args(setup, out, (1, 1))[3:]],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
     rows = _rows(partial_dir(out))
     assert proc.returncode == STOPPED_EXIT, (proc.returncode, proc.stderr[-3000:])
     assert "stopped on SIGUSR1 at step 1, checkpoint written" in proc.stderr and len(rows) == 1

@@ -168,16 +168,16 @@ def first_fit(ids, xs, token_budget, max_batch_size, window, shortest, row_start
             cnt[k] += 1
             rem[k] -= L
             if rem[k] < shortest or cnt[k] >= max_batch_size:
-                pos, nopen, nfree = _close_row(k, pos, nopen, nfree, ids, xs, row_start, buf, buf_len, slot, rem,
-                                               cnt, free)
+                pos, nopen, nfree = _close_row(
+                    k, pos, nopen, nfree, ids, xs, row_start, buf, buf_len, slot, rem, cnt, free
+                )
             continue
         if nopen >= window:  # close the fullest open row (the first of the smallest free space)
             k = 0
             for q in range(1, nopen):
                 if rem[q] < rem[k]:
                     k = q
-            pos, nopen, nfree = _close_row(k, pos, nopen, nfree, ids, xs, row_start, buf, buf_len, slot, rem,
-                                           cnt, free)
+            pos, nopen, nfree = _close_row(k, pos, nopen, nfree, ids, xs, row_start, buf, buf_len, slot, rem, cnt, free)
         if token_budget - L < shortest or max_batch_size == 1:  # a row of its own
             row_start[pos] = 1
             ids[pos] = i

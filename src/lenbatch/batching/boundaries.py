@@ -69,8 +69,15 @@ class Boundaries:
         return d
 
 
-def _validate(lengths: Any, num_buckets: int, token_budget: int, max_batch_size: int, method: str,
-              objective: "str | Objective", num_candidates: int) -> tuple[np.ndarray, np.ndarray]:
+def _validate(
+    lengths: Any,
+    num_buckets: int,
+    token_budget: int,
+    max_batch_size: int,
+    method: str,
+    objective: "str | Objective",
+    num_candidates: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """The histogram (sorted distinct lengths, counts) of the checked lengths; ``ValueError`` naming the
     setting. Integer lengths are counted as they are (no int64 copy). O(n)."""
     x = np.asarray(lengths)
@@ -81,20 +88,27 @@ def _validate(lengths: Any, num_buckets: int, token_budget: int, max_batch_size:
         raise ValueError(f"boundaries.method {method!r} unknown; choose one of {list(METHODS)}")
     objective_of(objective)  # ValueError naming the choices
     if token_budget <= 0 or max_batch_size <= 0:
-        raise ValueError(f"batching.token_budget ({token_budget}) and batching.max_batch_size ({max_batch_size}) "
-                         "must be > 0")
+        raise ValueError(
+            f"batching.token_budget ({token_budget}) and batching.max_batch_size ({max_batch_size}) must be > 0"
+        )
     if v[-1] > token_budget:
-        raise ValueError(f"a sample of {int(v[-1])} tokens exceeds batching.token_budget={token_budget}; "
-                         "raise the budget or truncate samples (data.max_len)")
+        raise ValueError(
+            f"a sample of {int(v[-1])} tokens exceeds batching.token_budget={token_budget}; "
+            "raise the budget or truncate samples (data.max_len)"
+        )
     if num_candidates < 1:
         raise ValueError(f"boundaries.num_candidates must be >= 1, got {num_candidates}")
     distinct = int(v.size)
     if not 1 <= num_buckets <= distinct:
-        raise ValueError(f"boundaries.num_buckets={num_buckets} but the lengths have {distinct} distinct values; "
-                         f"choose K in 1..{distinct}")
+        raise ValueError(
+            f"boundaries.num_buckets={num_buckets} but the lengths have {distinct} distinct values; "
+            f"choose K in 1..{distinct}"
+        )
     if num_buckets - 1 > num_candidates:
-        raise ValueError(f"boundaries.num_buckets={num_buckets} needs >= {num_buckets - 1} candidates; "
-                         f"raise boundaries.num_candidates (now {num_candidates})")
+        raise ValueError(
+            f"boundaries.num_buckets={num_buckets} needs >= {num_buckets - 1} candidates; "
+            f"raise boundaries.num_candidates (now {num_candidates})"
+        )
     return v, c
 
 
@@ -175,9 +189,17 @@ def _edges_from_path(path: list[int], cand: np.ndarray, vmax: int) -> tuple[int,
     return tuple([0] + [int(cand[j - 1]) for j in path[1:-1]] + [int(vmax) + 1])
 
 
-def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int | None = None,
-                        max_batch_size: int | None = None, method: str = "dp", objective: "str | Objective" = "greedy",
-                        num_candidates: int = 290, spec: BatchSpec | None = None) -> Boundaries:
+def optimize_boundaries(
+    lengths: Any,
+    num_buckets: int = 6,
+    *,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    method: str = "dp",
+    objective: "str | Objective" = "greedy",
+    num_candidates: int = 290,
+    spec: BatchSpec | None = None,
+) -> Boundaries:
     """Bucket edges for ``lengths`` (see module doc). ``ValueError`` on bad input (naming the setting).
     The objective reads the budget and max batch size from ``spec`` or the keywords.
 
@@ -195,8 +217,10 @@ def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int
     if num_buckets == 1:
         edges: tuple[int, ...] = (0, top + 1)
     elif num_buckets - 1 > cand.size:
-        raise ValueError(f"boundaries.num_buckets={num_buckets} but only {cand.size} candidate edges exist; "
-                         "raise boundaries.num_candidates or lower num_buckets")
+        raise ValueError(
+            f"boundaries.num_buckets={num_buckets} but only {cand.size} candidate edges exist; "
+            "raise boundaries.num_candidates or lower num_buckets"
+        )
     elif method == "geometric":
         P = np.concatenate([[0], np.searchsorted(v, cand), [len(v)]])
         edges = _edges_from_path(geometric_path(v, cand, P, num_buckets), cand, top)
@@ -206,18 +230,43 @@ def optimize_boundaries(lengths: Any, num_buckets: int = 6, *, token_budget: int
             _, path = dp_partition(cost, num_buckets)
         else:
             path, hist = coordinate_path(cost, geometric_path(v, cand, P, num_buckets))
-            history = [{"iteration": h["iteration"], "edges": list(_edges_from_path(h["path"], cand, top)),
-                        "predicted_efficiency": useful / h["cost"]} for h in hist]
+            history = [
+                {
+                    "iteration": h["iteration"],
+                    "edges": list(_edges_from_path(h["path"], cand, top)),
+                    "predicted_efficiency": useful / h["cost"],
+                }
+                for h in hist
+            ]
         edges = _edges_from_path(path, cand, top)
-    pred = predict_bucketed_counts(v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size,
-                                   objective=objective)["efficiency"]
-    return Boundaries(method=method, num_buckets=num_buckets, edges=edges, predicted_efficiency=float(pred),
-                      objective=objective_of(objective).name, token_budget=token_budget, max_batch_size=max_batch_size,
-                      num_candidates=int(cand.size), seconds=time.perf_counter() - t0, history=tuple(history))
+    pred = predict_bucketed_counts(
+        v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size, objective=objective
+    )["efficiency"]
+    return Boundaries(
+        method=method,
+        num_buckets=num_buckets,
+        edges=edges,
+        predicted_efficiency=float(pred),
+        objective=objective_of(objective).name,
+        token_budget=token_budget,
+        max_batch_size=max_batch_size,
+        num_candidates=int(cand.size),
+        seconds=time.perf_counter() - t0,
+        history=tuple(history),
+    )
 
 
-def _solve_all(v: np.ndarray, c: np.ndarray, ks: list[int], *, token_budget: int, max_batch_size: int, method: str,
-               objective: "str | Objective", num_candidates: int) -> dict[int, tuple[tuple[int, ...], list[dict]]]:
+def _solve_all(
+    v: np.ndarray,
+    c: np.ndarray,
+    ks: list[int],
+    *,
+    token_budget: int,
+    max_batch_size: int,
+    method: str,
+    objective: "str | Objective",
+    num_candidates: int,
+) -> dict[int, tuple[tuple[int, ...], list[dict]]]:
     """Edges (and coordinate history) for every K in ``ks`` from one cost matrix, on the histogram
     (sorted distinct lengths ``v``, counts ``c``)."""
     cand = candidates_of_counts(v, c, num_candidates)
@@ -242,16 +291,28 @@ def _solve_all(v: np.ndarray, c: np.ndarray, ks: list[int], *, token_budget: int
     else:
         for k in need:
             path, hist = coordinate_path(cost, geometric_path(v, cand, P, k))
-            history = [{"iteration": h["iteration"], "edges": list(_edges_from_path(h["path"], cand, top)),
-                        "predicted_efficiency": useful / h["cost"]} for h in hist]
+            history = [
+                {
+                    "iteration": h["iteration"],
+                    "edges": list(_edges_from_path(h["path"], cand, top)),
+                    "predicted_efficiency": useful / h["cost"],
+                }
+                for h in hist
+            ]
             out[k] = (_edges_from_path(path, cand, top), history)
     return out
 
 
-def simulate_bucketed(x: np.ndarray, edges: Any, *, token_budget: int | None = None,
-                      max_batch_size: int | None = None, seed: int = 0,
-                      spec: BatchSpec | None = None,
-                      reference: Sequence[np.ndarray] | None = None) -> dict[str, float]:
+def simulate_bucketed(
+    x: np.ndarray,
+    edges: Any,
+    *,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    seed: int = 0,
+    spec: BatchSpec | None = None,
+    reference: Sequence[np.ndarray] | None = None,
+) -> dict[str, float]:
     """Simulated epoch 0 of the bucketed plan: padding efficiency; diversity from epochs 0 and 1.
     ``spec`` or the keywords give the batching limits, ``edges`` the buckets. Length mixing is
     against ``reference``, the ``random`` plan of epoch 0 under the same spec (made here when None;
@@ -263,15 +324,26 @@ def simulate_bucketed(x: np.ndarray, edges: Any, *, token_budget: int | None = N
     plans = [plan_epoch_all(x, strategy=Strategy("bucketed", edges), epoch=e, spec=spec)[0] for e in (0, 1)]
     if reference is None:
         reference = plan_epoch_all(x, strategy="random", epoch=0, spec=spec)[0]
-    return {"simulated_efficiency": padding_efficiency(x, plans[0]),
-            "composition_repeat": composition_repeat(plans[0], plans[1], x.size),
-            "length_mixing": length_mixing(x, plans[0], reference=reference)}
+    return {
+        "simulated_efficiency": padding_efficiency(x, plans[0]),
+        "composition_repeat": composition_repeat(plans[0], plans[1], x.size),
+        "length_mixing": length_mixing(x, plans[0], reference=reference),
+    }
 
 
-def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int | None = None,
-                      max_batch_size: int | None = None, method: str = "dp", objective: "str | Objective" = "greedy",
-                      num_candidates: int = 290, seed: int = 0, simulate: bool = True,
-                      spec: BatchSpec | None = None) -> list[dict[str, Any]]:
+def sweep_num_buckets(
+    lengths: Any,
+    max_buckets: int = 16,
+    *,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    method: str = "dp",
+    objective: "str | Objective" = "greedy",
+    num_candidates: int = 290,
+    seed: int = 0,
+    simulate: bool = True,
+    spec: BatchSpec | None = None,
+) -> list[dict[str, Any]]:
     """The efficiency-diversity frontier: for K = 1..max_buckets (capped at the distinct lengths), the
     edges, predicted efficiency and, with ``simulate``, the simulated efficiency, composition repeat and
     length mixing of the bucketed plan (epochs 0 and 1). dp solves every K from one cost matrix."""
@@ -284,8 +356,16 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
         raise ValueError(f"boundaries.sweep_max_buckets must be >= 1, got {max_buckets}")
     kmax = min(max_buckets, int(v.size), candidates_of_counts(v, c, num_candidates).size + 1)
     t0 = time.perf_counter()
-    solved = _solve_all(v, c, list(range(1, kmax + 1)), token_budget=token_budget, max_batch_size=max_batch_size,
-                        method=method, objective=objective, num_candidates=num_candidates)
+    solved = _solve_all(
+        v,
+        c,
+        list(range(1, kmax + 1)),
+        token_budget=token_budget,
+        max_batch_size=max_batch_size,
+        method=method,
+        objective=objective,
+        num_candidates=num_candidates,
+    )
     log.info("sweep: edges for K = 1..%d by %s in %.2f s", kmax, method, time.perf_counter() - t0)
     rows = []
     from lenbatch.batching.strategies import plan_epoch_all
@@ -293,13 +373,23 @@ def sweep_num_buckets(lengths: Any, max_buckets: int = 16, *, token_budget: int 
     reference = plan_epoch_all(x, strategy="random", epoch=0, spec=spec)[0] if simulate else None
     for k in range(1, kmax + 1):
         edges = solved[k][0]
-        pred = predict_bucketed_counts(v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size,
-                                       objective=objective)["efficiency"]
+        pred = predict_bucketed_counts(
+            v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size, objective=objective
+        )["efficiency"]
         row: dict[str, Any] = {"num_buckets": k, "edges": list(edges), "predicted_efficiency": pred}
         if simulate:
-            row.update(simulate_bucketed(x, edges, token_budget=token_budget, max_batch_size=max_batch_size,
-                                         seed=seed, reference=reference))
-            log.info("sweep K=%d: predicted %.4f, simulated %.4f, composition repeat %.5f, length mixing %.4f",
-                     k, pred, row["simulated_efficiency"], row["composition_repeat"], row["length_mixing"])
+            row.update(
+                simulate_bucketed(
+                    x, edges, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed, reference=reference
+                )
+            )
+            log.info(
+                "sweep K=%d: predicted %.4f, simulated %.4f, composition repeat %.5f, length mixing %.4f",
+                k,
+                pred,
+                row["simulated_efficiency"],
+                row["composition_repeat"],
+                row["length_mixing"],
+            )
         rows.append(row)
     return rows

@@ -43,8 +43,9 @@ def candidates_of_counts(v: np.ndarray, c: np.ndarray, num_candidates: int) -> n
 # --------------------------------------------------------------------------- cost matrices
 
 
-def greedy_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget: int,
-                       max_batch_size: int) -> np.ndarray:
+def greedy_cost_matrix(
+    v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget: int, max_batch_size: int
+) -> np.ndarray:
     """cost[a, b] = :func:`~lenbatch.batching.padding.greedy_bucket_computed` of the bucket holding distinct
     values ``v[P[a]:P[b]]`` (inf where b <= a), for every pair of grid positions at once.
 
@@ -87,8 +88,21 @@ def greedy_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget
             while lo > 0 and N[rows[lo - 1]] * ratio >= R:
                 lo -= 1
             r = rows[lo:hi]
-            cost[a, Bq[r]] = _greedy_group(v, F, pa, top[r], N[r], R, posT[:mb_a + 1], T[:mb_a + 1], mb_a,
-                                           theta[r, :mb_a + 1], bw[r, :mb_a + 2], phi[r, :mb_a + 2], a0[r])
+            cost[a, Bq[r]] = _greedy_group(
+                v,
+                F,
+                pa,
+                top[r],
+                N[r],
+                R,
+                posT[: mb_a + 1],
+                T[: mb_a + 1],
+                mb_a,
+                theta[r, : mb_a + 1],
+                bw[r, : mb_a + 2],
+                phi[r, : mb_a + 2],
+                a0[r],
+            )
             hi = lo
         # buckets whose batches all hold exactly mb_a samples: exact hypergeometric full/partial split
         rows_a = rows[v[top[rows]] <= T[mb_a - 1]]
@@ -100,8 +114,8 @@ def greedy_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget
 def _greedy_group(v, F, p0, pt, N, R, posT, T, mb, theta, b, phi, a0):
     top = int(pt.max())
     ml = top - p0 + 1
-    g = (F[p0 + 1:top + 2] - F[p0]) / R
-    vloc = v[p0:top + 1].astype(np.float64)
+    g = (F[p0 + 1 : top + 2] - F[p0]) / R
+    vloc = v[p0 : top + 1].astype(np.float64)
     # E[n, q] = sum_{p<q} gap_p g_p^n, n = 0..mb
     E = np.zeros((mb + 1, ml))
     E[0, 1:] = np.diff(vloc)
@@ -135,15 +149,15 @@ def _greedy_group(v, F, p0, pt, N, R, posT, T, mb, theta, b, phi, a0):
     Ewa = Ew[:, lo_s:hi_s]
     # einsum's own loop, not BLAS: these products are small and many, and a threaded BLAS spends
     # more time synchronising than multiplying (10x slower on a shared 2-core machine)
-    prodb = np.einsum("js,ns->jn", bJa, np.concatenate([masks[0] * Ewa[1:mb + 1], masks[1] * Ewa[1:mb + 1]]))
+    prodb = np.einsum("js,ns->jn", bJa, np.concatenate([masks[0] * Ewa[1 : mb + 1], masks[1] * Ewa[1 : mb + 1]]))
     prodt = np.einsum("js,ns->jn", bthJa, np.concatenate([masks[0] * Ewa[0:mb], masks[1] * Ewa[0:mb]]))
     out_H = []
     for shift in (0, 1):
         tq = nn + shift  # threshold index t for each n
         B1 = rcb[:, cut[shift]]
         B2 = rct[:, cut[shift]]
-        BE = prodb[:, shift * mb:(shift + 1) * mb]
-        BE2 = prodt[:, shift * mb:(shift + 1) * mb]
+        BE = prodb[:, shift * mb : (shift + 1) * mb]
+        BE2 = prodt[:, shift * mb : (shift + 1) * mb]
         q = qT[:, tq - 1]
         qcl = np.clip(q, 0, ml - 1)
         ssum = rn * (E[nn[None, :], qcl] * (1 + B1) - BE) - rn1 * (E[nn[None, :] - 1, qcl] * B2 - BE2)
@@ -164,8 +178,8 @@ def _greedy_group(v, F, p0, pt, N, R, posT, T, mb, theta, b, phi, a0):
 def _count_limited(v, F, p0, pt, N, mb, lf):
     """full * mb * E[max of mb] + r * E[max of r] (hypergeometric) for buckets [p0, pt], r the last batch."""
     top = int(pt.max())
-    f = (F[p0 + 1:top + 1] - F[p0]).astype(np.int64)  # samples <= v_p, p = p0..top-1
-    gap = np.diff(v[p0:top + 1]).astype(np.float64)
+    f = (F[p0 + 1 : top + 1] - F[p0]).astype(np.int64)  # samples <= v_p, p = p0..top-1
+    gap = np.diff(v[p0 : top + 1]).astype(np.float64)
     lt = pt - p0
     Ni = N.astype(np.int64)
     full = (Ni - 1) // mb
@@ -181,8 +195,9 @@ def _count_limited(v, F, p0, pt, N, mb, lf):
     return out
 
 
-def pairwise_cost_matrix(bucket: Any, v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget: int,
-                         max_batch_size: int) -> np.ndarray:
+def pairwise_cost_matrix(
+    bucket: Any, v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget: int, max_batch_size: int
+) -> np.ndarray:
     """cost[a, b] = ``bucket(v[P[a]:P[b]], c[P[a]:P[b]], token_budget, max_batch_size)`` (inf where b <= a;
     0 for a bucket holding no value): an :class:`Objective` without its own matrix. O(C^2) bucket calls."""
     L2 = len(P)
@@ -194,9 +209,14 @@ def pairwise_cost_matrix(bucket: Any, v: np.ndarray, c: np.ndarray, P: np.ndarra
     return cost
 
 
-def cost_matrix(lengths: np.ndarray | None, cand: np.ndarray, token_budget: int, max_batch_size: int,
-                objective: "str | Objective", counts: tuple[np.ndarray, np.ndarray] | None = None
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def cost_matrix(
+    lengths: np.ndarray | None,
+    cand: np.ndarray,
+    token_budget: int,
+    max_batch_size: int,
+    objective: "str | Objective",
+    counts: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cost matrix over grid positions, grid positions P, distinct values); ``counts``: the lengths'
     histogram (:func:`~lenbatch.batching.padding.value_counts`) when the caller holds it."""
     v, c = value_counts(lengths) if counts is None else counts

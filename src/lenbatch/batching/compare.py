@@ -26,9 +26,19 @@ def _epoch(x: np.ndarray, strategy: Strategy, spec: BatchSpec, epoch: int, world
     return len(ranks[0]), rank_plan(eb, np.stack(ranks, axis=1).reshape(-1), strategy.name)
 
 
-def compare_strategies(lengths: Any, *, token_budget: int, max_batch_size: int, cost: Cost | None = None,
-                       seed: int = 0, world_size: int = 1, edges: Any = None, num_buckets: int = 6,
-                       packed_window: int = 8, strategies: tuple[str, ...] = STRATEGIES) -> list[dict[str, Any]]:
+def compare_strategies(
+    lengths: Any,
+    *,
+    token_budget: int,
+    max_batch_size: int,
+    cost: Cost | None = None,
+    seed: int = 0,
+    world_size: int = 1,
+    edges: Any = None,
+    num_buckets: int = 6,
+    packed_window: int = 8,
+    strategies: tuple[str, ...] = STRATEGIES,
+) -> list[dict[str, Any]]:
     """One row per strategy: ``steps`` (batches per rank, epoch 0), ``padding_efficiency``, ``budget_fill``,
     ``composition_repeat`` (epoch 0 vs 1), ``length_mixing`` (vs the random plan of epoch 0) and, with a
     :class:`Cost`, ``cost`` (Σ over steps of the costliest rank's batch, epoch 0) and ``relative_cost``
@@ -39,7 +49,9 @@ def compare_strategies(lengths: Any, *, token_budget: int, max_batch_size: int, 
     x = check_lengths(lengths)
     world_size = check_int("world_size", world_size, minimum=1)
     if cost is not None and not isinstance(cost, Cost):
-        raise ValueError(f"cost must be a lenbatch.Cost(per_token=..., per_token_squared=...), got {type(cost).__name__}")
+        raise ValueError(
+            f"cost must be a lenbatch.Cost(per_token=..., per_token_squared=...), got {type(cost).__name__}"
+        )
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown or not strategies:
         raise ValueError(f"strategies {list(strategies)}: choose among {list(STRATEGIES)}")
@@ -56,12 +68,16 @@ def compare_strategies(lengths: Any, *, token_budget: int, max_batch_size: int, 
         strategy = Strategy.sharing(s, edges)  # the edges serve bucketed alone
         steps, e0 = _epoch(x, strategy, spec, 0, world_size)
         e1 = _epoch(x, strategy, spec, 1, world_size)[1]
-        row: dict[str, Any] = {"strategy": s, "layout": layout_of(s), "steps": steps,
-                               "padding_efficiency": padding_efficiency(x, e0, strategy=s),
-                               "budget_fill": budget_fill(x, e0, token_budget, strategy=s),
-                               "composition_repeat": composition_repeat(e0, e1, x.size),
-                               "length_mixing": length_mixing(x, e0, reference=reference),
-                               "edges": None if strategy.edges is None else list(strategy.edges)}
+        row: dict[str, Any] = {
+            "strategy": s,
+            "layout": layout_of(s),
+            "steps": steps,
+            "padding_efficiency": padding_efficiency(x, e0, strategy=s),
+            "budget_fill": budget_fill(x, e0, token_budget, strategy=s),
+            "composition_repeat": composition_repeat(e0, e1, x.size),
+            "length_mixing": length_mixing(x, e0, reference=reference),
+            "edges": None if strategy.edges is None else list(strategy.edges),
+        }
         if cost is not None:
             per_batch = cost.of_batches(x, e0, packed=layout_of(s) == "packed")  # step by step, rank by rank
             row["cost"] = float(per_batch.reshape(-1, world_size).max(axis=1).sum())
@@ -80,8 +96,14 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     head += ["relative cost"] if with_cost else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [f"`{r['strategy']}`", f"{r['steps']:,}", f"{r['padding_efficiency']:.1%}", f"{r['budget_fill']:.1%}",
-                 f"{r['composition_repeat']:.3f}", f"{r['length_mixing']:.3f}"]
+        cells = [
+            f"`{r['strategy']}`",
+            f"{r['steps']:,}",
+            f"{r['padding_efficiency']:.1%}",
+            f"{r['budget_fill']:.1%}",
+            f"{r['composition_repeat']:.3f}",
+            f"{r['length_mixing']:.3f}",
+        ]
         cells += [f"{r['relative_cost']:.3f}"] if with_cost else []
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

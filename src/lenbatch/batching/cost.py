@@ -34,13 +34,21 @@ class Cost:
     def __post_init__(self) -> None:
         for name in ("per_token", "per_token_squared"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v) or v < 0:
-                raise ValueError(f"Cost({name}={v!r}): a coefficient must be a finite number >= 0 (a step's "
-                                 "seconds per token, per token squared)")
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float, np.integer, np.floating))
+                or not np.isfinite(v)
+                or v < 0
+            ):
+                raise ValueError(
+                    f"Cost({name}={v!r}): a coefficient must be a finite number >= 0 (a step's "
+                    "seconds per token, per token squared)"
+                )
             object.__setattr__(self, name, float(v))
         if self.per_token == 0 and self.per_token_squared == 0:
-            raise ValueError("Cost(per_token=0, per_token_squared=0) prices every batch at 0; give at least one "
-                             "coefficient > 0")
+            raise ValueError(
+                "Cost(per_token=0, per_token_squared=0) prices every batch at 0; give at least one coefficient > 0"
+            )
 
     def per_row(self, m: Any) -> Any:
         """g(m) = a·m + b·m²: one sequence (or one padded row) of m tokens (float64)."""
@@ -82,30 +90,41 @@ class CostLimit:
     k: int
 
 
-def cost_limit(x: np.ndarray, *, token_budget: int, max_batch_size: int, cost: Cost | None,
-               cost_budget: Any) -> CostLimit | None:
+def cost_limit(
+    x: np.ndarray, *, token_budget: int, max_batch_size: int, cost: Cost | None, cost_budget: Any
+) -> CostLimit | None:
     """The :class:`CostLimit` of these lengths, or None without a cost (the token-only planner, unchanged).
     ``ValueError`` naming the fix for a budget without a cost, a budget that is not a positive number, or
     samples that alone cost more than the budget. Cost O(longest length)."""
     if cost is None:
         if cost_budget is not None:
-            raise ValueError("cost_budget needs cost=lenbatch.Cost(per_token=..., per_token_squared=...) to price "
-                             "the batches; pass both")
+            raise ValueError(
+                "cost_budget needs cost=lenbatch.Cost(per_token=..., per_token_squared=...) to price "
+                "the batches; pass both"
+            )
         return None
     if not isinstance(cost, Cost):
-        raise ValueError(f"cost must be a lenbatch.Cost(per_token=..., per_token_squared=...), got {type(cost).__name__}")
+        raise ValueError(
+            f"cost must be a lenbatch.Cost(per_token=..., per_token_squared=...), got {type(cost).__name__}"
+        )
     if cost_budget is None:
         return CostLimit(cost, None, None, 0)
-    if isinstance(cost_budget, bool) or not isinstance(cost_budget, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(cost_budget) or cost_budget <= 0:
+    if (
+        isinstance(cost_budget, bool)
+        or not isinstance(cost_budget, (int, float, np.integer, np.floating))
+        or not np.isfinite(cost_budget)
+        or cost_budget <= 0
+    ):
         raise ValueError(f"cost_budget must be a number > 0 (the most one batch may cost), got {cost_budget!r}")
     c = float(cost_budget)
     top = int(x.max())
     g = cost.per_row(np.arange(top + 1))
     over = int(np.count_nonzero(cost.per_row(x) > c))
     if over:
-        raise ValueError(f"{over} sample(s) alone cost more than cost_budget={c:g} (the longest, {top} tokens, costs "
-                         f"{float(g[top]):g}); raise cost_budget or truncate those samples")
+        raise ValueError(
+            f"{over} sample(s) alone cost more than cost_budget={c:g} (the longest, {top} tokens, costs "
+            f"{float(g[top]):g}); raise cost_budget or truncate those samples"
+        )
     caps = np.minimum(max_batch_size, token_budget // np.maximum(np.arange(top + 1), 1)).astype(np.int64)
     with np.errstate(divide="ignore"):
         by_cost = np.floor(np.where(g > 0, c / np.where(g > 0, g, 1), max_batch_size)).astype(np.int64)
@@ -128,8 +147,16 @@ def cost_fingerprint(fingerprint: str, cost: Cost | None, cost_budget: Any) -> s
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def first_fit_costed(order: np.ndarray, x: np.ndarray, *, token_budget: int, max_batch_size: int, window: int,
-                     shortest: int, limit: CostLimit) -> tuple[list[list[int]], list[list[int]]]:
+def first_fit_costed(
+    order: np.ndarray,
+    x: np.ndarray,
+    *,
+    token_budget: int,
+    max_batch_size: int,
+    window: int,
+    shortest: int,
+    limit: CostLimit,
+) -> tuple[list[list[int]], list[list[int]]]:
     """First-fit rows along ``order`` under the token and the cost budget (the rules of
     :func:`lenbatch.batching.scan.first_fit_rows`, a row's cost Σ g(n_i) <= cost_budget as one more bound;
     a row also closes when it could not take even the shortest sequence's cost): (closed rows in closing

@@ -67,8 +67,9 @@ class Plan(Sequence):
                 return Plan.from_flat(self.indices[:0], np.zeros(1, np.int64), strategy=self.strategy)
             if i.step in (None, 1):  # a contiguous run of batches: views, no copy
                 lo, hi = int(self.offsets[sel[0]]), int(self.offsets[sel[-1] + 1])
-                return Plan.from_flat(self.indices[lo:hi], self.offsets[sel[0]:sel[-1] + 2] - lo,
-                                      strategy=self.strategy)
+                return Plan.from_flat(
+                    self.indices[lo:hi], self.offsets[sel[0] : sel[-1] + 2] - lo, strategy=self.strategy
+                )
             return Plan([self[int(k)] for k in sel], strategy=self.strategy)
         n = len(self)
         k = int(i)
@@ -76,12 +77,12 @@ class Plan(Sequence):
             k += n
         if not 0 <= k < n:
             raise IndexError(f"plan index {i} out of range ({n} batches)")
-        return self.indices[self.offsets[k]:self.offsets[k + 1]]
+        return self.indices[self.offsets[k] : self.offsets[k + 1]]
 
     def __iter__(self) -> Iterator[np.ndarray]:
         idx, off = self.indices, self.offsets.tolist()
         for k in range(len(off) - 1):
-            yield idx[off[k]:off[k + 1]]
+            yield idx[off[k] : off[k + 1]]
 
     def sizes(self) -> np.ndarray:
         """Samples per batch (int64)."""
@@ -89,8 +90,11 @@ class Plan(Sequence):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Plan):
-            return (self.strategy == other.strategy and np.array_equal(self.offsets, other.offsets)
-                    and np.array_equal(self.indices, other.indices))
+            return (
+                self.strategy == other.strategy
+                and np.array_equal(self.offsets, other.offsets)
+                and np.array_equal(self.indices, other.indices)
+            )
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
             return NotImplemented
         return len(other) == len(self) and all(np.array_equal(a, b) for a, b in zip(self, other))
@@ -132,7 +136,7 @@ def _top_costs(cost: np.ndarray, need: int) -> np.ndarray:
         return np.arange(cost.size)
     kth = np.partition(cost, cost.size - need)[cost.size - need]
     above = np.flatnonzero(cost > kth)
-    return np.concatenate([above, np.flatnonzero(cost == kth)[:need - above.size]])
+    return np.concatenate([above, np.flatnonzero(cost == kth)[: need - above.size]])
 
 
 def _split_one(batch: np.ndarray, x: np.ndarray, packed: bool) -> tuple[np.ndarray, int]:
@@ -144,8 +148,9 @@ def _split_one(batch: np.ndarray, x: np.ndarray, packed: bool) -> tuple[np.ndarr
     return srt, len(batch) // 2
 
 
-def split_to_multiple(eb: EpochBatches, x: np.ndarray, world_size: int, packed: bool,
-                      min_batches: int = 0) -> EpochBatches:
+def split_to_multiple(
+    eb: EpochBatches, x: np.ndarray, world_size: int, packed: bool, min_batches: int = 0
+) -> EpochBatches:
     """Make len(eb) a multiple of world_size (and at least ``min_batches``) by splitting batches in two,
     in place (halves adjacent).
 
@@ -158,8 +163,10 @@ def split_to_multiple(eb: EpochBatches, x: np.ndarray, world_size: int, packed: 
     target = max(len(eb), min_batches)
     need = target + (-target) % world_size - len(eb)
     if need and len(eb) + need > eb.flat.size:
-        raise ValueError(f"world_size={world_size} (min_batches={min_batches}) needs {len(eb) + need} batches "
-                         f"this epoch but there are only {eb.flat.size} samples; use fewer ranks or more data")
+        raise ValueError(
+            f"world_size={world_size} (min_batches={min_batches}) needs {len(eb) + need} batches "
+            f"this epoch but there are only {eb.flat.size} samples; use fewer ranks or more data"
+        )
     while need:
         cand = np.flatnonzero(eb.end - eb.start > 1)
         pick = np.sort(cand[_top_costs(eb.cost[cand], need)])

@@ -31,16 +31,20 @@ def check_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
         if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
             if np.any(np.abs(arr) > _MAX_LENGTH):  # the int64 cast would wrap, and a wrapped count looks negative
                 first = int(np.argmax(np.abs(arr) > _MAX_LENGTH))
-                raise ValueError(f"{name} has a length of {arr[first]:g} tokens at index {first}: too long to be a "
-                                 f"token count (at most {_MAX_LENGTH:,}); pass integer token counts")
+                raise ValueError(
+                    f"{name} has a length of {arr[first]:g} tokens at index {first}: too long to be a "
+                    f"token count (at most {_MAX_LENGTH:,}); pass integer token counts"
+                )
             arr = arr.astype(np.int64)
         else:
             raise ValueError(f"{name} must hold integer token counts, got dtype {arr.dtype}; round or cast them")
     arr = arr.astype(np.int64, copy=False)
     bad = int(np.count_nonzero(arr <= 0))
     if bad:
-        raise ValueError(f"{name} has {bad} zero or negative length(s) (first at index "
-                         f"{int(np.argmax(arr <= 0))}); drop empty samples before batching")
+        raise ValueError(
+            f"{name} has {bad} zero or negative length(s) (first at index "
+            f"{int(np.argmax(arr <= 0))}); drop empty samples before batching"
+        )
     return arr
 
 
@@ -55,14 +59,18 @@ def _refuse_datasets(lengths: Any, name: str) -> None:
     if isinstance(lengths, (np.ndarray, list, tuple, range)):
         return
     if not hasattr(lengths, "__len__") and hasattr(lengths, "__iter__"):
-        raise ValueError(f"{name} must be one token count per sample, known up front, but got a "
-                         f"{type(lengths).__name__} with no len() (an IterableDataset or a stream): a plan places "
-                         "every sample of the epoch, so count the lengths in one pass (lengths = np.array([len(s["
-                         "'input_ids']) for s in dataset])) and index a map-style copy of the data, or batch the "
-                         "stream as it comes with lenbatch.StreamingBatcher")
+        raise ValueError(
+            f"{name} must be one token count per sample, known up front, but got a "
+            f"{type(lengths).__name__} with no len() (an IterableDataset or a stream): a plan places "
+            "every sample of the epoch, so count the lengths in one pass (lengths = np.array([len(s["
+            "'input_ids']) for s in dataset])) and index a map-style copy of the data, or batch the "
+            "stream as it comes with lenbatch.StreamingBatcher"
+        )
     if hasattr(lengths, "column_names") or hasattr(lengths, "features"):
-        raise ValueError(f"{name} must be one token count per sample, but got {type(lengths).__name__} (the "
-                         "dataset itself); pass lb.lengths_of(dataset) (read from the Arrow offsets)")
+        raise ValueError(
+            f"{name} must be one token count per sample, but got {type(lengths).__name__} (the "
+            "dataset itself); pass lb.lengths_of(dataset) (read from the Arrow offsets)"
+        )
 
 
 def length_stats(lengths: Any) -> dict[str, Any]:
@@ -86,8 +94,10 @@ def histogram(lengths: Any, *, bins: int = 64) -> list[dict[str, int]]:
     if bins < 1:
         raise ValueError(f"stats.histogram_bins must be >= 1, got {bins}")
     counts, edges = np.histogram(x, bins=bins, range=(0, int(x.max()) + 1))
-    return [{"lo": int(np.floor(a)), "hi": int(np.floor(b)), "count": int(c)}
-            for a, b, c in zip(edges[:-1], edges[1:], counts)]
+    return [
+        {"lo": int(np.floor(a)), "hi": int(np.floor(b)), "count": int(c)}
+        for a, b, c in zip(edges[:-1], edges[1:], counts)
+    ]
 
 
 def bucket_ids(lengths: Any, edges: Any) -> np.ndarray:
@@ -105,8 +115,10 @@ def check_edges(edges: Any, lengths: np.ndarray) -> np.ndarray:
     strictly increasing non-negative ints) and covering ``lengths``: ``edges[0] <= min``, ``edges[-1] > max``."""
     e = np.asarray(edges_tuple(edges), dtype=np.int64)
     if e[0] > lengths.min() or e[-1] <= lengths.max():
-        raise ValueError(f"edges {e.tolist()} do not cover the lengths {int(lengths.min())}..{int(lengths.max())}: "
-                         "need edges[0] <= min and edges[-1] > max; recompute boundaries for these lengths")
+        raise ValueError(
+            f"edges {e.tolist()} do not cover the lengths {int(lengths.min())}..{int(lengths.max())}: "
+            "need edges[0] <= min and edges[-1] > max; recompute boundaries for these lengths"
+        )
     return e
 
 
@@ -118,5 +130,13 @@ def bucket_counts(lengths: Any, edges: Any) -> list[dict[str, Any]]:
     k = len(e) - 1
     counts = np.bincount(ids, minlength=k)
     tokens = np.bincount(ids, weights=x, minlength=k)
-    return [{"lo": int(e[i]), "hi": int(e[i + 1]), "count": int(counts[i]), "tokens": int(tokens[i]),
-             "mean": float(tokens[i] / counts[i]) if counts[i] else 0.0} for i in range(k)]
+    return [
+        {
+            "lo": int(e[i]),
+            "hi": int(e[i + 1]),
+            "count": int(counts[i]),
+            "tokens": int(tokens[i]),
+            "mean": float(tokens[i] / counts[i]) if counts[i] else 0.0,
+        }
+        for i in range(k)
+    ]

@@ -34,8 +34,8 @@ class Pieces:
     mode: str
     token_budget: int
     num_samples: int
-    samples_over_budget: int   # samples longer than token_budget
-    tokens_dropped: int        # truncate: tokens cut off and never trained; split: 0
+    samples_over_budget: int  # samples longer than token_budget
+    tokens_dropped: int  # truncate: tokens cut off and never trained; split: 0
     cut: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # (row, start, end, whole)
 
     @property
@@ -60,8 +60,11 @@ class Pieces:
         return int(self.lengths.size) - self.num_samples
 
     def counts(self) -> dict[str, int]:
-        return {"samples_over_budget": self.samples_over_budget, "tokens_dropped": self.tokens_dropped,
-                "pieces_added": self.pieces_added}
+        return {
+            "samples_over_budget": self.samples_over_budget,
+            "tokens_dropped": self.tokens_dropped,
+            "pieces_added": self.pieces_added,
+        }
 
     def item(self, v: int) -> int | tuple[int, int, int]:
         """Piece ``v`` as a sampler yields it: the dataset row, or ``(row, start, end)`` for a part."""
@@ -84,11 +87,16 @@ class Pieces:
     def report(self) -> str:
         if not self.samples_over_budget:
             return f"overflow={self.mode!r}: no sample is longer than token_budget={self.token_budget}"
-        what = (f"truncated to {self.token_budget} tokens, {self.tokens_dropped} tokens dropped"
-                if self.mode == "truncate" else f"split into {self.samples_over_budget + self.pieces_added} pieces "
-                f"of at most {self.token_budget} tokens ({self.pieces_added} extra samples)")
-        return (f"overflow={self.mode!r}: {self.samples_over_budget} of {self.num_samples} samples are longer than "
-                f"token_budget={self.token_budget}: {what}")
+        what = (
+            f"truncated to {self.token_budget} tokens, {self.tokens_dropped} tokens dropped"
+            if self.mode == "truncate"
+            else f"split into {self.samples_over_budget + self.pieces_added} pieces "
+            f"of at most {self.token_budget} tokens ({self.pieces_added} extra samples)"
+        )
+        return (
+            f"overflow={self.mode!r}: {self.samples_over_budget} of {self.num_samples} samples are longer than "
+            f"token_budget={self.token_budget}: {what}"
+        )
 
 
 def overflow_pieces(lengths: Any, *, token_budget: int, overflow: str) -> Pieces:
@@ -102,9 +110,11 @@ def overflow_pieces(lengths: Any, *, token_budget: int, overflow: str) -> Pieces
     over = x > B
     n_over = int(np.count_nonzero(over))
     if n_over and overflow == "error":
-        raise ValueError(f"{n_over} sample(s) are longer than token_budget={B} (longest {int(x.max())} tokens); "
-                         "raise token_budget, or pass overflow='truncate' (cut them to the budget) or "
-                         "overflow='split' (the rest becomes samples of their own)")
+        raise ValueError(
+            f"{n_over} sample(s) are longer than token_budget={B} (longest {int(x.max())} tokens); "
+            "raise token_budget, or pass overflow='truncate' (cut them to the budget) or "
+            "overflow='split' (the rest becomes samples of their own)"
+        )
     n = x.size
     if not n_over:
         return Pieces(lengths=x, mode=overflow, token_budget=B, num_samples=n, samples_over_budget=0, tokens_dropped=0)
@@ -112,7 +122,7 @@ def overflow_pieces(lengths: Any, *, token_budget: int, overflow: str) -> Pieces
     row, start, end = np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), first_end.astype(np.int64)
     dropped = 0
     if overflow == "split" and n_over:
-        extra = (x - 1) // B                                  # further pieces per sample
+        extra = (x - 1) // B  # further pieces per sample
         r = np.repeat(np.arange(n, dtype=np.int64), extra)
         # k-th further piece of its row (1-based): position within the row's run
         first = np.concatenate([[0], np.cumsum(extra)[:-1]])
@@ -124,5 +134,12 @@ def overflow_pieces(lengths: Any, *, token_budget: int, overflow: str) -> Pieces
         dropped = int((x - first_end).sum())
     whole = np.zeros(row.size, dtype=bool)
     whole[:n] = ~over
-    return Pieces(lengths=end - start, mode=overflow, token_budget=B, num_samples=n, samples_over_budget=n_over,
-                  tokens_dropped=dropped, cut=(row, start, end, whole))
+    return Pieces(
+        lengths=end - start,
+        mode=overflow,
+        token_budget=B,
+        num_samples=n,
+        samples_over_budget=n_over,
+        tokens_dropped=dropped,
+        cut=(row, start, end, whole),
+    )

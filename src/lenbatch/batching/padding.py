@@ -32,7 +32,7 @@ def log_factorials(n: int) -> np.ndarray:
     out[0] = 0.0
     step = 1 << 20
     for a in range(1, n + 1, step):
-        seg = out[a:min(n + 1, a + step)]
+        seg = out[a : min(n + 1, a + step)]
         np.log(np.arange(a, a + seg.size, dtype=np.float64), out=seg)
         seg[0] += out[a - 1]
         np.cumsum(seg, out=seg)
@@ -96,8 +96,9 @@ def greedy_starts(ordered_lengths: Sequence[int] | np.ndarray, token_budget: int
     return scan.greedy_starts(x.astype(np.int64, copy=False), token_budget, max_batch_size)
 
 
-def sorted_greedy_starts(counts: np.ndarray, token_budget: int, max_batch_size: int,
-                         values: np.ndarray | None = None) -> np.ndarray:
+def sorted_greedy_starts(
+    counts: np.ndarray, token_budget: int, max_batch_size: int, values: np.ndarray | None = None
+) -> np.ndarray:
     """:func:`greedy_starts` along the lengths sorted ascending, from their histogram alone
     (``counts[v]`` samples of length v; or, with ``values``, ``counts[d]`` samples of length
     ``values[d]``, ascending): O(distinct lengths), not O(n).
@@ -179,13 +180,17 @@ def _check_indices(idx: np.ndarray, n: int) -> None:
     wrap -1 to the last sample silently, or raise a bare IndexError. Cost: O(indices)."""
     idx = np.asarray(idx)
     if not np.issubdtype(idx.dtype, np.integer):
-        raise ValueError(f"batches must hold integer sample indices (rows of lengths), got dtype {idx.dtype}; "
-                         "pass the index arrays a plan holds (lb.plan_epoch)")
+        raise ValueError(
+            f"batches must hold integer sample indices (rows of lengths), got dtype {idx.dtype}; "
+            "pass the index arrays a plan holds (lb.plan_epoch)"
+        )
     bad = (idx < 0) | (idx >= n)
     if np.any(bad):
         first = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"batches holds sample index {int(idx[first])}, outside 0..{n - 1} (lengths has {n} "
-                         "samples); score a plan against the lengths it was made from")
+        raise ValueError(
+            f"batches holds sample index {int(idx[first])}, outside 0..{n - 1} (lengths has {n} "
+            "samples); score a plan against the lengths it was made from"
+        )
 
 
 def plan_is_packed(batches: Sequence[np.ndarray], strategy: str | None) -> bool:
@@ -196,9 +201,11 @@ def plan_is_packed(batches: Sequence[np.ndarray], strategy: str | None) -> bool:
     if strategy is not None:
         want = layout_of(strategy)
         if layout is not None and layout != want:
-            raise ValueError(f"strategy={strategy!r} scores {want} batches but this plan is {layout} (made by "
-                             f"strategy {getattr(batches, 'strategy', '?')!r}); drop strategy= (the plan knows "
-                             "its layout) or pass the strategy that made it")
+            raise ValueError(
+                f"strategy={strategy!r} scores {want} batches but this plan is {layout} (made by "
+                f"strategy {getattr(batches, 'strategy', '?')!r}); drop strategy= (the plan knows "
+                "its layout) or pass the strategy that made it"
+            )
         return want == "packed"
     return layout == "packed"
 
@@ -265,8 +272,9 @@ def within_batch_variance(lengths: Any, batches: Sequence[np.ndarray]) -> float:
     return float(np.sum(np.maximum(s2 - s1 * s1 / sizes, 0.0)) / dof)
 
 
-def length_mixing(lengths: Any, batches: Sequence[np.ndarray], *,
-                  reference: Sequence[np.ndarray] | None = None) -> float:
+def length_mixing(
+    lengths: Any, batches: Sequence[np.ndarray], *, reference: Sequence[np.ndarray] | None = None
+) -> float:
     """How much a plan mixes lengths within its batches: 0 when every batch holds one length, 1 for
     a random order.
 
@@ -341,7 +349,7 @@ def greedy_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget:
         em_full = expected_max(v, mb, c_int) if full else 0.0
         return float(full * mb * em_full + r * expected_max(v, r, c_int))
     bw, phi_all, a0v = renewal_weights(theta[None, :])
-    b = bw[0, 2:mb + 1]
+    b = bw[0, 2 : mb + 1]
     th = theta[1:mb]  # theta_t for t = 2..mb
     a0 = float(a0v[0])
     # Phi at every distinct value: thresholds strictly below v_p contribute
@@ -363,10 +371,10 @@ def greedy_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget:
         return np.where(q >= 0, h, 0.0)
 
     qn = np.minimum(pos[:mb], len(v) - 1)
-    qn1 = np.minimum(pos[1:mb + 1], len(v) - 1)
+    qn1 = np.minimum(pos[1 : mb + 1], len(v) - 1)
     p_ge = np.where(qn >= 0, Q[nn - 1, np.clip(qn, 0, None)], 0.0)  # P(N >= n)
     h_n = H(qn)
-    h_n1 = H(qn1) * theta[1:mb + 1]
+    h_n1 = H(qn1) * theta[1 : mb + 1]
     h_n1[-1] = 0.0  # at n = max_batch_size the batch closes by count
     EN = p_ge.sum()
     ENM = np.sum(nn * (h_n - h_n1))
@@ -433,26 +441,42 @@ def objective_of(objective: "str | Objective") -> Objective:
         return objective
     if objective == "greedy":
         return GREEDY
-    raise ValueError(f"objective {objective!r} unknown; choose one of {list(OBJECTIVES)} or pass a "
-                     "lenbatch.batching.padding.Objective")
+    raise ValueError(
+        f"objective {objective!r} unknown; choose one of {list(OBJECTIVES)} or pass a "
+        "lenbatch.batching.padding.Objective"
+    )
 
 
-def bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget: int, max_batch_size: int,
-                    objective: "str | Objective" = "greedy") -> float:
+def bucket_computed(
+    values: np.ndarray,
+    counts: np.ndarray,
+    token_budget: int,
+    max_batch_size: int,
+    objective: "str | Objective" = "greedy",
+) -> float:
     return objective_of(objective).bucket(values, counts, token_budget, max_batch_size)
 
 
-def predict_bucketed(lengths: Any, edges: Any, *, token_budget: int, max_batch_size: int,
-                     objective: "str | Objective" = "greedy") -> dict[str, Any]:
+def predict_bucketed(
+    lengths: Any, edges: Any, *, token_budget: int, max_batch_size: int, objective: "str | Objective" = "greedy"
+) -> dict[str, Any]:
     """Predicted padding efficiency of the bucketed plan with ``edges`` (and per-bucket rows)."""
     x = check_lengths(lengths)
     v, c = value_counts(x)
-    return predict_bucketed_counts(v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size,
-                                   objective=objective)
+    return predict_bucketed_counts(
+        v, c, edges, token_budget=token_budget, max_batch_size=max_batch_size, objective=objective
+    )
 
 
-def predict_bucketed_counts(v: np.ndarray, c: np.ndarray, edges: Any, *, token_budget: int, max_batch_size: int,
-                            objective: "str | Objective" = "greedy") -> dict[str, Any]:
+def predict_bucketed_counts(
+    v: np.ndarray,
+    c: np.ndarray,
+    edges: Any,
+    *,
+    token_budget: int,
+    max_batch_size: int,
+    objective: "str | Objective" = "greedy",
+) -> dict[str, Any]:
     """:func:`predict_bucketed` from the histogram (:func:`value_counts`: sorted distinct lengths ``v``,
     counts ``c``), for callers that hold it already. Cost O(K * max_batch_size * distinct)."""
     e = check_edges(edges, v)
@@ -466,8 +490,16 @@ def predict_bucketed_counts(v: np.ndarray, c: np.ndarray, edges: Any, *, token_b
             continue
         comp = objective.bucket(v[sel], c[sel], token_budget, max_batch_size)
         useful = float(np.dot(v[sel], c[sel]))
-        rows.append({"lo": int(lo), "hi": int(hi), "count": int(c[sel].sum()), "useful": int(useful),
-                     "computed": comp, "efficiency": useful / comp})
+        rows.append(
+            {
+                "lo": int(lo),
+                "hi": int(hi),
+                "count": int(c[sel].sum()),
+                "useful": int(useful),
+                "computed": comp,
+                "efficiency": useful / comp,
+            }
+        )
         tot_u += useful
         tot_c += comp
     return {"efficiency": tot_u / tot_c, "buckets": rows, "objective": objective.name}

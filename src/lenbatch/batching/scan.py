@@ -172,7 +172,7 @@ def take(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
         k.take(x, idx, out)
         return out
     for a in range(0, idx.size, CHUNK):
-        out[a:a + CHUNK] = x[idx[a:a + CHUNK]]
+        out[a : a + CHUNK] = x[idx[a : a + CHUNK]]
     return out
 
 
@@ -193,8 +193,8 @@ def value_counts(x: np.ndarray, minlength: int = 0) -> np.ndarray:
     """``np.bincount(x, minlength=minlength)`` without the int64 copy of ``x`` (chunked)."""
     counts = np.zeros(max(minlength, int(x.max()) + 1 if x.size else 0), dtype=np.int64)
     for a in range(0, x.size, CHUNK):
-        part = np.bincount(x[a:a + CHUNK])
-        counts[:part.size] += part
+        part = np.bincount(x[a : a + CHUNK])
+        counts[: part.size] += part
     return counts
 
 
@@ -287,8 +287,9 @@ def gather_segments(flat: np.ndarray, starts: np.ndarray, ends: np.ndarray, dtyp
     return out
 
 
-def first_fit_rows(ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_batch_size: int, window: int,
-                   shortest: int) -> tuple[np.ndarray, np.ndarray]:
+def first_fit_rows(
+    ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_batch_size: int, window: int, shortest: int
+) -> tuple[np.ndarray, np.ndarray]:
     """First-fit rows of the samples ``ids`` in order (``x``: every sample's length; ``ids`` may be
     overwritten):
     (members in row order, row offsets (int64, len(rows) + 1), the members' lengths).
@@ -309,13 +310,15 @@ def first_fit_rows(ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_bat
         cap = int(max(1, min(max_batch_size, token_budget // max(shortest, 1), n)))
         buf = np.empty((window, cap), dtype=np.int64)
         buf_len = np.empty((window, cap), dtype=np.int64)
-        pos, nopen, slot, rem, cnt = k.first_fit(ids, xs, int(token_budget), int(max_batch_size), int(window),
-                                                 int(shortest), row_start, buf, buf_len)
-        open_members = [int(i) for q in range(nopen) for i in buf[slot[q], :cnt[q]]]
+        pos, nopen, slot, rem, cnt = k.first_fit(
+            ids, xs, int(token_budget), int(max_batch_size), int(window), int(shortest), row_start, buf, buf_len
+        )
+        open_members = [int(i) for q in range(nopen) for i in buf[slot[q], : cnt[q]]]
         members, lengths, starts = ids, xs, np.flatnonzero(row_start[:pos])
     else:
-        closed_rows, open_rows = _first_fit_loop(take(x, ids).tolist(), ids.tolist(), token_budget, max_batch_size,
-                                                 window, shortest)
+        closed_rows, open_rows = _first_fit_loop(
+            take(x, ids).tolist(), ids.tolist(), token_budget, max_batch_size, window, shortest
+        )
         open_members = [i for m in open_rows for i in m]
         sizes = np.fromiter((len(r) for r in closed_rows), dtype=np.int64, count=len(closed_rows))
         pos = int(sizes.sum())
@@ -324,8 +327,12 @@ def first_fit_rows(ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_bat
         lengths = np.empty(n, dtype=x.dtype)
         lengths[:pos] = take(x, members[:pos])
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if sizes.size else sizes
-    tail = _first_fit_decreasing(open_members, xs_of={i: int(x[i]) for i in open_members},
-                                 token_budget=token_budget, max_batch_size=max_batch_size)
+    tail = _first_fit_decreasing(
+        open_members,
+        xs_of={i: int(x[i]) for i in open_members},
+        token_budget=token_budget,
+        max_batch_size=max_batch_size,
+    )
     tail_sizes = np.asarray([len(r) for r in tail], dtype=np.int64)
     tail_starts = pos + np.cumsum(tail_sizes) - tail_sizes
     tail_members = np.asarray([i for r in tail for i in r], dtype=ids.dtype)
@@ -335,8 +342,9 @@ def first_fit_rows(ids: np.ndarray, x: np.ndarray, *, token_budget: int, max_bat
     return members, offsets, lengths
 
 
-def _first_fit_loop(xs: list[int], ids: list[int], budget: int, mbs: int, window: int,
-                    shortest: int) -> tuple[list[list[int]], list[list[int]]]:
+def _first_fit_loop(
+    xs: list[int], ids: list[int], budget: int, mbs: int, window: int, shortest: int
+) -> tuple[list[list[int]], list[list[int]]]:
     """The pure first-fit pass of :func:`first_fit_rows`: (closed rows in closing order, open rows)."""
     rows: list[list[int]] = []
     rem: list[int] = []  # free tokens of each open row
@@ -363,8 +371,9 @@ def _first_fit_loop(xs: list[int], ids: list[int], budget: int, mbs: int, window
     return rows, members
 
 
-def _first_fit_decreasing(members: list[int], *, xs_of: dict[int, int], token_budget: int,
-                          max_batch_size: int) -> list[list[int]]:
+def _first_fit_decreasing(
+    members: list[int], *, xs_of: dict[int, int], token_budget: int, max_batch_size: int
+) -> list[list[int]]:
     """First-fit decreasing of a few sequences (the rows still open at the epoch's end)."""
     rest = sorted(members, key=lambda i: (-xs_of[i], i))
     tail: list[list[int]] = []

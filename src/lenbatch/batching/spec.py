@@ -35,8 +35,11 @@ def check_int(name: str, value: Any, *, minimum: int) -> int:
     """``value`` as an int >= ``minimum``; ``ValueError`` naming ``name`` for None, bools, floats
     (16384.5 and 16384.0 alike: a budget is a count of tokens), generators and the like."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        hint = (" (a seed is an int; a numpy Generator or None cannot be resumed or shared across ranks)"
-                if name == "seed" else "")
+        hint = (
+            " (a seed is an int; a numpy Generator or None cannot be resumed or shared across ranks)"
+            if name == "seed"
+            else ""
+        )
         raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__}){hint}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
@@ -47,8 +50,10 @@ def _check_layout(layout: Any) -> str:
     if isinstance(layout, Strategy):
         return layout.layout
     if layout not in LAYOUTS:
-        raise ValueError(f"layout {layout!r} unknown; pass one of {list(LAYOUTS)} or the lenbatch.Strategy "
-                         "whose batches these are (its .layout)")
+        raise ValueError(
+            f"layout {layout!r} unknown; pass one of {list(LAYOUTS)} or the lenbatch.Strategy "
+            "whose batches these are (its .layout)"
+        )
     return layout
 
 
@@ -104,8 +109,10 @@ class BatchSpec:
         longest = int(x.max())
         if longest > self.token_budget:
             n_over = int(np.count_nonzero(x > self.token_budget))
-            raise ValueError(f"{n_over} sample(s) are longer than token_budget={self.token_budget} (longest "
-                             f"{longest} tokens); raise token_budget or truncate those samples")
+            raise ValueError(
+                f"{n_over} sample(s) are longer than token_budget={self.token_budget} (longest "
+                f"{longest} tokens); raise token_budget or truncate those samples"
+            )
         if strategy is not None:
             strategy.check_lengths(x)
 
@@ -119,10 +126,15 @@ class BatchSpec:
         h = hashlib.sha256()
         step = 1 << 20  # the int64 bytes a block at a time: the same digest, no n-sized int64 copy
         for a in range(0, x.size, step):
-            h.update(np.ascontiguousarray(x[a:a + step], dtype="<i8"))
-        fp: dict[str, Any] = {"strategy": strategy.name, "token_budget": self.token_budget,
-                              "max_batch_size": self.max_batch_size, "seed": self.seed, "edges": strategy.edges,
-                              "packed_window": self.packed_window}
+            h.update(np.ascontiguousarray(x[a : a + step], dtype="<i8"))
+        fp: dict[str, Any] = {
+            "strategy": strategy.name,
+            "token_budget": self.token_budget,
+            "max_batch_size": self.max_batch_size,
+            "seed": self.seed,
+            "edges": strategy.edges,
+            "packed_window": self.packed_window,
+        }
         if self.min_batches:
             fp["min_batches"] = self.min_batches
         h.update(json.dumps(fp, sort_keys=True).encode())
@@ -131,8 +143,13 @@ class BatchSpec:
 
 # The public functions' defaults for the batching keywords: a keyword left at its default counts as not
 # given beside ``spec=`` (seed=0 with a spec is the spec's seed, not a conflict).
-KEYWORD_DEFAULTS: dict[str, Any] = {"token_budget": None, "max_batch_size": None, "seed": 0, "packed_window": 8,
-                                    "min_batches": 0}
+KEYWORD_DEFAULTS: dict[str, Any] = {
+    "token_budget": None,
+    "max_batch_size": None,
+    "seed": 0,
+    "packed_window": 8,
+    "min_batches": 0,
+}
 
 
 def refuse_both(spec: Any, **keywords: Any) -> None:
@@ -143,11 +160,15 @@ def refuse_both(spec: Any, **keywords: Any) -> None:
         return
     if not isinstance(spec, BatchSpec):
         raise ValueError(f"spec must be a lenbatch.BatchSpec, got {type(spec).__name__}")
-    given = sorted(k for k, v in keywords.items()
-                   if v is not None and (KEYWORD_DEFAULTS.get(k) is None or v != KEYWORD_DEFAULTS[k]))
+    given = sorted(
+        k
+        for k, v in keywords.items()
+        if v is not None and (KEYWORD_DEFAULTS.get(k) is None or v != KEYWORD_DEFAULTS[k])
+    )
     if given:
-        raise ValueError(f"pass either spec= or the batching arguments, not both (got spec= and {given}); "
-                         "put them in the BatchSpec")
+        raise ValueError(
+            f"pass either spec= or the batching arguments, not both (got spec= and {given}); put them in the BatchSpec"
+        )
 
 
 def spec_or_keywords(spec: "BatchSpec | None", **keywords: Any) -> BatchSpec:

@@ -9,9 +9,17 @@ from typing import Any
 STATE_VERSION = 1
 
 
-def sampler_state(*, epoch: int, position: int, world_size: int, rank: int, fingerprint: str,
-                  strategy: str) -> dict[str, Any]:
+def sampler_state(
+    *, epoch: int, position: int, world_size: int, rank: int, fingerprint: str, strategy: str
+) -> dict[str, Any]:
     """The resumable state of a sampler that has handed out ``position`` batches of ``epoch``
     (:meth:`lenbatch.LengthBatchSampler.state_dict`)."""
-    return {"version": STATE_VERSION, "epoch": int(epoch), "position": int(position), "world_size": int(world_size),
-            "rank": int(rank), "fingerprint": fingerprint, "strategy": strategy}
+    return {
+        "version": STATE_VERSION,
+        "epoch": int(epoch),
+        "position": int(position),
+        "world_size": int(world_size),
+        "rank": int(rank),
+        "fingerprint": fingerprint,
+        "strategy": strategy,
+    }

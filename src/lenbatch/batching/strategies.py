@@ -40,13 +40,33 @@ from lenbatch.batching.cost import Cost, CostLimit, cost_limit, first_fit_costed
 from lenbatch.batching.epoch import EpochBatches, Plan, assign_ranks, rank_plan, split_to_multiple
 from lenbatch.batching.lengths import check_lengths
 from lenbatch.batching.padding import sorted_greedy_starts
-from lenbatch.batching.scan import (first_fit_rows, greedy_batches, histogram_too_wide, kernels, permutation,
-                                   segment_sums, shuffle, stable_order, take, torch_randperm, value_counts)
+from lenbatch.batching.scan import (
+    first_fit_rows,
+    greedy_batches,
+    histogram_too_wide,
+    kernels,
+    permutation,
+    segment_sums,
+    shuffle,
+    stable_order,
+    take,
+    torch_randperm,
+    value_counts,
+)
 from lenbatch.batching.strategy import STRATEGIES, Strategy
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 
-__all__ = ["Plan", "check_plan", "named_strategy", "plan_epoch", "plan_epoch_all", "equal_epoch_batches", "resolve_rank",
-           "sortish_order", "validate"]
+__all__ = [
+    "Plan",
+    "check_plan",
+    "named_strategy",
+    "plan_epoch",
+    "plan_epoch_all",
+    "equal_epoch_batches",
+    "resolve_rank",
+    "sortish_order",
+    "validate",
+]
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -65,21 +85,31 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
         else:
             env = os.environ.get("WORLD_SIZE", "").strip()
             if env.isdigit() and int(env) > 1:
-                raise ValueError(f"WORLD_SIZE={env} is set but torch.distributed is not initialised, so this "
-                                 "process cannot know its rank; call torch.distributed.init_process_group() "
-                                 "before building the sampler/plan, or pass rank= and world_size= explicitly")
+                raise ValueError(
+                    f"WORLD_SIZE={env} is set but torch.distributed is not initialised, so this "
+                    "process cannot know its rank; call torch.distributed.init_process_group() "
+                    "before building the sampler/plan, or pass rank= and world_size= explicitly"
+                )
             rank = 0 if rank is None else rank
             world_size = 1 if world_size is None else world_size
     world_size = check_int("world_size", world_size, minimum=1)
     rank = check_int("rank", rank, minimum=0)
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} must be in 0..{world_size - 1} (world_size {world_size}); "
-                         "pass the rank of this process")
+        raise ValueError(
+            f"rank {rank} must be in 0..{world_size - 1} (world_size {world_size}); pass the rank of this process"
+        )
     return int(rank), int(world_size)
 
 
-def validate(lengths: Any, *, strategy: "str | Strategy", token_budget: int, max_batch_size: int, edges: Any = None,
-             packed_window: int = 8) -> tuple[np.ndarray, np.ndarray | None]:
+def validate(
+    lengths: Any,
+    *,
+    strategy: "str | Strategy",
+    token_budget: int,
+    max_batch_size: int,
+    edges: Any = None,
+    packed_window: int = 8,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Checked lengths (int64) and edges; ``ValueError`` naming the setting and the fix."""
     s = Strategy.of(strategy, edges)
     spec = BatchSpec(token_budget=token_budget, max_batch_size=max_batch_size, packed_window=packed_window)
@@ -252,16 +282,28 @@ def _packed(x, rng, spec, strategy, limit=None):
     # whose free space is below the shortest length is closed at once
     order = permutation(rng, x.size)
     if limit is not None and limit.effective is not None:  # and below the cost budget (pure Python)
-        rows, tail = first_fit_costed(order, x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
-                                      window=spec.packed_window, shortest=int(x.min()), limit=limit)
+        rows, tail = first_fit_costed(
+            order,
+            x,
+            token_budget=spec.token_budget,
+            max_batch_size=spec.max_batch_size,
+            window=spec.packed_window,
+            shortest=int(x.min()),
+            limit=limit,
+        )
         rows += tail
         sizes = np.asarray([len(r) for r in rows], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         members = np.asarray([i for r in rows for i in r], dtype=order.dtype)
         return EpochBatches(members, offsets[:-1], offsets[1:], segment_sums(take(x, members), offsets[:-1]))
-    members, offsets, lengths = first_fit_rows(order, x, token_budget=spec.token_budget,
-                                               max_batch_size=spec.max_batch_size, window=spec.packed_window,
-                                               shortest=int(x.min()))
+    members, offsets, lengths = first_fit_rows(
+        order,
+        x,
+        token_budget=spec.token_budget,
+        max_batch_size=spec.max_batch_size,
+        window=spec.packed_window,
+        shortest=int(x.min()),
+    )
     del order
     cost = segment_sums(lengths, offsets[:-1])
     return EpochBatches(members, offsets[:-1], offsets[1:], cost)
@@ -277,10 +319,22 @@ _FUNCS = {"sorted": _sorted, "random": _random, "bucketed": _bucketed, "sortish"
 assert tuple(_FUNCS) == STRATEGIES, "every strategy of lenbatch.batching.strategy.STRATEGIES has a planner"
 
 
-def plan_epoch_all(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, seed: int = 0, token_budget: int | None = None,
-                   max_batch_size: int | None = None, edges: Any = None, world_size: int = 1,
-                   packed_window: int = 8, min_batches: int = 0, spec: BatchSpec | None = None,
-                   cost: Cost | None = None, cost_budget: float | None = None) -> list[Plan]:
+def plan_epoch_all(
+    lengths: Any,
+    *,
+    strategy: "str | Strategy",
+    epoch: int = 0,
+    seed: int = 0,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    edges: Any = None,
+    world_size: int = 1,
+    packed_window: int = 8,
+    min_batches: int = 0,
+    spec: BatchSpec | None = None,
+    cost: Cost | None = None,
+    cost_budget: float | None = None,
+) -> list[Plan]:
     """Every rank's batches for one epoch: ``out[r]`` is rank r's list of int64 index arrays, in order.
 
     The batching values come as keyword arguments or whole as ``spec=`` (a :class:`lenbatch.BatchSpec`).
@@ -293,15 +347,30 @@ def plan_epoch_all(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, 
     (:mod:`lenbatch.batching.cost`).
     """
     strategy = named_strategy(strategy, edges)
-    spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                            packed_window=packed_window, min_batches=min_batches)
-    eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size, cost=cost,
-                              cost_budget=cost_budget)
+    spec = spec_or_keywords(
+        spec,
+        token_budget=token_budget,
+        max_batch_size=max_batch_size,
+        seed=seed,
+        packed_window=packed_window,
+        min_batches=min_batches,
+    )
+    eb, ranks = epoch_batches(
+        lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size, cost=cost, cost_budget=cost_budget
+    )
     return [rank_plan(eb, pos, strategy.name) for pos in ranks]
 
 
-def epoch_batches(lengths: Any, *, strategy: "str | Strategy", spec: BatchSpec, epoch: int, world_size: int,
-                  cost: Cost | None = None, cost_budget: float | None = None) -> tuple[EpochBatches, list[np.ndarray]]:
+def epoch_batches(
+    lengths: Any,
+    *,
+    strategy: "str | Strategy",
+    spec: BatchSpec,
+    epoch: int,
+    world_size: int,
+    cost: Cost | None = None,
+    cost_budget: float | None = None,
+) -> tuple[EpochBatches, list[np.ndarray]]:
     """The epoch's batches (compact) and, per rank, the positions of its batches in step order.
     O(N) with numba (``lenbatch[fast]``) for every strategy but ``sortish`` (torch's randperm) and
     the Python scans without it; memory O(N) in int32/uint16 (see benchmarks/bench_plans.py). A name
@@ -311,8 +380,9 @@ def epoch_batches(lengths: Any, *, strategy: "str | Strategy", spec: BatchSpec, 
     world_size = check_int("world_size", world_size, minimum=1)
     epoch = check_int("epoch", epoch, minimum=0)
     rng = np.random.default_rng(spec.seed + epoch)
-    limit = cost_limit(x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size, cost=cost,
-                       cost_budget=cost_budget)
+    limit = cost_limit(
+        x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size, cost=cost, cost_budget=cost_budget
+    )
     plan, packed = _FUNCS[strategy.name], strategy.packed
     if limit is None:
         eb = plan(x, rng, spec, strategy)
@@ -335,10 +405,23 @@ def _priced(eb: EpochBatches, x: np.ndarray, cost: Cost, packed: bool) -> EpochB
     return EpochBatches(eb.flat, eb.start, eb.end, priced)
 
 
-def plan_epoch(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, seed: int = 0, token_budget: int | None = None,
-               max_batch_size: int | None = None, edges: Any = None, rank: int | None = None,
-               world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
-               spec: BatchSpec | None = None, cost: Cost | None = None, cost_budget: float | None = None) -> Plan:
+def plan_epoch(
+    lengths: Any,
+    *,
+    strategy: "str | Strategy",
+    epoch: int = 0,
+    seed: int = 0,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    edges: Any = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    packed_window: int = 8,
+    min_batches: int = 0,
+    spec: BatchSpec | None = None,
+    cost: Cost | None = None,
+    cost_budget: float | None = None,
+) -> Plan:
     """This rank's batches for one epoch (list of int64 index arrays, in order). See the module doc.
 
     ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
@@ -349,24 +432,54 @@ def plan_epoch(lengths: Any, *, strategy: "str | Strategy", epoch: int = 0, seed
     """
     strategy = named_strategy(strategy, edges)
     rank, world_size = resolve_rank(rank, world_size)
-    spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                            packed_window=packed_window, min_batches=min_batches)
-    eb, ranks = epoch_batches(lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size, cost=cost,
-                              cost_budget=cost_budget)
+    spec = spec_or_keywords(
+        spec,
+        token_budget=token_budget,
+        max_batch_size=max_batch_size,
+        seed=seed,
+        packed_window=packed_window,
+        min_batches=min_batches,
+    )
+    eb, ranks = epoch_batches(
+        lengths, strategy=strategy, spec=spec, epoch=epoch, world_size=world_size, cost=cost, cost_budget=cost_budget
+    )
     return rank_plan(eb, ranks[rank], strategy.name)  # only this rank's batches are gathered
 
 
-def equal_epoch_batches(lengths: Any, *, epochs: int, strategy: "str | Strategy", seed: int = 0, token_budget: int | None = None,
-                        max_batch_size: int | None = None, edges: Any = None, world_size: int = 1,
-                        packed_window: int = 8, spec: BatchSpec | None = None, cost: Cost | None = None,
-                        cost_budget: float | None = None) -> int:
+def equal_epoch_batches(
+    lengths: Any,
+    *,
+    epochs: int,
+    strategy: "str | Strategy",
+    seed: int = 0,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    edges: Any = None,
+    world_size: int = 1,
+    packed_window: int = 8,
+    spec: BatchSpec | None = None,
+    cost: Cost | None = None,
+    cost_budget: float | None = None,
+) -> int:
     """The ``min_batches`` that gives epochs 0..epochs-1 the same number of batches: the most any of
     them plans (over all ranks, a multiple of ``world_size``). Strategies other than ``sorted`` plan
     a different count each epoch (greedy packing of a new order). Cost: ``epochs`` plans."""
     epochs = check_int("epochs", epochs, minimum=1)
     strategy = named_strategy(strategy, edges)
-    spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                            packed_window=packed_window)
-    return max(len(epoch_batches(lengths, strategy=strategy, spec=spec, epoch=e, world_size=world_size, cost=cost,
-                                 cost_budget=cost_budget)[0])
-               for e in range(epochs))  # every rank's batches counted, none gathered
+    spec = spec_or_keywords(
+        spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed, packed_window=packed_window
+    )
+    return max(
+        len(
+            epoch_batches(
+                lengths,
+                strategy=strategy,
+                spec=spec,
+                epoch=e,
+                world_size=world_size,
+                cost=cost,
+                cost_budget=cost_budget,
+            )[0]
+        )
+        for e in range(epochs)
+    )  # every rank's batches counted, none gathered

@@ -23,8 +23,13 @@ import numpy as np
 
 LAYOUTS = ("padded", "packed")
 # The one list of strategies, each with the layout of its batches.
-STRATEGY_LAYOUTS: dict[str, str] = {"sorted": "padded", "random": "padded", "bucketed": "padded",
-                                    "sortish": "padded", "packed": "packed"}
+STRATEGY_LAYOUTS: dict[str, str] = {
+    "sorted": "padded",
+    "random": "padded",
+    "bucketed": "padded",
+    "sortish": "padded",
+    "packed": "packed",
+}
 STRATEGIES: tuple[str, ...] = tuple(STRATEGY_LAYOUTS)
 WITH_EDGES = ("bucketed",)  # the strategies that plan with bucket edges
 
@@ -49,8 +54,10 @@ def edges_tuple(edges: Any) -> tuple[int, ...] | None:
         return None
     e = np.asarray(edges)
     if e.ndim != 1 or e.size < 2:
-        raise ValueError(f"edges must be a list of at least 2 bucket edges, got {edges!r}; "
-                         "pass K+1 increasing ints (Boundaries.edges)")
+        raise ValueError(
+            f"edges must be a list of at least 2 bucket edges, got {edges!r}; "
+            "pass K+1 increasing ints (Boundaries.edges)"
+        )
     if not np.issubdtype(e.dtype, np.integer):
         if not (np.issubdtype(e.dtype, np.number) and np.all(np.isfinite(e)) and np.all(e == np.round(e))):
             raise ValueError(f"edges must be integers (tokens), got {edges!r}")
@@ -58,7 +65,9 @@ def edges_tuple(edges: Any) -> tuple[int, ...] | None:
     if np.any(np.diff(e) <= 0):
         raise ValueError(f"edges {e.tolist()} must be strictly increasing; sort them and remove duplicates")
     if e[0] < 0:
-        raise ValueError(f"edges {e.tolist()} start below 0 tokens; bucket edges are lengths (tokens >= 0), so start at 0")
+        raise ValueError(
+            f"edges {e.tolist()} start below 0 tokens; bucket edges are lengths (tokens >= 0), so start at 0"
+        )
     return tuple(int(v) for v in e)
 
 
@@ -84,11 +93,14 @@ class Strategy:
         check_strategy(self.name)
         object.__setattr__(self, "edges", edges_tuple(self.edges))  # frozen: normalised once, here
         if self.name in WITH_EDGES and self.edges is None:
-            raise ValueError(f"strategy {self.name!r} needs edges (bucket boundaries in tokens); pass "
-                             "edges=lenbatch.optimize_boundaries(lengths, ...).edges")
+            raise ValueError(
+                f"strategy {self.name!r} needs edges (bucket boundaries in tokens); pass "
+                "edges=lenbatch.optimize_boundaries(lengths, ...).edges"
+            )
         if self.name not in WITH_EDGES and self.edges is not None:
-            raise ValueError(f"edges are only used by strategy 'bucketed', not {self.name!r}; drop edges= or use "
-                             "strategy='bucketed'")
+            raise ValueError(
+                f"edges are only used by strategy 'bucketed', not {self.name!r}; drop edges= or use strategy='bucketed'"
+            )
 
     @property
     def layout(self) -> str:
@@ -107,8 +119,10 @@ class Strategy:
             return
         lo, hi = int(x.min()), int(x.max())
         if self.edges[0] > lo or self.edges[-1] <= hi:
-            raise ValueError(f"edges {list(self.edges)} do not cover the lengths {lo}..{hi}: need edges[0] <= min "
-                             "and edges[-1] > max; recompute boundaries for these lengths")
+            raise ValueError(
+                f"edges {list(self.edges)} do not cover the lengths {lo}..{hi}: need edges[0] <= min "
+                "and edges[-1] > max; recompute boundaries for these lengths"
+            )
 
     @classmethod
     def of(cls, strategy: "str | Strategy", edges: Any = None) -> "Strategy":
@@ -116,8 +130,10 @@ class Strategy:
         ``edges`` must be None: a strategy carries its own; ``ValueError`` naming the fix otherwise)."""
         if isinstance(strategy, Strategy):
             if edges is not None:
-                raise ValueError(f"{strategy!r} carries its own edges and edges= was given too; pass the edges "
-                                 "once: drop edges=, or pass strategy=Strategy.name with edges=")
+                raise ValueError(
+                    f"{strategy!r} carries its own edges and edges= was given too; pass the edges "
+                    "once: drop edges=, or pass strategy=Strategy.name with edges="
+                )
             return strategy
         return cls(strategy, edges)
 
@@ -128,5 +144,14 @@ class Strategy:
         return cls(name, kept_edges(name, edges))
 
 
-__all__ = ["LAYOUTS", "STRATEGIES", "STRATEGY_LAYOUTS", "Strategy", "WITH_EDGES", "check_strategy", "edges_tuple",
-           "kept_edges", "layout_of"]
+__all__ = [
+    "LAYOUTS",
+    "STRATEGIES",
+    "STRATEGY_LAYOUTS",
+    "Strategy",
+    "WITH_EDGES",
+    "check_strategy",
+    "edges_tuple",
+    "kept_edges",
+    "layout_of",
+]

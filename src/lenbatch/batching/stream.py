@@ -70,9 +70,11 @@ BALANCE_STEPS = 32  # steps released together and balanced by cost when a Cost i
 def check_stream_strategy(strategy: str) -> str:
     """``strategy`` if a stream can be planned with it; ``ValueError`` with the reason otherwise."""
     if strategy == "sorted":
-        raise ValueError("strategy 'sorted' needs every length before the first batch (it sorts the whole "
-                         "epoch), which a stream cannot give; use 'sortish' (sorts within megabatches of the "
-                         "buffer) or 'bucketed', or plan in memory with lenbatch.plan_epoch")
+        raise ValueError(
+            "strategy 'sorted' needs every length before the first batch (it sorts the whole "
+            "epoch), which a stream cannot give; use 'sortish' (sorts within megabatches of the "
+            "buffer) or 'bucketed', or plan in memory with lenbatch.plan_epoch"
+        )
     if strategy not in STREAM_STRATEGIES:
         raise ValueError(f"strategy {strategy!r} unknown for a stream; choose one of {list(STREAM_STRATEGIES)}")
     return strategy
@@ -98,15 +100,30 @@ class StreamPlanner:
     batches, a batch a list of stream positions (0-based). ``ValueError`` naming the setting and the fix
     for a length over the budget or outside the edges."""
 
-    def __init__(self, *, strategy: "str | Strategy", spec: BatchSpec, buffer_size: int, edges: Any = None,
-                 epoch: int = 0, world_size: int = 1, num_buckets: int = 6, cost: Cost | None = None,
-                 cost_budget: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        strategy: "str | Strategy",
+        spec: BatchSpec,
+        buffer_size: int,
+        edges: Any = None,
+        epoch: int = 0,
+        world_size: int = 1,
+        num_buckets: int = 6,
+        cost: Cost | None = None,
+        cost_budget: float | None = None,
+    ) -> None:
         strategy, edges = stream_strategy(strategy, edges)
         self.strategy = strategy
         self.packed = layout_of(strategy) == "packed"
         # validated as the in-memory planner does (a length of 1 stands in for the stream's, unknown yet)
-        cost_limit(np.ones(1, dtype=np.int64), token_budget=spec.token_budget, max_batch_size=spec.max_batch_size,
-                   cost=cost, cost_budget=cost_budget)
+        cost_limit(
+            np.ones(1, dtype=np.int64),
+            token_budget=spec.token_budget,
+            max_batch_size=spec.max_batch_size,
+            cost=cost,
+            cost_budget=cost_budget,
+        )
         self.cost = cost
         self.cost_budget = None if cost_budget is None else float(cost_budget)
         self._a = 0.0 if cost is None else cost.per_token
@@ -141,12 +158,16 @@ class StreamPlanner:
         """Read one sample of ``length`` tokens (the next stream position)."""
         L = int(length)
         if not 1 <= L <= self.spec.token_budget:
-            raise ValueError(f"sample {self.read} of the stream has {L} tokens, outside 1..token_budget="
-                             f"{self.spec.token_budget}; raise token_budget, or truncate or drop such samples "
-                             "before the batcher (a stream cannot hold a sample back to split it)")
+            raise ValueError(
+                f"sample {self.read} of the stream has {L} tokens, outside 1..token_budget="
+                f"{self.spec.token_budget}; raise token_budget, or truncate or drop such samples "
+                "before the batcher (a stream cannot hold a sample back to split it)"
+            )
         if self.cost_budget is not None and self._a * L + self._b * L * L > self.cost_budget:
-            raise ValueError(f"sample {self.read} of the stream has {L} tokens and alone costs more than cost_budget="
-                             f"{self.cost_budget:g}; raise cost_budget, or truncate or drop such samples")
+            raise ValueError(
+                f"sample {self.read} of the stream has {L} tokens and alone costs more than cost_budget="
+                f"{self.cost_budget:g}; raise cost_budget, or truncate or drop such samples"
+            )
         pos = self.read
         self.read = pos + 1
         self.hash = (self.hash * 1_000_003 + L) % HASH_MOD
@@ -198,9 +219,12 @@ class StreamPlanner:
         k = max(1, min(self.num_buckets, np.unique(x).size))
         # 64 candidate edges instead of the default 290: 0.1 s instead of 1.2 s per pass on a buffer of a few
         # thousand, at a predicted efficiency 0.1 point lower (chat-like lengths)
-        b = optimize_boundaries(x, k, num_candidates=EDGE_CANDIDATES,
-                                spec=BatchSpec(token_budget=self.spec.token_budget,
-                                               max_batch_size=self.spec.max_batch_size))
+        b = optimize_boundaries(
+            x,
+            k,
+            num_candidates=EDGE_CANDIDATES,
+            spec=BatchSpec(token_budget=self.spec.token_budget, max_batch_size=self.spec.max_batch_size),
+        )
         self.edges = (*b.edges[:-1], self.spec.token_budget + 1)
         self._open = [[[], [], 0] for _ in range(len(self.edges) - 1)]
 
@@ -211,9 +235,11 @@ class StreamPlanner:
         elif s == "bucketed":
             e = self.edges
             if L < e[0] or L >= e[-1]:
-                raise ValueError(f"sample {p} of the stream has {L} tokens, outside the edges {list(e)}; give "
-                                 f"edges from 0 to above the longest sample (e.g. ending at token_budget + 1 = "
-                                 f"{self.spec.token_budget + 1})")
+                raise ValueError(
+                    f"sample {p} of the stream has {L} tokens, outside the edges {list(e)}; give "
+                    f"edges from 0 to above the longest sample (e.g. ending at token_budget + 1 = "
+                    f"{self.spec.token_budget + 1})"
+                )
             self._greedy(bisect.bisect_right(e, L) - 1, p, L)
         elif s == "sortish":
             mp, ml = self._mega
@@ -229,8 +255,11 @@ class StreamPlanner:
         pos = ob[0]
         m = ob[2]
         mm = L if L > m else m
-        if len(pos) < self.spec.max_batch_size and (len(pos) + 1) * mm <= self.spec.token_budget and (
-                self.cost_budget is None or (len(pos) + 1) * (self._a * mm + self._b * mm * mm) <= self.cost_budget):
+        if (
+            len(pos) < self.spec.max_batch_size
+            and (len(pos) + 1) * mm <= self.spec.token_budget
+            and (self.cost_budget is None or (len(pos) + 1) * (self._a * mm + self._b * mm * mm) <= self.cost_budget)
+        ):
             pos.append(p)
             ob[1].append(L)
             ob[2] = mm
@@ -287,8 +316,9 @@ class StreamPlanner:
             xs = {p: L for row in self._open for p, L in zip(row[0], row[1])}
             self._open = []
             if self.cost_budget is None:
-                tail = _first_fit_decreasing(members, xs_of=xs, token_budget=self.spec.token_budget,
-                                             max_batch_size=self.spec.max_batch_size)
+                tail = _first_fit_decreasing(
+                    members, xs_of=xs, token_budget=self.spec.token_budget, max_batch_size=self.spec.max_batch_size
+                )
             else:  # first-fit decreasing under both budgets (the in-memory planner's tail rule)
                 tail, free, free_cost = [], [], []
                 for p in sorted(members, key=lambda q: (-xs[q], q)):
@@ -342,7 +372,7 @@ class StreamPlanner:
             costs = [self._batch_cost(lens) for _, lens in batches]
             batches = [batches[i] for i in sorted(range(len(batches)), key=lambda i: -costs[i])]
         for i in range(0, len(batches), w):
-            self._release([pos for pos, _ in batches[i:i + w]])
+            self._release([pos for pos, _ in batches[i : i + w]])
 
     def _release(self, step: list[list[int]]) -> None:
         self._steps.append(step)
@@ -365,22 +395,45 @@ class StreamPlanner:
             try:
                 eb = split_to_multiple(EpochBatches(np.arange(lens.size), start, end, cost), lens, w, packed)
             except ValueError:
-                raise ValueError(f"world_size={w} needs {len(pending) + (-len(pending)) % w} batches at the end "
-                                 f"of the stream but its last batches hold only {lens.size} samples; use fewer "
-                                 "ranks or more data") from None
-            pending = [(pos[eb.flat[s:e]].tolist(), lens[eb.flat[s:e]].tolist())
-                       for s, e in zip(eb.start.tolist(), eb.end.tolist())]
+                raise ValueError(
+                    f"world_size={w} needs {len(pending) + (-len(pending)) % w} batches at the end "
+                    f"of the stream but its last batches hold only {lens.size} samples; use fewer "
+                    "ranks or more data"
+                ) from None
+            pending = [
+                (pos[eb.flat[s:e]].tolist(), lens[eb.flat[s:e]].tolist())
+                for s, e in zip(eb.start.tolist(), eb.end.tolist())
+            ]
         self._release_group(pending)
 
 
-def plan_stream(lengths: Any, *, strategy: "str | Strategy", spec: BatchSpec, buffer_size: int, edges: Any = None,
-                epoch: int = 0, world_size: int = 1, num_buckets: int = 6, cost: Cost | None = None,
-                cost_budget: float | None = None) -> list[list[np.ndarray]]:
+def plan_stream(
+    lengths: Any,
+    *,
+    strategy: "str | Strategy",
+    spec: BatchSpec,
+    buffer_size: int,
+    edges: Any = None,
+    epoch: int = 0,
+    world_size: int = 1,
+    num_buckets: int = 6,
+    cost: Cost | None = None,
+    cost_budget: float | None = None,
+) -> list[list[np.ndarray]]:
     """Every rank's batches of one pass over a stream with these ``lengths`` (in stream order): ``out[r]``
     is rank r's list of int64 position arrays, in order. The same batches as :class:`StreamPlanner`
     (and :class:`lenbatch.StreamingBatcher`) give; for tests and benchmarks. Cost: see the module doc."""
-    planner = StreamPlanner(strategy=strategy, spec=spec, buffer_size=buffer_size, edges=edges, epoch=epoch,
-                            world_size=world_size, num_buckets=num_buckets, cost=cost, cost_budget=cost_budget)
+    planner = StreamPlanner(
+        strategy=strategy,
+        spec=spec,
+        buffer_size=buffer_size,
+        edges=edges,
+        epoch=epoch,
+        world_size=world_size,
+        num_buckets=num_buckets,
+        cost=cost,
+        cost_budget=cost_budget,
+    )
     push = planner.push
     for L in np.asarray(lengths).tolist():
         push(L)

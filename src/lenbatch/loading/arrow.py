@@ -41,10 +41,16 @@ def lengths_of(data: Any, *, column: str = "input_ids") -> np.ndarray:
         lengths = _lengths_of_array(data, column)
     else:
         kind = type(data).__name__
-        hint = (" (an IterableDataset has no random access: its lengths need a pass over the data; load it as a "
-                "datasets.Dataset)" if "Iterable" in kind else "")
-        raise ValueError(f"lengths_of takes a datasets.Dataset, a save_to_disk folder, a Parquet file or a pyarrow "
-                         f"Table/ChunkedArray/list array, got {kind}{hint}")
+        hint = (
+            " (an IterableDataset has no random access: its lengths need a pass over the data; load it as a "
+            "datasets.Dataset)"
+            if "Iterable" in kind
+            else ""
+        )
+        raise ValueError(
+            f"lengths_of takes a datasets.Dataset, a save_to_disk folder, a Parquet file or a pyarrow "
+            f"Table/ChunkedArray/list array, got {kind}{hint}"
+        )
     return check_row_lengths(lengths, column=column)
 
 
@@ -55,8 +61,10 @@ def check_row_lengths(lengths: np.ndarray, *, column: str) -> np.ndarray:
         raise ValueError(f"column {column!r} has no rows; give at least one sample")
     empty = np.flatnonzero(x <= 0)
     if empty.size:
-        raise ValueError(f"column {column!r} has {empty.size} empty row(s) (length 0; first at row {int(empty[0])}); "
-                         f"drop them before batching, e.g. dataset.filter(lambda r: len(r[{column!r}]) > 0)")
+        raise ValueError(
+            f"column {column!r} has {empty.size} empty row(s) (length 0; first at row {int(empty[0])}); "
+            f"drop them before batching, e.g. dataset.filter(lambda r: len(r[{column!r}]) > 0)"
+        )
     return x
 
 
@@ -75,8 +83,9 @@ def _column(table: Any, column: str) -> Any:
 def _lengths_of_hf(ds: Any, column: str) -> np.ndarray:
     """A ``datasets.Dataset``: lengths of its (memory-mapped) table, in the dataset's row order."""
     if column not in ds.column_names:
-        raise ValueError(f"no column {column!r} to take lengths from; the dataset's columns are "
-                         f"{ds.column_names}; pass column=")
+        raise ValueError(
+            f"no column {column!r} to take lengths from; the dataset's columns are {ds.column_names}; pass column="
+        )
     table = ds.data.table if hasattr(ds.data, "table") else ds.data
     lengths = _lengths_of_array(table.column(column), column)
     indices = getattr(ds, "_indices", None)  # .select/.shuffle/.filter keep the table and map rows through this
@@ -103,24 +112,29 @@ def _lengths_of_array(arr: Any, column: str) -> np.ndarray:
     chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
     nulls = sum(c.null_count for c in chunks)
     if nulls:
-        raise ValueError(f"column {column!r} has {nulls} null row(s); a null is not a sample: drop or fill them "
-                         f"(e.g. dataset.filter(lambda r: r[{column!r}] is not None))")
+        raise ValueError(
+            f"column {column!r} has {nulls} null row(s); a null is not a sample: drop or fill them "
+            f"(e.g. dataset.filter(lambda r: r[{column!r}] is not None))"
+        )
     typ = arr.type
     parts = []
     for c in chunks:
         if pt.is_list(typ) or pt.is_large_list(typ):
             off = c.offsets.to_numpy()  # len(c) + 1 offsets, the slice's own
             parts.append(np.diff(off))
-        elif getattr(pt, "is_list_view", lambda t: False)(typ) or getattr(pt, "is_large_list_view",
-                                                                          lambda t: False)(typ):
+        elif getattr(pt, "is_list_view", lambda t: False)(typ) or getattr(pt, "is_large_list_view", lambda t: False)(
+            typ
+        ):
             parts.append(c.sizes.to_numpy())
         elif pt.is_fixed_size_list(typ):
             parts.append(np.full(len(c), typ.list_size, dtype=np.int64))
         elif pt.is_integer(typ):
             parts.append(c.to_numpy())
         else:
-            raise ValueError(f"column {column!r} has type {typ}, not a list of tokens (or integer lengths); pass "
-                             "the token-id column as column=")
+            raise ValueError(
+                f"column {column!r} has type {typ}, not a list of tokens (or integer lengths); pass "
+                "the token-id column as column="
+            )
     if not parts:
         return np.zeros(0, dtype=np.int64)
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -130,12 +144,16 @@ def arrow_dir_files(path: Path) -> list[Path]:
     """The Arrow files of a ``datasets.save_to_disk`` folder, in order (from its ``state.json``)."""
     if (path / "dataset_dict.json").exists():
         splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
-        raise ValueError(f"{path} holds a DatasetDict (splits {splits}); pass one split's folder, e.g. "
-                         f"{path / (splits[0] if splits else 'train')}")
+        raise ValueError(
+            f"{path} holds a DatasetDict (splits {splits}); pass one split's folder, e.g. "
+            f"{path / (splits[0] if splits else 'train')}"
+        )
     state = path / "state.json"
     if not state.exists():
-        raise ValueError(f"{path} is not a datasets.save_to_disk folder (no state.json); pass a Dataset, a Parquet "
-                         "file or a pyarrow table")
+        raise ValueError(
+            f"{path} is not a datasets.save_to_disk folder (no state.json); pass a Dataset, a Parquet "
+            "file or a pyarrow table"
+        )
     files = [path / f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
     if not files:
         raise ValueError(f"{path}/state.json lists no data files; the folder is incomplete")
@@ -157,8 +175,9 @@ def _lengths_of_path(path: Path, column: str) -> np.ndarray:
     if not path.exists():
         raise ValueError(f"{path} does not exist; pass a save_to_disk folder, a Parquet file or a Dataset")
     if path.is_dir():
-        return np.concatenate([_lengths_of_array(_column(open_arrow_file(f), column), column)
-                               for f in arrow_dir_files(path)])
+        return np.concatenate(
+            [_lengths_of_array(_column(open_arrow_file(f), column), column) for f in arrow_dir_files(path)]
+        )
     with path.open("rb") as fh:
         head = fh.read(4)
     if head == b"PAR1":

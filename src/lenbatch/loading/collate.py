@@ -52,16 +52,16 @@ from lenbatch.batching.strategy import Strategy
 class Batch:
     """One step's tensors (CPU or device). ``S`` sequences in ``[B, T]`` (padded: B = S; packed: B = 1)."""
 
-    layout: str                     # "padded" | "packed"
-    input_ids: torch.Tensor         # [B, T] int64 (pad id 0 beyond a sequence)
-    loss_mask: torch.Tensor         # [B, T] bool, False on padding
-    position_ids: torch.Tensor      # [B, T] int64 (packed: restart per sequence)
-    lengths: torch.Tensor           # [S] int64
-    indices: torch.Tensor           # [S] int64 dataset row of every sequence (-1: synthetic)
+    layout: str  # "padded" | "packed"
+    input_ids: torch.Tensor  # [B, T] int64 (pad id 0 beyond a sequence)
+    loss_mask: torch.Tensor  # [B, T] bool, False on padding
+    position_ids: torch.Tensor  # [B, T] int64 (packed: restart per sequence)
+    lengths: torch.Tensor  # [S] int64
+    indices: torch.Tensor  # [S] int64 dataset row of every sequence (-1: synthetic)
     attention_mask: Optional[torch.Tensor] = None  # [B, T] int64 (padded only)
-    cu_seqlens: Optional[torch.Tensor] = None      # [S+1] int32 (packed only)
-    seq_index: Optional[torch.Tensor] = None       # [1, T] int64 (packed only)
-    labels: Optional[torch.Tensor] = None          # [B, T] int64 given labels, -100 on padding (None: input_ids)
+    cu_seqlens: Optional[torch.Tensor] = None  # [S+1] int32 (packed only)
+    seq_index: Optional[torch.Tensor] = None  # [1, T] int64 (packed only)
+    labels: Optional[torch.Tensor] = None  # [B, T] int64 given labels, -100 on padding (None: input_ids)
 
     @property
     def num_sequences(self) -> int:
@@ -112,9 +112,16 @@ class Batch:
         assert self.cu_seqlens is not None
         labels[0, self.cu_seqlens[:-1].to(torch.int64)] = -100
         longest = int(self.lengths.max())
-        out = {"input_ids": self.input_ids, "labels": labels, "position_ids": self.position_ids,
-               "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
-               "max_length_q": longest, "max_length_k": longest, "use_cache": False}
+        out = {
+            "input_ids": self.input_ids,
+            "labels": labels,
+            "position_ids": self.position_ids,
+            "cu_seq_lens_q": self.cu_seqlens,
+            "cu_seq_lens_k": self.cu_seqlens,
+            "max_length_q": longest,
+            "max_length_k": longest,
+            "use_cache": False,
+        }
         if seq_idx:
             assert self.seq_index is not None
             out["seq_idx"] = self.seq_index.to(torch.int32)
@@ -123,9 +130,19 @@ class Batch:
     def to(self, device: torch.device | str) -> "Batch":
         def mv(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             return None if t is None else t.to(device, non_blocking=True)
-        return Batch(self.layout, mv(self.input_ids), mv(self.loss_mask), mv(self.position_ids), mv(self.lengths),
-                     mv(self.indices), mv(self.attention_mask), mv(self.cu_seqlens), mv(self.seq_index),
-                     mv(self.labels))
+
+        return Batch(
+            self.layout,
+            mv(self.input_ids),
+            mv(self.loss_mask),
+            mv(self.position_ids),
+            mv(self.lengths),
+            mv(self.indices),
+            mv(self.attention_mask),
+            mv(self.cu_seqlens),
+            mv(self.seq_index),
+            mv(self.labels),
+        )
 
 
 IGNORE_INDEX = -100  # the label Hugging Face losses skip
@@ -146,21 +163,26 @@ def _sample_mask(i: int, sample: Mapping[str, Any], n: int) -> np.ndarray:
             continue
         m = np.asarray(sample[name])
         if m.shape != (n,):
-            raise ValueError(f"sample {i}: {name} has {m.size} entries but input_ids has {n}; "
-                             f"re-tokenize so that both have one entry per token")
+            raise ValueError(
+                f"sample {i}: {name} has {m.size} entries but input_ids has {n}; "
+                f"re-tokenize so that both have one entry per token"
+            )
         m = m != 0
         for other, mo in found:
             if not np.array_equal(m, mo):
                 where = np.flatnonzero(m != mo)
-                raise ValueError(f"sample {i}: {other} and {name} disagree on {where.size} of {n} tokens (first at "
-                                 f"token {int(where[0])}); a token is learned by one and not the other, so keep one "
-                                 f"of the two fields (drop the other) or make them equal")
+                raise ValueError(
+                    f"sample {i}: {other} and {name} disagree on {where.size} of {n} tokens (first at "
+                    f"token {int(where[0])}); a token is learned by one and not the other, so keep one "
+                    f"of the two fields (drop the other) or make them equal"
+                )
         found.append((name, m))
     return found[0][1] if found else np.ones(n, dtype=bool)
 
 
-def _as_lists(samples: Sequence[Mapping[str, Any]]
-              ) -> tuple[list[np.ndarray], list[np.ndarray], Optional[list[np.ndarray]]]:
+def _as_lists(
+    samples: Sequence[Mapping[str, Any]],
+) -> tuple[list[np.ndarray], list[np.ndarray], Optional[list[np.ndarray]]]:
     """Per sample: input_ids (int64), loss_mask (bool: the sample's mask, see :data:`MASK_FIELDS`, folded
     with labels != -100) and labels (int64; None for the whole batch when no sample has labels)."""
     if len(samples) == 0:
@@ -175,8 +197,10 @@ def _as_lists(samples: Sequence[Mapping[str, Any]]
         if with_labels:
             y = check_token_ids(i, "labels", sample["labels"]) if sample.get("labels") is not None else x
             if y.shape != x.shape:
-                raise ValueError(f"sample {i}: labels has {y.size} entries but input_ids has {x.size}; "
-                                 "labels must hold one entry per token (-100 where nothing is learned)")
+                raise ValueError(
+                    f"sample {i}: labels has {y.size} entries but input_ids has {x.size}; "
+                    "labels must hold one entry per token (-100 where nothing is learned)"
+                )
             m = m & (y != IGNORE_INDEX)
             labels.append(y)
         ids.append(x)
@@ -192,23 +216,31 @@ def check_token_ids(i: int, name: str, values: Any) -> np.ndarray:
         if arr.dtype == object:  # Python ints beyond int64 stay objects until converted
             arr = np.asarray(values, dtype=np.int64)
     except (OverflowError, ValueError, TypeError) as err:
-        raise ValueError(f"sample {i}: {name} must be integer token ids within int64 ({err}); check the "
-                         "tokenizer's output") from None
+        raise ValueError(
+            f"sample {i}: {name} must be integer token ids within int64 ({err}); check the tokenizer's output"
+        ) from None
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr))):
-            raise ValueError(f"sample {i}: {name} must be integer token ids, got dtype {arr.dtype}; check the "
-                             "tokenizer's output")
+            raise ValueError(
+                f"sample {i}: {name} must be integer token ids, got dtype {arr.dtype}; check the tokenizer's output"
+            )
     if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"sample {i}: {name} holds id {int(arr.max())}, beyond int64; check the tokenizer's output")
-    if np.issubdtype(arr.dtype, np.floating) and arr.size and float(np.abs(arr).max()) >= 2.0 ** 63:
-        raise ValueError(f"sample {i}: {name} holds id {float(np.abs(arr).max()):g}, beyond int64; check the "
-                         "tokenizer's output")
+    if np.issubdtype(arr.dtype, np.floating) and arr.size and float(np.abs(arr).max()) >= 2.0**63:
+        raise ValueError(
+            f"sample {i}: {name} holds id {float(np.abs(arr).max()):g}, beyond int64; check the tokenizer's output"
+        )
     return arr.astype(np.int64)
 
 
-def collate_padded(samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None,
-                   max_batch_size: int | None = None, indices: Sequence[int] | None = None,
-                   pad_id: int = 0) -> Batch:
+def collate_padded(
+    samples: Sequence[Mapping[str, Any]],
+    *,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    indices: Sequence[int] | None = None,
+    pad_id: int = 0,
+) -> Batch:
     """Right-pad ``samples`` (dicts with ``input_ids``, optional ``loss_mask``, ``labels``) to their longest.
 
     Fields ``[n, m]``: ``input_ids`` (``pad_id`` beyond each sample), ``attention_mask`` (1 on
@@ -220,32 +252,45 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
     ids, masks, given = _as_lists(samples)
     n, m = len(ids), max(x.size for x in ids)
     if (max_batch_size is not None and n > max_batch_size) or (token_budget is not None and n * m > token_budget):
-        raise ValueError(f"padded batch of {n} samples x {m} tokens = {n * m} padded tokens does not fit "
-                         f"token_budget={token_budget} / max_batch_size={max_batch_size}; the plan must "
-                         "come from the same batching parameters (re-plan, or raise the budget)")
+        raise ValueError(
+            f"padded batch of {n} samples x {m} tokens = {n * m} padded tokens does not fit "
+            f"token_budget={token_budget} / max_batch_size={max_batch_size}; the plan must "
+            "come from the same batching parameters (re-plan, or raise the budget)"
+        )
     input_ids = np.full((n, m), pad_id, dtype=np.int64)
     loss_mask = np.zeros((n, m), dtype=bool)
     attention = np.zeros((n, m), dtype=np.int64)
     for i, (x, lm) in enumerate(zip(ids, masks)):
-        input_ids[i, :x.size] = x
-        loss_mask[i, :x.size] = lm
-        attention[i, :x.size] = 1
+        input_ids[i, : x.size] = x
+        loss_mask[i, : x.size] = lm
+        attention[i, : x.size] = 1
     labels = None
     if given is not None:
         labels = np.full((n, m), IGNORE_INDEX, dtype=np.int64)
         for i, y in enumerate(given):
-            labels[i, :y.size] = y
+            labels[i, : y.size] = y
         labels = torch.from_numpy(labels)
     lengths = torch.tensor([x.size for x in ids], dtype=torch.int64)
-    idx = torch.full((n,), -1, dtype=torch.int64) if indices is None else torch.as_tensor(
-        np.asarray(indices, dtype=np.int64))
-    return Batch("padded", torch.from_numpy(input_ids), torch.from_numpy(loss_mask),
-                 torch.arange(m, dtype=torch.int64).expand(n, m).contiguous(), lengths, idx,
-                 attention_mask=torch.from_numpy(attention), labels=labels)
+    idx = (
+        torch.full((n,), -1, dtype=torch.int64)
+        if indices is None
+        else torch.as_tensor(np.asarray(indices, dtype=np.int64))
+    )
+    return Batch(
+        "padded",
+        torch.from_numpy(input_ids),
+        torch.from_numpy(loss_mask),
+        torch.arange(m, dtype=torch.int64).expand(n, m).contiguous(),
+        lengths,
+        idx,
+        attention_mask=torch.from_numpy(attention),
+        labels=labels,
+    )
 
 
-def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None,
-                   indices: Sequence[int] | None = None) -> Batch:
+def collate_packed(
+    samples: Sequence[Mapping[str, Any]], *, token_budget: int | None = None, indices: Sequence[int] | None = None
+) -> Batch:
     """Concatenate ``samples`` (dicts with ``input_ids``, optional ``loss_mask``, ``labels``) into one row ``[1, T]``.
 
     Fields: ``input_ids``/``loss_mask``/``position_ids``/``seq_index`` ``[1, T]`` (positions restart
@@ -257,24 +302,43 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], *, token_budget: int | 
     lens = np.array([x.size for x in ids], dtype=np.int64)
     total = int(lens.sum())
     if token_budget is not None and total > token_budget:
-        raise ValueError(f"packed row of {len(ids)} samples holds {total} tokens > token_budget="
-                         f"{token_budget}; the plan must come from the same batching parameters (re-plan, or "
-                         "raise the budget)")
+        raise ValueError(
+            f"packed row of {len(ids)} samples holds {total} tokens > token_budget="
+            f"{token_budget}; the plan must come from the same batching parameters (re-plan, or "
+            "raise the budget)"
+        )
     cu = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(lens, out=cu[1:])
     positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], lens)
     seq_index = np.repeat(np.arange(len(ids), dtype=np.int64), lens)
-    idx = torch.full((len(ids),), -1, dtype=torch.int64) if indices is None else torch.as_tensor(
-        np.asarray(indices, dtype=np.int64))
+    idx = (
+        torch.full((len(ids),), -1, dtype=torch.int64)
+        if indices is None
+        else torch.as_tensor(np.asarray(indices, dtype=np.int64))
+    )
     labels = None if given is None else torch.from_numpy(np.concatenate(given))[None]
-    return Batch("packed", torch.from_numpy(np.concatenate(ids))[None], torch.from_numpy(np.concatenate(masks))[None],
-                 torch.from_numpy(positions)[None], torch.from_numpy(lens), idx,
-                 cu_seqlens=torch.from_numpy(cu.astype(np.int32)), seq_index=torch.from_numpy(seq_index)[None],
-                 labels=labels)
+    return Batch(
+        "packed",
+        torch.from_numpy(np.concatenate(ids))[None],
+        torch.from_numpy(np.concatenate(masks))[None],
+        torch.from_numpy(positions)[None],
+        torch.from_numpy(lens),
+        idx,
+        cu_seqlens=torch.from_numpy(cu.astype(np.int32)),
+        seq_index=torch.from_numpy(seq_index)[None],
+        labels=labels,
+    )
 
 
-def collate(samples: Sequence[Mapping[str, Any]], *, layout: Any = None, token_budget: int | None = None,
-            max_batch_size: int | None = None, indices: Sequence[int] | None = None, spec: Any = None) -> Batch:
+def collate(
+    samples: Sequence[Mapping[str, Any]],
+    *,
+    layout: Any = None,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    indices: Sequence[int] | None = None,
+    spec: Any = None,
+) -> Batch:
     """Collate in ``layout`` (``"padded"`` or ``"packed"``, or the :class:`lenbatch.Strategy` whose batches
     these are), checked against ``token_budget``/``max_batch_size`` (None: not checked), or both limits from
     ``spec`` (a :class:`lenbatch.BatchSpec`; the layout is the strategy's, never the spec's). Cost: O(tokens)."""
@@ -287,5 +351,7 @@ def collate(samples: Sequence[Mapping[str, Any]], *, layout: Any = None, token_b
         return collate_padded(samples, token_budget=token_budget, max_batch_size=max_batch_size, indices=indices)
     if layout == "packed":
         return collate_packed(samples, token_budget=token_budget, indices=indices)
-    raise ValueError(f"unknown batch layout {layout!r}; pass layout='padded' or 'packed' (or the lenbatch.Strategy "
-                     "that planned the batch: its layout)")
+    raise ValueError(
+        f"unknown batch layout {layout!r}; pass layout='padded' or 'packed' (or the lenbatch.Strategy "
+        "that planned the batch: its layout)"
+    )

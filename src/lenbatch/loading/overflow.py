@@ -25,8 +25,10 @@ class PieceDataset:
 
     def __init__(self, dataset: Any, pieces: Pieces) -> None:
         if len(dataset) != pieces.num_samples:
-            raise ValueError(f"the dataset has {len(dataset)} samples but the sampler's lengths have "
-                             f"{pieces.num_samples}; pass the dataset the lengths were read from")
+            raise ValueError(
+                f"the dataset has {len(dataset)} samples but the sampler's lengths have "
+                f"{pieces.num_samples}; pass the dataset the lengths were read from"
+            )
         self.dataset = dataset
         self.pieces = pieces
 
@@ -49,8 +51,10 @@ def slice_sample(sample: Mapping[str, Any], start: int, end: int) -> dict[str, A
     """Tokens ``start:end`` of ``sample``: every field as long as ``input_ids`` is cut; ``position_ids``
     restart at 0; other fields are kept as they are."""
     if not isinstance(sample, Mapping) or "input_ids" not in sample:
-        raise ValueError("overflow='truncate'/'split' slices samples: each must be a mapping with 'input_ids' "
-                         f"(got {type(sample).__name__}); give the dataset that form or use overflow='error'")
+        raise ValueError(
+            "overflow='truncate'/'split' slices samples: each must be a mapping with 'input_ids' "
+            f"(got {type(sample).__name__}); give the dataset that form or use overflow='error'"
+        )
     n = len(sample["input_ids"])
     out = {}
     for key, value in sample.items():

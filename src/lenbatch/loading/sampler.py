@@ -67,8 +67,14 @@ from lenbatch.batching.cost import cost_fingerprint, cost_limit
 from lenbatch.batching.overflow import Pieces, overflow_pieces
 from lenbatch.batching.spec import BatchSpec, check_int, spec_or_keywords
 from lenbatch.batching.state import STATE_VERSION, sampler_state  # noqa: F401 (STATE_VERSION: public)
-from lenbatch.batching.strategies import (Plan, equal_epoch_batches, named_strategy, plan_epoch, planning_lengths,
-                                         resolve_rank)
+from lenbatch.batching.strategies import (
+    Plan,
+    equal_epoch_batches,
+    named_strategy,
+    plan_epoch,
+    planning_lengths,
+    resolve_rank,
+)
 
 log = logging.getLogger("lenbatch.sampler")
 
@@ -88,11 +94,13 @@ class _EpochForward:
     def set_epoch(self, epoch: int) -> None:
         trainer = self._owner._lightning
         if trainer is not None and self._owner._resume is None and _lightning_restarts_mid_epoch(trainer):
-            raise ValueError("Lightning resumes this run in the middle of epoch "
-                             f"{epoch}, but the DataLoader cannot restore the sampler's position (a plain "
-                             "torch DataLoader has no state_dict), so the epoch would restart and skip or repeat "
-                             "samples; build the loader as torchdata.stateful_dataloader.StatefulDataLoader("
-                             "dataset, batch_sampler=sampler, ...), whose state Lightning checkpoints")
+            raise ValueError(
+                "Lightning resumes this run in the middle of epoch "
+                f"{epoch}, but the DataLoader cannot restore the sampler's position (a plain "
+                "torch DataLoader has no state_dict), so the epoch would restart and skip or repeat "
+                "samples; build the loader as torchdata.stateful_dataloader.StatefulDataLoader("
+                "dataset, batch_sampler=sampler, ...), whose state Lightning checkpoints"
+            )
         self._owner.set_epoch(epoch)
 
     def __reduce__(self):
@@ -111,10 +119,12 @@ def _lightning_epochs(trainer: Any) -> int:
     """``trainer.max_epochs``, or ``ValueError`` when it leaves the number of epochs open."""
     max_epochs = getattr(trainer, "max_epochs", None)
     if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
-        raise ValueError(f"Lightning reads len(loader) once and stops every epoch there, but max_epochs="
-                         f"{max_epochs} leaves the number of epochs open, and lenbatch plans a different number "
-                         "of batches each epoch; pass LengthBatchSampler(..., epochs=N) (every epoch 0..N-1 then "
-                         "has the same number of batches) or Trainer(max_epochs=N)")
+        raise ValueError(
+            f"Lightning reads len(loader) once and stops every epoch there, but max_epochs="
+            f"{max_epochs} leaves the number of epochs open, and lenbatch plans a different number "
+            "of batches each epoch; pass LengthBatchSampler(..., epochs=N) (every epoch 0..N-1 then "
+            "has the same number of batches) or Trainer(max_epochs=N)"
+        )
     return max_epochs
 
 
@@ -125,17 +135,23 @@ def _accelerate_ranks(accelerator: Any, rank: int | None, world_size: int | None
     cfg = getattr(accelerator, "dataloader_config", None)
     source = cfg if cfg is not None else accelerator
     if getattr(source, "split_batches", False):
-        raise ValueError("accelerate's split_batches=True splits every batch across processes, which breaks "
-                         "the plan's batches; use DataLoaderConfiguration(split_batches=False) (the default)")
+        raise ValueError(
+            "accelerate's split_batches=True splits every batch across processes, which breaks "
+            "the plan's batches; use DataLoaderConfiguration(split_batches=False) (the default)"
+        )
     if getattr(source, "dispatch_batches", None) and procs > 1:
-        raise ValueError(f"accelerate's dispatch_batches=True makes process 0 draw every batch and split "
-                         f"{procs} of them concatenated across the processes, which breaks the plan's "
-                         "per-rank batches; use DataLoaderConfiguration(dispatch_batches=False) (the "
-                         "default for map-style datasets)")
+        raise ValueError(
+            f"accelerate's dispatch_batches=True makes process 0 draw every batch and split "
+            f"{procs} of them concatenated across the processes, which breaks the plan's "
+            "per-rank batches; use DataLoaderConfiguration(dispatch_batches=False) (the "
+            "default for map-style datasets)"
+        )
     if (rank is not None and int(rank) != index) or (world_size is not None and int(world_size) != procs):
-        raise ValueError(f"accelerate shards the loader over {procs} processes (this one is {index}) but the "
-                         f"sampler was given world_size={world_size}, rank={rank}; pass accelerator= alone (the "
-                         "sampler then takes accelerator.num_processes and accelerator.process_index)")
+        raise ValueError(
+            f"accelerate shards the loader over {procs} processes (this one is {index}) but the "
+            f"sampler was given world_size={world_size}, rank={rank}; pass accelerator= alone (the "
+            "sampler then takes accelerator.num_processes and accelerator.process_index)"
+        )
     return index, procs
 
 
@@ -152,16 +168,37 @@ def _accelerate_processes() -> int:
 class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yield this rank's batches of one epoch; ``set_epoch`` before each epoch (like DistributedSampler)."""
 
-    def __init__(self, lengths: Any, *, strategy: "str | Strategy", token_budget: int | None = None,
-                 max_batch_size: int | None = None, seed: int = 0, edges: Any = None, rank: int | None = None,
-                 world_size: int | None = None, packed_window: int = 8, min_batches: int = 0,
-                 epochs: int | None = None, overflow: str = "error", spec: BatchSpec | None = None,
-                 cost: Any = None, cost_budget: float | None = None, accelerator: Any = None,
-                 lightning_trainer: Any = None) -> None:
+    def __init__(
+        self,
+        lengths: Any,
+        *,
+        strategy: "str | Strategy",
+        token_budget: int | None = None,
+        max_batch_size: int | None = None,
+        seed: int = 0,
+        edges: Any = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        packed_window: int = 8,
+        min_batches: int = 0,
+        epochs: int | None = None,
+        overflow: str = "error",
+        spec: BatchSpec | None = None,
+        cost: Any = None,
+        cost_budget: float | None = None,
+        accelerator: Any = None,
+        lightning_trainer: Any = None,
+    ) -> None:
         super().__init__()
         plan_strategy = named_strategy(strategy, edges)  # a name with edges= beside it, or a Strategy
-        spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                                packed_window=packed_window, min_batches=min_batches)
+        spec = spec_or_keywords(
+            spec,
+            token_budget=token_budget,
+            max_batch_size=max_batch_size,
+            seed=seed,
+            packed_window=packed_window,
+            min_batches=min_batches,
+        )
         # the plan is over pieces; with "error" (and nothing over budget) they are the samples themselves
         self.pieces: Pieces = overflow_pieces(lengths, token_budget=spec.token_budget, overflow=overflow)
         self.overflow = overflow
@@ -189,8 +226,9 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._iterated_epoch: int | None = None  # the epoch a pass has started over, since set_epoch
         self._warned: set[str] = set()
         # cost=/cost_budget=: passed to plan_epoch (lenbatch.batching.cost); checked here, once
-        cost_limit(x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size, cost=cost,
-                   cost_budget=cost_budget)
+        cost_limit(
+            x, token_budget=spec.token_budget, max_batch_size=spec.max_batch_size, cost=cost, cost_budget=cost_budget
+        )
         self.cost, self.cost_budget = cost, cost_budget
         self.fingerprint = cost_fingerprint(spec.fingerprint(x, plan_strategy), cost, cost_budget)
         self.sampler = _EpochForward(self)
@@ -199,9 +237,14 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             epochs = _lightning_epochs(lightning_trainer)
             before = len(self.plan(0))
             n = self.equalize_epochs(epochs)
-            log.info("Lightning: epochs 0..%d planned to %d batches each on this rank (epoch 0 had %d; "
-                     "min_batches=%d) so that Lightning's fixed epoch length runs every batch", epochs - 1, n,
-                     before, self.spec.min_batches)
+            log.info(
+                "Lightning: epochs 0..%d planned to %d batches each on this rank (epoch 0 had %d; "
+                "min_batches=%d) so that Lightning's fixed epoch length runs every batch",
+                epochs - 1,
+                n,
+                before,
+                self.spec.min_batches,
+            )
         elif epochs is not None:
             self.equalize_epochs(epochs)
 
@@ -232,14 +275,23 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         plans change). Cost: ``epochs`` full plans, once."""
         epochs = check_int("epochs", epochs, minimum=1)
         if self._position or self._resume:
-            raise ValueError("epochs= changes every epoch's plan, so it must be set before the first batch is "
-                             "drawn or a state restored; build the sampler with epochs=")
-        most = equal_epoch_batches(self.lengths, epochs=epochs, strategy=self.plan_strategy, world_size=self.world_size,
-                                   spec=dataclasses.replace(self.spec, min_batches=0), cost=self.cost,
-                                   cost_budget=self.cost_budget)
+            raise ValueError(
+                "epochs= changes every epoch's plan, so it must be set before the first batch is "
+                "drawn or a state restored; build the sampler with epochs="
+            )
+        most = equal_epoch_batches(
+            self.lengths,
+            epochs=epochs,
+            strategy=self.plan_strategy,
+            world_size=self.world_size,
+            spec=dataclasses.replace(self.spec, min_batches=0),
+            cost=self.cost,
+            cost_budget=self.cost_budget,
+        )
         self.spec = dataclasses.replace(self.spec, min_batches=max(self.spec.min_batches, most))
-        self.fingerprint = cost_fingerprint(self.spec.fingerprint(self.lengths, self.plan_strategy), self.cost,
-                                            self.cost_budget)
+        self.fingerprint = cost_fingerprint(
+            self.spec.fingerprint(self.lengths, self.plan_strategy), self.cost, self.cost_budget
+        )
         self.epochs = epochs
         self._cache = None
         return len(self.plan())
@@ -259,8 +311,16 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         # only this rank's batches are kept (compact: one int64 index array + offsets)
-        batches = plan_epoch(self.lengths, strategy=self.plan_strategy, epoch=epoch, rank=self.rank,
-                             world_size=self.world_size, spec=self.spec, cost=self.cost, cost_budget=self.cost_budget)
+        batches = plan_epoch(
+            self.lengths,
+            strategy=self.plan_strategy,
+            epoch=epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            spec=self.spec,
+            cost=self.cost,
+            cost_budget=self.cost_budget,
+        )
         if epoch == self.epoch:
             self._cache = (epoch, batches)
         return batches
@@ -274,9 +334,15 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             return  # a restored position not yet iterated: keep it
         if self._resume:
             # e.g. accelerate's loader calls set_epoch(its own counter), 0 in a new process, on iteration
-            log.warning("set_epoch(%d) discards the restored position (epoch %d, %d batches done); call "
-                        "set_epoch(%d) (or loader.set_epoch(%d)) before iterating to resume", epoch, self.epoch,
-                        self._resume, self.epoch, self.epoch)
+            log.warning(
+                "set_epoch(%d) discards the restored position (epoch %d, %d batches done); call "
+                "set_epoch(%d) (or loader.set_epoch(%d)) before iterating to resume",
+                epoch,
+                self.epoch,
+                self._resume,
+                self.epoch,
+                self.epoch,
+            )
         self.epoch = epoch
         self._position = 0
         self._resume = None
@@ -293,15 +359,20 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         batches = self.plan()
         slots = self._slots
         if not self._viewed and not bool(self.pieces.whole.all()):
-            raise ValueError(f"overflow={self.overflow!r} cut {self.pieces.samples_over_budget} samples longer than "
-                             f"token_budget={self.token_budget} into (row, start, end) pieces, which only the view "
-                             "serves; build the loader over sampler.view(dataset): DataLoader(sampler.view(dataset), "
-                             "batch_sampler=sampler, ...)")
+            raise ValueError(
+                f"overflow={self.overflow!r} cut {self.pieces.samples_over_budget} samples longer than "
+                f"token_budget={self.token_budget} into (row, start, end) pieces, which only the view "
+                "serves; build the loader over sampler.view(dataset): DataLoader(sampler.view(dataset), "
+                "batch_sampler=sampler, ...)"
+            )
         start = self._resume if self._resume is not None else 0
         if self._resume is None and self._iterated_epoch == self.epoch:
-            self._warn_once("set_epoch", f"a second pass over epoch {self.epoch} without set_epoch repeats its "
-                            "batches (every epoch would train epoch 0's plan); call sampler.set_epoch(epoch) (or "
-                            "loader.set_epoch) before each epoch")
+            self._warn_once(
+                "set_epoch",
+                f"a second pass over epoch {self.epoch} without set_epoch repeats its "
+                "batches (every epoch would train epoch 0's plan); call sampler.set_epoch(epoch) (or "
+                "loader.set_epoch) before each epoch",
+            )
         self._iterated_epoch = self.epoch
         self._resume = None
         self._position = start
@@ -347,8 +418,14 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
             pos = self._consumed
         else:
             pos = self._position
-        return sampler_state(epoch=self.epoch, position=pos, world_size=self.world_size, rank=self.rank,
-                             fingerprint=self.fingerprint, strategy=self.strategy)
+        return sampler_state(
+            epoch=self.epoch,
+            position=pos,
+            world_size=self.world_size,
+            rank=self.rank,
+            fingerprint=self.fingerprint,
+            strategy=self.strategy,
+        )
 
     def dataloader(self, dataset: Any, **kwargs: Any) -> "SamplerDataLoader":
         """``torch.utils.data.DataLoader(self.view(dataset), batch_sampler=self, **kwargs)`` that counts the
@@ -358,18 +435,24 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
         ``shuffle=`` or ``drop_last=`` in ``kwargs`` (this sampler decides the batches)."""
         taken = sorted(k for k in ("batch_sampler", "batch_size", "sampler", "shuffle", "drop_last") if k in kwargs)
         if taken:
-            raise ValueError(f"sampler.dataloader() passes batch_sampler=sampler itself, so {taken} cannot be "
-                             "given; drop them (the sampler's plan decides the batches)")
+            raise ValueError(
+                f"sampler.dataloader() passes batch_sampler=sampler itself, so {taken} cannot be "
+                "given; drop them (the sampler's plan decides the batches)"
+            )
         return SamplerDataLoader(self.view(dataset), batch_sampler=self, **kwargs)
 
     def _warn_accelerate(self) -> None:
         if "accelerate" in self._warned:
             return
         self._warned.add("accelerate")
-        warnings.warn(f"an accelerate state runs over {self.world_size} processes but this LengthBatchSampler was "
-                      "built without accelerator=: if accelerator.prepare(loader) wraps it, each process keeps only "
-                      f"every {self.world_size}-th of its own batches; build it with "
-                      "LengthBatchSampler(..., accelerator=accelerator)", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"an accelerate state runs over {self.world_size} processes but this LengthBatchSampler was "
+            "built without accelerator=: if accelerator.prepare(loader) wraps it, each process keeps only "
+            f"every {self.world_size}-th of its own batches; build it with "
+            "LengthBatchSampler(..., accelerator=accelerator)",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -378,38 +461,54 @@ class LengthBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict):
-            raise ValueError(f"sampler state must be a dict from LengthBatchSampler.state_dict(), got "
-                             f"{type(state).__name__}")
+            raise ValueError(
+                f"sampler state must be a dict from LengthBatchSampler.state_dict(), got {type(state).__name__}"
+            )
         missing = [k for k in ("version", "epoch", "position", "world_size", "fingerprint") if k not in state]
         if missing:
             raise ValueError(f"sampler state lacks {missing}; pass a dict from LengthBatchSampler.state_dict()")
         version = state["version"]
-        if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)) or version != STATE_VERSION:
-            raise ValueError(f"sampler state has version {state['version']!r}, but this lenbatch reads version "
-                             f"{STATE_VERSION}; resume with the lenbatch that saved it, or start a fresh run")
+        if (
+            isinstance(version, (bool, np.bool_))
+            or not isinstance(version, (int, np.integer))
+            or version != STATE_VERSION
+        ):
+            raise ValueError(
+                f"sampler state has version {state['version']!r}, but this lenbatch reads version "
+                f"{STATE_VERSION}; resume with the lenbatch that saved it, or start a fresh run"
+            )
         for key in ("epoch", "position", "world_size"):
             value = state[key]
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"sampler state {key} must be an int, got {value!r} ({type(value).__name__}); "
-                                 "the state is corrupt: pass a dict from LengthBatchSampler.state_dict()")
+                raise ValueError(
+                    f"sampler state {key} must be an int, got {value!r} ({type(value).__name__}); "
+                    "the state is corrupt: pass a dict from LengthBatchSampler.state_dict()"
+                )
             if value < (1 if key == "world_size" else 0):
-                raise ValueError(f"sampler state {key} is {value}; the state is corrupt: pass a dict from "
-                                 "LengthBatchSampler.state_dict()")
+                raise ValueError(
+                    f"sampler state {key} is {value}; the state is corrupt: pass a dict from "
+                    "LengthBatchSampler.state_dict()"
+                )
         if state["fingerprint"] != self.fingerprint:
-            raise ValueError("sampler state is from another plan (lengths or batching params differ: strategy, "
-                             "token_budget, max_batch_size, seed, edges, packed_window, min_batches or epochs, "
-                             "overflow); build the sampler with the same lengths and params as the run that saved "
-                             "it, or start a fresh run")
+            raise ValueError(
+                "sampler state is from another plan (lengths or batching params differ: strategy, "
+                "token_budget, max_batch_size, seed, edges, packed_window, min_batches or epochs, "
+                "overflow); build the sampler with the same lengths and params as the run that saved "
+                "it, or start a fresh run"
+            )
         if int(state["world_size"]) != self.world_size:
-            raise ValueError(f"sampler state was saved with world_size={state['world_size']} but this run has "
-                             f"world_size={self.world_size}; resume with the same number of ranks, or restart "
-                             "the epoch with set_epoch()")
+            raise ValueError(
+                f"sampler state was saved with world_size={state['world_size']} but this run has "
+                f"world_size={self.world_size}; resume with the same number of ranks, or restart "
+                "the epoch with set_epoch()"
+            )
         self.epoch = int(state["epoch"])
         n = len(self.plan())
         pos = int(state["position"])
         if not 0 <= pos <= n:
-            raise ValueError(f"sampler state position {pos} is outside 0..{n} batches of epoch {self.epoch}; "
-                             "the state is corrupt")
+            raise ValueError(
+                f"sampler state position {pos} is outside 0..{n} batches of epoch {self.epoch}; the state is corrupt"
+            )
         self._position = pos
         self._resume = pos
         self._iterated_epoch = None

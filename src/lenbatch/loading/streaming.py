@@ -58,18 +58,35 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
     bounded as in a pass. A stream that reads differently than when the state was saved is refused.
     """
 
-    def __init__(self, iterable: Iterable[Any], *, length: Callable[[Any], int] | None = None,
-                 strategy: "str | Strategy", token_budget: int | None = None, max_batch_size: int | None = None,
-                 buffer_size: int = 4096, seed: int = 0, rank: int | None = None, world_size: int | None = None,
-                 edges: Any = None, packed_window: int = 8, num_buckets: int = 6,
-                 spec: BatchSpec | None = None, cost: Cost | None = None, cost_budget: float | None = None) -> None:
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        *,
+        length: Callable[[Any], int] | None = None,
+        strategy: "str | Strategy",
+        token_budget: int | None = None,
+        max_batch_size: int | None = None,
+        buffer_size: int = 4096,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        edges: Any = None,
+        packed_window: int = 8,
+        num_buckets: int = 6,
+        spec: BatchSpec | None = None,
+        cost: Cost | None = None,
+        cost_budget: float | None = None,
+    ) -> None:
         super().__init__()
         name, edges = stream_strategy(strategy, edges)
-        spec = spec_or_keywords(spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed,
-                                packed_window=packed_window)
+        spec = spec_or_keywords(
+            spec, token_budget=token_budget, max_batch_size=max_batch_size, seed=seed, packed_window=packed_window
+        )
         if not isinstance(iterable, Iterable):
-            raise ValueError(f"iterable must be an iterable of samples (re-iterable: one pass per epoch), got "
-                             f"{type(iterable).__name__}")
+            raise ValueError(
+                f"iterable must be an iterable of samples (re-iterable: one pass per epoch), got "
+                f"{type(iterable).__name__}"
+            )
         if length is not None and not callable(length):
             raise ValueError("length must be a function sample -> tokens (e.g. lambda s: len(s['input_ids']))")
         self.iterable = iterable
@@ -89,8 +106,10 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
         self._resume: dict[str, int] | None = None
 
     def __len__(self) -> int:
-        raise TypeError("a StreamingBatcher has no length: its batches are known only once the stream is read "
-                        "(plan in memory with lenbatch.LengthBatchSampler when the lengths are known up front)")
+        raise TypeError(
+            "a StreamingBatcher has no length: its batches are known only once the stream is read "
+            "(plan in memory with lenbatch.LengthBatchSampler when the lengths are known up front)"
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Plan ``epoch`` next (a new shuffle: seed + epoch); forwarded to the iterable when it has
@@ -103,15 +122,25 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
         self._yielded = 0
 
     def _planner(self) -> StreamPlanner:
-        return StreamPlanner(strategy=self.strategy, spec=self.spec, buffer_size=self.buffer_size, edges=self.edges,
-                             epoch=getattr(self, "epoch", 0), world_size=self.world_size, num_buckets=self.num_buckets,
-                             cost=self.cost, cost_budget=self.cost_budget)
+        return StreamPlanner(
+            strategy=self.strategy,
+            spec=self.spec,
+            buffer_size=self.buffer_size,
+            edges=self.edges,
+            epoch=getattr(self, "epoch", 0),
+            world_size=self.world_size,
+            num_buckets=self.num_buckets,
+            cost=self.cost,
+            cost_budget=self.cost_budget,
+        )
 
     def __iter__(self) -> Iterator[list[Any]]:
         info = torch.utils.data.get_worker_info()
         if info is not None and info.num_workers > 1:
-            raise ValueError(f"a StreamingBatcher in a DataLoader with num_workers={info.num_workers}: every "
-                             "worker would read the whole stream and yield every batch; use num_workers=0 or 1")
+            raise ValueError(
+                f"a StreamingBatcher in a DataLoader with num_workers={info.num_workers}: every "
+                "worker would read the whole stream and yield every batch; use num_workers=0 or 1"
+            )
         set_epoch = getattr(self.iterable, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(self.epoch)
@@ -147,54 +176,86 @@ class StreamingBatcher(torch.utils.data.IterableDataset):
                         self._mark = (planner.read, planner.hash)
                         yield samples
             if self._yielded < skip:
-                raise ValueError(f"the state resumes after batch {skip} of epoch {self.epoch}, but this stream "
-                                 f"gives this rank only {self._yielded} batches; resume on the stream it was saved on")
+                raise ValueError(
+                    f"the state resumes after batch {skip} of epoch {self.epoch}, but this stream "
+                    f"gives this rank only {self._yielded} batches; resume on the stream it was saved on"
+                )
         finally:
             self.peak_held = planner.peak_held
 
     def _check_resume(self, resume: dict[str, int], planner: StreamPlanner) -> None:
         if (planner.read, planner.hash) != (resume["samples_read"], resume["lengths_hash"]):
-            raise ValueError(f"the stream differs from the one the state was saved on (at batch {resume['batches']} "
-                             f"of epoch {self.epoch}: {planner.read} samples read, saved {resume['samples_read']}, "
-                             "or other lengths); resume on the same stream in the same order, or start the epoch "
-                             "afresh with set_epoch()")
+            raise ValueError(
+                f"the stream differs from the one the state was saved on (at batch {resume['batches']} "
+                f"of epoch {self.epoch}: {planner.read} samples read, saved {resume['samples_read']}, "
+                "or other lengths); resume on the same stream in the same order, or start the epoch "
+                "afresh with set_epoch()"
+            )
 
     def _fingerprint(self) -> dict[str, Any]:
-        return {"strategy": self.strategy, "token_budget": self.spec.token_budget,
-                "max_batch_size": self.spec.max_batch_size, "seed": self.spec.seed,
-                "edges": None if self.edges is None else list(self.edges),
-                "packed_window": self.spec.packed_window, "buffer_size": self.buffer_size,
-                "num_buckets": self.num_buckets,
-                "cost": None if self.cost is None else [self.cost.per_token, self.cost.per_token_squared],
-                "cost_budget": self.cost_budget}
+        return {
+            "strategy": self.strategy,
+            "token_budget": self.spec.token_budget,
+            "max_batch_size": self.spec.max_batch_size,
+            "seed": self.spec.seed,
+            "edges": None if self.edges is None else list(self.edges),
+            "packed_window": self.spec.packed_window,
+            "buffer_size": self.buffer_size,
+            "num_buckets": self.num_buckets,
+            "cost": None if self.cost is None else [self.cost.per_token, self.cost.per_token_squared],
+            "cost_budget": self.cost_budget,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is in the pass: epoch, batches handed out, the stream read until then (count and
         hash of the lengths), and the settings that shape the batches (checked on load)."""
         if self._resume is not None:  # restored and not iterated yet: the restored position
-            return dict(self._resume, version=STATE_VERSION, epoch=self.epoch, world_size=self.world_size,
-                        rank=self.rank, settings=self._fingerprint())
-        return {"version": STATE_VERSION, "epoch": self.epoch, "batches": self._yielded,
-                "samples_read": self._mark[0], "lengths_hash": self._mark[1], "world_size": self.world_size,
-                "rank": self.rank, "settings": self._fingerprint()}
+            return dict(
+                self._resume,
+                version=STATE_VERSION,
+                epoch=self.epoch,
+                world_size=self.world_size,
+                rank=self.rank,
+                settings=self._fingerprint(),
+            )
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "batches": self._yielded,
+            "samples_read": self._mark[0],
+            "lengths_hash": self._mark[1],
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "settings": self._fingerprint(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state`` on the next iteration (module doc: the stream is re-read up to it)."""
-        missing = [k for k in ("version", "epoch", "batches", "samples_read", "lengths_hash", "world_size",
-                               "settings") if k not in state]
+        missing = [
+            k
+            for k in ("version", "epoch", "batches", "samples_read", "lengths_hash", "world_size", "settings")
+            if k not in state
+        ]
         if missing:
             raise ValueError(f"streaming state lacks {missing}; pass a dict from StreamingBatcher.state_dict()")
         if state["settings"] != self._fingerprint():
-            raise ValueError(f"the state was saved with other batching settings ({state['settings']}, here "
-                             f"{self._fingerprint()}); build the batcher with the same settings as the run that "
-                             "saved it, or start a fresh run")
+            raise ValueError(
+                f"the state was saved with other batching settings ({state['settings']}, here "
+                f"{self._fingerprint()}); build the batcher with the same settings as the run that "
+                "saved it, or start a fresh run"
+            )
         if int(state["world_size"]) != self.world_size:
-            raise ValueError(f"the state was saved with world_size={state['world_size']} but this run has "
-                             f"world_size={self.world_size}; resume with the same number of ranks")
+            raise ValueError(
+                f"the state was saved with world_size={state['world_size']} but this run has "
+                f"world_size={self.world_size}; resume with the same number of ranks"
+            )
         self.epoch = check_int("epoch", state["epoch"], minimum=0)
         batches = check_int("batches", state["batches"], minimum=0)
-        self._resume = {"batches": batches, "samples_read": int(state["samples_read"]),
-                        "lengths_hash": int(state["lengths_hash"])}
+        self._resume = {
+            "batches": batches,
+            "samples_read": int(state["samples_read"]),
+            "lengths_hash": int(state["lengths_hash"]),
+        }
         self._yielded = batches
         self._mark = (int(state["samples_read"]), int(state["lengths_hash"]))
 

@@ -46,8 +46,10 @@ def ratios(run_ref: dict, profile_ref: dict) -> dict[str, float]:
     """``ratio_r`` of every role both timed (module doc). ``ValueError`` when the two references are of
     different shapes (their ratio would measure the shapes, not the machine)."""
     if run_ref.get("shape") != profile_ref.get("shape"):
-        raise ValueError(f"the run's reference step {run_ref.get('shape')} differs from the profile's "
-                         f"{profile_ref.get('shape')} (other batching or data.max_len)")
+        raise ValueError(
+            f"the run's reference step {run_ref.get('shape')} differs from the profile's "
+            f"{profile_ref.get('shape')} (other batching or data.max_len)"
+        )
     out = {}
     for role in ROLES:
         r, p = reference_seconds(run_ref, role), reference_seconds(profile_ref, role)

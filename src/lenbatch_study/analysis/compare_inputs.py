@@ -22,12 +22,16 @@ from lenbatch_study.pipeline.artifacts import profile_grid, train_runs
 
 # Params a training run must share with the current params to be compared (section -> keys; None: all).
 RUN_KEYS: dict[str, tuple[str, ...] | None] = {
-    "batching": None, "model": None, "drafter": None,
+    "batching": None,
+    "model": None,
+    "drafter": None,
     "train": ("nproc", "nodes", "useful_tokens", "warmup_steps", "queue_size", "threads"),
 }
 # Params the profile grid must share with the current params (the shapes are timed on this model).
 PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
-    "model": None, "drafter": None, "train": ("nproc", "threads", "kernels", "reuse_host_memory"),
+    "model": None,
+    "drafter": None,
+    "train": ("nproc", "threads", "kernels", "reuse_host_memory"),
 }
 
 
@@ -49,8 +53,10 @@ def load_run(train_dir: Path, strategy: str, params: Params) -> dict:
     run = train_runs.read_run(train_dir, strategy)
     diff = params_mismatch(run["summary"]["params"], params.to_dict(), RUN_KEYS)
     if diff:
-        raise ValueError(f"strategy {strategy} was measured with other params than the current ones "
-                         f"({'; '.join(diff)}); rerun: {train_runs.rerun(Path(train_dir) / strategy, strategy)}")
+        raise ValueError(
+            f"strategy {strategy} was measured with other params than the current ones "
+            f"({'; '.join(diff)}); rerun: {train_runs.rerun(Path(train_dir) / strategy, strategy)}"
+        )
     return run
 
 
@@ -60,8 +66,10 @@ def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
     start = 0
     for r in rows:
         if not r.get("sequence_lengths"):
-            raise ValueError("the profile grid rows lack sequence_lengths (an older grid.json); rerun: "
-                             f"snakemake {profile_grid.GRID_PATH}")
+            raise ValueError(
+                "the profile grid rows lack sequence_lengths (an older grid.json); rerun: "
+                f"snakemake {profile_grid.GRID_PATH}"
+            )
         ls = r["sequence_lengths"]
         lengths.extend(int(x) for x in ls)
         batches.append(np.arange(start, start + len(ls)))
@@ -69,10 +77,18 @@ def grid_columns(rows: list[dict]) -> dict[str, np.ndarray]:
         start += len(ls)
     arr = np.asarray(lengths, dtype=np.int64)
     # a grid without lm_chunks (recorded since the chunk term) leaves them NaN: chunks of a mean would mislead
-    per = [shapes.batch_columns(arr, [b], layout=k, drafter=(np.array([float(r["positions"])]),
-                                                          np.array([float(r["ctx_tokens"])]))
-                                if "positions" in r else None, lm_chunks=np.array([float(r.get("lm_chunks", np.nan))]))
-           for b, k, r in zip(batches, layouts, rows)]
+    per = [
+        shapes.batch_columns(
+            arr,
+            [b],
+            layout=k,
+            drafter=(np.array([float(r["positions"])]), np.array([float(r["ctx_tokens"])]))
+            if "positions" in r
+            else None,
+            lm_chunks=np.array([float(r.get("lm_chunks", np.nan))]),
+        )
+        for b, k, r in zip(batches, layouts, rows)
+    ]
     return {key: np.concatenate([c[key] for c in per]) for key in per[0]} if per else {}
 
 
@@ -86,16 +102,27 @@ def fit_profile(profile_dir: Path, params: Params) -> dict:
     if resolved is not None:
         diff = params_mismatch(resolved, params.to_dict(), PROFILE_KEYS)
         if diff:
-            raise ValueError(f"the profile grid was timed with other params ({'; '.join(diff)}); rerun: "
-                             f"{profile_grid.rerun(Path(profile_dir))}")
+            raise ValueError(
+                f"the profile grid was timed with other params ({'; '.join(diff)}); rerun: "
+                f"{profile_grid.rerun(Path(profile_dir))}"
+            )
     cols = grid_columns(rows)
     fits = {}
     # "<role>" fits the step timed alone; "<role>_busy" (lockstep profile) the step timed while the
     # other role works; compare.contention picks which of them predict a pipelined run
-    busy = bool(rows) and all("target_busy_seconds_median" in r and "drafter_busy_seconds_median" in r
-                              for r in rows)
+    busy = bool(rows) and all("target_busy_seconds_median" in r and "drafter_busy_seconds_median" in r for r in rows)
     for role in ("target", "drafter") + (("target_busy", "drafter_busy") if busy else ()):
-        fits[role] = sm.fit_role(cols, [r[f"{role}_seconds_all"] for r in rows], role=role,
-                                 holdout_fraction=params.compare.holdout_fraction, seed=params.batching.seed)
-    return {"rows": rows, "fits": fits, "machine": grid["machine"], "reference": grid["reference"],
-            "transport": tm.fit_transport(grid["transport"])}
+        fits[role] = sm.fit_role(
+            cols,
+            [r[f"{role}_seconds_all"] for r in rows],
+            role=role,
+            holdout_fraction=params.compare.holdout_fraction,
+            seed=params.batching.seed,
+        )
+    return {
+        "rows": rows,
+        "fits": fits,
+        "machine": grid["machine"],
+        "reference": grid["reference"],
+        "transport": tm.fit_transport(grid["transport"]),
+    }

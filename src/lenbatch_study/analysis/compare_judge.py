@@ -32,8 +32,13 @@ def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int
     """
     rows = sorted(steps, key=lambda r: int(r["step"]))
     if not all("target_s" in r and "drafter_s" in r for r in rows):
-        return {"target_step_ratio": float("nan"), "drafter_step_ratio": float("nan"), "pipeline_error": float("nan"),
-                "target_cpu_share": float("nan"), "drafter_cpu_share": float("nan")}
+        return {
+            "target_step_ratio": float("nan"),
+            "drafter_step_ratio": float("nan"),
+            "pipeline_error": float("nan"),
+            "target_cpu_share": float("nan"),
+            "drafter_cpu_share": float("nan"),
+        }
     w = params.train.warmup_steps
     t = np.array([float(r["target_s"]) for r in rows])
     d = np.array([float(r["drafter_s"]) for r in rows])
@@ -42,19 +47,31 @@ def diagnose(steps: list[dict], pred: dict, *, params: Params, target_ranks: int
         ends = sm.pipeline_ends(t + d)
     else:
         x, st = tm.measured_transport(rows)  # receive on the drafter's path, staging on the target's
-        ends = sm.pipeline_ends(t + st, d, queue_size=params.train.queue_size, target_ranks=target_ranks,
-                                ack_every=ACK_EVERY, nodes=params.train.nodes, transport_s=x,
-                                allreduce_s=float(np.mean([r.get("allreduce_s", 0.0) for r in rows])))
+        ends = sm.pipeline_ends(
+            t + st,
+            d,
+            queue_size=params.train.queue_size,
+            target_ranks=target_ranks,
+            ack_every=ACK_EVERY,
+            nodes=params.train.nodes,
+            transport_s=x,
+            allreduce_s=float(np.mean([r.get("allreduce_s", 0.0) for r in rows])),
+        )
     replay = sm.throughput(useful, ends, warmup_steps=w)
     share = {role: cpu.steps_cpu_share(rows[w:], role, threads=params.train.threads) for role in ("target", "drafter")}
-    return {"target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
-            "drafter_step_ratio": float(d[w:].sum() / pred["drafter_s"][w:].sum()),
-            "pipeline_error": replay / measured - 1.0, **tm.transport_row(rows, pred, warmup_steps=w),
-            "target_cpu_share": share["target"], "drafter_cpu_share": share["drafter"]}
+    return {
+        "target_step_ratio": float(t[w:].sum() / pred["target_s"][w:].sum()),
+        "drafter_step_ratio": float(d[w:].sum() / pred["drafter_s"][w:].sum()),
+        "pipeline_error": replay / measured - 1.0,
+        **tm.transport_row(rows, pred, warmup_steps=w),
+        "target_cpu_share": share["target"],
+        "drafter_cpu_share": share["drafter"],
+    }
 
 
-def recommend(rows: dict[str, StrategyRow], ksweep: list[dict], interleaved: dict | None, *,
-              params: Params) -> Recommendation:
+def recommend(
+    rows: dict[str, StrategyRow], ksweep: list[dict], interleaved: dict | None, *, params: Params
+) -> Recommendation:
     """The answer and the K for bucketed.
 
     Strategy: decided on the ratios measured in turns (:func:`lenbatch_study.analysis.verdict.decide`) among
@@ -63,14 +80,19 @@ def recommend(rows: dict[str, StrategyRow], ksweep: list[dict], interleaved: dic
     throughput is within compare.k_tolerance of the best K (fewer buckets mix lengths more, so ties go to the
     smaller K).
     """
-    verdict = decide(interleaved, {s: r.composition_repeat for s, r in rows.items()},
-                     max_composition_repeat=params.compare.max_composition_repeat)
+    verdict = decide(
+        interleaved,
+        {s: r.composition_repeat for s, r in rows.items()},
+        max_composition_repeat=params.compare.max_composition_repeat,
+    )
     k_best = max(ksweep, key=lambda e: e["predicted_tok_s"]) if ksweep else None
     k_pick = None
     if k_best is not None:
         floor = (1 - params.compare.k_tolerance) * k_best["predicted_tok_s"]
         good = [e for e in ksweep if e["predicted_tok_s"] >= floor]
         k_pick = min(good, key=lambda e: e["num_buckets"])
-    return Recommendation(verdict=verdict, num_buckets=k_pick["num_buckets"] if k_pick else None,
-                          k_best_throughput=k_best["num_buckets"] if k_best else None)
-
+    return Recommendation(
+        verdict=verdict,
+        num_buckets=k_pick["num_buckets"] if k_pick else None,
+        k_best_throughput=k_best["num_buckets"] if k_best else None,
+    )

@@ -60,9 +60,15 @@ def gradient_quality(grads: np.ndarray, sizes: np.ndarray, full: np.ndarray) -> 
     cos = (g @ G) / np.maximum(gn * Gn, 1e-300)
     dev = ((g - G) ** 2).sum(1)
     tr = float((B * dev).mean())
-    return {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()), "variance_per_token": tr,
-            "noise_scale": tr / Gn ** 2 if Gn > 0 else float("inf"), "full_norm_sq": Gn ** 2,
-            "mean_batch_tokens": float(B.mean()), "batches": int(g.shape[0])}
+    return {
+        "cosine_mean": float(cos.mean()),
+        "cosine_min": float(cos.min()),
+        "variance_per_token": tr,
+        "noise_scale": tr / Gn**2 if Gn > 0 else float("inf"),
+        "full_norm_sq": Gn**2,
+        "mean_batch_tokens": float(B.mean()),
+        "batches": int(g.shape[0]),
+    }
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float:

@@ -29,21 +29,41 @@ GRID_MARGIN = 0.05
 # The keys of compare's metrics.json (DVC's headline, at most 40 numbers) for every strategy but sorted: 16
 # for five strategies, beside the trainings' 24. The interval is two numbers: DVC 3.67 leaves a list out of
 # `metrics show`, `metrics diff` and `exp show`, so ``[low, high]`` as one list would be recorded but never seen.
-USER_METRIC_KEYS = ("interleaved.ratio_to_sorted", "interleaved.ci95.low", "interleaved.ci95.high",
-                    "interleaved.predicted_ratio")
+USER_METRIC_KEYS = (
+    "interleaved.ratio_to_sorted",
+    "interleaved.ci95.low",
+    "interleaved.ci95.high",
+    "interleaved.predicted_ratio",
+)
 # Params the interleaved measurement must share with compare's (section -> keys; None: all): its plans,
 # model and segments.
 RUN_KEYS: dict[str, tuple[str, ...] | None] = {
-    "batching": None, "model": None, "drafter": None, "interleave": None,
-    "train": ("strategies", "nproc", "nodes", "useful_tokens", "warmup_steps", "threads", "kernels",
-              "reuse_host_memory"),
+    "batching": None,
+    "model": None,
+    "drafter": None,
+    "interleave": None,
+    "train": (
+        "strategies",
+        "nproc",
+        "nodes",
+        "useful_tokens",
+        "warmup_steps",
+        "threads",
+        "kernels",
+        "reuse_host_memory",
+    ),
 }
 
 
-def predicted_ratios(predicted_seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]],
-                     *, baseline: str = BASELINE) -> dict[str, float]:
+def predicted_ratios(
+    predicted_seconds: Mapping[str, Sequence[float]],
+    useful_tokens: Mapping[str, Sequence[float]],
+    *,
+    baseline: str = BASELINE,
+) -> dict[str, float]:
     """Predicted throughput ratio to ``baseline`` over the same timed steps: (sum u / sum predicted t) of
     the strategy over that of the baseline (per-step predicted seconds, as the step model gives them)."""
+
     def thr(s: str) -> float:
         return float(np.sum(useful_tokens[s])) / float(np.sum(predicted_seconds[s]))
 
@@ -51,9 +71,15 @@ def predicted_ratios(predicted_seconds: Mapping[str, Sequence[float]], useful_to
     return {s: thr(s) / b for s in predicted_seconds}
 
 
-def judge(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]],
-          predicted_seconds: Mapping[str, Sequence[float]], step_useful_tokens: Mapping[str, Sequence[float]], *,
-          baseline: str = BASELINE, run_ratios: Mapping[str, float] | None = None) -> dict[str, dict[str, object]]:
+def judge(
+    seconds: Mapping[str, Sequence[float]],
+    useful_tokens: Mapping[str, Sequence[float]],
+    predicted_seconds: Mapping[str, Sequence[float]],
+    step_useful_tokens: Mapping[str, Sequence[float]],
+    *,
+    baseline: str = BASELINE,
+    run_ratios: Mapping[str, float] | None = None,
+) -> dict[str, dict[str, object]]:
     """Per strategy: the measured ratio to ``baseline`` and its 95% interval (:func:`ratio_intervals`, from
     the per-round ``seconds`` and ``useful_tokens``), the predicted ratio of the same steps
     (:func:`predicted_ratios`, from each timed step's ``predicted_seconds`` and ``step_useful_tokens``),
@@ -73,18 +99,28 @@ def judge(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Se
         lo, hi = m["ci95"]  # type: ignore[misc]
         half = half_width(r, (lo, hi))
         err = pred[s] / r - 1.0
-        out[s] = {"ratio_to_sorted": r, "ci95": [float(lo), float(hi)], "predicted_ratio": float(pred[s]),
-                  "rounds": m["rounds"], "half_width": half, "prediction_error": err,
-                  "interval_ok": half <= INTERVAL_TARGET, "prediction_ok": abs(err) <= PREDICTION_TARGET}
+        out[s] = {
+            "ratio_to_sorted": r,
+            "ci95": [float(lo), float(hi)],
+            "predicted_ratio": float(pred[s]),
+            "rounds": m["rounds"],
+            "half_width": half,
+            "prediction_error": err,
+            "interval_ok": half <= INTERVAL_TARGET,
+            "prediction_ok": abs(err) <= PREDICTION_TARGET,
+        }
         if run_ratios is not None:
             out[s]["run_predicted_ratio"] = float(run_ratios[s])
             out[s]["steps_gap"] = float(pred[s] / run_ratios[s] - 1.0)
     return out
 
 
-def role_factors(role_seconds: Mapping[str, Mapping[str, Sequence[float]]],
-                 predicted: Mapping[str, Mapping[str, Sequence[float]]], *,
-                 baseline: str = BASELINE) -> dict[str, dict[str, dict[str, float]]]:
+def role_factors(
+    role_seconds: Mapping[str, Mapping[str, Sequence[float]]],
+    predicted: Mapping[str, Mapping[str, Sequence[float]]],
+    *,
+    baseline: str = BASELINE,
+) -> dict[str, dict[str, dict[str, float]]]:
     """Per strategy and role (:data:`ROLES`): ``measured_over_predicted`` (m), the role's measured seconds of
     the segment, mean over rounds, over its predicted seconds (the machine at the measurement against the
     profile's); ``vs_sorted``, m over the baseline's m (the same rounds: a drift common to them cancels; 1
@@ -98,8 +134,17 @@ def role_factors(role_seconds: Mapping[str, Mapping[str, Sequence[float]]],
     assert all(p > 0 for per in pred.values() for p in per.values()), "a role without predicted seconds"
     assert len({len(role_seconds[s][r]) for s in role_seconds for r in ROLES}) == 1, "one segment per round"
     m = {s: {r: float(np.mean(role_seconds[s][r])) / pred[s][r] for r in ROLES} for s in role_seconds}
-    return {s: {r: {"measured_over_predicted": m[s][r], "vs_sorted": m[s][r] / m[baseline][r],
-                    "share": pred[s][r] / sum(pred[s].values())} for r in ROLES} for s in role_seconds}
+    return {
+        s: {
+            r: {
+                "measured_over_predicted": m[s][r],
+                "vs_sorted": m[s][r] / m[baseline][r],
+                "share": pred[s][r] / sum(pred[s].values()),
+            }
+            for r in ROLES
+        }
+        for s in role_seconds
+    }
 
 
 def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: str = BASELINE) -> dict[str, object]:
@@ -125,8 +170,9 @@ def flat_metrics(table: Mapping[str, Mapping[str, object]] | None, *, baseline: 
     return out
 
 
-def beyond_grid(grid: Mapping[str, np.ndarray], steps: Mapping[str, np.ndarray],
-                features: Sequence[str]) -> dict[str, float]:
+def beyond_grid(
+    grid: Mapping[str, np.ndarray], steps: Mapping[str, np.ndarray], features: Sequence[str]
+) -> dict[str, float]:
     """The fitted ``features`` on which ``steps`` (their shape columns) reach past the profile ``grid``'s largest
     value by more than ``GRID_MARGIN``: ``{feature: max over steps / max over the grid}``. A model is linear in
     its features, so beyond the grid it extrapolates a cost it never timed (the drafter's context tensor,
@@ -146,10 +192,14 @@ def _beyond_grid_sentence(rows: Sequence[tuple[str, Mapping[str, object]]]) -> s
     far = [(s, r["beyond_grid"]) for s, r in rows if r.get("beyond_grid")]
     if not far:
         return ""
-    said = "; ".join(f"`{s}`: " + ", ".join(f"{k} {x:.2f}x" for k, x in b.items())  # type: ignore[union-attr]
-                     for s, b in far)
-    return (f" Beyond the profile grid ({said} the grid's largest value): those predictions extrapolate the step "
-            "model past every shape the profile timed.")
+    said = "; ".join(
+        f"`{s}`: " + ", ".join(f"{k} {x:.2f}x" for k, x in b.items())  # type: ignore[union-attr]
+        for s, b in far
+    )
+    return (
+        f" Beyond the profile grid ({said} the grid's largest value): those predictions extrapolate the step "
+        "model past every shape the profile timed."
+    )
 
 
 def _profile_drift_sentence(factors: Mapping[str, Sequence[float]] | None) -> str:
@@ -161,12 +211,18 @@ def _profile_drift_sentence(factors: Mapping[str, Sequence[float]] | None) -> st
     spans = {role: (min(f), max(f)) for role, f in factors.items() if f}
     said = " and ".join(f"{lo:.2f}-{hi:.2f}x ({role})" for role, (lo, hi) in spans.items())
     moved = [role for role, (lo, hi) in spans.items() if max(hi, 1 / lo) - 1 > PROFILE_DRIFT]
-    why = (f"; a pass more than {100 * PROFILE_DRIFT:g}% off the median ({', '.join(moved)}) means the machine's "
-           "speed moved while the grid was timed, which alone can move a predicted ratio by several percent "
-           "(docs/prediction.md)" if moved else "")
-    return (f" The profile's timed passes took {said} the seconds of its median pass{why}. To tell the profile's "
-            f"drift from the step model's error, time the grid again on a quiet machine and compare: "
-            f"{provenance.profile_rerun()}.")
+    why = (
+        f"; a pass more than {100 * PROFILE_DRIFT:g}% off the median ({', '.join(moved)}) means the machine's "
+        "speed moved while the grid was timed, which alone can move a predicted ratio by several percent "
+        "(docs/prediction.md)"
+        if moved
+        else ""
+    )
+    return (
+        f" The profile's timed passes took {said} the seconds of its median pass{why}. To tell the profile's "
+        f"drift from the step model's error, time the grid again on a quiet machine and compare: "
+        f"{provenance.profile_rerun()}."
+    )
 
 
 def _missed_role_sentence(missed: Sequence[tuple[str, Mapping[str, object]]]) -> str:
@@ -176,29 +232,38 @@ def _missed_role_sentence(missed: Sequence[tuple[str, Mapping[str, object]]]) ->
         f = r.get("role_factors")
         if f:
             role = max(ROLES, key=lambda x: abs(f[x]["vs_sorted"] - 1) * f[x]["share"])  # type: ignore[index]
-            said.append(f"`{s}`'s {role} step took {f[role]['vs_sorted']:.2f}x"  # type: ignore[index]
-                        f" of its predicted seconds against `sorted`'s")
-    return (" Where the misses come from: " + "; ".join(said) + " (per role, the table after this one)."
-            if said else "")
+            said.append(
+                f"`{s}`'s {role} step took {f[role]['vs_sorted']:.2f}x"  # type: ignore[index]
+                f" of its predicted seconds against `sorted`'s"
+            )
+    return " Where the misses come from: " + "; ".join(said) + " (per role, the table after this one)." if said else ""
 
 
 def _role_lines(table: Mapping[str, Mapping[str, object]], *, baseline: str) -> list[str]:
     """The per-role table (:func:`role_factors`): none for a measurement without per-role seconds."""
     if not table[baseline].get("role_factors"):
         return []
-    lines = ["", "Per role, each strategy's measured seconds over its predicted seconds (mean over rounds), and the "
-             f"same against `{baseline}`'s (1.000 where the step model's dependence on shape held). A strategy's two "
-             "measured / predicted, weighted by each role's share of its predicted step, over the same for "
-             f"`{baseline}`, give its predicted / measured ratio (up to the measured ratio being a geometric mean "
-             "over rounds): a ratio misses where a role's dependence on shape failed, or where the two roles' speeds "
-             f"moved apart since the profile and the strategy's drafter share differs from `{baseline}`'s.", "",
-             f"| strategy | target: measured / predicted | against {baseline} | drafter: measured / predicted | "
-             f"against {baseline} | drafter's share of the predicted step |", "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Per role, each strategy's measured seconds over its predicted seconds (mean over rounds), and the "
+        f"same against `{baseline}`'s (1.000 where the step model's dependence on shape held). A strategy's two "
+        "measured / predicted, weighted by each role's share of its predicted step, over the same for "
+        f"`{baseline}`, give its predicted / measured ratio (up to the measured ratio being a geometric mean "
+        "over rounds): a ratio misses where a role's dependence on shape failed, or where the two roles' speeds "
+        f"moved apart since the profile and the strategy's drafter share differs from `{baseline}`'s.",
+        "",
+        f"| strategy | target: measured / predicted | against {baseline} | drafter: measured / predicted | "
+        f"against {baseline} | drafter's share of the predicted step |",
+        "|---|---|---|---|---|---|",
+    ]
     for s, r in table.items():
         f: Mapping[str, Mapping[str, float]] = r.get("role_factors") or {}  # type: ignore[assignment]
         if f:
-            lines.append(f"| {s} | " + " | ".join(f"{f[x]['measured_over_predicted']:.3f} | {f[x]['vs_sorted']:.3f}"
-                                                   for x in ROLES) + f" | {f['drafter']['share']:.0%} |")
+            lines.append(
+                f"| {s} | "
+                + " | ".join(f"{f[x]['measured_over_predicted']:.3f} | {f[x]['vs_sorted']:.3f}" for x in ROLES)
+                + f" | {f['drafter']['share']:.0%} |"
+            )
     return lines
 
 
@@ -213,50 +278,84 @@ def section_lines(table: Mapping[str, Mapping[str, object]] | None, *, baseline:
     pct = f"{100 * INTERVAL_TARGET:g}%", f"{100 * PREDICTION_TARGET:g}%"
     first = next(iter(table.values()))
     resolved = str(first.get("stopped", "")).startswith("the ranking resolved")
-    verdict = (f"The rounds stopped after {first['rounds']} once the ranking was resolved: no two intervals "
-               f"overlap and every one is within ±{pct[1]}, where a predicted ratio more than {pct[1]} off lies "
-               f"outside its interval as it would at ±{pct[0]} ({', '.join(wide)} wider than ±{pct[0]})."
-               if wide and resolved else
-               f"The intervals of {', '.join(wide)} are wider than ±{pct[0]} after {first['rounds']} rounds "
-               f"(`interleave.max_rounds`: {first.get('max_rounds', first['rounds'])}): the machine's speed moved "
-               f"within rounds too much to judge a {pct[1]} prediction there (a quieter machine, or more rounds, "
-               "narrows them)." if wide else f"Every interval is within ±{pct[0]}.")
-    verdict += (f" The predicted ratio is within {pct[1]} of the measured one for "
-                + ("every strategy." if not off else f"{len(rows) - len(off)} of {len(rows)} strategies (not "
-                                                     f"{', '.join(off)})."))
-    inside = [f"`{s}`" for s, r in rows if not r["prediction_ok"]
-              and r["ci95"][0] <= r["predicted_ratio"] <= r["ci95"][1]]  # type: ignore[index, operator]
+    verdict = (
+        f"The rounds stopped after {first['rounds']} once the ranking was resolved: no two intervals "
+        f"overlap and every one is within ±{pct[1]}, where a predicted ratio more than {pct[1]} off lies "
+        f"outside its interval as it would at ±{pct[0]} ({', '.join(wide)} wider than ±{pct[0]})."
+        if wide and resolved
+        else f"The intervals of {', '.join(wide)} are wider than ±{pct[0]} after {first['rounds']} rounds "
+        f"(`interleave.max_rounds`: {first.get('max_rounds', first['rounds'])}): the machine's speed moved "
+        f"within rounds too much to judge a {pct[1]} prediction there (a quieter machine, or more rounds, "
+        "narrows them)."
+        if wide
+        else f"Every interval is within ±{pct[0]}."
+    )
+    verdict += f" The predicted ratio is within {pct[1]} of the measured one for " + (
+        "every strategy." if not off else f"{len(rows) - len(off)} of {len(rows)} strategies (not {', '.join(off)})."
+    )
+    inside = [
+        f"`{s}`" for s, r in rows if not r["prediction_ok"] and r["ci95"][0] <= r["predicted_ratio"] <= r["ci95"][1]
+    ]  # type: ignore[index, operator]
     if inside:
-        verdict += (f" Within the measured interval nonetheless: {', '.join(inside)} (a miss this measurement "
-                    "cannot show).")
+        verdict += (
+            f" Within the measured interval nonetheless: {', '.join(inside)} (a miss this measurement cannot show)."
+        )
     if off:
         verdict += _missed_role_sentence([(s, r) for s, r in rows if not r["prediction_ok"]])
         verdict += _profile_drift_sentence(first.get("profile_pass_factors"))
     verdict += _beyond_grid_sentence(rows)
     if any("steps_gap" in r for _, r in rows):
         apart = [f"`{s}`" for s, r in rows if abs(float(r.get("steps_gap", 0.0))) > PREDICTION_TARGET]  # type: ignore[arg-type]
-        verdict += (" The timed steps stand for each run: the step model's ratio over them is within "
-                    f"{pct[1]} of its ratio over the whole run (last column)." if not apart else
-                    f" The timed steps of {', '.join(apart)} do not stand for the run: the step model's ratio over "
-                    f"them is more than {pct[1]} from its ratio over the whole run (last column).")
-    clock = ("the process's CPU seconds (other processes' time slices left out), predicted from the grid's CPU "
-             "seconds" if first.get("clock") == "cpu" else "wall seconds")
-    lines = ["", "## Ratios measured in turns", "",
-             f"One process timed every strategy's steps in turns ({first['rounds']} rounds, each strategy after its "
-             "own warm-up; `lenbatch interleave`), so the machine's drift fell on all alike, where the trainings "
-             f"above ran one after another. A ratio is the strategy's useful tokens/s over `{baseline}`'s, paired "
-             f"by round (95% interval over rounds), on {clock}; the prediction is the step model's for the same "
-             "steps, target and drafter one after the other as the profile grid timed them alone. " + verdict, "",
-             f"| strategy | measured ratio to {baseline} | 95% interval | predicted ratio | predicted / measured | "
-             "predicted over its whole run | timed steps / whole run |", "|---|---|---|---|---|---|---|"]
+        verdict += (
+            " The timed steps stand for each run: the step model's ratio over them is within "
+            f"{pct[1]} of its ratio over the whole run (last column)."
+            if not apart
+            else f" The timed steps of {', '.join(apart)} do not stand for the run: the step model's ratio over "
+            f"them is more than {pct[1]} from its ratio over the whole run (last column)."
+        )
+    clock = (
+        "the process's CPU seconds (other processes' time slices left out), predicted from the grid's CPU seconds"
+        if first.get("clock") == "cpu"
+        else "wall seconds"
+    )
+    lines = [
+        "",
+        "## Ratios measured in turns",
+        "",
+        f"One process timed every strategy's steps in turns ({first['rounds']} rounds, each strategy after its "
+        "own warm-up; `lenbatch interleave`), so the machine's drift fell on all alike, where the trainings "
+        f"above ran one after another. A ratio is the strategy's useful tokens/s over `{baseline}`'s, paired "
+        f"by round (95% interval over rounds), on {clock}; the prediction is the step model's for the same "
+        "steps, target and drafter one after the other as the profile grid timed them alone. " + verdict,
+        "",
+        f"| strategy | measured ratio to {baseline} | 95% interval | predicted ratio | predicted / measured | "
+        "predicted over its whole run | timed steps / whole run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s, r in rows:
         lo, hi = r["ci95"]  # type: ignore[misc]
-        run = (f"{r['run_predicted_ratio']:.3f} | {100 * float(r['steps_gap']):+.1f}%"  # type: ignore[arg-type]
-               if "run_predicted_ratio" in r else "n/a | n/a")
-        lines.append(f"| {s} | {r['ratio_to_sorted']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['predicted_ratio']:.3f} | "
-                     f"{100 * float(r['prediction_error']):+.1f}% | {run} |")  # type: ignore[arg-type]
+        run = (
+            f"{r['run_predicted_ratio']:.3f} | {100 * float(r['steps_gap']):+.1f}%"  # type: ignore[arg-type]
+            if "run_predicted_ratio" in r
+            else "n/a | n/a"
+        )
+        lines.append(
+            f"| {s} | {r['ratio_to_sorted']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['predicted_ratio']:.3f} | "
+            f"{100 * float(r['prediction_error']):+.1f}% | {run} |"
+        )  # type: ignore[arg-type]
     return lines + _role_lines(table, baseline=baseline)
 
 
-__all__ = ["BASELINE", "PREDICTION_TARGET", "ROLES", "RUN_KEYS", "USER_METRIC_KEYS", "beyond_grid", "flat_metrics",
-           "judge", "predicted_ratios", "role_factors", "section_lines"]
+__all__ = [
+    "BASELINE",
+    "PREDICTION_TARGET",
+    "ROLES",
+    "RUN_KEYS",
+    "USER_METRIC_KEYS",
+    "beyond_grid",
+    "flat_metrics",
+    "judge",
+    "predicted_ratios",
+    "role_factors",
+    "section_lines",
+]

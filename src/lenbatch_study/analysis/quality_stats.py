@@ -38,19 +38,31 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     runs = by_strategy(result)
     final = {s: intervals.mean_interval([r["final_heldout_loss"] for r in rs]) for s, rs in runs.items()}
     ref = [r["final_heldout_loss"] for r in runs["sorted"]]
-    vs = {s: intervals.difference_interval([r["final_heldout_loss"] for r in rs], ref) for s, rs in runs.items()
-          if s != "sorted"}
+    vs = {
+        s: intervals.difference_interval([r["final_heldout_loss"] for r in rs], ref)
+        for s, rs in runs.items()
+        if s != "sorted"
+    }
     curves = {}
     for s, rs in runs.items():
         L = np.array([r["curve_loss"] for r in rs])
         T = np.array([r["curve_tokens"] for r in rs], dtype=float)
         iv = [intervals.mean_interval(L[:, k]) for k in range(L.shape[1])]
-        curves[s] = {"useful_tokens": T.mean(0).tolist(), "mean": [i["mean"] for i in iv],
-                     "lo": [i["lo"] for i in iv], "hi": [i["hi"] for i in iv]}
+        curves[s] = {
+            "useful_tokens": T.mean(0).tolist(),
+            "mean": [i["mean"] for i in iv],
+            "lo": [i["lo"] for i in iv],
+            "hi": [i["hi"] for i in iv],
+        }
     uniform, drop = result["setting"]["uniform_loss"], result["setting"]["min_drop_nats"]
     worst = max(r["final_heldout_loss"] for r in result["runs"])
-    return {"final": final, "vs_sorted": vs, "curves": curves, "learned": bool(worst <= uniform - drop),
-            "worst_final_loss": worst}
+    return {
+        "final": final,
+        "vs_sorted": vs,
+        "curves": curves,
+        "learned": bool(worst <= uniform - drop),
+        "worst_final_loss": worst,
+    }
 
 
 def metric_number(x: Any) -> Any:
@@ -88,12 +100,14 @@ def strategy_metrics(result: dict[str, Any]) -> dict[str, Any]:
 def stage_metrics(result: dict[str, Any]) -> dict[str, Any]:
     """The stage's own: learned criterion, uniform and unigram losses, tokens per run, time (``quality.<key>``)."""
     num = metric_number
-    return {"quality.learned": bool(result["summary"]["learned"]),
-            "quality.uniform_loss": num(result["setting"]["uniform_loss"]),
-            "quality.unigram_loss": num(result["setting"].get("unigram_loss")),
-            "quality.useful_tokens_per_run": result["setting"]["useful_tokens_per_run"],
-            "quality.seconds": num(result["timing"]["total_s"]),
-            "quality.cpu_seconds": num(result["timing"]["total_cpu_s"])}
+    return {
+        "quality.learned": bool(result["summary"]["learned"]),
+        "quality.uniform_loss": num(result["setting"]["uniform_loss"]),
+        "quality.unigram_loss": num(result["setting"].get("unigram_loss")),
+        "quality.useful_tokens_per_run": result["setting"]["useful_tokens_per_run"],
+        "quality.seconds": num(result["timing"]["total_s"]),
+        "quality.cpu_seconds": num(result["timing"]["total_cpu_s"]),
+    }
 
 
 __all__ = ["by_strategy", "metric_number", "stage_metrics", "strategy_metrics", "summarize"]

@@ -27,6 +27,7 @@ import numpy as np
 
 from lenbatch_study.analysis import interleaved as il, quality_report as qr
 from lenbatch_study.analysis.interleaved import PREDICTION_TARGET
+
 # metrics.json / diagnostics.json and the plots (each its own module), re-exported
 from lenbatch_study.analysis.report_metrics import (
     MAX_METRIC_NUMBERS as MAX_METRIC_NUMBERS,
@@ -59,23 +60,23 @@ class StrategyRow:
     """One trained strategy: plan, prediction and measurement (tokens/s are useful tokens per second)."""
 
     padding_model_efficiency: float  # boundaries' predicted efficiency (bucketed) or the simulated plan's
-    simulated_efficiency: float      # useful / computed tokens of the simulated epoch plan
-    measured_efficiency: float       # useful / computed tokens of the run
+    simulated_efficiency: float  # useful / computed tokens of the simulated epoch plan
+    measured_efficiency: float  # useful / computed tokens of the run
     budget_fill: float
     predicted_tok_s: float
     measured_tok_s: float
-    prediction_error: float          # predicted / measured - 1
+    prediction_error: float  # predicted / measured - 1
     composition_repeat: float
     length_mixing: float
     steps: int
-    useful_tokens: float             # useful tokens of the post-warm-up steps
-    predicted_seconds: float        # modelled wall seconds of the post-warm-up steps
+    useful_tokens: float  # useful tokens of the post-warm-up steps
+    predicted_seconds: float  # modelled wall seconds of the post-warm-up steps
     mean_target_s: float
     mean_drafter_s: float
     loss_curve: tuple[np.ndarray, np.ndarray]
-    target_step_ratio: float         # measured / predicted target step seconds (post-warm-up)
+    target_step_ratio: float  # measured / predicted target step seconds (post-warm-up)
     drafter_step_ratio: float
-    pipeline_error: float            # measured step times replayed through the pipeline model vs measured
+    pipeline_error: float  # measured step times replayed through the pipeline model vs measured
     target_cpu_share: float
     drafter_cpu_share: float
     ratio_to_sorted_measured: float = math.nan
@@ -89,9 +90,9 @@ class StrategyRow:
     calibrated_prediction_error: float = math.nan  # calibrated / measured - 1
     target_reference_ratio: float = math.nan
     drafter_reference_ratio: float = math.nan
-    target_reference_drift: float = math.nan     # end / start of the run's reference - 1
+    target_reference_drift: float = math.nan  # end / start of the run's reference - 1
     drafter_reference_drift: float = math.nan
-    reference_seconds: float = math.nan          # wall seconds the run spent on its reference step
+    reference_seconds: float = math.nan  # wall seconds the run spent on its reference step
     # the features' transport to the drafter rank, mean seconds per post-warm-up step (separate trainings):
     # predicted from the profile's measurement (NaN: none measured) and measured by the run (NaN: none recorded)
     predicted_transport_s: float = math.nan
@@ -100,9 +101,9 @@ class StrategyRow:
 
 @dataclass(frozen=True)
 class Recommendation:
-    verdict: Verdict                    # decided on the ratios measured in turns (analysis.verdict)
-    num_buckets: Optional[int]          # smallest K within compare.k_tolerance of the best predicted K
-    k_best_throughput: Optional[int]    # the best predicted K
+    verdict: Verdict  # decided on the ratios measured in turns (analysis.verdict)
+    num_buckets: Optional[int]  # smallest K within compare.k_tolerance of the best predicted K
+    k_best_throughput: Optional[int]  # the best predicted K
 
     @property
     def strategy(self) -> Optional[str]:
@@ -134,7 +135,7 @@ class CompareResult:
     stats: dict[str, Any]
     quality: Any
     recommendation: Recommendation
-    machine: Optional[dict[str, Any]] = None     # the fingerprint profile and runs share (lenbatch_study.core.machine)
+    machine: Optional[dict[str, Any]] = None  # the fingerprint profile and runs share (lenbatch_study.core.machine)
     reference_shape: Optional[dict[str, Any]] = None
     profile_reference_drift: Optional[dict[str, float]] = None
     profile_reference_seconds: float = math.nan
@@ -176,15 +177,23 @@ def data_sentence(result: CompareResult, *, params: Params) -> str:
     dropped = tk.get("dropped") or {}
     if tk:
         counts.append(f"{int(tk.get('records_read', 0)):,} records read, {skipped:,} skipped as malformed")
-        counts.append(f"{sum(int(v) for v in dropped.values()):,} dropped (" + (", ".join(
-            f"{k.replace('_', ' ')} {int(v):,}" for k, v in dropped.items() if int(v)) or "none") + ")")
-        counts.append(f"{int(tk.get('truncated', 0)):,} truncated to {tk.get('max_len', params.data.max_len):,} "
-                      f"tokens ({tk.get('overflow', 'truncate')})")
+        counts.append(
+            f"{sum(int(v) for v in dropped.values()):,} dropped ("
+            + (", ".join(f"{k.replace('_', ' ')} {int(v):,}" for k, v in dropped.items() if int(v)) or "none")
+            + ")"
+        )
+        counts.append(
+            f"{int(tk.get('truncated', 0)):,} truncated to {tk.get('max_len', params.data.max_len):,} "
+            f"tokens ({tk.get('overflow', 'truncate')})"
+        )
         text += " Tokenize: " + ", ".join(counts) + "."
     p = st.get("percentiles") or {}
     if p:
-        text += (f" Lengths {int(st['min']):,}..{int(st['max']):,} tokens, mean {float(st['mean']):,.0f}; " + ", ".join(
-            f"{k.upper()} {float(v):,.0f}" for k, v in p.items() if k in ("p10", "p50", "p90", "p99")) + ".")
+        text += (
+            f" Lengths {int(st['min']):,}..{int(st['max']):,} tokens, mean {float(st['mean']):,.0f}; "
+            + ", ".join(f"{k.upper()} {float(v):,.0f}" for k, v in p.items() if k in ("p10", "p50", "p90", "p99"))
+            + "."
+        )
     where = (Path(result.data_dir) / tokenized.STATS).as_posix()
     return text + f" Counts by reason: `{where}`; the rest of the evidence: [{files.DETAILS}]({files.DETAILS})."
 
@@ -196,12 +205,18 @@ def _k_sentence(result: CompareResult, *, params: Params, bold: bool) -> str:
     if k is None or k not in sweep:
         return ""
     e, kb = sweep[k], sweep[rec.k_best_throughput]
-    lead = "Use it" if rec.strategy == "bucketed" else "Where a padded layout with length buckets is wanted, use `bucketed`"
+    lead = (
+        "Use it"
+        if rec.strategy == "bucketed"
+        else "Where a padded layout with length buckets is wanted, use `bucketed`"
+    )
     kk = f"**K = {k}**" if bold else f"K = {k}"
-    return (f" {lead} with {kk} buckets: predicted over a whole epoch at {pct(e['predicted_ratio_to_sorted'])} of "
-            f"sorted at simulated efficiency {pct(e['simulated_efficiency'])} and length mixing "
-            f"{e['length_mixing']:.3f}, the smallest K within {pct(params.compare.k_tolerance)} of the best predicted "
-            f"K (K = {kb['num_buckets']}, {pct(kb['predicted_ratio_to_sorted'])}).")
+    return (
+        f" {lead} with {kk} buckets: predicted over a whole epoch at {pct(e['predicted_ratio_to_sorted'])} of "
+        f"sorted at simulated efficiency {pct(e['simulated_efficiency'])} and length mixing "
+        f"{e['length_mixing']:.3f}, the smallest K within {pct(params.compare.k_tolerance)} of the best predicted "
+        f"K (K = {kb['num_buckets']}, {pct(kb['predicted_ratio_to_sorted'])})."
+    )
 
 
 def _missed_sentence(result: CompareResult, missed: tuple[str, ...]) -> str:
@@ -209,12 +224,18 @@ def _missed_sentence(result: CompareResult, missed: tuple[str, ...]) -> str:
     table = result.interleaved or {}
     if not missed:
         return ""
-    return (" The step model missed " + ", ".join(
-        f"`{s}`'s ratio (predicted {table[s]['predicted_ratio']:.3f}, measured {_iv(table[s])}, "
-        f"{100 * float(table[s]['prediction_error']):+.1f}%)" for s in missed)
+    return (
+        " The step model missed "
+        + ", ".join(
+            f"`{s}`'s ratio (predicted {table[s]['predicted_ratio']:.3f}, measured {_iv(table[s])}, "
+            f"{100 * float(table[s]['prediction_error']):+.1f}%)"
+            for s in missed
+        )
         + f" beyond its interval and by more than {100 * PREDICTION_TARGET:g}%; the measurement separates "
-        + ("it" if len(missed) == 1 else "them") + f" from the answer all the same (where the miss comes from: "
-        f"[{files.DETAILS}]({files.DETAILS}), \"Ratios measured in turns\").")
+        + ("it" if len(missed) == 1 else "them")
+        + f" from the answer all the same (where the miss comes from: "
+        f'[{files.DETAILS}]({files.DETAILS}), "Ratios measured in turns").'
+    )
 
 
 def miss_cause(table: Mapping[str, Mapping[str, object]], vetoed: Sequence[str], *, rerun: str) -> str:
@@ -227,13 +248,17 @@ def miss_cause(table: Mapping[str, Mapping[str, object]], vetoed: Sequence[str],
     drift = max((max(max(f), 1 / min(f)) - 1 for f in spans), default=float("inf"))  # type: ignore[type-var]
     beyond = [s for s in vetoed if table[s].get("beyond_grid")]
     if drift > il.PROFILE_DRIFT or beyond:
-        return (": the profile does not describe what was measured (the machine changed between them, or a shape "
-                f"the grid never timed). Remeasure the profile: `{rerun}` (DVC: `dvc repro --force --single-item "
-                "profile`, then `dvc repro`)")
-    return (f": the profile's timed passes agree within {100 * drift:.0f}% and every timed step lies inside its "
-            "grid, so remeasuring it would give the same fits: the step model itself misses these steps (which "
-            "role: details.md, \"Ratios measured in turns\"). The ratios are measured and stand, but the model "
-            "cannot confirm them for this data, so no strategy is recommended on them")
+        return (
+            ": the profile does not describe what was measured (the machine changed between them, or a shape "
+            f"the grid never timed). Remeasure the profile: `{rerun}` (DVC: `dvc repro --force --single-item "
+            "profile`, then `dvc repro`)"
+        )
+    return (
+        f": the profile's timed passes agree within {100 * drift:.0f}% and every timed step lies inside its "
+        "grid, so remeasuring it would give the same fits: the step model itself misses these steps (which "
+        'role: details.md, "Ratios measured in turns"). The ratios are measured and stand, but the model '
+        "cannot confirm them for this data, so no strategy is recommended on them"
+    )
 
 
 def answer_paragraph(result: CompareResult, *, params: Params) -> str:
@@ -245,59 +270,92 @@ def answer_paragraph(result: CompareResult, *, params: Params) -> str:
     if v.kind == USE:
         s = v.strategy
         r, m = rows[s], table[s]
-        text = (f"**Use `{s}`** for this data and model. Measured in turns, its useful tokens/s are {_iv(m)} of "
-                f"`sorted`'s (95% interval over {v.rounds} rounds), wholly above every other shuffling strategy's"
-                + (f" ({others})" if others else "") + f"; the step model predicted {m['predicted_ratio']:.3f}. "
-                f"Its batches change every epoch (composition repeat {r.composition_repeat:.3f}, sorted "
-                f"{rows['sorted'].composition_repeat:.3f}; length mixing {r.length_mixing:.3f}, random 1). "
-                + qr.answer_sentence(result.quality, s))
+        text = (
+            f"**Use `{s}`** for this data and model. Measured in turns, its useful tokens/s are {_iv(m)} of "
+            f"`sorted`'s (95% interval over {v.rounds} rounds), wholly above every other shuffling strategy's"
+            + (f" ({others})" if others else "")
+            + f"; the step model predicted {m['predicted_ratio']:.3f}. "
+            f"Its batches change every epoch (composition repeat {r.composition_repeat:.3f}, sorted "
+            f"{rows['sorted'].composition_repeat:.3f}; length mixing {r.length_mixing:.3f}, random 1). "
+            + qr.answer_sentence(result.quality, s)
+        )
         return text + _k_sentence(result, params=params, bold=True) + _missed_sentence(result, v.missed)
     if v.kind == TIE:
         names = " and ".join(f"`{s}`" for s in v.top)
-        text = (f"**Tie: {names}** for this data and model. Measured in turns, their useful tokens/s are "
-                + ", ".join(f"`{s}` {_iv(table[s])}" for s in v.top) + f" of `sorted`'s (95% intervals over "
-                f"{v.rounds} rounds, each within ±{100 * INTERVAL_TARGET:g}%): the intervals overlap, so their "
-                "throughput is the same within what this measurement resolves"
-                + (f"; below them: {others}" if others else "") + ". What else separates them: composition repeat "
-                + ", ".join(f"`{s}` {rows[s].composition_repeat:.3f}" for s in v.top)
-                + " (lower: batch-mates change more between epochs), length mixing "
-                + ", ".join(f"`{s}` {rows[s].length_mixing:.3f}" for s in v.top) + "; "
-                + qr.tie_sentence(result.quality, v.top))
+        text = (
+            f"**Tie: {names}** for this data and model. Measured in turns, their useful tokens/s are "
+            + ", ".join(f"`{s}` {_iv(table[s])}" for s in v.top)
+            + f" of `sorted`'s (95% intervals over "
+            f"{v.rounds} rounds, each within ±{100 * INTERVAL_TARGET:g}%): the intervals overlap, so their "
+            "throughput is the same within what this measurement resolves"
+            + (f"; below them: {others}" if others else "")
+            + ". What else separates them: composition repeat "
+            + ", ".join(f"`{s}` {rows[s].composition_repeat:.3f}" for s in v.top)
+            + " (lower: batch-mates change more between epochs), length mixing "
+            + ", ".join(f"`{s}` {rows[s].length_mixing:.3f}" for s in v.top)
+            + "; "
+            + qr.tie_sentence(result.quality, v.top)
+        )
         return text + _k_sentence(result, params=params, bold=True) + _missed_sentence(result, v.missed)
     if not v.measured:
-        return ("**Not settled: no ratios were measured in turns** (compare ran without the interleave stage's "
-                "results), and the trainings, run one after another, cannot separate strategies on a machine whose "
-                f"speed moves. Run `{rerun_command(result, 'interleave')}` (DVC: `dvc repro interleave`), then "
-                "compare.")
+        return (
+            "**Not settled: no ratios were measured in turns** (compare ran without the interleave stage's "
+            "results), and the trainings, run one after another, cannot separate strategies on a machine whose "
+            f"speed moves. Run `{rerun_command(result, 'interleave')}` (DVC: `dvc repro interleave`), then "
+            "compare."
+        )
     why = []
     if v.wide:
-        why.append(", ".join(f"`{s}` {_iv(table[s])}" for s in v.top) + " overlap, and the intervals of "
-                   + ", ".join(f"`{s}`" for s in v.wide) + f" are still wider than ±{100 * INTERVAL_TARGET:g}% after "
-                   f"{v.rounds} rounds (`interleave.max_rounds`): the machine's speed moved within rounds too much to "
-                   "separate them. Rerun the measurement in turns on a quieter machine or with more rounds: "
-                   f"`dvc exp run -S interleave.max_rounds={2 * v.rounds}` (Snakemake: set it in your config, then "
-                   f"`{rerun_command(result, 'interleave')}`)")
+        why.append(
+            ", ".join(f"`{s}` {_iv(table[s])}" for s in v.top)
+            + " overlap, and the intervals of "
+            + ", ".join(f"`{s}`" for s in v.wide)
+            + f" are still wider than ±{100 * INTERVAL_TARGET:g}% after "
+            f"{v.rounds} rounds (`interleave.max_rounds`): the machine's speed moved within rounds too much to "
+            "separate them. Rerun the measurement in turns on a quieter machine or with more rounds: "
+            f"`dvc exp run -S interleave.max_rounds={2 * v.rounds}` (Snakemake: set it in your config, then "
+            f"`{rerun_command(result, 'interleave')}`)"
+        )
     vetoed = [s for s in v.missed if s in v.top]
     if vetoed:
-        why.append("the step model's predicted ratio missed the measured one beyond its 95% interval and by more "
-                   f"than {100 * PREDICTION_TARGET:g}% for " + ", ".join(
-                       f"`{s}` (predicted {table[s]['predicted_ratio']:.3f}, measured {_iv(table[s])})"
-                       for s in vetoed) + miss_cause(table, vetoed, rerun=rerun_command(result, 'profile')))
+        why.append(
+            "the step model's predicted ratio missed the measured one beyond its 95% interval and by more "
+            f"than {100 * PREDICTION_TARGET:g}% for "
+            + ", ".join(
+                f"`{s}` (predicted {table[s]['predicted_ratio']:.3f}, measured {_iv(table[s])})" for s in vetoed
+            )
+            + miss_cause(table, vetoed, rerun=rerun_command(result, "profile"))
+        )
     apart = [s for s in v.unrepresentative if s in v.top]
     if apart:
-        why.append("the timed steps do not stand for the run for " + ", ".join(
-            f"`{s}` (the step model's ratio over its timed steps {table[s]['predicted_ratio']:.3f}, over its whole "
-            f"run {table[s]['run_predicted_ratio']:.3f})" for s in apart) + ": the ratio measured in turns describes "
+        why.append(
+            "the timed steps do not stand for the run for "
+            + ", ".join(
+                f"`{s}` (the step model's ratio over its timed steps {table[s]['predicted_ratio']:.3f}, over its whole "
+                f"run {table[s]['run_predicted_ratio']:.3f})"
+                for s in apart
+            )
+            + ": the ratio measured in turns describes "
             "a few batches, not the training. Time more steps per strategy: "
             f"`dvc exp run -S interleave.segment_steps={2 * params.interleave.segment_steps}` (Snakemake: set it in your "
-            f"config, then `{rerun_command(result, 'interleave')}`)")
+            f"config, then `{rerun_command(result, 'interleave')}`)"
+        )
     best = v.candidates[0]
-    return (f"**Not settled**: {'; and '.join(why)}. On these numbers `{best}` measured highest, {_iv(table[best])} "
-            "of `sorted`'s.")
+    return (
+        f"**Not settled**: {'; and '.join(why)}. On these numbers `{best}` measured highest, {_iv(table[best])} "
+        "of `sorted`'s."
+    )
 
 
-MAIN_COLUMNS = ("strategy", "padding eff.", "ratio to sorted, in turns [95%]", "predicted ratio",
-                "composition repeat", "length mixing", "held-out loss [95%]")
+MAIN_COLUMNS = (
+    "strategy",
+    "padding eff.",
+    "ratio to sorted, in turns [95%]",
+    "predicted ratio",
+    "composition repeat",
+    "length mixing",
+    "held-out loss [95%]",
+)
 
 
 def main_table(result: CompareResult) -> list[str]:
@@ -310,8 +368,10 @@ def main_table(result: CompareResult) -> list[str]:
         m = table.get(s)
         measured = "1 (baseline)" if s == il.BASELINE else (_iv(m) if m else "n/a")
         predicted = "1" if s == il.BASELINE else (f"{m['predicted_ratio']:.3f}" if m else "n/a")
-        lines.append(f"| {s} | {pct(r.simulated_efficiency)} | {measured} | {predicted} | "
-                     f"{r.composition_repeat:.3f} | {r.length_mixing:.3f} | {qr.loss_cell(result.quality, s)} |")
+        lines.append(
+            f"| {s} | {pct(r.simulated_efficiency)} | {measured} | {predicted} | "
+            f"{r.composition_repeat:.3f} | {r.length_mixing:.3f} | {qr.loss_cell(result.quality, s)} |"
+        )
     return lines
 
 
@@ -325,23 +385,37 @@ def padding_miss_sentence(result: CompareResult) -> str:
             parts.append(f"`{s}` {r.ratio_to_sorted_padding:.3f} against {table[s]['ratio_to_sorted']:.3f} measured")
     if not parts:
         return ""
-    return ("The padding model (throughput in proportion to padding efficiency) gives " + ", ".join(parts) + ". It "
-            "misses what a step costs besides its padded tokens: a fixed cost per step (more, smaller batches cost "
-            "more), attention's quadratic term (long rows cost more per token), and the drafter's work, which "
-            "follows sequences and positions rather than padded tokens; the step model fitted on the profile grid "
-            f"adds them (term by term: [{files.DETAILS}]({files.DETAILS})).")
+    return (
+        "The padding model (throughput in proportion to padding efficiency) gives " + ", ".join(parts) + ". It "
+        "misses what a step costs besides its padded tokens: a fixed cost per step (more, smaller batches cost "
+        "more), attention's quadratic term (long rows cost more per token), and the drafter's work, which "
+        "follows sequences and positions rather than padded tokens; the step model fitted on the profile grid "
+        f"adds them (term by term: [{files.DETAILS}]({files.DETAILS}))."
+    )
 
 
 def write_report(result: CompareResult, out: Path, *, params: Params) -> Path:
     """``report.md`` (at most 10 KB): the data, the answer, one table per strategy, why the padding model misses
     and the quality sentence; ``details.md`` holds the rest (:mod:`lenbatch_study.analysis.report_details`)."""
-    lines = ["# Batching strategies: which to use", "", data_sentence(result, params=params), "", "## Answer", "",
-             answer_paragraph(result, params=params), "", "## Every strategy", "", *main_table(result), "",
-             "Ratios are useful tokens/s over `sorted`'s, every strategy's steps timed in turns in one process "
-             "(`lenbatch interleave`), so the machine's drift falls on all alike; the predicted ratio is the step "
-             "model's for the same steps. Padding efficiency: the simulated plan's useful / computed tokens. "
-             "Composition repeat: the share of batch-mate pairs batched together again the next epoch (sorted 1). "
-             "Length mixing: within-batch length variance over a random plan's (sorted 0, random 1)."]
+    lines = [
+        "# Batching strategies: which to use",
+        "",
+        data_sentence(result, params=params),
+        "",
+        "## Answer",
+        "",
+        answer_paragraph(result, params=params),
+        "",
+        "## Every strategy",
+        "",
+        *main_table(result),
+        "",
+        "Ratios are useful tokens/s over `sorted`'s, every strategy's steps timed in turns in one process "
+        "(`lenbatch interleave`), so the machine's drift falls on all alike; the predicted ratio is the step "
+        "model's for the same steps. Padding efficiency: the simulated plan's useful / computed tokens. "
+        "Composition repeat: the share of batch-mate pairs batched together again the next epoch (sorted 1). "
+        "Length mixing: within-batch length variance over a random plan's (sorted 0, random 1).",
+    ]
     miss = padding_miss_sentence(result)
     if miss:
         lines += ["", "## Why the padding model misses", "", miss]
@@ -358,13 +432,21 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
     (out / files.METRICS).write_text(json.dumps(user_metrics(metrics), indent=2) + "\n")
     (out / files.DIAGNOSTICS).write_text(json.dumps(metrics, indent=2) + "\n")
     (out / files.FRONTIER).write_text(json.dumps(frontier_points(result), indent=2) + "\n")
-    tp = [{"strategy": s, "predicted_tok_s": r.predicted_tok_s, "measured_tok_s": r.measured_tok_s,
-           "padding_model_tok_s": r.ratio_to_sorted_padding * result.rows["sorted"].measured_tok_s}
-          for s, r in result.rows.items()]
+    tp = [
+        {
+            "strategy": s,
+            "predicted_tok_s": r.predicted_tok_s,
+            "measured_tok_s": r.measured_tok_s,
+            "padding_model_tok_s": r.ratio_to_sorted_padding * result.rows["sorted"].measured_tok_s,
+        }
+        for s, r in result.rows.items()
+    ]
     (out / files.THROUGHPUT).write_text(json.dumps(tp, indent=2) + "\n")
     (out / files.HISTOGRAM).write_text(json.dumps(histogram_points(result), indent=2) + "\n")
-    fit = {role: {"chosen": f["best"].to_dict(), "candidates": [c.to_dict() for c in f["candidates"]]}
-           for role, f in result.fits.items()}
+    fit = {
+        role: {"chosen": f["best"].to_dict(), "candidates": [c.to_dict() for c in f["candidates"]]}
+        for role, f in result.fits.items()
+    }
     (out / files.STEPMODEL).write_text(json.dumps(fit, indent=2) + "\n")
     write_report(result, out, params=params)
     write_plots(result, out)
@@ -374,6 +456,22 @@ def write_outputs(result: CompareResult, out: Path, *, params: Params) -> dict:
     return metrics
 
 
-__all__ = ["MAIN_COLUMNS", "QUIET_RERUN", "REPLAY_PART", "REPORT_MAX_BYTES", "CompareResult", "Recommendation",
-           "StrategyRow", "answer_paragraph", "busy_machine", "data_sentence", "flat_metrics", "frontier_points",
-           "histogram_points", "main_table", "rerun_command", "unsteady_machine", "write_outputs"]
+__all__ = [
+    "MAIN_COLUMNS",
+    "QUIET_RERUN",
+    "REPLAY_PART",
+    "REPORT_MAX_BYTES",
+    "CompareResult",
+    "Recommendation",
+    "StrategyRow",
+    "answer_paragraph",
+    "busy_machine",
+    "data_sentence",
+    "flat_metrics",
+    "frontier_points",
+    "histogram_points",
+    "main_table",
+    "rerun_command",
+    "unsteady_machine",
+    "write_outputs",
+]

@@ -19,12 +19,30 @@ from lenbatch_study.analysis.verdict import USE
 CompareResult = Any  # lenbatch_study.analysis.report.CompareResult (which imports this module)
 
 
-METRIC_KEYS = ("padding_model_efficiency", "simulated_efficiency", "measured_efficiency", "predicted_tok_s",
-               "measured_tok_s", "prediction_error", "ratio_to_sorted_padding", "ratio_to_sorted_predicted",
-               "ratio_to_sorted_measured", "composition_repeat", "length_mixing", "steps",
-               "target_step_ratio", "drafter_step_ratio", "pipeline_error", "predicted_epoch_ratio_to_sorted",
-               "target_cpu_share", "drafter_cpu_share", "target_reference_drift", "drafter_reference_drift",
-               "predicted_transport_s", "measured_transport_s")
+METRIC_KEYS = (
+    "padding_model_efficiency",
+    "simulated_efficiency",
+    "measured_efficiency",
+    "predicted_tok_s",
+    "measured_tok_s",
+    "prediction_error",
+    "ratio_to_sorted_padding",
+    "ratio_to_sorted_predicted",
+    "ratio_to_sorted_measured",
+    "composition_repeat",
+    "length_mixing",
+    "steps",
+    "target_step_ratio",
+    "drafter_step_ratio",
+    "pipeline_error",
+    "predicted_epoch_ratio_to_sorted",
+    "target_cpu_share",
+    "drafter_cpu_share",
+    "target_reference_drift",
+    "drafter_reference_drift",
+    "predicted_transport_s",
+    "measured_transport_s",
+)
 
 
 def _num(x: float) -> float | None:
@@ -44,8 +62,14 @@ def _num(x: float) -> float | None:
 # between the profile and a training dominates, absolute predictions, calibrated errors, diversity, loss
 # intervals, fit errors, CPU shares, the K sweep, the machine) are diagnostics in ``diagnostics.json``, which
 # no tool declares as metrics.
-USER_METRIC_KEYS = ("measured_tok_s", "ratio_to_sorted_measured", "ratio_to_sorted_predicted", "measured_efficiency",
-                    "heldout_loss.mean", *il.USER_METRIC_KEYS)
+USER_METRIC_KEYS = (
+    "measured_tok_s",
+    "ratio_to_sorted_measured",
+    "ratio_to_sorted_predicted",
+    "measured_efficiency",
+    "heldout_loss.mean",
+    *il.USER_METRIC_KEYS,
+)
 USER_SUMMARY_KEYS = ("verdict", "recommended.strategy", "recommended.tie", "recommended.num_buckets")
 MAX_METRIC_NUMBERS = 40  # what `dvc exp show` can show beside the changed params
 
@@ -56,8 +80,14 @@ def user_metrics(flat: dict[str, Any]) -> dict[str, Any]:
     measurement."""
     keep = set(USER_SUMMARY_KEYS)
     constant = {f"{il.BASELINE}.ratio_to_sorted_measured", f"{il.BASELINE}.ratio_to_sorted_predicted"}
-    return {k: v for k, v in flat.items() if k in keep or k.partition(".")[2] in USER_METRIC_KEYS
-            and k.partition(".")[0] not in ("fit", "profile", "recommended", "machine") and k not in constant}
+    return {
+        k: v
+        for k, v in flat.items()
+        if k in keep
+        or k.partition(".")[2] in USER_METRIC_KEYS
+        and k.partition(".")[0] not in ("fit", "profile", "recommended", "machine")
+        and k not in constant
+    }
 
 
 def flat_metrics(result: CompareResult) -> dict[str, Any]:
@@ -73,9 +103,13 @@ def flat_metrics(result: CompareResult) -> dict[str, Any]:
     out["fit.grid_points"] = result.grid_points
     for hop, f in ((h, (result.transport or {}).get(h)) for h in ("receive", "stage")):  # the features' transport
         if f:  # seconds = const + per byte x bytes, the rate as seconds per GB (per byte rounds to 0)
-            out.update({f"fit.transport.{hop}.const_s": _num(f["const_s"]),
-                        f"fit.transport.{hop}.s_per_gb": _num(f["per_byte_s"] * 1e9),
-                        f"fit.transport.{hop}.error": _num(f["error"])})
+            out.update(
+                {
+                    f"fit.transport.{hop}.const_s": _num(f["const_s"]),
+                    f"fit.transport.{hop}.s_per_gb": _num(f["per_byte_s"] * 1e9),
+                    f"fit.transport.{hop}.error": _num(f["error"]),
+                }
+            )
     for role, v in result.profile_cpu_share.items():
         out[f"profile.{role}_cpu_share"] = _num(v)
     out["max_abs_prediction_error"] = _num(max(abs(r.prediction_error) for r in result.rows.values()))

@@ -31,14 +31,30 @@ def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def frontier_points(result: CompareResult) -> list[dict]:
     """Every strategy and bucketed K = 1..max: efficiency, diversity, Pareto membership (DVC plot data)."""
-    pts = [{"name": s, "kind": "strategy", "num_buckets": result.num_buckets if s == "bucketed" else None,
-            "efficiency": r.simulated_efficiency, "length_mixing": r.length_mixing,
-            "composition_repeat": r.composition_repeat, "predicted_ratio_to_sorted": r.ratio_to_sorted_predicted}
-           for s, r in result.rows.items()]
-    pts += [{"name": f"bucketed K={e['num_buckets']}", "kind": "sweep", "num_buckets": e["num_buckets"],
-             "efficiency": e["simulated_efficiency"], "length_mixing": e["length_mixing"],
-             "composition_repeat": e["composition_repeat"], "predicted_ratio_to_sorted": e["predicted_ratio_to_sorted"]}
-            for e in result.sweep]
+    pts = [
+        {
+            "name": s,
+            "kind": "strategy",
+            "num_buckets": result.num_buckets if s == "bucketed" else None,
+            "efficiency": r.simulated_efficiency,
+            "length_mixing": r.length_mixing,
+            "composition_repeat": r.composition_repeat,
+            "predicted_ratio_to_sorted": r.ratio_to_sorted_predicted,
+        }
+        for s, r in result.rows.items()
+    ]
+    pts += [
+        {
+            "name": f"bucketed K={e['num_buckets']}",
+            "kind": "sweep",
+            "num_buckets": e["num_buckets"],
+            "efficiency": e["simulated_efficiency"],
+            "length_mixing": e["length_mixing"],
+            "composition_repeat": e["composition_repeat"],
+            "predicted_ratio_to_sorted": e["predicted_ratio_to_sorted"],
+        }
+        for e in result.sweep
+    ]
     x = np.array([p["length_mixing"] for p in pts])
     y = np.array([p["efficiency"] for p in pts])
     front = pareto_front(x, y)
@@ -110,15 +126,16 @@ def write_plots(result: CompareResult, out: Path) -> list[Path]:
     pts = frontier_points(result)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     for ax, key, flip, label, front_key in (
-            (axes[0], "length_mixing", False, "length mixing (0 sorted .. 1 random)", "pareto_mixing"),
-            (axes[1], "composition_repeat", True, "1 - composition repeat (0 sorted .. 1 fresh batches)",
-             "pareto_repeat")):
+        (axes[0], "length_mixing", False, "length mixing (0 sorted .. 1 random)", "pareto_mixing"),
+        (axes[1], "composition_repeat", True, "1 - composition repeat (0 sorted .. 1 fresh batches)", "pareto_repeat"),
+    ):
         sw = [p for p in pts if p["kind"] == "sweep"]
         xs = [(1 - p[key]) if flip else p[key] for p in sw]
         ax.plot(xs, [p["efficiency"] for p in sw], "-o", color="#9ab", ms=4, label="bucketed, K = 1..max")
         for p, xv in zip(sw, xs):
-            ax.annotate(str(p["num_buckets"]), (xv, p["efficiency"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+            ax.annotate(
+                str(p["num_buckets"]), (xv, p["efficiency"]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
         for p in pts:
             if p["kind"] == "strategy":
                 xv = (1 - p[key]) if flip else p[key]
@@ -126,12 +143,17 @@ def write_plots(result: CompareResult, out: Path) -> list[Path]:
                 ax.annotate(p["name"], (xv, p["efficiency"]), fontsize=8, xytext=(5, -10), textcoords="offset points")
         if not flip:
             fp = sorted((p[key], p["efficiency"]) for p in pts if p.get("pareto_padded"))
-            ax.plot([f[0] for f in fp], [f[1] for f in fp], ":", color="#36c", lw=1.5,
-                    label="Pareto front, padded strategies only")
+            ax.plot(
+                [f[0] for f in fp],
+                [f[1] for f in fp],
+                ":",
+                color="#36c",
+                lw=1.5,
+                label="Pareto front, padded strategies only",
+            )
         front = sorted(((1 - p[key]) if flip else p[key], p["efficiency"]) for p in pts if p[front_key])
         ax.plot([f[0] for f in front], [f[1] for f in front], "--", color="#c33", lw=1.5, label="Pareto front")
-        ax.scatter([f[0] for f in front], [f[1] for f in front], facecolors="none", edgecolors="#c33", s=110,
-                   zorder=4)
+        ax.scatter([f[0] for f in front], [f[1] for f in front], facecolors="none", edgecolors="#c33", s=110, zorder=4)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("padding efficiency (simulated plan)")

@@ -53,8 +53,11 @@ def unsteady_machine(result: CompareResult) -> list[str]:
     """Measurements whose reference step (lenbatch_study.runtime.reference) moved by more than ``DRIFT_WARN``
     between their start and end: the machine ran at another speed at the end than at the start, whatever
     the CPU shares say (a virtual machine's stolen time is invisible to the process)."""
-    out = [f"profile {role} {_signed(v)}" for role, v in (result.profile_reference_drift or {}).items()
-           if not math.isnan(v) and abs(v) > DRIFT_WARN]
+    out = [
+        f"profile {role} {_signed(v)}"
+        for role, v in (result.profile_reference_drift or {}).items()
+        if not math.isnan(v) and abs(v) > DRIFT_WARN
+    ]
     for s, r in result.rows.items():
         for role in ("target", "drafter"):
             v = getattr(r, f"{role}_reference_drift")
@@ -69,26 +72,36 @@ def quiet_paragraph(result: CompareResult) -> str:
     runs = [getattr(r, f"{role}_cpu_share") for r in result.rows.values() for role in ("target", "drafter")]
     runs = [x for x in runs if not math.isnan(x)]
     if math.isnan(prof["target"]) or not runs:
-        return ("CPU shares were not recorded (a profile grid or runs from an older version), so a busy machine "
-                f"cannot be told from model error; rerun: {QUIET_RERUN}")
+        return (
+            "CPU shares were not recorded (a profile grid or runs from an older version), so a busy machine "
+            f"cannot be told from model error; rerun: {QUIET_RERUN}"
+        )
     low = busy_machine(result)
     if low:
-        return (f"**The machine was busy**: share of their cores {', '.join(low)}. A step that gets a share s "
-                "of its cores takes about 1/s as long, so the errors above mix other work on the machine with model "
-                "error (the ratios measured in turns, which the answer is decided on, share that load alike). Rerun "
-                "what was slowed on a quiet machine (`snakemake --forcerun profile` for the profile, `--forcerun "
-                "train` for the runs).")
-    shares = (f"the profile's steps got {_pct(prof['target'])} (target) and {_pct(prof['drafter'])} (drafter) "
-              f"of their cores, the runs' steps at least {_pct(min(runs))}")
+        return (
+            f"**The machine was busy**: share of their cores {', '.join(low)}. A step that gets a share s "
+            "of its cores takes about 1/s as long, so the errors above mix other work on the machine with model "
+            "error (the ratios measured in turns, which the answer is decided on, share that load alike). Rerun "
+            "what was slowed on a quiet machine (`snakemake --forcerun profile` for the profile, `--forcerun "
+            "train` for the runs)."
+        )
+    shares = (
+        f"the profile's steps got {_pct(prof['target'])} (target) and {_pct(prof['drafter'])} (drafter) "
+        f"of their cores, the runs' steps at least {_pct(min(runs))}"
+    )
     moved = unsteady_machine(result)
     if moved:
-        return (f"**The machine's speed changed during the measurements**: {shares}, but the reference step moved "
-                f"by more than {100 * DRIFT_WARN:.0f}% between start and end ({', '.join(moved)}; a virtual "
-                "machine's stolen CPU time does not show in CPU shares). The trainings' errors and ratios above mix "
-                "that drift with model error; the ratios measured in turns, which the answer is decided on, do not.")
-    return (f"The machine was quiet: {shares}, and the reference step moved by at most {100 * DRIFT_WARN:.0f}% "
-            "within the profile and every run, so the errors above are the step-time model's and the run-to-run "
-            "noise's, not other work's.")
+        return (
+            f"**The machine's speed changed during the measurements**: {shares}, but the reference step moved "
+            f"by more than {100 * DRIFT_WARN:.0f}% between start and end ({', '.join(moved)}; a virtual "
+            "machine's stolen CPU time does not show in CPU shares). The trainings' errors and ratios above mix "
+            "that drift with model error; the ratios measured in turns, which the answer is decided on, do not."
+        )
+    return (
+        f"The machine was quiet: {shares}, and the reference step moved by at most {100 * DRIFT_WARN:.0f}% "
+        "within the profile and every run, so the errors above are the step-time model's and the run-to-run "
+        "noise's, not other work's."
+    )
 
 
 def _signed(x: float) -> str:
@@ -99,8 +112,9 @@ def machine_sentence(result: CompareResult) -> str:
     """Where the profile and the runs were measured (compare refuses them unless it is one machine)."""
     if not result.machine:
         return "The machine the profile and the runs were measured on is not recorded."
-    return (f"The profile and all {len(result.rows)} runs were measured on one machine: "
-            f"{machine.describe(result.machine)}.")
+    return (
+        f"The profile and all {len(result.rows)} runs were measured on one machine: {machine.describe(result.machine)}."
+    )
 
 
 __all__ = ["DRIFT_WARN", "QUIET_RERUN", "busy_machine", "machine_sentence", "quiet_paragraph", "unsteady_machine"]

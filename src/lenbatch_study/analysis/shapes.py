@@ -18,10 +18,16 @@ import numpy as np
 from lenbatch_study.models.anchors import CE_CHUNK_ROWS, draw_anchors
 
 
-def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, layout: str, attention: str = "segment",
-                  drafter: tuple[np.ndarray, np.ndarray] | None = None,
-                  positions_per_seq: float | None = None,
-                  lm_chunks: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def batch_columns(
+    lengths: np.ndarray,
+    batches: Sequence[np.ndarray],
+    *,
+    layout: str,
+    attention: str = "segment",
+    drafter: tuple[np.ndarray, np.ndarray] | None = None,
+    positions_per_seq: float | None = None,
+    lm_chunks: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """Shape table of a list of batches (index arrays into ``lengths``).
 
     padded: computed = n * m, sum_len_sq = n * m^2 (padding attends too), length = m.
@@ -42,8 +48,10 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, layout:
         raise ValueError(f"attention must be 'segment' or 'dense', got {attention!r}")
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(batches)
-    cols = {k: np.zeros(n, dtype=np.float64) for k in
-            ("sequences", "length", "computed_tokens", "useful_tokens", "sum_len_sq", "ctx_tokens", "positions")}
+    cols = {
+        k: np.zeros(n, dtype=np.float64)
+        for k in ("sequences", "length", "computed_tokens", "useful_tokens", "sum_len_sq", "ctx_tokens", "positions")
+    }
     for i, idx in enumerate(batches):
         ls = lengths[np.asarray(idx, dtype=np.int64)]
         assert ls.size > 0, "empty batch in a plan"
@@ -76,8 +84,9 @@ def batch_columns(lengths: np.ndarray, batches: Sequence[np.ndarray], *, layout:
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes of one feature value, by model.dtype
 
 
-def transport_bytes(computed_tokens: np.ndarray, sequences: np.ndarray, *, feature_dim: int,
-                    itemsize: int) -> np.ndarray:
+def transport_bytes(
+    computed_tokens: np.ndarray, sequences: np.ndarray, *, feature_dim: int, itemsize: int
+) -> np.ndarray:
     """Bytes a target rank sends the drafter rank per step on the data group
     (:meth:`lenbatch_study.runtime.transport.TargetLink.send`): input ids (int64) and loss mask (uint8) of
     every computed token, lengths and indices (int64) of every sequence, and the features
@@ -102,8 +111,10 @@ def grid_shape(layout: str, sequences: int, length: int, *, max_len: int | None 
     if layout == "padded":
         return [L] * k
     if k < 1 or L < k:
-        raise ValueError(f"packed grid point: row length {length} cannot hold {sequences} sequences; lower "
-                         "profile.packed_seqs or raise profile.packed_lengths")
+        raise ValueError(
+            f"packed grid point: row length {length} cannot hold {sequences} sequences; lower "
+            "profile.packed_seqs or raise profile.packed_lengths"
+        )
     for ratio in (8.0, 4.0, 2.0, 1.0):
         weights = 1.0 + (ratio - 1.0) * np.arange(k) / max(k - 1, 1)
         parts = np.maximum(1, np.floor(L * weights / weights.sum())).astype(np.int64)
@@ -111,12 +122,23 @@ def grid_shape(layout: str, sequences: int, length: int, *, max_len: int | None 
         if max_len is None or parts.max() <= max_len:
             assert parts.sum() == L and parts.min() >= 1
             return [int(x) for x in parts]
-    raise ValueError(f"packed grid point: a row of {length} tokens cannot hold {sequences} sequences of at most "
-                     f"data.max_len={max_len} tokens; raise profile.packed_seqs or lower profile.packed_lengths")
+    raise ValueError(
+        f"packed grid point: a row of {length} tokens cannot hold {sequences} sequences of at most "
+        f"data.max_len={max_len} tokens; raise profile.packed_seqs or lower profile.packed_lengths"
+    )
 
 
-def drafter_work(lengths: Sequence[int], loss_masks: Sequence[np.ndarray], seq_ids: Sequence[int], *,
-                 anchors_per_seq: int, block_size: int, seed: int, epoch: int, step: int) -> tuple[int, int]:
+def drafter_work(
+    lengths: Sequence[int],
+    loss_masks: Sequence[np.ndarray],
+    seq_ids: Sequence[int],
+    *,
+    anchors_per_seq: int,
+    block_size: int,
+    seed: int,
+    epoch: int,
+    step: int,
+) -> tuple[int, int]:
     """(trained positions, context tokens) of one drafter step, exactly as the drafter draws them.
 
     Anchors come from :func:`lenbatch_study.models.anchors.draw_anchors` (seed, epoch, step, dataset

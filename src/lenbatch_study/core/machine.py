@@ -70,8 +70,9 @@ def cpu_model(cpuinfo: Optional[str] = None) -> Optional[str]:
                 return m.group(1).strip()
     if sys.platform == "darwin":
         try:
-            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                 timeout=5)
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            )
             if out.returncode == 0 and out.stdout.strip():
                 return out.stdout.strip()
         except (OSError, subprocess.SubprocessError):
@@ -118,8 +119,14 @@ def cpu_info() -> dict[str, Any]:
     except AttributeError:  # macOS, Windows: no affinity
         usable = os.cpu_count()
     cpuinfo = _read("/proc/cpuinfo") or ""  # read once for the model and the flags ("": none, as on macOS)
-    return {"model": cpu_model(cpuinfo), "arch": platform.machine() or None, "logical_cores": os.cpu_count(),
-            "usable_cores": usable, "quota_cores": cpu_quota(), "vector_isa": vector_isa(cpuinfo)}
+    return {
+        "model": cpu_model(cpuinfo),
+        "arch": platform.machine() or None,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable,
+        "quota_cores": cpu_quota(),
+        "vector_isa": vector_isa(cpuinfo),
+    }
 
 
 def memory_gib() -> Optional[float]:
@@ -156,11 +163,21 @@ def accelerator_info() -> Optional[dict[str, Any]]:
     devices = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        devices.append({"model": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-                        "capability": f"{props.major}.{props.minor}"})
+        devices.append(
+            {
+                "model": props.name,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "capability": f"{props.major}.{props.minor}",
+            }
+        )
     hip = getattr(torch.version, "hip", None)
-    return {"kind": "rocm" if hip else "cuda", "count": len(devices), "devices": devices,
-            "driver": nvidia_driver(), "runtime": hip or torch.version.cuda}
+    return {
+        "kind": "rocm" if hip else "cuda",
+        "count": len(devices),
+        "devices": devices,
+        "driver": nvidia_driver(),
+        "runtime": hip or torch.version.cuda,
+    }
 
 
 def versions() -> dict[str, Optional[str]]:
@@ -183,8 +200,12 @@ def machine_id(fp: dict[str, Any]) -> str:
 
 def fingerprint(*, threads: Optional[int] = None) -> dict[str, Any]:
     """This machine's fingerprint (module doc); ``threads``: the intra-op threads of the recording process."""
-    fp: dict[str, Any] = {"cpu": cpu_info(), "memory_gib": memory_gib(), "accelerator": accelerator_info(),
-                          "versions": versions()}
+    fp: dict[str, Any] = {
+        "cpu": cpu_info(),
+        "memory_gib": memory_gib(),
+        "accelerator": accelerator_info(),
+        "versions": versions(),
+    }
     fp["id"] = machine_id(fp)
     if threads is not None:
         fp["threads"] = int(threads)
@@ -258,8 +279,10 @@ def describe(fp: dict[str, Any]) -> str:
     if acc:
         models = sorted({d["model"] for d in acc["devices"]})
         mem = acc["devices"][0]["memory_gib"] if acc["devices"] else None
-        text += (f", {acc['count']} x {' / '.join(models)} ({mem:g} GiB; driver {acc.get('driver')}, "
-                 f"{acc['kind'].upper()} {acc.get('runtime')})")
+        text += (
+            f", {acc['count']} x {' / '.join(models)} ({mem:g} GiB; driver {acc.get('driver')}, "
+            f"{acc['kind'].upper()} {acc.get('runtime')})"
+        )
     else:
         text += ", no accelerator"
     v = fp.get("versions") or {}
@@ -271,6 +294,17 @@ def describe(fp: dict[str, Any]) -> str:
     return text + f"; machine id {fp.get('id')}"
 
 
-__all__ = ["IDENTITY_KEYS", "VERSION_PACKAGES", "accelerator_info", "canonical_bytes", "changed_fields",
-           "cpu_info",
-           "describe", "differences", "fingerprint", "machine_id", "versions", "write_if_changed"]
+__all__ = [
+    "IDENTITY_KEYS",
+    "VERSION_PACKAGES",
+    "accelerator_info",
+    "canonical_bytes",
+    "changed_fields",
+    "cpu_info",
+    "describe",
+    "differences",
+    "fingerprint",
+    "machine_id",
+    "versions",
+    "write_if_changed",
+]

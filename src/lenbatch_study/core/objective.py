@@ -14,8 +14,9 @@ from lenbatch.batching.padding import Objective, expected_max, log_factorials
 OBJECTIVES = ("greedy", "study")  # boundaries.objective's choices (params, flags)
 
 
-def study_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget: int, max_batch_size: int,
-                          lf: np.ndarray | None = None) -> float:
+def study_bucket_computed(
+    values: np.ndarray, counts: np.ndarray, token_budget: int, max_batch_size: int, lf: np.ndarray | None = None
+) -> float:
     """The study's model: B = min(max_batch_size, token_budget // mean), computed = n * E[max of B draws].
 
     E[max] is exact (without replacement, :func:`lenbatch.batching.padding.expected_max`). It ignores that the greedy plan
@@ -27,10 +28,9 @@ def study_bucket_computed(values: np.ndarray, counts: np.ndarray, token_budget: 
     return n * expected_max(values, b, counts)
 
 
-
-
-def study_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget: int,
-                      max_batch_size: int) -> np.ndarray:
+def study_cost_matrix(
+    v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget: int, max_batch_size: int
+) -> np.ndarray:
     """cost[a, b] = n * E[max of B draws without replacement], B = min(max_batch_size, budget // mean, n).
 
     Per start a and each distinct B: a cumulative log-sum-exp over the values of
@@ -49,11 +49,11 @@ def study_cost_matrix(v: np.ndarray, c: np.ndarray, P: np.ndarray, token_budget:
         N = Fc[pt + 1] - Fc[p0]
         useful = S[pt + 1] - S[p0]
         B = np.minimum(np.minimum(max_batch_size, np.maximum(1, token_budget * N // useful)), N).astype(np.int64)
-        f = Fc[p0 + 1:] - Fc[p0]  # samples <= v_p from p0
+        f = Fc[p0 + 1 :] - Fc[p0]  # samples <= v_p from p0
         for bval in np.unique(B):
             sel = B == bval
             top = int(pt[sel].max())
-            ff = f[:top - p0]  # positions p0..top-1 (those below some top)
+            ff = f[: top - p0]  # positions p0..top-1 (those below some top)
             ok = ff >= bval
             terms = np.where(ok, logv_gap[p0:top] + lf[ff] - lf[np.where(ok, ff - bval, 0)], -np.inf)
             acc = np.concatenate([[-np.inf], np.logaddexp.accumulate(terms)]) if terms.size else np.array([-np.inf])

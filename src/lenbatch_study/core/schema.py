@@ -55,8 +55,11 @@ def json_schema() -> dict[str, Any]:
             "properties": fields_,
         }
     # the overlay params.yaml names (core/settings.py), merged before the sections are checked: optional
-    props["settings"] = {"type": "string", "description": "an overlay configs/<name>.yaml merged on top of the "
-                         "keys left at their shipped value ('default': none)"}
+    props["settings"] = {
+        "type": "string",
+        "description": "an overlay configs/<name>.yaml merged on top of the "
+        "keys left at their shipped value ('default': none)",
+    }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "lenbatch params.yaml",

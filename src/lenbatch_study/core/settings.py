@@ -40,8 +40,13 @@ def available(root: str | Path) -> list[str]:
     return sorted(p.stem for p in (Path(root) / FOLDER).glob("*.yaml"))
 
 
-def apply_settings(raw: dict[str, Any], *, root: str | Path, defaults: dict[str, dict[str, Any]],
-                   read: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+def apply_settings(
+    raw: dict[str, Any],
+    *,
+    root: str | Path,
+    defaults: dict[str, dict[str, Any]],
+    read: Callable[[Path], dict[str, Any]],
+) -> dict[str, Any]:
     """``raw`` (a params mapping) without its ``settings`` key and with that overlay merged in (module doc);
     ``defaults``: the shipped value of every key (``Params().to_dict()``); ``read``: the YAML reader.
     ``ValueError`` naming the setting and the fix for a name with no file or an overlay naming another."""
@@ -50,12 +55,16 @@ def apply_settings(raw: dict[str, Any], *, root: str | Path, defaults: dict[str,
     if name is None or name == DEFAULT:
         return out
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"settings is {name!r}; give the name of a file in {FOLDER}/ (without .yaml), e.g. "
-                         f"settings: tiny, or settings: {DEFAULT}")
+        raise ValueError(
+            f"settings is {name!r}; give the name of a file in {FOLDER}/ (without .yaml), e.g. "
+            f"settings: tiny, or settings: {DEFAULT}"
+        )
     path = overlay_path(name, root)
     if not path.is_file():
-        raise ValueError(f"settings: {name!r} names no file {path}; choose from {available(root)} (or write "
-                         f"{FOLDER}/{name}.yaml: the keys it changes, grouped by section)")
+        raise ValueError(
+            f"settings: {name!r} names no file {path}; choose from {available(root)} (or write "
+            f"{FOLDER}/{name}.yaml: the keys it changes, grouped by section)"
+        )
     overlay = read(path)
     if not isinstance(overlay, dict):
         raise ValueError(f"{path} must be a YAML mapping of sections, got {type(overlay).__name__}")

@@ -110,8 +110,9 @@ def _text(value: Any, where: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as err:
         # Lone surrogates: a "\\ud83d" JSON escape without its pair, or bytes that were not UTF-8.
-        raise BadRecord("bad_text", f"{where} text does not decode as Unicode "
-                                    f"(character {err.start}: {value[err.start]!r})") from None
+        raise BadRecord(
+            "bad_text", f"{where} text does not decode as Unicode (character {err.start}: {value[err.start]!r})"
+        ) from None
     return value
 
 
@@ -125,8 +126,7 @@ def conversation_from_record(record: Any) -> list[Turn]:
     or ``bad_text``) with a message that says which turn and what was found.
     """
     if not isinstance(record, Mapping):
-        raise BadRecord("no_schema", f"is a {type(record).__name__}, not an object with 'conversations' or "
-                                     "'messages'")
+        raise BadRecord("no_schema", f"is a {type(record).__name__}, not an object with 'conversations' or 'messages'")
     if "conversations" in record:
         turns, role_key, text_key, field = record["conversations"], "from", "value", "conversations"
     elif "messages" in record:
@@ -136,14 +136,19 @@ def conversation_from_record(record: Any) -> list[Turn]:
         if isinstance(prompt, str) and isinstance(completion, str):  # standard pair: one exchange
             return [("user", _text(prompt, "prompt")), ("assistant", _text(completion, "completion"))]
         if not isinstance(prompt, (list, tuple)) or not isinstance(completion, (list, tuple)):
-            raise BadRecord("no_schema", "'prompt' and 'completion' must both be strings or both lists of "
-                                         f"messages, got {type(prompt).__name__} and {type(completion).__name__}")
+            raise BadRecord(
+                "no_schema",
+                "'prompt' and 'completion' must both be strings or both lists of "
+                f"messages, got {type(prompt).__name__} and {type(completion).__name__}",
+            )
         # conversational pair (TRL): the prompt's messages, then the completion's
         turns, role_key, text_key, field = [*prompt, *completion], "role", "content", "prompt+completion"
     else:
         keys = ", ".join(sorted(map(str, record)))[:120]
-        raise BadRecord("no_schema", "has none of 'conversations' (ShareGPT), 'messages' (OpenAI), "
-                                     f"'prompt' + 'completion'; keys: {keys}")
+        raise BadRecord(
+            "no_schema",
+            f"has none of 'conversations' (ShareGPT), 'messages' (OpenAI), 'prompt' + 'completion'; keys: {keys}",
+        )
     if turns is None:
         turns = []
     if not isinstance(turns, (list, tuple)):
@@ -167,19 +172,22 @@ def conversation_from_record(record: Any) -> list[Turn]:
         tool_run = False
         role = ROLE_MAP.get(raw_role) if isinstance(raw_role, str) else None
         if role is None:
-            raise BadRecord("unknown_role", f"{where} has unknown role {raw_role!r}; known: "
-                                            f"{', '.join([*ROLE_MAP, *TOOL_ROLES])}")
+            raise BadRecord(
+                "unknown_role", f"{where} has unknown role {raw_role!r}; known: {', '.join([*ROLE_MAP, *TOOL_ROLES])}"
+            )
         content = turn.get(text_key)
         if calls is None:
             out.append((role, _text(content, where)))
             continue
         if role != "assistant":
-            raise BadRecord("bad_tool_call", f"{where} is a {raw_role!r} turn with tool calls; only an assistant "
-                                             "calls tools")
+            raise BadRecord(
+                "bad_tool_call", f"{where} is a {raw_role!r} turn with tool calls; only an assistant calls tools"
+            )
         text = "" if content is None else _text(content, where)
         # the template: "\n\n" before the first call when the turn has content, "\n" between calls
-        out.append((role, text, "".join(("\n" if k else "\n\n" if text.strip() else "") + c
-                                        for k, c in enumerate(calls))))
+        out.append(
+            (role, text, "".join(("\n" if k else "\n\n" if text.strip() else "") + c for k, c in enumerate(calls)))
+        )
     return out
 
 
@@ -207,13 +215,18 @@ def _tool_calls(turn: Mapping, where: str) -> list[str] | None:
             try:
                 args = json.loads(args) if args.strip() else {}
             except ValueError:
-                raise BadRecord("bad_tool_call", f"{where} tool_calls[{k}] arguments are not JSON: {args[:80]!r}"
-                                ) from None
+                raise BadRecord(
+                    "bad_tool_call", f"{where} tool_calls[{k}] arguments are not JSON: {args[:80]!r}"
+                ) from None
         if not isinstance(args, Mapping):
-            raise BadRecord("bad_tool_call", f"{where} tool_calls[{k}] arguments are a {type(args).__name__}, not "
-                                             f"an object of named arguments: {str(args)[:80]!r}")
-        params = "".join(f"<parameter={key}>\n{_text(_argument_text(value), where)}\n</parameter>\n"
-                         for key, value in args.items())
+            raise BadRecord(
+                "bad_tool_call",
+                f"{where} tool_calls[{k}] arguments are a {type(args).__name__}, not "
+                f"an object of named arguments: {str(args)[:80]!r}",
+            )
+        params = "".join(
+            f"<parameter={key}>\n{_text(_argument_text(value), where)}\n</parameter>\n" for key, value in args.items()
+        )
         out.append(f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
     return out
 
@@ -283,20 +296,25 @@ class HFTokenizer:
         try:
             self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as err:
-            raise ValueError(f"data.tokenizer {str(path)!r} is not a loadable Hugging Face tokenizer directory "
-                             f"({err}); give a directory with tokenizer.json / tokenizer_config.json") from None
+            raise ValueError(
+                f"data.tokenizer {str(path)!r} is not a loadable Hugging Face tokenizer directory "
+                f"({err}); give a directory with tokenizer.json / tokenizer_config.json"
+            ) from None
         self.name = str(path)
         vocab = self._tok.get_vocab()
         missing = [t for t in (IM_START, IM_END) if t not in vocab]
         if missing:
-            raise ValueError(f"data.tokenizer {str(path)!r} has no {' or '.join(missing)} token; ChatML needs both "
-                             "(use a Qwen-style tokenizer or the default 'qwen3.6')")
+            raise ValueError(
+                f"data.tokenizer {str(path)!r} has no {' or '.join(missing)} token; ChatML needs both "
+                "(use a Qwen-style tokenizer or the default 'qwen3.6')"
+            )
         self.im_start_id = int(vocab[IM_START])
         self.im_end_id = int(vocab[IM_END])
         backend = getattr(self._tok, "backend_tokenizer", None)
         if backend is None:
-            raise ValueError(f"data.tokenizer {str(path)!r} has no fast (tokenizers) backend; save it with "
-                             "tokenizer.json")
+            raise ValueError(
+                f"data.tokenizer {str(path)!r} has no fast (tokenizers) backend; save it with tokenizer.json"
+            )
         backend.encode_special_tokens = True  # special-token strings in content are plain text
         self._backend = backend
 
@@ -304,8 +322,7 @@ class HFTokenizer:
         return self._backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False,
-                                clean_up_tokenization_spaces=False)
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def check_tokenizer_spec(spec: str) -> None:
@@ -314,9 +331,11 @@ def check_tokenizer_spec(spec: str) -> None:
         return
     path = Path(spec)
     if not path.is_dir():
-        raise ValueError(f"data.tokenizer {spec!r} is neither {' nor '.join(map(repr, QWEN_NAMES))} nor an "
-                         "existing local Hugging Face tokenizer directory; fix the name or the path "
-                         "(nothing is ever downloaded)")
+        raise ValueError(
+            f"data.tokenizer {spec!r} is neither {' nor '.join(map(repr, QWEN_NAMES))} nor an "
+            "existing local Hugging Face tokenizer directory; fix the name or the path "
+            "(nothing is ever downloaded)"
+        )
 
 
 def load_tokenizer(spec: str) -> ChatTokenizer:
@@ -374,8 +393,9 @@ def apply_overflow(n_tokens: int, *, max_len: int, overflow: str) -> str:
     return overflow
 
 
-def encode_chunk(encoder: ChatEncoder, items: Sequence[tuple[int, Sequence[Turn]]], *, max_len: int,
-                 overflow: str, source_name: str) -> dict[str, np.ndarray]:
+def encode_chunk(
+    encoder: ChatEncoder, items: Sequence[tuple[int, Sequence[Turn]]], *, max_len: int, overflow: str, source_name: str
+) -> dict[str, np.ndarray]:
     """Encode a chunk of ``(source_index, turns)`` and apply the ``max_len``/``overflow`` policy.
 
     Returns flat arrays for the kept rows (``ids`` int32, ``mask`` int8, ``lengths`` int32,
@@ -395,8 +415,10 @@ def encode_chunk(encoder: ChatEncoder, items: Sequence[tuple[int, Sequence[Turn]
         full_lengths[k] = len(ids)
         action = apply_overflow(len(ids), max_len=max_len, overflow=overflow)
         if action == "error":
-            raise ValueError(f"{source_name}: record {index + 1} has {len(ids)} tokens > data.max_len {max_len} and "
-                             "data.overflow is 'error'; raise max_len or set overflow to truncate or drop")
+            raise ValueError(
+                f"{source_name}: record {index + 1} has {len(ids)} tokens > data.max_len {max_len} and "
+                "data.overflow is 'error'; raise max_len or set overflow to truncate or drop"
+            )
         if action == "drop":
             status[k] = 2
             continue

@@ -83,8 +83,13 @@ def source_identity(source: str, *, cache_dir: str | Path | None = None) -> dict
                 cache.write_text(json.dumps({"path": str(path.resolve()), "stat": key, "sha256": sha}))
             except OSError:
                 pass
-    return {"source": source if source == DEFAULT_SOURCE else Path(source).as_posix(), "format": fmt,
-            "files": len(files), "bytes": sum(k[1] for k in key), "sha256": sha}
+    return {
+        "source": source if source == DEFAULT_SOURCE else Path(source).as_posix(),
+        "format": fmt,
+        "files": len(files),
+        "bytes": sum(k[1] for k in key),
+        "sha256": sha,
+    }
 
 
 def write_if_changed(source: str, path: str | Path) -> bool:

@@ -51,8 +51,9 @@ def _schema_names(path: Path, fmt: str) -> list[str]:
         try:
             return list(pq.read_schema(str(path)).names)
         except (pa.ArrowInvalid, OSError) as err:
-            raise ValueError(f"data.source {path} is not a readable Parquet file ({err}); give a Parquet, JSON or "
-                             "JSONL file") from None
+            raise ValueError(
+                f"data.source {path} is not a readable Parquet file ({err}); give a Parquet, JSON or JSONL file"
+            ) from None
     return list(open_arrow_file(arrow_dir_files(path)[0]).schema.names)
 
 
@@ -85,10 +86,14 @@ def _list_parts(col: Any, name: str, first_row: int) -> tuple[np.ndarray, np.nda
 
     if col.null_count:
         bad = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise ValueError(f"column {name!r} has {col.null_count} null row(s) in rows {first_row}..{first_row + len(col) - 1} "
-                         f"(first at row {first_row + bad}); a null is not a sample: drop or fill them")
+        raise ValueError(
+            f"column {name!r} has {col.null_count} null row(s) in rows {first_row}..{first_row + len(col) - 1} "
+            f"(first at row {first_row + bad}); a null is not a sample: drop or fill them"
+        )
     if not (pt.is_list(col.type) or pt.is_large_list(col.type)):
-        raise ValueError(f"column {name!r} has type {col.type}; a pre-tokenized source needs a list of token ids per row")
+        raise ValueError(
+            f"column {name!r} has type {col.type}; a pre-tokenized source needs a list of token ids per row"
+        )
     off = col.offsets.to_numpy().astype(np.int64)
     return np.diff(off), col.flatten().to_numpy(zero_copy_only=False)
 
@@ -99,8 +104,16 @@ def _segments(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (np.cumsum(sizes) - sizes), sizes) + np.arange(total)
 
 
-def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_len: int, overflow: str,
-                          limit: int | None = None, spill_path: str | Path | None = None) -> Any:
+def tokenize_pretokenized(
+    *,
+    path: Path,
+    fmt: str,
+    mask_column: str | None,
+    max_len: int,
+    overflow: str,
+    limit: int | None = None,
+    spill_path: str | Path | None = None,
+) -> Any:
     """The :class:`lenbatch_study.corpus.tokenizing.Tokenized` of a pre-tokenized source (rules: module doc)."""
     import pyarrow as pa
 
@@ -135,16 +148,20 @@ def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_
             n = batch.num_rows
             lens, ids = _list_parts(batch.column(TOKEN_COLUMN), TOKEN_COLUMN, row0)
             if ids.size and (ids.min() < 0 or ids.max() >= 2**31):
-                raise ValueError(f"column {TOKEN_COLUMN!r} holds token ids outside 0..2**31-1 (min {ids.min()}, max "
-                                 f"{ids.max()}) in rows {row0}..{row0 + n - 1}; padding or -100 labels do not belong "
-                                 "in input_ids")
+                raise ValueError(
+                    f"column {TOKEN_COLUMN!r} holds token ids outside 0..2**31-1 (min {ids.min()}, max "
+                    f"{ids.max()}) in rows {row0}..{row0 + n - 1}; padding or -100 labels do not belong "
+                    "in input_ids"
+                )
             if mask_column:
                 mlens, mvals = _list_parts(batch.column(mask_column), mask_column, row0)
                 bad = np.flatnonzero(mlens != lens)
                 if bad.size:
-                    raise ValueError(f"column {mask_column!r} has {bad.size} row(s) whose length differs from "
-                                     f"{TOKEN_COLUMN!r} (first at row {row0 + int(bad[0])}: {int(mlens[bad[0]])} vs "
-                                     f"{int(lens[bad[0]])}); the mask must have one value per token")
+                    raise ValueError(
+                        f"column {mask_column!r} has {bad.size} row(s) whose length differs from "
+                        f"{TOKEN_COLUMN!r} (first at row {row0 + int(bad[0])}: {int(mlens[bad[0]])} vs "
+                        f"{int(lens[bad[0]])}); the mask must have one value per token"
+                    )
                 mask = (mvals != -100) if mask_column == "labels" else (mvals != 0)
             else:
                 mask = np.ones(ids.size, dtype=bool)
@@ -158,9 +175,11 @@ def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_
             long = ~empty & ~no_train & (lens > max_len)
             if overflow == "error" and long.any():
                 r = int(np.flatnonzero(long)[0])
-                raise ValueError(f"row {row0 + r} has {int(lens[r])} tokens > data.max_len={max_len} (overflow: error, "
-                                 f"{int(long.sum())} such rows in rows {row0}..{row0 + n - 1}); raise data.max_len or "
-                                 "set data.overflow: truncate or drop")
+                raise ValueError(
+                    f"row {row0 + r} has {int(lens[r])} tokens > data.max_len={max_len} (overflow: error, "
+                    f"{int(long.sum())} such rows in rows {row0}..{row0 + n - 1}); raise data.max_len or "
+                    "set data.overflow: truncate or drop"
+                )
             too_long = long if overflow == "drop" else np.zeros(n, dtype=bool)
             cut_away = long & ~too_long & (trained_kept == 0)
             keep = ~(empty | no_train | too_long | cut_away)
@@ -174,12 +193,15 @@ def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_
             new_len = keep_len[rows]
             pos = _segments(starts[rows], new_len)
             out_off = np.concatenate([[0], np.cumsum(new_len)]).astype(np.int32)
-            rb = pa.RecordBatch.from_arrays([
-                pa.ListArray.from_arrays(pa.array(out_off), pa.array(ids[pos].astype(np.int32))),
-                pa.ListArray.from_arrays(pa.array(out_off), pa.array(mask[pos].astype(np.int8))),
-                pa.array(new_len.astype(np.int32)),
-                pa.array((row0 + rows).astype(np.int64)),
-            ], schema=ARROW_SCHEMA)
+            rb = pa.RecordBatch.from_arrays(
+                [
+                    pa.ListArray.from_arrays(pa.array(out_off), pa.array(ids[pos].astype(np.int32))),
+                    pa.ListArray.from_arrays(pa.array(out_off), pa.array(mask[pos].astype(np.int8))),
+                    pa.array(new_len.astype(np.int32)),
+                    pa.array((row0 + rows).astype(np.int64)),
+                ],
+                schema=ARROW_SCHEMA,
+            )
             content.update({"ids": ids[pos], "mask": mask[pos], "lengths": new_len, "source_index": row0 + rows})
             (writer.write_batch(rb) if writer is not None else kept_batches.append(rb))
             lengths_parts.append(new_len.astype(np.int32))
@@ -204,9 +226,13 @@ def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_
         if spill is not None:
             spill.unlink(missing_ok=True)
         raise ValueError(f"no samples left from {path}: {row0} rows read, dropped {dropped}; check data.source")
-    rule = (f"column {mask_column!r}: trained where != -100" if mask_column == "labels" else
-            f"column {mask_column!r}: trained where non-zero" if mask_column else
-            "no loss-mask column (loss_mask, assistant_masks, completion_mask or labels): every token is trained")
+    rule = (
+        f"column {mask_column!r}: trained where != -100"
+        if mask_column == "labels"
+        else f"column {mask_column!r}: trained where non-zero"
+        if mask_column
+        else "no loss-mask column (loss_mask, assistant_masks, completion_mask or labels): every token is trained"
+    )
     stats: dict[str, Any] = {
         "input": "pre-tokenized",
         "token_column": TOKEN_COLUMN,
@@ -233,5 +259,10 @@ def tokenize_pretokenized(*, path: Path, fmt: str, mask_column: str | None, max_
         "content_sha256": content.hexdigest(),
     }
     # seconds go to timings.json (write_outputs), not stats.json: the same rows give the same bytes
-    return Tokenized(lengths=lengths, stats=stats, batches=kept_batches, arrow_path=spill,
-                     seconds={"read_and_encode": round(time.perf_counter() - t0, 3)})
+    return Tokenized(
+        lengths=lengths,
+        stats=stats,
+        batches=kept_batches,
+        arrow_path=spill,
+        seconds={"read_and_encode": round(time.perf_counter() - t0, 3)},
+    )

@@ -75,16 +75,22 @@ def resolve_source(source: str) -> tuple[Path, str]:
             return Path(path), "json"
     path = Path(source)
     if not path.exists():
-        raise ValueError(f"data.source {source!r} does not exist; give 'sharegpt' or the path of a JSON/JSONL file, "
-                         "a Parquet file or a datasets.save_to_disk directory")
+        raise ValueError(
+            f"data.source {source!r} does not exist; give 'sharegpt' or the path of a JSON/JSONL file, "
+            "a Parquet file or a datasets.save_to_disk directory"
+        )
     if path.is_dir():
         if (path / "dataset_dict.json").exists():
             splits = sorted(p.name for p in path.iterdir() if (p / "state.json").exists())
-            raise ValueError(f"data.source {source!r} is a DatasetDict with splits {splits}; point it at one split "
-                             f"directory, e.g. {path / (splits[0] if splits else 'train')}")
+            raise ValueError(
+                f"data.source {source!r} is a DatasetDict with splits {splits}; point it at one split "
+                f"directory, e.g. {path / (splits[0] if splits else 'train')}"
+            )
         if not (path / "state.json").exists():
-            raise ValueError(f"data.source {source!r} is a directory but not one written by datasets.save_to_disk "
-                             "(no state.json); give such a directory or a file")
+            raise ValueError(
+                f"data.source {source!r} is a directory but not one written by datasets.save_to_disk "
+                "(no state.json); give such a directory or a file"
+            )
         return path, "arrow_dir"
     with _open(path) as fh:
         head = fh.read(4)
@@ -93,8 +99,9 @@ def resolve_source(source: str) -> tuple[Path, str]:
     return path, "json"
 
 
-def iter_records(path: Path, fmt: str, report: SourceReport, *, limit: int | None = None,
-                 allow_truncated: bool = False) -> Iterator[tuple[int, Any]]:
+def iter_records(
+    path: Path, fmt: str, report: SourceReport, *, limit: int | None = None, allow_truncated: bool = False
+) -> Iterator[tuple[int, Any]]:
     """``(index, record)`` from any supported source, at most ``limit`` of them; ``allow_truncated``:
     recover the complete records of a cut-off JSON/JSONL file (see the module doc)."""
     if fmt == "json":
@@ -108,8 +115,9 @@ def iter_records(path: Path, fmt: str, report: SourceReport, *, limit: int | Non
             report.read_to_end = False
             report.bytes_left_over = None
             report.cut_off = False
-            report.notes.append(f"stopped after data.limit={limit} records; the rest of the source (if any) "
-                                "was not read")
+            report.notes.append(
+                f"stopped after data.limit={limit} records; the rest of the source (if any) was not read"
+            )
             return
 
 
@@ -165,7 +173,7 @@ class _JsonStream:
         """Bytes after the last complete record, once the whole file is buffered."""
         while self.more():
             pass
-        return _byte_len(self.buf[self.last_end:])
+        return _byte_len(self.buf[self.last_end :])
 
 
 def _last_char(path: Path) -> str:
@@ -194,10 +202,10 @@ def _ends_a_prefix(buf: str, err: json.JSONDecodeError) -> bool:
     the start of a valid value cut at the end: the decoder ran out of text (at the end, or inside a
     string), or stopped on a token cut in half. Then the file is cut off inside that record; any other
     error is a malformed record, even the last one: a file closed by its writer is never a cut."""
-    rest = buf[err.pos:].rstrip()
+    rest = buf[err.pos :].rstrip()
     if err.msg.startswith("Unterminated string") or not rest:
         return True
-    if rest[0] in ".eE" and not buf[err.pos - 1:err.pos].isdigit():
+    if rest[0] in ".eE" and not buf[err.pos - 1 : err.pos].isdigit():
         return False
     return _TOKEN_PREFIX.match(rest) is not None
 
@@ -205,12 +213,16 @@ def _ends_a_prefix(buf: str, err: json.JSONDecodeError) -> bool:
 def _invalid_record(path: Path, s: _JsonStream, err: json.JSONDecodeError, index: int, array: bool) -> str:
     """The error for a malformed record: the file, the record, where it starts and where it breaks."""
     msg = err.msg if err.msg.endswith(" at") else f"{err.msg} at"  # "Unterminated string starting at"
-    where = (f"{path}: invalid JSON in record {index + 1} (starting at byte {s.offset(s.pos)}): {msg} byte "
-             f"{s.offset(err.pos)}")
+    where = (
+        f"{path}: invalid JSON in record {index + 1} (starting at byte {s.offset(s.pos)}): {msg} byte "
+        f"{s.offset(err.pos)}"
+    )
     if _closed(path, array):
-        return (f"{where}; the file ends with its closing '{']' if array else '}'}', so this is a malformed record, "
-                "not a cut (--allow-truncated recovers only a file cut off before its end): fix or remove record "
-                f"{index + 1}")
+        return (
+            f"{where}; the file ends with its closing '{']' if array else '}'}', so this is a malformed record, "
+            "not a cut (--allow-truncated recovers only a file cut off before its end): fix or remove record "
+            f"{index + 1}"
+        )
     return f"{where}; only a cut at the very end of a file is recovered: fix or remove this record"
 
 
@@ -218,12 +230,14 @@ def _open(path: Path) -> Any:
     try:
         return path.open("rb")
     except OSError as err:  # PermissionError, IsADirectoryError...: one line naming the file
-        raise ValueError(f"{path} cannot be read ({err.strerror}); check its permissions or give another "
-                         "data.source") from None
+        raise ValueError(
+            f"{path} cannot be read ({err.strerror}); check its permissions or give another data.source"
+        ) from None
 
 
-def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CHUNK_BYTES,
-                      allow_truncated: bool = False) -> Iterator[tuple[int, Any]]:
+def iter_json_records(
+    path: Path, report: SourceReport, *, chunk_bytes: int = CHUNK_BYTES, allow_truncated: bool = False
+) -> Iterator[tuple[int, Any]]:
     """Stream records out of a JSON array or JSONL file; recover a cut-off file only with ``allow_truncated``
     (see module doc)."""
     report.bytes = path.stat().st_size
@@ -241,9 +255,11 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
             report.format, array = "jsonl", False
             s.last_end = s.pos
         else:
-            raise ValueError(f"{path} is not JSON or JSONL: it starts with {s.buf[s.pos:s.pos + 20]!r}; give a JSON "
-                             "array or JSONL file of ShareGPT/OpenAI records, a Parquet file or a save_to_disk "
-                             "directory")
+            raise ValueError(
+                f"{path} is not JSON or JSONL: it starts with {s.buf[s.pos : s.pos + 20]!r}; give a JSON "
+                "array or JSONL file of ShareGPT/OpenAI records, a Parquet file or a save_to_disk "
+                "directory"
+            )
         index = 0
         cut = False  # the file ended inside a record, or before the array's closing ']'
         while True:
@@ -255,14 +271,18 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
                 if c == "]":
                     s.pos += 1
                     if s.skip_ws():
-                        raise ValueError(f"{path}: unexpected data after the closing ']' at byte "
-                                         f"{s.offset(s.pos)}: {s.buf[s.pos:s.pos + 40]!r}")
+                        raise ValueError(
+                            f"{path}: unexpected data after the closing ']' at byte "
+                            f"{s.offset(s.pos)}: {s.buf[s.pos : s.pos + 40]!r}"
+                        )
                     break
                 if index > 0:
                     if c != ",":
-                        raise ValueError(f"{path}: expected ',' or ']' after record {index} at byte "
-                                         f"{s.offset(s.pos)}, found {s.buf[s.pos:s.pos + 40]!r}; the file is "
-                                         "not valid JSON")
+                        raise ValueError(
+                            f"{path}: expected ',' or ']' after record {index} at byte "
+                            f"{s.offset(s.pos)}, found {s.buf[s.pos : s.pos + 40]!r}; the file is "
+                            "not valid JSON"
+                        )
                     s.pos += 1
                     if not s.skip_ws():
                         cut = True
@@ -271,8 +291,10 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
                 try:
                     record, end = raw_decode(s.buf, s.pos)
                 except RecursionError:
-                    raise ValueError(f"{path}: record {index + 1} (starting at byte {s.offset(s.pos)}) is nested too "
-                                     "deeply for Python's JSON parser; flatten or remove that record") from None
+                    raise ValueError(
+                        f"{path}: record {index + 1} (starting at byte {s.offset(s.pos)}) is nested too "
+                        "deeply for Python's JSON parser; flatten or remove that record"
+                    ) from None
                 except json.JSONDecodeError as err:
                     needs_more = err.msg.startswith("Unterminated string") or err.pos >= len(s.buf) - _TAIL
                     if needs_more and not s.eof:
@@ -296,11 +318,16 @@ def iter_json_records(path: Path, report: SourceReport, *, chunk_bytes: int = CH
         report.read_to_end = True
         report.bytes_left_over = s.left_over() if cut else 0
         if cut and not allow_truncated:
-            where = (f"inside record {index + 1} or before the array's closing ']'" if array
-                     else f"inside record {index + 1}")
-            raise ValueError(f"{path} is cut off: it ends {where} ({index} complete records, "
-                             f"{report.bytes_left_over} bytes left over); pass "
-                             "--allow-truncated to keep the complete records, or fix the file")
+            where = (
+                f"inside record {index + 1} or before the array's closing ']'"
+                if array
+                else f"inside record {index + 1}"
+            )
+            raise ValueError(
+                f"{path} is cut off: it ends {where} ({index} complete records, "
+                f"{report.bytes_left_over} bytes left over); pass "
+                "--allow-truncated to keep the complete records, or fix the file"
+            )
 
 
 def _records_from_batches(batches: Iterator[dict[str, list[Any]]]) -> Iterator[dict[str, Any]]:

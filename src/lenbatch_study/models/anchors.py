@@ -19,8 +19,9 @@ import numpy as np
 CE_CHUNK_ROWS = 128
 
 
-def draw_anchors(loss_mask: np.ndarray, length: int, *, num: int, seed: int, epoch: int, step: int,
-                 seq_id: int) -> np.ndarray:
+def draw_anchors(
+    loss_mask: np.ndarray, length: int, *, num: int, seed: int, epoch: int, step: int, seq_id: int
+) -> np.ndarray:
     """Up to ``num`` sorted anchor positions of one sequence, without replacement (see module doc)."""
     lm = np.asarray(loss_mask[:length], dtype=bool)
     valid = np.flatnonzero(lm[1:length])  # a such that a+1 < length and loss_mask[a+1]

@@ -71,7 +71,7 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     ang = pos.to(torch.float32)[..., None] * inv  # [..., L, d/2]
     cos = torch.cat([ang.cos(), ang.cos()], -1)[..., None, :].to(x.dtype)
     sin = torch.cat([ang.sin(), ang.sin()], -1)[..., None, :].to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -79,8 +79,10 @@ class DrafterLayer(nn.Module):
     def __init__(self, hidden: int, heads: int, intermediate: int, theta: float) -> None:
         super().__init__()
         if hidden % heads:
-            raise ValueError(f"drafter.num_heads={heads} does not divide model.hidden_size={hidden}; "
-                             "pick a divisor of the hidden size")
+            raise ValueError(
+                f"drafter.num_heads={heads} does not divide model.hidden_size={hidden}; "
+                "pick a divisor of the hidden size"
+            )
         self.heads, self.head_dim, self.theta = heads, hidden // heads, theta
         self.attn_norm = RMSNorm(hidden)
         self.q_proj = nn.Linear(hidden, hidden, bias=False)
@@ -92,8 +94,15 @@ class DrafterLayer(nn.Module):
         self.up = nn.Linear(hidden, intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, h: torch.Tensor, ctx_row: torch.Tensor, pos_row: torch.Tensor, ctx_idx: tuple[torch.Tensor, ...],
-                blk_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        ctx_row: torch.Tensor,
+        pos_row: torch.Tensor,
+        ctx_idx: tuple[torch.Tensor, ...],
+        blk_pos: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """``h [S, N, H]`` block states (N = A*b); ``ctx_row [B, T, H]`` the context in the batch's layout,
         ``pos_row [B, T]`` its in-sequence positions; ``ctx_idx`` (rows, cols) ``[S, Lc]`` picks each
         sequence's context window; ``blk_pos [S, N]``; ``mask [S, 1, N, Lc + N]``.
@@ -126,8 +135,13 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
-                w: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx,
+        h: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,  # type: ignore[override]
+        w: torch.Tensor,
+    ) -> torch.Tensor:
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
         for lo in range(0, h.shape[0], CE_CHUNK_ROWS):
@@ -154,10 +168,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 @dataclass
 class DrafterOutput:
-    loss: torch.Tensor          # scalar, sum(w * ce) / sum(w)
-    weight_sum: float           # sum of the loss weights used
-    positions: int              # trained (sequence, offset) positions that went through the lm_head
-    blocks: int                 # blocks drawn
+    loss: torch.Tensor  # scalar, sum(w * ce) / sum(w)
+    weight_sum: float  # sum of the loss weights used
+    positions: int  # trained (sequence, offset) positions that went through the lm_head
+    blocks: int  # blocks drawn
     sequences_without_anchor: int
 
 
@@ -170,22 +184,34 @@ class Drafter(nn.Module):
     gives it the same trained positions, targets and weights as :meth:`forward`).
     """
 
-    def __init__(self, *, feature_dim: int, hidden_size: int, intermediate_size: int, num_layers: int,
-                 num_heads: int, block_size: int, gamma: float, rope_theta: float = 10000.0,
-                 head_classes: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        feature_dim: int,
+        hidden_size: int,
+        intermediate_size: int,
+        num_layers: int,
+        num_heads: int,
+        block_size: int,
+        gamma: float,
+        rope_theta: float = 10000.0,
+        head_classes: int | None = None,
+    ) -> None:
         super().__init__()
         self.block_size, self.gamma = block_size, gamma
         self.ctx_proj = nn.Linear(feature_dim, hidden_size, bias=False)
         self.ctx_norm = RMSNorm(hidden_size)
         self.mask_embedding = nn.Parameter(torch.randn(hidden_size) * 0.02)
-        self.layers = nn.ModuleList(DrafterLayer(hidden_size, num_heads, intermediate_size, rope_theta)
-                                    for _ in range(num_layers))
+        self.layers = nn.ModuleList(
+            DrafterLayer(hidden_size, num_heads, intermediate_size, rope_theta) for _ in range(num_layers)
+        )
         self.final_norm = RMSNorm(hidden_size)
         self.head = nn.Linear(hidden_size, head_classes, bias=False) if head_classes else None
 
     # ------------------------------------------------------------------ anchors
-    def anchors_for(self, batch: Batch, *, anchors_per_seq: int, seed: int, epoch: int, step: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def anchors_for(
+        self, batch: Batch, *, anchors_per_seq: int, seed: int, epoch: int, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Anchors ``[S, A]`` (int64, in-sequence positions) and their validity ``[S, A]`` (bool), on CPU."""
         rows, starts = batch.seq_rows_starts()
         lm = batch.loss_mask.cpu().numpy()
@@ -196,15 +222,17 @@ class Drafter(nn.Module):
         valid = np.zeros((S, anchors_per_seq), dtype=bool)
         for s in range(S):
             r, st, n = int(rows[s]), int(starts[s]), int(lengths[s])
-            a = draw_anchors(lm[r, st:st + n], n, num=anchors_per_seq, seed=seed, epoch=epoch, step=step,
-                             seq_id=int(ids[s]))
-            anchors[s, :a.size] = a
-            valid[s, :a.size] = True
+            a = draw_anchors(
+                lm[r, st : st + n], n, num=anchors_per_seq, seed=seed, epoch=epoch, step=step, seq_id=int(ids[s])
+            )
+            anchors[s, : a.size] = a
+            valid[s, : a.size] = True
         return torch.from_numpy(anchors), torch.from_numpy(valid)
 
     # ------------------------------------------------------------------ forward
-    def block_states(self, features: torch.Tensor, batch: Batch, anchors: torch.Tensor, *,
-                     embed_tokens: nn.Module) -> torch.Tensor:
+    def block_states(
+        self, features: torch.Tensor, batch: Batch, anchors: torch.Tensor, *, embed_tokens: nn.Module
+    ) -> torch.Tensor:
         """Final (normed) hidden states of every block: ``[S, A, b, H]``.
 
         ``features`` is ``[B, T, F]`` in the batch's layout (padded or packed); ``anchors``
@@ -236,8 +264,16 @@ class Drafter(nn.Module):
             h = layer(h, ctx_row, pos_row, ctx_idx, blk_pos, mask)
         return self.final_norm(h).view(S, A, b, -1)
 
-    def forward(self, features: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, *,
-                embed_tokens: nn.Module, lm_head: nn.Module) -> DrafterOutput:
+    def forward(
+        self,
+        features: torch.Tensor,
+        batch: Batch,
+        anchors: torch.Tensor,
+        valid: torch.Tensor,
+        *,
+        embed_tokens: nn.Module,
+        lm_head: nn.Module,
+    ) -> DrafterOutput:
         """Weighted block cross-entropy of one batch (formula in the module doc).
 
         ``anchors``/``valid`` come from :meth:`anchors_for`.
@@ -250,11 +286,17 @@ class Drafter(nn.Module):
         else:
             loss = ChunkedLinearCrossEntropy.apply(hid, lm_head.weight, tok, w) / wsum
         valid = valid.to(features.device)
-        return DrafterOutput(loss=loss, weight_sum=float(wsum), positions=int(hid.shape[0]),
-                             blocks=int(valid.sum()), sequences_without_anchor=int((~valid.any(1)).sum()))
+        return DrafterOutput(
+            loss=loss,
+            weight_sum=float(wsum),
+            positions=int(hid.shape[0]),
+            blocks=int(valid.sum()),
+            sequences_without_anchor=int((~valid.any(1)).sum()),
+        )
 
-    def trained_positions(self, h: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def trained_positions(
+        self, h: torch.Tensor, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What the loss trains, from the block states ``h [S, A, b, H]`` (:meth:`block_states`):
         ``(states [N, H], target tokens [N], weights [N])`` of every block offset ``k = 1..b-1`` whose
         target ``a+k`` is inside its sequence and its loss mask (valid anchors only), weights
@@ -287,8 +329,14 @@ def block_attention_mask(anchors: torch.Tensor, context_len: int, block_size: in
     return torch.cat([ctx_ok, own], -1)
 
 
-def build_drafter(params, *, device: str | torch.device = "cpu", init_seed: int | None = None,
-                  dtype: str | None = None, head_classes: int | None = None) -> Drafter:
+def build_drafter(
+    params,
+    *,
+    device: str | torch.device = "cpu",
+    init_seed: int | None = None,
+    dtype: str | None = None,
+    head_classes: int | None = None,
+) -> Drafter:
     """The drafter for ``params`` (sections model and drafter), its weights drawn from torch seed
     ``init_seed`` (default ``model.init_seed + 1``; the global RNG is left as it was), in ``dtype``
     (default ``model.dtype``), with a trainable head of ``head_classes`` classes when given."""
@@ -296,9 +344,16 @@ def build_drafter(params, *, device: str | torch.device = "cpu", init_seed: int 
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(m.init_seed + 1 if init_seed is None else init_seed)
     try:
-        drafter = Drafter(feature_dim=len(m.target_layers) * m.hidden_size, hidden_size=m.hidden_size,
-                          intermediate_size=m.intermediate_size, num_layers=d.num_layers, num_heads=d.num_heads,
-                          block_size=d.block_size, gamma=d.gamma, head_classes=head_classes)
+        drafter = Drafter(
+            feature_dim=len(m.target_layers) * m.hidden_size,
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_layers=d.num_layers,
+            num_heads=d.num_heads,
+            block_size=d.block_size,
+            gamma=d.gamma,
+            head_classes=head_classes,
+        )
     finally:
         torch.random.set_rng_state(gen_state)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype or m.dtype]

@@ -58,8 +58,10 @@ def prepare_environment(*, device: str, dtype: str) -> None:
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     if device == "cpu":
         if "fla" in sys.modules and not interpreting():
-            raise ValueError("flash-linear-attention was imported before TRITON_INTERPRET=1 was set, so its "
-                             "kernels need a GPU; start python with TRITON_INTERPRET=1 to run them on CPU")
+            raise ValueError(
+                "flash-linear-attention was imported before TRITON_INTERPRET=1 was set, so its "
+                "kernels need a GPU; start python with TRITON_INTERPRET=1 to run them on CPU"
+            )
         os.environ[INTERPRET_ENV] = "1"
     elif dtype == "float32":
         os.environ.setdefault(F32_ENV, "ieee")
@@ -89,11 +91,15 @@ def force_ieee_solve() -> str | None:
 def require_interpreter(dtype: torch.dtype) -> None:
     """``ValueError`` unless fla's kernels can run on CPU in ``dtype``."""
     if not interpreting():
-        raise ValueError("--backend fla on CPU runs fla's kernels under Triton's interpreter: set "
-                         "TRITON_INTERPRET=1 before python starts (lenbatch verify-packing --backend fla does)")
+        raise ValueError(
+            "--backend fla on CPU runs fla's kernels under Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before python starts (lenbatch verify-packing --backend fla does)"
+        )
     if dtype == torch.bfloat16:
-        raise ValueError("--backend fla on CPU: Triton's interpreter computes bfloat16 on raw bits; use "
-                         "--dtype float32 (bfloat16 needs a GPU)")
+        raise ValueError(
+            "--backend fla on CPU: Triton's interpreter computes bfloat16 on raw bits; use "
+            "--dtype float32 (bfloat16 needs a GPU)"
+        )
 
 
 class _CounterToTensor(ast.NodeTransformer):
@@ -116,9 +122,14 @@ class _CounterToTensor(ast.NodeTransformer):
             name = node.target.id
             convert = ast.Assign(
                 targets=[ast.Name(id=name, ctx=ast.Store())],
-                value=ast.Call(func=ast.Attribute(value=ast.Name(id="interpreter_semantic", ctx=ast.Load()),
-                                                  attr="to_tensor", ctx=ast.Load()),
-                               args=[ast.Name(id=name, ctx=ast.Load()), ast.Constant(value=False)], keywords=[]))
+                value=ast.Call(
+                    func=ast.Attribute(
+                        value=ast.Name(id="interpreter_semantic", ctx=ast.Load()), attr="to_tensor", ctx=ast.Load()
+                    ),
+                    args=[ast.Name(id=name, ctx=ast.Load()), ast.Constant(value=False)],
+                    keywords=[],
+                ),
+            )
             node.body.insert(0, ast.copy_location(convert, node))
         return node
 
@@ -147,8 +158,11 @@ def patch_triton_for_interpreter() -> None:
 
     def index_of_one_element(tensor, scope):  # Triton < 3.9: int() of a 1-element block fails
         patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0])
-                       if self.handle.data.size == 1 else int(self.handle.data))
+        scope.set_attr(
+            tensor,
+            "__index__",
+            lambda self: int(self.handle.data.reshape(-1)[0]) if self.handle.data.size == 1 else int(self.handle.data),
+        )
 
     autotuner.Autotuner.prune_configs = first_config
     autotuner.Autotuner._bench = no_timing

@@ -47,8 +47,10 @@ def use_fla(x: torch.Tensor) -> bool:
     if backend == "auto":
         return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _fla_chunk() is not None
     if _fla_chunk() is None:
-        raise ValueError(f"--backend fla (train.kernels: fla) but flash-linear-attention >= 0.5 is not usable "
-                         f"({fla_problem()}); pip install 'lenbatch-study[gpu]' (or use --backend torch)")
+        raise ValueError(
+            f"--backend fla (train.kernels: fla) but flash-linear-attention >= 0.5 is not usable "
+            f"({fla_problem()}); pip install 'lenbatch-study[gpu]' (or use --backend torch)"
+        )
     if not x.is_cuda:
         from lenbatch_study.models import fla_cpu
 
@@ -109,8 +111,10 @@ def _fla_chunk() -> Any:
         return None
     found = _fla_version()
     if found[:2] < FLA_MIN_VERSION:
-        raise ValueError(f"flash-linear-attention {'.'.join(map(str, found))} is installed but lenbatch needs "
-                         ">= 0.5 (grouped value heads); pip install 'lenbatch-study[gpu]' or uninstall it")
+        raise ValueError(
+            f"flash-linear-attention {'.'.join(map(str, found))} is installed but lenbatch needs "
+            ">= 0.5 (grouped value heads); pip install 'lenbatch-study[gpu]' or uninstall it"
+        )
     params = inspect.signature(fn).parameters
     if not {"cu_seqlens", "use_qk_l2norm_in_kernel", "g", "beta"} <= set(params):
         _FLA_PROBLEMS["chunk"] = "broken: its chunk_gated_delta_rule takes no cu_seqlens / use_qk_l2norm_in_kernel"
@@ -146,8 +150,9 @@ def qk_l2norm(x: torch.Tensor, eps: float = FLA_L2NORM_EPS) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.square().sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                          beta: torch.Tensor, segs: Any) -> torch.Tensor:
+def _fla_gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, segs: Any
+) -> torch.Tensor:
     """fla's gated delta rule over the sequences of ``segs`` (a :class:`lenbatch_study.models.varlen.Segments`);
     shapes as :func:`lenbatch_study.models.varlen.chunk_gated_delta_rule`."""
     fn = _fla_chunk()
@@ -167,16 +172,27 @@ def _fla_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     # autotuned with NB = cdiv(tokens * key heads, 65536) as a key, so each new token bucket a plan reaches
     # (NB 1..12 up to 49,152 tokens at 16 key heads) would compile and autotune 25 configs inside a
     # measured step; no other forward kernel of fla keys on the token count (see qk_l2norm).
-    out, _ = fn(q=qk_l2norm(row(q)), k=qk_l2norm(row(k)), v=row(v), g=row(g.float()), beta=row(beta.to(q.dtype)),
-                initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
-                cu_seqlens=segs.cu_seqlens())
+    out, _ = fn(
+        q=qk_l2norm(row(q)),
+        k=qk_l2norm(row(k)),
+        v=row(v),
+        g=row(g.float()),
+        beta=row(beta.to(q.dtype)),
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=segs.cu_seqlens(),
+    )
     return out.reshape(batch, seq_len, *out.shape[2:]).to(v.dtype)
 
 
 def backend_name(device: torch.device | str, dtype: torch.dtype) -> str:
     """Which gated-delta-rule kernel a forward on (device, dtype) uses: 'fla' or 'torch'."""
-    return "fla" if use_fla(torch.empty(0, dtype=dtype, device="meta" if torch.device(device).type != "cuda"
-                                        else device)) else "torch"
+    return (
+        "fla"
+        if use_fla(torch.empty(0, dtype=dtype, device="meta" if torch.device(device).type != "cuda" else device))
+        else "torch"
+    )
 
 
 def _uses_fla(device: torch.device, dtype: torch.dtype) -> bool:
@@ -206,16 +222,23 @@ def select_kernels(requested: str, *, device: torch.device | str, dtype: torch.d
     fla = _uses_fla(device, dtype)
     if device.type == "cuda" and requested == "auto" and not fla:
         why = fla_problem() or f"model.dtype is {str(dtype).removeprefix('torch.')} (fla runs bf16/fp16)"
-        raise ValueError(f"this CUDA run would use the torch Gated DeltaNet fallback ({why}): many times slower "
-                         "than flash-linear-attention and ~15 GB per layer at 49,152 tokens. Install it (pip install "
-                         "'lenbatch-study[gpu]'; without an index: make gpu-wheels), or set train.kernels: torch to run "
-                         "the fallback deliberately (train.kernels: fla forces fla)")
+        raise ValueError(
+            f"this CUDA run would use the torch Gated DeltaNet fallback ({why}): many times slower "
+            "than flash-linear-attention and ~15 GB per layer at 49,152 tokens. Install it (pip install "
+            "'lenbatch-study[gpu]'; without an index: make gpu-wheels), or set train.kernels: torch to run "
+            "the fallback deliberately (train.kernels: fla forces fla)"
+        )
     conv = "fla" if fla and _fla_conv() is not None else "torch"
     version = None
     if _fla_chunk() is not None:
         version = ".".join(map(str, _fla_version()))
-    return {"requested": requested, "gated_delta_rule": "fla" if fla else "torch", "conv": conv,
-            "fla_version": version, "fla_problem": fla_problem()}
+    return {
+        "requested": requested,
+        "gated_delta_rule": "fla" if fla else "torch",
+        "conv": conv,
+        "fla_version": version,
+        "fla_problem": fla_problem(),
+    }
 
 
 class CompileMeter:

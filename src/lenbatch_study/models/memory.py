@@ -109,8 +109,15 @@ def gdn_working_elements(model) -> int:
         return 0
     k, v = m.linear_num_key_heads * m.linear_key_head_dim, m.linear_num_value_heads * m.linear_value_head_dim
     nv, dk, dv = m.linear_num_value_heads, m.linear_key_head_dim, m.linear_value_head_dim
-    return (2 * m.hidden_size + (2 * k + v) + 2 * v + 2 * k + nv * (dk + 3 * dv) + GDN_CHUNK * nv
-            + nv * dk * dv // GDN_CHUNK)
+    return (
+        2 * m.hidden_size
+        + (2 * k + v)
+        + 2 * v
+        + 2 * k
+        + nv * (dk + 3 * dv)
+        + GDN_CHUNK * nv
+        + nv * dk * dv // GDN_CHUNK
+    )
 
 
 def target_activation_elements(model) -> int:
@@ -130,9 +137,15 @@ def _drafter_parameters(params) -> int:
 
     m, d = params.model, params.drafter
     with torch.device("meta"):
-        drafter = Drafter(feature_dim=len(m.target_layers) * m.hidden_size, hidden_size=m.hidden_size,
-                          intermediate_size=m.intermediate_size, num_layers=d.num_layers, num_heads=d.num_heads,
-                          block_size=d.block_size, gamma=d.gamma)
+        drafter = Drafter(
+            feature_dim=len(m.target_layers) * m.hidden_size,
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_layers=d.num_layers,
+            num_heads=d.num_heads,
+            block_size=d.block_size,
+            gamma=d.gamma,
+        )
     return sum(p.numel() for p in drafter.parameters())
 
 
@@ -184,12 +197,15 @@ def drafter_block_bytes(params, positions: int) -> int:
 
 def plan_memory_shape(params, lengths, batches) -> dict[str, int]:
     """The keyword arguments of :func:`rank_memory` for a plan's ``batches``."""
-    return {"window_tokens": plan_window_tokens(params, lengths, batches),
-            "block_positions": plan_block_positions(params, batches)}
+    return {
+        "window_tokens": plan_window_tokens(params, lengths, batches),
+        "block_positions": plan_block_positions(params, batches),
+    }
 
 
-def rank_memory(params, *, window_tokens: int | None = None, block_positions: int | None = None,
-                host_queue: bool = False) -> tuple[RankMemory, RankMemory]:
+def rank_memory(
+    params, *, window_tokens: int | None = None, block_positions: int | None = None, host_queue: bool = False
+) -> tuple[RankMemory, RankMemory]:
     """(target rank, drafter rank) peak bytes for ``params`` (formulas in the module doc);
     ``window_tokens`` / ``block_positions``: the plan's ``W`` and ``P`` (:func:`plan_memory_shape`), else
     the config's bounds (``max_batch_size`` sequences). ``host_queue``: the batches in flight are host
@@ -200,17 +216,25 @@ def rank_memory(params, *, window_tokens: int | None = None, block_positions: in
     m, b = params.model, BYTES[params.model.dtype]
     T, H, V, Lt = params.batching.token_budget, m.hidden_size, m.vocab_size, len(m.target_layers)
     windows = drafter_window_bytes(params, config_window_tokens(params) if window_tokens is None else window_tokens)
-    positions = params.batching.max_batch_size * _block_positions(params) if block_positions is None \
-        else block_positions
+    positions = (
+        params.batching.max_batch_size * _block_positions(params) if block_positions is None else block_positions
+    )
     windows += drafter_block_bytes(params, positions)
     step_features = T * Lt * H * b
-    target = RankMemory("target", weights=target_parameters(params.model) * b,
-                        activations=T * b * target_activation_elements(m),
-                        features=(1 if host_queue else params.train.queue_size + 1) * step_features, optimizer=0)
-    drafter = RankMemory("drafter", weights=2 * V * H * b,
-                         activations=T * H * 4 * (2 + 8 * params.drafter.num_layers) + 3 * CE_CHUNK_ROWS * V * 4
-                         + windows,
-                         features=step_features, optimizer=16 * _drafter_parameters(params))
+    target = RankMemory(
+        "target",
+        weights=target_parameters(params.model) * b,
+        activations=T * b * target_activation_elements(m),
+        features=(1 if host_queue else params.train.queue_size + 1) * step_features,
+        optimizer=0,
+    )
+    drafter = RankMemory(
+        "drafter",
+        weights=2 * V * H * b,
+        activations=T * H * 4 * (2 + 8 * params.drafter.num_layers) + 3 * CE_CHUNK_ROWS * V * 4 + windows,
+        features=step_features,
+        optimizer=16 * _drafter_parameters(params),
+    )
     return target, drafter
 
 
@@ -218,16 +242,24 @@ def usable_bytes(device_bytes: int) -> int:
     return int(device_bytes * USABLE_FRACTION) - RESERVED_BYTES
 
 
-def check_fits(params, *, device_bytes: int, ranks_per_device: int = 1, single_process: bool = False,
-               window_tokens: int | None = None, block_positions: int | None = None) -> tuple[RankMemory, RankMemory]:
+def check_fits(
+    params,
+    *,
+    device_bytes: int,
+    ranks_per_device: int = 1,
+    single_process: bool = False,
+    window_tokens: int | None = None,
+    block_positions: int | None = None,
+) -> tuple[RankMemory, RankMemory]:
     """Refuse (``ValueError`` naming ``train.queue_size`` / ``batching.token_budget``) a setting whose
     rank peak (or, with ``ranks_per_device`` ranks sharing one device, the sum of the busiest
     device's ranks: the drafter and ``ranks_per_device - 1`` target ranks) exceeds the usable memory.
     ``single_process``: one process holds both roles and one batch of features (no queue). Ranks sharing
     a device talk over gloo, so their batches in flight are in host memory (``host_queue``)."""
     host_queue = ranks_per_device > 1 and not single_process
-    target, drafter = rank_memory(params, window_tokens=window_tokens, block_positions=block_positions,
-                                  host_queue=host_queue)
+    target, drafter = rank_memory(
+        params, window_tokens=window_tokens, block_positions=block_positions, host_queue=host_queue
+    )
     others = max(ranks_per_device - 1, 0)
     need = max(target.total * ranks_per_device, drafter.total + target.total * others)
     if single_process:  # both models, one batch's features (the drafter's "received" copy is the same tensor)
@@ -239,13 +271,17 @@ def check_fits(params, *, device_bytes: int, ranks_per_device: int = 1, single_p
     per_batch = target.features // (params.train.queue_size + 1) * ranks_per_device
     spare = have - (need - target.features * ranks_per_device)  # room left for features
     fits_q = spare // per_batch - 1 if per_batch else -1
-    hint = (f"train.queue_size <= {fits_q} fits" if fits_q >= 1 and not single_process and not host_queue else
-            "lower batching.token_budget" + (" (one process holds both models)" if single_process else
-                                             "; even train.queue_size: 1 does not fit"))
+    hint = (
+        f"train.queue_size <= {fits_q} fits"
+        if fits_q >= 1 and not single_process and not host_queue
+        else "lower batching.token_budget"
+        + (" (one process holds both models)" if single_process else "; even train.queue_size: 1 does not fit")
+    )
     raise ValueError(
         f"a rank needs {need / gib:.1f} GiB but the device has {device_bytes / gib:.1f} GiB "
         f"({have / gib:.1f} usable): target weights {target.weights / gib:.1f}, activations "
         f"{target.activations / gib:.1f}, features in flight {target.features / gib:.1f} GiB "
         f"((train.queue_size {params.train.queue_size} in flight + 1 being computed) x batching.token_budget "
         f"{params.batching.token_budget} x {len(params.model.target_layers)} target layers x hidden "
-        f"{params.model.hidden_size} x {BYTES[params.model.dtype]} bytes); {hint}")
+        f"{params.model.hidden_size} x {BYTES[params.model.dtype]} bytes); {hint}"
+    )

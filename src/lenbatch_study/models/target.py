@@ -55,9 +55,14 @@ from torch import nn
 
 from lenbatch_study.core.config import ModelConfig
 from lenbatch_study.core.log import get_logger
+
 # the target's shapes from files (config only, its own module), re-exported: tests and tools import them from here
-from lenbatch_study.models.target_config import SHAPE_KEYS, checkpoint_dir, model_config_from_file, \
-    pretrained_text_config
+from lenbatch_study.models.target_config import (
+    SHAPE_KEYS,
+    checkpoint_dir,
+    model_config_from_file,
+    pretrained_text_config,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 INITIALIZER_RANGE = 0.02  # std of the normal init (Hugging Face Qwen3_5TextConfig default)
@@ -89,8 +94,7 @@ def hf_text_config(cfg: ModelConfig) -> Any:
         linear_key_head_dim=cfg.linear_key_head_dim,
         linear_value_head_dim=cfg.linear_value_head_dim,
         linear_conv_kernel_dim=cfg.linear_conv_kernel_dim,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta),
-                         "partial_rotary_factor": 0.25},
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta), "partial_rotary_factor": 0.25},
         initializer_range=INITIALIZER_RANGE,
         tie_word_embeddings=False,
         use_cache=False,
@@ -104,22 +108,32 @@ def hf_text_config(cfg: ModelConfig) -> Any:
 def _check_model_config(cfg: ModelConfig) -> None:
     """Shape rules the dataclass cannot see; ``ValueError`` names the key and the fix."""
     if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise ValueError(f"model.num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
-                         f"model.num_key_value_heads ({cfg.num_key_value_heads}); change one of them")
+        raise ValueError(
+            f"model.num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
+            f"model.num_key_value_heads ({cfg.num_key_value_heads}); change one of them"
+        )
     if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
-        raise ValueError(f"model.linear_num_value_heads ({cfg.linear_num_value_heads}) must be a multiple of "
-                         f"model.linear_num_key_heads ({cfg.linear_num_key_heads}); change one of them")
+        raise ValueError(
+            f"model.linear_num_value_heads ({cfg.linear_num_value_heads}) must be a multiple of "
+            f"model.linear_num_key_heads ({cfg.linear_num_key_heads}); change one of them"
+        )
     if cfg.head_dim % 8:
-        raise ValueError(f"model.head_dim ({cfg.head_dim}) must be a multiple of 8 (a quarter of it is rotated "
-                         "by RoPE in pairs); use e.g. 32, 64, 128 or 256")
+        raise ValueError(
+            f"model.head_dim ({cfg.head_dim}) must be a multiple of 8 (a quarter of it is rotated "
+            "by RoPE in pairs); use e.g. 32, 64, 128 or 256"
+        )
     outside = [i for i in cfg.target_layers if not 0 <= i < cfg.num_hidden_layers]
     if outside or not cfg.target_layers:
-        raise ValueError(f"model.target_layers {list(cfg.target_layers)} must be non-empty layer ids in "
-                         f"0..{cfg.num_hidden_layers - 1}; pick layers the model has")
+        raise ValueError(
+            f"model.target_layers {list(cfg.target_layers)} must be non-empty layer ids in "
+            f"0..{cfg.num_hidden_layers - 1}; pick layers the model has"
+        )
     bad = [t for t in cfg.layer_types if t not in ("linear_attention", "full_attention")]
     if bad or len(cfg.layer_types) != cfg.num_hidden_layers:
-        raise ValueError(f"model.layer_types {list(cfg.layer_types)} must give one of linear_attention / "
-                         f"full_attention for each of the {cfg.num_hidden_layers} layers")
+        raise ValueError(
+            f"model.layer_types {list(cfg.layer_types)} must give one of linear_attention / "
+            f"full_attention for each of the {cfg.num_hidden_layers} layers"
+        )
 
 
 def _param_seed(init_seed: int, name: str) -> int:
@@ -164,8 +178,7 @@ def _init_kind(module: nn.Module, pname: str) -> str:
     raise AssertionError(f"no init rule for {type(module).__name__}.{pname}; transformers changed the model")
 
 
-def _materialize(root: nn.Module, prefix: str, init_seed: int, dtype: torch.dtype,
-                 device: torch.device) -> nn.Module:
+def _materialize(root: nn.Module, prefix: str, init_seed: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """Allocate a meta-device module on ``device`` in ``dtype`` and fill every parameter by name."""
     root = root.to(dtype).to_empty(device=device)  # .to on meta is free: one allocation, in dtype
     for mod_name, module in root.named_modules():
@@ -183,8 +196,9 @@ class Target(nn.Module):
         super().__init__()
         self.cfg = cfg
         # where the weights come from, for logs and results
-        self.weights = (f"checkpoint {cfg.pretrained}" if cfg.pretrained is not None
-                        else f"random (init_seed {cfg.init_seed})")
+        self.weights = (
+            f"checkpoint {cfg.pretrained}" if cfg.pretrained is not None else f"random (init_seed {cfg.init_seed})"
+        )
         self.model = model
         self.lm_head = lm_head
         self.target_layers = tuple(int(i) for i in cfg.target_layers)
@@ -206,8 +220,13 @@ class Target(nn.Module):
         return super().train(False)
 
     @torch.inference_mode()
-    def features(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
-                 cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    def features(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Hidden states of ``cfg.target_layers`` concatenated: ``[B, T, len(target_layers) * hidden]``.
 
         Padded layout: ``input_ids`` [B, T] right-padded, ``attention_mask`` [B, T] (1 = token,
@@ -221,17 +240,25 @@ class Target(nn.Module):
         Cost: linear in tokens for the Gated DeltaNet layers (chunks of 32 tokens on CPU, 64 in
         fla, padded per sequence), sum of L_i^2 for attention (B * T^2 in the padded layout).
         """
-        outs = self.hidden_states(input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
-                                  layers=self.target_layers)
+        outs = self.hidden_states(
+            input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens, layers=self.target_layers
+        )
         feats = torch.cat([outs[i] for i in self.target_layers], dim=-1)
         if attention_mask is not None:
             feats = feats * attention_mask.to(device=feats.device, dtype=feats.dtype).unsqueeze(-1)
         return feats
 
     @torch.inference_mode()
-    def hidden_states(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
-                      cu_seqlens: torch.Tensor | None = None, layers: tuple[int, ...] | None = None,
-                      final_norm: bool = False, boundaries: bool = True) -> dict[Any, torch.Tensor]:
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        layers: tuple[int, ...] | None = None,
+        final_norm: bool = False,
+        boundaries: bool = True,
+    ) -> dict[Any, torch.Tensor]:
         """Per-layer outputs ``{layer_id: [B, T, hidden]}`` (plus ``"final"``, normed, if asked).
 
         ``layers=None`` returns every layer. ``boundaries=False`` withholds the sequence
@@ -240,13 +267,16 @@ class Target(nn.Module):
         """
         from lenbatch_study.models import varlen
 
-        segs = varlen.make_segments(input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
-                                     boundaries=boundaries, device=self.device)
+        segs = varlen.make_segments(
+            input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens, boundaries=boundaries, device=self.device
+        )
         wanted = set(range(self.cfg.num_hidden_layers) if layers is None else layers)
         bad = [i for i in wanted if not 0 <= i < self.cfg.num_hidden_layers]
         if bad:
-            raise ValueError(f"layer ids {sorted(bad)} are outside the model's 0..{self.cfg.num_hidden_layers - 1}; "
-                             "fix model.target_layers")
+            raise ValueError(
+                f"layer ids {sorted(bad)} are outside the model's 0..{self.cfg.num_hidden_layers - 1}; "
+                "fix model.target_layers"
+            )
         last = self.cfg.num_hidden_layers - 1 if final_norm else max(wanted)
         hidden = self.model.embed_tokens(input_ids.to(self.device))
         position_ids = segs.position_ids
@@ -255,8 +285,13 @@ class Target(nn.Module):
         pos_emb = self.model.rotary_emb(hidden, position_ids[None].expand(3, -1, -1))
         out: dict[Any, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers[: last + 1]):
-            hidden = layer(hidden, position_embeddings=pos_emb, attention_mask=None, position_ids=position_ids,
-                           lenbatch_segments=segs)
+            hidden = layer(
+                hidden,
+                position_embeddings=pos_emb,
+                attention_mask=None,
+                position_ids=position_ids,
+                lenbatch_segments=segs,
+            )
             if i in wanted:
                 out[i] = hidden
         if final_norm:
@@ -277,8 +312,10 @@ class Target(nn.Module):
         out: dict[Any, torch.Tensor] = {}
         from lenbatch_study.models.varlen import torch_reference_kernels
 
-        hooks = [layer.register_forward_hook(lambda _m, _a, res, i=i: out.__setitem__(i, res))
-                 for i, layer in enumerate(self.model.layers)]
+        hooks = [
+            layer.register_forward_hook(lambda _m, _a, res, i=i: out.__setitem__(i, res))
+            for i, layer in enumerate(self.model.layers)
+        ]
         try:
             with torch_reference_kernels():  # transformers' torch kernels even where fla is installed
                 res = self.model(input_ids=input_ids.to(self.device), use_cache=False)
@@ -368,17 +405,30 @@ def _load_pretrained(cfg: ModelConfig, device: torch.device) -> tuple[nn.Module,
     path = checkpoint_dir(cfg)
     hf_cfg = hf_text_config(cfg)
     lm, info = Qwen3_5ForCausalLM.from_pretrained(
-        str(path), config=hf_cfg, local_files_only=True, dtype=DTYPES[cfg.dtype], device_map={"": str(device)},
-        attn_implementation=varlen.ATTN_IMPLEMENTATION, output_loading_info=True)
+        str(path),
+        config=hf_cfg,
+        local_files_only=True,
+        dtype=DTYPES[cfg.dtype],
+        device_map={"": str(device)},
+        attn_implementation=varlen.ATTN_IMPLEMENTATION,
+        output_loading_info=True,
+    )
     bad = sorted(info["missing_keys"]) + sorted(str(k) for k in info["mismatched_keys"])
     if bad or info.get("error_msgs"):
-        raise ValueError(f"model.pretrained={cfg.pretrained!r}: the checkpoint lacks or mis-shapes {len(bad)} weight(s) "
-                         f"of the target ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}) "
-                         f"{info.get('error_msgs') or ''}; it must be a complete Qwen3.5 checkpoint of these shapes")
+        raise ValueError(
+            f"model.pretrained={cfg.pretrained!r}: the checkpoint lacks or mis-shapes {len(bad)} weight(s) "
+            f"of the target ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}) "
+            f"{info.get('error_msgs') or ''}; it must be a complete Qwen3.5 checkpoint of these shapes"
+        )
     unused = sorted(info["unexpected_keys"])
     get_logger("lenbatch.target").info(
-        "target: weights of %s (%d tensors in %s, %d of them unused: %s)", path, len(lm.state_dict()), DTYPES[cfg.dtype],
-        len(unused), ", ".join(unused[:3]) + (", ..." if len(unused) > 3 else "") if unused else "none")
+        "target: weights of %s (%d tensors in %s, %d of them unused: %s)",
+        path,
+        len(lm.state_dict()),
+        DTYPES[cfg.dtype],
+        len(unused),
+        ", ".join(unused[:3]) + (", ..." if len(unused) > 3 else "") if unused else "none",
+    )
     model = varlen.make_boundary_aware(lm.model)
     return model, lm.lm_head
 
@@ -404,9 +454,11 @@ def _checkpoint_heads(path: Path, *, tied: bool) -> tuple[torch.Tensor, torch.Te
     embed = next((p + "embed_tokens.weight" for p in _TEXT_PREFIXES if p + "embed_tokens.weight" in where), None)
     head = next((n for n in _HEAD_NAMES if n in where), None)
     if embed is None or (head is None and not tied):
-        raise ValueError(f"model.pretrained={str(path)!r}: no {'embed_tokens' if embed is None else 'lm_head'} weight "
-                         f"in its safetensors (looked for {[p + 'embed_tokens.weight' for p in _TEXT_PREFIXES]} and "
-                         f"{list(_HEAD_NAMES)}); it must be a Qwen3.5 causal-LM checkpoint")
+        raise ValueError(
+            f"model.pretrained={str(path)!r}: no {'embed_tokens' if embed is None else 'lm_head'} weight "
+            f"in its safetensors (looked for {[p + 'embed_tokens.weight' for p in _TEXT_PREFIXES]} and "
+            f"{list(_HEAD_NAMES)}); it must be a Qwen3.5 causal-LM checkpoint"
+        )
     embed_w = read(embed)
     return embed_w, (embed_w if head is None else read(head))
 
@@ -416,12 +468,24 @@ def _filled(module: nn.Module, weight: torch.Tensor, dtype: torch.dtype, device:
     """A meta-device ``module`` allocated on ``device`` in ``dtype`` holding ``weight`` (cast on copy), frozen."""
     module = module.to(dtype).to_empty(device=device)
     if tuple(module.weight.shape) != tuple(weight.shape):
-        raise ValueError(f"the checkpoint's head weight has shape {tuple(weight.shape)}, the target needs "
-                         f"{tuple(module.weight.shape)}; model.vocab_size / hidden_size must match the checkpoint")
+        raise ValueError(
+            f"the checkpoint's head weight has shape {tuple(weight.shape)}, the target needs "
+            f"{tuple(module.weight.shape)}; model.vocab_size / hidden_size must match the checkpoint"
+        )
     module.weight.copy_(weight)
     module.weight.requires_grad_(False)
     return module
 
 
-__all__ = ["DTYPES", "INITIALIZER_RANGE", "SHAPE_KEYS", "Target", "build_heads", "build_target", "checkpoint_dir",
-           "hf_text_config", "model_config_from_file", "pretrained_text_config"]
+__all__ = [
+    "DTYPES",
+    "INITIALIZER_RANGE",
+    "SHAPE_KEYS",
+    "Target",
+    "build_heads",
+    "build_target",
+    "checkpoint_dir",
+    "hf_text_config",
+    "model_config_from_file",
+    "pretrained_text_config",
+]

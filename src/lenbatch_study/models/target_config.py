@@ -21,10 +21,22 @@ from lenbatch_study.core.config import ModelConfig
 
 
 # The model keys a checkpoint's config.json must agree with (model_config_from_file reads them from it).
-SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "layer_types",
-              "num_attention_heads", "num_key_value_heads", "head_dim", "linear_num_key_heads",
-              "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
-              "rope_theta")
+SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "layer_types",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "rope_theta",
+)
 
 
 def checkpoint_dir(cfg: ModelConfig) -> Path:
@@ -32,12 +44,16 @@ def checkpoint_dir(cfg: ModelConfig) -> Path:
     assert cfg.pretrained is not None
     path = Path(cfg.pretrained)
     if not (path / "config.json").is_file():
-        raise ValueError(f"model.pretrained={cfg.pretrained!r} has no config.json; point it at a local Hugging "
-                         "Face checkpoint folder (what save_pretrained writes: config.json + *.safetensors), "
-                         "or set model.pretrained: null for random weights")
+        raise ValueError(
+            f"model.pretrained={cfg.pretrained!r} has no config.json; point it at a local Hugging "
+            "Face checkpoint folder (what save_pretrained writes: config.json + *.safetensors), "
+            "or set model.pretrained: null for random weights"
+        )
     if not sorted(path.glob("*.safetensors")):
-        raise ValueError(f"model.pretrained={cfg.pretrained!r} has no *.safetensors weights (only safetensors "
-                         "are read); re-save the model there with save_pretrained(safe_serialization=True)")
+        raise ValueError(
+            f"model.pretrained={cfg.pretrained!r} has no *.safetensors weights (only safetensors "
+            "are read); re-save the model there with save_pretrained(safe_serialization=True)"
+        )
     return path
 
 
@@ -49,16 +65,23 @@ def pretrained_text_config(cfg: ModelConfig) -> Any:
     path = checkpoint_dir(cfg)
     text = AutoConfig.from_pretrained(str(path), local_files_only=True).get_text_config()
     if getattr(text, "model_type", None) != "qwen3_5_text":
-        raise ValueError(f"model.pretrained={cfg.pretrained!r} is a {getattr(text, 'model_type', '?')!r} model; the "
-                         "target must be a Qwen3.5/3.6-architecture text model (model_type qwen3_5_text/qwen3_5)")
+        raise ValueError(
+            f"model.pretrained={cfg.pretrained!r} is a {getattr(text, 'model_type', '?')!r} model; the "
+            "target must be a Qwen3.5/3.6-architecture text model (model_type qwen3_5_text/qwen3_5)"
+        )
     ours = model_config_from_file(path / "config.json", base=cfg)
-    diff = [f"model.{k}: params {_show(getattr(cfg, k))}, checkpoint {_show(getattr(ours, k))}"
-            for k in SHAPE_KEYS if getattr(cfg, k) != getattr(ours, k)]
+    diff = [
+        f"model.{k}: params {_show(getattr(cfg, k))}, checkpoint {_show(getattr(ours, k))}"
+        for k in SHAPE_KEYS
+        if getattr(cfg, k) != getattr(ours, k)
+    ]
     if diff:
-        raise ValueError(f"model.pretrained={cfg.pretrained!r}: the model section differs from the checkpoint's "
-                         f"config.json in {len(diff)} key(s): " + "; ".join(diff) + ". Set them to the "
-                         "checkpoint's values in params.yaml (the shapes come from the checkpoint; the params must "
-                         "say what runs)")
+        raise ValueError(
+            f"model.pretrained={cfg.pretrained!r}: the model section differs from the checkpoint's "
+            f"config.json in {len(diff)} key(s): " + "; ".join(diff) + ". Set them to the "
+            "checkpoint's values in params.yaml (the shapes come from the checkpoint; the params must "
+            "say what runs)"
+        )
     text.use_cache = False
     return text
 
@@ -70,9 +93,20 @@ def _show(value: Any) -> str:
 # --------------------------------------------------------------------------- config files
 
 
-_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
-            "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+_HF_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 
 
 def model_config_from_file(path: str | Path, *, base: ModelConfig | None = None) -> ModelConfig:
@@ -90,8 +124,10 @@ def model_config_from_file(path: str | Path, *, base: ModelConfig | None = None)
 
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"--model-config {path} does not exist; pass a params-style YAML with a 'model' section "
-                         "or a Hugging Face config.json")
+        raise ValueError(
+            f"--model-config {path} does not exist; pass a params-style YAML with a 'model' section "
+            "or a Hugging Face config.json"
+        )
     raw = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
     base = base or ModelConfig()
     if isinstance(raw, dict) and "model" in raw and isinstance(raw["model"], dict):
@@ -102,16 +138,19 @@ def model_config_from_file(path: str | Path, *, base: ModelConfig | None = None)
     text = raw.get("text_config", raw)
     model_type = text.get("model_type", "")
     if model_type and model_type not in ("qwen3_5_text", "qwen3_5", "qwen3_next"):
-        raise ValueError(f"{path} is a '{model_type}' config; verify-packing needs a Qwen3.5-architecture text "
-                         "model (model_type qwen3_5_text / qwen3_5)")
+        raise ValueError(
+            f"{path} is a '{model_type}' config; verify-packing needs a Qwen3.5-architecture text "
+            "model (model_type qwen3_5_text / qwen3_5)"
+        )
     values: dict[str, Any] = {k: text[k] for k in _HF_KEYS if k in text}
     n = int(values.get("num_hidden_layers", base.num_hidden_layers))
     if "layer_types" in text:
         values["layer_types"] = tuple(text["layer_types"])
     else:
         interval = int(text.get("full_attention_interval", 4))
-        values["layer_types"] = tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                                      for i in range(n))
+        values["layer_types"] = tuple(
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+        )
     rope = text.get("rope_parameters") or {}
     theta = rope.get("rope_theta", text.get("rope_theta"))
     if theta is not None:
@@ -126,4 +165,3 @@ def _plain(cfg: ModelConfig) -> dict[str, Any]:
     import dataclasses
 
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
-

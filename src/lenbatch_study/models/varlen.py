@@ -160,9 +160,14 @@ class Segments:
         return self._cache[key]
 
 
-def make_segments(input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
-                  cu_seqlens: torch.Tensor | None = None, boundaries: bool = True,
-                  device: torch.device | str | None = None) -> Segments:
+def make_segments(
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    boundaries: bool = True,
+    device: torch.device | str | None = None,
+) -> Segments:
     """Validate a padded ([B, T] + mask) or packed ([1, N] + cu_seqlens) batch -> :class:`Segments`."""
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be 2-D [batch, tokens], got shape {tuple(input_ids.shape)}")
@@ -175,31 +180,40 @@ def make_segments(input_ids: torch.Tensor, *, attention_mask: torch.Tensor | Non
     if cu_seqlens is None:
         if attention_mask is not None:
             if tuple(attention_mask.shape) != (batch, seq_len):
-                raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
-                                 f"{(batch, seq_len)}; give one 0/1 entry per token")
+                raise ValueError(
+                    f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+                    f"{(batch, seq_len)}; give one 0/1 entry per token"
+                )
             m = attention_mask.to("cpu")
             if not bool(((m == 0) | (m == 1)).all()):
                 raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
             if bool((m[:, 1:] > m[:, :-1]).any()):
-                raise ValueError("attention_mask is not right-padded (a token follows padding); put the padding "
-                                 "at the end of each row (tokenizer padding_side='right')")
+                raise ValueError(
+                    "attention_mask is not right-padded (a token follows padding); put the padding "
+                    "at the end of each row (tokenizer padding_side='right')"
+                )
             if bool((m[:, 0] == 0).any()):
                 raise ValueError("attention_mask has an empty row; drop rows without tokens")
         pos = torch.arange(seq_len, device=device).unsqueeze(0).expand(batch, seq_len)
         return Segments("padded", batch, seq_len, tuple(i * seq_len for i in range(batch)), (seq_len,) * batch, pos)
     cu = torch.as_tensor(cu_seqlens).to("cpu")
     if cu.ndim != 1 or cu.numel() < 2 or cu.dtype.is_floating_point:
-        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, end_1, ..., N], got {cu.dtype} "
-                         f"shape {tuple(cu.shape)}")
+        raise ValueError(
+            f"cu_seqlens must be a 1-D integer tensor [0, end_1, ..., N], got {cu.dtype} shape {tuple(cu.shape)}"
+        )
     if batch != 1:
-        raise ValueError(f"a packed batch has one row: input_ids must be [1, N], got {tuple(input_ids.shape)}; "
-                         "flatten the rows or pass attention_mask for a padded batch")
+        raise ValueError(
+            f"a packed batch has one row: input_ids must be [1, N], got {tuple(input_ids.shape)}; "
+            "flatten the rows or pass attention_mask for a padded batch"
+        )
     cu_list = [int(x) for x in cu.tolist()]
     lengths = np.diff(cu_list)
     if cu_list[0] != 0 or cu_list[-1] != seq_len or (lengths <= 0).any():
-        raise ValueError(f"cu_seqlens {cu_list[:6]}{'...' if len(cu_list) > 6 else ''} is inconsistent with "
-                         f"input length {seq_len}: it must start at 0, increase strictly (every sequence "
-                         f"non-empty) and end at {seq_len}")
+        raise ValueError(
+            f"cu_seqlens {cu_list[:6]}{'...' if len(cu_list) > 6 else ''} is inconsistent with "
+            f"input length {seq_len}: it must start at 0, increase strictly (every sequence "
+            f"non-empty) and end at {seq_len}"
+        )
     pos = torch.from_numpy(np.arange(seq_len) - np.repeat(np.asarray(cu_list[:-1]), lengths)).to(device)
     pos = pos.unsqueeze(0)
     if not boundaries:
@@ -225,8 +239,9 @@ class ChunkPlan:
     inverse: torch.Tensor  # [N] int64
 
     @classmethod
-    def build(cls, starts: tuple[int, ...], lengths: tuple[int, ...], chunk: int, num_tokens: int,
-              device: torch.device) -> "ChunkPlan":
+    def build(
+        cls, starts: tuple[int, ...], lengths: tuple[int, ...], chunk: int, num_tokens: int, device: torch.device
+    ) -> "ChunkPlan":
         starts_a = np.asarray(starts, dtype=np.int64)
         lengths_a = np.asarray(lengths, dtype=np.int64)
         nch = -(-lengths_a // chunk)
@@ -242,8 +257,14 @@ class ChunkPlan:
         inverse[tok[valid]] = np.flatnonzero(valid.ravel())
         assert int(valid.sum()) == num_tokens, "every token must land in exactly one chunk slot"
         offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(active)]))
-        return cls(chunk, len(seq), tuple(active), offsets, torch.from_numpy(gather).to(device),
-                   torch.from_numpy(inverse).to(device))
+        return cls(
+            chunk,
+            len(seq),
+            tuple(active),
+            offsets,
+            torch.from_numpy(gather).to(device),
+            torch.from_numpy(inverse).to(device),
+        )
 
 
 # --------------------------------------------------------------------------- the three kernels
@@ -258,8 +279,13 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, segs: Segments, *, activa
     """
     fla_conv = _fla_conv() if use_fla(x) else None
     if fla_conv is not None:  # one row with cu_seqlens, as the gated delta rule (_fla_gated_delta_rule)
-        y = fla_conv(x=x.reshape(1, -1, x.shape[-1]), weight=weight.to(x.dtype), bias=None,
-                     activation="silu" if activation else None, cu_seqlens=segs.cu_seqlens())
+        y = fla_conv(
+            x=x.reshape(1, -1, x.shape[-1]),
+            weight=weight.to(x.dtype),
+            bias=None,
+            activation="silu" if activation else None,
+            cu_seqlens=segs.cu_seqlens(),
+        )
         y = y[0] if isinstance(y, tuple) else y
         return y.reshape(x.shape)
     kernel = weight.shape[1]
@@ -282,8 +308,16 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)  # the formula HF and fla use
 
 
-def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                           beta: torch.Tensor, segs: Segments, *, chunk: int = CHUNK_SIZE) -> torch.Tensor:
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    segs: Segments,
+    *,
+    chunk: int = CHUNK_SIZE,
+) -> torch.Tensor:
     """Gated delta rule over the sequences of ``segs``, state reset at every sequence start.
 
     ``q, k`` [B, T, Hk, Dk], ``v`` [B, T, Hv, Dv], ``g`` (log decay, <= 0) and ``beta``
@@ -301,7 +335,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     plan = segs.chunk_plan(chunk)
     n, c = plan.num_chunks, chunk
 
-    q = _l2norm(q.float()) * dk ** -0.5
+    q = _l2norm(q.float()) * dk**-0.5
     k = _l2norm(k.float())
     if hv != hk:  # grouped value heads: value head h reads key head h // (hv // hk)
         q = q.repeat_interleave(hv // hk, dim=2)
@@ -311,8 +345,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     table = torch.empty(n_tok + 1, hv, 2 * dk + dv + 2, dtype=torch.float32, device=q.device)
     table[n_tok] = 0.0
     table[:n_tok, :, :dk] = q.reshape(n_tok, hv, dk)
-    table[:n_tok, :, dk:2 * dk] = k.reshape(n_tok, hv, dk)
-    table[:n_tok, :, 2 * dk:2 * dk + dv] = v.reshape(n_tok, hv, dv)
+    table[:n_tok, :, dk : 2 * dk] = k.reshape(n_tok, hv, dk)
+    table[:n_tok, :, 2 * dk : 2 * dk + dv] = v.reshape(n_tok, hv, dv)
     table[:n_tok, :, -2] = g.reshape(n_tok, hv)
     table[:n_tok, :, -1] = beta.reshape(n_tok, hv)
     del q, k, v, g, beta
@@ -328,9 +362,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     block = max(1, _BLOCK_TOKENS // c)
     for lo in range(0, n, block):
         hi = min(n, lo + block)
-        x = table.index_select(0, plan.gather[lo * c:hi * c]).view(hi - lo, c, hv, -1)
+        x = table.index_select(0, plan.gather[lo * c : hi * c]).view(hi - lo, c, hv, -1)
         x = x.transpose(1, 2).contiguous()  # [b, H, C, features]: one copy, then dense batched matmuls
-        qc, kc, vc = x[..., :dk], x[..., dk:2 * dk], x[..., 2 * dk:2 * dk + dv]
+        qc, kc, vc = x[..., :dk], x[..., dk : 2 * dk], x[..., 2 * dk : 2 * dk + dv]
         cum = x[..., -2].cumsum(dim=-1)  # [b, H, C] log decay from the chunk start
         beta = x[..., -1:]
         decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill_(~lower, float("-inf")).exp_()
@@ -338,8 +372,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         # UT transform: (I + strict_lower(beta K K^T * decay)) [u | w] = [beta V | beta K exp(cum)]
         system = (k_beta @ kc.transpose(-1, -2)).mul_(decay)
         ecum = cum.exp().unsqueeze(-1)
-        sol = torch.linalg.solve_triangular(system, torch.cat([vc * beta, k_beta * ecum], dim=-1),
-                                            upper=False, unitriangular=True)
+        sol = torch.linalg.solve_triangular(
+            system, torch.cat([vc * beta, k_beta * ecum], dim=-1), upper=False, unitriangular=True
+        )
         u, w = sol[..., :dv], sol[..., dv:]
         intra = (qc @ kc.transpose(-1, -2)).mul_(decay)  # causal within the chunk, diagonal included
         # o = intra @ (u - w S) + q exp(cum) S = intra @ u + (q exp(cum) - intra @ w) S
@@ -361,16 +396,25 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         r = reads[lo:hi] @ state
         out[lo:hi] = (base[lo:hi] + r[:, :, c:]).transpose(1, 2)
         if j + 1 < len(plan.active):
-            state = torch.baddbmm(state.mul_(chunk_decay[lo:hi]).view(a * hv, dk, dv),
-                                  k_upd[lo:hi].view(a * hv, dk, c),
-                                  (u_all[lo:hi] - r[:, :, :c]).reshape(a * hv, c, dv)).view(a, hv, dk, dv)
+            state = torch.baddbmm(
+                state.mul_(chunk_decay[lo:hi]).view(a * hv, dk, dv),
+                k_upd[lo:hi].view(a * hv, dk, c),
+                (u_all[lo:hi] - r[:, :, :c]).reshape(a * hv, c, dv),
+            ).view(a, hv, dk, dv)
     out = out.view(n * c, hv, dv).index_select(0, plan.inverse)
     return out.view(batch, seq_len, hv, dv).to(out_dtype)
 
 
-def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+def varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """Attention interface ``lenbatch_varlen``: causal SDPA per sequence; plain HF sdpa otherwise.
 
     ``query`` [B, Hq, T, D], ``key``/``value`` [B, Hkv, T, D] -> ([B, T, Hq, D], None).
@@ -379,8 +423,9 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if segs is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     if key.shape[1] != query.shape[1]:  # GQA: explicit repeat (portable across SDPA backends)
         rep = query.shape[1] // key.shape[1]
         key = key.repeat_interleave(rep, dim=1)
@@ -391,15 +436,20 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         out = torch.empty_like(query)
         for start, length in zip(segs.starts, segs.lengths):
             sl = slice(start, start + length)
-            out[:, :, sl] = F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl],
-                                                           is_causal=True, scale=scaling)
+            out[:, :, sl] = F.scaled_dot_product_attention(
+                query[:, :, sl], key[:, :, sl], value[:, :, sl], is_causal=True, scale=scaling
+            )
     return out.transpose(1, 2).contiguous(), None
 
 
 # --------------------------------------------------------------------------- the torch reference
 
-HF_KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
-                   "causal_conv1d_update")
+HF_KERNEL_NAMES = (
+    "torch_chunk_gated_delta_rule",
+    "torch_recurrent_gated_delta_rule",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+)
 
 
 @contextlib.contextmanager
@@ -447,8 +497,9 @@ def _boundary_gdn_class() -> type:
     class BoundaryGatedDeltaNet(Qwen3_5GatedDeltaNet):
         """Qwen3_5GatedDeltaNet whose forward keeps sequences apart when given ``lenbatch_segments``."""
 
-        def forward(self, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None,
-                    **kwargs: Any) -> torch.Tensor:
+        def forward(
+            self, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
+        ) -> torch.Tensor:
             segs = kwargs.pop("lenbatch_segments", None)
             if segs is None:
                 return super().forward(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)

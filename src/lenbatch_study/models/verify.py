@@ -50,7 +50,14 @@ def verify_packing(target: Any, lengths: list[int], *, seed: int = 0, boundaries
     t_ref = time.perf_counter() - t0
     result_backend = backend_name(target.device, target.dtype)
     rel = {k: worst[k] / scale[k] if scale[k] > 0 else worst[k] for k in worst}
-    return {"max_abs_diff": worst, "max_rel_diff": rel, "lengths": list(lengths), "tokens": int(sum(lengths)),
-            "boundaries": boundaries, "backend": result_backend,
-            "conv_backend": "fla" if result_backend == "fla" and _fla_conv() is not None else "torch",
-            "packed_seconds": t_packed, "reference_seconds": t_ref}
+    return {
+        "max_abs_diff": worst,
+        "max_rel_diff": rel,
+        "lengths": list(lengths),
+        "tokens": int(sum(lengths)),
+        "boundaries": boundaries,
+        "backend": result_backend,
+        "conv_backend": "fla" if result_backend == "fla" and _fla_conv() is not None else "torch",
+        "packed_seconds": t_packed,
+        "reference_seconds": t_ref,
+    }

@@ -225,14 +225,18 @@ def dvc_target(stage: str, *, results: str = "results", strategy: str | None = N
     return output_path(stage, name, results=results, strategy=strategy)
 
 
-def _dvc_stage(stage: str, *, results: str, strategy: str | None,
-               pretrained: str | None = None, source: str | None = None) -> dict[str, typing.Any]:
+def _dvc_stage(
+    stage: str, *, results: str, strategy: str | None, pretrained: str | None = None, source: str | None = None
+) -> dict[str, typing.Any]:
     st = STAGES[stage]
     if st.always_changed:  # machine, source: the command runs every time and rewrites only a changed file
-        (name, o), = st.outputs.items()
+        ((name, o),) = st.outputs.items()
         reads = " --params params.yaml" if st.params else ""  # source: data.source (after any -S)
-        return {"cmd": f"lenbatch {stage}{reads} --out {results}/{stage}", "always_changed": True,
-                "outs": [{output_path(stage, name, results=results): {"cache": o.cache, "persist": True}}]}
+        return {
+            "cmd": f"lenbatch {stage}{reads} --out {results}/{stage}",
+            "always_changed": True,
+            "outs": [{output_path(stage, name, results=results): {"cache": o.cache, "persist": True}}],
+        }
     ins = input_paths(stage, results=results, strategies=strategies(), strategy=strategy)
     deps: list[str] = []
     for i in st.inputs:
@@ -253,18 +257,28 @@ def _dvc_stage(stage: str, *, results: str, strategy: str | None,
         # the settings overlay params.yaml names (core/settings.py) and its file: DVC resolves ${settings} on
         # every run, so `-S settings=tiny` and an edit of configs/tiny.yaml rerun what they change
         "params": stage_params_compact(stage) + ["settings"],
-        "deps": deps + data + checkpoint + ["configs/${settings}.yaml"] + stage_code(stage)}
+        "deps": deps + data + checkpoint + ["configs/${settings}.yaml"] + stage_code(stage),
+    }
     for kind in ("outs", "metrics", "plots"):
-        listed = [{output_path(stage, name, results=results, strategy=strategy):
-                   {"cache": o.cache, "persist": True, **dict(o.plot or {})}}
-                  for name, o in st.outputs.items() if o.kind == kind]
+        listed = [
+            {
+                output_path(stage, name, results=results, strategy=strategy): {
+                    "cache": o.cache,
+                    "persist": True,
+                    **dict(o.plot or {}),
+                }
+            }
+            for name, o in st.outputs.items()
+            if o.kind == kind
+        ]
         if listed:
             entry[kind] = listed
     return entry
 
 
-def dvc_stages(results: str = "results", *, pretrained: str | None = None,
-               source: str | None = None) -> dict[str, typing.Any]:
+def dvc_stages(
+    results: str = "results", *, pretrained: str | None = None, source: str | None = None
+) -> dict[str, typing.Any]:
     """The ``stages:`` mapping of ``dvc.yaml``, from the table: one DVC stage per stage; a per-strategy stage
     is ``foreach: ${train.strategies}`` over one body whose strategy is ``${item}`` (DVC names its stages
     ``<stage>@<strategy>``), so the trainings are exactly those params.yaml lists, ``-S`` included. Deps: its
@@ -274,9 +288,10 @@ def dvc_stages(results: str = "results", *, pretrained: str | None = None,
     out: dict[str, typing.Any] = {}
     for stage, st in STAGES.items():
         if st.per_strategy:
-            out[stage] = {"foreach": "${train.strategies}",
-                          "do": _dvc_stage(stage, results=results, strategy="${item}", pretrained=pretrained,
-                                           source=source)}
+            out[stage] = {
+                "foreach": "${train.strategies}",
+                "do": _dvc_stage(stage, results=results, strategy="${item}", pretrained=pretrained, source=source),
+            }
         else:
             out[stage] = _dvc_stage(stage, results=results, strategy=None, pretrained=pretrained, source=source)
     return out
@@ -285,8 +300,9 @@ def dvc_stages(results: str = "results", *, pretrained: str | None = None,
 def dvc_yaml(results: str = "results", *, pretrained: str | None = None, source: str | None = None) -> str:
     import yaml
 
-    body = yaml.safe_dump({"stages": dvc_stages(results, pretrained=pretrained, source=source)}, sort_keys=False,
-                          width=120)
+    body = yaml.safe_dump(
+        {"stages": dvc_stages(results, pretrained=pretrained, source=source)}, sort_keys=False, width=120
+    )
     return HEADER + "\n" + body
 
 

@@ -30,8 +30,15 @@ def hold_workspace(root: str | Path = ".", *, what: str = "a DVC stage of the wo
         return False
     lock_dir = dvc_dir / "tmp" / "exps"
     lock_dir.mkdir(parents=True, exist_ok=True)
-    held = rwlock(str(lock_dir), localfs, f"lenbatch: {what} runs in this workspace; one experiment run at a "
-                  "time here (several at once: dvc exp run --queue ..., then dvc queue start)", ["workspace"], [], False)
+    held = rwlock(
+        str(lock_dir),
+        localfs,
+        f"lenbatch: {what} runs in this workspace; one experiment run at a "
+        "time here (several at once: dvc exp run --queue ..., then dvc queue start)",
+        ["workspace"],
+        [],
+        False,
+    )
     held.__enter__()
     atexit.register(held.__exit__, None, None, None)
     return True

@@ -25,8 +25,9 @@ def _assets() -> Path:
     try:
         import snakemake
     except ImportError as err:  # pragma: no cover - snakemake is a workflow dependency
-        raise ValueError("lenbatch plots inlines the Vega libraries Snakemake ships; install 'lenbatch-study[workflow]' (make install)"
-                         ) from err
+        raise ValueError(
+            "lenbatch plots inlines the Vega libraries Snakemake ships; install 'lenbatch-study[workflow]' (make install)"
+        ) from err
     return Path(snakemake.__file__).parent / "assets" / "data"
 
 
@@ -38,15 +39,19 @@ def offline_template() -> str:
     for rel in LIBRARIES:
         path = root / rel
         if not path.is_file():
-            raise ValueError(f"{path} is missing: the installed snakemake lacks its bundled Vega; reinstall "
-                             "snakemake (pip install --force-reinstall 'snakemake>=9') or use `dvc plots diff`")
+            raise ValueError(
+                f"{path} is missing: the installed snakemake lacks its bundled Vega; reinstall "
+                "snakemake (pip install --force-reinstall 'snakemake>=9') or use `dvc plots diff`"
+            )
         js = path.read_text(encoding="utf8")
         assert "</script" not in js, f"{rel} cannot be inlined"
-        scripts.append(f"<script type=\"text/javascript\">\n{js}\n</script>")
-    scripts.append(f"<script type=\"text/javascript\">\n{SVG_RENDERER}\n</script>")
-    return ("<!DOCTYPE html>\n<html>\n<head>\n<meta charset=\"utf-8\">\n<title>lenbatch plots</title>\n"
-            + "\n".join(scripts)
-            + "\n<style>table { border-spacing: 15px; }</style>\n</head>\n<body>\n{plot_divs}\n</body>\n</html>\n")
+        scripts.append(f'<script type="text/javascript">\n{js}\n</script>')
+    scripts.append(f'<script type="text/javascript">\n{SVG_RENDERER}\n</script>')
+    return (
+        '<!DOCTYPE html>\n<html>\n<head>\n<meta charset="utf-8">\n<title>lenbatch plots</title>\n'
+        + "\n".join(scripts)
+        + "\n<style>table { border-spacing: 15px; }</style>\n</head>\n<body>\n{plot_divs}\n</body>\n</html>\n"
+    )
 
 
 def write_template(root: str | Path = ".") -> Path:

@@ -39,11 +39,11 @@ _WAY_OUT = {
     errno.ENOSPC: "the file system is full: free space on it",
     errno.EDQUOT: "the disk quota is used up: free space or raise the quota",
     errno.EFBIG: "the file is larger than the file system or this process's file size limit (ulimit -f) allows: "
-                 "raise the limit or write elsewhere",
+    "raise the limit or write elsewhere",
     errno.EROFS: "the file system is read-only: pass another --out",
     errno.EACCES: "this user may not write there: fix the permissions or pass another --out",
     errno.EPERM: "the file system does not permit it (an immutable file or folder? lsattr shows it, chattr -i "
-                 "lifts it): fix that or pass another --out",
+    "lifts it): fix that or pass another --out",
     errno.EIO: "the device reported an I/O error: check the disk",
 }
 
@@ -140,19 +140,25 @@ def writer_lock(out: str | Path, *, stage: str) -> Iterator[Path]:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except PermissionError as err:
             if not path.exists():
-                raise ValueError(f"{out}: cannot create its lock file {path} ({err.strerror}): {path.parent} is not "
-                                 "writable by this user; fix its permissions or pass another --out") from None
+                raise ValueError(
+                    f"{out}: cannot create its lock file {path} ({err.strerror}): {path.parent} is not "
+                    "writable by this user; fix its permissions or pass another --out"
+                ) from None
             owner = _owner(path)
-            raise ValueError(f"{out}: its lock file {path} belongs to {owner} and this user may not open it (left by "
-                             f"a run of theirs that was killed, or one still writing {out}); if no run of theirs "
-                             f"writes {out}, remove it (rm {path}) or ask them to; or pass another --out") from None
+            raise ValueError(
+                f"{out}: its lock file {path} belongs to {owner} and this user may not open it (left by "
+                f"a run of theirs that was killed, or one still writing {out}); if no run of theirs "
+                f"writes {out}, remove it (rm {path}) or ask them to; or pass another --out"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise ValueError(f"{out} is being written by another run ({holder}); wait for it to finish or pass "
-                             f"another --out (lock: {path})") from None
+            raise ValueError(
+                f"{out} is being written by another run ({holder}); wait for it to finish or pass "
+                f"another --out (lock: {path})"
+            ) from None
         try:  # the holder before us may have removed the file after we opened it: lock the current one
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -194,7 +200,7 @@ def _staging_dirs(out: Path) -> list[Path]:
     found = []
     for prefix in (f".{out.name}.staging-", f".{out.name}.old-"):
         for entry in os.scandir(out.parent):
-            if entry.name.startswith(prefix) and entry.name[len(prefix):].isdigit():
+            if entry.name.startswith(prefix) and entry.name[len(prefix) :].isdigit():
                 found.append(out.parent / entry.name)
     return found
 
@@ -218,16 +224,19 @@ def check_out(out: str | Path, *, inputs: Sequence[str | Path] = (), stage: Opti
         raise ValueError("--out is empty; give the output folder (e.g. results/stats)")
     given = Path(out)
     if given.is_symlink() and not given.exists():
-        raise ValueError(f"--out {out} is a symlink to {os.readlink(given)}, which does not exist; remove the link "
-                         "or create its target")
+        raise ValueError(
+            f"--out {out} is a symlink to {os.readlink(given)}, which does not exist; remove the link "
+            "or create its target"
+        )
     real = Path(os.path.realpath(given))
     for parent in real.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise ValueError(f"--out {out} lies under {parent}, which is a file; pass another --out")
             if not os.access(parent, os.W_OK | os.X_OK):
-                raise ValueError(f"--out {out}: {parent} is not writable by this user; fix its permissions or "
-                                 "pass another --out")
+                raise ValueError(
+                    f"--out {out}: {parent} is not writable by this user; fix its permissions or pass another --out"
+                )
             break
     if real.exists() and not real.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; remove it or pass another --out")
@@ -237,12 +246,16 @@ def check_out(out: str | Path, *, inputs: Sequence[str | Path] = (), stage: Opti
         inp = Path(os.path.realpath(item))
         if inp == real or real in inp.parents or inp in real.parents:
             how = "is" if inp == real else ("contains" if real in inp.parents else "lies inside")
-            raise ValueError(f"--out {out} {how} the input {item} of this stage: writing it would replace "
-                             "that input; pass another --out")
+            raise ValueError(
+                f"--out {out} {how} the input {item} of this stage: writing it would replace "
+                "that input; pass another --out"
+            )
     mounts = [m for m in _mount_points() if m == real or real in m.parents]
     if mounts:
-        raise ValueError(f"--out {out} is or contains the mount point {mounts[0]}: replacing the folder would "
-                         "empty that file system; pass another --out")
+        raise ValueError(
+            f"--out {out} is or contains the mount point {mounts[0]}: replacing the folder would "
+            "empty that file system; pass another --out"
+        )
     if stage is not None:
         check_replaceable(real, stage=stage)
     return real
@@ -259,8 +272,14 @@ def _legacy_output(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
     sections = Params().to_dict()
-    return isinstance(doc, dict) and bool(doc) and all(
-        name in sections and isinstance(keys, dict) and set(keys) == set(sections[name]) for name, keys in doc.items())
+    return (
+        isinstance(doc, dict)
+        and bool(doc)
+        and all(
+            name in sections and isinstance(keys, dict) and set(keys) == set(sections[name])
+            for name, keys in doc.items()
+        )
+    )
 
 
 def output_owner(folder: str | Path) -> Optional[str]:
@@ -285,19 +304,24 @@ def check_replaceable(out: str | Path, *, stage: str) -> None:
     try:
         visible = sorted(e.name for e in os.scandir(out) if not e.name.startswith("."))
     except OSError as err:
-        raise ValueError(f"--out {out} cannot be listed ({err.strerror}); fix its permissions or pass another "
-                         "--out") from None
+        raise ValueError(
+            f"--out {out} cannot be listed ({err.strerror}); fix its permissions or pass another --out"
+        ) from None
     if not visible:
         return
     owner = output_owner(out)
     if owner is None:
         shown = ", ".join(visible[:4]) + (", ..." if len(visible) > 4 else "")
-        raise ValueError(f"--out {out} already holds files that no lenbatch stage wrote ({shown}; no {MARKER}): "
-                         f"lenbatch {stage} replaces its --out whole and would delete them, so nothing was "
-                         "written; pass a new or empty folder as --out")
+        raise ValueError(
+            f"--out {out} already holds files that no lenbatch stage wrote ({shown}; no {MARKER}): "
+            f"lenbatch {stage} replaces its --out whole and would delete them, so nothing was "
+            "written; pass a new or empty folder as --out"
+        )
     if owner and owner != stage:
-        raise ValueError(f"--out {out} holds the output of lenbatch {owner} (its {MARKER}), not of lenbatch "
-                         f"{stage}: writing there would replace it, so nothing was written; pass another --out")
+        raise ValueError(
+            f"--out {out} holds the output of lenbatch {owner} (its {MARKER}), not of lenbatch "
+            f"{stage}: writing there would replace it, so nothing was written; pass another --out"
+        )
 
 
 def _mark(tmp: Path, stage: str) -> None:
@@ -327,8 +351,9 @@ def staged_output(out: str | Path, *, stage: str) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
             refused = write_failure(err, written=(tmp,))
             if refused is not None:
-                raise write_error(refused, path=tmp, then=f"{out} keeps its previous output; rerun the "
-                                  "stage after that") from None
+                raise write_error(
+                    refused, path=tmp, then=f"{out} keeps its previous output; rerun the stage after that"
+                ) from None
             raise
         _commit(tmp, out, stage=stage)
 
@@ -359,10 +384,14 @@ def _replace_entries(tmp: Path, out: Path, *, keep: Optional[str] = None) -> Non
             refused = write_failure(err, written=(tmp, out))
             if refused is None:
                 raise
-            now = f" ({', '.join(done)} already replaced: {out} is the current folder, so it is updated entry " \
-                  "by entry)" if done else ""
-            raise write_error(refused, path=dst, then=f"{dst} and the rest of {out} are as they were{now}; "
-                              "rerun the stage after that") from None
+            now = (
+                f" ({', '.join(done)} already replaced: {out} is the current folder, so it is updated entry by entry)"
+                if done
+                else ""
+            )
+            raise write_error(
+                refused, path=dst, then=f"{dst} and the rest of {out} are as they were{now}; rerun the stage after that"
+            ) from None
         done.append(entry.name)
     tmp.rmdir()
 
@@ -378,9 +407,12 @@ def _remove_previous(old: Path) -> None:
 
     shutil.rmtree(old, onerror=note)
     if failed:
-        log.warning("the new output is in place, but the previous one's copy %s could not be deleted: %s; "
-                    "remove it by hand (lsattr/chattr -i for an immutable file, chmod u+w for a read-only folder)",
-                    old, "; ".join(failed[:3]))
+        log.warning(
+            "the new output is in place, but the previous one's copy %s could not be deleted: %s; "
+            "remove it by hand (lsattr/chattr -i for an immutable file, chmod u+w for a read-only folder)",
+            old,
+            "; ".join(failed[:3]),
+        )
 
 
 def commit_staged(tmp: Path, out: Path, *, stage: str, then: str = "rerun the stage after that") -> None:
@@ -450,5 +482,16 @@ def _commit(tmp: Path, out: Path, *, stage: str, keep: Optional[str] = None) -> 
     _remove_previous(old)
 
 
-__all__ = ["check_out", "check_replaceable", "commit_staged", "fsync_dir", "lock_path", "output_owner",
-           "staged_output", "write_atomic", "write_error", "write_failure", "writer_lock"]
+__all__ = [
+    "check_out",
+    "check_replaceable",
+    "commit_staged",
+    "fsync_dir",
+    "lock_path",
+    "output_owner",
+    "staged_output",
+    "write_atomic",
+    "write_error",
+    "write_failure",
+    "writer_lock",
+]

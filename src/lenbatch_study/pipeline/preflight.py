@@ -34,9 +34,10 @@ def check_source(source: str, *, on_bad_record: str) -> None:
         conversation_from_record(record)
     except BadRecord as bad:
         if bad.reason == "no_schema":
-            raise ValueError(f"data.source {source!r}: record {index + 1} {bad.detail}; give a source of ShareGPT "
-                             "('conversations') or OpenAI ('messages') records, or set data.on_bad_record: skip"
-                             ) from None
+            raise ValueError(
+                f"data.source {source!r}: record {index + 1} {bad.detail}; give a source of ShareGPT "
+                "('conversations') or OpenAI ('messages') records, or set data.on_bad_record: skip"
+            ) from None
 
 
 def check_pretrained(pretrained: str | None) -> None:
@@ -45,10 +46,15 @@ def check_pretrained(pretrained: str | None) -> None:
         return
     root = Path(pretrained)
     if not root.is_dir() or not (root / "config.json").is_file():
-        what = "does not exist" if not root.exists() else ("is not a folder" if not root.is_dir()
-                                                           else "has no config.json")
-        raise ValueError(f"model.pretrained {pretrained!r} {what}; give a local Hugging Face checkpoint folder "
-                         "(config.json + *.safetensors), or null for random weights")
+        what = (
+            "does not exist"
+            if not root.exists()
+            else ("is not a folder" if not root.is_dir() else "has no config.json")
+        )
+        raise ValueError(
+            f"model.pretrained {pretrained!r} {what}; give a local Hugging Face checkpoint folder "
+            "(config.json + *.safetensors), or null for random weights"
+        )
 
 
 def check_inputs(params: Params) -> None:

@@ -123,94 +123,233 @@ _MODEL_RUN = ("model", "drafter", "batching")  # what a stage that runs the mode
 
 # Order is the order of the DAG, then the tools.
 _ALL = (
-    Command("machine", "write this machine's fingerprint to machine.json (only when it changed)", stage=Stage(
-        params=(), always_changed=True, outputs={"machine": Output(machine_file.MACHINE)})),
+    Command(
+        "machine",
+        "write this machine's fingerprint to machine.json (only when it changed)",
+        stage=Stage(params=(), always_changed=True, outputs={"machine": Output(machine_file.MACHINE)}),
+    ),
     # the data source by content (corpus.identity): a dependency of tokenize, so changed data retokenizes
-    Command("source", "write the data source's identity (sha256, size) to source.json (only when it changed)",
-            stage=Stage(params=("data.source",), always_changed=True, outputs={"source": Output(source_file.SOURCE)})),
-    Command("tokenize", "tokenize chat data into an Arrow dataset and lengths.npy", staged=True, stage=Stage(
-        params=("data",), inputs=(_IN_SOURCE,),
-        outputs={"dataset": Output(tokenized.DATASET, cache=True, directory=True),
-                 "lengths": Output(tokenized.LENGTHS), "counts": Output(tokenized.STATS)})),
-    Command("stats", "length percentiles, histogram and counts per bucket", staged=True, stage=Stage(
-        params=("stats", "batching.seed"),  # seed: lengths drawn from a profile
-        inputs=(_IN_LENGTHS,),
-        outputs={"stats": Output(length_stats.STATS),
-                 "histogram": Output(length_stats.HISTOGRAM),  # compare's histogram.json is the plot (edges)
-                 "plot": Output(length_stats.PLOT)})),
-    Command("boundaries", "optimal length-bucket edges (geometric, coordinate, dp) and a K sweep", staged=True,
-            stage=Stage(params=("boundaries", "batching", "plans", "data.max_len"), inputs=(_IN_LENGTHS,),
-                        outputs={"boundaries": Output(bucket_edges.BOUNDARIES),
-                                 "sweep": Output(bucket_edges.SWEEP),
-                                 "by_strategy": Output(bucket_edges.BY_STRATEGY, directory=True)})),
+    Command(
+        "source",
+        "write the data source's identity (sha256, size) to source.json (only when it changed)",
+        stage=Stage(params=("data.source",), always_changed=True, outputs={"source": Output(source_file.SOURCE)}),
+    ),
+    Command(
+        "tokenize",
+        "tokenize chat data into an Arrow dataset and lengths.npy",
+        staged=True,
+        stage=Stage(
+            params=("data",),
+            inputs=(_IN_SOURCE,),
+            outputs={
+                "dataset": Output(tokenized.DATASET, cache=True, directory=True),
+                "lengths": Output(tokenized.LENGTHS),
+                "counts": Output(tokenized.STATS),
+            },
+        ),
+    ),
+    Command(
+        "stats",
+        "length percentiles, histogram and counts per bucket",
+        staged=True,
+        stage=Stage(
+            params=("stats", "batching.seed"),  # seed: lengths drawn from a profile
+            inputs=(_IN_LENGTHS,),
+            outputs={
+                "stats": Output(length_stats.STATS),
+                "histogram": Output(length_stats.HISTOGRAM),  # compare's histogram.json is the plot (edges)
+                "plot": Output(length_stats.PLOT),
+            },
+        ),
+    ),
+    Command(
+        "boundaries",
+        "optimal length-bucket edges (geometric, coordinate, dp) and a K sweep",
+        staged=True,
+        stage=Stage(
+            params=("boundaries", "batching", "plans", "data.max_len"),
+            inputs=(_IN_LENGTHS,),
+            outputs={
+                "boundaries": Output(bucket_edges.BOUNDARIES),
+                "sweep": Output(bucket_edges.SWEEP),
+                "by_strategy": Output(bucket_edges.BY_STRATEGY, directory=True),
+            },
+        ),
+    ),
     Command("plan", "plan one epoch of one strategy and write its batches as JSON", staged=True),
-    Command("plans", "simulate every strategy: padding efficiency, budget fill, diversity", staged=True, stage=Stage(
-        params=("batching", "plans", "data.max_len"), inputs=(_IN_LENGTHS, _IN_EDGES),
-        outputs={"metrics": Output(plan_metrics.METRICS)})),
+    Command(
+        "plans",
+        "simulate every strategy: padding efficiency, budget fill, diversity",
+        staged=True,
+        stage=Stage(
+            params=("batching", "plans", "data.max_len"),
+            inputs=(_IN_LENGTHS, _IN_EDGES),
+            outputs={"metrics": Output(plan_metrics.METRICS)},
+        ),
+    ),
     # profile times the StepRunner (lenbatch_study.runtime.runner) that train runs, but never trains: no
     # warmup_steps, queue_size, checkpoint_every, useful_tokens or strategies.
-    Command("profile", "time the target + drafter step on a grid of batch shapes", staged=True, stage=Stage(
-        params=(*_MODEL_RUN, "profile", "data.max_len", "train.nproc", "train.threads", "train.device",
-                "train.kernels", "train.reuse_host_memory"), inputs=(_IN_MACHINE,),
-        outputs={"grid": Output(profile_grid.GRID)})),
+    Command(
+        "profile",
+        "time the target + drafter step on a grid of batch shapes",
+        staged=True,
+        stage=Stage(
+            params=(
+                *_MODEL_RUN,
+                "profile",
+                "data.max_len",
+                "train.nproc",
+                "train.threads",
+                "train.device",
+                "train.kernels",
+                "train.reuse_host_memory",
+            ),
+            inputs=(_IN_MACHINE,),
+            outputs={"grid": Output(profile_grid.GRID)},
+        ),
+    ),
     # one job per strategy; only bucketed reads the edges, so boundaries.* never reruns the others
-    Command("train", "train the drafter with one batching strategy and measure throughput", stage=Stage(
-        params=(*_MODEL_RUN, "train", "data.max_len"), exclude=("train.strategies",), per_strategy=True,
-        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS,
-                Input("boundaries", "boundaries", only_for="bucketed", gate="by_strategy")),
-        outputs={"summary": Output(train_runs.SUMMARY), "steps": Output(train_runs.STEPS, declared=False)})),
+    Command(
+        "train",
+        "train the drafter with one batching strategy and measure throughput",
+        stage=Stage(
+            params=(*_MODEL_RUN, "train", "data.max_len"),
+            exclude=("train.strategies",),
+            per_strategy=True,
+            inputs=(
+                _IN_MACHINE,
+                _IN_DATASET,
+                _IN_LENGTHS,
+                Input("boundaries", "boundaries", only_for="bucketed", gate="by_strategy"),
+            ),
+            outputs={"summary": Output(train_runs.SUMMARY), "steps": Output(train_runs.STEPS, declared=False)},
+        ),
+    ),
     Command("verify-packing", "check that a packed forward equals the per-sequence forwards"),
     # quality has its own lr and anchors: the train stage's drafter.lr / anchors_per_seq never rerun it;
     # it reads no training run, so train.* keys other than the strategy list and device never rerun it;
     # the edges are its input whatever the list holds: DVC's one quality stage cannot drop a dependency when
     # -S train.strategies leaves bucketed out, so Snakemake keeps it too and the tools agree
-    Command("quality", "held-out loss over seeds and gradient quality of every strategy", stage=Stage(
-        params=("quality", *_MODEL_RUN, "train.strategies", "train.device", "data.max_len"),
-        exclude=("drafter.lr", "drafter.anchors_per_seq"),
-        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
-        outputs={"quality": Output(quality_result.QUALITY), "metrics": Output(quality_result.METRICS),
-                 "curves": Output(quality_result.CURVES), "gradients": Output(quality_result.GRADIENTS)})),
+    Command(
+        "quality",
+        "held-out loss over seeds and gradient quality of every strategy",
+        stage=Stage(
+            params=("quality", *_MODEL_RUN, "train.strategies", "train.device", "data.max_len"),
+            exclude=("drafter.lr", "drafter.anchors_per_seq"),
+            inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
+            outputs={
+                "quality": Output(quality_result.QUALITY),
+                "metrics": Output(quality_result.METRICS),
+                "curves": Output(quality_result.CURVES),
+                "gradients": Output(quality_result.GRADIENTS),
+            },
+        ),
+    ),
     # every strategy's steps timed in turns in one process (ratios a drifting machine cannot move); the edges
     # are its input whatever the list holds, as quality's (DVC's one stage cannot drop a dependency)
-    Command("interleave", "time every strategy's training steps in turns, in one process", staged=True,
-            stage=Stage(params=(*_MODEL_RUN, "interleave", "train.strategies", "train.nproc", "train.nodes",
-                                "train.queue_size", "train.useful_tokens", "train.warmup_steps", "train.threads", "train.device",
-                                "train.kernels", "train.reuse_host_memory", "data.max_len"),
-                        inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
-                        outputs={"timings": Output(interleave_timings.TIMINGS)})),
+    Command(
+        "interleave",
+        "time every strategy's training steps in turns, in one process",
+        staged=True,
+        stage=Stage(
+            params=(
+                *_MODEL_RUN,
+                "interleave",
+                "train.strategies",
+                "train.nproc",
+                "train.nodes",
+                "train.queue_size",
+                "train.useful_tokens",
+                "train.warmup_steps",
+                "train.threads",
+                "train.device",
+                "train.kernels",
+                "train.reuse_host_memory",
+                "data.max_len",
+            ),
+            inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
+            outputs={"timings": Output(interleave_timings.TIMINGS)},
+        ),
+    ),
     # compare's files are for people (no stage reads them): metrics users compare, the plots, the rest
-    Command("compare", "predicted vs measured throughput, frontier plot and report", staged=True, stage=Stage(
-        params=(*_MODEL_RUN, "train", "plans", "boundaries", "interleave", "compare", "data.max_len"),
-        inputs=(Input("stats", "stats"), Input("stats", "histogram"), _IN_DATASET, _IN_LENGTHS, _IN_EDGES,
+    Command(
+        "compare",
+        "predicted vs measured throughput, frontier plot and report",
+        staged=True,
+        stage=Stage(
+            params=(*_MODEL_RUN, "train", "plans", "boundaries", "interleave", "compare", "data.max_len"),
+            inputs=(
+                Input("stats", "stats"),
+                Input("stats", "histogram"),
+                _IN_DATASET,
+                _IN_LENGTHS,
+                _IN_EDGES,
                 Input("tokenize", "counts"),
-                Input("boundaries", "sweep"), Input("plans", "metrics"), Input("profile", "grid"),
-                Input("train", "summary"), Input("train", "steps"), Input("quality", "quality"),
-                Input("interleave", "timings")),
-        outputs={"metrics": Output(compare_report.METRICS, kind="metrics"),
-                 "diagnostics": Output(compare_report.DIAGNOSTICS),
-                 "report": Output(compare_report.REPORT), "details": Output(compare_report.DETAILS),
-                 "stepmodel": Output(compare_report.STEPMODEL),
-                 "histogram": Output(compare_report.HISTOGRAM_PLOT),
-                 "quality_plot": Output(compare_report.QUALITY_PLOT),
-                 "params": Output(writing.PARAMS),
-                 # DVC's interactive plots, each with its Vega-Lite template in workflow/plots/
-                 # (DVC's default, a line over a quantitative x, draws strategies blank or joined)
-                 "frontier": Output(compare_report.FRONTIER, kind="plots", plot={
-                     "x": "length_mixing", "y": "efficiency", "template": "workflow/plots/labelled_points.json",
-                     "title": "padding efficiency vs length mixing (strategies and bucketed K)",
-                     "x_label": "length mixing", "y_label": "simulated padding efficiency"}),
-                 "throughput": Output(compare_report.THROUGHPUT, kind="plots", plot={
-                     "x": "measured_tok_s", "y": "strategy", "template": "workflow/plots/bars.json",
-                     "title": "measured throughput per strategy", "x_label": "useful tokens/s",
-                     "y_label": "strategy"}),
-                 "histogram_data": Output(compare_report.HISTOGRAM, kind="plots", plot={
-                     "x": "lo", "y": "count", "template": "workflow/plots/histogram.json",
-                     "title": "sample lengths and the bucket edges", "x_label": "length (tokens)",
-                     "y_label": "samples"}),
-                 "frontier_plot": Output(compare_report.FRONTIER_PLOT, kind="plots"),
-                 "throughput_plot": Output(compare_report.THROUGHPUT_PLOT, kind="plots")})),
-    Command("study-replay", "the study's own setting replayed (seed profile, budget 49,152, 7 ranks, its edges)",
-            staged=True),
+                Input("boundaries", "sweep"),
+                Input("plans", "metrics"),
+                Input("profile", "grid"),
+                Input("train", "summary"),
+                Input("train", "steps"),
+                Input("quality", "quality"),
+                Input("interleave", "timings"),
+            ),
+            outputs={
+                "metrics": Output(compare_report.METRICS, kind="metrics"),
+                "diagnostics": Output(compare_report.DIAGNOSTICS),
+                "report": Output(compare_report.REPORT),
+                "details": Output(compare_report.DETAILS),
+                "stepmodel": Output(compare_report.STEPMODEL),
+                "histogram": Output(compare_report.HISTOGRAM_PLOT),
+                "quality_plot": Output(compare_report.QUALITY_PLOT),
+                "params": Output(writing.PARAMS),
+                # DVC's interactive plots, each with its Vega-Lite template in workflow/plots/
+                # (DVC's default, a line over a quantitative x, draws strategies blank or joined)
+                "frontier": Output(
+                    compare_report.FRONTIER,
+                    kind="plots",
+                    plot={
+                        "x": "length_mixing",
+                        "y": "efficiency",
+                        "template": "workflow/plots/labelled_points.json",
+                        "title": "padding efficiency vs length mixing (strategies and bucketed K)",
+                        "x_label": "length mixing",
+                        "y_label": "simulated padding efficiency",
+                    },
+                ),
+                "throughput": Output(
+                    compare_report.THROUGHPUT,
+                    kind="plots",
+                    plot={
+                        "x": "measured_tok_s",
+                        "y": "strategy",
+                        "template": "workflow/plots/bars.json",
+                        "title": "measured throughput per strategy",
+                        "x_label": "useful tokens/s",
+                        "y_label": "strategy",
+                    },
+                ),
+                "histogram_data": Output(
+                    compare_report.HISTOGRAM,
+                    kind="plots",
+                    plot={
+                        "x": "lo",
+                        "y": "count",
+                        "template": "workflow/plots/histogram.json",
+                        "title": "sample lengths and the bucket edges",
+                        "x_label": "length (tokens)",
+                        "y_label": "samples",
+                    },
+                ),
+                "frontier_plot": Output(compare_report.FRONTIER_PLOT, kind="plots"),
+                "throughput_plot": Output(compare_report.THROUGHPUT_PLOT, kind="plots"),
+            },
+        ),
+    ),
+    Command(
+        "study-replay",
+        "the study's own setting replayed (seed profile, budget 49,152, 7 ranks, its edges)",
+        staged=True,
+    ),
     Command("params", "validate a params file, or print its resolved values or JSON schema"),
     Command("plots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
     Command("dvc-yaml", "write dvc.yaml from the stages' derived code and params dependencies"),
@@ -227,12 +366,13 @@ def output_path(stage: str, name: str, *, results: str = "results", strategy: st
     """Where output ``name`` of ``stage`` lives: ``<results>/<stage>/[<strategy>/]<file>`` (a per-strategy
     stage without ``strategy``: the ``{strategy}`` wildcard)."""
     st = STAGES[stage]
-    sub = (f"{strategy if strategy is not None else '{strategy}'}/" if st.per_strategy else "")
+    sub = f"{strategy if strategy is not None else '{strategy}'}/" if st.per_strategy else ""
     return f"{results}/{stage}/{sub}{st.outputs[name].file}"
 
 
-def input_paths(stage: str, *, results: str = "results", strategies: Any, strategy: str | None = None
-                ) -> dict[str, list[str]]:
+def input_paths(
+    stage: str, *, results: str = "results", strategies: Any, strategy: str | None = None
+) -> dict[str, list[str]]:
     """``stage``'s inputs as ``{output name: [paths]}`` for a run of ``strategies`` (a per-strategy
     stage's job: its ``strategy``). An input from a per-strategy stage is its output for every
     strategy; one ``only_for`` a strategy that does not run is left out."""

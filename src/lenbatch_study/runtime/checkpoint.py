@@ -52,8 +52,9 @@ FORMAT = 3  # 2: log_sha256 ties the checkpoint to its steps.jsonl; 3: tensors a
 REFUSED_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
 
-def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...]], lengths: np.ndarray,
-                target_ranks: int) -> dict[str, Any]:
+def fingerprint(
+    params: Params, *, strategy: str, edges: Optional[tuple[int, ...]], lengths: np.ndarray, target_ranks: int
+) -> dict[str, Any]:
     """What a resumed run must share with the run that wrote the checkpoint (plan, model, drafter).
 
     train.useful_tokens, --max-steps, queue_size, threads and checkpoint_every may change on resume.
@@ -64,10 +65,17 @@ def fingerprint(params: Params, *, strategy: str, edges: Optional[tuple[int, ...
     """
     p = params.to_dict()
     nodes = {"nodes": p["train"]["nodes"]} if p["train"]["nodes"] > 1 else {}
-    return {"strategy": strategy, "target_ranks": target_ranks, "edges": list(edges) if edges else None,
-            "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
-            "model": p["model"], "drafter": p["drafter"], "batching": p["batching"], **nodes,
-            "nproc": p["train"]["nproc"]}
+    return {
+        "strategy": strategy,
+        "target_ranks": target_ranks,
+        "edges": list(edges) if edges else None,
+        "lengths_sha256": hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()).hexdigest(),
+        "model": p["model"],
+        "drafter": p["drafter"],
+        "batching": p["batching"],
+        **nodes,
+        "nproc": p["train"]["nproc"],
+    }
 
 
 class RunShapeError(ValueError):
@@ -87,12 +95,17 @@ def check_shape(saved: dict[str, Any], current: dict[str, Any], path: Path, *, w
     was, now = shape_of(saved), shape_of(current)
     if was is None or now is None or was == now:
         return
-    afresh = ("rerun without --resume" if work == final else
-              f"remove {work} (the interrupted run's folder; {final} is not touched), then rerun without --resume")
-    raise RunShapeError(f"--resume: checkpoint {path} was trained with train.nproc={was[0]}, train.nodes={was[1]} "
-                        f"but this run has train.nproc={now[0]}, train.nodes={now[1]}: its steps were timed in "
-                        f"another shape, and one run's throughput cannot mix them; resume with train.nproc: {was[0]} "
-                        f"and train.nodes: {was[1]}, or to train afresh {afresh}")
+    afresh = (
+        "rerun without --resume"
+        if work == final
+        else f"remove {work} (the interrupted run's folder; {final} is not touched), then rerun without --resume"
+    )
+    raise RunShapeError(
+        f"--resume: checkpoint {path} was trained with train.nproc={was[0]}, train.nodes={was[1]} "
+        f"but this run has train.nproc={now[0]}, train.nodes={now[1]}: its steps were timed in "
+        f"another shape, and one run's throughput cannot mix them; resume with train.nproc: {was[0]} "
+        f"and train.nodes: {was[1]}, or to train afresh {afresh}"
+    )
 
 
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
@@ -101,8 +114,10 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path
     diff = changed_fields(saved, current)
     if diff:
         shown = ", ".join(diff[:6])
-        raise ValueError(f"checkpoint {path} was written with other params ({shown}); resume with the params it "
-                         "was written with, or start afresh without --resume (or with another --out)")
+        raise ValueError(
+            f"checkpoint {path} was written with other params ({shown}); resume with the params it "
+            "was written with, or start afresh without --resume (or with another --out)"
+        )
 
 
 def start_fresh(out: Path, files: Iterable[str]) -> None:
@@ -112,8 +127,9 @@ def start_fresh(out: Path, files: Iterable[str]) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[Any], fp: dict[str, Any],
-                    log_sha256: str) -> None:
+def save_checkpoint(
+    path: Path, *, runner: Any, step: int, sampler_states: list[Any], fp: dict[str, Any], log_sha256: str
+) -> None:
     """Durable atomic write: ``checkpoint.pt.tmp``, fsynced, renamed over ``path``, the folder fsynced. A kill
     during the save leaves the previous checkpoint; so does a write the file system refuses (a full disk,
     ``ulimit -f``): the temp file is removed and a ``ValueError`` names ``path``, what is kept and the
@@ -123,10 +139,18 @@ def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[
     digest of the ``steps.jsonl`` lines of steps ``0 .. step-1``.
     """
     assert runner.drafter is not None and runner.optimizer is not None
-    state = {"format": FORMAT, "fingerprint": fp, "step": step, "log_sha256": log_sha256,
-             "drafter": runner.drafter.state_dict(), "optimizer": runner.optimizer.state_dict(),
-             "samplers": sampler_states, "torch_rng": torch.random.get_rng_state(),
-             "numpy_rng": _numpy_rng_state(), "python_rng": random.getstate()}
+    state = {
+        "format": FORMAT,
+        "fingerprint": fp,
+        "step": step,
+        "log_sha256": log_sha256,
+        "drafter": runner.drafter.state_dict(),
+        "optimizer": runner.optimizer.state_dict(),
+        "samplers": sampler_states,
+        "torch_rng": torch.random.get_rng_state(),
+        "numpy_rng": _numpy_rng_state(),
+        "python_rng": random.getstate(),
+    }
     tmp = path.with_suffix(".pt.tmp")
     try:
         with open(tmp, "wb") as fh:  # a file object, so a failed write surfaces as its OSError
@@ -140,13 +164,20 @@ def save_checkpoint(path: Path, *, runner: Any, step: int, sampler_states: list[
             raise
         with contextlib.suppress(OSError):
             tmp.unlink()
-        fix = {errno.EFBIG: "raise the file size limit (ulimit -f)", errno.EIO: "check the disk",
-               errno.ENOSPC: "free space", errno.EDQUOT: "free space"}.get(refused.errno or 0,
-                                                                           f"make {path.parent} writable")
-        kept = (f"the previous checkpoint {path} is kept: {fix}, then rerun with --resume to continue from it"
-                if path.exists() else f"no earlier checkpoint of this run exists at {path}: {fix}, then rerun")
-        raise ValueError(f"could not write the checkpoint of step {step} to {tmp} ({refused.strerror or refused}); "
-                         f"{kept}") from None
+        fix = {
+            errno.EFBIG: "raise the file size limit (ulimit -f)",
+            errno.EIO: "check the disk",
+            errno.ENOSPC: "free space",
+            errno.EDQUOT: "free space",
+        }.get(refused.errno or 0, f"make {path.parent} writable")
+        kept = (
+            f"the previous checkpoint {path} is kept: {fix}, then rerun with --resume to continue from it"
+            if path.exists()
+            else f"no earlier checkpoint of this run exists at {path}: {fix}, then rerun"
+        )
+        raise ValueError(
+            f"could not write the checkpoint of step {step} to {tmp} ({refused.strerror or refused}); {kept}"
+        ) from None
     with contextlib.suppress(OSError):  # the rename durable too (some file systems refuse a folder fsync)
         fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -191,8 +222,9 @@ def peek_fingerprint(path: Path) -> Optional[dict[str, Any]]:
     return fp if isinstance(fp, dict) else None
 
 
-def load_checkpoint(path: Path, fp: dict[str, Any], *, total_steps: int, checkpoint_every: int,
-                    final: Optional[Path] = None) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, fp: dict[str, Any], *, total_steps: int, checkpoint_every: int, final: Optional[Path] = None
+) -> dict[str, Any]:
     """The checkpoint at ``path``, checked: readable, this format, this run's shape (:func:`check_shape`:
     ``final`` is the run's ``--out``), these params, inside this schedule.
 
@@ -200,37 +232,55 @@ def load_checkpoint(path: Path, fp: dict[str, Any], *, total_steps: int, checkpo
     past them is refused rather than rewritten as an earlier step.
     """
     if not path.exists():
-        why = (" train.checkpoint_every is 0, so a run saves its checkpoint only when it finishes: a run killed "
-               "before that cannot be resumed; set train.checkpoint_every > 0 for that." if checkpoint_every == 0
-               else "")
+        why = (
+            " train.checkpoint_every is 0, so a run saves its checkpoint only when it finishes: a run killed "
+            "before that cannot be resumed; set train.checkpoint_every > 0 for that."
+            if checkpoint_every == 0
+            else ""
+        )
         raise ValueError(f"--resume: no checkpoint at {path}.{why} Run without --resume to start afresh")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         if "weights only" not in str(err).lower():
-            raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err)[:80]}); delete it "
-                             "and run without --resume to start afresh") from None
-        found = next((line.strip().split(" was not an allowed")[0] for line in str(err).splitlines()
-                      if "Unsupported global" in line), "")
-        raise ValueError(f"checkpoint {path} holds more than tensors and plain values ({found or 'see torch.load'}): "
-                         "it was written by another program or by lenbatch before checkpoint format 3, and lenbatch "
-                         "does not unpickle it (that could run code); delete it and run without --resume to start "
-                         "afresh") from None
+            raise ValueError(
+                f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err)[:80]}); delete it "
+                "and run without --resume to start afresh"
+            ) from None
+        found = next(
+            (
+                line.strip().split(" was not an allowed")[0]
+                for line in str(err).splitlines()
+                if "Unsupported global" in line
+            ),
+            "",
+        )
+        raise ValueError(
+            f"checkpoint {path} holds more than tensors and plain values ({found or 'see torch.load'}): "
+            "it was written by another program or by lenbatch before checkpoint format 3, and lenbatch "
+            "does not unpickle it (that could run code); delete it and run without --resume to start "
+            "afresh"
+        ) from None
     except Exception as err:  # truncated or corrupt file: torch/pickle raise many types
-        raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err)[:80]}); delete it and "
-                         "run without --resume to start afresh") from None
+        raise ValueError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err)[:80]}); delete it and "
+            "run without --resume to start afresh"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         got = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"checkpoint {path} has format {got!r}, this lenbatch writes {FORMAT}; run without "
-                         "--resume to start afresh")
+        raise ValueError(
+            f"checkpoint {path} has format {got!r}, this lenbatch writes {FORMAT}; run without --resume to start afresh"
+        )
     check_shape(state["fingerprint"], fp, path, work=path.parent, final=final or path.parent)
     check_fingerprint(state["fingerprint"], fp, path)
     step = int(state["step"])
     if step > total_steps:
-        raise ValueError(f"checkpoint {path} is at step {step} but this run plans only {total_steps} steps "
-                         "(train.useful_tokens / --useful-tokens / --max-steps): resuming would rewrite it as an "
-                         f"earlier step; resume with a target of at least {step} steps, or start afresh without "
-                         "--resume (or with another --out)")
+        raise ValueError(
+            f"checkpoint {path} is at step {step} but this run plans only {total_steps} steps "
+            "(train.useful_tokens / --useful-tokens / --max-steps): resuming would rewrite it as an "
+            f"earlier step; resume with a target of at least {step} steps, or start afresh without "
+            "--resume (or with another --out)"
+        )
     return state
 
 
@@ -238,9 +288,11 @@ def check_log(path: Path, state: dict[str, Any], steps: list[int], digest: str) 
     """``steps.jsonl`` must hold exactly the rows the checkpoint covers, as written beside it."""
     step = int(state["step"])
     if steps != list(range(step)) or digest != state["log_sha256"]:
-        raise ValueError(f"{path} does not belong to the checkpoint beside it (checkpoint at step {step}, log with "
-                         f"{len(steps)} rows up to there): another run wrote one of them; run without --resume to "
-                         "start afresh")
+        raise ValueError(
+            f"{path} does not belong to the checkpoint beside it (checkpoint at step {step}, log with "
+            f"{len(steps)} rows up to there): another run wrote one of them; run without --resume to "
+            "start afresh"
+        )
 
 
 def restore(runner: Any, state: dict[str, Any], *, path: Optional[Path] = None) -> None:
@@ -282,8 +334,9 @@ def check_tensors(runner: Any, state: dict[str, Any], path: Optional[Path]) -> N
                 break
     opt = state.get("optimizer")
     groups = runner.optimizer.param_groups
-    if not isinstance(opt, dict) or [len(g.get("params", ())) for g in opt.get("param_groups", ())] != \
-            [len(g["params"]) for g in groups]:
+    if not isinstance(opt, dict) or [len(g.get("params", ())) for g in opt.get("param_groups", ())] != [
+        len(g["params"]) for g in groups
+    ]:
         problems.append("its optimizer has other parameter groups")
     else:
         params = [p for g in groups for p in g["params"]]
@@ -291,27 +344,54 @@ def check_tensors(runner: Any, state: dict[str, Any], path: Optional[Path]) -> N
         for i, p in zip(ids, params):
             for key, value in (opt.get("state", {}).get(i) or {}).items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != tuple(p.shape):
-                    problems.append(f"optimizer state {key!r} is {tuple(value.shape)} for a parameter of "
-                                    f"{tuple(p.shape)}")
+                    problems.append(
+                        f"optimizer state {key!r} is {tuple(value.shape)} for a parameter of {tuple(p.shape)}"
+                    )
                     break
     if problems:
         named = f"checkpoint {path}" if path is not None else "the checkpoint"
-        raise ValueError(f"{named} does not fit this drafter ({'; '.join(problems[:3])}): it was written by other "
-                         "code with the same params; run without --resume to start afresh")
+        raise ValueError(
+            f"{named} does not fit this drafter ({'; '.join(problems[:3])}): it was written by other "
+            "code with the same params; run without --resume to start afresh"
+        )
 
 
 def _numpy_rng_state() -> dict[str, Any]:
     """numpy's global RNG state with its key array as an int64 tensor (an ndarray needs unpickling code)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"bit_generator": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    return {
+        "bit_generator": str(name),
+        "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
 
 
 def _set_numpy_rng_state(state: dict[str, Any]) -> None:
-    np.random.set_state((state["bit_generator"], state["keys"].numpy().astype(np.uint32), state["pos"],
-                         state["has_gauss"], state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            state["bit_generator"],
+            state["keys"].numpy().astype(np.uint32),
+            state["pos"],
+            state["has_gauss"],
+            state["cached_gaussian"],
+        )
+    )
 
 
-__all__ = ["RunShapeError", "check_fingerprint", "check_log", "check_shape", "check_tensors", "fingerprint",
-           "load_checkpoint", "peek_fingerprint", "restore", "save_checkpoint", "shape_of", "start_fresh",
-           "summary_problem"]
+__all__ = [
+    "RunShapeError",
+    "check_fingerprint",
+    "check_log",
+    "check_shape",
+    "check_tensors",
+    "fingerprint",
+    "load_checkpoint",
+    "peek_fingerprint",
+    "restore",
+    "save_checkpoint",
+    "shape_of",
+    "start_fresh",
+    "summary_problem",
+]

@@ -51,8 +51,13 @@ def grid_points(params: Params, *, quiet: bool = False) -> list[tuple[str, int, 
             else:
                 skipped += 1
     if skipped and not quiet:
-        log.info("grid: skipped %d shapes outside token_budget=%d, max_batch_size=%d, max_len=%d",
-                 skipped, budget, max_bs, max_len)
+        log.info(
+            "grid: skipped %d shapes outside token_budget=%d, max_batch_size=%d, max_len=%d",
+            skipped,
+            budget,
+            max_bs,
+            max_len,
+        )
     return sorted(pts, key=lambda p: (p[1] * p[2], p[0], p[1]))
 
 

@@ -50,8 +50,10 @@ def reuse_freed_memory() -> bool:
     mallopt.restype = ctypes.c_int
     ok = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, _TRIM_MAX))
     if not ok:
-        log.warning("host memory: mallopt refused M_MMAP_MAX / M_TRIM_THRESHOLD; large tensors are mapped "
-                    "afresh every step (slower CPU steps)")
+        log.warning(
+            "host memory: mallopt refused M_MMAP_MAX / M_TRIM_THRESHOLD; large tensors are mapped "
+            "afresh every step (slower CPU steps)"
+        )
     return ok
 
 

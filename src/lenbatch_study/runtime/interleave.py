@@ -36,15 +36,22 @@ from typing import Any, Callable, Optional, Sequence
 def round_orders(strategies: Sequence[str], rounds: int) -> list[list[str]]:
     """The order of each round: the strategies rotated by ``k`` in round ``k`` (pure, O(rounds x S))."""
     s = list(strategies)
-    return [s[k % len(s):] + s[:k % len(s)] for k in range(rounds)]
+    return [s[k % len(s) :] + s[: k % len(s)] for k in range(rounds)]
 
 
-def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[str], *, rounds: int,
-                        segment_steps: int, warmup: int, clock: Callable[[], float] = time.perf_counter,
-                        on_round: Optional[Callable[[int, dict[str, dict[str, list]]], None]] = None,
-                        max_rounds: Optional[int] = None,
-                        enough: Optional[Callable[[dict[str, dict[str, list]]], bool]] = None,
-                        done: Optional[dict[str, Any]] = None) -> dict[str, dict[str, list]]:
+def measure_interleaved(
+    step: Callable[[str, int], int],
+    strategies: Sequence[str],
+    *,
+    rounds: int,
+    segment_steps: int,
+    warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
+    on_round: Optional[Callable[[int, dict[str, dict[str, list]]], None]] = None,
+    max_rounds: Optional[int] = None,
+    enough: Optional[Callable[[dict[str, dict[str, list]]], bool]] = None,
+    done: Optional[dict[str, Any]] = None,
+) -> dict[str, dict[str, list]]:
     """Time every strategy in turns: ``step(strategy, j)`` runs step ``j`` (0 .. segment_steps - 1) of that
     strategy's segment and returns its useful tokens. First each strategy's ``warmup`` untimed passes over
     its segment (strategy by strategy), then ``rounds`` rounds (:func:`round_orders`), each timing one pass
@@ -66,11 +73,13 @@ def measure_interleaved(step: Callable[[str, int], int], strategies: Sequence[st
     if rounds < 2:
         raise ValueError(f"interleave.rounds must be >= 2 (an interval needs two rounds), got {rounds}")
     if segment_steps < 1 or warmup < 0:
-        raise ValueError(f"interleave.segment_steps must be >= 1 and interleave.warmup >= 0, got {segment_steps}, "
-                         f"{warmup}")
+        raise ValueError(
+            f"interleave.segment_steps must be >= 1 and interleave.warmup >= 0, got {segment_steps}, {warmup}"
+        )
     if max_rounds is not None and max_rounds < rounds:
-        raise ValueError(f"interleave.max_rounds ({max_rounds}) is below interleave.rounds ({rounds}); set "
-                         "max_rounds >= rounds")
+        raise ValueError(
+            f"interleave.max_rounds ({max_rounds}) is below interleave.rounds ({rounds}); set max_rounds >= rounds"
+        )
     out: dict[str, dict[str, list]] = {s: {"seconds": [], "useful_tokens": [], "position": []} for s in strategies}
     orders: list[list[str]] = []
     if done:

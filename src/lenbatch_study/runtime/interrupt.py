@@ -62,13 +62,20 @@ def wait_stopped(procs: dict[int, Optional[str]], *, wait_s: float, out: TextIO)
     while left := [p for p, t in procs.items() if t is not None and start_time(p) == t]:
         waited = time.monotonic() - t0
         if waited > wait_s:
-            print(f"snakemake: {len(left)} process(es) of the interrupted jobs still running after {wait_s:.0f} s "
-                  f"(pids {' '.join(map(str, left))}); not waiting longer", file=out, flush=True)
+            print(
+                f"snakemake: {len(left)} process(es) of the interrupted jobs still running after {wait_s:.0f} s "
+                f"(pids {' '.join(map(str, left))}); not waiting longer",
+                file=out,
+                flush=True,
+            )
             return left
         if waited > 1 and not told:
-            print(f"snakemake: interrupted; waiting for {len(left)} process(es) of the running jobs to stop (a "
-                  f"training stops at its step boundary, up to {wait_s:.0f} s; Ctrl-C again to stop waiting)",
-                  file=out, flush=True)
+            print(
+                f"snakemake: interrupted; waiting for {len(left)} process(es) of the running jobs to stop (a "
+                f"training stops at its step boundary, up to {wait_s:.0f} s; Ctrl-C again to stop waiting)",
+                file=out,
+                flush=True,
+            )
             told = True
         time.sleep(0.1)
     return []
@@ -115,5 +122,4 @@ def install(*, wait_s: float = STOP_WAIT_S) -> bool:
     return True
 
 
-__all__: list[str] = ["STOP_WAIT_S", "descendants", "in_terminal_foreground", "install", "start_time",
-                      "wait_stopped"]
+__all__: list[str] = ["STOP_WAIT_S", "descendants", "in_terminal_foreground", "install", "start_time", "wait_stopped"]

@@ -75,12 +75,13 @@ def scontrol_field(text: str, key: str) -> Optional[str]:
     absent or empty. O(len(text))."""
     for token in text.split():
         if token.startswith(key + "="):
-            return token[len(key) + 1:] or None
+            return token[len(key) + 1 :] or None
     return None
 
 
-def discover(nodes: int, env: Mapping[str, str] = os.environ, *,
-             scontrol: Scontrol = run_scontrol) -> Optional[Cluster]:
+def discover(
+    nodes: int, env: Mapping[str, str] = os.environ, *, scontrol: Scontrol = run_scontrol
+) -> Optional[Cluster]:
     """The SLURM nodes a training of ``train.nodes`` = ``nodes`` runs on; None when it runs on this machine
     (one node, or no SLURM job: the nodes are then emulated). Costs up to three ``scontrol`` calls.
 
@@ -90,12 +91,16 @@ def discover(nodes: int, env: Mapping[str, str] = os.environ, *,
         return None
     nodelist = env.get("SLURM_JOB_NODELIST") or scontrol_field(scontrol(["show", "job", job_id]), "NodeList")
     if not nodelist:
-        raise ValueError(f"train.nodes={nodes}: SLURM job {job_id} has no node list (scontrol show job {job_id}); "
-                         "run the training inside the job's allocation")
+        raise ValueError(
+            f"train.nodes={nodes}: SLURM job {job_id} has no node list (scontrol show job {job_id}); "
+            "run the training inside the job's allocation"
+        )
     hosts = tuple(scontrol(["show", "hostnames", nodelist]).split())
     if len(hosts) < nodes:
-        raise ValueError(f"train.nodes={nodes} but SLURM job {job_id} holds {len(hosts)} node(s) ({nodelist}); ask "
-                         f"for {nodes} nodes (sbatch --nodes {nodes}) or set train.nodes: {len(hosts)}")
+        raise ValueError(
+            f"train.nodes={nodes} but SLURM job {job_id} holds {len(hosts)} node(s) ({nodelist}); ask "
+            f"for {nodes} nodes (sbatch --nodes {nodes}) or set train.nodes: {len(hosts)}"
+        )
     try:
         addr = scontrol_field(scontrol(["show", "node", hosts[0]]), "NodeAddr")
     except (OSError, subprocess.SubprocessError):  # a node SLURM cannot describe is reached by its name
@@ -114,8 +119,18 @@ def rendezvous(nproc: int, nodes: int, cluster: Optional[Cluster]) -> list[str]:
     (``cluster``), else one standalone torchrun of ``nodes x nproc`` processes (the nodes emulated)."""
     if cluster is None:
         return ["--standalone", "--nnodes", "1", "--nproc_per_node", str(nodes * nproc)]
-    return ["--nnodes", str(nodes), "--nproc_per_node", str(nproc), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{cluster.head_addr}:{rendezvous_port(cluster.job_id)}", "--rdzv-id", cluster.job_id]
+    return [
+        "--nnodes",
+        str(nodes),
+        "--nproc_per_node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{cluster.head_addr}:{rendezvous_port(cluster.job_id)}",
+        "--rdzv-id",
+        cluster.job_id,
+    ]
 
 
 def hand_over(request: Mapping[str, Any], out: Path) -> Path:
@@ -138,14 +153,23 @@ def take_over(path: str | Path) -> dict[str, Any]:
     return request
 
 
-def command(stage_argv: Sequence[str], *, nproc: int, nodes: int, cluster: Optional[Cluster],
-            python: str = sys.executable) -> list[str]:
+def command(
+    stage_argv: Sequence[str], *, nproc: int, nodes: int, cluster: Optional[Cluster], python: str = sys.executable
+) -> list[str]:
     """The command that starts the training: an agent (:func:`agent_main`, torchrun with SIGUSR1 ignored) on
     this machine, or ``srun`` starting one per node of ``cluster``; its workers run ``python -m lenbatch_study
     <stage_argv>`` (``train --launched FILE``: :func:`run_training`)."""
     prefix = [] if cluster is None else ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1"]
-    return [*prefix, python, "-m", AGENT_MODULE, *rendezvous(nproc, nodes, cluster), "-m", "lenbatch_study",
-            *stage_argv]
+    return [
+        *prefix,
+        python,
+        "-m",
+        AGENT_MODULE,
+        *rendezvous(nproc, nodes, cluster),
+        "-m",
+        "lenbatch_study",
+        *stage_argv,
+    ]
 
 
 def agent_main(torchrun_args: Sequence[str]) -> None:
@@ -179,9 +203,11 @@ def launch(cmd: Sequence[str], *, srun: bool, log: Callable[[str], None]) -> int
         if proc is not None:
             os.kill(proc.pid, signal.SIGTERM if srun else signal.SIGINT)
 
-    previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
-                signal.SIGTERM: signal.signal(signal.SIGTERM, hand_on_terminate),
-                signal.SIGINT: signal.signal(signal.SIGINT, hand_on_interrupt)}
+    previous = {
+        signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, hand_on_terminate),
+        signal.SIGINT: signal.signal(signal.SIGINT, hand_on_interrupt),
+    }
     try:
         proc = subprocess.Popen(list(cmd), preexec_fn=start)
         return proc.wait()
@@ -190,8 +216,14 @@ def launch(cmd: Sequence[str], *, srun: bool, log: Callable[[str], None]) -> int
             signal.signal(sig, handler)
 
 
-def requeue_if_stopped(rc: int, marker: Optional[Mapping[str, Any]], env: Mapping[str, str] = os.environ, *,
-                       err: TextIO = sys.stderr, wait_s: float = REQUEUE_WAIT_S) -> int:
+def requeue_if_stopped(
+    rc: int,
+    marker: Optional[Mapping[str, Any]],
+    env: Mapping[str, str] = os.environ,
+    *,
+    err: TextIO = sys.stderr,
+    wait_s: float = REQUEUE_WAIT_S,
+) -> int:
     """After a run that ended with ``rc`` and wrote the stop ``marker`` (``{"signal", "step"}``, None when it
     did not stop on a signal): inside a SLURM job and stopped on SIGUSR1, ``scontrol requeue`` the job and wait
     up to ``wait_s`` to be ended by it (a requeue sends SIGTERM, here at its default action). Returns ``rc``
@@ -207,9 +239,18 @@ def requeue_if_stopped(rc: int, marker: Optional[Mapping[str, Any]], env: Mappin
     return rc
 
 
-def run_training(request: Mapping[str, Any], *, nproc: int, nodes: int, out: Path,
-                 stopped: Callable[[Path], Optional[Mapping[str, Any]]], stopped_exit: int, requeue: bool,
-                 log: Callable[[str], None], env: Mapping[str, str] = os.environ) -> int:
+def run_training(
+    request: Mapping[str, Any],
+    *,
+    nproc: int,
+    nodes: int,
+    out: Path,
+    stopped: Callable[[Path], Optional[Mapping[str, Any]]],
+    stopped_exit: int,
+    requeue: bool,
+    log: Callable[[str], None],
+    env: Mapping[str, str] = os.environ,
+) -> int:
     """Launch ``train.nodes`` x ``train.nproc`` processes running ``lenbatch train --launched FILE`` (FILE:
     ``request`` handed over, :func:`hand_over`; removed when they end), wait for them, requeue the SLURM job
     when SIGUSR1 stopped them and ``requeue`` (only a run that resumes when started again,
@@ -217,12 +258,17 @@ def run_training(request: Mapping[str, Any], *, nproc: int, nodes: int, out: Pat
     a signal (``stopped(out)``: their marker; torchrun reports their exit as its own 1)."""
     cluster = discover(nodes, env)
     if cluster is None and nodes > 1:
-        log(f"train.nodes={nodes}: emulating {nodes} nodes of {nproc} processes on this machine with one torchrun "
-            f"of {nodes * nproc} processes")
+        log(
+            f"train.nodes={nodes}: emulating {nodes} nodes of {nproc} processes on this machine with one torchrun "
+            f"of {nodes * nproc} processes"
+        )
     handed = hand_over(request, out)
     try:
-        rc = launch(command(["train", "--launched", str(handed)], nproc=nproc, nodes=nodes, cluster=cluster),
-                    srun=cluster is not None, log=log)
+        rc = launch(
+            command(["train", "--launched", str(handed)], nproc=nproc, nodes=nodes, cluster=cluster),
+            srun=cluster is not None,
+            log=log,
+        )
     finally:
         handed.unlink(missing_ok=True)
     marker = stopped(out) if rc != 0 else None
@@ -231,8 +277,21 @@ def run_training(request: Mapping[str, Any], *, nproc: int, nodes: int, out: Pat
     return requeue_if_stopped(rc, marker, env) if requeue else rc
 
 
-__all__ = ["Cluster", "REQUEUE_WAIT_S", "agent_main", "command", "discover", "hand_over", "launch", "rendezvous",
-           "rendezvous_port", "requeue_if_stopped", "run_training", "scontrol_field", "take_over"]
+__all__ = [
+    "Cluster",
+    "REQUEUE_WAIT_S",
+    "agent_main",
+    "command",
+    "discover",
+    "hand_over",
+    "launch",
+    "rendezvous",
+    "rendezvous_port",
+    "requeue_if_stopped",
+    "run_training",
+    "scontrol_field",
+    "take_over",
+]
 
 
 if __name__ == "__main__":

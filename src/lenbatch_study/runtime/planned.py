@@ -18,19 +18,39 @@ from lenbatch_study.core.config import Params
 from lenbatch_study.runtime.schedule import build_schedule, epoch_steps
 
 
-def _epoch_plan(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int,
-                target_ranks: int) -> list[np.ndarray]:
+def _epoch_plan(
+    lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, epoch: int, target_ranks: int
+) -> list[np.ndarray]:
     """One epoch's global step order, as the train stage runs it (:func:`lenbatch_study.runtime.schedule.epoch_steps`)."""
     spec = batch_spec(params)
-    return [idx for _, _, idx in epoch_steps(lengths, strategy=batch_strategy(strategy, edges), spec=spec,
-                                             target_ranks=target_ranks, epoch=epoch)]
+    return [
+        idx
+        for _, _, idx in epoch_steps(
+            lengths, strategy=batch_strategy(strategy, edges), spec=spec, target_ranks=target_ranks, epoch=epoch
+        )
+    ]
 
 
-def planned_batches(lengths: np.ndarray, params: Params, strategy: str, edges: Any, *, steps: int | None = None,
-                    useful_tokens: int | None = None, target_ranks: int) -> list[tuple[int, np.ndarray]]:
+def planned_batches(
+    lengths: np.ndarray,
+    params: Params,
+    strategy: str,
+    edges: Any,
+    *,
+    steps: int | None = None,
+    useful_tokens: int | None = None,
+    target_ranks: int,
+) -> list[tuple[int, np.ndarray]]:
     """(epoch, indices) of a run's global steps, in order: the train stage's schedule
     (:func:`lenbatch_study.runtime.schedule.build_schedule`) up to ``steps`` steps or to its stop rule at ``useful_tokens``."""
     assert (steps is None) != (useful_tokens is None)
-    sched = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
-                           useful_tokens=useful_tokens, max_steps=steps)
+    sched = build_schedule(
+        lengths,
+        strategy=strategy,
+        params=params,
+        edges=edges,
+        target_ranks=target_ranks,
+        useful_tokens=useful_tokens,
+        max_steps=steps,
+    )
     return [(s.epoch, s.indices) for s in sched]

@@ -24,8 +24,10 @@ def role_devices(params: Params, device: str) -> dict[str, str]:
     puts both on the one GPU of a one-GPU check)."""
     from lenbatch_study.runtime.runner import resolve_device
 
-    return {"target": str(resolve_device(device, 0)),
-            "drafter": str(resolve_device(device, max(params.train.nproc - 1, 0)))}
+    return {
+        "target": str(resolve_device(device, 0)),
+        "drafter": str(resolve_device(device, max(params.train.nproc - 1, 0))),
+    }
 
 
 def transport_backend(where: dict[str, str]) -> str:
@@ -45,8 +47,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def measure_transport(role: str, params: Params, runner, batches: list[tuple], *, port: int,
-                      backend: str) -> list[dict]:
+def measure_transport(
+    role: str, params: Params, runner, batches: list[tuple], *, port: int, backend: str
+) -> list[dict]:
     """Each grid point's batch and features sent ``profile.repeats`` times from the target role (rank 0) to
     the drafter role (rank 1) through :class:`~lenbatch_study.runtime.transport.TargetLink` and
     :class:`~lenbatch_study.runtime.transport.DrafterLink`, one batch in flight (so the drafter waits only
@@ -63,8 +66,9 @@ def measure_transport(role: str, params: Params, runner, batches: list[tuple], *
     if backend == "nccl":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=BARRIER_TIMEOUT_S)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0 if role == "target" else 1,
-                            world_size=2, timeout=timeout)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=0 if role == "target" else 1, world_size=2, timeout=timeout
+    )
     comm = device if backend == "nccl" else torch.device("cpu")
     out: list[dict] = []
     try:

@@ -49,8 +49,7 @@ def reference_point(setup: Any, runner: StepRunner, *, role: str) -> tuple[dict[
 
     # node 0's drafter and target rank 0 time theirs (the other nodes' drafters only wait)
     mine = (role,) if (role == "drafter" and setup.rank == setup.params.train.nproc - 1) or setup.rank == 0 else ()
-    return reference.measure(runner, setup.params, roles=mine,
-                             wait=lambda: dist.barrier(group=setup.reference_group))
+    return reference.measure(runner, setup.params, roles=mine, wait=lambda: dist.barrier(group=setup.reference_group))
 
 
 def periodic_checkpoint(setup: Any, runner: StepRunner, rec: Recorder, *, done: int, before: int) -> float:
@@ -63,9 +62,14 @@ def periodic_checkpoint(setup: Any, runner: StepRunner, rec: Recorder, *, done: 
     if not every or done // every == before // every:
         return 0.0
     c0 = time.perf_counter()
-    save_checkpoint(setup.checkpoint, runner=runner, step=done,
-                    sampler_states=setup.schedule.sampler_states(done), fp=setup.fp,
-                    log_sha256=rec.log_sha256())
+    save_checkpoint(
+        setup.checkpoint,
+        runner=runner,
+        step=done,
+        sampler_states=setup.schedule.sampler_states(done),
+        fp=setup.fp,
+        log_sha256=rec.log_sha256(),
+    )
     return time.perf_counter() - c0
 
 
@@ -92,8 +96,22 @@ def run_single(setup: Any) -> Optional[dict[str, Any]]:
         loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch)
         useful_done += batch.useful_tokens
         t = time.perf_counter() - t_start - paused
-        rec.add(step_row(step, batch, target_s=t_s, credit_s=0.0, wait_s=0.0, drafter_s=d_s, loss=loss, t=t,
-                          runner=runner, target_cpu_s=t_cpu, compile_s=runner.last_compile_s, checkpoint_s=ck_s))
+        rec.add(
+            step_row(
+                step,
+                batch,
+                target_s=t_s,
+                credit_s=0.0,
+                wait_s=0.0,
+                drafter_s=d_s,
+                loss=loss,
+                t=t,
+                runner=runner,
+                target_cpu_s=t_cpu,
+                compile_s=runner.last_compile_s,
+                checkpoint_s=ck_s,
+            )
+        )
         progress(step, len(setup.schedule), loss, useful_done, t)
         ck_s = periodic_checkpoint(setup, runner, rec, done=step.step + 1, before=step.step)
         paused += ck_s
@@ -104,8 +122,15 @@ def run_single(setup: Any) -> Optional[dict[str, Any]]:
     if ref_start is not None:
         ref_end, end_s = reference_point(setup, runner, role="both")
         ref = reference.record(p, ref_start, ref_end, seconds=ref_s + end_s)
-    return setup.finish(runner, rec, setup.schedule.sampler_states(len(setup.schedule)), resumed_from=resumed_from,
-                   kernels=runner.kernel_report(), ref=ref, target_peak=peak_memory_bytes(setup.device))
+    return setup.finish(
+        runner,
+        rec,
+        setup.schedule.sampler_states(len(setup.schedule)),
+        resumed_from=resumed_from,
+        kernels=runner.kernel_report(),
+        ref=ref,
+        target_peak=peak_memory_bytes(setup.device),
+    )
 
 
 def run_target_rank(setup: Any, comm_device: torch.device) -> None:
@@ -132,13 +157,26 @@ def run_target_rank(setup: Any, comm_device: torch.device) -> None:
         credit_s = link.wait_for_room()  # the drafter is the bottleneck when this grows
         if link.stopped:
             break
-        meta = [step.epoch, step.step, int(t_s * 1e9), int(credit_s * 1e9), int(runner.last_cpu_s * 1e9),
-                int(runner.last_compile_s * 1e9), peak_memory_bytes(setup.device) or 0]
+        meta = [
+            step.epoch,
+            step.step,
+            int(t_s * 1e9),
+            int(credit_s * 1e9),
+            int(runner.last_cpu_s * 1e9),
+            int(runner.last_compile_s * 1e9),
+            peak_memory_bytes(setup.device) or 0,
+        ]
         link.send(batch, feats, meta=meta, stop=setup.stop.signum)
         useful_done += batch.useful_tokens
         if setup.rank == 0:
-            progress(step, len(setup.schedule), link.last_loss, useful_done, time.perf_counter() - t_start,
-                      target_ranks=setup.target_ranks)
+            progress(
+                step,
+                len(setup.schedule),
+                link.last_loss,
+                useful_done,
+                time.perf_counter() - t_start,
+                target_ranks=setup.target_ranks,
+            )
     link.end()
     link.drain()
     if agree_stopped(setup, False):
@@ -181,12 +219,14 @@ def run_drafter_rank(setup: Any, comm_device: torch.device) -> Optional[dict[str
     done = settled = start  # global steps written (the schedule's first ``done``); at the last prefix point
     # the cluster steps trained before ``start``: the most steps any node trained (a checkpoint's steps are a
     # prefix of the schedule, so the nodes' counts differ only in the last round, where some ran out)
-    first_cluster = max(np.bincount([s.rank // roles.per_node for s in setup.schedule[:start]],
-                                    minlength=roles.nodes), default=0)
+    first_cluster = max(
+        np.bincount([s.rank // roles.per_node for s in setup.schedule[:start]], minlength=roles.nodes), default=0
+    )
     checksums: list[int] = []
     stopped = False
-    for c, cluster in enumerate(cluster_steps(setup.schedule[start:], nodes=roles.nodes,
-                                              ranks_per_node=roles.per_node), start=first_cluster):
+    for c, cluster in enumerate(
+        cluster_steps(setup.schedule[start:], nodes=roles.nodes, ranks_per_node=roles.per_node), start=first_cluster
+    ):
         step = cluster[roles.node]
         row = None
         reduce = group.reduce if group is not None else None
@@ -194,8 +234,7 @@ def run_drafter_rank(setup: Any, comm_device: torch.device) -> Optional[dict[str
         if step is not None:
             t0 = time.perf_counter()
             # gloo on a GPU run (ranks sharing a GPU): staged through the host, moved to the device in recv
-            got = link.recv(roles.target_process(step.rank), step=step.step, last_loss=last_loss,
-                            device=setup.device)
+            got = link.recv(roles.target_process(step.rank), step=step.step, last_loss=last_loss, device=setup.device)
             assert got is not None, f"target rank {step.rank} ended its stream before step {step.step}"
             batch, feats, meta = got
             setup.stop.note(link.last_stop)  # a target rank's signal reaches its drafter with its batch
@@ -207,18 +246,34 @@ def run_drafter_rank(setup: Any, comm_device: torch.device) -> Optional[dict[str
             loss, d_s = runner.drafter_step(batch, feats, step=step.step, epoch=step.epoch, reduce=reduce)
             last_loss = loss
             t = time.perf_counter() - t_start - paused
-            row = step_row(step, batch, target_s=t_ns / 1e9, credit_s=credit_ns / 1e9, wait_s=wait_s,
-                           drafter_s=d_s, loss=loss, t=t, runner=runner, target_cpu_s=t_cpu_ns / 1e9,
-                           compile_s=compile_ns / 1e9, stage_s=stage_ns / 1e9, checkpoint_s=ck_s,
-                           transport=(link.last_transfer_s, link.last_bytes))
+            row = step_row(
+                step,
+                batch,
+                target_s=t_ns / 1e9,
+                credit_s=credit_ns / 1e9,
+                wait_s=wait_s,
+                drafter_s=d_s,
+                loss=loss,
+                t=t,
+                runner=runner,
+                target_cpu_s=t_cpu_ns / 1e9,
+                compile_s=compile_ns / 1e9,
+                stage_s=stage_ns / 1e9,
+                checkpoint_s=ck_s,
+                transport=(link.last_transfer_s, link.last_bytes),
+            )
         else:
             assert reduce is not None, "one node: every step has its batch"
             runner.drafter_idle_step(reduce=reduce)
         rows = [row]
         if group is not None:
             if row is not None:
-                row.update(node=roles.node, cluster_step=c, allreduce_s=round(group.last_allreduce_s, 6),
-                           cluster_wait_s=round(group.last_wait_s, 6))
+                row.update(
+                    node=roles.node,
+                    cluster_step=c,
+                    allreduce_s=round(group.last_allreduce_s, 6),
+                    cluster_wait_s=round(group.last_wait_s, 6),
+                )
             # a stop signal of any drafter (or of its target ranks) travels with the rows: all stop alike
             shared = group.share(row, weights_checksum(runner.drafter), (peak, setup.stop.signum), step=c)
             t = time.perf_counter() - t_start - paused  # the cluster step ends for every node here
@@ -272,11 +327,17 @@ def run_drafter_rank(setup: Any, comm_device: torch.device) -> Optional[dict[str
     if rec is not None:
         if timed:
             target_start, target_end = target_points
-            ref = reference.record(p, {**target_start, **ref_start}, {**target_end, **ref_end},
-                                   seconds=ref_s + end_s)
-        summary = setup.finish(runner, rec, setup.schedule.sampler_states(len(setup.schedule)),
-                          resumed_from=resumed_from, kernels=kernels, ref=ref, target_peak=target_peak or None,
-                          checksums=checksums or None)
+            ref = reference.record(p, {**target_start, **ref_start}, {**target_end, **ref_end}, seconds=ref_s + end_s)
+        summary = setup.finish(
+            runner,
+            rec,
+            setup.schedule.sampler_states(len(setup.schedule)),
+            resumed_from=resumed_from,
+            kernels=kernels,
+            ref=ref,
+            target_peak=target_peak or None,
+            checksums=checksums or None,
+        )
     link.close()
     return summary
 

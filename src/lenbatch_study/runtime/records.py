@@ -108,11 +108,22 @@ class Recorder:
     def log_sha256(self) -> str:
         return self.sha.hexdigest()
 
-    def summary(self, *, params: Params, strategy: str, warmup: int, world_size: int,
-                target_ranks: int, resumed_from: Optional[int], total_steps: int,
-                machine: Optional[dict[str, Any]] = None, reference: Optional[dict[str, Any]] = None,
-                device: Optional[dict[str, Any]] = None, nodes: int = 1,
-                weights_checksums: Optional[list[int]] = None) -> dict[str, Any]:
+    def summary(
+        self,
+        *,
+        params: Params,
+        strategy: str,
+        warmup: int,
+        world_size: int,
+        target_ranks: int,
+        resumed_from: Optional[int],
+        total_steps: int,
+        machine: Optional[dict[str, Any]] = None,
+        reference: Optional[dict[str, Any]] = None,
+        device: Optional[dict[str, Any]] = None,
+        nodes: int = 1,
+        weights_checksums: Optional[list[int]] = None,
+    ) -> dict[str, Any]:
         """Post-warm-up pipeline throughput + whole-run padding efficiency and loss curve.
 
         Throughput = useful tokens of the measured steps / their wall seconds, where the measured steps are
@@ -133,7 +144,7 @@ class Recorder:
         ``per_node`` (each node's measured useful tokens and their rate over the common wall time: the
         useful_tokens_per_s of the run is their sum), ``allreduce_s_mean`` / ``cluster_wait_s_mean`` and
         ``weights_checksums`` (each drafter's after the last step: equal, or the run would have stopped)."""
-        rows, session = self.rows, self.rows[self.session_start:]
+        rows, session = self.rows, self.rows[self.session_start :]
         measured, wall = [], 0.0
         for part in _sessions(rows):
             if nodes > 1:
@@ -153,30 +164,42 @@ class Recorder:
         useful = sum(r["useful_tokens"] for r in rows)
         computed = sum(r["computed_tokens"] for r in rows)
         stride = max(1, -(-len(rows) // LOSS_CURVE_POINTS))
-        tail = rows[-max(1, min(20, len(rows) // 10)):] if rows else []
+        tail = rows[-max(1, min(20, len(rows) // 10)) :] if rows else []
 
         def mean(key: str, src: list[dict[str, Any]]) -> Optional[float]:
             return float(np.mean([r[key] for r in src])) if src else None
 
         return {
-            "strategy": strategy, "world_size": world_size, "target_ranks": target_ranks,
-            "steps": len(rows), "planned_steps": total_steps, "epochs": (rows[-1]["epoch"] + 1) if rows else 0,
-            "useful_tokens": useful, "computed_tokens": computed,
+            "strategy": strategy,
+            "world_size": world_size,
+            "target_ranks": target_ranks,
+            "steps": len(rows),
+            "planned_steps": total_steps,
+            "epochs": (rows[-1]["epoch"] + 1) if rows else 0,
+            "useful_tokens": useful,
+            "computed_tokens": computed,
             "padding_efficiency": useful / computed if computed else None,
-            "warmup_steps_excluded": len(rows) - len(measured), "measured_steps": len(measured),
+            "warmup_steps_excluded": len(rows) - len(measured),
+            "measured_steps": len(measured),
             "sessions": len(_sessions(rows)),
-            "measured_wall_s": wall, "measured_useful_tokens": useful_m, "measured_computed_tokens": computed_m,
+            "measured_wall_s": wall,
+            "measured_useful_tokens": useful_m,
+            "measured_computed_tokens": computed_m,
             "useful_tokens_per_s": useful_m / wall if wall else None,
             "computed_tokens_per_s": computed_m / wall if wall else None,
             "measured_padding_efficiency": useful_m / computed_m if computed_m else None,
             "session_wall_s": max(r["t"] for r in session) if session else 0.0,  # "t": from the session start
-            "target_s_mean": mean("target_s", measured), "drafter_s_mean": mean("drafter_s", measured),
-            "queue_wait_s_mean": mean("queue_wait_s", measured), "credit_wait_s_mean": mean("credit_wait_s", measured),
+            "target_s_mean": mean("target_s", measured),
+            "drafter_s_mean": mean("drafter_s", measured),
+            "queue_wait_s_mean": mean("queue_wait_s", measured),
+            "credit_wait_s_mean": mean("credit_wait_s", measured),
             "target_s_total": float(sum(r["target_s"] for r in measured)),
             "drafter_s_total": float(sum(r["drafter_s"] for r in measured)),
             "threads": params.train.threads,
-            **{f"{role}_cpu_share": _none_if_nan(steps_cpu_share(measured, role, threads=params.train.threads))
-               for role in ("target", "drafter")},
+            **{
+                f"{role}_cpu_share": _none_if_nan(steps_cpu_share(measured, role, threads=params.train.threads))
+                for role in ("target", "drafter")
+            },
             "loss_curve": [[r["step"], r["loss"]] for r in rows[::stride]],
             "loss_curve_stride": stride,
             "first_loss": rows[0]["loss"] if rows else None,
@@ -196,8 +219,10 @@ class Recorder:
             # may mix them with single-process ones, which have none)
             "stage_s_mean": mean("stage_s", measured) if measured and all("stage_s" in r for r in measured) else None,
             # the features' transport to the drafter rank (pipelined runs recorded since it was measured)
-            **{f"{k}_mean": mean(k, measured) if measured and all(k in r for r in measured) else None
-               for k in ("transport_s", "transport_bytes")},
+            **{
+                f"{k}_mean": mean(k, measured) if measured and all(k in r for r in measured) else None
+                for k in ("transport_s", "transport_bytes")
+            },
             **(_nodes_summary(measured, wall, nodes, weights_checksums, mean) if nodes > 1 else {}),
             **(device or {}),
             "params": params.to_dict(),
@@ -207,18 +232,31 @@ class Recorder:
         self.fh.close()
 
 
-def _nodes_summary(measured: list[dict[str, Any]], wall: Optional[float], nodes: int,
-                   checksums: Optional[list[int]], mean: Any) -> dict[str, Any]:
+def _nodes_summary(
+    measured: list[dict[str, Any]], wall: Optional[float], nodes: int, checksums: Optional[list[int]], mean: Any
+) -> dict[str, Any]:
     """The multi-node part of the summary (:meth:`Recorder.summary`)."""
     per_node = []
     for k in range(nodes):
         mine = [r for r in measured if r["node"] == k]
         useful = sum(r["useful_tokens"] for r in mine)
-        per_node.append({"node": k, "measured_steps": len(mine), "measured_useful_tokens": useful,
-                         "useful_tokens_per_s": useful / wall if wall else None,
-                         "drafter_s_mean": mean("drafter_s", mine), "target_s_mean": mean("target_s", mine)})
-    return {"nodes": nodes, "per_node": per_node, "allreduce_s_mean": mean("allreduce_s", measured),
-            "cluster_wait_s_mean": mean("cluster_wait_s", measured), "weights_checksums": checksums}
+        per_node.append(
+            {
+                "node": k,
+                "measured_steps": len(mine),
+                "measured_useful_tokens": useful,
+                "useful_tokens_per_s": useful / wall if wall else None,
+                "drafter_s_mean": mean("drafter_s", mine),
+                "target_s_mean": mean("target_s", mine),
+            }
+        )
+    return {
+        "nodes": nodes,
+        "per_node": per_node,
+        "allreduce_s_mean": mean("allreduce_s", measured),
+        "cluster_wait_s_mean": mean("cluster_wait_s", measured),
+        "weights_checksums": checksums,
+    }
 
 
 def _sessions(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -235,10 +273,23 @@ def _none_if_nan(x: float) -> Optional[float]:
     return None if math.isnan(x) else x
 
 
-def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, wait_s: float, drafter_s: float,
-         loss: float, t: float, runner: StepRunner, target_cpu_s: float, compile_s: float = 0.0,
-         stage_s: Optional[float] = None, checkpoint_s: float = 0.0,
-         transport: Optional[tuple[float, int]] = None) -> dict[str, Any]:
+def step_row(
+    step: StepLike,
+    batch: Batch,
+    *,
+    target_s: float,
+    credit_s: float,
+    wait_s: float,
+    drafter_s: float,
+    loss: float,
+    t: float,
+    runner: StepRunner,
+    target_cpu_s: float,
+    compile_s: float = 0.0,
+    stage_s: Optional[float] = None,
+    checkpoint_s: float = 0.0,
+    transport: Optional[tuple[float, int]] = None,
+) -> dict[str, Any]:
     """One ``steps.jsonl`` line. ``compile_s``: Triton compile/autotune seconds inside the target step;
     ``stage_s``: the target rank's copy of the batch onto the data group's device (pipelined runs);
     ``transport``: (seconds, bytes) of the batch's transport to the drafter rank, its wait for the target's
@@ -250,19 +301,33 @@ def step_row(step: StepLike, batch: Batch, *, target_s: float, credit_s: float, 
     extra = {} if stage_s is None else {"stage_s": round(stage_s, 6)}
     if transport is not None:
         extra.update(transport_s=round(float(transport[0]), 6), transport_bytes=int(transport[1]))
-    return {"rank": step.rank, "step": step.step, "epoch": step.epoch, "sequences": batch.num_sequences,
-            "length": batch.shape_length, "useful_tokens": batch.useful_tokens,
-            "computed_tokens": batch.computed_tokens, "target_s": round(target_s, 6),
-            "credit_wait_s": round(credit_s, 6), "queue_wait_s": round(wait_s, 6), "drafter_s": round(drafter_s, 6),
-            "loss": loss, "t": round(t, 6), "batch_hash": batch_hash(step.indices),
-            "target_cpu_s": round(target_cpu_s, 6), "drafter_cpu_s": round(runner.last_cpu_s, 6),
-            "positions": out.positions if out else 0, "blocks": out.blocks if out else 0,
-            "sequences_without_anchor": out.sequences_without_anchor if out else 0,
-            "compile_s": round(compile_s, 6), "checkpoint_s": round(checkpoint_s, 6), **extra}
+    return {
+        "rank": step.rank,
+        "step": step.step,
+        "epoch": step.epoch,
+        "sequences": batch.num_sequences,
+        "length": batch.shape_length,
+        "useful_tokens": batch.useful_tokens,
+        "computed_tokens": batch.computed_tokens,
+        "target_s": round(target_s, 6),
+        "credit_wait_s": round(credit_s, 6),
+        "queue_wait_s": round(wait_s, 6),
+        "drafter_s": round(drafter_s, 6),
+        "loss": loss,
+        "t": round(t, 6),
+        "batch_hash": batch_hash(step.indices),
+        "target_cpu_s": round(target_cpu_s, 6),
+        "drafter_cpu_s": round(runner.last_cpu_s, 6),
+        "positions": out.positions if out else 0,
+        "blocks": out.blocks if out else 0,
+        "sequences_without_anchor": out.sequences_without_anchor if out else 0,
+        "compile_s": round(compile_s, 6),
+        "checkpoint_s": round(checkpoint_s, 6),
+        **extra,
+    }
 
 
-def progress_line(step: StepLike, total: int, loss: float, useful_done: int, t: float, *,
-                  target_ranks: int = 1) -> str:
+def progress_line(step: StepLike, total: int, loss: float, useful_done: int, t: float, *, target_ranks: int = 1) -> str:
     """The progress line of ``step`` (of ``total``), ``t`` seconds in. ``loss`` NaN: none known yet ("pending":
     in a pipelined run target rank 0 shows the drafter's last loss, which comes back a few steps late).
     ``target_ranks`` > 1: ``useful_done`` counts rank 0's own batches, and the rate scales them by the target
@@ -270,29 +335,43 @@ def progress_line(step: StepLike, total: int, loss: float, useful_done: int, t: 
     shown = "pending" if np.isnan(loss) else f"{loss:.4f}"
     where = "" if target_ranks == 1 else f" on target rank 0 of {target_ranks}"
     rate = f"{'~' if target_ranks > 1 else ''}{useful_done * target_ranks / max(t, 1e-9):.0f}"
-    return (f"step {step.step + 1}/{total} (epoch {step.epoch}): loss {shown}, {useful_done:,} useful tokens{where}, "
-            f"{t:.1f} s, {rate} useful tok/s")
+    return (
+        f"step {step.step + 1}/{total} (epoch {step.epoch}): loss {shown}, {useful_done:,} useful tokens{where}, "
+        f"{t:.1f} s, {rate} useful tok/s"
+    )
 
 
-def progress(step: StepLike, total: int, loss: float, useful_done: int, t: float, *,
-              target_ranks: int = 1) -> None:
+def progress(step: StepLike, total: int, loss: float, useful_done: int, t: float, *, target_ranks: int = 1) -> None:
     every = max(1, total // 20)
     if step.step % every == 0 or step.step == total - 1:
         log.info("%s", progress_line(step, total, loss, useful_done, t, target_ranks=target_ranks))
 
 
-def device_report(params: Params, *, lengths: Any, batches: list[Any], device: Any, world_size: int,
-                  kernels: dict[str, Any], target_peak: Optional[int]) -> dict[str, Any]:
+def device_report(
+    params: Params,
+    *,
+    lengths: Any,
+    batches: list[Any],
+    device: Any,
+    world_size: int,
+    kernels: dict[str, Any],
+    target_peak: Optional[int],
+) -> dict[str, Any]:
     """What a run ran and held: the target's kernels and Triton compile seconds (``kernels``:
     :meth:`StepRunner.kernel_report`), peak device memory per role (bytes; None on CPU) against
     :mod:`lenbatch_study.models.memory`'s estimate for the plan's ``batches`` (index arrays into ``lengths``)."""
     from lenbatch_study.models.memory import plan_memory_shape, rank_memory
 
-    est_t, est_d = rank_memory(params, **plan_memory_shape(params, lengths, batches),
-                               host_queue=device.type == "cuda" and ranks_per_device(world_size) > 1)
-    return {"kernel_backend": kernels,
-            "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(device)},
-            "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total}}
+    est_t, est_d = rank_memory(
+        params,
+        **plan_memory_shape(params, lengths, batches),
+        host_queue=device.type == "cuda" and ranks_per_device(world_size) > 1,
+    )
+    return {
+        "kernel_backend": kernels,
+        "peak_memory_bytes": {"target": target_peak, "drafter": peak_memory_bytes(device)},
+        "memory_estimate_bytes": {"target": est_t.total, "drafter": est_d.total},
+    }
 
 
 def log_summary(summary: dict[str, Any], path: Path, *, force: bool = False) -> None:
@@ -307,11 +386,27 @@ def log_summary(summary: dict[str, Any], path: Path, *, force: bool = False) -> 
             logger.propagate = False
         logger.setLevel(logging.INFO)
     tps = summary["useful_tokens_per_s"]
-    logger.info("%s: %d steps, %s useful tokens, padding efficiency %.3f, %s useful tok/s (post-warm-up), "
-                "final loss %.4f -> %s", summary["strategy"], summary["steps"], f"{summary['useful_tokens']:,}",
-                summary["padding_efficiency"] or float("nan"), f"{tps:,.0f}" if tps else "n/a",
-                summary["final_loss"] or float("nan"), path)
+    logger.info(
+        "%s: %d steps, %s useful tokens, padding efficiency %.3f, %s useful tok/s (post-warm-up), "
+        "final loss %.4f -> %s",
+        summary["strategy"],
+        summary["steps"],
+        f"{summary['useful_tokens']:,}",
+        summary["padding_efficiency"] or float("nan"),
+        f"{tps:,.0f}" if tps else "n/a",
+        summary["final_loss"] or float("nan"),
+        path,
+    )
 
 
-__all__ = ["LOSS_CURVE_POINTS", "Recorder", "batch_hash", "device_report", "log_summary", "progress", "progress_line",
-           "resumed_log", "step_row"]
+__all__ = [
+    "LOSS_CURVE_POINTS",
+    "Recorder",
+    "batch_hash",
+    "device_report",
+    "log_summary",
+    "progress",
+    "progress_line",
+    "resumed_log",
+    "step_row",
+]

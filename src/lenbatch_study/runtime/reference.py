@@ -51,7 +51,7 @@ from lenbatch.loading.collate import Batch, collate
 from lenbatch_study.runtime.synthetic import synthetic_sequences
 
 REFERENCE_LENGTH = 512  # tokens per sequence (at most data.max_len)
-BUDGET_SHARE = 8        # the batch holds token_budget // BUDGET_SHARE tokens (rounded down to whole sequences)
+BUDGET_SHARE = 8  # the batch holds token_budget // BUDGET_SHARE tokens (rounded down to whole sequences)
 REFERENCE_SEED = 20_251_130
 WARMUP = 1
 REPEATS = 3
@@ -68,8 +68,9 @@ def reference_shape(params: Params) -> dict[str, Any]:
 def reference_batch(params: Params) -> Batch:
     """The reference batch: ``sequences`` synthetic samples of ``length`` tokens, padded layout."""
     shape = reference_shape(params)
-    seqs = synthetic_sequences(np.full(shape["sequences"], shape["length"]), vocab_size=params.model.vocab_size,
-                               seed=REFERENCE_SEED)
+    seqs = synthetic_sequences(
+        np.full(shape["sequences"], shape["length"]), vocab_size=params.model.vocab_size, seed=REFERENCE_SEED
+    )
     return collate(seqs, layout="padded", spec=batch_spec(params))
 
 
@@ -98,17 +99,24 @@ def _drafter_once(runner: Any, batch: Batch, features: torch.Tensor) -> None:
     """The drafter step's forward and backward (:meth:`lenbatch_study.runtime.runner.StepRunner.drafter_step`)
     without clipping or the optimizer update; the gradients are dropped."""
     p = runner.params
-    anchors, valid = runner.drafter.anchors_for(batch, anchors_per_seq=p.drafter.anchors_per_seq,
-                                                seed=p.batching.seed, epoch=0, step=0)
-    with torch.autocast(runner.device.type, dtype=runner.compute_dtype,
-                        enabled=runner.compute_dtype != torch.float32):
+    anchors, valid = runner.drafter.anchors_for(
+        batch, anchors_per_seq=p.drafter.anchors_per_seq, seed=p.batching.seed, epoch=0, step=0
+    )
+    with torch.autocast(runner.device.type, dtype=runner.compute_dtype, enabled=runner.compute_dtype != torch.float32):
         out = runner.drafter(features, batch, anchors, valid, embed_tokens=runner.embed_tokens, lm_head=runner.lm_head)
     out.loss.backward()
     runner.drafter.zero_grad(set_to_none=True)
 
 
-def time_role(runner: Any, role: str, batch: Batch, features: Optional[torch.Tensor], *, warmup: int = WARMUP,
-              repeats: int = REPEATS) -> tuple[list[float], list[float]]:
+def time_role(
+    runner: Any,
+    role: str,
+    batch: Batch,
+    features: Optional[torch.Tensor],
+    *,
+    warmup: int = WARMUP,
+    repeats: int = REPEATS,
+) -> tuple[list[float], list[float]]:
     """Wall and process CPU seconds of ``repeats`` reference steps of ``role`` after ``warmup`` untimed ones."""
     assert role in ROLES, role
     assert (runner.target if role == "target" else runner.drafter) is not None, f"this runner has no {role}"
@@ -127,8 +135,9 @@ def time_role(runner: Any, role: str, batch: Batch, features: Optional[torch.Ten
     return secs, cpus
 
 
-def measure(runner: Any, params: Params, *, roles: tuple[str, ...],
-            wait: Optional[Callable[[], Any]] = None) -> tuple[dict[str, dict[str, list[float]]], float]:
+def measure(
+    runner: Any, params: Params, *, roles: tuple[str, ...], wait: Optional[Callable[[], Any]] = None
+) -> tuple[dict[str, dict[str, list[float]]], float]:
     """One reference point: ``({role: {"seconds": [...], "cpu_seconds": [...]}}`` for each of ``roles``
     this process times, the wall seconds the point added)``.
 
@@ -153,19 +162,26 @@ def measure(runner: Any, params: Params, *, roles: tuple[str, ...],
     return out, time.perf_counter() - t0
 
 
-def record(params: Params, start: dict[str, dict[str, list[float]]], end: dict[str, dict[str, list[float]]], *,
-           seconds: float) -> dict[str, Any]:
+def record(
+    params: Params, start: dict[str, dict[str, list[float]]], end: dict[str, dict[str, list[float]]], *, seconds: float
+) -> dict[str, Any]:
     """The ``reference`` entry of grid.json / summary.json from the start and end points (module doc);
     ``seconds``: the wall time both points added (:func:`measure`'s second value, summed)."""
     assert set(start) == set(end), (sorted(start), sorted(end))
-    rec: dict[str, Any] = {"shape": reference_shape(params), "warmup": WARMUP, "repeats": REPEATS,
-                           "seconds": round(float(seconds), 6)}
+    rec: dict[str, Any] = {
+        "shape": reference_shape(params),
+        "warmup": WARMUP,
+        "repeats": REPEATS,
+        "seconds": round(float(seconds), 6),
+    }
     for role in ROLES:
         if role in start:
-            rec[role] = {"start": [round(x, 6) for x in start[role]["seconds"]],
-                         "end": [round(x, 6) for x in end[role]["seconds"]],
-                         "start_cpu": [round(x, 6) for x in start[role]["cpu_seconds"]],
-                         "end_cpu": [round(x, 6) for x in end[role]["cpu_seconds"]]}
+            rec[role] = {
+                "start": [round(x, 6) for x in start[role]["seconds"]],
+                "end": [round(x, 6) for x in end[role]["seconds"]],
+                "start_cpu": [round(x, 6) for x in start[role]["cpu_seconds"]],
+                "end_cpu": [round(x, 6) for x in end[role]["cpu_seconds"]],
+            }
     return rec
 
 

@@ -14,8 +14,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lenbatch_study.core.log import get_logger
-from lenbatch_study.runtime.checkpoint import (RunShapeError, check_shape, load_checkpoint, peek_fingerprint, restore,
-                                               start_fresh, summary_problem)
+from lenbatch_study.runtime.checkpoint import (
+    RunShapeError,
+    check_shape,
+    load_checkpoint,
+    peek_fingerprint,
+    restore,
+    start_fresh,
+    summary_problem,
+)
 from lenbatch_study.runtime.records import resumed_log
 
 log = get_logger("train")
@@ -40,8 +47,9 @@ def set_aside_and_start_afresh(setup: Any, err: ValueError) -> None:
     setup.resume = False
 
 
-def resume_point(setup: Any, runner: Any
-                  ) -> tuple[int, Optional[list[Any]], Optional[list[str]], Optional[dict[str, Any]]]:
+def resume_point(
+    setup: Any, runner: Any
+) -> tuple[int, Optional[list[Any]], Optional[list[str]], Optional[dict[str, Any]]]:
     """(start step, sampler states, kept log lines, checkpoint) of a resume on the writing rank, with ``runner``
     restored; (0, None, None, None) after setting aside a checkpoint it cannot resume. No checkpoint at all
     stays an error."""
@@ -51,8 +59,10 @@ def resume_point(setup: Any, runner: Any
         setup.schedule.check_sampler_states(ck["samplers"], int(ck["step"]))
         torn = summary_problem(setup.summary) if int(ck["step"]) >= len(setup.schedule) else None
         if torn:
-            raise ValueError(f"it is at the last planned step but {torn} (the run was killed before writing it), "
-                             "so its throughput was never recorded")
+            raise ValueError(
+                f"it is at the last planned step but {torn} (the run was killed before writing it), "
+                "so its throughput was never recorded"
+            )
         restore(runner, ck, path=setup.checkpoint)  # checks every tensor fits before loading one
     except RunShapeError:  # the checkpoint is good, the setting is the mistake: refused, never set aside
         raise
@@ -65,8 +75,13 @@ def resume_point(setup: Any, runner: Any
 
 
 def load_run_checkpoint(setup: Any) -> dict[str, Any]:
-    return load_checkpoint(setup.checkpoint, setup.fp, total_steps=len(setup.schedule),
-                           checkpoint_every=setup.params.train.checkpoint_every, final=setup.final)
+    return load_checkpoint(
+        setup.checkpoint,
+        setup.fp,
+        total_steps=len(setup.schedule),
+        checkpoint_every=setup.params.train.checkpoint_every,
+        final=setup.final,
+    )
 
 
 def check_resume_shape(out: Path, params: Any, *, checkpoint: str) -> None:
@@ -78,12 +93,12 @@ def check_resume_shape(out: Path, params: Any, *, checkpoint: str) -> None:
     work = partial_dir(out) if (partial_dir(out) / checkpoint).exists() else out
     saved = peek_fingerprint(work / checkpoint)
     if saved is not None:
-        check_shape(saved, {"nproc": params.train.nproc, "nodes": params.train.nodes}, work / checkpoint,
-                    work=work, final=out)
+        check_shape(
+            saved, {"nproc": params.train.nproc, "nodes": params.train.nodes}, work / checkpoint, work=work, final=out
+        )
 
 
-def share_resume(setup: Any, runner: Optional[Any]
-                  ) -> tuple[int, Optional[list[Any]], Optional[list[str]]]:
+def share_resume(setup: Any, runner: Optional[Any]) -> tuple[int, Optional[list[Any]], Optional[list[str]]]:
     """The writing drafter rank (node 0's) loads and checks the checkpoint and the log it extends, and tells
     every rank the start step and sampler states; on several nodes it sends the restored state to the other
     drafters, so every drafter resumes the same weights. Returns (start, sampler states, kept log lines on
@@ -112,5 +127,11 @@ def share_resume(setup: Any, runner: Optional[Any]
     return payload[0]["step"], payload[0]["samplers"], kept
 
 
-__all__ = ["check_resume_shape", "load_run_checkpoint", "partial_dir",
-           "resume_point", "set_aside_and_start_afresh", "share_resume"]
+__all__ = [
+    "check_resume_shape",
+    "load_run_checkpoint",
+    "partial_dir",
+    "resume_point",
+    "set_aside_and_start_afresh",
+    "share_resume",
+]

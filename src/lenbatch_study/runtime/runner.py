@@ -60,8 +60,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         if os.environ.get(SHARE_GPU_ENV) == "1":
             return torch.device("cuda", local_rank % torch.cuda.device_count())
         if local_rank >= torch.cuda.device_count():
-            raise ValueError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); start at "
-                             "most as many processes per node as GPUs (train.nproc / --nproc_per_node)")
+            raise ValueError(
+                f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); start at "
+                "most as many processes per node as GPUs (train.nproc / --nproc_per_node)"
+            )
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
@@ -132,16 +134,22 @@ def check_world(*, nproc: int, nodes: int, under_torchrun: bool, world: int) -> 
     node's processes. Handed the two numbers, not the params: the profile, which imports this module, reads
     neither."""
     if not under_torchrun and nproc * nodes > 1:
-        raise ValueError(f"train.nproc is {nproc} and train.nodes {nodes}: start this under torchrun "
-                         f"(--nproc_per_node {nproc} --nnodes {nodes}); 'lenbatch train' does that for you")
+        raise ValueError(
+            f"train.nproc is {nproc} and train.nodes {nodes}: start this under torchrun "
+            f"(--nproc_per_node {nproc} --nnodes {nodes}); 'lenbatch train' does that for you"
+        )
     if under_torchrun and world != nproc * nodes:
-        raise ValueError(f"torchrun started {world} processes but train.nproc is {nproc} and train.nodes {nodes}: "
-                         f"the roles ({nproc - 1} target ranks + 1 drafter rank per node) do not fit; launch with "
-                         f"--nproc_per_node {nproc} --nnodes {nodes} or set train.nproc x train.nodes to {world}")
+        raise ValueError(
+            f"torchrun started {world} processes but train.nproc is {nproc} and train.nodes {nodes}: "
+            f"the roles ({nproc - 1} target ranks + 1 drafter rank per node) do not fit; launch with "
+            f"--nproc_per_node {nproc} --nnodes {nodes} or set train.nproc x train.nodes to {world}"
+        )
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if under_torchrun and nodes > 1 and local_world not in (nproc, world):
-        raise ValueError(f"torchrun started {local_world} processes on this node but train.nproc is {nproc}: a node "
-                         f"of train.nodes={nodes} runs --nproc_per_node {nproc}")
+        raise ValueError(
+            f"torchrun started {local_world} processes on this node but train.nproc is {nproc}: a node "
+            f"of train.nodes={nodes} runs --nproc_per_node {nproc}"
+        )
 
 
 class StepRunner:
@@ -175,8 +183,9 @@ class StepRunner:
         self.kernels: Optional[dict] = None
         self.meter = None
         if role != "drafter":
-            self.kernels = select_kernels(params.train.kernels, device=self.device,
-                                          dtype=target_model.DTYPES[params.model.dtype])
+            self.kernels = select_kernels(
+                params.train.kernels, device=self.device, dtype=target_model.DTYPES[params.model.dtype]
+            )
             self.meter = compile_meter()
         self.warmup_compile_s = 0.0
         self.warmup_tokens: Optional[tuple[int, int]] = None  # set where the kernels are warmed
@@ -221,9 +230,13 @@ class StepRunner:
         Triton compile seconds of :meth:`warm_kernels` and whether the compile meter was on: the run
         summary's ``device.kernel_backend``."""
         assert self.kernels is not None, "built as the drafter alone (role='drafter'): no kernels of its own"
-        return dict(self.kernels, warmup_compile_s=self.warmup_compile_s, compile_meter=self.meter.active,
-                    warmup_tokens=list(self.warmup_tokens) if self.warmup_tokens else None,
-                    autotune_choices=self.autotune_choices)
+        return dict(
+            self.kernels,
+            warmup_compile_s=self.warmup_compile_s,
+            compile_meter=self.meter.active,
+            warmup_tokens=list(self.warmup_tokens) if self.warmup_tokens else None,
+            autotune_choices=self.autotune_choices,
+        )
 
     def target_step(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """Features ``[B, T, F]`` of ``batch`` (padded or packed) and the seconds the forward took."""
@@ -240,8 +253,15 @@ class StepRunner:
         self.last_compile_s = self.meter.seconds - k0
         return feats, time.perf_counter() - t0
 
-    def drafter_step(self, batch: Batch, features: torch.Tensor, *, step: Optional[int] = None,
-                     epoch: int = 0, reduce: Optional[Callable[[float], Any]] = None) -> tuple[float, float]:
+    def drafter_step(
+        self,
+        batch: Batch,
+        features: torch.Tensor,
+        *,
+        step: Optional[int] = None,
+        epoch: int = 0,
+        reduce: Optional[Callable[[float], Any]] = None,
+    ) -> tuple[float, float]:
         """One AdamW step of the drafter on ``batch``; returns (loss, seconds).
 
         ``reduce`` (several drafters training one model): called after the backward with the loss's weight
@@ -257,12 +277,11 @@ class StepRunner:
             features = features.clone()
         _sync(self.device)
         t0, c0 = time.perf_counter(), time.process_time()
-        anchors, valid = self.drafter.anchors_for(batch, anchors_per_seq=p.drafter.anchors_per_seq,
-                                                  seed=p.batching.seed, epoch=epoch, step=step)
-        with torch.autocast(self.device.type, dtype=self.compute_dtype,
-                            enabled=self.compute_dtype != torch.float32):
-            out = self.drafter(features, batch, anchors, valid, embed_tokens=self.embed_tokens,
-                               lm_head=self.lm_head)
+        anchors, valid = self.drafter.anchors_for(
+            batch, anchors_per_seq=p.drafter.anchors_per_seq, seed=p.batching.seed, epoch=epoch, step=step
+        )
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
+            out = self.drafter(features, batch, anchors, valid, embed_tokens=self.embed_tokens, lm_head=self.lm_head)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         reduce_s = self._reduce(reduce, out.weight_sum)
@@ -334,8 +353,11 @@ def init_process_group(device: torch.device, world: int) -> torch.device:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda" and ranks_per_device(world) > 1:
         backend = "gloo"
-        log.info("%d ranks share each GPU (%s=1): gloo through host memory instead of NCCL", ranks_per_device(world),
-                 SHARE_GPU_ENV)
+        log.info(
+            "%d ranks share each GPU (%s=1): gloo through host memory instead of NCCL",
+            ranks_per_device(world),
+            SHARE_GPU_ENV,
+        )
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend)
@@ -345,10 +367,26 @@ def init_process_group(device: torch.device, world: int) -> torch.device:
 def torchrun_world() -> tuple[bool, int, int]:
     """(started by torchrun, world size, rank) from the environment torchrun sets (RANK, WORLD_SIZE)."""
     under = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    return under, (int(os.environ.get("WORLD_SIZE", "1")) if under else 1), (int(os.environ.get("RANK", "0"))
-                                                                            if under else 0)
+    return (
+        under,
+        (int(os.environ.get("WORLD_SIZE", "1")) if under else 1),
+        (int(os.environ.get("RANK", "0")) if under else 0),
+    )
 
 
-__all__ = ["ALLOC_CONF", "WARMUP_TOKENS", "SHARE_GPU_ENV", "Roles", "StepRunner", "check_world", "configure_process",
-           "init_process_group", "peak_memory_bytes", "ranks_per_device", "resolve_device", "torchrun_world", "warm_target",
-           "warmup_tokens"]
+__all__ = [
+    "ALLOC_CONF",
+    "WARMUP_TOKENS",
+    "SHARE_GPU_ENV",
+    "Roles",
+    "StepRunner",
+    "check_world",
+    "configure_process",
+    "init_process_group",
+    "peak_memory_bytes",
+    "ranks_per_device",
+    "resolve_device",
+    "torchrun_world",
+    "warm_target",
+    "warmup_tokens",
+]

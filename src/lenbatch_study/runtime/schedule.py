@@ -42,10 +42,10 @@ from lenbatch_study.core.batchspec import batch_spec, batch_strategy
 
 @dataclass(frozen=True)
 class ScheduledStep:
-    step: int       # global step (drafter optimizer step)
+    step: int  # global step (drafter optimizer step)
     epoch: int
-    rank: int       # target rank that computes it
-    local: int      # index of the batch in that rank's epoch plan
+    rank: int  # target rank that computes it
+    local: int  # index of the batch in that rank's epoch plan
     indices: np.ndarray
     useful: int
 
@@ -60,8 +60,9 @@ def round_robin(plans: list[Any]) -> Iterator[tuple[int, int, np.ndarray]]:
             yield r, local, np.asarray(plans[r][local], dtype=np.int64)
 
 
-def epoch_steps(lengths: np.ndarray, *, strategy: "str | Strategy", spec: BatchSpec, target_ranks: int,
-                epoch: int) -> Iterator[tuple[int, int, np.ndarray]]:
+def epoch_steps(
+    lengths: np.ndarray, *, strategy: "str | Strategy", spec: BatchSpec, target_ranks: int, epoch: int
+) -> Iterator[tuple[int, int, np.ndarray]]:
     """(rank, local, indices) of one epoch's global steps (planned once for all target ranks)."""
     return round_robin(plan_epoch_all(lengths, strategy=strategy, epoch=epoch, world_size=target_ranks, spec=spec))
 
@@ -69,8 +70,15 @@ def epoch_steps(lengths: np.ndarray, *, strategy: "str | Strategy", spec: BatchS
 class Schedule(list):
     """Every global step of a run (a ``list`` of :class:`ScheduledStep`), with what made it."""
 
-    def __init__(self, steps: list[ScheduledStep], *, lengths: np.ndarray, strategy: "str | Strategy",
-                 spec: BatchSpec, target_ranks: int) -> None:
+    def __init__(
+        self,
+        steps: list[ScheduledStep],
+        *,
+        lengths: np.ndarray,
+        strategy: "str | Strategy",
+        spec: BatchSpec,
+        target_ranks: int,
+    ) -> None:
         super().__init__(steps)
         self.plan_strategy = Strategy.of(strategy)
         self.strategy = self.plan_strategy.name
@@ -85,10 +93,17 @@ class Schedule(list):
         last: dict[int, ScheduledStep] = {}
         for s in self[:done]:
             last[s.rank] = s
-        return [sampler_state(epoch=last[r].epoch if r in last else 0,
-                              position=last[r].local + 1 if r in last else 0, world_size=self.target_ranks,
-                              rank=r, fingerprint=self.fingerprint, strategy=self.strategy)
-                for r in range(self.target_ranks)]
+        return [
+            sampler_state(
+                epoch=last[r].epoch if r in last else 0,
+                position=last[r].local + 1 if r in last else 0,
+                world_size=self.target_ranks,
+                rank=r,
+                fingerprint=self.fingerprint,
+                strategy=self.strategy,
+            )
+            for r in range(self.target_ranks)
+        ]
 
     def check_sampler_states(self, states: Any, done: int) -> None:
         """``ValueError`` when a checkpoint's sampler states are not the schedule's after ``done`` steps
@@ -99,9 +114,11 @@ class Schedule(list):
             if r < len(states) and states[r] == want:
                 continue
             step = next((s.step for s in self[done:] if s.rank == r), done)
-            raise ValueError(f"the checkpoint's sampler state (rank {r}) does not give the planned batch "
-                             f"of step {step}: the data, the planning code or the checkpoint changed since it "
-                             "was written; run without --resume to start afresh")
+            raise ValueError(
+                f"the checkpoint's sampler state (rank {r}) does not give the planned batch "
+                f"of step {step}: the data, the planning code or the checkpoint changed since it "
+                "was written; run without --resume to start afresh"
+            )
 
 
 def node_of(target_rank: int, *, ranks_per_node: int) -> int:
@@ -109,8 +126,9 @@ def node_of(target_rank: int, *, ranks_per_node: int) -> int:
     return int(target_rank) // int(ranks_per_node)
 
 
-def cluster_steps(steps: Sequence[ScheduledStep], *, nodes: int,
-                  ranks_per_node: int) -> list[list[Optional[ScheduledStep]]]:
+def cluster_steps(
+    steps: Sequence[ScheduledStep], *, nodes: int, ranks_per_node: int
+) -> list[list[Optional[ScheduledStep]]]:
     """The cluster steps of ``steps`` (a schedule or its tail from a round boundary): entry ``c`` holds, per
     node, that node's ``c``-th step in schedule order (None for a node whose steps ran out: only in the last
     ``ranks_per_node`` cluster steps, which a stop inside a round leaves short). ``nodes = 1``: one step each,
@@ -126,9 +144,17 @@ def cluster_steps(steps: Sequence[ScheduledStep], *, nodes: int,
 _MAX_EPOCHS = 10_000
 
 
-def build_schedule(lengths: np.ndarray, *, strategy: "str | Strategy", target_ranks: int, spec: Optional[BatchSpec] = None,
-                   params: Any = None, edges: Any = None, useful_tokens: Optional[int] = None,
-                   max_steps: Optional[int] = None) -> Schedule:
+def build_schedule(
+    lengths: np.ndarray,
+    *,
+    strategy: "str | Strategy",
+    target_ranks: int,
+    spec: Optional[BatchSpec] = None,
+    params: Any = None,
+    edges: Any = None,
+    useful_tokens: Optional[int] = None,
+    max_steps: Optional[int] = None,
+) -> Schedule:
     """Every global step of the run: round-robin over target ranks, epochs 0, 1, ... until
     ``useful_tokens`` useful tokens (or ``max_steps`` steps). The limits come whole as ``spec`` or from
     ``params``, not both; ``strategy`` is a name (``edges`` beside it, kept for ``bucketed`` alone) or a
@@ -146,9 +172,11 @@ def build_schedule(lengths: np.ndarray, *, strategy: "str | Strategy", target_ra
     per_epoch = int(x.sum())  # every epoch trains every sample once
     if useful_tokens is not None and max_steps is None and useful_tokens > _MAX_EPOCHS * per_epoch:
         # refused before planning: the loop below would plan 10,000 epochs first
-        raise ValueError(f"useful_tokens (train.useful_tokens) is {useful_tokens:,}, more than {_MAX_EPOCHS:,} epochs "
-                         f"of these {x.size:,} samples ({per_epoch:,} useful tokens an epoch); lower it to at most "
-                         f"{_MAX_EPOCHS * per_epoch:,} or train on more data")
+        raise ValueError(
+            f"useful_tokens (train.useful_tokens) is {useful_tokens:,}, more than {_MAX_EPOCHS:,} epochs "
+            f"of these {x.size:,} samples ({per_epoch:,} useful tokens an epoch); lower it to at most "
+            f"{_MAX_EPOCHS * per_epoch:,} or train on more data"
+        )
     steps: list[ScheduledStep] = []
     done, epoch = 0, 0
     while True:
@@ -157,10 +185,13 @@ def build_schedule(lengths: np.ndarray, *, strategy: "str | Strategy", target_ra
             useful = int(x[idx].sum())
             steps.append(ScheduledStep(len(steps), epoch, r, local, idx, useful))
             done += useful
-            if (useful_tokens is not None and done >= useful_tokens) or (max_steps is not None
-                                                                          and len(steps) >= max_steps):
+            if (useful_tokens is not None and done >= useful_tokens) or (
+                max_steps is not None and len(steps) >= max_steps
+            ):
                 return Schedule(steps, lengths=x, strategy=strategy, spec=spec, target_ranks=target_ranks)
         epoch += 1
         if epoch > _MAX_EPOCHS:  # only with max_steps: useful_tokens beyond the bound is refused above
-            raise ValueError(f"the schedule reached {_MAX_EPOCHS:,} epochs before max_steps={max_steps:,} or "
-                             f"useful_tokens (train.useful_tokens); lower them")
+            raise ValueError(
+                f"the schedule reached {_MAX_EPOCHS:,} epochs before max_steps={max_steps:,} or "
+                f"useful_tokens (train.useful_tokens); lower them"
+            )

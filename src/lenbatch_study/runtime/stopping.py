@@ -99,8 +99,10 @@ def read_marker(path: Path) -> Optional[dict[str, Any]]:
 
 def stop_line(signal_name: str, step: int, checkpoint: Path) -> str:
     """The one log line of a stopped run."""
-    return (f"stopped on {signal_name} at step {step}, checkpoint written ({checkpoint}); rerun with --resume "
-            "to continue from it")
+    return (
+        f"stopped on {signal_name} at step {step}, checkpoint written ({checkpoint}); rerun with --resume "
+        "to continue from it"
+    )
 
 
 def stop_here(setup: Any, runner: Any, rec: Any, *, done: int, written: bool) -> None:
@@ -112,8 +114,14 @@ def stop_here(setup: Any, runner: Any, rec: Any, *, done: int, written: bool) ->
 
     ck = setup.checkpoint
     if not written:
-        save_checkpoint(ck, runner=runner, step=done, sampler_states=setup.schedule.sampler_states(done), fp=setup.fp,
-                        log_sha256=rec.log_sha256())
+        save_checkpoint(
+            ck,
+            runner=runner,
+            step=done,
+            sampler_states=setup.schedule.sampler_states(done),
+            fp=setup.fp,
+            log_sha256=rec.log_sha256(),
+        )
     rec.close()
     write_marker(setup.stop_marker, signal_name=setup.stop.name, step=done)
     log.warning("%s: %s", setup.strategy, stop_line(setup.stop.name, done, ck))
@@ -132,5 +140,13 @@ def agree_stopped(setup: Any, stopped: bool) -> bool:
     return setup.stopped
 
 
-__all__ = ["STOPPED_EXIT", "STOP_SIGNALS", "StopRequest", "agree_stopped", "read_marker", "stop_here",
-           "stop_line", "write_marker"]
+__all__ = [
+    "STOPPED_EXIT",
+    "STOP_SIGNALS",
+    "StopRequest",
+    "agree_stopped",
+    "read_marker",
+    "stop_here",
+    "stop_line",
+    "write_marker",
+]

@@ -121,8 +121,9 @@ class Channel:
         self.rendezvous = rendezvous_requested() if rendezvous is None else rendezvous
         control = dist.new_group(backend="gloo", timeout=timeout)
         self.groups = {"data": None, "control": control}  # None: the default group
-        self.ready = ({name: dist.new_group(backend="gloo", timeout=timeout) for name in self.groups}
-                      if self.rendezvous else {})
+        self.ready = (
+            {name: dist.new_group(backend="gloo", timeout=timeout) for name in self.groups} if self.rendezvous else {}
+        )
         self._readies: list[tuple[Any, torch.Tensor]] = []  # ready messages in flight (kept alive)
 
     def isend(self, tensor: torch.Tensor, dst: int, *, group: str) -> Any:
@@ -204,8 +205,20 @@ class TargetLink:
         stage_ns = int((time.perf_counter() - t0) * 1e9)
         self.last_bytes = sum(t.numel() * t.element_size() for t in tensors)
         self.last_stage_s = stage_ns / 1e9
-        header = torch.tensor([1 if batch.layout == "packed" else 0, B, T, batch.num_sequences, features.shape[-1],
-                               DTYPE_CODES[features.dtype], int(stop), *meta, stage_ns], dtype=torch.int64)
+        header = torch.tensor(
+            [
+                1 if batch.layout == "packed" else 0,
+                B,
+                T,
+                batch.num_sequences,
+                features.shape[-1],
+                DTYPE_CODES[features.dtype],
+                int(stop),
+                *meta,
+                stage_ns,
+            ],
+            dtype=torch.int64,
+        )
         assert header.numel() == HEADER_LEN, f"meta must hold {HEADER_LEN - 7} ints"
         credit = torch.zeros(3, dtype=torch.float64)
         # posted before the header: the drafter's credit send never waits for this rank (docstring, 2.)
@@ -249,8 +262,9 @@ class DrafterLink:
         self.last_transfer_s = 0.0
         self.last_bytes = 0
 
-    def recv(self, src: int, *, step: int, last_loss: float,
-             device: Optional[torch.device] = None) -> Optional[tuple[Batch, torch.Tensor, list[int]]]:
+    def recv(
+        self, src: int, *, step: int, last_loss: float, device: Optional[torch.device] = None
+    ) -> Optional[tuple[Batch, torch.Tensor, list[int]]]:
         import time
 
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
@@ -336,8 +350,7 @@ class DrafterGroup:
         assert self.module is not None, "set DrafterGroup.module to the trained drafter first"
         params = [p for p in self.module.parameters() if p.requires_grad]
         t0 = time.perf_counter()
-        meta = torch.tensor([float(weight)] + [1.0 if p.grad is not None else 0.0 for p in params],
-                            dtype=torch.float64)
+        meta = torch.tensor([float(weight)] + [1.0 if p.grad is not None else 0.0 for p in params], dtype=torch.float64)
         dist.all_reduce(meta, group=self.control)  # every drafter is here: the wait for the slowest node ends
         t1 = time.perf_counter()
         total = float(meta[0])
@@ -350,11 +363,12 @@ class DrafterGroup:
         offset = 0
         for p, has in zip(params, meta[1:].tolist()):
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone() if has > 0 else None
+            p.grad = flat[offset : offset + n].view_as(p).to(p.dtype).clone() if has > 0 else None
             offset += n
 
-    def share(self, row: Optional[dict[str, Any]], checksum: int, extra: Any = None, *,
-              step: int) -> list[tuple[Optional[dict[str, Any]], int, Any]]:
+    def share(
+        self, row: Optional[dict[str, Any]], checksum: int, extra: Any = None, *, step: int
+    ) -> list[tuple[Optional[dict[str, Any]], int, Any]]:
         """Every drafter's ``(row, checksum, extra)`` of cluster step ``step``, in node order; raises
         ``RuntimeError`` on every drafter when the weight checksums differ (the drafters no longer train
         one model)."""
@@ -364,8 +378,10 @@ class DrafterGroup:
         dist.all_gather_object(got, (row, int(checksum), extra), group=self.control)
         sums = [g[1] for g in got]
         if len(set(sums)) > 1:
-            raise RuntimeError(f"the drafter weights differ between the nodes after cluster step {step} "
-                               f"(checksums by node: {sums}): the data-parallel update diverged")
+            raise RuntimeError(
+                f"the drafter weights differ between the nodes after cluster step {step} "
+                f"(checksums by node: {sums}): the data-parallel update diverged"
+            )
         return got
 
     def broadcast(self, obj: Any) -> Any:
@@ -377,8 +393,9 @@ class DrafterGroup:
         return box[0]
 
 
-def batch_from_parts(layout: str, input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor,
-                     indices: torch.Tensor) -> Batch:
+def batch_from_parts(
+    layout: str, input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor, indices: torch.Tensor
+) -> Batch:
     """Rebuild a :class:`Batch` from its essential tensors (what travels between ranks).
 
     ``attention_mask``/``position_ids`` (padded) or ``position_ids``/``cu_seqlens``/``seq_index``
@@ -398,6 +415,14 @@ def batch_from_parts(layout: str, input_ids: torch.Tensor, loss_mask: torch.Tens
         cu[1:] = torch.cumsum(lengths, 0)
         seq_index = torch.repeat_interleave(torch.arange(lengths.numel(), device=dev), lengths)
         pos = torch.arange(T, dtype=torch.int64, device=dev) - cu[:-1][seq_index]
-        return Batch("packed", input_ids, loss_mask, pos[None], lengths, indices, cu_seqlens=cu.to(torch.int32),
-                     seq_index=seq_index[None])
+        return Batch(
+            "packed",
+            input_ids,
+            loss_mask,
+            pos[None],
+            lengths,
+            indices,
+            cu_seqlens=cu.to(torch.int32),
+            seq_index=seq_index[None],
+        )
     raise ValueError(f"unknown batch layout {layout!r}; use 'padded' or 'packed'")

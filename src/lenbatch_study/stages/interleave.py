@@ -77,8 +77,15 @@ import numpy as np
 from lenbatch_study.runtime.schedule import build_schedule
 from lenbatch.loading.collate import collate
 from lenbatch_study.core.log import get_logger
-from lenbatch_study.core.intervals import (INTERVAL_TARGET, PREDICTION_TARGET, half_width, ratio_intervals,
-                                           stop_reason, t_quantile, width_to_reach)
+from lenbatch_study.core.intervals import (
+    INTERVAL_TARGET,
+    PREDICTION_TARGET,
+    half_width,
+    ratio_intervals,
+    stop_reason,
+    t_quantile,
+    width_to_reach,
+)
 from lenbatch_study.core.config import Params
 from lenbatch_study.core.machine import fingerprint
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
@@ -131,13 +138,16 @@ def resolve_clock(clock: str, *, device_type: str, threads: int) -> str:
     up over threads). ``ValueError`` for ``cpu`` where it does not apply."""
     cpu_ok = device_type == "cpu" and threads == 1
     if clock == "cpu" and not cpu_ok:
-        raise ValueError(f"interleave.clock: cpu needs a CPU device and train.threads: 1 (got {device_type}, "
-                         f"{threads} threads); set interleave.clock: wall (or auto)")
+        raise ValueError(
+            f"interleave.clock: cpu needs a CPU device and train.threads: 1 (got {device_type}, "
+            f"{threads} threads); set interleave.clock: wall (or auto)"
+        )
     return clock if clock != "auto" else ("cpu" if cpu_ok else "wall")
 
 
-def projected_rounds(k: int, intervals: Optional[Mapping[str, Mapping[str, Any]]], *, rounds: int,
-                     max_rounds: int) -> int:
+def projected_rounds(
+    k: int, intervals: Optional[Mapping[str, Mapping[str, Any]]], *, rounds: int, max_rounds: int
+) -> int:
     """The rounds the run will take, judged after ``k`` rounds with these 95% intervals
     (:func:`lenbatch_study.core.intervals.ratio_intervals`; None before round 2): each log-ratio's interval is
     mean +- t_{K-1} s / sqrt(K), so s = half sqrt(k) / t_{k-1}; keeping every mean and s, the run ends at the
@@ -150,13 +160,19 @@ def projected_rounds(k: int, intervals: Optional[Mapping[str, Mapping[str, Any]]
     if k >= rounds and stop_reason(intervals) is not None:
         return k
     t_k = t_quantile(0.975, k - 1)
-    logs = {s: (math.log(float(v["ratio_to_sorted"])),
-                (math.log(v["ci95"][1]) - math.log(v["ci95"][0])) / 2 * math.sqrt(k) / t_k)
-            for s, v in intervals.items()}
+    logs = {
+        s: (
+            math.log(float(v["ratio_to_sorted"])),
+            (math.log(v["ci95"][1]) - math.log(v["ci95"][0])) / 2 * math.sqrt(k) / t_k,
+        )
+        for s, v in intervals.items()
+    }
     for n in range(max(k + 1, rounds), max_rounds + 1):
         half = {s: t_quantile(0.975, n - 1) * sd / math.sqrt(n) for s, (_, sd) in logs.items()}
-        ahead = {s: {"ratio_to_sorted": math.exp(m), "ci95": [math.exp(m - half[s]), math.exp(m + half[s])]}
-                 for s, (m, _) in logs.items()}
+        ahead = {
+            s: {"ratio_to_sorted": math.exp(m), "ci95": [math.exp(m - half[s]), math.exp(m + half[s])]}
+            for s, (m, _) in logs.items()
+        }
         if stop_reason(ahead) is not None:
             return n
     return max_rounds
@@ -170,9 +186,14 @@ def _inputs_key(params: Params, lengths: np.ndarray, edges: Any, clock: str) -> 
         path = getattr(sys.modules[name], "__file__", None)
         if path and path.endswith(".py"):
             code.update(name.encode() + b"\0" + Path(path).read_bytes())
-    doc = {"params": params.to_dict(), "lengths": hashlib.sha256(np.ascontiguousarray(lengths, np.int64)).hexdigest(),
-           "edges": list(map(int, edges)) if edges is not None else None, "clock": clock,
-           "machine": fingerprint(threads=params.train.threads)["id"], "code": code.hexdigest()}
+    doc = {
+        "params": params.to_dict(),
+        "lengths": hashlib.sha256(np.ascontiguousarray(lengths, np.int64)).hexdigest(),
+        "edges": list(map(int, edges)) if edges is not None else None,
+        "clock": clock,
+        "machine": fingerprint(threads=params.train.threads)["id"],
+        "code": code.hexdigest(),
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -193,8 +214,9 @@ def _load_partial(path: Optional[Path], key: str) -> Optional[dict[str, Any]]:
     return None
 
 
-def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path] = None,
-            partial: Optional[str | Path] = None) -> dict[str, Any]:
+def measure(
+    params: Params, *, data: str | Path, boundaries: Optional[str | Path] = None, partial: Optional[str | Path] = None
+) -> dict[str, Any]:
     """Time every strategy of ``train.strategies`` in turns (module doc); returns ``interleave.json``'s
     document. ``partial``: where the rounds are saved as they end, and continued from after an interruption
     (the same inputs only). ``ValueError`` when ``sorted`` (the baseline) is not among the strategies or
@@ -203,8 +225,10 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
 
     strategies = list(params.train.strategies)
     if "sorted" not in strategies:
-        raise ValueError("train.strategies lacks 'sorted', the baseline every interleaved ratio is taken to; "
-                         "add it to train.strategies")
+        raise ValueError(
+            "train.strategies lacks 'sorted', the baseline every interleaved ratio is taken to; "
+            "add it to train.strategies"
+        )
     il = params.interleave
     lengths = read_lengths(data)
     edges = edges_for(boundaries, strategies)
@@ -213,12 +237,27 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
     dataset = read_dataset(data, lengths)
     plan: dict[str, dict[str, Any]] = {}
     for s in strategies:
-        sched = build_schedule(lengths, strategy=s, params=params, edges=edges if s == "bucketed" else None,
-                               target_ranks=target_ranks, useful_tokens=params.train.useful_tokens)
-        picked = [sched[i] for i in segment_steps(len(sched), skip=params.train.warmup_steps, count=il.segment_steps,
-                                                  key=mean_lengths(lengths, [st.indices for st in sched]))]
-        batches = [collate(dataset.samples(st.indices), layout=sched.plan_strategy, spec=sched.spec,
-                           indices=st.indices) for st in picked]
+        sched = build_schedule(
+            lengths,
+            strategy=s,
+            params=params,
+            edges=edges if s == "bucketed" else None,
+            target_ranks=target_ranks,
+            useful_tokens=params.train.useful_tokens,
+        )
+        picked = [
+            sched[i]
+            for i in segment_steps(
+                len(sched),
+                skip=params.train.warmup_steps,
+                count=il.segment_steps,
+                key=mean_lengths(lengths, [st.indices for st in sched]),
+            )
+        ]
+        batches = [
+            collate(dataset.samples(st.indices), layout=sched.plan_strategy, spec=sched.spec, indices=st.indices)
+            for st in picked
+        ]
         plan[s] = {"steps": picked, "batches": batches}
     configure_process(params)
     device = resolve_device(params.train.device, 0)
@@ -227,8 +266,12 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
 
         from lenbatch_study.models.memory import check_fits, plan_memory_shape
 
-        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory, single_process=True,
-                   **plan_memory_shape(params, lengths, [st.indices for p in plan.values() for st in p["steps"]]))
+        check_fits(
+            params,
+            device_bytes=torch.cuda.get_device_properties(device).total_memory,
+            single_process=True,
+            **plan_memory_shape(params, lengths, [st.indices for p in plan.values() for st in p["steps"]]),
+        )
     clock = resolve_clock(il.clock, device_type=device.type, threads=params.train.threads)
     runner = StepRunner(params, device=device)
     partial = Path(partial) if partial is not None else None
@@ -240,8 +283,12 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
     calls = dict.fromkeys(strategies, 0)
     if saved is not None:
         both = {s: [tuple(r) for r in saved["steps"][s]] for s in strategies}
-        log.info("continuing from round %d: %d rounds of an interrupted run of the same inputs (%s)",
-                 len(saved["rounds"]["_order"]) + 1, len(saved["rounds"]["_order"]), partial)
+        log.info(
+            "continuing from round %d: %d rounds of an interrupted run of the same inputs (%s)",
+            len(saved["rounds"]["_order"]) + 1,
+            len(saved["rounds"]["_order"]),
+            partial,
+        )
 
     def step(s: str, j: int) -> int:
         st, batch = plan[s]["steps"][j], plan[s]["batches"][j]
@@ -258,24 +305,36 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
     longest = max(len(p["steps"]) for p in plan.values())
     short = [s for s in strategies if len(plan[s]["steps"]) < longest]
     if short:  # a plan shorter than the segment: all its steps are timed, the rest of its segment is empty
-        log.info("%s plan(s) fewer steps than interleave.segment_steps=%d: all of them are timed",
-                 ", ".join(short), il.segment_steps)
+        log.info(
+            "%s plan(s) fewer steps than interleave.segment_steps=%d: all of them are timed",
+            ", ".join(short),
+            il.segment_steps,
+        )
     # The rounds of an earlier, complete run are never reused, not even for the strategies whose plans did not
     # change: a ratio is drift-proof only between steps timed in the same turns, so every strategy is timed
     # again beside sorted (docs/prediction.md, "Which rounds").
-    log.info("timing %d strategies x %d steps in turns: %d warm-up pass(es), then %d to %d rounds, until every "
-             "95%% interval is within +-%g%% (or +-%g%% once no two overlap)%s; every strategy is timed again, also "
-             "one whose plan did not change: a ratio is drift-proof only between steps timed in the same turns",
-             len(strategies), longest, il.warmup, il.rounds, il.max_rounds, 100 * TARGETS[0], 100 * TARGETS[1],
-             "" if saved is None else " (continuing)")
+    log.info(
+        "timing %d strategies x %d steps in turns: %d warm-up pass(es), then %d to %d rounds, until every "
+        "95%% interval is within +-%g%% (or +-%g%% once no two overlap)%s; every strategy is timed again, also "
+        "one whose plan did not change: a ratio is drift-proof only between steps timed in the same turns",
+        len(strategies),
+        longest,
+        il.warmup,
+        il.rounds,
+        il.max_rounds,
+        100 * TARGETS[0],
+        100 * TARGETS[1],
+        "" if saved is None else " (continuing)",
+    )
     t0 = time.perf_counter()
     ends: list[float] = []  # when each round of this process ended
 
     def intervals(res: dict[str, dict[str, list]]) -> Optional[dict[str, dict[str, Any]]]:
         if len(res["sorted"]["seconds"]) < 2:
             return None
-        return ratio_intervals({s: res[s]["seconds"] for s in strategies},
-                               {s: res[s]["useful_tokens"] for s in strategies})
+        return ratio_intervals(
+            {s: res[s]["seconds"] for s in strategies}, {s: res[s]["useful_tokens"] for s in strategies}
+        )
 
     def widths(res: dict[str, dict[str, list]]) -> dict[str, float]:
         iv = intervals(res)
@@ -293,9 +352,15 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
         if partial is not None:  # the rounds so far, for a rerun after an interruption (written whole)
             partial.parent.mkdir(parents=True, exist_ok=True)
             tmp = partial.with_name(f".{partial.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({"key": key, "rounds": {**{s: res[s] for s in strategies},
-                                                               "_order": round_orders(strategies, k + 1)},
-                                       "steps": both}))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "key": key,
+                        "rounds": {**{s: res[s] for s in strategies}, "_order": round_orders(strategies, k + 1)},
+                        "steps": both,
+                    }
+                )
+            )
             os.replace(tmp, partial)
         w = widths(res)
         widest = max(w.values(), default=0.0)
@@ -305,41 +370,82 @@ def measure(params: Params, *, data: str | Path, boundaries: Optional[str | Path
         # seconds per round: the measured rounds of this process (the median of their durations), else this
         # round's timed seconds; never a guess from a first step
         durations = np.diff([t0, *ends]) if len(ends) > 1 else []
-        per = float(np.median(durations[1:])) if len(durations) > 1 else float(
-            sum(sum(r[0] + r[1] for r in both[s][-len(plan[s]["steps"]):]) for s in strategies))
+        per = (
+            float(np.median(durations[1:]))
+            if len(durations) > 1
+            else float(sum(sum(r[0] + r[1] for r in both[s][-len(plan[s]["steps"]) :]) for s in strategies))
+        )
         if not math.isfinite(widest):  # no interval yet: no "k/N" count, whose N would be a guess
-            log.info("round %d of %d to %d: 95%% intervals from round 2; %.0f s per round", k + 1, il.rounds,
-                     il.max_rounds, per)
+            log.info(
+                "round %d of %d to %d: 95%% intervals from round 2; %.0f s per round",
+                k + 1,
+                il.rounds,
+                il.max_rounds,
+                per,
+            )
             return
         shown = ", ".join(f"{s} +-{v:.1%}" for s, v in sorted(w.items(), key=lambda x: -x[1]))
-        log.info("round %d/%d (at most %d): 95%% intervals %s (target +-%g%%%s); %.0f s per round, about %s left",
-                 k + 1, total, il.max_rounds, shown, 100 * target,
-                 ": the ranking is resolved" if target > TARGETS[0] else "", per, _duration(per * (total - k - 1)))
+        log.info(
+            "round %d/%d (at most %d): 95%% intervals %s (target +-%g%%%s); %.0f s per round, about %s left",
+            k + 1,
+            total,
+            il.max_rounds,
+            shown,
+            100 * target,
+            ": the ranking is resolved" if target > TARGETS[0] else "",
+            per,
+            _duration(per * (total - k - 1)),
+        )
 
-    res = measure_interleaved(lambda s, j: step(s, j) if j < len(plan[s]["steps"]) else 0, strategies,
-                              rounds=il.rounds, max_rounds=il.max_rounds, enough=enough, segment_steps=longest,
-                              warmup=il.warmup, clock=lambda: timed[0], on_round=on_round,
-                              done=None if saved is None else saved["rounds"])
+    res = measure_interleaved(
+        lambda s, j: step(s, j) if j < len(plan[s]["steps"]) else 0,
+        strategies,
+        rounds=il.rounds,
+        max_rounds=il.max_rounds,
+        enough=enough,
+        segment_steps=longest,
+        warmup=il.warmup,
+        clock=lambda: timed[0],
+        on_round=on_round,
+        done=None if saved is None else saved["rounds"],
+    )
     seconds = time.perf_counter() - t0
     rounds = len(res["_order"])
     reason = stop_reason(intervals(res)) if rounds >= 2 else None
-    out: dict[str, Any] = {"machine": fingerprint(threads=params.train.threads), "rounds": rounds,
-                           "min_rounds": il.rounds, "max_rounds": il.max_rounds,
-                           "stopped": (reason if rounds >= il.rounds and reason is not None else
-                                       "interleave.max_rounds reached" if rounds == il.max_rounds > il.rounds
-                                       else "interleave.rounds reached"),
-                           "segment_steps": il.segment_steps, "warmup": il.warmup, "clock": clock,
-                           "order": res["_order"], "seconds": round(seconds, 3), "strategies": {}}
+    out: dict[str, Any] = {
+        "machine": fingerprint(threads=params.train.threads),
+        "rounds": rounds,
+        "min_rounds": il.rounds,
+        "max_rounds": il.max_rounds,
+        "stopped": (
+            reason
+            if rounds >= il.rounds and reason is not None
+            else "interleave.max_rounds reached"
+            if rounds == il.max_rounds > il.rounds
+            else "interleave.rounds reached"
+        ),
+        "segment_steps": il.segment_steps,
+        "warmup": il.warmup,
+        "clock": clock,
+        "order": res["_order"],
+        "seconds": round(seconds, 3),
+        "strategies": {},
+    }
     for s in strategies:
         steps = plan[s]["steps"]
         per_round = np.asarray(both[s], dtype=float)
         per_round = per_round.reshape(rounds, len(steps), 4).sum(axis=1)  # per round: the four seconds above
         role = per_round[:, 2:] if clock == "cpu" else per_round[:, :2]
-        out["strategies"][s] = {"steps": [int(st.step) for st in steps], "epochs": [int(st.epoch) for st in steps],
-                                "step_useful_tokens": [int(st.useful) for st in steps], **res[s],
-                                "wall_seconds": (per_round[:, 0] + per_round[:, 1]).tolist(),
-                                "cpu_seconds": (per_round[:, 2] + per_round[:, 3]).tolist(),
-                                "target_seconds": role[:, 0].tolist(), "drafter_seconds": role[:, 1].tolist()}
+        out["strategies"][s] = {
+            "steps": [int(st.step) for st in steps],
+            "epochs": [int(st.epoch) for st in steps],
+            "step_useful_tokens": [int(st.useful) for st in steps],
+            **res[s],
+            "wall_seconds": (per_round[:, 0] + per_round[:, 1]).tolist(),
+            "cpu_seconds": (per_round[:, 2] + per_round[:, 3]).tolist(),
+            "target_seconds": role[:, 0].tolist(),
+            "drafter_seconds": role[:, 1].tolist(),
+        }
     return out
 
 
@@ -357,11 +463,17 @@ def run(*, params: Params, data: str | Path, boundaries: Optional[str | Path], o
     partial.unlink(missing_ok=True)
     st = doc["strategies"]
     for s, v in st.items():  # the ratios and their intervals are compare's (analysis.interleaved)
-        log.info("%-9s steps %s: %d rounds, %.2f s per segment (median), %.0f useful tokens/s (median)", s,
-                 v["steps"], len(v["seconds"]), float(np.median(v["seconds"])),
-                 float(np.median(np.asarray(v["useful_tokens"]) / np.asarray(v["seconds"]))))
-    log.info("timed %d strategies in %d rounds in %.1f s; wrote %s", len(st), doc["rounds"], doc["seconds"],
-             out / TIMINGS)
+        log.info(
+            "%-9s steps %s: %d rounds, %.2f s per segment (median), %.0f useful tokens/s (median)",
+            s,
+            v["steps"],
+            len(v["seconds"]),
+            float(np.median(v["seconds"])),
+            float(np.median(np.asarray(v["useful_tokens"]) / np.asarray(v["seconds"]))),
+        )
+    log.info(
+        "timed %d strategies in %d rounds in %.1f s; wrote %s", len(st), doc["rounds"], doc["seconds"], out / TIMINGS
+    )
     return 0
 
 

@@ -19,24 +19,47 @@ from lenbatch_study.pipeline.artifacts.plan_metrics import METRICS, TIMINGS
 from lenbatch_study.pipeline.artifacts.writing import write_json, write_resolved
 
 
-def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
-        seed_profile_size: int = SEED_COUNT, boundaries: str | None = None, strategies: list[str] | None = None,
-        world_size: int = 1) -> int:
+def run(
+    *,
+    params: Params,
+    lengths: str | None,
+    out: str | Path,
+    seed_profile: bool = False,
+    seed_profile_size: int = SEED_COUNT,
+    boundaries: str | None = None,
+    strategies: list[str] | None = None,
+    world_size: int = 1,
+) -> int:
     """``lenbatch plans``: metrics.json, :func:`simulate` of ``strategies`` (default: all) over the lengths
     at ``lengths`` (or the generated ``seed_profile``), bucketed with the edges of ``boundaries``.
     (``lenbatch plans --study-replay`` runs :mod:`lenbatch_study.tools.study_replay` instead.)"""
     log = get_logger("lenbatch.plans")
     bt = params.batching
-    x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
-                                   seed=bt.seed)
+    x, source = read_lengths_input(
+        lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size, seed=bt.seed
+    )
     edges = read_edges(boundaries)
     if strategies is not None and "bucketed" in strategies and edges is None:
         raise ValueError(NEEDS_EDGES)
     chosen = tuple(strategies) if strategies is not None else tuple(STRATEGIES)
-    log.info("%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
-             source, x.size, params.plans.epochs, bt.token_budget, bt.max_batch_size, world_size)
-    metrics = simulate(x, strategies=chosen, epochs=params.plans.epochs, world_size=world_size, log=log,
-                       spec=batch_spec(params), edges=edges)  # edges serve bucketed alone
+    log.info(
+        "%s: %d samples, %d epochs per strategy, budget %d tokens, at most %d per batch, world size %d",
+        source,
+        x.size,
+        params.plans.epochs,
+        bt.token_budget,
+        bt.max_batch_size,
+        world_size,
+    )
+    metrics = simulate(
+        x,
+        strategies=chosen,
+        epochs=params.plans.epochs,
+        world_size=world_size,
+        log=log,
+        spec=batch_spec(params),
+        edges=edges,
+    )  # edges serve bucketed alone
     out = Path(out)
     timings = {s: row.pop("plan_seconds") for s, row in metrics.items()}
     write_json(out / METRICS, metrics)

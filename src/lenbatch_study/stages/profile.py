@@ -58,8 +58,13 @@ from pathlib import Path
 import numpy as np
 
 from lenbatch_study.runtime.grid_batches import grid_points, make_batch
-from lenbatch_study.runtime.profile_transport import BARRIER_TIMEOUT_S, free_port, measure_transport, role_devices, \
-    transport_backend
+from lenbatch_study.runtime.profile_transport import (
+    BARRIER_TIMEOUT_S,
+    free_port,
+    measure_transport,
+    role_devices,
+    transport_backend,
+)
 from lenbatch_study.core.config import Params
 from lenbatch_study.pipeline.artifacts.profile_grid import GRID
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
@@ -84,17 +89,31 @@ class _Progress:
         now = time.perf_counter()
         if now - self.last >= 10:
             self.last = now
-            log.info("pass %d/%d, point %d/%d, %.1f s elapsed", p + 1, self.passes, p * self.points + i + 1,
-                     self.passes * self.points, now - self.t0)
+            log.info(
+                "pass %d/%d, point %d/%d, %.1f s elapsed",
+                p + 1,
+                self.passes,
+                p * self.points + i + 1,
+                self.passes * self.points,
+                now - self.t0,
+            )
 
     def pass_done(self, p: int, timed: bool) -> None:
-        log.info("pass %d/%d (%s) over %d grid points done, point %d/%d, %.1f s elapsed", p + 1, self.passes,
-                 "timed" if timed else "warm-up", self.points, (p + 1) * self.points, self.passes * self.points,
-                 time.perf_counter() - self.t0)
+        log.info(
+            "pass %d/%d (%s) over %d grid points done, point %d/%d, %.1f s elapsed",
+            p + 1,
+            self.passes,
+            "timed" if timed else "warm-up",
+            self.points,
+            (p + 1) * self.points,
+            self.passes * self.points,
+            time.perf_counter() - self.t0,
+        )
 
 
-def time_point(runner, batch, *, warmup: int, repeats: int,
-               max_seconds: float) -> tuple[list[float], list[float], list[float], list[float]]:
+def time_point(
+    runner, batch, *, warmup: int, repeats: int, max_seconds: float
+) -> tuple[list[float], list[float], list[float], list[float]]:
     """Target and drafter seconds, then their process CPU seconds, of ``repeats`` timed steps
     after ``warmup`` untimed ones.
 
@@ -123,13 +142,26 @@ def _drafter_work(batch, params: Params, *, steps: list[int]) -> tuple[np.ndarra
     lengths = batch.lengths.numpy()
     rows, starts = (t.numpy() for t in batch.seq_rows_starts())
     lm = batch.loss_mask.numpy()
-    masks = [lm[r, s:s + n] for r, s, n in zip(rows, starts, lengths)]
-    work = [drafter_work(lengths, masks, batch.indices.numpy(), anchors_per_seq=params.drafter.anchors_per_seq,
-                         block_size=params.drafter.block_size, seed=params.batching.seed, epoch=0, step=st)
-            for st in steps]
+    masks = [lm[r, s : s + n] for r, s, n in zip(rows, starts, lengths)]
+    work = [
+        drafter_work(
+            lengths,
+            masks,
+            batch.indices.numpy(),
+            anchors_per_seq=params.drafter.anchors_per_seq,
+            block_size=params.drafter.block_size,
+            seed=params.batching.seed,
+            epoch=0,
+            step=st,
+        )
+        for st in steps
+    ]
     positions = np.array([w[0] for w in work], dtype=np.float64)
-    return (np.array([positions.mean()]), np.array([np.mean([w[1] for w in work])]),
-            np.array([np.ceil(positions / CE_CHUNK_ROWS).mean()]))
+    return (
+        np.array([positions.mean()]),
+        np.array([np.mean([w[1] for w in work])]),
+        np.array([np.ceil(positions / CE_CHUNK_ROWS).mean()]),
+    )
 
 
 def _passes(params: Params) -> list[bool]:
@@ -154,8 +186,9 @@ def role_batches(role: str, params: Params, device) -> list[tuple]:
     gen = torch.Generator().manual_seed(params.batching.seed)
     out = []
     for i, (layout, n, m) in enumerate(grid_points(params, quiet=True)):
-        batch = make_batch(layout, grid_shape(layout, n, m, max_len=params.data.max_len), params,
-                           seed=params.batching.seed + i)
+        batch = make_batch(
+            layout, grid_shape(layout, n, m, max_len=params.data.max_len), params, seed=params.batching.seed + i
+        )
         feats = None
         if role == "drafter":
             feats = torch.randn(*batch.input_ids.shape, fdim, generator=gen).to(device=device, dtype=dtype)
@@ -163,8 +196,17 @@ def role_batches(role: str, params: Params, device) -> list[tuple]:
     return out
 
 
-def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_points, spent,
-                 parent: int | None = None, transport: tuple[int, str] | None = None) -> None:
+def _role_worker(
+    role: str,
+    params: Params,
+    device: str,
+    queue,
+    barrier,
+    timed_points,
+    spent,
+    parent: int | None = None,
+    transport: tuple[int, str] | None = None,
+) -> None:
     """One role's timings over the whole grid, in its own process (spawned by :func:`profile`).
 
     Lockstep with the other role, pass by pass (:func:`_passes`), point by point: (1) the
@@ -197,14 +239,13 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
         for i, (batch, feats) in enumerate(batches):
             row = out[i]
             # a point whose steps have taken max_point_seconds (both roles) is not repeated once timed
-            skip = bool(timed and row["alone"]
-                        and spent[i] + spent[len(pts) + i] >= params.profile.max_point_seconds)
+            skip = bool(timed and row["alone"] and spent[i] + spent[len(pts) + i] >= params.profile.max_point_seconds)
             # a warm-up pass only needs each role to have run the shape once: both at once
             for phase in ("target", "drafter", "busy") if timed else ("busy",):
                 barrier.wait()
                 if skip or (phase != "busy" and phase != role):
                     continue
-                _, secs = (runner.target_step(batch) if role == "target" else runner.drafter_step(batch, feats))
+                _, secs = runner.target_step(batch) if role == "target" else runner.drafter_step(batch, feats)
                 spent[me * len(pts) + i] += float(secs)
                 if timed:
                     key = "alone" if phase == role else "busy"
@@ -223,14 +264,23 @@ def _role_worker(role: str, params: Params, device: str, queue, barrier, timed_p
                 note.point(p, i)
         if role == "drafter":
             note.pass_done(p, timed)
-    moved = (measure_transport(role, params, runner, batches, port=transport[0], backend=transport[1])
-             if transport else [{} for _ in pts])
+    moved = (
+        measure_transport(role, params, runner, batches, port=transport[0], backend=transport[1])
+        if transport
+        else [{} for _ in pts]
+    )
     for row, m in zip(out, moved):
         row["transport"] = m
     ref_end, end_s = reference.measure(runner, params, roles=(role,), wait=barrier.wait)
     ref = (ref_start, ref_end, ref_s + end_s)
-    queue.put((role, out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out], ref,
-               runner.kernels))
+    queue.put(
+        (
+            role,
+            out if role == "drafter" else [{k: v for k, v in r.items() if k != "steps"} for r in out],
+            ref,
+            runner.kernels,
+        )
+    )
 
 
 def profile(params: Params, *, device: str = "cpu") -> dict:
@@ -263,9 +313,12 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         where = role_devices(params, device)
         backend = transport_backend(where)
         link = (free_port(), backend)
-        procs = {r: ctx.Process(target=_role_worker, args=(r, params, where[r], queue, barrier, timed_points,
-                                                                    spent, os.getpid(), link))
-                 for r in ("target", "drafter")}
+        procs = {
+            r: ctx.Process(
+                target=_role_worker, args=(r, params, where[r], queue, barrier, timed_points, spent, os.getpid(), link)
+            )
+            for r in ("target", "drafter")
+        }
         for proc in procs.values():
             proc.start()
         got: dict = {}
@@ -279,34 +332,60 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
                 if dead:
                     for proc in procs.values():
                         proc.kill()
-                    raise RuntimeError(f"profile {dead[0]} worker exited with code {procs[dead[0]].exitcode}; "
-                                       "its error is printed above")
+                    raise RuntimeError(
+                        f"profile {dead[0]} worker exited with code {procs[dead[0]].exitcode}; "
+                        "its error is printed above"
+                    )
         for proc in procs.values():
             proc.join()
         t, d = got["target"], got["drafter"]
-        timings = [(a["alone"], b["alone"], a["alone_cpu"], b["alone_cpu"], b["steps"],
-                    (a["busy"], b["busy"], a["busy_cpu"], b["busy_cpu"])) for a, b in zip(t, d)]
-        moved = [{"transport_bytes": int(b["transport"]["bytes"]), "transport_seconds_all": b["transport"]["seconds"],
-                  "transport_stage_s_all": a["transport"]["stage"], "transport_backend": backend}
-                 for a, b in zip(t, d)]
-        ref = reference.record(params, {**refs["target"][0], **refs["drafter"][0]},
-                               {**refs["target"][1], **refs["drafter"][1]},
-                               seconds=max(refs["target"][2], refs["drafter"][2]))
+        timings = [
+            (
+                a["alone"],
+                b["alone"],
+                a["alone_cpu"],
+                b["alone_cpu"],
+                b["steps"],
+                (a["busy"], b["busy"], a["busy_cpu"], b["busy_cpu"]),
+            )
+            for a, b in zip(t, d)
+        ]
+        moved = [
+            {
+                "transport_bytes": int(b["transport"]["bytes"]),
+                "transport_seconds_all": b["transport"]["seconds"],
+                "transport_stage_s_all": a["transport"]["stage"],
+                "transport_backend": backend,
+            }
+            for a, b in zip(t, d)
+        ]
+        ref = reference.record(
+            params,
+            {**refs["target"][0], **refs["drafter"][0]},
+            {**refs["target"][1], **refs["drafter"][1]},
+            seconds=max(refs["target"][2], refs["drafter"][2]),
+        )
         compiles = [sum(a["compile"]) for a in t]
         kernels = kernels["target"]
     else:
         from lenbatch_study.runtime.runner import StepRunner, configure_process
 
         if params.train.nproc > 1:
-            log.info("profile.concurrent is off: the features' transport between the ranks is not measured, and "
-                     "compare predicts the trainings without it")
+            log.info(
+                "profile.concurrent is off: the features' transport between the ranks is not measured, and "
+                "compare predicts the trainings without it"
+            )
         moved = [{} for _ in pts]
         configure_process(params)
         runner = StepRunner(params, device=resolve_device(device, 0))
         kernels = runner.kernels
         compiles = [0.0] * len(pts)
-        batches = [make_batch(layout, grid_shape(layout, n, m, max_len=params.data.max_len), params,
-                              seed=params.batching.seed + i) for i, (layout, n, m) in enumerate(pts)]
+        batches = [
+            make_batch(
+                layout, grid_shape(layout, n, m, max_len=params.data.max_len), params, seed=params.batching.seed + i
+            )
+            for i, (layout, n, m) in enumerate(pts)
+        ]
         acc = [([], [], [], [], []) for _ in pts]  # target s, drafter s, their CPU s, drafter steps
         spent = [0.0] * len(pts)
         passes = _passes(params)
@@ -333,35 +412,57 @@ def profile(params: Params, *, device: str = "cpu") -> dict:
         lengths = grid_shape(layout, n, m, max_len=params.data.max_len)
         batch = make_batch(layout, lengths, params, seed=params.batching.seed + i)
         positions, ctx, chunks = _drafter_work(batch, params, steps=steps)
-        cols = batch_columns(np.asarray(lengths), [np.arange(len(lengths))], layout=layout,
-                             drafter=(positions, ctx), lm_chunks=chunks)
+        cols = batch_columns(
+            np.asarray(lengths), [np.arange(len(lengths))], layout=layout, drafter=(positions, ctx), lm_chunks=chunks
+        )
         k = min(len(t_all), len(d_all))
         tot = [a + b for a, b in zip(t_all[:k], d_all[:k])]
-        row = {"layout": layout, "sequences": n, "length": m, "sequence_lengths": lengths,
-               "computed_tokens": float(cols["computed_tokens"][0]), "sum_len_sq": float(cols["sum_len_sq"][0]),
-               "ctx_tokens": float(cols["ctx_tokens"][0]), "positions": float(cols["positions"][0]),
-               "lm_chunks": float(cols["lm_chunks"][0]),
-               "target_seconds_median": float(np.median(t_all)), "target_seconds_all": t_all,
-               "drafter_seconds_median": float(np.median(d_all)), "drafter_seconds_all": d_all,
-               "seconds_median": float(np.median(tot)), "seconds_all": tot,
-               # process CPU seconds: cpu / (seconds x threads) well below 1 = a busy machine
-               "target_cpu_seconds_all": t_cpu, "drafter_cpu_seconds_all": d_cpu,
-               # which kernels ran, and Triton compile/autotune seconds that fell inside timed target steps
-               "kernel_backend": kernels["gated_delta_rule"], "conv_backend": kernels["conv"],
-               "target_compile_seconds_timed": compiles[i]}
+        row = {
+            "layout": layout,
+            "sequences": n,
+            "length": m,
+            "sequence_lengths": lengths,
+            "computed_tokens": float(cols["computed_tokens"][0]),
+            "sum_len_sq": float(cols["sum_len_sq"][0]),
+            "ctx_tokens": float(cols["ctx_tokens"][0]),
+            "positions": float(cols["positions"][0]),
+            "lm_chunks": float(cols["lm_chunks"][0]),
+            "target_seconds_median": float(np.median(t_all)),
+            "target_seconds_all": t_all,
+            "drafter_seconds_median": float(np.median(d_all)),
+            "drafter_seconds_all": d_all,
+            "seconds_median": float(np.median(tot)),
+            "seconds_all": tot,
+            # process CPU seconds: cpu / (seconds x threads) well below 1 = a busy machine
+            "target_cpu_seconds_all": t_cpu,
+            "drafter_cpu_seconds_all": d_cpu,
+            # which kernels ran, and Triton compile/autotune seconds that fell inside timed target steps
+            "kernel_backend": kernels["gated_delta_rule"],
+            "conv_backend": kernels["conv"],
+            "target_compile_seconds_timed": compiles[i],
+        }
         row.update(moved[i])  # the features' transport (a lockstep profile)
         if busy is not None:  # the same step with the other role working at the same time
             tb, db, tbc, dbc = busy
-            row.update({"target_busy_seconds_median": float(np.median(tb)), "target_busy_seconds_all": tb,
-                        "drafter_busy_seconds_median": float(np.median(db)), "drafter_busy_seconds_all": db,
-                        "target_busy_cpu_seconds_all": tbc, "drafter_busy_cpu_seconds_all": dbc})
+            row.update(
+                {
+                    "target_busy_seconds_median": float(np.median(tb)),
+                    "target_busy_seconds_all": tb,
+                    "drafter_busy_seconds_median": float(np.median(db)),
+                    "drafter_busy_seconds_all": db,
+                    "target_busy_cpu_seconds_all": tbc,
+                    "drafter_busy_cpu_seconds_all": dbc,
+                }
+            )
         rows.append(row)
     share = grid_cpu_share(rows, threads=params.train.threads)
     # with more threads a step need not keep them all busy: a low share alone proves nothing then
     if on_cpu and params.train.threads == 1 and rows and min(share.values()) < CPU_SHARE_WARN:
-        log.warning("the profile's steps got %s of their cores: other work was running, so the step-time "
-                    "model will over-predict step times. Rerun on a quiet machine: snakemake --forcerun profile",
-                    ", ".join(f"{role} {100 * v:.0f}%" for role, v in share.items()))
+        log.warning(
+            "the profile's steps got %s of their cores: other work was running, so the step-time "
+            "model will over-predict step times. Rerun on a quiet machine: snakemake --forcerun profile",
+            ", ".join(f"{role} {100 * v:.0f}%" for role, v in share.items()),
+        )
     # where the grid was timed (lenbatch_study.core.machine) and the reference step compare calibrates with
     return {"machine": fingerprint(threads=params.train.threads), "reference": ref, "points": rows}
 
@@ -379,13 +480,28 @@ def run(*, params: Params, out: str | Path) -> int:
     write_resolved(params, out)
     share = grid_cpu_share(rows, threads=params.train.threads)
     ref = grid["reference"]
-    log.info("profiled %d grid points in %.1f s (share of their cores: target %.0f%%, drafter %.0f%%; the "
-             "reference step %s took %.1f s of it) on machine %s; wrote %s", len(rows), seconds,
-             100 * share["target"], 100 * share["drafter"], ref["shape"], ref["seconds"], grid["machine"]["id"],
-             out / GRID)
-    moved = [(r["transport_bytes"], float(np.median(r["transport_seconds_all"]))) for r in rows if "transport_bytes" in r]
+    log.info(
+        "profiled %d grid points in %.1f s (share of their cores: target %.0f%%, drafter %.0f%%; the "
+        "reference step %s took %.1f s of it) on machine %s; wrote %s",
+        len(rows),
+        seconds,
+        100 * share["target"],
+        100 * share["drafter"],
+        ref["shape"],
+        ref["seconds"],
+        grid["machine"]["id"],
+        out / GRID,
+    )
+    moved = [
+        (r["transport_bytes"], float(np.median(r["transport_seconds_all"]))) for r in rows if "transport_bytes" in r
+    ]
     if moved:
         b, s = max(moved)
-        log.info("the features' transport (%s): %d points, the largest batch's %.1f MB in %.2f ms (median receive)",
-                 rows[0]["transport_backend"], len(moved), b / 1e6, 1e3 * s)
+        log.info(
+            "the features' transport (%s): %d points, the largest batch's %.1f MB in %.2f ms (median receive)",
+            rows[0]["transport_backend"],
+            len(moved),
+            b / 1e6,
+            1e3 * s,
+        )
     return 0

@@ -62,8 +62,16 @@ from lenbatch_study.pipeline.artifacts.writing import write_resolved
 from lenbatch_study.core.log import get_logger
 from lenbatch_study.core.machine import fingerprint
 from lenbatch_study.models.drafter import Drafter
-from lenbatch_study.models.quality_drafter import assemble, draft_loss, draft_model, draft_vocabulary, flat_grad, \
-    split_samples, target_features, unigram_loss
+from lenbatch_study.models.quality_drafter import (
+    assemble,
+    draft_loss,
+    draft_model,
+    draft_vocabulary,
+    flat_grad,
+    split_samples,
+    target_features,
+    unigram_loss,
+)
 from lenbatch_study.pipeline.artifacts.bucket_edges import edges_for
 from lenbatch_study.pipeline.artifacts.tokenized import read_dataset, read_lengths
 
@@ -82,17 +90,21 @@ class Experiment:
 
         q, b = params.quality, params.batching
         self.params, self.edges = params, edges
-        self.train_idx, self.held_idx = split_samples(lengths, train_tokens=q.train_tokens,
-                                                      heldout_tokens=q.heldout_tokens, seed=b.seed)
+        self.train_idx, self.held_idx = split_samples(
+            lengths, train_tokens=q.train_tokens, heldout_tokens=q.heldout_tokens, seed=b.seed
+        )
         too_long = int((lengths[self.train_idx] > b.token_budget).sum())
         if too_long:
-            raise ValueError(f"{too_long} samples are longer than batching.token_budget={b.token_budget}; raise the "
-                             "budget or lower data.max_len and re-tokenize")
+            raise ValueError(
+                f"{too_long} samples are longer than batching.token_budget={b.token_budget}; raise the "
+                "budget or lower data.max_len and re-tokenize"
+            )
         self.lengths = lengths
         both = np.concatenate([self.train_idx, self.held_idx])
         self.samples = read_dataset(data, lengths).arrays(both)
-        self.vocab, cmap, self.coverage = draft_vocabulary(self.samples, self.train_idx, size=q.draft_vocab,
-                                                           vocab_size=params.model.vocab_size)
+        self.vocab, cmap, self.coverage = draft_vocabulary(
+            self.samples, self.train_idx, size=q.draft_vocab, vocab_size=params.model.vocab_size
+        )
         self.device = quality_device(params.train.device)
         self.class_map = torch.from_numpy(cmap).to(self.device)
         self.classes = int(self.vocab.size) + 1
@@ -116,8 +128,9 @@ class Experiment:
         num = den = 0.0
         with torch.no_grad():
             for batch, f in self.held_batches:
-                an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq,
-                                                   seed=self.params.batching.seed, epoch=0, step=0)
+                an, va = model.anchors_for(
+                    batch, anchors_per_seq=q.anchors_per_seq, seed=self.params.batching.seed, epoch=0, step=0
+                )
                 loss, w = draft_loss(model, f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
                 num += float(loss) * w
                 den += w
@@ -127,9 +140,17 @@ class Experiment:
         """One epoch of ``strategy`` over the training subset, as dataset indices."""
         b = self.params.batching
         sub = self.lengths[self.train_idx]
-        plan = plan_epoch(sub, strategy=Strategy.sharing(strategy, self.edges), epoch=epoch, seed=seed,
-                          token_budget=b.token_budget, max_batch_size=b.max_batch_size, rank=0, world_size=1,
-                          packed_window=b.packed_window)
+        plan = plan_epoch(
+            sub,
+            strategy=Strategy.sharing(strategy, self.edges),
+            epoch=epoch,
+            seed=seed,
+            token_budget=b.token_budget,
+            max_batch_size=b.max_batch_size,
+            rank=0,
+            world_size=1,
+            packed_window=b.packed_window,
+        )
         return [self.train_idx[np.asarray(p, dtype=np.int64)] for p in plan]
 
     def train_run(self, strategy: str, *, seed_index: int) -> tuple[dict[str, Any], Drafter]:
@@ -148,8 +169,7 @@ class Experiment:
         for epoch in range(q.epochs):
             for idx in self.plan(strategy, seed=seed, epoch=epoch):
                 batch, f = assemble(self.samples, self.feats, idx, layout=layout)
-                an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=seed, epoch=epoch,
-                                                   step=step)
+                an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=seed, epoch=epoch, step=step)
                 loss, _ = draft_loss(model, f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -157,18 +177,32 @@ class Experiment:
                 opt.step()
                 done += batch.useful_tokens
                 step += 1
-                steps.append({"useful_tokens": batch.useful_tokens, "loss": loss.item(),
-                              "mean_length": batch.useful_tokens / batch.num_sequences})
-                crossed = sum(1 for m in marks[len(curve) - 1:] if done >= m - 0.5)
+                steps.append(
+                    {
+                        "useful_tokens": batch.useful_tokens,
+                        "loss": loss.item(),
+                        "mean_length": batch.useful_tokens / batch.num_sequences,
+                    }
+                )
+                crossed = sum(1 for m in marks[len(curve) - 1 :] if done >= m - 0.5)
                 if crossed:  # one evaluation, recorded for every mark this step crossed
                     curve += [(done, self.heldout_loss(model))] * crossed
         assert done == total, f"{strategy}: trained {done} useful tokens, expected {total}: an epoch lost samples"
-        run = {"strategy": strategy, "seed": seed, "steps": step, "useful_tokens": done,
-               "curve_tokens": [c[0] for c in curve], "curve_loss": [c[1] for c in curve],
-               "final_heldout_loss": curve[-1][1], "final_train_loss": float(np.mean([s["loss"] for s in steps[-5:]])),
-               "seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-               "train_length_loss_r": gq.pearson(np.array([s["mean_length"] for s in steps]),
-                                                 np.array([s["loss"] for s in steps]))}
+        run = {
+            "strategy": strategy,
+            "seed": seed,
+            "steps": step,
+            "useful_tokens": done,
+            "curve_tokens": [c[0] for c in curve],
+            "curve_loss": [c[1] for c in curve],
+            "final_heldout_loss": curve[-1][1],
+            "final_train_loss": float(np.mean([s["loss"] for s in steps[-5:]])),
+            "seconds": time.perf_counter() - t0,
+            "cpu_s": time.process_time() - c0,
+            "train_length_loss_r": gq.pearson(
+                np.array([s["mean_length"] for s in steps]), np.array([s["loss"] for s in steps])
+            ),
+        }
         return run, model
 
     def gradients(self, model: Drafter, strategy: str) -> dict[str, Any]:
@@ -178,8 +212,7 @@ class Experiment:
         grads, weights, sizes, mean_len, losses = [], [], [], [], []
         for idx in self.plan(strategy, seed=p.batching.seed, epoch=0):
             batch, f = assemble(self.samples, self.feats, idx, layout=layout)
-            an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=p.batching.seed,
-                                               epoch=0, step=0)
+            an, va = model.anchors_for(batch, anchors_per_seq=q.anchors_per_seq, seed=p.batching.seed, epoch=0, step=0)
             model.zero_grad(set_to_none=True)
             loss, w = draft_loss(model, f, batch, an, va, embed_tokens=self.embed_tokens, class_map=self.class_map)
             if w == 0:
@@ -230,18 +263,32 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
     t_start, c_start = time.perf_counter(), time.process_time()
     lengths = read_lengths(data)
     exp = Experiment(params, data=data, lengths=lengths, edges=edges)
-    log.info("split: %d training samples (%s tokens), %d held-out (%s tokens); draft vocabulary %d + other "
-             "(covers %.1f%% of trained tokens); features in %.1f s", exp.train_idx.size,
-             f"{int(lengths[exp.train_idx].sum()):,}", exp.held_idx.size, f"{int(lengths[exp.held_idx].sum()):,}",
-             exp.vocab.size, 100 * exp.coverage, exp.features_s)
+    log.info(
+        "split: %d training samples (%s tokens), %d held-out (%s tokens); draft vocabulary %d + other "
+        "(covers %.1f%% of trained tokens); features in %.1f s",
+        exp.train_idx.size,
+        f"{int(lengths[exp.train_idx].sum()):,}",
+        exp.held_idx.size,
+        f"{int(lengths[exp.held_idx].sum()):,}",
+        exp.vocab.size,
+        100 * exp.coverage,
+        exp.features_s,
+    )
     runs: list[dict[str, Any]] = []
     trained_model: Optional[Drafter] = None
     for k in range(q.seeds):
         for s in strategies:
             run, model = exp.train_run(s, seed_index=k)
             runs.append(run)
-            log.info("%-8s seed %d: %d steps, held-out loss %.3f -> %.3f (%.1f s)", s, run["seed"], run["steps"],
-                     run["curve_loss"][0], run["final_heldout_loss"], run["seconds"])
+            log.info(
+                "%-8s seed %d: %d steps, held-out loss %.3f -> %.3f (%.1f s)",
+                s,
+                run["seed"],
+                run["steps"],
+                run["curve_loss"][0],
+                run["final_heldout_loss"],
+                run["seconds"],
+            )
             if k == 0 and (s == TRAINED_FROM or (trained_model is None and s == strategies[-1])):
                 trained_model = model
     assert trained_model is not None
@@ -262,21 +309,39 @@ def run_quality(params: Params, *, data: Path, edges: Optional[tuple[int, ...]])
     uniform = math.log(exp.classes)
     result = {
         "strategies": strategies,
-        "setting": {"objective": "dataset tokens through a trainable head over the draft vocabulary",
-                    "draft_vocab": int(exp.vocab.size), "classes": exp.classes, "coverage": exp.coverage,
-                    "uniform_loss": uniform, "unigram_loss": exp.unigram, "min_drop_nats": q.min_drop_nats,
-                    "train_samples": int(exp.train_idx.size), "train_tokens": int(lengths[exp.train_idx].sum()),
-                    "heldout_samples": int(exp.held_idx.size), "heldout_tokens": int(lengths[exp.held_idx].sum()),
-                    "epochs": q.epochs, "seeds": q.seeds, "useful_tokens_per_run": runs[0]["useful_tokens"],
-                    "anchors_per_seq": q.anchors_per_seq, "lr": q.lr, "token_budget": params.batching.token_budget,
-                    "trained_checkpoint": f"{TRAINED_FROM if TRAINED_FROM in strategies else strategies[-1]} seed 0"},
+        "setting": {
+            "objective": "dataset tokens through a trainable head over the draft vocabulary",
+            "draft_vocab": int(exp.vocab.size),
+            "classes": exp.classes,
+            "coverage": exp.coverage,
+            "uniform_loss": uniform,
+            "unigram_loss": exp.unigram,
+            "min_drop_nats": q.min_drop_nats,
+            "train_samples": int(exp.train_idx.size),
+            "train_tokens": int(lengths[exp.train_idx].sum()),
+            "heldout_samples": int(exp.held_idx.size),
+            "heldout_tokens": int(lengths[exp.held_idx].sum()),
+            "epochs": q.epochs,
+            "seeds": q.seeds,
+            "useful_tokens_per_run": runs[0]["useful_tokens"],
+            "anchors_per_seq": q.anchors_per_seq,
+            "lr": q.lr,
+            "token_budget": params.batching.token_budget,
+            "trained_checkpoint": f"{TRAINED_FROM if TRAINED_FROM in strategies else strategies[-1]} seed 0",
+        },
         "runs": runs,
         "gradients": grads,
-        "timing": {"features_s": exp.features_s, "features_cpu_s": exp.features_cpu_s,
-                   "runs_s": float(sum(r["seconds"] for r in runs)), "runs_cpu_s": float(sum(r["cpu_s"] for r in runs)),
-                   "gradients_s": grad_s, "gradients_cpu_s": grad_cpu_s,
-                   "total_s": time.perf_counter() - t_start, "total_cpu_s": time.process_time() - c_start,
-                   "threads": torch.get_num_threads()},
+        "timing": {
+            "features_s": exp.features_s,
+            "features_cpu_s": exp.features_cpu_s,
+            "runs_s": float(sum(r["seconds"] for r in runs)),
+            "runs_cpu_s": float(sum(r["cpu_s"] for r in runs)),
+            "gradients_s": grad_s,
+            "gradients_cpu_s": grad_cpu_s,
+            "total_s": time.perf_counter() - t_start,
+            "total_cpu_s": time.process_time() - c_start,
+            "threads": torch.get_num_threads(),
+        },
         "machine": fingerprint(threads=torch.get_num_threads()),  # where the timings above were taken
     }
     result["summary"] = quality_stats.summarize(result)
@@ -293,12 +358,20 @@ def write_outputs(result: dict[str, Any], out: Path, *, params: Params) -> dict[
     (out / QUALITY).write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
     metrics = {**quality_stats.strategy_metrics(result), **quality_stats.stage_metrics(result)}
     (out / METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
-    curves = [{"strategy": r["strategy"], "seed": r["seed"], "useful_tokens": t, "heldout_loss": round(v, 6)}
-              for r in result["runs"] for t, v in zip(r["curve_tokens"], r["curve_loss"])]
+    curves = [
+        {"strategy": r["strategy"], "seed": r["seed"], "useful_tokens": t, "heldout_loss": round(v, 6)}
+        for r in result["runs"]
+        for t, v in zip(r["curve_tokens"], r["curve_loss"])
+    ]
     (out / CURVES).write_text(json.dumps(curves, indent=1) + "\n")
-    rows = [{"checkpoint": g["checkpoint"], "strategy": g["strategy"],
-             **{k: g[k] for k in ("cosine_mean", "variance_per_token", "noise_scale", "length_loss_r")}}
-            for g in result["gradients"].values()]
+    rows = [
+        {
+            "checkpoint": g["checkpoint"],
+            "strategy": g["strategy"],
+            **{k: g[k] for k in ("cosine_mean", "variance_per_token", "noise_scale", "length_loss_r")},
+        }
+        for g in result["gradients"].values()
+    ]
     (out / GRADIENTS).write_text(json.dumps(rows, indent=1, default=_json_default) + "\n")
     write_resolved(params, out, sections=("batching", "model", "drafter", "quality"))
     return metrics
@@ -325,13 +398,25 @@ def run(*, params: Params, data: str | Path, out: str | Path, boundaries: str | 
     summ = result["summary"]
     for s in result["strategies"]:
         f = summ["final"][s]
-        log.info("%-8s held-out loss %.4f [%.4f, %.4f]%s", s, f["mean"], f["lo"], f["hi"],
-                 "" if s == "sorted" else ("  differs from sorted" if summ["vs_sorted"][s]["distinguishable"]
-                                           else "  within seed noise of sorted"))
+        log.info(
+            "%-8s held-out loss %.4f [%.4f, %.4f]%s",
+            s,
+            f["mean"],
+            f["lo"],
+            f["hi"],
+            ""
+            if s == "sorted"
+            else (
+                "  differs from sorted" if summ["vs_sorted"][s]["distinguishable"] else "  within seed noise of sorted"
+            ),
+        )
     t = result["timing"]
     log.info("wrote %s in %.0f s (%.0f CPU s)", out, t["total_s"], t["total_cpu_s"])
     if not summ["learned"]:
-        log.warning("the held-out loss did not fall %.1f nats below uniform (%.2f) for every strategy: raise "
-                    "quality.epochs, quality.train_tokens or quality.lr", result["setting"]["min_drop_nats"],
-                    result["setting"]["uniform_loss"])
+        log.warning(
+            "the held-out loss did not fall %.1f nats below uniform (%.2f) for every strategy: raise "
+            "quality.epochs, quality.train_tokens or quality.lr",
+            result["setting"]["min_drop_nats"],
+            result["setting"]["uniform_loss"],
+        )
     return 0

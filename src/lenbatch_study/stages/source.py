@@ -25,8 +25,11 @@ def run(*, params: Params, out: str | Path) -> int:
         wrote = write_if_changed(params.data.source, path)
     except ValueError as err:
         # dvc exp run --temp/--queue runs in a fresh clone: a file git does not track is not there
-        raise ValueError(f"{err}. Under `dvc exp run --temp` or `--queue`, track the file first: "
-                         f"`dvc add {params.data.source}` and commit the .dvc file (docs/experiments.md)") from None
-    get_logger("source").info("data.source %r %s %s", params.data.source,
-                              "changed: wrote" if wrote else "unchanged:", path)
+        raise ValueError(
+            f"{err}. Under `dvc exp run --temp` or `--queue`, track the file first: "
+            f"`dvc add {params.data.source}` and commit the .dvc file (docs/experiments.md)"
+        ) from None
+    get_logger("source").info(
+        "data.source %r %s %s", params.data.source, "changed: wrote" if wrote else "unchanged:", path
+    )
     return 0

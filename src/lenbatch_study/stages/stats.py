@@ -19,15 +19,23 @@ if TYPE_CHECKING:
     from lenbatch_study.core.config import Params
 
 
-def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: bool = False,
-        seed_profile_size: int = SEED_COUNT, edges: list[int] | None = None) -> int:
+def run(
+    *,
+    params: Params,
+    lengths: str | None,
+    out: str | Path,
+    seed_profile: bool = False,
+    seed_profile_size: int = SEED_COUNT,
+    edges: list[int] | None = None,
+) -> int:
     """``lenbatch stats``: stats.json, histogram.json and histogram.png of the lengths at ``lengths`` (or
     the generated ``seed_profile``), counts per bucket of ``edges`` (tokens) when given."""
     from lenbatch_study.core.log import get_logger
 
     log = get_logger("lenbatch.stats")
-    x, source = read_lengths_input(lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size,
-                                   seed=params.batching.seed)
+    x, source = read_lengths_input(
+        lengths=lengths, generate=seed_profile, seed_profile_size=seed_profile_size, seed=params.batching.seed
+    )
     out = Path(out)
     st = length_stats(x)
     st["source"] = source
@@ -38,8 +46,16 @@ def run(*, params: Params, lengths: str | None, out: str | Path, seed_profile: b
     write_json(out / HISTOGRAM, hist)
     _plot_histogram(hist, out / PLOT, st)
     write_resolved(params, out, sections=("stats",))
-    log.info("%s: %d samples, %d tokens, mean %.1f tokens, p50 %.0f, max %d tokens -> %s", source, st["count"],
-             st["total_tokens"], st["mean"], st["percentiles"]["p50"], st["max"], out)
+    log.info(
+        "%s: %d samples, %d tokens, mean %.1f tokens, p50 %.0f, max %d tokens -> %s",
+        source,
+        st["count"],
+        st["total_tokens"],
+        st["mean"],
+        st["percentiles"]["p50"],
+        st["max"],
+        out,
+    )
     return 0
 
 
@@ -50,8 +66,13 @@ def _plot_histogram(hist: list[dict[str, int]], path: Path, st: dict[str, Any]) 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar([h["lo"] for h in hist], [h["count"] for h in hist], width=[h["hi"] - h["lo"] for h in hist],
-           align="edge", color="#4477aa")
+    ax.bar(
+        [h["lo"] for h in hist],
+        [h["count"] for h in hist],
+        width=[h["hi"] - h["lo"] for h in hist],
+        align="edge",
+        color="#4477aa",
+    )
     for key in ("p50", "p90", "p99"):
         ax.axvline(st["percentiles"][key], color="#cc6677", lw=0.8, ls="--")
     ax.set_xlabel("length (tokens)")

@@ -171,27 +171,56 @@ class RunSetup:
         return _finish(self, runner, rec, states, **kw)
 
 
-def _finish(setup: RunSetup, runner: StepRunner, rec: Recorder, states: list[Any], *,
-            resumed_from: Optional[int], kernels: dict[str, Any], ref: Optional[dict[str, Any]] = None,
-            target_peak: Optional[int] = None, checksums: Optional[list[int]] = None) -> dict[str, Any]:
+def _finish(
+    setup: RunSetup,
+    runner: StepRunner,
+    rec: Recorder,
+    states: list[Any],
+    *,
+    resumed_from: Optional[int],
+    kernels: dict[str, Any],
+    ref: Optional[dict[str, Any]] = None,
+    target_peak: Optional[int] = None,
+    checksums: Optional[list[int]] = None,
+) -> dict[str, Any]:
     p = setup.params
     done = setup.schedule[-1].step + 1 if setup.schedule else 0
     if resumed_from == done and summary_problem(setup.summary) is None:
         # resumed a run that had already finished: nothing trained, nothing to rewrite (its summary keeps
         # the throughput its last session measured)
         rec.close()
-        log.info("%s: the checkpoint is at the last planned step (%d): the run is complete, %s left as it is",
-                 setup.strategy, done, setup.summary)
+        log.info(
+            "%s: the checkpoint is at the last planned step (%d): the run is complete, %s left as it is",
+            setup.strategy,
+            done,
+            setup.summary,
+        )
         return read_json(setup.summary, rerun=f"lenbatch train --out {setup.final or setup.out}")
-    save_checkpoint(setup.checkpoint, runner=runner, step=done, sampler_states=states, fp=setup.fp,
-                    log_sha256=rec.log_sha256())
-    summary = rec.summary(params=p, strategy=setup.strategy, warmup=p.train.warmup_steps,
-                          world_size=setup.world_size, target_ranks=setup.target_ranks, resumed_from=resumed_from,
-                          total_steps=len(setup.schedule), machine=fingerprint_machine(threads=p.train.threads),
-                          reference=ref, device=device_report(setup.params, lengths=setup.lengths, batches=[s.indices for s in setup.schedule],
-                                                 device=setup.device, world_size=setup.world_size, kernels=kernels,
-                                                 target_peak=target_peak),
-                          nodes=p.train.nodes, weights_checksums=checksums)
+    save_checkpoint(
+        setup.checkpoint, runner=runner, step=done, sampler_states=states, fp=setup.fp, log_sha256=rec.log_sha256()
+    )
+    summary = rec.summary(
+        params=p,
+        strategy=setup.strategy,
+        warmup=p.train.warmup_steps,
+        world_size=setup.world_size,
+        target_ranks=setup.target_ranks,
+        resumed_from=resumed_from,
+        total_steps=len(setup.schedule),
+        machine=fingerprint_machine(threads=p.train.threads),
+        reference=ref,
+        device=device_report(
+            setup.params,
+            lengths=setup.lengths,
+            batches=[s.indices for s in setup.schedule],
+            device=setup.device,
+            world_size=setup.world_size,
+            kernels=kernels,
+            target_peak=target_peak,
+        ),
+        nodes=p.train.nodes,
+        weights_checksums=checksums,
+    )
     rec.close()
     write_resolved(p, setup.out)
     # last, whole or not at all: a summary marks a complete run (a failure before it leaves the checkpoint)
@@ -209,28 +238,57 @@ def _commit(setup: RunSetup) -> None:
         setup.out = setup.final
 
 
-def train(*, params: Params, strategy: str, data: str | Path, out: str | Path, boundaries: Optional[str] = None,
-          max_steps: Optional[int] = None, resume: bool = False) -> int:
+def train(
+    *,
+    params: Params,
+    strategy: str,
+    data: str | Path,
+    out: str | Path,
+    boundaries: Optional[str] = None,
+    max_steps: Optional[int] = None,
+    resume: bool = False,
+) -> int:
     """``lenbatch train`` in this process (one of torchrun's, or the only one with ``train.nproc: 1``):
     trains ``strategy`` until ``train.useful_tokens`` (or ``max_steps`` global steps), writing ``out``
     on the drafter rank, which holds ``out``'s writer lock until it returns. Returns the exit code."""
     with contextlib.ExitStack() as stack:
         try:
-            return _train(stack, params=params, strategy=strategy, data=data, out=out, boundaries=boundaries,
-                          max_steps=max_steps, resume=resume)
+            return _train(
+                stack,
+                params=params,
+                strategy=strategy,
+                data=data,
+                out=out,
+                boundaries=boundaries,
+                max_steps=max_steps,
+                resume=resume,
+            )
         except OSError as err:  # a full disk, a read-only folder: one line naming the file, never a traceback
             ck = partial_dir(Path(out)) / CHECKPOINT
             refused = write_failure(err, written=(out, ck.parent, lock_path(out)))
             if refused is None:
                 raise
-            way = (f"rerun with --resume to continue from {ck}" if ck.exists() else
-                   "rerun (this run saved no checkpoint to resume)")
-            raise write_error(refused, path=ck.parent if ck.parent.exists() else out,
-                              then=f"{out} is as it was; after that {way}") from None
+            way = (
+                f"rerun with --resume to continue from {ck}"
+                if ck.exists()
+                else "rerun (this run saved no checkpoint to resume)"
+            )
+            raise write_error(
+                refused, path=ck.parent if ck.parent.exists() else out, then=f"{out} is as it was; after that {way}"
+            ) from None
 
 
-def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: str | Path, out: str | Path,
-           boundaries: Optional[str], max_steps: Optional[int], resume: bool) -> int:
+def _train(
+    stack: contextlib.ExitStack,
+    *,
+    params: Params,
+    strategy: str,
+    data: str | Path,
+    out: str | Path,
+    boundaries: Optional[str],
+    max_steps: Optional[int],
+    resume: bool,
+) -> int:
     # checked at the edge (lenbatch train: cli/flags.py), which hands this process the request as it is
     assert strategy in STRATEGIES and (max_steps is None or max_steps >= 1), (strategy, max_steps)
     under_torchrun, world, rank = torchrun_world()
@@ -247,14 +305,25 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
     target_ranks = max(1, nproc - 1) * nodes  # the plan is sharded over every node's target ranks
     device = resolve_device(params.train.device, int(os.environ.get("LOCAL_RANK", "0")))
     # a sample longer than batching.token_budget is refused here, by the plan (BatchSpec.check_lengths)
-    schedule = build_schedule(lengths, strategy=strategy, params=params, edges=edges, target_ranks=target_ranks,
-                              useful_tokens=params.train.useful_tokens, max_steps=max_steps)
+    schedule = build_schedule(
+        lengths,
+        strategy=strategy,
+        params=params,
+        edges=edges,
+        target_ranks=target_ranks,
+        useful_tokens=params.train.useful_tokens,
+        max_steps=max_steps,
+    )
     if device.type == "cuda":  # refuse before loading anything a setting whose ranks cannot fit
         from lenbatch_study.models.memory import check_fits, plan_memory_shape
 
-        check_fits(params, device_bytes=torch.cuda.get_device_properties(device).total_memory,
-                   ranks_per_device=ranks_per_device(world), single_process=world == 1,
-                   **plan_memory_shape(params, lengths, [s.indices for s in schedule]))
+        check_fits(
+            params,
+            device_bytes=torch.cuda.get_device_properties(device).total_memory,
+            ranks_per_device=ranks_per_device(world),
+            single_process=world == 1,
+            **plan_memory_shape(params, lengths, [s.indices for s in schedule]),
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     partial = partial_dir(out)
@@ -272,14 +341,42 @@ def _train(stack: contextlib.ExitStack, *, params: Params, strategy: str, data: 
             shutil.rmtree(partial)
         (work / STOPPED).unlink(missing_ok=True)  # a stopped run's: this one continues it
     fp = fingerprint(params, strategy=strategy, edges=edges, lengths=lengths, target_ranks=target_ranks)
-    setup = RunSetup(params, strategy, data, work, edges, lengths, schedule, target_ranks, world, rank, device,
-                     resume, fp, final=out, roles=roles, stop=stop)
-    log.info("%s: %d steps planned (%s useful tokens, %d target rank(s) + 1 drafter %s, %s)", strategy,
-             len(schedule), f"{sum(s.useful for s in schedule):,}", target_ranks,
-             "rank" if world > 1 else "in the same process", device)
+    setup = RunSetup(
+        params,
+        strategy,
+        data,
+        work,
+        edges,
+        lengths,
+        schedule,
+        target_ranks,
+        world,
+        rank,
+        device,
+        resume,
+        fp,
+        final=out,
+        roles=roles,
+        stop=stop,
+    )
+    log.info(
+        "%s: %d steps planned (%s useful tokens, %d target rank(s) + 1 drafter %s, %s)",
+        strategy,
+        len(schedule),
+        f"{sum(s.useful for s in schedule):,}",
+        target_ranks,
+        "rank" if world > 1 else "in the same process",
+        device,
+    )
     if nodes > 1:
-        log.info("%d nodes: node %d of this process (rank %d: %s); the %d drafters train one model", nodes,
-                 roles.node, rank, "drafter" if roles.is_drafter else f"target rank {roles.target_index}", nodes)
+        log.info(
+            "%d nodes: node %d of this process (rank %d: %s); the %d drafters train one model",
+            nodes,
+            roles.node,
+            rank,
+            "drafter" if roles.is_drafter else f"target rank {roles.target_index}",
+            nodes,
+        )
     if world == 1:
         summary = run_single(setup)
         if summary is None:

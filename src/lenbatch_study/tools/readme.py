@@ -31,9 +31,9 @@ def report_answer(report: str) -> str:
     """The first sentence of the report's :data:`ANSWER` section (up to its first ". " or the paragraph's end)."""
     if ANSWER not in report:
         raise ValueError(f"the report has no {ANSWER!r} section; run compare (make run) to write it")
-    para = report[report.index(ANSWER) + len(ANSWER):].strip().split("\n\n")[0].replace("\n", " ")
+    para = report[report.index(ANSWER) + len(ANSWER) :].strip().split("\n\n")[0].replace("\n", " ")
     cut = para.find(". ")
-    return (para if cut < 0 else para[:cut + 1]) + "\n"
+    return (para if cut < 0 else para[: cut + 1]) + "\n"
 
 
 def report_table(report: str) -> str:
@@ -41,7 +41,7 @@ def report_table(report: str) -> str:
     if HEADING not in report:
         raise ValueError(f"the report has no {HEADING!r} section; run compare (make run) to write it")
     rows = []
-    for line in report[report.index(HEADING):].splitlines()[1:]:
+    for line in report[report.index(HEADING) :].splitlines()[1:]:
         if line.startswith("|"):
             rows.append(line)
         elif rows:
@@ -67,9 +67,12 @@ def changed_params(report_path: Path) -> list[str]:
     if not path.is_file():
         return [str(path)]
     resolved, default = json.loads(path.read_text()), Params().to_dict()
-    return sorted(f"{sec}.{key}" for sec in set(resolved) | set(default)
-                  for key in set(resolved.get(sec) or {}) | set(default.get(sec) or {})
-                  if (resolved.get(sec) or {}).get(key) != (default.get(sec) or {}).get(key))
+    return sorted(
+        f"{sec}.{key}"
+        for sec in set(resolved) | set(default)
+        for key in set(resolved.get(sec) or {}) | set(default.get(sec) or {})
+        if (resolved.get(sec) or {}).get(key) != (default.get(sec) or {}).get(key)
+    )
 
 
 def run(*, readme: str = "README.md", report: str = REPORT_PATH, check: bool = False) -> int:
@@ -80,17 +83,21 @@ def run(*, readme: str = "README.md", report: str = REPORT_PATH, check: bool = F
         raise ValueError(f"{report_path} does not exist; run the workflow first (make run)")
     changed = changed_params(report_path)
     if changed and not check:
-        print(f"{readme_path} left as it is: its results table describes the embedded default, and {report_path} "
-              f"was made with other params ({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); your "
-              f"answer is in {report_path}", file=sys.stderr)
+        print(
+            f"{readme_path} left as it is: its results table describes the embedded default, and {report_path} "
+            f"was made with other params ({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); your "
+            f"answer is in {report_path}",
+            file=sys.stderr,
+        )
         return 0
     current = readme_path.read_text()
     text = report_path.read_text()
     wanted = with_table(current, report_answer(text) + "\n" + report_table(text))
     if check:
         if wanted != current:
-            print(f"{readme_path}: its results table differs from {report_path}'s; run `lenbatch readme`",
-                  file=sys.stderr)
+            print(
+                f"{readme_path}: its results table differs from {report_path}'s; run `lenbatch readme`", file=sys.stderr
+            )
             return 1
         return 0
     if wanted != current:

@@ -15,8 +15,11 @@ def reruns() -> dict[str, list[str]]:
     for every module of the library and the study. The always-run stages (machine, source) are left out:
     DVC runs them every time and their outputs' bytes, not their code, decide what follows."""
     code = {s: set(deps.stage_code(s)) for s, st in deps.STAGES.items() if not st.always_changed}
-    mods = sorted(p.relative_to(deps.SRC_ROOT).as_posix() for package in deps.PACKAGES
-                  for p in (deps.SRC_ROOT / package).rglob("*.py"))
+    mods = sorted(
+        p.relative_to(deps.SRC_ROOT).as_posix()
+        for package in deps.PACKAGES
+        for p in (deps.SRC_ROOT / package).rglob("*.py")
+    )
     return {m: [s for s, files in code.items() if f"src/{m}" in files] for m in mods}
 
 
@@ -36,8 +39,11 @@ def run(*, modules: list[str]) -> int:
     keys = [_key(m) for m in modules] or list(table)
     unknown = [m for m, k in zip(modules, keys) if k not in table]
     if unknown:
-        print(f"not a module under src/: {', '.join(unknown)} (give e.g. src/lenbatch_study/analysis/stepmodel.py "
-              "or lenbatch_study.analysis.stepmodel)", file=sys.stderr)
+        print(
+            f"not a module under src/: {', '.join(unknown)} (give e.g. src/lenbatch_study/analysis/stepmodel.py "
+            "or lenbatch_study.analysis.stepmodel)",
+            file=sys.stderr,
+        )
         return 2
     for k in keys:
         print(f"{k}: {', '.join(table[k]) or 'nothing'}")

@@ -23,6 +23,10 @@ def run(*, out: str | Path, samples: int = SEED_COUNT) -> int:
     rep = sr.replay(samples=samples, log=log)  # the stand-in's own seed (0), like compare's
     write_json(Path(out) / "replay.json", rep)
     (Path(out) / "replay.md").write_text(sr.section(rep, level=1))
-    log.info("study replay in %.1f s: wrote %s and %s", sum(rep["seconds"].values()), Path(out) / "replay.json",
-             Path(out) / "replay.md")
+    log.info(
+        "study replay in %.1f s: wrote %s and %s",
+        sum(rep["seconds"].values()),
+        Path(out) / "replay.json",
+        Path(out) / "replay.md",
+    )
     return 0

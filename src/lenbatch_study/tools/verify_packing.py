@@ -32,14 +32,26 @@ def parse_lengths(text: str) -> list[int]:
     except ValueError:
         values = []
     if not items or len(values) != len(items) or any(v <= 0 for v in values):
-        raise ValueError(f"--lengths must be comma-separated positive integers, got {text!r}; "
-                         "e.g. --lengths 5,17,300,64")
+        raise ValueError(
+            f"--lengths must be comma-separated positive integers, got {text!r}; e.g. --lengths 5,17,300,64"
+        )
     return values
 
 
-def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | None = None, device: str = "cpu",
-        backend: str = "auto", dtype: str | None = None, seed: int = 0, atol: float | None = None,
-        rtol: float | None = None, boundaries: bool = True, tf32: bool = False) -> int:
+def run(
+    *,
+    params: list[str],
+    lengths: str = "5,17,300,64",
+    model_config: str | None = None,
+    device: str = "cpu",
+    backend: str = "auto",
+    dtype: str | None = None,
+    seed: int = 0,
+    atol: float | None = None,
+    rtol: float | None = None,
+    boundaries: bool = True,
+    tf32: bool = False,
+) -> int:
     """``lenbatch verify-packing``: :func:`verify_packing` of a target built from ``params`` (files or
     inline JSON; ``model_config`` on top) on sequences of the comma-separated ``lengths``; prints a
     line per layer type and exits 1 when a difference exceeds the tolerance (``atol``, or ``rtol``
@@ -65,8 +77,10 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
         cfg = dataclasses.replace(cfg, dtype=dtype)
     if tf32:
         if cfg.dtype != "float32":
-            raise ValueError(f"--tf32 is a float32 check (TF32 dots on fp32 data), got dtype {cfg.dtype}; "
-                             "add --dtype float32 or drop --tf32")
+            raise ValueError(
+                f"--tf32 is a float32 check (TF32 dots on fp32 data), got dtype {cfg.dtype}; "
+                "add --dtype float32 or drop --tf32"
+            )
         os.environ[fla_cpu.F32_ENV] = "tf32"  # before fla's import; prepare_environment keeps a set value
     if backend == "fla":
         # before fla is imported (nothing above imports it): the interpreter on CPU; full fp32 (not
@@ -79,27 +93,34 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
 
         fla_cpu.require_interpreter(DTYPES[cfg.dtype])  # refused before the target is built (and fla imported)
     relative = atol is None and (cfg.dtype != "float32" or tf32)
-    tol = (rtol if rtol is not None else TF32_RTOL if tf32 else BF16_RTOL) if relative else \
-        (atol if atol is not None else 1e-4)
+    tol = (
+        (rtol if rtol is not None else TF32_RTOL if tf32 else BF16_RTOL)
+        if relative
+        else (atol if atol is not None else 1e-4)
+    )
     solve = None
     if backend == "fla" and device == "cuda" and cfg.dtype == "float32" and not tf32:
         # fla's triangular solve passes tf32 explicitly on sm >= 80, past TRITON_F32_DEFAULT: an fp32
         # check held to 1e-4 must be IEEE there too (lenbatch_study.models.fla_cpu)
         solve = fla_cpu.force_ieee_solve()
-    log.info("building the target: %d layers, hidden %d, %s on %s", cfg.num_hidden_layers, cfg.hidden_size,
-             cfg.dtype, device)
+    log.info(
+        "building the target: %d layers, hidden %d, %s on %s", cfg.num_hidden_layers, cfg.hidden_size, cfg.dtype, device
+    )
     target = build_target(cfg, device=device)
     result = verify_packing(target, sizes, seed=seed, boundaries=boundaries)
     worst, rel = result["max_abs_diff"], result["max_rel_diff"]
-    print(f"verify-packing: {len(sizes)} sequences, {result['tokens']} tokens, {cfg.dtype}"
-          f"{' (TF32 dots)' if tf32 else ''} on {device}, "
-          f"gated-delta-rule backend {result['backend']}, conv backend {result['conv_backend']}, boundaries "
-          f"{'given' if result['boundaries'] else 'WITHHELD'}")
+    print(
+        f"verify-packing: {len(sizes)} sequences, {result['tokens']} tokens, {cfg.dtype}"
+        f"{' (TF32 dots)' if tf32 else ''} on {device}, "
+        f"gated-delta-rule backend {result['backend']}, conv backend {result['conv_backend']}, boundaries "
+        f"{'given' if result['boundaries'] else 'WITHHELD'}"
+    )
     print(f"  target weights: {target.weights}")
     if solve is not None:
         print(f"  fla triangular solve: ieee (forced; fla chose {solve})")
-    print(f"  packed forward {result['packed_seconds']:.3f} s, per-sequence forwards "
-          f"{result['reference_seconds']:.3f} s")
+    print(
+        f"  packed forward {result['packed_seconds']:.3f} s, per-sequence forwards {result['reference_seconds']:.3f} s"
+    )
     ok = True
     for kind in (*LAYER_TYPES, "final"):
         if kind != "final" and kind not in cfg.layer_types:
@@ -107,7 +128,9 @@ def run(*, params: list[str], lengths: str = "5,17,300,64", model_config: str | 
         bad = not (rel[kind] if relative else worst[kind]) <= tol
         ok &= not bad
         label = "final hidden" if kind == "final" else kind
-        print(f"  {label:<17} max |packed - per-sequence| = {worst[kind]:.3e} (relative {rel[kind]:.1e})  "
-              f"{'FAIL' if bad else 'ok'}")
+        print(
+            f"  {label:<17} max |packed - per-sequence| = {worst[kind]:.3e} (relative {rel[kind]:.1e})  "
+            f"{'FAIL' if bad else 'ok'}"
+        )
     print(f"verify-packing: {'PASS' if ok else 'FAIL'} ({'relative' if relative else 'absolute'} tolerance {tol:g})")
     return 0 if ok else 1

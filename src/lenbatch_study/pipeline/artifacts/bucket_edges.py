@@ -28,11 +28,18 @@ BOUNDARIES_PATH = f"results/{WRITER}/{BOUNDARIES}"  # under the default results 
 SWEEP = "sweep.json"
 BY_STRATEGY = "by-strategy"
 TIMINGS = "timings.json"  # the optimizer's seconds: no stage reads it, no tool tracks it
-SWEEP_KEYS = ("num_buckets", "edges", "predicted_efficiency", "simulated_efficiency", "composition_repeat",
-              "length_mixing")
+SWEEP_KEYS = (
+    "num_buckets",
+    "edges",
+    "predicted_efficiency",
+    "simulated_efficiency",
+    "composition_repeat",
+    "length_mixing",
+)
 # what a strategy list that holds 'bucketed' is told without edges
-NEEDS_EDGES = (f"strategy 'bucketed' needs bucket edges; pass --boundaries {BOUNDARIES_PATH} "
-               "(written by 'lenbatch boundaries')")
+NEEDS_EDGES = (
+    f"strategy 'bucketed' needs bucket edges; pass --boundaries {BOUNDARIES_PATH} (written by 'lenbatch boundaries')"
+)
 
 
 def by_strategy_path(out: str | Path, strategy: str) -> Path:
@@ -41,16 +48,22 @@ def by_strategy_path(out: str | Path, strategy: str) -> Path:
 
 
 def rerun(path: str | Path) -> str:
-    return rerun_hint(WRITER, f"results/{WRITER}/{Path(path).name}", Path(path).parent,
-                      flags=f"--lengths {LENGTHS_PATH}")
+    return rerun_hint(
+        WRITER, f"results/{WRITER}/{Path(path).name}", Path(path).parent, flags=f"--lengths {LENGTHS_PATH}"
+    )
 
 
 def _edges(path: Path, doc: Any) -> tuple[int, ...]:
     edges = doc.get("edges") if isinstance(doc, dict) else None
-    if not isinstance(edges, list) or len(edges) < 2 or not all(isinstance(e, int) for e in edges) \
-            or any(b <= a for a, b in zip(edges, edges[1:])):
-        raise refuse(path, f"holds no bucket edges (need 'edges': K+1 increasing ints, got {edges!r})",
-                     rerun=rerun(path))
+    if (
+        not isinstance(edges, list)
+        or len(edges) < 2
+        or not all(isinstance(e, int) for e in edges)
+        or any(b <= a for a, b in zip(edges, edges[1:]))
+    ):
+        raise refuse(
+            path, f"holds no bucket edges (need 'edges': K+1 increasing ints, got {edges!r})", rerun=rerun(path)
+        )
     return tuple(edges)
 
 
@@ -93,5 +106,16 @@ def read_sweep(path: str | Path) -> list[dict[str, Any]]:
     return doc
 
 
-__all__ = ["BOUNDARIES", "BOUNDARIES_PATH", "BY_STRATEGY", "NEEDS_EDGES", "SWEEP", "TIMINGS", "by_strategy_path",
-           "edges_for", "read_boundaries", "read_edges", "read_sweep"]
+__all__ = [
+    "BOUNDARIES",
+    "BOUNDARIES_PATH",
+    "BY_STRATEGY",
+    "NEEDS_EDGES",
+    "SWEEP",
+    "TIMINGS",
+    "by_strategy_path",
+    "edges_for",
+    "read_boundaries",
+    "read_edges",
+    "read_sweep",
+]

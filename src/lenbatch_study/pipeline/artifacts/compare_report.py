@@ -29,5 +29,19 @@ QUALITY_PLOT = "quality.png"
 # the report's path in the default results folder (``lenbatch readme`` reads it)
 REPORT_PATH = f"results/{WRITER}/{REPORT}"
 
-__all__ = ["DETAILS", "DIAGNOSTICS", "FRONTIER", "FRONTIER_PLOT", "HISTOGRAM", "HISTOGRAM_PLOT", "METRICS", "QUALITY_PLOT",
-           "REPORT", "REPORT_PATH", "STEPMODEL", "THROUGHPUT", "THROUGHPUT_PLOT", "WRITER"]
+__all__ = [
+    "DETAILS",
+    "DIAGNOSTICS",
+    "FRONTIER",
+    "FRONTIER_PLOT",
+    "HISTOGRAM",
+    "HISTOGRAM_PLOT",
+    "METRICS",
+    "QUALITY_PLOT",
+    "REPORT",
+    "REPORT_PATH",
+    "STEPMODEL",
+    "THROUGHPUT",
+    "THROUGHPUT_PLOT",
+    "WRITER",
+]

@@ -28,8 +28,9 @@ def rerun(folder: Path) -> str:
     return rerun_hint(WRITER, f"results/{WRITER}/{TIMINGS}", folder)
 
 
-def read_timings(folder: str | Path, *, per_role: bool = True,
-                 strategies: Optional[Sequence[str]] = None) -> dict[str, Any]:
+def read_timings(
+    folder: str | Path, *, per_role: bool = True, strategies: Optional[Sequence[str]] = None
+) -> dict[str, Any]:
     """``interleave.json`` of the interleave output folder ``folder``, every strategy's record checked: the
     keys present, as many steps as epochs and useful tokens, as many seconds (in all and, with ``per_role``,
     per role) as useful tokens (one per round); every number what it must be (:func:`check_numbers`); and
@@ -46,9 +47,11 @@ def read_timings(folder: str | Path, *, per_role: bool = True,
         raise refuse(p, "holds no strategies", rerun=rerun(d))
     for s, rec in doc["strategies"].items():
         require_keys(p, rec, keys, rerun=rerun(d), what=f" for strategy {s}")
-        if not all(isinstance(rec[k], list) for k in rec if k in keys or k.endswith("seconds")) or \
-                not len(rec["steps"]) == len(rec["epochs"]) == len(rec["step_useful_tokens"]) >= 1 or \
-                len({len(rec[k]) for k in keys if k.endswith("seconds")} | {len(rec["useful_tokens"])}) != 1:
+        if (
+            not all(isinstance(rec[k], list) for k in rec if k in keys or k.endswith("seconds"))
+            or not len(rec["steps"]) == len(rec["epochs"]) == len(rec["step_useful_tokens"]) >= 1
+            or len({len(rec[k]) for k in keys if k.endswith("seconds")} | {len(rec["useful_tokens"])}) != 1
+        ):
             raise refuse(p, f"holds mismatched lists for strategy {s} (a partial write?)", rerun=rerun(d))
     check_numbers(p, doc, rerun=rerun(d))
     if strategies is None:
@@ -56,8 +59,12 @@ def read_timings(folder: str | Path, *, per_role: bool = True,
         strategies = (train.get("strategies") or ()) if isinstance(train, dict) else ()
     missing = [s for s in strategies if s not in doc["strategies"]]
     if missing:
-        raise refuse(p, f"lacks strategy {', '.join(missing)} (it holds {', '.join(doc['strategies'])}; "
-                     f"train.strategies lists {', '.join(strategies)}): a partial or edited file", rerun=rerun(d))
+        raise refuse(
+            p,
+            f"lacks strategy {', '.join(missing)} (it holds {', '.join(doc['strategies'])}; "
+            f"train.strategies lists {', '.join(strategies)}): a partial or edited file",
+            rerun=rerun(d),
+        )
     return doc
 
 
@@ -70,6 +77,7 @@ def check_numbers(path: Path, doc: dict[str, Any], *, rerun: str) -> None:
     every seconds a finite number > 0 (NaN, inf, 0 or a negative time put NaN and Infinity into compare's
     metrics and report), useful tokens whole numbers > 0, steps, epochs and positions whole numbers >= 0.
     O(rounds x strategies)."""
+
     def seconds_ok(x: Any) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
@@ -89,8 +97,12 @@ def check_numbers(path: Path, doc: dict[str, Any], *, rerun: str) -> None:
             bad.extend(f"{s} {key}[{j}]={x!r} (not {what})" for j, x in enumerate(values) if not ok(x))
     if bad:
         more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-        raise refuse(path, f"holds numbers that cannot be measured ones: {'; '.join(bad[:4])}{more} (a failed or "
-                     "interrupted measurement, or an edited file)", rerun=rerun)
+        raise refuse(
+            path,
+            f"holds numbers that cannot be measured ones: {'; '.join(bad[:4])}{more} (a failed or "
+            "interrupted measurement, or an edited file)",
+            rerun=rerun,
+        )
 
 
 def read_params(folder: str | Path) -> dict[str, Any] | None:

@@ -19,8 +19,12 @@ KEYS = ("padding_efficiency", "composition_repeat", "length_mixing")
 
 
 def rerun(path: Path) -> str:
-    return rerun_hint(WRITER, f"results/{WRITER}/{METRICS}", path.parent,
-                      flags=f"--lengths {LENGTHS_PATH} --boundaries {BOUNDARIES_PATH}")
+    return rerun_hint(
+        WRITER,
+        f"results/{WRITER}/{METRICS}",
+        path.parent,
+        flags=f"--lengths {LENGTHS_PATH} --boundaries {BOUNDARIES_PATH}",
+    )
 
 
 def read_plans(plans_dir: str | Path, strategies: Iterable[str]) -> dict[str, dict[str, Any]]:

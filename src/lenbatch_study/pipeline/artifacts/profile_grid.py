@@ -27,8 +27,14 @@ from lenbatch_study.pipeline.artifacts.reading import read_json, read_params, re
 WRITER = "profile"
 GRID = "grid.json"
 GRID_PATH = f"results/{WRITER}/{GRID}"  # under the default results folder: what a rerun hint names
-ROW_KEYS = ("layout", "sequence_lengths", "target_seconds_median", "drafter_seconds_median", "target_seconds_all",
-            "drafter_seconds_all")
+ROW_KEYS = (
+    "layout",
+    "sequence_lengths",
+    "target_seconds_median",
+    "drafter_seconds_median",
+    "target_seconds_all",
+    "drafter_seconds_all",
+)
 
 
 def rerun(profile_dir: Path) -> str:
@@ -53,8 +59,12 @@ def read_grid_document(profile_dir: str | Path) -> dict[str, Any]:
         require_keys(p, row, ROW_KEYS, rerun=rerun(d), what=f" in row {k}")
     check_times(p, rows, rerun=rerun(d))
     whole = doc if isinstance(doc, dict) else {}
-    return {"machine": whole.get("machine"), "reference": whole.get("reference"), "points": rows,
-            "transport": read_transport(p, rows, rerun=rerun(d))}
+    return {
+        "machine": whole.get("machine"),
+        "reference": whole.get("reference"),
+        "points": rows,
+        "transport": read_transport(p, rows, rerun=rerun(d)),
+    }
 
 
 TRANSPORT_KEYS = ("transport_bytes", "transport_seconds_all", "transport_stage_s_all", "transport_backend")
@@ -70,26 +80,40 @@ def read_transport(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> dic
     if not any(have):
         return None
     if not all(have):
-        raise refuse(path, f"has the features' transport ({', '.join(TRANSPORT_KEYS)}) in {sum(have)} of its "
-                     f"{len(rows)} rows (an interrupted or edited file)", rerun=rerun)
+        raise refuse(
+            path,
+            f"has the features' transport ({', '.join(TRANSPORT_KEYS)}) in {sum(have)} of its "
+            f"{len(rows)} rows (an interrupted or edited file)",
+            rerun=rerun,
+        )
 
     def ok(value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
-    bad = [f"row {k} transport_bytes={r['transport_bytes']!r}" for k, r in enumerate(rows) if not ok(r["transport_bytes"])]
-    bad += [f"row {k} transport_stage_s_all={r['transport_stage_s_all']!r}" for k, r in enumerate(rows)
-            if not isinstance(r["transport_stage_s_all"], list) or not all(ok(x) for x in r["transport_stage_s_all"])]
+    bad = [
+        f"row {k} transport_bytes={r['transport_bytes']!r}" for k, r in enumerate(rows) if not ok(r["transport_bytes"])
+    ]
+    bad += [
+        f"row {k} transport_stage_s_all={r['transport_stage_s_all']!r}"
+        for k, r in enumerate(rows)
+        if not isinstance(r["transport_stage_s_all"], list) or not all(ok(x) for x in r["transport_stage_s_all"])
+    ]
     if bad:
-        raise refuse(path, f"holds transport figures that are not finite numbers >= 0: {'; '.join(bad[:4])}",
-                     rerun=rerun)
-    return {"backend": rows[0]["transport_backend"], "bytes": [float(r["transport_bytes"]) for r in rows],
-            "seconds": [list(r["transport_seconds_all"]) for r in rows],
-            "stage": [list(r["transport_stage_s_all"]) for r in rows]}
+        raise refuse(
+            path, f"holds transport figures that are not finite numbers >= 0: {'; '.join(bad[:4])}", rerun=rerun
+        )
+    return {
+        "backend": rows[0]["transport_backend"],
+        "bytes": [float(r["transport_bytes"]) for r in rows],
+        "seconds": [list(r["transport_seconds_all"]) for r in rows],
+        "stage": [list(r["transport_stage_s_all"]) for r in rows],
+    }
 
 
 def check_times(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> None:
     """:func:`refuse` naming every cell whose step time is not a finite number > 0 (NaN, inf, 0, a string):
     the step-model fit cannot use it (numpy's least squares fails with "SVD did not converge" on NaN). O(rows)."""
+
     def ok(value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
@@ -107,8 +131,12 @@ def check_times(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> None:
                 bad.append(f"row {k} ({shape}) {key}={value!r}")
     if bad:
         more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-        raise refuse(path, f"holds step times that are not finite positive seconds: {'; '.join(bad[:4])}{more} "
-                     "(a step that failed or was interrupted while it was timed)", rerun=rerun)
+        raise refuse(
+            path,
+            f"holds step times that are not finite positive seconds: {'; '.join(bad[:4])}{more} "
+            "(a step that failed or was interrupted while it was timed)",
+            rerun=rerun,
+        )
 
 
 def read_profile_params(profile_dir: str | Path) -> dict[str, Any] | None:
@@ -116,5 +144,13 @@ def read_profile_params(profile_dir: str | Path) -> dict[str, Any] | None:
     return read_params(profile_dir, rerun=rerun(Path(profile_dir)))
 
 
-__all__ = ["GRID", "GRID_PATH", "TRANSPORT_KEYS", "check_times", "read_grid", "read_grid_document", "read_profile_params",
-           "read_transport"]
+__all__ = [
+    "GRID",
+    "GRID_PATH",
+    "TRANSPORT_KEYS",
+    "check_times",
+    "read_grid",
+    "read_grid_document",
+    "read_profile_params",
+    "read_transport",
+]

@@ -25,8 +25,9 @@ KEYS = ("strategies", "setting", "runs", "gradients", "summary", "timing")
 
 
 def rerun(quality_dir: Path) -> str:
-    return rerun_hint(WRITER, QUALITY_PATH, quality_dir,
-                      flags=f"--data results/tokenize --boundaries {BOUNDARIES_PATH}")
+    return rerun_hint(
+        WRITER, QUALITY_PATH, quality_dir, flags=f"--data results/tokenize --boundaries {BOUNDARIES_PATH}"
+    )
 
 
 def read_quality(quality_dir: str | Path, strategies: Iterable[str]) -> dict[str, Any]:

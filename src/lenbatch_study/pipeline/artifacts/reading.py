@@ -47,8 +47,7 @@ def require_keys(path: Path, doc: Any, keys: tuple[str, ...], *, rerun: str, wha
         raise refuse(path, f"holds {type(doc).__name__}, not a mapping{what}", rerun=rerun)
     missing = [k for k in keys if doc.get(k) is None]
     if missing:
-        raise refuse(path, f"lacks {', '.join(repr(k) for k in missing)}{what} (a partial or older run?)",
-                     rerun=rerun)
+        raise refuse(path, f"lacks {', '.join(repr(k) for k in missing)}{what} (a partial or older run?)", rerun=rerun)
 
 
 def read_params(folder: str | Path, *, rerun: str) -> dict[str, Any] | None:

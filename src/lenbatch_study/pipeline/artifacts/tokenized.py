@@ -69,8 +69,9 @@ def read_lengths(data: str | Path) -> np.ndarray:
     return _checked(path, rerun(data))
 
 
-def read_lengths_input(*, lengths: str | Path | None, generate: bool = False, seed_profile_size: int = SEED_COUNT,
-                       seed: int = 0) -> tuple[np.ndarray, str]:
+def read_lengths_input(
+    *, lengths: str | Path | None, generate: bool = False, seed_profile_size: int = SEED_COUNT, seed: int = 0
+) -> tuple[np.ndarray, str]:
     """The lengths a planning stage reads (tokens, int64) and their source's name: the ``.npy`` at
     ``lengths`` (a tokenize output's ``lengths.npy`` or any other), or with ``generate``
     (``--seed-profile``) the study's profile of ``seed_profile_size`` samples drawn with ``seed``."""
@@ -124,8 +125,11 @@ class TokenizedDataset:
         if missing:
             raise refuse(self.path, f"lacks columns {missing}", rerun=self.hint)
         if table.num_rows != len(lengths):
-            raise refuse(self.path, f"has {table.num_rows} rows but {self.data / LENGTHS} has {len(lengths)} (not "
-                         "from the same run)", rerun=self.hint)
+            raise refuse(
+                self.path,
+                f"has {table.num_rows} rows but {self.data / LENGTHS} has {len(lengths)} (not from the same run)",
+                rerun=self.hint,
+            )
         self.table = table.select(list(columns))
         self.lengths = lengths
 
@@ -134,8 +138,11 @@ class TokenizedDataset:
 
     def _check(self, i: int, n: int) -> None:
         if n != self.lengths[i]:
-            raise refuse(self.path, f"row {i} has {n} tokens but {LENGTHS} says {self.lengths[i]} (not from the "
-                         "same run)", rerun=self.hint)
+            raise refuse(
+                self.path,
+                f"row {i} has {n} tokens but {LENGTHS} says {self.lengths[i]} (not from the same run)",
+                rerun=self.hint,
+            )
 
     def _column(self, idx: list[int], name: str) -> list[np.ndarray]:
         """Rows ``idx`` of list column ``name`` as numpy arrays, each checked against ``lengths``."""
@@ -159,8 +166,10 @@ class TokenizedDataset:
     def arrays(self, indices: Iterable[int]) -> dict[int, dict[str, np.ndarray]]:
         """Rows ``indices`` as ``{i: {"input_ids": int64 array, "loss_mask": bool array}}``."""
         idx = [int(i) for i in indices]
-        return {i: {"input_ids": a.astype(np.int64), "loss_mask": m.astype(bool)}
-                for i, a, m in zip(idx, self._column(idx, "input_ids"), self._column(idx, "loss_mask"))}
+        return {
+            i: {"input_ids": a.astype(np.int64), "loss_mask": m.astype(bool)}
+            for i, a, m in zip(idx, self._column(idx, "input_ids"), self._column(idx, "loss_mask"))
+        }
 
     def loss_masks(self, indices: Iterable[int]) -> list[np.ndarray]:
         """The ``loss_mask`` rows of ``indices`` (bool arrays), in order."""
@@ -172,6 +181,16 @@ def read_dataset(data: str | Path, lengths: np.ndarray, *, columns: tuple[str, .
     return TokenizedDataset(data, lengths, columns=columns)
 
 
-__all__ = ["COLUMNS", "DATASET", "LENGTHS", "LENGTHS_PATH", "STATS", "TIMINGS", "TokenizedDataset", "output_paths",
-           "read_dataset", "read_lengths",
-           "read_lengths_input"]
+__all__ = [
+    "COLUMNS",
+    "DATASET",
+    "LENGTHS",
+    "LENGTHS_PATH",
+    "STATS",
+    "TIMINGS",
+    "TokenizedDataset",
+    "output_paths",
+    "read_dataset",
+    "read_lengths",
+    "read_lengths_input",
+]

@@ -33,8 +33,17 @@ STEPS = "steps.jsonl"
 CHECKPOINT = "checkpoint.pt"
 STOPPED = "stopped.json"  # beside the checkpoint of a run stopped on a signal (lenbatch_study.runtime.stopping)
 # what a fresh run removes from its folder first (with the temp files their atomic writes leave when killed)
-RUN_FILES = (CHECKPOINT, f"{CHECKPOINT}.tmp", SUMMARY, f"{SUMMARY}.tmp", PARAMS, STEPS, f"{STEPS}.tmp", STOPPED,
-             f"{STOPPED}.tmp")
+RUN_FILES = (
+    CHECKPOINT,
+    f"{CHECKPOINT}.tmp",
+    SUMMARY,
+    f"{SUMMARY}.tmp",
+    PARAMS,
+    STEPS,
+    f"{STEPS}.tmp",
+    STOPPED,
+    f"{STOPPED}.tmp",
+)
 
 
 def summary_path(strategy: str) -> str:
@@ -92,8 +101,10 @@ def check_summary_numbers(path: Path, summary: dict[str, Any], *, rerun: str) ->
     """:func:`refuse` naming the summary's numbers that no run measures: NaN, infinite or negative anywhere
     (counts, seconds, shares, losses, the reference step's times; ``params`` is checked where it is loaded),
     a throughput or a step count of 0, a padding efficiency above 1."""
-    bad = _bad({k: v for k, v in summary.items() if k != "params"},
-               positive=("useful_tokens_per_s", "steps", "useful_tokens", "padding_efficiency"))
+    bad = _bad(
+        {k: v for k, v in summary.items() if k != "params"},
+        positive=("useful_tokens_per_s", "steps", "useful_tokens", "padding_efficiency"),
+    )
     eff = summary.get("padding_efficiency")
     if _number(eff) and eff > 1:
         bad.append(f"padding_efficiency={eff!r} (above 1)")
@@ -101,8 +112,11 @@ def check_summary_numbers(path: Path, summary: dict[str, Any], *, rerun: str) ->
         bad.append(f"steps={summary['steps']!r} (not a count)")
     if bad:
         more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-        raise refuse(path, f"holds numbers that no run measures: {'; '.join(bad[:4])}{more} (an edited or corrupt "
-                     "file)", rerun=rerun)
+        raise refuse(
+            path,
+            f"holds numbers that no run measures: {'; '.join(bad[:4])}{more} (an edited or corrupt file)",
+            rerun=rerun,
+        )
 
 
 def check_step_numbers(path: Path, rows: list[dict[str, Any]], *, rerun: str) -> None:
@@ -120,8 +134,11 @@ def check_step_numbers(path: Path, rows: list[dict[str, Any]], *, rerun: str) ->
         bad += [f"line {i + 1} {x}" for x in found]
     if bad:
         more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-        raise refuse(path, f"holds numbers that no step measures: {'; '.join(bad[:4])}{more} (an edited or corrupt "
-                     "file)", rerun=rerun)
+        raise refuse(
+            path,
+            f"holds numbers that no step measures: {'; '.join(bad[:4])}{more} (an edited or corrupt file)",
+            rerun=rerun,
+        )
 
 
 def read_run(train_dir: str | Path, strategy: str) -> dict[str, Any]:
@@ -141,10 +158,23 @@ def read_run(train_dir: str | Path, strategy: str) -> dict[str, Any]:
     steps = read_steps(run_dir / STEPS, rerun=hint)
     check_step_numbers(run_dir / STEPS, steps, rerun=hint)
     if len({int(r["step"]) for r in steps}) != int(summary["steps"]):
-        raise refuse(run_dir / STEPS, f"holds {len(steps)} steps but {SUMMARY} says {summary['steps']} (a partial "
-                     "or mixed run)", rerun=hint)
+        raise refuse(
+            run_dir / STEPS,
+            f"holds {len(steps)} steps but {SUMMARY} says {summary['steps']} (a partial or mixed run)",
+            rerun=hint,
+        )
     return {"summary": summary, "steps": steps}
 
 
-__all__ = ["CHECKPOINT", "RUN_FILES", "STEPS", "SUMMARY", "check_step_numbers", "check_summary_numbers", "read_run",
-           "read_steps", "rerun", "summary_path"]
+__all__ = [
+    "CHECKPOINT",
+    "RUN_FILES",
+    "STEPS",
+    "SUMMARY",
+    "check_step_numbers",
+    "check_summary_numbers",
+    "read_run",
+    "read_steps",
+    "rerun",
+    "summary_path",
+]
