@@ -89,7 +89,8 @@ def add_toy(work) -> None:
         "\nfrom lenbatch_study.pipeline.artifacts import toy_count\n\n\n@dataclass(frozen=True)\nclass Output",
         1,
     )
-    text = text.replace('    Command("stats", ', COMMAND + '    Command("stats", ', 1)  # DAG order: after tokenize
+    # DAG order: after tokenize, before stats' row (however the formatter breaks that row's lines)
+    text = re.sub(r'^(    Command\(\s*"stats",)', lambda m: COMMAND + m.group(1), text, count=1, flags=re.M)
     assert text.count("toy_count") == 2, "registry.py's layout changed: update add_toy"
     registry.write_text(text)
     (work / f"src/lenbatch_study/pipeline/artifacts/{FILE}.py").write_text(ARTIFACT)
