@@ -4,7 +4,7 @@
 #   (configs/*.yaml set results_dir: their results go to results/<name>/, never over results/)
 # `make run` runs `dvc repro`, whose stages each run one rule here; rules take inputs, outputs and params
 # from the stage table (pipeline/registry.py, via workflow/rules/common.smk), as dvc.yaml does.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 

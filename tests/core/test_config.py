@@ -1,4 +1,5 @@
-"""params.yaml, the override files and the generated schema agree, and bad params are refused clearly."""
+"""params.yaml, the override files and the generated schema (`lenbatch params --schema`) agree, and bad params are
+refused clearly."""
 
 from __future__ import annotations
 
@@ -21,10 +22,9 @@ from lenbatch_study.core.config import (
     load_params,
     params_from_dict,
 )
-from lenbatch_study.core.schema import schema_yaml
+from lenbatch_study.core.schema import json_schema
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = ROOT / "workflow/schemas/params.schema.yaml"
 OVERRIDES = sorted((ROOT / "configs").glob("*.yaml"))
 
 
@@ -47,7 +47,7 @@ def test_every_override_file_is_valid_on_top_of_params(override):
         for key, value in values.items():
             got = getattr(params.section(section), key)
             assert (list(got) if isinstance(got, tuple) else got) == value, f"{section}.{key} not applied"
-    jsonschema.validate(deep_merge(_raw(), raw_override), yaml.safe_load(SCHEMA.read_text()))
+    jsonschema.validate(deep_merge(_raw(), raw_override), json_schema())
 
 
 @pytest.mark.parametrize("override", OVERRIDES, ids=lambda p: p.name)
@@ -69,8 +69,17 @@ def test_settings_names_an_overlay_the_loader_merges_as_a_configfile_would(overr
         load_params(tmp_path / "params.yaml")
 
 
-def test_schema_file_is_generated_from_the_dataclasses():
-    assert SCHEMA.read_text() == schema_yaml(), "regenerate: lenbatch params --schema > " + str(SCHEMA)
+def test_params_is_declared_beside_its_sections_and_the_schema_is_printed_for_editors():
+    """A new section is one file's edit (core/sections.py); core.config hands on the same class, and
+    `lenbatch params --schema` prints the schema generated from it (no committed copy to keep equal)."""
+    from lenbatch_study.core import sections
+
+    assert Params is sections.Params and set(sections.SECTION_HELP) == set(SECTIONS)
+    out = subprocess.run(
+        [sys.executable, "-m", "lenbatch_study", "params", "--schema"], capture_output=True, text=True, check=True
+    ).stdout
+    assert yaml.safe_load(out) == json_schema() and set(json_schema()["properties"]) == {*SECTIONS, "settings"}
+    assert not (ROOT / "workflow/schemas").exists()
 
 
 def test_every_key_in_params_yaml_has_a_comment():
@@ -102,7 +111,8 @@ def test_bad_params_are_refused_naming_the_key_and_the_fix(mutate, words):
 
 
 def test_schema_rejects_what_the_loader_rejects():
-    schema = yaml.safe_load(SCHEMA.read_text())
+    """The schema editors get from `lenbatch params --schema` refuses what the one check refuses."""
+    schema = json_schema()
     jsonschema.validate(_raw(), schema)
     for mutate in (
         lambda r: r["boundaries"].update(num_bucket=8),
@@ -275,8 +285,8 @@ def test_the_workflow_config_check_refuses_ranges_and_non_finite_numbers():
     ],
 )
 def test_list_entries_and_huge_values_are_bounded_naming_the_setting(section, key, value, words):
-    """Each of these passed the loader before and ended in a traceback or the OOM killer in its stage; the
-    schema Snakemake checks states the same bounds."""
+    """Each of these would end in a traceback or the OOM killer in its stage; the schema editors get
+    (`lenbatch params --schema`) states the same bounds."""
     raw = _raw()
     raw[section][key] = value
     with pytest.raises(ValueError) as err:
@@ -285,7 +295,7 @@ def test_list_entries_and_huge_values_are_bounded_naming_the_setting(section, ke
         assert word in str(err.value)
     if key != "max_batch_size":  # a bound across two keys is the loader's alone
         with pytest.raises(jsonschema.ValidationError):
-            jsonschema.validate(raw, yaml.safe_load(SCHEMA.read_text()))
+            jsonschema.validate(raw, json_schema())
 
 
 @pytest.mark.parametrize(
@@ -311,8 +321,6 @@ def test_params_yaml_describes_each_setting_with_its_declared_help():
     """A setting is described once, where it is declared (lenbatch_study.core.config): params.yaml's comment, the
     JSON schema and the CLI flag overriding it all carry that text (the comment may add why this value, after it)."""
     import re
-
-    from lenbatch_study.core.schema import json_schema
 
     schema, section, checked = json_schema()["properties"], None, 0
     for line in (ROOT / "params.yaml").read_text().splitlines():

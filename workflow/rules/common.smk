@@ -22,17 +22,16 @@ config.update(_resolved)
 # configs/*.yaml set their own (results/tiny, results/qwen3.6-27b-8gpu) so they never overwrite it.
 R = str(config.pop("results_dir", "results")).rstrip("/")
 
-# Refuse a bad params file before anything runs: our loader names the key and the fix,
-# the JSON schema (generated from the same dataclasses) is Snakemake's own check. Snakemake's YAML loader
-# keeps the last of a key given twice; the stages refuse it, so every config file is read again here with
-# theirs (params.yaml and each --configfile), and a key given twice stops the run as it stops a stage.
+# Refuse a bad params file before anything runs, checked once, here: our loader names the key and the fix.
+# Snakemake's YAML loader keeps the last of a key given twice; the stages refuse it, so every config file is
+# read again here with theirs (params.yaml and each --configfile), and a key given twice stops the run as it
+# stops a stage.
 try:
     for _configfile in workflow.configfiles:
         read_yaml(_configfile)
     PARAMS = params_from_dict(config, source="the workflow config (params.yaml and any --configfile/--config)")
 except ValueError as err:
     raise WorkflowError(f"invalid params: {err}")
-validate(config, "../schemas/params.schema.yaml")
 
 # Only in the main process (a cluster job's process parses this file again on its node):
 if workflow.is_main_process:

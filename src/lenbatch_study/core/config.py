@@ -1,5 +1,5 @@
-"""``params.yaml`` as one frozen :class:`Params` (the sections of :mod:`lenbatch_study.core.sections`), and
-how a stage's params reach it: read and checked once, at the command line's edge.
+"""``params.yaml`` as one frozen :class:`Params` (declared with its sections in
+:mod:`lenbatch_study.core.sections`), and how a stage's params reach it: read and checked once, at the command line's edge.
 
 ``params.yaml`` is the single source of truth: Snakemake's ``configfile``, DVC's params file, and what
 ``lenbatch <stage> --params`` reads. Two forms reach a stage, and each is read once, by
@@ -27,13 +27,12 @@ import json
 import math
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from lenbatch_study.core.sections import (  # noqa: F401 (the sections, importable from here as before)
+from lenbatch_study.core.sections import (  # noqa: F401 (the sections and Params, importable from here too)
     SECTION_HELP,
     BatchingConfig,
     BoundariesConfig,
@@ -42,6 +41,7 @@ from lenbatch_study.core.sections import (  # noqa: F401 (the sections, importab
     DrafterConfig,
     InterleaveConfig,
     ModelConfig,
+    Params as Params,
     PlansConfig,
     ProfileConfig,
     QualityConfig,
@@ -49,28 +49,6 @@ from lenbatch_study.core.sections import (  # noqa: F401 (the sections, importab
     TrainConfig,
 )
 from lenbatch_study.core.settings import apply_settings
-
-
-@dataclass(frozen=True)
-class Params:
-    data: DataConfig = field(default_factory=DataConfig)
-    stats: StatsConfig = field(default_factory=StatsConfig)
-    boundaries: BoundariesConfig = field(default_factory=BoundariesConfig)
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
-    plans: PlansConfig = field(default_factory=PlansConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    drafter: DrafterConfig = field(default_factory=DrafterConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
-    interleave: InterleaveConfig = field(default_factory=InterleaveConfig)
-    compare: CompareConfig = field(default_factory=CompareConfig)
-    quality: QualityConfig = field(default_factory=QualityConfig)
-
-    def section(self, name: str) -> Any:
-        return getattr(self, name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_plain(dataclasses.asdict(self))
 
 
 SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(Params)[f.name] for f in dataclasses.fields(Params)}
@@ -100,14 +78,6 @@ def check_across(given: dict[str, Any]) -> None:
             f"data.max_len ({data['max_len']}) exceeds batching.token_budget ({budget}): a longest "
             "sample could not fit any batch; raise the budget or lower max_len"
         )
-
-
-def _to_plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _to_plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_plain(v) for v in value]
-    return value
 
 
 def _check_range(where: str, value: Any, meta: Any) -> None:

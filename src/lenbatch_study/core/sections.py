@@ -1,16 +1,17 @@
 """The params keys: one frozen dataclass per section of ``params.yaml``, each key with its default, unit
-and bounds (the JSON schema, :mod:`lenbatch_study.core.schema`, is generated from them), and the checks
-that need only its own section (``__post_init__``). :mod:`lenbatch_study.core.config` puts the sections
-together (``Params``) and turns a params file into them.
+and bounds (the JSON schema, :mod:`lenbatch_study.core.schema`, is generated from them), the checks that
+need only its own section (``__post_init__``), and :class:`Params`, the sections put together.
+:mod:`lenbatch_study.core.config` turns a params file into them.
 
-To add a key: add a field with ``_f(default, "help (unit)")`` to its section,
-add it to ``params.yaml`` with a comment, then regenerate the schema::
-
-    lenbatch params --schema > workflow/schemas/params.schema.yaml
+To add a key: add a field with ``_f(default, "help (unit)")`` to its section. To add a section: its
+dataclass, and its field in :class:`Params` (``_section(cls, "help")``). Then ``lenbatch dvc-yaml``
+writes the new keys' defaults, each with its help as the comment, into ``params.yaml`` (a value already
+there is kept).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -418,17 +419,55 @@ class QualityConfig:
             raise ValueError(f"quality.seeds must be >= 2 for an interval over seeds, got {self.seeds}; use 3 or more")
 
 
-SECTION_HELP = {
-    "data": "tokenize stage: where the conversations come from and how they become token ids",
-    "stats": "stats stage: length percentiles and histogram",
-    "boundaries": "boundaries stage: length-bucket edges",
-    "batching": "every strategy, in plans, profile and train: the batch shape limits and the seed",
-    "plans": "plans stage: simulated epochs of every strategy",
-    "model": "the frozen target model (Qwen3.5/3.6 architecture, random weights or a local checkpoint: model.pretrained)",
-    "drafter": "the DFlash-style drafter that is trained",
-    "train": "train stage: torchrun runs, one per strategy",
-    "profile": "profile stage: the step-time grid",
-    "interleave": "interleave stage: every strategy's steps timed in turns in one process (drift falls on all alike)",
-    "compare": "compare stage: step-time fit, prediction and report",
-    "quality": "quality stage: held-out loss over seeds and gradient quality per strategy (own learnable setting)",
-}
+def _section(cls: type, help_: str) -> Any:
+    """A field of :class:`Params`: a section, its defaults its class's, its help text the section comment that
+    ``lenbatch dvc-yaml`` writes into ``params.yaml`` and the JSON schema's description."""
+    return field(default_factory=cls, metadata={"help": help_})
+
+
+@dataclass(frozen=True)
+class Params:
+    """Every section of ``params.yaml``, in its order: a new section is its dataclass above and its field here."""
+
+    data: DataConfig = _section(
+        DataConfig, "tokenize stage: where the conversations come from and how they become token ids"
+    )
+    stats: StatsConfig = _section(StatsConfig, "stats stage: length percentiles and histogram")
+    boundaries: BoundariesConfig = _section(BoundariesConfig, "boundaries stage: length-bucket edges")
+    batching: BatchingConfig = _section(
+        BatchingConfig, "every strategy, in plans, profile and train: the batch shape limits and the seed"
+    )
+    plans: PlansConfig = _section(PlansConfig, "plans stage: simulated epochs of every strategy")
+    model: ModelConfig = _section(
+        ModelConfig,
+        "the frozen target model (Qwen3.5/3.6 architecture, random weights or a local checkpoint: model.pretrained)",
+    )
+    drafter: DrafterConfig = _section(DrafterConfig, "the DFlash-style drafter that is trained")
+    train: TrainConfig = _section(TrainConfig, "train stage: torchrun runs, one per strategy")
+    profile: ProfileConfig = _section(ProfileConfig, "profile stage: the step-time grid")
+    interleave: InterleaveConfig = _section(
+        InterleaveConfig,
+        "interleave stage: every strategy's steps timed in turns in one process (drift falls on all alike)",
+    )
+    compare: CompareConfig = _section(CompareConfig, "compare stage: step-time fit, prediction and report")
+    quality: QualityConfig = _section(
+        QualityConfig,
+        "quality stage: held-out loss over seeds and gradient quality per strategy (own learnable setting)",
+    )
+
+    def section(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+SECTION_HELP: dict[str, str] = {f.name: f.metadata["help"] for f in dataclasses.fields(Params)}
