@@ -79,7 +79,6 @@ def test_params_is_declared_beside_its_sections_and_the_schema_is_printed_for_ed
         [sys.executable, "-m", "lenbatch_study", "params", "--schema"], capture_output=True, text=True, check=True
     ).stdout
     assert yaml.safe_load(out) == json_schema() and set(json_schema()["properties"]) == {*SECTIONS, "settings"}
-    assert not (ROOT / "workflow/schemas").exists()
 
 
 def test_every_key_in_params_yaml_has_a_comment():
