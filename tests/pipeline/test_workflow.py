@@ -111,13 +111,15 @@ def test_every_rule_has_log_and_benchmark():
     ],
 )
 def test_bad_params_are_refused_before_any_rule_runs(work, tmp_path, bad, words):
+    """A typo'd key, a wrong type, an unknown strategy: refused as Snakemake parses the workflow, by the one
+    check (its message names the key and the fix), before any rule."""
     override = tmp_path / "bad.yaml"
     override.write_text(yaml.safe_dump(bad))
     proc = run(["snakemake", "-n", "--configfile", str(override)], cwd=work, check=False)
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
-    for word in words:
-        assert word in text
+    for word in ["invalid params:", *words]:
+        assert word in text, text
     assert "rule tokenize" not in text
 
 
@@ -168,7 +170,8 @@ def test_dvc_trains_exactly_the_strategies_params_yaml_lists(work, tmp_path):
 
 def test_committed_dvc_yaml_is_the_generated_one():
     """dvc.yaml is written by `lenbatch dvc-yaml` from deps.py (derived code deps, declared params): it
-    fails here when an import or a declaration changed without regenerating it."""
+    fails here when an import or a declaration changed without regenerating it, or when params.yaml lacks a
+    section or key core/sections.py declares (tests/pipeline/test_params_fill.py)."""
     proc = run([str(BIN / "lenbatch"), "dvc-yaml", "--check"], check=False)
     assert proc.returncode == 0, proc.stderr + "\nregenerate: lenbatch dvc-yaml"
 
