@@ -1,8 +1,10 @@
 """A new stage is the places docs/workflow.md lists ("To add a stage"), no more (issue 46.4): in a copy of the
-workflow (tiny params, its own git repo), a toy stage ``toy`` that reads tokenize's ``lengths.npy`` and writes
-``count.json`` (the number of samples) is added through exactly those places, ``dvc.yaml`` regenerated, and run for real under
-Snakemake and under DVC (its upstream: source, then tokenize on 60 conversations). The copy's ``src/`` comes
-first on PYTHONPATH, so its registry (with the toy) is the one every tool imports."""
+workflow (tiny params, its own git repo), a toy stage ``toy`` with a params section of its own
+(``toy.min_len``) that reads tokenize's ``lengths.npy`` and writes ``count.json`` (the number of samples at
+least ``min_len`` long) is added through exactly those places, ``lenbatch dvc-yaml`` writing ``dvc.yaml`` and
+the section's defaults into ``params.yaml``, and run for real under Snakemake and under DVC (its upstream:
+source, then tokenize on 60 conversations); a change of its own param reruns it alone. The copy's ``src/``
+comes first on PYTHONPATH, so its registry and sections (with the toy) are the ones every tool imports."""
 
 from __future__ import annotations
 
@@ -61,23 +63,34 @@ if TYPE_CHECKING:
 
 
 def run(*, params: Params, out: Path, lengths: Path) -> int:
-    write_json(Path(out) / COUNT, {"count": len(read_lengths(Path(lengths).parent))})
-    write_resolved(params, out, sections=("stats",))
+    count = int((read_lengths(Path(lengths).parent) >= params.toy.min_len).sum())
+    write_json(Path(out) / COUNT, {"count": count})
+    write_resolved(params, out, sections=("toy",))
     return 0
 '''
 
+SECTION = """@dataclass(frozen=True)
+class ToyConfig:
+    min_len: int = _f(0, "count only the samples at least this long (tokens)", minimum=0)
+
+
+"""
+FIELD = """    toy: ToyConfig = _section(ToyConfig, "toy stage: the number of samples")
+"""
+
 COMMAND = """    Command("toy", "the number of samples in lengths.npy", staged=True, stage=Stage(
-        params=("stats",), inputs=(Input("tokenize", "lengths"),), outputs={"samples": Output(toy_count.COUNT)})),
+        params=("toy",), inputs=(Input("tokenize", "lengths"),), outputs={"samples": Output(toy_count.COUNT)})),
 """
 
 
-def documented_places() -> list[str]:
-    """The numbered list under docs/workflow.md's "To add a stage", its paths with <name>/<file> filled in."""
+def documented_places() -> list[list[str]]:
+    """The numbered list under docs/workflow.md's "To add a stage": each place's files (the paths it opens
+    with, ``path`` or ``path`` and ``path``), with <name>/<file> filled in."""
     text = (ROOT / "docs/workflow.md").read_text()
     section = text.split("## To add a stage\n", 1)[1].split("\n## ", 1)[0]
-    places = re.findall(r"^\d+\. `([^`]+)`", section, re.M)
-    assert places, "docs/workflow.md's 'To add a stage' lists no places (a numbered list of `path`: ...)"
-    return [p.replace("<name>", NAME).replace("<file>", FILE) for p in places]
+    heads = re.findall(r"^\d+\. ((?:`[^`]+`(?: and |, )?)+)", section, re.M)
+    assert heads, "docs/workflow.md's 'To add a stage' lists no places (a numbered list of `path`: ...)"
+    return [[p.replace("<name>", NAME).replace("<file>", FILE) for p in re.findall(r"`([^`]+)`", h)] for h in heads]
 
 
 def add_toy(work) -> None:
@@ -95,7 +108,13 @@ def add_toy(work) -> None:
     registry.write_text(text)
     (work / f"src/lenbatch_study/pipeline/artifacts/{FILE}.py").write_text(ARTIFACT)
     (work / f"src/lenbatch_study/stages/{NAME}.py").write_text(STAGE)
-    tool(["lenbatch", "dvc-yaml"], work)
+    sections = work / "src/lenbatch_study/core/sections.py"
+    text = sections.read_text()
+    text = text.replace("\ndef _section(", "\n" + SECTION + "def _section(", 1)
+    text = re.sub(r"\n(\n    def section\(self)", lambda m: "\n" + FIELD + m.group(1), text, count=1)
+    assert text.count("ToyConfig") == 3, "sections.py's layout changed: update add_toy"
+    sections.write_text(text)
+    tool(["lenbatch", "dvc-yaml"], work)  # dvc.yaml, and the toy section's defaults into params.yaml
 
 
 def tool(args, work, timeout=600):
@@ -133,10 +152,17 @@ def work(tmp_path_factory):
 def test_the_toy_touches_exactly_the_documented_places(work):
     changed = run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=work).stdout.splitlines()
     touched = sorted(line[3:] for line in changed)
-    assert touched == sorted(documented_places()), (
-        f"adding a stage touched {touched}; docs/workflow.md lists {sorted(documented_places())}"
+    places = documented_places()
+    assert touched == sorted(p for place in places for p in place), (
+        f"adding a stage touched {touched}; docs/workflow.md lists {places}"
     )
-    assert len(touched) <= 5
+    assert len(places) <= 5, places
+    # the one command wrote the new section's default, with its help as the comment, and kept the rest
+    params = (work / "params.yaml").read_text()
+    assert params.endswith(
+        "\ntoy:  # toy stage: the number of samples\n  min_len: 0  # count only the samples at least this long (tokens)\n"
+    ), params[-300:]
+    assert run(["git", "diff", "--numstat", "params.yaml"], cwd=work).stdout.split()[:2] == ["3", "0"]
     dvc = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
     # what an edit reruns follows with no edit: its own modules rerun it, and so does the reader of its input
     reruns = tool(
@@ -161,7 +187,14 @@ def test_the_toy_touches_exactly_the_documented_places(work):
 
 
 def _expected(work) -> dict[str, int]:
-    return {"count": len(np.load(work / "results/tokenize/lengths.npy"))}
+    min_len = yaml.safe_load((work / "params.yaml").read_text())[NAME]["min_len"]
+    return {"count": int((np.load(work / "results/tokenize/lengths.npy") >= min_len).sum())}
+
+
+def _changed(work) -> set[str]:
+    """The stages ``dvc status`` says would rerun (those DVC always reruns left out)."""
+    status = json.loads(tool(["dvc", "status", "--json"], work).stdout or "{}")
+    return {k for k, v in status.items() if v != ["always changed"]}
 
 
 def test_the_toy_runs_under_snakemake_then_under_dvc(work):
@@ -180,3 +213,28 @@ def test_the_toy_runs_under_snakemake_then_under_dvc(work):
     assert NAME in lock and any(o["path"] == f"results/{NAME}/count.json" for o in lock[NAME]["outs"])
     status = json.loads(tool(["dvc", "status", "--json", NAME], work).stdout or "{}")  # and its upstream
     assert {k for k, v in status.items() if v != ["always changed"]} == set(), status
+
+
+def test_a_change_of_the_toy_s_own_param_reruns_the_toy_only(work):
+    """Its section is a DVC params dependency of the toy alone: an edit of ``toy.min_len`` in params.yaml
+    leaves its upstream as it was, and the rerun counts with the new value."""
+    if not (work / "dvc.lock").exists():
+        pytest.skip("needs the run of test_the_toy_runs_under_snakemake_then_under_dvc")
+    lengths = np.load(work / "results/tokenize/lengths.npy")
+    min_len = int(lengths.max())  # counts the longest only: fewer than all, more than none
+    params = work / "params.yaml"
+    text = params.read_text()
+    assert text.count("  min_len: 0  #") == 1
+    unrun = _changed(work)  # the stages downstream of tokenize this test never ran
+    assert NAME not in unrun and "tokenize" not in unrun, unrun
+    params.write_text(text.replace("  min_len: 0  #", f"  min_len: {min_len}  #"))
+    changed = _changed(work)
+    assert changed == unrun | {NAME}, changed
+    before = {s: o for s, o in yaml.safe_load((work / "dvc.lock").read_text())["stages"].items() if s != NAME}
+    tool(["dvc", "repro", NAME], work)
+    after = yaml.safe_load((work / "dvc.lock").read_text())["stages"]
+    assert {s: o for s, o in after.items() if s != NAME} == before
+    assert after[NAME]["params"]["params.yaml"][NAME] == {"min_len": min_len}
+    got = json.loads((work / f"results/{NAME}/count.json").read_text())
+    assert got == _expected(work) and 0 < got["count"] < len(lengths), got
+    assert _changed(work) == unrun
