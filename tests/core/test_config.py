@@ -92,7 +92,7 @@ def test_every_key_in_params_yaml_has_a_comment():
     [
         (lambda r: r["boundaries"].update(num_bucket=8), ["boundaries.num_bucket", "num_buckets"]),
         (lambda r: r["batching"].update(token_budget="16k"), ["batching.token_budget", "integer"]),
-        (lambda r: r.pop("train"), ["missing section", "train"]),
+        (lambda r: r.pop("train"), ["missing section", "train", "`lenbatch dvc-yaml`"]),
         (lambda r: r["data"].update(overflow="cut"), ["data.overflow", "truncate"]),
         (lambda r: r["model"].update(target_layers=[9]), ["model.target_layers", "0..3"]),
         (lambda r: r["train"].update(strategies=["sorted", "bogus"]), ["train.strategies", "bogus"]),
@@ -222,7 +222,10 @@ def _dup_key(text: str) -> str:
         ),
         (lambda t: re.sub(r"\n  lr: [^ ]+", "\n  lr: .nan", t), ["drafter.lr", "finite"]),
         (lambda t: re.sub(r"\n  gamma: [^ ]+", "\n  gamma: .inf", t), ["drafter.gamma", "finite"]),
-        (lambda t: re.sub(r"\n  holdout_fraction: [^\n]+", "", t), ["missing key", "compare.holdout_fraction"]),
+        (
+            lambda t: re.sub(r"\n  holdout_fraction: [^\n]+", "", t),
+            ["missing key", "compare.holdout_fraction", "`lenbatch dvc-yaml`"],
+        ),
         (lambda t: t.replace("compare:", "compare: [", 1), ["not valid YAML at line", "fix the syntax"]),
     ],
     ids=["duplicate key", "duplicate section", "range", "nan", "inf", "missing key", "yaml syntax"],

@@ -170,7 +170,8 @@ def _section_from_dict(name: str, cls: type, raw: Any, source: str, *, complete:
     if complete and missing:
         raise ValueError(
             f"missing key(s) {', '.join(f'{name}.{k}' for k in missing)} in {source}; every key is "
-            "set in the params file (no silent code defaults): copy them from the shipped params.yaml"
+            "set in the params file (no silent code defaults): write their defaults into params.yaml with "
+            "`lenbatch dvc-yaml`, or copy them from the shipped params.yaml"
         )
     return cls(**{k: _check_value(f"{name}.{k} in {source}", v, cls, k) for k, v in raw.items()})
 
@@ -190,7 +191,10 @@ def params_from_dict(raw: Any, *, source: str = "params", require_all_sections: 
         raise ValueError(f"unknown section(s) {unknown} in {source}; known sections: {', '.join(SECTIONS)}")
     missing = [s for s in SECTIONS if s not in raw]
     if require_all_sections and missing:
-        raise ValueError(f"missing section(s) {missing} in {source}; copy them from the shipped params.yaml")
+        raise ValueError(
+            f"missing section(s) {missing} in {source}; write their defaults into params.yaml with "
+            "`lenbatch dvc-yaml`, or copy them from the shipped params.yaml"
+        )
     sections = {
         name: _section_from_dict(name, SECTIONS[name], raw[name], source, complete=require_all_sections)
         for name in raw
