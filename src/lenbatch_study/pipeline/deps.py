@@ -8,21 +8,15 @@ followed: the facade ``lenbatch/__init__.py`` unless a module reads a name throu
 ``boundaries.py`` would retokenize), the docstring-only subpackage ``__init__.py`` files, and the CLI and
 the table (no stage imports them; ``tests/pipeline/test_layout.py`` checks all three). Its **params** are
 declared in the table (``tests/pipeline/test_workflow.py`` checks that every key its own code reads is).
-Cost: parsing the ~90 modules, ~0.8 s, once per content (:data:`SCAN_CACHE`); then ~10 ms.
 """
 
 from __future__ import annotations
 
 import ast
-import atexit
 import dataclasses
 import functools
-import hashlib
-import json
-import os
 import typing
 from pathlib import Path
-from typing import Any
 
 from lenbatch.batching.strategy import STRATEGIES as ALL_STRATEGIES
 from lenbatch_study.core.config import SECTIONS
@@ -59,67 +53,19 @@ def _module_file(name: str) -> Path | None:
     return init if init.exists() else None
 
 
-# The import statements of each source file, by the sha256 of its bytes: parsing the ~60 files of the
-# stages' closures took ~0.7 s of every Snakemake start (the Snakefile asks for every rule's code), and DVC
-# starts Snakemake once per stage. Keyed by content, so no edit, checkout or copy can make an entry stale;
-# a cache that cannot be read or written is only slower (an installed, read-only package).
-SCAN_CACHE = SRC / "__pycache__" / "lenbatch-import-scan.json"
-_scan: dict[str, Any] = {"entries": None, "dirty": False, "used": set()}  # used: keys looked up here
-
-
-def _import_statements(path: Path) -> list[list[Any]]:
-    """``[["import", [names]] | ["from", module, [names]]]`` of every import in ``path`` (top level or inside
-    a function), from the cache or by :mod:`ast`; ``AssertionError`` on a relative import."""
-    source = path.read_bytes()
-    key = hashlib.sha256(source).hexdigest()
-    if _scan["entries"] is None:
-        try:
-            _scan["entries"] = json.loads(SCAN_CACHE.read_text())
-        except (OSError, ValueError):
-            _scan["entries"] = {}
-    _scan["used"].add(key)
-    hit = _scan["entries"].get(key)
-    if isinstance(hit, list):
-        return hit
-    out: list[list[Any]] = []
-    for node in ast.walk(ast.parse(source, filename=str(path))):
-        if isinstance(node, ast.Import):
-            out.append(["import", [a.name for a in node.names]])
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append(["from", node.module, [a.name for a in node.names]])
-        elif isinstance(node, ast.ImportFrom) and node.level:
-            raise AssertionError(f"{path}: relative import; use absolute lenbatch.* imports so deps can follow them")
-    _scan["entries"][key] = out
-    if not _scan["dirty"]:
-        _scan["dirty"] = True
-        atexit.register(_save_scan_cache)
-    return out
-
-
-def _save_scan_cache() -> None:
-    """Write the scan cache (atomically: a concurrent Snakemake reads the old or the new file, never half),
-    keeping only the contents this process looked up, so old versions of edited files do not pile up."""
-    try:
-        SCAN_CACHE.parent.mkdir(exist_ok=True)
-        tmp = SCAN_CACHE.with_name(f".{SCAN_CACHE.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({k: v for k, v in _scan["entries"].items() if k in _scan["used"]}))
-        os.replace(tmp, SCAN_CACHE)
-    except OSError:
-        pass
-
-
 @functools.lru_cache(maxsize=None)
 def direct_imports(module: str) -> tuple[str, ...]:
-    """The ``lenbatch`` modules ``module`` imports anywhere in its source (sorted), by :mod:`ast` (statements
-    cached by content: :data:`SCAN_CACHE`; which names are modules is looked up each time)."""
+    """The ``lenbatch`` modules ``module`` imports anywhere in its source (sorted), by :mod:`ast`."""
     path = _module_file(module)
     assert path is not None, f"no source file for {module}"
     found: set[str] = set()
-    for statement in _import_statements(path):
-        if statement[0] == "import":
-            found.update(statement[1])  # ``import lenbatch`` uses the facade: followed
-        else:
-            _, mod, names = statement
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import; use absolute lenbatch.* imports so deps can follow them")
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)  # ``import lenbatch`` uses the facade: followed
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            mod, names = node.module, [a.name for a in node.names]
             subs = {name for name in names if _module_file(f"{mod}.{name}") is not None}
             # ``from lenbatch import stepmodel`` imports the submodule lenbatch_study.analysis.stepmodel (not the facade)
             found.update(f"{mod}.{name}" for name in subs)
