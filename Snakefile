@@ -13,11 +13,11 @@ configfile: "params.yaml"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/quality.smk"
 include: "workflow/rules/compare.smk"
-# last: the rules of the stages no file above writes a rule for (stats, boundaries, plans), from the table
+# last: the rules of the stages no file above writes a rule for (machine, source, tokenize, stats,
+# boundaries, plans), from the table
 include: "workflow/rules/stages.smk"
 
 

@@ -89,6 +89,14 @@ def test_the_table_declares_what_the_stages_read():
         assert {producer[m] for m in used} == declared | {stage}, (stage, sorted(used), sorted(declared))
 
 
+def test_a_rules_threads_come_from_a_key_its_stage_reads():
+    """The generated rules take their threads from the params key the table names (tokenize's
+    data.workers): a key of the stage's own, so changing it reruns the stage under both tools."""
+    assert registry.STAGES["tokenize"].threads == "data.workers"
+    for stage, st in registry.STAGES.items():
+        assert st.threads is None or st.threads in deps.stage_param_keys(stage), stage
+
+
 def _artifact_modules() -> dict[str, object]:
     import importlib
 

@@ -91,6 +91,7 @@ class Stage:
     exclude: tuple[str, ...] = ()
     per_strategy: bool = False
     always_changed: bool = False
+    threads: str | None = None  # the params key that sets its Snakemake rule's threads (data.workers)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ _ALL = (
         staged=True,
         stage=Stage(
             params=("data",),
+            threads="data.workers",
             inputs=(_IN_SOURCE,),
             outputs={
                 "dataset": Output(tokenized.DATASET, cache=True, directory=True),
