@@ -38,10 +38,12 @@ def test_registry_deps_rules_dvc_and_cli_name_the_same_stages():
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     assert list(dvc) == stages  # the trainings: one foreach stage over train.strategies
     assert dvc["train"]["foreach"] == "${train.strategies}" and "foreach" not in dvc["compare"]
-    assert set(stages) <= set(registry.COMMANDS)
+    assert list(registry.COMMANDS) == stages  # the tools are the CLI's own list (cli/commands.py)
+    from lenbatch_study.cli.commands import COMMANDS, TOOLS
     from lenbatch_study.cli.flags import FLAGS
 
-    assert set(FLAGS) == set(registry.COMMANDS)
+    assert set(FLAGS) == set(COMMANDS) == set(stages) | {t.name for t in TOOLS}
+    assert not any(t.stage for t in TOOLS)
     snakefile = (ROOT / "Snakefile").read_text()
     assert "all_outputs()" in snakefile and "rules." not in snakefile.split("rule all:")[1]
 

@@ -122,7 +122,7 @@ _IN_MACHINE = Input("machine", "machine", trigger_only=True)
 _IN_SOURCE = Input("source", "source", trigger_only=True)
 _MODEL_RUN = ("model", "drafter", "batching")  # what a stage that runs the model reads besides its own section
 
-# Order is the order of the DAG, then the tools.
+# In DAG order.
 _ALL = (
     Command(
         "machine",
@@ -178,7 +178,6 @@ _ALL = (
             },
         ),
     ),
-    Command("plan", "plan one epoch of one strategy and write its batches as JSON", staged=True),
     Command(
         "plans",
         "simulate every strategy: padding efficiency, budget fill, diversity",
@@ -227,7 +226,6 @@ _ALL = (
             outputs={"summary": Output(train_runs.SUMMARY), "steps": Output(train_runs.STEPS, declared=False)},
         ),
     ),
-    Command("verify-packing", "check that a packed forward equals the per-sequence forwards"),
     # quality has its own lr and anchors: the train stage's drafter.lr / anchors_per_seq never rerun it;
     # it reads no training run, so train.* keys other than the strategy list and device never rerun it;
     # the edges are its input whatever the list holds: DVC's one quality stage cannot drop a dependency when
@@ -347,16 +345,6 @@ _ALL = (
             },
         ),
     ),
-    Command(
-        "study-replay",
-        "the study's own setting replayed (seed profile, budget 49,152, 7 ranks, its edges)",
-        staged=True,
-    ),
-    Command("params", "validate a params file, or print its resolved values or JSON schema"),
-    Command("plots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
-    Command("dvc-yaml", "write dvc.yaml from the stages' derived code and params dependencies"),
-    Command("reruns", "the stages an edit of each module reruns (derived: the stages' import closures)"),
-    Command("readme", "copy the committed report's results table into README.md (--check: fail if it differs)"),
 )
 
 COMMANDS: dict[str, Command] = {c.name: c for c in _ALL}
