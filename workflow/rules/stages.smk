@@ -1,13 +1,7 @@
-# The rule of every stage of the table (src/lenbatch_study/pipeline/registry.py) that has no rule of its own
-# in the files included before this one: generated here, in a loop, so a new stage is a row of the table and
-# its module, not a rule too. Its shell line is the stage's generic command line (lenbatch_study.cli.flags:
-# generic_stage_flags): --params-json with the stage's keys (none for a stage that reads no params), one
-# --<input> per file it reads, --out. Why not every stage: train's per-strategy jobs and resources, quality's
-# optional edges and compare's folders are the rule's own; a stage that needs any of that writes its rule as
-# those do. Included last (the Snakefile), so `workflow.is_rule` sees every hand-written rule.
-# machine and source (always_changed): common.smk rewrites their files as the workflow is parsed, only when
-# changed; their rules (no inputs, so a checkout's file times never rerun them) run only when the file is missing.
-
+# The rule of every stage of the table that no file included before this one writes (so a new stage needs
+# no rule): its shell line is the stage's generic command line (lenbatch_study.cli.flags.generic_stage_flags).
+# A stage whose rule needs more (train's per-strategy jobs and resources, quality's optional edges, compare's
+# folders) writes its own. Included last, so `workflow.is_rule` sees every hand-written rule.
 
 def _generic_shell(stage):
     st = registry.STAGES[stage]

@@ -1,13 +1,8 @@
-"""What each stage depends on, for Snakemake (``workflow/rules/common.smk``) and ``dvc.yaml`` alike, derived from
-the one table (:data:`lenbatch_study.pipeline.registry.STAGES`), so the two tools cannot drift.
-
-A stage's **code** is the import closure of its module ``lenbatch_study.stages.<stage>`` inside ``src/``:
-every absolute import of ``lenbatch`` or ``lenbatch_study``, top-level or lazy, followed with :mod:`ast`
-(nothing executed). A stage module imports only what it runs (DESIGN.md, "What reruns on an edit"). Not
-followed: the facade ``lenbatch/__init__.py`` unless a module reads a name through it (else editing
-``boundaries.py`` would retokenize), the docstring-only subpackage ``__init__.py`` files, and the CLI and
-the table (no stage imports them; ``tests/pipeline/test_layout.py`` checks all three). Its **params** are
-declared in the table (``tests/pipeline/test_workflow.py`` checks that every key its own code reads is).
+"""What each stage depends on, for the Snakemake rules and ``dvc.yaml`` alike, derived from the stage table
+(:data:`lenbatch_study.pipeline.registry.STAGES`), so the two tools cannot drift: its params (declared in
+the table) and its code, the import closure of ``lenbatch_study.stages.<stage>`` inside ``src/`` by
+:mod:`ast` (DESIGN.md, "What reruns on an edit"). The facade ``lenbatch/__init__.py`` is followed only where
+a module reads a name through it (else editing ``boundaries.py`` would retokenize).
 """
 
 from __future__ import annotations
@@ -161,16 +156,6 @@ HEADER = """\
 """
 
 
-def _snakemake(targets: list[str], rule: str) -> str:
-    return f"snakemake --cores all --allowed-rules {rule} --forcerun {rule} -- " + " ".join(targets)
-
-
-def dvc_target(stage: str, *, results: str = "results", strategy: str | None = None) -> str:
-    """The file DVC's command for ``stage`` asks Snakemake for: its first declared output that is a file."""
-    name = next(n for n, o in STAGES[stage].outputs.items() if o.declared and not o.directory)
-    return output_path(stage, name, results=results, strategy=strategy)
-
-
 def _dvc_stage(
     stage: str, *, results: str, strategy: str | None, pretrained: str | None = None, source: str | None = None
 ) -> dict[str, typing.Any]:
@@ -198,8 +183,11 @@ def _dvc_stage(
             deps += ins.get(i.output, [])
     checkpoint = pretrained_files(pretrained) if stage in pretrained_stages() else []
     data = source_files(source) if any(i.stage == "source" for i in st.inputs) else []
+    # the file the command asks Snakemake for: the stage's first declared output that is a file
+    target = next(n for n, o in st.outputs.items() if o.declared and not o.directory)
     entry: dict[str, typing.Any] = {
-        "cmd": _snakemake([dvc_target(stage, results=results, strategy=strategy)], stage),
+        "cmd": f"snakemake --cores all --allowed-rules {stage} --forcerun {stage} -- "
+        + output_path(stage, target, results=results, strategy=strategy),
         # the settings overlay params.yaml names (core/settings.py) and its file: DVC resolves ${settings} on
         # every run, so `-S settings=tiny` and an edit of configs/tiny.yaml rerun what they change
         "params": stage_params_compact(stage) + ["settings"],
@@ -225,12 +213,9 @@ def _dvc_stage(
 def dvc_stages(
     results: str = "results", *, pretrained: str | None = None, source: str | None = None
 ) -> dict[str, typing.Any]:
-    """The ``stages:`` mapping of ``dvc.yaml``, from the table: one DVC stage per stage; a per-strategy stage
-    is ``foreach: ${train.strategies}`` over one body whose strategy is ``${item}`` (DVC names its stages
-    ``<stage>@<strategy>``), so the trainings are exactly those params.yaml lists, ``-S`` included. Deps: its
-    inputs (and, with ``pretrained`` = ``model.pretrained``, the checkpoint's files for the stages that load
-    it: :func:`pretrained_files`; with ``source`` = ``data.source``, the data file for tokenize:
-    :func:`source_files`) then its code; outputs by kind."""
+    """The ``stages:`` mapping of ``dvc.yaml``: one DVC stage per stage, a per-strategy one ``foreach:
+    ${train.strategies}``; ``pretrained`` (``model.pretrained``) and ``source`` (``data.source``) add their
+    files to the deps of the stages that read them."""
     out: dict[str, typing.Any] = {}
     for stage, st in STAGES.items():
         if st.per_strategy:
