@@ -59,7 +59,7 @@ if workflow.is_main_process:
 
 LOGS = f"{R}/logs" if R != "results" else "logs"
 BENCH = f"{LOGS}/benchmarks"
-STRATEGIES = deps.strategies(config)
+STRATEGIES = list(config["train"]["strategies"])
 
 
 wildcard_constraints:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lenbatch.batching.strategy import STRATEGIES as ALL_STRATEGIES
 from lenbatch_study.core.config import SECTIONS
-from lenbatch_study.pipeline.registry import COMMANDS, STAGES, input_paths, output_path
+from lenbatch_study.pipeline.registry import COMMANDS, STAGES, Output, input_paths, output_path
 
 # The two packages whose modules are code: the library and the study beside it (both under src/).
 LIBRARY = "lenbatch"
@@ -23,14 +23,6 @@ STUDY = "lenbatch_study"
 PACKAGES = (LIBRARY, STUDY)
 SRC_ROOT = Path(__file__).resolve().parents[2]  # src/
 SRC = SRC_ROOT / STUDY
-NOT_FOLLOWED = ("lenbatch_study.__main__",)  # `python -m lenbatch_study` entry: only imports cli
-
-
-def strategies(config: typing.Mapping[str, typing.Any] | None = None) -> list[str]:
-    """The strategies trained: ``train.strategies`` of ``config``, or every known strategy."""
-    if config is None:
-        return list(ALL_STRATEGIES)
-    return list(config["train"]["strategies"])
 
 
 def _module_file(name: str) -> Path | None:
@@ -81,7 +73,7 @@ def import_closure(module: str) -> list[str]:
     todo = [module]
     while todo:
         name = todo.pop()
-        if name in seen or name in NOT_FOLLOWED or is_subpackage(name):
+        if name in seen or is_subpackage(name):
             continue
         seen.add(name)
         todo.extend(direct_imports(name))
@@ -160,15 +152,16 @@ def _dvc_stage(
     stage: str, *, results: str, strategy: str | None, pretrained: str | None = None, source: str | None = None
 ) -> dict[str, typing.Any]:
     st = STAGES[stage]
+
+    def listed(name: str, o: Output) -> dict[str, typing.Any]:
+        path = output_path(stage, name, results=results, strategy=strategy)
+        return {path: {"cache": o.cache, "persist": True, **dict(o.plot or {})}}
+
     if st.always_changed:  # machine, source: the command runs every time and rewrites only a changed file
-        ((name, o),) = st.outputs.items()
         reads = " --params params.yaml" if st.params else ""  # source: data.source (after any -S)
-        return {
-            "cmd": f"lenbatch {stage}{reads} --out {results}/{stage}",
-            "always_changed": True,
-            "outs": [{output_path(stage, name, results=results): {"cache": o.cache, "persist": True}}],
-        }
-    ins = input_paths(stage, results=results, strategies=strategies(), strategy=strategy)
+        outs = [listed(n, o) for n, o in st.outputs.items()]
+        return {"cmd": f"lenbatch {stage}{reads} --out {results}/{stage}", "always_changed": True, "outs": outs}
+    ins = input_paths(stage, results=results, strategies=ALL_STRATEGIES, strategy=strategy)
     deps: list[str] = []
     for i in st.inputs:
         if STAGES[i.stage].per_strategy and not st.per_strategy:
@@ -194,19 +187,8 @@ def _dvc_stage(
         "deps": deps + data + checkpoint + ["configs/${settings}.yaml"] + stage_code(stage),
     }
     for kind in ("outs", "metrics", "plots"):
-        listed = [
-            {
-                output_path(stage, name, results=results, strategy=strategy): {
-                    "cache": o.cache,
-                    "persist": True,
-                    **dict(o.plot or {}),
-                }
-            }
-            for name, o in st.outputs.items()
-            if o.kind == kind
-        ]
-        if listed:
-            entry[kind] = listed
+        if mine := [listed(n, o) for n, o in st.outputs.items() if o.kind == kind]:
+            entry[kind] = mine
     return entry
 
 
@@ -218,13 +200,9 @@ def dvc_stages(
     files to the deps of the stages that read them."""
     out: dict[str, typing.Any] = {}
     for stage, st in STAGES.items():
-        if st.per_strategy:
-            out[stage] = {
-                "foreach": "${train.strategies}",
-                "do": _dvc_stage(stage, results=results, strategy="${item}", pretrained=pretrained, source=source),
-            }
-        else:
-            out[stage] = _dvc_stage(stage, results=results, strategy=None, pretrained=pretrained, source=source)
+        item = "${item}" if st.per_strategy else None
+        body = _dvc_stage(stage, results=results, strategy=item, pretrained=pretrained, source=source)
+        out[stage] = {"foreach": "${train.strategies}", "do": body} if st.per_strategy else body
     return out
 
 
