@@ -95,6 +95,14 @@ _IN_MACHINE = Input("machine", "machine", trigger_only=True)
 _IN_SOURCE = Input("source", "source", trigger_only=True)
 _MODEL_RUN = ("model", "drafter", "batching")  # what a stage that runs the model reads besides its own section
 
+
+def _train(*keys: str) -> tuple[str, ...]:
+    return tuple(f"train.{k}" for k in keys)
+
+
+# what profile and interleave time: the StepRunner (lenbatch_study.runtime.runner) with these train.* keys
+_STEP_RUNNER = _train("nproc", "threads", "device", "kernels", "reuse_host_memory")
+
 # In DAG order.
 _ALL = (
     Command(
@@ -167,16 +175,7 @@ _ALL = (
         "time the target + drafter step on a grid of batch shapes",
         staged=True,
         stage=Stage(
-            params=(
-                *_MODEL_RUN,
-                "profile",
-                "data.max_len",
-                "train.nproc",
-                "train.threads",
-                "train.device",
-                "train.kernels",
-                "train.reuse_host_memory",
-            ),
+            params=(*_MODEL_RUN, *_STEP_RUNNER, "profile", "data.max_len"),
             inputs=(_IN_MACHINE,),
             outputs={"grid": Output(profile_grid.GRID)},
         ),
@@ -223,17 +222,9 @@ _ALL = (
         stage=Stage(
             params=(
                 *_MODEL_RUN,
+                *_STEP_RUNNER,
+                *_train("strategies", "nodes", "queue_size", "useful_tokens", "warmup_steps"),
                 "interleave",
-                "train.strategies",
-                "train.nproc",
-                "train.nodes",
-                "train.queue_size",
-                "train.useful_tokens",
-                "train.warmup_steps",
-                "train.threads",
-                "train.device",
-                "train.kernels",
-                "train.reuse_host_memory",
                 "data.max_len",
             ),
             inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
