@@ -48,7 +48,7 @@ $(STAMP): pyproject.toml study/pyproject.toml | $(PY) $(INSTALL_TOOL)
 	$(call pip_install,$(PY)) -e . -e './study[dev]' torch==2.13.0
 	touch $(STAMP)
 
-$(PLOTS_TEMPLATE): $(STAMP)
+$(PLOTS_TEMPLATE): $(STAMP) src/lenbatch_study/tools/plots.py
 	PATH=$(abspath $(VENV))/bin:$$PATH lenbatch plots --write-template
 
 # `dvc repro`: DVC decides what is stale (by content) and records it in dvc.lock; each stage runs its one

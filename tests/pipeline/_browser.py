@@ -1,5 +1,5 @@
 """A real headless Chromium (Debian's `chromium`, installed by .ci/run) rendering a `dvc plots` page: the DOM
-after Vega has drawn (the offline template makes Vega draw SVG: lenbatch_study.pipeline.dvcplots), the marks
+after Vega has drawn (the offline template makes Vega draw SVG: lenbatch_study.tools.plots), the marks
 each plot drew, and a screenshot."""
 
 from __future__ import annotations

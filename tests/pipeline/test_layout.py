@@ -7,8 +7,6 @@ modules of a few hundred lines. Read from the source with :func:`lenbatch_study.
 from __future__ import annotations
 
 import ast
-import json
-import os
 import importlib
 import re
 import subprocess
@@ -324,43 +322,6 @@ def test_only_the_cli_layer_parses_arguments():
 @pytest.mark.parametrize("module", ["lenbatch_study.stages.stats", "lenbatch_study.stages.compare"])
 def test_stage_closures_leave_out_the_cli(module):
     assert not any(m.startswith("lenbatch_study.cli") for m in deps.import_closure(module))
-
-
-def test_the_import_scan_cache_is_keyed_by_content_and_survives_a_bad_file(tmp_path, monkeypatch):
-    """deps.SCAN_CACHE spares each Snakemake start the ast parse of every module: a warm cache gives the
-    same closures without parsing, a file whose bytes change is parsed again whatever its path and
-    mtime, and an unreadable cache file is only a miss."""
-    from lenbatch_study.pipeline.registry import STAGES
-
-    def fresh(cache):
-        monkeypatch.setattr(deps, "SCAN_CACHE", cache)
-        monkeypatch.setattr(deps, "_scan", {"entries": None, "dirty": False, "used": set()})
-        deps.direct_imports.cache_clear()
-
-    cache = tmp_path / "scan.json"
-    cache.write_text(json.dumps({"0" * 64: [["import", ["lenbatch.gone"]]]}))  # an old version's entry
-    fresh(cache)
-    closures = {s: deps.stage_code(s) for s in STAGES}
-    deps._save_scan_cache()
-    saved = json.loads(cache.read_text())
-    assert len(saved) >= 40 and "0" * 64 not in saved  # what no file has any more is dropped
-    fresh(cache)
-    parse = ast.parse
-    monkeypatch.setattr(ast, "parse", lambda *a, **k: pytest.fail("parsed although the cache holds every file"))
-    assert {s: deps.stage_code(s) for s in STAGES} == closures
-    monkeypatch.setattr(ast, "parse", parse)
-    cache.write_text("{not json")
-    fresh(cache)
-    assert {s: deps.stage_code(s) for s in STAGES} == closures
-    mod = tmp_path / "m.py"
-    mod.write_text("from lenbatch import log\n")
-    first = deps._import_statements(mod)
-    stat = mod.stat()
-    mod.write_text("import lenbatch.batching.spec as sp\n")
-    os.utime(mod, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert first == [["from", "lenbatch", ["log"]]]
-    assert deps._import_statements(mod) == [["import", ["lenbatch.batching.spec"]]]
-    deps.direct_imports.cache_clear()
 
 
 # The library's tests run where only the library is installed: they import nothing of the study.

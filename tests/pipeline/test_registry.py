@@ -38,10 +38,12 @@ def test_registry_deps_rules_dvc_and_cli_name_the_same_stages():
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     assert list(dvc) == stages  # the trainings: one foreach stage over train.strategies
     assert dvc["train"]["foreach"] == "${train.strategies}" and "foreach" not in dvc["compare"]
-    assert set(stages) <= set(registry.COMMANDS)
+    assert list(registry.COMMANDS) == stages  # the tools are the CLI's own list (cli/commands.py)
+    from lenbatch_study.cli.commands import COMMANDS, TOOLS
     from lenbatch_study.cli.flags import FLAGS
 
-    assert set(FLAGS) == set(registry.COMMANDS)
+    assert set(FLAGS) == set(COMMANDS) == set(stages) | {t.name for t in TOOLS}
+    assert not any(t.stage for t in TOOLS)
     snakefile = (ROOT / "Snakefile").read_text()
     assert "all_outputs()" in snakefile and "rules." not in snakefile.split("rule all:")[1]
 
@@ -87,6 +89,14 @@ def test_the_table_declares_what_the_stages_read():
         used = {m for m in deps.stage_modules(stage) if m.startswith("lenbatch_study.pipeline.artifacts.")} - SHARED
         declared = {i.stage for i in st.inputs if not i.trigger_only}  # the machine: a dependency, never read
         assert {producer[m] for m in used} == declared | {stage}, (stage, sorted(used), sorted(declared))
+
+
+def test_a_rules_threads_come_from_a_key_its_stage_reads():
+    """The generated rules take their threads from the params key the table names (tokenize's
+    data.workers): a key of the stage's own, so changing it reruns the stage under both tools."""
+    assert registry.STAGES["tokenize"].threads == "data.workers"
+    for stage, st in registry.STAGES.items():
+        assert st.threads is None or st.threads in deps.stage_param_keys(stage), stage
 
 
 def _artifact_modules() -> dict[str, object]:

@@ -364,7 +364,7 @@ const vega = require('vega'); const vl = require('vega-lite'); const specs = req
 
 
 def _render_specs_with_node(page: str, where: Path) -> None:
-    from lenbatch_study.pipeline.dvcplots import _assets
+    from lenbatch_study.tools.plots import _assets
 
     body = page.rsplit("</head>", 1)[1]
     specs = [json.loads(s) for s in re.findall(r"var spec = (\{.*?\});\s*vegaEmbed", body, re.S)]

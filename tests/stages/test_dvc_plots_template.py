@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lenbatch_study.pipeline.dvcplots import TEMPLATE, write_template
+from lenbatch_study.tools.plots import TEMPLATE, write_template
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -51,27 +51,22 @@ if workflow.is_main_process:
         if not os.path.exists(f"{R}/.gitignore"):
             with open(f"{R}/.gitignore", "w") as fh:
                 fh.write("# written by the workflow: this config's results are not committed (only results/ is)\n*\n")
-    # the machine's fingerprint (profile, train, quality depend on it) and the data source by content
-    # (tokenize's input): rewritten only when changed, so the same machine and an unchanged (touched) source
-    # rerun nothing, while another torch or appended records rerun what reads them. On a cluster this is the
-    # submitting node's fingerprint; every run records its own node's, and compare refuses a mix.
+    # the always-run stages (registry.Stage.always_changed); on a cluster the machine is the submitting
+    # node's, while every run records its own node's and compare refuses a mix
     write_if_changed(registry.output_path("machine", "machine", results=R))
     write_source_if_changed(PARAMS.data.source, registry.output_path("source", "source", results=R))
 
 LOGS = f"{R}/logs" if R != "results" else "logs"
 BENCH = f"{LOGS}/benchmarks"
-STRATEGIES = deps.strategies(config)
+STRATEGIES = list(config["train"]["strategies"])
 
 
 wildcard_constraints:
     strategy="|".join(KNOWN_STRATEGIES),
 
 
-# Timed jobs (profile, the trainings, interleave) never share the machine: the default profile caps the
-# resource `machine` at MACHINE and gives every job 1 of it (default-resources), and a timed job asks for all
-# of it, so while one runs no other job starts, and it starts only when the others have ended (whatever
-# --cores allows). Under DVC each stage is its own Snakemake run: alone already. On a cluster each job has
-# its own allocation (profiles/slurm sets no cap).
+# a timed job (profile, train, interleave) asks for all of the resource `machine`, so it runs alone
+# (profiles/default/config.yaml caps it; profiles/slurm does not: each job has its own allocation)
 MACHINE = 100
 
 
@@ -81,9 +76,7 @@ def cfg(stage):
     return shlex.quote(json.dumps(deps.stage_payload(stage, config), sort_keys=True))
 
 
-# Under a DVC stage command (dvc repro, dvc exp run; DVC sets DVC_STAGE for every stage command it runs):
-# while it runs, DVC itself refuses a second `dvc exp run` in this workspace before that one writes its -S
-# values into params.yaml (lenbatch_study.pipeline.dvc_guard)
+# under a DVC stage command: one experiment run per workspace (lenbatch_study.pipeline.dvc_guard)
 if "DVC_STAGE" in os.environ and workflow.is_main_process:
     from lenbatch_study.pipeline.dvc_guard import hold_workspace
 

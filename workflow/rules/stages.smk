@@ -1,25 +1,30 @@
-# The rule of every stage of the table (src/lenbatch_study/pipeline/registry.py) that has no rule of its own
-# in the files included before this one: generated here, in a loop, so a new stage is a row of the table and
-# its module, not a rule too. Its shell line is the stage's generic command line (lenbatch_study.cli.flags:
-# generic_stage_flags): --params-json with the stage's keys, one --<input> per file it reads, --out.
-# Why not every stage: tokenize's threads, train's per-strategy jobs and resources, quality's optional edges
-# and compare's folders are the rule's own; a stage that needs any of that writes its rule as those do.
-# Included last (the Snakefile), so `workflow.is_rule` sees every hand-written rule.
-
+# The rule of every stage of the table that no file included before this one writes (so a new stage needs
+# no rule): its shell line is the stage's generic command line (lenbatch_study.cli.flags.generic_stage_flags).
+# A stage whose rule needs more (train's per-strategy jobs and resources, quality's optional edges, compare's
+# folders) writes its own. Included last, so `workflow.is_rule` sees every hand-written rule.
 
 def _generic_shell(stage):
-    reads = [i for i in registry.STAGES[stage].inputs if not i.trigger_only]
-    flags = "".join(f"--{i.output.replace('_', '-')} {{input.{i.output}:q}} " for i in reads)
-    return f"lenbatch {stage} --params-json {{params.cfg}} {flags}--out {{params.out:q}} > {{log:q}} 2>&1"
+    st = registry.STAGES[stage]
+    reads = "".join(f"--{i.output.replace('_', '-')} {{input.{i.output}:q}} " for i in st.inputs if not i.trigger_only)
+    given = "--params-json {params.cfg} " if st.params else ""
+    return f"lenbatch {stage} {given}{reads}--out {{params.out:q}} > {{log:q}} 2>&1"
+
+
+def _threads(st):
+    """The value of the params key the table names for the rule's threads (tokenize: data.workers), else 1."""
+    if st.threads is None:
+        return 1
+    section, key = st.threads.split(".")
+    return config[section][key]
 
 
 for _stage, _st in registry.STAGES.items():
     if workflow.is_rule(_stage):
         continue
-    if _st.per_strategy or _st.always_changed:
+    if _st.per_strategy:
         raise WorkflowError(
-            f"stage {_stage} has no rule: a per-strategy or always-run stage needs its own rule in "
-            "workflow/rules/*.smk (as train, machine and source have)")
+            f"stage {_stage} has no rule: a per-strategy stage needs its own rule in workflow/rules/*.smk "
+            "(as train has)")
 
     rule:
         name:
@@ -31,6 +36,7 @@ for _stage, _st in registry.STAGES.items():
         params:
             cfg=cfg(_stage),
             out=f"{R}/{_stage}",
+        threads: _threads(_st)
         log:
             f"{LOGS}/{_stage}.log",
         benchmark:

@@ -35,8 +35,6 @@ rule profile:
 
 
 rule interleave:
-    # One process times every strategy's steps in turns (train.strategies, its own warm-up first), so the
-    # machine's drift falls on all alike: compare's ratios to sorted and their intervals come from it.
     input:
         **inputs("interleave"),
     output:
@@ -60,9 +58,7 @@ rule interleave:
 
 
 rule train:
-    # One job per strategy (only bucketed's reads the boundaries). steps.jsonl is not declared: a resumed
-    # training keeps the steps before its checkpoint (DVC tracks it). --resume-if-interrupted resumes the
-    # interrupted run's checkpoint in .<strategy>.partial (docs/reliability.md; under SLURM: docs/slurm.md).
+    # --resume-if-interrupted: the interrupted run's checkpoint in .<strategy>.partial (docs/reliability.md)
     input:
         **inputs("train"),
     output:

@@ -1,8 +1,8 @@
 """One command line for every stage: ``lenbatch <stage> ...``.
 
 Snakemake rules, DVC stages, tests and users all call the same entry points. The CLI layer is
-this package: dispatch here, every stage's flags in :mod:`lenbatch_study.cli.flags`, the command table
-in :mod:`lenbatch_study.pipeline.registry`. Each stage's flags set ``func`` (a callable ``args -> int``
+this package: dispatch here, every stage's flags in :mod:`lenbatch_study.cli.flags`, the command list
+in :mod:`lenbatch_study.cli.commands` (the stage table's stages and the tools). Each stage's flags set ``func`` (a callable ``args -> int``
 exit code) that calls the stage module's plain keyword-argument function; stage modules never see
 argparse. Modules are imported lazily, so ``lenbatch stats`` never pays for importing torch or
 transformers. No stage imports this layer, so editing a help string reruns nothing.
@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
         return FLAGS
     if name == "COMMANDS":
-        from lenbatch_study.pipeline.registry import COMMANDS
+        from lenbatch_study.cli.commands import COMMANDS
 
         return COMMANDS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -70,7 +70,7 @@ def _missing_extra(name: str, err: ModuleNotFoundError) -> int:
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    from lenbatch_study.pipeline.registry import COMMANDS
+    from lenbatch_study.cli.commands import COMMANDS
 
     def group(title: str, stage: bool) -> str:
         return (
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         hold()
     from lenbatch_study.cli.flags import FLAGS
-    from lenbatch_study.pipeline.registry import COMMANDS
+    from lenbatch_study.cli.commands import COMMANDS
 
     top = _top_parser()
     if not argv or argv[0] in ("-h", "--help"):

@@ -10,17 +10,17 @@ import argparse
 import importlib
 from typing import Any
 
-from lenbatch_study.pipeline.registry import COMMANDS
+from lenbatch_study.cli.commands import COMMANDS
 
 
 def _stage(name: str) -> Any:
-    """The module of command ``name`` (:data:`lenbatch_study.pipeline.registry.COMMANDS`), imported on use."""
+    """The module of command ``name`` (:data:`lenbatch_study.cli.commands.COMMANDS`), imported on use."""
     return importlib.import_module(COMMANDS[name].module)
 
 
 # command name -> the function adding its flags: each ``_<name>_flags`` registers itself with
-# :func:`_flags_of`; tests/pipeline/test_layout.py checks that every command of the one table
-# (lenbatch_study.pipeline.registry.COMMANDS) has one and no other name does.
+# :func:`_flags_of`; tests/pipeline/test_layout.py checks that every command
+# (lenbatch_study.cli.commands.COMMANDS) has one and no other name does.
 FLAGS: dict[str, Any] = {}
 
 

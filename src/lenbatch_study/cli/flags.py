@@ -21,7 +21,7 @@ from lenbatch_study.cli.params_args import (
     params_from_args,
 )
 from lenbatch_study.pipeline.artifacts.compare_report import REPORT_PATH
-from lenbatch_study.pipeline.registry import COMMANDS
+from lenbatch_study.cli.commands import COMMANDS
 import lenbatch_study.cli.model_flags  # noqa: F401 (the model commands' flags register on import)
 from lenbatch_study.cli.flag_table import FLAGS, _flags_of, _lengths_input, _stage, _strategies, add_lengths_arguments
 

@@ -1,32 +1,21 @@
-"""What each stage depends on, for Snakemake (``workflow/rules/common.smk``) and ``dvc.yaml`` alike, derived from
-the one table (:data:`lenbatch_study.pipeline.registry.STAGES`), so the two tools cannot drift.
-
-A stage's **code** is the import closure of its module ``lenbatch_study.stages.<stage>`` inside ``src/``:
-every absolute import of ``lenbatch`` or ``lenbatch_study``, top-level or lazy, followed with :mod:`ast`
-(nothing executed). A stage module imports only what it runs (DESIGN.md, "What reruns on an edit"). Not
-followed: the facade ``lenbatch/__init__.py`` unless a module reads a name through it (else editing
-``boundaries.py`` would retokenize), the docstring-only subpackage ``__init__.py`` files, and the CLI and
-the table (no stage imports them; ``tests/pipeline/test_layout.py`` checks all three). Its **params** are
-declared in the table (``tests/pipeline/test_workflow.py`` checks that every key its own code reads is).
-Cost: parsing the ~90 modules, ~0.8 s, once per content (:data:`SCAN_CACHE`); then ~10 ms.
+"""What each stage depends on, for the Snakemake rules and ``dvc.yaml`` alike, derived from the stage table
+(:data:`lenbatch_study.pipeline.registry.STAGES`), so the two tools cannot drift: its params (declared in
+the table) and its code, the import closure of ``lenbatch_study.stages.<stage>`` inside ``src/`` by
+:mod:`ast` (DESIGN.md, "What reruns on an edit"). The facade ``lenbatch/__init__.py`` is followed only where
+a module reads a name through it (else editing ``boundaries.py`` would retokenize).
 """
 
 from __future__ import annotations
 
 import ast
-import atexit
 import dataclasses
 import functools
-import hashlib
-import json
-import os
 import typing
 from pathlib import Path
-from typing import Any
 
 from lenbatch.batching.strategy import STRATEGIES as ALL_STRATEGIES
 from lenbatch_study.core.config import SECTIONS
-from lenbatch_study.pipeline.registry import COMMANDS, STAGES, input_paths, output_path
+from lenbatch_study.pipeline.registry import COMMANDS, STAGES, Output, input_paths, output_path
 
 # The two packages whose modules are code: the library and the study beside it (both under src/).
 LIBRARY = "lenbatch"
@@ -34,14 +23,6 @@ STUDY = "lenbatch_study"
 PACKAGES = (LIBRARY, STUDY)
 SRC_ROOT = Path(__file__).resolve().parents[2]  # src/
 SRC = SRC_ROOT / STUDY
-NOT_FOLLOWED = ("lenbatch_study.__main__",)  # `python -m lenbatch_study` entry: only imports cli
-
-
-def strategies(config: typing.Mapping[str, typing.Any] | None = None) -> list[str]:
-    """The strategies trained: ``train.strategies`` of ``config``, or every known strategy."""
-    if config is None:
-        return list(ALL_STRATEGIES)
-    return list(config["train"]["strategies"])
 
 
 def _module_file(name: str) -> Path | None:
@@ -59,67 +40,19 @@ def _module_file(name: str) -> Path | None:
     return init if init.exists() else None
 
 
-# The import statements of each source file, by the sha256 of its bytes: parsing the ~60 files of the
-# stages' closures took ~0.7 s of every Snakemake start (the Snakefile asks for every rule's code), and DVC
-# starts Snakemake once per stage. Keyed by content, so no edit, checkout or copy can make an entry stale;
-# a cache that cannot be read or written is only slower (an installed, read-only package).
-SCAN_CACHE = SRC / "__pycache__" / "lenbatch-import-scan.json"
-_scan: dict[str, Any] = {"entries": None, "dirty": False, "used": set()}  # used: keys looked up here
-
-
-def _import_statements(path: Path) -> list[list[Any]]:
-    """``[["import", [names]] | ["from", module, [names]]]`` of every import in ``path`` (top level or inside
-    a function), from the cache or by :mod:`ast`; ``AssertionError`` on a relative import."""
-    source = path.read_bytes()
-    key = hashlib.sha256(source).hexdigest()
-    if _scan["entries"] is None:
-        try:
-            _scan["entries"] = json.loads(SCAN_CACHE.read_text())
-        except (OSError, ValueError):
-            _scan["entries"] = {}
-    _scan["used"].add(key)
-    hit = _scan["entries"].get(key)
-    if isinstance(hit, list):
-        return hit
-    out: list[list[Any]] = []
-    for node in ast.walk(ast.parse(source, filename=str(path))):
-        if isinstance(node, ast.Import):
-            out.append(["import", [a.name for a in node.names]])
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append(["from", node.module, [a.name for a in node.names]])
-        elif isinstance(node, ast.ImportFrom) and node.level:
-            raise AssertionError(f"{path}: relative import; use absolute lenbatch.* imports so deps can follow them")
-    _scan["entries"][key] = out
-    if not _scan["dirty"]:
-        _scan["dirty"] = True
-        atexit.register(_save_scan_cache)
-    return out
-
-
-def _save_scan_cache() -> None:
-    """Write the scan cache (atomically: a concurrent Snakemake reads the old or the new file, never half),
-    keeping only the contents this process looked up, so old versions of edited files do not pile up."""
-    try:
-        SCAN_CACHE.parent.mkdir(exist_ok=True)
-        tmp = SCAN_CACHE.with_name(f".{SCAN_CACHE.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({k: v for k, v in _scan["entries"].items() if k in _scan["used"]}))
-        os.replace(tmp, SCAN_CACHE)
-    except OSError:
-        pass
-
-
 @functools.lru_cache(maxsize=None)
 def direct_imports(module: str) -> tuple[str, ...]:
-    """The ``lenbatch`` modules ``module`` imports anywhere in its source (sorted), by :mod:`ast` (statements
-    cached by content: :data:`SCAN_CACHE`; which names are modules is looked up each time)."""
+    """The ``lenbatch`` modules ``module`` imports anywhere in its source (sorted), by :mod:`ast`."""
     path = _module_file(module)
     assert path is not None, f"no source file for {module}"
     found: set[str] = set()
-    for statement in _import_statements(path):
-        if statement[0] == "import":
-            found.update(statement[1])  # ``import lenbatch`` uses the facade: followed
-        else:
-            _, mod, names = statement
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import; use absolute lenbatch.* imports so deps can follow them")
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)  # ``import lenbatch`` uses the facade: followed
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            mod, names = node.module, [a.name for a in node.names]
             subs = {name for name in names if _module_file(f"{mod}.{name}") is not None}
             # ``from lenbatch import stepmodel`` imports the submodule lenbatch_study.analysis.stepmodel (not the facade)
             found.update(f"{mod}.{name}" for name in subs)
@@ -140,7 +73,7 @@ def import_closure(module: str) -> list[str]:
     todo = [module]
     while todo:
         name = todo.pop()
-        if name in seen or name in NOT_FOLLOWED or is_subpackage(name):
+        if name in seen or is_subpackage(name):
             continue
         seen.add(name)
         todo.extend(direct_imports(name))
@@ -215,29 +148,20 @@ HEADER = """\
 """
 
 
-def _snakemake(targets: list[str], rule: str) -> str:
-    return f"snakemake --cores all --allowed-rules {rule} --forcerun {rule} -- " + " ".join(targets)
-
-
-def dvc_target(stage: str, *, results: str = "results", strategy: str | None = None) -> str:
-    """The file DVC's command for ``stage`` asks Snakemake for: its first declared output that is a file."""
-    name = next(n for n, o in STAGES[stage].outputs.items() if o.declared and not o.directory)
-    return output_path(stage, name, results=results, strategy=strategy)
-
-
 def _dvc_stage(
     stage: str, *, results: str, strategy: str | None, pretrained: str | None = None, source: str | None = None
 ) -> dict[str, typing.Any]:
     st = STAGES[stage]
+
+    def listed(name: str, o: Output) -> dict[str, typing.Any]:
+        path = output_path(stage, name, results=results, strategy=strategy)
+        return {path: {"cache": o.cache, "persist": True, **dict(o.plot or {})}}
+
     if st.always_changed:  # machine, source: the command runs every time and rewrites only a changed file
-        ((name, o),) = st.outputs.items()
         reads = " --params params.yaml" if st.params else ""  # source: data.source (after any -S)
-        return {
-            "cmd": f"lenbatch {stage}{reads} --out {results}/{stage}",
-            "always_changed": True,
-            "outs": [{output_path(stage, name, results=results): {"cache": o.cache, "persist": True}}],
-        }
-    ins = input_paths(stage, results=results, strategies=strategies(), strategy=strategy)
+        outs = [listed(n, o) for n, o in st.outputs.items()]
+        return {"cmd": f"lenbatch {stage}{reads} --out {results}/{stage}", "always_changed": True, "outs": outs}
+    ins = input_paths(stage, results=results, strategies=ALL_STRATEGIES, strategy=strategy)
     deps: list[str] = []
     for i in st.inputs:
         if STAGES[i.stage].per_strategy and not st.per_strategy:
@@ -252,48 +176,33 @@ def _dvc_stage(
             deps += ins.get(i.output, [])
     checkpoint = pretrained_files(pretrained) if stage in pretrained_stages() else []
     data = source_files(source) if any(i.stage == "source" for i in st.inputs) else []
+    # the file the command asks Snakemake for: the stage's first declared output that is a file
+    target = next(n for n, o in st.outputs.items() if o.declared and not o.directory)
     entry: dict[str, typing.Any] = {
-        "cmd": _snakemake([dvc_target(stage, results=results, strategy=strategy)], stage),
+        "cmd": f"snakemake --cores all --allowed-rules {stage} --forcerun {stage} -- "
+        + output_path(stage, target, results=results, strategy=strategy),
         # the settings overlay params.yaml names (core/settings.py) and its file: DVC resolves ${settings} on
         # every run, so `-S settings=tiny` and an edit of configs/tiny.yaml rerun what they change
         "params": stage_params_compact(stage) + ["settings"],
         "deps": deps + data + checkpoint + ["configs/${settings}.yaml"] + stage_code(stage),
     }
     for kind in ("outs", "metrics", "plots"):
-        listed = [
-            {
-                output_path(stage, name, results=results, strategy=strategy): {
-                    "cache": o.cache,
-                    "persist": True,
-                    **dict(o.plot or {}),
-                }
-            }
-            for name, o in st.outputs.items()
-            if o.kind == kind
-        ]
-        if listed:
-            entry[kind] = listed
+        if mine := [listed(n, o) for n, o in st.outputs.items() if o.kind == kind]:
+            entry[kind] = mine
     return entry
 
 
 def dvc_stages(
     results: str = "results", *, pretrained: str | None = None, source: str | None = None
 ) -> dict[str, typing.Any]:
-    """The ``stages:`` mapping of ``dvc.yaml``, from the table: one DVC stage per stage; a per-strategy stage
-    is ``foreach: ${train.strategies}`` over one body whose strategy is ``${item}`` (DVC names its stages
-    ``<stage>@<strategy>``), so the trainings are exactly those params.yaml lists, ``-S`` included. Deps: its
-    inputs (and, with ``pretrained`` = ``model.pretrained``, the checkpoint's files for the stages that load
-    it: :func:`pretrained_files`; with ``source`` = ``data.source``, the data file for tokenize:
-    :func:`source_files`) then its code; outputs by kind."""
+    """The ``stages:`` mapping of ``dvc.yaml``: one DVC stage per stage, a per-strategy one ``foreach:
+    ${train.strategies}``; ``pretrained`` (``model.pretrained``) and ``source`` (``data.source``) add their
+    files to the deps of the stages that read them."""
     out: dict[str, typing.Any] = {}
     for stage, st in STAGES.items():
-        if st.per_strategy:
-            out[stage] = {
-                "foreach": "${train.strategies}",
-                "do": _dvc_stage(stage, results=results, strategy="${item}", pretrained=pretrained, source=source),
-            }
-        else:
-            out[stage] = _dvc_stage(stage, results=results, strategy=None, pretrained=pretrained, source=source)
+        item = "${item}" if st.per_strategy else None
+        body = _dvc_stage(stage, results=results, strategy=item, pretrained=pretrained, source=source)
+        out[stage] = {"foreach": "${train.strategies}", "do": body} if st.per_strategy else body
     return out
 
 

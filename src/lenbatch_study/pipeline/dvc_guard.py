@@ -1,14 +1,7 @@
-"""One experiment run per DVC workspace: while a DVC stage command of this workflow runs, a second
-``dvc exp run`` (or ``--queue``) in the same workspace is refused by DVC itself, before it writes its ``-S``
-values into ``params.yaml``.
-
-DVC stashes the workspace and writes a run's params first, and only then meets the stage outputs another
-run holds: two runs in one workspace both failed (exit 255) and left ``params.yaml`` at the refused run's
-values. DVC takes its experiments' read-write lock (``.dvc/tmp/exps/rwlock``) on ``workspace`` before it
-touches anything; :func:`hold_workspace` adds a reader of ``workspace`` for this process (DVC's own
-``dvc.rwlock``, under its guard), released when the process exits. A killed holder's entry is dropped by DVC
-at the next look (its pid is gone). Between two stage commands of a run nothing is held: a second run
-started exactly then fails later as before. Cost: two small file edits per stage command.
+"""One experiment run per DVC workspace (docs/experiments.md): DVC takes its experiments' read-write lock
+(``.dvc/tmp/exps/rwlock``) on ``workspace`` before it writes a run's ``-S`` values into ``params.yaml``, so a
+reader held by each stage command makes DVC refuse a second ``dvc exp run`` there before it touches anything.
+Between two stage commands of a run nothing is held.
 """
 
 from __future__ import annotations

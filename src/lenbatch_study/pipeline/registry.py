@@ -1,23 +1,7 @@
-"""The one table of commands and workflow stages: every ``lenbatch <name>`` (its help, whether its
-``--out`` is written whole) and, for the stages of the DAG, what the workflow needs to know of them:
-the params keys their code reads, their inputs (other stages' outputs) and their outputs.
-
-Everything else is derived from it: the CLI's command list (:mod:`lenbatch_study.cli`), ``dvc.yaml``
-(:func:`lenbatch_study.pipeline.deps.dvc_stages`), the Snakemake rules' inputs, outputs and params
-(``workflow/rules/common.smk``: ``inputs()``, ``outputs()``, ``cfg()``, ``code()``; the whole rule of a stage that
-writes none, ``workflow/rules/stages.smk``), ``rule all``, a stage's generic flags, what an edit reruns
-(``lenbatch reruns``), and
-each stage's code dependencies (the import closure of its module, :mod:`lenbatch_study.pipeline.deps`).
-``tests/pipeline/test_registry.py`` fails when a second list of stages appears.
-
-To add a stage ``x`` (docs/workflow.md, "To add a stage"; ``tests/pipeline/test_add_stage_e2e.py`` does it):
-a :class:`Command` here with its :class:`Stage`; its module ``lenbatch_study/stages/x.py`` exposing
-``run(*, params, out, <input>...)``; its artifact module in :mod:`lenbatch_study.pipeline.artifacts` (``WRITER``,
-file names, reader); then ``lenbatch dvc-yaml``. Its flags (:func:`lenbatch_study.cli.flags.generic_stage_flags`)
-and its rule (``workflow/rules/stages.smk``) are derived unless it writes its own.
-
-No stage imports this module (its help strings are nobody's code dependency); it imports the artifact
-modules only for their file names.
+"""The stage table: each stage of the DAG, the params keys its code reads, its inputs (other stages'
+outputs) and its outputs. dvc.yaml, the Snakemake rules, ``rule all``, the stages' commands and their code
+dependencies derive from it (DESIGN.md, "The stage graph"; adding a stage: docs/workflow.md). No stage imports
+this module (editing it reruns nothing); it imports the artifact modules only for their file names.
 """
 
 from __future__ import annotations
@@ -43,13 +27,10 @@ from lenbatch_study.pipeline.artifacts import (
 
 @dataclass(frozen=True)
 class Output:
-    """One file (or folder) a stage writes, under ``<results>/<stage>/`` (a per-strategy stage: under
-    ``<results>/<stage>/<strategy>/``).
-
-    ``kind``: how DVC lists it (``outs``, ``metrics`` or ``plots``, ``plot`` its axes); ``cache``: kept
-    in DVC's cache (the large tokenized dataset) instead of git; ``declared``: a Snakemake output too
-    (Snakemake deletes declared outputs before a job runs, so a file a resumed job appends to is not).
-    """
+    """A file (or folder) a stage writes, under ``<results>/<stage>/[<strategy>/]``. ``kind``: DVC's
+    ``outs``, ``metrics`` or ``plots`` (``plot`` its axes); ``cache``: in DVC's cache instead of git (the
+    tokenized dataset); ``declared``: a Snakemake output too (not a file a resumed job appends to, which
+    Snakemake would delete before the job runs)."""
 
     file: str
     kind: str = "outs"
@@ -61,29 +42,24 @@ class Output:
 
 @dataclass(frozen=True)
 class Input:
-    """Output ``output`` of stage ``stage``; ``only_for``: needed only when that strategy runs (a
-    per-strategy stage: its own strategy; any other stage: when ``train.strategies`` holds it)."""
+    """Output ``output`` of stage ``stage``. ``only_for``: read only when that strategy runs;
+    ``trigger_only``: reruns the stage but is never read (the machine fingerprint); ``gate``: DVC's stand-in
+    for an ``only_for`` input of a per-strategy stage, ``<gate>/<strategy>.json`` (DESIGN.md, "The stage graph")."""
 
     stage: str
     output: str
     only_for: str | None = None
-    trigger_only: bool = False  # a dependency the stage never reads (the machine fingerprint): reruns it only
-    # A per-strategy stage's ``only_for`` input, as DVC sees it: DVC's ``foreach`` gives every strategy the
-    # same stage body, so it cannot leave the input out for the others. Instead every strategy's stage
-    # depends on ``<gate>/<strategy>.json``, an output of the same producing stage that holds this input's
-    # bytes for ``only_for`` and constant bytes for every other strategy (DVC compares content: only
-    # ``only_for``'s job reruns when the input changes, as in Snakemake, which passes the input itself).
+    trigger_only: bool = False
     gate: str | None = None
 
 
 @dataclass(frozen=True)
 class Stage:
-    """A stage of the DAG. ``params``: the params keys its code reads, whole sections (``"model"``) or
-    single keys (``"data.max_len"``), ``exclude`` dropping keys of whole sections; ``per_strategy``: one
-    job per strategy of ``train.strategies`` (Snakemake's ``{strategy}`` wildcard, DVC's
-    ``foreach: ${train.strategies}`` stages ``<stage>@<strategy>``); ``always_changed``: DVC runs it on every ``dvc repro`` (its command
-    itself leaves its output's bytes alone unless they change) and the Snakefile writes its output as it
-    is parsed: the machine fingerprint, which no file the workflow knows can tell has changed."""
+    """``params``: whole sections (``"model"``) or single keys (``"data.max_len"``), ``exclude`` dropping keys
+    of a whole section; ``per_strategy``: one job per strategy (DVC's ``foreach``); ``always_changed``: run by
+    DVC every time and written by the Snakefile as it is parsed, rewriting its file only when it changes (what
+    no file tells has changed: the machine, the data source); ``threads``: the params key that sets its rule's
+    threads."""
 
     params: tuple[str, ...]
     inputs: tuple[Input, ...] = ()
@@ -91,14 +67,13 @@ class Stage:
     exclude: tuple[str, ...] = ()
     per_strategy: bool = False
     always_changed: bool = False
+    threads: str | None = None
 
 
 @dataclass(frozen=True)
 class Command:
-    """``lenbatch <name>``: ``help`` its one line; ``staged``: its ``--out`` directory is written whole or
-    not at all (:func:`lenbatch_study.pipeline.outputs.staged_output`: the stage writes into a staging directory
-    that replaces ``--out`` only when it succeeds, under a one-writer lock; train appends across
-    ``--resume`` and takes its own lock on the rank that writes); ``stage``: set for a stage of the DAG."""
+    """``lenbatch <name>``: ``help`` its one line; ``staged``: its ``--out`` is written whole or not at all
+    (:func:`lenbatch_study.pipeline.outputs.staged_output`); ``stage``: set for a stage of the DAG."""
 
     name: str
     help: str
@@ -107,8 +82,7 @@ class Command:
 
     @property
     def module(self) -> str:
-        """The command's module, named after it (``-`` read as ``_``): ``lenbatch_study.stages.<name>`` for a
-        stage of the DAG, ``lenbatch_study.tools.<name>`` for the other commands."""
+        """``lenbatch_study.stages.<name>`` for a stage, ``lenbatch_study.tools.<name>`` for a tool."""
         return f"lenbatch_study.{'stages' if self.stage else 'tools'}." + self.name.replace("-", "_")
 
 
@@ -121,14 +95,21 @@ _IN_MACHINE = Input("machine", "machine", trigger_only=True)
 _IN_SOURCE = Input("source", "source", trigger_only=True)
 _MODEL_RUN = ("model", "drafter", "batching")  # what a stage that runs the model reads besides its own section
 
-# Order is the order of the DAG, then the tools.
+
+def _train(*keys: str) -> tuple[str, ...]:
+    return tuple(f"train.{k}" for k in keys)
+
+
+# what profile and interleave time: the StepRunner (lenbatch_study.runtime.runner) with these train.* keys
+_STEP_RUNNER = _train("nproc", "threads", "device", "kernels", "reuse_host_memory")
+
+# In DAG order.
 _ALL = (
     Command(
         "machine",
         "write this machine's fingerprint to machine.json (only when it changed)",
         stage=Stage(params=(), always_changed=True, outputs={"machine": Output(machine_file.MACHINE)}),
     ),
-    # the data source by content (corpus.identity): a dependency of tokenize, so changed data retokenizes
     Command(
         "source",
         "write the data source's identity (sha256, size) to source.json (only when it changed)",
@@ -140,6 +121,7 @@ _ALL = (
         staged=True,
         stage=Stage(
             params=("data",),
+            threads="data.workers",
             inputs=(_IN_SOURCE,),
             outputs={
                 "dataset": Output(tokenized.DATASET, cache=True, directory=True),
@@ -176,7 +158,6 @@ _ALL = (
             },
         ),
     ),
-    Command("plan", "plan one epoch of one strategy and write its batches as JSON", staged=True),
     Command(
         "plans",
         "simulate every strategy: padding efficiency, budget fill, diversity",
@@ -194,16 +175,7 @@ _ALL = (
         "time the target + drafter step on a grid of batch shapes",
         staged=True,
         stage=Stage(
-            params=(
-                *_MODEL_RUN,
-                "profile",
-                "data.max_len",
-                "train.nproc",
-                "train.threads",
-                "train.device",
-                "train.kernels",
-                "train.reuse_host_memory",
-            ),
+            params=(*_MODEL_RUN, *_STEP_RUNNER, "profile", "data.max_len"),
             inputs=(_IN_MACHINE,),
             outputs={"grid": Output(profile_grid.GRID)},
         ),
@@ -225,11 +197,8 @@ _ALL = (
             outputs={"summary": Output(train_runs.SUMMARY), "steps": Output(train_runs.STEPS, declared=False)},
         ),
     ),
-    Command("verify-packing", "check that a packed forward equals the per-sequence forwards"),
-    # quality has its own lr and anchors: the train stage's drafter.lr / anchors_per_seq never rerun it;
-    # it reads no training run, so train.* keys other than the strategy list and device never rerun it;
-    # the edges are its input whatever the list holds: DVC's one quality stage cannot drop a dependency when
-    # -S train.strategies leaves bucketed out, so Snakemake keeps it too and the tools agree
+    # its own lr and anchors, and no training run: train's drafter.lr, anchors_per_seq and train.* (but the
+    # list and device) never rerun it; the edges whatever the list holds (DVC's one stage cannot drop them)
     Command(
         "quality",
         "held-out loss over seeds and gradient quality of every strategy",
@@ -245,8 +214,7 @@ _ALL = (
             },
         ),
     ),
-    # every strategy's steps timed in turns in one process (ratios a drifting machine cannot move); the edges
-    # are its input whatever the list holds, as quality's (DVC's one stage cannot drop a dependency)
+    # the edges whatever the list holds, as quality's
     Command(
         "interleave",
         "time every strategy's training steps in turns, in one process",
@@ -254,17 +222,9 @@ _ALL = (
         stage=Stage(
             params=(
                 *_MODEL_RUN,
+                *_STEP_RUNNER,
+                *_train("strategies", "nodes", "queue_size", "useful_tokens", "warmup_steps"),
                 "interleave",
-                "train.strategies",
-                "train.nproc",
-                "train.nodes",
-                "train.queue_size",
-                "train.useful_tokens",
-                "train.warmup_steps",
-                "train.threads",
-                "train.device",
-                "train.kernels",
-                "train.reuse_host_memory",
                 "data.max_len",
             ),
             inputs=(_IN_MACHINE, _IN_DATASET, _IN_LENGTHS, _IN_EDGES),
@@ -345,16 +305,6 @@ _ALL = (
             },
         ),
     ),
-    Command(
-        "study-replay",
-        "the study's own setting replayed (seed profile, budget 49,152, 7 ranks, its edges)",
-        staged=True,
-    ),
-    Command("params", "validate a params file, or print its resolved values or JSON schema"),
-    Command("plots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
-    Command("dvc-yaml", "write dvc.yaml from the stages' derived code and params dependencies"),
-    Command("reruns", "the stages an edit of each module reruns (derived: the stages' import closures)"),
-    Command("readme", "copy the committed report's results table into README.md (--check: fail if it differs)"),
 )
 
 COMMANDS: dict[str, Command] = {c.name: c for c in _ALL}
