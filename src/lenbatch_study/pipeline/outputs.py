@@ -194,14 +194,11 @@ def check_out(out: str | Path, *, inputs: Sequence[str | Path] = (), stage: Opti
 
 def output_owner(folder: str | Path) -> Optional[str]:
     """The stage whose output ``folder`` is (its mark's ``stage``), None when it is no stage's."""
-    folder = Path(folder)
     try:
-        mark = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        mark = None
-    if isinstance(mark, dict) and isinstance(mark.get("stage"), str) and mark["stage"]:
-        return str(mark["stage"])
-    return None
+        stage = json.loads((Path(folder) / MARKER).read_text()).get("stage")
+    except (OSError, ValueError, AttributeError):  # no mark, a torn one, or not a JSON object
+        return None
+    return stage if isinstance(stage, str) and stage else None
 
 
 def check_replaceable(out: str | Path, *, stage: str) -> None:
