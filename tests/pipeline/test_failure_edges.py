@@ -275,7 +275,7 @@ def test_a_file_written_atomically_is_whole_or_as_it_was(tmp_path):
     path = tmp_path / "summary.json"
     path.write_text("previous\n")
     code = (
-        "import sys; from lenbatch_study.pipeline.outputs import write_atomic\n"
+        "import sys; from lenbatch_study.core.files import write_atomic\n"
         "try:\n    write_atomic(sys.argv[1], 'x' * 8192)\n"
         "except OSError as err:\n    print(err.errno); raise SystemExit(3)\n"
     )

@@ -1,4 +1,4 @@
-"""lenbatch_study.pipeline.outputs: one writer per output directory, and outputs replaced whole (issue 11.3, 11.4)."""
+"""lenbatch_study.pipeline.outputs: one writer per output directory, and outputs replaced whole."""
 
 from __future__ import annotations
 
@@ -131,10 +131,13 @@ def test_a_folder_that_is_not_a_stage_output_is_refused_untouched(tmp_path, monk
     ):
         with staged_output(mine, stage="other"):
             pass
+    # --out . or a parent of it: refused before the stage runs (the current folder cannot be swapped away)
     monkeypatch.chdir(mine)
-    with staged_output(".", stage="test") as tmp:  # --out . : the current directory stays where it is
-        (tmp / "stats.json").write_text("newer")
-    assert Path.cwd().samefile(mine) and (mine / "stats.json").read_text() == "newer"
+    before = _snapshot(mine)
+    for given, where in ((".", "the current folder"), ("..", "a parent of the current folder")):
+        with pytest.raises(ValueError, match=rf"--out \{given} is {where}.*pass a sub-folder as --out"):
+            check_out(given, stage="test")
+    assert check_out("sub", stage="test") == mine.resolve() / "sub" and _snapshot(mine) == before
 
 
 def test_a_checkpoint_folder_with_a_params_json_given_as_out_is_refused_and_keeps_its_weights(tmp_path, capsys):
@@ -166,10 +169,11 @@ def test_a_checkpoint_folder_with_a_params_json_given_as_out_is_refused_and_keep
 
 
 def test_the_committed_results_are_recognised_as_stage_outputs():
-    """results/ was written before the mark: its params.json (lenbatch's resolved params, sections with exactly
-    their keys) is what recognises it, so `make run` replaces those folders; a foreign params.json is not."""
-    folders = [p.parent for p in (REPO / "results").rglob("params.json")]
-    assert len(folders) >= 13  # tokenize, stats, boundaries, plans, profile, train (5), quality, interleave, compare
+    """Every committed output folder carries its stage's mark, so `make run` replaces it; a folder without one
+    is refused as any foreign folder is."""
+    # quality writes its --out in place (no staged swap, no replace-check), so it carries no mark
+    folders = [p.parent for p in (REPO / "results").rglob("params.json") if p.parent.name != "quality"]
+    assert len(folders) >= 12  # tokenize, stats, boundaries, plans, profile, train (5), interleave, compare
     assert all(output_owner(f) is not None for f in folders), [f for f in folders if output_owner(f) is None]
 
 
@@ -235,6 +239,12 @@ def test_empty_out_and_mount_points_are_refused(tmp_path, capsys, monkeypatch):
     assert main(_boundaries_args(tmp_path, "")) == 2
     assert "--out is empty" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lengths.npy"]  # nothing written into the current folder
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(_boundaries_args(tmp_path, ".")) == 2  # the current folder: refused before the stage runs
+    assert "--out . is the current folder" in capsys.readouterr().err
+    assert not list(here.iterdir()) and sorted(p.name for p in tmp_path.iterdir()) == ["here", "lengths.npy"]
     # /proc is a mount point on every Linux; / contains mount points (the swap would empty them)
     for path, words in (("/proc", "is or contains the mount point /proc"), ("/", "is or contains the mount point")):
         with pytest.raises(ValueError, match=re.escape(words)):

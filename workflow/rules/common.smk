@@ -7,7 +7,6 @@ import shlex
 from lenbatch.batching.strategy import STRATEGIES as KNOWN_STRATEGIES
 from lenbatch_study.core.config import params_from_dict, read_yaml, resolve_settings
 from lenbatch_study.pipeline import deps, registry
-from lenbatch_study.runtime.interrupt import install as install_sigint_forwarding
 
 # settings: <name> in params.yaml (or -S settings=<name> under DVC): configs/<name>.yaml merged in by the one
 # params loader (lenbatch_study.core.settings), so each rule's params below are the resolved values.
@@ -131,8 +130,3 @@ def all_outputs():
                 else:
                     out.append(registry.output_path(stage, name, results=R))
     return out
-
-
-# Ctrl-C: each process of the running jobs gets the interrupt once, and snakemake goes on only when they
-# have all stopped (the next run resumes the training): lenbatch_study.runtime.interrupt says why and how.
-install_sigint_forwarding()

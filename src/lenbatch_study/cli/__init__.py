@@ -91,7 +91,7 @@ def _top_parser() -> argparse.ArgumentParser:
 
 
 # flags that name a stage's input files or folders (--params is left out: a params file in the folder
-# --out names is read, never written, and `--out .` beside params.yaml is a supported use)
+# --out names is read, never written)
 INPUT_FLAGS = ("lengths", "data", "boundaries", "stats", "plans", "profile", "train", "quality", "source")
 
 
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lenbatch_study.pipeline.outputs import check_out
 
             # the folder the stage really writes: symlinks resolved (one lock per real folder), and never
-            # one of its inputs, an empty path (the current folder), a mount point or a folder that is not an
+            # one of its inputs, an empty path, the current folder or a parent, a mount point or a folder that is not an
             # output of this stage (it would be replaced whole: refused before anything runs)
             args.out = str(check_out(args.out, inputs=_input_paths(args, name), stage=name))
         if COMMANDS[name].staged and getattr(args, "out", None):

@@ -4,9 +4,9 @@
 ``.<name>.lock``, dropped by the kernel when its holder dies) refuses a second writer at once;
 :func:`staged_output` lets the stage write ``.<name>.staging-<pid>`` and swaps it in with one
 ``renameat2(RENAME_EXCHANGE)`` on success, marked as the stage's (``lenbatch-output.json``), carrying over
-only the hidden entries of the previous output (DVC's ``.gitignore``). A refused write is one
-:func:`write_error` line. What each guarantees, and its test: docs/reliability.md. Train appends across
-``--resume`` and takes only the lock (:mod:`lenbatch_study.runtime.checkpoint`).
+only the hidden entries of the previous output (DVC's ``.gitignore``). A refused write is one line
+(:mod:`lenbatch_study.core.files`). What each guarantees, and its test: docs/reliability.md. Train appends
+across ``--resume`` and takes only the lock (:mod:`lenbatch_study.runtime.checkpoint`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Optional
 
+from lenbatch_study.core.files import write_error, write_failure
 from lenbatch_study.core.log import get_logger
 from lenbatch_study.pipeline.artifacts.writing import MARKER, PARAMS
 
@@ -32,84 +33,6 @@ log = get_logger("outputs")
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-
-
-# errno -> what the user does about it (a write the file system refused, as opposed to a bug)
-_WAY_OUT = {
-    errno.ENOSPC: "the file system is full: free space on it",
-    errno.EDQUOT: "the disk quota is used up: free space or raise the quota",
-    errno.EFBIG: "the file is larger than the file system or this process's file size limit (ulimit -f) allows: "
-    "raise the limit or write elsewhere",
-    errno.EROFS: "the file system is read-only: pass another --out",
-    errno.EACCES: "this user may not write there: fix the permissions or pass another --out",
-    errno.EPERM: "the file system does not permit it (an immutable file or folder? lsattr shows it, chattr -i "
-    "lifts it): fix that or pass another --out",
-    errno.EIO: "the device reported an I/O error: check the disk",
-}
-
-
-# errnos only a write gets; the others (EACCES, EPERM, EIO) a read gets too
-_WRITE_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
-
-
-def write_failure(err: BaseException, *, written: Sequence[str | Path]) -> Optional[OSError]:
-    """The ``OSError`` with one of the errnos above behind ``err`` (itself, or its cause or context: torch
-    wraps a failed ``write`` in a ``RuntimeError``), or None when ``err`` is not a refused write. An errno a
-    read gets too counts only when the error names a path at or under one of ``written`` (the folders the
-    caller writes): an unreadable input stays the error it is."""
-    roots = [os.path.abspath(w) for w in written]
-    seen: set[int] = set()
-    cur: Optional[BaseException] = err
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.errno in _WAY_OUT:
-            if cur.errno in _WRITE_ONLY:
-                return cur
-            named = isinstance(cur.filename, (str, bytes, os.PathLike))
-            name = os.path.abspath(os.fsdecode(cur.filename)) if named else None
-            if name is not None and any(name == r or name.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
-                return cur
-        cur = cur.__cause__ or cur.__context__
-    return None
-
-
-def write_error(err: OSError, *, then: str, path: str | Path | None = None) -> ValueError:
-    """One line for a refused write: ``could not write <file> (<strerror>): <what to do>; <then>``.
-
-    ``path``: the folder written into, named when ``err`` carries no file name (a failed ``write`` on an
-    open file carries none); ``then``: what is kept and the rerun."""
-    where = err.filename if err.filename is not None else f"into {path}"
-    how = _WAY_OUT.get(err.errno if err.errno is not None else -1, "see the error")
-    return ValueError(f"could not write {where} ({err.strerror or err}): {how}; {then}")
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """``text`` at ``path`` whole or not at all: written to ``<path>.tmp``, fsynced, renamed over ``path``
-    (then the folder fsynced). On any failure the temp file is removed, ``path`` is as it was and the
-    error propagates. O(size) plus two fsyncs."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(folder: str | Path) -> None:
-    """Make a rename in ``folder`` durable (best effort: some file systems refuse to fsync a folder)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def lock_path(out: str | Path) -> Path:
@@ -217,9 +140,10 @@ def _mount_points() -> list[Path]:
 
 def check_out(out: str | Path, *, inputs: Sequence[str | Path] = (), stage: Optional[str] = None) -> Path:
     """The real folder (symlinks resolved: one lock per real folder) a stage may write for ``--out out``;
-    ``ValueError`` naming the flag and the fix for an empty value, a dangling symlink, a path under a file or
-    an unwritable parent, a folder that is, lies inside or contains one of ``inputs``, one that is or holds a
-    mount point (deleting the previous output would empty it) and, with ``stage``, :func:`check_replaceable`."""
+    ``ValueError`` naming the flag and the fix for an empty value, a dangling symlink, the current folder or
+    a parent of it, a path under a file or an unwritable parent, a folder that is, lies inside or contains one
+    of ``inputs``, one that is or holds a mount point (deleting the previous output would empty it) and, with
+    ``stage``, :func:`check_replaceable`."""
     if not str(out).strip():
         raise ValueError("--out is empty; give the output folder (e.g. results/stats)")
     given = Path(out)
@@ -256,43 +180,25 @@ def check_out(out: str | Path, *, inputs: Sequence[str | Path] = (), stage: Opti
             f"--out {out} is or contains the mount point {mounts[0]}: replacing the folder would "
             "empty that file system; pass another --out"
         )
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        where = "the current folder" if real == cwd else f"a parent of the current folder {cwd}"
+        raise ValueError(
+            f"--out {out} is {where}: the stage replaces its --out whole, which would swap away the folder "
+            "this shell works in; pass a sub-folder as --out (e.g. --out results/<stage>)"
+        )
     if stage is not None:
         check_replaceable(real, stage=stage)
     return real
 
 
-def _legacy_output(folder: Path) -> bool:
-    """Whether ``folder`` is a stage's output written before the mark (the committed ``results/quality``): its
-    ``params.json`` is lenbatch's resolved params (sections holding exactly their keys), which no foreign
-    ``params.json`` (Meta-Llama's ``{"dim": 4096}``) is."""
-    from lenbatch_study.core.config import Params
-
-    try:
-        doc = json.loads((folder / PARAMS).read_text())
-    except (OSError, ValueError):
-        return False
-    sections = Params().to_dict()
-    return (
-        isinstance(doc, dict)
-        and bool(doc)
-        and all(
-            name in sections and isinstance(keys, dict) and set(keys) == set(sections[name])
-            for name, keys in doc.items()
-        )
-    )
-
-
 def output_owner(folder: str | Path) -> Optional[str]:
-    """The stage whose output ``folder`` is: its mark's ``stage``; ``""`` for an output written before the mark;
-    None when it is no stage's."""
-    folder = Path(folder)
+    """The stage whose output ``folder`` is (its mark's ``stage``), None when it is no stage's."""
     try:
-        mark = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        mark = None
-    if isinstance(mark, dict) and isinstance(mark.get("stage"), str) and mark["stage"]:
-        return str(mark["stage"])
-    return "" if _legacy_output(folder) else None
+        stage = json.loads((Path(folder) / MARKER).read_text()).get("stage")
+    except (OSError, ValueError, AttributeError):  # no mark, a torn one, or not a JSON object
+        return None
+    return stage if isinstance(stage, str) and stage else None
 
 
 def check_replaceable(out: str | Path, *, stage: str) -> None:
@@ -315,9 +221,10 @@ def check_replaceable(out: str | Path, *, stage: str) -> None:
         raise ValueError(
             f"--out {out} already holds files that no lenbatch stage wrote ({shown}; no {MARKER}): "
             f"lenbatch {stage} replaces its --out whole and would delete them, so nothing was "
-            "written; pass a new or empty folder as --out"
+            "written; pass a new or empty folder as --out (or, if they are an old output of this stage, delete "
+            "the folder and rerun)"
         )
-    if owner and owner != stage:
+    if owner != stage:
         raise ValueError(
             f"--out {out} holds the output of lenbatch {owner} (its {MARKER}), not of lenbatch "
             f"{stage}: writing there would replace it, so nothing was written; pass another --out"
@@ -358,44 +265,6 @@ def staged_output(out: str | Path, *, stage: str) -> Iterator[Path]:
         _commit(tmp, out, stage=stage)
 
 
-def _replace_entries(tmp: Path, out: Path, *, keep: Optional[str] = None) -> None:
-    """For the current directory (which cannot be swapped away): move each new entry over the old one.
-
-    An entry the file system refuses to replace stops the commit with :func:`write_error` naming it; the
-    entries before it (in name order) are already the new ones, those from it on the previous ones."""
-    done: list[str] = []
-    for entry in sorted(tmp.iterdir()):
-        dst = out / entry.name
-        try:
-            if dst.is_dir() and not dst.is_symlink():
-                aside = out / f".{entry.name}.old-{os.getpid()}"
-                os.rename(dst, aside)
-                try:
-                    os.rename(entry, dst)
-                except OSError:
-                    os.rename(aside, dst)
-                    raise
-                _remove_previous(aside)
-            else:
-                os.replace(entry, dst)
-        except OSError as err:
-            if keep is None:
-                shutil.rmtree(tmp, ignore_errors=True)
-            refused = write_failure(err, written=(tmp, out))
-            if refused is None:
-                raise
-            now = (
-                f" ({', '.join(done)} already replaced: {out} is the current folder, so it is updated entry by entry)"
-                if done
-                else ""
-            )
-            raise write_error(
-                refused, path=dst, then=f"{dst} and the rest of {out} are as they were{now}; rerun the stage after that"
-            ) from None
-        done.append(entry.name)
-    tmp.rmdir()
-
-
 def _remove_previous(old: Path) -> None:
     """Delete the previous output's copy after a commit; what cannot be deleted (an immutable file, a
     read-only folder) stays, named in a warning: the new output is in place either way."""
@@ -419,66 +288,43 @@ def commit_staged(tmp: Path, out: Path, *, stage: str, then: str = "rerun the st
     """Put the complete folder ``tmp`` in place of ``out`` as :func:`staged_output` does (caller holds the lock),
     marked as ``stage``'s output.
 
-    A commit the file system refuses keeps ``tmp`` (it holds a complete run) and raises :func:`write_error`
-    ending in ``then`` (how the caller's rerun picks ``tmp`` up)."""
+    A commit the file system refuses keeps ``tmp`` (it holds a complete run) and raises
+    :func:`~lenbatch_study.core.files.write_error` ending in ``then`` (how the caller's rerun picks ``tmp`` up)."""
     _commit(Path(tmp).absolute(), Path(out).absolute(), stage=stage, keep=then)
 
 
-def _refused_commit(err: OSError, tmp: Path, out: Path, keep: Optional[str]) -> ValueError:
-    """The error of a commit that could not swap the folders (``out`` is as it was); ``tmp`` is removed
-    unless ``keep`` says how a rerun uses it."""
-    if keep is None:
-        shutil.rmtree(tmp, ignore_errors=True)
-    refused = write_failure(err, written=(tmp, out, out.parent))
-    if refused is None:
-        raise err
-    then = f"the new output stays in {tmp}; {keep}" if keep is not None else "rerun the stage after that"
-    return write_error(refused, path=out, then=f"{out} keeps its previous output; {then}")
-
-
 def _commit(tmp: Path, out: Path, *, stage: str, keep: Optional[str] = None) -> None:
-    """Mark ``tmp`` as ``stage``'s output and swap it in for ``out`` (module doc); ``keep``: see
-    :func:`_refused_commit`."""
+    """Mark ``tmp`` as ``stage``'s output and swap it in for ``out`` (module doc). A swap the file system
+    refuses leaves ``out`` as it was and raises :func:`write_error`; ``tmp`` is removed unless ``keep`` says
+    how a rerun uses it."""
     try:
         _mark(tmp, stage)
-    except OSError as err:
-        raise _refused_commit(err, tmp, out, keep) from None
-    if not out.exists():
-        try:
+        if not out.exists():
             os.rename(tmp, out)
-        except OSError as err:
-            raise _refused_commit(err, tmp, out, keep) from None
-        return
-    try:  # checked before the stage ran; again here, as the folder is replaced whole below
-        check_replaceable(out, stage=stage)
-    except ValueError:
+            return
+        for entry in out.iterdir():  # hidden entries (DVC's .gitignore) carry over; nothing else of the previous run
+            if entry.name.startswith(".") and not (tmp / entry.name).exists():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.copytree(entry, tmp / entry.name, symlinks=True)
+                else:
+                    shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
+        old = tmp  # after the exchange it holds the previous output
+        if not _exchange(tmp, out):
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, old)
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                os.rename(old, out)  # the previous output back in its place
+                raise
+    except OSError as err:
         if keep is None:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    # hidden entries (DVC's .gitignore) carry over; anything else of the previous run goes with it
-    hidden = [e for e in out.iterdir() if e.name.startswith(".") and not (tmp / e.name).exists()]
-    cwd = Path.cwd().absolute()
-    if cwd == out or out in cwd.parents:  # --out . (or a parent of it): never swap the current folder away
-        _replace_entries(tmp, out, keep=keep)
-        return
-    try:
-        for entry in hidden:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.copytree(entry, tmp / entry.name, symlinks=True)
-            else:
-                shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
-        if _exchange(tmp, out):
-            _remove_previous(tmp)  # now holds the previous output
-            return
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            os.rename(old, out)  # the previous output back in its place
+        refused = write_failure(err, written=(tmp, out, out.parent))
+        if refused is None:
             raise
-    except OSError as err:
-        raise _refused_commit(err, tmp, out, keep) from None
+        then = f"the new output stays in {tmp}; {keep}" if keep is not None else "rerun the stage after that"
+        raise write_error(refused, path=out, then=f"{out} keeps its previous output; {then}") from None
     _remove_previous(old)
 
 
@@ -486,12 +332,8 @@ __all__ = [
     "check_out",
     "check_replaceable",
     "commit_staged",
-    "fsync_dir",
     "lock_path",
     "output_owner",
     "staged_output",
-    "write_atomic",
-    "write_error",
-    "write_failure",
     "writer_lock",
 ]

@@ -23,8 +23,8 @@ launcher's argv went on unchanged and every worker parsed params.yaml and the wo
   install their own handler. SLURM signals every process of a job step, so the launcher ignores SIGUSR1 too.
   SIGTERM is handed to the workers, not to the agent (where every process got it the agent would get a
   second one, and a second SIGTERM during its shutdown kills it mid-checkpoint). The agent runs in a process
-  group of its own, so a Ctrl-C (SIGINT to the launcher's group, from a terminal or from Snakemake's
-  interrupt handler, :mod:`lenbatch_study.runtime.interrupt`) reaches it exactly once: from the launcher.
+  group of its own, so a Ctrl-C (SIGINT to the launcher's group: a terminal's, or ``kill -INT -- -<pgid>`` of
+  the group snakemake runs its jobs in) reaches it exactly once: from the launcher.
 - **Requeue.** A run stopped by SIGUSR1 (``sbatch --signal=USR1@<secs>``, ahead of the time limit) inside a
   SLURM job asks ``scontrol requeue``; started again, the rule resumes from the checkpoint (docs/slurm.md
   "Stopping ahead of the time limit"). The launcher then waits to be ended by the requeue, so Snakemake

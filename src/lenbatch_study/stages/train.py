@@ -88,17 +88,11 @@ from lenbatch_study.runtime.lifetime import die_with_parent, remove_launcher_log
 from lenbatch_study.runtime.resume import partial_dir
 from lenbatch_study.runtime.stopping import STOPPED_EXIT, StopRequest, read_marker
 from lenbatch_study.core.log import get_logger
+from lenbatch_study.core.files import write_atomic, write_error, write_failure
 from lenbatch_study.pipeline.artifacts.reading import read_json
 from lenbatch_study.pipeline.artifacts.train_runs import CHECKPOINT, RUN_FILES, STEPS, STOPPED, SUMMARY
 from lenbatch_study.pipeline.artifacts.writing import write_resolved
-from lenbatch_study.pipeline.outputs import (
-    commit_staged,
-    lock_path,
-    write_atomic,
-    write_error,
-    write_failure,
-    writer_lock,
-)
+from lenbatch_study.pipeline.outputs import commit_staged, lock_path, writer_lock
 from lenbatch_study.runtime.records import Recorder, device_report, log_summary
 from lenbatch_study.runtime.records import progress_line as progress_line  # public: the stage's progress line
 from lenbatch_study.runtime.runner import (

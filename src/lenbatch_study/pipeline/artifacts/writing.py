@@ -14,9 +14,8 @@ if TYPE_CHECKING:
 
 PARAMS = "params.json"
 # the mark of a stage's output folder (lenbatch_study.pipeline.outputs): which stage wrote it and the sha256 of
-# its params.json. A stage replaces its --out whole, so only a folder bearing this mark (or an output written
-# before the mark existed: see outputs.output_owner) is ever replaced; a common name such as params.json is no
-# proof (Meta-Llama checkpoint folders hold one)
+# its params.json. A stage replaces its --out whole, so only a folder bearing this mark is ever replaced; a
+# common name such as params.json is no proof (Meta-Llama checkpoint folders hold one)
 MARKER = "lenbatch-output.json"
 
 
