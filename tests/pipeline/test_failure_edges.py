@@ -491,7 +491,7 @@ def test_a_read_only_folder_inside_the_previous_output_as_an_unprivileged_user(t
 
 
 def test_a_garbage_parquet_source_given_to_tokenize_names_the_file(tiny, tmp_path, capsys):
-    """The workflow refuses it when it starts (pipeline/preflight.py); ``lenbatch tokenize --source`` read its
+    """The workflow refuses it when it starts (corpus/sources.py's check_source); ``lenbatch tokenize --source`` read its
     schema first and said only pyarrow's "Parquet magic bytes not found in footer", naming no file."""
     garbage = tmp_path / "chats.parquet"
     garbage.write_bytes(b"PAR1 this is not parquet")

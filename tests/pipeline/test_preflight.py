@@ -1,4 +1,4 @@
-"""lenbatch_study.pipeline.preflight and the workflow's parse-time check: a bad input is refused before any job
+"""The inputs the workflow checks as it starts (data source, tokenizer, checkpoint folder): a bad input is refused before any job
 runs, naming the setting and the fix, in seconds and touching nothing (real Snakemake, dry run)."""
 
 from __future__ import annotations
@@ -10,10 +10,19 @@ import pytest
 import yaml
 
 from lenbatch_study.core.config import load_params
-from lenbatch_study.pipeline.preflight import check_inputs
+from lenbatch_study.corpus.chat import check_tokenizer_spec
+from lenbatch_study.corpus.sources import check_source
+from lenbatch_study.models.target_config import check_pretrained
 from test_workflow import ROOT, copy_workflow, run
 
 PARAMS = load_params(ROOT / "params.yaml")
+
+
+def check_inputs(params):
+    """The three checks, as workflow/rules/common.smk makes them."""
+    check_source(params.data.source, on_bad_record=params.data.on_bad_record)
+    check_tokenizer_spec(params.data.tokenizer)
+    check_pretrained(params.model.pretrained)
 
 
 def _with(section: str, **values):

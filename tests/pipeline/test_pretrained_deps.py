@@ -7,6 +7,7 @@ import re
 import sys
 from pathlib import Path
 
+from lenbatch_study.models.target_config import checkpoint_files
 from lenbatch_study.pipeline import deps
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -31,7 +32,7 @@ def _checkpoint(root: Path) -> Path:
 
 def test_dvc_stages_depend_on_the_checkpoint_files(tmp_path):
     ck = _checkpoint(tmp_path)
-    files = deps.pretrained_files(str(ck))
+    files = checkpoint_files(str(ck))
     assert set(deps.pretrained_stages()) == LOADERS  # derived from the code: the stages importing the target
     assert [Path(f).name for f in files] == [
         "config.json",
@@ -39,7 +40,7 @@ def test_dvc_stages_depend_on_the_checkpoint_files(tmp_path):
         "model-00002-of-00002.safetensors",
         "model.safetensors.index.json",
     ]
-    assert deps.pretrained_files(None) == []
+    assert checkpoint_files(None) == []
     plain, with_ck = deps.dvc_stages(), deps.dvc_stages(pretrained=str(ck))
     for name, stage in with_ck.items():
         body, plain_body = stage.get("do", stage), plain[name].get("do", plain[name])  # train: a foreach's body

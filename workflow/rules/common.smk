@@ -6,10 +6,10 @@ import shlex
 
 from lenbatch.batching.strategy import STRATEGIES as KNOWN_STRATEGIES
 from lenbatch_study.core.config import params_from_dict, read_yaml, resolve_settings
+from lenbatch_study.models.target_config import checkpoint_files
 from lenbatch_study.pipeline import deps, registry
 
-# settings: <name> in params.yaml (or -S settings=<name> under DVC): configs/<name>.yaml merged in by the one
-# params loader (lenbatch_study.core.settings), so each rule's params below are the resolved values.
+# settings: <name> merges configs/<name>.yaml in (lenbatch_study.core.settings): the rules get resolved values
 try:
     _resolved = resolve_settings(config, root=".")
 except ValueError as err:
@@ -17,14 +17,11 @@ except ValueError as err:
 config.clear()
 config.update(_resolved)
 
-# Where this config's results go. params.yaml leaves it at results/ (what DVC tracks and git commits);
-# configs/*.yaml set their own (results/tiny, results/qwen3.6-27b-8gpu) so they never overwrite it.
+# results/ is what DVC tracks and git commits; configs/*.yaml set their own root so they never overwrite it
 R = str(config.pop("results_dir", "results")).rstrip("/")
 
-# Refuse a bad params file before anything runs, checked once, here: our loader names the key and the fix.
-# Snakemake's YAML loader keeps the last of a key given twice; the stages refuse it, so every config file is
-# read again here with theirs (params.yaml and each --configfile), and a key given twice stops the run as it
-# stops a stage.
+# The config is checked once, here, naming the key and the fix. Each config file is read again with our YAML
+# loader, which refuses a key given twice (Snakemake's keeps the last).
 try:
     for _configfile in workflow.configfiles:
         read_yaml(_configfile)
@@ -36,20 +33,22 @@ except ValueError as err:
 if workflow.is_main_process:
     from lenbatch_study.core.machine import write_if_changed
     from lenbatch_study.corpus.identity import write_if_changed as write_source_if_changed
-    from lenbatch_study.pipeline.preflight import check_inputs
+    from lenbatch_study.corpus.chat import check_tokenizer_spec
+    from lenbatch_study.corpus.sources import check_source
+    from lenbatch_study.models.target_config import check_pretrained
 
-    # a missing or unreadable input (data source, tokenizer or checkpoint folder) fails in seconds, not when
-    # its stage starts after the stages before it ran
+    # a missing or unreadable input fails in seconds, not when its stage starts
     try:
-        check_inputs(PARAMS)
+        check_source(PARAMS.data.source, on_bad_record=PARAMS.data.on_bad_record)
+        check_tokenizer_spec(PARAMS.data.tokenizer)
+        check_pretrained(PARAMS.model.pretrained)
     except ValueError as err:
         raise WorkflowError(f"invalid input: {err}")
     # a config's own results root (results_dir: results/mine) is kept out of git: only results/ is committed
-    if R != "results":
+    if R != "results" and not os.path.exists(f"{R}/.gitignore"):
         os.makedirs(R, exist_ok=True)
-        if not os.path.exists(f"{R}/.gitignore"):
-            with open(f"{R}/.gitignore", "w") as fh:
-                fh.write("# written by the workflow: this config's results are not committed (only results/ is)\n*\n")
+        with open(f"{R}/.gitignore", "w") as fh:
+            fh.write("# written by the workflow: this config's results are not committed (only results/ is)\n*\n")
     # the always-run stages (registry.Stage.always_changed); on a cluster the machine is the submitting
     # node's, while every run records its own node's and compare refuses a mix
     write_if_changed(registry.output_path("machine", "machine", results=R))
@@ -83,9 +82,8 @@ if "DVC_STAGE" in os.environ and workflow.is_main_process:
 
 
 def inputs(stage):
-    """``stage``'s inputs (the table's) by output name, its checkpoint files and its ``code`` (the source
-    files it runs), for ``input: **inputs(stage)``. A per-strategy rule gets a function of ``{strategy}``
-    per input (bucketed's edges reach only its job); an undeclared output (steps.jsonl) is DVC's alone."""
+    """``stage``'s inputs by output name, its checkpoint files and its ``code``, for ``input: **inputs(stage)``;
+    a per-strategy rule's are functions of ``{strategy}`` (bucketed's edges reach only its job)."""
     st = registry.STAGES[stage]
     out = {}
     for i in st.inputs:
@@ -101,16 +99,15 @@ def inputs(stage):
             paths = registry.input_paths(stage, results=R, strategies=STRATEGIES).get(i.output, [])
             out[i.output] = paths[0] if len(paths) == 1 else paths
     if stage in deps.pretrained_stages():  # model.pretrained's files: a changed checkpoint reruns them
-        out["pretrained"] = deps.pretrained_files(config["model"]["pretrained"])
+        out["pretrained"] = checkpoint_files(config["model"]["pretrained"])
     if not st.always_changed:  # machine, source: no inputs, only a missing file reruns them
         out["code"] = deps.stage_code(stage)
     return out
 
 
 def outputs(stage):
-    """``stage``'s declared outputs (the table's), for ``output: **outputs(stage)``. Every one is update():
-    Snakemake otherwise deletes a job's outputs before it runs and when it fails, losing the previous
-    complete results, which the stage's staged swap keeps until it succeeds (docs/reliability.md)."""
+    """``stage``'s declared outputs, each update(): Snakemake would otherwise delete them before the job runs,
+    losing the previous results the stage's staged swap keeps until it succeeds (docs/reliability.md)."""
     out = {}
     for name, o in registry.STAGES[stage].outputs.items():
         if o.declared:
@@ -121,12 +118,10 @@ def outputs(stage):
 
 def all_outputs():
     """Every declared output of every stage, per strategy of train.strategies: ``rule all``'s input."""
-    out = []
-    for stage, st in registry.STAGES.items():
-        for name, o in st.outputs.items():
-            if o.declared:
-                if st.per_strategy:
-                    out += [registry.output_path(stage, name, results=R, strategy=s) for s in STRATEGIES]
-                else:
-                    out.append(registry.output_path(stage, name, results=R))
-    return out
+    return [
+        registry.output_path(stage, name, results=R, strategy=s)
+        for stage, st in registry.STAGES.items()
+        for name, o in st.outputs.items()
+        if o.declared
+        for s in (STRATEGIES if st.per_strategy else [None])
+    ]

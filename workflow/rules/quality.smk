@@ -6,7 +6,6 @@ rule quality:
     params:
         cfg=cfg("quality"),
         r=R,
-        boundaries=lambda wc, input: f"--boundaries {shlex.quote(str(input.boundaries))}" if input.boundaries else "",
     threads: config["quality"]["threads"]
     resources:
         gpu=_gpus(1),
@@ -17,4 +16,4 @@ rule quality:
         f"{BENCH}/quality.tsv"
     shell:
         "lenbatch quality --params-json {params.cfg} --data {params.r:q}/tokenize "
-        "{params.boundaries} --out {params.r:q}/quality > {log:q} 2>&1"
+        "--boundaries {input.boundaries:q} --out {params.r:q}/quality > {log:q} 2>&1"

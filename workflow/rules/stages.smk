@@ -1,7 +1,5 @@
-# The rule of every stage of the table that no file included before this one writes (so a new stage needs
-# no rule): its shell line is the stage's generic command line (lenbatch_study.cli.flags.generic_stage_flags).
-# A stage whose rule needs more (train's per-strategy jobs and resources, quality's optional edges, compare's
-# folders) writes its own. Included last, so `workflow.is_rule` sees every hand-written rule.
+# The rule of every stage no file included before this one writes (docs/workflow.md, "To add a stage"),
+# with the stage's generic command line (lenbatch_study.cli.flags.generic_stage_flags).
 
 def _generic_shell(stage):
     st = registry.STAGES[stage]
@@ -11,11 +9,9 @@ def _generic_shell(stage):
 
 
 def _threads(st):
-    """The value of the params key the table names for the rule's threads (tokenize: data.workers), else 1."""
-    if st.threads is None:
-        return 1
-    section, key = st.threads.split(".")
-    return config[section][key]
+    """The value of the params key ``Stage.threads`` names (tokenize: data.workers), else 1."""
+    section, _, key = (st.threads or "").partition(".")
+    return config[section][key] if st.threads else 1
 
 
 for _stage, _st in registry.STAGES.items():
@@ -41,8 +37,6 @@ for _stage, _st in registry.STAGES.items():
             f"{LOGS}/{_stage}.log",
         benchmark:
             f"{BENCH}/{_stage}.tsv"
-        # Snakemake evaluates this line twice: as the rule is defined (its recorded command: _stage is this
-        # rule's) and again when a job runs, inside a function whose argument `rule` is the rule's name (by then
-        # _stage is the loop's last value, so it cannot be read there)
+        # evaluated again when a job runs, where `rule` is the rule's name and _stage the loop's last value
         shell:
             _generic_shell(locals().get("rule", _stage))

@@ -3,10 +3,8 @@ def _gpus(n):
     return n if config["train"]["device"] == "cuda" else 0
 
 
-# A training of train.nodes > 1 asks for that many nodes, one task each (SLURM --nodes N --ntasks N).
-# mpi="srun": the SLURM executor then runs the job's command once on the allocation (not under its own srun),
-# and `lenbatch train` starts one torchrun per node (lenbatch_study.runtime.launch; docs/slurm.md "Training
-# across nodes").
+# train.nodes > 1: that many nodes, one task each; mpi="srun" has the SLURM executor run the command once on
+# the allocation, and `lenbatch train` starts one torchrun per node (docs/slurm.md, "Training across nodes")
 _NODES = config["train"]["nodes"]
 _MULTI_NODE = {"tasks": _NODES, "mpi": "srun"} if _NODES > 1 else {}
 
@@ -21,8 +19,7 @@ rule profile:
         out=f"{R}/profile",
     threads: config["train"]["nproc"] * config["train"]["threads"]
     resources:
-        # profile puts the target on cuda:0 and, when it times both roles at once (profile.concurrent,
-        # nproc > 1), the drafter on cuda:<nproc - 1> as training does: it needs nproc GPUs visible.
+        # both roles timed at once (profile.concurrent, nproc > 1) put the drafter on cuda:<nproc - 1>
         gpu=_gpus(config["train"]["nproc"] if config["profile"]["concurrent"] and config["train"]["nproc"] > 1 else 1),
         nodes=1,
         machine=MACHINE,  # timed: alone on the machine (common.smk)

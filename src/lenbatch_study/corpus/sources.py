@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lenbatch_study.corpus.chat import BadRecord, conversation_from_record
+
 DEFAULT_SOURCE = "sharegpt"
 CHUNK_BYTES = 8 << 20  # bytes read per chunk by the JSON reader
 _WS = re.compile(r"\s*")
@@ -368,3 +370,35 @@ def iter_arrow_dir_records(path: Path, report: SourceReport) -> Iterator[tuple[i
     yield from enumerate(_records_from_batches(ds.iter(batch_size=1024)))
     report.read_to_end = True
     report.bytes_left_over = 0
+
+
+def check_source(source: str, *, on_bad_record: str) -> None:
+    """``data.source`` exists, is a supported format and (under ``on_bad_record: error``) its first record
+    has a known schema, checked as the workflow starts (ShareGPT ``conversations`` or OpenAI ``messages``); ``ValueError`` names the
+    source and the fix. An empty source is left to the tokenize stage (it reports the counts)."""
+    path, fmt = resolve_source(source)
+    records = iter_records(path, fmt, SourceReport(str(path), fmt), limit=1)
+    try:
+        first = next(iter(records), None)
+    finally:
+        records.close()
+    if first is None or on_bad_record != "error":
+        return
+    index, record = first
+    try:
+        conversation_from_record(record)
+    except BadRecord as bad:
+        if bad.reason == "no_schema":
+            raise ValueError(
+                f"data.source {source!r}: record {index + 1} {bad.detail}; give a source of ShareGPT "
+                "('conversations') or OpenAI ('messages') records, or set data.on_bad_record: skip"
+            ) from None
+
+
+def source_deps(source: str | None) -> list[str]:
+    """``data.source`` as tokenize's DVC dependency besides its identity (``results/source/source.json``):
+    ``[path]`` for a user's file or folder, so ``dvc status`` (which runs no stage) names tokenize when it
+    changes; ``[]`` for the embedded default, which lives in the virtual environment."""
+    if not source or source == DEFAULT_SOURCE:
+        return []
+    return [Path(source).as_posix()]

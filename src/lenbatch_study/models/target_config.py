@@ -165,3 +165,31 @@ def _plain(cfg: ModelConfig) -> dict[str, Any]:
     import dataclasses
 
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def check_pretrained(pretrained: str | None) -> None:
+    """``model.pretrained`` (when set) is a folder holding ``config.json``."""
+    if pretrained is None:
+        return
+    root = Path(pretrained)
+    if not root.is_dir() or not (root / "config.json").is_file():
+        what = (
+            "does not exist"
+            if not root.exists()
+            else ("is not a folder" if not root.is_dir() else "has no config.json")
+        )
+        raise ValueError(
+            f"model.pretrained {pretrained!r} {what}; give a local Hugging Face checkpoint folder "
+            "(config.json + *.safetensors), or null for random weights"
+        )
+
+
+def checkpoint_files(pretrained: str | None) -> list[str]:
+    """The files of the checkpoint folder ``model.pretrained`` that the target reads: ``config.json``,
+    ``*.safetensors`` and a shard index, sorted; ``[]`` when null. ``config.json`` is listed even when
+    absent, so both tools report the missing input by name."""
+    if not pretrained:
+        return []
+    root = Path(pretrained)
+    files = {root / "config.json", *root.glob("*.safetensors"), *root.glob("*.safetensors.index.json")}
+    return sorted(f.as_posix() for f in files)

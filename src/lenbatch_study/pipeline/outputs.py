@@ -1,12 +1,7 @@
-"""One writer per output folder, and stage outputs that appear whole or not at all.
-
-:func:`check_out` refuses a ``--out`` the stage must not replace; :func:`writer_lock` (an ``flock`` on
-``.<name>.lock``, dropped by the kernel when its holder dies) refuses a second writer at once;
-:func:`staged_output` lets the stage write ``.<name>.staging-<pid>`` and swaps it in with one
-``renameat2(RENAME_EXCHANGE)`` on success, marked as the stage's (``lenbatch-output.json``), carrying over
-only the hidden entries of the previous output (DVC's ``.gitignore``). A refused write is one line
-(:mod:`lenbatch_study.core.files`). What each guarantees, and its test: docs/reliability.md. Train appends
-across ``--resume`` and takes only the lock (:mod:`lenbatch_study.runtime.checkpoint`).
+"""One writer per output folder (:func:`writer_lock`, an ``flock`` the kernel drops when its holder dies), and
+stage outputs that appear whole or not at all (:func:`staged_output`: written beside ``--out``, swapped in with
+one ``renameat2(RENAME_EXCHANGE)`` on success, marked as the stage's). What each guarantees, and its test:
+docs/reliability.md. Train appends across ``--resume`` and takes only the lock.
 """
 
 from __future__ import annotations
@@ -44,11 +39,11 @@ def _owner(path: Path) -> str:
     """The user who owns ``path`` (their name, or ``uid N``)."""
     try:
         uid = path.stat().st_uid
-        return f"user {pwd.getpwuid(uid).pw_name}"
-    except KeyError:
-        return f"uid {uid}"
     except OSError:
         return "another user"
+    with contextlib.suppress(KeyError):
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    return f"uid {uid}"
 
 
 @contextlib.contextmanager

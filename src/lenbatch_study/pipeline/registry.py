@@ -168,8 +168,7 @@ _ALL = (
             outputs={"metrics": Output(plan_metrics.METRICS)},
         ),
     ),
-    # profile times the StepRunner (lenbatch_study.runtime.runner) that train runs, but never trains: no
-    # warmup_steps, queue_size, checkpoint_every, useful_tokens or strategies.
+    # times train's StepRunner but never trains: no warmup_steps, queue_size, useful_tokens or strategies
     Command(
         "profile",
         "time the target + drafter step on a grid of batch shapes",
@@ -197,8 +196,7 @@ _ALL = (
             outputs={"summary": Output(train_runs.SUMMARY), "steps": Output(train_runs.STEPS, declared=False)},
         ),
     ),
-    # its own lr and anchors, and no training run: train's drafter.lr, anchors_per_seq and train.* (but the
-    # list and device) never rerun it; the edges whatever the list holds (DVC's one stage cannot drop them)
+    # its own lr and anchors; the edges whatever the list holds (DVC's one stage cannot drop them)
     Command(
         "quality",
         "held-out loss over seeds and gradient quality of every strategy",
@@ -262,44 +260,15 @@ _ALL = (
                 "histogram": Output(compare_report.HISTOGRAM_PLOT),
                 "quality_plot": Output(compare_report.QUALITY_PLOT),
                 "params": Output(writing.PARAMS),
-                # DVC's interactive plots, each with its Vega-Lite template in workflow/plots/
-                # (DVC's default, a line over a quantitative x, draws strategies blank or joined)
-                "frontier": Output(
-                    compare_report.FRONTIER,
-                    kind="plots",
-                    plot={
-                        "x": "length_mixing",
-                        "y": "efficiency",
-                        "template": "workflow/plots/labelled_points.json",
-                        "title": "padding efficiency vs length mixing (strategies and bucketed K)",
-                        "x_label": "length mixing",
-                        "y_label": "simulated padding efficiency",
-                    },
-                ),
-                "throughput": Output(
-                    compare_report.THROUGHPUT,
-                    kind="plots",
-                    plot={
-                        "x": "measured_tok_s",
-                        "y": "strategy",
-                        "template": "workflow/plots/bars.json",
-                        "title": "measured throughput per strategy",
-                        "x_label": "useful tokens/s",
-                        "y_label": "strategy",
-                    },
-                ),
-                "histogram_data": Output(
-                    compare_report.HISTOGRAM,
-                    kind="plots",
-                    plot={
-                        "x": "lo",
-                        "y": "count",
-                        "template": "workflow/plots/histogram.json",
-                        "title": "sample lengths and the bucket edges",
-                        "x_label": "length (tokens)",
-                        "y_label": "samples",
-                    },
-                ),
+                # DVC's interactive plots (how each is drawn: compare_report.DVC_PLOTS)
+                **{
+                    name: Output(file, kind="plots", plot=compare_report.DVC_PLOTS[file])
+                    for name, file in (
+                        ("frontier", compare_report.FRONTIER),
+                        ("throughput", compare_report.THROUGHPUT),
+                        ("histogram_data", compare_report.HISTOGRAM),
+                    )
+                },
                 "frontier_plot": Output(compare_report.FRONTIER_PLOT, kind="plots"),
                 "throughput_plot": Output(compare_report.THROUGHPUT_PLOT, kind="plots"),
             },
@@ -308,7 +277,6 @@ _ALL = (
 )
 
 COMMANDS: dict[str, Command] = {c.name: c for c in _ALL}
-# The stages of the DAG, in DAG order.
 STAGES: dict[str, Stage] = {c.name: c.stage for c in _ALL if c.stage is not None}
 
 

@@ -26,12 +26,41 @@ FRONTIER_PLOT = "frontier.png"
 THROUGHPUT_PLOT = "throughput.png"
 HISTOGRAM_PLOT = "histogram.png"
 QUALITY_PLOT = "quality.png"
+# How DVC draws each plot data file (dvc.yaml's plots entries), with its Vega-Lite template in workflow/plots/:
+# DVC's default, a line over a quantitative x, draws strategies blank or joined
+DVC_PLOTS = {
+    FRONTIER: {
+        "x": "length_mixing",
+        "y": "efficiency",
+        "template": "workflow/plots/labelled_points.json",
+        "title": "padding efficiency vs length mixing (strategies and bucketed K)",
+        "x_label": "length mixing",
+        "y_label": "simulated padding efficiency",
+    },
+    THROUGHPUT: {
+        "x": "measured_tok_s",
+        "y": "strategy",
+        "template": "workflow/plots/bars.json",
+        "title": "measured throughput per strategy",
+        "x_label": "useful tokens/s",
+        "y_label": "strategy",
+    },
+    HISTOGRAM: {
+        "x": "lo",
+        "y": "count",
+        "template": "workflow/plots/histogram.json",
+        "title": "sample lengths and the bucket edges",
+        "x_label": "length (tokens)",
+        "y_label": "samples",
+    },
+}
 # the report's path in the default results folder (``lenbatch readme`` reads it)
 REPORT_PATH = f"results/{WRITER}/{REPORT}"
 
 __all__ = [
     "DETAILS",
     "DIAGNOSTICS",
+    "DVC_PLOTS",
     "FRONTIER",
     "FRONTIER_PLOT",
     "HISTOGRAM",
