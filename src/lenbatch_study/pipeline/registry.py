@@ -93,6 +93,7 @@ _IN_EDGES = Input("boundaries", "boundaries")
 _IN_MACHINE = Input("machine", "machine", trigger_only=True)
 # The data source's bytes (user's file or the embedded one): changed data retokenizes
 _IN_SOURCE = Input("source", "source", trigger_only=True)
+_PLOTS = compare_report.DVC_PLOTS
 _MODEL_RUN = ("model", "drafter", "batching")  # what a stage that runs the model reads besides its own section
 
 
@@ -260,15 +261,10 @@ _ALL = (
                 "histogram": Output(compare_report.HISTOGRAM_PLOT),
                 "quality_plot": Output(compare_report.QUALITY_PLOT),
                 "params": Output(writing.PARAMS),
-                # DVC's interactive plots (how each is drawn: compare_report.DVC_PLOTS)
-                **{
-                    name: Output(file, kind="plots", plot=compare_report.DVC_PLOTS[file])
-                    for name, file in (
-                        ("frontier", compare_report.FRONTIER),
-                        ("throughput", compare_report.THROUGHPUT),
-                        ("histogram_data", compare_report.HISTOGRAM),
-                    )
-                },
+                # DVC's interactive plots, drawn as compare_report.DVC_PLOTS says
+                "frontier": Output(compare_report.FRONTIER, kind="plots", plot=_PLOTS[compare_report.FRONTIER]),
+                "throughput": Output(compare_report.THROUGHPUT, kind="plots", plot=_PLOTS[compare_report.THROUGHPUT]),
+                "histogram_data": Output(compare_report.HISTOGRAM, kind="plots", plot=_PLOTS[compare_report.HISTOGRAM]),
                 "frontier_plot": Output(compare_report.FRONTIER_PLOT, kind="plots"),
                 "throughput_plot": Output(compare_report.THROUGHPUT_PLOT, kind="plots"),
             },
