@@ -42,7 +42,7 @@ STUDY_LAYERS: dict[str, set[str]] = {
     # pipeline: its artifact modules only, which name the files the report writes and its rerun hints name:
     # each file's name is spelled in one module, the one that reads it; ANALYSIS_FROM_PIPELINE checks "only")
     "analysis": {"core", "corpus", "models", "pipeline"},
-    "pipeline": {"core", "corpus"},  # deps, outputs, artifacts, registry
+    "pipeline": {"core", "corpus", "models"},  # deps, outputs, artifacts, registry (models: a checkpoint's files)
     "stages": {"runtime", "models", "core", "corpus", "analysis", "pipeline"},
     # the commands beside the stages (plan, study-replay, verify-packing, params, plots, dvc-yaml, readme)
     "tools": {"models", "core", "corpus", "analysis", "pipeline"},
