@@ -16,7 +16,9 @@ TOOLS = (
     ),
     Command("params", "validate a params file, or print its resolved values or JSON schema"),
     Command("plots", "dvc plots diff rendered offline (Vega inlined): frontier, throughput, histogram"),
-    Command("dvc-yaml", "write dvc.yaml from the stages' derived code and params dependencies"),
+    Command(
+        "dvc-yaml", "write dvc.yaml from the stages' derived code and params deps, and params.yaml's missing defaults"
+    ),
     Command("reruns", "the stages an edit of each module reruns (derived: the stages' import closures)"),
     Command("readme", "copy the committed report's results table into README.md (--check: fail if it differs)"),
 )

@@ -32,7 +32,11 @@ from lenbatch_study.cli.flag_table import FLAGS, _flags_of, _lengths_input, _sta
 @_flags_of("dvc-yaml")
 def _dvc_yaml_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="dvc.yaml", help="where to write dvc.yaml ('-': stdout)")
-    parser.add_argument("--check", action="store_true", help="exit 1 if OUT differs from what would be written")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if OUT differs from what would be written or params.yaml lacks a section or key; write nothing",
+    )
     parser.set_defaults(func=lambda args: _stage("dvc-yaml").run(out=args.out, check=args.check))
 
 

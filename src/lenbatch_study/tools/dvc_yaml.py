@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from lenbatch_study.core.files import write_atomic
 from lenbatch_study.pipeline.deps import dvc_yaml
 
 PARAMS_FILE = "params.yaml"
@@ -30,8 +31,8 @@ def run(*, out: str, check: bool = False) -> int:
         print(f"{params} lacks {missing}: write their defaults with `lenbatch dvc-yaml`", file=sys.stderr)
         return 1
     if out != "-" and filled != text:
-        params.write_text(filled)
-    text = dvc_yaml(pretrained=_pretrained(PARAMS_FILE), source=_source(PARAMS_FILE))
+        write_atomic(params, filled)  # whole or not at all: params.yaml is what every stage reads
+    text = dvc_yaml(**_tracked_inputs(PARAMS_FILE))
     if out == "-":
         sys.stdout.write(text)
         return 0
@@ -41,7 +42,7 @@ def run(*, out: str, check: bool = False) -> int:
             print(f"{path} is stale: regenerate it with `lenbatch dvc-yaml`", file=sys.stderr)
             return 1
         return 0
-    path.write_text(text)
+    write_atomic(path, text)
     return 0
 
 
@@ -70,7 +71,8 @@ def fill_params(text: str) -> str:
     raw = yaml.safe_load(text) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"{PARAMS_FILE} must be a YAML mapping of sections, got {type(raw).__name__}")
-    if not missing_keys(raw):
+    missing = set(missing_keys(raw))
+    if not missing:
         return text
     defaults = Params().to_dict()
     lines = text.splitlines(keepends=True)
@@ -78,14 +80,14 @@ def fill_params(text: str) -> str:
         lines[-1] += "\n"
     appended: list[str] = []
     for name, cls in SECTIONS.items():
-        keys = [f for f in dataclasses.fields(cls) if not isinstance(raw.get(name), dict) or f.name not in raw[name]]
+        keys = [f for f in dataclasses.fields(cls) if name in missing or f"{name}.{f.name}" in missing]
         if not keys:
             continue
         if name not in raw:
             appended += ["\n", f"{name}:  # {SECTION_HELP[name]}\n"]
             appended += [_key_line("  ", f, defaults[name][f.name]) for f in keys]
             continue
-        start, end, indent = _section_block(lines, name)
+        end, indent = _section_block(lines, name)
         lines[end:end] = [_key_line(indent, f, defaults[name][f.name]) for f in keys]
     return "".join(lines + appended).lstrip("\n")
 
@@ -95,9 +97,9 @@ def _key_line(indent: str, field: dataclasses.Field, value: Any) -> str:
     return f"{indent}{field.name}: {shown}  # {field.metadata.get('help', '')}\n"
 
 
-def _section_block(lines: list[str], name: str) -> tuple[int, int, str]:
-    """Where section ``name`` starts in ``lines``, the line a key appended to it goes before (after its last
-    indented line), and the indent of its keys."""
+def _section_block(lines: list[str], name: str) -> tuple[int, str]:
+    """The line of ``lines`` a key appended to section ``name`` goes before (after its last indented line),
+    and the indent of its keys."""
     start = next((i for i, line in enumerate(lines) if re.match(rf"{re.escape(name)}:(\s|$)", line)), None)
     head = lines[start].split("#", 1)[0].split(":", 1)[1].strip() if start is not None else ""
     if start is None or head not in ("", "{}"):
@@ -115,18 +117,15 @@ def _section_block(lines: list[str], name: str) -> tuple[int, int, str]:
             end = i + 1  # after its last line, a block-style list's items included
             key = re.match(r"(\s+)[\w-]+:", lines[i])
             indent = indent or (key.group(1) if key else None)
-    return start, end, indent or "  "
+    return end, indent or "  "
 
 
-def _pretrained(params: str) -> str | None:
-    """``model.pretrained`` of the params file DVC tracks (its checkpoint files become deps), None without one."""
+def _tracked_inputs(params: str) -> dict[str, str | None]:
+    """``model.pretrained`` (its checkpoint files become deps) and ``data.source`` (a user's file becomes a dep
+    of tokenize) of the params file DVC tracks, read once; None each without one."""
     from lenbatch_study.core.config import load_params
 
-    return load_params(params).model.pretrained if Path(params).exists() else None
-
-
-def _source(params: str) -> str | None:
-    """``data.source`` of the params file DVC tracks (a user's file becomes a dep of tokenize), None without one."""
-    from lenbatch_study.core.config import load_params
-
-    return load_params(params).data.source if Path(params).exists() else None
+    if not Path(params).exists():
+        return {"pretrained": None, "source": None}
+    loaded = load_params(params)
+    return {"pretrained": loaded.model.pretrained, "source": loaded.data.source}
