@@ -21,12 +21,17 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CHANGES = {
-    "train.useful_tokens": {"train": {"useful_tokens": 410_000}},
-    "boundaries.num_buckets": {"boundaries": {"num_buckets": 8}},
-    "profile.repeats": {"profile": {"repeats": 5}},
-    "data.max_len": {"data": {"max_len": 2048}},
-}
+# one key of each kind, each changed to its params.yaml value + 1 (a fixed value can equal the shipped one,
+# and then the dry run shows nothing to rerun for a change that never happened)
+CHANGED_KEYS = ("train.useful_tokens", "boundaries.num_buckets", "profile.repeats", "data.max_len")
+
+
+def change(cwd: Path, key: str) -> dict:
+    """``key`` at its value in ``cwd``'s params.yaml plus one, as a config override."""
+    section, name = key.split(".")
+    value = yaml.safe_load((cwd / "params.yaml").read_text())[section][name]
+    assert isinstance(value, int), f"{key} is {value!r}: only an integer key is changed by + 1"
+    return {section: {name: value + 1}}
 
 
 def snakemake(cwd: Path, *args: str) -> tuple[float, str]:
@@ -65,9 +70,9 @@ def main() -> None:
     seconds, _ = snakemake(args.dir, "--cores", "all")
     print(f"second run, nothing changed: {seconds:.2f} s, ran: {planned}")
     with tempfile.TemporaryDirectory() as tmp:
-        for key, change in CHANGES.items():
+        for key in CHANGED_KEYS:
             path = Path(tmp) / "change.yaml"
-            path.write_text(yaml.safe_dump(change))
+            path.write_text(yaml.safe_dump(change(args.dir, key)))
             print(f"after changing {key}: would rerun {pending(args.dir, '--configfile', str(path))}")
 
 
